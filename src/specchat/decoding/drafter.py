@@ -1,0 +1,181 @@
+"""Draft tree builder: SpecExec's Algorithm 2 (parallel single-source shortest paths).
+
+The tree is grown best-first by cumulative draft log-probability: each step runs the draft on
+the B best kept nodes not yet expanded, adds their `max_children` most likely children, and
+keeps the `budget` best nodes overall. Ties break toward shallower nodes, so a parent (whose
+log-prob is >= its child's) always outranks its child and the kept set is always a tree. The
+loop ends when no expandable kept node beats the threshold T (the budget-th best log-prob):
+its children could only score lower. The result is exactly the `budget` best prefixes of depth
+<= max_depth under the draft's (temperature-scaled) distribution, each node limited to its
+`max_children` best children.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length
+from specchat.decoding.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Limits of the draft tree."""
+
+    budget: int  # K: draft tokens in the tree (the root is not counted)
+    max_depth: int = 24  # D: deepest node, counted from the root
+    batch: int | None = None  # B: nodes expanded per draft forward; None = max(16, K // 4)
+    max_children: int = 16  # children taken from one expansion
+
+    @property
+    def expansion_batch(self) -> int:
+        return self.batch if self.batch is not None else max(16, self.budget // 4)
+
+
+@dataclass
+class GrownTree:
+    tree: DraftTree
+    draft_slots: torch.Tensor  # [n] draft-cache slot of each node, -1 if never run by the draft
+    steps: int  # draft forwards spent
+
+
+class NodeStore:
+    """Every node created this iteration, append-only; `kept` indexes the current best set."""
+
+    def __init__(self, root_token: int, root_slot: int) -> None:
+        self.tokens = torch.tensor([root_token])
+        self.parents = torch.tensor([-1])
+        self.depths = torch.tensor([0])
+        self.logprobs = torch.tensor([0.0])
+        self.slots = torch.tensor([root_slot])
+        self.kept = torch.empty(0, dtype=torch.long)
+
+    def append(self, tokens, parents, depths, logprobs) -> torch.Tensor:
+        """Add nodes; return their indices."""
+        start = self.tokens.numel()
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.parents = torch.cat([self.parents, parents])
+        self.depths = torch.cat([self.depths, depths])
+        self.logprobs = torch.cat([self.logprobs, logprobs])
+        self.slots = torch.cat([self.slots, torch.full_like(tokens, -1)])
+        return torch.arange(start, self.tokens.numel())
+
+
+def rank(logprobs: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """Order by log-prob descending, then depth ascending (parents before equal children)."""
+    by_depth = torch.sort(depths, stable=True).indices
+    by_logprob = torch.sort(logprobs[by_depth], descending=True, stable=True).indices
+    return by_depth[by_logprob]
+
+
+def child_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Draft next-token log-probs; the tree is shaped by the distribution actually sampled."""
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.float() / scale, dim=-1)
+
+
+def add_children(
+    store: NodeStore, parents: torch.Tensor, logits: torch.Tensor, shape: TreeShape, temperature: float
+) -> None:
+    """Offer each parent's best children and keep the `budget` best nodes overall."""
+    top = child_logprobs(logits, temperature).topk(min(shape.max_children, logits.shape[-1]), dim=-1)
+    cand_logprobs = (store.logprobs[parents].unsqueeze(1) + top.values).flatten()
+    cand_tokens = top.indices.flatten()
+    cand_parents = parents.repeat_interleave(top.indices.shape[1])
+    cand_depths = store.depths[cand_parents] + 1
+    finite = torch.isfinite(cand_logprobs)
+    cand_logprobs, cand_tokens = cand_logprobs[finite], cand_tokens[finite]
+    cand_parents, cand_depths = cand_parents[finite], cand_depths[finite]
+
+    kept = store.kept
+    pool_logprobs = torch.cat([store.logprobs[kept], cand_logprobs])
+    pool_depths = torch.cat([store.depths[kept], cand_depths])
+    best = rank(pool_logprobs, pool_depths)[: shape.budget]
+    from_kept = best[best < kept.numel()]
+    from_cand = best[best >= kept.numel()] - kept.numel()
+    added = store.append(
+        cand_tokens[from_cand], cand_parents[from_cand], cand_depths[from_cand], cand_logprobs[from_cand]
+    )
+    store.kept = torch.cat([kept[from_kept], added])
+
+
+def pick_expansion(store: NodeStore, shape: TreeShape) -> torch.Tensor:
+    """The B best kept nodes not yet expanded that could still add a node to the top K."""
+    kept = store.kept
+    open_nodes = kept[(store.slots[kept] < 0) & (store.depths[kept] < shape.max_depth)]
+    if open_nodes.numel() == 0:
+        return open_nodes
+    if kept.numel() >= shape.budget:
+        # T: the K-th best log-prob; a child never beats its parent, so nodes at or below T
+        # cannot contribute.
+        threshold = store.logprobs[kept].min()
+        open_nodes = open_nodes[store.logprobs[open_nodes] > threshold]
+    order = rank(store.logprobs[open_nodes], store.depths[open_nodes])
+    return open_nodes[order[: shape.expansion_batch]]
+
+
+def expansion_mask(store: NodeStore, nodes: torch.Tensor, committed: int, cached: int) -> torch.Tensor:
+    """bool [b, cached + b]: each node sees the committed prefix, its ancestors' draft slots
+    and itself."""
+    b = nodes.numel()
+    mask = torch.zeros(b, cached + b, dtype=torch.bool)
+    mask[:, :committed] = True
+    rows = torch.arange(b)
+    mask[rows, cached + rows] = True
+    current = store.parents[nodes]
+    while True:
+        inner = current > 0  # the root's slot lies inside the committed prefix
+        if not inner.any():
+            break
+        mask[rows[inner], store.slots[current[inner]]] = True
+        current = torch.where(inner, store.parents[current.clamp(min=0)], current)
+    return mask
+
+
+def grow_tree(
+    draft: CausalLM,
+    cache: DynamicCache,
+    pending: torch.Tensor,
+    start_position: int,
+    shape: TreeShape,
+    temperature: float,
+) -> GrownTree:
+    """Build the draft tree after the committed sequence.
+
+    `pending` holds the committed tokens the draft cache lacks (at least the root, the last
+    committed token), starting at absolute position `start_position`.
+    """
+    positions = torch.arange(start_position, start_position + pending.numel())
+    hidden = draft.hidden(pending, positions, cache)
+    committed = cache_length(cache)
+    root_position = start_position + pending.numel() - 1
+    store = NodeStore(int(pending[-1]), committed - 1)
+    add_children(store, torch.tensor([0]), draft.logits(hidden[-1:]), shape, temperature)
+    steps = 1
+    while (nodes := pick_expansion(store, shape)).numel() > 0:
+        cached = cache_length(cache)
+        mask = expansion_mask(store, nodes, committed, cached)
+        hidden = draft.hidden(store.tokens[nodes], root_position + store.depths[nodes], cache, mask)
+        store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
+        add_children(store, nodes, draft.logits(hidden), shape, temperature)
+        steps += 1
+    return assemble(store, steps)
+
+
+def assemble(store: NodeStore, steps: int) -> GrownTree:
+    """Root + kept nodes, ordered by depth then log-prob so parents precede children."""
+    kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])]
+    kept = kept[torch.sort(store.depths[kept], stable=True).indices]
+    nodes = torch.cat([torch.tensor([0]), kept])
+    new_index = torch.full((store.tokens.numel(),), -1, dtype=torch.long)
+    new_index[nodes] = torch.arange(nodes.numel())
+    parents = store.parents[nodes]
+    tree = DraftTree(
+        tokens=store.tokens[nodes],
+        parents=torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents),
+        depths=store.depths[nodes],
+        logprobs=store.logprobs[nodes],
+    )
+    return GrownTree(tree=tree, draft_slots=store.slots[nodes], steps=steps)

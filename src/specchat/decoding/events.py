@@ -1,0 +1,40 @@
+"""The engine protocol: every engine is a generator of per-iteration events."""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen; temperature 0 means greedy."""
+
+    temperature: float = 0.6
+    top_p: float = 0.9
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class IterationEvent:
+    """What one decoding iteration (one target forward) produced and cost."""
+
+    token_ids: list[int]  # new tokens emitted this iteration, in order
+    accepted: int  # draft tokens accepted (token_ids minus the one the target supplied)
+    tree_size: int  # draft tokens scored by the target (0 for autoregressive)
+    depth: int  # depth of the draft tree
+    draft_s: float
+    target_s: float
+    transfer_s: float = 0.0
+    transfer_bytes: int = 0
+    finished: bool = False  # True on the last event (EOS or token limit)
+    extra: dict = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """Decodes a reply to a prompt, yielding one event per target forward."""
+
+    name: str
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> Iterator[IterationEvent]: ...

@@ -1,0 +1,64 @@
+"""A thin adapter over a transformers causal LM: hidden states with any attention mask, and
+logits computed only for the rows that are needed.
+
+Splitting the LM head off matters: a target pass over a 1024-node tree would otherwise spend
+~240 GFLOP on a [1025 x 1536] @ [1536 x 151936] product, while verification reads at most a
+few dozen of those rows.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class CausalLM:
+    """A decoder-only model split into its trunk (to hidden states) and its LM head."""
+
+    model: PreTrainedModel
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @torch.inference_mode()
+    def hidden(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run `tokens` [n] at absolute `positions` [n] after the cached slots.
+
+        `mask` is a bool [n, cached + n] matrix (True = attend); None means plain causal.
+        Returns the final-norm hidden states [n, hidden_size]; the cache grows by n slots.
+        """
+        device = self.device
+        attention = None if mask is None else to_additive_mask(mask, self.dtype, device)
+        out = self.model.get_decoder()(
+            input_ids=tokens.view(1, -1).to(device),
+            position_ids=positions.view(1, -1).to(device),
+            attention_mask=attention,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head on hidden rows [m, H] -> float32 logits [m, V]."""
+        return self.model.get_output_embeddings()(hidden).float()
+
+
+def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """bool [n, k] (True = attend) -> additive float [1, 1, n, k]: 0 where attended, dtype min
+    where masked, the form transformers accepts as a custom 4-D mask."""
+    additive = torch.zeros(mask.shape, dtype=dtype, device=device)
+    additive.masked_fill_(~mask.to(device), torch.finfo(dtype).min)
+    return additive.view(1, 1, *mask.shape)

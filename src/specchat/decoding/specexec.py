@@ -1,0 +1,98 @@
+"""The SpecExec engine: draft a top-K token tree, score it with one target pass, verify.
+
+Cache invariant between iterations, for the committed sequence `seq` of length L:
+- the target cache holds exactly seq[:L-1]; the tree's root is seq[L-1], so one pass over the
+  tree yields the target distribution for position L and for every drafted continuation;
+- the draft cache holds some prefix of seq (what it computed on the accepted path); the rest
+  is fed as a chain at the start of the next tree build.
+Both are pruned to the accepted path after verification; the prefix is never recomputed.
+"""
+
+from collections.abc import Collection, Iterator
+from dataclasses import replace
+from time import perf_counter
+
+import torch
+
+from specchat.decoding.drafter import GrownTree, TreeShape, grow_tree
+from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
+from specchat.decoding.verifier import Verdict, verify
+
+
+class SpecExecEngine:
+    name = "specexec"
+
+    def __init__(
+        self, target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.stop_ids = frozenset(stop_ids)
+        self.shape = shape  # read at every iteration, so a live change applies from the next one
+
+    def set_budget(self, budget: int) -> None:
+        self.shape = replace(self.shape, budget=budget)
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> Iterator[IterationEvent]:
+        seq = list(prompt_ids)
+        target_cache, draft_cache = new_cache(), new_cache()
+        start = perf_counter()
+        self.prefill(seq, target_cache)
+        prefill_s = perf_counter() - start
+        produced = 0
+        while produced < max_new_tokens:
+            start = perf_counter()
+            grown = grow_tree(
+                self.draft, draft_cache, torch.tensor(seq[cache_length(draft_cache):]),
+                cache_length(draft_cache), self.shape, sampling.temperature,
+            )
+            drafted = perf_counter()
+            verdict = self.score_and_verify(grown, seq, target_cache, sampling, max_new_tokens - produced)
+            target_s = perf_counter() - drafted + prefill_s
+            prefill_s = 0.0
+            self.prune_draft_cache(draft_cache, grown, verdict, len(seq))
+            seq.extend(verdict.tokens)
+            produced += len(verdict.tokens)
+            yield IterationEvent(
+                token_ids=verdict.tokens,
+                accepted=verdict.accepted,
+                tree_size=grown.tree.size,
+                depth=grown.tree.depth,
+                draft_s=drafted - start,
+                target_s=target_s,
+                finished=verdict.stopped or produced >= max_new_tokens,
+                extra={"draft_steps": grown.steps},
+            )
+            if verdict.stopped:
+                return
+
+    def prefill(self, seq: list[int], cache) -> None:
+        """Cache every committed token but the last, which becomes the first tree root."""
+        if len(seq) > 1:
+            self.target.hidden(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
+
+    def score_and_verify(
+        self, grown: GrownTree, seq: list[int], cache, sampling: SamplingParams, max_tokens: int
+    ) -> Verdict:
+        """One target pass over the whole tree, then Algorithm 1 with lazily computed logits."""
+        tree = grown.tree
+        prefix = len(seq) - 1
+        mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
+        hidden = self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
+        verdict = verify(
+            tree, lambda node: self.target.logits(hidden[node : node + 1])[0],
+            sampling, len(seq), max_tokens, self.stop_ids,
+        )
+        keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
+        return verdict
+
+    @staticmethod
+    def prune_draft_cache(cache, grown: GrownTree, verdict: Verdict, committed: int) -> None:
+        """Keep the committed prefix and the draft slots of accepted nodes the draft has run."""
+        slots = grown.draft_slots[torch.tensor(verdict.path[1:], dtype=torch.long)]
+        keep = torch.cat([torch.arange(committed), slots[slots >= 0]])
+        keep_slots(cache, keep)

@@ -1,0 +1,93 @@
+"""Algorithm 2: the grown tree is exactly the top-K prefixes under the draft distribution."""
+
+import itertools
+
+import pytest
+import torch
+
+from specchat.decoding.drafter import TreeShape, grow_tree
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length, new_cache
+
+PROMPT = [3, 1, 4, 1, 5]
+
+
+def next_logprobs(model: CausalLM, prefix: list[int], temperature: float) -> torch.Tensor:
+    """Sequential (no cache reuse, no tree mask) draft log-probs after `prefix`."""
+    hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(model.logits(hidden[-1:])[0] / scale, dim=-1)
+
+
+def brute_force_top_k(model: CausalLM, shape: TreeShape, temperature: float) -> dict[tuple, float]:
+    """Enumerate every prefix reachable through each node's `max_children` best children."""
+    frontier = {(): 0.0}
+    nodes: dict[tuple, float] = {}
+    for _ in range(shape.max_depth):
+        grown = {}
+        for path, logprob in frontier.items():
+            top = next_logprobs(model, PROMPT + list(path), temperature).topk(shape.max_children)
+            for value, token in zip(top.values.tolist(), top.indices.tolist()):
+                grown[path + (token,)] = logprob + value
+        nodes.update(grown)
+        frontier = grown
+    best = sorted(nodes.items(), key=lambda item: (-item[1], len(item[0])))[: shape.budget]
+    return dict(best)
+
+
+def tree_paths(tree) -> dict[tuple, float]:
+    tokens = tree.tokens.tolist()
+    return {
+        tuple(tokens[i] for i in tree.path_to(node)[1:]): float(tree.logprobs[node])
+        for node in range(1, tree.tokens.numel())
+    }
+
+
+@pytest.mark.parametrize(
+    "shape,temperature",
+    [
+        (TreeShape(budget=12, max_depth=3, batch=2, max_children=4), 0.0),
+        (TreeShape(budget=30, max_depth=4, batch=5, max_children=3), 0.6),
+        (TreeShape(budget=7, max_depth=5, batch=16, max_children=2), 1.0),
+    ],
+)
+def test_tree_is_brute_force_top_k(tiny_draft, shape, temperature):
+    grown = grow_tree(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, shape, temperature)
+    expected = brute_force_top_k(tiny_draft, shape, temperature)
+    got = tree_paths(grown.tree)
+    assert set(got) == set(expected)
+    for path, logprob in expected.items():
+        assert got[path] == pytest.approx(logprob, abs=1e-5)
+
+
+def test_tree_is_topologically_ordered_and_cache_consistent(tiny_draft):
+    shape = TreeShape(budget=40, max_depth=6, batch=8, max_children=4)
+    cache = new_cache()
+    grown = grow_tree(tiny_draft, cache, torch.tensor(PROMPT), 0, shape, 0.6)
+    tree = grown.tree
+    assert tree.size == 40
+    parents = tree.parents.tolist()
+    assert parents[0] == -1 and all(0 <= p < i for i, p in enumerate(parents) if i > 0)
+    assert all(tree.depths[i] == tree.depths[p] + 1 for i, p in enumerate(parents) if i > 0)
+    assert tree.depth <= shape.max_depth
+    # every node the draft ran has a distinct slot beyond the committed prompt
+    slots = grown.draft_slots[1:]
+    ran = slots[slots >= 0]
+    assert ran.unique().numel() == ran.numel() and bool((ran >= len(PROMPT)).all())
+    assert cache_length(cache) >= int(ran.max()) + 1
+    assert grown.draft_slots[0] == len(PROMPT) - 1
+
+
+def test_all_children_distinct(tiny_draft):
+    grown = grow_tree(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, TreeShape(budget=64, max_depth=5), 1.0)
+    pairs = list(zip(grown.tree.parents.tolist(), grown.tree.tokens.tolist()))[1:]
+    assert len(set(pairs)) == len(pairs)
+
+
+def test_ancestor_mask_matches_paths(tiny_draft):
+    grown = grow_tree(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, TreeShape(budget=25, max_depth=4, batch=4), 0.6)
+    mask = grown.tree.ancestor_mask()
+    for node in range(grown.tree.tokens.numel()):
+        expected = torch.zeros_like(mask[node])
+        expected[grown.tree.path_to(node)] = True
+        assert torch.equal(mask[node], expected)
