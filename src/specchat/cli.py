@@ -1,0 +1,109 @@
+"""The `specchat` command line. User errors print one line and exit with code 2."""
+
+import json
+import sys
+from time import perf_counter
+
+import click
+import typer
+
+from specchat.decoding.events import SamplingParams
+from specchat.errors import SpecchatError
+from specchat.models.listing import list_models
+from specchat.runtime import EngineOptions, build_runtime, encode_prompt
+from specchat.summary import event_record, summarize
+from specchat.textstream import TextStream
+
+app = typer.Typer(
+    help="Chat with large language models on consumer hardware, fast, by speculative execution.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> SamplingParams:
+    if not 0.0 <= temperature <= 5.0:
+        raise SpecchatError(f"--temperature must be between 0 and 5 (got {temperature})")
+    if not 0.0 < top_p <= 1.0:
+        raise SpecchatError(f"--top-p must be in (0, 1] (got {top_p})")
+    if seed < 0:
+        raise SpecchatError(f"--seed must be >= 0 (got {seed})")
+    if not 1 <= max_new_tokens <= 32768:
+        raise SpecchatError(f"--max-new-tokens must be between 1 and 32768 (got {max_new_tokens})")
+    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="The user message (or raw text with --raw)."),
+    target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
+    draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
+    engine: str = typer.Option("specexec", help="autoregressive | specexec"),
+    budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
+    max_depth: int = typer.Option(EngineOptions.max_depth, help="Deepest draft tree node D."),
+    temperature: float = typer.Option(0.6, help="0 = greedy."),
+    top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
+    seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens in every engine."),
+    max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
+    dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+    raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+) -> None:
+    """Generate one reply, streamed to stdout."""
+    sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
+    options = EngineOptions(target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype)
+    runtime = build_runtime(options)
+    prompt_ids = encode_prompt(runtime.tokenizer, prompt, raw)
+    text = TextStream(runtime.tokenizer)
+    events = []
+    start = perf_counter()
+    for event in runtime.engine.generate(prompt_ids, max_new_tokens, sampling):
+        events.append(event)
+        delta = text.push(event.token_ids)
+        if not as_json:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    summary = summarize(events, perf_counter() - start)
+    if as_json:
+        record = {
+            "text": text.text,
+            "token_ids": text.token_ids,
+            "iterations": [event_record(e) for e in events],
+            "summary": vars(summary),
+        }
+        print(json.dumps(record))
+    else:
+        sys.stdout.write("\n")
+        print(
+            f"[{summary.new_tokens} tokens, {summary.iterations} iterations, gen rate {summary.gen_rate:.2f}, "
+            f"{summary.tokens_per_s:.2f} tok/s]",
+            file=sys.stderr,
+        )
+
+
+@app.command()
+def models() -> None:
+    """List model aliases and what is available locally."""
+    rows = list_models()
+    width = max(len(r.alias) for r in rows)
+    for r in rows:
+        mark = "yes" if r.available else "no"
+        print(f"{r.alias:<{width}}  {r.source:<42}  {r.role:<28}  local: {mark:<3}  {r.where}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=sys.argv[1:], prog_name="specchat", standalone_mode=False)
+    except SpecchatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(130)
+    except click.ClickException as error:
+        print(f"error: {error.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

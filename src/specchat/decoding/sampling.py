@@ -1,0 +1,114 @@
+"""Token sampling that every lossless engine reproduces exactly.
+
+Why the same seed gives the same tokens in every engine
+-------------------------------------------------------
+Sequential sampling emits token n as ``F_n^{-1}(u_n)``: the inverse CDF of the filtered target
+distribution ``p_n`` (temperature, then top-p) at position n, evaluated at a uniform number
+``u_n``. Two choices make that value independent of how the engine got there:
+
+* ``u_n = uniform(seed, n)`` is a pure function of the seed and the absolute position n. It
+  consumes no generator state, so it does not matter how many draft nodes, tree branches or
+  verification steps an engine evaluated before reaching position n.
+* The inverse CDF runs over token ids in id order (not sorted by probability), so the token is
+  a function of ``p_n`` and ``u_n`` alone.
+
+A lossless engine (SpecExec verification, or plain autoregressive decoding) computes ``p_n``
+from the same prefix of already-emitted tokens. By induction on n, if tokens ``< n`` agree, the
+prefix agrees, so ``p_n`` agrees, and with the same ``u_n`` the token at n agrees. Speculation
+then changes only how many target forwards are needed, never which tokens come out (given that
+the target's logits at a tree node equal the sequential ones, e.g. in float32).
+"""
+
+import torch
+
+from specchat.decoding.events import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+# SplitMix64's increment: 2**64 / golden ratio, odd, so the state visits all 2**64 values.
+_GAMMA = 0x9E3779B97F4A7C15
+
+
+def mix64(z: int) -> int:
+    """SplitMix64's finalizer (Steele, Lea, Flood 2014): a bijection on 64-bit ints with
+    full avalanche, i.e. flipping any input bit flips each output bit with probability ~1/2."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def uniform(seed: int, position: int) -> float:
+    """A uniform number in [0, 1) keyed by (seed, absolute token position), with no RNG state.
+
+    This is output number ``position + 1`` of a SplitMix64 generator whose state starts at
+    ``mix64(seed)``: ``mix64(mix64(seed) + (position + 1) * GAMMA)``. Hashing the seed first
+    puts different seeds at unrelated points of the 2**64 cycle (with ``seed * GAMMA`` instead,
+    seed s at position n would equal seed 0 at position n + s). The top 53 bits fill a double's
+    mantissa exactly, so the result is a multiple of 2**-53 and at most 1 - 2**-53.
+    """
+    state = (mix64(seed) + (position + 1) * _GAMMA) & _MASK64
+    return (mix64(state) >> 11) / (1 << 53)
+
+
+def cut_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering with HF ``TopPLogitsWarper`` semantics (min_tokens_to_keep=1).
+
+    Sorting ascending, a token is removed when the probability mass of it and of every token
+    below it is <= 1 - top_p; the top token is always kept. Same sort call as HF so that ties
+    land in the same order and the cut is bit-identical.
+    """
+    sorted_scores, sorted_ids = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[..., -1:] = False
+    remove = remove_sorted.scatter(-1, sorted_ids, remove_sorted)
+    return scores.masked_fill(remove, -float("inf"))
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Logits [..., V] divided by temperature, then top-p cut to -inf (top_p >= 1: no cut).
+
+    Bit-identical to HF ``TemperatureLogitsWarper`` followed by ``TopPLogitsWarper``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to filter logits, got {temperature}")
+    scores = logits / temperature
+    if top_p >= 1.0:
+        return scores
+    return cut_top_p(scores, top_p)
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Float64 probabilities [..., V] after temperature and top-p; cut tokens get exactly 0."""
+    return filter_logits(logits, temperature, top_p).double().softmax(dim=-1)
+
+
+def invert_cdf(probs: torch.Tensor, u: float) -> int:
+    """The smallest token id i with cdf[i] > u * cdf[-1], cdf summed in token-id order.
+
+    probs is 1-D and need not be normalised; u is in [0, 1). The sums run in float64 (in
+    float32, u = 1 - 2**-53 would round to 1). No clamp is needed, and the id found always has
+    probs[i] > 0, even with rounding:
+    * some id passes: for u <= 1 - 2**-53 and a normal total T > 0, u * T < T in doubles
+      (T * 2**-53 is at least half an ulp of T, and exactly half only when T is a power of two,
+      where T - ulp/2 is representable), so at least the last id passes;
+    * the first passing id i has cdf[i] > u * T >= cdf[i - 1], and cdf[i] = fl(cdf[i - 1] +
+      probs[i]) equals cdf[i - 1] when probs[i] == 0, so probs[i] > 0.
+    """
+    cdf = probs.double().cumsum(dim=0)
+    passes = cdf > u * cdf[-1]
+    # argmax returns the first maximum, i.e. the first passing id.
+    return int(passes.to(torch.uint8).argmax())
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The token at absolute position ``position`` from 1-D logits [V].
+
+    Temperature 0 is greedy (first maximum). Otherwise inverse-CDF sampling of the filtered
+    distribution at ``u = uniform(params.seed, position)``; see the module docstring for why
+    this makes every lossless engine emit the same tokens as sequential sampling.
+    """
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = filtered_probs(logits, params.temperature, params.top_p)
+    return invert_cdf(probs, uniform(params.seed, position))

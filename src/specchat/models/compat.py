@@ -1,0 +1,34 @@
+"""Checking that a draft model speaks the target's tokens: speculation compares token ids, so the
+two tokenizers must agree on every id both know, and on where a reply ends."""
+
+from transformers import PreTrainedTokenizerBase
+
+from specchat.errors import SpecchatError
+
+
+def check_tokenizers_compatible(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrainedTokenizerBase) -> None:
+    """Raise SpecchatError (one line) unless both map the shared id range alike and share eos.
+
+    Only the tokenizers are compared: a model's embedding may have extra padding rows past its
+    vocabulary (Qwen2.5: 151936 rows), which never appear as tokens.
+    """
+    draft_ids, target_ids = tokens_by_id(draft_tok), tokens_by_id(target_tok)
+    shared = min(max(draft_ids, default=-1), max(target_ids, default=-1)) + 1
+    differing = [i for i in range(shared) if draft_ids.get(i) != target_ids.get(i)]
+    if differing:
+        first = differing[0]
+        raise SpecchatError(
+            f"draft and target tokenizers differ: {len(differing)} of {shared} shared token ids map to different "
+            f"tokens (first: id {first} is {draft_ids.get(first)!r} vs {target_ids.get(first)!r}); "
+            "pick a draft from the target's model family"
+        )
+    draft_eos, target_eos = (draft_tok.eos_token, draft_tok.eos_token_id), (target_tok.eos_token, target_tok.eos_token_id)
+    if draft_eos != target_eos:
+        raise SpecchatError(
+            f"draft and target tokenizers end replies differently: eos {draft_eos[0]!r} (id {draft_eos[1]}) "
+            f"vs {target_eos[0]!r} (id {target_eos[1]})"
+        )
+
+
+def tokens_by_id(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    return {token_id: token for token, token_id in tokenizer.get_vocab().items()}

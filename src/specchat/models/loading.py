@@ -1,0 +1,79 @@
+"""Turning a model spec (alias, local directory, .gguf file or hub id) into a model and tokenizer."""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specchat.errors import SpecchatError
+from specchat.models.embedded import ensure_embedded
+from specchat.models.hub import download
+from specchat.models.registry import find_alias
+
+SourceKind = Literal["embedded", "hub", "dir", "gguf"]
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: SourceKind
+    location: str  # alias (embedded), hub id (hub), or absolute path (dir, gguf)
+    name: str  # shown to the user
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    source: ModelSource
+
+
+def resolve(spec: str) -> ModelSource:
+    """What `spec` names, checked as far as possible without loading (or downloading) anything."""
+    alias = find_alias(spec)
+    if alias is not None:
+        if alias.hub_id is None:
+            return ModelSource("embedded", alias.name, alias.name)
+        return ModelSource("hub", alias.hub_id, alias.name)
+    path = Path(spec).expanduser()
+    if spec.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise SpecchatError(f"GGUF file not found: {spec}")
+        return ModelSource("gguf", str(path.resolve()), path.stem)
+    if path.is_dir():  # checked before hub ids: a local "owner/name" directory wins
+        if not (path / "config.json").is_file():
+            raise SpecchatError(f"directory {spec} has no config.json, so it is not a model directory")
+        return ModelSource("dir", str(path.resolve()), path.resolve().name)
+    if _HUB_ID.fullmatch(spec):
+        return ModelSource("hub", spec, spec)
+    raise SpecchatError(
+        f"unknown model '{spec}': use an alias (see `specchat models`), a hub id, a local directory or a .gguf file"
+    )
+
+
+def load(spec: str, dtype: torch.dtype, progress: bool = True) -> LoadedModel:
+    """Load `spec` for inference: eval mode, gradients off, SDPA attention."""
+    source = resolve(spec)
+    directory, gguf_file = materialize(source, progress)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa")
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, tokenizer, source.name, source)
+
+
+def materialize(source: ModelSource, progress: bool) -> tuple[Path, str | None]:
+    """A local directory to load from, and the GGUF file name inside it (None for safetensors)."""
+    if source.kind == "embedded":
+        return ensure_embedded(source.location, progress), None
+    if source.kind == "hub":
+        return download(source.location, progress), None
+    path = Path(source.location)
+    if source.kind == "gguf":
+        return path.parent, path.name
+    return path, None

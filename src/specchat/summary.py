@@ -1,0 +1,37 @@
+"""Aggregating a stream of iteration events into the figures users and benchmarks report."""
+
+from dataclasses import asdict, dataclass
+
+from specchat.decoding.events import IterationEvent
+
+
+@dataclass(frozen=True)
+class Summary:
+    new_tokens: int
+    iterations: int
+    gen_rate: float  # new tokens per target forward (iteration)
+    tokens_per_s: float
+    draft_s: float
+    target_s: float
+    transfer_s: float
+    wall_s: float
+
+
+def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
+    new_tokens = sum(len(e.token_ids) for e in events)
+    iterations = len(events)
+    return Summary(
+        new_tokens=new_tokens,
+        iterations=iterations,
+        gen_rate=new_tokens / iterations if iterations else 0.0,
+        tokens_per_s=new_tokens / wall_s if wall_s > 0 else 0.0,
+        draft_s=sum(e.draft_s for e in events),
+        target_s=sum(e.target_s for e in events),
+        transfer_s=sum(e.transfer_s for e in events),
+        wall_s=wall_s,
+    )
+
+
+def event_record(event: IterationEvent) -> dict:
+    """An event as plain JSON-ready data."""
+    return asdict(event)

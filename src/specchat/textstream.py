@@ -1,0 +1,30 @@
+"""Incremental detokenization: emit only text that can no longer change.
+
+Decoding token by token breaks multi-byte characters and merged pieces, so the whole reply is
+decoded each time and the new suffix is emitted, holding back a trailing replacement char
+(an incomplete UTF-8 sequence).
+"""
+
+from transformers import PreTrainedTokenizerBase
+
+
+class TextStream:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.emitted = ""
+
+    @property
+    def text(self) -> str:
+        return self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+
+    def push(self, token_ids: list[int]) -> str:
+        """Add tokens; return the newly stable text."""
+        self.token_ids.extend(token_ids)
+        text = self.text
+        text = text.rstrip("\ufffd")
+        # Byte-level BPE decoding is prefix-stable once complete characters are formed, so the
+        # new text is the suffix past what was already shown.
+        delta = text[len(self.emitted):]
+        self.emitted = text if len(text) > len(self.emitted) else self.emitted
+        return delta

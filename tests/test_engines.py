@@ -1,0 +1,124 @@
+"""Engines on tiny random models: exactness against sequential decoding and HF generate."""
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.kvcache import new_cache
+from specchat.decoding.sampling import filtered_probs
+from specchat.decoding.specexec import SpecExecEngine
+
+PROMPT = [7, 3, 9, 2, 11, 5]
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
+
+
+def run(engine, sampling, max_new_tokens=40, prompt=PROMPT):
+    events = list(engine.generate(prompt, max_new_tokens, sampling))
+    return [t for e in events for t in e.token_ids], events
+
+
+def test_autoregressive_greedy_equals_hf_generate(tiny_target):
+    engine = AutoregressiveEngine(tiny_target, stop_ids=[])
+    tokens, events = run(engine, GREEDY)
+    reference = tiny_target.model.generate(
+        torch.tensor([PROMPT]), max_new_tokens=40, min_new_tokens=40, do_sample=False
+    )[0, len(PROMPT):].tolist()
+    assert tokens == reference
+    assert len(events) == 40 and events[-1].finished
+
+
+@pytest.mark.parametrize("budget,depth", [(1, 1), (8, 4), (32, 8), (100, 12)])
+@pytest.mark.parametrize(
+    "sampling", [GREEDY, SamplingParams(0.6, 0.9, seed=11), SamplingParams(1.0, 1.0, seed=5)]
+)
+def test_specexec_matches_autoregressive(tiny_target, tiny_draft, budget, depth, sampling):
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=budget, max_depth=depth))
+    tokens, events = run(engine, sampling)
+    assert tokens == reference
+    assert all(e.tree_size <= budget and e.depth <= depth for e in events)
+    assert sum(len(e.token_ids) for e in events) == 40 and events[-1].finished
+
+
+def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):
+    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8))
+    _, events = run(engine, GREEDY)
+    assert sum(e.accepted for e in events) > 0
+    assert len(events) < 40  # fewer target passes than tokens
+
+
+def test_self_draft_accepts_whole_greedy_chain(tiny_target):
+    """With the target as its own draft and a chain-shaped tree, every draft token is accepted."""
+    engine = SpecExecEngine(tiny_target, tiny_target, [], TreeShape(budget=6, max_depth=6, max_children=1))
+    tokens, events = run(engine, GREEDY, max_new_tokens=21)
+    assert [e.accepted for e in events] == [6, 6, 6]
+    assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 21)[0]
+
+
+def test_stops_at_stop_token(tiny_target, tiny_draft):
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY)
+    stop = reference[10]
+    first = reference.index(stop)
+    for engine in (
+        AutoregressiveEngine(tiny_target, [stop]),
+        SpecExecEngine(tiny_target, tiny_draft, [stop], TreeShape(budget=16, max_depth=6)),
+    ):
+        tokens, events = run(engine, GREEDY)
+        assert tokens == reference[: first + 1]
+        assert events[-1].finished
+
+
+def test_budget_change_applies_mid_reply(tiny_target, tiny_draft):
+    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=4, max_depth=4))
+    stream = engine.generate(PROMPT, 30, GREEDY)
+    first = next(stream)
+    engine.set_budget(20)
+    rest = list(stream)
+    assert first.tree_size <= 4 and max(e.tree_size for e in rest) > 4
+    tokens = first.token_ids + [t for e in rest for t in e.token_ids]
+    assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]
+
+
+def exact_second_token_distribution(model, sampling) -> torch.Tensor:
+    """P(x2) = sum_x1 P(x1) P(x2 | x1) under the filtered target distribution."""
+    def probs(prefix):
+        hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
+        return filtered_probs(model.logits(hidden[-1:])[0], sampling.temperature, sampling.top_p)
+
+    first = probs(PROMPT)
+    total = torch.zeros_like(first)
+    for token in torch.nonzero(first).flatten().tolist():
+        total += first[token] * probs(PROMPT + [token])
+    return total
+
+
+def test_specexec_sampled_distribution_chi_square(tiny_target, tiny_draft):
+    """Across seeds, specexec's second token follows the filtered target distribution."""
+    base = SamplingParams(temperature=1.3, top_p=0.95, seed=0)
+    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=8, max_depth=3))
+    counts = Counter(
+        run(engine, SamplingParams(base.temperature, base.top_p, seed), max_new_tokens=2)[0][1]
+        for seed in range(1000)
+    )
+    expected = exact_second_token_distribution(tiny_target, base)
+    support = torch.nonzero(expected > 0).flatten().tolist()
+    assert set(counts) <= set(support)
+    assert chi_square_pvalue([counts.get(t, 0) for t in support], expected[support]) > 1e-3
+
+
+def chi_square_pvalue(observed: list[int], probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value, pooling cells expected below 5 into one."""
+    expected = (probs / probs.sum() * sum(observed)).tolist()
+    big = [i for i, e in enumerate(expected) if e >= 5]
+    small = [i for i, e in enumerate(expected) if e < 5]
+    obs = [observed[i] for i in big]
+    exp = [expected[i] for i in big]
+    if small:
+        obs.append(sum(observed[i] for i in small))
+        exp.append(sum(expected[i] for i in small))
+    return float(chisquare(obs, exp).pvalue)

@@ -1,0 +1,252 @@
+"""Embedded-model assembly, conversion and loading, on a tiny Qwen2 GGUF built in the test.
+
+The fake model is split into fake part packages on sys.path and swapped into the embedded table,
+so the real code path (importlib lookup, hashing, atomic rename, conversion) runs in seconds.
+"""
+
+import hashlib
+import shutil
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from huggingface_hub import constants as hub_constants
+from transformers import AutoModelForCausalLM
+
+from specchat.errors import SpecchatError
+from specchat.models import embedded
+from specchat.models.embedded import EMBEDDED, EmbeddedModel, converted_path, ensure_embedded, gguf_path
+from specchat.models.loading import load
+from specchat.models.marker import MARKER
+from specchat.models.parts import numbered_parts
+from specchat.models.registry import DEFAULT_DRAFT
+
+FAKE_PREFIX = "specchat-fake-tiny-part"
+PART_COUNT = 3
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable spelling of the 256 bytes, the base of every byte-level BPE vocabulary."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    spelled, shifted = [], 0
+    for byte in range(256):
+        if byte in printable:
+            spelled.append(chr(byte))
+        else:
+            spelled.append(chr(256 + shifted))
+            shifted += 1
+    return spelled
+
+
+def write_tiny_gguf(path: Path) -> None:
+    """A 2-layer Qwen2 with a 262-token byte-level vocabulary, Q8_0 matrices (so loading must
+    dequantize), a chat template and Qwen's special tokens."""
+    rng = np.random.default_rng(0)
+    tokens = [*byte_alphabet(), "Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab, hidden, ffn, layers, heads, kv_heads = len(tokens), 64, 128, 2, 4, 2
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_name("tiny qwen2")
+    writer.add_context_length(128)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (vocab - 3) + [3, 3, 3])  # 3 = control (special) tokens
+    writer.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        values = rng.standard_normal((rows, cols), dtype=np.float32) * 0.05
+        writer.add_tensor(name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    def vector(name: str, size: int) -> None:
+        writer.add_tensor(name, (1 + 0.1 * rng.standard_normal(size)).astype(np.float32))
+
+    q_dim, kv_dim = hidden, hidden // heads * kv_heads
+    matrix("token_embd.weight", vocab, hidden)
+    for i in range(layers):
+        vector(f"blk.{i}.attn_norm.weight", hidden)
+        for name, dim in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            matrix(f"blk.{i}.{name}.weight", dim, hidden)
+            vector(f"blk.{i}.{name}.bias", dim)
+        matrix(f"blk.{i}.attn_output.weight", hidden, q_dim)
+        vector(f"blk.{i}.ffn_norm.weight", hidden)
+        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    vector("output_norm.weight", hidden)
+    matrix("output.weight", vocab, hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    write_tiny_gguf(path)
+    return path
+
+
+def install_fake_parts(gguf_file: Path, site: Path) -> None:
+    """Split `gguf_file` into PART_COUNT importable packages laid out like the real part packages."""
+    data = gguf_file.read_bytes()
+    step = -(-len(data) // PART_COUNT)
+    for part in numbered_parts(FAKE_PREFIX, PART_COUNT, "1.0"):
+        index = int(part.file[len("data/part"):-len(".bin")]) - 1
+        package = site / part.module
+        (package / "data").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / part.file).write_bytes(data[index * step:(index + 1) * step])
+
+
+@pytest.fixture
+def fake_draft(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddedModel:
+    """DEFAULT_DRAFT replaced by the tiny model, its parts installed, the cache in tmp_path."""
+    site = tmp_path / "site"
+    install_fake_parts(tiny_gguf, site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    data = tiny_gguf.read_bytes()
+    model = EmbeddedModel(DEFAULT_DRAFT, "tiny", numbered_parts(FAKE_PREFIX, PART_COUNT, "1.0"),
+                          len(data), hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(EMBEDDED, DEFAULT_DRAFT, model)
+    return model
+
+
+def hidden_files(root: Path) -> list[Path]:
+    return [path for path in root.rglob(".*") if path.parent.name in ("gguf", "converted")]
+
+
+def test_assembles_and_converts_to_identical_float32(fake_draft: EmbeddedModel, tiny_gguf: Path) -> None:
+    directory = ensure_embedded(DEFAULT_DRAFT, progress=False)
+
+    assert directory == converted_path(fake_draft)
+    assert gguf_path(fake_draft).read_bytes() == tiny_gguf.read_bytes()
+    for name in (MARKER, "config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (directory / name).is_file(), name
+    assert hidden_files(directory.parent.parent) == []
+    converted = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
+    direct = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name,
+                                                  dtype=torch.float32).state_dict()
+    assert converted.keys() == direct.keys()
+    assert all(converted[key].dtype == torch.float32 and torch.equal(converted[key], direct[key]) for key in direct)
+
+
+def test_later_calls_reuse_the_converted_directory(fake_draft: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = ensure_embedded(DEFAULT_DRAFT, progress=False)
+    monkeypatch.setattr(embedded, "build", lambda *args: pytest.fail("rebuilt a converted model"))
+    assert ensure_embedded(DEFAULT_DRAFT, progress=False) == first
+
+
+def test_wrong_checksum_is_an_error_and_leaves_no_file(fake_draft: EmbeddedModel,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(EMBEDDED, DEFAULT_DRAFT, replace(fake_draft, sha256="0" * 64))
+    with pytest.raises(SpecchatError, match="checksum mismatch.*pip install --force-reinstall"):
+        ensure_embedded(DEFAULT_DRAFT, progress=False)
+    assert not gguf_path(fake_draft).exists()
+    assert list(gguf_path(fake_draft).parent.iterdir()) == []
+    assert not converted_path(fake_draft).exists()
+
+
+def test_wrong_size_is_an_error(fake_draft: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(EMBEDDED, DEFAULT_DRAFT, replace(fake_draft, size=fake_draft.size + 1))
+    with pytest.raises(SpecchatError, match="expected"):
+        ensure_embedded(DEFAULT_DRAFT, progress=False)
+    assert list(gguf_path(fake_draft).parent.iterdir()) == []
+
+
+def test_missing_part_package_names_the_pip_install(fake_draft: EmbeddedModel, tmp_path: Path) -> None:
+    shutil.rmtree(tmp_path / "site" / f"{FAKE_PREFIX.replace('-', '_')}2")
+    with pytest.raises(SpecchatError, match=f"`pip install {FAKE_PREFIX}2==1.0`"):
+        ensure_embedded(DEFAULT_DRAFT, progress=False)
+
+
+def test_leftovers_of_an_interrupted_run_are_replaced(fake_draft: EmbeddedModel) -> None:
+    gguf_file, directory = gguf_path(fake_draft), converted_path(fake_draft)
+    directory.mkdir(parents=True)  # no marker: an interrupted or damaged conversion
+    (directory / "config.json").write_text("{}")
+    gguf_file.parent.mkdir(parents=True)
+    gguf_file.write_bytes(b"truncated")
+    (gguf_file.parent / f".{gguf_file.name}.crashed.tmp").write_bytes(b"partial")
+    (directory.parent / f".{directory.name}.crashed").mkdir()
+
+    assert ensure_embedded(DEFAULT_DRAFT, progress=False) == directory
+    assert (directory / MARKER).is_file()
+    assert gguf_file.stat().st_size == fake_draft.size
+    assert hidden_files(directory.parent.parent) == []
+
+
+def test_concurrent_callers_build_once(fake_draft: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[str] = []
+    real_build = embedded.build
+
+    def counting_build(model: EmbeddedModel, progress: bool) -> None:
+        builds.append(model.name)
+        real_build(model, progress)
+
+    monkeypatch.setattr(embedded, "build", counting_build)
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(ensure_embedded(DEFAULT_DRAFT, progress=False)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert builds == ["tiny"]
+    assert results == [converted_path(fake_draft)] * 2
+
+
+def assert_ready_for_inference(loaded_model: torch.nn.Module, dtype: torch.dtype) -> None:
+    assert not loaded_model.training
+    assert not any(parameter.requires_grad for parameter in loaded_model.parameters())
+    assert all(parameter.dtype == dtype for parameter in loaded_model.parameters())
+    assert loaded_model.config._attn_implementation == "sdpa"
+
+
+def test_load_gguf_file(tiny_gguf: Path) -> None:
+    loaded = load(str(tiny_gguf), torch.float32, progress=False)
+    assert (loaded.name, loaded.source.kind) == ("tiny", "gguf")
+    assert_ready_for_inference(loaded.model, torch.float32)
+    assert loaded.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_load_embedded_alias_and_converted_dir(fake_draft: EmbeddedModel) -> None:
+    loaded = load(DEFAULT_DRAFT, torch.bfloat16, progress=False)
+    assert (loaded.name, loaded.source.kind) == (DEFAULT_DRAFT, "embedded")
+    assert_ready_for_inference(loaded.model, torch.bfloat16)
+    assert loaded.tokenizer.chat_template
+
+    from_dir = load(str(converted_path(fake_draft)), torch.float32, progress=False)
+    assert (from_dir.name, from_dir.source.kind) == ("tiny", "dir")
+    assert_ready_for_inference(from_dir.model, torch.float32)
+
+
+def test_cached_hub_model_loads_offline(fake_draft: EmbeddedModel, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-chat"
+    commit = "0" * 40
+    shutil.copytree(ensure_embedded(DEFAULT_DRAFT, progress=False), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+
+    loaded = load("tiny-org/tiny-chat", torch.float32, progress=False)
+    assert (loaded.name, loaded.source.kind) == ("tiny-org/tiny-chat", "hub")
+    assert_ready_for_inference(loaded.model, torch.float32)

@@ -1,0 +1,106 @@
+"""Model specs: aliases, local directories, .gguf files, hub ids, and the errors for everything else."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specchat.errors import SpecchatError
+from specchat.models.loading import ModelSource, resolve
+from specchat.models.registry import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET
+
+HUB_ALIASES = {
+    "llama-2-70b-gptq": "TheBloke/Llama-2-70B-Chat-GPTQ",
+    "llama-2-70b": "meta-llama/Llama-2-70b-chat-hf",
+    "llama-2-7b": "meta-llama/Llama-2-7b-chat-hf",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "mixtral-8x7b-gptq": "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.2",
+}
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def test_defaults_are_the_embedded_qwen_pair() -> None:
+    assert (DEFAULT_TARGET, DEFAULT_DRAFT) == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    for alias in (DEFAULT_TARGET, DEFAULT_DRAFT):
+        assert resolve(alias) == ModelSource("embedded", alias, alias)
+
+
+@pytest.mark.parametrize(("alias", "hub_id"), HUB_ALIASES.items())
+def test_hub_aliases(alias: str, hub_id: str) -> None:
+    assert resolve(alias) == ModelSource("hub", hub_id, alias)
+
+
+def test_alias_table_is_exactly_the_documented_one() -> None:
+    assert set(ALIASES) == {*HUB_ALIASES, DEFAULT_TARGET, DEFAULT_DRAFT}
+
+
+def test_aliases_ignore_case() -> None:
+    assert resolve("Mistral-7B") == resolve("mistral-7b")
+
+
+def test_hub_id() -> None:
+    assert resolve("Qwen/Qwen2.5-0.5B-Instruct") == ModelSource("hub", "Qwen/Qwen2.5-0.5B-Instruct",
+                                                                "Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_local_directory_needs_config_json(tmp_path: Path) -> None:
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    with pytest.raises(SpecchatError, match="no config.json"):
+        resolve(str(model_dir))
+    (model_dir / "config.json").write_text("{}")
+    assert resolve(str(model_dir)) == ModelSource("dir", str(model_dir), "my-model")
+
+
+def test_local_directory_wins_over_a_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "owner" / "name").mkdir(parents=True)
+    (tmp_path / "owner" / "name" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert resolve("owner/name").kind == "dir"
+
+
+def test_gguf_file_must_exist(tmp_path: Path) -> None:
+    path = tmp_path / "model.Q4_K_M.gguf"
+    with pytest.raises(SpecchatError, match="GGUF file not found"):
+        resolve(str(path))
+    path.write_bytes(b"GGUF")
+    assert resolve(str(path)) == ModelSource("gguf", str(path), "model.Q4_K_M")
+
+
+@pytest.mark.parametrize("spec", ["nonsense", "a/b/c", "./not-here", "/no/such/dir", "owner/", "-x/y"])
+def test_unknown_spec(spec: str) -> None:
+    expected = (f"unknown model '{spec}': use an alias (see `specchat models`), a hub id, "
+                "a local directory or a .gguf file")
+    with pytest.raises(SpecchatError) as raised:
+        resolve(spec)
+    assert str(raised.value) == expected
+
+
+def test_uncached_hub_model_offline_points_to_the_embedded_models(tmp_path: Path) -> None:
+    # A subprocess, because huggingface_hub reads HF_HUB_OFFLINE and HF_HOME once, at import.
+    script = (
+        "import sys, torch\n"
+        "from specchat.errors import SpecchatError\n"
+        "from specchat.models.loading import load\n"
+        "try:\n"
+        "    load('mistral-7b', torch.float32, progress=False)\n"
+        "except SpecchatError as error:\n"
+        "    print(error)\n"
+        "    sys.exit(2)\n"
+    )
+    hub_vars = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = {key: value for key, value in os.environ.items() if key not in hub_vars}
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(SRC))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 2, result.stderr
+    message = result.stdout.strip()
+    assert "\n" not in message
+    assert "mistralai/Mistral-7B-Instruct-v0.2" in message
+    assert "offline" in message
+    assert f"{DEFAULT_TARGET} / {DEFAULT_DRAFT}" in message

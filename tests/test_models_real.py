@@ -1,0 +1,39 @@
+"""The real embedded Qwen pair: conversion is lossless and the tokenizers fit together.
+
+Slow the first time (assembly + conversion, ~2 min per model); later runs reuse the user cache
+dir, so SPECCHAT_CACHE_DIR is deliberately left alone here.
+"""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specchat.models.compat import check_tokenizers_compatible
+from specchat.models.embedded import EMBEDDED, ensure_embedded, gguf_path
+from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+pytestmark = pytest.mark.real
+
+QWEN_IM_END = 151645  # Qwen2.5 instruct models end a turn with <|im_end|>
+
+
+def test_converted_draft_equals_the_gguf_dequantized_in_float32() -> None:
+    directory = ensure_embedded(DEFAULT_DRAFT, progress=False)
+    gguf_file = gguf_path(EMBEDDED[DEFAULT_DRAFT])
+
+    converted = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
+    direct = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
+                                                  dtype=torch.float32).state_dict()
+    assert converted.keys() == direct.keys()
+    differing = [key for key in direct if not torch.equal(converted[key], direct[key])]
+    assert differing == []
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+    assert tokenizer.eos_token_id == QWEN_IM_END
+
+
+def test_embedded_pair_tokenizers_are_compatible() -> None:
+    draft = AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_DRAFT, progress=False))
+    target = AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_TARGET, progress=False))
+    check_tokenizers_compatible(draft, target)

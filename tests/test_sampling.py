@@ -1,0 +1,273 @@
+"""Sampling: HF-exact filtering, the counter-based RNG, and inverse-CDF token choice."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+from scipy import stats
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.sampling import (
+    filter_logits,
+    filtered_probs,
+    invert_cdf,
+    sample_token,
+    uniform,
+)
+
+TOP_PS = [0.1, 0.5, 0.9, 0.95, 1.0]
+TEMPERATURES = [0.1, 0.6, 1.0, 1.7]
+
+
+def hf_filter(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """What HF generate applies: temperature, then top-p only when top_p < 1."""
+    # HF's top-p scatters along dim 1, so it needs [B, V]; 1-D inputs get a batch dim.
+    scores = logits.reshape(-1, logits.shape[-1])
+    input_ids = torch.zeros(scores.shape[0], 1, dtype=torch.long)
+    scores = TemperatureLogitsWarper(temperature)(input_ids, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(input_ids, scores)
+    return scores.reshape(logits.shape)
+
+
+def assert_matches_hf(logits: torch.Tensor, temperature: float, top_p: float) -> None:
+    ours = filter_logits(logits, temperature, top_p)
+    theirs = hf_filter(logits, temperature, top_p)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    # torch.equal treats -inf == -inf, so the cut sets must be identical too.
+    assert torch.equal(ours, theirs)
+
+
+# --- filter_logits vs HF ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(7,), (1000,), (3, 50), (5, 2048)])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("top_p", TOP_PS)
+def test_filter_matches_hf_on_random_logits(shape, temperature, top_p):
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 3
+    assert_matches_hf(logits, temperature, top_p)
+
+
+@pytest.mark.parametrize("top_p", TOP_PS)
+def test_filter_matches_hf_on_many_ties(top_p):
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randint(-2, 3, (4, 500), generator=gen).float()
+    assert_matches_hf(logits, 0.6, top_p)
+
+
+@pytest.mark.parametrize("top_p", TOP_PS)
+@pytest.mark.parametrize("size", [1, 2, 10, 1000])
+def test_filter_matches_hf_on_flat_distribution(top_p, size):
+    logits = torch.full((size,), 1.5)
+    assert_matches_hf(logits, 0.6, top_p)
+    kept = torch.isfinite(filter_logits(logits, 0.6, top_p)).sum()
+    # Roughly a top_p share of equal tokens survives, never none (the top token is kept).
+    assert 1 <= kept <= max(1, round(top_p * size) + 1)
+
+
+@pytest.mark.parametrize("top_p", TOP_PS)
+@pytest.mark.parametrize("peak", [5.0, 30.0, 300.0])
+def test_filter_matches_hf_on_peaked_distribution(top_p, peak):
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(2))
+    logits[0, 17] = peak
+    logits[1, 299] = peak
+    assert_matches_hf(logits, 0.6, top_p)
+    if top_p < 1.0 and peak >= 30.0:
+        # All the mass is on the peak, so top-p keeps only it.
+        assert torch.isfinite(filter_logits(logits, 0.6, top_p)).sum() == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_filter_matches_hf_in_other_dtypes(dtype):
+    logits = torch.randn(3, 400, generator=torch.Generator().manual_seed(3)).to(dtype)
+    assert_matches_hf(logits, 0.7, 0.9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.integers(-3, 3), min_size=1, max_size=80),
+    temperature=st.floats(0.05, 3.0),
+    top_p=st.one_of(st.sampled_from(TOP_PS), st.floats(0.0, 1.0)),
+)
+def test_filter_matches_hf_on_tied_integer_logits(values, temperature, top_p):
+    assert_matches_hf(torch.tensor(values, dtype=torch.float32), temperature, top_p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    logits=arrays(
+        np.float32,
+        array_shapes(min_dims=1, max_dims=2, max_side=40),
+        elements=st.floats(-40, 40, width=32),
+    ),
+    temperature=st.floats(0.05, 3.0),
+    top_p=st.sampled_from(TOP_PS),
+)
+def test_filter_matches_hf_on_float_logits(logits, temperature, top_p):
+    assert_matches_hf(torch.from_numpy(logits), temperature, top_p)
+
+
+def test_filter_rejects_nonpositive_temperature():
+    with pytest.raises(ValueError):
+        filter_logits(torch.zeros(4), 0.0, 0.9)
+    with pytest.raises(ValueError):
+        filtered_probs(torch.zeros(4), -1.0, 0.9)
+
+
+def test_filtered_probs_are_float64_softmax_of_filtered_logits():
+    logits = torch.randn(2, 100, generator=torch.Generator().manual_seed(4))
+    probs = filtered_probs(logits, 0.8, 0.5)
+    assert probs.dtype == torch.float64
+    expected = torch.softmax(hf_filter(logits, 0.8, 0.5).double(), dim=-1)
+    assert torch.equal(probs, expected)
+    assert torch.equal(probs == 0, torch.isinf(hf_filter(logits, 0.8, 0.5)))
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, dtype=torch.float64))
+
+
+# --- uniform ---------------------------------------------------------------------------------
+
+
+def test_uniform_is_deterministic_and_in_unit_interval():
+    keys = [(seed, pos) for seed in (0, 1, 12345, -7, 2**70) for pos in range(2000)]
+    values = [uniform(seed, pos) for seed, pos in keys]
+    assert values == [uniform(seed, pos) for seed, pos in keys]
+    assert all(0.0 <= v < 1.0 for v in values)
+    # 53-bit resolution: every value is an exact multiple of 2**-53.
+    assert all((v * 2**53).is_integer() for v in values)
+
+
+def test_uniform_differs_for_neighbouring_positions_and_seeds():
+    for seed in range(20):
+        for pos in range(200):
+            u = uniform(seed, pos)
+            assert u != uniform(seed, pos + 1)
+            assert u != uniform(seed + 1, pos)
+
+
+def test_uniform_streams_of_different_seeds_do_not_overlap():
+    # A naive key like seed * GAMMA + position would make seed 1 a shifted copy of seed 0.
+    first = {uniform(0, pos) for pos in range(5000)}
+    for seed in (1, 2, 3, 1000):
+        assert first.isdisjoint(uniform(seed, pos) for pos in range(5000))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 987654321])
+def test_uniform_is_roughly_uniform_and_uncorrelated(seed):
+    u = np.array([uniform(seed, pos) for pos in range(20_000)])
+    assert stats.kstest(u, "uniform").pvalue > 1e-3
+    # Lag-1 and cross-seed correlations: ~N(0, 1/sqrt(20000) = 0.007) if independent.
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.03
+    other = np.array([uniform(seed + 1, pos) for pos in range(20_000)])
+    assert abs(np.corrcoef(u, other)[0, 1]) < 0.03
+
+
+# --- invert_cdf and sample_token -------------------------------------------------------------
+
+
+def reference_inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """Straight from the definition, in numpy: first i with cdf[i] > u * cdf[-1]."""
+    cdf = np.cumsum(probs.numpy())
+    return int(np.flatnonzero(cdf > u * cdf[-1])[0])
+
+
+def test_invert_cdf_follows_token_id_order():
+    probs = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3], dtype=torch.float64)
+    assert invert_cdf(probs, 0.0) == 1
+    assert invert_cdf(probs, 0.1999) == 1
+    assert invert_cdf(probs, 0.2) == 3
+    assert invert_cdf(probs, 0.69) == 3
+    assert invert_cdf(probs, 0.7) == 4
+    assert invert_cdf(probs, 0.9999) == 4
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    weights=st.lists(
+        st.one_of(st.just(0.0), st.floats(1e-30, 1.0), st.integers(1, 3).map(float)),
+        min_size=1,
+        max_size=30,
+    ).filter(lambda w: sum(w) > 0),
+    u=st.one_of(
+        st.sampled_from([0.0, 0.5, 1 - 2**-53, 1 - 2**-52, 1 - 2**-40]),
+        st.integers(0, 2**53 - 1).map(lambda k: k / 2**53),
+    ),
+)
+def test_invert_cdf_returns_a_nonzero_token_for_any_u(weights, u):
+    # Zero weights, including trailing ones, must never be picked, even for u next to 1.
+    probs = torch.tensor(weights, dtype=torch.float64)
+    token = invert_cdf(probs, u)
+    assert probs[token] > 0
+    assert token == reference_inverse_cdf(probs, u)
+    assert invert_cdf(probs.float(), u) == reference_inverse_cdf(probs.float().double(), u)
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.floats(1e-300, 1e300))
+def test_largest_u_times_total_stays_below_total(total):
+    # invert_cdf relies on this: the last token always passes cdf[-1] > u * cdf[-1].
+    assert (1 - 2**-53) * total < total
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.integers(-4, 4), min_size=1, max_size=60),
+    top_p=st.sampled_from(TOP_PS),
+    position=st.integers(0, 10**9),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_sample_token_is_the_inverse_cdf_of_filtered_probs(values, top_p, position, seed):
+    logits = torch.tensor(values, dtype=torch.float32)
+    params = SamplingParams(temperature=0.7, top_p=top_p, seed=seed)
+    token = sample_token(logits, params, position)
+    probs = filtered_probs(logits, 0.7, top_p)
+    assert probs[token] > 0
+    assert token == reference_inverse_cdf(probs, uniform(seed, position))
+
+
+def test_greedy_is_first_argmax():
+    logits = torch.tensor([0.1, 3.0, -1.0, 3.0, 2.9])
+    for position in range(10):
+        assert sample_token(logits, SamplingParams(temperature=0.0, seed=position), position) == 1
+    logits = torch.randn(151936, generator=torch.Generator().manual_seed(5))
+    assert sample_token(logits, SamplingParams(temperature=0.0), 0) == int(logits.argmax())
+
+
+def test_same_seed_and_position_give_same_token():
+    logits = torch.randn(151936, generator=torch.Generator().manual_seed(6)) * 2
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=42)
+    tokens = [sample_token(logits, params, pos) for pos in range(3)]
+    assert tokens == [sample_token(logits, params, pos) for pos in range(3)]
+    probs = filtered_probs(logits, 1.0, 0.95)
+    assert all(probs[t] > 0 for t in tokens)
+    # Many tokens share the mass, so different positions pick different tokens.
+    assert len(set(tokens)) > 1
+
+
+def test_top_p_cut_tokens_are_never_sampled():
+    # Probabilities at t=1: 0.6, 0.25, 0.1, 0.05; top_p=0.8 keeps the first two only.
+    logits = torch.tensor([0.6, 0.25, 0.1, 0.05]).log()
+    params = SamplingParams(temperature=1.0, top_p=0.8, seed=3)
+    probs = filtered_probs(logits, 1.0, 0.8)
+    assert torch.equal(probs > 0, torch.tensor([True, True, False, False]))
+    tokens = {sample_token(logits, params, pos) for pos in range(1000)}
+    assert tokens == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "seed"), [(1.0, 1.0, 0), (0.7, 0.9, 1), (0.5, 0.6, 2)]
+)
+def test_empirical_frequencies_match_filtered_probs(temperature, top_p, seed):
+    logits = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, 1.2, -1.0, 0.3, 1.9, -3.0])
+    params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    n = 4000
+    counts = np.bincount([sample_token(logits, params, pos) for pos in range(n)], minlength=10)
+    probs = filtered_probs(logits, temperature, top_p).numpy()
+    assert np.all(counts[probs == 0] == 0)
+    kept = probs > 0
+    assert kept.sum() >= 2  # otherwise the chi-square test is vacuous
+    expected = n * probs[kept] / probs[kept].sum()
+    assert stats.chisquare(counts[kept], expected).pvalue > 1e-3
