@@ -4,7 +4,6 @@ import json
 import sys
 from time import perf_counter
 
-import click
 import typer
 
 from specchat.decoding.events import SamplingParams
@@ -52,6 +51,8 @@ def generate(
 ) -> None:
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
+    if not prompt.strip():
+        raise SpecchatError("the prompt is empty: give some text")
     options = EngineOptions(target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype)
     runtime = build_runtime(options)
     prompt_ids = encode_prompt(runtime.tokenizer, prompt, raw)
@@ -100,10 +101,10 @@ def main() -> None:
     except SpecchatError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
-    except click.ClickException as error:
+    except typer.TyperException as error:  # typer's (vendored click) usage errors
         print(f"error: {error.format_message()}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

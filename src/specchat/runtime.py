@@ -85,7 +85,11 @@ def build_runtime(options: EngineOptions, progress: bool = True) -> Runtime:
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) -> list[int]:
     """Token ids of a single-turn chat (the model's chat template), or of `prompt` as is."""
     if raw or tokenizer.chat_template is None:
-        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    messages = [{"role": "user", "content": prompt}]
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-    return list(encoded["input_ids"])
+        ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    else:
+        messages = [{"role": "user", "content": prompt}]
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        ids = list(encoded["input_ids"])
+    if not ids:
+        raise SpecchatError("the prompt is empty after tokenization: give some text")
+    return ids

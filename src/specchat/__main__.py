@@ -1,0 +1,5 @@
+"""`python -m specchat` is the `specchat` command."""
+
+from specchat.cli import main
+
+main()

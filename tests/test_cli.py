@@ -1,0 +1,162 @@
+"""The command line: JSON contract, streaming, and one-line errors with exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import ByteLevelBPETokenizer
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from specchat.cli import main
+
+CORPUS = ["hello world", "def add(x, y): return x + y", "for item in items: print(item)"] * 20
+
+
+def train_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer, the kind transformers' Qwen2 loader expects."""
+    backend = ByteLevelBPETokenizer()
+    backend.train_from_iterator(corpus, vocab_size=300, min_frequency=1, special_tokens=["<eos>"], show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=backend._tokenizer, eos_token="<eos>")
+
+
+def save_tiny_model(directory: Path, corpus: list[str], seed: int) -> Path:
+    """A local model directory: a 2-layer Qwen2 and a tokenizer trained on `corpus`."""
+    tokenizer = train_tokenizer(corpus)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    target = save_tiny_model(root / "target", CORPUS, seed=0)
+    draft = save_tiny_model(root / "draft", CORPUS, seed=1)
+    other = save_tiny_model(root / "other", ["zebra quartz jumps", "qwerty uiop"] * 20, seed=2)
+    return target, draft, other
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["specchat", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    # progress bars of model loading may precede it (carriage-return redraws)
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
+def test_generate_json_contract(monkeypatch, capsys, tiny_dirs):
+    target, draft, _ = tiny_dirs
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "generate", "hello world", "--target", str(target), "--draft", str(draft),
+        "--raw", "--json", "--max-new-tokens", "12", "--budget", "4", "--dtype", "float32",
+        "--temperature", "0",
+    )
+    assert code == 0
+    record = json.loads(out)
+    assert set(record) == {"text", "token_ids", "iterations", "summary"}
+    summary = record["summary"]
+    assert summary["new_tokens"] == len(record["token_ids"]) == sum(len(e["token_ids"]) for e in record["iterations"])
+    assert summary["iterations"] == len(record["iterations"])
+    assert summary["gen_rate"] == pytest.approx(summary["new_tokens"] / summary["iterations"])
+    assert {"tokens_per_s", "draft_s", "target_s"} <= set(summary)
+    event = record["iterations"][0]
+    assert {"token_ids", "accepted", "tree_size", "depth", "draft_s", "target_s", "transfer_s", "transfer_bytes"} <= set(event)
+    assert 0 < event["tree_size"] <= 4
+
+
+def test_generate_engines_agree_and_stream(monkeypatch, capsys, tiny_dirs):
+    target, draft, _ = tiny_dirs
+    common = ["hello world", "--target", str(target), "--raw", "--max-new-tokens", "10", "--seed", "3", "--dtype", "float32"]
+    outputs = {}
+    for engine in ("autoregressive", "specexec"):
+        code, out, err = run_cli(monkeypatch, capsys, "generate", *common, "--draft", str(draft), "--engine", engine, "--json")
+        assert code == 0
+        outputs[engine] = json.loads(out)["token_ids"]
+    assert outputs["autoregressive"] == outputs["specexec"]
+    code, out, err = run_cli(monkeypatch, capsys, "generate", *common, "--draft", str(draft))
+    assert code == 0 and "tokens" in err and "gen rate" in err
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--budget", "-5"], "--budget"),
+        (["--budget", "abc"], "--budget"),
+        (["--temperature", "7"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--max-depth", "0"], "--max-depth"),
+        (["--seed", "-1"], "--seed"),
+        (["--engine", "magic"], "engine"),
+        (["--dtype", "int3"], "dtype"),
+        (["--target", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--draft", "/nonexistent/model.gguf"], "not found"),
+        (["--no-such-flag"], "no-such-flag"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, fragment):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", *args)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_empty_prompt_is_one_line_exit_2(monkeypatch, capsys, tiny_dirs):
+    target, draft, _ = tiny_dirs
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "", "--raw", "--target", str(target), "--draft", str(draft))
+    assert_one_line_error(code, err, "empty")
+
+
+def test_tokenizer_mismatch_is_one_line_exit_2(monkeypatch, capsys, tiny_dirs):
+    target, _, other = tiny_dirs
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(target), "--draft", str(other))
+    assert_one_line_error(code, err, "tokenizers differ")
+
+
+def test_offline_uncached_hub_id_is_one_line_exit_2(tmp_path):
+    """In a fresh process, as a user would run it (the hub reads its env at import)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run(
+        [sys.executable, "-m", "specchat", "generate", "hi", "--target", "someone/not-cached-model"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert_one_line_error(result.returncode, result.stderr, "someone/not-cached-model", "qwen2.5-coder-1.5b")
+
+
+def test_models_lists_aliases(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "models")
+    assert code == 0
+    for alias in ("llama-2-70b-gptq", "llama-2-7b", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "mistral-7b"):
+        assert alias in out
+    assert "TheBloke/Llama-2-70B-Chat-GPTQ" in out
+
+
+@pytest.mark.real
+def test_generate_real_pair_json(monkeypatch, capsys):
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "generate", "Write a Python function that adds two numbers.",
+        "--json", "--max-new-tokens", "16", "--budget", "16",
+    )
+    assert code == 0
+    record = json.loads(out)
+    assert record["summary"]["new_tokens"] == 16 and record["text"].strip()
+    assert record["summary"]["gen_rate"] > 1.0
