@@ -75,7 +75,7 @@ def generate(
         }
         print(json.dumps(record))
     else:
-        sys.stdout.write("\n")
+        sys.stdout.write(text.finish() + "\n")
         print(
             f"[{summary.new_tokens} tokens, {summary.iterations} iterations, gen rate {summary.gen_rate:.2f}, "
             f"{summary.tokens_per_s:.2f} tok/s]",

@@ -28,3 +28,9 @@ class TextStream:
         delta = text[len(self.emitted):]
         self.emitted = text if len(text) > len(self.emitted) else self.emitted
         return delta
+
+    def finish(self) -> str:
+        """At the end of a reply, whatever was held back (e.g. a character cut by the limit)."""
+        delta = self.text[len(self.emitted):]
+        self.emitted += delta
+        return delta

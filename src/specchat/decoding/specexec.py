@@ -21,6 +21,29 @@ from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.verifier import Verdict, verify
 
 
+class NodeLogits:
+    """Target logits per tree node, computed on demand.
+
+    The LM head reads its whole weight matrix whatever the row count, so on a memory-bound
+    device the rows verification will most likely visit (the draft's likeliest path) are
+    computed in one batch up front; any other node is computed when first asked for.
+    """
+
+    def __init__(self, target: CausalLM, hidden: torch.Tensor) -> None:
+        self.target = target
+        self.hidden = hidden
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def compute(self, nodes: list[int]) -> None:
+        for node, row in zip(nodes, self.target.logits(self.hidden[nodes])):
+            self.rows[node] = row
+
+    def of(self, node: int) -> torch.Tensor:
+        if node not in self.rows:
+            self.compute([node])
+        return self.rows[node]
+
+
 class SpecExecEngine:
     name = "specexec"
 
@@ -83,10 +106,9 @@ class SpecExecEngine:
         prefix = len(seq) - 1
         mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
         hidden = self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
-        verdict = verify(
-            tree, lambda node: self.target.logits(hidden[node : node + 1])[0],
-            sampling, len(seq), max_tokens, self.stop_ids,
-        )
+        logits = NodeLogits(self.target, hidden)
+        logits.compute(tree.likeliest_path())
+        verdict = verify(tree, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
         keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
         return verdict
 

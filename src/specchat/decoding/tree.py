@@ -40,6 +40,14 @@ class DraftTree:
                 table[parent][token] = child
         return table
 
+    def likeliest_path(self) -> list[int]:
+        """From the root, repeatedly step to the child with the highest draft log-prob."""
+        path, node = [0], 0
+        while self.children[node]:
+            node = max(self.children[node].values(), key=lambda child: float(self.logprobs[child]))
+            path.append(node)
+        return path
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root down to `node`, inclusive."""
         path = []

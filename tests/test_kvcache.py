@@ -1,0 +1,96 @@
+"""KV cache helpers on a real transformers DynamicCache."""
+
+import torch
+from transformers import DynamicCache
+
+from specchat.decoding.kvcache import cache_length, keep_slots, new_cache, truncate
+
+LAYERS = 2
+SHAPE = (1, 2, 7, 4)  # batch, kv heads, slots, head dim
+
+
+def filled_cache(slots: int = SHAPE[2]) -> tuple[DynamicCache, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A cache with distinct random keys/values per layer and the tensors put in it."""
+    generator = torch.Generator().manual_seed(0)
+    cache = new_cache()
+    originals = []
+    for layer in range(LAYERS):
+        shape = (*SHAPE[:2], slots, SHAPE[3])
+        keys, values = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        cache.update(keys, values, layer)
+        originals.append((keys, values))
+    return cache, originals
+
+
+def test_new_cache_is_empty() -> None:
+    cache = new_cache()
+    assert isinstance(cache, DynamicCache)
+    assert cache_length(cache) == 0
+
+
+def test_cache_length_counts_slots_across_updates() -> None:
+    cache, _ = filled_cache()
+    assert cache_length(cache) == 7
+    for layer in range(LAYERS):
+        cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer)
+    assert cache_length(cache) == 10
+
+
+def test_keep_slots_keeps_selected_slices_in_every_layer() -> None:
+    cache, originals = filled_cache()
+    keep = torch.tensor([0, 1, 2, 4, 6])  # a prefix plus a non-contiguous accepted path
+    keep_slots(cache, keep)
+    assert cache_length(cache) == 5
+    for layer, (keys, values) in zip(cache.layers, originals):
+        assert torch.equal(layer.keys, keys[:, :, keep])
+        assert torch.equal(layer.values, values[:, :, keep])
+
+
+def test_keep_slots_then_update_appends_after_kept_slots() -> None:
+    cache, originals = filled_cache()
+    keep_slots(cache, torch.tensor([0, 3]))
+    new_keys, new_values = torch.ones(1, 2, 1, 4), torch.full((1, 2, 1, 4), 2.0)
+    for layer in range(LAYERS):
+        cache.update(new_keys, new_values, layer)
+    assert cache_length(cache) == 3
+    keys, values = originals[1]
+    assert torch.equal(cache.layers[1].keys, torch.cat([keys[:, :, [0, 3]], new_keys], dim=2))
+    assert torch.equal(cache.layers[1].values, torch.cat([values[:, :, [0, 3]], new_values], dim=2))
+
+
+def test_keep_all_slots_is_identity_and_keep_none_empties() -> None:
+    cache, originals = filled_cache()
+    keep_slots(cache, torch.arange(7))
+    for layer, (keys, values) in zip(cache.layers, originals):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    keep_slots(cache, torch.tensor([], dtype=torch.long))
+    assert cache_length(cache) == 0
+
+
+def test_keep_slots_on_empty_cache_is_a_no_op() -> None:
+    cache = new_cache()
+    keep_slots(cache, torch.tensor([0, 1]))
+    assert cache_length(cache) == 0
+
+
+def test_truncate_drops_trailing_slots() -> None:
+    cache, originals = filled_cache()
+    truncate(cache, 4)
+    assert cache_length(cache) == 4
+    for layer, (keys, values) in zip(cache.layers, originals):
+        assert torch.equal(layer.keys, keys[:, :, :4])
+        assert torch.equal(layer.values, values[:, :, :4])
+
+
+def test_truncate_to_current_or_longer_length_changes_nothing() -> None:
+    cache, originals = filled_cache()
+    truncate(cache, 7)
+    truncate(cache, 50)
+    assert cache_length(cache) == 7
+    assert torch.equal(cache.layers[0].keys, originals[0][0])
+
+
+def test_truncate_to_zero_empties() -> None:
+    cache, _ = filled_cache()
+    truncate(cache, 0)
+    assert cache_length(cache) == 0

@@ -1,0 +1,105 @@
+"""Incremental detokenization with the real Qwen byte-level BPE tokenizer."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specchat.models.embedded import converted_path, embedded_model
+from specchat.textstream import TextStream
+
+# Several of these characters are split across byte-level tokens by Qwen's vocabulary
+# (e.g. 🦜, 🫠, 🪐, 龘), so single-token decodes end in an incomplete UTF-8 sequence.
+TEXTS = [
+    "Héllo wörld — naïve café, Ångström, señor.",
+    "中文字符测试：龘鱻，日本語のテキスト、한국어 문장.",
+    "Emoji 😀🦜🫠🪐🧬 and a family 👨\u200d👩\u200d👧 and flags 🇫🇷🇯🇵.",
+    "def f(x):\n    return x ** 2  # ∑ ≤ ∞ → λ\n",
+    "🦜",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    directory = converted_path(embedded_model("qwen2.5-coder-0.5b"))
+    if not (directory / "tokenizer.json").exists():
+        pytest.skip(f"converted Qwen tokenizer not found at {directory}")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def stream_in_chunks(tokenizer, ids: list[int], sizes: list[int]) -> list[str]:
+    """Push `ids` in consecutive chunks of the given sizes (the last size repeats)."""
+    stream, deltas, start, index = TextStream(tokenizer), [], 0, 0
+    while start < len(ids):
+        size = sizes[min(index, len(sizes) - 1)]
+        deltas.append(stream.push(ids[start : start + size]))
+        start, index = start + size, index + 1
+    return deltas
+
+
+def test_fixture_texts_really_split_characters(tokenizer) -> None:
+    """Guards the tests below: some single-token decodes must be incomplete characters."""
+    ids = tokenizer.encode(TEXTS[2])
+    assert any("\ufffd" in tokenizer.decode([token]) for token in ids)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_one_token_at_a_time(tokenizer, text: str) -> None:
+    ids = tokenizer.encode(text)
+    deltas = stream_in_chunks(tokenizer, ids, [1])
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+    assert not any("\ufffd" in delta for delta in deltas)  # partial characters held back
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("sizes", [[2], [3], [5], [1, 4, 2, 7]])
+def test_in_chunks(tokenizer, text: str, sizes: list[int]) -> None:
+    ids = tokenizer.encode(text)
+    assert "".join(stream_in_chunks(tokenizer, ids, sizes)) == text
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.sampled_from(TEXTS), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=20))
+def test_emitted_text_is_always_a_prefix_of_the_final_text(tokenizer, text: str, sizes: list[int]) -> None:
+    ids = tokenizer.encode(text)
+    emitted = ""
+    for delta in stream_in_chunks(tokenizer, ids, sizes):
+        emitted += delta
+        assert text.startswith(emitted)
+    assert emitted == text
+
+
+def test_split_character_is_held_back_until_complete(tokenizer) -> None:
+    ids = tokenizer.encode("🦜")
+    assert len(ids) >= 2
+    stream = TextStream(tokenizer)
+    assert [stream.push([token]) for token in ids[:-1]] == [""] * (len(ids) - 1)
+    assert stream.push(ids[-1:]) == "🦜"
+
+
+def test_special_tokens_are_skipped(tokenizer) -> None:
+    special = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")]
+    assert all(isinstance(token, int) and token >= 0 for token in special)
+    body = tokenizer.encode("Hi 🦜 naïve 中文")
+    ids = [special[0], *body, special[1], special[2]]
+    deltas = stream_in_chunks(tokenizer, ids, [1])
+    assert "".join(deltas) == "Hi 🦜 naïve 中文"
+    assert deltas[0] == "" and deltas[-2:] == ["", ""]
+
+
+def test_text_property_is_the_full_decode(tokenizer) -> None:
+    stream = TextStream(tokenizer)
+    ids = tokenizer.encode(TEXTS[1])
+    stream.push(ids)
+    assert stream.text == TEXTS[1]
+    assert stream.token_ids == ids
+
+
+def test_finish_releases_a_character_cut_by_the_limit(tokenizer) -> None:
+    stream = TextStream(tokenizer)
+    ids = tokenizer.encode("🦜")
+    assert len(ids) > 1
+    assert stream.push(ids[:1]) == ""
+    assert stream.finish() == tokenizer.decode(ids[:1])
+    assert stream.finish() == ""

@@ -1,0 +1,109 @@
+"""DraftTree: children table, paths, likeliest path, ancestor masks, size and depth."""
+
+import pytest
+import torch
+
+from specchat.decoding.tree import DraftTree, ancestor_mask
+
+
+def make_tree(rows: list[tuple[int, int, int, float]]) -> DraftTree:
+    """rows: (token, parent, depth, cumulative logprob) per node, root first."""
+    tokens, parents, depths, logprobs = zip(*rows)
+    return DraftTree(
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        parents=torch.tensor(parents, dtype=torch.long),
+        depths=torch.tensor(depths, dtype=torch.long),
+        logprobs=torch.tensor(logprobs, dtype=torch.float32),
+    )
+
+
+#       0 (10)
+#      /      \
+#   1 (11)    2 (12)
+#   /    \       \
+# 3 (13) 4 (14)  5 (13)   <- token 13 under two different parents
+#          |
+#        6 (16)
+ROWS = [
+    (10, -1, 0, 0.0),
+    (11, 0, 1, -0.5),
+    (12, 0, 1, -1.0),
+    (13, 1, 2, -1.5),
+    (14, 1, 2, -0.9),
+    (13, 2, 2, -1.2),
+    (16, 4, 3, -2.0),
+]
+
+
+@pytest.fixture
+def tree() -> DraftTree:
+    return make_tree(ROWS)
+
+
+def test_children_are_keyed_by_token_per_parent(tree: DraftTree) -> None:
+    assert tree.children == [{11: 1, 12: 2}, {13: 3, 14: 4}, {13: 5}, {}, {16: 6}, {}, {}]
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"), [(0, [0]), (1, [0, 1]), (3, [0, 1, 3]), (5, [0, 2, 5]), (6, [0, 1, 4, 6])]
+)
+def test_path_to(tree: DraftTree, node: int, expected: list[int]) -> None:
+    assert tree.path_to(node) == expected
+
+
+def test_likeliest_path_steps_to_best_child_at_each_level(tree: DraftTree) -> None:
+    # At node 1 the better child (4) is the later one, so "first child" would be wrong.
+    assert tree.likeliest_path() == [0, 1, 4, 6]
+
+
+def test_likeliest_path_is_greedy_not_global() -> None:
+    """The documented rule is a local step to the best child, not the best leaf overall."""
+    tree = make_tree([
+        (0, -1, 0, 0.0),
+        (1, 0, 1, -0.1),  # best child of the root, but its only leaf is poor
+        (2, 0, 1, -0.2),
+        (3, 1, 2, -5.0),
+        (4, 2, 2, -0.3),  # best leaf overall
+    ])
+    assert tree.likeliest_path() == [0, 1, 3]
+
+
+def test_likeliest_path_of_root_only_tree() -> None:
+    assert make_tree([(5, -1, 0, 0.0)]).likeliest_path() == [0]
+
+
+def test_size_excludes_root_and_depth_is_max_depth(tree: DraftTree) -> None:
+    assert tree.size == 6
+    assert tree.depth == 3
+    root_only = make_tree([(5, -1, 0, 0.0)])
+    assert root_only.size == 0
+    assert root_only.depth == 0
+
+
+def test_ancestor_mask_matches_paths(tree: DraftTree) -> None:
+    mask = tree.ancestor_mask()
+    n = len(ROWS)
+    assert mask.dtype == torch.bool and mask.shape == (n, n)
+    expected = torch.zeros(n, n, dtype=torch.bool)
+    for node in range(n):
+        expected[node, tree.path_to(node)] = True
+    assert torch.equal(mask, expected)
+    assert mask[6].nonzero().flatten().tolist() == [0, 1, 4, 6]
+    assert not mask[6, 2] and not mask[6, 3] and not mask[4, 3]  # siblings and cousins hidden
+
+
+def test_free_ancestor_mask_with_several_roots() -> None:
+    # Two roots (0 and 2); node 4 sits two levels below root 2.
+    parents = torch.tensor([-1, 0, -1, 2, 3, 0])
+    expected_rows = {0: [0], 1: [0, 1], 2: [2], 3: [2, 3], 4: [2, 3, 4], 5: [0, 5]}
+    for max_depth in (2, 10):  # extra levels past every root change nothing
+        mask = ancestor_mask(parents, max_depth)
+        assert {i: mask[i].nonzero().flatten().tolist() for i in range(6)} == expected_rows
+
+
+def test_free_ancestor_mask_walks_only_max_depth_levels() -> None:
+    parents = torch.tensor([-1, 0, 1, 2])
+    assert torch.equal(ancestor_mask(parents, 0), torch.eye(4, dtype=torch.bool))
+    one_level = ancestor_mask(parents, 1)
+    assert one_level[3].nonzero().flatten().tolist() == [2, 3]
+    assert torch.equal(ancestor_mask(parents, 3), torch.ones(4, 4, dtype=torch.bool).tril())
