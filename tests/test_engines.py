@@ -122,3 +122,13 @@ def chi_square_pvalue(observed: list[int], probs: torch.Tensor) -> float:
         obs.append(sum(observed[i] for i in small))
         exp.append(sum(expected[i] for i in small))
     return float(chisquare(obs, exp).pvalue)
+
+
+def test_depth_change_applies_mid_reply(tiny_target, tiny_draft):
+    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=1))
+    stream = engine.generate(PROMPT, 30, GREEDY)
+    first = next(stream)
+    engine.set_max_depth(6)
+    rest = list(stream)
+    assert first.depth == 1 and max(e.depth for e in rest) > 1
+    assert first.token_ids + [t for e in rest for t in e.token_ids] == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]

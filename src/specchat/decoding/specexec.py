@@ -58,6 +58,9 @@ class SpecExecEngine:
     def set_budget(self, budget: int) -> None:
         self.shape = replace(self.shape, budget=budget)
 
+    def set_max_depth(self, max_depth: int) -> None:
+        self.shape = replace(self.shape, max_depth=max_depth)
+
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
