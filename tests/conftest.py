@@ -14,6 +14,19 @@ from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.runtime import encode_prompt
 
 
+@pytest.fixture(autouse=True)
+def one_thread_unless_real(request):
+    """Tiny models gain nothing from intra-op threads, and OpenMP spin-waiting makes them ~10x
+    slower whenever the other core is busy; tests of the real pair keep every thread."""
+    if request.node.get_closest_marker("real"):
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def build_tiny(seed: int, vocab: int = 50, dtype: torch.dtype = torch.float64, sharpness: float = 8.0) -> CausalLM:
     """A 2-layer Qwen2 with random weights; `sharpness` scales the LM head so that
     next-token distributions are peaked enough for drafts to be accepted."""

@@ -1,0 +1,1 @@
+"""The `specchat run` chat app: a Textual UI over any engine that follows the decoding protocol."""

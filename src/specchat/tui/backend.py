@@ -1,0 +1,41 @@
+"""What the chat app needs from a model runtime; the app depends on nothing else.
+
+A real backend wraps the loaded models (see `runtime_backend`); tests use `fake.FakeBackend`.
+"""
+
+from collections.abc import Callable
+from typing import Protocol
+
+from specchat.decoding.events import Engine
+from specchat.tui.settings import DecodingSettings
+
+
+class ReplyStream(Protocol):
+    """Incremental detokenization of one reply, like `specchat.textstream.TextStream`."""
+
+    def push(self, token_ids: list[int]) -> str: ...
+
+    def finish(self) -> str: ...
+
+
+class ChatBackend(Protocol):
+    name: str  # shown in the title, e.g. the model pair
+    engine: Engine  # the engine used for the next reply
+    engine_names: tuple[str, ...]  # what /engine accepts
+    settings: DecodingSettings  # the starting settings (budget and depth as the engine has them)
+    context_tokens: int  # the target's context window
+    transfer_label: str  # where offloaded weights come from: "PCIe", "RAM", "disk" or "" (none)
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        """Prompt ids for chat `messages` ({"role", "content"}), ready for the assistant's turn."""
+        ...
+
+    def new_text_stream(self) -> ReplyStream: ...
+
+    def use_engine(self, name: str) -> Engine:
+        """Switch `engine` to the one called `name` (one of `engine_names`) and return it."""
+        ...
+
+
+Progress = Callable[[str, float | None], None]  # a step's description and, if known, the fraction done
+Loader = Callable[[Progress], ChatBackend]  # runs in a worker thread while the loading screen shows

@@ -1,0 +1,186 @@
+"""Slash commands: parsing into typed commands, usage lines for /help, Tab completion.
+
+Parsing checks argument types and ranges, so an invalid command is rejected before anything
+changes; only the engine name is checked later, against what the backend offers.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from os.path import commonprefix
+
+from specchat.tui.settings import problem
+
+
+@dataclass(frozen=True)
+class SetSetting:
+    field: str  # a DecodingSettings field
+    value: object
+
+
+@dataclass(frozen=True)
+class Clear:
+    pass
+
+
+@dataclass(frozen=True)
+class Retry:
+    pass
+
+
+@dataclass(frozen=True)
+class Save:
+    path: str | None
+
+
+@dataclass(frozen=True)
+class Load:
+    conversation_id: int | None  # None: list recent conversations
+
+
+@dataclass(frozen=True)
+class Stats:
+    pass
+
+
+@dataclass(frozen=True)
+class Help:
+    pass
+
+
+@dataclass(frozen=True)
+class Quit:
+    pass
+
+
+Command = SetSetting | Clear | Retry | Save | Load | Stats | Help | Quit
+
+
+class CommandError(ValueError):
+    """A command that cannot run; the message is one line, shown inline."""
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    args: str  # as shown in usage, e.g. "N" or "[FILE]"
+    summary: str
+    parse: Callable[[str], Command]
+
+    @property
+    def usage(self) -> str:
+        return f"/{self.name} {self.args}".rstrip()
+
+
+def parse_int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CommandError(f"/{name} needs a whole number (got '{text}')") from None
+
+
+def parse_float(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise CommandError(f"/{name} needs a number (got '{text}')") from None
+
+
+def checked(field: str, value: object) -> SetSetting:
+    error = problem(field, value)
+    if error:
+        raise CommandError(error)
+    return SetSetting(field, value)
+
+
+def no_args(command: Command) -> Callable[[str], Command]:
+    def parse(text: str) -> Command:
+        if text:
+            raise CommandError(f"this command takes no arguments (got '{text}')")
+        return command
+
+    return parse
+
+
+def required(name: str, parse: Callable[[str], Command]) -> Callable[[str], Command]:
+    def parse_present(text: str) -> Command:
+        if not text:
+            raise CommandError(f"usage: {COMMANDS[name].usage}")
+        return parse(text)
+
+    return parse_present
+
+
+def parse_seed(text: str) -> Command:
+    return checked("seed", None if text.lower() == "off" else parse_int("seed", text))
+
+
+def parse_load(text: str) -> Command:
+    return Load(parse_int("load", text) if text else None)
+
+
+def int_setting(command: str, field: str) -> Callable[[str], Command]:
+    return required(command, lambda text: checked(field, parse_int(command, text)))
+
+
+def float_setting(command: str, field: str) -> Callable[[str], Command]:
+    return required(command, lambda text: checked(field, parse_float(command, text)))
+
+
+def text_setting(command: str, field: str) -> Callable[[str], Command]:
+    return required(command, lambda text: SetSetting(field, text))
+
+
+SPECS = [
+    CommandSpec("budget", "N", "draft tree size K (from the next iteration)", int_setting("budget", "budget")),
+    CommandSpec("depth", "N", "deepest draft tree node (from the next iteration)", int_setting("depth", "depth")),
+    CommandSpec("temp", "T", "sampling temperature, 0 = greedy (from the next reply)",
+                float_setting("temp", "temperature")),
+    CommandSpec("top-p", "P", "nucleus sampling mass (from the next reply)", float_setting("top-p", "top_p")),
+    CommandSpec("seed", "S|off", "sampling seed; off = a new seed per reply", required("seed", parse_seed)),
+    CommandSpec("max-tokens", "N", "longest reply in tokens", int_setting("max-tokens", "max_tokens")),
+    CommandSpec("engine", "NAME", "decoding engine (from the next reply)", text_setting("engine", "engine")),
+    CommandSpec("system", "TEXT", "set the system prompt", text_setting("system", "system_prompt")),
+    CommandSpec("clear", "", "start a new conversation", no_args(Clear())),
+    CommandSpec("retry", "", "regenerate the last reply", no_args(Retry())),
+    CommandSpec("save", "[FILE]", "export the conversation as markdown", lambda text: Save(text or None)),
+    CommandSpec("load", "[ID]", "reopen a saved conversation (no ID: list them)", parse_load),
+    CommandSpec("stats", "", "figures for the last reply and the session", no_args(Stats())),
+    CommandSpec("help", "", "list commands and keys", no_args(Help())),
+    CommandSpec("quit", "", "exit", no_args(Quit())),
+]
+COMMANDS = {spec.name: spec for spec in SPECS}
+
+
+def is_command(text: str) -> bool:
+    return text.startswith("/")
+
+
+def parse(text: str) -> Command:
+    """The command typed in `text` (which starts with '/'); raises CommandError."""
+    name, _, args = text.strip()[1:].partition(" ")
+    spec = COMMANDS.get(name)
+    if spec is None:
+        raise CommandError(f"unknown command '/{name}': type /help for the list")
+    return spec.parse(args.strip())
+
+
+def help_lines() -> list[str]:
+    width = max(len(spec.usage) for spec in SPECS)
+    return [f"{spec.usage:<{width}}  {spec.summary}" for spec in SPECS]
+
+
+def completions(text: str, engine_names: Sequence[str]) -> list[str]:
+    """Full-line candidates completing `text`: command names, then engine names and 'off'."""
+    name, space, arg = text[1:].partition(" ")
+    if not space:
+        return [f"/{spec.name} " if spec.args else f"/{spec.name}" for spec in SPECS if spec.name.startswith(name)]
+    values = {"engine": list(engine_names), "seed": ["off"]}.get(name, [])
+    return [f"/{name} {value}" for value in values if value.startswith(arg)]
+
+
+def complete(text: str, engine_names: Sequence[str]) -> tuple[str, list[str]]:
+    """The line after Tab (extended to the candidates' common prefix) and the candidates."""
+    candidates = completions(text, engine_names)
+    if not candidates:
+        return text, []
+    return max(text, commonprefix(candidates), key=len), candidates

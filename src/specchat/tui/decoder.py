@@ -1,0 +1,49 @@
+"""The decoding loop that runs in a worker thread: engine events in, app messages out."""
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from textual.message import Message
+
+from specchat.decoding.events import Engine, SamplingParams
+from specchat.tui.backend import ReplyStream
+from specchat.tui.messages import IterationArrived, ReplyFinished
+
+
+@dataclass
+class ReplyJob:
+    id: int
+    engine: Engine
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    stream: ReplyStream
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+def decode_reply(job: ReplyJob, engine_lock: threading.Lock, post: Callable[[Message], object]) -> None:
+    """Run `job`, posting one message per iteration; stop at the first event after `cancel`.
+
+    The lock keeps a cancelled reply's last iteration from overlapping the next reply's first:
+    the app releases the prompt at once, and the engine finishes its iteration in the background.
+    """
+    with engine_lock:
+        if job.cancel.is_set():
+            return
+        run_events(job, post)
+    # A cancelled reply was already closed by the app, which ignores anything it posts later.
+    if not job.cancel.is_set():
+        post(ReplyFinished(job.id, job.stream.finish()))
+
+
+def run_events(job: ReplyJob, post: Callable[[Message], object]) -> None:
+    events = job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling)
+    try:
+        for event in events:
+            if job.cancel.is_set():
+                return
+            post(IterationArrived(job.id, event, job.stream.push(event.token_ids)))
+    finally:
+        # Closing the generator now, in this thread, releases the engine's caches at once.
+        events.close()

@@ -1,0 +1,96 @@
+"""A deterministic stand-in for the models: the app's tests and `--fake` dev mode run on it.
+
+The tokenizer maps each character to one token (its code point), the engine "decodes" a fixed
+reply in chunks of accepted+1 tokens per iteration, reading its budget live as SpecExec does.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from time import sleep
+
+from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.textstream import TextStream
+from specchat.tui.settings import DecodingSettings
+
+REPLY = (
+    "Here is a **short** answer.\n\n"
+    "```python\ndef greet(name):\n    return f\"hello {name}\"\n```\n\n"
+    "Call `greet` with a name."
+)
+ACCEPTED = (3, 1, 4, 0, 2, 5)  # draft tokens accepted per iteration, cycled
+
+
+class FakeTokenizer:
+    def encode(self, text: str) -> list[int]:
+        return [ord(char) for char in text]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(token) for token in token_ids)
+
+
+@dataclass
+class FakeEngine:
+    name: str = "specexec"
+    reply: str = REPLY
+    accepted: tuple[int, ...] = ACCEPTED
+    delay_s: float = 0.0  # per iteration, to leave time for keys mid-reply
+    budget: int = 16
+    max_depth: int = 24
+    transfer_bytes: int = 0  # per iteration; > 0 makes the engine report offload transfers
+    calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)  # arguments, for tests
+
+    def set_budget(self, budget: int) -> None:
+        self.budget = budget
+
+    def set_max_depth(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> Iterator[IterationEvent]:
+        self.calls.append((list(prompt_ids), max_new_tokens, sampling))
+        reply = FakeTokenizer().encode(self.reply)[:max_new_tokens]
+        produced = 0
+        for iteration in range(len(reply)):
+            sleep(self.delay_s)
+            chunk = reply[produced:produced + self.accepted[iteration % len(self.accepted)] + 1]
+            produced += len(chunk)
+            yield self.event(chunk, finished=produced == len(reply))
+            if produced == len(reply):
+                return
+
+    def event(self, chunk: list[int], finished: bool) -> IterationEvent:
+        # Fixed costs, so that every figure derived from them is reproducible in snapshots.
+        return IterationEvent(
+            token_ids=chunk, accepted=len(chunk) - 1, tree_size=self.budget,
+            depth=min(self.max_depth, len(chunk)), draft_s=0.004, target_s=0.020,
+            transfer_s=0.010 if self.transfer_bytes else 0.0, transfer_bytes=self.transfer_bytes,
+            finished=finished,
+        )
+
+
+class FakeBackend:
+    name = "fake pair"
+    transfer_label = ""
+
+    def __init__(self, engines: list[FakeEngine] | None = None, context_tokens: int = 4096) -> None:
+        engines = engines or [FakeEngine(), FakeEngine(name="autoregressive", accepted=(0,))]
+        self.engines = {engine.name: engine for engine in engines}
+        self.engine_names = tuple(self.engines)
+        self.engine = next(iter(self.engines.values()))
+        self.context_tokens = context_tokens
+        self.settings = replace(
+            DecodingSettings(), budget=self.engine.budget, depth=self.engine.max_depth, engine=self.engine.name
+        )
+        self.tokenizer = FakeTokenizer()
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        turns = "".join(f"<{message['role']}>{message['content']}" for message in messages)
+        return self.tokenizer.encode(turns + "<assistant>")
+
+    def new_text_stream(self) -> TextStream:
+        return TextStream(self.tokenizer)
+
+    def use_engine(self, name: str) -> FakeEngine:
+        self.engine = self.engines[name]
+        return self.engine

@@ -1,0 +1,59 @@
+"""The figures behind the live panels, kept apart from the widgets that draw them."""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specchat.decoding.events import IterationEvent
+from specchat.summary import Summary
+
+WINDOW = 60  # iterations shown in the sparklines
+
+
+@dataclass
+class LiveStats:
+    accepted: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    tree_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    last: IterationEvent | None = None
+    iterations: int = 0  # since the app started
+    reply_tokens: int = 0
+    reply_engine_s: float = 0.0
+
+    def start_reply(self) -> None:
+        self.reply_tokens = 0
+        self.reply_engine_s = 0.0
+
+    def record(self, event: IterationEvent) -> None:
+        self.accepted.append(event.accepted)
+        self.tree_sizes.append(event.tree_size)
+        self.last = event
+        self.iterations += 1
+        self.reply_tokens += len(event.token_ids)
+        self.reply_engine_s += event.draft_s + event.target_s + event.transfer_s
+
+    @property
+    def mean_accepted(self) -> float:
+        return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        # Engine time rather than wall time: it is what the decoding costs, unaffected by the
+        # UI, and reproducible with the fake engine.
+        return self.reply_tokens / self.reply_engine_s if self.reply_engine_s > 0 else 0.0
+
+    @property
+    def transfer_gb_per_s(self) -> float:
+        last = self.last
+        return last.transfer_bytes / last.transfer_s / 1e9 if last and last.transfer_s > 0 else 0.0
+
+
+def stats_report(last: Summary | None, stats: LiveStats) -> str:
+    """What /stats shows: the last reply's totals and the session's acceptance."""
+    if last is None:
+        return "no reply yet"
+    return (
+        f"last reply: {last.new_tokens} tokens in {last.iterations} iterations "
+        f"({last.gen_rate:.2f} per iteration), {last.tokens_per_s:.1f} tokens/s; "
+        f"draft {last.draft_s:.2f} s, target {last.target_s:.2f} s, transfer {last.transfer_s:.2f} s\n"
+        f"session: {stats.iterations} iterations, mean accepted {stats.mean_accepted:.2f} "
+        f"over the last {len(stats.accepted)}"
+    )

@@ -1,0 +1,35 @@
+"""Messages the worker threads post to the app (posting a Textual message is thread-safe).
+
+A worker's failure reaches the app as its Worker.StateChanged event, with the exception.
+"""
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from specchat.decoding.events import IterationEvent
+from specchat.tui.backend import ChatBackend
+
+
+@dataclass
+class IterationArrived(Message):
+    reply_id: int
+    event: IterationEvent
+    text: str  # newly stable reply text
+
+
+@dataclass
+class ReplyFinished(Message):
+    reply_id: int
+    text: str  # text held back until the end (see TextStream.finish)
+
+
+@dataclass
+class LoadProgress(Message):
+    step: str
+    fraction: float | None
+
+
+@dataclass
+class BackendLoaded(Message):
+    backend: ChatBackend

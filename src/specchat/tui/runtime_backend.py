@@ -1,0 +1,78 @@
+"""The ChatBackend over real models: a loaded `specchat.runtime.Runtime` and its tokenizer."""
+
+from dataclasses import replace
+
+from transformers import PreTrainedTokenizerBase
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.events import Engine
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.errors import SpecchatError
+from specchat.runtime import EngineOptions, Runtime, build_runtime
+from specchat.textstream import TextStream
+from specchat.tui.backend import Loader, Progress
+from specchat.tui.settings import DecodingSettings
+
+
+def transfer_label(device_type: str, offload: str) -> str:
+    """Where offloaded weights travel from, as the panels name it; "" when nothing is offloaded."""
+    if offload == "none":
+        return ""
+    return "PCIe" if device_type == "cuda" else {"ram": "RAM", "disk": "disk"}[offload]
+
+
+def engines_of(engine: Engine) -> dict[str, Engine]:
+    """The engines /engine can switch between: SpecExec's target alone is the baseline."""
+    if isinstance(engine, SpecExecEngine):
+        return {engine.name: engine, "autoregressive": AutoregressiveEngine(engine.target, engine.stop_ids)}
+    return {engine.name: engine}
+
+
+class RuntimeBackend:
+    def __init__(
+        self, runtime: Runtime, name: str, settings: DecodingSettings, context_tokens: int, transfer_label: str
+    ) -> None:
+        if runtime.tokenizer.chat_template is None:
+            raise SpecchatError(f"{name} has no chat template: `specchat run` needs a chat (instruct) model")
+        self.tokenizer: PreTrainedTokenizerBase = runtime.tokenizer
+        self.engines = engines_of(runtime.engine)
+        self.engine_names = tuple(self.engines)
+        self.engine = runtime.engine
+        self.name = name
+        self.context_tokens = context_tokens
+        self.transfer_label = transfer_label
+        shape = getattr(runtime.engine, "shape", None)
+        self.settings = settings if shape is None else replace(settings, budget=shape.budget, depth=shape.max_depth)
+        self.settings = replace(self.settings, engine=runtime.engine.name)
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        encoded = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
+    def new_text_stream(self) -> TextStream:
+        return TextStream(self.tokenizer)
+
+    def use_engine(self, name: str) -> Engine:
+        self.engine = self.engines[name]
+        return self.engine
+
+
+def runtime_loader(options: EngineOptions, settings: DecodingSettings, offload: str = "none") -> Loader:
+    """A loader for SpecchatApp that builds the runtime for `options` behind the loading screen."""
+
+    name = f"{options.target} + {options.draft}" if options.engine == "specexec" else options.target
+
+    def load(progress: Progress) -> RuntimeBackend:
+        # build_runtime reports no steps of its own yet, so the screen shows what is being loaded.
+        progress(f"loading {name}", None)
+        runtime = build_runtime(options, progress=False)
+        progress("models ready", 1.0)
+        return RuntimeBackend(
+            runtime, name, settings,
+            context_tokens=runtime.engine.target.model.config.max_position_embeddings,
+            transfer_label=transfer_label(runtime.device.type, offload),
+        )
+
+    return load

@@ -1,0 +1,488 @@
+"""The chat app driven with Pilot against the fake engine: sending, streaming, cancelling, keys,
+slash commands, history across restarts, the live panels and the loading screen."""
+
+import asyncio
+import threading
+from time import perf_counter
+
+import pytest
+from textual import events
+from textual.widgets import Log, Sparkline, Static
+
+from specchat.errors import SpecchatError
+from specchat.tui.app import SpecchatApp
+from specchat.tui.fake import REPLY, FakeBackend, FakeEngine
+from specchat.tui.loading import LoadingScreen
+from specchat.tui.store import ConversationStore
+from specchat.tui.turns import AssistantTurn, Notice, SystemTurn, UserTurn
+
+SIZE = (120, 40)
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    return tmp_path / "history.sqlite3"
+
+
+def make_app(store_path, engines=None, **backend_options) -> SpecchatApp:
+    return SpecchatApp(FakeBackend(engines, **backend_options), ConversationStore(store_path))
+
+
+def run(scenario):
+    asyncio.run(scenario())
+
+
+async def wait_until(pilot, condition, timeout=5.0) -> None:
+    deadline = perf_counter() + timeout
+    while not condition():
+        assert perf_counter() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.01)
+
+
+def replying_done(app) -> bool:
+    return app.job is None and bool(app.entries) and app.entries[-1].role == "assistant"
+
+
+async def say(pilot, text: str) -> None:
+    pilot.app.prompt.load_text(text)
+    await pilot.press("enter")
+
+
+async def ask(pilot, text: str) -> None:
+    await say(pilot, text)
+    await wait_until(pilot, lambda: replying_done(pilot.app))
+
+
+def notices(app) -> list[Notice]:
+    return list(app.query(Notice))
+
+
+def last_notice(app) -> Notice:
+    return notices(app)[-1]
+
+
+def test_send_streams_the_reply_and_saves_both_turns(store_path):
+    app = make_app(store_path, [FakeEngine(delay_s=0.05)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press(*"hello", "enter")
+            await wait_until(pilot, lambda: app.reply_turn is not None and 0 < len(app.reply_turn.text) < len(REPLY))
+            await wait_until(pilot, lambda: replying_done(app))
+            assert [turn.text for turn in app.query(UserTurn)] == ["hello"]
+            [reply] = app.query(AssistantTurn)
+            assert reply.text == REPLY and not reply.cut
+            assert app.prompt.text == "" and app.prompt.has_focus
+            engine = app.backend.engine
+            assert engine.calls[0][0] == app.backend.encode([{"role": "user", "content": "hello"}])
+            messages = app.store.messages(app.conversation_id)
+            assert [(m.role, m.content, m.cut) for m in messages] == [
+                ("user", "hello", False), ("assistant", REPLY, False)
+            ]
+
+    run(scenario)
+
+
+def test_escape_cuts_the_reply_at_once_and_keeps_the_partial_text(store_path):
+    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "tell me")
+            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await pilot.press("escape")
+            assert app.job is None  # the prompt is usable at once
+            [reply] = app.query(AssistantTurn)
+            assert reply.cut and 0 < len(reply.text) < len(REPLY)
+            saved = app.store.messages(app.conversation_id)[-1]
+            assert (saved.role, saved.content, saved.cut) == ("assistant", reply.text, True)
+            # The worker stops after the iteration in progress: the engine is free within one.
+            await wait_until(pilot, lambda: not app.engine_lock.locked(), timeout=0.25)
+            await pilot.pause(0.1)
+            assert reply.text == saved.content  # nothing arrives after the cut
+            await say(pilot, "again")
+            await wait_until(pilot, lambda: len(app.backend.engine.calls) == 2)
+
+    run(scenario)
+
+
+def test_ctrl_c_stops_the_reply_then_quits(store_path):
+    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "tell me")
+            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await pilot.press("ctrl+c")
+            assert app.job is None and app.query(AssistantTurn).last().cut
+            assert app.is_running
+            await pilot.press("ctrl+c")
+            await wait_until(pilot, lambda: not app.is_running)
+
+    run(scenario)
+
+
+def test_ctrl_c_when_idle_asks_for_a_second_press(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+c")
+            assert app.is_running
+            await pilot.press("x")  # typing disarms the quit
+            await pilot.press("ctrl+c")
+            assert app.is_running
+            await pilot.press("ctrl+c")
+            await wait_until(pilot, lambda: not app.is_running)
+
+    run(scenario)
+
+
+def test_sending_during_a_reply_is_refused_without_losing_it(store_path):
+    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "first")
+            await say(pilot, "second")
+            assert "Esc stops it" in last_notice(app).text and last_notice(app).has_class("error")
+            assert len(app.backend.engine.calls) == 1
+            await pilot.press("escape", "up")
+            assert app.prompt.text == "second"
+
+    run(scenario)
+
+
+def test_input_keys_newlines_recall_paste_and_completion(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("a", "shift+enter", "b", "ctrl+j", "c")
+            assert app.prompt.text == "a\nb\nc"
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: replying_done(app))
+            assert app.entries[0].content == "a\nb\nc"
+            app.post_message(events.Paste("pasted\nlines"))
+            await pilot.pause()
+            assert app.prompt.text == "pasted\nlines" and app.job is None
+            app.prompt.clear()
+            await pilot.press("up")
+            assert app.prompt.text == "a\nb\nc"
+            await pilot.press("down")
+            assert app.prompt.text == ""
+            await pilot.press(*"/bu", "tab")
+            assert app.prompt.text == "/budget "
+            app.prompt.load_text("/s")
+            await pilot.press("tab")
+            hint = app.query_one("#hint", Static)
+            assert hint.display and "/system" in str(hint.content) and "/stats" in str(hint.content)
+            app.prompt.load_text("/engine a")
+            await pilot.press("tab")
+            assert app.prompt.text == "/engine autoregressive"
+
+    run(scenario)
+
+
+def test_copy_keys_put_the_reply_and_its_code_on_the_clipboard(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("ctrl+r")
+            assert app.clipboard == ""
+            await ask(pilot, "code please")
+            await pilot.press("ctrl+r")
+            assert app.clipboard == REPLY
+            await pilot.press("ctrl+o")
+            assert app.clipboard == 'def greet(name):\n    return f"hello {name}"'
+
+    run(scenario)
+
+
+INVALID_COMMANDS = [
+    "/budget -5", "/budget abc", "/budget", "/temp 7", "/top-p 0", "/depth 300", "/max-tokens 0",
+    "/seed -1", "/engine warp", "/clear now", "/load abc", "/load 99", "/frobnicate", "/retry", "/save",
+]
+
+
+def test_invalid_commands_say_why_inline_and_change_nothing(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            engine = app.backend.engine
+            before = (app.settings, engine.budget, engine.max_depth, app.backend.engine)
+            for text in INVALID_COMMANDS:
+                await say(pilot, text)
+                notice = last_notice(app)
+                assert notice.has_class("error") and "\n" not in notice.text, text
+                assert (app.settings, engine.budget, engine.max_depth, app.backend.engine) == before, text
+            assert app.entries == [] and app.conversation_id is None
+            assert len(notices(app)) == len(INVALID_COMMANDS)
+
+    run(scenario)
+
+
+def test_setting_commands_change_the_next_reply(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            spec = app.backend.engine
+            for text in ["/budget 64", "/depth 8", "/temp 0.2", "/top-p 0.5", "/seed 7", "/max-tokens 10"]:
+                await say(pilot, text)
+                assert not last_notice(app).has_class("error"), text
+            assert (spec.budget, spec.max_depth) == (64, 8)
+            await ask(pilot, "go")
+            prompt_ids, max_new_tokens, sampling = spec.calls[-1]
+            assert (max_new_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (10, 0.2, 0.5, 7)
+            assert app.entries[-1].content == REPLY[:10]
+            assert "budget 64 · depth 8" in str(app.query_one("#settings", Static).content)
+
+            await say(pilot, "/seed off")
+            assert app.settings.seed is None
+            await say(pilot, "/engine autoregressive")
+            baseline = app.backend.engine
+            assert baseline.name == "autoregressive" and baseline.budget == 64
+            await ask(pilot, "again")
+            assert len(baseline.calls) == 1 and len(spec.calls) == 1
+
+            await say(pilot, "/system Be brief.")
+            assert app.query_one(SystemTurn).content == "system: Be brief."
+            await ask(pilot, "third")
+            assert baseline.calls[-1][0][:len("<system>Be brief.")] == app.backend.tokenizer.encode("<system>Be brief.")
+            assert app.store.conversation(app.conversation_id).system_prompt == "Be brief."
+
+    run(scenario)
+
+
+def test_conversation_commands(store_path, tmp_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await ask(pilot, "first question")
+            first = app.conversation_id
+            await say(pilot, "/retry")
+            await wait_until(pilot, lambda: replying_done(app))
+            assert len(app.query(AssistantTurn)) == 1
+            assert [m.role for m in app.store.messages(first)] == ["user", "assistant"]
+            assert len(app.backend.engine.calls) == 2
+
+            await say(pilot, "/stats")
+            assert "tokens in" in last_notice(app).text and "mean accepted" in last_notice(app).text
+            target = tmp_path / "out.md"
+            await say(pilot, f"/save {target}")
+            assert target.read_text().startswith("# first question\n\n## User\n\nfirst question")
+            await say(pilot, f"/save {tmp_path}/missing/dir/out.md")
+            assert last_notice(app).has_class("error") and "cannot save" in last_notice(app).text
+
+            await say(pilot, "/clear")
+            assert not app.query(UserTurn) and app.conversation_id is None
+            await ask(pilot, "second conversation")
+            assert app.conversation_id != first
+
+            await say(pilot, "/load")
+            assert "first question" in last_notice(app).text and "second conversation" in last_notice(app).text
+            await say(pilot, f"/load {first}")
+            assert app.conversation_id == first
+            assert [t.text for t in app.query(UserTurn)] == ["first question"]
+
+            await say(pilot, "/help")
+            assert "/max-tokens N" in last_notice(app).text and "Esc stop reply" in last_notice(app).text
+            await say(pilot, "/quit")
+            await wait_until(pilot, lambda: not app.is_running)
+
+    run(scenario)
+
+
+def test_history_survives_a_restart(store_path):
+    first_app = make_app(store_path)
+
+    async def first_session():
+        async with first_app.run_test(size=SIZE) as pilot:
+            await say(pilot, "/system Answer in French.")
+            await ask(pilot, "what is a list?")
+            await say(pilot, "/quit")
+
+    run(first_session)
+    store = ConversationStore(store_path)
+    second_app = SpecchatApp(FakeBackend(), store, store.last_conversation_id())
+
+    async def second_session():
+        async with second_app.run_test(size=SIZE) as pilot:
+            assert [t.text for t in second_app.query(UserTurn)] == ["what is a list?"]
+            assert [t.text for t in second_app.query(AssistantTurn)] == [REPLY]
+            assert second_app.query_one(SystemTurn).content == "system: Answer in French."
+            await pilot.press("up")
+            assert second_app.prompt.text == "what is a list?"
+            await ask(pilot, "and a tuple?")
+            sent = second_app.backend.encode([
+                {"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": "what is a list?"},
+                {"role": "assistant", "content": REPLY},
+                {"role": "user", "content": "and a tuple?"},
+            ])
+            assert second_app.backend.engine.calls[-1][0] == sent
+
+    run(second_session)
+
+
+def test_oldest_turns_leave_the_context_with_a_notice(store_path):
+    # 300 tokens of context, 100 kept for the reply: three exchanges do not fit.
+    app = make_app(store_path, context_tokens=300)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "/max-tokens 100")
+            await say(pilot, "/system S")
+            for question in ["q1", "q2", "q3"]:
+                await ask(pilot, question)
+            assert "context full: the oldest 2 messages are left out" in last_notice(app).text
+            prompt = app.backend.tokenizer.decode(app.backend.engine.calls[-1][0])
+            assert prompt.startswith("<system>S<user>q2") and "q1" not in prompt
+            await say(pilot, "x" * 500)
+            assert "too long for the 300-token context" in last_notice(app).text
+
+    run(scenario)
+
+
+def test_panels_follow_every_iteration_and_a_live_budget_change(store_path):
+    # Slow enough iterations that Pilot's key presses return mid-reply.
+    app = make_app(store_path, [FakeEngine(reply=REPLY[:50], delay_s=0.1)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            panels = app.panels
+            assert panels.display  # wide terminal
+            await say(pilot, "go")
+            for seen in (1, 3):
+                await wait_until(pilot, lambda: len(app.reply_events) >= seen)
+                assert panels.stats.iterations == len(app.reply_events)
+                assert list(panels.stats.accepted) == [e.accepted for e in app.reply_events]
+            await say(pilot, "/budget 99")
+            assert "from the next iteration" in last_notice(app).text
+            await wait_until(pilot, lambda: replying_done(app))
+            sizes = [e.tree_size for e in app.reply_events]
+            assert sizes[0] == 16 and sizes[-1] == 99
+            assert app.query_one("#tree-spark", Sparkline).data == sizes
+            assert app.query_one("#accepted-spark", Sparkline).data == [e.accepted for e in app.reply_events]
+            assert str(app.query_one("#tree", Static).content).startswith("size 99")
+            mean = sum(e.accepted for e in app.reply_events) / len(app.reply_events)
+            assert f"mean {mean:.2f}" in str(app.query_one("#accepted", Static).content)
+            await pilot.press("f2")
+            assert not panels.display
+
+    run(scenario)
+
+
+def test_panels_start_hidden_on_a_narrow_terminal(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=(80, 30)) as pilot:
+            assert not app.panels.display
+            await pilot.press("f2")
+            assert app.panels.display
+
+    run(scenario)
+
+
+def test_transfer_panel_shows_label_and_bandwidth(store_path):
+    backend = FakeBackend([FakeEngine(transfer_bytes=30_000_000)])
+    backend.transfer_label = "RAM"
+    app = SpecchatApp(backend, ConversationStore(store_path))
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await ask(pilot, "go")
+            assert str(app.query_one("#transfer", Static).content) == "transfer RAM: 10.0 ms · 3.00 GB/s"
+
+    run(scenario)
+
+
+def test_a_failing_engine_cuts_the_reply_and_says_why(store_path):
+    class BrokenEngine(FakeEngine):
+        def event(self, chunk, finished):
+            if self.calls and len(chunk) == 2:
+                raise RuntimeError("out of memory")
+            return super().event(chunk, finished)
+
+    app = make_app(store_path, [BrokenEngine()])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "go")
+            await wait_until(pilot, lambda: app.job is None and notices(app))
+            assert last_notice(app).text == "decoding failed: RuntimeError: out of memory"
+            assert app.query(AssistantTurn).last().cut
+
+    run(scenario)
+
+
+def test_loading_screen_shows_progress_then_the_chat(store_path):
+    release = threading.Event()
+
+    def loader(progress):
+        progress("assembling model parts", 0.25)
+        progress("loading layers", 0.75)
+        assert release.wait(5)
+        return FakeBackend()
+
+    app = SpecchatApp(None, ConversationStore(store_path), loader=loader)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(
+                pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.query_one(Log).line_count == 2
+            )
+            assert list(app.screen.query_one(Log).lines) == ["assembling model parts", "loading layers"]
+            await pilot.resize_terminal(90, 30)  # the chat screen below follows, though hidden
+            release.set()
+            await wait_until(pilot, lambda: not isinstance(app.screen, LoadingScreen))
+            await ask(pilot, "hi")
+            assert app.sub_title == "fake pair" and not app.panels.display
+
+    run(scenario)
+
+
+def test_loading_failure_is_shown_not_swallowed(store_path):
+    def loader(progress):
+        raise SpecchatError("no model named 'qwen9'")
+
+    app = SpecchatApp(None, ConversationStore(store_path), loader=loader)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.has_class("-failed"))
+            error = str(app.screen.query_one("#error", Static).content)
+            assert "SpecchatError: no model named 'qwen9'" in error
+
+    run(scenario)
+
+
+def test_the_app_needs_a_backend_or_a_loader(store_path):
+    with pytest.raises(ValueError):
+        SpecchatApp(None, ConversationStore(store_path))
+
+
+def test_view_follows_new_text_only_while_at_the_bottom(store_path):
+    app = make_app(store_path, [FakeEngine(reply=REPLY * 6, accepted=(20,))])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            view = app.view
+            await ask(pilot, "one")
+            await pilot.pause()
+            assert view.max_scroll_y > 0 and view.scroll_y == view.max_scroll_y
+            view.scroll_home(animate=False, immediate=True)
+            await ask(pilot, "two")
+            await pilot.pause()
+            assert view.scroll_y == 0  # reading older text: left where it was
+            view.scroll_end(animate=False, immediate=True)
+            await ask(pilot, "three")
+            await pilot.pause()
+            assert view.scroll_y == view.max_scroll_y
+
+    run(scenario)

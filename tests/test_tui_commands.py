@@ -1,0 +1,105 @@
+"""Slash-command parsing, completion and help, and the settings' validation."""
+
+import pytest
+
+from specchat.tui import commands
+from specchat.tui.commands import Clear, CommandError, Help, Load, Quit, Retry, Save, SetSetting, Stats, parse
+from specchat.tui.settings import DecodingSettings
+
+VALID = {
+    "/budget 256": SetSetting("budget", 256),
+    "/depth 8": SetSetting("depth", 8),
+    "/temp 0": SetSetting("temperature", 0.0),
+    "/temp 1.5": SetSetting("temperature", 1.5),
+    "/top-p 1": SetSetting("top_p", 1.0),
+    "/seed 42": SetSetting("seed", 42),
+    "/seed off": SetSetting("seed", None),
+    "/max-tokens 32768": SetSetting("max_tokens", 32768),
+    "/engine autoregressive": SetSetting("engine", "autoregressive"),
+    "/system You are terse.": SetSetting("system_prompt", "You are terse."),
+    "/clear": Clear(),
+    "/retry": Retry(),
+    "/save": Save(None),
+    "/save notes/chat.md": Save("notes/chat.md"),
+    "/load 3": Load(3),
+    "/load": Load(None),
+    "/stats": Stats(),
+    "/help": Help(),
+    "/quit": Quit(),
+    "  /budget   12  ": SetSetting("budget", 12),
+}
+
+INVALID = {
+    "/budget -5": "budget must be between 1 and 8192 (got -5)",
+    "/budget abc": "/budget needs a whole number (got 'abc')",
+    "/budget 9000": "budget must be between 1 and 8192 (got 9000)",
+    "/budget": "usage: /budget N",
+    "/budget 1.5": "/budget needs a whole number (got '1.5')",
+    "/depth 0": "depth must be between 1 and 256 (got 0)",
+    "/temp 7": "temperature must be between 0 and 5 (got 7.0)",
+    "/temp hot": "/temp needs a number (got 'hot')",
+    "/top-p 0": "top-p must be in (0, 1] (got 0.0)",
+    "/top-p 1.1": "top-p must be in (0, 1] (got 1.1)",
+    "/seed -1": "seed must be >= 0 or 'off' (got -1)",
+    "/seed on": "/seed needs a whole number (got 'on')",
+    "/max-tokens 0": "max-tokens must be between 1 and 32768 (got 0)",
+    "/engine": "usage: /engine NAME",
+    "/system": "usage: /system TEXT",
+    "/clear all": "this command takes no arguments (got 'all')",
+    "/load first": "/load needs a whole number (got 'first')",
+    "/frobnicate": "unknown command '/frobnicate': type /help for the list",
+    "/": "unknown command '/': type /help for the list",
+}
+
+
+@pytest.mark.parametrize("text", VALID)
+def test_valid_commands_parse(text):
+    assert parse(text) == VALID[text]
+
+
+@pytest.mark.parametrize("text", INVALID)
+def test_invalid_commands_give_one_line(text):
+    with pytest.raises(CommandError) as error:
+        parse(text)
+    assert str(error.value) == INVALID[text]
+    assert "\n" not in str(error.value)
+
+
+def test_every_command_is_tested_and_in_help():
+    tested = {text.split()[0][1:] for text in VALID}
+    assert tested == set(commands.COMMANDS)
+    help_text = "\n".join(commands.help_lines())
+    for spec in commands.SPECS:
+        assert spec.usage in help_text
+
+
+@pytest.mark.parametrize(
+    "line, completed, candidates",
+    [
+        ("/bu", "/budget ", ["/budget "]),
+        ("/s", "/s", ["/seed ", "/system ", "/save ", "/stats"]),
+        ("/st", "/stats", ["/stats"]),
+        ("/engine a", "/engine autoregressive", ["/engine autoregressive"]),
+        ("/engine ", "/engine ", ["/engine specexec", "/engine autoregressive"]),
+        ("/seed o", "/seed off", ["/seed off"]),
+        ("/zz", "/zz", []),
+        ("/budget 1", "/budget 1", []),
+    ],
+)
+def test_completion(line, completed, candidates):
+    assert commands.complete(line, ("specexec", "autoregressive")) == (completed, candidates)
+
+
+def test_settings_reject_out_of_range_and_keep_the_original():
+    settings = DecodingSettings()
+    with pytest.raises(ValueError, match="between 1 and 256"):
+        settings.with_value("depth", 257)
+    assert settings.with_value("depth", 256).depth == 256
+    assert settings.depth == 24
+
+
+def test_seed_off_draws_a_fresh_seed_per_reply():
+    settings = DecodingSettings(seed=None)
+    seeds = {settings.sampling().seed for _ in range(5)}
+    assert len(seeds) > 1
+    assert DecodingSettings(seed=3).sampling().seed == 3

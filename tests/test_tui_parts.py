@@ -1,0 +1,131 @@
+"""The app's pure parts: context fitting, input recall, code-block copy, live figures, the decoding loop."""
+
+import threading
+
+import pytest
+
+from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.tui.clipboard import last_code_block
+from specchat.tui.context import ContextOverflow, fit_prompt
+from specchat.tui.decoder import ReplyJob, decode_reply
+from specchat.tui.fake import REPLY, FakeBackend, FakeEngine, FakeTokenizer
+from specchat.tui.history import InputHistory
+from specchat.tui.livestats import WINDOW, LiveStats
+from specchat.tui.messages import IterationArrived, ReplyFinished
+from specchat.textstream import TextStream
+
+
+def encode(messages):
+    return FakeBackend().encode(messages)
+
+
+def turns(*contents):
+    roles = ["user", "assistant"]
+    return [{"role": roles[i % 2], "content": text} for i, text in enumerate(contents)]
+
+
+def test_prompt_fits_untouched_when_short():
+    prompt = fit_prompt([], turns("hi"), encode, context_tokens=1000, max_tokens=100)
+    assert prompt.dropped == 0
+    assert prompt.ids == encode(turns("hi"))
+    assert prompt.max_new_tokens == 100
+
+
+def test_oldest_exchanges_are_dropped_first_and_system_kept():
+    system = [{"role": "system", "content": "S"}]
+    history = turns("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e")
+    prompt = fit_prompt(system, history, encode, context_tokens=200, max_tokens=60)
+    # 200 - 60 leaves 140 tokens: the first exchange must go, as a pair.
+    assert prompt.dropped == 2
+    assert prompt.ids == encode(system + history[2:])
+    assert prompt.max_new_tokens == 60
+
+
+def test_reply_room_is_capped_at_half_the_context():
+    prompt = fit_prompt([], turns("x" * 50), encode, context_tokens=200, max_tokens=10_000)
+    assert prompt.dropped == 0
+    assert prompt.max_new_tokens == 200 - len(prompt.ids)
+
+
+def test_a_message_larger_than_the_context_is_refused():
+    with pytest.raises(ContextOverflow, match="too long for the 100-token context"):
+        fit_prompt([], turns("x" * 200), encode, context_tokens=100, max_tokens=10)
+
+
+def test_input_recall_walks_back_and_returns_to_the_draft():
+    history = InputHistory(["one", "two"])
+    assert history.next() is None
+    assert history.previous("draft") == "two"
+    assert history.previous("two") == "one"
+    assert history.previous("one") == "one"
+    assert history.next() == "two"
+    assert history.next() == "draft"
+    assert history.next() is None
+    history.add("three")
+    history.add("three")
+    assert history.entries == ["one", "two", "three"]
+
+
+def test_last_code_block():
+    assert last_code_block(REPLY) == 'def greet(name):\n    return f"hello {name}"'
+    assert last_code_block("no code here") is None
+    assert last_code_block("```\nunfinished") is None
+
+
+def event(accepted, tree_size=16, **costs):
+    return IterationEvent(
+        token_ids=[1] * (accepted + 1), accepted=accepted, tree_size=tree_size, depth=accepted + 1,
+        draft_s=costs.get("draft_s", 0.01), target_s=costs.get("target_s", 0.03),
+        transfer_s=costs.get("transfer_s", 0.0), transfer_bytes=costs.get("transfer_bytes", 0),
+    )
+
+
+def test_live_stats_window_mean_rate_and_bandwidth():
+    stats = LiveStats()
+    for i in range(WINDOW + 10):
+        stats.record(event(i % 4))
+    assert len(stats.accepted) == WINDOW
+    assert stats.mean_accepted == pytest.approx(1.5)
+    stats.start_reply()
+    stats.record(event(3, transfer_s=0.5, transfer_bytes=10**9))
+    assert stats.tokens_per_s == pytest.approx(4 / 0.54)
+    assert stats.transfer_gb_per_s == pytest.approx(2.0)
+
+
+def job(engine, **kwargs):
+    return ReplyJob(1, engine, [1, 2, 3], 1000, SamplingParams(), TextStream(FakeTokenizer()), **kwargs)
+
+
+def test_decode_reply_posts_every_iteration_then_the_tail():
+    posted = []
+    engine = FakeEngine()
+    decode_reply(job(engine), threading.Lock(), posted.append)
+    arrived = [m for m in posted if isinstance(m, IterationArrived)]
+    assert "".join(m.text for m in arrived) + posted[-1].text == REPLY
+    assert isinstance(posted[-1], ReplyFinished)
+    assert [m.event.accepted for m in arrived[:3]] == [3, 1, 4]
+
+
+def test_decode_reply_stops_at_the_first_event_after_cancel():
+    posted = []
+    reply = job(FakeEngine())
+
+    def post(message):
+        posted.append(message)
+        reply.cancel.set()
+
+    decode_reply(reply, threading.Lock(), post)
+    assert len(posted) == 1  # one iteration, no ReplyFinished
+
+
+def test_decode_reply_waits_for_the_engine_lock():
+    lock, posted = threading.Lock(), []
+    reply = job(FakeEngine())
+    with lock:
+        thread = threading.Thread(target=decode_reply, args=(reply, lock, posted.append))
+        thread.start()
+        thread.join(0.05)
+        assert thread.is_alive() and posted == []
+        reply.cancel.set()
+    thread.join(1)
+    assert posted == []

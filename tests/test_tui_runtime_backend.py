@@ -1,0 +1,82 @@
+"""The real-model backend over tiny random models: engines, settings, and a reply in the app."""
+
+import asyncio
+from time import perf_counter
+
+import pytest
+import torch
+
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.errors import SpecchatError
+from specchat.runtime import Runtime
+from specchat.tui.app import SpecchatApp
+from specchat.tui.runtime_backend import RuntimeBackend, transfer_label
+from specchat.tui.settings import DecodingSettings
+from specchat.tui.store import ConversationStore
+
+
+class TinyTokenizer:
+    """Letters for the tiny models' 50-token vocabulary; a one-line chat template."""
+
+    chat_template = "role: content"
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+        text = " ".join(f"{m['role']} {m['content']}" for m in messages)
+        return {"input_ids": [ord(char) % 50 for char in text]}
+
+    def decode(self, token_ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + token % 26) for token in token_ids)
+
+
+@pytest.fixture
+def backend(tiny_target, tiny_draft) -> RuntimeBackend:
+    engine = SpecExecEngine(tiny_target, tiny_draft, stop_ids=[], shape=TreeShape(budget=8, max_depth=4))
+    runtime = Runtime(engine=engine, tokenizer=TinyTokenizer(), device=torch.device("cpu"))
+    settings = DecodingSettings(temperature=0.0, max_tokens=24)
+    return RuntimeBackend(runtime, "tiny pair", settings, context_tokens=1024, transfer_label="")
+
+
+def test_backend_takes_the_tree_shape_and_offers_the_baseline(backend):
+    assert backend.engine_names == ("specexec", "autoregressive")
+    assert (backend.settings.budget, backend.settings.depth, backend.settings.engine) == (8, 4, "specexec")
+    assert backend.encode([{"role": "user", "content": "hi"}]) == [ord(c) % 50 for c in "user hi"]
+    baseline = backend.use_engine("autoregressive")
+    assert backend.engine is baseline and baseline.target is backend.engines["specexec"].target
+
+
+def test_a_model_without_chat_template_is_refused(backend):
+    tokenizer = TinyTokenizer()
+    tokenizer.chat_template = None
+    runtime = Runtime(engine=backend.engine, tokenizer=tokenizer, device=torch.device("cpu"))
+    with pytest.raises(SpecchatError, match="no chat template"):
+        RuntimeBackend(runtime, "base model", DecodingSettings(), 1024, "")
+
+
+@pytest.mark.parametrize(
+    "device, offload, label",
+    [("cpu", "none", ""), ("cuda", "ram", "PCIe"), ("cpu", "ram", "RAM"), ("cpu", "disk", "disk")],
+)
+def test_transfer_label(device, offload, label):
+    assert transfer_label(device, offload) == label
+
+
+def test_specexec_reply_in_the_app_fills_the_panels(backend, tmp_path):
+    app = SpecchatApp(backend, ConversationStore(tmp_path / "history.sqlite3"))
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.prompt.load_text("hello")
+            await pilot.press("enter")
+            deadline = perf_counter() + 30
+            while app.job is not None or len(app.entries) < 2:
+                assert perf_counter() < deadline
+                await pilot.pause(0.05)
+            await pilot.press(*"/budget 4", "enter")
+            assert app.backend.engine.shape.budget == 4
+            stats = app.panels.stats
+            assert stats.iterations > 0 and max(stats.tree_sizes) > 0
+            assert sum(len(e.token_ids) for e in app.reply_events) == 24
+            assert len(app.entries[-1].content) == 24
+
+    asyncio.run(scenario())

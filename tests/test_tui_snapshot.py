@@ -1,0 +1,45 @@
+"""SVG snapshots of the main screen (textual pinned; update with `pytest --snapshot-update`)."""
+
+from time import perf_counter
+
+from specchat.tui.app import SpecchatApp
+from specchat.tui.fake import REPLY, FakeBackend
+from specchat.tui.store import ConversationStore
+
+
+async def wait_for_reply(pilot) -> None:
+    app, deadline = pilot.app, perf_counter() + 5
+    while app.job is not None or not app.entries or app.entries[-1].role != "assistant":
+        assert perf_counter() < deadline, "no reply"
+        await pilot.pause(0.01)
+
+
+def test_main_screen_after_a_reply(snap_compare, tmp_path):
+    """Wide terminal: a system prompt, one exchange streamed by the fake engine, a setting
+    change, and the live panels beside the conversation."""
+    app = SpecchatApp(FakeBackend(), ConversationStore(tmp_path / "history.sqlite3"))
+
+    async def run_before(pilot) -> None:
+        for line in ["/system You are a concise Python tutor.", "Write a greeting function."]:
+            app.prompt.load_text(line)
+            await pilot.press("enter")
+        await wait_for_reply(pilot)
+        app.prompt.load_text("/budget 32")
+        await pilot.press("enter")
+        app.prompt.load_text("/te")
+        await pilot.press("tab")
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+def test_restored_conversation_with_a_cut_reply(snap_compare, tmp_path):
+    """Narrow terminal (panels hidden), a conversation reopened from the store, its last reply cut."""
+    store = ConversationStore(tmp_path / "history.sqlite3")
+    conversation = store.new_conversation("greeting", "")
+    store.add_message(conversation, "user", "Write a greeting function.")
+    store.add_message(conversation, "assistant", REPLY)
+    store.add_message(conversation, "user", "Now in Rust, please.")
+    store.add_message(conversation, "assistant", "Sure:\n\n```rust\nfn greet(name: &str)", cut=True)
+    app = SpecchatApp(FakeBackend(), store, conversation)
+
+    assert snap_compare(app, terminal_size=(80, 30))

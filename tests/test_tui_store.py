@@ -1,0 +1,93 @@
+"""The SQLite conversation store and the markdown export."""
+
+import sqlite3
+
+import pytest
+
+from specchat.tui.export import to_markdown
+from specchat.tui.store import ConversationStore, StoreError, default_path
+
+
+@pytest.fixture
+def path(tmp_path):
+    return tmp_path / "data" / "history.sqlite3"
+
+
+def test_messages_survive_reopening(path):
+    store = ConversationStore(path)
+    first = store.new_conversation("greeting", "Be brief.")
+    store.add_message(first, "user", "hi")
+    store.add_message(first, "assistant", "hel", cut=True)
+    store.close()
+
+    reopened = ConversationStore(path)
+    assert reopened.last_conversation_id() == first
+    assert [(m.role, m.content, m.cut) for m in reopened.messages(first)] == [
+        ("user", "hi", False), ("assistant", "hel", True)
+    ]
+    assert reopened.conversation(first).system_prompt == "Be brief."
+
+
+def test_last_conversation_is_the_most_recently_updated(path):
+    store = ConversationStore(path)
+    old = store.new_conversation("old", "")
+    new = store.new_conversation("new", "")
+    store.add_message(old, "user", "back to this one")
+    assert store.last_conversation_id() == old
+    assert [c.id for c in store.conversations()] == [old, new]
+    assert store.conversation(999) is None
+
+
+def test_recent_inputs_are_user_messages_oldest_first(path):
+    store = ConversationStore(path)
+    conversation = store.new_conversation("t", "")
+    for role, text in [("user", "a"), ("assistant", "x"), ("user", "b")]:
+        store.add_message(conversation, role, text)
+    assert store.recent_inputs() == ["a", "b"]
+
+
+def test_failed_write_leaves_nothing_behind(path):
+    store = ConversationStore(path)
+    conversation = store.new_conversation("t", "")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_message(conversation, "narrator", "not a role")
+    assert store.messages(conversation) == []
+    store.add_message(conversation, "user", "still writable")
+    assert len(store.messages(conversation)) == 1
+
+
+def test_unknown_schema_version_is_refused(path):
+    ConversationStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE schema_version SET version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="schema version 99"):
+        ConversationStore(path)
+
+
+def test_delete_and_system_prompt_updates(path):
+    store = ConversationStore(path)
+    conversation = store.new_conversation("t", "")
+    message = store.add_message(conversation, "user", "q")
+    store.delete_message(message)
+    store.set_system_prompt(conversation, "New rules.")
+    assert store.messages(conversation) == []
+    assert store.conversation(conversation).system_prompt == "New rules."
+
+
+def test_data_dir_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECCHAT_DATA_DIR", str(tmp_path))
+    assert default_path() == tmp_path / "history.sqlite3"
+
+
+def test_markdown_export(path):
+    store = ConversationStore(path)
+    conversation = store.new_conversation("Sorting", "Answer in Python.")
+    store.add_message(conversation, "user", "sort a list")
+    store.add_message(conversation, "assistant", "`sorted(xs)`", cut=True)
+    text = to_markdown(store.conversation(conversation), store.messages(conversation))
+    assert text == (
+        "# Sorting\n\n## System\n\nAnswer in Python.\n\n## User\n\nsort a list\n\n"
+        "## Assistant\n\n`sorted(xs)`\n\n*(reply cut)*\n"
+    )
