@@ -160,3 +160,17 @@ def test_generate_real_pair_json(monkeypatch, capsys):
     record = json.loads(out)
     assert record["summary"]["new_tokens"] == 16 and record["text"].strip()
     assert record["summary"]["gen_rate"] > 1.0
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--temperature", "9"], "--temperature"),
+        (["--offload", "disk"], "--offload disk"),
+        (["--target", "no-such-model"], "unknown model"),
+        (["--budget", "0"], "--budget"),
+    ],
+)
+def test_run_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, fragment):
+    code, _, err = run_cli(monkeypatch, capsys, "run", *args)
+    assert_one_line_error(code, err, fragment)

@@ -122,6 +122,22 @@ def test_ctrl_c_stops_the_reply_then_quits(store_path):
     run(scenario)
 
 
+def test_quitting_mid_reply_saves_the_partial_reply(store_path):
+    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "tell me")
+            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await say(pilot, "/quit")
+            await wait_until(pilot, lambda: not app.is_running)
+
+    run(scenario)
+    [conversation] = ConversationStore(store_path).conversations()
+    reply = ConversationStore(store_path).messages(conversation.id)[-1]
+    assert reply.role == "assistant" and reply.cut and 0 < len(reply.content) < len(REPLY)
+
+
 def test_ctrl_c_when_idle_asks_for_a_second_press(store_path):
     app = make_app(store_path)
 
@@ -457,7 +473,7 @@ def test_loading_failure_is_shown_not_swallowed(store_path):
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.has_class("-failed"))
             error = str(app.screen.query_one("#error", Static).content)
-            assert "SpecchatError: no model named 'qwen9'" in error
+            assert "Loading failed: no model named 'qwen9'" in error
 
     run(scenario)
 

@@ -9,7 +9,7 @@ import typer
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.models.listing import list_models
-from specchat.runtime import EngineOptions, build_runtime, encode_prompt
+from specchat.runtime import EngineOptions, build_runtime, encode_prompt, validate
 from specchat.summary import event_record, summarize
 from specchat.textstream import TextStream
 
@@ -81,6 +81,35 @@ def generate(
             f"{summary.tokens_per_s:.2f} tok/s]",
             file=sys.stderr,
         )
+
+
+@app.command()
+def run(
+    target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
+    draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
+    offload: str = typer.Option("none", help="Where the target's weights live: none (more tiers arrive with offloading)."),
+    budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
+    temperature: float = typer.Option(0.6, help="0 = greedy."),
+    top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
+    seed: int = typer.Option(0, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
+    resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
+    dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+) -> None:
+    """Chat in a full-screen terminal app with live decoding panels."""
+    from specchat.tui.app import SpecchatApp
+    from specchat.tui.runtime_backend import runtime_loader
+    from specchat.tui.settings import DecodingSettings
+    from specchat.tui.store import ConversationStore
+
+    sampling = check_sampling(temperature, top_p, seed, 1)
+    if offload != "none":
+        raise SpecchatError(f"--offload {offload} is not available yet: only 'none' (the target in memory)")
+    options = EngineOptions(target=target, draft=draft, budget=budget, dtype=dtype)
+    validate(options)
+    settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed)
+    store = ConversationStore()
+    conversation = store.last_conversation_id() if resume else None
+    SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings, offload)).run()
 
 
 @app.command()

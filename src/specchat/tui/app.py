@@ -21,6 +21,7 @@ from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
 from specchat.decoding.events import Engine, IterationEvent
+from specchat.errors import SpecchatError
 from specchat.summary import Summary, summarize
 from specchat.tui import commands
 from specchat.tui.backend import ChatBackend, Loader
@@ -43,6 +44,11 @@ KEYS_HELP = (
     "keys: Enter send · Shift+Enter/Ctrl+J newline · Up/Down recall · Tab complete · Esc stop reply · "
     "Ctrl+C stop, twice quit · Ctrl+R copy reply · Ctrl+O copy code · F2 panels"
 )
+
+
+def describe(error: BaseException) -> str:
+    """One line for the user: a SpecchatError is already worded for them, others get their type."""
+    return str(error) if isinstance(error, SpecchatError) else f"{type(error).__name__}: {error}"
 
 
 class SpecchatApp(App):
@@ -117,8 +123,10 @@ class SpecchatApp(App):
             await self.start(self.backend)
 
     def on_unmount(self) -> None:
+        # Quitting mid-reply keeps what was written, as a cut reply.
         if self.job:
             self.job.cancel.set()
+            self.save_reply(self.reply_turn.text, cut=True)
 
     def on_resize(self, event: Resize) -> None:
         if not self.panels_toggled:
@@ -162,10 +170,10 @@ class SpecchatApp(App):
         # Workers do not catch: their exceptions arrive here (and in the Textual log).
         if event.state != WorkerState.ERROR:
             return
-        error = f"{type(event.worker.error).__name__}: {event.worker.error}"
+        error = describe(event.worker.error)
         if event.worker.group == "load" and isinstance(self.screen, LoadingScreen):
             self.screen.fail(error)
-        elif event.worker is self.job_worker:
+        elif event.worker is self.job_worker and self.is_running:
             await self.end_reply(cut=True)
             await self.notice(f"decoding failed: {error}", error=True)
 
@@ -217,7 +225,8 @@ class SpecchatApp(App):
         )
 
     def is_current(self, reply_id: int) -> bool:
-        return self.job is not None and self.job.id == reply_id
+        # Once exit begins the widgets are being torn down: late events are dropped.
+        return self.is_running and self.job is not None and self.job.id == reply_id
 
     async def on_iteration_arrived(self, message: IterationArrived) -> None:
         if not self.is_current(message.reply_id):
@@ -237,8 +246,11 @@ class SpecchatApp(App):
         self.job, self.reply_turn, self.job_worker = None, None, None
         job.cancel.set()
         await turn.close(cut)
-        message_id = self.store.add_message(self.conversation_id, "assistant", turn.text, cut)
-        self.entries.append(Entry("assistant", turn.text, cut, message_id))
+        self.save_reply(turn.text, cut)
+
+    def save_reply(self, text: str, cut: bool) -> None:
+        message_id = self.store.add_message(self.conversation_id, "assistant", text, cut)
+        self.entries.append(Entry("assistant", text, cut, message_id))
         self.last_summary = summarize(self.reply_events, perf_counter() - self.reply_started)
 
     async def notice(self, text: str, error: bool = False) -> None:

@@ -5,7 +5,8 @@ reply in chunks of accepted+1 tokens per iteration, reading its budget live as S
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from itertools import cycle
 from time import sleep
 
 from specchat.decoding.events import IterationEvent, SamplingParams
@@ -50,14 +51,12 @@ class FakeEngine:
     ) -> Iterator[IterationEvent]:
         self.calls.append((list(prompt_ids), max_new_tokens, sampling))
         reply = FakeTokenizer().encode(self.reply)[:max_new_tokens]
-        produced = 0
-        for iteration in range(len(reply)):
+        produced, accepted = 0, cycle(self.accepted)
+        while produced < len(reply):
             sleep(self.delay_s)
-            chunk = reply[produced:produced + self.accepted[iteration % len(self.accepted)] + 1]
+            chunk = reply[produced:produced + next(accepted) + 1]
             produced += len(chunk)
             yield self.event(chunk, finished=produced == len(reply))
-            if produced == len(reply):
-                return
 
     def event(self, chunk: list[int], finished: bool) -> IterationEvent:
         # Fixed costs, so that every figure derived from them is reproducible in snapshots.
@@ -79,9 +78,7 @@ class FakeBackend:
         self.engine_names = tuple(self.engines)
         self.engine = next(iter(self.engines.values()))
         self.context_tokens = context_tokens
-        self.settings = replace(
-            DecodingSettings(), budget=self.engine.budget, depth=self.engine.max_depth, engine=self.engine.name
-        )
+        self.settings = DecodingSettings(budget=self.engine.budget, depth=self.engine.max_depth, engine=self.engine.name)
         self.tokenizer = FakeTokenizer()
 
     def encode(self, messages: list[dict]) -> list[int]:

@@ -15,8 +15,6 @@ class LoadingScreen(Screen):
     LoadingScreen #error { color: $text-error; display: none; }
     LoadingScreen.-failed #error { display: block; }
     """
-    BINDINGS = [("ctrl+q", "app.quit", "Quit")]
-
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("specchat: loading models", id="title")

@@ -41,9 +41,9 @@ class RuntimeBackend:
         self.name = name
         self.context_tokens = context_tokens
         self.transfer_label = transfer_label
-        shape = getattr(runtime.engine, "shape", None)
-        self.settings = settings if shape is None else replace(settings, budget=shape.budget, depth=shape.max_depth)
-        self.settings = replace(self.settings, engine=runtime.engine.name)
+        shape = getattr(runtime.engine, "shape", None)  # only tree engines have one
+        tree = {"budget": shape.budget, "depth": shape.max_depth} if shape else {}
+        self.settings = replace(settings, engine=runtime.engine.name, **tree)
 
     def encode(self, messages: list[dict]) -> list[int]:
         encoded = self.tokenizer.apply_chat_template(
