@@ -94,22 +94,28 @@ def main() -> None:
         TreeShape(budget=16, max_depth=args.max_depth),
     )
     prompts = [encode_prompt(target.tokenizer, p, raw=False) for p in mtbench_first_turns(args.prompts)]
+    if args.record:
+        record_header(args)
     rows = []
     for budget in (int(b) for b in args.budgets.split(",")):
         rows.append(measure(engine, prompts, args, budget))
-        print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    result = table(rows)
-    print(result)
-    if args.record:
-        command = "python " + shlex.join(sys.argv)
-        header = (
-            f"\n## SpecExec gen rate, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
-            f"- Machine: {machine()}\n- Command: `{command}`\n"
-            f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, "
-            f"t={args.temperature}, top-p={args.top_p}, {args.dtype}, max depth {args.max_depth}\n\n"
-        )
-        with open(args.record, "a", encoding="utf-8") as handle:
-            handle.write(header + result + "\n")
+        row = table(rows[-1:]).splitlines()[-1]
+        print(row, file=sys.stderr, flush=True)
+        if args.record:  # row by row, so an interrupted sweep keeps what it measured
+            with open(args.record, "a", encoding="utf-8") as handle:
+                handle.write(row + "\n")
+    print(table(rows))
+
+
+def record_header(args: argparse.Namespace) -> None:
+    header = (
+        f"\n## SpecExec gen rate, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
+        f"- Machine: {machine()}\n- Command: `python {shlex.join(sys.argv)}`\n"
+        f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, "
+        f"t={args.temperature}, top-p={args.top_p}, {args.dtype}, max depth {args.max_depth}\n\n"
+    )
+    with open(args.record, "a", encoding="utf-8") as handle:
+        handle.write(header + "\n".join(table([]).splitlines()[:2]) + "\n")
 
 
 if __name__ == "__main__":
