@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Drive `specchat run` in a real terminal (tmux) as a new user would: start, ask a question,
+# change the budget with /budget 256 and see the panel follow, cancel a reply, quit.
+# Prints what the screen showed at each step; exits non-zero if a step is not seen.
+set -euo pipefail
+SESSION="specchat-smoke-$$"
+export SPECCHAT_DATA_DIR="${SPECCHAT_DATA_DIR:-$(mktemp -d)}"
+WAIT_LOAD="${WAIT_LOAD:-600}"
+screen() { tmux capture-pane -p -t "$SESSION"; }
+wait_for() {  # wait_for PATTERN SECONDS
+    local deadline=$((SECONDS + $2))
+    until screen | grep -aq -- "$1"; do
+        if ((SECONDS > deadline)); then echo "FAIL: '$1' not seen"; screen; exit 1; fi
+        sleep 1
+    done
+    echo "ok: '$1' seen after ${SECONDS}s"
+}
+trap 'tmux kill-session -t "$SESSION" 2>/dev/null || true' EXIT
+tmux new-session -d -s "$SESSION" -x 160 -y 45 "specchat run --temperature 0; sleep 5"
+wait_for "loading" 60
+wait_for "Message, or /help" "$WAIT_LOAD"
+tmux send-keys -t "$SESSION" "/max-tokens 24" Enter
+tmux send-keys -t "$SESSION" "What is a KV cache? One sentence." Enter
+wait_for "size 16" 300
+wait_for "mean [0-9.]* over" 300
+tmux send-keys -t "$SESSION" "/budget 256" Enter
+wait_for "budget 256" 30
+tmux send-keys -t "$SESSION" "/max-tokens 200" Enter
+sleep 2
+tmux send-keys -t "$SESSION" "Write a long story about a tree." Enter
+wait_for "size 256" 600
+tmux send-keys -t "$SESSION" Escape
+wait_for "reply cut" 120
+screen | grep -av "^ *▏ *$" | head -60
+tmux send-keys -t "$SESSION" "/quit" Enter
+sleep 3
+if tmux has-session -t "$SESSION" 2>/dev/null && screen | grep -aq "Message, or /help"; then
+    echo "FAIL: app still running after /quit"; exit 1
+fi
+echo "ok: quit"
