@@ -29,6 +29,15 @@ tmux send-keys -t "$SESSION" "/max-tokens 200" Enter
 sleep 2
 tmux send-keys -t "$SESSION" "Write a long story about a tree." Enter
 wait_for "size 256" 600
+# Key-to-screen latency while decoding: type a marker and time until the terminal shows it.
+for marker in zq1 zq2 zq3 zq4 zq5; do
+    start=$(date +%s%N)
+    tmux send-keys -t "$SESSION" -l "$marker"
+    until screen | grep -aq "$marker"; do sleep 0.005; done
+    echo "key-to-screen latency while decoding: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+    tmux send-keys -t "$SESSION" BSpace BSpace BSpace
+    sleep 0.5
+done
 tmux send-keys -t "$SESSION" Escape
 wait_for "reply cut" 120
 screen | grep -av "^ *▏ *$" | head -60

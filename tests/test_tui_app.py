@@ -7,7 +7,7 @@ from time import perf_counter
 
 import pytest
 from textual import events
-from textual.widgets import Log, Sparkline, Static
+from textual.widgets import Log, ProgressBar, Sparkline, Static
 
 from specchat.errors import SpecchatError
 from specchat.tui.app import SpecchatApp
@@ -443,6 +443,7 @@ def test_loading_screen_shows_progress_then_the_chat(store_path):
     def loader(progress):
         progress("assembling model parts", 0.25)
         progress("loading layers", 0.75)
+        progress("loading layers", 0.9)  # a moving bar: logged once, the bar follows
         assert release.wait(5)
         return FakeBackend()
 
@@ -453,6 +454,7 @@ def test_loading_screen_shows_progress_then_the_chat(store_path):
             await wait_until(
                 pilot, lambda: isinstance(app.screen, LoadingScreen) and app.screen.query_one(Log).line_count == 2
             )
+            await wait_until(pilot, lambda: app.screen.query_one(ProgressBar).progress == 0.9)
             assert list(app.screen.query_one(Log).lines) == ["assembling model parts", "loading layers"]
             await pilot.resize_terminal(90, 30)  # the chat screen below follows, though hidden
             release.set()

@@ -15,6 +15,7 @@ from specchat.errors import SpecchatError
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.loading import load, resolve
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.progress import Report, Reporter
 
 ENGINES = ("autoregressive", "specexec")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -62,23 +63,30 @@ def validate(options: EngineOptions) -> None:
         resolve(options.draft)
 
 
-def build_runtime(options: EngineOptions, progress: bool = True) -> Runtime:
-    """Load the models named by `options` and wire the chosen engine."""
+def build_runtime(options: EngineOptions, progress: bool = True, report: Report | None = None) -> Runtime:
+    """Load the models named by `options` and wire the chosen engine.
+
+    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
+    """
     validate(options)
+    reporter = Reporter(progress, report)
     device = pick_device()
     dtype = DTYPES[options.dtype]
-    target = load(options.target, dtype, progress)
+    target = load(options.target, dtype, progress, report)
+    reporter.step(f"moving {target.name} to {device.type}")
     target.model.to(device)
     stops = stop_token_ids(target.model, target.tokenizer)
     if options.engine == "autoregressive":
         engine: Engine = AutoregressiveEngine(CausalLM(target.model), stops)
     else:
-        draft = load(options.draft, dtype, progress)
+        draft = load(options.draft, dtype, progress, report)
         check_tokenizers_compatible(draft.tokenizer, target.tokenizer)
+        reporter.step(f"moving {draft.name} to {device.type}")
         draft.model.to(device)
         budget = options.budget if options.budget is not None else default_budget(device)
         shape = TreeShape(budget=budget, max_depth=options.max_depth)
         engine = SpecExecEngine(CausalLM(target.model), CausalLM(draft.model), stops, shape)
+    reporter.step("ready", 1.0)
     return Runtime(engine=engine, tokenizer=target.tokenizer, device=device)
 
 

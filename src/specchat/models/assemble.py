@@ -5,20 +5,19 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from tqdm import tqdm
-
 from specchat.errors import SpecchatError
 from specchat.models.staging import new_temp_file
+from specchat.progress import Reporter
 
 _CHUNK = 8 << 20  # 8 MiB: large enough that hashing, not syscalls, dominates
 
 
-def assemble(pieces: list[Path], target: Path, size: int, sha256: str, remedy: str, progress: bool) -> None:
+def assemble(pieces: list[Path], target: Path, size: int, sha256: str, remedy: str, reporter: Reporter) -> None:
     """Write the concatenation of `pieces` to `target`; on a mismatch raise SpecchatError(... remedy)."""
     fd, temp = new_temp_file(target)
     try:
         with os.fdopen(fd, "wb") as out:
-            digest = copy_hashing(pieces, out, size, target.name, progress)
+            digest = copy_hashing(pieces, out, size, target.name, reporter)
             out.flush()
             os.fsync(out.fileno())  # the rename below must never publish data still in the page cache only
         verify(temp, size, sha256, digest, target.name, remedy)
@@ -28,11 +27,10 @@ def assemble(pieces: list[Path], target: Path, size: int, sha256: str, remedy: s
         raise
 
 
-def copy_hashing(pieces: list[Path], out: BinaryIO, size: int, label: str, progress: bool) -> str:
+def copy_hashing(pieces: list[Path], out: BinaryIO, size: int, label: str, reporter: Reporter) -> str:
     """Copy `pieces` into `out` in order, returning the sha256 hex digest of everything written."""
     digest = hashlib.sha256()
-    with tqdm(total=size, desc=f"assembling {label}", unit="B", unit_scale=True, unit_divisor=1024,
-              disable=not progress) as bar:
+    with reporter.bar(total=size, desc=f"assembling {label}", unit="B", unit_scale=True, unit_divisor=1024) as bar:
         for piece in pieces:
             with piece.open("rb") as source:
                 while chunk := source.read(_CHUNK):

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import torch
 import transformers
-from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specchat.models.marker import write_marker
 from specchat.models.staging import new_temp_dir
+from specchat.progress import Reporter, transformers_bars
 
 
-def convert(gguf: Path, target: Path, source_sha256: str, progress: bool) -> None:
+def convert(gguf: Path, target: Path, source_sha256: str, reporter: Reporter) -> None:
     """Write the converted model to a temporary directory, then rename it to `target` in one step."""
     temp = new_temp_dir(target)
     try:
-        write_converted(gguf, temp, progress)
+        write_converted(gguf, temp, reporter)
         write_marker(temp, provenance(source_sha256))
         os.rename(temp, target)
     except BaseException:
@@ -29,9 +29,10 @@ def convert(gguf: Path, target: Path, source_sha256: str, progress: bool) -> Non
         raise
 
 
-def write_converted(gguf: Path, directory: Path, progress: bool) -> None:
-    with tqdm(total=4, desc=f"converting {gguf.stem}", unit="step", disable=not progress) as bar:
-        bar.set_postfix_str("tokenizer")
+def write_converted(gguf: Path, directory: Path, reporter: Reporter) -> None:
+    stage = f"converting {gguf.stem}"
+    with reporter.bar(total=4, desc=stage, unit="step", postfix="tokenizer") as bar, \
+            transformers_bars(reporter, lambda desc: f"{stage}: {desc.lower()}"):
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str("dequantizing")

@@ -7,7 +7,6 @@ name by an atomic rename, so readers never see a half-written file.
 """
 
 import shutil
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from specchat.models.parts import Part, locate_parts, numbered_parts
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.models.staging import leftovers
 from specchat.paths import cache_dir
+from specchat.progress import Report, Reporter
 
 
 @dataclass(frozen=True)
@@ -70,28 +70,31 @@ def converted_path(model: EmbeddedModel) -> Path:
     return cache_dir() / "converted" / model.name
 
 
-def ensure_embedded(alias: str, progress: bool) -> Path:
-    """The converted directory of an embedded model, assembling and converting it on first use."""
+def ensure_embedded(alias: str, progress: bool, report: Report | None = None) -> Path:
+    """The converted directory of an embedded model, assembling and converting it on first use.
+
+    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
+    """
     model = embedded_model(alias)
     directory = converted_path(model)
     if is_converted(directory):
         return directory
-    with exclusive(model, progress):
+    reporter = Reporter(progress, report)
+    with exclusive(model, reporter):
         if not is_converted(directory):  # another process may have finished it while we waited
-            build(model, progress)
+            build(model, reporter)
     return directory
 
 
 @contextmanager
-def exclusive(model: EmbeddedModel, progress: bool) -> Iterator[None]:
+def exclusive(model: EmbeddedModel, reporter: Reporter) -> Iterator[None]:
     path = cache_dir() / "locks" / f"{model.name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path)
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        if progress:
-            print(f"waiting for another specchat process to prepare {model.alias}...", file=sys.stderr)
+        reporter.notice(f"waiting for another specchat process to prepare {model.alias}...")
         lock.acquire()
     try:
         yield
@@ -99,18 +102,18 @@ def exclusive(model: EmbeddedModel, progress: bool) -> Iterator[None]:
         lock.release()
 
 
-def build(model: EmbeddedModel, progress: bool) -> None:
+def build(model: EmbeddedModel, reporter: Reporter) -> None:
     """Assemble (unless a complete GGUF is already cached) and convert. Caller holds the lock."""
     remove_leftovers(model)
     gguf = gguf_path(model)
     if not gguf.is_file():
         pieces = locate_parts(model.parts, model.alias)
-        assemble(pieces, gguf, model.size, model.sha256, model.reinstall_hint, progress)
+        assemble(pieces, gguf, model.size, model.sha256, model.reinstall_hint, reporter)
     # Imported here, not at the top: torch + transformers take ~5 s to import, and status checks
     # such as `specchat models` use this module without ever converting.
     from specchat.models.convert import convert
 
-    convert(gguf, converted_path(model), model.sha256, progress)
+    convert(gguf, converted_path(model), model.sha256, reporter)
 
 
 def remove_leftovers(model: EmbeddedModel) -> None:

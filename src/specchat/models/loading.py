@@ -12,6 +12,7 @@ from specchat.errors import SpecchatError
 from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
 from specchat.models.registry import find_alias
+from specchat.progress import Report, Reporter, transformers_bars
 
 SourceKind = Literal["embedded", "hub", "dir", "gguf"]
 
@@ -56,23 +57,31 @@ def resolve(spec: str) -> ModelSource:
     )
 
 
-def load(spec: str, dtype: torch.dtype, progress: bool = True) -> LoadedModel:
-    """Load `spec` for inference: eval mode, gradients off, SDPA attention."""
+def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None) -> LoadedModel:
+    """Load `spec` for inference: eval mode, gradients off, SDPA attention.
+
+    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
+    """
     source = resolve(spec)
-    directory, gguf_file = materialize(source, progress)
+    reporter = Reporter(progress, report)
+    reporter.step(f"loading {source.name}")
+    directory, gguf_file = materialize(source, reporter)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa")
+    with transformers_bars(reporter, lambda desc: f"loading {source.name} weights"):
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa"
+        )
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, source.name, source)
 
 
-def materialize(source: ModelSource, progress: bool) -> tuple[Path, str | None]:
+def materialize(source: ModelSource, reporter: Reporter) -> tuple[Path, str | None]:
     """A local directory to load from, and the GGUF file name inside it (None for safetensors)."""
     if source.kind == "embedded":
-        return ensure_embedded(source.location, progress), None
+        return ensure_embedded(source.location, reporter.bars, reporter.report), None
     if source.kind == "hub":
-        return download(source.location, progress), None
+        return download(source.location, reporter.bars), None
     path = Path(source.location)
     if source.kind == "gguf":
         return path.parent, path.name

@@ -15,6 +15,9 @@ class LoadingScreen(Screen):
     LoadingScreen #error { color: $text-error; display: none; }
     LoadingScreen.-failed #error { display: block; }
     """
+
+    last_step = ""
+
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("specchat: loading models", id="title")
@@ -24,7 +27,10 @@ class LoadingScreen(Screen):
             yield Static("", id="error")
 
     def report(self, step: str, fraction: float | None) -> None:
-        self.query_one(Log).write_line(step)
+        # A moving bar repeats its step text: log each step once, then only move the bar.
+        if step != self.last_step:
+            self.query_one(Log).write_line(step)
+            self.last_step = step
         bar = self.query_one(ProgressBar)
         if fraction is None:
             bar.update(total=None)

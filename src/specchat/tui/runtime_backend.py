@@ -65,10 +65,8 @@ def runtime_loader(options: EngineOptions, settings: DecodingSettings, offload: 
     name = f"{options.target} + {options.draft}" if options.engine == "specexec" else options.target
 
     def load(progress: Progress) -> RuntimeBackend:
-        # build_runtime reports no steps of its own yet, so the screen shows what is being loaded.
-        progress(f"loading {name}", None)
-        runtime = build_runtime(options, progress=False)
-        progress("models ready", 1.0)
+        # Steps go to the loading screen only: bars on stderr would land in the middle of the app.
+        runtime = build_runtime(options, progress=False, report=progress)
         return RuntimeBackend(
             runtime, name, settings,
             context_tokens=runtime.engine.target.model.config.max_position_embeddings,
