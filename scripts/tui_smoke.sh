@@ -15,6 +15,15 @@ wait_for() {  # wait_for PATTERN SECONDS
     done
     echo "ok: '$1' seen after ${SECONDS}s"
 }
+wait_reply_done() {  # a finished reply leaves the screen unchanged (panels move every iteration)
+    local last="" now stable=0 deadline=$((SECONDS + $1))
+    while ((stable < 8)); do
+        if ((SECONDS > deadline)); then echo "FAIL: reply did not finish"; screen; exit 1; fi
+        now=$(screen | md5sum); [[ "$now" == "$last" ]] && stable=$((stable + 1)) || stable=0
+        last="$now"; sleep 1
+    done
+    echo "ok: reply finished after ${SECONDS}s"
+}
 trap 'tmux kill-session -t "$SESSION" 2>/dev/null || true' EXIT
 tmux new-session -d -s "$SESSION" -x 160 -y 45 "specchat run --temperature 0; sleep 5"
 wait_for "loading" 60
@@ -23,6 +32,7 @@ tmux send-keys -t "$SESSION" "/max-tokens 24" Enter
 tmux send-keys -t "$SESSION" "What is a KV cache? One sentence." Enter
 wait_for "size 16" 300
 wait_for "mean [0-9.]* over" 300
+wait_reply_done 600
 tmux send-keys -t "$SESSION" "/budget 256" Enter
 wait_for "budget 256" 30
 tmux send-keys -t "$SESSION" "/max-tokens 200" Enter
@@ -30,16 +40,17 @@ sleep 2
 tmux send-keys -t "$SESSION" "Write a long story about a tree." Enter
 wait_for "size 256" 600
 # Key-to-screen latency while decoding: type a marker and time until the terminal shows it.
-for marker in zq1 zq2 zq3 zq4 zq5; do
+for marker in zq01 zq02 zq03 zq04 zq05 zq06 zq07 zq08 zq09 zq10 zq11 zq12 zq13 zq14 zq15 zq16 zq17 zq18 zq19 zq20; do
     start=$(date +%s%N)
     tmux send-keys -t "$SESSION" -l "$marker"
     until screen | grep -aq "$marker"; do sleep 0.005; done
     echo "key-to-screen latency while decoding: $(( ($(date +%s%N) - start) / 1000000 )) ms"
-    tmux send-keys -t "$SESSION" BSpace BSpace BSpace
-    sleep 0.5
+    tmux send-keys -t "$SESSION" BSpace BSpace BSpace BSpace
+    sleep 0.3
 done
 tmux send-keys -t "$SESSION" Escape
 wait_for "reply cut" 120
+screen | grep -aq "a reply is being written" && { echo "FAIL: a message was refused"; exit 1; }
 screen | grep -av "^ *▏ *$" | head -60
 tmux send-keys -t "$SESSION" "/quit" Enter
 sleep 3
