@@ -7,9 +7,18 @@ few dozen of those rows.
 """
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from specchat.offload.streamer import TransferStats
+
+
+class WeightStream(Protocol):
+    """What an offloaded model exposes: cumulative transfer statistics."""
+
+    def stats(self) -> TransferStats: ...
 
 
 @dataclass
@@ -17,6 +26,11 @@ class CausalLM:
     """A decoder-only model split into its trunk (to hidden states) and its LM head."""
 
     model: PreTrainedModel
+    stream: WeightStream | None = None  # set when the decoder layers are streamed (offload)
+
+    def transfer_stats(self) -> TransferStats:
+        """Cumulative bytes and seconds of weight streaming (zero for a model in memory)."""
+        return self.stream.stats() if self.stream is not None else TransferStats()
 
     @property
     def device(self) -> torch.device:

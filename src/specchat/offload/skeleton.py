@@ -1,0 +1,94 @@
+"""A model built without its weights (on the meta device), then filled tensor by tensor.
+
+Offloading must never hold the whole model in memory: the module tree is created empty, the
+resident parts (embeddings, final norm, LM head, the first R layers) are filled from the
+checkpoint on the compute device, and every other layer goes straight to layer storage.
+"""
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from specchat.errors import SpecchatError
+from specchat.offload.sources import SafetensorsSource
+from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
+
+_QWEIGHT = ".qweight"
+
+
+def build_skeleton(config: PretrainedConfig, source: SafetensorsSource, dtype: torch.dtype) -> PreTrainedModel:
+    """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones."""
+    spec = read_gptq_spec(config.to_dict())
+    config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if spec is not None:
+        packed = [name[: -len(_QWEIGHT)] for name in source.names() if name.endswith(_QWEIGHT)]
+        replace_linears_with_gptq(model, packed, spec)
+    model.eval()
+    return model
+
+
+def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
+    """The decoder layer list and its dotted name (e.g. 'model.layers')."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise SpecchatError(f"{type(model).__name__} has no decoder layer list: it cannot be offloaded")
+    name = next(n for n, m in model.named_modules() if m is layers)
+    return name, layers
+
+
+def layer_tensors(layer: nn.Module, prefix: str, source: SafetensorsSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A layer's checkpoint tensors, named as in its state_dict; parameters cast to `dtype`,
+    buffers (GPTQ's packed words, scales, group index) kept as the skeleton declares them."""
+    parameters = dict(layer.named_parameters())
+    return {
+        name: source.get(prefix + name).to(dtype if name in parameters else meta.dtype)
+        for name, meta in layer.state_dict().items()
+    }
+
+
+def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Replace `module`'s meta tensors by `tensors` (names relative to module), on `device`."""
+    for name, tensor in tensors.items():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        # A copy, always: a checkpoint tensor may be a view of the memory-mapped file, at an
+        # address whose alignment changes how CPU kernels round.
+        value = tensor.to(device, copy=True)
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+        else:
+            owner._buffers[leaf] = value
+
+
+def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
+                  device: torch.device) -> None:
+    """Load everything outside the decoder layers: embeddings, final norm, LM head, rotary."""
+    outside = {
+        name: meta for name, meta in model.state_dict(keep_vars=True).items()
+        if not name.startswith(layers_name + ".")
+    }
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    present = {name for name in outside if name in source.where}
+    fill(model, {n: source.get(n).to(dtype if n in parameters else outside[n].dtype) for n in present}, device)
+    if model.config.tie_word_embeddings:
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    rebuild_computed_buffers(model, device)
+    still_empty = [n for n, t in model.state_dict(keep_vars=True).items()
+                   if t.is_meta and not n.startswith(layers_name + ".")]
+    if still_empty:
+        raise SpecchatError(f"the checkpoint lacks tensors this model needs: {', '.join(still_empty[:5])}")
+
+
+def rebuild_computed_buffers(model: PreTrainedModel, device: torch.device) -> None:
+    """Buffers that are computed at construction, never saved (rotary frequencies), are still
+    on meta: construct their modules again, for real, on `device`."""
+    for name, module in list(model.named_modules()):
+        computed = [b for b in module._non_persistent_buffers_set if module._buffers.get(b) is not None]
+        if not any(module._buffers[b].is_meta for b in computed):
+            continue
+        with torch.device(device):
+            fresh = type(module)(config=model.config)
+        owner_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner_name), leaf, fresh)

@@ -1,0 +1,36 @@
+"""Reading a checkpoint's tensors one at a time, so a model never has to fit in memory whole."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specchat.errors import SpecchatError
+
+
+class SafetensorsSource:
+    """The tensors of a model directory's *.safetensors files (sharded or not), by name."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files = sorted(directory.glob("*.safetensors"))
+        if not self.files:
+            raise SpecchatError(f"{directory} has no .safetensors files: offloading reads safetensors checkpoints")
+        self.handles = {path: safe_open(str(path), framework="pt") for path in self.files}
+        self.where = {name: path for path, handle in self.handles.items() for name in handle.keys()}
+
+    def names(self) -> list[str]:
+        return list(self.where)
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.where:
+            raise SpecchatError(f"the checkpoint in {self.directory} has no tensor '{name}'")
+        return self.handles[self.where[name]].get_tensor(name)
+
+    def fingerprint(self) -> dict:
+        """Identifies the files' contents cheaply (path, size, modification time)."""
+        return {
+            "files": [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in self.files],
+            "config": json.loads((self.directory / "config.json").read_text()),
+        }

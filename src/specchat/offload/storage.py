@@ -1,0 +1,115 @@
+"""Where streamed layers live between passes: the `ram` tier (one buffer per layer, pinned when
+the compute device is CUDA) and the `disk` tier (one file of per-layer blobs read with O_DIRECT,
+so reads come from the drive and not from the page cache, as with a model larger than RAM)."""
+
+import json
+import os
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict
+from specchat.offload.layout import LayerLayout, pack_into
+
+
+class LayerStore(Protocol):
+    layouts: list[LayerLayout]
+
+    def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Store one layer's tensors (cast to the layout's dtypes)."""
+
+    def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
+        """Host bytes of `layer`: the store's own buffer, or `staging` filled from disk."""
+
+    def nbytes(self, layer: int) -> int: ...
+
+
+class RamStore:
+    def __init__(self, layouts: list[LayerLayout], pin: bool) -> None:
+        self.layouts = layouts
+        self.blobs = [aligned_empty(layout.nbytes, pin=pin) for layout in layouts]
+
+    def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
+        pack_into(self.layouts[layer], tensors, self.blobs[layer])
+
+    def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
+        return self.blobs[layer]
+
+    def nbytes(self, layer: int) -> int:
+        return self.layouts[layer].nbytes
+
+
+def blob_offsets(layouts: list[LayerLayout]) -> list[int]:
+    """Each blob starts on an O_DIRECT boundary, right after the previous one."""
+    offsets, end = [], 0
+    for layout in layouts:
+        offsets.append(end)
+        end += align_up(layout.nbytes)
+    return offsets
+
+
+class DiskStore:
+    """Layers in one file; `fingerprint` names what was written, so a later run with the same
+    model, dtype and layout reuses the file instead of writing it again."""
+
+    def __init__(self, layouts: list[LayerLayout], path: Path, fingerprint: dict) -> None:
+        self.layouts = layouts
+        self.path = path
+        self.offsets = blob_offsets(layouts)
+        self.manifest_path = path.with_suffix(".json")
+        self.fingerprint = {**fingerprint, "layers": [layout_record(layout) for layout in layouts]}
+        self.reader: DirectReader | None = None
+        self.fd: int | None = None
+
+    @property
+    def reusable(self) -> bool:
+        """True when the file on disk holds exactly these layers (its manifest is written last)."""
+        if not (self.path.is_file() and self.manifest_path.is_file()):
+            return False
+        return json.loads(self.manifest_path.read_text()) == self.fingerprint
+
+    def begin_writing(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.manifest_path.unlink(missing_ok=True)  # the old file is no longer what it says
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.scratch = aligned_empty(max(layout.nbytes for layout in self.layouts))
+
+    def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
+        layout = self.layouts[layer]
+        pack_into(layout, tensors, self.scratch)
+        view = memoryview(self.scratch[: align_up(layout.nbytes)].numpy())
+        if os.pwrite(self.fd, view, self.offsets[layer]) != len(view):
+            raise OSError(f"short write to {self.path}")
+
+    def finish_writing(self) -> None:
+        """Make the file durable, record what it holds, and drop it from the page cache."""
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        del self.scratch
+        temp = self.manifest_path.with_suffix(".json.tmp")
+        temp.write_text(json.dumps(self.fingerprint))
+        os.replace(temp, self.manifest_path)
+        evict(self.path)
+
+    def open(self) -> None:
+        evict(self.path)  # a file just written or read by an earlier run may sit in the page cache
+        self.reader = DirectReader(self.path)
+
+    def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
+        size = align_up(self.layouts[layer].nbytes)
+        self.reader.read_into(staging[:size], self.offsets[layer])
+        return staging[:size]
+
+    def nbytes(self, layer: int) -> int:
+        return self.layouts[layer].nbytes
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+
+def layout_record(layout: LayerLayout) -> list:
+    return [[p.name, str(p.dtype), list(p.shape), p.offset] for p in layout.places]

@@ -1,0 +1,116 @@
+"""The layer streamer: a ring of device slots that layers flow through, loads running ahead.
+
+Scheduling is the same on every device; only the transport (how bytes reach a slot and how
+compute waits for them) differs. Streamed layers are loaded in their cyclic compute order
+R, R+1, ..., L-1, R, R+1, ...: when compute releases a slot, the next layer in that order is
+loaded into it at once. So while layer i computes, layers i+1 .. i+S-1 are in flight, and the
+loads that follow the last layer of a pass are the first layers of the next pass: they arrive
+while the draft tree is being built.
+"""
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """Cumulative counters; subtract two snapshots for one interval."""
+
+    bytes: int = 0
+    transfer_s: float = 0.0  # time the loads took (the link busy)
+    stall_s: float = 0.0  # time compute waited for a layer to arrive
+
+    def __sub__(self, other: "TransferStats") -> "TransferStats":
+        return TransferStats(self.bytes - other.bytes, self.transfer_s - other.transfer_s, self.stall_s - other.stall_s)
+
+    @property
+    def gbps(self) -> float:
+        """Throughput of the link while it was busy, in GB/s (1e9 bytes)."""
+        return self.bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
+
+
+class Transport(Protocol):
+    """Moves a layer's bytes into a slot, asynchronously."""
+
+    def begin(self, layer: int, slot: int) -> Any:
+        """Start loading `layer` into `slot`; returns a ticket. The slot is free when called."""
+
+    def finish(self, ticket: Any) -> None:
+        """Make compute wait until the ticket's layer is usable in its slot."""
+
+    def retire(self, slot: int) -> None:
+        """Compute has been issued on `slot`'s contents; later loads may overwrite it after that."""
+
+    def stats(self) -> TransferStats:
+        """Bytes and seconds of the loads completed so far (stall_s is the streamer's)."""
+
+
+@dataclass
+class _Load:
+    layer: int
+    slot: int
+    ticket: Any
+
+
+class Streamer:
+    """Hands out slots holding the layers `order` in turn, keeping the other slots loading."""
+
+    def __init__(self, order: list[int], slots: int, transport: Transport, clock: Callable[[], float] = perf_counter):
+        if slots < 1:
+            raise ValueError("the ring needs at least one slot")
+        self.order = order
+        self.slots = min(slots, len(order))
+        self.transport = transport
+        self.clock = clock
+        self.position = {layer: i for i, layer in enumerate(order)}
+        self.pending: deque[_Load] = deque()
+        self.cursor = 0  # index in `order` of the next layer to load
+        self.stall_s = 0.0
+        self.fill(0)
+
+    def fill(self, start: int) -> None:
+        """Load the first `slots` layers from order[start] on, one per slot."""
+        self.cursor = start
+        for slot in range(self.slots):
+            self.submit(slot)
+
+    def submit(self, slot: int) -> None:
+        layer = self.order[self.cursor]
+        self.pending.append(_Load(layer, slot, self.transport.begin(layer, slot)))
+        self.cursor = (self.cursor + 1) % len(self.order)
+
+    def acquire(self, layer: int) -> int:
+        """The slot holding `layer`, once it has arrived (compute waits, and that is a stall)."""
+        if not self.pending or self.pending[0].layer != layer:
+            self.resync(layer)
+        load = self.pending.popleft()
+        start = self.clock()
+        self.transport.finish(load.ticket)
+        self.stall_s += self.clock() - start
+        return load.slot
+
+    def release(self, slot: int) -> None:
+        """Compute on `slot` has been issued: reuse the slot for the next layer in order."""
+        self.transport.retire(slot)
+        self.submit(slot)
+
+    def resync(self, layer: int) -> None:
+        """Called out of order (a pass was abandoned midway): wait out the loads in flight, so
+        none writes into a slot about to be reused, and restart the ring at `layer`."""
+        if layer not in self.position:
+            raise KeyError(f"layer {layer} is not streamed")
+        while self.pending:
+            self.transport.finish(self.pending.popleft().ticket)
+        self.fill(self.position[layer])
+
+    def stats(self) -> TransferStats:
+        moved = self.transport.stats()
+        return TransferStats(moved.bytes, moved.transfer_s, self.stall_s)
+
+    def drain(self) -> None:
+        """Wait for every load in flight (before freeing the slots)."""
+        for load in self.pending:
+            self.transport.finish(load.ticket)
