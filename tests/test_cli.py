@@ -162,11 +162,26 @@ def test_generate_real_pair_json(monkeypatch, capsys):
     assert record["summary"]["gen_rate"] > 1.0
 
 
+def test_generate_draft_nf4_without_cuda_is_one_line_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--draft-quant", "nf4")
+    assert_one_line_error(code, err, "--draft-quant nf4 needs a CUDA device")
+
+
+def test_generate_offload_dir_that_is_a_file_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--offload", "disk", "--offload-dir", str(afile))
+    assert_one_line_error(code, err, "is a file, not a directory")
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
         (["--temperature", "9"], "--temperature"),
-        (["--offload", "disk"], "--offload disk"),
+        (["--offload", "ssd"], "unknown offload tier 'ssd'"),
+        (["--offload", "disk", "--resident-layers", "-1"], "--resident-layers must be >= 0"),
+        (["--draft-quant", "int3"], "unknown draft quantization 'int3'"),
         (["--target", "no-such-model"], "unknown model"),
         (["--budget", "0"], "--budget"),
     ],

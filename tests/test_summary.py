@@ -37,7 +37,7 @@ def test_summarize_figures() -> None:
 def test_summarize_zero_iterations() -> None:
     assert summarize([], wall_s=0.0) == Summary(
         new_tokens=0, iterations=0, gen_rate=0.0, tokens_per_s=0.0,
-        draft_s=0.0, target_s=0.0, transfer_s=0.0, wall_s=0.0,
+        draft_s=0.0, target_s=0.0, transfer_s=0.0, transfer_bytes=0, stall_s=0.0, wall_s=0.0,
     )
     assert summarize([], wall_s=1.5).tokens_per_s == 0.0
 
@@ -72,3 +72,13 @@ def test_event_record_does_not_alias_the_event() -> None:
     record["extra"]["draft_steps"] = 7
     assert original.token_ids == [1, 2]
     assert original.extra == {"draft_steps": 1}
+
+
+def test_summarize_streaming_figures() -> None:
+    events = [event([1], transfer_s=0.5, transfer_bytes=10**9, stall_s=0.1),
+              event([2], transfer_s=1.5, transfer_bytes=3 * 10**9, stall_s=0.2)]
+    summary = summarize(events, wall_s=3.0)
+    assert summary.transfer_bytes == 4 * 10**9
+    assert summary.stall_s == pytest.approx(0.3)
+    assert summary.transfer_gbps == pytest.approx(2.0)
+    assert summarize([event([1])], wall_s=1.0).transfer_gbps == 0.0

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 from time import perf_counter
 
 import typer
@@ -9,9 +10,15 @@ import typer
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.models.listing import list_models
-from specchat.runtime import EngineOptions, build_runtime, encode_prompt, validate
-from specchat.summary import event_record, summarize
+from specchat.offload.doctor import advise, default_offload_dir, gather, render
+from specchat.runtime import EngineOptions, Runtime, build_runtime, encode_prompt, validate
+from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
+
+OFFLOAD_HELP = "Where the target's decoder layers live: none (on the device), ram, or disk (streamed per pass)."
+OFFLOAD_DIR_HELP = "Directory of the disk tier's layer file (default: the user cache dir)."
+RESIDENT_HELP = "Decoder layers kept on the device when offloading (default: as many as free memory allows)."
+DRAFT_QUANT_HELP = "none | nf4 (the draft in 4-bit through bitsandbytes; CUDA only)."
 
 app = typer.Typer(
     help="Chat with large language models on consumer hardware, fast, by speculative execution.",
@@ -46,6 +53,10 @@ def generate(
     seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens in every engine."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+    offload: str = typer.Option("none", help=OFFLOAD_HELP),
+    offload_dir: str = typer.Option(None, help=OFFLOAD_DIR_HELP),
+    resident_layers: int = typer.Option(None, help=RESIDENT_HELP),
+    draft_quant: str = typer.Option("none", help=DRAFT_QUANT_HELP),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
@@ -53,8 +64,19 @@ def generate(
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
-    options = EngineOptions(target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype)
+    options = EngineOptions(
+        target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+    )
     runtime = build_runtime(options)
+    try:
+        run_generation(runtime, prompt, raw, max_new_tokens, sampling, as_json)
+    finally:
+        runtime.close()
+
+
+def run_generation(runtime: Runtime, prompt: str, raw: bool, max_new_tokens: int, sampling: SamplingParams,
+                   as_json: bool) -> None:
     prompt_ids = encode_prompt(runtime.tokenizer, prompt, raw)
     text = TextStream(runtime.tokenizer)
     events = []
@@ -71,23 +93,34 @@ def generate(
             "text": text.text,
             "token_ids": text.token_ids,
             "iterations": [event_record(e) for e in events],
-            "summary": vars(summary),
+            "summary": {**vars(summary), "transfer_gbps": summary.transfer_gbps},
         }
         print(json.dumps(record))
     else:
         sys.stdout.write(text.finish() + "\n")
         print(
             f"[{summary.new_tokens} tokens, {summary.iterations} iterations, gen rate {summary.gen_rate:.2f}, "
-            f"{summary.tokens_per_s:.2f} tok/s]",
+            f"{summary.tokens_per_s:.2f} tok/s{streaming_note(summary)}]",
             file=sys.stderr,
         )
+
+
+def streaming_note(summary: Summary) -> str:
+    """Weight streaming figures, when the target was offloaded."""
+    if summary.transfer_bytes == 0:
+        return ""
+    return (f", streamed {summary.transfer_bytes / 1e9:.1f} GB at {summary.transfer_gbps:.2f} GB/s, "
+            f"stalled {summary.stall_s:.1f} s")
 
 
 @app.command()
 def run(
     target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
     draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
-    offload: str = typer.Option("none", help="Where the target's weights live: none (more tiers arrive with offloading)."),
+    offload: str = typer.Option("none", help=OFFLOAD_HELP),
+    offload_dir: str = typer.Option(None, help=OFFLOAD_DIR_HELP),
+    resident_layers: int = typer.Option(None, help=RESIDENT_HELP),
+    draft_quant: str = typer.Option("none", help=DRAFT_QUANT_HELP),
     budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
     temperature: float = typer.Option(0.6, help="0 = greedy."),
     top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
@@ -102,14 +135,15 @@ def run(
     from specchat.tui.store import ConversationStore
 
     sampling = check_sampling(temperature, top_p, seed, 1)
-    if offload != "none":
-        raise SpecchatError(f"--offload {offload} is not available yet: only 'none' (the target in memory)")
-    options = EngineOptions(target=target, draft=draft, budget=budget, dtype=dtype)
+    options = EngineOptions(
+        target=target, draft=draft, budget=budget, dtype=dtype,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+    )
     validate(options)
     settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed)
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
-    SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings, offload)).run()
+    SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings)).run()
 
 
 @app.command()
@@ -120,6 +154,17 @@ def models() -> None:
     for r in rows:
         mark = "yes" if r.available else "no"
         print(f"{r.alias:<{width}}  {r.source:<42}  {r.role:<28}  local: {mark:<3}  {r.where}")
+
+
+@app.command()
+def doctor(
+    offload_dir: Path = typer.Option(None, help="Where offloaded weights go (default: <cache>/offload)."),
+    probe_gb: float = typer.Option(1.0, help="Size in GB of the probe file for the disk read bandwidth."),
+) -> None:
+    """Report devices, memory and bandwidths; recommend an offload tier and a draft budget."""
+    print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
+    facts = gather(offload_dir or default_offload_dir(), probe_gb)
+    print(render(facts, advise(facts)))
 
 
 def main() -> None:

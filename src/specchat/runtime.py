@@ -1,6 +1,7 @@
 """Building a ready-to-run engine from user-facing options (shared by the CLI and, later, the TUI)."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -13,12 +14,17 @@ from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
 from specchat.errors import SpecchatError
 from specchat.models.compat import check_tokenizers_compatible
-from specchat.models.loading import load, resolve
+from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
+from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.offload.runner import Offload, OffloadPlan
+from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
 
 ENGINES = ("autoregressive", "specexec")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+OFFLOAD_TIERS = ("none", "ram", "disk")
+DRAFT_QUANTS = ("none", "nf4")
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,10 @@ class EngineOptions:
     budget: int | None = None  # None: suited to the device
     max_depth: int = 24
     dtype: str = "bfloat16"
+    offload: str = "none"  # where the target's decoder layers live: none (on the device), ram, disk
+    offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
+    resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
+    draft_quant: str = "none"  # nf4: the draft in 4-bit through bitsandbytes (CUDA only)
 
 
 @dataclass
@@ -36,15 +46,25 @@ class Runtime:
     engine: Engine
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
+    offload: Offload | None = None
+
+    def close(self) -> None:
+        """Stop the weight streamer's loader thread and close the layer file."""
+        if self.offload is not None:
+            self.offload.close()
 
 
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def default_budget(device: torch.device) -> int:
+def default_budget(device: torch.device, offloaded: bool) -> int:
     """In memory on a CPU the draft costs ~0.4x the target per step, so small trees pay best
-    (docs/benchmarks.md); a GPU scores hundreds of tokens for the price of a few."""
+    (docs/benchmarks.md); a GPU scores hundreds of tokens for the price of a few. Offloaded, a
+    target pass costs the weights' transfer time whatever the tree size, so trees grow large;
+    on a CPU drafting a tree of more than a few hundred tokens costs more than it gains."""
+    if offloaded:
+        return 1024 if device.type == "cuda" else 256
     return 256 if device.type == "cuda" else 16
 
 
@@ -58,6 +78,14 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"--budget must be between 1 and 8192 (got {options.budget})")
     if not 1 <= options.max_depth <= 256:
         raise SpecchatError(f"--max-depth must be between 1 and 256 (got {options.max_depth})")
+    if options.offload not in OFFLOAD_TIERS:
+        raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
+    if options.resident_layers is not None and options.resident_layers < 0:
+        raise SpecchatError(f"--resident-layers must be >= 0 (got {options.resident_layers})")
+    if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
+        raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
+    if options.draft_quant not in DRAFT_QUANTS:
+        raise SpecchatError(f"unknown draft quantization '{options.draft_quant}': choose one of {', '.join(DRAFT_QUANTS)}")
     resolve(options.target)
     if options.engine == "specexec":
         resolve(options.draft)
@@ -72,22 +100,39 @@ def build_runtime(options: EngineOptions, progress: bool = True, report: Report 
     reporter = Reporter(progress, report)
     device = pick_device()
     dtype = DTYPES[options.dtype]
-    target = load(options.target, dtype, progress, report)
-    reporter.step(f"moving {target.name} to {device.type}")
-    target.model.to(device)
+    quantization = draft_quantization(options.draft_quant, device, dtype) if options.engine == "specexec" else None
+    target, offload = load_target(options, device, dtype, reporter)
     stops = stop_token_ids(target.model, target.tokenizer)
+    target_lm = CausalLM(target.model, offload)
     if options.engine == "autoregressive":
-        engine: Engine = AutoregressiveEngine(CausalLM(target.model), stops)
+        engine: Engine = AutoregressiveEngine(target_lm, stops)
     else:
-        draft = load(options.draft, dtype, progress, report)
+        draft = load(options.draft, dtype, progress, report, quantization=quantization, device=device)
         check_tokenizers_compatible(draft.tokenizer, target.tokenizer)
-        reporter.step(f"moving {draft.name} to {device.type}")
-        draft.model.to(device)
-        budget = options.budget if options.budget is not None else default_budget(device)
+        if quantization is None:
+            reporter.step(f"moving {draft.name} to {device.type}")
+            draft.model.to(device)
+        budget = options.budget if options.budget is not None else default_budget(device, offload is not None)
         shape = TreeShape(budget=budget, max_depth=options.max_depth)
-        engine = SpecExecEngine(CausalLM(target.model), CausalLM(draft.model), stops, shape)
+        engine = SpecExecEngine(target_lm, CausalLM(draft.model), stops, shape)
     reporter.step("ready", 1.0)
-    return Runtime(engine=engine, tokenizer=target.tokenizer, device=device)
+    return Runtime(engine=engine, tokenizer=target.tokenizer, device=device, offload=offload)
+
+
+def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype,
+                reporter: Reporter) -> tuple[LoadedModel, Offload | None]:
+    """The target in device memory, or with its decoder layers streamed from RAM or disk."""
+    if options.offload == "none":
+        target = load(options.target, dtype, reporter.bars, reporter.report)
+        reporter.step(f"moving {target.name} to {device.type}")
+        target.model.to(device)
+        return target, None
+    plan = OffloadPlan(
+        tier=options.offload,
+        offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else cache_dir() / "offload",
+        resident_layers=options.resident_layers,
+    )
+    return load_offloaded(options.target, dtype, device, plan, reporter)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) -> list[int]:

@@ -14,7 +14,14 @@ class Summary:
     draft_s: float
     target_s: float
     transfer_s: float
+    transfer_bytes: int
+    stall_s: float  # target compute waiting for streamed weights
     wall_s: float
+
+    @property
+    def transfer_gbps(self) -> float:
+        """Weight streaming throughput while the link was busy, GB/s (1e9 bytes)."""
+        return self.transfer_bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
 
 
 def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
@@ -28,6 +35,8 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
         draft_s=sum(e.draft_s for e in events),
         target_s=sum(e.target_s for e in events),
         transfer_s=sum(e.transfer_s for e in events),
+        transfer_bytes=sum(e.transfer_bytes for e in events),
+        stall_s=sum(e.stall_s for e in events),
         wall_s=wall_s,
     )
 

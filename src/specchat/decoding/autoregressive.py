@@ -25,14 +25,16 @@ class AutoregressiveEngine:
         tokens = torch.tensor(prompt_ids)
         position = len(prompt_ids)
         for produced in range(1, max_new_tokens + 1):
-            start = perf_counter()
+            start, moved = perf_counter(), self.target.transfer_stats()
             hidden = self.target.hidden(tokens, torch.arange(position - tokens.numel(), position), cache)
             token = sample_token(self.target.logits(hidden[-1:])[0], sampling, position)
             elapsed = perf_counter() - start
+            moved = self.target.transfer_stats() - moved
             finished = token in self.stop_ids or produced == max_new_tokens
             yield IterationEvent(
                 token_ids=[token], accepted=0, tree_size=0, depth=0,
-                draft_s=0.0, target_s=elapsed, finished=finished,
+                draft_s=0.0, target_s=elapsed, transfer_s=moved.transfer_s, transfer_bytes=moved.bytes,
+                stall_s=moved.stall_s, finished=finished,
             )
             if finished:
                 return

@@ -24,8 +24,9 @@ class IterationEvent:
     depth: int  # depth of the draft tree
     draft_s: float
     target_s: float
-    transfer_s: float = 0.0
-    transfer_bytes: int = 0
+    transfer_s: float = 0.0  # time the target's weight streaming was busy (offload)
+    transfer_bytes: int = 0  # target weight bytes streamed during the iteration
+    stall_s: float = 0.0  # time the target's compute waited for streamed weights
     finished: bool = False  # True on the last event (EOS or token limit)
     extra: dict = field(default_factory=dict)
 

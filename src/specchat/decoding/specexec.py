@@ -71,7 +71,7 @@ class SpecExecEngine:
         prefill_s = perf_counter() - start
         produced = 0
         while produced < max_new_tokens:
-            start = perf_counter()
+            start, moved = perf_counter(), self.target.transfer_stats()
             grown = grow_tree(
                 self.draft, draft_cache, torch.tensor(seq[cache_length(draft_cache):]),
                 cache_length(draft_cache), self.shape, sampling.temperature,
@@ -83,6 +83,7 @@ class SpecExecEngine:
             self.prune_draft_cache(draft_cache, grown, verdict, len(seq))
             seq.extend(verdict.tokens)
             produced += len(verdict.tokens)
+            moved = self.target.transfer_stats() - moved
             yield IterationEvent(
                 token_ids=verdict.tokens,
                 accepted=verdict.accepted,
@@ -90,6 +91,9 @@ class SpecExecEngine:
                 depth=grown.tree.depth,
                 draft_s=drafted - start,
                 target_s=target_s,
+                transfer_s=moved.transfer_s,
+                transfer_bytes=moved.bytes,
+                stall_s=moved.stall_s,
                 finished=verdict.stopped or produced >= max_new_tokens,
                 extra={"draft_steps": grown.steps},
             )

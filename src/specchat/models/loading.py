@@ -1,5 +1,6 @@
 """Turning a model spec (alias, local directory, .gguf file or hub id) into a model and tokenizer."""
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,9 @@ from specchat.errors import SpecchatError
 from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
 from specchat.models.registry import find_alias
+from specchat.offload.runner import Offload, OffloadPlan, offload_model
 from specchat.progress import Report, Reporter, transformers_bars
+from specchat.quant.gptq import read_gptq_spec
 
 SourceKind = Literal["embedded", "hub", "dir", "gguf"]
 
@@ -57,23 +60,51 @@ def resolve(spec: str) -> ModelSource:
     )
 
 
-def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None) -> LoadedModel:
+def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
+         quantization: object | None = None, device: torch.device | None = None) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
+    A `quantization` config (bitsandbytes) loads the weights quantized, straight onto `device`.
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)
     reporter.step(f"loading {source.name}")
     directory, gguf_file = materialize(source, reporter)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    if gguf_file is None and is_gptq(directory):
+        # transformers would need optimum and a GPTQ kernel library; our own loader needs neither.
+        model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter)
+        return LoadedModel(model, tokenizer, source.name, source)
+    quantized = {} if quantization is None else {"quantization_config": quantization, "device_map": {"": device}}
     with transformers_bars(reporter, lambda desc: f"loading {source.name} weights"):
         model = AutoModelForCausalLM.from_pretrained(
-            directory, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa"
+            directory, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa", **quantized
         )
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, source.name, source)
+
+
+def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
+                   reporter: Reporter) -> tuple[LoadedModel, Offload]:
+    """Load `spec` with its decoder layers streamed from `plan.tier` (see specchat.offload)."""
+    source = resolve(spec)
+    reporter.step(f"loading {source.name}, decoder layers offloaded to {plan.tier}")
+    directory, gguf_file = materialize(source, reporter)
+    if gguf_file is not None:
+        raise SpecchatError(
+            f"offloading reads safetensors checkpoints, and {source.name} is a .gguf file: "
+            "use a model directory or hub id (the embedded models are converted automatically)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model, offload = offload_model(directory, source.name, dtype, device, plan, reporter)
+    return LoadedModel(model, tokenizer, source.name, source), offload
+
+
+def is_gptq(directory: Path) -> bool:
+    """True when the checkpoint holds GPTQ packed 4-bit weights (config.json says so)."""
+    return read_gptq_spec(json.loads((directory / "config.json").read_text())) is not None
 
 
 def materialize(source: ModelSource, reporter: Reporter) -> tuple[Path, str | None]:

@@ -57,15 +57,16 @@ class Offload:
             self.store.close()
 
 
-def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
+def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan | None,
                   reporter: Reporter) -> tuple[PreTrainedModel, Offload]:
-    """Load the model in `directory` (safetensors) with its decoder layers offloaded per `plan`."""
+    """Load the model in `directory` (safetensors) with its decoder layers offloaded per `plan`;
+    no plan keeps every layer on the device (how GPTQ checkpoints load without offloading)."""
     source = SafetensorsSource(directory)
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype)
     layers_name, layers = decoder_layers(model)
     fill_resident(model, layers_name, source, dtype, device)
     layouts = [layout_of(layer) for layer in layers]
-    resident = plan.resident_layers
+    resident = len(layers) if plan is None else plan.resident_layers
     if resident is None:
         resident = default_resident_layers(layouts, device, plan.slots)
     if not 0 <= resident <= len(layers):

@@ -59,7 +59,7 @@ class RuntimeBackend:
         return self.engine
 
 
-def runtime_loader(options: EngineOptions, settings: DecodingSettings, offload: str = "none") -> Loader:
+def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader:
     """A loader for SpecchatApp that builds the runtime for `options` behind the loading screen."""
 
     name = f"{options.target} + {options.draft}" if options.engine == "specexec" else options.target
@@ -70,7 +70,7 @@ def runtime_loader(options: EngineOptions, settings: DecodingSettings, offload: 
         return RuntimeBackend(
             runtime, name, settings,
             context_tokens=runtime.engine.target.model.config.max_position_embeddings,
-            transfer_label=transfer_label(runtime.device.type, offload),
+            transfer_label=transfer_label(runtime.device.type, options.offload),
         )
 
     return load

@@ -1,0 +1,128 @@
+"""Round-to-nearest 4-bit quantization into the GPTQ checkpoint format, and a writer for
+TheBloke-style GPTQ model directories: tiny checkpoints for tests, and 4-bit copies of real
+models for comparing bytes moved. RTN is not GPTQ's error-compensating solver; the file format,
+which is all a loader sees, is the same.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from specchat.quant.gptq import GPTQSpec, check_supported, group_count, pack_int4_cols, pack_int4_rows
+
+MAX_Q = 15
+
+
+@dataclass(frozen=True)
+class QuantizedLinear:
+    weight: Tensor  # int [O, I], 0..15
+    zeros: Tensor  # int [G, O], 1..15 (the v1 format cannot store 0)
+    scales: Tensor  # float16 [G, O]
+    g_idx: Tensor  # int32 [I]
+
+
+def quantize_rtn(weight: Tensor, group_size: int, sym: bool, act_order: bool) -> QuantizedLinear:
+    """Round each weight to the nearest point of its (group, output column) grid
+    scale * (q - zero), q in 0..15; every element lands within scale / 2 of its value."""
+    w = weight.detach().float()
+    g_idx = group_index(w, group_size, act_order)
+    groups = g_idx.long().expand_as(w)
+    empty = torch.zeros(w.shape[0], group_count(w.shape[1], group_size), device=w.device)
+    # Every grid contains 0, so the range is widened to include it (as GPTQ does).
+    low = empty.scatter_reduce(1, groups, w, "amin", include_self=False).clamp(max=0)
+    high = empty.scatter_reduce(1, groups, w, "amax", include_self=False).clamp(min=0)
+    scales, zeros = symmetric_grid(low, high) if sym else asymmetric_grid(low, high)
+    q = torch.round(w / scales.float().gather(1, groups) + zeros.gather(1, groups)).clamp(0, MAX_Q)
+    return QuantizedLinear(q.to(torch.uint8), zeros.t().to(torch.uint8), scales.t().contiguous(), g_idx)
+
+
+def group_index(w: Tensor, group_size: int, act_order: bool) -> Tensor:
+    """g_idx [I]; with act-order, rows are grouped in order of descending column norm, the way
+    GPTQ groups them in order of descending activation size."""
+    size = w.shape[1] if group_size == -1 else group_size
+    order = torch.argsort(w.norm(dim=0), descending=True, stable=True) if act_order \
+        else torch.arange(w.shape[1], device=w.device)
+    g_idx = torch.empty(w.shape[1], dtype=torch.int32, device=w.device)
+    g_idx[order] = (torch.arange(w.shape[1], device=w.device) // size).to(torch.int32)
+    return g_idx
+
+
+def fp16_at_least(x: Tensor) -> Tensor:
+    """x rounded up into float16 (normal range): the stored scale must not be smaller than the one
+    the grid was sized with. Rounding to nearest loses at most 2**-11 relative, 2**-10 covers it."""
+    return (x * (1 + 2**-10)).clamp(min=torch.finfo(torch.float16).tiny).to(torch.float16)
+
+
+def symmetric_grid(low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+    # zero 8, grid [-8s, 7s] with s = 2 max|w| / 15: max|w| - 7s = s / 2 at worst.
+    scales = fp16_at_least(2 * torch.maximum(-low, high) / MAX_Q)
+    return scales, torch.full_like(low, 8)
+
+
+def asymmetric_grid(low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+    # s = (high - low) / 15, zero = round(-low / s): both ends lie within s / 2 of the grid.
+    scales = fp16_at_least((high - low) / MAX_Q)
+    zeros = torch.round(-low / scales.float())
+    # v1 stores zero - 1, so zero 0 is out. It only arises when -low < s / 2; then s' = high / 14
+    # exceeds s, and the grid [-s', 14 s'] with zero 1 still covers [low, high].
+    scales = torch.where(zeros == 0, fp16_at_least(high / (MAX_Q - 1)), scales)
+    return scales, zeros.clamp(min=1)
+
+
+def pack_gptq(q: QuantizedLinear, bias: Tensor | None) -> dict[str, Tensor]:
+    """The tensors one module contributes to a GPTQ v1 checkpoint."""
+    if (q.zeros < 1).any():
+        raise ValueError("GPTQ v1 checkpoints cannot store a zero point of 0")
+    packed = {
+        "qweight": pack_int4_rows(q.weight.t()),
+        "qzeros": pack_int4_cols(q.zeros.to(torch.int64) - 1),
+        "scales": q.scales.to(torch.float16).contiguous(),
+        "g_idx": q.g_idx.to(torch.int32),
+    }
+    if bias is not None:
+        packed["bias"] = bias.detach().to(torch.float16).contiguous()
+    return packed
+
+
+def decoder_linears(model: PreTrainedModel) -> dict[str, nn.Linear]:
+    """Every nn.Linear inside the decoder layers, by its full module name."""
+    inside = {id(module) for module in model.get_decoder().layers.modules()}
+    return {
+        name: module for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and id(module) in inside
+    }
+
+
+def checkpoint_tensors(model: PreTrainedModel, spec: GPTQSpec) -> dict[str, Tensor]:
+    linears = decoder_linears(model)
+    tensors = {}
+    for name, linear in linears.items():
+        q = quantize_rtn(linear.weight, spec.group_size, spec.sym, spec.desc_act)
+        tensors.update({f"{name}.{key}": t for key, t in pack_gptq(q, linear.bias).items()})
+    replaced = {f"{name}.{kind}" for name in linears for kind in ("weight", "bias")}
+    stored = set()
+    for key, t in model.state_dict().items():
+        # Tied weights share storage; save them once, under the first name, as save_pretrained does.
+        if key in replaced or t.data_ptr() in stored:
+            continue
+        stored.add(t.data_ptr())
+        tensors[key] = t.detach().to(torch.float16).contiguous()
+    return tensors
+
+
+def write_gptq_checkpoint(model: PreTrainedModel, out_dir: Path, spec: GPTQSpec) -> Path:
+    """Write `model` as a GPTQ directory: decoder-layer Linears RTN-quantized to 4 bits, every
+    other tensor in float16. Returns `out_dir`."""
+    settings = {"quant_method": "gptq", "checkpoint_format": "gptq", **asdict(spec)}
+    check_supported(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(checkpoint_tensors(model, spec), out_dir / "model.safetensors", metadata={"format": "pt"})
+    config = model.config.to_dict() | {"dtype": "float16", "quantization_config": settings}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "quantize_config.json").write_text(json.dumps(settings, indent=2))
+    return out_dir
