@@ -10,6 +10,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
+from specchat.models.loading import load
 from specchat.offload.runner import OffloadPlan, offload_model
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.progress import Reporter
@@ -31,14 +32,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def in_memory(directory: Path) -> CausalLM:
-    """The model loaded as usual, then copied into fresh tensors: from_pretrained may leave the
-    weights memory-mapped at 8-byte-aligned addresses, and CPU kernels round differently on
-    unaligned data (~1e-7); offloaded weights sit on aligned addresses, so compare like for like."""
-    model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.data = parameter.data.clone()
-    return CausalLM(model)
+    return CausalLM(load(str(directory), torch.float32, progress=False).model)
 
 
 def offloaded(directory: Path, tier: str, tmp_path: Path, resident: int | None = 1, slots: int = 2):

@@ -83,7 +83,21 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
         )
     model.eval()
     model.requires_grad_(False)
+    own_aligned_weights(model)
     return LoadedModel(model, tokenizer, source.name, source)
+
+
+def own_aligned_weights(model: PreTrainedModel) -> None:
+    """Copy weights that are still views of the memory-mapped checkpoint into fresh memory.
+
+    safetensors places tensors at 8-byte-aligned file offsets; CPU matmul kernels round
+    differently on such addresses than on the allocator's 64-byte-aligned ones (~1e-7 relative),
+    so without this the same weights give slightly different logits in memory and offloaded.
+    """
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.device.type == "cpu" and parameter.data_ptr() % 64:
+                parameter.data = parameter.data.clone()
 
 
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,

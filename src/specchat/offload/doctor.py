@@ -213,7 +213,7 @@ def recommend(
     size = gb(target_bytes)
     if need <= (device_free if cuda else ram_available):
         room = f"GPU memory ({gb(device_free)} free)" if cuda else f"RAM ({gb(ram_available)} available)"
-        why = "a GPU scores hundreds of tokens for the price of a few" if cuda else "a CPU's draft is costly, small trees pay"
+        why = "a GPU scores hundreds of tokens for the price of a few" if cuda else "on a CPU small trees pay"
         reason = f"the weights ({size}) fit in {room} with 20% headroom; {why}"
         return Recommendation("none", 256 if cuda else 16, reason)
     if cuda and need <= ram_available:

@@ -1,0 +1,170 @@
+"""Uncached aligned reads: data round-trips, chunks assemble in order, errors are clear, and the
+buffered + fadvise fallback works where O_DIRECT is refused."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specchat.errors import SpecchatError
+from specchat.offload.direct_io import (
+    ALIGN,
+    DirectReader,
+    align_up,
+    aligned_empty,
+    evict,
+    measure_read_gbps,
+    write_blob,
+)
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def data_file(tmp_path) -> tuple[Path, torch.Tensor]:
+    """A 3 MiB + 2 pages file of random bytes, and those bytes."""
+    data = torch.randint(0, 256, (3 * MiB + 2 * ALIGN,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "blobs.bin"
+    path.write_bytes(data.numpy().tobytes())
+    return path, data
+
+
+@pytest.fixture
+def refuse_direct(monkeypatch):
+    """Make every O_DIRECT open fail with EINVAL, as tmpfs and some other filesystems do."""
+    real_open = os.open
+
+    def fake_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", fake_open)
+
+
+def test_align_up():
+    assert [align_up(n) for n in (0, 1, ALIGN, ALIGN + 1)] == [0, ALIGN, ALIGN, 2 * ALIGN]
+
+
+@pytest.mark.parametrize("nbytes", [1, ALIGN, 3 * ALIGN + 5, MiB])
+def test_aligned_empty_is_aligned_and_sized(nbytes):
+    buffer = aligned_empty(nbytes)
+    assert buffer.dtype == torch.uint8 and buffer.is_contiguous()
+    assert buffer.data_ptr() % ALIGN == 0
+    assert buffer.numel() == align_up(nbytes)
+
+
+def test_aligned_empty_pin_without_cuda_still_aligned():
+    buffer = aligned_empty(ALIGN, pin=True)
+    assert buffer.data_ptr() % ALIGN == 0
+    assert buffer.is_pinned() == torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("offset", [0, ALIGN, MiB])
+def test_read_returns_written_bytes(data_file, offset):
+    path, data = data_file
+    buffer = aligned_empty(MiB + ALIGN)
+    with DirectReader(path) as reader:
+        assert reader.read_into(buffer, offset) == buffer.numel()
+    assert torch.equal(buffer, data[offset : offset + buffer.numel()])
+
+
+def test_chunks_assemble_in_order(data_file):
+    path, data = data_file
+    buffer = aligned_empty(data.numel())
+    with DirectReader(path, chunk_bytes=64 * 1024, threads=4) as reader:  # 49 chunks, 4 at a time
+        reader.read_into(buffer, 0)
+    assert torch.equal(buffer, data)
+
+
+def test_fallback_reads_buffered(data_file, refuse_direct):
+    path, data = data_file
+    buffer = aligned_empty(data.numel())
+    with DirectReader(path, chunk_bytes=MiB) as reader:
+        assert not reader.direct
+        reader.read_into(buffer, 0)
+    assert torch.equal(buffer, data)
+
+
+def test_fallback_when_the_first_direct_read_is_refused(data_file, monkeypatch):
+    """Some filesystems accept O_DIRECT at open and refuse it at the first read."""
+    path, data = data_file
+    real_preadv = os.preadv
+    calls = []
+
+    def preadv_refusing_first(fd, buffers, offset):
+        calls.append(offset)
+        if len(calls) == 1:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv_refusing_first)
+    buffer = aligned_empty(data.numel())
+    with DirectReader(path) as reader:
+        assert not reader.direct
+        reader.read_into(buffer, 0)
+    assert torch.equal(buffer, data)
+
+
+def test_misaligned_offset_is_refused(data_file):
+    path, _ = data_file
+    with DirectReader(path) as reader, pytest.raises(ValueError, match="offset 100 is not"):
+        reader.read_into(aligned_empty(ALIGN), 100)
+
+
+def test_misaligned_buffer_is_refused(data_file):
+    path, _ = data_file
+    base = aligned_empty(3 * ALIGN)
+    with DirectReader(path) as reader:
+        with pytest.raises(ValueError, match="length 100 is not a multiple"):
+            reader.read_into(base[:100], 0)
+        with pytest.raises(ValueError, match="address is not"):
+            reader.read_into(base[1 : 1 + ALIGN], 0)
+        with pytest.raises(ValueError, match="contiguous CPU uint8"):
+            reader.read_into(torch.zeros(ALIGN, dtype=torch.int32), 0)
+
+
+def test_short_read_is_a_clear_error(data_file):
+    path, data = data_file
+    with DirectReader(path) as reader, pytest.raises(SpecchatError, match="short read .* truncated"):
+        reader.read_into(aligned_empty(2 * MiB), 2 * MiB)
+
+
+def test_write_blob_pads_to_alignment(tmp_path):
+    path = tmp_path / "out.bin"
+    first = torch.arange(10, dtype=torch.float32)
+    second = torch.arange(3000, dtype=torch.int16)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert write_blob(fd, first, 0) == ALIGN
+        assert write_blob(fd, second, ALIGN) == 2 * ALIGN
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    evict(path)
+    buffer = aligned_empty(3 * ALIGN)
+    with DirectReader(path) as reader:
+        reader.read_into(buffer, 0)
+    assert torch.equal(buffer[:40].view(torch.float32), first)
+    assert torch.equal(buffer[ALIGN : ALIGN + 6000].view(torch.int16), second)
+    assert not buffer[40:ALIGN].any() and not buffer[ALIGN + 6000 :].any()
+
+
+def test_write_blob_refuses_misaligned_offset(tmp_path):
+    fd = os.open(tmp_path / "out.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(ValueError, match="offset 10"):
+            write_blob(fd, torch.zeros(4), 10)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_measure_read_gbps_is_positive(data_file, request, direct):
+    if not direct:
+        request.getfixturevalue("refuse_direct")
+    path, _ = data_file
+    assert measure_read_gbps(path, block_bytes=MiB) > 0
+    assert measure_read_gbps(path, total_bytes=MiB + 100) > 0  # rounded down to whole pages

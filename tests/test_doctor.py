@@ -1,0 +1,114 @@
+"""`specchat doctor`: the recommendation rule, the report, and the command end to end."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from specchat.cli import main
+from specchat.offload.doctor import CudaDevice, Facts, Recommendation, advise, recommend, render
+
+GB = 10**9
+TARGET = 3 * GB  # needs 3.6 GB with 20% headroom
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["specchat", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+@pytest.mark.parametrize(
+    ("device_free", "ram_available", "tier", "budget"),
+    [
+        (None, 16 * GB, "none", 16),  # CPU, fits in RAM
+        (None, 3 * GB, "disk", 256),  # CPU, fits in RAM only without headroom
+        (8 * GB, 16 * GB, "none", 256),  # GPU, fits in its memory
+        (2 * GB, 16 * GB, "ram", 1024),  # GPU too small, RAM large enough
+        (2 * GB, 3 * GB, "disk", 1024),  # neither
+    ],
+)
+def test_recommend_tiers_and_budgets(device_free, ram_available, tier, budget):
+    rec = recommend(TARGET, device_free, ram_available, disk_gbps=1.5, h2d_gbps=12.0)
+    assert (rec.tier, rec.budget) == (tier, budget)
+
+
+def test_recommend_explains_the_transfer_cost():
+    disk = recommend(TARGET, None, 2 * GB, disk_gbps=1.5, h2d_gbps=None)
+    assert "1.50 GB/s" in disk.reason and "~2.0 s" in disk.reason and "flat in tree size" in disk.reason
+    ram = recommend(TARGET, GB, 16 * GB, disk_gbps=1.5, h2d_gbps=12.0)
+    assert "pinned RAM at 12.00 GB/s" in ram.reason and "~0.2 s" in ram.reason
+    assert "headroom" in recommend(TARGET, None, 16 * GB, 1.5, None).reason
+
+
+def facts(**changes) -> Facts:
+    base = dict(
+        cpu="Test CPU", cores=2, threads=4, torch_version="2.9.0", cuda=(), ram_total=32 * GB,
+        ram_available=20 * GB, offload_dir=Path("/data/offload"), disk_free=100 * GB, h2d_gbps=None,
+        disk_gbps=1.8, direct=True, probe_bytes=GB, target="qwen2.5-coder-1.5b", target_bytes=TARGET,
+    )
+    return Facts(**{**base, **changes})
+
+
+def test_render_cpu_report():
+    report = render(facts(), Recommendation("none", 16, "because"))
+    for line in (
+        "  cpu            Test CPU (2 cores, 4 threads)",
+        "  cuda           no CUDA device",
+        "  ram            32.00 GB total, 20.00 GB available",
+        "  disk           100.00 GB free at /data/offload",
+        "  host->device   no CUDA: skipped",
+        "  disk read      1.80 GB/s (O_DIRECT; 1.00 GB probe)",
+        "  target         qwen2.5-coder-1.5b: 3.00 GB in bfloat16",
+        "  offload        none",
+        "  budget         16",
+        "  why            because",
+    ):
+        assert line in report.splitlines()
+
+
+def test_render_cuda_and_fallback():
+    gpu = CudaDevice("Test GPU", 24 * GB, 20 * GB)
+    report = render(facts(cuda=(gpu,), h2d_gbps=12.5, direct=False), Recommendation("ram", 1024, "x"))
+    assert "  cuda:0         Test GPU: 24.00 GB total, 20.00 GB free" in report
+    assert "12.50 GB/s (pinned memory)" in report
+    assert "buffered + fadvise DONTNEED" in report
+
+
+def test_advise_uses_the_first_cuda_device():
+    small = CudaDevice("small", 4 * GB, GB)
+    assert advise(facts(cuda=(small,), h2d_gbps=10.0)).tier == "ram"
+    assert advise(facts()).tier == "none"
+
+
+def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):
+    offload = tmp_path / "offload"
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--probe-gb", "0.01", "--offload-dir", str(offload))
+    assert code == 0, out
+    assert re.search(r"disk read +\d+\.\d\d GB/s \(", out)
+    assert re.search(r"offload +(none|ram|disk)\n +budget +\d+", out)
+    assert offload.is_dir() and not any(offload.iterdir())  # the probe file is gone
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--probe-gb", "0"), "--probe-gb must be a positive"),
+        (("--probe-gb", "-1"), "--probe-gb must be a positive"),
+        (("--probe-gb", "1e9"), "needs"),  # more than the free disk space
+        (("--offload-dir", "{tmp}/afile"), "is a file, not a directory"),
+        (("--offload-dir", "{tmp}/afile/sub"), "cannot create the offload directory"),
+    ],
+)
+def test_doctor_bad_arguments(monkeypatch, capsys, tmp_path, args, fragment):
+    (tmp_path / "afile").write_text("x")
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    if "--offload-dir" not in args:
+        args += ["--offload-dir", str(tmp_path / "offload")]
+    code, out, err = run_cli(monkeypatch, capsys, "doctor", *args)
+    lines = [line for line in err.splitlines() if not line.startswith("measuring")]
+    assert code == 2 and out == ""
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], err
