@@ -7,8 +7,6 @@ Prints a markdown table; with --record it also appends it, with date, machine an
 """
 
 import argparse
-import os
-import platform
 import shlex
 import sys
 from datetime import date
@@ -17,6 +15,7 @@ from time import perf_counter
 import torch
 
 from specchat.bench.datasets import mtbench_first_turns
+from specchat.bench.machine import describe_machine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -40,15 +39,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--record", help="append the results to this markdown file")
     return parser.parse_args()
-
-
-def machine() -> str:
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {memory_gib:.0f} GiB, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, no GPU"
-        if not torch.cuda.is_available() else torch.cuda.get_device_name()
-    )
 
 
 def measure(engine, prompts: list[list[int]], args, budget: int) -> dict:
@@ -110,7 +100,7 @@ def main() -> None:
 def record_header(args: argparse.Namespace) -> None:
     header = (
         f"\n## SpecExec gen rate, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
-        f"- Machine: {machine()}\n- Command: `python {shlex.join(sys.argv)}`\n"
+        f"- Machine: {describe_machine()}\n- Command: `python {shlex.join(sys.argv)}`\n"
         f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, "
         f"t={args.temperature}, top-p={args.top_p}, {args.dtype}, max depth {args.max_depth}\n\n"
     )

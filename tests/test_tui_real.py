@@ -4,6 +4,7 @@ import asyncio
 from time import perf_counter
 
 import pytest
+from textual.widgets import Static
 
 from specchat.runtime import EngineOptions
 from specchat.tui.app import SpecchatApp
@@ -21,8 +22,10 @@ async def wait_until(pilot, condition, seconds: float) -> None:
         await pilot.pause(0.1)
 
 
-def test_real_pair_reply_fills_the_panels(tmp_path):
-    loader = runtime_loader(EngineOptions(budget=16), DecodingSettings(temperature=0.0, max_tokens=12))
+@pytest.mark.parametrize("offload", ["none", "disk"])
+def test_real_pair_reply_fills_the_panels(tmp_path, offload):
+    options = EngineOptions(budget=16, offload=offload, resident_layers=0 if offload == "disk" else None)
+    loader = runtime_loader(options, DecodingSettings(temperature=0.0, max_tokens=12))
     store = ConversationStore(tmp_path / "history.sqlite3")
     app = SpecchatApp(None, store, loader=loader)
 
@@ -37,5 +40,10 @@ def test_real_pair_reply_fills_the_panels(tmp_path):
             assert sum(stats.accepted) > 0
             assert sum(len(e.token_ids) for e in app.reply_events) == 12
             assert app.entries[-1].content.strip()
+            transfer = str(app.query_one("#transfer", Static).content)
+            if offload == "disk":
+                assert stats.last.transfer_bytes > 0 and transfer.startswith("transfer disk: ")
+            else:
+                assert transfer == "transfer: none (weights resident)"
 
     asyncio.run(scenario())

@@ -29,7 +29,9 @@ def transfer_text(stats: LiveStats, label: str) -> str:
     if not label:
         return "transfer: none (weights resident)"
     seconds = stats.last.transfer_s if stats.last else 0.0
-    return f"transfer {label}: {ms(seconds)} · {stats.transfer_gb_per_s:.2f} GB/s"
+    stall = stats.last.stall_s if stats.last else 0.0
+    text = f"transfer {label}: {ms(seconds)} · {stats.transfer_gb_per_s:.2f} GB/s"
+    return text + f" · stall {ms(stall)}" if stall > 0 else text
 
 
 def timing_text(stats: LiveStats) -> str:

@@ -1,0 +1,107 @@
+"""The CUDA mover's ordering, checked on CPU with recording stand-ins for streams and events."""
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+from specchat.offload import cuda as cuda_module
+from specchat.offload.cuda import CudaMover
+from specchat.offload.streamer import Streamer, TransferStats
+
+
+class FakeCuda:
+    """Records what the mover asks of CUDA, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.compute = SimpleNamespace(name="compute", wait_event=lambda e: self.log.append(("compute waits", e.name)))
+        self.copy = SimpleNamespace(name="copy", wait_event=lambda e: self.log.append(("copy waits", e.name)))
+        self.events = 0
+
+    def Stream(self, device):
+        return self.copy
+
+    def Event(self):
+        self.events += 1
+        fake = self
+        name = ("loaded", "free")[(self.events - 1) // self.slots] + str((self.events - 1) % self.slots)
+
+        class Event:
+            def __init__(self):
+                self.name = name
+
+            def record(self, stream):
+                fake.log.append(("record", self.name, stream.name))
+
+            def synchronize(self):
+                fake.log.append(("host waits", self.name))
+
+        return Event()
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        self.log.append(("enter", stream.name))
+        yield
+        self.log.append(("exit", stream.name))
+
+    def current_stream(self, device):
+        return self.compute
+
+
+def make_mover(monkeypatch, slots: int) -> tuple[CudaMover, FakeCuda]:
+    fake = FakeCuda()
+    fake.slots = slots
+    monkeypatch.setattr(cuda_module.torch, "cuda", fake)
+    return CudaMover([torch.zeros(16, dtype=torch.uint8) for _ in range(slots)]), fake
+
+
+def test_a_copy_waits_for_compute_to_free_the_slot_and_signals_when_loaded(monkeypatch):
+    mover, fake = make_mover(monkeypatch, slots=2)
+    mover.move(1, torch.arange(8, dtype=torch.uint8))
+    assert fake.log == [
+        ("enter", "copy"), ("copy waits", "free1"), ("record", "loaded1", "copy"), ("exit", "copy"),
+        ("host waits", "loaded1"),  # the staging buffer may be refilled only after the copy
+    ]
+    assert mover.slots[1][:8].tolist() == list(range(8))
+
+
+def test_compute_waits_on_the_load_event_and_marks_the_slot_free(monkeypatch):
+    mover, fake = make_mover(monkeypatch, slots=2)
+    mover.wait_loaded(0)
+    mover.mark_free(0)
+    assert fake.log == [("compute waits", "loaded0"), ("record", "free0", "compute")]
+
+
+def test_under_the_streamer_every_slot_is_freed_before_it_is_refilled(monkeypatch):
+    mover, fake = make_mover(monkeypatch, slots=2)
+
+    class InlineTransport:  # the loader thread's work, run inline so the log is ordered
+        def begin(self, layer, slot):
+            mover.move(slot, torch.full((4,), layer, dtype=torch.uint8))
+            return slot
+
+        def finish(self, slot):
+            mover.wait_loaded(slot)
+
+        def retire(self, slot):
+            mover.mark_free(slot)
+
+        def stats(self):
+            return TransferStats()
+
+    streamer = Streamer([0, 1, 2], slots=2, transport=InlineTransport())
+    for layer in [0, 1, 2]:
+        slot = streamer.acquire(layer)
+        assert mover.slots[slot][0] == layer
+        streamer.release(slot)
+    # the n-th copy into a slot comes after compute recorded that slot's free event n-1 times
+    copies: dict[str, int] = {}
+    frees: dict[str, int] = {}
+    for entry in fake.log:
+        if entry[0] == "copy waits":
+            copies[entry[1]] = copies.get(entry[1], 0) + 1
+            assert frees.get(entry[1], 0) == copies[entry[1]] - 1
+        elif entry[0] == "record" and entry[2] == "compute":
+            frees[entry[1]] = frees.get(entry[1], 0) + 1
+    assert max(copies.values()) >= 2  # slots were reused
