@@ -22,6 +22,7 @@ from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
 
 ENGINES = ("autoregressive", "specexec")
+DRAFTED_ENGINES = ("specexec",)  # engines that need a draft model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 OFFLOAD_TIERS = ("none", "ram", "disk")
 DRAFT_QUANTS = ("none", "nf4")
@@ -87,7 +88,7 @@ def validate(options: EngineOptions) -> None:
     if options.draft_quant not in DRAFT_QUANTS:
         raise SpecchatError(f"unknown draft quantization '{options.draft_quant}': choose one of {', '.join(DRAFT_QUANTS)}")
     resolve(options.target)
-    if options.engine == "specexec":
+    if options.engine in DRAFTED_ENGINES:
         resolve(options.draft)
 
 
@@ -100,23 +101,31 @@ def build_runtime(options: EngineOptions, progress: bool = True, report: Report 
     reporter = Reporter(progress, report)
     device = pick_device()
     dtype = DTYPES[options.dtype]
-    quantization = draft_quantization(options.draft_quant, device, dtype) if options.engine == "specexec" else None
+    quantization = draft_quantization(options.draft_quant, device, dtype) if options.engine in DRAFTED_ENGINES else None
     target, offload = load_target(options, device, dtype, reporter)
     stops = stop_token_ids(target.model, target.tokenizer)
-    target_lm = CausalLM(target.model, offload)
-    if options.engine == "autoregressive":
-        engine: Engine = AutoregressiveEngine(target_lm, stops)
-    else:
+    target_lm, draft_lm = CausalLM(target.model, offload), None
+    if options.engine in DRAFTED_ENGINES:
         draft = load(options.draft, dtype, progress, report, quantization=quantization, device=device)
         check_tokenizers_compatible(draft.tokenizer, target.tokenizer)
         if quantization is None:
             reporter.step(f"moving {draft.name} to {device.type}")
             draft.model.to(device)
-        budget = options.budget if options.budget is not None else default_budget(device, offload is not None)
-        shape = TreeShape(budget=budget, max_depth=options.max_depth)
-        engine = SpecExecEngine(target_lm, CausalLM(draft.model), stops, shape)
+        draft_lm = CausalLM(draft.model)
+    budget = options.budget if options.budget is not None else default_budget(device, offload is not None)
+    engine = make_engine(options.engine, target_lm, draft_lm, stops, TreeShape(budget=budget, max_depth=options.max_depth))
     reporter.step("ready", 1.0)
     return Runtime(engine=engine, tokenizer=target.tokenizer, device=device, offload=offload)
+
+
+def make_engine(name: str, target: CausalLM, draft: CausalLM | None, stop_ids: frozenset[int],
+                shape: TreeShape) -> Engine:
+    """The engine `name` over already loaded models (`draft` is None for autoregressive)."""
+    if name == "autoregressive":
+        return AutoregressiveEngine(target, stop_ids)
+    if name == "specexec":
+        return SpecExecEngine(target, draft, stop_ids, shape)
+    raise SpecchatError(f"unknown engine '{name}': choose one of {', '.join(ENGINES)}")
 
 
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype,
