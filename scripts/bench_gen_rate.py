@@ -12,7 +12,6 @@ import sys
 from datetime import date
 from time import perf_counter
 
-import torch
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine

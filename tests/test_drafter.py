@@ -1,6 +1,5 @@
 """Algorithm 2: the grown tree is exactly the top-K prefixes under the draft distribution."""
 
-import itertools
 
 import pytest
 import torch

@@ -6,8 +6,10 @@ checks and records it in docs/benchmarks.md.
 """
 
 import pytest
+from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
+from conftest import GREEDY_PROMPTS
 
-from specchat.bench.exactness import compare_greedy, hf_greedy
+from specchat.bench.exactness import compare_greedy
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
@@ -15,8 +17,6 @@ from specchat.decoding.specexec import SpecExecEngine
 
 pytestmark = pytest.mark.real
 
-PROMPTS = 2
-NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
 PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
 
@@ -24,13 +24,6 @@ PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
 def emitted(engine, prompt_ids, sampling) -> tuple[list[int], list]:
     events = list(engine.generate(prompt_ids, NEW_TOKENS, sampling))
     return [t for e in events for t in e.token_ids], events
-
-
-@pytest.fixture(scope="module")
-def greedy_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[int]]]:
-    prompts = [real_pair.chat(p) for p in mtbench_prompts[:PROMPTS]]
-    pad = real_pair.tokenizer.pad_token_id
-    return [(ids, hf_greedy(real_pair.target, ids, NEW_TOKENS, real_pair.stop_ids, pad)) for ids in prompts]
 
 
 @pytest.mark.parametrize("budget", [8, 64, 256])
@@ -48,7 +41,7 @@ def test_greedy_specexec_equals_hf_generate(real_pair, greedy_references, budget
 def test_seeded_specexec_equals_seeded_autoregressive(real_pair, mtbench_prompts):
     autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
     specexec = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    for prompt in mtbench_prompts[:PROMPTS]:
+    for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
         prompt_ids = real_pair.chat(prompt)
         reference, _ = emitted(autoregressive, prompt_ids, PAPER_SAMPLING)
         tokens, events = emitted(specexec, prompt_ids, PAPER_SAMPLING)

@@ -38,7 +38,7 @@ def backend(tiny_target, tiny_draft) -> RuntimeBackend:
 
 
 def test_backend_takes_the_tree_shape_and_offers_the_baseline(backend):
-    assert backend.engine_names == ("specexec", "autoregressive")
+    assert backend.engine_names == ("specexec", "autoregressive", "sd", "specinfer")
     assert (backend.settings.budget, backend.settings.depth, backend.settings.engine) == (8, 4, "specexec")
     assert backend.encode([{"role": "user", "content": "hi"}]) == [ord(c) % 50 for c in "user hi"]
     baseline = backend.use_engine("autoregressive")

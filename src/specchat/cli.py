@@ -7,11 +7,16 @@ from time import perf_counter
 
 import typer
 
+from specchat.bench.command import check_bench, parse_list, run_bench
+from specchat.bench.datasets import DATASETS
+from specchat.bench.report import configurations, render_table
+from specchat.bench.results import RESULTS_FILE
+from specchat.bench.runner import Setup, plan_points
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.models.listing import list_models
 from specchat.offload.doctor import advise, default_offload_dir, gather, render
-from specchat.runtime import EngineOptions, Runtime, build_runtime, encode_prompt, validate
+from specchat.runtime import ENGINES, EngineOptions, Runtime, build_runtime, encode_prompt, validate
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
 
@@ -45,7 +50,7 @@ def generate(
     prompt: str = typer.Argument(..., help="The user message (or raw text with --raw)."),
     target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
     draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
-    engine: str = typer.Option("specexec", help="autoregressive | specexec"),
+    engine: str = typer.Option("specexec", help=" | ".join(ENGINES)),
     budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
     max_depth: int = typer.Option(EngineOptions.max_depth, help="Deepest draft tree node D."),
     temperature: float = typer.Option(0.6, help="0 = greedy."),
@@ -165,6 +170,42 @@ def doctor(
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
     facts = gather(offload_dir or default_offload_dir(), probe_gb)
     print(render(facts, advise(facts)))
+
+
+@app.command()
+def bench(
+    out: Path = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
+    engines: str = typer.Option(",".join(ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
+    budgets: str = typer.Option("16,64,256,1024", help="Comma list of draft tree sizes K (engines with no draft run once)."),
+    temperature: str = typer.Option("0.6,0", help="Comma list; 0 = greedy."),
+    top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
+    seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens, so the same gen rate."),
+    dataset: str = typer.Option("mtbench", help=f"Prompt set: {' | '.join(DATASETS)} (first user turns)."),
+    n_prompts: int = typer.Option(20, help="The first N prompts of the set."),
+    max_new_tokens: int = typer.Option(64, help="New tokens per reply (fewer if the reply ends)."),
+    offload: str = typer.Option("none", help=OFFLOAD_HELP),
+    target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
+    draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
+    dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+    compare_hf: bool = typer.Option(
+        False, "--compare-hf", help="Also time transformers' assisted generation (engine hf-assisted) on the same "
+        "prompts. It exposes only its tokens and wall time: its gen rate, draft / target times and tree are null.",
+    ),
+) -> None:
+    """Sweep engines x budgets x temperatures over a prompt set: a results row per prompt, a table, plots."""
+    temperatures = parse_list(temperature, "--temperature", float)
+    for value in temperatures:
+        check_sampling(value, top_p, seed, max_new_tokens)
+    names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", int)
+    setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
+                  dtype=dtype, offload=offload, max_depth=EngineOptions.max_depth)
+    check_bench(setup, names, sizes, n_prompts, compare_hf, out)
+    rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)
+    from specchat.bench.plots import write_plots  # matplotlib takes ~0.4 s to import: only bench needs it
+
+    print(render_table(configurations(rows)))
+    for path in [out / RESULTS_FILE, *write_plots(rows, out)]:
+        print(f"wrote {path}", file=sys.stderr)
 
 
 def main() -> None:

@@ -7,10 +7,12 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import Engine
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specinfer import SpecInferEngine
 from specchat.decoding.stopping import stop_token_ids
 from specchat.errors import SpecchatError
 from specchat.models.compat import check_tokenizers_compatible
@@ -21,8 +23,8 @@ from specchat.offload.runner import Offload, OffloadPlan
 from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
 
-ENGINES = ("autoregressive", "specexec")
-DRAFTED_ENGINES = ("specexec",)  # engines that need a draft model
+ENGINES = ("autoregressive", "specexec", "sd", "specinfer")
+DRAFTED_ENGINES = ("specexec", "sd", "specinfer")  # engines that need a draft model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 OFFLOAD_TIERS = ("none", "ram", "disk")
 DRAFT_QUANTS = ("none", "nf4")
@@ -125,6 +127,10 @@ def make_engine(name: str, target: CausalLM, draft: CausalLM | None, stop_ids: f
         return AutoregressiveEngine(target, stop_ids)
     if name == "specexec":
         return SpecExecEngine(target, draft, stop_ids, shape)
+    if name == "sd":
+        return ChainSDEngine(target, draft, stop_ids, shape)
+    if name == "specinfer":
+        return SpecInferEngine(target, draft, stop_ids, shape)
     raise SpecchatError(f"unknown engine '{name}': choose one of {', '.join(ENGINES)}")
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from time import perf_counter
 
 import torch
+from transformers import DynamicCache
 
 from specchat.decoding.drafter import GrownTree, TreeShape, grow_tree
 from specchat.decoding.events import IterationEvent, SamplingParams
@@ -71,34 +72,36 @@ class SpecExecEngine:
         prefill_s = perf_counter() - start
         produced = 0
         while produced < max_new_tokens:
-            start, moved = perf_counter(), self.target.transfer_stats()
-            grown = grow_tree(
-                self.draft, draft_cache, torch.tensor(seq[cache_length(draft_cache):]),
-                cache_length(draft_cache), self.shape, sampling.temperature,
-            )
-            drafted = perf_counter()
-            verdict = self.score_and_verify(grown, seq, target_cache, sampling, max_new_tokens - produced)
-            target_s = perf_counter() - drafted + prefill_s
+            event = self.iterate(seq, target_cache, draft_cache, sampling, max_new_tokens - produced)
+            # the prompt's target pass is charged to the first iteration
+            event = replace(event, target_s=event.target_s + prefill_s)
             prefill_s = 0.0
-            self.prune_draft_cache(draft_cache, grown, verdict, len(seq))
-            seq.extend(verdict.tokens)
-            produced += len(verdict.tokens)
-            moved = self.target.transfer_stats() - moved
-            yield IterationEvent(
-                token_ids=verdict.tokens,
-                accepted=verdict.accepted,
-                tree_size=grown.tree.size,
-                depth=grown.tree.depth,
-                draft_s=drafted - start,
-                target_s=target_s,
-                transfer_s=moved.transfer_s,
-                transfer_bytes=moved.bytes,
-                stall_s=moved.stall_s,
-                finished=verdict.stopped or produced >= max_new_tokens,
-                extra={"draft_steps": grown.steps},
-            )
-            if verdict.stopped:
+            produced += len(event.token_ids)
+            yield event
+            if event.finished:
                 return
+
+    def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
+                sampling: SamplingParams, max_tokens: int) -> IterationEvent:
+        """Draft, score and verify once; `seq` grows by the emitted tokens, both caches are
+        pruned to the accepted path."""
+        start, moved = perf_counter(), self.target.transfer_stats()
+        cached = cache_length(draft_cache)
+        grown = grow_tree(self.draft, draft_cache, torch.tensor(seq[cached:]), cached, self.shape, sampling.temperature)
+        drafted = perf_counter()
+        verdict = self.score_and_verify(grown, seq, target_cache, sampling, max_tokens)
+        verified = perf_counter()
+        self.prune_draft_cache(draft_cache, grown, verdict, len(seq))
+        seq.extend(verdict.tokens)
+        moved = self.target.transfer_stats() - moved
+        return IterationEvent(
+            token_ids=verdict.tokens, accepted=verdict.accepted,
+            tree_size=grown.tree.size, depth=grown.tree.depth,
+            draft_s=drafted - start, target_s=verified - drafted,
+            transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
+            finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
+            extra={"draft_steps": grown.steps},
+        )
 
     def prefill(self, seq: list[int], cache) -> None:
         """Cache every committed token but the last, which becomes the first tree root."""

@@ -4,11 +4,10 @@ from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
-from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import Engine
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.errors import SpecchatError
-from specchat.runtime import EngineOptions, Runtime, build_runtime
+from specchat.runtime import DRAFTED_ENGINES, ENGINES, EngineOptions, Runtime, build_runtime, make_engine
 from specchat.textstream import TextStream
 from specchat.tui.backend import Loader, Progress
 from specchat.tui.settings import DecodingSettings
@@ -22,10 +21,13 @@ def transfer_label(device_type: str, offload: str) -> str:
 
 
 def engines_of(engine: Engine) -> dict[str, Engine]:
-    """The engines /engine can switch between: SpecExec's target alone is the baseline."""
-    if isinstance(engine, SpecExecEngine):
-        return {engine.name: engine, "autoregressive": AutoregressiveEngine(engine.target, engine.stop_ids)}
-    return {engine.name: engine}
+    """The engines /engine can switch between: with a draft loaded, every engine over the same
+    models (the one running first); the target alone otherwise."""
+    if not isinstance(engine, SpecExecEngine):  # SpecInfer and chain SD derive from it too
+        return {engine.name: engine}
+    others = {name: make_engine(name, engine.target, engine.draft, engine.stop_ids, engine.shape)
+              for name in ENGINES if name != engine.name}
+    return {engine.name: engine, **others}
 
 
 class RuntimeBackend:
@@ -62,7 +64,7 @@ class RuntimeBackend:
 def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader:
     """A loader for SpecchatApp that builds the runtime for `options` behind the loading screen."""
 
-    name = f"{options.target} + {options.draft}" if options.engine == "specexec" else options.target
+    name = f"{options.target} + {options.draft}" if options.engine in DRAFTED_ENGINES else options.target
 
     def load(progress: Progress) -> RuntimeBackend:
         # Steps go to the loading screen only: bars on stderr would land in the middle of the app.

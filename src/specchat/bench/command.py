@@ -1,0 +1,57 @@
+"""`specchat bench` end to end: arguments, prompts, models, the sweep."""
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TypeVar
+
+from specchat.bench.datasets import check_dataset, load_prompts
+from specchat.bench.pair import engine_options, load_models, model_measurer
+from specchat.bench.runner import Point, Setup, check_engines, run_sweep, uses_draft
+from specchat.errors import SpecchatError
+from specchat.models.loading import resolve
+from specchat.runtime import encode_prompt, validate
+
+MAX_BUDGET = 8192
+Item = TypeVar("Item")
+
+
+def parse_list(text: str, flag: str, kind: Callable[[str], Item]) -> list[Item]:
+    """A comma list, e.g. "16,64,256": items in order, each once."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise SpecchatError(f"{flag} is empty: give a comma list such as {flag} 1,2")
+    try:
+        return list(dict.fromkeys(kind(item) for item in items))
+    except ValueError as error:
+        raise SpecchatError(f"{flag} takes a comma list of numbers (got '{text}')") from error
+
+
+def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts: int, compare_hf: bool,
+                out_dir: Path) -> None:
+    """What can be checked before loading anything; one clear line on failure."""
+    check_engines(engines)
+    outside = [budget for budget in budgets if not 1 <= budget <= MAX_BUDGET]
+    if outside:
+        raise SpecchatError(f"--budgets must be between 1 and {MAX_BUDGET} (got {outside[0]})")
+    check_dataset(setup.dataset)
+    if n_prompts < 1:
+        raise SpecchatError(f"--n-prompts must be >= 1 (got {n_prompts})")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecchatError(f"--out {out_dir} is a file, not a directory")
+    options = engine_options(setup)
+    for engine in engines:
+        validate(replace(options, engine=engine))
+    if compare_hf:
+        resolve(setup.draft)
+
+
+def run_bench(setup: Setup, points: list[Point], n_prompts: int, out_dir: Path, progress: bool = True) -> list[dict]:
+    """Load the prompts and the models once, then run the sweep; returns its rows."""
+    texts = load_prompts(setup.dataset, n_prompts)
+    models = load_models(setup, with_draft=any(uses_draft(point.engine) for point in points), progress=progress)
+    try:
+        prompts = [encode_prompt(models.tokenizer, text, raw=False) for text in texts]
+        return run_sweep(setup, points, prompts, model_measurer(models, setup), out_dir, progress)
+    finally:
+        models.close()

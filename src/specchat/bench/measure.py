@@ -1,0 +1,63 @@
+"""Measuring one prompt under one configuration: a specchat engine, or transformers' assisted
+generation for comparison."""
+
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from time import perf_counter
+
+import torch
+from transformers import PreTrainedModel
+
+from specchat.bench.runner import Measure, Point, Setup
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import Engine, SamplingParams
+from specchat.summary import Summary, summarize
+
+MakeEngine = Callable[[str, TreeShape], Engine]  # an engine name and tree shape -> an engine over loaded models
+
+# Every row has these figures; null where a method does not expose them.
+FIGURES = (*(field.name for field in fields(Summary)), "mean_tree_size", "mean_depth")
+
+
+def measure_engine(engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> dict:
+    start = perf_counter()
+    events = list(engine.generate(prompt_ids, max_new_tokens, sampling))
+    summary = summarize(events, perf_counter() - start)
+    return {
+        **asdict(summary),
+        "mean_tree_size": sum(e.tree_size for e in events) / len(events),
+        "mean_depth": sum(e.depth for e in events) / len(events),
+    }
+
+
+def measure_hf_assisted(target: PreTrainedModel, draft: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int,
+                        sampling: SamplingParams, stop_ids: frozenset[int], pad_id: int | None) -> dict:
+    """transformers' `generate(assistant_model=draft)`: only its tokens and wall time can be seen
+    from outside, so the per-iteration figures (gen rate, draft / target time, tree) are null."""
+    greedy = sampling.temperature == 0
+    # The distribution specchat's engines sample: temperature and top-p only, where transformers
+    # would add its global top_k=50 and the model's own defaults (e.g. a repetition penalty).
+    options = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+    torch.manual_seed(sampling.seed)  # HF samples from torch's global generator
+    start = perf_counter()
+    out = target.generate(
+        torch.tensor([prompt_ids], device=target.device), assistant_model=draft, max_new_tokens=max_new_tokens,
+        do_sample=not greedy, repetition_penalty=1.0, eos_token_id=sorted(stop_ids), pad_token_id=pad_id, **options,
+    )
+    wall_s = perf_counter() - start
+    new_tokens = out.shape[1] - len(prompt_ids)
+    return {**dict.fromkeys(FIGURES), "new_tokens": new_tokens, "tokens_per_s": new_tokens / wall_s, "wall_s": wall_s}
+
+
+def tree_shape(point: Point, max_depth: int) -> TreeShape:
+    # An engine that drafts no tree ignores its shape; budget 1 only fills the field.
+    return TreeShape(budget=point.budget if point.budget is not None else 1, max_depth=max_depth)
+
+
+def engine_measurer(make_engine: MakeEngine, setup: Setup) -> Callable[[Point], Measure]:
+    """For each configuration, a measure that runs the engine `make_engine` builds for it."""
+    def measurer(point: Point) -> Measure:
+        engine = make_engine(point.engine, tree_shape(point, setup.max_depth))
+        sampling = SamplingParams(point.temperature, setup.top_p, setup.seed)
+        return lambda prompt_ids: measure_engine(engine, prompt_ids, setup.max_new_tokens, sampling)
+    return measurer

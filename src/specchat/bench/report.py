@@ -1,0 +1,65 @@
+"""The summary of a sweep: per (engine, budget, temperature), means over the prompts."""
+
+from dataclasses import dataclass
+from statistics import fmean
+
+
+@dataclass(frozen=True)
+class Configuration:
+    engine: str
+    budget: int | None  # None: an engine that drafts no tree of a chosen size
+    temperature: float
+    prompts: int
+    gen_rate: float | None  # None where the method does not expose it (hf-assisted)
+    tokens_per_s: float
+    draft_ms: float | None  # per iteration
+    target_ms: float | None  # per iteration
+    tree_size: float | None  # mean draft tokens scored per target pass
+    depth: float | None
+
+
+def mean(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else fmean(values)
+
+
+def per_iteration_ms(row: dict, field: str) -> float | None:
+    return None if row[field] is None else 1000 * row[field] / row["iterations"]
+
+
+def configurations(rows: list[dict]) -> list[Configuration]:
+    """One entry per (engine, budget, temperature), in the order the rows first name them."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["engine"], row["budget"], row["temperature"]), []).append(row)
+    return [
+        Configuration(
+            engine=engine, budget=budget, temperature=temperature, prompts=len(group),
+            gen_rate=mean([r["gen_rate"] for r in group]),
+            tokens_per_s=fmean(r["tokens_per_s"] for r in group),
+            draft_ms=mean([per_iteration_ms(r, "draft_s") for r in group]),
+            target_ms=mean([per_iteration_ms(r, "target_s") for r in group]),
+            tree_size=mean([r["mean_tree_size"] for r in group]),
+            depth=mean([r["mean_depth"] for r in group]),
+        )
+        for (engine, budget, temperature), group in groups.items()
+    ]
+
+
+def show(value: float | int | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_table(entries: list[Configuration]) -> str:
+    """A markdown table (pastes into docs/benchmarks.md); '-' where a figure does not apply."""
+    lines = [
+        "| engine | budget K | temperature | prompts | gen rate | tokens/s | draft ms / iter | target ms / iter "
+        "| mean tree | mean depth |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in entries:
+        lines.append(
+            f"| {c.engine} | {show(c.budget, 0)} | {c.temperature:g} | {c.prompts} | {show(c.gen_rate, 2)} "
+            f"| {c.tokens_per_s:.2f} | {show(c.draft_ms, 0)} | {show(c.target_ms, 0)} | {show(c.tree_size, 0)} "
+            f"| {show(c.depth, 1)} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,19 @@
+"""Chain speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft samples one chain of k = min(K, D) tokens, one target pass scores it, and each token
+is accepted with probability min(1, p / q); the first rejection emits a sample of the residual
+norm(max(p - q, 0)), a fully accepted chain a bonus token from p. That is SpecInfer's multi-step
+speculative sampling with a single stem (one candidate per node), so the engine is SpecInfer with
+a one-stem layout; the math lives in speculative_sampling.py.
+"""
+
+from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.stems import StemLayout
+
+
+class ChainSDEngine(SpecInferEngine):
+    name = "sd"
+
+    def layout(self, temperature: float) -> StemLayout:
+        """One stem: the whole budget, capped by the maximum depth (at any temperature)."""
+        return StemLayout(stems=1, length=min(self.shape.max_depth, self.shape.budget))

@@ -1,0 +1,114 @@
+"""Draft stems for SpecInfer (and chain SD, its one-stem case): S sequences of length L sampled
+i.i.d. from the draft, their shared prefixes merged into one token tree.
+
+The stems advance together, one position per draft forward: at each depth every stem samples
+its next token from the draft's filtered distribution at the node it has reached (with its own
+DRAFT uniform, see speculative_sampling.py), stems that pick the same token share the child, and
+the new nodes of that depth run through the draft in one forward with a tree mask. Nodes are
+created depth by depth, so parents precede children as DraftTree requires; nodes at depth L are
+never run by the draft (nothing would read their logits).
+
+Each node keeps its candidates: the child reached by every stem through it, in stem order and
+with repeats, so verification sees one i.i.d. sample of q per stem, as multi-step speculative
+sampling requires.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from specchat.decoding.drafter import GrownTree, NodeStore, expansion_mask
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length
+from specchat.decoding.speculative_sampling import distribution, draw_draft
+from specchat.decoding.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class StemLayout:
+    stems: int  # S
+    length: int  # L: draft tokens per stem; the tree has at most S * L nodes
+
+
+@dataclass
+class Stems:
+    grown: GrownTree
+    candidates: list[list[int]]  # per node: the child each stem through it sampled, stem order
+    draft_logits: dict[int, torch.Tensor]  # per node run by the draft: its next-token logits [V]
+
+
+class StemGrower:
+    """The merged tree while stems are being sampled, one depth at a time."""
+
+    def __init__(self, root_token: int, root_slot: int, root_logits: torch.Tensor) -> None:
+        self.store = NodeStore(root_token, root_slot)
+        self.candidates: list[list[int]] = [[]]
+        self.draft_logits = {0: root_logits}
+        self.child_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+
+    def sample_depth(self, heads: list[int], position: int, sampling: SamplingParams) -> torch.Tensor:
+        """Move every stem from its node in `heads` (updated in place) to a sampled child at
+        absolute `position`; return the indices of the nodes this created."""
+        first = self.store.tokens.numel()
+        tokens, parents, logprobs = [], [], []
+        draft_probs: dict[int, torch.Tensor] = {}
+        for stem, node in enumerate(heads):
+            if node not in draft_probs:
+                draft_probs[node] = distribution(self.draft_logits[node], sampling)
+            q = draft_probs[node]
+            token = draw_draft(q, sampling.seed, stem, position)
+            child = self.child_of.get((node, token))
+            if child is None:
+                child = self.child_of[(node, token)] = first + len(tokens)
+                tokens.append(token)
+                parents.append(node)
+                logprobs.append(float(self.store.logprobs[node]) + math.log(float(q[token])))
+                self.candidates.append([])
+            self.candidates[node].append(child)
+            heads[stem] = child
+        parent_ids = torch.tensor(parents)
+        return self.store.append(
+            torch.tensor(tokens), parent_ids, self.store.depths[parent_ids] + 1, torch.tensor(logprobs)
+        )
+
+    def run_draft(
+        self, draft: CausalLM, cache: DynamicCache, nodes: torch.Tensor, committed: int, position: int
+    ) -> None:
+        """One draft forward over the new `nodes` (all at `position`) with the tree mask: each
+        sees the `committed` prefix, its ancestors' draft slots and itself."""
+        cached = cache_length(cache)
+        mask = expansion_mask(self.store, nodes, committed, cached)
+        hidden = draft.hidden(self.store.tokens[nodes], torch.full((nodes.numel(),), position), cache, mask)
+        self.store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
+        self.draft_logits.update(zip(nodes.tolist(), draft.logits(hidden)))
+
+    def stems(self, steps: int) -> Stems:
+        store = self.store
+        tree = DraftTree(tokens=store.tokens, parents=store.parents, depths=store.depths, logprobs=store.logprobs)
+        return Stems(GrownTree(tree, store.slots, steps), self.candidates, self.draft_logits)
+
+
+def draft_stems(
+    draft: CausalLM,
+    cache: DynamicCache,
+    pending: torch.Tensor,
+    start_position: int,
+    layout: StemLayout,
+    sampling: SamplingParams,
+) -> Stems:
+    """Sample `layout.stems` stems of `layout.length` tokens after the committed sequence;
+    `pending` (from absolute position `start_position`) is what of that sequence the draft
+    cache lacks, its last token being the root."""
+    hidden = draft.hidden(pending, torch.arange(start_position, start_position + pending.numel()), cache)
+    committed = cache_length(cache)
+    root_position = start_position + pending.numel() - 1
+    grower = StemGrower(int(pending[-1]), committed - 1, draft.logits(hidden[-1:])[0])
+    heads = [0] * layout.stems
+    for depth in range(1, layout.length + 1):
+        nodes = grower.sample_depth(heads, root_position + depth, sampling)
+        if depth < layout.length:
+            grower.run_draft(draft, cache, nodes, committed, root_position + depth)
+    return grower.stems(steps=layout.length)

@@ -1,0 +1,110 @@
+"""SpecInfer on tiny models: the stem layout and tree, greedy exactness, seeded reproducibility,
+the sampled distribution (chi-square), cache consistency, limits; greedy exactness on the real
+pair. The engine-independent checks come from test_sd.py."""
+
+import pytest
+import torch
+from test_engines import PROMPT, run
+from test_sd import (
+    SAMPLINGS, assert_equals_hf_greedy, assert_follows_target, assert_greedy_equals_autoregressive,
+    assert_reproducible, assert_stops_at_stop_token, assert_token_limit,
+)
+
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.kvcache import new_cache
+from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.stems import StemLayout, draft_stems
+
+
+def specinfer(target, draft):
+    return lambda stop_ids, shape: SpecInferEngine(target, draft, stop_ids, shape)
+
+
+@pytest.mark.parametrize(
+    "budget,depth,stems,length",
+    [(1, 24, 1, 1), (3, 24, 3, 1), (4, 24, 2, 2), (10, 24, 3, 3), (16, 24, 4, 4), (64, 24, 8, 8),
+     (64, 4, 16, 4), (1024, 24, 42, 24)],
+)
+def test_layout_splits_the_budget_into_square_ish_stems(tiny_target, budget, depth, stems, length):
+    engine = SpecInferEngine(tiny_target, tiny_target, [], TreeShape(budget, depth))
+    assert engine.layout(0.6) == StemLayout(stems, length)
+    assert stems * length <= budget
+    assert engine.layout(0.0) == StemLayout(1, min(budget, depth))  # greedy: one chain
+
+
+def test_stem_tree_merges_prefixes_and_keeps_one_candidate_per_stem(tiny_target, tiny_draft):
+    layout, sampling = StemLayout(stems=6, length=3), SAMPLINGS[1]
+    stems = draft_stems(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, layout, sampling)
+    tree = stems.grown.tree
+    assert 3 <= tree.size <= 18 and tree.depth == 3
+    assert tree.size < 18  # this draft is peaked enough that stems share prefixes
+    through = torch.zeros(tree.tokens.numel(), dtype=torch.long)  # stems through each node
+    through[0] = layout.stems
+    for node, candidates in enumerate(stems.candidates):
+        assert all(int(tree.parents[child]) == node for child in candidates)
+        for child in candidates:
+            through[child] += 1
+        # every stem through a node above the last depth continues from it
+        assert len(candidates) == (int(through[node]) if int(tree.depths[node]) < layout.length else 0)
+    # nodes the draft ran (all but the leaves) hold their logits and a draft cache slot
+    ran = (tree.depths < layout.length).nonzero().flatten().tolist()
+    assert sorted(stems.draft_logits) == ran
+    assert (stems.grown.draft_slots[tree.depths < layout.length] >= 0).all()
+    assert (stems.grown.draft_slots[tree.depths == layout.length] == -1).all()
+
+
+@pytest.mark.parametrize("budget,depth", [(1, 1), (4, 24), (16, 8), (40, 12)])
+def test_greedy_specinfer_equals_autoregressive(tiny_target, tiny_draft, budget, depth):
+    """120 tokens over many iterations, so the pruned caches are exercised too."""
+    engine = SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget, depth))
+    events = assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=120)
+    assert all(e.tree_size <= budget and e.depth <= depth for e in events) and len(events) > 20
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_specinfer_same_seed_same_tokens_and_iterations(tiny_target, tiny_draft, sampling):
+    assert_reproducible(SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget=16, max_depth=8)), sampling)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_specinfer_sampled_trees_stay_within_budget(tiny_target, rough_draft, sampling):
+    for budget in (2, 5, 16, 30):
+        _, events = run(SpecInferEngine(tiny_target, rough_draft, [], TreeShape(budget, 8)), sampling)
+        assert all(e.tree_size <= budget and e.depth <= 8 for e in events)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_specinfer_first_and_second_tokens_follow_the_target(tiny_target, rough_draft, sampling):
+    """Budget 4: two stems of two tokens, so the first token may be the first or the second
+    candidate or a residual sample after both were rejected, and likewise at depth two."""
+    engine = SpecInferEngine(tiny_target, rough_draft, [], TreeShape(budget=4, max_depth=4))
+    routes = assert_follows_target(tiny_target, engine, sampling)
+    assert routes[(2,)] > 0 and routes[(1,)] > 0 and routes[(0, 1)] + routes[(0, 0)] > 0
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_self_drafted_specinfer_accepts_a_whole_stem_every_iteration(tiny_target, sampling):
+    """p == q (up to float64 rounding), so the first candidate at every node is accepted; a
+    misaligned slot or position in either cache would break that across iterations."""
+    _, events = run(SpecInferEngine(tiny_target, tiny_target, [], TreeShape(budget=9, max_depth=8)), sampling, 32)
+    assert [e.accepted for e in events] == [3] * 8
+
+
+def test_specinfer_respects_stop_tokens_and_the_token_limit(tiny_target, tiny_draft):
+    assert_stops_at_stop_token(tiny_target, specinfer(tiny_target, tiny_draft))
+    assert_token_limit(specinfer(tiny_target, tiny_target))
+
+
+def test_specinfer_budget_change_applies_mid_reply(tiny_target, tiny_draft):
+    engine = SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget=1, max_depth=8))
+    stream = engine.generate(PROMPT, 30, SAMPLINGS[1])
+    first = next(stream)
+    engine.set_budget(16)  # 4 stems of 4
+    rest = list(stream)
+    assert first.tree_size == 1 and {e.depth for e in rest} == {4} and max(e.tree_size for e in rest) > 4
+
+
+@pytest.mark.real
+def test_greedy_specinfer_equals_hf_generate(real_pair, greedy_references):
+    engine = SpecInferEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+    assert_equals_hf_greedy(real_pair, engine, greedy_references)
