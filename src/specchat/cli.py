@@ -55,7 +55,7 @@ def generate(
     max_depth: int = typer.Option(EngineOptions.max_depth, help="Deepest draft tree node D."),
     temperature: float = typer.Option(0.6, help="0 = greedy."),
     top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
-    seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens in every engine."),
+    seed: int = typer.Option(0, help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
     offload: str = typer.Option("none", help=OFFLOAD_HELP),

@@ -1,6 +1,6 @@
 """Token sampling that every lossless engine reproduces exactly.
 
-Why the same seed gives the same tokens in every engine
+Why the same seed gives the same tokens in SpecExec and in autoregressive decoding
 -------------------------------------------------------
 Sequential sampling emits token n as ``F_n^{-1}(u_n)``: the inverse CDF of the filtered target
 distribution ``p_n`` (temperature, then top-p) at position n, evaluated at a uniform number
