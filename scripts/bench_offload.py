@@ -95,10 +95,6 @@ def load_target(spec: str, args) -> tuple[CausalLM, Offload]:
     return CausalLM(target.model, offload), offload
 
 
-def pass_bytes(offload: Offload) -> int:
-    return sum(offload.store.nbytes(i) for i in range(offload.streamed_layers))
-
-
 def measure_raw_gbps(offload: Offload) -> float:
     """Sequential O_DIRECT read of the whole layer file, no compute, with the reader the streamer
     uses (256 MiB requests, split into its parallel chunks)."""
@@ -127,9 +123,9 @@ def main() -> None:
         f"- Machine: {describe_machine()}\n- Command: `python {shlex.join(sys.argv)}`\n"
         f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, t={args.temperature}, "
         f"top-p={args.top_p}, bfloat16; target layers streamed with O_DIRECT "
-        f"(O_DIRECT honoured: {offload.store.reader.direct}), {offload.resident_layers} resident, "
-        f"{offload.streamed_layers} streamed, ring of {args.slots} slots; draft in memory\n"
-        f"- Layer file {pass_bytes(offload) / 1e9:.2f} GB; raw O_DIRECT sequential read of it: {raw:.2f} GB/s\n\n"
+        f"(O_DIRECT honoured: {offload.store.reader.direct}), {offload.streamed[0]} resident, "
+        f"{len(offload.streamed)} streamed, ring of {args.slots} slots; draft in memory\n"
+        f"- Streamed per pass {offload.pass_bytes / 1e9:.2f} GB; raw O_DIRECT sequential read of it: {raw:.2f} GB/s\n\n"
         f"| {' | '.join(COLUMNS)} |\n|{'---|' * len(COLUMNS)}", args,
     )
     autoregressive = AutoregressiveEngine(target, stops)
@@ -140,12 +136,12 @@ def main() -> None:
         emit(row({"engine": "specexec", "budget": budget, **measure(specexec, prompts, args)}), args)
     emit(f"\nRaw O_DIRECT read of the layer file again after the runs: {measure_raw_gbps(offload):.2f} GB/s.", args)
     if args.gptq:
-        bf16_bytes = pass_bytes(offload)
+        bf16_bytes = offload.pass_bytes
         offload.close()
         _, quantized = load_target(str(gptq_copy(args)), args)
-        ratio = bf16_bytes / pass_bytes(quantized)
+        ratio = bf16_bytes / quantized.pass_bytes
         emit(f"\nBytes per target pass: bfloat16 {bf16_bytes / 1e9:.2f} GB, 4-bit GPTQ (g128) "
-             f"{pass_bytes(quantized) / 1e9:.2f} GB: {ratio:.2f}x fewer.", args)
+             f"{quantized.pass_bytes / 1e9:.2f} GB: {ratio:.2f}x fewer.", args)
         quantized.close()
     else:
         offload.close()

@@ -175,6 +175,19 @@ def test_generate_offload_dir_that_is_a_file_is_one_line_exit_2(monkeypatch, cap
     assert_one_line_error(code, err, "is a file, not a directory")
 
 
+@pytest.mark.real
+def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys):
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "generate", "Say hello.", "--json", "--max-new-tokens", "4", "--budget", "8",
+        "--offload", "disk", "--resident-layers", "20",
+    )
+    assert code == 0
+    record = json.loads(out)
+    assert all(i["transfer_bytes"] > 0 and i["transfer_s"] > 0 for i in record["iterations"])
+    summary = record["summary"]
+    assert summary["transfer_bytes"] > 0 and summary["transfer_gbps"] > 0 and summary["stall_s"] >= 0
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [

@@ -82,6 +82,6 @@ def test_a_4bit_layer_moves_about_4x_fewer_bytes_than_bf16(tmp_path):
     for directory in (dense_dir, gptq_dir):
         plan = OffloadPlan(tier="ram", offload_dir=tmp_path, resident_layers=0, slots=1)
         _, offload = offload_model(directory, "m", torch.bfloat16, torch.device("cpu"), plan, QUIET)
-        sizes.append(offload.store.nbytes(0))
+        sizes.append(offload.pass_bytes)
         offload.close()
     assert 3.5 < sizes[0] / sizes[1] < 4.0  # 16 bits vs 4 bits plus per-group scales and zeros

@@ -43,8 +43,12 @@ class Offload:
     streamer: Streamer | None  # None when every layer is resident
     transport: ThreadTransport | None
     store: RamStore | DiskStore | None
-    resident_layers: int
-    streamed_layers: int
+    streamed: list[int]  # indices of the streamed decoder layers (the others are resident)
+
+    @property
+    def pass_bytes(self) -> int:
+        """Bytes one full pass streams."""
+        return sum(self.store.nbytes(layer) for layer in self.streamed)
 
     def stats(self) -> TransferStats:
         return self.streamer.stats() if self.streamer is not None else TransferStats()
@@ -74,20 +78,20 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     for index in range(resident):
         reporter.step(f"loading resident layer {index + 1}/{resident}", (index + 1) / max(resident, 1))
         fill(layers[index], layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype), device)
-    if resident == len(layers):
-        return model, Offload(None, None, None, resident, 0)
     streamed = list(range(resident, len(layers)))
-    store = build_store(plan, [layouts[i] for i in streamed], device, dtype, name, source, resident)
+    if not streamed:
+        return model, Offload(None, None, None, [])
+    store = build_store(plan, layouts, streamed, device, dtype, name, source)
     if store_needs_writing(store):
-        write_layers(store, layers, streamed, layers_name, source, dtype, reporter)
+        write_layers(store, layers, layers_name, source, dtype, reporter)
     if isinstance(store, DiskStore):
         store.open()
-    slots, staging, mover = make_slots(plan, store.layouts, device)
+    slots, staging, mover = make_slots(plan, [layouts[i] for i in streamed], device)
     transport = ThreadTransport(store, staging, mover)
-    streamer = Streamer(list(range(len(streamed))), plan.slots, transport)
-    for position, index in enumerate(streamed):
-        layers[index] = StreamedLayer(layers[index], position, layouts[index], streamer, slots)
-    return model, Offload(streamer, transport, store, resident, len(streamed))
+    streamer = Streamer(streamed, plan.slots, transport)
+    for index in streamed:
+        layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots)
+    return model, Offload(streamer, transport, store, streamed)
 
 
 def layout_of(layer) -> LayerLayout:
@@ -108,12 +112,12 @@ def default_resident_layers(layouts: list[LayerLayout], device: torch.device, sl
     return count
 
 
-def build_store(plan: OffloadPlan, layouts: list[LayerLayout], device: torch.device, dtype: torch.dtype, name: str,
-                source: SafetensorsSource, first_streamed: int) -> RamStore | DiskStore:
+def build_store(plan: OffloadPlan, layouts: list[LayerLayout], streamed: list[int], device: torch.device,
+                dtype: torch.dtype, name: str, source: SafetensorsSource) -> RamStore | DiskStore:
     if plan.tier == "ram":
-        return RamStore(layouts, pin=device.type == "cuda")
+        return RamStore({layer: layouts[layer] for layer in streamed}, pin=device.type == "cuda")
     stem = re.sub(r"[^\w.-]+", "_", name) + "-" + str(dtype).removeprefix("torch.")
-    fingerprint = {**source.fingerprint(), "dtype": str(dtype), "first_streamed": first_streamed}
+    fingerprint = {**source.fingerprint(), "dtype": str(dtype)}
     return DiskStore(layouts, plan.offload_dir / f"{stem}.layers", fingerprint)
 
 
@@ -121,14 +125,16 @@ def store_needs_writing(store: RamStore | DiskStore) -> bool:
     return not (isinstance(store, DiskStore) and store.reusable)
 
 
-def write_layers(store: RamStore | DiskStore, layers, streamed: list[int], layers_name: str,
-                 source: SafetensorsSource, dtype: torch.dtype, reporter: Reporter) -> None:
+def write_layers(store: RamStore | DiskStore, layers, layers_name: str, source: SafetensorsSource,
+                 dtype: torch.dtype, reporter: Reporter) -> None:
+    """Fill the store: every layer into the disk file, the streamed ones into RAM."""
+    indices = list(store.layouts) if isinstance(store, RamStore) else list(range(len(layers)))
     what = "writing the layer file" if isinstance(store, DiskStore) else "packing layers in RAM"
     if isinstance(store, DiskStore):
         store.begin_writing()
-    with reporter.bar(total=len(streamed), desc=what, unit="layer") as bar:
-        for position, index in enumerate(streamed):
-            store.write(position, layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype))
+    with reporter.bar(total=len(indices), desc=what, unit="layer") as bar:
+        for index in indices:
+            store.write(index, layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype))
             bar.update()
     if isinstance(store, DiskStore):
         store.finish_writing()

@@ -14,7 +14,7 @@ from specchat.offload.layout import LayerLayout, pack_into
 
 
 class LayerStore(Protocol):
-    layouts: list[LayerLayout]
+    """Layers by their index in the model's layer list."""
 
     def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         """Store one layer's tensors (cast to the layout's dtypes)."""
@@ -26,9 +26,9 @@ class LayerStore(Protocol):
 
 
 class RamStore:
-    def __init__(self, layouts: list[LayerLayout], pin: bool) -> None:
-        self.layouts = layouts
-        self.blobs = [aligned_empty(layout.nbytes, pin=pin) for layout in layouts]
+    def __init__(self, layouts: dict[int, LayerLayout], pin: bool) -> None:
+        self.layouts = layouts  # the streamed layers only
+        self.blobs = {layer: aligned_empty(layout.nbytes, pin=pin) for layer, layout in layouts.items()}
 
     def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         pack_into(self.layouts[layer], tensors, self.blobs[layer])
@@ -50,7 +50,8 @@ def blob_offsets(layouts: list[LayerLayout]) -> list[int]:
 
 
 class DiskStore:
-    """Layers in one file; `fingerprint` names what was written, so a later run with the same
+    """Every layer of a model in one file, whatever is streamed (so changing --resident-layers
+    does not rewrite it); `fingerprint` names what was written, so a later run with the same
     model, dtype and layout reuses the file instead of writing it again."""
 
     def __init__(self, layouts: list[LayerLayout], path: Path, fingerprint: dict) -> None:

@@ -18,18 +18,18 @@ class StreamedLayer(nn.Module):
     views of that slot (torch.func.functional_call), and gives the slot back.
     """
 
-    def __init__(self, skeleton: nn.Module, position: int, layout: LayerLayout, streamer: Streamer,
+    def __init__(self, skeleton: nn.Module, index: int, layout: LayerLayout, streamer: Streamer,
                  slots: list[torch.Tensor]) -> None:
         super().__init__()
         # Not registered as a submodule: its meta tensors must not count as the model's weights.
         object.__setattr__(self, "skeleton", skeleton)
-        self.position = position  # index in the streamed order
+        self.index = index  # in the model's layer list
         self.layout = layout
         self.streamer = streamer
         self.slots = slots
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        slot = self.streamer.acquire(self.position)
+        slot = self.streamer.acquire(self.index)
         try:
             weights = self.layout.views(self.slots[slot])
             return functional_call(self.skeleton, weights, args, kwargs, tie_weights=False, strict=True)
