@@ -2,6 +2,7 @@
 # Drive `specchat run` in a real terminal (tmux) as a new user would: start, ask a question,
 # change the budget with /budget 256 and see the panel follow, cancel a reply, quit.
 # Prints what the screen showed at each step; exits non-zero if a step is not seen.
+# SPECCHAT_ARGS adds options, e.g. SPECCHAT_ARGS="--offload disk --resident-layers 0".
 set -euo pipefail
 SESSION="specchat-smoke-$$"
 export SPECCHAT_DATA_DIR="${SPECCHAT_DATA_DIR:-$(mktemp -d)}"
@@ -25,7 +26,7 @@ wait_reply_done() {  # a finished reply leaves the screen unchanged (panels move
     echo "ok: reply finished after ${SECONDS}s"
 }
 trap 'tmux kill-session -t "$SESSION" 2>/dev/null || true' EXIT
-tmux new-session -d -s "$SESSION" -x 160 -y 45 "specchat run --temperature 0; sleep 5"
+tmux new-session -d -s "$SESSION" -x 160 -y 45 "specchat run --temperature 0 --budget 16 ${SPECCHAT_ARGS:-}; sleep 5"
 wait_for "loading" 60
 wait_for "Message, or /help" "$WAIT_LOAD"
 tmux send-keys -t "$SESSION" "/max-tokens 24" Enter
@@ -40,14 +41,19 @@ sleep 2
 tmux send-keys -t "$SESSION" "Write a long story about a tree." Enter
 wait_for "size 256" 600
 # Key-to-screen latency while decoding: type a marker and time until the terminal shows it.
+latencies=()
 for marker in zq01 zq02 zq03 zq04 zq05 zq06 zq07 zq08 zq09 zq10 zq11 zq12 zq13 zq14 zq15 zq16 zq17 zq18 zq19 zq20; do
     start=$(date +%s%N)
     tmux send-keys -t "$SESSION" -l "$marker"
     until screen | grep -aq "$marker"; do sleep 0.005; done
-    echo "key-to-screen latency while decoding: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+    latency=$(( ($(date +%s%N) - start) / 1000000 ))
+    latencies+=("$latency")
+    echo "key-to-screen latency while decoding: $latency ms"
     tmux send-keys -t "$SESSION" BSpace BSpace BSpace BSpace
     sleep 0.3
 done
+printf '%s\n' "${latencies[@]}" | sort -n | awk '{v[NR]=$1} END {
+    printf "latency over %d samples: median %d ms, p90 %d ms, max %d ms\n", NR, v[int((NR+1)/2)], v[int(NR*0.9)], v[NR] }'
 tmux send-keys -t "$SESSION" Escape
 wait_for "reply cut" 120
 screen | grep -aq "a reply is being written" && { echo "FAIL: a message was refused"; exit 1; }
