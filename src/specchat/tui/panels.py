@@ -30,8 +30,8 @@ def transfer_text(stats: LiveStats, label: str) -> str:
         return "transfer: none (weights resident)"
     seconds = stats.last.transfer_s if stats.last else 0.0
     stall = stats.last.stall_s if stats.last else 0.0
-    text = f"transfer {label}: {ms(seconds)} · {stats.transfer_gb_per_s:.2f} GB/s"
-    return text + f" · stall {ms(stall)}" if stall > 0 else text
+    # Two short lines: the panel is ~34 columns wide.
+    return f"transfer {label}: {ms(seconds)}\n{stats.transfer_gb_per_s:.2f} GB/s · stall {ms(stall)}"
 
 
 def timing_text(stats: LiveStats) -> str:
