@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict
+from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict, write_blob
 from specchat.offload.layout import LayerLayout, pack_into
 
 
@@ -79,9 +79,7 @@ class DiskStore:
     def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         layout = self.layouts[layer]
         pack_into(layout, tensors, self.scratch)
-        view = memoryview(self.scratch[: align_up(layout.nbytes)].numpy())
-        if os.pwrite(self.fd, view, self.offsets[layer]) != len(view):
-            raise OSError(f"short write to {self.path}")
+        write_blob(self.fd, self.scratch[: layout.nbytes], self.offsets[layer])
 
     def finish_writing(self) -> None:
         """Make the file durable, record what it holds, and drop it from the page cache."""
