@@ -10,11 +10,11 @@ import argparse
 import shlex
 import sys
 from datetime import date
-from time import perf_counter
 
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
+from specchat.bench.measure import run_prompts
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -43,12 +43,8 @@ def parse_args() -> argparse.Namespace:
 def measure(engine, prompts: list[list[int]], args, budget: int) -> dict:
     """Run every prompt at `budget`; aggregate over all iterations of all prompts."""
     engine.set_budget(budget)
-    events, wall = [], 0.0
-    for prompt_ids in prompts:
-        sampling = SamplingParams(args.temperature, args.top_p, args.seed)
-        start = perf_counter()
-        events.extend(engine.generate(prompt_ids, args.max_new_tokens, sampling))
-        wall += perf_counter() - start
+    sampling = SamplingParams(args.temperature, args.top_p, args.seed)
+    events, wall = run_prompts(engine, prompts, args.max_new_tokens, sampling)
     summary = summarize(events, wall)
     return {
         "budget": budget,

@@ -13,12 +13,12 @@ import shlex
 import sys
 from datetime import date
 from pathlib import Path
-from time import perf_counter
 
 import torch
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
+from specchat.bench.measure import run_prompts
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
@@ -58,12 +58,8 @@ def parse_args() -> argparse.Namespace:
 
 def measure(engine, prompts: list[list[int]], args) -> dict:
     """Every prompt through `engine`; figures over all iterations of all prompts."""
-    events, wall = [], 0.0
-    for prompt_ids in prompts:
-        sampling = SamplingParams(args.temperature, args.top_p, args.seed)
-        start = perf_counter()
-        events.extend(engine.generate(prompt_ids, args.max_new_tokens, sampling))
-        wall += perf_counter() - start
+    sampling = SamplingParams(args.temperature, args.top_p, args.seed)
+    events, wall = run_prompts(engine, prompts, args.max_new_tokens, sampling)
     s = summarize(events, wall)
     return {
         "gen rate": s.gen_rate,

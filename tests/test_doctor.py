@@ -1,24 +1,15 @@
 """`specchat doctor`: the recommendation rule, the report, and the command end to end."""
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from test_cli import run_cli
 
-from specchat.cli import main
 from specchat.offload.doctor import CudaDevice, Facts, Recommendation, advise, recommend, render
 
 GB = 10**9
 TARGET = 3 * GB  # needs 3.6 GB with 20% headroom
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["specchat", *args])
-    with pytest.raises(SystemExit) as exited:
-        main()
-    out, err = capsys.readouterr()
-    return exited.value.code, out, err
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from dataclasses import asdict, dataclass
 
 from specchat.decoding.events import IterationEvent
+from specchat.offload.streamer import gbps
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class Summary:
     @property
     def transfer_gbps(self) -> float:
         """Weight streaming throughput while the link was busy, GB/s (1e9 bytes)."""
-        return self.transfer_bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
+        return gbps(self.transfer_bytes, self.transfer_s)
 
 
 def summarize(events: list[IterationEvent], wall_s: float) -> Summary:

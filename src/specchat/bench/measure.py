@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from specchat.bench.runner import Measure, Point, Setup
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import Engine, SamplingParams
+from specchat.decoding.events import Engine, IterationEvent, SamplingParams
 from specchat.summary import Summary, summarize
 
 MakeEngine = Callable[[str, TreeShape], Engine]  # an engine name and tree shape -> an engine over loaded models
@@ -19,10 +19,20 @@ MakeEngine = Callable[[str, TreeShape], Engine]  # an engine name and tree shape
 FIGURES = (*(field.name for field in fields(Summary)), "mean_tree_size", "mean_depth")
 
 
+def run_prompts(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
+                sampling: SamplingParams) -> tuple[list[IterationEvent], float]:
+    """Every prompt through `engine`: all their events, and the wall time spent generating."""
+    events, wall = [], 0.0
+    for prompt_ids in prompts:
+        start = perf_counter()
+        events.extend(engine.generate(prompt_ids, max_new_tokens, sampling))
+        wall += perf_counter() - start
+    return events, wall
+
+
 def measure_engine(engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> dict:
-    start = perf_counter()
-    events = list(engine.generate(prompt_ids, max_new_tokens, sampling))
-    summary = summarize(events, perf_counter() - start)
+    events, wall = run_prompts(engine, [prompt_ids], max_new_tokens, sampling)
+    summary = summarize(events, wall)
     return {
         **asdict(summary),
         "mean_tree_size": sum(e.tree_size for e in events) / len(events),

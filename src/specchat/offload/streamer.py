@@ -15,6 +15,11 @@ from time import perf_counter
 from typing import Any, Protocol
 
 
+def gbps(nbytes: int, seconds: float) -> float:
+    """Throughput in GB/s (1e9 bytes); 0 when nothing took time."""
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class TransferStats:
     """Cumulative counters; subtract two snapshots for one interval."""
@@ -29,7 +34,7 @@ class TransferStats:
     @property
     def gbps(self) -> float:
         """Throughput of the link while it was busy, in GB/s (1e9 bytes)."""
-        return self.bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
+        return gbps(self.bytes, self.transfer_s)
 
 
 class Transport(Protocol):

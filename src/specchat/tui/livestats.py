@@ -4,6 +4,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specchat.decoding.events import IterationEvent
+from specchat.offload.streamer import gbps
 from specchat.summary import Summary
 
 WINDOW = 60  # iterations shown in the sparklines
@@ -44,7 +45,7 @@ class LiveStats:
     @property
     def transfer_gb_per_s(self) -> float:
         last = self.last
-        return last.transfer_bytes / last.transfer_s / 1e9 if last and last.transfer_s > 0 else 0.0
+        return gbps(last.transfer_bytes, last.transfer_s) if last else 0.0
 
 
 def stats_report(last: Summary | None, stats: LiveStats) -> str:
