@@ -28,6 +28,12 @@ class IterationEvent:
     transfer_bytes: int = 0  # target weight bytes streamed during the iteration
     stall_s: float = 0.0  # time the target's compute waited for streamed weights
     finished: bool = False  # True on the last event (EOS or token limit)
+    # DSI only: verification jobs sent to target workers, cancelled because a draft they
+    # build on was rejected, and still queued or running, at this event.
+    jobs_submitted: int = 0
+    jobs_preempted: int = 0
+    jobs_in_flight: int = 0
+    notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     extra: dict = field(default_factory=dict)
 
 

@@ -29,7 +29,9 @@ def keep_slots(cache: DynamicCache, keep: torch.Tensor) -> None:
 
 
 def truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every slot at or after `length`."""
-    excess = cache_length(cache) - length
-    if excess > 0:
-        cache.crop(-excess)
+    """Drop every slot at or after `length`, layer by layer: after a forward interrupted
+    between layers (a preempted DSI job) the layers hold different lengths."""
+    for layer in cache.layers:
+        if layer.is_initialized and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]

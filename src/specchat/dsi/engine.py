@@ -1,0 +1,181 @@
+"""The DSI engine: the drafter drafts without waiting while target workers verify.
+
+Schedule (the simulator's, simulate/dsi.py): the drafter drafts one token at a time after the
+committed tokens and its earlier drafts, up to a window of lookahead x (workers + 1) drafts. A
+verification job is sent
+  (1) whenever k = lookahead drafts exist beyond the longest live job, and
+  (2) at once, with the drafts there are (possibly none: the target alone, as non-SI decodes),
+      whenever no job is live, so the target never idles waiting for k drafts.
+Jobs queue for the workers first-in first-out. Whenever a finished job decides tokens
+(dsi/jobs.py), they are committed; on the first rejected draft, the drafts beyond it are
+dropped, drafting restarts from the target's token, and every job built on a rejected draft is
+cancelled (preempted) whether it waits or runs. A job that can no longer decide anything because
+the frontier passed it is cancelled too, but not counted as preempted.
+
+Each event is one finished job whose tokens were committed: its drafts are the "tree", and
+draft_s / target_s are the drafter's time and the time spent waiting for workers since the
+previous event. The drafter samples with the target's own per-position uniforms, so where the
+two distributions agree the draft is the token the target will pick.
+"""
+
+import math
+from collections.abc import Collection, Iterator
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import count
+from statistics import median
+from time import perf_counter
+
+import torch
+
+from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length, new_cache, truncate
+from specchat.decoding.sampling import sample_token
+from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
+from specchat.dsi.workers import WorkerPool
+
+MIN_SAMPLES = 4  # jobs and single-token drafts timed before judging the worker count
+RECENT = 64  # timings kept for it
+
+
+@dataclass
+class Reply:
+    """One reply being decoded: `spec` is the committed tokens, then the drafts beyond them."""
+
+    spec: list[int]
+    committed: int
+    limit: int  # len(prompt) + max_new_tokens
+
+    def committed_tokens(self) -> list[int]:
+        return self.spec[: self.committed]
+
+
+@dataclass
+class Tally:
+    """What happened since the last event."""
+
+    submitted: int = 0
+    preempted: int = 0
+    draft_s: float = 0.0
+    wait_s: float = 0.0
+
+
+@dataclass
+class Latencies:
+    """Timings for the paper's worker bound; kept across replies."""
+
+    job_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    draft_token_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    def needed_workers(self, lookahead: int) -> int | None:
+        """ceil(target latency / (k x drafter latency)); None until enough is timed."""
+        if len(self.job_s) < MIN_SAMPLES or len(self.draft_token_s) < MIN_SAMPLES:
+            return None
+        return math.ceil(median(self.job_s) / (lookahead * median(self.draft_token_s)))
+
+
+class DSIEngine:
+    name = "dsi"
+
+    def __init__(self, draft: CausalLM, pool: WorkerPool, stop_ids: Collection[int], lookahead: int) -> None:
+        self.draft = draft
+        self.pool = pool
+        self.stop_ids = frozenset(stop_ids)
+        self.lookahead = lookahead  # read at every job, so a live change applies at once
+        self.job_ids = count()
+        self.latencies = Latencies()
+        self.noticed = False
+
+    def set_lookahead(self, lookahead: int) -> None:
+        self.lookahead = lookahead
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> Iterator[IterationEvent]:
+        reply = Reply(list(prompt_ids), len(prompt_ids), len(prompt_ids) + max_new_tokens)
+        cache, tally = new_cache(), Tally()
+        try:
+            while True:
+                for job, (targets, seconds) in self.next_results(reply, cache, sampling, tally):
+                    self.latencies.job_s.append(seconds)
+                    tokens = decided_tokens(job, targets, reply.committed_tokens(), self.stop_ids)
+                    if tokens:
+                        event = self.commit(reply, cache, job, tokens, tally)
+                        tally = Tally()
+                        yield event
+                        if event.finished:
+                            return
+        finally:
+            self.pool.cancel({job.id for job in self.pool.live_jobs()})
+
+    def next_results(self, reply: Reply, cache, sampling: SamplingParams, tally: Tally) -> list:
+        """Send due jobs and draft until some job finishes; wait for one when drafting is done."""
+        while not (results := self.pool.collect(block=False)):
+            self.send_due_jobs(reply, sampling, tally)
+            if not self.can_draft(reply):
+                start = perf_counter()
+                results = self.pool.collect(block=True)
+                tally.wait_s += perf_counter() - start
+                return results
+            self.draft_one(reply, cache, sampling, tally)
+        return results
+
+    def send_due_jobs(self, reply: Reply, sampling: SamplingParams, tally: Tally) -> None:
+        live = self.pool.live_jobs()
+        covered = max((len(job.tokens) for job in live), default=None)
+        if covered is None or len(reply.spec) - covered >= self.lookahead:
+            self.pool.submit(VerifyJob(next(self.job_ids), tuple(reply.spec), reply.committed, sampling))
+            tally.submitted += 1
+
+    def can_draft(self, reply: Reply) -> bool:
+        window = self.lookahead * (len(self.pool.workers) + 1)
+        spec = reply.spec
+        # a draft at position limit - 1 would decide nothing: the job before it already does
+        return len(spec) - reply.committed < window and len(spec) < reply.limit - 1 and spec[-1] not in self.stop_ids
+
+    def draft_one(self, reply: Reply, cache, sampling: SamplingParams, tally: Tally) -> None:
+        start = perf_counter()
+        spec, cached = reply.spec, cache_length(cache)
+        hidden = self.draft.hidden(torch.tensor(spec[cached:]), torch.arange(cached, len(spec)), cache)
+        spec.append(sample_token(self.draft.logits(hidden[-1:])[0], sampling, len(spec)))
+        elapsed = perf_counter() - start
+        tally.draft_s += elapsed
+        if len(spec) - 1 - cached == 1:  # one token through the draft: its per-token latency
+            self.latencies.draft_token_s.append(elapsed)
+
+    def commit(self, reply: Reply, cache, job: VerifyJob, tokens: list[int], tally: Tally) -> IterationEvent:
+        """Append the decided tokens, drop rejected drafts, cancel the jobs that built on them."""
+        tokens = tokens[: reply.limit - reply.committed]
+        spec = reply.spec
+        for token in tokens:
+            position = reply.committed
+            if position >= len(spec) or spec[position] != token:
+                del spec[position:]
+                spec.append(token)
+                truncate(cache, position)
+            reply.committed += 1
+        committed = reply.committed_tokens()
+        dead = [j for j in self.pool.live_jobs() if not is_live(j, committed)]
+        tally.preempted += self.pool.cancel({j.id for j in dead if builds_on_rejected(j, committed)})
+        self.pool.cancel({j.id for j in dead})  # the rest were passed by the frontier
+        finished = tokens[-1] in self.stop_ids or reply.committed >= reply.limit
+        if finished:
+            self.pool.cancel({j.id for j in self.pool.live_jobs()})
+        event = IterationEvent(
+            token_ids=tokens, accepted=len(tokens) - 1, tree_size=job.drafts, depth=job.drafts,
+            draft_s=tally.draft_s, target_s=tally.wait_s,
+            jobs_submitted=tally.submitted, jobs_preempted=tally.preempted,
+            jobs_in_flight=len(self.pool.live_jobs()), finished=finished, notice=self.worker_notice(),
+        )
+        return event
+
+    def worker_notice(self) -> str:
+        """Once per engine: a remark when fewer workers than the paper's bound were given."""
+        needed = self.latencies.needed_workers(self.lookahead)
+        workers = len(self.pool.workers)
+        if self.noticed or needed is None or workers >= needed:
+            return ""
+        self.noticed = True
+        return (f"dsi: {workers} worker{"s" if workers != 1 else ""}, fewer than the {needed} that keep up with this drafter at lookahead "
+                f"{self.lookahead} (ceil(target latency / (k x drafter latency))); verification jobs will queue")
