@@ -177,5 +177,5 @@ class DSIEngine:
         if self.noticed or needed is None or workers >= needed:
             return ""
         self.noticed = True
-        return (f"dsi: {workers} worker{"s" if workers != 1 else ""}, fewer than the {needed} that keep up with this drafter at lookahead "
+        return (f"dsi: {workers} worker{'s' if workers != 1 else ''}, fewer than the {needed} that keep up with this drafter at lookahead "
                 f"{self.lookahead} (ceil(target latency / (k x drafter latency))); verification jobs will queue")
