@@ -181,7 +181,7 @@ def test_runtime_loader_forwards_the_steps_and_silences_stderr(tiny_target, monk
         report("assembling tiny.gguf", 0.5)
         report("ready", 1.0)
         engine = AutoregressiveEngine(tiny_target, stop_ids=[])
-        return Runtime(engine=engine, tokenizer=ChatTokenizer(), device=torch.device("cpu"))
+        return Runtime(engine=engine, tokenizer=ChatTokenizer(), device=torch.device("cpu"), context_tokens=1024)
 
     monkeypatch.setattr(runtime_backend, "build_runtime", fake_build_runtime)
     options = EngineOptions(engine="autoregressive")

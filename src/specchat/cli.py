@@ -16,7 +16,8 @@ from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.models.listing import list_models
 from specchat.offload.doctor import advise, default_offload_dir, gather, render
-from specchat.runtime import ENGINES, EngineOptions, Runtime, build_runtime, encode_prompt, validate
+from specchat.dsi.build import default_workers
+from specchat.runtime import ENGINES, EngineOptions, Runtime, build_runtime, encode_prompt, pick_device, validate
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
@@ -25,6 +26,10 @@ OFFLOAD_HELP = "Where the target's decoder layers live: none (on the device), ra
 OFFLOAD_DIR_HELP = "Directory of the disk tier's layer file (default: the user cache dir)."
 RESIDENT_HELP = "Decoder layers kept on the device when offloading (default: as many as free memory allows)."
 DRAFT_QUANT_HELP = "none | nf4 (the draft in 4-bit through bitsandbytes; CUDA only)."
+LOOKAHEAD_HELP = "dsi: drafts k per verification job."
+WORKERS_HELP = "dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device)."
+TREE_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
+RAY_HELP = "dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray])."
 
 app = typer.Typer(
     help="Chat with large language models on consumer hardware, fast, by speculative execution.",
@@ -63,6 +68,9 @@ def generate(
     offload_dir: str = typer.Option(None, help=OFFLOAD_DIR_HELP),
     resident_layers: int = typer.Option(None, help=RESIDENT_HELP),
     draft_quant: str = typer.Option("none", help=DRAFT_QUANT_HELP),
+    lookahead: int = typer.Option(EngineOptions.lookahead, help=LOOKAHEAD_HELP),
+    workers: str = typer.Option(None, help=WORKERS_HELP),
+    ray_address: str = typer.Option(None, help=RAY_HELP),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
@@ -73,6 +81,7 @@ def generate(
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     runtime = build_runtime(options)
     try:
@@ -89,6 +98,8 @@ def run_generation(runtime: Runtime, prompt: str, raw: bool, max_new_tokens: int
     start = perf_counter()
     for event in runtime.engine.generate(prompt_ids, max_new_tokens, sampling):
         events.append(event)
+        if event.notice:
+            print(f"notice: {event.notice}", file=sys.stderr)
         delta = text.push(event.token_ids)
         if not as_json:
             sys.stdout.write(delta)
@@ -127,7 +138,11 @@ def run(
     offload_dir: str = typer.Option(None, help=OFFLOAD_DIR_HELP),
     resident_layers: int = typer.Option(None, help=RESIDENT_HELP),
     draft_quant: str = typer.Option("none", help=DRAFT_QUANT_HELP),
+    engine: str = typer.Option("specexec", help=" | ".join(ENGINES) + " (/engine switches among those over the same models)"),
     budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
+    lookahead: int = typer.Option(EngineOptions.lookahead, help=LOOKAHEAD_HELP),
+    workers: str = typer.Option(None, help=WORKERS_HELP),
+    ray_address: str = typer.Option(None, help=RAY_HELP),
     temperature: float = typer.Option(0.6, help="0 = greedy."),
     top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
     seed: int = typer.Option(0, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
@@ -142,8 +157,9 @@ def run(
 
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
-        target=target, draft=draft, budget=budget, dtype=dtype,
+        target=target, draft=draft, engine=engine, budget=budget, dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     validate(options)
     settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed)
@@ -176,7 +192,7 @@ def doctor(
 @app.command()
 def bench(
     out: Path = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
-    engines: str = typer.Option(",".join(ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
+    engines: str = typer.Option(",".join(TREE_ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
     budgets: str = typer.Option("16,64,256,1024", help="Comma list of draft tree sizes K (engines with no draft run once)."),
     temperature: str = typer.Option("0.6,0", help="Comma list; 0 = greedy."),
     top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
@@ -188,6 +204,8 @@ def bench(
     target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
     draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
     dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+    workers: str = typer.Option(None, help="dsi: the target workers' devices (default: two on this machine's "
+                                "device); dsi takes --budgets as its lookahead."),
     compare_hf: bool = typer.Option(
         False, "--compare-hf", help="Also time transformers' assisted generation (engine hf-assisted) on the same "
         "prompts. It exposes only its tokens and wall time: its gen rate, draft / target times and tree are null.",
@@ -199,7 +217,8 @@ def bench(
         check_sampling(value, top_p, seed, max_new_tokens)
     names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", int)
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
-                  dtype=dtype, offload=offload, max_depth=EngineOptions.max_depth)
+                  dtype=dtype, offload=offload, max_depth=EngineOptions.max_depth,
+                  workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
     rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)
     from specchat.bench.plots import write_plots  # matplotlib takes ~0.4 s to import: only bench needs it

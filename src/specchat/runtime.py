@@ -14,6 +14,10 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
 from specchat.decoding.stopping import stop_token_ids
+from specchat.dsi.build import build_workers, default_workers
+from specchat.dsi.engine import DSIEngine
+from specchat.dsi.remote import import_ray
+from specchat.dsi.workers import WorkerPool, parse_devices
 from specchat.errors import SpecchatError
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
@@ -23,8 +27,9 @@ from specchat.offload.runner import Offload, OffloadPlan
 from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
 
-ENGINES = ("autoregressive", "specexec", "sd", "specinfer")
-DRAFTED_ENGINES = ("specexec", "sd", "specinfer")  # engines that need a draft model
+ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
+DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
+MAX_LOOKAHEAD = 64
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 OFFLOAD_TIERS = ("none", "ram", "disk")
 DRAFT_QUANTS = ("none", "nf4")
@@ -42,6 +47,9 @@ class EngineOptions:
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
     draft_quant: str = "none"  # nf4: the draft in 4-bit through bitsandbytes (CUDA only)
+    lookahead: int = 5  # dsi: drafts per verification job
+    workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
+    ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
 
 
 @dataclass
@@ -50,11 +58,15 @@ class Runtime:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     offload: Offload | None = None
+    workers: WorkerPool | None = None  # dsi's target workers
+    context_tokens: int | None = None  # the target's context length (build_runtime always sets it)
 
     def close(self) -> None:
-        """Stop the weight streamer's loader thread and close the layer file."""
+        """Stop the weight streamer's loader thread and close the layer file; stop DSI's workers."""
         if self.offload is not None:
             self.offload.close()
+        if self.workers is not None:
+            self.workers.close()
 
 
 def pick_device() -> torch.device:
@@ -89,9 +101,25 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:
         raise SpecchatError(f"unknown draft quantization '{options.draft_quant}': choose one of {', '.join(DRAFT_QUANTS)}")
+    validate_dsi(options)
     resolve(options.target)
     if options.engine in DRAFTED_ENGINES:
         resolve(options.draft)
+
+
+def validate_dsi(options: EngineOptions) -> None:
+    if not 1 <= options.lookahead <= MAX_LOOKAHEAD:
+        raise SpecchatError(f"--lookahead must be between 1 and {MAX_LOOKAHEAD} (got {options.lookahead})")
+    if options.engine != "dsi":
+        if options.ray_address is not None or options.workers is not None:
+            raise SpecchatError("--workers and --ray-address are for --engine dsi")
+        return
+    if options.offload != "none":
+        raise SpecchatError("--engine dsi keeps a target on every worker: use --offload none")
+    if options.workers is not None:
+        parse_devices(options.workers)
+    if options.ray_address is not None:
+        import_ray()
 
 
 def build_runtime(options: EngineOptions, progress: bool = True, report: Report | None = None) -> Runtime:
@@ -104,25 +132,53 @@ def build_runtime(options: EngineOptions, progress: bool = True, report: Report 
     device = pick_device()
     dtype = DTYPES[options.dtype]
     quantization = draft_quantization(options.draft_quant, device, dtype) if options.engine in DRAFTED_ENGINES else None
+    if options.engine == "dsi":
+        return build_dsi_runtime(options, device, dtype, quantization, reporter)
     target, offload = load_target(options, device, dtype, reporter)
     stops = stop_token_ids(target.model, target.tokenizer)
     target_lm, draft_lm = CausalLM(target.model, offload), None
     if options.engine in DRAFTED_ENGINES:
-        draft = load(options.draft, dtype, progress, report, quantization=quantization, device=device)
-        check_tokenizers_compatible(draft.tokenizer, target.tokenizer)
-        if quantization is None:
-            reporter.step(f"moving {draft.name} to {device.type}")
-            draft.model.to(device)
-        draft_lm = CausalLM(draft.model)
+        draft_lm = load_draft(options, device, dtype, quantization, target.tokenizer, reporter)
     budget = options.budget if options.budget is not None else default_budget(device, offload is not None)
     engine = make_engine(options.engine, target_lm, draft_lm, stops, TreeShape(budget=budget, max_depth=options.max_depth))
     reporter.step("ready", 1.0)
-    return Runtime(engine=engine, tokenizer=target.tokenizer, device=device, offload=offload)
+    return Runtime(engine=engine, tokenizer=target.tokenizer, device=device, offload=offload,
+                   context_tokens=target.model.config.max_position_embeddings)
+
+
+def load_draft(options: EngineOptions, device: torch.device, dtype: torch.dtype, quantization: object | None,
+               target_tokenizer: PreTrainedTokenizerBase, reporter: Reporter) -> CausalLM:
+    draft = load(options.draft, dtype, reporter.bars, reporter.report, quantization=quantization, device=device)
+    check_tokenizers_compatible(draft.tokenizer, target_tokenizer)
+    if quantization is None:
+        reporter.step(f"moving {draft.name} to {device.type}")
+        draft.model.to(device)
+    return CausalLM(draft.model)
+
+
+def build_dsi_runtime(options: EngineOptions, device: torch.device, dtype: torch.dtype, quantization: object | None,
+                      reporter: Reporter) -> Runtime:
+    """DSI: target workers (threads over one loaded target, or Ray actors) and the draft here."""
+    workers = build_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
+                            reporter)
+    try:
+        draft = load_draft(options, device, dtype, quantization, workers.tokenizer, reporter)
+    except BaseException:
+        workers.pool.close()
+        raise
+    engine = DSIEngine(draft, workers.pool, workers.stop_ids, options.lookahead)
+    reporter.step("ready", 1.0)
+    return Runtime(engine=engine, tokenizer=workers.tokenizer, device=device, workers=workers.pool,
+                   context_tokens=workers.context_tokens)
 
 
 def make_engine(name: str, target: CausalLM, draft: CausalLM | None, stop_ids: frozenset[int],
-                shape: TreeShape) -> Engine:
-    """The engine `name` over already loaded models (`draft` is None for autoregressive)."""
+                shape: TreeShape, workers: WorkerPool | None = None) -> Engine:
+    """The engine `name` over already loaded models (`draft` is None for autoregressive).
+
+    dsi verifies on `workers` (over `target`) and takes the budget as its lookahead, as sd takes
+    it as its chain length.
+    """
     if name == "autoregressive":
         return AutoregressiveEngine(target, stop_ids)
     if name == "specexec":
@@ -131,6 +187,10 @@ def make_engine(name: str, target: CausalLM, draft: CausalLM | None, stop_ids: f
         return ChainSDEngine(target, draft, stop_ids, shape)
     if name == "specinfer":
         return SpecInferEngine(target, draft, stop_ids, shape)
+    if name == "dsi":
+        if workers is None:
+            raise SpecchatError("dsi needs target workers (--workers)")
+        return DSIEngine(draft, workers, stop_ids, lookahead=shape.budget)
     raise SpecchatError(f"unknown engine '{name}': choose one of {', '.join(ENGINES)}")
 
 

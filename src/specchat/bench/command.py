@@ -10,7 +10,7 @@ from specchat.bench.pair import engine_options, load_models, model_measurer
 from specchat.bench.runner import Point, Setup, check_engines, run_sweep, uses_draft
 from specchat.errors import SpecchatError
 from specchat.models.loading import resolve
-from specchat.runtime import encode_prompt, validate
+from specchat.runtime import MAX_LOOKAHEAD, encode_prompt, validate
 
 MAX_BUDGET = 8192
 Item = TypeVar("Item")
@@ -34,6 +34,8 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts:
     outside = [budget for budget in budgets if not 1 <= budget <= MAX_BUDGET]
     if outside:
         raise SpecchatError(f"--budgets must be between 1 and {MAX_BUDGET} (got {outside[0]})")
+    if "dsi" in engines and max(budgets) > MAX_LOOKAHEAD:
+        raise SpecchatError(f"dsi takes --budgets as its lookahead: at most {MAX_LOOKAHEAD} (got {max(budgets)})")
     check_dataset(setup.dataset)
     if n_prompts < 1:
         raise SpecchatError(f"--n-prompts must be >= 1 (got {n_prompts})")
@@ -41,7 +43,7 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts:
         raise SpecchatError(f"--out {out_dir} is a file, not a directory")
     options = engine_options(setup)
     for engine in engines:
-        validate(replace(options, engine=engine))
+        validate(replace(options, engine=engine, workers=setup.workers if engine == "dsi" else None))
     if compare_hf:
         resolve(setup.draft)
 
@@ -49,7 +51,8 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts:
 def run_bench(setup: Setup, points: list[Point], n_prompts: int, out_dir: Path, progress: bool = True) -> list[dict]:
     """Load the prompts and the models once, then run the sweep; returns its rows."""
     texts = load_prompts(setup.dataset, n_prompts)
-    models = load_models(setup, with_draft=any(uses_draft(point.engine) for point in points), progress=progress)
+    models = load_models(setup, with_draft=any(uses_draft(point.engine) for point in points),
+                         with_workers=any(point.engine == "dsi" for point in points), progress=progress)
     try:
         prompts = [encode_prompt(models.tokenizer, text, raw=False) for text in texts]
         return run_sweep(setup, points, prompts, model_measurer(models, setup), out_dir, progress)

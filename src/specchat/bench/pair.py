@@ -10,6 +10,7 @@ from specchat.bench.runner import HF_ASSISTED, Measure, Point, Setup
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
+from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.loading import load
 from specchat.offload.runner import Offload
@@ -24,11 +25,14 @@ class BenchModels:
     tokenizer: PreTrainedTokenizerBase
     stop_ids: frozenset[int]
     offload: Offload | None
+    workers: WorkerPool | None  # dsi's target workers, when the sweep runs dsi
 
     def close(self) -> None:
-        """Stop the weight streamer of an offloaded target."""
+        """Stop the weight streamer of an offloaded target and dsi's workers."""
         if self.offload is not None:
             self.offload.close()
+        if self.workers is not None:
+            self.workers.close()
 
 
 def engine_options(setup: Setup) -> EngineOptions:
@@ -36,7 +40,7 @@ def engine_options(setup: Setup) -> EngineOptions:
                          offload=setup.offload)
 
 
-def load_models(setup: Setup, with_draft: bool, progress: bool = True) -> BenchModels:
+def load_models(setup: Setup, with_draft: bool, with_workers: bool = False, progress: bool = True) -> BenchModels:
     device, dtype = pick_device(), DTYPES[setup.dtype]
     target, offload = load_target(engine_options(setup), device, dtype, Reporter(progress))
     draft = None
@@ -46,13 +50,16 @@ def load_models(setup: Setup, with_draft: bool, progress: bool = True) -> BenchM
         loaded.model.to(device)
         draft = CausalLM(loaded.model)
     stops = stop_token_ids(target.model, target.tokenizer)
-    return BenchModels(CausalLM(target.model, offload), draft, target.tokenizer, stops, offload)
+    target_lm = CausalLM(target.model, offload)
+    workers = WorkerPool(thread_workers(target_lm, parse_devices(setup.workers))) if with_workers else None
+    return BenchModels(target_lm, draft, target.tokenizer, stops, offload, workers)
 
 
 def model_measurer(models: BenchModels, setup: Setup) -> Callable[[Point], Measure]:
     """Measures over the loaded models: specchat's engines, and transformers' assisted generation."""
     engines = engine_measurer(
-        lambda name, shape: make_engine(name, models.target, models.draft, models.stop_ids, shape), setup
+        lambda name, shape: make_engine(name, models.target, models.draft, models.stop_ids, shape, models.workers),
+        setup,
     )
 
     def measurer(point: Point) -> Measure:

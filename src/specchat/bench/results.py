@@ -10,12 +10,13 @@ RESULTS_FILE = "results.jsonl"
 # What identifies a measurement: a rerun skips rows whose key is already in the file.
 KEY_FIELDS = (
     "engine", "budget", "temperature", "top_p", "seed", "dataset", "prompt_index", "max_new_tokens",
-    "target", "draft", "dtype", "offload",
+    "target", "draft", "dtype", "offload", "workers",
 )
 
 
 def row_key(row: dict) -> tuple:
-    return tuple(row[field] for field in KEY_FIELDS)
+    # .get: rows written before a field existed lack it, and it was None for them
+    return tuple(row.get(field) for field in KEY_FIELDS)
 
 
 def drop_partial_line(path: Path) -> None:

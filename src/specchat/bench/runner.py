@@ -29,6 +29,7 @@ class Setup:
     dtype: str
     offload: str
     max_depth: int
+    workers: str = "cpu,cpu"  # dsi's target workers
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ def identity(setup: Setup, point: Point, prompt_index: int) -> dict:
         "max_new_tokens": setup.max_new_tokens, "target": setup.target,
         "draft": setup.draft if uses_draft(point.engine) else None, "dtype": setup.dtype, "offload": setup.offload,
         "max_depth": setup.max_depth if point.engine in DRAFTED_ENGINES else None,
+        "workers": setup.workers if point.engine == "dsi" else None,
     }
 
 

@@ -87,6 +87,13 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     return LoadedModel(model, tokenizer, source.name, source)
 
 
+def load_tokenizer(spec: str, progress: bool = True, report: Report | None = None) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of `spec` (the weights are fetched or assembled if they are not local)."""
+    source = resolve(spec)
+    directory, gguf_file = materialize(source, Reporter(progress, report))
+    return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+
+
 def own_aligned_weights(model: PreTrainedModel) -> None:
     """Copy weights that are still views of the memory-mapped checkpoint into fresh memory.
 
