@@ -1,0 +1,136 @@
+"""The DSI engine on tiny models: exactness against autoregressive decoding (greedy and seeded)
+for several worker counts and lookaheads, preemption, limits, the worker-count notice, cache
+reuse across replies, and cancellation when the consumer stops early."""
+
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+from test_engines import GREEDY, PROMPT, run
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.events import SamplingParams
+from specchat.dsi.engine import DSIEngine
+from specchat.dsi.workers import WorkerPool, thread_workers
+
+SEEDED = SamplingParams(0.6, 0.9, seed=11)
+CPU = torch.device("cpu")
+
+
+@contextmanager
+def dsi(target, draft, workers: int, lookahead: int, stop_ids=()):
+    pool = WorkerPool(thread_workers(target, [CPU] * workers))
+    try:
+        yield DSIEngine(draft, pool, stop_ids, lookahead)
+    finally:
+        pool.close()
+
+
+@contextmanager
+def slowed(model, seconds: float):
+    """Every forward of `model` takes at least `seconds` longer (a hook on its first layer)."""
+    def sleep(_module, _args):
+        time.sleep(seconds)
+    handle = model.get_decoder().layers[0].register_forward_pre_hook(sleep)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def worker_model(engine: DSIEngine, index: int):
+    return engine.pool.workers[index].verifier.target.model
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("workers,lookahead", [(1, 1), (1, 4), (2, 1), (2, 3), (3, 2)])
+def test_dsi_equals_autoregressive(tiny_target, tiny_draft, rough_draft, sampling, workers, lookahead):
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling, 60)
+    for draft in (tiny_draft, rough_draft):
+        with dsi(tiny_target, draft, workers, lookahead) as engine:
+            tokens, events = run(engine, sampling, 60)
+        assert tokens == reference
+        assert events[-1].finished and not any(e.finished for e in events[:-1])
+        assert all(e.accepted == len(e.token_ids) - 1 <= e.tree_size for e in events)
+
+
+def test_a_good_draft_is_accepted(tiny_target):
+    """The target as its own draft: no draft is ever rejected, so nothing is preempted."""
+    with dsi(tiny_target, tiny_target, workers=2, lookahead=4) as engine:
+        tokens, events = run(engine, GREEDY, 60)
+    assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 60)[0]
+    assert sum(e.accepted for e in events) > 0
+    assert sum(e.jobs_preempted for e in events) == 0
+
+
+def test_rejections_preempt_jobs_in_flight(tiny_target, rough_draft):
+    """Slow target workers and a fast, often wrong drafter: several jobs are in flight when a
+    draft is rejected, and the jobs built on it are cancelled, with the output still exact."""
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 40)
+    with dsi(tiny_target, rough_draft, workers=2, lookahead=1) as engine:
+        with slowed(worker_model(engine, 0), 0.02), slowed(worker_model(engine, 1), 0.02):
+            tokens, events = run(engine, GREEDY, 40)
+    assert tokens == reference
+    assert sum(e.jobs_preempted for e in events) > 0
+    assert max(e.jobs_in_flight for e in events) >= 1
+    assert sum(e.jobs_submitted for e in events) > len(events)
+
+
+def test_stops_at_a_stop_token_and_at_the_limit(tiny_target, tiny_draft):
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 40)
+    stop = reference[10]
+    first = reference.index(stop)
+    with dsi(tiny_target, tiny_draft, workers=2, lookahead=3, stop_ids=[stop]) as engine:
+        tokens, events = run(engine, GREEDY, 40)
+        assert tokens == reference[: first + 1] and events[-1].finished
+        for limit in (1, 2, 7):
+            engine.stop_ids = frozenset()
+            tokens, events = run(engine, GREEDY, limit)
+            assert tokens == reference[:limit] and events[-1].finished
+
+
+def test_replies_reuse_the_workers_and_stay_exact(tiny_target, tiny_draft):
+    other_prompt = [4, 4, 8, 1]
+    with dsi(tiny_target, tiny_draft, workers=2, lookahead=2) as engine:
+        for prompt in (PROMPT, PROMPT, other_prompt, PROMPT):
+            for sampling in (GREEDY, SEEDED):
+                reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling, 30, prompt)
+                assert run(engine, sampling, 30, prompt)[0] == reference
+
+
+def test_stopping_early_cancels_every_job(tiny_target, rough_draft):
+    with dsi(tiny_target, rough_draft, workers=2, lookahead=1) as engine:
+        with slowed(worker_model(engine, 0), 0.01), slowed(worker_model(engine, 1), 0.01):
+            reply = engine.generate(PROMPT, 40, GREEDY)
+            next(reply)
+            reply.close()
+            assert engine.pool.live_jobs() == []
+            reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 20)
+            assert run(engine, GREEDY, 20)[0] == reference
+
+
+def test_lookahead_changes_apply_mid_reply(tiny_target):
+    with dsi(tiny_target, tiny_target, workers=1, lookahead=2) as engine:
+        reply = engine.generate(PROMPT, 60, GREEDY)
+        first = next(reply)
+        engine.set_lookahead(6)
+        rest = list(reply)
+    assert first.tree_size <= 2
+    assert max(e.tree_size for e in rest) > 2
+
+
+def test_too_few_workers_get_one_notice(tiny_target, tiny_draft):
+    """A target job far slower than k drafts: the paper's bound asks for more than one worker."""
+    with dsi(tiny_target, tiny_draft, workers=1, lookahead=1) as engine:
+        with slowed(worker_model(engine, 0), 0.03):
+            notices = [e.notice for e in run(engine, GREEDY, 30)[1] + run(engine, GREEDY, 30)[1] if e.notice]
+    assert len(notices) == 1
+    assert notices[0].startswith("dsi: 1 worker, fewer than the ")
+
+
+def test_enough_workers_get_no_notice(tiny_target, tiny_draft):
+    """A drafter far slower than a target job: one worker keeps up."""
+    with dsi(tiny_target, tiny_draft, workers=2, lookahead=5) as engine, slowed(tiny_draft.model, 0.02):
+        events = run(engine, GREEDY, 30)[1]
+    assert not any(e.notice for e in events)
