@@ -1,5 +1,6 @@
 """The chat app driven with Pilot against the fake engine: sending, streaming, cancelling, keys,
-slash commands, history across restarts, the live panels and the loading screen."""
+slash commands, history across restarts, the live panels (dsi's too), engine notices and the
+loading screen."""
 
 import asyncio
 import threading
@@ -11,7 +12,7 @@ from textual.widgets import Log, ProgressBar, Sparkline, Static
 
 from specchat.errors import SpecchatError
 from specchat.tui.app import SpecchatApp
-from specchat.tui.fake import REPLY, FakeBackend, FakeEngine
+from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine
 from specchat.tui.loading import LoadingScreen
 from specchat.tui.store import ConversationStore
 from specchat.tui.turns import AssistantTurn, Notice, SystemTurn, UserTurn
@@ -219,6 +220,7 @@ def test_copy_keys_put_the_reply_and_its_code_on_the_clipboard(store_path):
 INVALID_COMMANDS = [
     "/budget -5", "/budget abc", "/budget", "/temp 7", "/top-p 0", "/depth 300", "/max-tokens 0",
     "/seed -1", "/engine warp", "/clear now", "/load abc", "/load 99", "/frobnicate", "/retry", "/save",
+    "/lookahead 0", "/lookahead 8",  # the latter: specexec has no lookahead
 ]
 
 
@@ -307,6 +309,7 @@ def test_conversation_commands(store_path, tmp_path):
 
             await say(pilot, "/help")
             assert "/max-tokens N" in last_notice(app).text and "Esc stop reply" in last_notice(app).text
+            assert "/lookahead N" in last_notice(app).text
             await say(pilot, "/quit")
             await wait_until(pilot, lambda: not app.is_running)
 
@@ -385,6 +388,7 @@ def test_panels_follow_every_iteration_and_a_live_budget_change(store_path):
             assert app.query_one("#tree-spark", Sparkline).data == sizes
             assert app.query_one("#accepted-spark", Sparkline).data == [e.accepted for e in app.reply_events]
             assert str(app.query_one("#tree", Static).content).startswith("size 99")
+            assert not app.query_one("#jobs-section").display  # specexec sends no verification jobs
             mean = sum(e.accepted for e in app.reply_events) / len(app.reply_events)
             assert f"mean {mean:.2f}" in str(app.query_one("#accepted", Static).content)
             await pilot.press("f2")
@@ -502,5 +506,109 @@ def test_view_follows_new_text_only_while_at_the_bottom(store_path):
             await ask(pilot, "three")
             await pilot.pause()
             assert view.scroll_y == view.max_scroll_y
+
+    run(scenario)
+
+
+def panel_text(app, widget_id: str) -> str:
+    return str(app.query_one(widget_id, Static).content)
+
+
+def test_dsi_panels_show_the_jobs_of_the_last_event_and_of_the_reply(store_path):
+    app = make_app(store_path, [FakeDSIEngine()])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            assert app.query_one("#jobs-section").display
+            assert panel_text(app, "#settings").splitlines()[:2] == ["engine dsi", "lookahead 5 · workers 2"]
+            await ask(pilot, "one")
+            await ask(pilot, "two")  # totals restart with each reply
+            events = app.reply_events
+            # 33 events of 2 jobs; the 5 whose chunk is a full job had no rejected draft
+            assert len(events) == 33
+            assert (sum(e.jobs_submitted for e in events), sum(e.jobs_preempted for e in events)) == (66, 28)
+            last = events[-1]
+            assert (last.jobs_submitted, last.jobs_preempted, last.jobs_in_flight) == (2, 1, 0)
+            assert panel_text(app, "#jobs") == "sent 2 · preempted 1 · in flight 0\nreply: sent 66 · preempted 28"
+
+    run(scenario)
+
+
+def test_an_engine_notice_is_shown_once_above_its_reply(store_path):
+    app = make_app(store_path, [FakeDSIEngine()])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await ask(pilot, "one")
+            await ask(pilot, "two")
+            shown = [notice for notice in notices(app) if notice.text == WORKER_NOTICE]
+            assert len(shown) == 1 and not shown[0].has_class("error")
+            turns = list(app.view.children)
+            assert turns.index(shown[0]) == turns.index(app.query(AssistantTurn).first()) - 1
+            # Textual keeps no public list of toasts.
+            toasts = [(n.message, n.severity) for n in app._notifications]
+            assert toasts == [(WORKER_NOTICE, "warning")]
+
+    run(scenario)
+
+
+def test_an_engine_notice_survives_a_cut_reply(store_path):
+    class LateNotice(FakeDSIEngine):
+        """Says its notice on its second event, made after Esc has cut the reply."""
+
+        events = 0
+
+        def take_notice(self) -> str:
+            self.events += 1
+            return WORKER_NOTICE if self.events == 2 else ""
+
+    app = make_app(store_path, [LateNotice(delay_s=0.2)])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "go")
+            await wait_until(pilot, lambda: app.reply_events)
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: any(n.text == WORKER_NOTICE for n in notices(app)), timeout=1)
+            assert len(app.reply_events) == 1 and app.query(AssistantTurn).last().cut
+
+    run(scenario)
+
+
+def test_lookahead_command_on_dsi(store_path):
+    engine = FakeDSIEngine(reply=REPLY[:60], delay_s=0.1)
+    app = make_app(store_path, [engine])
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "/lookahead 65")
+            assert last_notice(app).text == "lookahead must be between 1 and 64 (got 65)"
+            assert last_notice(app).has_class("error") and engine.lookahead == 5 and app.settings.lookahead == 5
+            await say(pilot, "/lookahead 8")
+            assert last_notice(app).text == "lookahead set to 8" and engine.lookahead == 8
+            assert "lookahead 8 · workers 2" in panel_text(app, "#settings")
+            await say(pilot, "go")
+            await wait_until(pilot, lambda: len(app.reply_events) >= 1)
+            await say(pilot, "/lookahead 3")
+            assert last_notice(app).text == "lookahead set to 3 from the next job"
+            await wait_until(pilot, lambda: replying_done(app))
+            sizes = [e.tree_size for e in app.reply_events]
+            assert sizes[0] == 8 and sizes[-1] == 3
+            assert panel_text(app, "#tree").startswith("size 3")
+
+    run(scenario)
+
+
+def test_lookahead_command_does_not_apply_to_other_engines(store_path):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, "/lookahead 8")
+            assert last_notice(app).text == "/lookahead applies to the dsi engine only, not specexec"
+            assert last_notice(app).has_class("error") and app.settings.lookahead == 5
+            assert "budget 16 · depth 24" in panel_text(app, "#settings")
+            await say(pilot, "/budget 40")  # tree engines keep their own commands
+            assert app.backend.engine.budget == 40 and not last_notice(app).has_class("error")
 
     run(scenario)

@@ -1,4 +1,5 @@
-"""The app's pure parts: context fitting, input recall, code-block copy, live figures, the decoding loop."""
+"""The app's pure parts: context fitting, input recall, code-block copy, live figures, panel
+texts, the decoding loop and the fake dsi engine."""
 
 import threading
 
@@ -7,11 +8,13 @@ import pytest
 from specchat.decoding.events import IterationEvent, SamplingParams
 from specchat.tui.clipboard import last_code_block
 from specchat.tui.context import ContextOverflow, fit_prompt
-from specchat.tui.decoder import ReplyJob, decode_reply
-from specchat.tui.fake import REPLY, FakeBackend, FakeEngine, FakeTokenizer
+from specchat.tui.decoder import ReplyJob, decode_reply, run_events
+from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, FakeTokenizer
 from specchat.tui.history import InputHistory
 from specchat.tui.livestats import WINDOW, LiveStats
-from specchat.tui.messages import IterationArrived, ReplyFinished
+from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
+from specchat.tui.panels import jobs_text, settings_text
+from specchat.tui.settings import DecodingSettings
 from specchat.textstream import TextStream
 
 
@@ -92,6 +95,28 @@ def test_live_stats_window_mean_rate_and_bandwidth():
     assert stats.transfer_gb_per_s == pytest.approx(2.0)
 
 
+def jobs_event(submitted, preempted, in_flight):
+    return IterationEvent(token_ids=[1], accepted=0, tree_size=4, depth=4, draft_s=0.01, target_s=0.03,
+                          jobs_submitted=submitted, jobs_preempted=preempted, jobs_in_flight=in_flight)
+
+
+def test_jobs_text_shows_the_last_event_and_the_reply_totals():
+    stats = LiveStats()
+    assert jobs_text(stats) == "sent – · preempted – · in flight –\nreply: sent 0 · preempted 0"
+    stats.record(jobs_event(9, 9, 9))
+    stats.start_reply()  # totals are per reply
+    for submitted, preempted, in_flight in [(3, 0, 2), (1, 2, 1), (2, 1, 3)]:
+        stats.record(jobs_event(submitted, preempted, in_flight))
+    assert jobs_text(stats) == "sent 2 · preempted 1 · in flight 3\nreply: sent 6 · preempted 3"
+
+
+def test_settings_text_shows_lookahead_and_workers_for_dsi_only():
+    tree = DecodingSettings(budget=32, depth=8, lookahead=7)
+    assert settings_text(tree, workers=0) == "engine specexec\nbudget 32 · depth 8\ntemp 0.6 · top-p 0.9 · seed 0"
+    dsi = DecodingSettings(engine="dsi", lookahead=7, seed=None)
+    assert settings_text(dsi, workers=3) == "engine dsi\nlookahead 7 · workers 3\ntemp 0.6 · top-p 0.9 · seed off"
+
+
 def job(engine, **kwargs):
     return ReplyJob(1, engine, [1, 2, 3], 1000, SamplingParams(), TextStream(FakeTokenizer()), **kwargs)
 
@@ -116,6 +141,34 @@ def test_decode_reply_stops_at_the_first_event_after_cancel():
 
     decode_reply(reply, threading.Lock(), post)
     assert len(posted) == 1  # one iteration, no ReplyFinished
+
+
+def test_decode_reply_posts_a_notice_even_after_cancel():
+    posted = []
+    reply = job(FakeDSIEngine())
+    reply.cancel.set()
+    run_events(reply, posted.append)  # as if cancelled while the first iteration ran
+    assert posted == [EngineNotice(WORKER_NOTICE)]
+
+
+def test_decode_reply_posts_the_notice_before_its_iteration():
+    posted = []
+    decode_reply(job(FakeDSIEngine()), threading.Lock(), posted.append)
+    assert posted[0] == EngineNotice(WORKER_NOTICE)
+    assert isinstance(posted[1], IterationArrived) and posted[1].event.notice == WORKER_NOTICE
+    assert sum(isinstance(m, EngineNotice) for m in posted) == 1
+
+
+def test_fake_dsi_engine_reads_its_lookahead_live_and_notices_once():
+    engine = FakeDSIEngine()
+    first = list(engine.generate([1], 40, SamplingParams()))
+    engine.set_lookahead(2)
+    second = list(engine.generate([1], 40, SamplingParams()))
+    assert [e.notice for e in first + second] == [WORKER_NOTICE] + [""] * (len(first) + len(second) - 1)
+    assert {e.tree_size for e in first} == {5} and {e.tree_size for e in second} == {2}
+    assert all(e.jobs_submitted == 2 for e in first) and first[-1].jobs_in_flight == 0
+    assert [e.jobs_preempted for e in first[:6]] == [1, 1, 1, 1, 1, 0]  # chunks of 4 2 5 1 3 6 tokens
+    assert FakeBackend([engine]).settings.lookahead == 2
 
 
 def test_decode_reply_waits_for_the_engine_lock():

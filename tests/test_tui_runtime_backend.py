@@ -1,17 +1,22 @@
-"""The real-model backend over tiny random models: engines, settings, and a reply in the app."""
+"""The real-model backend over tiny random models: engines, settings, and a reply in the app,
+with SpecExec and with DSI."""
 
 import asyncio
+from collections.abc import Iterator
 from time import perf_counter
 
 import pytest
 import torch
+from textual.widgets import Static
 
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.specexec import SpecExecEngine
+from specchat.dsi.engine import DSIEngine
+from specchat.dsi.workers import WorkerPool, thread_workers
 from specchat.errors import SpecchatError
 from specchat.runtime import Runtime
 from specchat.tui.app import SpecchatApp
-from specchat.tui.runtime_backend import RuntimeBackend, transfer_label
+from specchat.tui.runtime_backend import RuntimeBackend, engines_of, live_settings_of, transfer_label
 from specchat.tui.settings import DecodingSettings
 from specchat.tui.store import ConversationStore
 
@@ -35,6 +40,15 @@ def backend(tiny_target, tiny_draft) -> RuntimeBackend:
     runtime = Runtime(engine=engine, tokenizer=TinyTokenizer(), device=torch.device("cpu"))
     settings = DecodingSettings(temperature=0.0, max_tokens=24)
     return RuntimeBackend(runtime, "tiny pair", settings, context_tokens=1024, transfer_label="")
+
+
+@pytest.fixture
+def dsi_backend(tiny_target, tiny_draft) -> Iterator[RuntimeBackend]:
+    pool = WorkerPool(thread_workers(tiny_target, [torch.device("cpu")]))
+    engine = DSIEngine(tiny_draft, pool, stop_ids=[], lookahead=3)
+    runtime = Runtime(engine=engine, tokenizer=TinyTokenizer(), device=torch.device("cpu"))
+    yield RuntimeBackend(runtime, "tiny pair", DecodingSettings(temperature=0.0, max_tokens=24), 1024, "")
+    pool.close()
 
 
 def test_backend_takes_the_tree_shape_and_offers_the_baseline(backend):
@@ -78,5 +92,37 @@ def test_specexec_reply_in_the_app_fills_the_panels(backend, tmp_path):
             assert stats.iterations > 0 and max(stats.tree_sizes) > 0
             assert sum(len(e.token_ids) for e in app.reply_events) == 24
             assert len(app.entries[-1].content) == 24
+
+    asyncio.run(scenario())
+
+
+def test_dsi_is_offered_alone_with_its_lookahead(dsi_backend):
+    engine = dsi_backend.engine
+    assert engines_of(engine) == {"dsi": engine} and dsi_backend.engine_names == ("dsi",)
+    assert (dsi_backend.settings.engine, dsi_backend.settings.lookahead) == ("dsi", 3)
+    assert (dsi_backend.settings.budget, dsi_backend.settings.depth) == (16, 24)  # defaults: dsi has no tree
+    assert live_settings_of(engine) == {"lookahead": 3}
+
+
+def test_dsi_reply_in_the_app_fills_the_jobs_panel(dsi_backend, tmp_path):
+    app = SpecchatApp(dsi_backend, ConversationStore(tmp_path / "history.sqlite3"))
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            settings = str(app.query_one("#settings", Static).content)
+            assert "lookahead 3 · workers 1" in settings
+            app.prompt.load_text("hello")
+            await pilot.press("enter")
+            deadline = perf_counter() + 30
+            while app.job is not None or len(app.entries) < 2:
+                assert perf_counter() < deadline
+                await pilot.pause(0.05)
+            events = app.reply_events
+            sent = sum(e.jobs_submitted for e in events)
+            assert sum(len(e.token_ids) for e in events) == 24 and sent >= len(events)
+            jobs = str(app.query_one("#jobs", Static).content)
+            assert app.query_one("#jobs-section").display and f"reply: sent {sent} · preempted" in jobs
+            await pilot.press(*"/lookahead 4", "enter")
+            assert app.backend.engine.lookahead == 4
 
     asyncio.run(scenario())

@@ -3,7 +3,7 @@
 from time import perf_counter
 
 from specchat.tui.app import SpecchatApp
-from specchat.tui.fake import REPLY, FakeBackend
+from specchat.tui.fake import REPLY, FakeBackend, FakeDSIEngine
 from specchat.tui.store import ConversationStore
 
 
@@ -28,6 +28,21 @@ def test_main_screen_after_a_reply(snap_compare, tmp_path):
         await pilot.press("enter")
         app.prompt.load_text("/te")
         await pilot.press("tab")
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+def test_dsi_panels_after_a_reply(snap_compare, tmp_path):
+    """Wide terminal, the dsi engine: its verification jobs and lookahead in the panels, a
+    lookahead change, and its worker notice in the transcript and as a toast."""
+    app = SpecchatApp(FakeBackend([FakeDSIEngine()]), ConversationStore(tmp_path / "history.sqlite3"))
+
+    async def run_before(pilot) -> None:
+        app.prompt.load_text("Write a greeting function.")
+        await pilot.press("enter")
+        await wait_for_reply(pilot)
+        app.prompt.load_text("/lookahead 8")
+        await pilot.press("enter")
 
     assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
 

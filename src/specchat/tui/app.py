@@ -32,7 +32,7 @@ from specchat.tui.decoder import ReplyJob, decode_reply
 from specchat.tui.export import to_markdown
 from specchat.tui.livestats import stats_report
 from specchat.tui.loading import LoadingScreen
-from specchat.tui.messages import BackendLoaded, IterationArrived, LoadProgress, ReplyFinished
+from specchat.tui.messages import BackendLoaded, EngineNotice, IterationArrived, LoadProgress, ReplyFinished
 from specchat.tui.panels import Panels
 from specchat.tui.settings import DecodingSettings
 from specchat.tui.store import ConversationStore
@@ -40,6 +40,9 @@ from specchat.tui.transcript import Entry, system_messages, title_of
 from specchat.tui.turns import AssistantTurn, Notice, SystemTurn, UserTurn
 
 PANELS_MIN_WIDTH = 110  # columns below which the panels start hidden
+# Settings an engine reads while it decodes, and when a change made mid-reply takes effect.
+LIVE_FROM = {"budget": "the next iteration", "depth": "the next iteration", "lookahead": "the next job"}
+NOTICE_TOAST_S = 12  # an engine notice is a long line: time to read it
 KEYS_HELP = (
     "keys: Enter send · Shift+Enter/Ctrl+J newline · Up/Down recall · Tab complete · Esc stop reply · "
     "Ctrl+C stop, twice quit · Ctrl+R copy reply · Ctrl+O copy code · F2 panels"
@@ -49,6 +52,12 @@ KEYS_HELP = (
 def describe(error: BaseException) -> str:
     """One line for the user: a SpecchatError is already worded for them, others get their type."""
     return str(error) if isinstance(error, SpecchatError) else f"{type(error).__name__}: {error}"
+
+
+def worker_count(engine: Engine) -> int:
+    """DSI's target workers, from its pool; engines without a pool have none."""
+    pool = getattr(engine, "pool", None)
+    return len(pool.workers) if pool is not None else 0
 
 
 class SpecchatApp(App):
@@ -159,7 +168,7 @@ class SpecchatApp(App):
         self.sub_title = backend.name
         self.panels.transfer_label = backend.transfer_label
         self.panels.show_figures()
-        self.panels.show_settings(self.settings)
+        self.show_settings()
         if self.resume_id is not None:
             await self.open_conversation(self.resume_id)
         elif self.settings.system_prompt:
@@ -234,6 +243,14 @@ class SpecchatApp(App):
         self.reply_events.append(message.event)
         self.panels.record(message.event)
         await self.reply_turn.write(message.text)
+
+    async def on_engine_notice(self, message: EngineNotice) -> None:
+        # About the engine, not one reply: shown even when that reply was cut meanwhile. The toast
+        # catches the eye mid-reply, the line above the reply keeps it in the transcript.
+        if not self.is_running:
+            return
+        self.notify(message.text, title="engine notice", severity="warning", timeout=NOTICE_TOAST_S)
+        await self.view.mount(Notice(message.text), before=self.reply_turn)
 
     async def on_reply_finished(self, message: ReplyFinished) -> None:
         if self.is_current(message.reply_id):
@@ -330,6 +347,8 @@ class SpecchatApp(App):
                 await self.switch_engine(name)
             case commands.SetSetting(field="system_prompt", value=text):
                 await self.set_system_prompt(text)
+            case commands.SetSetting(field="lookahead", value=lookahead):
+                await self.set_lookahead(lookahead)
             case commands.SetSetting(field=field, value=value):
                 await self.change_setting(field, value)
             case commands.Clear():
@@ -351,30 +370,43 @@ class SpecchatApp(App):
 
     async def change_setting(self, field: str, value: object) -> None:
         self.settings = self.settings.with_value(field, value)
-        self.panels.show_settings(self.settings)
-        live = field in ("budget", "depth")
-        if live:
-            self.apply_tree_shape(self.backend.engine)
-        when = ("from the next iteration" if live else "from the next reply") if self.job else ""
+        self.show_settings()
+        if field in LIVE_FROM:
+            self.apply_live_settings(self.backend.engine)
+        when = f"from {LIVE_FROM.get(field, 'the next reply')}" if self.job else ""
         shown = "off" if value is None else value
         await self.notice(f"{field.replace('_', '-')} set to {shown} {when}".rstrip())
 
-    def apply_tree_shape(self, engine: Engine) -> None:
-        # Engines without a draft tree (autoregressive) have no setters: the values wait in the
-        # settings until a tree engine is chosen.
+    async def set_lookahead(self, lookahead: int) -> None:
+        # Refused rather than kept for later: dsi runs alone (/engine never offers it), so a
+        # lookahead set on another engine would never apply.
+        engine = self.backend.engine
+        if not hasattr(engine, "set_lookahead"):
+            await self.notice(f"/lookahead applies to the dsi engine only, not {engine.name}", error=True)
+            return
+        await self.change_setting("lookahead", lookahead)
+
+    def apply_live_settings(self, engine: Engine) -> None:
+        # An engine has setters only for what it reads (autoregressive none): the other values
+        # wait in the settings until an engine that reads them is chosen.
         if hasattr(engine, "set_budget"):
             engine.set_budget(self.settings.budget)
         if hasattr(engine, "set_max_depth"):
             engine.set_max_depth(self.settings.depth)
+        if hasattr(engine, "set_lookahead"):
+            engine.set_lookahead(self.settings.lookahead)
+
+    def show_settings(self) -> None:
+        self.panels.show_settings(self.settings, worker_count(self.backend.engine))
 
     async def switch_engine(self, name: str) -> None:
         if name not in self.backend.engine_names:
             choices = ", ".join(self.backend.engine_names)
             await self.notice(f"unknown engine '{name}': choose one of {choices}", error=True)
             return
-        self.apply_tree_shape(self.backend.use_engine(name))
+        self.apply_live_settings(self.backend.use_engine(name))
         self.settings = replace(self.settings, engine=name)
-        self.panels.show_settings(self.settings)
+        self.show_settings()
         await self.notice(f"engine set to {name}" + (" from the next reply" if self.job else ""))
 
     async def set_system_prompt(self, text: str) -> None:

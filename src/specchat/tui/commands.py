@@ -133,6 +133,8 @@ def text_setting(command: str, field: str) -> Callable[[str], Command]:
 SPECS = [
     CommandSpec("budget", "N", "draft tree size K (from the next iteration)", int_setting("budget", "budget")),
     CommandSpec("depth", "N", "deepest draft tree node (from the next iteration)", int_setting("depth", "depth")),
+    CommandSpec("lookahead", "N", "dsi: drafts per verification job (from the next job)",
+                int_setting("lookahead", "lookahead")),
     CommandSpec("temp", "T", "sampling temperature, 0 = greedy (from the next reply)",
                 float_setting("temp", "temperature")),
     CommandSpec("top-p", "P", "nucleus sampling mass (from the next reply)", float_setting("top-p", "top_p")),

@@ -8,7 +8,7 @@ from textual.message import Message
 
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.tui.backend import ReplyStream
-from specchat.tui.messages import IterationArrived, ReplyFinished
+from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
 
 
 @dataclass
@@ -41,6 +41,9 @@ def run_events(job: ReplyJob, post: Callable[[Message], object]) -> None:
     events = job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling)
     try:
         for event in events:
+            # Posted even after a cancel: an engine says a notice once, and it outlives the reply.
+            if event.notice:
+                post(EngineNotice(event.notice))
             if job.cancel.is_set():
                 return
             post(IterationArrived(job.id, event, job.stream.push(event.token_ids)))

@@ -1,11 +1,12 @@
 """A deterministic stand-in for the models: the app's tests and `--fake` dev mode run on it.
 
 The tokenizer maps each character to one token (its code point), the engine "decodes" a fixed
-reply in chunks of accepted+1 tokens per iteration, reading its budget live as SpecExec does.
+reply in chunks of accepted+1 tokens per iteration, reading its budget live as SpecExec does;
+FakeDSIEngine does the same as dsi, with verification jobs, a lookahead and a worker notice.
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import cycle
 from time import sleep
 
@@ -19,6 +20,7 @@ REPLY = (
     "Call `greet` with a name."
 )
 ACCEPTED = (3, 1, 4, 0, 2, 5)  # draft tokens accepted per iteration, cycled
+WORKER_NOTICE = "dsi: 2 workers, fewer than the 3 that keep up with this drafter; verification jobs will queue"
 
 
 class FakeTokenizer:
@@ -68,6 +70,41 @@ class FakeEngine:
         )
 
 
+@dataclass
+class FakePool:
+    workers: list[str]  # only counted, as the app counts DSI's pool
+
+
+@dataclass
+class FakeDSIEngine(FakeEngine):
+    """As DSIEngine: drafts `lookahead` tokens per job (read live), reports its jobs, and says
+    WORKER_NOTICE once in its life, on its first event."""
+
+    name: str = "dsi"
+    lookahead: int = 5
+    pool: FakePool = field(default_factory=lambda: FakePool(["cpu#0", "cpu#1"]))
+    noticed: bool = field(default=False, init=False)
+
+    def set_lookahead(self, lookahead: int) -> None:
+        self.lookahead = lookahead
+
+    def event(self, chunk: list[int], finished: bool) -> IterationEvent:
+        # Two jobs sent per event; a chunk shorter than a full job means a rejected draft, and
+        # the job built on it is preempted. Fixed, so the panels are reproducible in snapshots.
+        rejected = len(chunk) <= self.lookahead
+        return replace(
+            super().event(chunk, finished), tree_size=self.lookahead, depth=self.lookahead,
+            jobs_submitted=2, jobs_preempted=int(rejected), jobs_in_flight=0 if finished else len(self.pool.workers),
+            notice=self.take_notice(),
+        )
+
+    def take_notice(self) -> str:
+        if self.noticed:
+            return ""
+        self.noticed = True
+        return WORKER_NOTICE
+
+
 class FakeBackend:
     name = "fake pair"
     transfer_label = ""
@@ -78,7 +115,10 @@ class FakeBackend:
         self.engine_names = tuple(self.engines)
         self.engine = next(iter(self.engines.values()))
         self.context_tokens = context_tokens
-        self.settings = DecodingSettings(budget=self.engine.budget, depth=self.engine.max_depth, engine=self.engine.name)
+        self.settings = DecodingSettings(
+            budget=self.engine.budget, depth=self.engine.max_depth, engine=self.engine.name,
+            lookahead=getattr(self.engine, "lookahead", DecodingSettings.lookahead),  # dsi only
+        )
         self.tokenizer = FakeTokenizer()
 
     def encode(self, messages: list[dict]) -> list[int]:

@@ -18,10 +18,14 @@ class LiveStats:
     iterations: int = 0  # since the app started
     reply_tokens: int = 0
     reply_engine_s: float = 0.0
+    reply_jobs_submitted: int = 0  # dsi's verification jobs; engines without jobs report none
+    reply_jobs_preempted: int = 0
 
     def start_reply(self) -> None:
         self.reply_tokens = 0
         self.reply_engine_s = 0.0
+        self.reply_jobs_submitted = 0
+        self.reply_jobs_preempted = 0
 
     def record(self, event: IterationEvent) -> None:
         self.accepted.append(event.accepted)
@@ -31,6 +35,8 @@ class LiveStats:
         self.reply_tokens += len(event.token_ids)
         # Weight streaming runs alongside drafting and the target pass, so it is inside them.
         self.reply_engine_s += event.draft_s + event.target_s
+        self.reply_jobs_submitted += event.jobs_submitted
+        self.reply_jobs_preempted += event.jobs_preempted
 
     @property
     def mean_accepted(self) -> float:

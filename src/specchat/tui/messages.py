@@ -19,6 +19,11 @@ class IterationArrived(Message):
 
 
 @dataclass
+class EngineNotice(Message):
+    text: str  # an event's one-line remark on the engine (e.g. too few dsi workers)
+
+
+@dataclass
 class ReplyFinished(Message):
     reply_id: int
     text: str  # text held back until the end (see TextStream.finish)

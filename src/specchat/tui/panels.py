@@ -1,14 +1,17 @@
-"""The live decoding panels: acceptance and tree sparklines, timings, throughput, settings."""
+"""The live decoding panels: acceptance and tree sparklines, timings, throughput, settings, and
+for dsi its verification jobs."""
 
 from statistics import fmean
 
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Sparkline, Static
 
 from specchat.decoding.events import IterationEvent
 from specchat.tui.livestats import WINDOW, LiveStats
 from specchat.tui.settings import DecodingSettings
+
+DSI = "dsi"  # the engine whose panels show verification jobs and lookahead rather than a tree shape
 
 
 def ms(seconds: float) -> str:
@@ -23,6 +26,13 @@ def acceptance_text(stats: LiveStats) -> str:
 def tree_text(stats: LiveStats) -> str:
     last = stats.last
     return f"size {last.tree_size} · depth {last.depth}" if last else "size – · depth –"
+
+
+def jobs_text(stats: LiveStats) -> str:
+    last = stats.last
+    now = (f"sent {last.jobs_submitted} · preempted {last.jobs_preempted} · in flight {last.jobs_in_flight}"
+           if last else "sent – · preempted – · in flight –")
+    return f"{now}\nreply: sent {stats.reply_jobs_submitted} · preempted {stats.reply_jobs_preempted}"
 
 
 def transfer_text(stats: LiveStats, label: str) -> str:
@@ -40,6 +50,14 @@ def timing_text(stats: LiveStats) -> str:
     return f"draft {ms(draft)} · target {ms(target)}\n{stats.tokens_per_s:.1f} tokens/s"
 
 
+def settings_text(settings: DecodingSettings, workers: int) -> str:
+    seed = "off" if settings.seed is None else settings.seed
+    shape = (f"lookahead {settings.lookahead} · workers {workers}" if settings.engine == DSI
+             else f"budget {settings.budget} · depth {settings.depth}")
+    return (f"engine {settings.engine}\n{shape}\n"
+            f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}")
+
+
 class Panels(VerticalScroll):
     """Shows what each decoding iteration did; updated once per engine event."""
 
@@ -51,6 +69,7 @@ class Panels(VerticalScroll):
     }
     Panels .title { text-style: bold; color: $text-primary; margin-top: 1; }
     Panels Sparkline { height: 3; }
+    Panels #jobs-section { height: auto; display: none; }
     """
 
     def __init__(self, **kwargs) -> None:
@@ -65,6 +84,9 @@ class Panels(VerticalScroll):
         yield Static("Draft tree", classes="title")
         yield Sparkline([], summary_function=fmean, id="tree-spark")
         yield Static(tree_text(self.stats), id="tree")
+        with Vertical(id="jobs-section"):  # shown for dsi only, see show_settings
+            yield Static("Verification jobs", classes="title")
+            yield Static(jobs_text(self.stats), id="jobs")
         yield Static("Cost per iteration", classes="title")
         yield Static(timing_text(self.stats), id="timing")
         yield Static(transfer_text(self.stats, self.transfer_label), id="transfer")
@@ -83,12 +105,11 @@ class Panels(VerticalScroll):
         self.query_one("#tree-spark", Sparkline).data = list(self.stats.tree_sizes)
         self.query_one("#accepted", Static).update(acceptance_text(self.stats))
         self.query_one("#tree", Static).update(tree_text(self.stats))
+        self.query_one("#jobs", Static).update(jobs_text(self.stats))
         self.query_one("#timing", Static).update(timing_text(self.stats))
         self.query_one("#transfer", Static).update(transfer_text(self.stats, self.transfer_label))
 
-    def show_settings(self, settings: DecodingSettings) -> None:
-        seed = "off" if settings.seed is None else settings.seed
-        self.query_one("#settings", Static).update(
-            f"engine {settings.engine}\nbudget {settings.budget} · depth {settings.depth}\n"
-            f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}"
-        )
+    def show_settings(self, settings: DecodingSettings, workers: int) -> None:
+        """Show `settings`, and the sections that apply to their engine; `workers` is dsi's count."""
+        self.query_one("#settings", Static).update(settings_text(settings, workers))
+        self.query_one("#jobs-section", Vertical).display = settings.engine == DSI

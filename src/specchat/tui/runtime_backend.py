@@ -25,9 +25,19 @@ def engines_of(engine: Engine) -> dict[str, Engine]:
     models (the one running first); the target alone otherwise."""
     if not isinstance(engine, SpecExecEngine):  # SpecInfer and chain SD derive from it too
         return {engine.name: engine}
+    # dsi needs target workers, which only `run --engine dsi` starts
     others = {name: make_engine(name, engine.target, engine.draft, engine.stop_ids, engine.shape)
-              for name in ENGINES if name != engine.name}
+              for name in ENGINES if name not in (engine.name, "dsi")}
     return {engine.name: engine, **others}
+
+
+def live_settings_of(engine: Engine) -> dict[str, int]:
+    """The DecodingSettings fields `engine` reads while decoding, as it holds them now."""
+    shape = getattr(engine, "shape", None)  # only tree engines have one
+    if shape is not None:
+        return {"budget": shape.budget, "depth": shape.max_depth}
+    lookahead = getattr(engine, "lookahead", None)  # only dsi has one
+    return {"lookahead": lookahead} if lookahead is not None else {}
 
 
 class RuntimeBackend:
@@ -43,9 +53,7 @@ class RuntimeBackend:
         self.name = name
         self.context_tokens = context_tokens
         self.transfer_label = transfer_label
-        shape = getattr(runtime.engine, "shape", None)  # only tree engines have one
-        tree = {"budget": shape.budget, "depth": shape.max_depth} if shape else {}
-        self.settings = replace(settings, engine=runtime.engine.name, **tree)
+        self.settings = replace(settings, engine=runtime.engine.name, **live_settings_of(runtime.engine))
 
     def encode(self, messages: list[dict]) -> list[int]:
         encoded = self.tokenizer.apply_chat_template(
@@ -71,7 +79,7 @@ def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader
         runtime = build_runtime(options, progress=False, report=progress)
         return RuntimeBackend(
             runtime, name, settings,
-            context_tokens=runtime.engine.target.model.config.max_position_embeddings,
+            context_tokens=runtime.context_tokens,
             transfer_label=transfer_label(runtime.device.type, options.offload),
         )
 

@@ -7,13 +7,14 @@ from typing import Any
 from specchat.decoding.events import SamplingParams
 
 # Inclusive integer ranges, shared with the `generate` command's own checks.
-INT_LIMITS = {"budget": (1, 8192), "depth": (1, 256), "max_tokens": (1, 32768)}
+INT_LIMITS = {"budget": (1, 8192), "depth": (1, 256), "lookahead": (1, 64), "max_tokens": (1, 32768)}
 
 
 @dataclass(frozen=True)
 class DecodingSettings:
     budget: int = 16
     depth: int = 24
+    lookahead: int = 5  # dsi's drafts per verification job, as `specchat run --lookahead`
     temperature: float = 0.6
     top_p: float = 0.9
     seed: int | None = 0  # None: a fresh seed for every reply
