@@ -5,6 +5,7 @@ that exists on the node), and runs the same TargetVerifier as a thread worker. A
 threaded (max_concurrency 2) so that a cancel reaches a job while it runs.
 """
 
+import socket
 from concurrent.futures import Future
 
 import torch
@@ -29,7 +30,9 @@ class RemoteVerifier:
     """Runs inside a Ray actor: the target on the actor's device and its verifier."""
 
     def __init__(self, target: str, dtype: torch.dtype, device: str) -> None:
-        from specchat.models.loading import load  # the actor process imports the loaders itself
+        from specchat.models.loading import (
+            load,  # the actor process imports the loaders itself
+        )
 
         loaded = load(target, dtype, progress=False)
         loaded.model.to(device)
@@ -64,13 +67,27 @@ class RayWorker:
 
 
 def connect(address: str) -> None:
-    """Join the cluster at `address` ('auto' or HOST:PORT); one clear line if there is none."""
+    """Join the cluster at `address` ('auto', HOST:PORT or ray://HOST:PORT); one clear line if
+    there is none."""
     ray = import_ray()
+    if address != "auto" and "://" not in address:
+        check_reachable(address)
     if ray.is_initialized():
         return
     try:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except ConnectionError as error:
+        raise SpecchatError(f"no Ray cluster at --ray-address {address}: {error}") from None
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a HOST:PORT nobody listens on: Ray itself retries for minutes."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise SpecchatError(f"--ray-address must be auto or HOST:PORT (got '{address}')")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
         raise SpecchatError(f"no Ray cluster at --ray-address {address}: {error}") from None
 
 
