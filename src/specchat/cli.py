@@ -13,10 +13,10 @@ from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
 from specchat.decoding.events import SamplingParams
+from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.models.listing import list_models
 from specchat.offload.doctor import advise, default_offload_dir, gather, render
-from specchat.dsi.build import default_workers
 from specchat.runtime import ENGINES, EngineOptions, Runtime, build_runtime, encode_prompt, pick_device, validate
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
@@ -221,7 +221,9 @@ def bench(
                   workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
     rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)
-    from specchat.bench.plots import write_plots  # matplotlib takes ~0.4 s to import: only bench needs it
+    from specchat.bench.plots import (
+        write_plots,  # matplotlib takes ~0.4 s to import: only bench needs it
+    )
 
     print(render_table(configurations(rows)))
     for path in [out / RESULTS_FILE, *write_plots(rows, out)]:

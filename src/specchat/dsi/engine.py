@@ -19,8 +19,8 @@ two distributions agree the draft is the token the target will pick.
 """
 
 import math
-from collections.abc import Collection, Iterator
 from collections import deque
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from statistics import median
