@@ -202,3 +202,51 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys):
 def test_run_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, fragment):
     code, _, err = run_cli(monkeypatch, capsys, "run", *args)
     assert_one_line_error(code, err, fragment)
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--engine", "dsi", "--lookahead", "0"], "--lookahead must be between 1 and 64 (got 0)"),
+        (["--engine", "dsi", "--lookahead", "65"], "--lookahead must be between 1 and 64 (got 65)"),
+        (["--engine", "dsi", "--workers", "tpu"], "--workers: 'tpu' is not a device"),
+        (["--engine", "dsi", "--workers", "cuda:0"], "--workers: cuda:0 is not available on this machine"),
+        (["--engine", "dsi", "--workers", "cpu,,cpu"], "--workers must be a comma list"),
+        (["--engine", "dsi", "--offload", "disk"], "--engine dsi keeps a target on every worker: use --offload none"),
+        (["--engine", "specexec", "--workers", "cpu,cpu"], "--workers and --ray-address are for --engine dsi"),
+        (["--engine", "specexec", "--ray-address", "auto"], "--workers and --ray-address are for --engine dsi"),
+        (["--workers", "cpu,cpu"], "--workers and --ray-address are for --engine dsi"),  # specexec by default
+    ],
+)
+def test_generate_dsi_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, fragment):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", *args)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_generate_dsi_matches_autoregressive(monkeypatch, capsys, tiny_dirs):
+    target, draft, _ = tiny_dirs
+    common = ["hello world", "--target", str(target), "--raw", "--json", "--max-new-tokens", "12",
+              "--temperature", "0", "--dtype", "float32"]
+    code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", "autoregressive")
+    assert code == 0
+    reference = json.loads(out)["token_ids"]
+    assert len(reference) == 12
+    for drafter in (draft, target):  # a draft that mostly disagrees, and one that always agrees
+        code, out, _ = run_cli(
+            monkeypatch, capsys, "generate", *common, "--draft", str(drafter), "--engine", "dsi",
+            "--workers", "cpu,cpu", "--lookahead", "3",
+        )
+        assert code == 0
+        record = json.loads(out)
+        assert record["token_ids"] == reference
+        iterations = record["iterations"]
+        assert sum(len(i["token_ids"]) for i in iterations) == 12
+        assert {"jobs_submitted", "jobs_preempted", "jobs_in_flight", "notice"} <= set(iterations[0])
+        assert iterations[0]["jobs_submitted"] >= 1  # the first event's job was sent before it
+        assert sum(i["jobs_submitted"] for i in iterations) >= len(iterations)  # one job per event at least
+        assert all(i["jobs_preempted"] >= 0 and i["jobs_in_flight"] >= 0 for i in iterations)
+        assert iterations[-1]["finished"] and iterations[-1]["jobs_in_flight"] == 0
+        for i in iterations:
+            assert i["tree_size"] == i["depth"] <= 3 * (2 + 1)  # a job's drafts: within the window
+            assert i["accepted"] == len(i["token_ids"]) - 1 <= i["tree_size"]

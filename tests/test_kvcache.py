@@ -94,3 +94,31 @@ def test_truncate_to_zero_empties() -> None:
     cache, _ = filled_cache()
     truncate(cache, 0)
     assert cache_length(cache) == 0
+
+
+def test_truncate_uneven_layers_cuts_each_to_at_most_length() -> None:
+    """After a forward preempted between layers, layer 0 holds more slots than layer 1."""
+    cache, originals = filled_cache()
+    extra_keys, extra_values = torch.ones(1, 2, 3, 4), torch.full((1, 2, 3, 4), 2.0)
+    cache.update(extra_keys, extra_values, 0)  # layer 0 ran 3 more tokens, layer 1 did not
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [10, 7]
+    truncate(cache, 8)
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [8, 7]
+    assert [layer.values.shape[-2] for layer in cache.layers] == [8, 7]
+    assert torch.equal(cache.layers[0].keys, torch.cat([originals[0][0], extra_keys[:, :, :1]], dim=2))
+    assert torch.equal(cache.layers[1].keys, originals[1][0])  # never grown back
+    truncate(cache, 7)
+    for layer, (keys, values) in zip(cache.layers, originals):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    truncate(cache, 2)
+    assert [layer.keys.shape[-2] for layer in cache.layers] == [2, 2]
+
+
+def test_truncate_skips_layers_never_written() -> None:
+    cache = new_cache()
+    cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), 0)
+    cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), 2)  # layer 1 left uninitialized
+    assert [layer.is_initialized for layer in cache.layers] == [True, False, True]
+    truncate(cache, 3)
+    assert cache.layers[0].keys.shape[-2] == cache.layers[2].keys.shape[-2] == 3
+    assert not cache.layers[1].is_initialized
