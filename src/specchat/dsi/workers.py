@@ -1,6 +1,7 @@
 """Target workers on local devices, one thread each, and the pool that feeds them jobs."""
 
 import copy
+from itertools import count
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -52,10 +53,15 @@ def device_exists(device: torch.device) -> bool:
     return device.index is None or device.index < torch.cuda.device_count()
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """cuda and cuda:0 name one device (the current one is taken as 0)."""
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
 def instance_on(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
     """A separate instance of `model` on `device`: its own modules (and so its own hooks). On
     the model's device it shares the weight tensors, so N workers cost one copy of the weights."""
-    if device == model.device:
+    if same_device(device, model.device):
         shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
         return copy.deepcopy(model, memo=shared)
     return copy.deepcopy(model).to(device)
@@ -94,6 +100,12 @@ class Running:
     cancelled: bool = False
 
 
+def is_dropped(running: Running) -> bool:
+    """A cancelled job that finished anyway or stopped with Preempted: nothing to report."""
+    error = running.future.exception()
+    return running.cancelled and (error is None or isinstance(error, Preempted))
+
+
 class WorkerPool:
     """Jobs wait first-in first-out for an idle worker; cancelled jobs leave the queue at once,
     and a cancelled running job frees its worker when it stops."""
@@ -103,6 +115,10 @@ class WorkerPool:
         self.idle: deque[Worker] = deque(workers)
         self.queue: deque[VerifyJob] = deque()
         self.running: list[Running] = []
+        self.job_ids = count()  # unique over the pool's life, whichever engine sends the jobs
+
+    def next_job_id(self) -> int:
+        return next(self.job_ids)
 
     def submit(self, job: VerifyJob) -> None:
         self.queue.append(job)
@@ -132,23 +148,17 @@ class WorkerPool:
 
     def collect(self, block: bool) -> list[tuple[VerifyJob, Result]]:
         """Results of the live jobs that finished (waiting for at least one finished job if
-        `block`), in the order they were sent; frees their workers and dispatches queued jobs."""
-        futures = [r.future for r in self.running]
-        if block and futures:
-            wait(futures, return_when=FIRST_COMPLETED)
-        done = [r for r in self.running if r.future.done()]
-        self.running = [r for r in self.running if not r.future.done()]
-        results = []
-        for running in done:
-            self.idle.append(running.worker)
-            error = running.future.exception()
-            if running.cancelled and (error is None or isinstance(error, Preempted)):
-                continue
-            if error is not None:
-                raise error
-            results.append((running.job, running.future.result()))
+        `block`), in the order they were sent. Every finished job's worker is freed and queued
+        jobs dispatched before a failed job's error is raised."""
+        if block and self.running:
+            wait([r.future for r in self.running], return_when=FIRST_COMPLETED)
+        done, still = [], []
+        for running in self.running:  # one done() per job: a job finishing meanwhile waits for the next call
+            (done if running.future.done() else still).append(running)
+        self.running = still
+        self.idle.extend(running.worker for running in done)
         self.dispatch()
-        return results
+        return [(running.job, running.future.result()) for running in done if not is_dropped(running)]
 
     def close(self) -> None:
         self.cancel({job.id for job in self.live_jobs()})
