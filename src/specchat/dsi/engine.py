@@ -93,6 +93,9 @@ class DSIEngine:
     ) -> Iterator[IterationEvent]:
         reply = Reply(list(prompt_ids), len(prompt_ids), len(prompt_ids) + max_new_tokens)
         cache, tally = new_cache(), Tally()
+        # Jobs of a reply whose generator was dropped without being closed built on another
+        # prefix: they must not count as live here.
+        self.pool.cancel({job.id for job in self.pool.live_jobs()})
         try:
             while True:
                 for job, (targets, seconds) in self.next_results(reply, cache, sampling, tally):
