@@ -28,7 +28,7 @@ RESIDENT_HELP = "Decoder layers kept on the device when offloading (default: as 
 DRAFT_QUANT_HELP = "none | nf4 (the draft in 4-bit through bitsandbytes; CUDA only)."
 LOOKAHEAD_HELP = "dsi: drafts k per verification job."
 WORKERS_HELP = "dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device)."
-TREE_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
+BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
 RAY_HELP = "dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray])."
 
 app = typer.Typer(
@@ -192,7 +192,7 @@ def doctor(
 @app.command()
 def bench(
     out: Path = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
-    engines: str = typer.Option(",".join(TREE_ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
+    engines: str = typer.Option(",".join(BENCH_ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
     budgets: str = typer.Option("16,64,256,1024", help="Comma list of draft tree sizes K (engines with no draft run once)."),
     temperature: str = typer.Option("0.6,0", help="Comma list; 0 = greedy."),
     top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
@@ -221,9 +221,7 @@ def bench(
                   workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
     rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)
-    from specchat.bench.plots import (
-        write_plots,  # matplotlib takes ~0.4 s to import: only bench needs it
-    )
+    from specchat.bench.plots import write_plots  # matplotlib takes ~0.4 s to import: only bench needs it
 
     print(render_table(configurations(rows)))
     for path in [out / RESULTS_FILE, *write_plots(rows, out)]:
