@@ -16,6 +16,7 @@ from specchat.dsi.jobs import VerifyJob
 from specchat.dsi.verifier import TargetVerifier
 from specchat.dsi.workers import Result
 from specchat.errors import SpecchatError
+from specchat.models.loading import load
 
 
 def import_ray():
@@ -30,10 +31,6 @@ class RemoteVerifier:
     """Runs inside a Ray actor: the target on the actor's device and its verifier."""
 
     def __init__(self, target: str, dtype: torch.dtype, device: str) -> None:
-        from specchat.models.loading import (
-            load,  # the actor process imports the loaders itself
-        )
-
         loaded = load(target, dtype, progress=False)
         loaded.model.to(device)
         self.verifier = TargetVerifier(CausalLM(loaded.model))
