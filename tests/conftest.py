@@ -8,6 +8,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.exactness import hf_greedy
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
@@ -101,6 +103,22 @@ def rough_draft(tiny_target) -> CausalLM:
 
 GREEDY_PROMPTS = 2  # the suite's reduced exactness runs: 2 MT-Bench prompts x 32 new tokens
 GREEDY_NEW_TOKENS = 32
+
+
+PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
+
+
+@pytest.fixture(scope="session")
+def seeded_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, seeded autoregressive ids at the paper's t=0.6, p=0.9) for the first
+    MT-Bench prompts: every lossless engine must emit exactly these."""
+    autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
+    references = []
+    for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
+        prompt_ids = real_pair.chat(prompt)
+        events = autoregressive.generate(prompt_ids, GREEDY_NEW_TOKENS, PAPER_SAMPLING)
+        references.append((prompt_ids, [t for e in events for t in e.token_ids]))
+    return references
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,10 @@
 a rejected draft, and which target tokens a finished job commits."""
 
 import pytest
+from test_engines import GREEDY
 
-from specchat.decoding.events import SamplingParams
 from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
 
-GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
 COMMITTED = [1, 2, 3, 4, 5]  # prompt and committed tokens: the frontier is position 5
 
 

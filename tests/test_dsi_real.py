@@ -4,11 +4,10 @@ and jobs were preempted along the way."""
 
 import pytest
 import torch
-from conftest import GREEDY_PROMPTS
-from test_real_exactness import GREEDY, PAPER_SAMPLING, emitted
+from conftest import PAPER_SAMPLING
+from test_real_exactness import GREEDY, emitted
 
 from specchat.bench.exactness import compare_greedy
-from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.workers import WorkerPool, thread_workers
 
@@ -35,12 +34,9 @@ def test_greedy_dsi_equals_hf_generate(real_pair, real_dsi, greedy_references):
     assert preempted > 0 and accepted > 0
 
 
-def test_seeded_dsi_equals_seeded_autoregressive(real_pair, real_dsi, mtbench_prompts):
-    autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
+def test_seeded_dsi_equals_seeded_autoregressive(real_dsi, seeded_references):
     preempted = 0
-    for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
-        prompt_ids = real_pair.chat(prompt)
-        reference, _ = emitted(autoregressive, prompt_ids, PAPER_SAMPLING)
+    for prompt_ids, reference in seeded_references:
         tokens, events = emitted(real_dsi, prompt_ids, PAPER_SAMPLING)
         assert tokens == reference
         preempted += sum(e.jobs_preempted for e in events)

@@ -4,6 +4,7 @@ jobs, and preemption (before a job starts and between decoder layers) with the c
 import pytest
 import torch
 from conftest import build_tiny
+from test_engines import GREEDY, PROMPT
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -12,8 +13,6 @@ from specchat.decoding.sampling import sample_token
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.dsi.verifier import TargetVerifier, common_prefix
 
-PROMPT = [7, 3, 9, 2, 11, 5]
-GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
 SAMPLINGS = [GREEDY, SamplingParams(0.8, 0.95, seed=3), SamplingParams(1.2, 1.0, seed=17)]
 NEW_TOKENS = 14
 

@@ -8,22 +8,13 @@ from concurrent.futures import Future
 import pytest
 import torch
 from conftest import build_tiny
+from test_engines import GREEDY, PROMPT
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.events import SamplingParams
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.dsi.verifier import TargetVerifier
-from specchat.dsi.workers import (
-    ThreadWorker,
-    WorkerPool,
-    instance_on,
-    parse_devices,
-    thread_workers,
-)
+from specchat.dsi.workers import ThreadWorker, WorkerPool, instance_on, parse_devices, thread_workers
 from specchat.errors import SpecchatError
-
-GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-PROMPT = [7, 3, 9, 2, 11, 5]
 
 
 class FakeWorker:

@@ -7,10 +7,9 @@ checks and records it in docs/benchmarks.md.
 
 import pytest
 from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
-from conftest import GREEDY_PROMPTS
+from conftest import PAPER_SAMPLING
 
 from specchat.bench.exactness import compare_greedy
-from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.specexec import SpecExecEngine
@@ -18,7 +17,6 @@ from specchat.decoding.specexec import SpecExecEngine
 pytestmark = pytest.mark.real
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
 
 
 def emitted(engine, prompt_ids, sampling) -> tuple[list[int], list]:
@@ -38,12 +36,9 @@ def test_greedy_specexec_equals_hf_generate(real_pair, greedy_references, budget
     assert accepted > 0  # the draft tree is actually used
 
 
-def test_seeded_specexec_equals_seeded_autoregressive(real_pair, mtbench_prompts):
-    autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
+def test_seeded_specexec_equals_seeded_autoregressive(real_pair, seeded_references):
     specexec = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
-        prompt_ids = real_pair.chat(prompt)
-        reference, _ = emitted(autoregressive, prompt_ids, PAPER_SAMPLING)
+    for prompt_ids, reference in seeded_references:
         tokens, events = emitted(specexec, prompt_ids, PAPER_SAMPLING)
         assert tokens == reference
         assert len(events) < len(tokens)
