@@ -92,3 +92,11 @@ def test_no_cluster_is_one_clear_error(pair_dirs):
     options = EngineOptions(target=str(target), draft=str(draft), engine="dsi", ray_address=f"127.0.0.1:{free_port()}")
     with pytest.raises(SpecchatError, match="no Ray cluster at --ray-address 127.0.0.1:"):
         build_runtime(options, progress=False)
+
+
+def test_more_workers_than_the_cluster_holds_is_one_clear_error(ray_cluster, pair_dirs):
+    target, draft = pair_dirs
+    options = EngineOptions(target=str(target), draft=str(draft), engine="dsi", workers="cpu,cpu,cpu",
+                            ray_address=ray_cluster)
+    with pytest.raises(SpecchatError, match="asks for 3 CPU workers, but the Ray cluster has 2 CPUs"):
+        build_runtime(options, progress=False)

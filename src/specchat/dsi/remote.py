@@ -88,10 +88,20 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise SpecchatError(f"no Ray cluster at --ray-address {address}: {error}") from None
 
 
+def check_capacity(devices: list[torch.device], resources: dict[str, float]) -> None:
+    """Ray would wait forever for an actor the cluster cannot place: say so instead."""
+    for kind, resource in (("cpu", "CPU"), ("cuda", "GPU")):
+        wanted = sum(device.type == kind for device in devices)
+        if wanted > resources.get(resource, 0):
+            raise SpecchatError(f"--workers asks for {wanted} {resource} workers, but the Ray cluster has "
+                                f"{resources.get(resource, 0):g} {resource}s")
+
+
 def ray_workers(address: str, devices: list[torch.device], target: str, dtype: torch.dtype) -> list[RayWorker]:
     """One actor per device, each holding one CPU or one GPU of the cluster."""
     ray = import_ray()
     connect(address)
+    check_capacity(devices, ray.cluster_resources())
     actor_class = ray.remote(max_concurrency=2)(RemoteVerifier)
     workers = []
     for i, device in enumerate(devices):

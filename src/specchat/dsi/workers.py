@@ -135,16 +135,16 @@ class WorkerPool:
 
     def cancel(self, job_ids: set[int]) -> int:
         """Cancel these jobs wherever they are; returns how many were still live."""
-        count = 0
+        cancelled = 0
         for job in [job for job in self.queue if job.id in job_ids]:
             self.queue.remove(job)
-            count += 1
+            cancelled += 1
         for running in self.running:
             if running.job.id in job_ids and not running.cancelled:
                 running.cancelled = True
                 running.worker.cancel(running.job.id)
-                count += 1
-        return count
+                cancelled += 1
+        return cancelled
 
     def collect(self, block: bool) -> list[tuple[VerifyJob, Result]]:
         """Results of the live jobs that finished (waiting for at least one finished job if
