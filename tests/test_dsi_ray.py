@@ -4,6 +4,7 @@ CPU actors that load the target themselves, and the same tokens as thread worker
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from specchat.errors import SpecchatError
 from specchat.runtime import EngineOptions, build_runtime
 
 SAMPLINGS = [SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.95, 7)]
+RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command, whatever PATH holds
 
 
 def free_port() -> int:
@@ -31,14 +33,14 @@ def ray_cluster():
     """`ray start --head` on a free port; stopped (and this process disconnected) afterwards."""
     port = free_port()
     subprocess.run(
-        ["ray", "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+        [*RAY_CLI, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
          "--disable-usage-stats", "--object-store-memory=200000000"],
         check=True, capture_output=True,
     )
     yield f"127.0.0.1:{port}"
     if ray.is_initialized():
         ray.shutdown()
-    subprocess.run(["ray", "stop", "--force"], check=True, capture_output=True)
+    subprocess.run([*RAY_CLI, "stop", "--force"], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")
