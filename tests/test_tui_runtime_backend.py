@@ -75,17 +75,22 @@ def test_transfer_label(device, offload, label):
     assert transfer_label(device, offload) == label
 
 
+async def send_and_wait(app: SpecchatApp, pilot, text: str, timeout_s: float = 30) -> None:
+    """Send `text` and wait until its reply is finished and stored."""
+    app.prompt.load_text(text)
+    await pilot.press("enter")
+    deadline = perf_counter() + timeout_s
+    while app.job is not None or len(app.entries) < 2:
+        assert perf_counter() < deadline
+        await pilot.pause(0.05)
+
+
 def test_specexec_reply_in_the_app_fills_the_panels(backend, tmp_path):
     app = SpecchatApp(backend, ConversationStore(tmp_path / "history.sqlite3"))
 
     async def scenario():
         async with app.run_test(size=(120, 40)) as pilot:
-            app.prompt.load_text("hello")
-            await pilot.press("enter")
-            deadline = perf_counter() + 30
-            while app.job is not None or len(app.entries) < 2:
-                assert perf_counter() < deadline
-                await pilot.pause(0.05)
+            await send_and_wait(app, pilot, "hello")
             await pilot.press(*"/budget 4", "enter")
             assert app.backend.engine.shape.budget == 4
             stats = app.panels.stats
@@ -111,12 +116,7 @@ def test_dsi_reply_in_the_app_fills_the_jobs_panel(dsi_backend, tmp_path):
         async with app.run_test(size=(120, 40)) as pilot:
             settings = str(app.query_one("#settings", Static).content)
             assert "lookahead 3 · workers 1" in settings
-            app.prompt.load_text("hello")
-            await pilot.press("enter")
-            deadline = perf_counter() + 30
-            while app.job is not None or len(app.entries) < 2:
-                assert perf_counter() < deadline
-                await pilot.pause(0.05)
+            await send_and_wait(app, pilot, "hello")
             events = app.reply_events
             sent = sum(e.jobs_submitted for e in events)
             assert sum(len(e.token_ids) for e in events) == 24 and sent >= len(events)
