@@ -3,18 +3,23 @@
 Usage: python scripts/bench_gen_rate.py [--prompts 20] [--budgets 16,64,256,1024]
            [--max-new-tokens 64] [--temperature 0.6] [--top-p 0.9] [--dtype bfloat16]
            [--record docs/benchmarks.md]
+       python scripts/bench_gen_rate.py --from-results docs/bench/genrate-k1024/results.jsonl
 Prints a markdown table; with --record it also appends it, with date, machine and command.
+--from-results measures nothing: it pools the per-prompt rows that the resumable
+`specchat bench --engines specexec --out DIR` wrote, per budget, into the same table.
 """
 
 import argparse
 import shlex
 import sys
 from datetime import date
-
+from pathlib import Path
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
 from specchat.bench.measure import run_prompts
+from specchat.bench.report import pool
+from specchat.bench.results import read_rows
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -37,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--record", help="append the results to this markdown file")
+    parser.add_argument("--from-results", type=Path, help="pool a bench results.jsonl instead of measuring")
     return parser.parse_args()
 
 
@@ -70,8 +76,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pool_results(path: Path) -> list[dict]:
+    """One table row per budget of the specexec rows in `path`, pooled over their prompts."""
+    groups: dict[int, list[dict]] = {}
+    for row in read_rows(path):
+        if row["engine"] == "specexec":
+            groups.setdefault(row["budget"], []).append(row)
+    for budget, group in sorted(groups.items()):
+        print(f"K={budget}: {len(group)} prompts", file=sys.stderr)
+    return [{"budget": budget, **pool(group)} for budget, group in sorted(groups.items())]
+
+
 def main() -> None:
     args = parse_args()
+    if args.from_results:
+        print(table(pool_results(args.from_results)))
+        return
     dtype = DTYPES[args.dtype]
     target, draft = load(DEFAULT_TARGET, dtype), load(DEFAULT_DRAFT, dtype)
     engine = SpecExecEngine(

@@ -11,7 +11,7 @@ from test_cli import assert_one_line_error, run_cli, tiny_dirs  # noqa: F401  (t
 from specchat import runtime
 from specchat.bench.measure import FIGURES, engine_measurer, measure_hf_assisted
 from specchat.bench.plots import write_plots
-from specchat.bench.report import configurations, render_table
+from specchat.bench.report import configurations, pool, render_table
 from specchat.bench.results import KEY_FIELDS, RESULTS_FILE, read_rows, row_key
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, plan_points, run_sweep
 from specchat.decoding.events import SamplingParams
@@ -180,6 +180,18 @@ def test_summary_averages_over_prompts_per_configuration():
     assert table[2] == "| specexec | 16 | 0.6 | 2 | 2.50 | 12.00 | 100 | 100 | 16 | 3.9 |"
     assert table[5] == "| autoregressive | - | 0.6 | 1 | 1.00 | 8.00 | 0 | 100 | 0 | 0.0 |"
     assert table[7] == "| hf-assisted | - | 0.6 | 1 | - | 9.00 | - | - | - | - |"
+
+
+def test_pool_of_hand_made_rows():
+    rows = [
+        {"new_tokens": 8, "iterations": 2, "wall_s": 1.0, "draft_s": 0.2, "target_s": 0.4, "mean_tree_size": 16.0,
+         "mean_depth": 3.0},
+        {"new_tokens": 4, "iterations": 4, "wall_s": 3.0, "draft_s": 0.4, "target_s": 0.8, "mean_tree_size": 10.0,
+         "mean_depth": 6.0},
+    ]
+    # 12 tokens over 6 passes, not the mean of 4.0 and 1.0; depth (3*2 + 6*4) / 6
+    assert pool(rows) == pytest.approx({"gen_rate": 2.0, "tokens_per_s": 3.0, "draft_ms": 100.0, "target_ms": 200.0,
+                                        "tree": 12.0, "depth": 5.0})
 
 
 def png_size(path: Path) -> tuple[int, int]:

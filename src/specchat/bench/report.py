@@ -63,3 +63,19 @@ def render_table(entries: list[Configuration]) -> str:
             f"| {show(c.depth, 1)} |"
         )
     return "\n".join(lines)
+
+
+def pool(rows: list[dict]) -> dict:
+    """Figures over every iteration of every row, as if one run had generated all the prompts
+    (what scripts/bench_gen_rate.py reports): gen rate = sum of new tokens / sum of target passes,
+    tokens/s = sum of new tokens / sum of wall time, per-iteration means weighted by iterations."""
+    iterations = sum(r["iterations"] for r in rows)
+    new_tokens = sum(r["new_tokens"] for r in rows)
+    return {
+        "gen_rate": new_tokens / iterations,
+        "tokens_per_s": new_tokens / sum(r["wall_s"] for r in rows),
+        "draft_ms": 1000 * sum(r["draft_s"] for r in rows) / iterations,
+        "target_ms": 1000 * sum(r["target_s"] for r in rows) / iterations,
+        "tree": sum(r["mean_tree_size"] * r["iterations"] for r in rows) / iterations,
+        "depth": sum(r["mean_depth"] * r["iterations"] for r in rows) / iterations,
+    }
