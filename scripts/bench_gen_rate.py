@@ -3,7 +3,7 @@
 Usage: python scripts/bench_gen_rate.py [--prompts 20] [--budgets 16,64,256,1024]
            [--max-new-tokens 64] [--temperature 0.6] [--top-p 0.9] [--dtype bfloat16]
            [--record docs/benchmarks.md]
-       python scripts/bench_gen_rate.py --from-results docs/bench/genrate-k1024/results.jsonl
+       python scripts/bench_gen_rate.py --from-results docs/bench/genrate/results.jsonl
 Prints a markdown table; with --record it also appends it, with date, machine and command.
 --from-results measures nothing: it pools the per-prompt rows that the resumable
 `specchat bench --engines specexec --out DIR` wrote, per budget, into the same table.
@@ -76,12 +76,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Rows pooled into one table must differ in budget and prompt only.
+SHARED_SETTINGS = ("temperature", "top_p", "seed", "dataset", "max_new_tokens", "target", "draft", "dtype", "offload")
+
+
 def pool_results(path: Path) -> list[dict]:
     """One table row per budget of the specexec rows in `path`, pooled over their prompts."""
+    rows = [row for row in read_rows(path) if row["engine"] == "specexec"]
+    settings = {tuple(row[name] for name in SHARED_SETTINGS) for row in rows}
+    if len(settings) != 1:
+        print(f"error: {path} must hold specexec rows of exactly one setting of {', '.join(SHARED_SETTINGS)}; "
+              f"it holds {len(settings)}", file=sys.stderr)
+        sys.exit(2)
     groups: dict[int, list[dict]] = {}
-    for row in read_rows(path):
-        if row["engine"] == "specexec":
-            groups.setdefault(row["budget"], []).append(row)
+    for row in rows:
+        groups.setdefault(row["budget"], []).append(row)
     for budget, group in sorted(groups.items()):
         print(f"K={budget}: {len(group)} prompts", file=sys.stderr)
     return [{"budget": budget, **pool(group)} for budget, group in sorted(groups.items())]
