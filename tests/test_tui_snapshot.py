@@ -7,6 +7,12 @@ from specchat.tui.fake import REPLY, FakeBackend, FakeDSIEngine
 from specchat.tui.store import ConversationStore
 
 
+async def steady_cursor(pilot) -> None:
+    """The prompt's cursor blinks on a timer, so a picture taken at another moment would differ."""
+    pilot.app.prompt.cursor_blink = False
+    await pilot.pause()
+
+
 async def wait_for_reply(pilot) -> None:
     app, deadline = pilot.app, perf_counter() + 5
     while app.job is not None or not app.entries or app.entries[-1].role != "assistant":
@@ -20,6 +26,7 @@ def test_main_screen_after_a_reply(snap_compare, tmp_path):
     app = SpecchatApp(FakeBackend(), ConversationStore(tmp_path / "history.sqlite3"))
 
     async def run_before(pilot) -> None:
+        await steady_cursor(pilot)
         for line in ["/system You are a concise Python tutor.", "Write a greeting function."]:
             app.prompt.load_text(line)
             await pilot.press("enter")
@@ -40,6 +47,7 @@ def test_dsi_panels_after_a_reply(snap_compare, tmp_path):
     app = SpecchatApp(FakeBackend([FakeDSIEngine()]), ConversationStore(tmp_path / "history.sqlite3"))
 
     async def run_before(pilot) -> None:
+        await steady_cursor(pilot)
         app.prompt.load_text("Write a greeting function.")
         await pilot.press("enter")
         await wait_for_reply(pilot)
@@ -61,4 +69,4 @@ def test_restored_conversation_with_a_cut_reply(snap_compare, tmp_path):
     store.add_message(conversation, "assistant", "Sure:\n\n```rust\nfn greet(name: &str)", cut=True)
     app = SpecchatApp(FakeBackend(), store, conversation)
 
-    assert snap_compare(app, terminal_size=(80, 30))
+    assert snap_compare(app, terminal_size=(80, 30), run_before=steady_cursor)
