@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
-from specchat.bench.measure import run_prompts
+from specchat.bench.measure import measure_engine
 from specchat.bench.report import pool
 from specchat.bench.results import read_rows
 from specchat.decoding.drafter import TreeShape
@@ -28,7 +28,6 @@ from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.runtime import DTYPES, encode_prompt
-from specchat.summary import summarize
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,20 +46,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure(engine, prompts: list[list[int]], args, budget: int) -> dict:
-    """Run every prompt at `budget`; aggregate over all iterations of all prompts."""
+    """Run every prompt at `budget`; pool the per-prompt figures over all their iterations."""
     engine.set_budget(budget)
     sampling = SamplingParams(args.temperature, args.top_p, args.seed)
-    events, wall = run_prompts(engine, prompts, args.max_new_tokens, sampling)
-    summary = summarize(events, wall)
-    return {
-        "budget": budget,
-        "gen_rate": summary.gen_rate,
-        "tokens_per_s": summary.tokens_per_s,
-        "draft_ms": 1000 * summary.draft_s / summary.iterations,
-        "target_ms": 1000 * summary.target_s / summary.iterations,
-        "tree": sum(e.tree_size for e in events) / len(events),
-        "depth": sum(e.depth for e in events) / len(events),
-    }
+    rows = [measure_engine(engine, prompt_ids, args.max_new_tokens, sampling) for prompt_ids in prompts]
+    return {"budget": budget, **pool(rows)}
 
 
 def table(rows: list[dict]) -> str:

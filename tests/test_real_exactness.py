@@ -8,15 +8,13 @@ checks and records it in docs/benchmarks.md.
 import pytest
 from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
 from conftest import PAPER_SAMPLING
+from test_engines import GREEDY
 
 from specchat.bench.exactness import compare_greedy
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import SamplingParams
 from specchat.decoding.specexec import SpecExecEngine
 
 pytestmark = pytest.mark.real
-
-GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
 
 
 def emitted(engine, prompt_ids, sampling) -> tuple[list[int], list]:
