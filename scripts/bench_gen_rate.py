@@ -21,7 +21,7 @@ from specchat.bench.measure import measure_engine
 from specchat.bench.report import pool
 from specchat.bench.results import read_rows
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
@@ -47,7 +47,7 @@ def parse_args() -> argparse.Namespace:
 
 def measure(engine, prompts: list[list[int]], args, budget: int) -> dict:
     """Run every prompt at `budget`; pool the per-prompt figures over all their iterations."""
-    engine.set_budget(budget)
+    engine.apply(LiveSettings(budget=budget))
     sampling = SamplingParams(args.temperature, args.top_p, args.seed)
     rows = [measure_engine(engine, prompt_ids, args.max_new_tokens, sampling) for prompt_ids in prompts]
     return {"budget": budget, **pool(rows)}

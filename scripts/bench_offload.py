@@ -21,7 +21,7 @@ from specchat.bench.machine import describe_machine
 from specchat.bench.measure import run_prompts
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
@@ -128,7 +128,7 @@ def main() -> None:
     emit(row({"engine": "autoregressive", "budget": "-", **measure(autoregressive, prompts, args)}), args)
     specexec = SpecExecEngine(target, CausalLM(draft.model), stops, TreeShape(budget=16))
     for budget in (int(b) for b in args.budgets.split(",")):
-        specexec.set_budget(budget)
+        specexec.apply(LiveSettings(budget=budget))
         emit(row({"engine": "specexec", "budget": budget, **measure(specexec, prompts, args)}), args)
     emit(f"\nRaw O_DIRECT read of the layer file again after the runs: {measure_raw_gbps(offload):.2f} GB/s.", args)
     if args.gptq:

@@ -5,10 +5,10 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import build_tiny, perturbed
 from test_cli import assert_one_line_error, run_cli, tiny_dirs  # noqa: F401  (tiny_dirs: model directories)
 
-from specchat import runtime
 from specchat.bench.measure import FIGURES, engine_measurer, measure_hf_assisted
 from specchat.bench.plots import write_plots
 from specchat.bench.report import configurations, pool, render_table
@@ -16,6 +16,7 @@ from specchat.bench.results import KEY_FIELDS, RESULTS_FILE, read_rows, row_key
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, plan_points, run_sweep
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
+from specchat.runtime import ENGINES, Models
 
 STOP = frozenset({49})
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
@@ -32,9 +33,11 @@ def pair():
 
 @pytest.fixture
 def measurer(pair):
-    """Engines from runtime.make_engine over the tiny pair; records which (configuration, prompt) ran."""
+    """Engines over the tiny pair; records which (configuration, prompt) ran."""
     target, draft = pair
-    inner = engine_measurer(lambda name, shape: runtime.make_engine(name, target, draft, STOP, shape), SETUP)
+    models = Models(tokenizer=None, stop_ids=STOP, device=torch.device("cpu"), context_tokens=1024, target=target,
+                    draft=draft)
+    inner = engine_measurer(models, SETUP)
     calls: list[tuple[Point, list[int]]] = []
 
     def counting(point):
@@ -69,7 +72,7 @@ def test_unknown_engines_are_listed():
     with pytest.raises(SpecchatError) as raised:
         check_engines(["specexec", "warp", "medusa"])
     assert "warp, medusa" in str(raised.value)
-    assert ", ".join(runtime.ENGINES) in str(raised.value)
+    assert ", ".join(ENGINES) in str(raised.value)
 
 
 def test_sweep_writes_one_row_per_prompt_and_configuration(tmp_path, measurer):

@@ -7,7 +7,8 @@ import torch
 
 from specchat.offload import cuda as cuda_module
 from specchat.offload.cuda import CudaMover
-from specchat.offload.streamer import Streamer, TransferStats
+from specchat.offload.streamer import Streamer
+from specchat.transfer import TransferStats
 
 
 class FakeCuda:

@@ -10,7 +10,7 @@ import torch
 from test_engines import GREEDY, PROMPT, run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.workers import WorkerPool, thread_workers
 
@@ -114,7 +114,7 @@ def test_lookahead_changes_apply_mid_reply(tiny_target):
     with dsi(tiny_target, tiny_target, workers=1, lookahead=2) as engine, slowed(worker_model(engine, 0), 0.02):
         reply = engine.generate(PROMPT, 60, GREEDY)
         first = next(reply)
-        engine.set_lookahead(6)
+        engine.apply(LiveSettings(lookahead=6))
         rest = list(reply)
     assert first.tree_size <= 2
     assert max(e.tree_size for e in rest) > 2

@@ -16,7 +16,7 @@ from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
-from specchat.runtime import EngineOptions, build_runtime
+from specchat.runtime import EngineOptions, live_settings_of, load_models
 
 SAMPLINGS = [SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.95, 7)]
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command, whatever PATH holds
@@ -68,12 +68,12 @@ def cpus_free_within(seconds: float) -> float:
 
 
 def reply_tokens(options: EngineOptions, sampling: SamplingParams) -> tuple[list[int], list]:
-    runtime = build_runtime(options, progress=False)
+    models = load_models(options, progress=False)
     try:
-        prompt = runtime.tokenizer("the quick brown fox")["input_ids"]
-        events = list(runtime.engine.generate(prompt, 40, sampling))
+        prompt = models.tokenizer("the quick brown fox")["input_ids"]
+        events = list(models.engine("dsi", live_settings_of(options)).generate(prompt, 40, sampling))
     finally:
-        runtime.close()
+        models.close()
     return [t for e in events for t in e.token_ids], events
 
 
@@ -93,7 +93,7 @@ def test_no_cluster_is_one_clear_error(pair_dirs):
     target, draft = pair_dirs
     options = EngineOptions(target=str(target), draft=str(draft), engine="dsi", ray_address=f"127.0.0.1:{free_port()}")
     with pytest.raises(SpecchatError, match="no Ray cluster at --ray-address 127.0.0.1:"):
-        build_runtime(options, progress=False)
+        load_models(options, progress=False)
 
 
 def test_more_workers_than_the_cluster_holds_is_one_clear_error(ray_cluster, pair_dirs):
@@ -101,4 +101,4 @@ def test_more_workers_than_the_cluster_holds_is_one_clear_error(ray_cluster, pai
     options = EngineOptions(target=str(target), draft=str(draft), engine="dsi", workers="cpu,cpu,cpu",
                             ray_address=ray_cluster)
     with pytest.raises(SpecchatError, match="asks for 3 CPU workers, but the Ray cluster has 2 CPUs"):
-        build_runtime(options, progress=False)
+        load_models(options, progress=False)

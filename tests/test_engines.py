@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.sampling import filtered_probs
 from specchat.decoding.specexec import SpecExecEngine
@@ -77,7 +77,7 @@ def test_budget_change_applies_mid_reply(tiny_target, tiny_draft):
     engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=4, max_depth=4))
     stream = engine.generate(PROMPT, 30, GREEDY)
     first = next(stream)
-    engine.set_budget(20)
+    engine.apply(LiveSettings(budget=20))
     rest = list(stream)
     assert first.tree_size <= 4 and max(e.tree_size for e in rest) > 4
     tokens = first.token_ids + [t for e in rest for t in e.token_ids]
@@ -128,7 +128,7 @@ def test_depth_change_applies_mid_reply(tiny_target, tiny_draft):
     engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=1))
     stream = engine.generate(PROMPT, 30, GREEDY)
     first = next(stream)
-    engine.set_max_depth(6)
+    engine.apply(LiveSettings(depth=6))
     rest = list(stream)
     assert first.depth == 1 and max(e.depth for e in rest) > 1
     assert first.token_ids + [t for e in rest for t in e.token_ids] == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]

@@ -6,11 +6,10 @@ import torch
 from transformers import modeling_gguf_pytorch_utils as gguf_loading
 from transformers.utils import logging as transformers_logging
 
-from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.models.embedded import EmbeddedModel, ensure_embedded
 from specchat.models.registry import DEFAULT_DRAFT
 from specchat.progress import Reporter, transformers_bars, worth_sending
-from specchat.runtime import EngineOptions, Runtime, build_runtime
+from specchat.runtime import EngineOptions, Models, load_models
 from specchat.tui import runtime_backend
 from specchat.tui.settings import DecodingSettings
 from test_models_gguf import fake_draft, tiny_gguf  # noqa: F401  (fixtures: tiny GGUF split into fake parts)
@@ -155,10 +154,10 @@ def test_ensure_embedded_reports_assembling_and_converting(fake_draft: EmbeddedM
     assert report.calls == []  # already converted: nothing to report
 
 
-def test_build_runtime_reports_every_stage_up_to_ready(fake_draft: EmbeddedModel) -> None:  # noqa: F811
+def test_load_models_reports_every_stage_up_to_ready(fake_draft: EmbeddedModel) -> None:  # noqa: F811
     report = Recorder()
-    build_runtime(EngineOptions(target=DEFAULT_DRAFT, engine="autoregressive", dtype="float32"),
-                  progress=False, report=report)
+    load_models(EngineOptions(target=DEFAULT_DRAFT, engine="autoregressive", dtype="float32"),
+                progress=False, report=report)
 
     steps = [step for step, _ in report.calls]
     assert steps[0] == f"loading {DEFAULT_DRAFT}"
@@ -176,14 +175,14 @@ def test_runtime_loader_forwards_the_steps_and_silences_stderr(tiny_target, monk
 
     calls: list[dict] = []
 
-    def fake_build_runtime(options: EngineOptions, progress: bool, report) -> Runtime:
+    def fake_load_models(options: EngineOptions, progress: bool, report) -> Models:
         calls.append({"options": options, "progress": progress})
         report("assembling tiny.gguf", 0.5)
         report("ready", 1.0)
-        engine = AutoregressiveEngine(tiny_target, stop_ids=[])
-        return Runtime(engine=engine, tokenizer=ChatTokenizer(), device=torch.device("cpu"), context_tokens=1024)
+        return Models(tokenizer=ChatTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"),
+                      context_tokens=1024, target=tiny_target)
 
-    monkeypatch.setattr(runtime_backend, "build_runtime", fake_build_runtime)
+    monkeypatch.setattr(runtime_backend, "load_models", fake_load_models)
     options = EngineOptions(engine="autoregressive")
     report = Recorder()
     backend = runtime_backend.runtime_loader(options, DecodingSettings())(report)

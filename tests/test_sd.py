@@ -16,12 +16,12 @@ from specchat.bench.exactness import compare_greedy
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.sampling import filtered_probs
 from specchat.decoding.stems import StemLayout
-from specchat.runtime import DRAFTED_ENGINES, ENGINES, make_engine
+from specchat.runtime import DRAFTED_ENGINES, ENGINES, Models
 
 SAMPLINGS = [SamplingParams(0.6, 0.9, seed=11), SamplingParams(1.0, 1.0, seed=5)]
 CHI_SQUARE_SEEDS = 3000
@@ -143,16 +143,18 @@ def test_sd_chain_length_follows_live_budget_and_depth(tiny_target, tiny_draft):
     """k = min(K, D) at any temperature, read from the shape at every iteration."""
     engine = ChainSDEngine(tiny_target, tiny_draft, [], TreeShape(budget=2, max_depth=8))
     assert engine.layout(0.6) == engine.layout(0.0) == StemLayout(stems=1, length=2)
-    engine.set_budget(12)
+    engine.apply(LiveSettings(budget=12))
     assert engine.layout(0.6) == StemLayout(stems=1, length=8)
-    engine.set_max_depth(4)
+    engine.apply(LiveSettings(depth=4))
     assert engine.layout(1.0) == StemLayout(stems=1, length=4)
 
 
 def test_runtime_builds_sd_and_specinfer(tiny_target, tiny_draft):
     for name in ("sd", "specinfer"):
         assert name in ENGINES and name in DRAFTED_ENGINES
-        engine = make_engine(name, tiny_target, tiny_draft, frozenset(), TreeShape(budget=4))
+        models = Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=1024,
+                        target=tiny_target, draft=tiny_draft)
+        engine = models.engine(name, LiveSettings(budget=4))
         assert engine.name == name
         assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=10)
 

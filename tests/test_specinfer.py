@@ -11,6 +11,7 @@ from test_sd import (
 )
 
 from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import LiveSettings
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.specinfer import SpecInferEngine
 from specchat.decoding.stems import StemLayout, draft_stems
@@ -99,7 +100,7 @@ def test_specinfer_budget_change_applies_mid_reply(tiny_target, tiny_draft):
     engine = SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget=1, max_depth=8))
     stream = engine.generate(PROMPT, 30, SAMPLINGS[1])
     first = next(stream)
-    engine.set_budget(16)  # 4 stems of 4
+    engine.apply(LiveSettings(budget=16))  # 4 stems of 4
     rest = list(stream)
     assert first.tree_size == 1 and {e.depth for e in rest} == {4} and max(e.tree_size for e in rest) > 4
 

@@ -6,7 +6,8 @@ import time
 import pytest
 import torch
 
-from specchat.offload.streamer import Streamer, TransferStats
+from specchat.offload.streamer import Streamer
+from specchat.transfer import TransferStats
 from specchat.offload.transport import HostMover, ThreadTransport
 
 

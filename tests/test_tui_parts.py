@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.tui.clipboard import last_code_block
 from specchat.tui.context import ContextOverflow, fit_prompt
 from specchat.tui.decoder import ReplyJob, decode_reply, run_events
@@ -162,7 +162,7 @@ def test_decode_reply_posts_the_notice_before_its_iteration():
 def test_fake_dsi_engine_reads_its_lookahead_live_and_notices_once():
     engine = FakeDSIEngine()
     first = list(engine.generate([1], 40, SamplingParams()))
-    engine.set_lookahead(2)
+    engine.apply(LiveSettings(lookahead=2))
     second = list(engine.generate([1], 40, SamplingParams()))
     assert [e.notice for e in first + second] == [WORKER_NOTICE] + [""] * (len(first) + len(second) - 1)
     assert {e.tree_size for e in first} == {5} and {e.tree_size for e in second} == {2}

@@ -2,6 +2,7 @@
 with SpecExec and with DSI."""
 
 import asyncio
+from dataclasses import replace
 from collections.abc import Iterator
 from time import perf_counter
 
@@ -9,14 +10,12 @@ import pytest
 import torch
 from textual.widgets import Static
 
-from specchat.decoding.drafter import TreeShape
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.dsi.engine import DSIEngine
+from specchat.decoding.events import LiveSettings
 from specchat.dsi.workers import WorkerPool, thread_workers
 from specchat.errors import SpecchatError
-from specchat.runtime import Runtime
+from specchat.runtime import Models
 from specchat.tui.app import SpecchatApp
-from specchat.tui.runtime_backend import RuntimeBackend, engines_of, live_settings_of, transfer_label
+from specchat.tui.runtime_backend import RuntimeBackend, transfer_label
 from specchat.tui.settings import DecodingSettings
 from specchat.tui.store import ConversationStore
 
@@ -36,19 +35,24 @@ class TinyTokenizer:
 
 @pytest.fixture
 def backend(tiny_target, tiny_draft) -> RuntimeBackend:
-    engine = SpecExecEngine(tiny_target, tiny_draft, stop_ids=[], shape=TreeShape(budget=8, max_depth=4))
-    runtime = Runtime(engine=engine, tokenizer=TinyTokenizer(), device=torch.device("cpu"))
+    models = tiny_models(tiny_target, tiny_draft)
     settings = DecodingSettings(temperature=0.0, max_tokens=24)
-    return RuntimeBackend(runtime, "tiny pair", settings, context_tokens=1024, transfer_label="")
+    return RuntimeBackend(models, models.engine("specexec", LiveSettings(budget=8, depth=4)), "tiny pair", settings,
+                          transfer_label="")
 
 
 @pytest.fixture
 def dsi_backend(tiny_target, tiny_draft) -> Iterator[RuntimeBackend]:
     pool = WorkerPool(thread_workers(tiny_target, [torch.device("cpu")]))
-    engine = DSIEngine(tiny_draft, pool, stop_ids=[], lookahead=3)
-    runtime = Runtime(engine=engine, tokenizer=TinyTokenizer(), device=torch.device("cpu"))
-    yield RuntimeBackend(runtime, "tiny pair", DecodingSettings(temperature=0.0, max_tokens=24), 1024, "")
+    models = tiny_models(None, tiny_draft, pool)  # the target only on the workers
+    settings = DecodingSettings(temperature=0.0, max_tokens=24)
+    yield RuntimeBackend(models, models.engine("dsi", LiveSettings(lookahead=3)), "tiny pair", settings, "")
     pool.close()
+
+
+def tiny_models(target, draft, workers=None) -> Models:
+    return Models(tokenizer=TinyTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=1024,
+                  target=target, draft=draft, workers=workers)
 
 
 def test_backend_takes_the_tree_shape_and_offers_the_baseline(backend):
@@ -62,9 +66,9 @@ def test_backend_takes_the_tree_shape_and_offers_the_baseline(backend):
 def test_a_model_without_chat_template_is_refused(backend):
     tokenizer = TinyTokenizer()
     tokenizer.chat_template = None
-    runtime = Runtime(engine=backend.engine, tokenizer=tokenizer, device=torch.device("cpu"))
+    models = replace(backend.models, tokenizer=tokenizer)
     with pytest.raises(SpecchatError, match="no chat template"):
-        RuntimeBackend(runtime, "base model", DecodingSettings(), 1024, "")
+        RuntimeBackend(models, backend.engine, "base model", DecodingSettings(), "")
 
 
 @pytest.mark.parametrize(
@@ -103,10 +107,10 @@ def test_specexec_reply_in_the_app_fills_the_panels(backend, tmp_path):
 
 def test_dsi_is_offered_alone_with_its_lookahead(dsi_backend):
     engine = dsi_backend.engine
-    assert engines_of(engine) == {"dsi": engine} and dsi_backend.engine_names == ("dsi",)
+    assert dsi_backend.engines == {"dsi": engine} and dsi_backend.engine_names == ("dsi",)
     assert (dsi_backend.settings.engine, dsi_backend.settings.lookahead) == ("dsi", 3)
     assert (dsi_backend.settings.budget, dsi_backend.settings.depth) == (16, 24)  # defaults: dsi has no tree
-    assert live_settings_of(engine) == {"lookahead": 3}
+    assert engine.live_settings() == LiveSettings(lookahead=3, workers=1)
 
 
 def test_dsi_reply_in_the_app_fills_the_jobs_panel(dsi_backend, tmp_path):

@@ -12,12 +12,13 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import Engine, SamplingParams
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.models.listing import list_models
 from specchat.offload.doctor import advise, default_offload_dir, gather, render
-from specchat.runtime import ENGINES, EngineOptions, Runtime, build_runtime, encode_prompt, pick_device, validate
+from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, load_models, pick_device,
+                              validate)
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
@@ -83,20 +84,21 @@ def generate(
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
-    runtime = build_runtime(options)
+    models = load_models(options)
     try:
-        run_generation(runtime, prompt, raw, max_new_tokens, sampling, as_json)
+        run_generation(models, models.engine(engine, live_settings_of(options)), prompt, raw, max_new_tokens,
+                       sampling, as_json)
     finally:
-        runtime.close()
+        models.close()
 
 
-def run_generation(runtime: Runtime, prompt: str, raw: bool, max_new_tokens: int, sampling: SamplingParams,
-                   as_json: bool) -> None:
-    prompt_ids = encode_prompt(runtime.tokenizer, prompt, raw)
-    text = TextStream(runtime.tokenizer)
+def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
+                   sampling: SamplingParams, as_json: bool) -> None:
+    prompt_ids = encode_prompt(models.tokenizer, prompt, raw)
+    text = TextStream(models.tokenizer)
     events = []
     start = perf_counter()
-    for event in runtime.engine.generate(prompt_ids, max_new_tokens, sampling):
+    for event in engine.generate(prompt_ids, max_new_tokens, sampling):
         events.append(event)
         if event.notice:
             print(f"notice: {event.notice}", file=sys.stderr)

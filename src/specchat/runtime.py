@@ -1,6 +1,7 @@
-"""Building a ready-to-run engine from user-facing options (shared by the CLI and, later, the TUI)."""
+"""User-facing options -> the loaded models (one `Models` bundle) -> engines over them."""
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -9,15 +10,15 @@ from transformers import PreTrainedTokenizerBase
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import Engine
+from specchat.decoding.events import Engine, LiveSettings
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
 from specchat.decoding.stopping import stop_token_ids
-from specchat.dsi.build import build_workers, default_workers
+from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
-from specchat.dsi.workers import WorkerPool, parse_devices
+from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
@@ -53,13 +54,39 @@ class EngineOptions:
 
 
 @dataclass
-class Runtime:
-    engine: Engine
+class Models:
+    """Everything one run loads, once: used by run, generate, bench and serve, which build their
+    engines from it and never load anything themselves."""
+
     tokenizer: PreTrainedTokenizerBase
+    stop_ids: frozenset[int]
     device: torch.device
+    context_tokens: int  # the target's context length
+    target: CausalLM | None  # None when dsi's Ray actors hold the target
+    draft: CausalLM | None = None  # None when no engine to run drafts
     offload: Offload | None = None
     workers: WorkerPool | None = None  # dsi's target workers
-    context_tokens: int | None = None  # the target's context length (build_runtime always sets it)
+
+    def engine_names(self) -> tuple[str, ...]:
+        """The engines these models can run."""
+        with_target = ("autoregressive",) if self.target is not None else ()
+        trees = ("specexec", "sd", "specinfer") if self.target is not None and self.draft is not None else ()
+        dsi = ("dsi",) if self.workers is not None and self.draft is not None else ()
+        return with_target + trees + dsi
+
+    def engine(self, name: str, settings: LiveSettings = LiveSettings()) -> Engine:
+        """A new engine `name` over these models, with `settings` (None fields: the defaults)."""
+        if name not in self.engine_names():
+            raise SpecchatError(f"engine '{name}' cannot run on the loaded models: choose one of "
+                                f"{', '.join(self.engine_names())}")
+        if name == "autoregressive":
+            return AutoregressiveEngine(self.target, self.stop_ids)
+        if name == "dsi":
+            lookahead = settings.lookahead if settings.lookahead is not None else EngineOptions.lookahead
+            return DSIEngine(self.draft, self.workers, self.stop_ids, lookahead)
+        budget = settings.budget if settings.budget is not None else default_budget(self.device, self.offload is not None)
+        depth = settings.depth if settings.depth is not None else EngineOptions.max_depth
+        return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
 
     def close(self) -> None:
         """Stop the weight streamer's loader thread and close the layer file; stop DSI's workers."""
@@ -67,6 +94,9 @@ class Runtime:
             self.offload.close()
         if self.workers is not None:
             self.workers.close()
+
+
+TREE_ENGINES = {"specexec": SpecExecEngine, "sd": ChainSDEngine, "specinfer": SpecInferEngine}
 
 
 def pick_device() -> torch.device:
@@ -122,28 +152,64 @@ def validate_dsi(options: EngineOptions) -> None:
         import_ray()
 
 
-def build_runtime(options: EngineOptions, progress: bool = True, report: Report | None = None) -> Runtime:
-    """Load the models named by `options` and wire the chosen engine.
+def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,
+                report: Report | None = None) -> Models:
+    """Load what `options.engine` and every engine of `engines` need, once.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
     """
-    validate(options)
+    names = (options.engine, *engines)
+    for name in names:
+        validate(options_for(options, name))
+    if "dsi" not in names and (options.workers is not None or options.ray_address is not None):
+        raise SpecchatError("--workers and --ray-address are for --engine dsi")
     reporter = Reporter(progress, report)
     device = pick_device()
     dtype = DTYPES[options.dtype]
-    quantization = draft_quantization(options.draft_quant, device, dtype) if options.engine in DRAFTED_ENGINES else None
-    if options.engine == "dsi":
-        return build_dsi_runtime(options, device, dtype, quantization, reporter)
-    target, offload = load_target(options, device, dtype, reporter)
-    stops = stop_token_ids(target.model, target.tokenizer)
-    target_lm, draft_lm = CausalLM(target.model, offload), None
-    if options.engine in DRAFTED_ENGINES:
-        draft_lm = load_draft(options, device, dtype, quantization, target.tokenizer, reporter)
-    budget = options.budget if options.budget is not None else default_budget(device, offload is not None)
-    engine = make_engine(options.engine, target_lm, draft_lm, stops, TreeShape(budget=budget, max_depth=options.max_depth))
+    drafted = any(name in DRAFTED_ENGINES for name in names)
+    quantization = draft_quantization(options.draft_quant, device, dtype) if drafted else None
+    if "dsi" in names and options.ray_address is not None:
+        models = load_ray_models(options, device, dtype, reporter)
+    else:
+        models = load_local_models(options, device, dtype, with_workers="dsi" in names, reporter=reporter)
+    try:
+        if drafted:
+            models.draft = load_draft(options, device, dtype, quantization, models.tokenizer, reporter)
+    except BaseException:
+        models.close()
+        raise
     reporter.step("ready", 1.0)
-    return Runtime(engine=engine, tokenizer=target.tokenizer, device=device, offload=offload,
-                   context_tokens=target.model.config.max_position_embeddings)
+    return models
+
+
+def options_for(options: EngineOptions, name: str) -> EngineOptions:
+    """`options` as engine `name` reads them: dsi's worker options mean nothing to the others."""
+    if name == "dsi":
+        return replace(options, engine=name)
+    return replace(options, engine=name, workers=None, ray_address=None)
+
+
+def load_local_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, with_workers: bool,
+                      reporter: Reporter) -> Models:
+    """The target here (in memory or offloaded), and dsi's thread workers over it if asked."""
+    target, offload = load_target(options, device, dtype, reporter)
+    target_lm = CausalLM(target.model, offload)
+    workers = None
+    if with_workers:
+        devices = options.workers or default_workers(device)
+        reporter.step(f"starting {len(parse_devices(devices))} target workers on {devices}")
+        workers = WorkerPool(thread_workers(target_lm, parse_devices(devices)))
+    return Models(tokenizer=target.tokenizer, stop_ids=stop_token_ids(target.model, target.tokenizer), device=device,
+                  context_tokens=target.model.config.max_position_embeddings, target=target_lm, offload=offload,
+                  workers=workers)
+
+
+def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
+    """dsi over Ray actors that each load the target: no target here."""
+    workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
+                            reporter)
+    return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
+                  context_tokens=workers.context_tokens, target=None, workers=workers.pool)
 
 
 def load_draft(options: EngineOptions, device: torch.device, dtype: torch.dtype, quantization: object | None,
@@ -156,42 +222,9 @@ def load_draft(options: EngineOptions, device: torch.device, dtype: torch.dtype,
     return CausalLM(draft.model)
 
 
-def build_dsi_runtime(options: EngineOptions, device: torch.device, dtype: torch.dtype, quantization: object | None,
-                      reporter: Reporter) -> Runtime:
-    """DSI: target workers (threads over one loaded target, or Ray actors) and the draft here."""
-    workers = build_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
-                            reporter)
-    try:
-        draft = load_draft(options, device, dtype, quantization, workers.tokenizer, reporter)
-    except BaseException:
-        workers.pool.close()
-        raise
-    engine = DSIEngine(draft, workers.pool, workers.stop_ids, options.lookahead)
-    reporter.step("ready", 1.0)
-    return Runtime(engine=engine, tokenizer=workers.tokenizer, device=device, workers=workers.pool,
-                   context_tokens=workers.context_tokens)
-
-
-def make_engine(name: str, target: CausalLM, draft: CausalLM | None, stop_ids: frozenset[int],
-                shape: TreeShape, workers: WorkerPool | None = None) -> Engine:
-    """The engine `name` over already loaded models (`draft` is None for autoregressive).
-
-    dsi verifies on `workers` (over `target`) and takes the budget as its lookahead, as sd takes
-    it as its chain length.
-    """
-    if name == "autoregressive":
-        return AutoregressiveEngine(target, stop_ids)
-    if name == "specexec":
-        return SpecExecEngine(target, draft, stop_ids, shape)
-    if name == "sd":
-        return ChainSDEngine(target, draft, stop_ids, shape)
-    if name == "specinfer":
-        return SpecInferEngine(target, draft, stop_ids, shape)
-    if name == "dsi":
-        if workers is None:
-            raise SpecchatError("dsi needs target workers (--workers)")
-        return DSIEngine(draft, workers, stop_ids, lookahead=shape.budget)
-    raise SpecchatError(f"unknown engine '{name}': choose one of {', '.join(ENGINES)}")
+def live_settings_of(options: EngineOptions) -> LiveSettings:
+    """The engine settings named on the command line (a None budget: suited to the device)."""
+    return LiveSettings(budget=options.budget, depth=options.max_depth, lookahead=options.lookahead)
 
 
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype,

@@ -3,7 +3,7 @@
 from dataclasses import asdict, dataclass
 
 from specchat.decoding.events import IterationEvent
-from specchat.offload.streamer import gbps
+from specchat.transfer import gbps
 
 
 @dataclass(frozen=True)

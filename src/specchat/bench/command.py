@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from specchat.bench.datasets import check_dataset, load_prompts
-from specchat.bench.pair import engine_options, load_models, model_measurer
-from specchat.bench.runner import Point, Setup, check_engines, run_sweep, uses_draft
+from specchat.bench.pair import engine_options, model_measurer
+from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, run_sweep
 from specchat.errors import SpecchatError
 from specchat.models.loading import resolve
-from specchat.runtime import MAX_LOOKAHEAD, encode_prompt, validate
+from specchat.runtime import MAX_LOOKAHEAD, encode_prompt, load_models, options_for, validate
 
 MAX_BUDGET = 8192
 Item = TypeVar("Item")
@@ -43,7 +43,7 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts:
         raise SpecchatError(f"--out {out_dir} is a file, not a directory")
     options = engine_options(setup)
     for engine in engines:
-        validate(replace(options, engine=engine, workers=setup.workers if engine == "dsi" else None))
+        validate(options_for(options, engine))
     if compare_hf:
         resolve(setup.draft)
 
@@ -51,8 +51,12 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts:
 def run_bench(setup: Setup, points: list[Point], n_prompts: int, out_dir: Path, progress: bool = True) -> list[dict]:
     """Load the prompts and the models once, then run the sweep; returns its rows."""
     texts = load_prompts(setup.dataset, n_prompts)
-    models = load_models(setup, with_draft=any(uses_draft(point.engine) for point in points),
-                         with_workers=any(point.engine == "dsi" for point in points), progress=progress)
+    engines = {point.engine for point in points} - {HF_ASSISTED}
+    if HF_ASSISTED in {point.engine for point in points}:
+        engines |= {"autoregressive", "specexec"}  # transformers' assisted generation uses the target and draft
+    first, *rest = sorted(engines)
+    options = replace(engine_options(setup), engine=first, workers=setup.workers if "dsi" in engines else None)
+    models = load_models(options, engines=rest, progress=progress)
     try:
         prompts = [encode_prompt(models.tokenizer, text, raw=False) for text in texts]
         return run_sweep(setup, points, prompts, model_measurer(models, setup), out_dir, progress)

@@ -9,11 +9,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specchat.bench.runner import Measure, Point, Setup
-from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import Engine, IterationEvent, SamplingParams
+from specchat.decoding.events import Engine, IterationEvent, LiveSettings, SamplingParams
+from specchat.runtime import Models
 from specchat.summary import Summary, summarize
 
-MakeEngine = Callable[[str, TreeShape], Engine]  # an engine name and tree shape -> an engine over loaded models
 
 # Every row has these figures; null where a method does not expose them.
 FIGURES = (*(field.name for field in fields(Summary)), "mean_tree_size", "mean_depth")
@@ -59,15 +58,16 @@ def measure_hf_assisted(target: PreTrainedModel, draft: PreTrainedModel, prompt_
     return {**dict.fromkeys(FIGURES), "new_tokens": new_tokens, "tokens_per_s": new_tokens / wall_s, "wall_s": wall_s}
 
 
-def tree_shape(point: Point, max_depth: int) -> TreeShape:
-    # An engine that drafts no tree ignores its shape; budget 1 only fills the field.
-    return TreeShape(budget=point.budget if point.budget is not None else 1, max_depth=max_depth)
+def live_settings(point: Point, max_depth: int) -> LiveSettings:
+    """A sweep's budget is the tree size of tree engines and the lookahead of dsi (its drafts per
+    job); an engine ignores the settings it does not read."""
+    return LiveSettings(budget=point.budget, depth=max_depth, lookahead=point.budget)
 
 
-def engine_measurer(make_engine: MakeEngine, setup: Setup) -> Callable[[Point], Measure]:
-    """For each configuration, a measure that runs the engine `make_engine` builds for it."""
+def engine_measurer(models: Models, setup: Setup) -> Callable[[Point], Measure]:
+    """For each configuration, a measure that runs a new engine over `models`."""
     def measurer(point: Point) -> Measure:
-        engine = make_engine(point.engine, tree_shape(point, setup.max_depth))
+        engine = models.engine(point.engine, live_settings(point, setup.max_depth))
         sampling = SamplingParams(point.temperature, setup.top_p, setup.seed)
         return lambda prompt_ids: measure_engine(engine, prompt_ids, setup.max_new_tokens, sampling)
     return measurer

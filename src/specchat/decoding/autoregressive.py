@@ -5,7 +5,7 @@ from time import perf_counter
 
 import torch
 
-from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.sampling import sample_token
@@ -17,6 +17,12 @@ class AutoregressiveEngine:
     def __init__(self, target: CausalLM, stop_ids: Collection[int]) -> None:
         self.target = target
         self.stop_ids = frozenset(stop_ids)
+
+    def live_settings(self) -> LiveSettings:
+        return LiveSettings()  # the target alone reads no live setting
+
+    def apply(self, settings: LiveSettings) -> None:
+        pass
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams

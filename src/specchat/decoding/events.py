@@ -1,7 +1,8 @@
-"""The engine protocol: every engine is a generator of per-iteration events."""
+"""The engine protocol: every engine is a generator of per-iteration events, and exposes the
+live settings it honours so that front ends never need to know which engine they hold."""
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -34,13 +35,33 @@ class IterationEvent:
     jobs_preempted: int = 0
     jobs_in_flight: int = 0
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
-    extra: dict = field(default_factory=dict)
+    draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """Settings an engine reads while it decodes, so a change applies from its next iteration
+    (or next dsi job). None marks a setting the engine does not honour."""
+
+    budget: int | None = None  # K: draft tree size (tree engines)
+    depth: int | None = None  # D: deepest draft tree node (tree engines)
+    lookahead: int | None = None  # dsi: drafts per verification job
+    workers: int | None = None  # dsi: target workers (shown, never changed live)
 
 
 class Engine(Protocol):
     """Decodes a reply to a prompt, yielding one event per target forward."""
 
     name: str
+
+    def live_settings(self) -> LiveSettings:
+        """The settings this engine honours, with the values it holds now."""
+        ...
+
+    def apply(self, settings: LiveSettings) -> None:
+        """Adopt the fields of `settings` this engine honours; fields it does not honour, and
+        None fields, are ignored."""
+        ...
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams

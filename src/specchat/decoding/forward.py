@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specchat.offload.streamer import TransferStats
+from specchat.transfer import TransferStats
 
 
 class WeightStream(Protocol):

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from specchat.decoding.drafter import GrownTree, TreeShape, grow_tree
-from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.verifier import Verdict, verify
@@ -56,11 +56,13 @@ class SpecExecEngine:
         self.stop_ids = frozenset(stop_ids)
         self.shape = shape  # read at every iteration, so a live change applies from the next one
 
-    def set_budget(self, budget: int) -> None:
-        self.shape = replace(self.shape, budget=budget)
+    def live_settings(self) -> LiveSettings:
+        return LiveSettings(budget=self.shape.budget, depth=self.shape.max_depth)
 
-    def set_max_depth(self, max_depth: int) -> None:
-        self.shape = replace(self.shape, max_depth=max_depth)
+    def apply(self, settings: LiveSettings) -> None:
+        budget = settings.budget if settings.budget is not None else self.shape.budget
+        depth = settings.depth if settings.depth is not None else self.shape.max_depth
+        self.shape = replace(self.shape, budget=budget, max_depth=depth)
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
@@ -100,7 +102,7 @@ class SpecExecEngine:
             draft_s=drafted - start, target_s=verified - drafted,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
-            extra={"draft_steps": grown.steps},
+            draft_steps=grown.steps,
         )
 
     def prefill(self, seq: list[int], cache) -> None:

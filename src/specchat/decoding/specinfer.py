@@ -60,7 +60,7 @@ class SpecInferEngine(SpecExecEngine):
             draft_s=drafted - start, target_s=verified - drafted,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
-            extra={"draft_steps": stems.grown.steps},
+            draft_steps=stems.grown.steps,
         )
 
     def score_and_walk(

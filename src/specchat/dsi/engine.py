@@ -27,7 +27,7 @@ from time import perf_counter
 
 import torch
 
-from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache, truncate
 from specchat.decoding.sampling import sample_token
@@ -85,8 +85,12 @@ class DSIEngine:
         self.latencies = Latencies()
         self.noticed = False
 
-    def set_lookahead(self, lookahead: int) -> None:
-        self.lookahead = lookahead
+    def live_settings(self) -> LiveSettings:
+        return LiveSettings(lookahead=self.lookahead, workers=len(self.pool.workers))
+
+    def apply(self, settings: LiveSettings) -> None:
+        if settings.lookahead is not None:
+            self.lookahead = settings.lookahead
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams

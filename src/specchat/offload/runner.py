@@ -17,7 +17,8 @@ from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill
 from specchat.offload.sources import SafetensorsSource
 from specchat.offload.storage import DiskStore, RamStore
 from specchat.offload.streamed_layer import StreamedLayer
-from specchat.offload.streamer import Streamer, TransferStats
+from specchat.offload.streamer import Streamer
+from specchat.transfer import TransferStats
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from specchat.offload.storage import LayerStore
-from specchat.offload.streamer import TransferStats
+from specchat.transfer import TransferStats
 
 
 class Mover(Protocol):

@@ -20,7 +20,7 @@ from textual.events import Resize
 from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
-from specchat.decoding.events import Engine, IterationEvent
+from specchat.decoding.events import Engine, IterationEvent, LiveSettings
 from specchat.errors import SpecchatError
 from specchat.summary import Summary, summarize
 from specchat.tui import commands
@@ -52,12 +52,6 @@ KEYS_HELP = (
 def describe(error: BaseException) -> str:
     """One line for the user: a SpecchatError is already worded for them, others get their type."""
     return str(error) if isinstance(error, SpecchatError) else f"{type(error).__name__}: {error}"
-
-
-def worker_count(engine: Engine) -> int:
-    """DSI's target workers, from its pool; engines without a pool have none."""
-    pool = getattr(engine, "pool", None)
-    return len(pool.workers) if pool is not None else 0
 
 
 class SpecchatApp(App):
@@ -381,23 +375,19 @@ class SpecchatApp(App):
         # Refused rather than kept for later: dsi runs alone (/engine never offers it), so a
         # lookahead set on another engine would never apply.
         engine = self.backend.engine
-        if not hasattr(engine, "set_lookahead"):
+        if engine.live_settings().lookahead is None:
             await self.notice(f"/lookahead applies to the dsi engine only, not {engine.name}", error=True)
             return
         await self.change_setting("lookahead", lookahead)
 
     def apply_live_settings(self, engine: Engine) -> None:
-        # An engine has setters only for what it reads (autoregressive none): the other values
-        # wait in the settings until an engine that reads them is chosen.
-        if hasattr(engine, "set_budget"):
-            engine.set_budget(self.settings.budget)
-        if hasattr(engine, "set_max_depth"):
-            engine.set_max_depth(self.settings.depth)
-        if hasattr(engine, "set_lookahead"):
-            engine.set_lookahead(self.settings.lookahead)
+        # An engine takes only what it reads (autoregressive nothing): the other values wait in
+        # the settings until an engine that reads them is chosen.
+        engine.apply(LiveSettings(budget=self.settings.budget, depth=self.settings.depth,
+                                  lookahead=self.settings.lookahead))
 
     def show_settings(self) -> None:
-        self.panels.show_settings(self.settings, worker_count(self.backend.engine))
+        self.panels.show_settings(self.settings, self.backend.engine.live_settings().workers or 0)
 
     async def switch_engine(self, name: str) -> None:
         if name not in self.backend.engine_names:

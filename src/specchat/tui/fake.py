@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from itertools import cycle
 from time import sleep
 
-from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.textstream import TextStream
 from specchat.tui.settings import DecodingSettings
 
@@ -42,11 +42,12 @@ class FakeEngine:
     transfer_bytes: int = 0  # per iteration; > 0 makes the engine report offload transfers
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)  # arguments, for tests
 
-    def set_budget(self, budget: int) -> None:
-        self.budget = budget
+    def live_settings(self) -> LiveSettings:
+        return LiveSettings(budget=self.budget, depth=self.max_depth)
 
-    def set_max_depth(self, max_depth: int) -> None:
-        self.max_depth = max_depth
+    def apply(self, settings: LiveSettings) -> None:
+        self.budget = settings.budget if settings.budget is not None else self.budget
+        self.max_depth = settings.depth if settings.depth is not None else self.max_depth
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
@@ -85,8 +86,11 @@ class FakeDSIEngine(FakeEngine):
     pool: FakePool = field(default_factory=lambda: FakePool(["cpu#0", "cpu#1"]))
     noticed: bool = field(default=False, init=False)
 
-    def set_lookahead(self, lookahead: int) -> None:
-        self.lookahead = lookahead
+    def live_settings(self) -> LiveSettings:
+        return LiveSettings(lookahead=self.lookahead, workers=len(self.pool.workers))
+
+    def apply(self, settings: LiveSettings) -> None:
+        self.lookahead = settings.lookahead if settings.lookahead is not None else self.lookahead
 
     def event(self, chunk: list[int], finished: bool) -> IterationEvent:
         # Two jobs sent per event; a chunk shorter than a full job means a rejected draft, and

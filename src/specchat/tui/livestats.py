@@ -4,7 +4,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specchat.decoding.events import IterationEvent
-from specchat.offload.streamer import gbps
+from specchat.transfer import gbps
 from specchat.summary import Summary
 
 WINDOW = 60  # iterations shown in the sparklines

@@ -1,13 +1,12 @@
-"""The ChatBackend over real models: a loaded `specchat.runtime.Runtime` and its tokenizer."""
+"""The ChatBackend over real models: the loaded `specchat.runtime.Models` and engines over them."""
 
 from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
-from specchat.decoding.events import Engine
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.events import Engine, LiveSettings
 from specchat.errors import SpecchatError
-from specchat.runtime import DRAFTED_ENGINES, ENGINES, EngineOptions, Runtime, build_runtime, make_engine
+from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of, load_models
 from specchat.textstream import TextStream
 from specchat.tui.backend import Loader, Progress
 from specchat.tui.settings import DecodingSettings
@@ -20,40 +19,23 @@ def transfer_label(device_type: str, offload: str) -> str:
     return "PCIe" if device_type == "cuda" else {"ram": "RAM", "disk": "disk"}[offload]
 
 
-def engines_of(engine: Engine) -> dict[str, Engine]:
-    """The engines /engine can switch between: with a draft loaded, every engine over the same
-    models (the one running first); the target alone otherwise."""
-    if not isinstance(engine, SpecExecEngine):  # SpecInfer and chain SD derive from it too
-        return {engine.name: engine}
-    # dsi needs target workers, which only `run --engine dsi` starts
-    others = {name: make_engine(name, engine.target, engine.draft, engine.stop_ids, engine.shape)
-              for name in ENGINES if name not in (engine.name, "dsi")}
-    return {engine.name: engine, **others}
-
-
-def live_settings_of(engine: Engine) -> dict[str, int]:
-    """The DecodingSettings fields `engine` reads while decoding, as it holds them now."""
-    shape = getattr(engine, "shape", None)  # only tree engines have one
-    if shape is not None:
-        return {"budget": shape.budget, "depth": shape.max_depth}
-    lookahead = getattr(engine, "lookahead", None)  # only dsi has one
-    return {"lookahead": lookahead} if lookahead is not None else {}
-
-
 class RuntimeBackend:
-    def __init__(
-        self, runtime: Runtime, name: str, settings: DecodingSettings, context_tokens: int, transfer_label: str
-    ) -> None:
-        if runtime.tokenizer.chat_template is None:
+    def __init__(self, models: Models, first: Engine, name: str, settings: DecodingSettings,
+                 transfer_label: str) -> None:
+        """`first` is the engine of the first reply; /engine offers every engine `models` runs."""
+        if models.tokenizer.chat_template is None:
             raise SpecchatError(f"{name} has no chat template: `specchat run` needs a chat (instruct) model")
-        self.tokenizer: PreTrainedTokenizerBase = runtime.tokenizer
-        self.engines = engines_of(runtime.engine)
+        self.models = models
+        self.tokenizer: PreTrainedTokenizerBase = models.tokenizer
+        others = {other: models.engine(other, first.live_settings())
+                  for other in models.engine_names() if other != first.name}
+        self.engines = {first.name: first, **others}
         self.engine_names = tuple(self.engines)
-        self.engine = runtime.engine
+        self.engine = first
         self.name = name
-        self.context_tokens = context_tokens
+        self.context_tokens = models.context_tokens
         self.transfer_label = transfer_label
-        self.settings = replace(settings, engine=runtime.engine.name, **live_settings_of(runtime.engine))
+        self.settings = replace(settings, engine=first.name, **shown_settings(first.live_settings()))
 
     def encode(self, messages: list[dict]) -> list[int]:
         encoded = self.tokenizer.apply_chat_template(
@@ -69,6 +51,12 @@ class RuntimeBackend:
         return self.engine
 
 
+def shown_settings(live: LiveSettings) -> dict[str, int]:
+    """The DecodingSettings fields an engine's live settings fill in."""
+    values = {"budget": live.budget, "depth": live.depth, "lookahead": live.lookahead}
+    return {field: value for field, value in values.items() if value is not None}
+
+
 def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader:
     """A loader for SpecchatApp that builds the runtime for `options` behind the loading screen."""
 
@@ -76,11 +64,12 @@ def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader
 
     def load(progress: Progress) -> RuntimeBackend:
         # Steps go to the loading screen only: bars on stderr would land in the middle of the app.
-        runtime = build_runtime(options, progress=False, report=progress)
-        return RuntimeBackend(
-            runtime, name, settings,
-            context_tokens=runtime.context_tokens,
-            transfer_label=transfer_label(runtime.device.type, options.offload),
-        )
+        models = load_models(options, progress=False, report=progress)
+        try:
+            first = models.engine(options.engine, live_settings_of(options))
+            return RuntimeBackend(models, first, name, settings, transfer_label(models.device.type, options.offload))
+        except BaseException:
+            models.close()
+            raise
 
     return load

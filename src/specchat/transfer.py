@@ -1,0 +1,26 @@
+"""Weight-transfer counters, shared by the offload streamer that counts them and the engines and
+front ends that report them."""
+
+from dataclasses import dataclass
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    """Throughput in GB/s (1e9 bytes); 0 when nothing took time."""
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """Cumulative counters; subtract two snapshots for one interval."""
+
+    bytes: int = 0
+    transfer_s: float = 0.0  # time the loads took (the link busy)
+    stall_s: float = 0.0  # time compute waited for a layer to arrive
+
+    def __sub__(self, other: "TransferStats") -> "TransferStats":
+        return TransferStats(self.bytes - other.bytes, self.transfer_s - other.transfer_s, self.stall_s - other.stall_s)
+
+    @property
+    def gbps(self) -> float:
+        """Throughput of the link while it was busy, in GB/s (1e9 bytes)."""
+        return gbps(self.bytes, self.transfer_s)
