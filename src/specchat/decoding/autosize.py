@@ -1,0 +1,130 @@
+"""`--budget auto`: the tree grown and scored each iteration is sized by its own predicted
+acceptance against measured costs (SpecExec, Appendix A).
+
+Prediction. If the draft's distribution were the target's, verification would reach a drafted
+node v (and accept it) with probability P(v) = exp(cumulative draft log-prob of v), so a tree T
+is expected to yield A(T) = sum of P(v) over its drafted nodes accepted tokens, plus the one token
+the target always supplies. The draft is not the target: a factor c = (observed accepted) /
+(predicted A), kept online over recent iterations, calibrates the prediction.
+
+Cost. An iteration spends the draft steps d(b_1) + ... + d(b_s) (b = nodes expanded per draft
+forward) and one target pass over the root and the K drafted nodes, tau(K + 1): its rate is
+    r(K) = (c * A_K + 1) / (draft_spent + tau(K + 1)),
+with A_K the sum of the K largest P. The K most likely nodes always form a tree (a node is never
+more likely than its parent), so any K is a valid cut of the grown tree.
+
+Growth. Before each draft step, the step is taken only if some width b makes the rate expected
+after it beat the best rate reachable now. Expanding the b most likely open nodes costs d(b) and
+adds, by the running estimate m of the share of a parent's mass its kept children carry, about
+m * (sum of their P) of mass with (at least) b new nodes. Because r(K) is a ratio, a step that
+raises it is exactly one whose marginal tokens per second beat the current average: growth stops
+where the next expansion can no longer pay for itself, which is where a fixed budget would keep
+spending.
+"""
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # expansion widths the growth rule considers
+PRIOR_ITERATIONS = 2.0  # weight of the starting calibration (c = 1, m = 0.9), in iterations
+DECAY = 0.95  # per iteration: the calibration follows roughly the last 20 iterations
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured seconds of a target pass over n tokens and of a draft step over b nodes,
+    interpolated linearly between the measured points and extrapolated from the last two."""
+
+    target_n: tuple[int, ...]
+    target_s: tuple[float, ...]
+    draft_b: tuple[int, ...]
+    draft_s: tuple[float, ...]
+
+    def target(self, n: int) -> float:
+        return interpolate(self.target_n, self.target_s, n)
+
+    def draft(self, b: int) -> float:
+        return interpolate(self.draft_b, self.draft_s, b)
+
+
+def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear through (xs, ys); the end segments extend past the ends; never below 0."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass
+class Calibration:
+    """Running ratios, decayed per iteration: c = observed / predicted accepted tokens, and m =
+    children's kept mass / expanded parents' mass."""
+
+    observed: float = PRIOR_ITERATIONS
+    predicted: float = PRIOR_ITERATIONS
+    child_mass: float = 0.9 * PRIOR_ITERATIONS
+    parent_mass: float = PRIOR_ITERATIONS
+
+    @property
+    def acceptance(self) -> float:
+        return self.observed / self.predicted
+
+    @property
+    def branching(self) -> float:
+        return self.child_mass / self.parent_mass
+
+    def record(self, predicted: float, observed: int) -> None:
+        """One iteration's uncalibrated prediction A and the tokens verification accepted."""
+        self.observed = DECAY * self.observed + observed
+        self.predicted = DECAY * self.predicted + predicted
+
+    def record_expansion(self, parent_mass: float, child_mass: float) -> None:
+        self.parent_mass = DECAY * self.parent_mass + parent_mass
+        self.child_mass = DECAY * self.child_mass + child_mass
+
+
+@dataclass(frozen=True)
+class Cut:
+    size: int  # K: drafted nodes scored by the target
+    rate: float  # expected tokens per second of the iteration
+    predicted: float  # uncalibrated A_K
+
+
+class AutoSizer:
+    """Decides, for one engine, how wide each draft step is, when growth stops and where the tree
+    is cut; `cap` bounds the tree (and so the target pass) whatever the estimates say."""
+
+    def __init__(self, costs: Costs, cap: int) -> None:
+        self.costs = costs
+        self.cap = cap
+        self.calibration = Calibration()
+
+    def best_cut(self, probs: torch.Tensor, draft_spent: float) -> Cut:
+        """The K maximizing r(K) over drafted node probabilities `probs`, sorted descending."""
+        masses = torch.cat([torch.zeros(1, dtype=torch.float64), probs.double().cumsum(0)])[: self.cap + 1]
+        sizes = torch.arange(masses.numel())
+        times = torch.tensor([draft_spent + self.costs.target(int(k) + 1) for k in sizes], dtype=torch.float64)
+        rates = (self.calibration.acceptance * masses + 1) / times
+        best = int(rates.argmax())
+        return Cut(size=best, rate=float(rates[best]), predicted=float(masses[best]))
+
+    def step_width(self, open_probs: torch.Tensor, probs: torch.Tensor, draft_spent: float) -> int:
+        """How many of the open nodes (probabilities `open_probs`, sorted descending) to expand
+        next; 0 stops growth. `probs` are every drafted node's, sorted descending."""
+        if open_probs.numel() == 0 or probs.numel() >= self.cap and open_probs[0] <= probs[self.cap - 1]:
+            return 0
+        now = self.best_cut(probs, draft_spent)
+        gained = self.calibration.acceptance * self.calibration.branching * open_probs.double().cumsum(0)
+        best_width, best_rate = 0, now.rate
+        for width in WIDTHS:
+            if width > open_probs.numel():
+                break
+            size = min(now.size + width, self.cap)
+            tokens = self.calibration.acceptance * now.predicted + float(gained[width - 1]) + 1
+            rate = tokens / (draft_spent + self.costs.draft(width) + self.costs.target(size + 1))
+            if rate > best_rate:
+                best_width, best_rate = width, rate
+        return best_width

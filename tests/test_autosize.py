@@ -1,0 +1,85 @@
+"""--budget auto's rule: the cut that maximizes predicted tokens per second, growth that stops
+when the next draft step cannot pay for itself, and the online calibration."""
+
+import pytest
+import torch
+
+from specchat.decoding.autosize import AutoSizer, Calibration, Costs, interpolate
+
+FLAT = Costs(target_n=(1, 1024), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.01))
+
+
+def probs(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_interpolation_is_linear_inside_and_extends_the_end_segments():
+    xs, ys = (1, 16, 64), (0.1, 0.2, 0.5)
+    assert interpolate(xs, ys, 1) == pytest.approx(0.1)
+    assert interpolate(xs, ys, 40) == pytest.approx(0.35)
+    assert interpolate(xs, ys, 128) == pytest.approx(0.9)  # past the end: the last slope
+    assert interpolate(xs, ys, 0) >= 0.0
+    assert interpolate((8,), (0.3,), 100) == 0.3
+
+
+def test_flat_target_cost_scores_every_node_worth_anything():
+    sizer = AutoSizer(FLAT, cap=64)
+    cut = sizer.best_cut(probs(0.9, 0.5, 0.2, 0.01), draft_spent=0.05)
+    assert cut.size == 4 and cut.predicted == pytest.approx(1.61)
+    assert cut.rate == pytest.approx(2.61 / 0.15)
+
+
+def test_costly_target_tokens_cut_the_unlikely_tail():
+    # each scored token costs 10 ms: a node of probability 0.01 adds 1% of a token for it
+    costs = Costs(target_n=(1, 101), target_s=(0.1, 1.1), draft_b=(1,), draft_s=(0.01,))
+    cut = AutoSizer(costs, cap=64).best_cut(probs(0.9, 0.5, 0.3, 0.01), draft_spent=0.0)
+    assert cut.size == 3
+
+
+def test_the_cap_bounds_the_cut():
+    cut = AutoSizer(FLAT, cap=2).best_cut(probs(0.9, 0.8, 0.7), draft_spent=0.0)
+    assert cut.size == 2
+
+
+def test_a_cheap_step_over_likely_nodes_is_taken():
+    sizer = AutoSizer(FLAT, cap=64)
+    assert sizer.step_width(probs(0.9, 0.8), probs(0.9, 0.8), draft_spent=0.01) >= 1
+
+
+def test_growth_stops_when_a_step_costs_more_than_it_can_gain():
+    # a draft step costs as much as a whole target pass; the open nodes are unlikely
+    costs = Costs(target_n=(1,), target_s=(0.1,), draft_b=(1,), draft_s=(0.1,))
+    sizer = AutoSizer(costs, cap=64)
+    assert sizer.step_width(probs(0.05, 0.04), probs(0.9, 0.05, 0.04), draft_spent=0.1) == 0
+
+
+def test_no_open_node_or_a_full_tree_of_likelier_nodes_stops_growth():
+    sizer = AutoSizer(FLAT, cap=2)
+    assert sizer.step_width(probs(), probs(0.9), draft_spent=0.0) == 0
+    assert sizer.step_width(probs(0.1), probs(0.9, 0.8), draft_spent=0.0) == 0
+
+
+def test_the_width_is_where_the_expected_rate_peaks():
+    # widths cost the same: the widest step over many likely nodes wins
+    sizer = AutoSizer(FLAT, cap=1024)
+    open_probs = torch.full((200,), 0.5, dtype=torch.float64)
+    assert sizer.step_width(open_probs, open_probs, draft_spent=0.0) == 128
+
+
+def test_calibration_follows_what_verification_accepts():
+    calibration = Calibration()
+    assert calibration.acceptance == 1.0
+    for _ in range(200):
+        calibration.record(predicted=4.0, observed=2)
+        calibration.record_expansion(parent_mass=1.0, child_mass=0.5)
+    assert calibration.acceptance == pytest.approx(0.5, rel=1e-3)
+    assert calibration.branching == pytest.approx(0.5, rel=1e-3)
+
+
+def test_a_pessimistic_calibration_cuts_smaller_trees():
+    sizer = AutoSizer(Costs(target_n=(1, 101), target_s=(0.1, 0.6), draft_b=(1,), draft_s=(0.01,)), cap=64)
+    tree = probs(0.9, 0.6, 0.4, 0.2, 0.1, 0.05)
+    optimistic = sizer.best_cut(tree, 0.0).size
+    for _ in range(100):
+        sizer.calibration.record(predicted=1.0, observed=0)
+    assert sizer.best_cut(tree, 0.0).size < optimistic
