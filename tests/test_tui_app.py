@@ -3,13 +3,20 @@ slash commands, history across restarts, the live panels (dsi's too), engine not
 loading screen."""
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
-from time import perf_counter
+from pathlib import Path
+from time import perf_counter, sleep
 
 import pytest
 from textual import events
 from textual.widgets import Log, ProgressBar, Sparkline, Static
 
+import specchat
 from specchat.errors import SpecchatError
 from specchat.tui.app import SpecchatApp
 from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine
@@ -41,7 +48,7 @@ async def wait_until(pilot, condition, timeout=5.0) -> None:
 
 
 def replying_done(app) -> bool:
-    return app.job is None and bool(app.entries) and app.entries[-1].role == "assistant"
+    return app.session.job is None and bool(app.session.entries) and app.session.entries[-1].role == "assistant"
 
 
 async def say(pilot, text: str) -> None:
@@ -63,7 +70,9 @@ def last_notice(app) -> Notice:
 
 
 def test_send_streams_the_reply_and_saves_both_turns(store_path):
-    app = make_app(store_path, [FakeEngine(delay_s=0.05)])
+    # Iterations slow enough that the reply (30 of them) outlasts Pilot's return from Enter,
+    # which takes about 2 s on a busy machine.
+    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
 
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
@@ -76,7 +85,7 @@ def test_send_streams_the_reply_and_saves_both_turns(store_path):
             assert app.prompt.text == "" and app.prompt.has_focus
             engine = app.backend.engine
             assert engine.calls[0][0] == app.backend.encode([{"role": "user", "content": "hello"}])
-            messages = app.store.messages(app.conversation_id)
+            messages = app.store.messages(app.session.conversation_id)
             assert [(m.role, m.content, m.cut) for m in messages] == [
                 ("user", "hello", False), ("assistant", REPLY, False)
             ]
@@ -92,13 +101,13 @@ def test_escape_cuts_the_reply_at_once_and_keeps_the_partial_text(store_path):
             await say(pilot, "tell me")
             await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
             await pilot.press("escape")
-            assert app.job is None  # the prompt is usable at once
+            assert app.session.job is None  # the prompt is usable at once
             [reply] = app.query(AssistantTurn)
             assert reply.cut and 0 < len(reply.text) < len(REPLY)
-            saved = app.store.messages(app.conversation_id)[-1]
+            saved = app.store.messages(app.session.conversation_id)[-1]
             assert (saved.role, saved.content, saved.cut) == ("assistant", reply.text, True)
             # The worker stops after the iteration in progress: the engine is free within one.
-            await wait_until(pilot, lambda: not app.engine_lock.locked(), timeout=0.25)
+            await wait_until(pilot, lambda: not app.session.engine_lock.locked(), timeout=0.25)
             await pilot.pause(0.1)
             assert reply.text == saved.content  # nothing arrives after the cut
             await say(pilot, "again")
@@ -115,7 +124,7 @@ def test_ctrl_c_stops_the_reply_then_quits(store_path):
             await say(pilot, "tell me")
             await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
             await pilot.press("ctrl+c")
-            assert app.job is None and app.query(AssistantTurn).last().cut
+            assert app.session.job is None and app.query(AssistantTurn).last().cut
             assert app.is_running
             await pilot.press("ctrl+c")
             await wait_until(pilot, lambda: not app.is_running)
@@ -136,6 +145,62 @@ def test_quitting_mid_reply_saves_the_partial_reply(store_path):
     run(scenario)
     [conversation] = ConversationStore(store_path).conversations()
     reply = ConversationStore(store_path).messages(conversation.id)[-1]
+    assert reply.role == "assistant" and reply.cut and 0 < len(reply.content) < len(REPLY)
+
+
+@pytest.mark.parametrize("keys", [["ctrl+c", "ctrl+c"], ["/quit"]], ids=["ctrl+c twice", "/quit"])
+def test_every_way_out_closes_the_backend_once(store_path, keys):
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await ask(pilot, "hi")
+            assert app.backend.closes == 0
+            for key in keys:
+                await (say(pilot, key) if key.startswith("/") else pilot.press(key))
+            await wait_until(pilot, lambda: not app.is_running)
+
+    run(scenario)
+    assert app.backend.closes == 1
+
+
+def test_sigterm_keeps_the_reply_and_closes_the_backend(store_path):
+    # In a process of its own: a SIGTERM that the app failed to catch would end the test run.
+    script = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from specchat.tui.app import SpecchatApp
+        from specchat.tui.fake import FakeBackend, FakeEngine
+        from specchat.tui.store import ConversationStore
+
+        store_path, replying = Path(sys.argv[1]), Path(sys.argv[2])
+        backend = FakeBackend([FakeEngine(delay_s=0.2)])
+        app = SpecchatApp(backend, ConversationStore(store_path))
+
+        async def reply_then_wait(pilot):
+            app.prompt.load_text("tell me")
+            await pilot.press("enter")
+            while not (app.reply_turn and app.reply_turn.text):
+                await pilot.pause(0.01)
+            replying.touch()
+
+        app.run(headless=True, auto_pilot=reply_then_wait)
+        print(backend.closes)
+    """)
+    replying = store_path.parent / "replying"
+    env = {**os.environ, "PYTHONPATH": str(Path(specchat.__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", script, str(store_path), str(replying)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = perf_counter() + 60
+    while not replying.exists():
+        assert child.poll() is None and perf_counter() < deadline, child.stderr.read() if child.poll() else "no reply"
+        sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=60)
+    assert (child.returncode, out) == (0, "1\n"), err
+    store = ConversationStore(store_path)
+    [conversation] = store.conversations()
+    reply = store.messages(conversation.id)[-1]
     assert reply.role == "assistant" and reply.cut and 0 < len(reply.content) < len(REPLY)
 
 
@@ -179,10 +244,10 @@ def test_input_keys_newlines_recall_paste_and_completion(store_path):
             assert app.prompt.text == "a\nb\nc"
             await pilot.press("enter")
             await wait_until(pilot, lambda: replying_done(app))
-            assert app.entries[0].content == "a\nb\nc"
+            assert app.session.entries[0].content == "a\nb\nc"
             app.post_message(events.Paste("pasted\nlines"))
             await pilot.pause()
-            assert app.prompt.text == "pasted\nlines" and app.job is None
+            assert app.prompt.text == "pasted\nlines" and app.session.job is None
             app.prompt.clear()
             await pilot.press("up")
             assert app.prompt.text == "a\nb\nc"
@@ -230,13 +295,13 @@ def test_invalid_commands_say_why_inline_and_change_nothing(store_path):
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
             engine = app.backend.engine
-            before = (app.settings, engine.budget, engine.max_depth, app.backend.engine)
+            before = (app.session.settings, engine.budget, engine.max_depth, app.backend.engine)
             for text in INVALID_COMMANDS:
                 await say(pilot, text)
                 notice = last_notice(app)
                 assert notice.has_class("error") and "\n" not in notice.text, text
-                assert (app.settings, engine.budget, engine.max_depth, app.backend.engine) == before, text
-            assert app.entries == [] and app.conversation_id is None
+                assert (app.session.settings, engine.budget, engine.max_depth, app.backend.engine) == before, text
+            assert app.session.entries == [] and app.session.conversation_id is None
             assert len(notices(app)) == len(INVALID_COMMANDS)
 
     run(scenario)
@@ -255,11 +320,11 @@ def test_setting_commands_change_the_next_reply(store_path):
             await ask(pilot, "go")
             prompt_ids, max_new_tokens, sampling = spec.calls[-1]
             assert (max_new_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (10, 0.2, 0.5, 7)
-            assert app.entries[-1].content == REPLY[:10]
+            assert app.session.entries[-1].content == REPLY[:10]
             assert "budget 64 · depth 8" in str(app.query_one("#settings", Static).content)
 
             await say(pilot, "/seed off")
-            assert app.settings.seed is None
+            assert app.session.settings.seed is None
             await say(pilot, "/engine autoregressive")
             baseline = app.backend.engine
             assert baseline.name == "autoregressive" and baseline.budget == 64
@@ -270,7 +335,7 @@ def test_setting_commands_change_the_next_reply(store_path):
             assert app.query_one(SystemTurn).content == "system: Be brief."
             await ask(pilot, "third")
             assert baseline.calls[-1][0][:len("<system>Be brief.")] == app.backend.tokenizer.encode("<system>Be brief.")
-            assert app.store.conversation(app.conversation_id).system_prompt == "Be brief."
+            assert app.store.conversation(app.session.conversation_id).system_prompt == "Be brief."
 
     run(scenario)
 
@@ -281,7 +346,7 @@ def test_conversation_commands(store_path, tmp_path):
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
             await ask(pilot, "first question")
-            first = app.conversation_id
+            first = app.session.conversation_id
             await say(pilot, "/retry")
             await wait_until(pilot, lambda: replying_done(app))
             assert len(app.query(AssistantTurn)) == 1
@@ -297,14 +362,14 @@ def test_conversation_commands(store_path, tmp_path):
             assert last_notice(app).has_class("error") and "cannot save" in last_notice(app).text
 
             await say(pilot, "/clear")
-            assert not app.query(UserTurn) and app.conversation_id is None
+            assert not app.query(UserTurn) and app.session.conversation_id is None
             await ask(pilot, "second conversation")
-            assert app.conversation_id != first
+            assert app.session.conversation_id != first
 
             await say(pilot, "/load")
             assert "first question" in last_notice(app).text and "second conversation" in last_notice(app).text
             await say(pilot, f"/load {first}")
-            assert app.conversation_id == first
+            assert app.session.conversation_id == first
             assert [t.text for t in app.query(UserTurn)] == ["first question"]
 
             await say(pilot, "/help")
@@ -377,19 +442,19 @@ def test_panels_follow_every_iteration_and_a_live_budget_change(store_path):
             assert panels.display  # wide terminal
             await say(pilot, "go")
             for seen in (1, 3):
-                await wait_until(pilot, lambda: len(app.reply_events) >= seen)
-                assert panels.stats.iterations == len(app.reply_events)
-                assert list(panels.stats.accepted) == [e.accepted for e in app.reply_events]
+                await wait_until(pilot, lambda: len(app.session.reply_events) >= seen)
+                assert panels.stats.iterations == len(app.session.reply_events)
+                assert list(panels.stats.accepted) == [e.accepted for e in app.session.reply_events]
             await say(pilot, "/budget 99")
             assert "from the next iteration" in last_notice(app).text
             await wait_until(pilot, lambda: replying_done(app))
-            sizes = [e.tree_size for e in app.reply_events]
+            sizes = [e.tree_size for e in app.session.reply_events]
             assert sizes[0] == 16 and sizes[-1] == 99
             assert app.query_one("#tree-spark", Sparkline).data == sizes
-            assert app.query_one("#accepted-spark", Sparkline).data == [e.accepted for e in app.reply_events]
+            assert app.query_one("#accepted-spark", Sparkline).data == [e.accepted for e in app.session.reply_events]
             assert str(app.query_one("#tree", Static).content).startswith("size 99")
             assert not app.query_one("#jobs-section").display  # specexec sends no verification jobs
-            mean = sum(e.accepted for e in app.reply_events) / len(app.reply_events)
+            mean = sum(e.accepted for e in app.session.reply_events) / len(app.session.reply_events)
             assert f"mean {mean:.2f}" in str(app.query_one("#accepted", Static).content)
             await pilot.press("f2")
             assert not panels.display
@@ -434,7 +499,7 @@ def test_a_failing_engine_cuts_the_reply_and_says_why(store_path):
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
             await say(pilot, "go")
-            await wait_until(pilot, lambda: app.job is None and notices(app))
+            await wait_until(pilot, lambda: app.session.job is None and notices(app))
             assert last_notice(app).text == "decoding failed: RuntimeError: out of memory"
             assert app.query(AssistantTurn).last().cut
 
@@ -467,6 +532,28 @@ def test_loading_screen_shows_progress_then_the_chat(store_path):
             assert app.sub_title == "fake pair" and not app.panels.display
 
     run(scenario)
+
+
+def test_a_backend_loaded_after_exit_is_closed(store_path):
+    release, loaded = threading.Event(), []
+
+    def loader(progress):
+        progress("loading layers", None)
+        assert release.wait(5)
+        loaded.append(FakeBackend())
+        return loaded[0]
+
+    app = SpecchatApp(None, ConversationStore(store_path), loader=loader)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen))
+            await pilot.press("ctrl+c", "ctrl+c")
+            await wait_until(pilot, lambda: not app.is_running)
+        release.set()  # asyncio.run then waits for the loader's thread
+
+    run(scenario)
+    assert loaded[0].closes == 1
 
 
 def test_loading_failure_is_shown_not_swallowed(store_path):
@@ -523,7 +610,7 @@ def test_dsi_panels_show_the_jobs_of_the_last_event_and_of_the_reply(store_path)
             assert panel_text(app, "#settings").splitlines()[:2] == ["engine dsi", "lookahead 5 · workers 2"]
             await ask(pilot, "one")
             await ask(pilot, "two")  # totals restart with each reply
-            events = app.reply_events
+            events = app.session.reply_events
             # 33 events of 2 jobs; the 5 whose chunk is a full job had no rejected draft
             assert len(events) == 33
             assert (sum(e.jobs_submitted for e in events), sum(e.jobs_preempted for e in events)) == (66, 28)
@@ -567,10 +654,10 @@ def test_an_engine_notice_survives_a_cut_reply(store_path):
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
             await say(pilot, "go")
-            await wait_until(pilot, lambda: app.reply_events)
+            await wait_until(pilot, lambda: app.session.reply_events)
             await pilot.press("escape")
             await wait_until(pilot, lambda: any(n.text == WORKER_NOTICE for n in notices(app)), timeout=1)
-            assert len(app.reply_events) == 1 and app.query(AssistantTurn).last().cut
+            assert len(app.session.reply_events) == 1 and app.query(AssistantTurn).last().cut
 
     run(scenario)
 
@@ -583,16 +670,16 @@ def test_lookahead_command_on_dsi(store_path):
         async with app.run_test(size=SIZE) as pilot:
             await say(pilot, "/lookahead 65")
             assert last_notice(app).text == "lookahead must be between 1 and 64 (got 65)"
-            assert last_notice(app).has_class("error") and engine.lookahead == 5 and app.settings.lookahead == 5
+            assert last_notice(app).has_class("error") and engine.lookahead == 5 and app.session.settings.lookahead == 5
             await say(pilot, "/lookahead 8")
             assert last_notice(app).text == "lookahead set to 8" and engine.lookahead == 8
             assert "lookahead 8 · workers 2" in panel_text(app, "#settings")
             await say(pilot, "go")
-            await wait_until(pilot, lambda: len(app.reply_events) >= 1)
+            await wait_until(pilot, lambda: len(app.session.reply_events) >= 1)
             await say(pilot, "/lookahead 3")
             assert last_notice(app).text == "lookahead set to 3 from the next job"
             await wait_until(pilot, lambda: replying_done(app))
-            sizes = [e.tree_size for e in app.reply_events]
+            sizes = [e.tree_size for e in app.session.reply_events]
             assert sizes[0] == 8 and sizes[-1] == 3
             assert panel_text(app, "#tree").startswith("size 3")
 
@@ -606,7 +693,7 @@ def test_lookahead_command_does_not_apply_to_other_engines(store_path):
         async with app.run_test(size=SIZE) as pilot:
             await say(pilot, "/lookahead 8")
             assert last_notice(app).text == "/lookahead applies to the dsi engine only, not specexec"
-            assert last_notice(app).has_class("error") and app.settings.lookahead == 5
+            assert last_notice(app).has_class("error") and app.session.settings.lookahead == 5
             assert "budget 16 · depth 24" in panel_text(app, "#settings")
             await say(pilot, "/budget 40")  # tree engines keep their own commands
             assert app.backend.engine.budget == 40 and not last_notice(app).has_class("error")

@@ -74,9 +74,24 @@ def test_invalid_commands_give_one_line(text):
 def test_every_command_is_tested_and_in_help():
     tested = {text.split()[0][1:] for text in VALID}
     assert tested == set(commands.COMMANDS)
-    help_text = "\n".join(commands.help_lines())
+    help_text = commands.help_text()
     for spec in commands.SPECS:
         assert spec.usage in help_text
+    assert help_text.endswith(commands.KEYS_HELP)
+
+
+@pytest.mark.parametrize(
+    "candidates, hint",
+    [
+        (["/stats"], "/stats  figures for the last reply and the session"),
+        (["/budget "], "/budget N  draft tree size K (from the next iteration)"),
+        (["/seed ", "/system "], "/seed   /system "),
+        (["/engine autoregressive"], "/engine NAME  decoding engine (from the next reply)"),
+        ([], "no completion"),
+    ],
+)
+def test_hint_after_tab(candidates, hint):
+    assert commands.hint(candidates) == hint
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,13 @@ import pytest
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.tui.clipboard import last_code_block
 from specchat.tui.context import ContextOverflow, fit_prompt
-from specchat.tui.decoder import ReplyJob, decode_reply, run_events
+from specchat.tui.decoder import decode_reply, run_events
 from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, FakeTokenizer
 from specchat.tui.history import InputHistory
 from specchat.tui.livestats import WINDOW, LiveStats
 from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
 from specchat.tui.panels import jobs_text, settings_text
+from specchat.tui.reply import ReplyJob
 from specchat.tui.settings import DecodingSettings
 from specchat.textstream import TextStream
 

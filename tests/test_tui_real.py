@@ -34,12 +34,12 @@ def test_real_pair_reply_fills_the_panels(tmp_path, offload):
             await wait_until(pilot, lambda: getattr(app, "backend", None) is not None, 600)
             app.prompt.load_text("Write a Python function that adds two numbers.")
             await pilot.press("enter")
-            await wait_until(pilot, lambda: app.job is None and len(app.entries) >= 2, 600)
+            await wait_until(pilot, lambda: app.session.job is None and len(app.session.entries) >= 2, 600)
             stats = app.panels.stats
             assert stats.iterations > 0 and max(stats.tree_sizes) > 0
             assert sum(stats.accepted) > 0
-            assert sum(len(e.token_ids) for e in app.reply_events) == 12
-            assert app.entries[-1].content.strip()
+            assert sum(len(e.token_ids) for e in app.session.reply_events) == 12
+            assert app.session.entries[-1].content.strip()
             transfer = str(app.query_one("#transfer", Static).content)
             if offload == "disk":
                 assert stats.last.transfer_bytes > 0 and transfer.startswith("transfer disk: ")

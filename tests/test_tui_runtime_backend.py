@@ -71,6 +71,13 @@ def test_a_model_without_chat_template_is_refused(backend):
         RuntimeBackend(models, backend.engine, "base model", DecodingSettings(), "")
 
 
+def test_closing_the_backend_closes_its_models(backend, monkeypatch):
+    closed = []
+    monkeypatch.setattr(Models, "close", lambda models: closed.append(models))
+    backend.close()
+    assert closed == [backend.models]
+
+
 @pytest.mark.parametrize(
     "device, offload, label",
     [("cpu", "none", ""), ("cuda", "ram", "PCIe"), ("cpu", "ram", "RAM"), ("cpu", "disk", "disk")],
@@ -84,7 +91,7 @@ async def send_and_wait(app: SpecchatApp, pilot, text: str, timeout_s: float = 3
     app.prompt.load_text(text)
     await pilot.press("enter")
     deadline = perf_counter() + timeout_s
-    while app.job is not None or len(app.entries) < 2:
+    while app.session.job is not None or len(app.session.entries) < 2:
         assert perf_counter() < deadline
         await pilot.pause(0.05)
 
@@ -99,8 +106,8 @@ def test_specexec_reply_in_the_app_fills_the_panels(backend, tmp_path):
             assert app.backend.engine.shape.budget == 4
             stats = app.panels.stats
             assert stats.iterations > 0 and max(stats.tree_sizes) > 0
-            assert sum(len(e.token_ids) for e in app.reply_events) == 24
-            assert len(app.entries[-1].content) == 24
+            assert sum(len(e.token_ids) for e in app.session.reply_events) == 24
+            assert len(app.session.entries[-1].content) == 24
 
     asyncio.run(scenario())
 
@@ -121,7 +128,7 @@ def test_dsi_reply_in_the_app_fills_the_jobs_panel(dsi_backend, tmp_path):
             settings = str(app.query_one("#settings", Static).content)
             assert "lookahead 3 · workers 1" in settings
             await send_and_wait(app, pilot, "hello")
-            events = app.reply_events
+            events = app.session.reply_events
             sent = sum(e.jobs_submitted for e in events)
             assert sum(len(e.token_ids) for e in events) == 24 and sent >= len(events)
             jobs = str(app.query_one("#jobs", Static).content)

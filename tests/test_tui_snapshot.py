@@ -15,7 +15,7 @@ async def steady_cursor(pilot) -> None:
 
 async def wait_for_reply(pilot) -> None:
     app, deadline = pilot.app, perf_counter() + 5
-    while app.job is not None or not app.entries or app.entries[-1].role != "assistant":
+    while app.session.job is not None or not app.session.entries or app.session.entries[-1].role != "assistant":
         assert perf_counter() < deadline, "no reply"
         await pilot.pause(0.01)
 

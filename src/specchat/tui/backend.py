@@ -4,6 +4,7 @@ A real backend wraps the loaded models (see `runtime_backend`); tests use `fake.
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from specchat.decoding.events import Engine
@@ -35,6 +36,19 @@ class ChatBackend(Protocol):
     def use_engine(self, name: str) -> Engine:
         """Switch `engine` to the one called `name` (one of `engine_names`) and return it."""
         ...
+
+    def close(self) -> None:
+        """Release the models (loader thread, layer file, workers); called once, as the app exits."""
+        ...
+
+
+def settings_for(engine: Engine, settings: DecodingSettings) -> DecodingSettings:
+    """`settings` for a backend starting on `engine`: its name, and the values it holds for the
+    live settings it honours (budget and depth for tree engines, lookahead for dsi)."""
+    live = engine.live_settings()
+    values = {"budget": live.budget, "depth": live.depth, "lookahead": live.lookahead}
+    honoured = {field: value for field, value in values.items() if value is not None}
+    return replace(settings, engine=engine.name, **honoured)
 
 
 Progress = Callable[[str, float | None], None]  # a step's description and, if known, the fraction done

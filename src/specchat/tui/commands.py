@@ -151,6 +151,10 @@ SPECS = [
     CommandSpec("quit", "", "exit", no_args(Quit())),
 ]
 COMMANDS = {spec.name: spec for spec in SPECS}
+KEYS_HELP = (
+    "keys: Enter send · Shift+Enter/Ctrl+J newline · Up/Down recall · Tab complete · Esc stop reply · "
+    "Ctrl+C stop, twice quit · Ctrl+R copy reply · Ctrl+O copy code · F2 panels"
+)
 
 
 def is_command(text: str) -> bool:
@@ -171,6 +175,11 @@ def help_lines() -> list[str]:
     return [f"{spec.usage:<{width}}  {spec.summary}" for spec in SPECS]
 
 
+def help_text() -> str:
+    """What /help shows: every command, then the keys."""
+    return "\n".join(help_lines() + [KEYS_HELP])
+
+
 def completions(text: str, engine_names: Sequence[str]) -> list[str]:
     """Full-line candidates completing `text`: command names, then engine names and 'off'."""
     name, space, arg = text[1:].partition(" ")
@@ -186,3 +195,10 @@ def complete(text: str, engine_names: Sequence[str]) -> tuple[str, list[str]]:
     if not candidates:
         return text, []
     return max(text, commonprefix(candidates), key=len), candidates
+
+
+def hint(candidates: list[str]) -> str:
+    """The line shown under the prompt after Tab: a lone command's usage, else the candidates."""
+    name = candidates[0][1:].split(" ")[0] if len(candidates) == 1 else ""
+    spec = COMMANDS.get(name)
+    return (f"{spec.usage}  {spec.summary}" if spec else "  ".join(candidates)) or "no completion"

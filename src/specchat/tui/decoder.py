@@ -2,24 +2,11 @@
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from specchat.decoding.events import Engine, SamplingParams
-from specchat.tui.backend import ReplyStream
 from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
-
-
-@dataclass
-class ReplyJob:
-    id: int
-    engine: Engine
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams
-    stream: ReplyStream
-    cancel: threading.Event = field(default_factory=threading.Event)
+from specchat.tui.reply import ReplyJob
 
 
 def decode_reply(job: ReplyJob, engine_lock: threading.Lock, post: Callable[[Message], object]) -> None:

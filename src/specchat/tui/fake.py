@@ -12,6 +12,7 @@ from time import sleep
 
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.textstream import TextStream
+from specchat.tui.backend import settings_for
 from specchat.tui.settings import DecodingSettings
 
 REPLY = (
@@ -119,11 +120,9 @@ class FakeBackend:
         self.engine_names = tuple(self.engines)
         self.engine = next(iter(self.engines.values()))
         self.context_tokens = context_tokens
-        self.settings = DecodingSettings(
-            budget=self.engine.budget, depth=self.engine.max_depth, engine=self.engine.name,
-            lookahead=getattr(self.engine, "lookahead", DecodingSettings.lookahead),  # dsi only
-        )
+        self.settings = settings_for(self.engine, DecodingSettings())
         self.tokenizer = FakeTokenizer()
+        self.closes = 0  # how often the app closed the backend: once, as it exits
 
     def encode(self, messages: list[dict]) -> list[int]:
         turns = "".join(f"<{message['role']}>{message['content']}" for message in messages)
@@ -135,3 +134,6 @@ class FakeBackend:
     def use_engine(self, name: str) -> FakeEngine:
         self.engine = self.engines[name]
         return self.engine
+
+    def close(self) -> None:
+        self.closes += 1

@@ -1,12 +1,18 @@
-"""The screen shown while the models load: every step the loader reports, never a silent wait."""
+"""The screen shown while the models load: it runs the loader in a thread and shows every step
+the loader reports, never a silent wait; it is dismissed with the loaded backend."""
 
+from textual import work
 from textual.app import ComposeResult
 from textual.containers import Center, Vertical
 from textual.screen import Screen
 from textual.widgets import Log, ProgressBar, Static
+from textual.worker import Worker, WorkerState
+
+from specchat.tui.backend import ChatBackend, Loader
+from specchat.tui.messages import BackendLoaded, LoadProgress, describe
 
 
-class LoadingScreen(Screen):
+class LoadingScreen(Screen[ChatBackend]):
     DEFAULT_CSS = """
     LoadingScreen { align: center middle; }
     LoadingScreen > Vertical { width: 80; height: auto; border: round $primary; padding: 1 2; }
@@ -18,6 +24,10 @@ class LoadingScreen(Screen):
 
     last_step = ""
 
+    def __init__(self, loader: Loader) -> None:
+        super().__init__()
+        self.loader = loader
+
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("specchat: loading models", id="title")
@@ -26,17 +36,36 @@ class LoadingScreen(Screen):
             yield Log(auto_scroll=True)
             yield Static("", id="error")
 
-    def report(self, step: str, fraction: float | None) -> None:
+    def on_mount(self) -> None:
+        self.load()
+
+    @work(thread=True, exit_on_error=False)
+    def load(self) -> None:
+        backend = self.loader(self.report_progress)
+        # Refused once the app is exiting: then nothing else would close what was loaded.
+        if not self.post_message(BackendLoaded(backend)):
+            backend.close()
+
+    def report_progress(self, step: str, fraction: float | None = None) -> None:
+        self.post_message(LoadProgress(step, fraction))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
         # A moving bar repeats its step text: log each step once, then only move the bar.
-        if step != self.last_step:
-            self.query_one(Log).write_line(step)
-            self.last_step = step
+        if message.step != self.last_step:
+            self.query_one(Log).write_line(message.step)
+            self.last_step = message.step
         bar = self.query_one(ProgressBar)
-        if fraction is None:
+        if message.fraction is None:
             bar.update(total=None)
         else:
-            bar.update(total=1.0, progress=fraction)
+            bar.update(total=1.0, progress=message.fraction)
 
-    def fail(self, error: str) -> None:
-        self.query_one("#error", Static).update(f"Loading failed: {error}\nPress Ctrl+Q to quit.")
-        self.add_class("-failed")
+    def on_backend_loaded(self, message: BackendLoaded) -> None:
+        self.dismiss(message.backend)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # The loader does not catch: its exception arrives here (and in the Textual log).
+        if event.state == WorkerState.ERROR:
+            self.query_one("#error", Static).update(f"Loading failed: {describe(event.worker.error)}\n"
+                                                    "Press Ctrl+Q to quit.")
+            self.add_class("-failed")

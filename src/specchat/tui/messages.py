@@ -1,6 +1,7 @@
-"""Messages the worker threads post to the app (posting a Textual message is thread-safe).
+"""Messages the worker threads post to the app or its loading screen (posting a Textual message
+is thread-safe).
 
-A worker's failure reaches the app as its Worker.StateChanged event, with the exception.
+A worker's failure reaches them as its Worker.StateChanged event, with the exception.
 """
 
 from dataclasses import dataclass
@@ -8,7 +9,14 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from specchat.decoding.events import IterationEvent
+from specchat.errors import SpecchatError
 from specchat.tui.backend import ChatBackend
+
+
+def describe(error: BaseException) -> str:
+    """A worker's failure in one line: a SpecchatError is already worded for the user, others get
+    their type."""
+    return str(error) if isinstance(error, SpecchatError) else f"{type(error).__name__}: {error}"
 
 
 @dataclass

@@ -12,6 +12,7 @@ from specchat.tui.livestats import WINDOW, LiveStats
 from specchat.tui.settings import DecodingSettings
 
 DSI = "dsi"  # the engine whose panels show verification jobs and lookahead rather than a tree shape
+MIN_WIDTH = 110  # terminal columns below which the panels start hidden
 
 
 def ms(seconds: float) -> str:
@@ -76,6 +77,7 @@ class Panels(VerticalScroll):
         super().__init__(**kwargs)
         self.stats = LiveStats()
         self.transfer_label = ""  # the backend's, once it is loaded
+        self.toggled = False  # shown or hidden by hand (F2): the terminal's width no longer decides
 
     def compose(self) -> ComposeResult:
         yield Static(f"Accepted per iteration (last {WINDOW})", classes="title")
@@ -92,6 +94,15 @@ class Panels(VerticalScroll):
         yield Static(transfer_text(self.stats, self.transfer_label), id="transfer")
         yield Static("Settings", classes="title")
         yield Static("", id="settings")
+
+    def fit(self, width: int) -> None:
+        """Show the panels on a terminal `width` columns wide, unless toggled by hand."""
+        if not self.toggled:
+            self.display = width >= MIN_WIDTH
+
+    def toggle(self) -> None:
+        self.toggled = True
+        self.display = not self.display
 
     def start_reply(self) -> None:
         self.stats.start_reply()

@@ -1,14 +1,12 @@
 """The ChatBackend over real models: the loaded `specchat.runtime.Models` and engines over them."""
 
-from dataclasses import replace
-
 from transformers import PreTrainedTokenizerBase
 
-from specchat.decoding.events import Engine, LiveSettings
+from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
 from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of, load_models
 from specchat.textstream import TextStream
-from specchat.tui.backend import Loader, Progress
+from specchat.tui.backend import Loader, Progress, settings_for
 from specchat.tui.settings import DecodingSettings
 
 
@@ -35,7 +33,7 @@ class RuntimeBackend:
         self.name = name
         self.context_tokens = models.context_tokens
         self.transfer_label = transfer_label
-        self.settings = replace(settings, engine=first.name, **shown_settings(first.live_settings()))
+        self.settings = settings_for(first, settings)
 
     def encode(self, messages: list[dict]) -> list[int]:
         encoded = self.tokenizer.apply_chat_template(
@@ -50,11 +48,8 @@ class RuntimeBackend:
         self.engine = self.engines[name]
         return self.engine
 
-
-def shown_settings(live: LiveSettings) -> dict[str, int]:
-    """The DecodingSettings fields an engine's live settings fill in."""
-    values = {"budget": live.budget, "depth": live.depth, "lookahead": live.lookahead}
-    return {field: value for field, value in values.items() if value is not None}
+    def close(self) -> None:
+        self.models.close()
 
 
 def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader:

@@ -1,0 +1,239 @@
+"""The session behind the app, without Pilot: a real history store under tmp_path and the fake
+backend. Replies, context fitting, every slash command that changes the session, and closing."""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from time import sleep
+
+import pytest
+
+import specchat
+from specchat.tui import commands
+from specchat.tui.fake import REPLY, FakeBackend, FakeDSIEngine, FakeEngine
+from specchat.tui.reply import ReplyJob
+from specchat.tui.session import BUSY, Note, Outcome, Session
+from specchat.tui.store import ConversationStore
+from specchat.tui.transcript import Entry
+
+
+@pytest.fixture
+def store(tmp_path) -> ConversationStore:
+    return ConversationStore(tmp_path / "history.sqlite3")
+
+
+def session_on(store: ConversationStore, engines=None, **backend_options) -> Session:
+    return Session(FakeBackend(engines, **backend_options), store)
+
+
+def write_reply(session: Session, job: ReplyJob) -> None:
+    """Decode `job` to the end in this thread, as the app's worker and message handlers do."""
+    for event in job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling):
+        session.record(event, job.stream.push(event.token_ids))
+    session.end_reply(cut=False, tail=job.stream.finish())
+
+
+def ask(session: Session, text: str) -> Outcome:
+    outcome = session.send(text)
+    write_reply(session, outcome.job)
+    return outcome
+
+
+def stored(session: Session) -> list[tuple[str, str, bool]]:
+    return [(m.role, m.content, m.cut) for m in session.store.messages(session.conversation_id)]
+
+
+def test_session_imports_no_textual():
+    code = "import sys, specchat.tui.session; print(sorted(m for m in sys.modules if m.startswith('textual')))"
+    env = {**os.environ, "PYTHONPATH": str(Path(specchat.__file__).parents[1])}  # this copy of the package
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert ran.stdout == "[]\n"
+
+
+def test_send_stores_the_message_and_hands_out_the_reply_to_decode(store):
+    session = session_on(store)
+    outcome = session.send("hello")
+    job = outcome.job
+    assert outcome.notes == () and not outcome.redraw and session.job is job
+    assert job.prompt_ids == session.backend.encode([{"role": "user", "content": "hello"}])
+    assert (job.engine, job.max_new_tokens, job.sampling.seed) == (session.backend.engine, 1024, 0)
+    assert store.conversation(session.conversation_id).title == "hello"
+    write_reply(session, job)
+    assert session.job is None and job.cancel.is_set()
+    assert stored(session) == [("user", "hello", False), ("assistant", REPLY, False)]
+    assert [entry.role for entry in session.entries] == ["user", "assistant"]
+    assert session.last_summary.new_tokens == len(REPLY) == sum(len(e.token_ids) for e in session.reply_events)
+    assert session.send("again").job.id == job.id + 1
+
+
+def test_a_cut_reply_keeps_what_was_written(store):
+    session = session_on(store)
+    job = session.send("tell me").job
+    event = next(job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling))
+    session.record(event, job.stream.push(event.token_ids))
+    assert session.is_current(job.id) and not session.is_current(job.id + 1)
+    session.end_reply(cut=True)
+    assert not session.is_current(job.id)
+    assert stored(session)[-1] == ("assistant", REPLY[:4], True)
+    assert session.entries[-1] == Entry("assistant", REPLY[:4], True, session.entries[-1].message_id)
+
+
+def test_oldest_turns_leave_the_context_with_one_notice(store):
+    # 300 tokens of context, 100 kept for the reply: three exchanges do not fit.
+    session = session_on(store, context_tokens=300)
+    session.execute(commands.SetSetting("max_tokens", 100))
+    session.execute(commands.SetSetting("system_prompt", "S"))
+    assert [ask(session, question).notes for question in ["q1", "q2"]] == [(), ()]
+    outcome = ask(session, "q3")
+    assert outcome.notes == (Note("context full: the oldest 2 messages are left out (system prompt kept)"),)
+    assert session.backend.tokenizer.decode(outcome.job.prompt_ids).startswith("<system>S<user>q2")
+    retried = session.retry()
+    assert retried.notes == () and retried.job.prompt_ids == outcome.job.prompt_ids  # said once, until more go
+    write_reply(session, retried.job)
+    assert ask(session, "q4").notes == (Note("context full: the oldest 4 messages are left out (system prompt kept)"),)
+    overflow = session.send("x" * 500)
+    assert overflow.job is None and session.job is None
+    assert overflow.notes == (Note("the message is too long for the 300-token context: shorten it", error=True),)
+
+
+def test_setting_changes_reach_the_engine_live_and_say_when(store):
+    session = session_on(store)
+    engine = session.backend.engine
+    assert session.change("budget", 64) == Outcome(notes=(Note("budget set to 64"),))
+    assert session.change("seed", None).notes == (Note("seed set to off"),)
+    job = session.send("go").job
+    assert session.change("depth", 8).notes == (Note("depth set to 8 from the next iteration"),)
+    assert session.change("temperature", 0.2).notes == (Note("temperature set to 0.2 from the next reply"),)
+    assert (engine.budget, engine.max_depth, job.sampling.temperature) == (64, 8, 0.6)
+    assert (session.settings.budget, session.settings.depth, session.settings.seed) == (64, 8, None)
+
+
+def test_lookahead_is_for_dsi_only(store):
+    session = session_on(store)
+    refused = session.change("lookahead", 8)
+    assert refused.notes == (Note("/lookahead applies to the dsi engine only, not specexec", error=True),)
+    assert session.settings.lookahead == 5
+    dsi = session_on(store, [FakeDSIEngine()])
+    assert dsi.workers == 2 and session.workers == 0
+    dsi.send("go")
+    assert dsi.change("lookahead", 3).notes == (Note("lookahead set to 3 from the next job"),)
+    assert dsi.backend.engine.lookahead == 3
+
+
+def test_switching_engines_carries_the_settings_over(store):
+    session = session_on(store)
+    session.change("budget", 40)
+    assert session.change("engine", "warp").notes == (
+        Note("unknown engine 'warp': choose one of specexec, autoregressive", error=True),
+    )
+    assert session.backend.engine.name == "specexec"
+    assert session.execute(commands.SetSetting("engine", "autoregressive")).notes == (
+        Note("engine set to autoregressive"),
+    )
+    assert session.backend.engine.budget == 40 and session.settings.engine == "autoregressive"
+    assert session.send("hi").job.engine is session.backend.engines["autoregressive"]
+
+
+def test_system_prompt_is_stored_with_the_conversation(store):
+    session = session_on(store)
+    outcome = session.change("system_prompt", "Be brief.")
+    assert outcome == Outcome(system_prompt=True, notes=(Note("system prompt set"),))
+    ask(session, "hi")
+    assert store.conversation(session.conversation_id).system_prompt == "Be brief."
+    session.change("system_prompt", "Be terse.")
+    assert store.conversation(session.conversation_id).system_prompt == "Be terse."
+    assert session.send("again").job.prompt_ids[:len("<system>Be terse.")] == [ord(c) for c in "<system>Be terse."]
+
+
+def test_retry_deletes_the_last_reply_and_writes_it_again(store):
+    session = session_on(store)
+    assert session.retry().notes == (Note("nothing to retry yet", error=True),)
+    ask(session, "question")
+    outcome = session.retry()
+    assert outcome.reply_removed and outcome.job is session.job
+    assert stored(session) == [("user", "question", False)]
+    write_reply(session, outcome.job)
+    assert [entry.role for entry in session.entries] == ["user", "assistant"]
+    session.send("x" * 5000)  # overflows: no reply to remove
+    retried = session.retry()
+    assert not retried.reply_removed and retried.notes[0].error
+
+
+def test_clear_starts_a_new_conversation(store):
+    session = session_on(store)
+    ask(session, "first")
+    first = session.conversation_id
+    assert session.clear() == Outcome(redraw=True, notes=(Note("new conversation"),))
+    assert session.entries == [] and session.conversation_id is None
+    ask(session, "second")
+    assert session.conversation_id != first and len(store.conversations()) == 2
+
+
+def test_load_lists_and_reopens_conversations(store):
+    session = session_on(store)
+    assert session.list_conversations().notes == (Note("no saved conversations"),)
+    session.change("system_prompt", "S")
+    ask(session, "first question")
+    first = session.conversation_id
+    session.clear()
+    session.change("system_prompt", "T")
+    ask(session, "second question")
+    listing = session.execute(commands.Load(None)).notes[0].text
+    assert listing.splitlines() == ["saved conversations (/load ID):", f"{session.conversation_id:>5}  second question",
+                                    f"{first:>5}  first question"]
+    assert session.open(99).notes == (Note("no conversation 99: /load alone lists them", error=True),)
+    outcome = session.execute(commands.Load(first))
+    assert outcome == Outcome(redraw=True, notes=(Note(f"conversation {first}: first question"),))
+    assert session.conversation_id == first and session.settings.system_prompt == "S"
+    assert [(e.role, e.content) for e in session.entries] == [("user", "first question"), ("assistant", REPLY)]
+
+
+def test_save_exports_markdown_or_says_why_not(store, tmp_path):
+    session = session_on(store)
+    assert session.save(None).notes == (Note("nothing to save yet", error=True),)
+    ask(session, "first question")
+    target = tmp_path / "out.md"
+    assert session.execute(commands.Save(str(target))).notes == (Note(f"saved to {target}"),)
+    assert target.read_text().startswith("# first question\n\n## User\n\nfirst question")
+    refused = session.save(str(tmp_path / "missing" / "out.md")).notes[0]
+    assert refused.error and refused.text.startswith("cannot save to")
+
+
+def test_messages_and_conversation_commands_wait_for_the_reply(store):
+    session = session_on(store)
+    ask(session, "first")
+    job = session.send("second").job
+    for command in [commands.Clear(), commands.Retry(), commands.Load(None), commands.Load(1)]:
+        assert session.execute(command) == Outcome(notes=(Note(BUSY, error=True),)), command
+    assert session.send("third") == Outcome(notes=(Note(BUSY, error=True),))
+    assert session.job is job and session.conversation_id == 1 and len(session.entries) == 3
+
+
+def test_stats_help_and_quit_are_the_apps(store):
+    with pytest.raises(ValueError, match="not a session command"):
+        session_on(store).execute(commands.Quit())
+
+
+def test_close_keeps_the_reply_as_cut_and_closes_the_backend_once_the_engine_is_idle(store, monkeypatch):
+    session = session_on(store, [FakeEngine()])
+    job = session.send("tell me").job
+    order, iterating = [], threading.Event()
+
+    def iteration() -> None:  # the cut reply's iteration in progress, in the decoding thread
+        with session.engine_lock:
+            iterating.set()
+            sleep(0.1)
+            order.append("iteration ended")
+
+    decoding = threading.Thread(target=iteration)
+    decoding.start()
+    assert iterating.wait(5)
+    close = session.backend.close
+    monkeypatch.setattr(session.backend, "close", lambda: (order.append("backend closed"), close()))
+    session.close()
+    decoding.join()
+    assert order == ["iteration ended", "backend closed"] and session.backend.closes == 1
+    assert session.job is None and job.cancel.is_set()
+    assert stored(session)[-1] == ("assistant", "", True)
