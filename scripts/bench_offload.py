@@ -27,14 +27,16 @@ from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load, load_offloaded
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.offload.build import Offload, OffloadPlan
 from specchat.offload.direct_io import measure_read_gbps
-from specchat.offload.runner import Offload, OffloadPlan
 from specchat.paths import cache_dir
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQSpec
-from specchat.quant.rtn import write_gptq_checkpoint
 from specchat.runtime import encode_prompt
 from specchat.summary import summarize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPTQ writer lives with the tests
+from gptq_writer import write_gptq_checkpoint  # noqa: E402
 
 COLUMNS = ("engine", "budget", "gen rate", "tokens/s", "draft ms / iter", "target ms / iter",
            "streamed GB/s", "stall fraction", "GB / iter")

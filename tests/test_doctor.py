@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 from test_cli import run_cli
 
-from specchat.offload.doctor import CudaDevice, Facts, Recommendation, advise, recommend, render
+from specchat.doctor.advice import Recommendation, advise, recommend
+from specchat.doctor.facts import CudaDevice, Facts
+from specchat.doctor.report import render
 
 GB = 10**9
 TARGET = 3 * GB  # needs 3.6 GB with 20% headroom

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gptq_writer import pack_gptq, quantize_rtn, write_gptq_checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -26,7 +27,6 @@ from specchat.quant.gptq import (
     unpack_int4_cols,
     unpack_int4_rows,
 )
-from specchat.quant.rtn import pack_gptq, quantize_rtn, write_gptq_checkpoint
 
 
 # --- the format's definition, written out independently of the code under test ---------------

@@ -4,16 +4,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from gptq_writer import write_gptq_checkpoint
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.loading import load
-from specchat.offload.runner import OffloadPlan, offload_model
+from specchat.offload.build import OffloadPlan, offload_model
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
-from specchat.quant.rtn import write_gptq_checkpoint
 
 QUIET = Reporter(bars=False)
 PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])

@@ -13,7 +13,7 @@ from specchat.decoding.kvcache import new_cache
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.models.loading import load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.offload.runner import OffloadPlan
+from specchat.offload.build import OffloadPlan
 from specchat.paths import cache_dir
 from specchat.progress import Reporter
 

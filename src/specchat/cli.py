@@ -12,25 +12,24 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
+from specchat.cli_options import (BudgetOpt, DraftOpt, DraftQuantOpt, DtypeOpt, LookaheadOpt, OffloadDirOpt, OffloadOpt,
+                                  RayOpt, ResidentOpt, TargetOpt, TemperatureOpt, TopPOpt, WorkersOpt, check_sampling)
 from specchat.decoding.events import Engine, SamplingParams
+from specchat.doctor.advice import advise
+from specchat.doctor.facts import default_offload_dir, gather
+from specchat.doctor.report import render
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
+from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
+                             DEFAULT_TOP_P)
 from specchat.models.listing import list_models
-from specchat.offload.doctor import advise, default_offload_dir, gather, render
 from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, load_models, pick_device,
                               validate)
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
 
-OFFLOAD_HELP = "Where the target's decoder layers live: none (on the device), ram, or disk (streamed per pass)."
-OFFLOAD_DIR_HELP = "Directory of the disk tier's layer file (default: the user cache dir)."
-RESIDENT_HELP = "Decoder layers kept on the device when offloading (default: as many as free memory allows)."
-DRAFT_QUANT_HELP = "none | nf4 (the draft in 4-bit through bitsandbytes; CUDA only)."
-LOOKAHEAD_HELP = "dsi: drafts k per verification job."
-WORKERS_HELP = "dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device)."
 BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
-RAY_HELP = "dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray])."
 
 app = typer.Typer(
     help="Chat with large language models on consumer hardware, fast, by speculative execution.",
@@ -40,38 +39,27 @@ app = typer.Typer(
 )
 
 
-def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> SamplingParams:
-    if not 0.0 <= temperature <= 5.0:
-        raise SpecchatError(f"--temperature must be between 0 and 5 (got {temperature})")
-    if not 0.0 < top_p <= 1.0:
-        raise SpecchatError(f"--top-p must be in (0, 1] (got {top_p})")
-    if seed < 0:
-        raise SpecchatError(f"--seed must be >= 0 (got {seed})")
-    if not 1 <= max_new_tokens <= 32768:
-        raise SpecchatError(f"--max-new-tokens must be between 1 and 32768 (got {max_new_tokens})")
-    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-
-
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The user message (or raw text with --raw)."),
-    target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
-    draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
+    target: TargetOpt = EngineOptions.target,
+    draft: DraftOpt = EngineOptions.draft,
     engine: str = typer.Option("specexec", help=" | ".join(ENGINES)),
-    budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
-    max_depth: int = typer.Option(EngineOptions.max_depth, help="Deepest draft tree node D."),
-    temperature: float = typer.Option(0.6, help="0 = greedy."),
-    top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
-    seed: int = typer.Option(0, help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
+    budget: BudgetOpt = None,
+    max_depth: int = typer.Option(DEFAULT_MAX_DEPTH, help="Deepest draft tree node D."),
+    temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
+    top_p: TopPOpt = DEFAULT_TOP_P,
+    seed: int = typer.Option(DEFAULT_SEED,
+                             help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
-    dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
-    offload: str = typer.Option("none", help=OFFLOAD_HELP),
-    offload_dir: str = typer.Option(None, help=OFFLOAD_DIR_HELP),
-    resident_layers: int = typer.Option(None, help=RESIDENT_HELP),
-    draft_quant: str = typer.Option("none", help=DRAFT_QUANT_HELP),
-    lookahead: int = typer.Option(EngineOptions.lookahead, help=LOOKAHEAD_HELP),
-    workers: str = typer.Option(None, help=WORKERS_HELP),
-    ray_address: str = typer.Option(None, help=RAY_HELP),
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    offload: OffloadOpt = "none",
+    offload_dir: OffloadDirOpt = None,
+    resident_layers: ResidentOpt = None,
+    draft_quant: DraftQuantOpt = "none",
+    lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
+    workers: WorkersOpt = None,
+    ray_address: RayOpt = None,
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
@@ -134,22 +122,22 @@ def streaming_note(summary: Summary) -> str:
 
 @app.command()
 def run(
-    target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
-    draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
-    offload: str = typer.Option("none", help=OFFLOAD_HELP),
-    offload_dir: str = typer.Option(None, help=OFFLOAD_DIR_HELP),
-    resident_layers: int = typer.Option(None, help=RESIDENT_HELP),
-    draft_quant: str = typer.Option("none", help=DRAFT_QUANT_HELP),
+    target: TargetOpt = EngineOptions.target,
+    draft: DraftOpt = EngineOptions.draft,
+    offload: OffloadOpt = "none",
+    offload_dir: OffloadDirOpt = None,
+    resident_layers: ResidentOpt = None,
+    draft_quant: DraftQuantOpt = "none",
     engine: str = typer.Option("specexec", help=" | ".join(ENGINES) + " (/engine switches among those over the same models)"),
-    budget: int = typer.Option(None, help="Draft tree size K (default: suited to the device)."),
-    lookahead: int = typer.Option(EngineOptions.lookahead, help=LOOKAHEAD_HELP),
-    workers: str = typer.Option(None, help=WORKERS_HELP),
-    ray_address: str = typer.Option(None, help=RAY_HELP),
-    temperature: float = typer.Option(0.6, help="0 = greedy."),
-    top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
-    seed: int = typer.Option(0, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
+    budget: BudgetOpt = None,
+    lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
+    workers: WorkersOpt = None,
+    ray_address: RayOpt = None,
+    temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
+    top_p: TopPOpt = DEFAULT_TOP_P,
+    seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
-    dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+    dtype: DtypeOpt = DEFAULT_DTYPE,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
     from specchat.tui.app import SpecchatApp
@@ -196,16 +184,17 @@ def bench(
     out: Path = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
     engines: str = typer.Option(",".join(BENCH_ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
     budgets: str = typer.Option("16,64,256,1024", help="Comma list of draft tree sizes K (engines with no draft run once)."),
-    temperature: str = typer.Option("0.6,0", help="Comma list; 0 = greedy."),
-    top_p: float = typer.Option(0.9, help="Nucleus sampling mass, as HF's top_p."),
-    seed: int = typer.Option(0, help="Sampling seed: the same seed gives the same tokens, so the same gen rate."),
+    temperature: str = typer.Option(f"{DEFAULT_TEMPERATURE:g},0", help="Comma list; 0 = greedy."),
+    top_p: TopPOpt = DEFAULT_TOP_P,
+    seed: int = typer.Option(DEFAULT_SEED,
+                             help="Sampling seed: the same seed gives the same tokens, so the same gen rate."),
     dataset: str = typer.Option("mtbench", help=f"Prompt set: {' | '.join(DATASETS)} (first user turns)."),
     n_prompts: int = typer.Option(20, help="The first N prompts of the set."),
     max_new_tokens: int = typer.Option(64, help="New tokens per reply (fewer if the reply ends)."),
-    offload: str = typer.Option("none", help=OFFLOAD_HELP),
-    target: str = typer.Option(EngineOptions.target, help="Target model: alias, hub id, directory or .gguf."),
-    draft: str = typer.Option(EngineOptions.draft, help="Draft model: alias, hub id, directory or .gguf."),
-    dtype: str = typer.Option("bfloat16", help="float32 | bfloat16"),
+    offload: OffloadOpt = "none",
+    target: TargetOpt = EngineOptions.target,
+    draft: DraftOpt = EngineOptions.draft,
+    dtype: DtypeOpt = DEFAULT_DTYPE,
     workers: str = typer.Option(None, help="dsi: the target workers' devices (default: two on this machine's "
                                 "device); dsi takes --budgets as its lookahead."),
     compare_hf: bool = typer.Option(
@@ -219,7 +208,7 @@ def bench(
         check_sampling(value, top_p, seed, max_new_tokens)
     names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", int)
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
-                  dtype=dtype, offload=offload, max_depth=EngineOptions.max_depth,
+                  dtype=dtype, offload=offload, max_depth=DEFAULT_MAX_DEPTH,
                   workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
     rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)

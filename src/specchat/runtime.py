@@ -20,17 +20,18 @@ from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
+from specchat.limits import (BUDGET, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH, LOOKAHEAD,
+                             default_budget)
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.offload.runner import Offload, OffloadPlan
+from specchat.offload.build import Offload, OffloadPlan
 from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
-MAX_LOOKAHEAD = 64
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 OFFLOAD_TIERS = ("none", "ram", "disk")
 DRAFT_QUANTS = ("none", "nf4")
@@ -42,13 +43,13 @@ class EngineOptions:
     draft: str = DEFAULT_DRAFT
     engine: str = "specexec"
     budget: int | None = None  # None: suited to the device
-    max_depth: int = 24
-    dtype: str = "bfloat16"
+    max_depth: int = DEFAULT_MAX_DEPTH
+    dtype: str = DEFAULT_DTYPE
     offload: str = "none"  # where the target's decoder layers live: none (on the device), ram, disk
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
     draft_quant: str = "none"  # nf4: the draft in 4-bit through bitsandbytes (CUDA only)
-    lookahead: int = 5  # dsi: drafts per verification job
+    lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
     ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
 
@@ -82,10 +83,12 @@ class Models:
         if name == "autoregressive":
             return AutoregressiveEngine(self.target, self.stop_ids)
         if name == "dsi":
-            lookahead = settings.lookahead if settings.lookahead is not None else EngineOptions.lookahead
+            lookahead = settings.lookahead if settings.lookahead is not None else DEFAULT_LOOKAHEAD
             return DSIEngine(self.draft, self.workers, self.stop_ids, lookahead)
-        budget = settings.budget if settings.budget is not None else default_budget(self.device, self.offload is not None)
-        depth = settings.depth if settings.depth is not None else EngineOptions.max_depth
+        budget = settings.budget
+        if budget is None:
+            budget = default_budget(cuda=self.device.type == "cuda", offloaded=self.offload is not None)
+        depth = settings.depth if settings.depth is not None else DEFAULT_MAX_DEPTH
         return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
 
     def close(self) -> None:
@@ -103,26 +106,15 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def default_budget(device: torch.device, offloaded: bool) -> int:
-    """In memory on a CPU the draft costs ~0.4x the target per step, so small trees pay best
-    (docs/benchmarks.md); a GPU scores hundreds of tokens for the price of a few. Offloaded, a
-    target pass costs the weights' transfer time whatever the tree size, so trees grow large;
-    on a CPU drafting a tree of more than a few hundred tokens costs more than it gains."""
-    if offloaded:
-        return 1024 if device.type == "cuda" else 256
-    return 256 if device.type == "cuda" else 16
-
-
 def validate(options: EngineOptions) -> None:
     """Check what can be checked before loading anything; one clear line on failure."""
     if options.engine not in ENGINES:
         raise SpecchatError(f"unknown engine '{options.engine}': choose one of {', '.join(ENGINES)}")
     if options.dtype not in DTYPES:
         raise SpecchatError(f"unknown dtype '{options.dtype}': choose one of {', '.join(DTYPES)}")
-    if options.budget is not None and not 1 <= options.budget <= 8192:
-        raise SpecchatError(f"--budget must be between 1 and 8192 (got {options.budget})")
-    if not 1 <= options.max_depth <= 256:
-        raise SpecchatError(f"--max-depth must be between 1 and 256 (got {options.max_depth})")
+    if options.budget is not None:
+        BUDGET.check("--budget", options.budget)
+    DEPTH.check("--max-depth", options.max_depth)
     if options.offload not in OFFLOAD_TIERS:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:
@@ -138,8 +130,7 @@ def validate(options: EngineOptions) -> None:
 
 
 def validate_dsi(options: EngineOptions) -> None:
-    if not 1 <= options.lookahead <= MAX_LOOKAHEAD:
-        raise SpecchatError(f"--lookahead must be between 1 and {MAX_LOOKAHEAD} (got {options.lookahead})")
+    LOOKAHEAD.check("--lookahead", options.lookahead)
     if options.engine != "dsi":
         if options.ray_address is not None or options.workers is not None:
             raise SpecchatError("--workers and --ray-address are for --engine dsi")

@@ -1,5 +1,5 @@
-"""Weight-transfer counters, shared by the offload streamer that counts them and the engines and
-front ends that report them."""
+"""Weight-transfer counters and their units, shared by the offload streamer that counts them and
+the engines and front ends that report them."""
 
 from dataclasses import dataclass
 
@@ -7,6 +7,11 @@ from dataclasses import dataclass
 def gbps(nbytes: int, seconds: float) -> float:
     """Throughput in GB/s (1e9 bytes); 0 when nothing took time."""
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def gb(nbytes: int) -> str:
+    """A size as reports print it, in GB (1e9 bytes)."""
+    return f"{nbytes / 1e9:.2f} GB"
 
 
 @dataclass(frozen=True)

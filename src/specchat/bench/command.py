@@ -9,10 +9,10 @@ from specchat.bench.datasets import check_dataset, load_prompts
 from specchat.bench.pair import engine_options, model_measurer
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, run_sweep
 from specchat.errors import SpecchatError
+from specchat.limits import BUDGET, LOOKAHEAD
 from specchat.models.loading import resolve
-from specchat.runtime import MAX_LOOKAHEAD, encode_prompt, load_models, options_for, validate
+from specchat.runtime import encode_prompt, load_models, options_for, validate
 
-MAX_BUDGET = 8192
 Item = TypeVar("Item")
 
 
@@ -31,11 +31,10 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts:
                 out_dir: Path) -> None:
     """What can be checked before loading anything; one clear line on failure."""
     check_engines(engines)
-    outside = [budget for budget in budgets if not 1 <= budget <= MAX_BUDGET]
-    if outside:
-        raise SpecchatError(f"--budgets must be between 1 and {MAX_BUDGET} (got {outside[0]})")
-    if "dsi" in engines and max(budgets) > MAX_LOOKAHEAD:
-        raise SpecchatError(f"dsi takes --budgets as its lookahead: at most {MAX_LOOKAHEAD} (got {max(budgets)})")
+    for budget in budgets:
+        BUDGET.check("--budgets", budget)
+    if "dsi" in engines and max(budgets) > LOOKAHEAD.high:
+        raise SpecchatError(f"dsi takes --budgets as its lookahead: at most {LOOKAHEAD.high:g} (got {max(budgets)})")
     check_dataset(setup.dataset)
     if n_prompts < 1:
         raise SpecchatError(f"--n-prompts must be >= 1 (got {n_prompts})")

@@ -13,7 +13,7 @@ from specchat.errors import SpecchatError
 from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
 from specchat.models.registry import find_alias
-from specchat.offload.runner import Offload, OffloadPlan, offload_model
+from specchat.offload.build import Offload, OffloadPlan, offload_model
 from specchat.progress import Report, Reporter, transformers_bars
 from specchat.quant.gptq import read_gptq_spec
 

@@ -14,30 +14,71 @@ from specchat.offload.layout import LayerLayout, pack_into
 
 
 class LayerStore(Protocol):
-    """Layers by their index in the model's layer list."""
+    """Layers by their index in the model's layer list. Filled once (`needs_writing`, then
+    `begin_writing`, `write` of every layer of `stored_layers`, `finish_writing`), then `open`
+    for reads until `close`."""
+
+    writing_label: str  # what filling it does, as a progress bar names it
+
+    def stored_layers(self) -> list[int]:
+        """Indices of the layers it holds."""
+
+    def needs_writing(self) -> bool:
+        """False when it already holds the layers (a layer file written by an earlier run)."""
+
+    def begin_writing(self) -> None: ...
 
     def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         """Store one layer's tensors (cast to the layout's dtypes)."""
+
+    def finish_writing(self) -> None: ...
+
+    def open(self) -> None:
+        """Get ready to read."""
 
     def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
         """Host bytes of `layer`: the store's own buffer, or `staging` filled from disk."""
 
     def nbytes(self, layer: int) -> int: ...
 
+    def close(self) -> None: ...
+
 
 class RamStore:
+    """The streamed layers only, each in its buffer, packed at every start (RAM does not persist)."""
+
+    writing_label = "packing layers in RAM"
+
     def __init__(self, layouts: dict[int, LayerLayout], pin: bool) -> None:
         self.layouts = layouts  # the streamed layers only
         self.blobs = {layer: aligned_empty(layout.nbytes, pin=pin) for layer, layout in layouts.items()}
 
+    def stored_layers(self) -> list[int]:
+        return list(self.layouts)
+
+    def needs_writing(self) -> bool:
+        return True
+
+    def begin_writing(self) -> None:
+        pass  # the buffers exist from the start
+
     def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         pack_into(self.layouts[layer], tensors, self.blobs[layer])
+
+    def finish_writing(self) -> None:
+        pass  # nothing to flush
+
+    def open(self) -> None:
+        pass  # reads return the buffers themselves
 
     def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
         return self.blobs[layer]
 
     def nbytes(self, layer: int) -> int:
         return self.layouts[layer].nbytes
+
+    def close(self) -> None:
+        pass  # the buffers go with the store
 
 
 def blob_offsets(layouts: list[LayerLayout]) -> list[int]:
@@ -54,6 +95,8 @@ class DiskStore:
     does not rewrite it); `fingerprint` names what was written, so a later run with the same
     model, dtype and layout reuses the file instead of writing it again."""
 
+    writing_label = "writing the layer file"
+
     def __init__(self, layouts: list[LayerLayout], path: Path, fingerprint: dict) -> None:
         self.layouts = layouts
         self.path = path
@@ -69,6 +112,12 @@ class DiskStore:
         if not (self.path.is_file() and self.manifest_path.is_file()):
             return False
         return json.loads(self.manifest_path.read_text()) == self.fingerprint
+
+    def stored_layers(self) -> list[int]:
+        return list(range(len(self.layouts)))
+
+    def needs_writing(self) -> bool:
+        return not self.reusable
 
     def begin_writing(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

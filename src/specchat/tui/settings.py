@@ -5,19 +5,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specchat.decoding.events import SamplingParams
+from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
+                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P, default_budget)
 
-# Inclusive integer ranges, shared with the `generate` command's own checks.
-INT_LIMITS = {"budget": (1, 8192), "depth": (1, 256), "lookahead": (1, 64), "max_tokens": (1, 32768)}
+# The ranges of the numeric settings, the command line's own (specchat.limits).
+LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
+          "temperature": TEMPERATURE, "top_p": TOP_P}
 
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    budget: int = 16
-    depth: int = 24
-    lookahead: int = 5  # dsi's drafts per verification job, as `specchat run --lookahead`
-    temperature: float = 0.6
-    top_p: float = 0.9
-    seed: int | None = 0  # None: a fresh seed for every reply
+    budget: int = default_budget(cuda=False, offloaded=False)
+    depth: int = DEFAULT_MAX_DEPTH
+    lookahead: int = DEFAULT_LOOKAHEAD  # dsi's drafts per verification job, as `specchat run --lookahead`
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    seed: int | None = DEFAULT_SEED  # None: a fresh seed for every reply
     max_tokens: int = 1024
     engine: str = "specexec"
     system_prompt: str = ""
@@ -36,14 +39,8 @@ class DecodingSettings:
 
 def problem(field: str, value: Any) -> str | None:
     """Why `value` is not acceptable for `field`, in one line; None when it is."""
-    if field in INT_LIMITS:
-        low, high = INT_LIMITS[field]
-        if not low <= value <= high:
-            return f"{field.replace('_', '-')} must be between {low} and {high} (got {value})"
-    elif field == "temperature" and not 0.0 <= value <= 5.0:
-        return f"temperature must be between 0 and 5 (got {value})"
-    elif field == "top_p" and not 0.0 < value <= 1.0:
-        return f"top-p must be in (0, 1] (got {value})"
-    elif field == "seed" and value is not None and value < 0:
+    if field in LIMITS:
+        return LIMITS[field].problem(field.replace("_", "-"), value)
+    if field == "seed" and value is not None and value < 0:
         return f"seed must be >= 0 or 'off' (got {value})"
     return None

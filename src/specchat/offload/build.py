@@ -1,4 +1,4 @@
-"""Building an offloaded model: resident parts on the device, other layers streamed from storage."""
+"""Building an offloaded model: resident parts on the device, other layers streamed from a `LayerStore`."""
 
 import re
 from dataclasses import dataclass
@@ -15,12 +15,12 @@ from specchat.offload.direct_io import align_up, aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
 from specchat.offload.sources import SafetensorsSource
-from specchat.offload.storage import DiskStore, RamStore
+from specchat.offload.storage import DiskStore, LayerStore, RamStore
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.offload.streamer import Streamer
-from specchat.transfer import TransferStats
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
+from specchat.transfer import TransferStats
 
 Tier = Literal["ram", "disk"]
 
@@ -43,7 +43,7 @@ class Offload:
 
     streamer: Streamer | None  # None when every layer is resident
     transport: ThreadTransport | None
-    store: RamStore | DiskStore | None
+    store: LayerStore | None
     streamed: list[int]  # indices of the streamed decoder layers (the others are resident)
 
     @property
@@ -58,7 +58,7 @@ class Offload:
         if self.streamer is not None:
             self.streamer.drain()
             self.transport.close()
-        if isinstance(self.store, DiskStore):
+        if self.store is not None:
             self.store.close()
 
 
@@ -83,10 +83,9 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     if not streamed:
         return model, Offload(None, None, None, [])
     store = build_store(plan, layouts, streamed, device, dtype, name, source)
-    if store_needs_writing(store):
+    if store.needs_writing():
         write_layers(store, layers, layers_name, source, dtype, reporter)
-    if isinstance(store, DiskStore):
-        store.open()
+    store.open()
     slots, staging, mover = make_slots(plan, [layouts[i] for i in streamed], device)
     transport = ThreadTransport(store, staging, mover)
     streamer = Streamer(streamed, plan.slots, transport)
@@ -114,7 +113,7 @@ def default_resident_layers(layouts: list[LayerLayout], device: torch.device, sl
 
 
 def build_store(plan: OffloadPlan, layouts: list[LayerLayout], streamed: list[int], device: torch.device,
-                dtype: torch.dtype, name: str, source: SafetensorsSource) -> RamStore | DiskStore:
+                dtype: torch.dtype, name: str, source: SafetensorsSource) -> LayerStore:
     if plan.tier == "ram":
         return RamStore({layer: layouts[layer] for layer in streamed}, pin=device.type == "cuda")
     stem = re.sub(r"[^\w.-]+", "_", name) + "-" + str(dtype).removeprefix("torch.")
@@ -122,23 +121,16 @@ def build_store(plan: OffloadPlan, layouts: list[LayerLayout], streamed: list[in
     return DiskStore(layouts, plan.offload_dir / f"{stem}.layers", fingerprint)
 
 
-def store_needs_writing(store: RamStore | DiskStore) -> bool:
-    return not (isinstance(store, DiskStore) and store.reusable)
-
-
-def write_layers(store: RamStore | DiskStore, layers, layers_name: str, source: SafetensorsSource,
-                 dtype: torch.dtype, reporter: Reporter) -> None:
-    """Fill the store: every layer into the disk file, the streamed ones into RAM."""
-    indices = list(store.layouts) if isinstance(store, RamStore) else list(range(len(layers)))
-    what = "writing the layer file" if isinstance(store, DiskStore) else "packing layers in RAM"
-    if isinstance(store, DiskStore):
-        store.begin_writing()
-    with reporter.bar(total=len(indices), desc=what, unit="layer") as bar:
+def write_layers(store: LayerStore, layers, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
+                 reporter: Reporter) -> None:
+    """Fill the store with the layers it holds (the disk file: every layer; RAM: the streamed ones)."""
+    indices = store.stored_layers()
+    store.begin_writing()
+    with reporter.bar(total=len(indices), desc=store.writing_label, unit="layer") as bar:
         for index in indices:
             store.write(index, layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype))
             bar.update()
-    if isinstance(store, DiskStore):
-        store.finish_writing()
+    store.finish_writing()
 
 
 def make_slots(plan: OffloadPlan, layouts: list[LayerLayout], device: torch.device):

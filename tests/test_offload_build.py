@@ -11,7 +11,7 @@ from specchat.decoding.kvcache import new_cache
 from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
-from specchat.offload.runner import OffloadPlan, offload_model
+from specchat.offload.build import OffloadPlan, offload_model
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.progress import Reporter
 

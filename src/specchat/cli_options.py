@@ -1,0 +1,39 @@
+"""The options `generate`, `run` and `bench` share, declared once (each command gives the
+default, from `specchat.limits` or `EngineOptions`), and the sampling options' check."""
+
+from typing import Annotated
+
+import typer
+
+from specchat.decoding.events import SamplingParams
+from specchat.errors import SpecchatError
+from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
+
+TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
+DraftOpt = Annotated[str, typer.Option(help="Draft model: alias, hub id, directory or .gguf.")]
+BudgetOpt = Annotated[int | None, typer.Option(help="Draft tree size K (default: suited to the device).")]
+TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy.")]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top_p.")]
+DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
+OffloadOpt = Annotated[str, typer.Option(
+    help="Where the target's decoder layers live: none (on the device), ram, or disk (streamed per pass).")]
+OffloadDirOpt = Annotated[str | None, typer.Option(
+    help="Directory of the disk tier's layer file (default: the user cache dir).")]
+ResidentOpt = Annotated[int | None, typer.Option(
+    help="Decoder layers kept on the device when offloading (default: as many as free memory allows).")]
+DraftQuantOpt = Annotated[str, typer.Option(help="none | nf4 (the draft in 4-bit through bitsandbytes; CUDA only).")]
+LookaheadOpt = Annotated[int, typer.Option(help="dsi: drafts k per verification job.")]
+WorkersOpt = Annotated[str | None, typer.Option(
+    help="dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device).")]
+RayOpt = Annotated[str | None, typer.Option(
+    help="dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray]).")]
+
+
+def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> SamplingParams:
+    """The sampling options as SamplingParams; one line on a value out of range."""
+    TEMPERATURE.check("--temperature", temperature)
+    TOP_P.check("--top-p", top_p)
+    if seed < 0:
+        raise SpecchatError(f"--seed must be >= 0 (got {seed})")
+    MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
+    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)

@@ -1,0 +1,133 @@
+"""The facts `specchat doctor` reports: devices, memory, free disk, the offload links' bandwidths
+and the default target's size."""
+
+import math
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+from safetensors import safe_open
+
+from specchat.errors import SpecchatError
+from specchat.models.embedded import EMBEDDED, converted_path
+from specchat.models.marker import is_converted
+from specchat.models.registry import DEFAULT_TARGET
+from specchat.offload.direct_io import align_up
+from specchat.offload.probe import measure_h2d_gbps, probe_disk
+from specchat.paths import cache_dir
+from specchat.transfer import gb
+
+BYTES_PER_PARAM = 2  # bfloat16, the default dtype
+# The default target (Qwen2.5-Coder-1.5B-Instruct) as converted, with its LM head untied:
+# used until the converted directory exists, so that doctor never assembles or converts.
+DEFAULT_TARGET_PARAMS = 1_777_088_000
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    name: str
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class Facts:
+    cpu: str
+    cores: int  # physical
+    threads: int  # logical
+    torch_version: str
+    cuda: tuple[CudaDevice, ...]
+    ram_total: int
+    ram_available: int
+    offload_dir: Path
+    disk_free: int
+    h2d_gbps: float | None  # None without CUDA
+    disk_gbps: float
+    direct: bool  # O_DIRECT honoured; False: buffered reads dropped from the cache by fadvise
+    probe_bytes: int
+    target: str
+    target_bytes: int
+
+
+def default_offload_dir() -> Path:
+    return cache_dir() / "offload"
+
+
+def gather(offload_dir: Path, probe_gb: float) -> Facts:
+    """Everything doctor reports; writes, reads and deletes a probe file of `probe_gb` GB."""
+    if not (probe_gb > 0 and math.isfinite(probe_gb)):
+        raise SpecchatError(f"--probe-gb must be a positive number of GB (got {probe_gb})")
+    directory = offload_dir.expanduser()
+    prepare_dir(directory)
+    probe_bytes = align_up(int(probe_gb * 1e9))
+    disk_free = shutil.disk_usage(directory).free
+    if probe_bytes > disk_free:
+        raise SpecchatError(f"--probe-gb {probe_gb} needs {gb(probe_bytes)} but {directory} has {gb(disk_free)} free")
+    memory = psutil.virtual_memory()  # before the probe file passes through the page cache
+    disk_gbps, direct = probe_disk(directory, probe_bytes)
+    threads = psutil.cpu_count(logical=True) or 1
+    return Facts(
+        cpu=cpu_model(),
+        cores=psutil.cpu_count(logical=False) or threads,
+        threads=threads,
+        torch_version=torch.__version__,
+        cuda=cuda_devices(),
+        ram_total=memory.total,
+        ram_available=memory.available,
+        offload_dir=directory,
+        disk_free=disk_free,
+        h2d_gbps=measure_h2d_gbps(),
+        disk_gbps=disk_gbps,
+        direct=direct,
+        probe_bytes=probe_bytes,
+        target=DEFAULT_TARGET,
+        target_bytes=default_target_bytes(),
+    )
+
+
+def prepare_dir(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise SpecchatError(f"--offload-dir {directory} is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SpecchatError(f"cannot create the offload directory {directory}: {error.strerror}") from error
+
+
+def cpu_model() -> str:
+    """The CPU's name from /proc/cpuinfo (Linux x86), else what the platform reports."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cuda_devices() -> tuple[CudaDevice, ...]:
+    if not torch.cuda.is_available():
+        return ()
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(index)
+        devices.append(CudaDevice(torch.cuda.get_device_name(index), total, free))
+    return tuple(devices)
+
+
+def default_target_bytes() -> int:
+    """Bytes of the default target's weights in bfloat16, counted from the converted safetensors
+    headers when they exist (nothing is loaded)."""
+    directory = converted_path(EMBEDDED[DEFAULT_TARGET])
+    params = count_params(directory) if is_converted(directory) else DEFAULT_TARGET_PARAMS
+    return params * BYTES_PER_PARAM
+
+
+def count_params(directory: Path) -> int:
+    total = 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as tensors:
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return total

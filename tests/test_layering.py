@@ -1,0 +1,137 @@
+"""The package's rooms and who may import whom, read from the source with `ast` (nothing is
+imported): a module imports only from its own layer or the layers below it."""
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "specchat"
+
+# Bottom to top; a room is a top-level module or subpackage of specchat. A new room must be
+# placed here before the test passes.
+LAYERS: list[set[str]] = [
+    {"__init__", "errors", "paths", "progress", "textstream", "transfer", "limits"},  # base
+    {"quant"},
+    {"decoding", "offload"},  # siblings: neither imports the other
+    {"models"},  # may import offload and quant
+    {"dsi"},
+    {"runtime"},
+    {"summary", "tui", "bench", "simulate", "doctor", "cli", "cli_options", "__main__"},  # front ends
+]
+SIBLINGS = [("decoding", "offload")]  # rooms of one layer that must not import each other
+TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events"}  # the Engine protocol and event types
+
+LAYER_OF = {room: index for index, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room_of(module: str) -> str:
+    """specchat.offload.build -> offload; specchat -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def resolve_relative(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(path: Path) -> Iterator[tuple[str, int]]:
+    """(imported specchat name, line) for every import in `path`, lazy ones in functions too."""
+    module = module_name(path)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve_relative(node, module, path.name == "__init__.py") if node.level else node.module
+            names = [f"{source}.{alias.name}" for alias in node.names]  # y of `from x import y` may be a module
+        else:
+            continue
+        for name in names:
+            if name == "specchat" or name.startswith("specchat."):
+                yield name, node.lineno
+
+
+def edges() -> list[tuple[str, str, str]]:
+    """(importer "path:line", importer module, imported name) across src/specchat."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for imported, line in imports_of(path):
+            found.append((f"{path.relative_to(PACKAGE.parent)}:{line}", module_name(path), imported))
+    return found
+
+
+EDGES = edges()
+
+
+def test_every_room_has_a_layer():
+    rooms = {room_of(module_name(path)) for path in PACKAGE.rglob("*.py")}
+    unplaced = rooms - set(LAYER_OF)
+    assert not unplaced, f"place these rooms in LAYERS: {sorted(unplaced)}"
+
+
+def test_no_import_runs_up_a_layer():
+    upward = [
+        f"{where}: {importer} imports {imported} ({room_of(imported)} is above {room_of(importer)})"
+        for where, importer, imported in EDGES
+        if LAYER_OF[room_of(imported)] > LAYER_OF[room_of(importer)]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+@pytest.mark.parametrize(("first", "second"), SIBLINGS)
+def test_siblings_do_not_import_each_other(first, second):
+    crossing = [
+        f"{where}: {importer} imports {imported}"
+        for where, importer, imported in EDGES
+        if {room_of(importer), room_of(imported)} == {first, second}
+    ]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_offload_never_imports_models():
+    reaching = [f"{where}: {importer} imports {imported}" for where, importer, imported in EDGES
+                if room_of(importer) == "offload" and room_of(imported) == "models"]
+    assert not reaching, "\n".join(reaching)
+
+
+def test_tui_sees_only_the_engine_protocol_of_decoding():
+    reaching = [
+        f"{where}: {importer} imports {imported}"
+        for where, importer, imported in EDGES
+        if room_of(importer) == "tui" and room_of(imported) == "decoding"
+        and not any(imported == allowed or imported.startswith(allowed + ".") for allowed in TUI_MAY_IMPORT_FROM_DECODING)
+    ]
+    assert not reaching, "\n".join(reaching)
+
+
+def classes() -> dict[str, tuple[str, list[str], bool]]:
+    """Classes of src/specchat: name -> (where, base names, defines `generate`)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base).split(".")[-1] for base in node.bases]
+                generates = any(isinstance(item, ast.FunctionDef) and item.name == "generate" for item in node.body)
+                found[node.name] = (f"{path.relative_to(PACKAGE.parent)}:{node.lineno}", bases, generates)
+    return found
+
+
+def test_no_engine_subclasses_another_engine():
+    """An engine defines `generate` (the `Engine` protocol itself aside); a subclass of an engine
+    is an engine too, and a violation: engines share code by composition."""
+    found = classes()
+    engines = {name for name, (_, bases, generates) in found.items() if generates and "Protocol" not in bases}
+    assert len(engines) >= 4  # the walk found the engines at all
+    while grown := {name for name, (_, bases, _) in found.items() if set(bases) & engines} - engines:
+        engines |= grown  # subclasses of subclasses
+    subclassing = [f"{where}: {name} subclasses the engine {base}"
+                   for name, (where, bases, _) in found.items() for base in bases if base in engines]
+    assert not subclassing, "\n".join(subclassing)
