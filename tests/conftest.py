@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from exactness import ExactnessCheck, hf_greedy
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.bench.datasets import mtbench_first_turns
-from specchat.bench.exactness import hf_greedy
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -119,6 +119,12 @@ def seeded_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[
         events = autoregressive.generate(prompt_ids, GREEDY_NEW_TOKENS, PAPER_SAMPLING)
         references.append((prompt_ids, [t for e in events for t in e.token_ids]))
     return references
+
+
+@pytest.fixture(scope="session")
+def real_check(real_pair) -> ExactnessCheck:
+    """The tightened comparison (tests/exactness.py) for the suite's reduced exactness runs."""
+    return ExactnessCheck(real_pair.target, real_pair.stop_ids, GREEDY_NEW_TOKENS)
 
 
 @pytest.fixture(scope="session")
