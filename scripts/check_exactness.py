@@ -63,7 +63,8 @@ def main() -> None:
     prompts = [encode_prompt(tokenizer, p, raw=False) for p in mtbench_first_turns(args.prompts)]
     n = args.max_new_tokens
     checker = ExactnessCheck(target, stops, n)
-    lines, failures = [], 0
+    lines: list[str] = []
+    results: list[Comparison] = []
 
     references = [hf_greedy(target, ids, n, stops, tokenizer.pad_token_id) for ids in prompts]
     for budget in (int(b) for b in args.budgets.split(",")):
@@ -71,7 +72,7 @@ def main() -> None:
         for index, (ids, reference) in enumerate(zip(prompts, references)):
             tokens, iterations = tokens_of(engine, ids, n, GREEDY)
             result = checker.compare(ids, reference, tokens, GREEDY)
-            failures += not result.acceptable
+            results.append(result)
             lines.append(row("greedy vs HF generate", budget, index, tokens, iterations, result))
             print(lines[-1], flush=True)
 
@@ -82,16 +83,18 @@ def main() -> None:
         reference, _ = tokens_of(autoregressive, ids, n, sampling)
         tokens, iterations = tokens_of(specexec, ids, n, sampling)
         result = checker.compare(ids, reference, tokens, sampling)
-        failures += not result.acceptable
+        results.append(result)
         lines.append(row("seeded t=0.6 p=0.9 vs autoregressive", args.sampled_budget, index, tokens, iterations, result))
         print(lines[-1], flush=True)
 
-    print(f"{failures} failure(s)")
+    failures = sum(not result.acceptable for result in results)
+    summary = f"{failures} failure(s), {sum(len(result.ties) for result in results)} tie(s)"
+    print(summary)
     if args.record:
         header = (
             f"\n## Exactness on the real pair (float32), {date.today().isoformat()}\n\n"
             f"- Command: `python {shlex.join(sys.argv)}`\n"
-            f"- {args.prompts} MT-Bench first turns x {n} new tokens; {failures} failure(s)\n\n"
+            f"- {args.prompts} MT-Bench first turns x {n} new tokens; {summary}\n\n"
             "| check | budget | prompt | run | ties | result |\n|---|---|---|---|---|---|\n"
         )
         with open(args.record, "a", encoding="utf-8") as handle:
