@@ -1,20 +1,55 @@
-"""Shared fixtures: tiny random models built in-process (fast, deterministic)."""
+"""Shared fixtures: tiny random models built in-process (fast, deterministic), the real pair,
+and what keeps the suite from leaving anything behind: a private history dir for every test, a
+temporary offload dir, and time limits."""
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+from exactness import ExactnessCheck, hf_greedy
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.bench.datasets import mtbench_first_turns
-from specchat.bench.exactness import hf_greedy
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.paths import cache_dir
 from specchat.runtime import encode_prompt
+
+REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """pytest-timeout: the real tests get a longer limit than [tool.pytest.ini_options] timeout,
+    unless they set their own."""
+    for item in items:
+        if item.get_closest_marker("real") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
+
+
+@pytest.fixture(autouse=True)
+def private_data_dir(tmp_path_factory, monkeypatch) -> None:
+    """No test reads or writes the user's history: SPECCHAT_DATA_DIR points at a temporary
+    directory (subprocesses inherit it)."""
+    monkeypatch.setenv("SPECCHAT_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.fixture(scope="session")
+def offload_dir() -> Iterator[Path]:
+    """Where tests write offload layer files, removed after the session. It sits beside the user
+    cache, where the app writes its own layer file, because /tmp may be a tmpfs: in RAM, and
+    without the O_DIRECT reads the disk tier is tested for."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="test-offload-", dir=cache_dir()))
+    yield directory
+    shutil.rmtree(directory)
 
 
 @pytest.fixture(autouse=True)
@@ -119,6 +154,12 @@ def seeded_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[
         events = autoregressive.generate(prompt_ids, GREEDY_NEW_TOKENS, PAPER_SAMPLING)
         references.append((prompt_ids, [t for e in events for t in e.token_ids]))
     return references
+
+
+@pytest.fixture(scope="session")
+def real_check(real_pair) -> ExactnessCheck:
+    """The tightened comparison (tests/exactness.py) for the suite's reduced exactness runs."""
+    return ExactnessCheck(real_pair.target, real_pair.stop_ids, GREEDY_NEW_TOKENS)
 
 
 @pytest.fixture(scope="session")

@@ -176,10 +176,10 @@ def test_generate_offload_dir_that_is_a_file_is_one_line_exit_2(monkeypatch, cap
 
 
 @pytest.mark.real
-def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys):
+def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_dir):
     code, out, _ = run_cli(
         monkeypatch, capsys, "generate", "Say hello.", "--json", "--max-new-tokens", "4", "--budget", "8",
-        "--offload", "disk", "--resident-layers", "20",
+        "--offload", "disk", "--resident-layers", "20", "--offload-dir", str(offload_dir),
     )
     assert code == 0
     record = json.loads(out)

@@ -1,10 +1,13 @@
 """DSI with its target workers as Ray actors: a local Ray cluster started on this machine, two
 CPU actors that load the target themselves, and the same tokens as thread workers."""
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from specchat.runtime import EngineOptions, live_settings_of, load_models
 
 SAMPLINGS = [SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.95, 7)]
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command, whatever PATH holds
+HEAD_START_S = 120
+HEAD_STOP_S = 60
 
 
 def free_port() -> int:
@@ -28,19 +33,59 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def exited(head: subprocess.Popen) -> bool:
+    """Whether the head has exited, without reaping it: while it is a zombie its pid, which is
+    also its process group's id, cannot be given to another process."""
+    return os.waitid(os.P_PID, head.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def stop_head(head: subprocess.Popen) -> None:
+    """SIGTERM makes `ray start --block` stop the processes it started; whatever outlives it in
+    its process group (ours alone: start_new_session) is then killed, and the head reaped."""
+    os.kill(head.pid, signal.SIGTERM)  # not head.terminate(): it would reap the head if it had exited
+    deadline = time.monotonic() + HEAD_STOP_S
+    while not exited(head) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(head.pid, signal.SIGKILL)
+    head.wait()
+
+
+def start_head(temp_dir: Path) -> tuple[subprocess.Popen, str]:
+    """`ray start --head --block` in its own session, temp dir and free ports: a cluster that
+    is ours alone. Returns the process and the cluster's address once it is up."""
+    port = free_port()
+    with (temp_dir / "start.log").open("w") as log:
+        head = subprocess.Popen(
+            [*RAY_CLI, "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp_dir}",
+             f"--dashboard-agent-listen-port={free_port()}", "--num-cpus=2", "--include-dashboard=false",
+             "--disable-usage-stats", "--object-store-memory=200000000"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    deadline = time.monotonic() + HEAD_START_S
+    # `ray start` writes the address file once every process of the head is up.
+    while not (temp_dir / "ray_current_cluster").exists():
+        if exited(head) or time.monotonic() > deadline:
+            stop_head(head)
+            pytest.fail(f"the Ray head did not start:\n{(temp_dir / 'start.log').read_text()}")
+        time.sleep(0.5)
+    return head, f"127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """`ray start --head` on a free port; stopped (and this process disconnected) afterwards."""
-    port = free_port()
-    subprocess.run(
-        [*RAY_CLI, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         "--disable-usage-stats", "--object-store-memory=200000000"],
-        check=True, capture_output=True,
-    )
-    yield f"127.0.0.1:{port}"
-    if ray.is_initialized():
-        ray.shutdown()
-    subprocess.run([*RAY_CLI, "stop", "--force"], check=True, capture_output=True)
+    """A local Ray head of our own; stopped (and this process disconnected) afterwards. Never
+    `ray stop`: it ends every Ray cluster on the machine."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit in 107 bytes
+    try:
+        head, address = start_head(temp_dir)
+        try:
+            yield address
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            stop_head(head)
+    finally:
+        shutil.rmtree(temp_dir)
 
 
 @pytest.fixture(scope="module")

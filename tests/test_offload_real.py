@@ -14,7 +14,6 @@ from specchat.decoding.specexec import SpecExecEngine
 from specchat.models.loading import load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.build import OffloadPlan
-from specchat.paths import cache_dir
 from specchat.progress import Reporter
 
 pytestmark = pytest.mark.real
@@ -57,8 +56,8 @@ def case(real_pair, mtbench_prompts):
 
 
 @pytest.mark.parametrize("tier", ["disk", "ram"])
-def test_offloaded_target_matches_in_memory(real_pair, case, tier):
-    plan = OffloadPlan(tier=tier, offload_dir=cache_dir() / "offload", resident_layers=2, slots=3)
+def test_offloaded_target_matches_in_memory(real_pair, case, offload_dir, tier):
+    plan = OffloadPlan(tier=tier, offload_dir=offload_dir, resident_layers=2, slots=3)
     target, offload = load_offloaded(DEFAULT_TARGET, torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
     try:
         lm = CausalLM(target.model, offload)

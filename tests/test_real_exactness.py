@@ -1,4 +1,6 @@
-"""Exactness on the real embedded Qwen pair in float32 (design.md section 8).
+"""Exactness on the real embedded Qwen pair in float32 (design.md section 8), judged by
+tests/exactness.py: a divergence passes only as a near-tie of the engine's token, then the
+comparison re-anchors and goes on to the end; at most one tie per prompt.
 
 The suite runs 2 MT-Bench prompts x 32 new tokens per configuration to keep CI short;
 scripts/check_exactness.py runs the full acceptance (5 prompts x 64 tokens) with the same
@@ -10,7 +12,6 @@ from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
 from conftest import PAPER_SAMPLING
 from test_engines import GREEDY
 
-from specchat.bench.exactness import compare_greedy
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.specexec import SpecExecEngine
 
@@ -23,20 +24,21 @@ def emitted(engine, prompt_ids, sampling) -> tuple[list[int], list]:
 
 
 @pytest.mark.parametrize("budget", [8, 64, 256])
-def test_greedy_specexec_equals_hf_generate(real_pair, greedy_references, budget):
+def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_references, budget):
     engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=budget))
     accepted = 0
     for prompt_ids, reference in greedy_references:
         tokens, events = emitted(engine, prompt_ids, GREEDY)
-        comparison = compare_greedy(real_pair.target, prompt_ids, reference, tokens)
-        assert comparison.acceptable, comparison
+        comparison = real_check.compare(prompt_ids, reference, tokens, GREEDY)
+        assert comparison.acceptable, comparison.describe()
         accepted += sum(e.accepted for e in events)
     assert accepted > 0  # the draft tree is actually used
 
 
-def test_seeded_specexec_equals_seeded_autoregressive(real_pair, seeded_references):
+def test_seeded_specexec_equals_seeded_autoregressive(real_pair, real_check, seeded_references):
     specexec = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
     for prompt_ids, reference in seeded_references:
         tokens, events = emitted(specexec, prompt_ids, PAPER_SAMPLING)
-        assert tokens == reference
+        comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
+        assert comparison.acceptable, comparison.describe()
         assert len(events) < len(tokens)

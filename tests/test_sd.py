@@ -12,7 +12,6 @@ import torch
 from test_engines import GREEDY, PROMPT, chi_square_pvalue, exact_second_token_distribution, run
 from test_real_exactness import emitted
 
-from specchat.bench.exactness import compare_greedy
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
@@ -159,16 +158,16 @@ def test_runtime_builds_sd_and_specinfer(tiny_target, tiny_draft):
         assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=10)
 
 
-def assert_equals_hf_greedy(real_pair, engine, references) -> None:
-    """design.md section 8: identical to HF greedy, or diverging first at a near-tie."""
+def assert_equals_hf_greedy(real_check, engine, references) -> None:
+    """design.md section 8 (tests/exactness.py): HF greedy's tokens, up to one near-tie."""
     outputs = [emitted(engine, prompt_ids, GREEDY) for prompt_ids, _ in references]
     for (prompt_ids, reference), (tokens, _) in zip(references, outputs):
-        comparison = compare_greedy(real_pair.target, prompt_ids, reference, tokens)
-        assert comparison.acceptable, comparison
+        comparison = real_check.compare(prompt_ids, reference, tokens, GREEDY)
+        assert comparison.acceptable, comparison.describe()
     assert sum(e.accepted for _, events in outputs for e in events) > 0  # the draft is used
 
 
 @pytest.mark.real
-def test_greedy_sd_equals_hf_generate(real_pair, greedy_references):
+def test_greedy_sd_equals_hf_generate(real_pair, real_check, greedy_references):
     engine = ChainSDEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=8))
-    assert_equals_hf_greedy(real_pair, engine, greedy_references)
+    assert_equals_hf_greedy(real_check, engine, greedy_references)

@@ -106,6 +106,6 @@ def test_specinfer_budget_change_applies_mid_reply(tiny_target, tiny_draft):
 
 
 @pytest.mark.real
-def test_greedy_specinfer_equals_hf_generate(real_pair, greedy_references):
+def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_references):
     engine = SpecInferEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
-    assert_equals_hf_greedy(real_pair, engine, greedy_references)
+    assert_equals_hf_greedy(real_check, engine, greedy_references)

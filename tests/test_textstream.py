@@ -1,10 +1,16 @@
-"""Incremental detokenization with the real Qwen byte-level BPE tokenizer."""
+"""Incremental detokenization with byte-level BPE tokenizers: a tiny one trained here (always),
+and the real Qwen tokenizer of the embedded pair (`real`: converting the model is slow the
+first time)."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli import CORPUS
+from tokenizers import ByteLevelBPETokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from specchat.models.embedded import converted_path, embedded_model
+from specchat.models.embedded import ensure_embedded
+from specchat.models.registry import DEFAULT_DRAFT
 from specchat.textstream import TextStream
 
 # Several of these characters are split across byte-level tokens by Qwen's vocabulary
@@ -16,16 +22,26 @@ TEXTS = [
     "def f(x):\n    return x ** 2  # ∑ ≤ ∞ → λ\n",
     "🦜",
 ]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # Qwen's
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    directory = converted_path(embedded_model("qwen2.5-coder-0.5b"))
-    if not (directory / "tokenizer.json").exists():
-        pytest.skip(f"converted Qwen tokenizer not found at {directory}")
-    from transformers import AutoTokenizer
+def tiny_tokenizer() -> PreTrainedTokenizerBase:
+    """Byte-level BPE trained on ASCII code and prose: every non-ASCII character stays split
+    into byte tokens, the hard case for incremental decoding."""
+    backend = ByteLevelBPETokenizer()
+    backend.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=SPECIAL_TOKENS,
+                                show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=backend._tokenizer, eos_token="<|endoftext|>")
 
-    return AutoTokenizer.from_pretrained(directory)
+
+def qwen_tokenizer() -> PreTrainedTokenizerBase:
+    """The embedded pair's tokenizer, found (or converted once) in the user cache as the app does."""
+    return AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_DRAFT, progress=False))
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("qwen", marks=pytest.mark.real)])
+def tokenizer(request) -> PreTrainedTokenizerBase:
+    return tiny_tokenizer() if request.param == "tiny" else qwen_tokenizer()
 
 
 def stream_in_chunks(tokenizer, ids: list[int], sizes: list[int]) -> list[str]:

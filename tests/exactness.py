@@ -1,0 +1,168 @@
+"""Checking that an engine emits exactly the target's tokens (design.md section 8).
+
+Batched tree attention and sequential decoding differ by ~1e-5 in float32, so where two tokens
+nearly tie, an exact engine may pick the other one. The check walks the engine's tokens against a
+reference:
+- at the first difference, the engine's token must itself be near-tied: its gap (below), taken
+  from a sequential float32 target forward over the common prefix, is under NEAR_TIE;
+- then it re-anchors: the target decodes sequentially from the engine's prefix (up to and
+  including that token) with the same sampling, and the engine's remaining tokens are compared
+  with that, to the end;
+- every accepted near-tie is counted, and at most MAX_TIES per prompt pass.
+Any other difference fails: the comparison is never loosened otherwise.
+
+Used by the real-pair exactness tests and by scripts/check_exactness.py.
+"""
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from math import log1p
+
+import torch
+from transformers import DynamicCache
+
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.decoding.sampling import filtered_probs, sample_token, uniform
+
+NEAR_TIE = 1e-4  # in logits
+MAX_TIES = 1  # per prompt
+
+
+@dataclass(frozen=True)
+class Tie:
+    index: int  # into the generated tokens
+    gap: float  # the engine token's gap there (< NEAR_TIE)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ties: tuple[Tie, ...] = ()
+    mismatch: int | None = None  # the first difference that is not an accepted near-tie
+    gap: float | None = None  # the engine token's gap at `mismatch`; None when one list just ends first
+
+    @property
+    def identical(self) -> bool:
+        return not self.ties and self.mismatch is None
+
+    @property
+    def acceptable(self) -> bool:
+        return self.mismatch is None and len(self.ties) <= MAX_TIES
+
+    def describe(self) -> str:
+        """One line for reports: each tie, then how the comparison ended."""
+        ties = "".join(f"tie at token {t.index} (gap {t.gap:.1e}), then " for t in self.ties)
+        if self.mismatch is None:
+            end = "identical"
+        elif self.gap is None:
+            end = f"lengths differ at token {self.mismatch}"
+        else:
+            end = f"diverged at token {self.mismatch} (gap {self.gap:.1e})"
+        too_many = f" ({len(self.ties)} ties, at most {MAX_TIES})" if len(self.ties) > MAX_TIES else ""
+        return ties + end + too_many + ("" if self.acceptable else ": FAIL")
+
+
+def greedy_gap(logits: torch.Tensor, token: int) -> float:
+    """How far `token` is below the maximum logit: moving every logit by at most d/2 can make
+    it the argmax exactly when this gap is at most d."""
+    return float(logits.max() - logits[token])
+
+
+def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, position: int) -> float:
+    """A lower bound on the logit spread 2d that makes seeded sampling pick `token`.
+
+    Sampling picks token i when u lies in [C(i-1), C(i)), C the normalised cumulative filtered
+    distribution in token-id order (specchat.decoding.sampling). Moving every logit by at most d
+    scales each probability by a factor within exp(+-2d/T) (numerator and normaliser each move
+    within exp(+-d/T)), so every C(i) moves by at most exp(2d/T) - 1. With u at distance r from
+    the token's interval, r <= exp(2d/T) - 1, i.e. 2d >= T log(1 + r). A top-p cut that moves
+    with the logits is not modelled: such a flip has a large r and fails, it never passes.
+    """
+    probs = filtered_probs(logits, sampling.temperature, sampling.top_p)
+    cdf = probs.cumsum(dim=0) / probs.sum()
+    low = float(cdf[token - 1]) if token > 0 else 0.0
+    high = float(cdf[token])
+    u = uniform(sampling.seed, position)
+    distance = max(low - u, u - high, 0.0)
+    return sampling.temperature * log1p(distance)
+
+
+def token_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, position: int) -> float:
+    """0 when the target itself picks `token` here; below NEAR_TIE for a near-tie."""
+    if sampling.temperature == 0:
+        return greedy_gap(logits, token)
+    return sampled_gap(logits, token, sampling, position)
+
+
+@dataclass
+class Sequential:
+    """The target decoding one token per forward, as plain autoregressive decoding does."""
+
+    target: CausalLM
+    cache: DynamicCache = field(default_factory=new_cache)
+    position: int = 0  # tokens fed so far = the absolute position of the next token
+    logits: torch.Tensor | None = None  # float32 logits for the token at `position`
+
+    def feed(self, ids: list[int]) -> None:
+        positions = torch.arange(self.position, self.position + len(ids))
+        hidden = self.target.hidden(torch.tensor(ids), positions, self.cache)
+        self.logits = self.target.logits(hidden[-1:])[0]
+        self.position += len(ids)
+
+    def decode(self, first: int, count: int, sampling: SamplingParams, stop_ids: Collection[int]) -> list[int]:
+        """Feed `first`, then sample up to `count` tokens at their absolute positions, ending
+        after a stop token (nothing follows a `first` that is one)."""
+        decoded: list[int] = []
+        token = first
+        while len(decoded) < count and token not in stop_ids:
+            self.feed([token])
+            token = sample_token(self.logits, sampling, self.position)
+            decoded.append(token)
+        return decoded
+
+
+def first_difference(reference: list[int], tokens: list[int], start: int) -> int | None:
+    """The first index >= start where the lists differ, or where one of them has ended first."""
+    for index in range(start, max(len(reference), len(tokens))):
+        if index >= len(reference) or index >= len(tokens) or reference[index] != tokens[index]:
+            return index
+    return None
+
+
+@dataclass(frozen=True)
+class ExactnessCheck:
+    """Compares engine output with a reference decoded by the same target, stops and length."""
+
+    target: CausalLM
+    stop_ids: frozenset[int]
+    max_new_tokens: int
+
+    def compare(self, prompt_ids: list[int], reference: list[int], tokens: list[int],
+                sampling: SamplingParams) -> Comparison:
+        """`reference`: the target's own tokens after `prompt_ids` (HF greedy or seeded
+        autoregressive); `tokens`: the engine's. Ties re-anchor the reference (module docstring)."""
+        ties: list[Tie] = []
+        start = 0
+        while (index := first_difference(reference, tokens, start)) is not None:
+            if index >= min(len(reference), len(tokens)):
+                return Comparison(tuple(ties), mismatch=index)
+            sequential = Sequential(self.target)
+            sequential.feed(prompt_ids + tokens[:index])
+            gap = token_gap(sequential.logits, tokens[index], sampling, sequential.position)
+            if gap >= NEAR_TIE:
+                return Comparison(tuple(ties), mismatch=index, gap=gap)
+            ties.append(Tie(index, gap))
+            rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1, sampling, self.stop_ids)
+            reference = tokens[: index + 1] + rest
+            start = index + 1
+        return Comparison(tuple(ties))
+
+
+def hf_greedy(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids, pad_id: int | None) -> list[int]:
+    """The greedy reference: transformers' own `generate(do_sample=False)`."""
+    out = target.model.generate(
+        torch.tensor([prompt_ids], device=target.device), max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=sorted(stop_ids), pad_token_id=pad_id,
+    )
+    return out[0, len(prompt_ids):].tolist()
