@@ -32,6 +32,27 @@ class FakeTokenizer:
         return "".join(chr(token) for token in token_ids)
 
 
+def fake_chunks(engine: "FakeEngine | FakeDSIEngine", prompt_ids: list[int], max_new_tokens: int,
+                sampling: SamplingParams) -> Iterator[tuple[list[int], bool]]:
+    """The engine's reply in chunks of accepted + 1 tokens, each with whether it is the last."""
+    engine.calls.append((list(prompt_ids), max_new_tokens, sampling))
+    reply = FakeTokenizer().encode(engine.reply)[:max_new_tokens]
+    produced, accepted = 0, cycle(engine.accepted)
+    while produced < len(reply):
+        sleep(engine.delay_s)
+        chunk = reply[produced:produced + next(accepted) + 1]
+        produced += len(chunk)
+        yield chunk, produced == len(reply)
+
+
+def fixed_event(chunk: list[int], finished: bool, tree_size: int, depth: int, transfer_bytes: int = 0) -> IterationEvent:
+    # Fixed costs, so that every figure derived from them is reproducible in snapshots.
+    return IterationEvent(
+        token_ids=chunk, accepted=len(chunk) - 1, tree_size=tree_size, depth=depth, draft_s=0.004, target_s=0.020,
+        transfer_s=0.010 if transfer_bytes else 0.0, transfer_bytes=transfer_bytes, finished=finished,
+    )
+
+
 @dataclass
 class FakeEngine:
     name: str = "specexec"
@@ -53,23 +74,8 @@ class FakeEngine:
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        self.calls.append((list(prompt_ids), max_new_tokens, sampling))
-        reply = FakeTokenizer().encode(self.reply)[:max_new_tokens]
-        produced, accepted = 0, cycle(self.accepted)
-        while produced < len(reply):
-            sleep(self.delay_s)
-            chunk = reply[produced:produced + next(accepted) + 1]
-            produced += len(chunk)
-            yield self.event(chunk, finished=produced == len(reply))
-
-    def event(self, chunk: list[int], finished: bool) -> IterationEvent:
-        # Fixed costs, so that every figure derived from them is reproducible in snapshots.
-        return IterationEvent(
-            token_ids=chunk, accepted=len(chunk) - 1, tree_size=self.budget,
-            depth=min(self.max_depth, len(chunk)), draft_s=0.004, target_s=0.020,
-            transfer_s=0.010 if self.transfer_bytes else 0.0, transfer_bytes=self.transfer_bytes,
-            finished=finished,
-        )
+        for chunk, finished in fake_chunks(self, prompt_ids, max_new_tokens, sampling):
+            yield fixed_event(chunk, finished, self.budget, min(self.max_depth, len(chunk)), self.transfer_bytes)
 
 
 @dataclass
@@ -78,13 +84,17 @@ class FakePool:
 
 
 @dataclass
-class FakeDSIEngine(FakeEngine):
+class FakeDSIEngine:
     """As DSIEngine: drafts `lookahead` tokens per job (read live), reports its jobs, and says
     WORKER_NOTICE once in its life, on its first event."""
 
     name: str = "dsi"
+    reply: str = REPLY
+    accepted: tuple[int, ...] = ACCEPTED
+    delay_s: float = 0.0
     lookahead: int = 5
     pool: FakePool = field(default_factory=lambda: FakePool(["cpu#0", "cpu#1"]))
+    calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)
     noticed: bool = field(default=False, init=False)
 
     def live_settings(self) -> LiveSettings:
@@ -93,15 +103,18 @@ class FakeDSIEngine(FakeEngine):
     def apply(self, settings: LiveSettings) -> None:
         self.lookahead = settings.lookahead if settings.lookahead is not None else self.lookahead
 
-    def event(self, chunk: list[int], finished: bool) -> IterationEvent:
-        # Two jobs sent per event; a chunk shorter than a full job means a rejected draft, and
-        # the job built on it is preempted. Fixed, so the panels are reproducible in snapshots.
-        rejected = len(chunk) <= self.lookahead
-        return replace(
-            super().event(chunk, finished), tree_size=self.lookahead, depth=self.lookahead,
-            jobs_submitted=2, jobs_preempted=int(rejected), jobs_in_flight=0 if finished else len(self.pool.workers),
-            notice=self.take_notice(),
-        )
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> Iterator[IterationEvent]:
+        for chunk, finished in fake_chunks(self, prompt_ids, max_new_tokens, sampling):
+            # Two jobs sent per event; a chunk shorter than a full job means a rejected draft,
+            # and the job built on it is preempted. Fixed, so the panels are reproducible.
+            rejected = len(chunk) <= self.lookahead
+            yield replace(
+                fixed_event(chunk, finished, self.lookahead, self.lookahead), jobs_submitted=2,
+                jobs_preempted=int(rejected), jobs_in_flight=0 if finished else len(self.pool.workers),
+                notice=self.take_notice(),
+            )
 
     def take_notice(self) -> str:
         if self.noticed:
