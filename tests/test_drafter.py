@@ -1,14 +1,22 @@
 """Algorithm 2: the grown tree is exactly the top-K prefixes under the draft distribution."""
 
-
 import pytest
 import torch
+from test_tree import path_to
+from transformers import DynamicCache
 
-from specchat.decoding.drafter import TreeShape, grow_tree
+from specchat.decoding.drafter import GrownTree, TreeShape, catch_up, grow_tree
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
 
 PROMPT = [3, 1, 4, 1, 5]
+
+
+def grow_after_prompt(draft: CausalLM, shape: TreeShape, temperature: float,
+                      cache: DynamicCache | None = None) -> GrownTree:
+    """The tree after PROMPT, from an empty draft cache (pass `cache` to inspect it)."""
+    cache = new_cache() if cache is None else cache
+    return grow_tree(draft, cache, catch_up(draft, cache, torch.tensor(PROMPT), 0), shape, temperature)
 
 
 def next_logprobs(model: CausalLM, prefix: list[int], temperature: float) -> torch.Tensor:
@@ -37,7 +45,7 @@ def brute_force_top_k(model: CausalLM, shape: TreeShape, temperature: float) -> 
 def tree_paths(tree) -> dict[tuple, float]:
     tokens = tree.tokens.tolist()
     return {
-        tuple(tokens[i] for i in tree.path_to(node)[1:]): float(tree.logprobs[node])
+        tuple(tokens[i] for i in path_to(tree, node)[1:]): float(tree.logprobs[node])
         for node in range(1, tree.tokens.numel())
     }
 
@@ -51,7 +59,7 @@ def tree_paths(tree) -> dict[tuple, float]:
     ],
 )
 def test_tree_is_brute_force_top_k(tiny_draft, shape, temperature):
-    grown = grow_tree(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, shape, temperature)
+    grown = grow_after_prompt(tiny_draft, shape, temperature)
     expected = brute_force_top_k(tiny_draft, shape, temperature)
     got = tree_paths(grown.tree)
     assert set(got) == set(expected)
@@ -62,7 +70,7 @@ def test_tree_is_brute_force_top_k(tiny_draft, shape, temperature):
 def test_tree_is_topologically_ordered_and_cache_consistent(tiny_draft):
     shape = TreeShape(budget=40, max_depth=6, batch=8, max_children=4)
     cache = new_cache()
-    grown = grow_tree(tiny_draft, cache, torch.tensor(PROMPT), 0, shape, 0.6)
+    grown = grow_after_prompt(tiny_draft, shape, 0.6, cache)
     tree = grown.tree
     assert tree.size == 40
     parents = tree.parents.tolist()
@@ -78,15 +86,15 @@ def test_tree_is_topologically_ordered_and_cache_consistent(tiny_draft):
 
 
 def test_all_children_distinct(tiny_draft):
-    grown = grow_tree(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, TreeShape(budget=64, max_depth=5), 1.0)
+    grown = grow_after_prompt(tiny_draft, TreeShape(budget=64, max_depth=5), 1.0)
     pairs = list(zip(grown.tree.parents.tolist(), grown.tree.tokens.tolist()))[1:]
     assert len(set(pairs)) == len(pairs)
 
 
 def test_ancestor_mask_matches_paths(tiny_draft):
-    grown = grow_tree(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, TreeShape(budget=25, max_depth=4, batch=4), 0.6)
+    grown = grow_after_prompt(tiny_draft, TreeShape(budget=25, max_depth=4, batch=4), 0.6)
     mask = grown.tree.ancestor_mask()
     for node in range(grown.tree.tokens.numel()):
         expected = torch.zeros_like(mask[node])
-        expected[grown.tree.path_to(node)] = True
+        expected[path_to(grown.tree, node)] = True
         assert torch.equal(mask[node], expected)

@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from specchat.decoding.drafter import TreeShape, grow_tree
+from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -43,7 +43,9 @@ def tree_rows(lm: CausalLM, prompt: list[int], tree) -> torch.Tensor:
 def case(real_pair, mtbench_prompts):
     """A chat prompt, a real draft tree over it, and the in-memory target's reference results."""
     prompt = real_pair.chat(mtbench_prompts[0])
-    grown = grow_tree(real_pair.draft, new_cache(), torch.tensor(prompt), 0, TreeShape(budget=32), 0.0)
+    draft_cache = new_cache()
+    root = catch_up(real_pair.draft, draft_cache, torch.tensor(prompt), 0)
+    grown = grow_tree(real_pair.draft, draft_cache, root, TreeShape(budget=32), 0.0)
     greedy = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
     tokens = [t for e in greedy.generate(prompt, 24, GREEDY) for t in e.token_ids]
     return {

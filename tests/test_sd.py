@@ -141,11 +141,15 @@ def test_sd_respects_stop_tokens_and_the_token_limit(tiny_target, tiny_draft):
 def test_sd_chain_length_follows_live_budget_and_depth(tiny_target, tiny_draft):
     """k = min(K, D) at any temperature, read from the shape at every iteration."""
     engine = ChainSDEngine(tiny_target, tiny_draft, [], TreeShape(budget=2, max_depth=8))
-    assert engine.layout(0.6) == engine.layout(0.0) == StemLayout(stems=1, length=2)
+
+    def layout(temperature: float) -> StemLayout:
+        return engine.strategy.layout(engine.shape, temperature)
+
+    assert layout(0.6) == layout(0.0) == StemLayout(stems=1, length=2)
     engine.apply(LiveSettings(budget=12))
-    assert engine.layout(0.6) == StemLayout(stems=1, length=8)
+    assert layout(0.6) == StemLayout(stems=1, length=8)
     engine.apply(LiveSettings(depth=4))
-    assert engine.layout(1.0) == StemLayout(stems=1, length=4)
+    assert layout(1.0) == StemLayout(stems=1, length=4)
 
 
 def test_runtime_builds_sd_and_specinfer(tiny_target, tiny_draft):

@@ -10,10 +10,10 @@ from test_sd import (
     assert_reproducible, assert_stops_at_stop_token, assert_token_limit,
 )
 
-from specchat.decoding.drafter import TreeShape
+from specchat.decoding.drafter import TreeShape, catch_up
 from specchat.decoding.events import LiveSettings
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specinfer import SpecInferEngine, specinfer_layout
 from specchat.decoding.stems import StemLayout, draft_stems
 
 
@@ -26,17 +26,17 @@ def specinfer(target, draft):
     [(1, 24, 1, 1), (3, 24, 3, 1), (4, 24, 2, 2), (10, 24, 3, 3), (16, 24, 4, 4), (64, 24, 8, 8),
      (64, 4, 16, 4), (1024, 24, 42, 24)],
 )
-def test_layout_splits_the_budget_into_square_ish_stems(tiny_target, budget, depth, stems, length):
-    engine = SpecInferEngine(tiny_target, tiny_target, [], TreeShape(budget, depth))
-    assert engine.layout(0.6) == StemLayout(stems, length)
+def test_layout_splits_the_budget_into_square_ish_stems(budget, depth, stems, length):
+    assert specinfer_layout(TreeShape(budget, depth), 0.6) == StemLayout(stems, length)
     assert stems * length <= budget
-    assert engine.layout(0.0) == StemLayout(1, min(budget, depth))  # greedy: one chain
+    assert specinfer_layout(TreeShape(budget, depth), 0.0) == StemLayout(1, min(budget, depth))  # greedy: one chain
 
 
 def test_stem_tree_merges_prefixes_and_keeps_one_candidate_per_stem(tiny_target, tiny_draft):
     layout, sampling = StemLayout(stems=6, length=3), SAMPLINGS[1]
-    stems = draft_stems(tiny_draft, new_cache(), torch.tensor(PROMPT), 0, layout, sampling)
-    tree = stems.grown.tree
+    cache = new_cache()
+    stems = draft_stems(tiny_draft, cache, catch_up(tiny_draft, cache, torch.tensor(PROMPT), 0), layout, sampling)
+    tree = stems.tree
     assert 3 <= tree.size <= 18 and tree.depth == 3
     assert tree.size < 18  # this draft is peaked enough that stems share prefixes
     through = torch.zeros(tree.tokens.numel(), dtype=torch.long)  # stems through each node
@@ -50,8 +50,8 @@ def test_stem_tree_merges_prefixes_and_keeps_one_candidate_per_stem(tiny_target,
     # nodes the draft ran (all but the leaves) hold their logits and a draft cache slot
     ran = (tree.depths < layout.length).nonzero().flatten().tolist()
     assert sorted(stems.draft_logits) == ran
-    assert (stems.grown.draft_slots[tree.depths < layout.length] >= 0).all()
-    assert (stems.grown.draft_slots[tree.depths == layout.length] == -1).all()
+    assert (stems.draft_slots[tree.depths < layout.length] >= 0).all()
+    assert (stems.draft_slots[tree.depths == layout.length] == -1).all()
 
 
 @pytest.mark.parametrize("budget,depth", [(1, 1), (4, 24), (16, 8), (40, 12)])

@@ -17,6 +17,16 @@ def make_tree(rows: list[tuple[int, int, int, float]]) -> DraftTree:
     )
 
 
+def path_to(tree: DraftTree, node: int) -> list[int]:
+    """Node indices from the root down to `node`, inclusive."""
+    path = []
+    parents = tree.parents.tolist()
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
 #       0 (10)
 #      /      \
 #   1 (11)    2 (12)
@@ -48,7 +58,7 @@ def test_children_are_keyed_by_token_per_parent(tree: DraftTree) -> None:
     ("node", "expected"), [(0, [0]), (1, [0, 1]), (3, [0, 1, 3]), (5, [0, 2, 5]), (6, [0, 1, 4, 6])]
 )
 def test_path_to(tree: DraftTree, node: int, expected: list[int]) -> None:
-    assert tree.path_to(node) == expected
+    assert path_to(tree, node) == expected
 
 
 def test_likeliest_path_steps_to_best_child_at_each_level(tree: DraftTree) -> None:
@@ -86,7 +96,7 @@ def test_ancestor_mask_matches_paths(tree: DraftTree) -> None:
     assert mask.dtype == torch.bool and mask.shape == (n, n)
     expected = torch.zeros(n, n, dtype=torch.bool)
     for node in range(n):
-        expected[node, tree.path_to(node)] = True
+        expected[node, path_to(tree, node)] = True
     assert torch.equal(mask, expected)
     assert mask[6].nonzero().flatten().tolist() == [0, 1, 4, 6]
     assert not mask[6, 2] and not mask[6, 3] and not mask[4, 3]  # siblings and cousins hidden

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from test_tree import path_to
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.sampling import sample_token
@@ -65,7 +66,7 @@ def assert_consistent(tree: DraftTree, verdict: Verdict) -> None:
     """The engine relies on: one committed KV slot per emitted token, on a root-down chain
     whose drafted tokens are the emitted ones."""
     assert len(verdict.path) == len(verdict.tokens)
-    assert verdict.path == tree.path_to(verdict.path[-1])
+    assert verdict.path == path_to(tree, verdict.path[-1])
     assert tree.tokens[verdict.path[1:]].tolist() == verdict.tokens[: len(verdict.path) - 1]
 
 
@@ -152,7 +153,7 @@ def target_logits(prefix: tuple[int, ...]) -> torch.Tensor:
 
 
 def tree_logits(tree: DraftTree) -> Callable[[int], torch.Tensor]:
-    return lambda node: target_logits(tuple(tree.tokens[tree.path_to(node)[1:]].tolist()))
+    return lambda node: target_logits(tuple(tree.tokens[path_to(tree, node)[1:]].tolist()))
 
 
 def sequential(

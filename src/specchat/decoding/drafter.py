@@ -38,7 +38,7 @@ class TreeShape:
 class GrownTree:
     tree: DraftTree
     draft_slots: torch.Tensor  # [n] draft-cache slot of each node, -1 if never run by the draft
-    steps: int  # draft forwards spent
+    steps: int  # draft forwards spent growing it from the root
 
 
 class NodeStore:
@@ -134,30 +134,35 @@ def expansion_mask(store: NodeStore, nodes: torch.Tensor, committed: int, cached
     return mask
 
 
-def grow_tree(
-    draft: CausalLM,
-    cache: DynamicCache,
-    pending: torch.Tensor,
-    start_position: int,
-    shape: TreeShape,
-    temperature: float,
-) -> GrownTree:
-    """Build the draft tree after the committed sequence.
+@dataclass(frozen=True)
+class Root:
+    """The last committed token, where a draft tree grows from, once the draft cache holds the
+    whole committed sequence."""
 
-    `pending` holds the committed tokens the draft cache lacks (at least the root, the last
-    committed token), starting at absolute position `start_position`.
-    """
-    positions = torch.arange(start_position, start_position + pending.numel())
-    hidden = draft.hidden(pending, positions, cache)
-    committed = cache_length(cache)
-    root_position = start_position + pending.numel() - 1
-    store = NodeStore(int(pending[-1]), committed - 1)
-    add_children(store, torch.tensor([0]), draft.logits(hidden[-1:]), shape, temperature)
-    steps = 1
+    token: int
+    slot: int  # its draft-cache slot: the committed sequence fills slots [0, slot]
+    position: int  # its absolute position
+    logits: torch.Tensor  # [V] the draft's next-token logits after it
+
+
+def catch_up(draft: CausalLM, cache: DynamicCache, pending: torch.Tensor, start_position: int) -> Root:
+    """Run the committed tokens the draft cache lacks, `pending` (at least the root, the last
+    committed token), from absolute position `start_position`."""
+    hidden = draft.hidden(pending, torch.arange(start_position, start_position + pending.numel()), cache)
+    position = start_position + pending.numel() - 1
+    return Root(int(pending[-1]), cache_length(cache) - 1, position, draft.logits(hidden[-1:])[0])
+
+
+def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, temperature: float) -> GrownTree:
+    """Build the draft tree from `root`, whose logits give the first level."""
+    committed = root.slot + 1
+    store = NodeStore(root.token, root.slot)
+    add_children(store, torch.tensor([0]), root.logits.unsqueeze(0), shape, temperature)
+    steps = 0
     while (nodes := pick_expansion(store, shape)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
-        hidden = draft.hidden(store.tokens[nodes], root_position + store.depths[nodes], cache, mask)
+        hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
         add_children(store, nodes, draft.logits(hidden), shape, temperature)
         steps += 1

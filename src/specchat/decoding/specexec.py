@@ -1,132 +1,31 @@
-"""The SpecExec engine: draft a top-K token tree, score it with one target pass, verify.
+"""SpecExec (Svirschevski et al. 2024): draft the K likeliest continuations as a token tree
+(Algorithm 2, drafter.py), score it with one target pass, and walk it by sampling the target at
+each node (Algorithm 1, verifier.py). The loop and cache handling are `TreeEngine`'s."""
 
-Cache invariant between iterations, for the committed sequence `seq` of length L:
-- the target cache holds exactly seq[:L-1]; the tree's root is seq[L-1], so one pass over the
-  tree yields the target distribution for position L and for every drafted continuation;
-- the draft cache holds some prefix of seq (what it computed on the accepted path); the rest
-  is fed as a chain at the start of the next tree build.
-Both are pruned to the accepted path after verification; the prefix is never recomputed.
-"""
-
-from collections.abc import Collection, Iterator
-from dataclasses import replace
-from time import perf_counter
+from collections.abc import Callable, Collection
 
 import torch
 from transformers import DynamicCache
 
-from specchat.decoding.drafter import GrownTree, TreeShape, grow_tree
-from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.drafter import GrownTree, Root, TreeShape, grow_tree
+from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.decoding.verifier import Verdict, verify
 
 
-class NodeLogits:
-    """Target logits per tree node, computed on demand.
+class SpecExecStrategy:
+    """A top-K tree (shaped by the temperature actually sampled) and Algorithm 1."""
 
-    The LM head reads its whole weight matrix whatever the row count, so on a memory-bound
-    device the rows verification will most likely visit (the draft's likeliest path) are
-    computed in one batch up front; any other node is computed when first asked for.
-    """
+    def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
+              sampling: SamplingParams) -> GrownTree:
+        return grow_tree(draft, cache, root, shape, sampling.temperature)
 
-    def __init__(self, target: CausalLM, hidden: torch.Tensor) -> None:
-        self.target = target
-        self.hidden = hidden
-        self.rows: dict[int, torch.Tensor] = {}
-
-    def compute(self, nodes: list[int]) -> None:
-        for node, row in zip(nodes, self.target.logits(self.hidden[nodes])):
-            self.rows[node] = row
-
-    def of(self, node: int) -> torch.Tensor:
-        if node not in self.rows:
-            self.compute([node])
-        return self.rows[node]
+    def walk(self, drafted: GrownTree, node_logits: Callable[[int], torch.Tensor], sampling: SamplingParams,
+             first_position: int, max_tokens: int, stop_ids: Collection[int]) -> Verdict:
+        return verify(drafted.tree, node_logits, sampling, first_position, max_tokens, stop_ids)
 
 
-class SpecExecEngine:
-    name = "specexec"
-
-    def __init__(
-        self, target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape
-    ) -> None:
-        self.target = target
-        self.draft = draft
-        self.stop_ids = frozenset(stop_ids)
-        self.shape = shape  # read at every iteration, so a live change applies from the next one
-
-    def live_settings(self) -> LiveSettings:
-        return LiveSettings(budget=self.shape.budget, depth=self.shape.max_depth)
-
-    def apply(self, settings: LiveSettings) -> None:
-        budget = settings.budget if settings.budget is not None else self.shape.budget
-        depth = settings.depth if settings.depth is not None else self.shape.max_depth
-        self.shape = replace(self.shape, budget=budget, max_depth=depth)
-
-    def generate(
-        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
-    ) -> Iterator[IterationEvent]:
-        seq = list(prompt_ids)
-        target_cache, draft_cache = new_cache(), new_cache()
-        start = perf_counter()
-        self.prefill(seq, target_cache)
-        prefill_s = perf_counter() - start
-        produced = 0
-        while produced < max_new_tokens:
-            event = self.iterate(seq, target_cache, draft_cache, sampling, max_new_tokens - produced)
-            # the prompt's target pass is charged to the first iteration
-            event = replace(event, target_s=event.target_s + prefill_s)
-            prefill_s = 0.0
-            produced += len(event.token_ids)
-            yield event
-            if event.finished:
-                return
-
-    def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
-                sampling: SamplingParams, max_tokens: int) -> IterationEvent:
-        """Draft, score and verify once; `seq` grows by the emitted tokens, both caches are
-        pruned to the accepted path."""
-        start, moved = perf_counter(), self.target.transfer_stats()
-        cached = cache_length(draft_cache)
-        grown = grow_tree(self.draft, draft_cache, torch.tensor(seq[cached:]), cached, self.shape, sampling.temperature)
-        drafted = perf_counter()
-        verdict = self.score_and_verify(grown, seq, target_cache, sampling, max_tokens)
-        verified = perf_counter()
-        self.prune_draft_cache(draft_cache, grown, verdict, len(seq))
-        seq.extend(verdict.tokens)
-        moved = self.target.transfer_stats() - moved
-        return IterationEvent(
-            token_ids=verdict.tokens, accepted=verdict.accepted,
-            tree_size=grown.tree.size, depth=grown.tree.depth,
-            draft_s=drafted - start, target_s=verified - drafted,
-            transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
-            finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
-            draft_steps=grown.steps,
-        )
-
-    def prefill(self, seq: list[int], cache) -> None:
-        """Cache every committed token but the last, which becomes the first tree root."""
-        if len(seq) > 1:
-            self.target.hidden(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
-
-    def score_and_verify(
-        self, grown: GrownTree, seq: list[int], cache, sampling: SamplingParams, max_tokens: int
-    ) -> Verdict:
-        """One target pass over the whole tree, then Algorithm 1 with lazily computed logits."""
-        tree = grown.tree
-        prefix = len(seq) - 1
-        mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
-        hidden = self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
-        logits = NodeLogits(self.target, hidden)
-        logits.compute(tree.likeliest_path())
-        verdict = verify(tree, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
-        keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
-        return verdict
-
-    @staticmethod
-    def prune_draft_cache(cache, grown: GrownTree, verdict: Verdict, committed: int) -> None:
-        """Keep the committed prefix and the draft slots of accepted nodes the draft has run."""
-        slots = grown.draft_slots[torch.tensor(verdict.path[1:], dtype=torch.long)]
-        keep = torch.cat([torch.arange(committed), slots[slots >= 0]])
-        keep_slots(cache, keep)
+def SpecExecEngine(target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape) -> TreeEngine:
+    """The SpecExec engine: a `TreeEngine` with this strategy."""
+    return TreeEngine("specexec", SpecExecStrategy(), target, draft, stop_ids, shape)

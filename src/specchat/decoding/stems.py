@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from specchat.decoding.drafter import GrownTree, NodeStore, expansion_mask
+from specchat.decoding.drafter import GrownTree, NodeStore, Root, expansion_mask
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
@@ -34,8 +34,9 @@ class StemLayout:
 
 
 @dataclass
-class Stems:
-    grown: GrownTree
+class Stems(GrownTree):
+    """The merged tree with, per node, what multi-step speculative sampling reads."""
+
     candidates: list[list[int]]  # per node: the child each stem through it sampled, stem order
     draft_logits: dict[int, torch.Tensor]  # per node run by the draft: its next-token logits [V]
 
@@ -88,27 +89,17 @@ class StemGrower:
     def stems(self, steps: int) -> Stems:
         store = self.store
         tree = DraftTree(tokens=store.tokens, parents=store.parents, depths=store.depths, logprobs=store.logprobs)
-        return Stems(GrownTree(tree, store.slots, steps), self.candidates, self.draft_logits)
+        return Stems(tree, store.slots, steps, self.candidates, self.draft_logits)
 
 
-def draft_stems(
-    draft: CausalLM,
-    cache: DynamicCache,
-    pending: torch.Tensor,
-    start_position: int,
-    layout: StemLayout,
-    sampling: SamplingParams,
-) -> Stems:
-    """Sample `layout.stems` stems of `layout.length` tokens after the committed sequence;
-    `pending` (from absolute position `start_position`) is what of that sequence the draft
-    cache lacks, its last token being the root."""
-    hidden = draft.hidden(pending, torch.arange(start_position, start_position + pending.numel()), cache)
-    committed = cache_length(cache)
-    root_position = start_position + pending.numel() - 1
-    grower = StemGrower(int(pending[-1]), committed - 1, draft.logits(hidden[-1:])[0])
+def draft_stems(draft: CausalLM, cache: DynamicCache, root: Root, layout: StemLayout,
+                sampling: SamplingParams) -> Stems:
+    """Sample `layout.stems` stems of `layout.length` tokens from `root`; the draft runs every
+    depth but the last (`steps` = length - 1 forwards)."""
+    grower = StemGrower(root.token, root.slot, root.logits)
     heads = [0] * layout.stems
     for depth in range(1, layout.length + 1):
-        nodes = grower.sample_depth(heads, root_position + depth, sampling)
+        nodes = grower.sample_depth(heads, root.position + depth, sampling)
         if depth < layout.length:
-            grower.run_draft(draft, cache, nodes, committed, root_position + depth)
-    return grower.stems(steps=layout.length)
+            grower.run_draft(draft, cache, nodes, root.slot + 1, root.position + depth)
+    return grower.stems(steps=layout.length - 1)

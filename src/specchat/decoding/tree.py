@@ -48,15 +48,6 @@ class DraftTree:
             path.append(node)
         return path
 
-    def path_to(self, node: int) -> list[int]:
-        """Node indices from the root down to `node`, inclusive."""
-        path = []
-        parents = self.parents.tolist()
-        while node >= 0:
-            path.append(node)
-            node = parents[node]
-        return path[::-1]
-
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """Ancestor-or-self matrix by walking every node up `max_depth` levels at once.

@@ -1,0 +1,157 @@
+"""The tree engines' one loop: draft a token tree, score it with one target pass, walk it, prune.
+
+A `TreeStrategy` supplies the two steps that differ between SpecExec, SpecInfer and chain SD:
+how the draft builds the tree, and how the walk down it decides which tokens to emit.
+Everything else lives here, once: the masked target pass over the tree, the lazily computed node
+logits, both caches' pruning, timing and the `IterationEvent`.
+
+Cache invariant between iterations, for the committed sequence `seq` of length L:
+- the target cache holds exactly seq[:L-1]; the tree's root is seq[L-1], so one pass over the
+  tree yields the target distribution for position L and for every drafted continuation;
+- the draft cache holds some prefix of seq (what it computed on the accepted path); the rest
+  is fed as a chain (`catch_up`) before the next tree grows from the root.
+Both are pruned to the accepted path after the walk; the prefix is never recomputed.
+"""
+
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import replace
+from time import perf_counter
+from typing import Protocol, TypeVar
+
+import torch
+from transformers import DynamicCache
+
+from specchat.decoding.drafter import GrownTree, Root, TreeShape, catch_up
+from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
+from specchat.decoding.verifier import Verdict
+
+Drafted = TypeVar("Drafted", bound=GrownTree)
+
+
+class TreeStrategy(Protocol[Drafted]):
+    """How one tree engine drafts and walks; the loop around them is `TreeEngine`'s."""
+
+    def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
+              sampling: SamplingParams) -> Drafted:
+        """A tree grown from `root` within `shape`; the draft cache holds the committed sequence
+        and gains a slot for every node the draft runs."""
+        ...
+
+    def walk(self, drafted: Drafted, node_logits: Callable[[int], torch.Tensor], sampling: SamplingParams,
+             first_position: int, max_tokens: int, stop_ids: Collection[int]) -> Verdict:
+        """Emit up to `max_tokens` tokens down the tree, the first at absolute `first_position`."""
+        ...
+
+
+class NodeLogits:
+    """Target logits per tree node, computed on demand.
+
+    The LM head reads its whole weight matrix whatever the row count, so on a memory-bound
+    device the rows the walk will most likely visit (the draft's likeliest path) are computed
+    in one batch up front; any other node is computed when first asked for.
+    """
+
+    def __init__(self, target: CausalLM, hidden: torch.Tensor) -> None:
+        self.target = target
+        self.hidden = hidden
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def compute(self, nodes: list[int]) -> None:
+        for node, row in zip(nodes, self.target.logits(self.hidden[nodes])):
+            self.rows[node] = row
+
+    def of(self, node: int) -> torch.Tensor:
+        if node not in self.rows:
+            self.compute([node])
+        return self.rows[node]
+
+
+class TreeEngine:
+    """An `Engine` that drafts a tree per target pass, as its strategy says."""
+
+    def __init__(self, name: str, strategy: TreeStrategy, target: CausalLM, draft: CausalLM,
+                 stop_ids: Collection[int], shape: TreeShape) -> None:
+        self.name = name
+        self.strategy = strategy
+        self.target = target
+        self.draft = draft
+        self.stop_ids = frozenset(stop_ids)
+        self.shape = shape  # read at every iteration, so a live change applies from the next one
+
+    def live_settings(self) -> LiveSettings:
+        return LiveSettings(budget=self.shape.budget, depth=self.shape.max_depth)
+
+    def apply(self, settings: LiveSettings) -> None:
+        budget = settings.budget if settings.budget is not None else self.shape.budget
+        depth = settings.depth if settings.depth is not None else self.shape.max_depth
+        self.shape = replace(self.shape, budget=budget, max_depth=depth)
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
+    ) -> Iterator[IterationEvent]:
+        seq = list(prompt_ids)
+        target_cache, draft_cache = new_cache(), new_cache()
+        start = perf_counter()
+        self.prefill(seq, target_cache)
+        prefill_s = perf_counter() - start
+        produced = 0
+        while produced < max_new_tokens:
+            event = self.iterate(seq, target_cache, draft_cache, sampling, max_new_tokens - produced)
+            # the prompt's target pass is charged to the first iteration
+            event = replace(event, target_s=event.target_s + prefill_s)
+            prefill_s = 0.0
+            produced += len(event.token_ids)
+            yield event
+            if event.finished:
+                return
+
+    def prefill(self, seq: list[int], cache: DynamicCache) -> None:
+        """Cache every committed token but the last, which becomes the first tree root."""
+        if len(seq) > 1:
+            self.target.hidden(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
+
+    def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
+                sampling: SamplingParams, max_tokens: int) -> IterationEvent:
+        """Draft, score and walk once; `seq` grows by the emitted tokens, both caches are
+        pruned to the accepted path."""
+        start, moved = perf_counter(), self.target.transfer_stats()
+        cached = cache_length(draft_cache)
+        root = catch_up(self.draft, draft_cache, torch.tensor(seq[cached:]), cached)
+        drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
+        drafted_at = perf_counter()
+        verdict = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
+        walked_at = perf_counter()
+        prune_draft_cache(draft_cache, drafted, verdict, len(seq))
+        seq.extend(verdict.tokens)
+        moved = self.target.transfer_stats() - moved
+        return IterationEvent(
+            token_ids=verdict.tokens, accepted=verdict.accepted,
+            tree_size=drafted.tree.size, depth=drafted.tree.depth,
+            draft_s=drafted_at - start, target_s=walked_at - drafted_at,
+            transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
+            finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
+            draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits
+        )
+
+    def score_and_walk(self, drafted: GrownTree, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
+                       max_tokens: int) -> Verdict:
+        """One target pass over the whole tree (each node sees the committed prefix and its
+        ancestors, at position prefix + depth), then the strategy's walk with lazily computed
+        logits; the target cache keeps the prefix and the walked path."""
+        tree = drafted.tree
+        prefix = len(seq) - 1
+        mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
+        logits = NodeLogits(self.target, self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask))
+        logits.compute(tree.likeliest_path())
+        verdict = self.strategy.walk(drafted, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
+        keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
+        return verdict
+
+
+def prune_draft_cache(cache: DynamicCache, grown: GrownTree, verdict: Verdict, committed: int) -> None:
+    """Keep the committed prefix and the draft slots of accepted nodes the draft has run."""
+    slots = grown.draft_slots[torch.tensor(verdict.path[1:], dtype=torch.long)]
+    keep = torch.cat([torch.arange(committed), slots[slots >= 0]])
+    keep_slots(cache, keep)

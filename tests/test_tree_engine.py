@@ -1,0 +1,102 @@
+"""The tree-engine skeleton, for each strategy: both caches hold exactly the committed sequence
+after every iteration, and each event's timing and transfer figures are its own."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from test_engines import GREEDY, PROMPT
+
+from specchat.decoding import tree_engine
+from specchat.decoding.chain_sd import ChainSDEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length, new_cache
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specinfer import SpecInferEngine
+from specchat.transfer import TransferStats
+
+FACTORIES = [SpecExecEngine, SpecInferEngine, ChainSDEngine]
+SAMPLINGS = [GREEDY, SamplingParams(1.0, 1.0, seed=5)]
+TARGET_PASS_S, DRAFT_FORWARD_S = 1000.0, 1.0
+
+
+def assert_holds(cache, model: CausalLM, tokens: list[int]) -> None:
+    """`cache` holds the keys and values of `tokens` run in order from position 0."""
+    fresh = new_cache()
+    model.hidden(torch.tensor(tokens), torch.arange(len(tokens)), fresh)
+    assert cache_length(cache) == len(tokens)
+    for layer, expected in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(layer.keys, expected.keys, atol=1e-10, rtol=0)
+        torch.testing.assert_close(layer.values, expected.values, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("make", FACTORIES)
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_both_caches_hold_the_committed_sequence_after_every_iteration(tiny_target, tiny_draft, make, sampling):
+    engine = make(tiny_target, tiny_draft, [], TreeShape(budget=12, max_depth=5))
+    seq, target_cache, draft_cache = list(PROMPT), new_cache(), new_cache()
+    engine.prefill(seq, target_cache)
+    for _ in range(8):
+        committed = len(seq)
+        engine.iterate(seq, target_cache, draft_cache, sampling, max_tokens=100)
+        assert len(seq) > committed
+        assert_holds(target_cache, tiny_target, seq[:-1])  # all but the next root
+        drafted = cache_length(draft_cache)  # the prefix kept, plus accepted nodes the draft ran
+        assert committed <= drafted <= len(seq) - 1
+        assert_holds(draft_cache, tiny_draft, seq[:drafted])
+
+
+class Clock:
+    """A perf_counter that only the models' forwards move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TokenStream:
+    """A weight stream that counts one byte per token run."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def stats(self) -> TransferStats:
+        return TransferStats(bytes=self.tokens)
+
+
+@dataclass
+class Metered(CausalLM):
+    """A model whose every forward costs `cost` seconds on `clock`."""
+
+    clock: Clock | None = None
+    cost: float = 0.0
+
+    def hidden(self, tokens, positions, cache, mask=None):
+        self.clock.now += self.cost
+        if self.stream is not None:
+            self.stream.tokens += tokens.numel()
+        return super().hidden(tokens, positions, cache, mask)
+
+
+@pytest.mark.parametrize("make", FACTORIES)
+@pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:1]])
+def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draft, monkeypatch, make, prompt):
+    """Draft time is the draft's forwards (draft_steps of them), target time the one pass over
+    the tree, plus the prompt's pass (none for a one-token prompt) on the first event only;
+    the streamed bytes are those of the tree pass."""
+    clock = Clock()
+    monkeypatch.setattr(tree_engine, "perf_counter", clock)
+    target = Metered(tiny_target.model, TokenStream(), clock, TARGET_PASS_S)
+    draft = Metered(tiny_draft.model, None, clock, DRAFT_FORWARD_S)
+    events = list(make(target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1]))
+    prefill_passes = 1 if len(prompt) > 1 else 0
+    assert len(events) > 3
+    for index, event in enumerate(events):
+        assert event.draft_s == event.draft_steps * DRAFT_FORWARD_S
+        assert event.target_s == TARGET_PASS_S * (1 + (prefill_passes if index == 0 else 0))
+        assert event.transfer_bytes >= event.tree_size + 1
+    assert all(event.transfer_bytes == event.tree_size + 1 for event in events[1:])  # root + drafted nodes
