@@ -90,8 +90,8 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     the streamed bytes are those of the tree pass."""
     clock = Clock()
     monkeypatch.setattr(tree_engine, "perf_counter", clock)
-    target = Metered(tiny_target.model, TokenStream(), clock, TARGET_PASS_S)
-    draft = Metered(tiny_draft.model, None, clock, DRAFT_FORWARD_S)
+    target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
+    draft = Metered(tiny_draft.model, None, clock=clock, cost=DRAFT_FORWARD_S)
     events = list(make(target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1]))
     prefill_passes = 1 if len(prompt) > 1 else 0
     assert len(events) > 3

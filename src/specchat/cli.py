@@ -12,7 +12,7 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.cli_options import (BudgetOpt, DraftOpt, DraftQuantOpt, DtypeOpt, LookaheadOpt, OffloadDirOpt, OffloadOpt,
+from specchat.cli_options import (BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt, OffloadDirOpt, OffloadOpt,
                                   RayOpt, ResidentOpt, TargetOpt, TemperatureOpt, TopPOpt, WorkersOpt, check_sampling)
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.doctor.advice import advise
@@ -56,7 +56,8 @@ def generate(
     offload: OffloadOpt = "none",
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
-    draft_quant: DraftQuantOpt = "none",
+    draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
+    draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
     lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
     workers: WorkersOpt = None,
     ray_address: RayOpt = None,
@@ -70,6 +71,7 @@ def generate(
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        draft_vocab=draft_vocab,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     models = load_models(options)
@@ -127,7 +129,8 @@ def run(
     offload: OffloadOpt = "none",
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
-    draft_quant: DraftQuantOpt = "none",
+    draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
+    draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
     engine: str = typer.Option("specexec", help=" | ".join(ENGINES) + " (/engine switches among those over the same models)"),
     budget: BudgetOpt = None,
     lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
@@ -149,6 +152,7 @@ def run(
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=budget, dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        draft_vocab=draft_vocab,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     validate(options)

@@ -21,7 +21,10 @@ OffloadDirOpt = Annotated[str | None, typer.Option(
     help="Directory of the disk tier's layer file (default: the user cache dir).")]
 ResidentOpt = Annotated[int | None, typer.Option(
     help="Decoder layers kept on the device when offloading (default: as many as free memory allows).")]
-DraftQuantOpt = Annotated[str, typer.Option(help="none | nf4 (the draft in 4-bit through bitsandbytes; CUDA only).")]
+DraftQuantOpt = Annotated[str, typer.Option(
+    help="auto | none | int8 | nf4: the draft's weights (auto: int8 on a CPU; nf4: bitsandbytes, CUDA only).")]
+DraftVocabOpt = Annotated[int, typer.Option(
+    help="Tokens the draft's LM head scores, the most frequent first (0: the whole vocabulary).")]
 LookaheadOpt = Annotated[int, typer.Option(help="dsi: drafts k per verification job.")]
 WorkersOpt = Annotated[str | None, typer.Option(
     help="dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device).")]

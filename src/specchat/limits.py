@@ -47,6 +47,7 @@ DEFAULT_SEED = 0
 DEFAULT_MAX_DEPTH = 24
 DEFAULT_LOOKAHEAD = 5
 DEFAULT_DTYPE = "bfloat16"
+DEFAULT_DRAFT_VOCAB = 32768  # tokens the draft's LM head scores (FR-Spec); 0 = all
 
 
 def default_budget(cuda: bool, offloaded: bool) -> int:

@@ -20,9 +20,10 @@ from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
-from specchat.limits import (BUDGET, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH, LOOKAHEAD,
-                             default_budget)
+from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH,
+                             LOOKAHEAD, default_budget)
 from specchat.models.compat import check_tokenizers_compatible
+from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -34,7 +35,7 @@ ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 OFFLOAD_TIERS = ("none", "ram", "disk")
-DRAFT_QUANTS = ("none", "nf4")
+DRAFT_QUANTS = ("auto", "none", "int8", "nf4")
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class EngineOptions:
     offload: str = "none"  # where the target's decoder layers live: none (on the device), ram, disk
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
-    draft_quant: str = "none"  # nf4: the draft in 4-bit through bitsandbytes (CUDA only)
+    draft_quant: str = "auto"  # auto: int8 on a CPU, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
     ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
@@ -123,6 +125,8 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:
         raise SpecchatError(f"unknown draft quantization '{options.draft_quant}': choose one of {', '.join(DRAFT_QUANTS)}")
+    if options.draft_vocab < 0:
+        raise SpecchatError(f"--draft-vocab must be >= 0, 0 for the whole vocabulary (got {options.draft_vocab})")
     validate_dsi(options)
     resolve(options.target)
     if options.engine in DRAFTED_ENGINES:
@@ -210,7 +214,22 @@ def load_draft(options: EngineOptions, device: torch.device, dtype: torch.dtype,
     if quantization is None:
         reporter.step(f"moving {draft.name} to {device.type}")
         draft.model.to(device)
-    return CausalLM(draft.model)
+    int8 = resolve_draft_quant(options.draft_quant, device) == "int8"
+    reporter.step(f"preparing the draft ({draft_description(int8, options.draft_vocab)})")
+    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, options.draft_vocab or None,
+                             stop_token_ids(draft.model, draft.tokenizer))
+
+
+def resolve_draft_quant(kind: str, device: torch.device) -> str:
+    """`auto` is int8 on a CPU (its kernel is CPU-only) and no quantization elsewhere."""
+    if kind != "auto":
+        return kind
+    return "int8" if device.type == "cpu" else "none"
+
+
+def draft_description(int8: bool, vocab: int) -> str:
+    weights = "int8 weights" if int8 else "full weights"
+    return f"{weights}, {'whole vocabulary' if not vocab else f'{vocab}-token head'}"
 
 
 def live_settings_of(options: EngineOptions) -> LiveSettings:

@@ -70,20 +70,14 @@ def rank(logprobs: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
     return by_depth[by_logprob]
 
 
-def child_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Draft next-token log-probs; the tree is shaped by the distribution actually sampled."""
-    scale = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits.float() / scale, dim=-1)
-
-
-def add_children(
-    store: NodeStore, parents: torch.Tensor, logits: torch.Tensor, shape: TreeShape, temperature: float
-) -> None:
-    """Offer each parent's best children and keep the `budget` best nodes overall."""
-    top = child_logprobs(logits, temperature).topk(min(shape.max_children, logits.shape[-1]), dim=-1)
-    cand_logprobs = (store.logprobs[parents].unsqueeze(1) + top.values).flatten()
-    cand_tokens = top.indices.flatten()
-    cand_parents = parents.repeat_interleave(top.indices.shape[1])
+def add_children(store: NodeStore, parents: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor],
+                 shape: TreeShape) -> None:
+    """Offer each parent's best children, `top` = (their log-probs, their tokens) [b, k] under
+    the (temperature-scaled) distribution actually sampled, and keep the `budget` best nodes."""
+    values, tokens = top
+    cand_logprobs = (store.logprobs[parents].unsqueeze(1) + values).flatten()
+    cand_tokens = tokens.flatten()
+    cand_parents = parents.repeat_interleave(tokens.shape[1])
     cand_depths = store.depths[cand_parents] + 1
     finite = torch.isfinite(cand_logprobs)
     cand_logprobs, cand_tokens = cand_logprobs[finite], cand_tokens[finite]
@@ -142,7 +136,7 @@ class Root:
     token: int
     slot: int  # its draft-cache slot: the committed sequence fills slots [0, slot]
     position: int  # its absolute position
-    logits: torch.Tensor  # [V] the draft's next-token logits after it
+    hidden: torch.Tensor  # [1, H] the draft's final hidden state at it (its LM head gives the first level)
 
 
 def catch_up(draft: CausalLM, cache: DynamicCache, pending: torch.Tensor, start_position: int) -> Root:
@@ -150,21 +144,21 @@ def catch_up(draft: CausalLM, cache: DynamicCache, pending: torch.Tensor, start_
     committed token), from absolute position `start_position`."""
     hidden = draft.hidden(pending, torch.arange(start_position, start_position + pending.numel()), cache)
     position = start_position + pending.numel() - 1
-    return Root(int(pending[-1]), cache_length(cache) - 1, position, draft.logits(hidden[-1:])[0])
+    return Root(int(pending[-1]), cache_length(cache) - 1, position, hidden[-1:])
 
 
 def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, temperature: float) -> GrownTree:
-    """Build the draft tree from `root`, whose logits give the first level."""
+    """Build the draft tree from `root`, whose hidden state gives the first level."""
     committed = root.slot + 1
     store = NodeStore(root.token, root.slot)
-    add_children(store, torch.tensor([0]), root.logits.unsqueeze(0), shape, temperature)
+    add_children(store, torch.tensor([0]), draft.top_logprobs(root.hidden, shape.max_children, temperature), shape)
     steps = 0
     while (nodes := pick_expansion(store, shape)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
         hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
-        add_children(store, nodes, draft.logits(hidden), shape, temperature)
+        add_children(store, nodes, draft.top_logprobs(hidden, shape.max_children, temperature), shape)
         steps += 1
     return assemble(store, steps)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specchat.transfer import TransferStats
@@ -27,6 +28,10 @@ class CausalLM:
 
     model: PreTrainedModel
     stream: WeightStream | None = None  # set when the decoder layers are streamed (offload)
+    # A draft may score only a sub-vocabulary (FR-Spec): `vocab` holds the token ids its
+    # `head` [len(vocab) rows] scores; every other token gets probability 0.
+    vocab: torch.Tensor | None = None
+    head: nn.Module | None = None
 
     def transfer_stats(self) -> TransferStats:
         """Cumulative bytes and seconds of weight streaming (zero for a model in memory)."""
@@ -66,8 +71,24 @@ class CausalLM:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head on hidden rows [m, H] -> float32 logits [m, V]."""
-        return self.model.get_output_embeddings()(hidden).float()
+        """LM head on hidden rows [m, H] -> float32 logits [m, V] (-inf outside `vocab`)."""
+        if self.vocab is None:
+            return self.model.get_output_embeddings()(hidden).float()
+        full = torch.full((hidden.shape[0], self.model.config.vocab_size), -torch.inf, device=hidden.device)
+        full[:, self.vocab.to(hidden.device)] = self.head(hidden).float()
+        return full
+
+    @torch.inference_mode()
+    def top_logprobs(self, hidden: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k likeliest next tokens per row of `hidden` [m, H]: (log-probs [m, k], token ids
+        [m, k]) under the temperature-scaled distribution (scale 1 at temperature 0), scoring
+        only `vocab` when set."""
+        scale = temperature if temperature > 0 else 1.0
+        head = self.head if self.vocab is not None else self.model.get_output_embeddings()
+        logprobs = torch.log_softmax(head(hidden).float() / scale, dim=-1)
+        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        ids = self.vocab.to(hidden.device)[top.indices] if self.vocab is not None else top.indices
+        return top.values.cpu(), ids.cpu()
 
 
 def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -96,7 +96,7 @@ def draft_stems(draft: CausalLM, cache: DynamicCache, root: Root, layout: StemLa
                 sampling: SamplingParams) -> Stems:
     """Sample `layout.stems` stems of `layout.length` tokens from `root`; the draft runs every
     depth but the last (`steps` = length - 1 forwards)."""
-    grower = StemGrower(root.token, root.slot, root.logits)
+    grower = StemGrower(root.token, root.slot, draft.logits(root.hidden)[0])
     heads = [0] * layout.stems
     for depth in range(1, layout.length + 1):
         nodes = grower.sample_depth(heads, root.position + depth, sampling)

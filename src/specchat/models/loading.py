@@ -35,6 +35,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     name: str
     source: ModelSource
+    directory: Path  # where its files are (the converted copy for an embedded model or a .gguf)
 
 
 def resolve(spec: str) -> ModelSource:
@@ -75,7 +76,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     if gguf_file is None and is_gptq(directory):
         # transformers would need optimum and a GPTQ kernel library; our own loader needs neither.
         model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter)
-        return LoadedModel(model, tokenizer, source.name, source)
+        return LoadedModel(model, tokenizer, source.name, source, directory)
     quantized = {} if quantization is None else {"quantization_config": quantization, "device_map": {"": device}}
     with transformers_bars(reporter, lambda desc: f"loading {source.name} weights"):
         model = AutoModelForCausalLM.from_pretrained(
@@ -84,7 +85,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     model.eval()
     model.requires_grad_(False)
     own_aligned_weights(model)
-    return LoadedModel(model, tokenizer, source.name, source)
+    return LoadedModel(model, tokenizer, source.name, source, directory)
 
 
 def load_tokenizer(spec: str, progress: bool = True, report: Report | None = None) -> PreTrainedTokenizerBase:
@@ -120,7 +121,7 @@ def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: Of
         )
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model, offload = offload_model(directory, source.name, dtype, device, plan, reporter)
-    return LoadedModel(model, tokenizer, source.name, source), offload
+    return LoadedModel(model, tokenizer, source.name, source, directory), offload
 
 
 def is_gptq(directory: Path) -> bool:

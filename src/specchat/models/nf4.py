@@ -9,7 +9,7 @@ from specchat.errors import SpecchatError
 
 def draft_quantization(kind: str, device: torch.device, dtype: torch.dtype) -> object | None:
     """The transformers quantization config for `kind`, or None for an unquantized draft."""
-    if kind == "none":
+    if kind != "nf4":  # none, or quantized by specchat itself after loading (int8, auto)
         return None
     if device.type != "cuda":
         raise SpecchatError("--draft-quant nf4 needs a CUDA device (bitsandbytes 4-bit kernels); this machine has none")

@@ -1,0 +1,52 @@
+"""The draft's approximations. SpecExec's verification reads only the target's distributions, so
+the draft may be approximated freely: a worse draft grows a worse tree (fewer tokens accepted),
+never a different output.
+
+- int8: every linear of the decoder layers and the LM head in weight-only int8
+  (quant/int8.py), on a CPU, where it reads a quarter of fp32's bytes and multiplies faster
+  than bf16 does without bf16 hardware.
+- sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
+  (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
+  vocab / vocab_size. The draft can then never propose a rarer token.
+"""
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specchat.decoding.forward import CausalLM
+from specchat.models.vocab_rank import head_vocab, vocab_ranking
+from specchat.quant.int8 import Int8Linear, quantize_linears
+
+
+def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, int8: bool,
+                      vocab_size: int | None, stop_ids: frozenset[int]) -> CausalLM:
+    """`model` as a draft: its decoder linears in int8 if `int8`, its head restricted to the
+    `vocab_size` most frequent tokens and the stop tokens unless `vocab_size` is None or covers
+    the whole vocabulary. The ranking is read from (or stored once in) `directory`."""
+    if int8:
+        quantize_linears(model.get_decoder())
+    full = model.config.vocab_size
+    if vocab_size is None or vocab_size >= full:
+        if int8:
+            model.set_output_embeddings(untied_int8_head(model))
+        return CausalLM(model)
+    vocab = head_vocab(vocab_ranking(directory, tokenizer, full), vocab_size, sorted(stop_ids))
+    return CausalLM(model, vocab=vocab, head=sub_head(model, vocab, int8))
+
+
+def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool) -> nn.Module:
+    """The LM head's rows for `vocab` (a copy: the embedding it may be tied to stays whole)."""
+    weight = model.get_output_embeddings().weight.detach()
+    rows = weight[vocab.to(weight.device)].clone()
+    if int8:
+        return Int8Linear(rows, None)
+    head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    head.weight.data = rows
+    return head.requires_grad_(False)
+
+
+def untied_int8_head(model: PreTrainedModel) -> nn.Module:
+    return Int8Linear(model.get_output_embeddings().weight.detach(), None)

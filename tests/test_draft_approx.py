@@ -1,0 +1,116 @@
+"""The draft's approximations (int8 weights, a frequency-ranked sub-vocabulary head): what they
+compute, and that decoding through an approximated - or deliberately wrong - draft still emits
+exactly the target's tokens."""
+
+import json
+
+import pytest
+import torch
+from conftest import build_tiny, perturbed
+from test_engines import run
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.models.draft_approx import approximate_draft
+from specchat.models.vocab_rank import RANK_FILE, corpus_texts, head_vocab, rank_tokens, vocab_ranking
+from specchat.quant.int8 import Int8Linear, quantize_linears
+
+GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
+
+
+class CharTokenizer:
+    """One token per character (its code point modulo 50), like the tiny models' vocabulary."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(char) % 50 for char in text]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_int8_linear_is_within_half_a_step_per_weight(dtype):
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(24, 40), torch.randn(24), torch.randn(3, 5, 40)
+    layer = Int8Linear(weight.to(dtype), bias.to(dtype))
+    assert layer.weight.dtype == torch.int8
+    assert (layer.dequantized().float() - weight).abs().max() <= layer.scales.float().max() / 2 + 1e-2
+    exact = x @ layer.dequantized().float().t() + bias
+    out = layer(x.to(dtype)).float()
+    assert out.shape == (3, 5, 24)
+    assert torch.allclose(out, exact, rtol=0.02, atol=0.05)
+
+
+def test_quantize_linears_replaces_every_decoder_linear(tiny_target):
+    model = perturbed(tiny_target, 0.0, seed=3).model
+    count = quantize_linears(model.get_decoder())
+    assert count == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.get_decoder().modules())
+
+
+def test_rank_puts_frequent_tokens_first_and_unseen_ones_in_id_order():
+    ranking = rank_tokens(CharTokenizer(), ["ccc", "bb", "c"], vocab_size=50)
+    assert ranking[:2] == [ord("c") % 50, ord("b") % 50]
+    assert sorted(ranking) == list(range(50))
+    rest = ranking[2:]
+    assert rest == sorted(rest)
+
+
+def test_the_ranking_is_stored_once_beside_the_model(tmp_path):
+    ranking = vocab_ranking(tmp_path, CharTokenizer(), vocab_size=50)
+    assert json.loads((tmp_path / RANK_FILE).read_text()) == ranking
+    (tmp_path / RANK_FILE).write_text(json.dumps(list(reversed(ranking))))
+    assert vocab_ranking(tmp_path, CharTokenizer(), vocab_size=50) == list(reversed(ranking))
+
+
+def test_the_corpus_is_the_standard_library():
+    texts = corpus_texts(limit_bytes=50_000)
+    assert texts and sum(map(len, texts)) >= 50_000 and any("def " in text for text in texts)
+
+
+def test_head_vocab_keeps_the_stop_tokens():
+    assert head_vocab(list(range(10)), 3, always=[9]).tolist() == [0, 1, 2, 9]
+
+
+def approximated(seed: int, tmp_path, vocab_size: int | None, int8: bool) -> CausalLM:
+    draft = perturbed(build_tiny(0), 0.3, seed=seed)
+    return approximate_draft(draft.model, CharTokenizer(), tmp_path, int8, vocab_size, frozenset({49}))
+
+
+def test_a_sub_vocabulary_head_scores_only_its_tokens(tmp_path):
+    draft = approximated(1, tmp_path, vocab_size=20, int8=True)
+    hidden = torch.randn(4, 32, dtype=torch.float64)
+    logits = draft.logits(hidden)
+    allowed = torch.zeros(50, dtype=torch.bool)
+    allowed[draft.vocab] = True
+    assert torch.isinf(logits[:, ~allowed]).all() and torch.isfinite(logits[:, allowed]).all()
+    values, tokens = draft.top_logprobs(hidden, k=5, temperature=0.7)
+    assert allowed[tokens].all() and torch.all(values[:, :-1] >= values[:, 1:])
+    assert torch.allclose(values.exp().sum(-1), torch.log_softmax(logits / 0.7, -1).topk(5).values.exp().sum(-1))
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("vocab_size, int8", [(20, True), (None, True), (10, False)])
+def test_specexec_over_an_approximated_draft_emits_the_target_tokens(tiny_target, tmp_path, sampling, vocab_size, int8):
+    draft = approximated(1, tmp_path, vocab_size, int8)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    engine = SpecExecEngine(tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
+    assert run(engine, sampling)[0] == reference
+
+
+class RandomDraft(CausalLM):
+    """A deliberately wrong draft: its logits are noise, unrelated to anything it ran."""
+
+    def logits(self, hidden):
+        return torch.randn(hidden.shape[0], self.model.config.vocab_size)
+
+    def top_logprobs(self, hidden, k, temperature):
+        return torch.log_softmax(self.logits(hidden), -1).topk(k, dim=-1)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_draft_with_random_logits_still_gives_exact_output(tiny_target, tiny_draft, sampling):
+    torch.manual_seed(5)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    engine = SpecExecEngine(tiny_target, RandomDraft(tiny_draft.model), [], TreeShape(budget=12, max_depth=6))
+    assert run(engine, sampling)[0] == reference
