@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"decoding", "offload"},  # siblings: neither imports the other
     {"models"},  # may import offload and quant
     {"dsi"},
-    {"runtime"},
+    {"runtime", "probe_cache"},
     {"summary", "tui", "bench", "simulate", "doctor", "cli", "cli_options", "__main__"},  # front ends
 ]
 SIBLINGS = [("decoding", "offload")]  # rooms of one layer that must not import each other

@@ -12,8 +12,9 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.cli_options import (BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt, OffloadDirOpt, OffloadOpt,
-                                  RayOpt, ResidentOpt, TargetOpt, TemperatureOpt, TopPOpt, WorkersOpt, check_sampling)
+from specchat.cli_options import (BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
+                                  OffloadDirOpt, OffloadOpt, RayOpt, ResidentOpt, TargetOpt, TemperatureOpt, TopPOpt,
+                                  WorkersOpt, check_sampling, parse_budget)
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import default_offload_dir, gather
@@ -69,7 +70,7 @@ def generate(
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
     options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=budget, max_depth=max_depth, dtype=dtype,
+        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
         draft_vocab=draft_vocab,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
@@ -150,7 +151,7 @@ def run(
 
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=budget, dtype=dtype,
+        target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
         draft_vocab=draft_vocab,
         lookahead=lookahead, workers=workers, ray_address=ray_address,

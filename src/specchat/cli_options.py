@@ -5,13 +5,15 @@ from typing import Annotated
 
 import typer
 
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import AUTO, SamplingParams
 from specchat.errors import SpecchatError
 from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
 DraftOpt = Annotated[str, typer.Option(help="Draft model: alias, hub id, directory or .gguf.")]
-BudgetOpt = Annotated[int | None, typer.Option(help="Draft tree size K (default: suited to the device).")]
+BudgetOpt = Annotated[str | None, typer.Option(
+    help="Draft tree size K, or auto: sized every iteration from the tree's predicted acceptance and "
+         "measured costs (specexec) (default: suited to the device).")]
 TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top_p.")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
@@ -30,6 +32,16 @@ WorkersOpt = Annotated[str | None, typer.Option(
     help="dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device).")]
 RayOpt = Annotated[str | None, typer.Option(
     help="dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray]).")]
+
+
+def parse_budget(text: str | None) -> int | str | None:
+    """--budget: a tree size, `auto`, or None (the device's default)."""
+    if text is None or text == AUTO:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecchatError(f"--budget takes a tree size or 'auto' (got '{text}')") from None
 
 
 def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> SamplingParams:

@@ -61,3 +61,11 @@ def default_budget(cuda: bool, offloaded: bool) -> int:
     if offloaded:
         return 1024 if cuda else 256
     return 256 if cuda else 16
+
+
+def auto_cap(cuda: bool, offloaded: bool) -> int:
+    """The largest tree --budget auto may choose: a bound on one target pass's size (and so its
+    memory), well past where the measured costs stop a tree from growing."""
+    if offloaded:
+        return 2048 if cuda else 1024
+    return 1024 if cuda else 128

@@ -1,7 +1,7 @@
 """User-facing options -> the loaded models (one `Models` bundle) -> engines over them."""
 
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -10,7 +10,9 @@ from transformers import PreTrainedTokenizerBase
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
-from specchat.decoding.events import Engine, LiveSettings
+from specchat.decoding.autosize import AutoSizer, Costs
+from specchat.decoding.events import AUTO, Engine, LiveSettings
+from specchat.decoding.probe import probe_costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
@@ -21,14 +23,14 @@ from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH,
-                             LOOKAHEAD, default_budget)
-from specchat.models.compat import check_tokenizers_compatible
-from specchat.models.draft_approx import approximate_draft
+                             LOOKAHEAD, auto_cap, default_budget)
+from specchat.models.draft import load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.offload.build import Offload, OffloadPlan
 from specchat.paths import cache_dir
+from specchat.probe_cache import probe_path, read_costs, write_costs
 from specchat.progress import Report, Reporter
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
@@ -43,7 +45,7 @@ class EngineOptions:
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
     engine: str = "specexec"
-    budget: int | None = None  # None: suited to the device
+    budget: int | str | None = None  # K, or AUTO (sized per iteration); None: suited to the device
     max_depth: int = DEFAULT_MAX_DEPTH
     dtype: str = DEFAULT_DTYPE
     offload: str = "none"  # where the target's decoder layers live: none (on the device), ram, disk
@@ -69,6 +71,8 @@ class Models:
     draft: CausalLM | None = None  # None when no engine to run drafts
     offload: Offload | None = None
     workers: WorkerPool | None = None  # dsi's target workers
+    identity: dict = field(default_factory=dict)  # what was loaded and how: the cost probe's key
+    costs: Costs | None = None  # --budget auto's measured costs, once probed
 
     def engine_names(self) -> tuple[str, ...]:
         """The engines these models can run."""
@@ -87,11 +91,31 @@ class Models:
         if name == "dsi":
             lookahead = settings.lookahead if settings.lookahead is not None else DEFAULT_LOOKAHEAD
             return DSIEngine(self.draft, self.workers, self.stop_ids, lookahead)
-        budget = settings.budget
-        if budget is None:
-            budget = default_budget(cuda=self.device.type == "cuda", offloaded=self.offload is not None)
+        cuda, offloaded = self.device.type == "cuda", self.offload is not None
+        budget = settings.budget if settings.budget is not None else default_budget(cuda, offloaded)
         depth = settings.depth if settings.depth is not None else DEFAULT_MAX_DEPTH
-        return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
+        if name != "specexec":
+            if budget == AUTO:
+                raise SpecchatError(f"--budget auto is for the specexec engine, not {name}")
+            return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
+        sizer = self.sizer() if budget == AUTO or self.costs is not None else None
+        shape = TreeShape(budget=sizer.cap, max_depth=depth, sizer=sizer) if budget == AUTO else \
+            TreeShape(budget=budget, max_depth=depth)
+        return SpecExecEngine(self.target, self.draft, self.stop_ids, shape, sizer)
+
+    def sizer(self) -> AutoSizer:
+        """A fresh --budget auto sizer over this pair's costs, probed on first use (and kept in
+        the user cache for the next run on this machine)."""
+        if self.costs is None:
+            path = probe_path(self.device, self.identity)
+            self.costs = read_costs(path)
+            if self.costs is None:
+                self.costs = probe_costs(self.target, self.draft, self.auto_cap())
+                write_costs(path, self.costs)
+        return AutoSizer(self.costs, self.auto_cap())
+
+    def auto_cap(self) -> int:
+        return auto_cap(cuda=self.device.type == "cuda", offloaded=self.offload is not None)
 
     def close(self) -> None:
         """Stop the weight streamer's loader thread and close the layer file; stop DSI's workers."""
@@ -114,8 +138,10 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"unknown engine '{options.engine}': choose one of {', '.join(ENGINES)}")
     if options.dtype not in DTYPES:
         raise SpecchatError(f"unknown dtype '{options.dtype}': choose one of {', '.join(DTYPES)}")
-    if options.budget is not None:
+    if options.budget is not None and options.budget != AUTO:
         BUDGET.check("--budget", options.budget)
+    if options.budget == AUTO and options.engine in ("sd", "specinfer"):
+        raise SpecchatError(f"--budget auto is for the specexec engine, not {options.engine}")
     DEPTH.check("--max-depth", options.max_depth)
     if options.offload not in OFFLOAD_TIERS:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
@@ -169,12 +195,25 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         models = load_local_models(options, device, dtype, with_workers="dsi" in names, reporter=reporter)
     try:
         if drafted:
-            models.draft = load_draft(options, device, dtype, quantization, models.tokenizer, reporter)
+            models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
+                                      int8=resolve_draft_quant(options.draft_quant, device) == "int8",
+                                      vocab_size=options.draft_vocab or None)
+        models.identity = identity(options, device)
+        if options.budget == AUTO and "specexec" in names:
+            reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
+            models.sizer()
     except BaseException:
         models.close()
         raise
     reporter.step("ready", 1.0)
     return models
+
+
+def identity(options: EngineOptions, device: torch.device) -> dict:
+    """What decides the models' costs: the key of the cost probe's cache."""
+    return {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
+            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
+            "draft_quant": resolve_draft_quant(options.draft_quant, device)}
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
@@ -205,31 +244,6 @@ def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.d
                             reporter)
     return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
                   context_tokens=workers.context_tokens, target=None, workers=workers.pool)
-
-
-def load_draft(options: EngineOptions, device: torch.device, dtype: torch.dtype, quantization: object | None,
-               target_tokenizer: PreTrainedTokenizerBase, reporter: Reporter) -> CausalLM:
-    draft = load(options.draft, dtype, reporter.bars, reporter.report, quantization=quantization, device=device)
-    check_tokenizers_compatible(draft.tokenizer, target_tokenizer)
-    if quantization is None:
-        reporter.step(f"moving {draft.name} to {device.type}")
-        draft.model.to(device)
-    int8 = resolve_draft_quant(options.draft_quant, device) == "int8"
-    reporter.step(f"preparing the draft ({draft_description(int8, options.draft_vocab)})")
-    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, options.draft_vocab or None,
-                             stop_token_ids(draft.model, draft.tokenizer))
-
-
-def resolve_draft_quant(kind: str, device: torch.device) -> str:
-    """`auto` is int8 on a CPU (its kernel is CPU-only) and no quantization elsewhere."""
-    if kind != "auto":
-        return kind
-    return "int8" if device.type == "cpu" else "none"
-
-
-def draft_description(int8: bool, vocab: int) -> str:
-    weights = "int8 weights" if int8 else "full weights"
-    return f"{weights}, {'whole vocabulary' if not vocab else f'{vocab}-token head'}"
 
 
 def live_settings_of(options: EngineOptions) -> LiveSettings:

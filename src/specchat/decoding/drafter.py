@@ -10,11 +10,12 @@ its children could only score lower. The result is exactly the `budget` best pre
 `max_children` best children.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import DynamicCache
 
+from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.tree import DraftTree
@@ -28,9 +29,12 @@ class TreeShape:
     max_depth: int = 24  # D: deepest node, counted from the root
     batch: int | None = None  # B: nodes expanded per draft forward; None = max(16, K // 4)
     max_children: int = 16  # children taken from one expansion
+    sizer: AutoSizer | None = None  # --budget auto: it sizes steps and cuts the tree; budget caps it
 
     @property
     def expansion_batch(self) -> int:
+        if self.sizer is not None:  # the sizer picks each step's width among all open nodes
+            return self.budget
         return self.batch if self.batch is not None else max(16, self.budget // 4)
 
 
@@ -39,6 +43,7 @@ class GrownTree:
     tree: DraftTree
     draft_slots: torch.Tensor  # [n] draft-cache slot of each node, -1 if never run by the draft
     steps: int  # draft forwards spent growing it from the root
+    predicted: float = 0.0  # --budget auto: accepted tokens predicted by the draft (uncalibrated)
 
 
 class NodeStore:
@@ -152,15 +157,38 @@ def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape
     committed = root.slot + 1
     store = NodeStore(root.token, root.slot)
     add_children(store, torch.tensor([0]), draft.top_logprobs(root.hidden, shape.max_children, temperature), shape)
-    steps = 0
-    while (nodes := pick_expansion(store, shape)).numel() > 0:
+    steps, spent = 0, shape.sizer.costs.draft(1) if shape.sizer else 0.0  # the root's step
+    while (nodes := next_expansion(store, shape, spent)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
         hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
         add_children(store, nodes, draft.top_logprobs(hidden, shape.max_children, temperature), shape)
         steps += 1
-    return assemble(store, steps)
+        if shape.sizer:
+            spent += shape.sizer.costs.draft(nodes.numel())
+            record_branching(shape.sizer, store, nodes)
+    if shape.sizer is None:
+        return assemble(store, steps)
+    cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
+    store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
+    return replace(assemble(store, steps), predicted=cut.predicted)
+
+
+def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> torch.Tensor:
+    """The nodes the next draft step expands: a fixed batch, or as many as the sizer finds pay."""
+    nodes = pick_expansion(store, shape)
+    if shape.sizer is None or nodes.numel() == 0:
+        return nodes
+    kept = store.logprobs[store.kept].exp().sort(descending=True).values
+    return nodes[: shape.sizer.step_width(store.logprobs[nodes].exp(), kept, spent)]
+
+
+def record_branching(sizer: AutoSizer, store: NodeStore, parents: torch.Tensor) -> None:
+    """How much of the expanded parents' probability mass their kept children carry."""
+    kept_children = store.kept[torch.isin(store.parents[store.kept], parents)]
+    sizer.calibration.record_expansion(float(store.logprobs[parents].exp().sum()),
+                                       float(store.logprobs[kept_children].exp().sum()))
 
 
 def assemble(store: NodeStore, steps: int) -> GrownTree:

@@ -36,6 +36,10 @@ class IterationEvent:
     jobs_in_flight: int = 0
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
+    predicted_accepted: float = 0.0  # --budget auto: accepted tokens the tree predicted (calibrated)
+
+
+AUTO = "auto"  # a budget chosen per iteration by the tree's predicted acceptance and measured costs
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class LiveSettings:
     """Settings an engine reads while it decodes, so a change applies from its next iteration
     (or next dsi job). None marks a setting the engine does not honour."""
 
-    budget: int | None = None  # K: draft tree size (tree engines)
+    budget: int | str | None = None  # K: draft tree size (tree engines), or AUTO
     depth: int | None = None  # D: deepest draft tree node (tree engines)
     lookahead: int | None = None  # dsi: drafts per verification job
     workers: int | None = None  # dsi: target workers (shown, never changed live)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection
 import torch
 from transformers import DynamicCache
 
+from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.drafter import GrownTree, Root, TreeShape, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -26,6 +27,8 @@ class SpecExecStrategy:
         return verify(drafted.tree, node_logits, sampling, first_position, max_tokens, stop_ids)
 
 
-def SpecExecEngine(target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape) -> TreeEngine:
-    """The SpecExec engine: a `TreeEngine` with this strategy."""
-    return TreeEngine("specexec", SpecExecStrategy(), target, draft, stop_ids, shape)
+def SpecExecEngine(target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape,
+                   sizer: AutoSizer | None = None) -> TreeEngine:
+    """The SpecExec engine: a `TreeEngine` with this strategy; with a `sizer` it can size its
+    trees itself (--budget auto)."""
+    return TreeEngine("specexec", SpecExecStrategy(), target, draft, stop_ids, shape, sizer)

@@ -33,7 +33,7 @@ class StemLayout:
     length: int  # L: draft tokens per stem; the tree has at most S * L nodes
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Stems(GrownTree):
     """The merged tree with, per node, what multi-step speculative sampling reads."""
 
@@ -89,7 +89,8 @@ class StemGrower:
     def stems(self, steps: int) -> Stems:
         store = self.store
         tree = DraftTree(tokens=store.tokens, parents=store.parents, depths=store.depths, logprobs=store.logprobs)
-        return Stems(tree, store.slots, steps, self.candidates, self.draft_logits)
+        return Stems(tree=tree, draft_slots=store.slots, steps=steps, candidates=self.candidates,
+                     draft_logits=self.draft_logits)
 
 
 def draft_stems(draft: CausalLM, cache: DynamicCache, root: Root, layout: StemLayout,

@@ -21,11 +21,13 @@ from typing import Protocol, TypeVar
 import torch
 from transformers import DynamicCache
 
+from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.drafter import GrownTree, Root, TreeShape, catch_up
-from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.verifier import Verdict
+from specchat.errors import SpecchatError
 
 Drafted = TypeVar("Drafted", bound=GrownTree)
 
@@ -72,21 +74,30 @@ class TreeEngine:
     """An `Engine` that drafts a tree per target pass, as its strategy says."""
 
     def __init__(self, name: str, strategy: TreeStrategy, target: CausalLM, draft: CausalLM,
-                 stop_ids: Collection[int], shape: TreeShape) -> None:
+                 stop_ids: Collection[int], shape: TreeShape, sizer: AutoSizer | None = None) -> None:
+        """`sizer` makes `--budget auto` available (SpecExec only); `shape.sizer` set means the
+        engine starts in auto."""
         self.name = name
         self.strategy = strategy
         self.target = target
         self.draft = draft
         self.stop_ids = frozenset(stop_ids)
+        self.sizer = sizer or shape.sizer
         self.shape = shape  # read at every iteration, so a live change applies from the next one
 
     def live_settings(self) -> LiveSettings:
-        return LiveSettings(budget=self.shape.budget, depth=self.shape.max_depth)
+        budget = AUTO if self.shape.sizer is not None else self.shape.budget
+        return LiveSettings(budget=budget, depth=self.shape.max_depth)
 
     def apply(self, settings: LiveSettings) -> None:
-        budget = settings.budget if settings.budget is not None else self.shape.budget
         depth = settings.depth if settings.depth is not None else self.shape.max_depth
-        self.shape = replace(self.shape, budget=budget, max_depth=depth)
+        self.shape = replace(self.shape, max_depth=depth)
+        if settings.budget == AUTO:
+            if self.sizer is None:
+                raise SpecchatError(f"--budget auto needs the cost probe and the specexec engine, not {self.name}")
+            self.shape = replace(self.shape, sizer=self.sizer, budget=self.sizer.cap)
+        elif settings.budget is not None:
+            self.shape = replace(self.shape, sizer=None, budget=settings.budget)
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
@@ -125,6 +136,7 @@ class TreeEngine:
         walked_at = perf_counter()
         prune_draft_cache(draft_cache, drafted, verdict, len(seq))
         seq.extend(verdict.tokens)
+        predicted = self.calibrate(drafted.predicted, verdict.accepted)
         moved = self.target.transfer_stats() - moved
         return IterationEvent(
             token_ids=verdict.tokens, accepted=verdict.accepted,
@@ -133,7 +145,17 @@ class TreeEngine:
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
             draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits
+            predicted_accepted=predicted,
         )
+
+    def calibrate(self, predicted: float, accepted: int) -> float:
+        """Under --budget auto: the calibrated prediction of this iteration, then the calibration
+        updated by what verification accepted; 0 otherwise."""
+        if self.shape.sizer is None:
+            return 0.0
+        calibrated = self.shape.sizer.calibration.acceptance * predicted
+        self.shape.sizer.calibration.record(predicted, accepted)
+        return calibrated
 
     def score_and_walk(self, drafted: GrownTree, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
                        max_tokens: int) -> Verdict:

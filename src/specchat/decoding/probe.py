@@ -1,0 +1,63 @@
+"""The startup probe of `--budget auto`: how long a target pass over n tree tokens and a draft
+step over b nodes take on this device, for `autosize.Costs`.
+
+Each size is timed on a fresh copy of a short context (what a chat's first turns look like) and
+the fastest of a few runs is kept (the cost of the work, not of the noise around it). Sizes grow
+by doubling up to the cap, and stop early once a pass costs `STOP_RATIO` times the one-token
+pass: no tree that large can pay, and the end segment extrapolates the rest.
+"""
+
+from time import perf_counter
+
+import torch
+
+from specchat.decoding.autosize import Costs
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+
+CONTEXT = 64  # tokens already cached when a pass is timed
+REPEATS = 2
+STOP_RATIO = 12.0
+MAX_CHILDREN = 16
+
+
+def doubling(cap: int) -> list[int]:
+    sizes, n = [], 1
+    while n < cap:
+        sizes.append(n)
+        n *= 2
+    return sizes + [cap]
+
+
+def time_pass(lm: CausalLM, n: int, run_head: bool) -> float:
+    """Seconds of one forward over n tokens after CONTEXT cached ones (plus the head work a tree
+    step or pass does), the fastest of REPEATS."""
+    best, vocab = float("inf"), lm.model.config.vocab_size
+    for _ in range(REPEATS):
+        cache = new_cache()
+        lm.hidden(torch.arange(CONTEXT) % vocab, torch.arange(CONTEXT), cache)
+        start = perf_counter()
+        hidden = lm.hidden(torch.arange(n) % vocab, torch.arange(CONTEXT, CONTEXT + n), cache)
+        if run_head:
+            lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
+        else:
+            lm.logits(hidden[: min(n, 8)])  # the walk reads a few rows
+        best = min(best, perf_counter() - start)
+    return best
+
+
+def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    sizes, seconds = [], []
+    for n in doubling(cap):
+        sizes.append(n)
+        seconds.append(time_pass(lm, n, run_head))
+        if seconds[-1] > STOP_RATIO * seconds[0]:
+            break
+    return tuple(sizes), tuple(seconds)
+
+
+def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
+    """Target passes over 1 .. cap + 1 tokens and draft steps over 1 .. cap nodes."""
+    target_n, target_s = measure(target, cap + 1, run_head=False)
+    draft_b, draft_s = measure(draft, cap, run_head=True)
+    return Costs(target_n, target_s, draft_b, draft_s)
