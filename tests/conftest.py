@@ -18,10 +18,12 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
+from specchat.models.draft import resolve_draft_quant
+from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.paths import cache_dir
-from specchat.runtime import encode_prompt
+from specchat.runtime import EngineOptions, encode_prompt, pick_device
 
 REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
 
@@ -115,13 +117,18 @@ class RealPair:
 
 @pytest.fixture(scope="session")
 def real_pair() -> RealPair:
+    """The draft carries every approximation the app ships by default on this device (int8
+    weights on a CPU, the sub-vocabulary head), so the exactness tests run with them on."""
     target = load(DEFAULT_TARGET, torch.float32, progress=False)
     draft = load(DEFAULT_DRAFT, torch.float32, progress=False)
+    int8 = resolve_draft_quant(EngineOptions.draft_quant, pick_device()) == "int8"
+    stop_ids = stop_token_ids(target.model, target.tokenizer)
     return RealPair(
         target=CausalLM(target.model),
-        draft=CausalLM(draft.model),
+        draft=approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, EngineOptions.draft_vocab,
+                                stop_ids),
         tokenizer=target.tokenizer,
-        stop_ids=stop_token_ids(target.model, target.tokenizer),
+        stop_ids=stop_ids,
     )
 
 

@@ -9,7 +9,6 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import Costs
 from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
 from specchat.decoding.probe import doubling, probe_costs
-from specchat.errors import SpecchatError
 from specchat.probe_cache import probe_path, read_costs, write_costs
 from specchat.runtime import Models
 
@@ -52,13 +51,12 @@ def test_budget_switches_between_fixed_and_auto_live(tiny_target, tiny_draft):
     assert engine.live_settings().budget == AUTO
 
 
-def test_auto_needs_specexec_and_the_costs(tiny_target, tiny_draft):
+def test_engines_that_cannot_size_their_trees_keep_a_fixed_budget(tiny_target, tiny_draft):
     models = tiny_models(tiny_target, tiny_draft, CHEAP_DRAFT)
-    with pytest.raises(SpecchatError, match="for the specexec engine, not sd"):
-        models.engine("sd", LiveSettings(budget=AUTO))
+    assert models.engine("sd", LiveSettings(budget=AUTO)).live_settings().budget == 16  # the CPU default
     without_costs = tiny_models(tiny_target, tiny_draft, None).engine("specexec", LiveSettings(budget=8))
-    with pytest.raises(SpecchatError, match="--budget auto needs the cost probe"):
-        without_costs.apply(LiveSettings(budget=AUTO))
+    without_costs.apply(LiveSettings(budget=AUTO))
+    assert without_costs.live_settings().budget == 8
 
 
 def test_the_probe_times_doubling_sizes(tiny_target, tiny_draft):

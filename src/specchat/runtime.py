@@ -94,9 +94,8 @@ class Models:
         cuda, offloaded = self.device.type == "cuda", self.offload is not None
         budget = settings.budget if settings.budget is not None else default_budget(cuda, offloaded)
         depth = settings.depth if settings.depth is not None else DEFAULT_MAX_DEPTH
-        if name != "specexec":
-            if budget == AUTO:
-                raise SpecchatError(f"--budget auto is for the specexec engine, not {name}")
+        if name != "specexec":  # only SpecExec sizes its own trees: the others take the default
+            budget = default_budget(cuda, offloaded) if budget == AUTO else budget
             return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
         sizer = self.sizer() if budget == AUTO or self.costs is not None else None
         shape = TreeShape(budget=sizer.cap, max_depth=depth, sizer=sizer) if budget == AUTO else \

@@ -27,7 +27,6 @@ from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, Samplin
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.verifier import Verdict
-from specchat.errors import SpecchatError
 
 Drafted = TypeVar("Drafted", bound=GrownTree)
 
@@ -75,8 +74,8 @@ class TreeEngine:
 
     def __init__(self, name: str, strategy: TreeStrategy, target: CausalLM, draft: CausalLM,
                  stop_ids: Collection[int], shape: TreeShape, sizer: AutoSizer | None = None) -> None:
-        """`sizer` makes `--budget auto` available (SpecExec only); `shape.sizer` set means the
-        engine starts in auto."""
+        """`sizer` makes `--budget auto` available (SpecExec only; without one, auto is not
+        honoured and the budget stays as it is); `shape.sizer` set means the engine starts in auto."""
         self.name = name
         self.strategy = strategy
         self.target = target
@@ -93,9 +92,8 @@ class TreeEngine:
         depth = settings.depth if settings.depth is not None else self.shape.max_depth
         self.shape = replace(self.shape, max_depth=depth)
         if settings.budget == AUTO:
-            if self.sizer is None:
-                raise SpecchatError(f"--budget auto needs the cost probe and the specexec engine, not {self.name}")
-            self.shape = replace(self.shape, sizer=self.sizer, budget=self.sizer.cap)
+            if self.sizer is not None:  # an engine without one does not honour auto: it keeps its size
+                self.shape = replace(self.shape, sizer=self.sizer, budget=self.sizer.cap)
         elif settings.budget is not None:
             self.shape = replace(self.shape, sizer=None, budget=settings.budget)
 
