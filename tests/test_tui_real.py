@@ -25,7 +25,7 @@ async def wait_until(pilot, condition, seconds: float) -> None:
 @pytest.mark.parametrize("offload", ["none", "disk"])
 def test_real_pair_reply_fills_the_panels(tmp_path, offload_dir, offload):
     options = EngineOptions(budget=16, offload=offload, offload_dir=str(offload_dir),
-                            resident_layers=0 if offload == "disk" else None)
+                            resident_layers=24 if offload == "disk" else None)  # 4 layers streamed
     loader = runtime_loader(options, DecodingSettings(temperature=0.0, max_tokens=12))
     store = ConversationStore(tmp_path / "history.sqlite3")
     app = SpecchatApp(None, store, loader=loader)
