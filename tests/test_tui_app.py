@@ -489,10 +489,11 @@ def test_transfer_panel_shows_label_and_bandwidth(store_path):
 
 def test_a_failing_engine_cuts_the_reply_and_says_why(store_path):
     class BrokenEngine(FakeEngine):
-        def event(self, chunk, finished):
-            if self.calls and len(chunk) == 2:
-                raise RuntimeError("out of memory")
-            return super().event(chunk, finished)
+        def generate(self, prompt_ids, max_new_tokens, sampling):
+            for number, event in enumerate(super().generate(prompt_ids, max_new_tokens, sampling)):
+                if number == 1:  # the second iteration fails
+                    raise RuntimeError("out of memory")
+                yield event
 
     app = make_app(store_path, [BrokenEngine()])
 
