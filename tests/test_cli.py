@@ -168,6 +168,19 @@ def test_generate_draft_nf4_without_cuda_is_one_line_exit_2(monkeypatch, capsys)
     assert_one_line_error(code, err, "--draft-quant nf4 needs a CUDA device")
 
 
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--budget", "big"], "--budget takes a tree size or 'auto' (got 'big')"),
+        (["--budget", "auto", "--engine", "sd"], "--budget auto is for the specexec engine, not sd"),
+        (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
+    ],
+)
+def test_generate_budget_and_draft_bad_input_is_one_line_exit_2(monkeypatch, capsys, args, fragment):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", *args)
+    assert_one_line_error(code, err, fragment)
+
+
 def test_generate_offload_dir_that_is_a_file_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
