@@ -22,7 +22,7 @@ class AutoregressiveEngine:
         return LiveSettings()  # the target alone reads no live setting
 
     def apply(self, settings: LiveSettings) -> None:
-        pass
+        """Nothing to adopt: every field is one this engine does not honour."""
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
