@@ -2,6 +2,7 @@
 and what keeps the suite from leaving anything behind: a private history dir for every test, a
 temporary offload dir, and time limits."""
 
+import gc
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +24,8 @@ from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.paths import cache_dir
-from specchat.runtime import EngineOptions, encode_prompt, pick_device
+from specchat.limits import DEFAULT_DTYPE
+from specchat.runtime import DTYPES, EngineOptions, encode_prompt, pick_device
 
 REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
 
@@ -104,7 +106,8 @@ def tiny_draft(tiny_target) -> CausalLM:
 
 @dataclass
 class RealPair:
-    """The embedded Qwen2.5-Coder pair in float32, loaded once per test session."""
+    """The embedded Qwen2.5-Coder pair: the target in float32, where exactness is judged, and the
+    draft as the app ships it on this device."""
 
     target: CausalLM
     draft: CausalLM
@@ -115,21 +118,35 @@ class RealPair:
         return encode_prompt(self.tokenizer, prompt, raw=False)
 
 
-@pytest.fixture(scope="session")
-def real_pair() -> RealPair:
-    """The draft carries every approximation the app ships by default on this device (int8
-    weights on a CPU, the sub-vocabulary head), so the exactness tests run with them on."""
+def real_draft(int8: bool | None = None) -> CausalLM:
+    """The embedded draft in the app's default dtype with the sub-vocabulary head, its weights in
+    int8 if `int8` (None: as `--draft-quant auto` decides on this device). The verifier never
+    reads the draft's probabilities, so its dtype may differ from the target's."""
+    dtype = DTYPES[DEFAULT_DTYPE]
+    draft = load(DEFAULT_DRAFT, dtype, progress=False)
+    if int8 is None:
+        int8 = resolve_draft_quant(EngineOptions.draft_quant, pick_device(), dtype) == "int8"
+    stop_ids = stop_token_ids(draft.model, draft.tokenizer)
+    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, EngineOptions.draft_vocab, stop_ids)
+
+
+@pytest.fixture(scope="module")
+def real_pair() -> Iterator[RealPair]:
+    """Loaded per test module and released after it, so that a module loading models of its own
+    (the app's, offloaded copies) never holds two pairs at once: the suite stays well inside 24 GB."""
     target = load(DEFAULT_TARGET, torch.float32, progress=False)
-    draft = load(DEFAULT_DRAFT, torch.float32, progress=False)
-    int8 = resolve_draft_quant(EngineOptions.draft_quant, pick_device()) == "int8"
-    stop_ids = stop_token_ids(target.model, target.tokenizer)
-    return RealPair(
-        target=CausalLM(target.model),
-        draft=approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, EngineOptions.draft_vocab,
-                                stop_ids),
-        tokenizer=target.tokenizer,
-        stop_ids=stop_ids,
-    )
+    pair = RealPair(target=CausalLM(target.model), draft=real_draft(), tokenizer=target.tokenizer,
+                    stop_ids=stop_token_ids(target.model, target.tokenizer))
+    yield pair
+    del pair, target
+    gc.collect()
+
+
+@pytest.fixture(scope="session")
+def reference_tokens() -> dict[str, list[tuple[list[int], list[int]]]]:
+    """The target's own outputs, kept across modules by kind: computed once, whichever module
+    asks first (the models that computed them are released with their module)."""
+    return {}
 
 
 @pytest.fixture(scope="session")
@@ -150,28 +167,33 @@ GREEDY_NEW_TOKENS = 32
 PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
 
 
-@pytest.fixture(scope="session")
-def seeded_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[int]]]:
+@pytest.fixture(scope="module")
+def seeded_references(real_pair, mtbench_prompts, reference_tokens) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, seeded autoregressive ids at the paper's t=0.6, p=0.9) for the first
     MT-Bench prompts: every lossless engine must emit exactly these."""
-    autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
-    references = []
-    for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
-        prompt_ids = real_pair.chat(prompt)
-        events = autoregressive.generate(prompt_ids, GREEDY_NEW_TOKENS, PAPER_SAMPLING)
-        references.append((prompt_ids, [t for e in events for t in e.token_ids]))
-    return references
+    if "seeded" not in reference_tokens:
+        autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
+        references = []
+        for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
+            prompt_ids = real_pair.chat(prompt)
+            events = autoregressive.generate(prompt_ids, GREEDY_NEW_TOKENS, PAPER_SAMPLING)
+            references.append((prompt_ids, [t for e in events for t in e.token_ids]))
+        reference_tokens["seeded"] = references
+    return reference_tokens["seeded"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_check(real_pair) -> ExactnessCheck:
     """The tightened comparison (tests/exactness.py) for the suite's reduced exactness runs."""
     return ExactnessCheck(real_pair.target, real_pair.stop_ids, GREEDY_NEW_TOKENS)
 
 
-@pytest.fixture(scope="session")
-def greedy_references(real_pair, mtbench_prompts) -> list[tuple[list[int], list[int]]]:
+@pytest.fixture(scope="module")
+def greedy_references(real_pair, mtbench_prompts, reference_tokens) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, HF `generate(do_sample=False)` ids) for the first MT-Bench prompts."""
-    prompts = [real_pair.chat(p) for p in mtbench_prompts[:GREEDY_PROMPTS]]
-    pad = real_pair.tokenizer.pad_token_id
-    return [(ids, hf_greedy(real_pair.target, ids, GREEDY_NEW_TOKENS, real_pair.stop_ids, pad)) for ids in prompts]
+    if "greedy" not in reference_tokens:
+        prompts = [real_pair.chat(p) for p in mtbench_prompts[:GREEDY_PROMPTS]]
+        pad = real_pair.tokenizer.pad_token_id
+        reference_tokens["greedy"] = [(ids, hf_greedy(real_pair.target, ids, GREEDY_NEW_TOKENS, real_pair.stop_ids, pad))
+                                      for ids in prompts]
+    return reference_tokens["greedy"]

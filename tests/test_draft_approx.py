@@ -16,7 +16,8 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.vocab_rank import RANK_FILE, corpus_texts, head_vocab, rank_tokens, vocab_ranking
-from specchat.quant.int8 import Int8Linear, quantize_linears
+from specchat.models.draft import resolve_draft_quant
+from specchat.quant.int8 import PROBE_RUNS, Int8Linear, int8_pays, quantize_linears, seconds
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
@@ -114,3 +115,37 @@ def test_a_draft_with_random_logits_still_gives_exact_output(tiny_target, tiny_d
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     engine = SpecExecEngine(tiny_target, RandomDraft(tiny_draft.model), [], TreeShape(budget=12, max_depth=6))
     assert run(engine, sampling)[0] == reference
+
+
+@pytest.mark.parametrize("kind", ["none", "int8", "nf4"])
+def test_an_explicit_draft_quant_is_kept(kind):
+    assert resolve_draft_quant(kind, torch.device("cpu"), torch.bfloat16) == kind
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_auto_draft_quant_is_int8_on_a_cpu_only_where_it_pays(monkeypatch, pays):
+    monkeypatch.setattr("specchat.models.draft.int8_pays", lambda dtype: pays)
+    assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == ("int8" if pays else "none")
+    assert resolve_draft_quant("auto", torch.device("cuda"), torch.bfloat16) == "none"
+
+
+def test_int8_never_pays_without_a_kernel_for_the_dtype():
+    assert not int8_pays(torch.float64)
+
+
+def test_the_probe_sums_the_fastest_run_of_each_input():
+    calls = []
+
+    class Clock(torch.nn.Module):
+        def forward(self, x):
+            calls.append(x.shape[0])
+
+    seconds(Clock(), [torch.zeros(1, 2), torch.zeros(3, 2)])
+    assert calls == [1] * (1 + PROBE_RUNS) + [3] * (1 + PROBE_RUNS)  # a warm-up call, then the timed runs
+
+
+@pytest.mark.parametrize("int8_s, dense_s, pays", [(1.0, 2.0, True), (2.0, 1.0, False)])
+def test_int8_pays_when_its_linear_is_faster(monkeypatch, int8_s, dense_s, pays):
+    monkeypatch.setattr("specchat.quant.int8.seconds",
+                        lambda layer, inputs: int8_s if isinstance(layer, Int8Linear) else dense_s)
+    assert int8_pays(torch.bfloat16) is pays

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from test_engines import GREEDY, PROMPT, chi_square_pvalue, exact_second_token_distribution, run
-from test_real_exactness import emitted
+from test_real_exactness import assert_equals_hf_greedy
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
@@ -160,15 +160,6 @@ def test_runtime_builds_sd_and_specinfer(tiny_target, tiny_draft):
         engine = models.engine(name, LiveSettings(budget=4))
         assert engine.name == name
         assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=10)
-
-
-def assert_equals_hf_greedy(real_check, engine, references) -> None:
-    """design.md section 8 (tests/exactness.py): HF greedy's tokens, up to one near-tie."""
-    outputs = [emitted(engine, prompt_ids, GREEDY) for prompt_ids, _ in references]
-    for (prompt_ids, reference), (tokens, _) in zip(references, outputs):
-        comparison = real_check.compare(prompt_ids, reference, tokens, GREEDY)
-        assert comparison.acceptable, comparison.describe()
-    assert sum(e.accepted for _, events in outputs for e in events) > 0  # the draft is used
 
 
 @pytest.mark.real

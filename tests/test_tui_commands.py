@@ -8,6 +8,8 @@ from specchat.tui.settings import DecodingSettings
 
 VALID = {
     "/budget 256": SetSetting("budget", 256),
+    "/budget auto": SetSetting("budget", "auto"),
+    "/budget AUTO": SetSetting("budget", "auto"),
     "/depth 8": SetSetting("depth", 8),
     "/lookahead 1": SetSetting("lookahead", 1),
     "/lookahead 64": SetSetting("lookahead", 64),
@@ -33,10 +35,10 @@ VALID = {
 
 INVALID = {
     "/budget -5": "budget must be between 1 and 8192 (got -5)",
-    "/budget abc": "/budget needs a whole number (got 'abc')",
+    "/budget abc": "/budget needs a whole number or 'auto' (got 'abc')",
     "/budget 9000": "budget must be between 1 and 8192 (got 9000)",
-    "/budget": "usage: /budget N",
-    "/budget 1.5": "/budget needs a whole number (got '1.5')",
+    "/budget": "usage: /budget N|auto",
+    "/budget 1.5": "/budget needs a whole number or 'auto' (got '1.5')",
     "/depth 0": "depth must be between 1 and 256 (got 0)",
     "/lookahead 0": "lookahead must be between 1 and 64 (got 0)",
     "/lookahead 65": "lookahead must be between 1 and 64 (got 65)",
@@ -84,7 +86,7 @@ def test_every_command_is_tested_and_in_help():
     "candidates, hint",
     [
         (["/stats"], "/stats  figures for the last reply and the session"),
-        (["/budget "], "/budget N  draft tree size K (from the next iteration)"),
+        (["/budget "], "/budget N|auto  draft tree size K; auto: sized every iteration (from the next iteration)"),
         (["/seed ", "/system "], "/seed   /system "),
         (["/engine autoregressive"], "/engine NAME  decoding engine (from the next reply)"),
         ([], "no completion"),
@@ -106,6 +108,7 @@ def test_hint_after_tab(candidates, hint):
         ("/seed o", "/seed off", ["/seed off"]),
         ("/zz", "/zz", []),
         ("/budget 1", "/budget 1", []),
+        ("/budget a", "/budget auto", ["/budget auto"]),
     ],
 )
 def test_completion(line, completed, candidates):

@@ -12,7 +12,7 @@ import pytest
 
 import specchat
 from specchat.tui import commands
-from specchat.tui.fake import REPLY, FakeBackend, FakeDSIEngine, FakeEngine
+from specchat.tui.fake import AUTO_SIZE, REPLY, FakeBackend, FakeDSIEngine, FakeEngine
 from specchat.tui.reply import ReplyJob
 from specchat.tui.session import BUSY, Note, Outcome, Session
 from specchat.tui.store import ConversationStore
@@ -108,6 +108,32 @@ def test_setting_changes_reach_the_engine_live_and_say_when(store):
     assert session.change("temperature", 0.2).notes == (Note("temperature set to 0.2 from the next reply"),)
     assert (engine.budget, engine.max_depth, job.sampling.temperature) == (64, 8, 0.6)
     assert (session.settings.budget, session.settings.depth, session.settings.seed) == (64, 8, None)
+
+
+def test_budget_auto_is_taken_by_an_engine_that_sizes_its_trees(store):
+    session = session_on(store)
+    assert session.change("budget", "auto").notes == (Note("budget set to auto"),)
+    assert session.backend.engine.budget == "auto" and session.settings.budget == "auto"
+    outcome = session.send("go")
+    sizes = {event.tree_size for event in outcome.job.engine.generate(outcome.job.prompt_ids, 8, outcome.job.sampling)}
+    assert sizes == {AUTO_SIZE}
+    assert session.change("budget", 24).notes == (Note("budget set to 24 from the next iteration"),)
+    assert session.backend.engine.budget == 24
+
+
+def test_budget_auto_is_refused_where_the_engine_keeps_its_size(store):
+    session = session_on(store, [FakeEngine(sizes_trees=False), FakeEngine(name="autoregressive")])
+    refused = session.change("budget", "auto")
+    assert refused.notes == (Note("/budget auto: specexec cannot size its own trees in this run (specexec "
+                                  "can, when `specchat run` starts with --budget auto)", error=True),)
+    assert session.backend.engine.budget == 16 and session.settings.budget == 16
+
+
+def test_switching_engines_shows_the_size_the_new_engine_keeps(store):
+    session = session_on(store, [FakeEngine(), FakeEngine(name="sd", sizes_trees=False, budget=12)])
+    session.change("budget", "auto")
+    session.change("engine", "sd")
+    assert session.settings.budget == 12 and session.backend.engine.budget == 12
 
 
 def test_lookahead_is_for_dsi_only(store):

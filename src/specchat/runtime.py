@@ -188,6 +188,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     dtype = DTYPES[options.dtype]
     drafted = any(name in DRAFTED_ENGINES for name in names)
     quantization = draft_quantization(options.draft_quant, device, dtype) if drafted else None
+    draft_quant = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else options.draft_quant
     if "dsi" in names and options.ray_address is not None:
         models = load_ray_models(options, device, dtype, reporter)
     else:
@@ -195,9 +196,9 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     try:
         if drafted:
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
-                                      int8=resolve_draft_quant(options.draft_quant, device) == "int8",
+                                      int8=draft_quant == "int8",
                                       vocab_size=options.draft_vocab or None)
-        models.identity = identity(options, device)
+        models.identity = identity(options, draft_quant)
         if options.budget == AUTO and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
             models.sizer()
@@ -208,11 +209,11 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     return models
 
 
-def identity(options: EngineOptions, device: torch.device) -> dict:
-    """What decides the models' costs: the key of the cost probe's cache."""
+def identity(options: EngineOptions, draft_quant: str) -> dict:
+    """What decides the models' costs (`draft_quant` as resolved): the key of the cost probe's cache."""
     return {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
             "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
-            "draft_quant": resolve_draft_quant(options.draft_quant, device)}
+            "draft_quant": draft_quant}
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:

@@ -9,6 +9,7 @@ from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.progress import Reporter
+from specchat.quant.int8 import int8_pays
 
 
 def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization: object | None,
@@ -26,11 +27,13 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
                              stop_token_ids(draft.model, draft.tokenizer))
 
 
-def resolve_draft_quant(kind: str, device: torch.device) -> str:
-    """`auto` is int8 on a CPU (its kernel is CPU-only) and no quantization elsewhere."""
+def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`auto` is int8 on a CPU where its kernel beats the dense `dtype` matmul there (measured:
+    it does without bf16 hardware, it does not with avx512_bf16), and no quantization elsewhere
+    (the kernel is CPU-only)."""
     if kind != "auto":
         return kind
-    return "int8" if device.type == "cpu" else "none"
+    return "int8" if device.type == "cpu" and int8_pays(dtype) else "none"
 
 
 def describe(int8: bool, vocab_size: int | None) -> str:

@@ -3,14 +3,24 @@ the draft's probabilities, so the output stays exactly the target's).
 
 Each output row w_j gets one scale s_j = max|w_j| / 127 and stores q_j = round(w_j / s_j), so
 |w - s q| <= s / 2 per weight. On a CPU the product runs in torch's `_weight_int8pack_mm`, which
-reads a quarter of fp32's bytes and, where bf16 has no hardware support, multiplies several
-times faster than a bf16 matmul.
+reads a quarter of fp32's bytes. Whether that pays depends on the CPU: where bf16 has no
+hardware support it multiplies several times faster than a bf16 matmul, but with avx512_bf16 a
+bf16 matmul is faster, and with fp32 activations the kernel can be 10-50x slower than fp32
+(measured: docs/benchmarks.md). `int8_pays` measures it on the machine at hand.
 """
+
+from time import perf_counter
 
 import torch
 from torch import nn
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the kernel accepts
+# torch 2.13's avx512_bf16 path of the kernel crashes (SIGSEGV) on bf16 inputs of more than one row
+# when in_features is not a multiple of 16; every real model's widths are multiples of 64.
+KERNEL_IN_MULTIPLE = 16
+PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
+PROBE_ROWS = (1, 16, 64)  # rows of a draft step: the root, then the widths trees expand by
+PROBE_RUNS = 3
 
 
 class Int8Linear(nn.Module):
@@ -27,7 +37,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES:
+        if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and self.in_features % KERNEL_IN_MULTIPLE == 0:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales.to(x.dtype))
         else:  # no kernel for this device or dtype: the same product, dequantized
             out = flat @ (self.weight.to(x.dtype) * self.scales.to(x.dtype)[:, None]).t()
@@ -49,3 +59,31 @@ def quantize_linears(module: nn.Module) -> int:
         else:
             replaced += quantize_linears(child)
     return replaced
+
+
+def int8_pays(dtype: torch.dtype) -> bool:
+    """Whether an int8 linear of PROBE_SHAPE beats the dense one in `dtype` on this CPU, summed
+    over PROBE_ROWS (the fastest of PROBE_RUNS each): a few tens of milliseconds."""
+    if dtype not in KERNEL_DTYPES:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype)
+    dense, int8 = nn.Linear(*PROBE_SHAPE, bias=False, dtype=dtype), Int8Linear(weight, None)
+    dense.weight.data = weight
+    inputs = [torch.randn(rows, PROBE_SHAPE[0], generator=generator).to(dtype) for rows in PROBE_ROWS]
+    return seconds(int8, inputs) < seconds(dense, inputs)
+
+
+@torch.no_grad()
+def seconds(layer: nn.Module, inputs: list[torch.Tensor]) -> float:
+    """Sum over `inputs` of the fastest of PROBE_RUNS calls, after one warm-up call each."""
+    total = 0.0
+    for x in inputs:
+        layer(x)
+        runs = []
+        for _ in range(PROBE_RUNS):
+            start = perf_counter()
+            layer(x)
+            runs.append(perf_counter() - start)
+        total += min(runs)
+    return total

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from os.path import commonprefix
 
+from specchat.decoding.events import AUTO
 from specchat.tui.settings import problem
 
 
@@ -114,6 +115,16 @@ def parse_seed(text: str) -> Command:
     return checked("seed", None if text.lower() == "off" else parse_int("seed", text))
 
 
+def parse_budget(text: str) -> Command:
+    if text.lower() == AUTO:
+        return SetSetting("budget", AUTO)
+    try:
+        size = int(text)
+    except ValueError:
+        raise CommandError(f"/budget needs a whole number or 'auto' (got '{text}')") from None
+    return checked("budget", size)
+
+
 def parse_load(text: str) -> Command:
     return Load(parse_int("load", text) if text else None)
 
@@ -131,7 +142,8 @@ def text_setting(command: str, field: str) -> Callable[[str], Command]:
 
 
 SPECS = [
-    CommandSpec("budget", "N", "draft tree size K (from the next iteration)", int_setting("budget", "budget")),
+    CommandSpec("budget", "N|auto", "draft tree size K; auto: sized every iteration (from the next iteration)",
+                required("budget", parse_budget)),
     CommandSpec("depth", "N", "deepest draft tree node (from the next iteration)", int_setting("depth", "depth")),
     CommandSpec("lookahead", "N", "dsi: drafts per verification job (from the next job)",
                 int_setting("lookahead", "lookahead")),
@@ -181,11 +193,11 @@ def help_text() -> str:
 
 
 def completions(text: str, engine_names: Sequence[str]) -> list[str]:
-    """Full-line candidates completing `text`: command names, then engine names and 'off'."""
+    """Full-line candidates completing `text`: command names, then engine names, 'off' and 'auto'."""
     name, space, arg = text[1:].partition(" ")
     if not space:
         return [f"/{spec.name} " if spec.args else f"/{spec.name}" for spec in SPECS if spec.name.startswith(name)]
-    values = {"engine": list(engine_names), "seed": ["off"]}.get(name, [])
+    values = {"engine": list(engine_names), "seed": ["off"], "budget": [AUTO]}.get(name, [])
     return [f"/{name} {value}" for value in values if value.startswith(arg)]
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from itertools import cycle
 from time import sleep
 
-from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
 from specchat.textstream import TextStream
 from specchat.tui.backend import settings_for
 from specchat.tui.settings import DecodingSettings
@@ -21,6 +21,7 @@ REPLY = (
     "Call `greet` with a name."
 )
 ACCEPTED = (3, 1, 4, 0, 2, 5)  # draft tokens accepted per iteration, cycled
+AUTO_SIZE = 40  # the tree size a fake engine sizing its own trees reports
 WORKER_NOTICE = "dsi: 2 workers, fewer than the 3 that keep up with this drafter; verification jobs will queue"
 
 
@@ -59,23 +60,26 @@ class FakeEngine:
     reply: str = REPLY
     accepted: tuple[int, ...] = ACCEPTED
     delay_s: float = 0.0  # per iteration, to leave time for keys mid-reply
-    budget: int = 16
+    budget: int | str = 16  # or AUTO: each tree then holds AUTO_SIZE tokens
     max_depth: int = 24
     transfer_bytes: int = 0  # per iteration; > 0 makes the engine report offload transfers
+    sizes_trees: bool = True  # adopts --budget auto, as SpecExec with probed costs
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)  # arguments, for tests
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings(budget=self.budget, depth=self.max_depth)
 
     def apply(self, settings: LiveSettings) -> None:
-        self.budget = settings.budget if settings.budget is not None else self.budget
+        if settings.budget is not None and (settings.budget != AUTO or self.sizes_trees):
+            self.budget = settings.budget
         self.max_depth = settings.depth if settings.depth is not None else self.max_depth
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
         for chunk, finished in fake_chunks(self, prompt_ids, max_new_tokens, sampling):
-            yield fixed_event(chunk, finished, self.budget, min(self.max_depth, len(chunk)), self.transfer_bytes)
+            size = AUTO_SIZE if self.budget == AUTO else self.budget
+            yield fixed_event(chunk, finished, size, min(self.max_depth, len(chunk)), self.transfer_bytes)
 
 
 @dataclass

@@ -12,10 +12,10 @@ from itertools import count
 from pathlib import Path
 from time import perf_counter
 
-from specchat.decoding.events import IterationEvent, LiveSettings
+from specchat.decoding.events import AUTO, IterationEvent, LiveSettings
 from specchat.summary import Summary, summarize
 from specchat.tui import commands
-from specchat.tui.backend import ChatBackend
+from specchat.tui.backend import ChatBackend, settings_for
 from specchat.tui.context import ContextOverflow, fit_prompt
 from specchat.tui.export import to_markdown
 from specchat.tui.reply import ReplyJob
@@ -159,6 +159,9 @@ class Session:
                 # Refused rather than kept for later: dsi runs alone (/engine never offers it), so
                 # a lookahead set on another engine would never apply.
                 return says(f"/lookahead applies to the dsi engine only, not {engine.name}", error=True)
+            case "budget" if value == AUTO and not self.sizes_trees():
+                return says(f"/budget auto: {engine.name} cannot size its own trees in this run (specexec "
+                            "can, when `specchat run` starts with --budget auto)", error=True)
         self.settings = self.settings.with_value(field, value)
         if field in LIVE_FROM:
             self.apply_live_settings()
@@ -173,12 +176,20 @@ class Session:
         self.backend.engine.apply(LiveSettings(budget=settings.budget, depth=settings.depth,
                                                lookahead=settings.lookahead))
 
+    def sizes_trees(self) -> bool:
+        """Whether the engine takes --budget auto: offered it, it either sizes its trees or keeps
+        its own size (and then nothing changed)."""
+        engine = self.backend.engine
+        engine.apply(LiveSettings(budget=AUTO))
+        return engine.live_settings().budget == AUTO
+
     def switch_engine(self, name: str) -> Outcome:
         if name not in self.backend.engine_names:
             return says(f"unknown engine '{name}': choose one of {', '.join(self.backend.engine_names)}", error=True)
-        self.backend.use_engine(name)
+        engine = self.backend.use_engine(name)
         self.apply_live_settings()
-        self.settings = replace(self.settings, engine=name)
+        # The settings show what the new engine holds: one that cannot size its trees keeps a size.
+        self.settings = settings_for(engine, self.settings)
         return says(f"engine set to {name}" + (" from the next reply" if self.job else ""))
 
     def set_system_prompt(self, text: str) -> Outcome:

@@ -4,7 +4,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
                              DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P, default_budget)
 
@@ -15,7 +15,7 @@ LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens"
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    budget: int = default_budget(cuda=False, offloaded=False)
+    budget: int | str = default_budget(cuda=False, offloaded=False)  # K, or AUTO (the engine sizes its trees)
     depth: int = DEFAULT_MAX_DEPTH
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi's drafts per verification job, as `specchat run --lookahead`
     temperature: float = DEFAULT_TEMPERATURE
@@ -39,6 +39,8 @@ class DecodingSettings:
 
 def problem(field: str, value: Any) -> str | None:
     """Why `value` is not acceptable for `field`, in one line; None when it is."""
+    if field == "budget" and value == AUTO:
+        return None
     if field in LIMITS:
         return LIMITS[field].problem(field.replace("_", "-"), value)
     if field == "seed" and value is not None and value < 0:
