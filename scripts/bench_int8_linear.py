@@ -2,30 +2,16 @@
 weight-only int8, per activation dtype and number of rows: what `--draft-quant auto` decides on.
 
 Usage: python scripts/bench_int8_linear.py
-Prints one markdown row per rows count: the fastest of 10 calls for fp32, int8 with fp32
-activations, bf16 and int8 with bf16 activations, and what `int8_pays` answers for each dtype.
+Prints one markdown row per rows count: the fastest of the probe's runs for fp32, int8 with
+fp32 activations, bf16 and int8 with bf16 activations, and what `int8_pays` answers per dtype.
 """
-
-from time import perf_counter
 
 import torch
 from torch import nn
 
-from specchat.quant.int8 import PROBE_SHAPE, Int8Linear, int8_pays
+from specchat.quant.int8 import PROBE_SHAPE, Int8Linear, int8_pays, seconds
 
 ROWS = (1, 4, 16, 64, 128, 256)
-CALLS = 10
-
-
-@torch.no_grad()
-def fastest_ms(layer: nn.Module, x: torch.Tensor) -> float:
-    layer(x)
-    runs = []
-    for _ in range(CALLS):
-        start = perf_counter()
-        layer(x)
-        runs.append(perf_counter() - start)
-    return 1000 * min(runs)
 
 
 def layers(dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
@@ -41,7 +27,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for rows in ROWS:
         x = torch.randn(rows, PROBE_SHAPE[0])
-        cells = [fastest_ms(layer, x.to(dtype)) for (dense, int8), dtype in ((fp32, torch.float32), (bf16, torch.bfloat16))
+        cells = [1000 * seconds(layer, [x.to(dtype)]) for (dense, int8), dtype in ((fp32, torch.float32), (bf16, torch.bfloat16))
                  for layer in (dense, int8)]
         print(f"| {rows} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
     print(f"int8_pays: float32 {int8_pays(torch.float32)}, bfloat16 {int8_pays(torch.bfloat16)}")
