@@ -24,7 +24,7 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
-from specchat.limits import DEFAULT_DRAFT_VOCAB
+from specchat.limits import FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -33,9 +33,9 @@ from specchat.summary import summarize
 
 CONFIGURATIONS = {  # label: (int8 weights, head vocabulary or None for all)
     "plain draft": (False, None),
-    "sub-vocabulary head": (False, DEFAULT_DRAFT_VOCAB),
+    "sub-vocabulary head": (False, FR_SPEC_VOCAB),
     "int8 weights": (True, None),
-    "int8 + sub-vocabulary": (True, DEFAULT_DRAFT_VOCAB),
+    "int8 + sub-vocabulary": (True, FR_SPEC_VOCAB),
 }
 
 

@@ -118,16 +118,17 @@ class RealPair:
         return encode_prompt(self.tokenizer, prompt, raw=False)
 
 
-def real_draft(int8: bool | None = None) -> CausalLM:
-    """The embedded draft in the app's default dtype with the sub-vocabulary head, its weights in
-    int8 if `int8` (None: as `--draft-quant auto` decides on this device). The verifier never
-    reads the draft's probabilities, so its dtype may differ from the target's."""
+def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None) -> CausalLM:
+    """The embedded draft in the app's default dtype, its weights in int8 if `int8` (None: as
+    `--draft-quant auto` decides on this device), its head scoring the `vocab_size` most frequent
+    tokens (None: all; the default: as the app's). The verifier never reads the draft's
+    probabilities, so its dtype may differ from the target's."""
     dtype = DTYPES[DEFAULT_DTYPE]
     draft = load(DEFAULT_DRAFT, dtype, progress=False)
     if int8 is None:
         int8 = resolve_draft_quant(EngineOptions.draft_quant, pick_device(), dtype) == "int8"
     stop_ids = stop_token_ids(draft.model, draft.tokenizer)
-    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, EngineOptions.draft_vocab, stop_ids)
+    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, vocab_size, stop_ids)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from test_engines import GREEDY
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.specexec import SpecExecEngine
+from specchat.limits import FR_SPEC_VOCAB
 
 pytestmark = pytest.mark.real
 
@@ -39,10 +40,12 @@ def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_refere
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
-def test_an_int8_draft_keeps_greedy_exact(real_pair, real_check, greedy_references):
-    """int8 draft weights wherever `--draft-quant auto` would not choose them on this CPU (it
-    chooses them only where they are faster), so every approximation the app ships is tested."""
-    engine = SpecExecEngine(real_pair.target, real_draft(int8=True), real_pair.stop_ids, TreeShape(budget=16))
+def test_an_int8_sub_vocabulary_draft_keeps_greedy_exact(real_pair, real_check, greedy_references):
+    """Both draft approximations on, whatever the defaults on this CPU (`--draft-quant auto`
+    picks int8 only where it is faster; the sub-vocabulary head is an option): every
+    approximation the app offers is tested."""
+    draft = real_draft(int8=True, vocab_size=FR_SPEC_VOCAB)
+    engine = SpecExecEngine(real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 

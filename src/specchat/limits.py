@@ -47,7 +47,11 @@ DEFAULT_SEED = 0
 DEFAULT_MAX_DEPTH = 24
 DEFAULT_LOOKAHEAD = 5
 DEFAULT_DTYPE = "bfloat16"
-DEFAULT_DRAFT_VOCAB = 32768  # tokens the draft's LM head scores (FR-Spec); 0 = all
+# Tokens the draft's LM head scores; 0 = all. The FR-Spec sub-vocabulary (--draft-vocab 32768,
+# ranked on the standard library's sources) cut drafting 17% but lowered the gen rate on MT-Bench
+# more than that (docs/benchmarks.md, "Draft levers"), so it is an option, not the default.
+DEFAULT_DRAFT_VOCAB = 0
+FR_SPEC_VOCAB = 32768  # the sub-vocabulary size measured
 
 
 def default_budget(cuda: bool, offloaded: bool) -> int:
