@@ -2,6 +2,7 @@
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from tokenizers import ByteLevelBPETokenizer
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.cli import main
+from specchat.tui.store import ConversationStore, default_path
 
 CORPUS = ["hello world", "def add(x, y): return x + y", "for item in items: print(item)"] * 20
 
@@ -263,3 +265,16 @@ def test_generate_dsi_matches_autoregressive(monkeypatch, capsys, tiny_dirs):
         for i in iterations:
             assert i["tree_size"] == i["depth"] <= 3 * (2 + 1)  # a job's drafts: within the window
             assert i["accepted"] == len(i["token_ids"]) - 1 <= i["tree_size"]
+
+
+def test_run_with_a_history_of_a_newer_specchat_is_one_line_exit_2(monkeypatch, capsys):
+    """The file is someone's history, valid for another version: refused, never moved aside."""
+    path = default_path()
+    ConversationStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE schema_version SET version = 99")
+    db.commit()
+    db.close()
+    code, _, err = run_cli(monkeypatch, capsys, "run")
+    assert_one_line_error(code, err, "schema version 99")
+    assert list(path.parent.glob("*.corrupt-*")) == []

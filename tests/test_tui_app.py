@@ -413,6 +413,21 @@ def test_history_survives_a_restart(store_path):
     run(second_session)
 
 
+def test_an_unreadable_history_is_moved_aside_with_a_notice_and_the_chat_works(store_path):
+    store_path.write_bytes(b"garbage " * 1000)
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            notes = [str(n.content) for n in app.query(Notice)]
+            assert len(notes) == 1 and notes[0].startswith("the history file could not be read")
+            await ask(pilot, "still there?")
+            assert [t.text for t in app.query(AssistantTurn)] == [REPLY]
+
+    run(scenario)
+    assert len(list(store_path.parent.glob("history.sqlite3.corrupt-*"))) == 1
+
+
 def test_oldest_turns_leave_the_context_with_a_notice(store_path):
     # 300 tokens of context, 100 kept for the reply: three exchanges do not fit.
     app = make_app(store_path, context_tokens=300)

@@ -91,3 +91,24 @@ def test_markdown_export(path):
         "# Sorting\n\n## System\n\nAnswer in Python.\n\n## User\n\nsort a list\n\n"
         "## Assistant\n\n`sorted(xs)`\n\n*(reply cut)*\n"
     )
+
+
+def test_an_unreadable_file_is_moved_aside_and_a_new_one_started(path):
+    path.parent.mkdir(parents=True)
+    garbage = b"not a database " * 400
+    path.write_bytes(garbage)
+    store = ConversationStore(path)
+    backups = list(path.parent.glob("history.sqlite3.corrupt-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == garbage  # kept as it was
+    assert store.notice == (f"the history file could not be read (file is not a database): it was moved to "
+                            f"{backups[0]}; a new one is used")
+    conversation = store.new_conversation("after", "")
+    store.add_message(conversation, "user", "hello again")
+    store.close()
+    reopened = ConversationStore(path)
+    assert reopened.notice is None and [m.content for m in reopened.messages(conversation)] == ["hello again"]
+
+
+def test_the_history_is_written_ahead(path):
+    store = ConversationStore(path)
+    assert store.db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

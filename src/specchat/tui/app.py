@@ -111,6 +111,8 @@ class SpecchatApp(App):
         self.panels.transfer_label = backend.transfer_label
         self.panels.show_figures()
         await self.show(Outcome(redraw=True) if self.resume_id is None else self.session.open(self.resume_id))
+        if self.store.notice:
+            await self.view.note(Note(self.store.notice, error=True))
         self.prompt.focus()
 
     async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

@@ -1,14 +1,19 @@
-"""Conversations kept in SQLite under the platformdirs data dir; every write is one transaction."""
+"""Conversations kept in SQLite under the platformdirs data dir; every write is one transaction,
+in WAL mode, so a crash mid-write leaves every committed message readable. An unreadable file is
+moved aside, never deleted, and a new one is started."""
 
 import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from time import time
 
 from platformdirs import user_data_dir
+
+from specchat.errors import SpecchatError
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -54,7 +59,7 @@ class Conversation:
     updated_at: float
 
 
-class StoreError(RuntimeError):
+class StoreError(SpecchatError):
     """The history file exists but was written by an unknown version of specchat."""
 
 
@@ -62,10 +67,34 @@ class ConversationStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.notice: str | None = None  # one line for the user when the file had to be moved aside
+        try:
+            self.open()
+        except sqlite3.DatabaseError as error:
+            backup = self.move_aside()
+            self.notice = f"the history file could not be read ({error}): it was moved to {backup}; a new one is used"
+            self.open()
+
+    def open(self) -> None:
         # Autocommit mode, so that `transaction` alone decides where each write begins and ends.
         self.db = sqlite3.connect(self.path, isolation_level=None)
-        self.db.execute("PRAGMA foreign_keys = ON")
-        self.migrate()
+        try:
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self.migrate()
+        except BaseException:
+            self.db.close()
+            raise
+
+    def move_aside(self) -> Path:
+        """Rename the history file (and its WAL files) to history.sqlite3.corrupt-TIME."""
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        backup = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            sidecar = self.path.with_name(self.path.name + suffix)
+            if sidecar.exists():
+                sidecar.rename(backup.with_name(backup.name + suffix))
+        return backup
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
