@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.cli import main
 from specchat.tui.store import ConversationStore, default_path
@@ -278,3 +278,27 @@ def test_run_with_a_history_of_a_newer_specchat_is_one_line_exit_2(monkeypatch, 
     code, _, err = run_cli(monkeypatch, capsys, "run")
     assert_one_line_error(code, err, "schema version 99")
     assert list(path.parent.glob("*.corrupt-*")) == []
+
+
+def pickled_copy(directory: Path, destination: Path) -> Path:
+    """`directory`'s model with its weights saved as a pickle (pytorch_model.bin) instead."""
+    model = Qwen2ForCausalLM.from_pretrained(directory)
+    destination.mkdir()
+    torch.save(model.state_dict(), destination / "pytorch_model.bin")
+    model.config.save_pretrained(destination)
+    AutoTokenizer.from_pretrained(directory).save_pretrained(destination)
+    assert not list(destination.glob("*.safetensors")) and (destination / "pytorch_model.bin").exists()
+    return destination
+
+
+def test_pickled_weights_are_refused_unless_allowed(monkeypatch, capsys, tiny_dirs, tmp_path):
+    target, draft, _ = tiny_dirs
+    pickled = pickled_copy(target, tmp_path / "pickled")
+    common = ["hello world", "--raw", "--max-new-tokens", "6", "--temperature", "0", "--dtype", "float32",
+              "--draft", str(draft), "--json"]
+    code, _, err = run_cli(monkeypatch, capsys, "generate", *common, "--target", str(pickled))
+    assert_one_line_error(code, err, "holds pickled weights (pytorch_model.bin)", "--allow-pickle")
+    code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--target", str(pickled), "--allow-pickle")
+    assert code == 0
+    _, safe_out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--target", str(target))
+    assert json.loads(out)["token_ids"] == json.loads(safe_out)["token_ids"]

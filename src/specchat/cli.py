@@ -12,7 +12,7 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.cli_options import (BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
+from specchat.cli_options import (AllowPickleOpt, BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
                                   OffloadDirOpt, OffloadOpt, RayOpt, ResidentOpt, TargetOpt, TemperatureOpt, TopPOpt,
                                   WorkersOpt, check_sampling, parse_budget)
 from specchat.decoding.events import Engine, SamplingParams
@@ -59,6 +59,7 @@ def generate(
     resident_layers: ResidentOpt = None,
     draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
     draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
+    allow_pickle: AllowPickleOpt = False,
     lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
     workers: WorkersOpt = None,
     ray_address: RayOpt = None,
@@ -72,7 +73,7 @@ def generate(
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
-        draft_vocab=draft_vocab,
+        draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     models = load_models(options)
@@ -132,6 +133,7 @@ def run(
     resident_layers: ResidentOpt = None,
     draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
     draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
+    allow_pickle: AllowPickleOpt = False,
     engine: str = typer.Option("specexec", help=" | ".join(ENGINES) + " (/engine switches among those over the same models)"),
     budget: BudgetOpt = None,
     lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
@@ -153,7 +155,7 @@ def run(
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
-        draft_vocab=draft_vocab,
+        draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     validate(options)

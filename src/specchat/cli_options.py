@@ -27,6 +27,8 @@ DraftQuantOpt = Annotated[str, typer.Option(
     help="auto | none | int8 | nf4: the draft's weights (auto: int8 on a CPU; nf4: bitsandbytes, CUDA only).")]
 DraftVocabOpt = Annotated[int, typer.Option(
     help="Tokens the draft's LM head scores, the most frequent first (0: the whole vocabulary).")]
+AllowPickleOpt = Annotated[bool, typer.Option(
+    "--allow-pickle", help="Load local checkpoints whose weights are pickles (.bin, .pt): only from a source you trust.")]
 LookaheadOpt = Annotated[int, typer.Option(help="dsi: drafts k per verification job.")]
 WorkersOpt = Annotated[str | None, typer.Option(
     help="dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device).")]

@@ -25,7 +25,7 @@ from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH,
                              LOOKAHEAD, auto_cap, default_budget)
 from specchat.models.draft import load_draft, resolve_draft_quant
-from specchat.models.loading import LoadedModel, load, load_offloaded, resolve
+from specchat.models.loading import LoadedModel, check_not_pickled, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.offload.build import Offload, OffloadPlan
@@ -56,6 +56,7 @@ class EngineOptions:
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
     ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
+    allow_pickle: bool = False  # load local checkpoints whose weights are pickles (.bin, .pt)
 
 
 @dataclass
@@ -153,9 +154,11 @@ def validate(options: EngineOptions) -> None:
     if options.draft_vocab < 0:
         raise SpecchatError(f"--draft-vocab must be >= 0, 0 for the whole vocabulary (got {options.draft_vocab})")
     validate_dsi(options)
-    resolve(options.target)
-    if options.engine in DRAFTED_ENGINES:
-        resolve(options.draft)
+    specs = (options.target, options.draft) if options.engine in DRAFTED_ENGINES else (options.target,)
+    for spec in specs:
+        resolve(spec)
+        if not options.allow_pickle:
+            check_not_pickled(spec)
 
 
 def validate_dsi(options: EngineOptions) -> None:

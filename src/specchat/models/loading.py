@@ -61,6 +61,23 @@ def resolve(spec: str) -> ModelSource:
     )
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # torch.save checkpoints: unpickling can run code
+
+
+def check_not_pickled(spec: str) -> None:
+    """Refuse a local model directory whose weights exist only as pickles; one line saying why."""
+    source = resolve(spec)
+    if source.kind != "dir":  # hub downloads fetch safetensors only; GGUF and embedded models are not pickles
+        return
+    directory = Path(source.location)
+    if any(directory.glob("*.safetensors")):
+        return  # transformers prefers them to any pickle beside them
+    pickled = sorted(path.name for path in directory.iterdir() if path.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise SpecchatError(f"{spec} holds pickled weights ({pickled[0]}), which can run code as they load: "
+                            "convert them to safetensors, or pass --allow-pickle if you trust their source")
+
+
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
          quantization: object | None = None, device: torch.device | None = None) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
