@@ -31,6 +31,8 @@ VALID = {
     "/help": Help(),
     "/quit": Quit(),
     "  /budget   12  ": SetSetting("budget", 12),
+    "/budget\n64": SetSetting("budget", 64),  # Ctrl+J after the name
+    "/system Be terse.\nUse lists.": SetSetting("system_prompt", "Be terse.\nUse lists."),
 }
 
 INVALID = {
@@ -39,6 +41,7 @@ INVALID = {
     "/budget 9000": "budget must be between 1 and 8192 (got 9000)",
     "/budget": "usage: /budget N|auto",
     "/budget 1.5": "/budget needs a whole number or 'auto' (got '1.5')",
+    "/budget 1\n2": "/budget needs a whole number or 'auto' (got '1\\n2')",  # one line, always
     "/depth 0": "depth must be between 1 and 256 (got 0)",
     "/lookahead 0": "lookahead must be between 1 and 64 (got 0)",
     "/lookahead 65": "lookahead must be between 1 and 64 (got 65)",

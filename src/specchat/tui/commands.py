@@ -76,14 +76,14 @@ def parse_int(name: str, text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise CommandError(f"/{name} needs a whole number (got '{text}')") from None
+        raise CommandError(f"/{name} needs a whole number (got {text!r})") from None
 
 
 def parse_float(name: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise CommandError(f"/{name} needs a number (got '{text}')") from None
+        raise CommandError(f"/{name} needs a number (got {text!r})") from None
 
 
 def checked(field: str, value: object) -> SetSetting:
@@ -96,7 +96,7 @@ def checked(field: str, value: object) -> SetSetting:
 def no_args(command: Command) -> Callable[[str], Command]:
     def parse(text: str) -> Command:
         if text:
-            raise CommandError(f"this command takes no arguments (got '{text}')")
+            raise CommandError(f"this command takes no arguments (got {text!r})")
         return command
 
     return parse
@@ -121,7 +121,7 @@ def parse_budget(text: str) -> Command:
     try:
         size = int(text)
     except ValueError:
-        raise CommandError(f"/budget needs a whole number or 'auto' (got '{text}')") from None
+        raise CommandError(f"/budget needs a whole number or 'auto' (got {text!r})") from None
     return checked("budget", size)
 
 
@@ -175,7 +175,8 @@ def is_command(text: str) -> bool:
 
 def parse(text: str) -> Command:
     """The command typed in `text` (which starts with '/'); raises CommandError."""
-    name, _, args = text.strip()[1:].partition(" ")
+    # The name ends at the first whitespace, a newline too (Ctrl+J); the arguments keep theirs.
+    name, args = (text.strip()[1:].split(None, 1) + ["", ""])[:2]
     spec = COMMANDS.get(name)
     if spec is None:
         raise CommandError(f"unknown command '/{name}': type /help for the list")
