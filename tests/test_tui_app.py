@@ -164,44 +164,75 @@ def test_every_way_out_closes_the_backend_once(store_path, keys):
     assert app.backend.closes == 1
 
 
-def test_sigterm_keeps_the_reply_and_closes_the_backend(store_path):
-    # In a process of its own: a SIGTERM that the app failed to catch would end the test run.
-    script = textwrap.dedent("""
-        import sys
-        from pathlib import Path
-        from specchat.tui.app import SpecchatApp
-        from specchat.tui.fake import FakeBackend, FakeEngine
-        from specchat.tui.store import ConversationStore
+REPLYING_CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from specchat.tui.app import SpecchatApp
+    from specchat.tui.fake import FakeBackend, FakeEngine
+    from specchat.tui.store import ConversationStore
 
-        store_path, replying = Path(sys.argv[1]), Path(sys.argv[2])
-        backend = FakeBackend([FakeEngine(delay_s=0.2)])
-        app = SpecchatApp(backend, ConversationStore(store_path))
+    store_path, replying = Path(sys.argv[1]), Path(sys.argv[2])
+    backend = FakeBackend([FakeEngine(delay_s=0.2)])
+    app = SpecchatApp(backend, ConversationStore(store_path))
 
-        async def reply_then_wait(pilot):
-            app.prompt.load_text("tell me")
-            await pilot.press("enter")
-            while not (app.reply_turn and app.reply_turn.text):
-                await pilot.pause(0.01)
-            replying.touch()
+    async def reply_then_wait(pilot):
+        app.prompt.load_text("tell me")
+        await pilot.press("enter")
+        while not (app.reply_turn and app.reply_turn.text):
+            await pilot.pause(0.01)
+        replying.touch()
 
-        app.run(headless=True, auto_pilot=reply_then_wait)
-        print(backend.closes)
-    """)
+    app.run(headless=True, auto_pilot=reply_then_wait)
+    print(backend.closes)
+""")
+
+
+def replying_child(store_path: Path) -> subprocess.Popen:
+    """The app in a process of its own (a signal it failed to catch would end the test run),
+    once its reply has shown some text."""
     replying = store_path.parent / "replying"
     env = {**os.environ, "PYTHONPATH": str(Path(specchat.__file__).parents[1])}
-    child = subprocess.Popen([sys.executable, "-c", script, str(store_path), str(replying)],
+    child = subprocess.Popen([sys.executable, "-c", REPLYING_CHILD, str(store_path), str(replying)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = perf_counter() + 60
     while not replying.exists():
         assert child.poll() is None and perf_counter() < deadline, child.stderr.read() if child.poll() else "no reply"
         sleep(0.05)
+    return child
+
+
+def stored_reply(store_path: Path):
+    store = ConversationStore(store_path)
+    [conversation] = store.conversations()
+    return store.messages(conversation.id)[-1]
+
+
+def test_sigterm_keeps_the_reply_and_closes_the_backend(store_path):
+    child = replying_child(store_path)
     child.send_signal(signal.SIGTERM)
     out, err = child.communicate(timeout=60)
     assert (child.returncode, out) == (0, "1\n"), err
-    store = ConversationStore(store_path)
-    [conversation] = store.conversations()
-    reply = store.messages(conversation.id)[-1]
+    reply = stored_reply(store_path)
     assert reply.role == "assistant" and reply.cut and 0 < len(reply.content) < len(REPLY)
+
+
+def test_a_reply_killed_mid_way_is_there_as_cut_after_a_restart(store_path):
+    child = replying_child(store_path)
+    child.kill()  # SIGKILL: nothing runs at exit
+    child.communicate(timeout=60)
+    reply = stored_reply(store_path)
+    assert reply.role == "assistant" and reply.cut and 0 < len(reply.content) < len(REPLY)
+    assert REPLY.startswith(reply.content)
+    store = ConversationStore(store_path)
+    app = SpecchatApp(FakeBackend(), store, store.last_conversation_id())  # as `specchat run --continue`
+
+    async def scenario():
+        async with app.run_test(size=SIZE):
+            assert [t.text for t in app.query(UserTurn)] == ["tell me"]
+            [turn] = app.query(AssistantTurn)
+            assert turn.text == reply.content and app.session.entries[-1].cut
+
+    run(scenario)
 
 
 def test_ctrl_c_when_idle_asks_for_a_second_press(store_path):

@@ -173,15 +173,30 @@ def test_system_prompt_is_stored_with_the_conversation(store):
     assert session.send("again").job.prompt_ids[:len("<system>Be terse.")] == [ord(c) for c in "<system>Be terse."]
 
 
+def test_a_reply_is_stored_as_it_is_written_so_a_crash_keeps_it_as_cut(store):
+    session = session_on(store)
+    job = session.send("question").job
+    events = job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling)
+    for event in [next(events), next(events)]:
+        session.record(event, job.stream.push(event.token_ids))
+    written = session.reply_text
+    assert written and stored(session) == [("user", "question", False), ("assistant", written, True)]
+    # What a restart finds after a kill -9 here: the text so far, marked cut.
+    reopened = ConversationStore(store.path)
+    assert [(m.role, m.content, m.cut) for m in reopened.messages(session.conversation_id)] == \
+        [("user", "question", False), ("assistant", written, True)]
+
+
 def test_retry_deletes_the_last_reply_and_writes_it_again(store):
     session = session_on(store)
     assert session.retry().notes == (Note("nothing to retry yet", error=True),)
     ask(session, "question")
     outcome = session.retry()
     assert outcome.reply_removed and outcome.job is session.job
-    assert stored(session) == [("user", "question", False)]
+    assert stored(session) == [("user", "question", False), ("assistant", "", True)]  # the new reply, so far
     write_reply(session, outcome.job)
     assert [entry.role for entry in session.entries] == ["user", "assistant"]
+    assert stored(session) == [("user", "question", False), ("assistant", REPLY, False)]
     session.send("x" * 5000)  # overflows: no reply to remove
     retried = session.retry()
     assert not retried.reply_removed and retried.notes[0].error

@@ -62,6 +62,7 @@ class Session:
         self.reply_text = ""  # of the reply being written, or of the last one
         self.reply_events: list[IterationEvent] = []  # likewise
         self.reply_started = 0.0
+        self.reply_message_id: int | None = None  # the stored row of the reply being written
         self.last_summary: Summary | None = None
         self.reply_ids = count(1)
         self.engine_lock = threading.Lock()  # one generate() at a time, see decoder.decode_reply
@@ -97,6 +98,9 @@ class Session:
         self.job = ReplyJob(next(self.reply_ids), self.backend.engine, prompt.ids, prompt.max_new_tokens,
                             self.settings.sampling(), self.backend.new_text_stream())
         self.reply_text, self.reply_events, self.reply_started = "", [], perf_counter()
+        # Stored from its start as a cut reply and kept up to date, so that a crash (kill -9, power)
+        # leaves the text written so far, marked cut.
+        self.reply_message_id = self.store.add_message(self.conversation_id, "assistant", "", cut=True)
         return Outcome(notes=notes, job=self.job)
 
     def is_current(self, reply_id: int) -> bool:
@@ -106,7 +110,9 @@ class Session:
     def record(self, event: IterationEvent, text: str) -> None:
         """One iteration of the reply being written, and the text it made stable."""
         self.reply_events.append(event)
-        self.reply_text += text
+        if text:
+            self.reply_text += text
+            self.store.update_message(self.reply_message_id, self.reply_text, cut=True)
 
     def end_reply(self, cut: bool, tail: str = "") -> None:
         """Stop decoding and store the reply with `tail` (the text held back to the end); the
@@ -114,7 +120,8 @@ class Session:
         self.job.cancel.set()
         self.job = None
         self.reply_text += tail
-        self.add_entry("assistant", self.reply_text, cut)
+        self.store.update_message(self.reply_message_id, self.reply_text, cut)
+        self.entries.append(Entry("assistant", self.reply_text, cut, self.reply_message_id))
         self.last_summary = summarize(self.reply_events, perf_counter() - self.reply_started)
 
     def add_entry(self, role: str, content: str, cut: bool) -> None:

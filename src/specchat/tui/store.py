@@ -141,6 +141,10 @@ class ConversationStore:
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
         return cursor.lastrowid
 
+    def update_message(self, message_id: int, content: str, cut: bool) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE messages SET content = ?, cut = ? WHERE id = ?", (content, int(cut), message_id))
+
     def delete_message(self, message_id: int) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
