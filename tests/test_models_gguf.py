@@ -4,11 +4,13 @@ The fake model is split into fake part packages on sys.path and swapped into the
 so the real code path (importlib lookup, hashing, atomic rename, conversion) runs in seconds.
 """
 
+import errno
 import hashlib
 import shutil
 import threading
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -162,6 +164,32 @@ def test_wrong_checksum_is_an_error_and_leaves_no_file(fake_draft: EmbeddedModel
     assert not gguf_path(fake_draft).exists()
     assert list(gguf_path(fake_draft).parent.iterdir()) == []
     assert not converted_path(fake_draft).exists()
+
+
+def test_no_room_for_the_gguf_is_one_line_before_writing(fake_draft: EmbeddedModel,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=100))
+    with pytest.raises(SpecchatError, match=r"^not enough space in .* for .*\.gguf: it needs .* GB, 0\.00 GB are free$"):
+        ensure_embedded(DEFAULT_DRAFT, progress=False)
+    assert not gguf_path(fake_draft).parent.exists() or list(gguf_path(fake_draft).parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("stage", ["assembling", "converting"])
+def test_a_disk_filling_up_leaves_nothing_partial(fake_draft: EmbeddedModel, monkeypatch: pytest.MonkeyPatch,
+                                                  stage: str) -> None:
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if stage == "assembling":
+        monkeypatch.setattr("specchat.models.assemble.copy_hashing", full)
+    else:
+        monkeypatch.setattr("transformers.PreTrainedModel.save_pretrained", full)
+    with pytest.raises(SpecchatError, match="filled up while writing .*: it needs .* GB free$"):
+        ensure_embedded(DEFAULT_DRAFT, progress=False)
+    cache = gguf_path(fake_draft).parent.parent
+    left = sorted(path.relative_to(cache).as_posix() for path in cache.rglob("*") if path.is_file())
+    kept = [] if stage == "assembling" else [gguf_path(fake_draft).relative_to(cache).as_posix()]
+    assert [name for name in left if not name.startswith("locks/")] == kept  # a complete GGUF stays
 
 
 def test_wrong_size_is_an_error(fake_draft: EmbeddedModel, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,9 @@
 """Offloaded models (ram and disk tiers) compute exactly what the same model computes in memory."""
 
+import errno
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
 from specchat.offload.build import OffloadPlan, offload_model
+from specchat.offload.direct_io import write_blob
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.progress import Reporter
 
@@ -118,3 +122,38 @@ def test_all_layers_resident_means_nothing_streams(tiny_dir, tmp_path):
 def test_resident_count_out_of_range_is_a_clear_error(tiny_dir, tmp_path):
     with pytest.raises(SpecchatError, match="--resident-layers must be between 0 and 5"):
         offloaded(tiny_dir, "ram", tmp_path, resident=6)
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_disk_too_small_for_the_layer_file_is_one_line_before_writing(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=4096))
+    with pytest.raises(SpecchatError, match=r"^not enough space in .* for the layer file: it needs 0\.00 GB, "
+                                            r"0\.00 GB are free$"):
+        offloaded(tiny_dir, "disk", tmp_path)
+    assert list((tmp_path / "offload").iterdir()) == []
+
+
+def test_a_disk_that_fills_up_leaves_no_partial_file_and_no_descriptor(tiny_dir, tmp_path, monkeypatch):
+    writes = []
+
+    def fill_up_on_the_third(fd, data, offset):
+        writes.append(offset)
+        if len(writes) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_blob(fd, data, offset)
+
+    monkeypatch.setattr("specchat.offload.storage.write_blob", fill_up_on_the_third)
+    before = open_descriptors()
+    with pytest.raises(SpecchatError) as raised:
+        offloaded(tiny_dir, "disk", tmp_path)
+    assert str(raised.value).startswith(f"the disk holding {tmp_path / 'offload'} filled up while writing the layer file")
+    assert "\n" not in str(raised.value)
+    assert list((tmp_path / "offload").iterdir()) == []  # neither the partial file nor a manifest
+    assert open_descriptors() == before
+    monkeypatch.undo()
+    lm, offload = offloaded(tiny_dir, "disk", tmp_path)  # room again: written whole, and right
+    assert torch.equal(sequential_logits(lm, [4, 2], 2), sequential_logits(in_memory(tiny_dir), [4, 2], 2))
+    offload.close()

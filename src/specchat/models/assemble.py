@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.errors import SpecchatError
 from specchat.models.staging import new_temp_file
 from specchat.progress import Reporter
@@ -14,9 +15,10 @@ _CHUNK = 8 << 20  # 8 MiB: large enough that hashing, not syscalls, dominates
 
 def assemble(pieces: list[Path], target: Path, size: int, sha256: str, remedy: str, reporter: Reporter) -> None:
     """Write the concatenation of `pieces` to `target`; on a mismatch raise SpecchatError(... remedy)."""
+    check_free_space(target.parent, size, target.name)
     fd, temp = new_temp_file(target)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "wb") as out, disk_full_is_one_line(target.parent, size, target.name):
             digest = copy_hashing(pieces, out, size, target.name, reporter)
             out.flush()
             os.fsync(out.fileno())  # the rename below must never publish data still in the page cache only

@@ -12,6 +12,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.models.marker import write_marker
 from specchat.models.staging import new_temp_dir
 from specchat.progress import Reporter, transformers_bars
@@ -40,10 +41,14 @@ def write_converted(gguf: Path, directory: Path, reporter: Reporter) -> None:
         bar.update()
         bar.set_postfix_str("saving weights")
         make_serializable(model)
-        model.save_pretrained(directory)
-        bar.update()
-        bar.set_postfix_str("saving tokenizer")
-        tokenizer.save_pretrained(directory)
+        needed = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+        what = f"the converted {gguf.stem}"
+        check_free_space(directory, needed, what)
+        with disk_full_is_one_line(directory, needed, what):
+            model.save_pretrained(directory)
+            bar.update()
+            bar.set_postfix_str("saving tokenizer")
+            tokenizer.save_pretrained(directory)
         bar.update()
 
 

@@ -126,11 +126,15 @@ def write_layers(store: LayerStore, layers, layers_name: str, source: Safetensor
     """Fill the store with the layers it holds (the disk file: every layer; RAM: the streamed ones)."""
     indices = store.stored_layers()
     store.begin_writing()
-    with reporter.bar(total=len(indices), desc=store.writing_label, unit="layer") as bar:
-        for index in indices:
-            store.write(index, layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype))
-            bar.update()
-    store.finish_writing()
+    try:
+        with reporter.bar(total=len(indices), desc=store.writing_label, unit="layer") as bar:
+            for index in indices:
+                store.write(index, layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype))
+                bar.update()
+        store.finish_writing()
+    except BaseException:
+        store.abort_writing()
+        raise
 
 
 def make_slots(plan: OffloadPlan, layouts: list[LayerLayout], device: torch.device):

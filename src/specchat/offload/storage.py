@@ -9,14 +9,15 @@ from typing import Protocol
 
 import torch
 
+from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict, write_blob
 from specchat.offload.layout import LayerLayout, pack_into
 
 
 class LayerStore(Protocol):
     """Layers by their index in the model's layer list. Filled once (`needs_writing`, then
-    `begin_writing`, `write` of every layer of `stored_layers`, `finish_writing`), then `open`
-    for reads until `close`."""
+    `begin_writing`, `write` of every layer of `stored_layers`, `finish_writing`, or
+    `abort_writing` on any error), then `open` for reads until `close`."""
 
     writing_label: str  # what filling it does, as a progress bar names it
 
@@ -32,6 +33,9 @@ class LayerStore(Protocol):
         """Store one layer's tensors (cast to the layout's dtypes)."""
 
     def finish_writing(self) -> None: ...
+
+    def abort_writing(self) -> None:
+        """Drop what was written so far: nothing partial stays behind."""
 
     def open(self) -> None:
         """Get ready to read."""
@@ -67,6 +71,9 @@ class RamStore:
 
     def finish_writing(self) -> None:
         pass  # nothing to flush
+
+    def abort_writing(self) -> None:
+        pass  # the buffers are rewritten at every start
 
     def open(self) -> None:
         pass  # reads return the buffers themselves
@@ -119,23 +126,45 @@ class DiskStore:
     def needs_writing(self) -> bool:
         return not self.reusable
 
+    @property
+    def partial_path(self) -> Path:
+        """Where the file is written, renamed to `path` only once complete."""
+        return self.path.with_name(self.path.name + ".partial")
+
+    @property
+    def file_bytes(self) -> int:
+        return self.offsets[-1] + align_up(self.layouts[-1].nbytes)
+
     def begin_writing(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.manifest_path.unlink(missing_ok=True)  # the old file is no longer what it says
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.path.unlink(missing_ok=True)  # and its space is needed for the new one
+        self.partial_path.unlink(missing_ok=True)  # left by a run that was killed
+        check_free_space(self.path.parent, self.file_bytes, "the layer file")
+        self.fd = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         self.scratch = aligned_empty(max(layout.nbytes for layout in self.layouts))
 
     def write(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         layout = self.layouts[layer]
         pack_into(layout, tensors, self.scratch)
-        write_blob(self.fd, self.scratch[: layout.nbytes], self.offsets[layer])
+        with disk_full_is_one_line(self.path.parent, self.file_bytes, "the layer file"):
+            write_blob(self.fd, self.scratch[: layout.nbytes], self.offsets[layer])
+
+    def abort_writing(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.partial_path.unlink(missing_ok=True)
 
     def finish_writing(self) -> None:
-        """Make the file durable, record what it holds, and drop it from the page cache."""
-        os.fsync(self.fd)
+        """Make the file durable, give it its name, record what it holds, and drop it from the
+        page cache."""
+        with disk_full_is_one_line(self.path.parent, self.file_bytes, "the layer file"):
+            os.fsync(self.fd)
         os.close(self.fd)
         self.fd = None
         del self.scratch
+        os.replace(self.partial_path, self.path)
         temp = self.manifest_path.with_suffix(".json.tmp")
         temp.write_text(json.dumps(self.fingerprint))
         os.replace(temp, self.manifest_path)
