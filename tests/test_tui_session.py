@@ -124,8 +124,8 @@ def test_budget_auto_is_taken_by_an_engine_that_sizes_its_trees(store):
 def test_budget_auto_is_refused_where_the_engine_keeps_its_size(store):
     session = session_on(store, [FakeEngine(sizes_trees=False), FakeEngine(name="autoregressive")])
     refused = session.change("budget", "auto")
-    assert refused.notes == (Note("/budget auto: specexec cannot size its own trees in this run (specexec "
-                                  "can, when `specchat run` starts with --budget auto)", error=True),)
+    assert refused.notes == (Note("/budget auto is not available for specexec in this run: only specexec sizes "
+                                  "its own trees, when `specchat run` starts with --budget auto", error=True),)
     assert session.backend.engine.budget == 16 and session.settings.budget == 16
 
 

@@ -167,8 +167,8 @@ class Session:
                 # a lookahead set on another engine would never apply.
                 return says(f"/lookahead applies to the dsi engine only, not {engine.name}", error=True)
             case "budget" if value == AUTO and not self.sizes_trees():
-                return says(f"/budget auto: {engine.name} cannot size its own trees in this run (specexec "
-                            "can, when `specchat run` starts with --budget auto)", error=True)
+                return says(f"/budget auto is not available for {engine.name} in this run: only specexec sizes "
+                            "its own trees, when `specchat run` starts with --budget auto", error=True)
         self.settings = self.settings.with_value(field, value)
         if field in LIVE_FROM:
             self.apply_live_settings()
