@@ -3,13 +3,13 @@ weight-only int8, per activation dtype and number of rows: what `--draft-quant a
 
 Usage: python scripts/bench_int8_linear.py
 Prints one markdown row per rows count: the fastest of the probe's runs for fp32, int8 with
-fp32 activations, bf16 and int8 with bf16 activations, and what `int8_pays` answers per dtype.
+fp32 activations, bf16 and int8 with bf16 activations, and up to how many rows `int8_rows` finds int8 faster, per dtype.
 """
 
 import torch
 from torch import nn
 
-from specchat.quant.int8 import PROBE_SHAPE, Int8Linear, int8_pays, seconds
+from specchat.quant.int8 import PROBE_SHAPE, Int8Linear, int8_rows, seconds
 
 ROWS = (1, 4, 16, 64, 128, 256)
 
@@ -30,7 +30,7 @@ def main() -> None:
         cells = [1000 * seconds(layer, [x.to(dtype)]) for (dense, int8), dtype in ((fp32, torch.float32), (bf16, torch.bfloat16))
                  for layer in (dense, int8)]
         print(f"| {rows} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
-    print(f"int8_pays: float32 {int8_pays(torch.float32)}, bfloat16 {int8_pays(torch.bfloat16)}")
+    print(f"int8_rows: float32 {int8_rows(torch.float32)}, bfloat16 {int8_rows(torch.bfloat16)}")
 
 
 if __name__ == "__main__":

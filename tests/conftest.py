@@ -125,10 +125,11 @@ def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.
     probabilities, so its dtype may differ from the target's."""
     dtype = DTYPES[DEFAULT_DTYPE]
     draft = load(DEFAULT_DRAFT, dtype, progress=False)
-    if int8 is None:
-        int8 = resolve_draft_quant(EngineOptions.draft_quant, pick_device(), dtype) == "int8"
+    quant = resolve_draft_quant(EngineOptions.draft_quant if int8 is None else ("int8" if int8 else "none"),
+                                pick_device(), dtype)
     stop_ids = stop_token_ids(draft.model, draft.tokenizer)
-    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, vocab_size, stop_ids)
+    return approximate_draft(draft.model, draft.tokenizer, draft.directory, quant.kind == "int8", vocab_size, stop_ids,
+                             quant.dense_above)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,10 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.models.draft_approx import approximate_draft
-from specchat.models.vocab_rank import RANK_FILE, corpus_texts, head_vocab, rank_tokens, vocab_ranking
-from specchat.models.draft import resolve_draft_quant
-from specchat.quant.int8 import PROBE_RUNS, Int8Linear, int8_pays, quantize_linears, seconds
+from specchat.corpora import sharegpt_records
+from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
+from specchat.models.draft import DraftQuant, resolve_draft_quant
+from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Linear, int8_rows, quantize_linears, seconds
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
@@ -64,9 +65,11 @@ def test_the_ranking_is_stored_once_beside_the_model(tmp_path):
     assert vocab_ranking(tmp_path, CharTokenizer(), vocab_size=50) == list(reversed(ranking))
 
 
-def test_the_corpus_is_the_standard_library():
-    texts = corpus_texts(limit_bytes=50_000)
-    assert texts and sum(map(len, texts)) >= 50_000 and any("def " in text for text in texts)
+def test_the_corpus_is_chat_replies_then_code():
+    chat, code = chat_texts(50_000), stdlib_texts(50_000)
+    assert sum(map(len, chat)) >= 50_000 and sum(map(len, code)) >= 50_000
+    assert any("def " in text for text in code)
+    assert chat[0] == next(turn["value"] for turn in next(sharegpt_records())["conversations"] if turn["from"] == "gpt")
 
 
 def test_head_vocab_keeps_the_stop_tokens():
@@ -119,18 +122,29 @@ def test_a_draft_with_random_logits_still_gives_exact_output(tiny_target, tiny_d
 
 @pytest.mark.parametrize("kind", ["none", "int8", "nf4"])
 def test_an_explicit_draft_quant_is_kept(kind):
-    assert resolve_draft_quant(kind, torch.device("cpu"), torch.bfloat16) == kind
+    assert resolve_draft_quant(kind, torch.device("cpu"), torch.bfloat16) == DraftQuant(kind)
 
 
-@pytest.mark.parametrize("pays", [True, False])
-def test_auto_draft_quant_is_int8_on_a_cpu_only_where_it_pays(monkeypatch, pays):
-    monkeypatch.setattr("specchat.models.draft.int8_pays", lambda dtype: pays)
-    assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == ("int8" if pays else "none")
-    assert resolve_draft_quant("auto", torch.device("cuda"), torch.bfloat16) == "none"
+@pytest.mark.parametrize("rows, expected", [(0, DraftQuant("none")), (4, DraftQuant("int8", 4)),
+                                            (PROBE_ROWS[-1], DraftQuant("int8"))])
+def test_auto_draft_quant_is_int8_on_a_cpu_for_the_widths_where_it_pays(monkeypatch, rows, expected):
+    monkeypatch.setattr("specchat.models.draft.int8_rows", lambda dtype: rows)
+    assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == expected
+    assert resolve_draft_quant("auto", torch.device("cuda"), torch.bfloat16) == DraftQuant("none")
 
 
 def test_int8_never_pays_without_a_kernel_for_the_dtype():
-    assert not int8_pays(torch.float64)
+    assert int8_rows(torch.float64) == 0
+
+
+def test_a_dense_above_linear_multiplies_wide_inputs_with_the_dense_weight():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(24, 32), torch.randn(24)
+    layer = Int8Linear(weight, bias, dense_above=2)
+    narrow, wide = torch.randn(2, 32), torch.randn(3, 32)
+    assert torch.equal(layer(narrow), Int8Linear(weight, bias)(narrow))
+    assert torch.allclose(layer(wide), wide @ weight.t() + bias, atol=1e-5)
+    assert not torch.allclose(layer(wide), Int8Linear(weight, bias)(wide), atol=1e-5)
 
 
 def test_the_probe_sums_the_fastest_run_of_each_input():
@@ -144,8 +158,11 @@ def test_the_probe_sums_the_fastest_run_of_each_input():
     assert calls == [1] * (1 + PROBE_RUNS) + [3] * (1 + PROBE_RUNS)  # a warm-up call, then the timed runs
 
 
-@pytest.mark.parametrize("int8_s, dense_s, pays", [(1.0, 2.0, True), (2.0, 1.0, False)])
-def test_int8_pays_when_its_linear_is_faster(monkeypatch, int8_s, dense_s, pays):
-    monkeypatch.setattr("specchat.quant.int8.seconds",
-                        lambda layer, inputs: int8_s if isinstance(layer, Int8Linear) else dense_s)
-    assert int8_pays(torch.bfloat16) is pays
+@pytest.mark.parametrize("wins_up_to", [0, 1, 4, 64])
+def test_int8_rows_is_the_widest_input_up_to_which_int8_always_wins(monkeypatch, wins_up_to):
+    def seconds_of(layer, inputs):
+        rows = inputs[0].shape[0]
+        faster = rows <= wins_up_to or rows == 32  # a win past a loss does not count
+        return (1.0 if faster else 3.0) if isinstance(layer, Int8Linear) else 2.0
+    monkeypatch.setattr("specchat.quant.int8.seconds", seconds_of)
+    assert int8_rows(torch.bfloat16) == wins_up_to

@@ -100,3 +100,14 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
         assert event.target_s == TARGET_PASS_S * (1 + (prefill_passes if index == 0 else 0))
         assert event.transfer_bytes >= event.tree_size + 1
     assert all(event.transfer_bytes == event.tree_size + 1 for event in events[1:])  # root + drafted nodes
+
+
+def test_upfront_nodes_are_the_likeliest_path_then_the_likeliest_others():
+    from test_tree import make_tree
+    #   0 -> 1 (-0.1) -> 3 (-0.3) -> 5 (-0.9)
+    #     -> 2 (-0.2) -> 4 (-0.25)
+    tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
+                      (5, 3, 3, -0.9)])
+    assert tree_engine.upfront_nodes(tree, 5) == [0, 1, 3, 5, 2]
+    assert tree_engine.upfront_nodes(tree, 6) == [0, 1, 3, 5, 2, 4]
+    assert tree_engine.upfront_nodes(tree, 2) == [0, 1, 3, 5]  # the path whole, however long

@@ -24,7 +24,7 @@ from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH,
                              LOOKAHEAD, auto_cap, default_budget)
-from specchat.models.draft import load_draft, resolve_draft_quant
+from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, check_not_pickled, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -45,13 +45,13 @@ class EngineOptions:
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
     engine: str = "specexec"
-    budget: int | str | None = None  # K, or AUTO (sized per iteration); None: suited to the device
+    budget: int | str | None = None  # K, or AUTO (sized per iteration); None: AUTO for specexec, else suited to the device
     max_depth: int = DEFAULT_MAX_DEPTH
     dtype: str = DEFAULT_DTYPE
     offload: str = "none"  # where the target's decoder layers live: none (on the device), ram, disk
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
-    draft_quant: str = "auto"  # auto: int8 on a CPU, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
+    draft_quant: str = "auto"  # auto: int8 on a CPU for the widths where it pays, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
@@ -93,9 +93,9 @@ class Models:
             lookahead = settings.lookahead if settings.lookahead is not None else DEFAULT_LOOKAHEAD
             return DSIEngine(self.draft, self.workers, self.stop_ids, lookahead)
         cuda, offloaded = self.device.type == "cuda", self.offload is not None
-        budget = settings.budget if settings.budget is not None else default_budget(cuda, offloaded)
         depth = settings.depth if settings.depth is not None else DEFAULT_MAX_DEPTH
-        if name != "specexec":  # only SpecExec sizes its own trees: the others take the default
+        budget = AUTO if settings.budget is None else settings.budget  # SpecExec sizes its trees by default
+        if name != "specexec":  # only SpecExec sizes its own trees: the others take the device's default
             budget = default_budget(cuda, offloaded) if budget == AUTO else budget
             return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
         sizer = self.sizer() if budget == AUTO or self.costs is not None else None
@@ -191,7 +191,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     dtype = DTYPES[options.dtype]
     drafted = any(name in DRAFTED_ENGINES for name in names)
     quantization = draft_quantization(options.draft_quant, device, dtype) if drafted else None
-    draft_quant = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else options.draft_quant
+    draft_quant = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else None
     if "dsi" in names and options.ray_address is not None:
         models = load_ray_models(options, device, dtype, reporter)
     else:
@@ -199,10 +199,9 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     try:
         if drafted:
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
-                                      int8=draft_quant == "int8",
-                                      vocab_size=options.draft_vocab or None)
+                                      quant=draft_quant, vocab_size=options.draft_vocab or None)
         models.identity = identity(options, draft_quant)
-        if options.budget == AUTO and "specexec" in names:
+        if options.budget in (AUTO, None) and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
             models.sizer()
     except BaseException:
@@ -212,11 +211,11 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     return models
 
 
-def identity(options: EngineOptions, draft_quant: str) -> dict:
+def identity(options: EngineOptions, draft_quant: DraftQuant | None) -> dict:
     """What decides the models' costs (`draft_quant` as resolved): the key of the cost probe's cache."""
     return {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
             "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
-            "draft_quant": draft_quant}
+            "draft_quant": str(draft_quant or options.draft_quant)}
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:

@@ -85,10 +85,13 @@ class CausalLM:
         only `vocab` when set."""
         scale = temperature if temperature > 0 else 1.0
         head = self.head if self.vocab is not None else self.model.get_output_embeddings()
-        logprobs = torch.log_softmax(head(hidden).float() / scale, dim=-1)
-        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        logits = head(hidden).float() / scale
+        # log p = logit - logsumexp(logits): taking the top k first spares writing a whole
+        # [m, V] log-softmax for the k entries read.
+        top = logits.topk(min(k, logits.shape[-1]), dim=-1)
+        values = top.values - logits.logsumexp(dim=-1, keepdim=True)
         ids = self.vocab.to(hidden.device)[top.indices] if self.vocab is not None else top.indices
-        return top.values.cpu(), ids.cpu()
+        return values.cpu(), ids.cpu()
 
 
 def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

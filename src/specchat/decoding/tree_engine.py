@@ -26,6 +26,7 @@ from specchat.decoding.drafter import GrownTree, Root, TreeShape, catch_up
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
+from specchat.decoding.tree import DraftTree
 from specchat.decoding.verifier import Verdict
 
 Drafted = TypeVar("Drafted", bound=GrownTree)
@@ -46,12 +47,18 @@ class TreeStrategy(Protocol[Drafted]):
         ...
 
 
+# Target LM-head rows computed in one batch before the walk. The head reads its whole weight
+# matrix (V x H) whatever the row count, so while the product is memory-bound a batch of a few
+# rows costs about one row, and every node computed later costs another full read.
+UPFRONT_ROWS = 8
+
+
 class NodeLogits:
     """Target logits per tree node, computed on demand.
 
-    The LM head reads its whole weight matrix whatever the row count, so on a memory-bound
-    device the rows the walk will most likely visit (the draft's likeliest path) are computed
-    in one batch up front; any other node is computed when first asked for.
+    The rows the walk will most likely visit (the draft's likeliest path, then the likeliest
+    other nodes, up to UPFRONT_ROWS) are computed in one batch up front; any other node is
+    computed when first asked for.
     """
 
     def __init__(self, target: CausalLM, hidden: torch.Tensor) -> None:
@@ -164,10 +171,19 @@ class TreeEngine:
         prefix = len(seq) - 1
         mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
         logits = NodeLogits(self.target, self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask))
-        logits.compute(tree.likeliest_path())
+        logits.compute(upfront_nodes(tree, UPFRONT_ROWS))
         verdict = self.strategy.walk(drafted, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
         keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
         return verdict
+
+
+def upfront_nodes(tree: DraftTree, rows: int) -> list[int]:
+    """The draft's likeliest path (whole, however long), then the nodes of highest cumulative
+    draft log-prob not on it, up to `rows` nodes in all."""
+    path = tree.likeliest_path()
+    on_path = set(path)
+    ranked = torch.sort(tree.logprobs, descending=True, stable=True).indices.tolist()
+    return path + [node for node in ranked if node not in on_path][: max(0, rows - len(path))]
 
 
 def prune_draft_cache(cache: DynamicCache, grown: GrownTree, verdict: Verdict, committed: int) -> None:

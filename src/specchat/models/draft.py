@@ -1,5 +1,7 @@
 """Loading the draft model: checked against the target's tokenizer, then approximated."""
 
+from dataclasses import dataclass
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -9,33 +11,48 @@ from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.progress import Reporter
-from specchat.quant.int8 import int8_pays
+from specchat.quant.int8 import PROBE_ROWS, int8_rows
+
+
+@dataclass(frozen=True)
+class DraftQuant:
+    """How the draft's weights are stored, as resolved for this device."""
+
+    kind: str  # none | int8 | nf4
+    dense_above: int | None = None  # int8: inputs of more rows multiply the dense weights kept beside
+
+    def __str__(self) -> str:
+        return self.kind if self.dense_above is None else f"{self.kind} up to {self.dense_above} rows"
 
 
 def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization: object | None,
-               target_tokenizer: PreTrainedTokenizerBase, reporter: Reporter, int8: bool,
+               target_tokenizer: PreTrainedTokenizerBase, reporter: Reporter, quant: DraftQuant,
                vocab_size: int | None) -> CausalLM:
-    """The draft `spec` on `device`, its weights in int8 if `int8`, its head scoring the
+    """The draft `spec` on `device`, its weights as `quant` says, its head scoring the
     `vocab_size` most frequent tokens (None: all); `quantization` loads it through bitsandbytes."""
     draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device)
     check_tokenizers_compatible(draft.tokenizer, target_tokenizer)
     if quantization is None:
         reporter.step(f"moving {draft.name} to {device.type}")
         draft.model.to(device)
-    reporter.step(f"preparing the draft ({describe(int8, vocab_size)})")
-    return approximate_draft(draft.model, draft.tokenizer, draft.directory, int8, vocab_size,
-                             stop_token_ids(draft.model, draft.tokenizer))
+    reporter.step(f"preparing the draft ({describe(quant, vocab_size)})")
+    return approximate_draft(draft.model, draft.tokenizer, draft.directory, quant.kind == "int8", vocab_size,
+                             stop_token_ids(draft.model, draft.tokenizer), quant.dense_above)
 
 
-def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> str:
-    """`auto` is int8 on a CPU where its kernel beats the dense `dtype` matmul there (measured:
-    it does without bf16 hardware, it does not with avx512_bf16), and no quantization elsewhere
-    (the kernel is CPU-only)."""
+def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:
+    """`auto` is int8 on a CPU for the input widths where its kernel beats the dense `dtype`
+    matmul there (measured: at every width without bf16 hardware; with avx512_bf16 only up to a
+    few rows, so wider draft steps keep the dense weights), and no quantization elsewhere (the
+    kernel is CPU-only). An explicit kind is taken as it is: int8 at every width."""
     if kind != "auto":
-        return kind
-    return "int8" if device.type == "cpu" and int8_pays(dtype) else "none"
+        return DraftQuant(kind)
+    rows = int8_rows(dtype) if device.type == "cpu" else 0
+    if rows == 0:
+        return DraftQuant("none")
+    return DraftQuant("int8", None if rows == PROBE_ROWS[-1] else rows)
 
 
-def describe(int8: bool, vocab_size: int | None) -> str:
-    weights = "int8 weights" if int8 else "full weights"
+def describe(quant: DraftQuant, vocab_size: int | None) -> str:
+    weights = "full weights" if quant.kind == "none" else f"{quant} weights"
     return f"{weights}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"

@@ -22,31 +22,28 @@ from specchat.quant.int8 import Int8Linear, quantize_linears
 
 
 def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, int8: bool,
-                      vocab_size: int | None, stop_ids: frozenset[int]) -> CausalLM:
-    """`model` as a draft: its decoder linears in int8 if `int8`, its head restricted to the
+                      vocab_size: int | None, stop_ids: frozenset[int], dense_above: int | None = None) -> CausalLM:
+    """`model` as a draft: its decoder linears in int8 if `int8` (inputs of more than
+    `dense_above` rows keep multiplying the dense weights, when set), its head restricted to the
     `vocab_size` most frequent tokens and the stop tokens unless `vocab_size` is None or covers
     the whole vocabulary. The ranking is read from (or stored once in) `directory`."""
     if int8:
-        quantize_linears(model.get_decoder())
+        quantize_linears(model.get_decoder(), dense_above)
     full = model.config.vocab_size
     if vocab_size is None or vocab_size >= full:
         if int8:
-            model.set_output_embeddings(untied_int8_head(model))
+            model.set_output_embeddings(Int8Linear(model.get_output_embeddings().weight.detach(), None, dense_above))
         return CausalLM(model)
     vocab = head_vocab(vocab_ranking(directory, tokenizer, full), vocab_size, sorted(stop_ids))
-    return CausalLM(model, vocab=vocab, head=sub_head(model, vocab, int8))
+    return CausalLM(model, vocab=vocab, head=sub_head(model, vocab, int8, dense_above))
 
 
-def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool) -> nn.Module:
+def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_above: int | None) -> nn.Module:
     """The LM head's rows for `vocab` (a copy: the embedding it may be tied to stays whole)."""
     weight = model.get_output_embeddings().weight.detach()
     rows = weight[vocab.to(weight.device)].clone()
     if int8:
-        return Int8Linear(rows, None)
+        return Int8Linear(rows, None, dense_above)
     head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
     head.weight.data = rows
     return head.requires_grad_(False)
-
-
-def untied_int8_head(model: PreTrainedModel) -> nn.Module:
-    return Int8Linear(model.get_output_embeddings().weight.detach(), None)

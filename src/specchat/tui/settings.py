@@ -6,7 +6,7 @@ from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
-                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P, default_budget)
+                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
@@ -15,7 +15,7 @@ LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens"
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    budget: int | str = default_budget(cuda=False, offloaded=False)  # K, or AUTO (the engine sizes its trees)
+    budget: int | str = AUTO  # K, or AUTO (the engine sizes its trees)
     depth: int = DEFAULT_MAX_DEPTH
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi's drafts per verification job, as `specchat run --lookahead`
     temperature: float = DEFAULT_TEMPERATURE
