@@ -2,6 +2,7 @@
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,12 +10,13 @@ import torch
 from conftest import build_tiny, perturbed
 from test_cli import assert_one_line_error, run_cli, tiny_dirs  # noqa: F401  (tiny_dirs: model directories)
 
+from specchat.bench.command import check_bench, parse_budget_item
 from specchat.bench.measure import FIGURES, engine_measurer, measure_hf_assisted
 from specchat.bench.plots import write_plots
 from specchat.bench.report import configurations, pool, render_table
 from specchat.bench.results import KEY_FIELDS, RESULTS_FILE, read_rows, row_key
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, plan_points, run_sweep
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import AUTO, SamplingParams
 from specchat.errors import SpecchatError
 from specchat.runtime import ENGINES, Models
 
@@ -258,3 +260,15 @@ def test_bench_out_that_is_a_file_is_one_line_exit_2(monkeypatch, capsys, tmp_pa
     (tmp_path / "x").write_text("")
     code, _, err = run_cli(monkeypatch, capsys, "bench", "--out", str(tmp_path / "x"))
     assert_one_line_error(code, err, "is a file, not a directory")
+
+
+def test_auto_is_swept_for_specexec_only():
+    points = plan_points(["specexec", "sd"], [AUTO, 8], [0.0], compare_hf=False)
+    assert points == [Point("specexec", AUTO, 0.0), Point("specexec", 8, 0.0), Point("sd", 8, 0.0)]
+
+
+def test_dsi_refuses_auto_as_its_lookahead():
+    setup = replace(SETUP, workers="cpu,cpu")
+    with pytest.raises(SpecchatError, match="dsi takes --budgets as its lookahead: numbers up to 64 .got auto,4."):
+        check_bench(setup, ["dsi"], [AUTO, 4], 2, compare_hf=False, out_dir=Path("unused"))
+    assert parse_budget_item("auto") == AUTO and parse_budget_item("16") == 16

@@ -7,7 +7,7 @@ from time import perf_counter
 
 import typer
 
-from specchat.bench.command import check_bench, parse_list, run_bench
+from specchat.bench.command import check_bench, parse_budget_item, parse_list, run_bench
 from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
@@ -190,7 +190,8 @@ def doctor(
 def bench(
     out: Path = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
     engines: str = typer.Option(",".join(BENCH_ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
-    budgets: str = typer.Option("16,64,256,1024", help="Comma list of draft tree sizes K (engines with no draft run once)."),
+    budgets: str = typer.Option("auto,16,64,256", help="Comma list of draft tree sizes K, or auto (specexec sizes "
+                                "each tree; the other engines skip it); engines with no draft run once."),
     temperature: str = typer.Option(f"{DEFAULT_TEMPERATURE:g},0", help="Comma list; 0 = greedy."),
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED,
@@ -213,7 +214,7 @@ def bench(
     temperatures = parse_list(temperature, "--temperature", float)
     for value in temperatures:
         check_sampling(value, top_p, seed, max_new_tokens)
-    names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", int)
+    names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", parse_budget_item)
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
                   dtype=dtype, offload=offload, max_depth=DEFAULT_MAX_DEPTH,
                   workers=workers or default_workers(pick_device()))

@@ -8,6 +8,7 @@ from typing import TypeVar
 from specchat.bench.datasets import check_dataset, load_prompts
 from specchat.bench.pair import engine_options, model_measurer
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, run_sweep
+from specchat.decoding.events import AUTO
 from specchat.errors import SpecchatError
 from specchat.limits import BUDGET, LOOKAHEAD
 from specchat.models.loading import resolve
@@ -27,14 +28,21 @@ def parse_list(text: str, flag: str, kind: Callable[[str], Item]) -> list[Item]:
         raise SpecchatError(f"{flag} takes a comma list of numbers (got '{text}')") from error
 
 
-def check_bench(setup: Setup, engines: list[str], budgets: list[int], n_prompts: int, compare_hf: bool,
+def parse_budget_item(text: str) -> int | str:
+    """One item of --budgets: a tree size, or auto."""
+    return AUTO if text == AUTO else int(text)
+
+
+def check_bench(setup: Setup, engines: list[str], budgets: list[int | str], n_prompts: int, compare_hf: bool,
                 out_dir: Path) -> None:
     """What can be checked before loading anything; one clear line on failure."""
     check_engines(engines)
-    for budget in budgets:
+    sizes = [budget for budget in budgets if budget != AUTO]
+    for budget in sizes:
         BUDGET.check("--budgets", budget)
-    if "dsi" in engines and max(budgets) > LOOKAHEAD.high:
-        raise SpecchatError(f"dsi takes --budgets as its lookahead: at most {LOOKAHEAD.high:g} (got {max(budgets)})")
+    if "dsi" in engines and (AUTO in budgets or max(sizes) > LOOKAHEAD.high):
+        raise SpecchatError(f"dsi takes --budgets as its lookahead: numbers up to {LOOKAHEAD.high:g} "
+                            f"(got {','.join(map(str, budgets))})")
     check_dataset(setup.dataset)
     if n_prompts < 1:
         raise SpecchatError(f"--n-prompts must be >= 1 (got {n_prompts})")

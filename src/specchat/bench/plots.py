@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
 from specchat.bench.report import Configuration, configurations
+from specchat.decoding.events import AUTO
 
 PANEL_INCHES = (6, 4)
 DPI = 100
@@ -40,7 +41,8 @@ def engine_colors(entries: list[Configuration]) -> dict[str, str]:
 
 
 def budget_figure(entries: list[Configuration], metric: str, label: str) -> Figure:
-    """One panel per temperature, one line per engine; an engine with no budget is a dashed level."""
+    """One panel per temperature, one line per engine; an engine with no budget is a dashed level,
+    and specexec at --budget auto a dotted one."""
     temperatures = sorted({e.temperature for e in entries}, reverse=True)
     width = max(PANEL_INCHES[0], 4 * len(temperatures))
     figure = Figure(figsize=(width, PANEL_INCHES[1]), dpi=DPI, layout="constrained")
@@ -49,7 +51,7 @@ def budget_figure(entries: list[Configuration], metric: str, label: str) -> Figu
         draw_engines(panel, [e for e in entries if e.temperature == temperature], metric, engine_colors(entries))
         panel.set(title=f"temperature {temperature:g}", xlabel="budget K (draft tokens per tree)", ylabel=label)
         finish(panel)
-        panel.set_xticks(sorted({e.budget for e in entries if e.budget is not None}))
+        panel.set_xticks(sorted({e.budget for e in entries if isinstance(e.budget, int)}))
     return figure
 
 
@@ -57,12 +59,14 @@ def draw_engines(panel: Axes, entries: list[Configuration], metric: str, colors:
     for engine, color in colors.items():
         points = [(e.budget, getattr(e, metric)) for e in entries if e.engine == engine]
         points = [(budget, value) for budget, value in points if value is not None]
-        if not points:
-            continue  # e.g. the gen rate of hf-assisted, which transformers does not expose
-        if points[0][0] is None:
-            panel.axhline(points[0][1], linestyle="--", linewidth=1, label=engine, color=color)
-        else:
-            panel.plot(*zip(*sorted(points)), marker="o", label=engine, color=color)
+        sized = [(budget, value) for budget, value in points if isinstance(budget, int)]
+        if sized:
+            panel.plot(*zip(*sorted(sized)), marker="o", label=engine, color=color)
+        for budget, value in points:
+            if budget is None:  # e.g. autoregressive; hf-assisted has no gen rate, so no point
+                panel.axhline(value, linestyle="--", linewidth=1, label=engine, color=color)
+            elif budget == AUTO:
+                panel.axhline(value, linestyle=":", linewidth=1.5, label=f"{engine} auto", color=color)
 
 
 def target_time_figure(entries: list[Configuration]) -> Figure:

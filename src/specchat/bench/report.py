@@ -7,7 +7,7 @@ from statistics import fmean
 @dataclass(frozen=True)
 class Configuration:
     engine: str
-    budget: int | None  # None: an engine that drafts no tree of a chosen size
+    budget: int | str | None  # None: an engine that drafts no tree of a chosen size; AUTO: sized per iteration
     temperature: float
     prompts: int
     gen_rate: float | None  # None where the method does not expose it (hf-assisted)
@@ -45,7 +45,10 @@ def configurations(rows: list[dict]) -> list[Configuration]:
     ]
 
 
-def show(value: float | int | None, digits: int) -> str:
+def show(value: float | int | str | None, digits: int) -> str:
+    """A figure with `digits` decimals; '-' for None; a word (the budget auto) as it is."""
+    if isinstance(value, str):
+        return value
     return "-" if value is None else f"{value:.{digits}f}"
 
 

@@ -9,6 +9,7 @@ from specchat.bench.machine import describe_machine
 from specchat.bench.results import RESULTS_FILE, append_row, read_rows, row_key
 from specchat.errors import SpecchatError
 from specchat.progress import Reporter
+from specchat.decoding.events import AUTO
 from specchat.runtime import DRAFTED_ENGINES, ENGINES
 
 HF_ASSISTED = "hf-assisted"  # transformers' assisted generation, added by --compare-hf
@@ -37,7 +38,7 @@ class Point:
     """One configuration of the sweep."""
 
     engine: str
-    budget: int | None  # None: the engine drafts no tree of a chosen size, so it runs once
+    budget: int | str | None  # None: the engine drafts no tree of a chosen size, so it runs once; AUTO: sized per iteration
     temperature: float
 
 
@@ -52,13 +53,21 @@ def uses_draft(engine: str) -> bool:
     return engine in DRAFTED_ENGINES or engine == HF_ASSISTED
 
 
-def plan_points(engines: list[str], budgets: list[int], temperatures: list[float], compare_hf: bool) -> list[Point]:
+def budgets_of(engine: str, budgets: list[int | str]) -> list[int | str | None]:
+    """The budgets `engine` is swept over: none for an engine without a draft, and auto only for
+    specexec, the engine that sizes its own trees."""
+    if engine not in DRAFTED_ENGINES:
+        return [None]
+    return [budget for budget in budgets if budget != AUTO or engine == "specexec"]
+
+
+def plan_points(engines: list[str], budgets: list[int | str], temperatures: list[float], compare_hf: bool) -> list[Point]:
     """Every configuration, engine by engine; engines with no draft tree are not swept over budgets."""
     names = [*engines, HF_ASSISTED] if compare_hf else engines
     return [
         Point(engine, budget, temperature)
         for engine in names
-        for budget in (budgets if engine in DRAFTED_ENGINES else [None])
+        for budget in budgets_of(engine, budgets)
         for temperature in temperatures
     ]
 
