@@ -10,7 +10,7 @@ import pytest
 import torch
 from textual.widgets import Static
 
-from specchat.decoding.events import LiveSettings
+from specchat.decoding.events import AUTO, LiveSettings
 from specchat.dsi.workers import WorkerPool, thread_workers
 from specchat.errors import SpecchatError
 from specchat.runtime import Models
@@ -116,7 +116,7 @@ def test_dsi_is_offered_alone_with_its_lookahead(dsi_backend):
     engine = dsi_backend.engine
     assert dsi_backend.engines == {"dsi": engine} and dsi_backend.engine_names == ("dsi",)
     assert (dsi_backend.settings.engine, dsi_backend.settings.lookahead) == ("dsi", 3)
-    assert (dsi_backend.settings.budget, dsi_backend.settings.depth) == (16, 24)  # defaults: dsi has no tree
+    assert (dsi_backend.settings.budget, dsi_backend.settings.depth) == (AUTO, 24)  # defaults: dsi has no tree
     assert engine.live_settings() == LiveSettings(lookahead=3, workers=1)
 
 
