@@ -127,6 +127,8 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
                     yield text
                 if reply.stopped:
                     return
+        except APIError:
+            raise
         except SpecchatError as error:
             raise bad_request(str(error)) from None
         except Exception as error:  # the scheduler logged its traceback; the client gets one line
@@ -164,9 +166,11 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts)],
-                     exception_handlers={APIError: api_error_response, HTTPException: http_error_response})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(RequestLog, log_prompts=config.log_prompts)],
+                    exception_handlers={APIError: api_error_response, HTTPException: http_error_response})
+    app.state.scheduler = scheduler  # stopped first at shutdown (listen.server_for)
+    return app
 
 
 def model_card(model: str, created: int) -> dict:

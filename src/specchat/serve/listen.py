@@ -43,7 +43,16 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class Server(uvicorn.Server):
+    """uvicorn, stopping the app's requests first when it shuts down: the queued ones are answered
+    at once and the decoding one ends at its next iteration, so no stream holds the exit."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.config.app.state.scheduler.stop_all()
+        await super().shutdown(sockets)
+
+
 def server_for(app: Starlette) -> uvicorn.Server:
     """uvicorn with its own logs at warning: the app logs one line per request itself."""
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+    return Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                          timeout_graceful_shutdown=GRACE_S))

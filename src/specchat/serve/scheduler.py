@@ -18,6 +18,7 @@ from time import perf_counter
 from specchat.decoding.events import Engine, IterationEvent, SamplingParams
 from specchat.errors import SpecchatError
 from specchat.reply_loop import run_reply
+from specchat.serve.errors import APIError
 
 logger = logging.getLogger("specchat.serve")
 
@@ -91,19 +92,31 @@ class Scheduler:
     def start(self) -> None:
         self.thread.start()
 
-    def close(self) -> None:
-        """Cancel every request and stop the thread once its iteration in progress ends."""
+    def stop_all(self) -> None:
+        """At shutdown: waiting requests are answered 503, the running one stops at its next
+        iteration, and nothing new is accepted."""
         with self.condition:
             self.closed = True
-            for job in [*self.waiting, *([self.running] if self.running else [])]:
+            for job in self.waiting:
                 job.cancel.set()
+                job.deliver(APIError(503, "the server is shutting down", "shutting_down", kind="server_error"))
+                job.deliver(END)
+            self.waiting.clear()
+            if self.running is not None:
+                self.running.cancel.set()
             self.condition.notify()
+
+    def close(self) -> None:
+        """Stop everything, and the thread once its iteration in progress ends."""
+        self.stop_all()
         if self.thread.is_alive():
             self.thread.join()
 
     def submit(self, job: Job) -> None:
         """Queue `job` last; QueueFull past the bound."""
         with self.condition:
+            if self.closed:
+                raise APIError(503, "the server is shutting down", "shutting_down", kind="server_error")
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting): retry later")
             job.arrived, job.enqueued_s = next(self.arrivals), perf_counter()
