@@ -69,7 +69,10 @@ def run_server(options: EngineOptions, serving: Serving, sampling: SamplingParam
             app = build_app(config, Scheduler(engines, serving.max_queue))
             show_request_log()
             print(f"serving {options.target} ({options.engine}) at {url_of(sock)}/v1 ; Ctrl+C stops", flush=True)
-            server_for(app).run(sockets=[sock])
+            try:
+                server_for(app).run(sockets=[sock])
+            except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it shut down on: the way to stop
+                print("stopped", file=sys.stderr)
         finally:
             models.close()
     finally:
