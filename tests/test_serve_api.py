@@ -236,6 +236,26 @@ def test_on_tiny_models_a_seed_gives_the_same_reply(tiny_target, tiny_draft):
     assert replies[0] == replies[1] != replies[2]
 
 
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_second_turn_goes_to_the_slot_holding_the_first_with_its_whole_sequence(tiny_target, tiny_draft, slots):
+    """The server's half of conversation reuse (the engines' half: tests/test_serve_reuse.py)."""
+    app, scheduler = make_app([tiny_engine(tiny_target, tiny_draft) for _ in range(slots)], tokenizer=TINY_TOKENIZER,
+                              stop_ids=frozenset(), context_tokens=1024)
+    first = user("hello there")
+    with serving(app) as url:
+        chat = client(url)
+        text = chat.chat.completions.create(model=MODEL, messages=first, max_tokens=12, temperature=0).choices[0].message.content
+        holder = next(slot for slot in scheduler.slots if slot.sequence)
+        held = list(holder.sequence)
+        chat.chat.completions.create(model=MODEL, messages=user("another conversation"), max_tokens=4)
+        second = [*first, {"role": "assistant", "content": text}, {"role": "user", "content": "go on"}]
+        chat.chat.completions.create(model=MODEL, messages=second, max_tokens=4)
+    prompt = TINY_TOKENIZER.apply_chat_template(second, True, True, True)["input_ids"]
+    assert len(held) == len(TINY_TOKENIZER.apply_chat_template(first, True, True, True)["input_ids"]) + 12
+    assert prompt[:len(held)] == held  # the whole first turn, reply included, leads the second prompt
+    assert holder.sequence[:len(prompt)] == prompt  # and the second turn ran on the slot that held it
+
+
 def test_a_conversation_returns_to_the_slot_that_holds_it():
     engines = [FakeEngine(), FakeEngine()]
     scheduler = Scheduler(engines, max_queue=4)

@@ -32,13 +32,15 @@ def chat_dirs(tmp_path_factory) -> tuple[Path, Path]:
     return save_chat_model(root / "target", seed=0), save_chat_model(root / "draft", seed=1)
 
 
-def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs):
+def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_path):
     target, draft = chat_dirs
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specchat", "serve", "--target", str(target), "--draft", str(draft), "--port", "0",
-         "--dtype", "float32", "--budget", "4", "--temperature", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECCHAT_API_KEY": "k"},
-    )
+    log = tmp_path / "serve.log"  # a file, not a pipe: loading bars must never block on a full pipe
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "specchat", "serve", "--target", str(target), "--draft", str(draft), "--port", "0",
+             "--dtype", "float32", "--budget", "4", "--temperature", "0"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "SPECCHAT_API_KEY": "k"},
+        )
     try:
         line = process.stdout.readline()
         assert line.startswith(f"serving {target} (specexec) at http://127.0.0.1:") and line.rstrip().endswith("Ctrl+C stops")
@@ -49,7 +51,8 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs):
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].finish_reason in ("stop", "length")
     finally:
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=STOP_S)
+        process.communicate(timeout=STOP_S)
+    err = log.read_text()
     assert process.returncode == 0, err
     assert "POST /v1/chat/completions 200 tokens" in err and "Traceback" not in err
     assert "hello" not in err  # prompts are logged only with --log-prompts
