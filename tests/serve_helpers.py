@@ -10,7 +10,8 @@ import openai
 from starlette.applications import Starlette
 
 from specchat.decoding.events import Engine, SamplingParams
-from specchat.serve.app import ServeConfig, build_app
+from specchat.serve.app import build_app
+from specchat.serve.completions import ServeConfig
 from specchat.serve.listen import bind, server_for, url_of
 from specchat.serve.scheduler import Scheduler
 
