@@ -4,7 +4,7 @@ frees the engine within one iteration, and its place in the queue at once."""
 
 import http.client
 import json
-import threading
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -154,16 +154,38 @@ def test_a_client_that_leaves_while_queued_frees_its_place_and_never_runs():
     assert len(engine.prompts) == 1  # "b" never reached the engine
 
 
+def test_non_streaming_client_that_leaves_while_queued_is_released(caplog):
+    caplog.set_level(logging.INFO, logger="specchat.serve")
+    engine = slow_engine()
+    app, scheduler = make_app([engine])
+    with serving(app) as url:
+        running, _ = open_stream(url, "a")
+        wait_until(lambda: scheduler.running is not None, "the first request runs")
+        queued = post(url, {"model": MODEL, "messages": user("b")})
+        wait_until(lambda: len(scheduler.waiting) == 1, "the second request waits")
+        queued.close()
+        wait_until(lambda: not scheduler.waiting, "the queue is empty again")
+        # Its handler ends (and logs its line) without waiting for the engine.
+        wait_until(lambda: any(r.getMessage().startswith("POST /v1/chat/completions 200 tokens")
+                               and "+0 " in r.getMessage() for r in caplog.records), "the request is logged")
+        assert scheduler.running is not None and len(engine.prompts) == 1
+        running.close()
+        wait_until(lambda: scheduler.running is None, "the engine is free")
+
+
+def post(url: str, body: dict) -> http.client.HTTPConnection:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return connection
+
+
 def test_non_streaming_client_that_leaves_cancels_its_decode():
     engine = slow_engine()
     app, scheduler = make_app([engine])
     with serving(app) as url:
-        host, port = url.removeprefix("http://").split(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
-        connection.request("POST", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": user("a")}),
-                           {"Content-Type": "application/json"})
+        connection = post(url, {"model": MODEL, "messages": user("a")})
         wait_until(lambda: engine.produced >= 3, "decoding is under way")
         connection.close()
         wait_until(lambda: scheduler.running is None, "the engine is free")
         assert engine.produced < 100
-    assert threading.active_count() >= 1

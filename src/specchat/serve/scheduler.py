@@ -130,6 +130,7 @@ class Scheduler:
         with self.condition:
             if job in self.waiting:
                 self.waiting.remove(job)
+                job.deliver(END)  # it will never run: whoever awaits its events is released
 
     def work(self) -> None:
         while (job := self.next_job()) is not None:
