@@ -8,8 +8,8 @@ from specchat.decoding.events import Engine, IterationEvent, SamplingParams
 
 
 def run_reply(engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-                 cancel: threading.Event, on_event: Callable[[IterationEvent], None],
-                 on_notice: Callable[[str], None]) -> bool:
+              cancel: threading.Event, on_event: Callable[[IterationEvent], None],
+              on_notice: Callable[[str], None]) -> bool:
     """Run the engine on `prompt_ids`, handing each event to `on_event`, until the reply ends or
     `cancel` is set; returns whether it ended by itself.
 
@@ -26,5 +26,6 @@ def run_reply(engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampli
             on_event(event)
         return True
     finally:
-        # Closing the generator now, in the decoding thread, releases the engine's caches at once.
+        # Closing the generator now, in the decoding thread, frees what the reply holds at once, and
+        # the engine is idle when this returns.
         events.close()

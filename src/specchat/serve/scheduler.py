@@ -29,6 +29,10 @@ class QueueFull(Exception):
     """Every place in the queue is taken."""
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", "shutting_down", kind="server_error")
+
+
 @dataclass(eq=False)
 class Job:
     """One request's reply: what to decode, and the inbox its events arrive in, on `loop`."""
@@ -99,7 +103,7 @@ class Scheduler:
             self.closed = True
             for job in self.waiting:
                 job.cancel.set()
-                job.deliver(APIError(503, "the server is shutting down", "shutting_down", kind="server_error"))
+                job.deliver(shutting_down())
                 job.deliver(END)
             self.waiting.clear()
             if self.running is not None:
@@ -116,7 +120,7 @@ class Scheduler:
         """Queue `job` last; QueueFull past the bound."""
         with self.condition:
             if self.closed:
-                raise APIError(503, "the server is shutting down", "shutting_down", kind="server_error")
+                raise shutting_down()
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting): retry later")
             job.arrived, job.enqueued_s = next(self.arrivals), perf_counter()
