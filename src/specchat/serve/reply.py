@@ -3,6 +3,7 @@ usage, and the `specchat` extension with the decoding figures."""
 
 import time
 import uuid
+from time import perf_counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -60,7 +61,8 @@ def usage(prompt_tokens: int, reply: Reply) -> dict:
 def extension(job: Job, reply: Reply) -> dict:
     """The `specchat` object: how the reply was decoded and how long it waited."""
     events = reply.events
-    summary = summarize(events, job.ended_s - job.started_s if job.ended_s else 0.0)
+    # A reply cut at a stop string is answered before its decode has stopped: timed until now.
+    summary = summarize(events, (job.ended_s or perf_counter()) - job.started_s if job.started else 0.0)
     iterations = max(summary.iterations, 1)
     return {
         "engine": job.engine,
