@@ -12,15 +12,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "specchat"
 # Bottom to top; a room is a top-level module or subpackage of specchat. A new room must be
 # placed here before the test passes.
 LAYERS: list[set[str]] = [
-    {"__init__", "errors", "paths", "progress", "textstream", "transfer", "limits", "diskspace", "corpora"},  # base
+    {"__init__", "errors", "paths", "progress", "textstream", "transfer", "limits", "diskspace", "corpora",
+     "chat_template"},  # base
     {"quant"},
     {"decoding", "offload"},  # siblings: neither imports the other
     {"models"},  # may import offload and quant
     {"dsi"},
-    {"runtime", "probe_cache"},
-    {"summary", "tui", "bench", "simulate", "doctor", "cli", "cli_options", "__main__"},  # front ends
+    {"runtime", "probe_cache", "reply_loop"},
+    {"summary", "tui", "serve", "bench", "simulate", "doctor", "cli", "cli_options", "__main__"},  # front ends
 ]
 SIBLINGS = [("decoding", "offload")]  # rooms of one layer that must not import each other
+FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL = ("tui", "serve")
 TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events"}  # the Engine protocol and event types
 
 LAYER_OF = {room: index for index, rooms in enumerate(LAYERS) for room in rooms}
@@ -102,11 +104,12 @@ def test_offload_never_imports_models():
     assert not reaching, "\n".join(reaching)
 
 
-def test_tui_sees_only_the_engine_protocol_of_decoding():
+@pytest.mark.parametrize("front_end", FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL)
+def test_front_end_sees_only_the_engine_protocol_of_decoding(front_end):
     reaching = [
         f"{where}: {importer} imports {imported}"
         for where, importer, imported in EDGES
-        if room_of(importer) == "tui" and room_of(imported) == "decoding"
+        if room_of(importer) == front_end and room_of(imported) == "decoding"
         and not any(imported == allowed or imported.startswith(allowed + ".") for allowed in TUI_MAY_IMPORT_FROM_DECODING)
     ]
     assert not reaching, "\n".join(reaching)

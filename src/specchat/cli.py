@@ -166,6 +166,49 @@ def run(
 
 
 @app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8000, help="Port to listen on (0: any free port)."),
+    api_key: str = typer.Option(None, envvar="SPECCHAT_API_KEY", show_envvar=True,
+                                help="Require 'Authorization: Bearer KEY' on /v1 requests."),
+    max_queue: int = typer.Option(16, help="Requests that may wait for the engine; past them the server answers 429."),
+    slots: int = typer.Option(4, help="Engines over the loaded models, each keeping one conversation's caches; "
+                              "one request decodes at a time."),
+    log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
+    target: TargetOpt = EngineOptions.target,
+    draft: DraftOpt = EngineOptions.draft,
+    engine: str = typer.Option("specexec", help=" | ".join(ENGINES)),
+    budget: BudgetOpt = None,
+    max_depth: int = typer.Option(DEFAULT_MAX_DEPTH, help="Deepest draft tree node D."),
+    temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
+    top_p: TopPOpt = DEFAULT_TOP_P,
+    seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed of requests that give none."),
+    dtype: DtypeOpt = DEFAULT_DTYPE,
+    offload: OffloadOpt = "none",
+    offload_dir: OffloadDirOpt = None,
+    resident_layers: ResidentOpt = None,
+    draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
+    draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
+    allow_pickle: AllowPickleOpt = False,
+    lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
+    workers: WorkersOpt = None,
+    ray_address: RayOpt = None,
+) -> None:
+    """Serve the OpenAI chat-completions API (/v1/chat/completions, /v1/models, /health)."""
+    from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
+
+    sampling = check_sampling(temperature, top_p, seed, 1)
+    options = EngineOptions(
+        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        draft_vocab=draft_vocab, allow_pickle=allow_pickle, lookahead=lookahead, workers=workers,
+        ray_address=ray_address,
+    )
+    validate(options)
+    run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), sampling)
+
+
+@app.command()
 def models() -> None:
     """List model aliases and what is available locally."""
     rows = list_models()

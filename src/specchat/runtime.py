@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from specchat.chat_template import encode_chat
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
@@ -274,9 +275,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) ->
     if raw or tokenizer.chat_template is None:
         ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     else:
-        messages = [{"role": "user", "content": prompt}]
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        ids = list(encoded["input_ids"])
+        ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     if not ids:
         raise SpecchatError("the prompt is empty after tokenization: give some text")
     return ids

@@ -37,6 +37,8 @@ class IterationEvent:
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
     predicted_accepted: float = 0.0  # --budget auto: accepted tokens the tree predicted (calibrated)
+    prefill_tokens: int = 0  # first event of a reply: prompt tokens the target computed (not reused)
+    prefill_s: float = 0.0  # first event of a reply: the time that prefill took
 
 
 AUTO = "auto"  # a budget chosen per iteration by the tree's predicted acceptance and measured costs

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 from textual.message import Message
 
+from specchat.reply_loop import run_reply
 from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
 from specchat.tui.reply import ReplyJob
 
@@ -25,15 +26,6 @@ def decode_reply(job: ReplyJob, engine_lock: threading.Lock, post: Callable[[Mes
 
 
 def run_events(job: ReplyJob, post: Callable[[Message], object]) -> None:
-    events = job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling)
-    try:
-        for event in events:
-            # Posted even after a cancel: an engine says a notice once, and it outlives the reply.
-            if event.notice:
-                post(EngineNotice(event.notice))
-            if job.cancel.is_set():
-                return
-            post(IterationArrived(job.id, event, job.stream.push(event.token_ids)))
-    finally:
-        # Closing the generator now, in this thread, releases the engine's caches at once.
-        events.close()
+    run_reply(job.engine, job.prompt_ids, job.max_new_tokens, job.sampling, job.cancel,
+              on_event=lambda event: post(IterationArrived(job.id, event, job.stream.push(event.token_ids))),
+              on_notice=lambda notice: post(EngineNotice(notice)))

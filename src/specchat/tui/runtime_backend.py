@@ -2,6 +2,7 @@
 
 from transformers import PreTrainedTokenizerBase
 
+from specchat.chat_template import encode_chat
 from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
 from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of, load_models
@@ -36,10 +37,7 @@ class RuntimeBackend:
         self.settings = settings_for(first, settings)
 
     def encode(self, messages: list[dict]) -> list[int]:
-        encoded = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )
-        return list(encoded["input_ids"])
+        return encode_chat(self.tokenizer, messages)
 
     def new_text_stream(self) -> TextStream:
         return TextStream(self.tokenizer)

@@ -1,0 +1,71 @@
+"""The HTTP application: routes, the key check, the request log and the scheduler's life."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from specchat.serve.completions import Completions, ServeConfig
+from specchat.serve.errors import APIError, api_error_response, http_error_response
+from specchat.serve.logs import RequestLog
+from specchat.serve.scheduler import Scheduler
+
+
+def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
+    created = int(time.time())
+    completions = Completions(config, scheduler)
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {config.api_key}":
+            given = "missing" if "authorization" not in request.headers else "wrong"
+            raise APIError(401, f"{given} API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [model_card(config.model, created)]})
+
+    async def model(request: Request) -> Response:
+        authorize(request)
+        if request.path_params["model"] != config.model:
+            raise APIError(404, f"model '{request.path_params['model']}' is not served here: this server serves "
+                           f"'{config.model}'", "model_not_found", "model")
+        return JSONResponse(model_card(config.model, created))
+
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        return await completions.respond(request)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.close)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(RequestLog, log_prompts=config.log_prompts)],
+                    exception_handlers={APIError: api_error_response, HTTPException: http_error_response})
+    app.state.scheduler = scheduler  # stopped first at shutdown (listen.server_for)
+    return app
+
+
+def model_card(model: str, created: int) -> dict:
+    return {"id": model, "object": "model", "created": created, "owned_by": "specchat"}
+

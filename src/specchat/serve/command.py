@@ -1,0 +1,80 @@
+"""`specchat serve`: bind, load the models once, build the engines, print the URL, serve."""
+
+import logging
+import sys
+from dataclasses import dataclass
+
+from specchat.decoding.events import SamplingParams
+from specchat.errors import SpecchatError
+from specchat.runtime import EngineOptions, live_settings_of, load_models
+from specchat.serve.app import build_app
+from specchat.serve.completions import ServeConfig
+from specchat.serve.listen import bind, is_loopback, server_for, url_of
+from specchat.serve.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class Serving:
+    host: str
+    port: int
+    api_key: str | None
+    max_queue: int  # requests waiting beyond the one decoding; past it, 429
+    slots: int  # engines, each keeping one conversation's caches
+    log_prompts: bool
+
+
+def check_serving(serving: Serving) -> None:
+    if not 0 <= serving.port <= 65535:
+        raise SpecchatError(f"--port must be between 0 and 65535 (got {serving.port})")
+    if serving.max_queue < 0:
+        raise SpecchatError(f"--max-queue must be >= 0 (got {serving.max_queue})")
+    if serving.slots < 1:
+        raise SpecchatError(f"--slots must be >= 1 (got {serving.slots})")
+    if serving.api_key is not None and not serving.api_key.strip():
+        raise SpecchatError("--api-key is empty: give a key, or leave the option out")
+
+
+def exposure_warning(serving: Serving) -> str | None:
+    """A warning when other machines can reach a server that asks no key."""
+    if serving.api_key is None and not is_loopback(serving.host):
+        return (f"warning: listening on {serving.host} without an API key: anyone who can reach this address "
+                "can use the server (set --api-key or SPECCHAT_API_KEY)")
+    return None
+
+
+def show_request_log() -> None:
+    """The request lines on stderr, with their time; other libraries' logs stay quiet."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger = logging.getLogger("specchat.serve")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def run_server(options: EngineOptions, serving: Serving, sampling: SamplingParams) -> None:
+    check_serving(serving)
+    if warning := exposure_warning(serving):
+        print(warning, file=sys.stderr)
+    sock = bind(serving.host, serving.port)
+    try:
+        models = load_models(options)
+        try:
+            if models.tokenizer.chat_template is None:
+                raise SpecchatError(f"{options.target} has no chat template: `specchat serve` needs a chat "
+                                    "(instruct) model")
+            engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(serving.slots)]
+            config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
+                                 context_tokens=models.context_tokens, sampling=sampling, api_key=serving.api_key,
+                                 log_prompts=serving.log_prompts)
+            app = build_app(config, Scheduler(engines, serving.max_queue))
+            show_request_log()
+            print(f"serving {options.target} ({options.engine}) at {url_of(sock)}/v1 ; Ctrl+C stops", flush=True)
+            try:
+                server_for(app).run(sockets=[sock])
+            except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it shut down on: the way to stop
+                print("stopped", file=sys.stderr)
+        finally:
+            models.close()
+    finally:
+        sock.close()

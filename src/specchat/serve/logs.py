@@ -1,0 +1,50 @@
+"""One log line per request: method, path, status, tokens and seconds (and the messages, only
+when the server runs with --log-prompts)."""
+
+import json
+import logging
+from time import perf_counter
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger("specchat.serve")
+
+
+class RequestLog:
+    """ASGI middleware; a handler leaves `tokens` (prompt, completion) and, with --log-prompts,
+    `messages` in the request's state for the line."""
+
+    def __init__(self, app: ASGIApp, log_prompts: bool) -> None:
+        self.app = app
+        self.log_prompts = log_prompts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        start, seen = perf_counter(), {"status": 0, "complete": False}
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                seen["complete"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            logger.info(self.line(scope, state, seen["status"], seen["complete"], perf_counter() - start))
+
+    def line(self, scope: Scope, state: dict, status: int, complete: bool, seconds: float) -> str:
+        parts = [scope["method"], scope["path"], str(status or 500)]
+        if "tokens" in state:
+            prompt, completion = state["tokens"]
+            parts.append(f"tokens {prompt}+{completion}")
+        parts.append(f"{seconds:.3f}s")
+        if not complete:
+            parts.append("incomplete")  # the client left, or the server failed
+        if self.log_prompts and "messages" in state:
+            parts.append(f"messages {json.dumps(state['messages'], ensure_ascii=False)}")
+        return " ".join(parts)

@@ -1,0 +1,114 @@
+"""A reply as OpenAI's objects: text from the events (cut at a stop string), the finish reason,
+usage, and the `specchat` extension with the decoding figures."""
+
+import time
+import uuid
+from time import perf_counter
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from specchat.decoding.events import IterationEvent
+from specchat.serve.scheduler import Job
+from specchat.serve.stops import StopScan
+from specchat.summary import summarize
+from specchat.textstream import TextStream
+
+
+@dataclass
+class Reply:
+    stream: TextStream
+    scan: StopScan
+    stop_ids: Collection[int]
+    events: list[IterationEvent] = field(default_factory=list)
+
+    def push(self, event: IterationEvent) -> str:
+        """The event's tokens; returns the text now safe to send."""
+        self.events.append(event)
+        return self.scan.push(self.stream.push(event.token_ids))
+
+    def finish(self) -> str:
+        """The text held back until the end."""
+        return self.scan.push(self.stream.finish()) + self.scan.finish()
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string was found: nothing after it is wanted."""
+        return self.scan.hit
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(event.token_ids) for event in self.events)
+
+    def finish_reason(self) -> str:
+        ended = self.events and self.events[-1].token_ids and self.events[-1].token_ids[-1] in self.stop_ids
+        return "stop" if self.stopped or ended else "length"
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, reply: Reply) -> dict:
+    """Tokens in and out; the prompt tokens the engine reused from its caches, once it reports them."""
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": reply.completion_tokens,
+              "total_tokens": prompt_tokens + reply.completion_tokens}
+    prefill = reply.events[0].prefill_tokens if reply.events else 0
+    if prefill:
+        counts["prompt_tokens_details"] = {"cached_tokens": prompt_tokens - prefill}
+    return counts
+
+
+def extension(job: Job, reply: Reply) -> dict:
+    """The `specchat` object: how the reply was decoded and how long it waited."""
+    events = reply.events
+    # A reply cut at a stop string is answered before its decode has stopped: timed until now.
+    summary = summarize(events, (job.ended_s or perf_counter()) - job.started_s if job.started else 0.0)
+    iterations = max(summary.iterations, 1)
+    return {
+        "engine": job.engine,
+        "iterations": summary.iterations,
+        "gen_rate": summary.gen_rate,
+        "accepted_per_iteration": sum(e.accepted for e in events) / iterations,
+        "tree_size": sum(e.tree_size for e in events) / iterations,
+        "draft_s": summary.draft_s,
+        "target_s": summary.target_s,
+        "transfer_s": summary.transfer_s,
+        "tokens_per_s": summary.tokens_per_s,
+        "prefill_tokens": events[0].prefill_tokens if events else 0,
+        "prefill_s": events[0].prefill_s if events else 0.0,
+        "queue_s": job.queue_s,
+        "arrived": job.arrived,  # the order requests were accepted in ...
+        "started": job.started,  # ... and the order they started in: equal orders are FIFO
+    }
+
+
+def completion(model: str, text: str, reply: Reply, job: Job) -> dict:
+    return {
+        "id": completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                     "finish_reason": reply.finish_reason()}],
+        "usage": usage(len(job.prompt_ids), reply),
+        "specchat": extension(job, reply),
+    }
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The chunks of one streamed reply, sharing its id and creation time."""
+
+    model: str
+    id: str = field(default_factory=completion_id)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def chunk(self, choices: list[dict], **extra: object) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+
+    def delta(self, delta: dict, finish_reason: str | None = None, **extra: object) -> dict:
+        return self.chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}], **extra)
+
+    def last(self, reply: Reply, job: Job) -> dict:
+        return self.delta({}, reply.finish_reason(), specchat=extension(job, reply))
+
+    def usage(self, reply: Reply, job: Job) -> dict:
+        return self.chunk([], usage=usage(len(job.prompt_ids), reply))

@@ -1,0 +1,171 @@
+"""The chat-completions request: its JSON types checked by pydantic (strictly: "10" is not a
+number), its values and the features specchat does not offer checked here, each refusal one line."""
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specchat.decoding.events import SamplingParams
+from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
+from specchat.serve.errors import APIError, bad_request, unsupported
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TOOL_ROLES = ("tool", "function")
+MAX_STOPS = 4  # as OpenAI
+
+
+class Strict(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do (clients send `user`, penalties...).
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Message(Strict):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[Any] | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class ChatRequest(Strict):
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def parse_request(body: bytes) -> ChatRequest:
+    """The request, or a 400: malformed JSON, or the first field missing or of the wrong type."""
+    try:
+        request = ChatRequest.model_validate_json(body)
+    except ValidationError as error:
+        raise refusal(error.errors()[0]) from None
+    check_features(request)
+    return request
+
+
+def refusal(error: dict) -> APIError:
+    """pydantic's first error as one line."""
+    if error["type"] == "json_invalid":
+        return bad_request(f"the body is not valid JSON: {error['ctx']['error']}", "invalid_json")
+    if error["type"] == "model_type" and not error["loc"]:
+        return bad_request("the request body must be a JSON object", "invalid_type")
+    field = field_name(error["loc"])
+    if error["type"] == "missing":
+        return bad_request(f"{field} is required", "missing_field", field)
+    return bad_request(f"{field}: {error['msg'][:1].lower() + error['msg'][1:]}", "invalid_type", field)
+
+
+def field_name(loc: tuple) -> str:
+    """pydantic's location as the client wrote it: messages[0].content, without the union
+    members pydantic tried (`str`, `list[...]`)."""
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part.isidentifier() and part not in UNION_MEMBERS:
+            name += f".{part}" if name else part
+    return name
+
+
+UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def check_features(request: ChatRequest) -> None:
+    if request.n is not None and request.n != 1:
+        raise unsupported(f"n = {request.n}: one choice per request (n > 1) is", "n")
+    for field in ("tools", "tool_choice", "functions", "function_call"):
+        if getattr(request, field) is not None:
+            raise unsupported("tools and function calling are", field)
+    if request.logprobs:
+        raise unsupported("logprobs are", "logprobs")
+    if request.response_format is not None and request.response_format.get("type") != "text":
+        raise unsupported("response_format other than text is", "response_format")
+
+
+def chat_messages(request: ChatRequest) -> list[dict]:
+    """The messages as the chat template takes them ({"role", "content"}, text only)."""
+    return [template_message(index, message) for index, message in enumerate(request.messages)]
+
+
+def template_message(index: int, message: Message) -> dict:
+    where = f"messages[{index}]"
+    if message.role in TOOL_ROLES or message.tool_calls:
+        raise unsupported("tools and function calling are", f"{where}.role")
+    if message.role not in ROLES:
+        raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user or assistant",
+                          "invalid_value", f"{where}.role")
+    return {"role": ROLES[message.role], "content": text_of(where, message.content)}
+
+
+def text_of(where: str, content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        raise bad_request(f"{where}.content is required", "missing_field", f"{where}.content")
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("image_url", "input_image", "input_audio", "file"):
+            raise unsupported("images, audio and files are", f"{where}.content")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.content: a content part must be {{\"type\": \"text\", \"text\": \"...\"}}",
+                              "invalid_type", f"{where}.content")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def stop_strings(request: ChatRequest) -> list[str]:
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"stop: at most {MAX_STOPS} stop strings (got {len(stops)})", param="stop")
+    if any(not stop for stop in stops):
+        raise bad_request("stop: a stop string must not be empty", param="stop")
+    return stops
+
+
+def sampling_of(request: ChatRequest, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling, the server's defaults for what it leaves out; a 400 out of range."""
+    temperature = defaults.temperature if request.temperature is None else request.temperature
+    top_p = defaults.top_p if request.top_p is None else request.top_p
+    for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p)):
+        if problem := bounds.problem(field, value):
+            raise bad_request(problem, param=field)
+    seed = defaults.seed if request.seed is None else request.seed
+    if seed < 0:
+        raise bad_request(f"seed must be >= 0 (got {seed})", param="seed")
+    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+
+
+def requested_tokens(request: ChatRequest) -> int | None:
+    """max_completion_tokens, or the older max_tokens; None when neither is given."""
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = getattr(request, field)
+        if value is not None:
+            if problem := MAX_TOKENS.problem(field, value):
+                raise bad_request(problem, param=field)
+            return value
+    return None
+
+
+def check_model(request: ChatRequest, served: str) -> None:
+    if request.model != served:
+        raise APIError(404, f"model '{request.model}' is not served here: this server serves '{served}'",
+                       "model_not_found", "model")
+
+

@@ -1,0 +1,83 @@
+"""What the server's tests share: a character tokenizer with a chat template, apps over fake or
+tiny engines, and a uvicorn server on a free 127.0.0.1 port that stops when the test ends."""
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import openai
+from starlette.applications import Starlette
+
+from specchat.decoding.events import Engine, SamplingParams
+from specchat.serve.app import build_app
+from specchat.serve.completions import ServeConfig
+from specchat.serve.listen import bind, server_for, url_of
+from specchat.serve.scheduler import Scheduler
+
+MODEL = "tiny"
+START_S = 10  # a server that has not started by then fails its test
+
+
+class CharTokenizer:
+    """One token per character: token t is chr(offset + t), and a character encodes back to its
+    token, so a reply decoded to text and sent back encodes to the very tokens produced.
+
+    Chat template: <role>content</> per message, then <assistant> for the reply.
+    """
+
+    chat_template = "<role>content</>"
+
+    def __init__(self, offset: int = 0, vocab: int = 0x110000) -> None:
+        self.offset, self.vocab = offset, vocab
+
+    def encode(self, text: str) -> list[int]:
+        return [(ord(char) - self.offset) % self.vocab for char in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+        text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+        return {"input_ids": self.encode(text)}
+
+    def decode(self, token_ids, skip_special_tokens=True):
+        return "".join(chr(self.offset + token) for token in token_ids)
+
+
+TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 tokens, round-tripping
+
+
+def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context_tokens: int = 4096,
+             max_queue: int = 16, api_key: str | None = None, log_prompts: bool = False,
+             sampling: SamplingParams = SamplingParams()) -> tuple[Starlette, Scheduler]:
+    config = ServeConfig(model=MODEL, tokenizer=tokenizer or CharTokenizer(), stop_ids=frozenset(stop_ids),
+                         context_tokens=context_tokens, sampling=sampling, api_key=api_key, log_prompts=log_prompts)
+    scheduler = Scheduler(engines, max_queue)
+    return build_app(config, scheduler), scheduler
+
+
+@contextmanager
+def serving(app: Starlette) -> Iterator[str]:
+    """The app served on a free 127.0.0.1 port: yields its base URL; stops on exit."""
+    sock = bind("127.0.0.1", 0)
+    server = server_for(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(START_S)
+        sock.close()
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def client(url: str, api_key: str = "unused") -> openai.OpenAI:
+    # No retries: a 429 or a failure must reach the test as it happened.
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]

@@ -1,0 +1,124 @@
+"""Bad input, at the HTTP level and in the body: each case answers its status with one line in
+OpenAI's error shape, and the server stays up after each (health and a good request pass),
+never logging a traceback."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from serve_helpers import MODEL, make_app, serving, user
+
+from specchat.tui.fake import FakeEngine
+
+KEY = "sesame"
+GOOD = {"model": MODEL, "messages": user("hi"), "max_tokens": 4}
+AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+
+
+def body(**changes) -> bytes:
+    return json.dumps({**GOOD, **changes}).encode()
+
+
+def without(field: str) -> bytes:
+    return json.dumps({k: v for k, v in GOOD.items() if k != field}).encode()
+
+
+# (name, method, path, body, headers, status, code, message)
+CASES = [
+    ("malformed JSON", "POST", "/v1/chat/completions", b'{"model": "tiny",', AUTH, 400, "invalid_json",
+     "the body is not valid JSON: EOF while parsing a value at line 1 column 17"),
+    ("empty body", "POST", "/v1/chat/completions", b"", AUTH, 400, "invalid_json",
+     "the body is not valid JSON: EOF while parsing a value at line 1 column 0"),
+    ("body not an object", "POST", "/v1/chat/completions", b"[1, 2]", AUTH, 400, "invalid_type",
+     "the request body must be a JSON object"),
+    ("no model", "POST", "/v1/chat/completions", without("model"), AUTH, 400, "missing_field", "model is required"),
+    ("no messages", "POST", "/v1/chat/completions", without("messages"), AUTH, 400, "missing_field",
+     "messages is required"),
+    ("empty messages", "POST", "/v1/chat/completions", body(messages=[]), AUTH, 400, "invalid_type",
+     "messages: list should have at least 1 item after validation, not 0"),
+    ("messages not a list", "POST", "/v1/chat/completions", body(messages="hi"), AUTH, 400, "invalid_type",
+     "messages: input should be a valid array"),
+    ("unknown role", "POST", "/v1/chat/completions", body(messages=[{"role": "bot", "content": "hi"}]), AUTH, 400,
+     "invalid_value", "messages[0].role: unknown role 'bot': use system, user or assistant"),
+    ("content a number", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": 3}]), AUTH, 400,
+     "invalid_type", "messages[0].content: input should be a valid string"),
+    ("content missing", "POST", "/v1/chat/completions", body(messages=[{"role": "user"}]), AUTH, 400,
+     "missing_field", "messages[0].content is required"),
+    ("max_tokens a string", "POST", "/v1/chat/completions", body(max_tokens="10"), AUTH, 400, "invalid_type",
+     "max_tokens: input should be a valid integer"),
+    ("max_tokens zero", "POST", "/v1/chat/completions", body(max_tokens=0), AUTH, 400, "invalid_value",
+     "max_tokens must be between 1 and 32768 (got 0)"),
+    ("max_completion_tokens too many", "POST", "/v1/chat/completions", body(max_completion_tokens=10**6), AUTH,
+     400, "invalid_value", "max_completion_tokens must be between 1 and 32768 (got 1000000)"),
+    ("temperature out of range", "POST", "/v1/chat/completions", body(temperature=9), AUTH, 400, "invalid_value",
+     "temperature must be between 0 and 5 (got 9.0)"),
+    ("top_p zero", "POST", "/v1/chat/completions", body(top_p=0), AUTH, 400, "invalid_value",
+     "top_p must be in (0, 1] (got 0.0)"),
+    ("negative seed", "POST", "/v1/chat/completions", body(seed=-1), AUTH, 400, "invalid_value",
+     "seed must be >= 0 (got -1)"),
+    ("stream not a boolean", "POST", "/v1/chat/completions", body(stream="yes"), AUTH, 400, "invalid_type",
+     "stream: input should be a valid boolean"),
+    ("too many stop strings", "POST", "/v1/chat/completions", body(stop=["a", "b", "c", "d", "e"]), AUTH, 400,
+     "invalid_value", "stop: at most 4 stop strings (got 5)"),
+    ("empty stop string", "POST", "/v1/chat/completions", body(stop=[""]), AUTH, 400, "invalid_value",
+     "stop: a stop string must not be empty"),
+    ("n above 1", "POST", "/v1/chat/completions", body(n=2), AUTH, 400, "unsupported_parameter",
+     "n = 2: one choice per request (n > 1) is not supported by specchat"),
+    ("tools", "POST", "/v1/chat/completions", body(tools=[{"type": "function", "function": {"name": "f"}}]), AUTH,
+     400, "unsupported_parameter", "tools and function calling are not supported by specchat"),
+    ("tool message", "POST", "/v1/chat/completions",
+     body(messages=[{"role": "tool", "content": "42", "tool_call_id": "x"}]), AUTH, 400, "unsupported_parameter",
+     "tools and function calling are not supported by specchat"),
+    ("image", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), AUTH, 400,
+     "unsupported_parameter", "images, audio and files are not supported by specchat"),
+    ("logprobs", "POST", "/v1/chat/completions", body(logprobs=True), AUTH, 400, "unsupported_parameter",
+     "logprobs are not supported by specchat"),
+    ("prompt over the context", "POST", "/v1/chat/completions", body(messages=user("x" * 300)), AUTH, 400,
+     "context_length_exceeded",
+     "the messages take 320 tokens, leaving no room in the model's 256-token context: shorten them"),
+    ("no key", "POST", "/v1/chat/completions", body(), {"Content-Type": "application/json"}, 401, "invalid_api_key",
+     "missing API key: send the header 'Authorization: Bearer KEY'"),
+    ("wrong key", "POST", "/v1/chat/completions", body(), {**AUTH, "Authorization": "Bearer nope"}, 401,
+     "invalid_api_key", "wrong API key: send the header 'Authorization: Bearer KEY'"),
+    ("unknown model", "POST", "/v1/chat/completions", body(model="gpt-4o"), AUTH, 404, "model_not_found",
+     "model 'gpt-4o' is not served here: this server serves 'tiny'"),
+    ("unknown path", "POST", "/v1/completions", body(), AUTH, 404, "unknown_url",
+     "unknown path: POST /v1/completions"),
+    ("wrong method", "GET", "/v1/chat/completions", None, AUTH, 405, "method_not_allowed",
+     "method GET not allowed on /v1/chat/completions"),
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    app, _ = make_app([FakeEngine()], api_key=KEY, context_tokens=256)
+    with serving(app) as url:
+        yield url
+
+
+def send(url: str, method: str, path: str, data: bytes | None, headers: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{url}{path}", data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 15 and len({case[0] for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("name", "method", "path", "data", "headers", "status", "code", "message"), CASES,
+                         ids=[case[0] for case in CASES])
+def test_bad_input_is_refused_in_one_line_and_the_server_stays_up(server, caplog, name, method, path, data, headers,
+                                                                  status, code, message):
+    got_status, got = send(server, method, path, data, headers)
+    assert (got_status, got["error"]["code"], got["error"]["message"]) == (status, code, message)
+    assert set(got["error"]) == {"message", "type", "param", "code"} and "\n" not in got["error"]["message"]
+    assert send(server, "GET", "/health", None, {}) == (200, {"status": "ok"})
+    good_status, good = send(server, "POST", "/v1/chat/completions", body(), AUTH)
+    assert good_status == 200 and good["choices"][0]["message"]["content"] == "Here"
+    assert "Traceback" not in caplog.text and not any(record.exc_info for record in caplog.records)

@@ -1,0 +1,183 @@
+"""The server's parts on their own: stop strings, the shared reply loop, the request's checks,
+usage and figures, the socket and the exposure warning, and a shutdown with requests in flight."""
+
+import asyncio
+import threading
+
+import pytest
+from serve_helpers import MODEL, CharTokenizer, client, make_app, serving, user
+
+from specchat.chat_template import encode_chat
+from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.errors import SpecchatError
+from specchat.reply_loop import run_reply
+from specchat.serve.command import Serving, check_serving, exposure_warning
+from specchat.serve.errors import APIError
+from specchat.serve.listen import bind, is_loopback, url_of
+from specchat.serve.reply import Reply, usage
+from specchat.serve.scheduler import Job
+from specchat.serve.schema import field_name, parse_request
+from specchat.serve.stops import StopScan
+from specchat.textstream import TextStream
+from specchat.tui.fake import WORKER_NOTICE, FakeDSIEngine, FakeEngine
+
+
+def scan_all(stops: list[str], pieces: list[str]) -> tuple[list[str], str, bool]:
+    scan = StopScan(stops)
+    sent = [scan.push(piece) for piece in pieces]
+    return sent, scan.finish(), scan.hit
+
+
+def test_a_stop_string_split_across_pieces_is_held_back_then_cut():
+    assert scan_all(["STOP"], ["abc S", "TO", "P tail"]) == (["abc ", "", ""], "", True)
+
+
+def test_a_held_back_tail_that_no_stop_completes_is_sent():
+    assert scan_all(["STOP"], ["abc ST", "ay"]) == (["abc ", "STay"], "", False)
+    assert scan_all(["STOP"], ["abc ST"]) == (["abc "], "ST", False)
+
+
+def test_the_earliest_of_several_stop_strings_cuts():
+    assert scan_all(["yz", "b"], ["abcxyz"]) == (["a"], "", True)
+    assert scan_all([], ["free text"]) == (["free text"], "", False)
+
+
+def test_run_reply_hands_every_event_and_the_notice_first():
+    seen = []
+    ended = run_reply(FakeDSIEngine(), [1], 20, SamplingParams(), threading.Event(),
+                      on_event=lambda e: seen.append(("event", len(e.token_ids))),
+                      on_notice=lambda notice: seen.append(("notice", notice)))
+    assert ended and seen[0] == ("notice", WORKER_NOTICE) and seen[1][0] == "event"
+    assert sum(n for kind, n in seen if kind == "event") == 20
+
+
+def test_run_reply_stops_at_the_first_event_after_cancel_and_closes_the_engine():
+    cancel, seen = threading.Event(), []
+
+    def on_event(event):
+        seen.append(event)
+        cancel.set()
+
+    closed = []
+
+    def engine_events():
+        try:
+            yield from FakeEngine().generate([1], 100, SamplingParams())
+        finally:
+            closed.append(True)
+
+    engine = FakeEngine()
+    engine.generate = lambda *args: engine_events()
+    assert not run_reply(engine, [1], 100, SamplingParams(), cancel, on_event, on_notice=seen.append)
+    assert len(seen) == 1 and closed == [True]
+
+
+def test_the_chat_template_is_applied_for_the_assistants_turn():
+    assert encode_chat(CharTokenizer(), user("hi")) == CharTokenizer().encode("<user>hi</><assistant>")
+
+
+def test_field_names_read_as_the_client_wrote_them():
+    assert field_name(("messages", 2, "content", "str")) == "messages[2].content"
+    assert field_name(("stop", "list[str]", 0)) == "stop[0]"
+
+
+def test_unknown_fields_are_ignored_as_openai_clients_expect():
+    request = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "user": "u1", '
+                            b'"presence_penalty": 0, "n": 1, "response_format": {"type": "text"}}')
+    assert request.model == "m"
+
+
+def event(tokens: list[int], prefill: int = 0) -> IterationEvent:
+    return IterationEvent(token_ids=tokens, accepted=len(tokens) - 1, tree_size=4, depth=2, draft_s=0.1, target_s=0.2,
+                          prefill_tokens=prefill)
+
+
+def reply_of(*events: IterationEvent, stop_ids=frozenset({ord(".")})) -> Reply:
+    reply = Reply(TextStream(CharTokenizer()), StopScan([]), stop_ids)
+    for each in events:
+        reply.push(each)
+    return reply
+
+
+def test_usage_reports_cached_prompt_tokens_once_the_engine_reports_its_prefill():
+    assert usage(10, reply_of(event([65, 66]))) == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    assert usage(10, reply_of(event([65], prefill=3)))["prompt_tokens_details"] == {"cached_tokens": 7}
+
+
+def test_the_finish_reason_is_stop_at_a_stop_token_else_length():
+    assert reply_of(event([65, ord(".")])).finish_reason() == "stop"
+    assert reply_of(event([65, 66])).finish_reason() == "length"
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("::1", True), ("localhost", True),
+                                                ("0.0.0.0", False), ("192.168.1.5", False), ("example.org", False)])
+def test_only_loopback_addresses_count_as_private(host, loopback):
+    assert is_loopback(host) == loopback
+
+
+def serving_options(**changes) -> Serving:
+    return Serving(**{"host": "127.0.0.1", "port": 8000, "api_key": None, "max_queue": 16, "slots": 1,
+                      "log_prompts": False, **changes})
+
+
+def test_binding_elsewhere_without_a_key_warns():
+    assert exposure_warning(serving_options()) is None
+    assert exposure_warning(serving_options(host="0.0.0.0", api_key="k")) is None
+    warning = exposure_warning(serving_options(host="0.0.0.0"))
+    assert warning.startswith("warning: listening on 0.0.0.0 without an API key") and "SPECCHAT_API_KEY" in warning
+
+
+@pytest.mark.parametrize(("changes", "fragment"), [({"port": 70000}, "--port"), ({"max_queue": -1}, "--max-queue"),
+                                                   ({"slots": 0}, "--slots"), ({"api_key": " "}, "--api-key")])
+def test_serving_options_out_of_range_are_one_line(changes, fragment):
+    with pytest.raises(SpecchatError, match=fragment):
+        check_serving(serving_options(**changes))
+
+
+def test_a_taken_port_is_one_line():
+    taken = bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(SpecchatError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            bind("127.0.0.1", port)
+        assert url_of(taken) == f"http://127.0.0.1:{port}"
+    finally:
+        taken.close()
+
+
+def test_shutdown_answers_waiting_requests_and_ends_the_running_one():
+    engine = FakeEngine(reply="x" * 5000, accepted=(0,), delay_s=0.02)
+    app, scheduler = make_app([engine])
+    results = {}
+    with serving(app) as url:
+        chat = client(url)
+
+        def ask(name: str) -> None:
+            try:
+                results[name] = chat.chat.completions.create(model=MODEL, messages=user(name)).choices[0].finish_reason
+            except Exception as error:  # what the client saw is what the test checks
+                results[name] = error
+
+        threads = [threading.Thread(target=ask, args=(name,)) for name in ("a", "b")]
+        threads[0].start()
+        while scheduler.running is None:
+            threading.Event().wait(0.005)
+        threads[1].start()
+        while not scheduler.waiting:
+            threading.Event().wait(0.005)
+    for thread in threads:
+        thread.join(10)
+    assert results["a"] == "length"  # cut at the next iteration, not after 5000
+    assert getattr(results["b"], "status_code", None) == 503
+    assert isinstance(results["b"], Exception) and "shutting down" in str(results["b"])
+
+
+def test_submitting_after_shutdown_is_refused():
+    app, scheduler = make_app([FakeEngine()])
+    scheduler.stop_all()
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(APIError, match="shutting down"):
+            scheduler.submit(Job([1], 1, SamplingParams(), loop))
+    finally:
+        loop.close()
