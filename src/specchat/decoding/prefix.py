@@ -35,11 +35,7 @@ class Reuse:
     tokens: list[int]  # the prompt, which the engine extends in place as it commits tokens
     caches: list[SlotCache]
     reused: int  # prompt tokens the first cache (the target's) holds (at most len(prompt) - 1)
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Prompt tokens the reply must run: those past the reused prefix."""
-        return len(self.tokens) - self.reused
+    prefill_tokens: int  # prompt tokens the reply must run: those past the reused prefix
 
 
 class PrefixCache:
@@ -61,7 +57,8 @@ class PrefixCache:
         for cache in self.caches:
             truncate(cache, keep)
         self.tokens = list(prompt)
-        return Reuse(self.tokens, self.caches, cache_length(self.caches[0]))
+        reused = cache_length(self.caches[0])
+        return Reuse(self.tokens, self.caches, reused, len(prompt) - reused)
 
     def forget(self) -> None:
         """Drop the caches (their memory goes once no reply uses them). A reply still running
