@@ -65,9 +65,13 @@ class FakeEngine:
     transfer_bytes: int = 0  # per iteration; > 0 makes the engine report offload transfers
     sizes_trees: bool = True  # adopts --budget auto, as SpecExec with probed costs
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)  # arguments, for tests
+    forgets: int = 0  # how often its caches were dropped
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings(budget=self.budget, depth=self.max_depth)
+
+    def forget(self) -> None:
+        self.forgets += 1
 
     def apply(self, settings: LiveSettings) -> None:
         if settings.budget is not None and (settings.budget != AUTO or self.sizes_trees):
@@ -100,9 +104,13 @@ class FakeDSIEngine:
     pool: FakePool = field(default_factory=lambda: FakePool(["cpu#0", "cpu#1"]))
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)
     noticed: bool = field(default=False, init=False)
+    forgets: int = 0
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings(lookahead=self.lookahead, workers=len(self.pool.workers))
+
+    def forget(self) -> None:
+        self.forgets += 1
 
     def apply(self, settings: LiveSettings) -> None:
         self.lookahead = settings.lookahead if settings.lookahead is not None else self.lookahead
