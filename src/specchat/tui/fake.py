@@ -22,6 +22,7 @@ REPLY = (
 )
 ACCEPTED = (3, 1, 4, 0, 2, 5)  # draft tokens accepted per iteration, cycled
 AUTO_SIZE = 40  # the tree size a fake engine sizing its own trees reports
+PREFILL_S = 0.015  # the prefill time a fake engine reports
 WORKER_NOTICE = "dsi: 2 workers, fewer than the 3 that keep up with this drafter; verification jobs will queue"
 
 
@@ -81,9 +82,11 @@ class FakeEngine:
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        for chunk, finished in fake_chunks(self, prompt_ids, max_new_tokens, sampling):
+        for number, (chunk, finished) in enumerate(fake_chunks(self, prompt_ids, max_new_tokens, sampling)):
             size = AUTO_SIZE if self.budget == AUTO else self.budget
-            yield fixed_event(chunk, finished, size, min(self.max_depth, len(chunk)), self.transfer_bytes)
+            event = fixed_event(chunk, finished, size, min(self.max_depth, len(chunk)), self.transfer_bytes)
+            # the first event carries the prefill: the whole prompt, as an engine with nothing kept
+            yield replace(event, prefill_tokens=len(prompt_ids), prefill_s=PREFILL_S) if number == 0 else event
 
 
 @dataclass
