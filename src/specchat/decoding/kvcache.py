@@ -129,4 +129,3 @@ def truncate(cache: SlotCache, length: int) -> None:
     for layer in cache.layers:
         if layer.is_initialized:
             layer.truncate(length)
-
