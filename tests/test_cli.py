@@ -25,13 +25,14 @@ def train_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend._tokenizer, eos_token="<eos>")
 
 
-def save_tiny_model(directory: Path, corpus: list[str], seed: int) -> Path:
+def save_tiny_model(directory: Path, corpus: list[str], seed: int, context: int = 32768) -> Path:
     """A local model directory: a 2-layer Qwen2 and a tokenizer trained on `corpus`."""
     tokenizer = train_tokenizer(corpus)
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=context,
     )
     Qwen2ForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -126,6 +127,28 @@ def test_empty_prompt_is_one_line_exit_2(monkeypatch, capsys, tiny_dirs):
     target, draft, _ = tiny_dirs
     code, _, err = run_cli(monkeypatch, capsys, "generate", "", "--raw", "--target", str(target), "--draft", str(draft))
     assert_one_line_error(code, err, "empty")
+
+
+@pytest.fixture(scope="module")
+def short_context(tmp_path_factory) -> Path:
+    """A tiny target whose context is 24 tokens."""
+    return save_tiny_model(tmp_path_factory.mktemp("short") / "target", CORPUS, seed=0, context=24)
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_exit_2(monkeypatch, capsys, short_context):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hello world " * 20, "--raw", "--target",
+                           str(short_context), "--engine", "autoregressive")
+    assert_one_line_error(code, err, "leaves no room for a reply in the target's 24-token context")
+
+
+def test_a_reply_is_capped_where_the_context_ends_and_says_so(monkeypatch, capsys, short_context):
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "hello world", "--raw", "--json", "--target",
+                             str(short_context), "--engine", "autoregressive", "--max-new-tokens", "100")
+    record = json.loads(out)
+    prompt = len(AutoTokenizer.from_pretrained(short_context)("hello world")["input_ids"])
+    assert code == 0 and len(record["token_ids"]) <= 24 - prompt
+    assert f"notice: at most {24 - prompt} new tokens: the {prompt}-token prompt fills" in err
+    assert record["summary"]["prefill_tokens"] == prompt and record["summary"]["prefill_s"] > 0
 
 
 def test_tokenizer_mismatch_is_one_line_exit_2(monkeypatch, capsys, tiny_dirs):

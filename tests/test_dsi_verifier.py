@@ -11,7 +11,8 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, new_cache
 from specchat.decoding.sampling import sample_token
 from specchat.dsi.jobs import Preempted, VerifyJob
-from specchat.dsi.verifier import TargetVerifier, common_prefix
+from specchat.decoding.prefix import common_prefix
+from specchat.dsi.verifier import TargetVerifier
 
 SAMPLINGS = [GREEDY, SamplingParams(0.8, 0.95, seed=3), SamplingParams(1.2, 1.0, seed=17)]
 NEW_TOKENS = 14
@@ -56,7 +57,7 @@ def make_job(job_id: int, committed: list[int], drafts: list[int], sampling: Sam
 
 
 def assert_cache_holds(verifier: TargetVerifier, length: int) -> None:
-    layers = [layer for layer in verifier.cache.layers if layer.is_initialized]
+    layers = [layer for layer in verifier.history.caches[0].layers if layer.is_initialized]
     assert layers, "the cache was never written"
     for layer in layers:
         assert layer.keys.shape[-2] == length and layer.values.shape[-2] == length
@@ -69,8 +70,8 @@ def test_correct_drafts_give_the_sequential_tokens(verifier, tiny_target, sampli
     targets, seconds = verifier.verify(job)
     assert targets == ref[3:8]  # positions first .. last: four drafts confirmed and the bonus
     assert seconds > 0
-    assert verifier.tokens == list(job.tokens)
-    assert cache_length(verifier.cache) == len(job.tokens)
+    assert verifier.history.tokens == list(job.tokens)
+    assert cache_length(verifier.history.caches[0]) == len(job.tokens)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
@@ -99,8 +100,8 @@ def test_job_extending_the_last_reuses_the_cache(verifier, tiny_target, forwards
     assert targets == ref[5:9]
     # only the tokens after the first job's 9 were run, over its 9 cached slots
     assert forwards == [(0, list(range(9))), (9, list(range(9, 14)))]
-    assert verifier.tokens == list(second.tokens)
-    assert cache_length(verifier.cache) == len(second.tokens) == 14
+    assert verifier.history.tokens == list(second.tokens)
+    assert cache_length(verifier.history.caches[0]) == len(second.tokens) == 14
     assert_cache_holds(verifier, 14)
 
 
@@ -112,7 +113,7 @@ def test_same_job_twice_recomputes_only_the_row_before_first(verifier, tiny_targ
     assert once == again == ref[2:6]
     # the logits at first - 1 decide position `first`, so that row is recomputed
     assert forwards[1] == (job.first - 1, list(range(job.first - 1, len(job.tokens))))
-    assert cache_length(verifier.cache) == len(job.tokens)
+    assert cache_length(verifier.history.caches[0]) == len(job.tokens)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
@@ -121,13 +122,13 @@ def test_job_with_a_different_suffix_cuts_the_cache_back(verifier, tiny_target, 
     wrong = (ref[3] + 1) % 50
     rejected = make_job(0, PROMPT + ref[:2], [ref[2], wrong, ref[4]], sampling)  # differs at position 9
     verifier.verify(rejected)
-    assert cache_length(verifier.cache) == 11
+    assert cache_length(verifier.history.caches[0]) == 11
     retry = make_job(1, PROMPT + ref[:5], ref[5:7], sampling)
     targets, _ = verifier.verify(retry)
     assert targets == ref[5:8]
     assert common_prefix(list(rejected.tokens), retry.tokens) == 9
     assert forwards[1] == (9, list(range(9, 13)))  # cut back to the common prefix, then rerun
-    assert verifier.tokens == list(retry.tokens)
+    assert verifier.history.tokens == list(retry.tokens)
     assert_cache_holds(verifier, 13)
 
 
@@ -138,7 +139,7 @@ def test_shorter_job_after_a_longer_one(verifier, tiny_target, forwards):
     short = make_job(1, PROMPT + ref[:1], ref[1:2])
     assert verifier.verify(short)[0] == ref[1:3]
     assert forwards[1] == (6, [6, 7])
-    assert verifier.tokens == list(short.tokens)
+    assert verifier.history.tokens == list(short.tokens)
     assert_cache_holds(verifier, 8)
 
 
@@ -166,8 +167,8 @@ def test_job_cancelled_before_it_starts_is_preempted(verifier, tiny_target, forw
         verifier.verify(make_job(1, PROMPT + ref[:2], ref[2:4]))
     assert len(forwards) == 1  # it never ran
     # the cache was left as it was, and still matches the tokens it holds
-    assert cache_length(verifier.cache) == len(verifier.tokens) == 8
-    assert verifier.tokens == PROMPT + ref[:2]
+    assert cache_length(verifier.history.caches[0]) == len(verifier.history.tokens) == 8
+    assert verifier.history.tokens == PROMPT + ref[:2]
     assert verifier.verify(make_job(2, PROMPT + ref[:2], ref[2:4]))[0] == ref[2:5]
 
 
@@ -205,7 +206,7 @@ def test_cancel_between_layers_rolls_every_layer_back(verifier, tiny_target, for
         verifier.cancel(job.id)
 
     def record(_module, _args, _output):
-        grown.append(verifier.cache.layers[0].keys.shape[-2])
+        grown.append(verifier.history.caches[0].layers[0].keys.shape[-2])
 
     handles = [layers_of(verifier)[0].register_forward_pre_hook(cancel_now),
                layers_of(verifier)[0].register_forward_hook(record)]
@@ -216,12 +217,12 @@ def test_cancel_between_layers_rolls_every_layer_back(verifier, tiny_target, for
         for handle in handles:
             handle.remove()
     assert grown == [len(job.tokens)]  # layer 0 did write the job's slots before the cancel
-    written = [layer for layer in verifier.cache.layers if layer.is_initialized]
+    written = [layer for layer in verifier.history.caches[0].layers if layer.is_initialized]
     assert len(written) == (2 if cached else 1)  # from an empty cache, layer 1 was never reached
     for layer in written:
         assert layer.keys.shape[-2] == before and layer.values.shape[-2] == before
-    assert cache_length(verifier.cache) == before
-    assert verifier.tokens == list(job.tokens[:before])
+    assert cache_length(verifier.history.caches[0]) == before
+    assert verifier.history.tokens == list(job.tokens)  # of which the cache holds the first `before`
     assert verifier.running is None and verifier.cancelled == set()
     # the next job (the same tokens, a new id) is exact and reuses what was kept
     retry = VerifyJob(2, job.tokens, job.first, sampling)
@@ -241,7 +242,7 @@ def test_cancel_hook_on_the_last_layer_is_too_late(verifier, tiny_target):
     finally:
         handle.remove()
     assert verifier.cancelled == set()
-    assert cache_length(verifier.cache) == len(job.tokens)
+    assert cache_length(verifier.history.caches[0]) == len(job.tokens)
 
 
 def test_other_errors_mid_forward_leave_a_usable_verifier(verifier, tiny_target):

@@ -404,5 +404,5 @@ def test_thread_worker_cancel_from_another_thread_preempts_mid_forward(tiny_targ
         handle.remove()
         go.set()
         pool.close()
-    for layer in worker.verifier.cache.layers:
+    for layer in worker.verifier.history.caches[0].layers:
         assert layer.keys.shape[-2] == len(follow.tokens)

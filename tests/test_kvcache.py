@@ -1,9 +1,9 @@
-"""KV cache helpers on a real transformers DynamicCache."""
+"""KV caches of preallocated slots (a transformers DynamicCache whose layers are SlotLayers)."""
 
 import torch
 from transformers import DynamicCache
 
-from specchat.decoding.kvcache import cache_length, keep_slots, new_cache, truncate
+from specchat.decoding.kvcache import CHUNK, SlotLayer, cache_length, keep_slots, new_cache, truncate
 
 LAYERS = 2
 SHAPE = (1, 2, 7, 4)  # batch, kv heads, slots, head dim
@@ -24,8 +24,50 @@ def filled_cache(slots: int = SHAPE[2]) -> tuple[DynamicCache, list[tuple[torch.
 
 def test_new_cache_is_empty() -> None:
     cache = new_cache()
-    assert isinstance(cache, DynamicCache)
+    assert isinstance(cache, DynamicCache)  # what the models accept
     assert cache_length(cache) == 0
+
+
+def test_slots_grow_a_chunk_at_a_time_and_are_written_in_place() -> None:
+    cache, originals = filled_cache()
+    layer = cache.layers[0]
+    assert isinstance(layer, SlotLayer) and layer.capacity == CHUNK
+    buffer = layer.key_slots.data_ptr()
+    for _ in range(CHUNK - 7):  # one token per forward up to a full chunk: no new buffer
+        cache.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4), 0)
+    assert layer.key_slots.data_ptr() == buffer and layer.get_seq_length() == CHUNK
+    assert layer.keys.data_ptr() == buffer  # the keys a forward sees are a view, not a copy
+    cache.update(torch.full((1, 2, 1, 4), 3.0), torch.ones(1, 2, 1, 4), 0)
+    assert layer.capacity == 2 * CHUNK and layer.key_slots.data_ptr() != buffer
+    assert torch.equal(layer.keys[:, :, :7], originals[0][0]) and torch.equal(layer.keys[:, :, -1:], torch.full((1, 2, 1, 4), 3.0))
+
+
+def test_keep_moves_only_the_slots_after_the_prefix_in_place() -> None:
+    cache, originals = filled_cache()
+    layer = cache.layers[1]
+    prefix_before = layer.key_slots[:, :, :3].clone()
+    buffer = layer.key_slots.data_ptr()
+    keep_slots(cache, torch.tensor([0, 1, 2, 5, 6]))
+    assert layer.key_slots.data_ptr() == buffer  # pruned inside the same buffer
+    assert torch.equal(layer.key_slots[:, :, :3], prefix_before)
+    assert torch.equal(layer.keys, originals[1][0][:, :, [0, 1, 2, 5, 6]])
+
+
+def test_a_truncated_cache_overwrites_its_old_slots() -> None:
+    cache, originals = filled_cache()
+    truncate(cache, 3)
+    new_keys = torch.full((1, 2, 2, 4), 9.0)
+    for layer in range(LAYERS):
+        cache.update(new_keys, new_keys, layer)
+    assert cache_length(cache) == 5
+    assert torch.equal(cache.layers[0].keys, torch.cat([originals[0][0][:, :, :3], new_keys], dim=2))
+
+
+def test_crop_drops_slots_from_the_end_as_transformers_does() -> None:
+    cache, originals = filled_cache()
+    cache.crop(-2)
+    assert cache_length(cache) == 5
+    assert torch.equal(cache.layers[0].values, originals[0][1][:, :, :5])
 
 
 def test_cache_length_counts_slots_across_updates() -> None:

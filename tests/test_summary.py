@@ -16,7 +16,7 @@ def event(tokens: list[int], draft_s: float = 0.0, target_s: float = 0.0, transf
 
 
 EVENTS = [
-    event([1, 2, 3], draft_s=0.1, target_s=0.5, transfer_s=0.25),
+    event([1, 2, 3], draft_s=0.1, target_s=0.5, transfer_s=0.25, prefill_tokens=40, prefill_s=0.3),
     event([4], draft_s=0.2, target_s=0.25),
     event([5, 6], draft_s=0.3, target_s=0.25, transfer_s=0.5, finished=True),
 ]
@@ -32,6 +32,7 @@ def test_summarize_figures() -> None:
     assert summary.target_s == pytest.approx(1.0)
     assert summary.transfer_s == pytest.approx(0.75)
     assert summary.wall_s == 2.0
+    assert (summary.prefill_tokens, summary.prefill_s) == (40, 0.3)  # the first event's
 
 
 def test_summarize_zero_iterations() -> None:

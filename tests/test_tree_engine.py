@@ -37,7 +37,7 @@ def assert_holds(cache, model: CausalLM, tokens: list[int]) -> None:
 def test_both_caches_hold_the_committed_sequence_after_every_iteration(tiny_target, tiny_draft, make, sampling):
     engine = make(tiny_target, tiny_draft, [], TreeShape(budget=12, max_depth=5))
     seq, target_cache, draft_cache = list(PROMPT), new_cache(), new_cache()
-    engine.prefill(seq, target_cache)
+    engine.prefill(seq, tiny_target, target_cache)
     for _ in range(8):
         committed = len(seq)
         engine.iterate(seq, target_cache, draft_cache, sampling, max_tokens=100)
@@ -86,8 +86,9 @@ class Metered(CausalLM):
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:1]])
 def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draft, monkeypatch, make, prompt):
     """Draft time is the draft's forwards (draft_steps of them), target time the one pass over
-    the tree, plus the prompt's pass (none for a one-token prompt) on the first event only;
-    the streamed bytes are those of the tree pass."""
+    the tree, plus each model's prompt pass (none for a one-token prompt) on the first event
+    only, which also carries the prefill's tokens and seconds; the streamed bytes are those of
+    the tree pass."""
     clock = Clock()
     monkeypatch.setattr(tree_engine, "perf_counter", clock)
     target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
@@ -96,8 +97,11 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     prefill_passes = 1 if len(prompt) > 1 else 0
     assert len(events) > 3
     for index, event in enumerate(events):
-        assert event.draft_s == event.draft_steps * DRAFT_FORWARD_S
-        assert event.target_s == TARGET_PASS_S * (1 + (prefill_passes if index == 0 else 0))
+        prefilled = prefill_passes if index == 0 else 0
+        assert event.draft_s == (event.draft_steps + prefilled) * DRAFT_FORWARD_S
+        assert event.target_s == TARGET_PASS_S * (1 + prefilled)
+        assert event.prefill_s == prefilled * (TARGET_PASS_S + DRAFT_FORWARD_S)
+        assert event.prefill_tokens == (len(prompt) if index == 0 else 0)
         assert event.transfer_bytes >= event.tree_size + 1
     assert all(event.transfer_bytes == event.tree_size + 1 for event in events[1:])  # root + drafted nodes
 

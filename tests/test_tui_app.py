@@ -386,6 +386,8 @@ def test_conversation_commands(store_path, tmp_path):
 
             await say(pilot, "/stats")
             assert "tokens in" in last_notice(app).text and "mean accepted" in last_notice(app).text
+            prompt = app.backend.engine.calls[-1][0]
+            assert f"prefill {len(prompt)} tokens in 0.01 s" in last_notice(app).text
             target = tmp_path / "out.md"
             await say(pilot, f"/save {target}")
             assert target.read_text().startswith("# first question\n\n## User\n\nfirst question")

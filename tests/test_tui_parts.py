@@ -39,10 +39,23 @@ def test_oldest_exchanges_are_dropped_first_and_system_kept():
     system = [{"role": "system", "content": "S"}]
     history = turns("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e")
     prompt = fit_prompt(system, history, encode, context_tokens=200, max_tokens=60)
-    # 200 - 60 leaves 140 tokens: the first exchange must go, as a pair.
-    assert prompt.dropped == 2
-    assert prompt.ids == encode(system + history[2:])
+    # 200 - 60 leaves 140 tokens: 221 do not fit; exchanges go, as pairs, until the prompt
+    # fills at most 3/4 of them (105): dropping one (124 left) is not enough, two are.
+    assert len(encode(system + history)) == 221 and len(encode(system + history[2:])) == 124
+    assert prompt.dropped == 4
+    assert prompt.ids == encode(system + history[4:])
     assert prompt.max_new_tokens == 60
+
+
+def test_dropped_turns_stay_out_and_the_next_prompts_extend_the_last():
+    """Once turns were dropped, the prompt starts there even when more would fit now, so each
+    prompt extends the previous one (and the engine reuses its cache) until the next drop."""
+    history = turns("a" * 30, "b" * 30, "c" * 10, "d" * 10, "e")
+    first = fit_prompt([], history[:3], encode, context_tokens=200, max_tokens=60, start=2)
+    second = fit_prompt([], history, encode, context_tokens=200, max_tokens=60, start=first.dropped)
+    assert first.dropped == second.dropped == 2
+    assert second.ids[:len(first.ids) - len("<assistant>")] == first.ids[:-len("<assistant>")]
+    assert len(encode(history)) <= 140  # the whole history would fit: it is not brought back
 
 
 def test_reply_room_is_capped_at_half_the_context():

@@ -11,6 +11,7 @@ import torch
 from textual.widgets import Static
 
 from specchat.decoding.events import AUTO, LiveSettings
+from specchat.decoding.kvcache import cache_length
 from specchat.dsi.workers import WorkerPool, thread_workers
 from specchat.errors import SpecchatError
 from specchat.runtime import Models
@@ -137,3 +138,42 @@ def test_dsi_reply_in_the_app_fills_the_jobs_panel(dsi_backend, tmp_path):
             assert app.backend.engine.lookahead == 4
 
     asyncio.run(scenario())
+
+
+def test_a_chat_past_a_small_context_keeps_working_and_reuses_the_cache(backend, tmp_path):
+    """Ten turns in a 400-token context: the oldest turns go at once with one notice, the system
+    prompt stays, the caches never hold more than the context, the turn after a drop prefills
+    the shortened history once and later turns only their new tokens; every reply is the one a
+    fresh engine gives from a full prefill."""
+    from specchat.tui.session import Session
+
+    backend.context_tokens = 400
+    system = backend.encode([{"role": "system", "content": "be brief"}])
+    session = Session(backend, ConversationStore(tmp_path / "history.sqlite3"))
+    session.change("system_prompt", "be brief")
+    engine = backend.engine
+    notes, prefills, prompts = [], [], []
+    for turn in range(10):
+        outcome = session.send(f"question {turn} about caches")
+        job = outcome.job
+        events = list(job.engine.generate(job.prompt_ids, job.max_new_tokens, job.sampling))
+        for event in events:
+            session.record(event, job.stream.push(event.token_ids))
+        session.end_reply(cut=False, tail=job.stream.finish())
+        tokens = [t for e in events for t in e.token_ids]
+        fresh = backend.models.engine("specexec", engine.live_settings())
+        assert tokens == [t for e in fresh.generate(job.prompt_ids, job.max_new_tokens, job.sampling) for t in e.token_ids]
+        assert len(job.prompt_ids) + len(tokens) <= 400
+        assert max(cache_length(cache) for cache in engine.history.caches) <= 400
+        assert job.prompt_ids[:len(system)] == system
+        notes.append(outcome.notes)
+        prefills.append(events[0].prefill_tokens)
+        prompts.append(len(job.prompt_ids))
+    drops = [turn for turn, note in enumerate(notes) if note]
+    assert drops and all("left out (system prompt kept)" in notes[turn][0].text for turn in drops)
+    assert all(later - earlier > 1 for earlier, later in zip(drops, drops[1:]))  # a drop leaves room for more turns
+    for turn in drops:  # the shortened history is prefilled once...
+        assert prefills[turn] > prompts[turn] // 2
+    # ...then only the new exchange (this tokenizer does not re-encode a reply to its own ids)
+    quiet = [turn for turn in range(1, 10) if turn not in drops]
+    assert quiet and all(prefills[turn] <= prompts[turn] - prompts[turn - 1] + 1 for turn in quiet)

@@ -98,6 +98,39 @@ def test_oldest_turns_leave_the_context_with_one_notice(store):
     assert overflow.notes == (Note("the message is too long for the 300-token context: shorten it", error=True),)
 
 
+def test_each_prompt_extends_the_last_one_until_turns_are_dropped(store):
+    """What lets the engine reuse its caches: a new turn's prompt starts with the previous
+    prompt and reply, /retry sends the same prompt, and after a drop (one notice) the prompts
+    extend the shortened one again."""
+    session = session_on(store, context_tokens=600)
+    session.execute(commands.SetSetting("max_tokens", 100))
+    prompts, notes = [], []
+    for question in ["q1", "q2", "q3", "q4", "q5", "q6", "q7"]:
+        outcome = ask(session, question)
+        prompts.append(outcome.job.prompt_ids)
+        notes.append(outcome.notes)
+    decode = session.backend.tokenizer.decode
+    dropped_at = [i for i, note in enumerate(notes) if note]
+    assert dropped_at == [5]  # the sixth outgrows 500 tokens: one drop, once
+    for earlier, later in zip(prompts, prompts[1:]):
+        if later is not prompts[5]:
+            assert decode(later).startswith(decode(earlier)[:-len("<assistant>")])
+    assert "q1" not in decode(prompts[5]) and "q2" not in decode(prompts[5]) and "q4" in decode(prompts[5])
+    assert session.retry().job.prompt_ids == prompts[-1]
+
+
+def test_clear_load_and_switching_engines_drop_the_kept_caches(store):
+    session = session_on(store)
+    first, second = session.backend.engines.values()
+    ask(session, "hello")
+    session.execute(commands.Clear())
+    assert first.forgets == 1
+    session.change("engine", second.name)
+    assert (first.forgets, second.forgets) == (2, 0)
+    session.execute(commands.Load(1))
+    assert second.forgets == 1
+
+
 def test_setting_changes_reach_the_engine_live_and_say_when(store):
     session = session_on(store)
     engine = session.backend.engine

@@ -22,7 +22,7 @@ from specchat.doctor.report import render
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
-                             DEFAULT_TOP_P)
+                             DEFAULT_TOP_P, reply_limit)
 from specchat.models.listing import list_models
 from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, load_models, pick_device,
                               validate)
@@ -87,10 +87,14 @@ def generate(
 def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
                    sampling: SamplingParams, as_json: bool) -> None:
     prompt_ids = encode_prompt(models.tokenizer, prompt, raw)
+    room = reply_limit(len(prompt_ids), max_new_tokens, models.context_tokens)
+    if room < max_new_tokens:
+        print(f"notice: at most {room} new tokens: the {len(prompt_ids)}-token prompt fills the rest of the "
+              f"{models.context_tokens}-token context", file=sys.stderr)
     text = TextStream(models.tokenizer)
     events = []
     start = perf_counter()
-    for event in engine.generate(prompt_ids, max_new_tokens, sampling):
+    for event in engine.generate(prompt_ids, room, sampling):
         events.append(event)
         if event.notice:
             print(f"notice: {event.notice}", file=sys.stderr)

@@ -73,3 +73,12 @@ def auto_cap(cuda: bool, offloaded: bool) -> int:
     if offloaded:
         return 2048 if cuda else 1024
     return 1024 if cuda else 128
+
+
+def reply_limit(prompt_tokens: int, max_new_tokens: int, context_tokens: int) -> int:
+    """New tokens a reply may have after a prompt of `prompt_tokens` in the target's context:
+    `max_new_tokens`, or less where the context ends; a prompt that leaves no room is refused."""
+    if prompt_tokens >= context_tokens:
+        raise SpecchatError(f"the prompt is {prompt_tokens} tokens, which leaves no room for a reply in the "
+                            f"target's {context_tokens}-token context: shorten it")
+    return min(max_new_tokens, context_tokens - prompt_tokens)

@@ -18,6 +18,8 @@ class Summary:
     transfer_bytes: int
     stall_s: float  # target compute waiting for streamed weights
     wall_s: float
+    prefill_tokens: int = 0  # prompt tokens run (those past the prefix the engine's caches reused)
+    prefill_s: float = 0.0
 
     @property
     def transfer_gbps(self) -> float:
@@ -39,6 +41,8 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
         transfer_bytes=sum(e.transfer_bytes for e in events),
         stall_s=sum(e.stall_s for e in events),
         wall_s=wall_s,
+        prefill_tokens=sum(e.prefill_tokens for e in events),
+        prefill_s=sum(e.prefill_s for e in events),
     )
 
 

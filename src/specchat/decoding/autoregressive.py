@@ -7,7 +7,7 @@ import torch
 
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
+from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
 
 
@@ -17,6 +17,7 @@ class AutoregressiveEngine:
     def __init__(self, target: CausalLM, stop_ids: Collection[int]) -> None:
         self.target = target
         self.stop_ids = frozenset(stop_ids)
+        self.history = PrefixCache(1)  # holds every committed token but the last, between replies too
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings()  # the target alone reads no live setting
@@ -24,25 +25,33 @@ class AutoregressiveEngine:
     def apply(self, settings: LiveSettings) -> None:
         """Nothing to adopt: every field is one this engine does not honour."""
 
+    def forget(self) -> None:
+        self.history.forget()
+
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        cache = new_cache()
-        tokens = torch.tensor(prompt_ids)
-        position = len(prompt_ids)
+        yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
+
+    def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
+        """The first forward runs the prompt past the reused prefix (its prefill), each later one
+        the token before."""
+        seq, (cache,) = reuse.tokens, reuse.caches
         for produced in range(1, max_new_tokens + 1):
             start, moved = perf_counter(), self.target.transfer_stats()
+            position = len(seq)
+            tokens = torch.tensor(seq[reuse.reused if produced == 1 else -1:])
             hidden = self.target.hidden(tokens, torch.arange(position - tokens.numel(), position), cache)
             token = sample_token(self.target.logits(hidden[-1:])[0], sampling, position)
             elapsed = perf_counter() - start
             moved = self.target.transfer_stats() - moved
+            seq.append(token)
             finished = token in self.stop_ids or produced == max_new_tokens
-            yield IterationEvent(
+            event = IterationEvent(
                 token_ids=[token], accepted=0, tree_size=0, depth=0,
                 draft_s=0.0, target_s=elapsed, transfer_s=moved.transfer_s, transfer_bytes=moved.bytes,
                 stall_s=moved.stall_s, finished=finished,
             )
+            yield with_prefill(event, reuse, elapsed) if produced == 1 else event
             if finished:
                 return
-            tokens = torch.tensor([token])
-            position += 1

@@ -37,8 +37,10 @@ class IterationEvent:
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
     predicted_accepted: float = 0.0  # --budget auto: accepted tokens the tree predicted (calibrated)
-    prefill_tokens: int = 0  # first event of a reply: prompt tokens the target computed (not reused)
-    prefill_s: float = 0.0  # first event of a reply: the time that prefill took
+    # First event of a reply only: prompt tokens run this reply (those past the prefix the
+    # engine's caches reused) and the seconds that took (dsi: its drafter's prefill).
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
 
 
 AUTO = "auto"  # a budget chosen per iteration by the tree's predicted acceptance and measured costs
@@ -71,4 +73,11 @@ class Engine(Protocol):
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
-    ) -> Iterator[IterationEvent]: ...
+    ) -> Iterator[IterationEvent]:
+        """The reply's events. The engine keeps its caches afterwards: a prompt that shares a
+        prefix with the last sequence it produced prefills only the rest."""
+        ...
+
+    def forget(self) -> None:
+        """Drop the kept caches (a new conversation); the next prompt is prefilled in full."""
+        ...

@@ -25,7 +25,8 @@ from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.drafter import GrownTree, Root, TreeShape, catch_up
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
+from specchat.decoding.kvcache import cache_length, keep_slots
+from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.tree import DraftTree
 from specchat.decoding.verifier import Verdict
 
@@ -90,6 +91,7 @@ class TreeEngine:
         self.stop_ids = frozenset(stop_ids)
         self.sizer = sizer or shape.sizer
         self.shape = shape  # read at every iteration, so a live change applies from the next one
+        self.history = PrefixCache(2)  # the target's cache, then the draft's
 
     def live_settings(self) -> LiveSettings:
         budget = AUTO if self.shape.sizer is not None else self.shape.budget
@@ -107,26 +109,35 @@ class TreeEngine:
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        seq = list(prompt_ids)
-        target_cache, draft_cache = new_cache(), new_cache()
-        start = perf_counter()
-        self.prefill(seq, target_cache)
-        prefill_s = perf_counter() - start
+        """Decode a reply; both caches are kept afterwards, and the next prompt reuses its common
+        prefix with the sequence this reply ends (prefix.py)."""
+        yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
+
+    def forget(self) -> None:
+        self.history.forget()
+
+    def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
+        seq, (target_cache, draft_cache) = reuse.tokens, reuse.caches
+        target_s, draft_s = self.prefill(seq, self.target, target_cache), self.prefill(seq, self.draft, draft_cache)
         produced = 0
         while produced < max_new_tokens:
             event = self.iterate(seq, target_cache, draft_cache, sampling, max_new_tokens - produced)
-            # the prompt's target pass is charged to the first iteration
-            event = replace(event, target_s=event.target_s + prefill_s)
-            prefill_s = 0.0
+            if produced == 0:  # each model's prefill is charged to the first iteration
+                event = replace(event, target_s=event.target_s + target_s, draft_s=event.draft_s + draft_s)
+                event = with_prefill(event, reuse, target_s + draft_s)
             produced += len(event.token_ids)
             yield event
             if event.finished:
                 return
 
-    def prefill(self, seq: list[int], cache: DynamicCache) -> None:
-        """Cache every committed token but the last, which becomes the first tree root."""
-        if len(seq) > 1:
-            self.target.hidden(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), cache)
+    @staticmethod
+    def prefill(seq: list[int], model: CausalLM, cache: DynamicCache) -> float:
+        """Cache every committed token but the last (the first tree root) from where `cache`
+        ends; returns the seconds it took."""
+        start, cached = perf_counter(), cache_length(cache)
+        if cached < len(seq) - 1:
+            model.hidden(torch.tensor(seq[cached:-1]), torch.arange(cached, len(seq) - 1), cache)
+        return perf_counter() - start
 
     def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
                 sampling: SamplingParams, max_tokens: int) -> IterationEvent:

@@ -29,7 +29,8 @@ import torch
 
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import cache_length, new_cache, truncate
+from specchat.decoding.kvcache import cache_length, truncate
+from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
 from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
 from specchat.dsi.workers import WorkerPool
@@ -84,6 +85,7 @@ class DSIEngine:
         self.lookahead = lookahead  # read at every job, so a live change applies at once
         self.latencies = Latencies()
         self.noticed = False
+        self.history = PrefixCache(1)  # the drafter's cache
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings(lookahead=self.lookahead, workers=len(self.pool.workers))
@@ -92,14 +94,26 @@ class DSIEngine:
         if settings.lookahead is not None:
             self.lookahead = settings.lookahead
 
+    def forget(self) -> None:
+        """Drop the drafter's kept cache; the workers keep theirs, which each job cuts to the
+        prefix it shares (dsi/verifier.py)."""
+        self.history.forget()
+
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        reply = Reply(list(prompt_ids), len(prompt_ids), len(prompt_ids) + max_new_tokens)
-        cache, tally = new_cache(), Tally()
+        yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
+
+    def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
+        """The drafter's cache follows `reply.spec` (committed tokens and drafts) and is kept
+        for the next reply."""
+        spec, (cache,) = reuse.tokens, reuse.caches
+        reply, tally = Reply(spec, len(spec), len(spec) + max_new_tokens), Tally()
         # Jobs of a reply whose generator was dropped without being closed built on another
         # prefix: they must not count as live here.
         self.pool.cancel({job.id for job in self.pool.live_jobs()})
+        prefill_s = self.prefill(spec, cache)
+        tally.draft_s += prefill_s
         try:
             while True:
                 for job, (targets, seconds) in self.next_results(reply, cache, sampling, tally):
@@ -107,12 +121,22 @@ class DSIEngine:
                     tokens = decided_tokens(job, targets, reply.committed_tokens(), self.stop_ids)
                     if tokens:
                         event = self.commit(reply, cache, job, tokens, tally)
+                        if prefill_s is not None:  # the reply's first event
+                            event, prefill_s = with_prefill(event, reuse, prefill_s), None
                         tally = Tally()
                         yield event
                         if event.finished:
                             return
         finally:
             self.pool.cancel({job.id for job in self.pool.live_jobs()})
+
+    def prefill(self, spec: list[int], cache) -> float:
+        """Run the prompt past the drafter's reused prefix, all but its last token (the first
+        draft's input); returns the seconds it took."""
+        start, cached = perf_counter(), cache_length(cache)
+        if cached < len(spec) - 1:
+            self.draft.hidden(torch.tensor(spec[cached:-1]), torch.arange(cached, len(spec) - 1), cache)
+        return perf_counter() - start
 
     def next_results(self, reply: Reply, cache, sampling: SamplingParams, tally: Tally) -> list:
         """Send due jobs and draft until some job finishes; wait for one when drafting is done."""

@@ -1,9 +1,9 @@
 """What one target worker does: run the target over a job's tokens and sample its token at
 every position the job decides. Shared by thread workers and Ray actors.
 
-The worker keeps its KV cache between jobs (and between replies) and recomputes only from the
-first token where the new job differs from what it last ran, and at least the row before the
-job's first position, whose logits decide that position.
+The worker keeps its KV cache between jobs (and between replies) in a `PrefixCache` and
+recomputes only from the first token where the new job differs from what it last ran, and at
+least the row before the job's first position, whose logits decide that position.
 """
 
 import threading
@@ -12,18 +12,10 @@ from time import perf_counter
 import torch
 
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache, truncate
+from specchat.decoding.kvcache import truncate
+from specchat.decoding.prefix import PrefixCache
 from specchat.decoding.sampling import sample_token
 from specchat.dsi.jobs import Preempted, VerifyJob
-
-
-def common_prefix(a: list[int], b: tuple[int, ...]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class TargetVerifier:
@@ -35,8 +27,7 @@ class TargetVerifier:
 
     def __init__(self, target: CausalLM) -> None:
         self.target = target
-        self.cache = new_cache()
-        self.tokens: list[int] = []  # what the cache holds
+        self.history = PrefixCache(1)
         self.running: int | None = None
         self.cancelled: set[int] = set()
         self.lock = threading.Lock()
@@ -62,21 +53,17 @@ class TargetVerifier:
             if job.id in self.cancelled:
                 raise Preempted(f"job {job.id}")
             self.running = job.id
-        keep = min(common_prefix(self.tokens, job.tokens), job.first - 1)
-        truncate(self.cache, keep)
-        self.tokens = self.tokens[:keep]
+        reuse = self.history.begin(job.tokens, job.first - 1)
+        keep, (cache,) = reuse.reused, reuse.caches
         try:
-            hidden = self.target.hidden(
-                torch.tensor(job.tokens[keep:]), torch.arange(keep, len(job.tokens)), self.cache
-            )
-        except Preempted:
-            truncate(self.cache, keep)
+            hidden = self.target.hidden(torch.tensor(job.tokens[keep:]), torch.arange(keep, len(job.tokens)), cache)
+        except BaseException:  # Preempted, or any error between layers
+            truncate(cache, keep)  # the layers the job reached hold more than the others
             raise
         finally:
             with self.lock:
                 self.running = None
                 self.cancelled.discard(job.id)
-        self.tokens = list(job.tokens)
         logits = self.target.logits(hidden[job.first - 1 - keep:])
         targets = [sample_token(row, job.sampling, job.first + i) for i, row in enumerate(logits)]
         return targets, perf_counter() - start

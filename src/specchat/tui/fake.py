@@ -22,6 +22,7 @@ REPLY = (
 )
 ACCEPTED = (3, 1, 4, 0, 2, 5)  # draft tokens accepted per iteration, cycled
 AUTO_SIZE = 40  # the tree size a fake engine sizing its own trees reports
+PREFILL_S = 0.015  # the prefill time a fake engine reports
 WORKER_NOTICE = "dsi: 2 workers, fewer than the 3 that keep up with this drafter; verification jobs will queue"
 
 
@@ -65,9 +66,13 @@ class FakeEngine:
     transfer_bytes: int = 0  # per iteration; > 0 makes the engine report offload transfers
     sizes_trees: bool = True  # adopts --budget auto, as SpecExec with probed costs
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)  # arguments, for tests
+    forgets: int = 0  # how often its caches were dropped
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings(budget=self.budget, depth=self.max_depth)
+
+    def forget(self) -> None:
+        self.forgets += 1
 
     def apply(self, settings: LiveSettings) -> None:
         if settings.budget is not None and (settings.budget != AUTO or self.sizes_trees):
@@ -77,9 +82,11 @@ class FakeEngine:
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        for chunk, finished in fake_chunks(self, prompt_ids, max_new_tokens, sampling):
+        for number, (chunk, finished) in enumerate(fake_chunks(self, prompt_ids, max_new_tokens, sampling)):
             size = AUTO_SIZE if self.budget == AUTO else self.budget
-            yield fixed_event(chunk, finished, size, min(self.max_depth, len(chunk)), self.transfer_bytes)
+            event = fixed_event(chunk, finished, size, min(self.max_depth, len(chunk)), self.transfer_bytes)
+            # the first event carries the prefill: the whole prompt, as an engine with nothing kept
+            yield replace(event, prefill_tokens=len(prompt_ids), prefill_s=PREFILL_S) if number == 0 else event
 
 
 @dataclass
@@ -100,9 +107,13 @@ class FakeDSIEngine:
     pool: FakePool = field(default_factory=lambda: FakePool(["cpu#0", "cpu#1"]))
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)
     noticed: bool = field(default=False, init=False)
+    forgets: int = 0
 
     def live_settings(self) -> LiveSettings:
         return LiveSettings(lookahead=self.lookahead, workers=len(self.pool.workers))
+
+    def forget(self) -> None:
+        self.forgets += 1
 
     def apply(self, settings: LiveSettings) -> None:
         self.lookahead = settings.lookahead if settings.lookahead is not None else self.lookahead

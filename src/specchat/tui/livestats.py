@@ -61,7 +61,8 @@ def stats_report(last: Summary | None, stats: LiveStats) -> str:
     return (
         f"last reply: {last.new_tokens} tokens in {last.iterations} iterations "
         f"({last.gen_rate:.2f} per iteration), {last.tokens_per_s:.1f} tokens/s; "
-        f"draft {last.draft_s:.2f} s, target {last.target_s:.2f} s, transfer {last.transfer_s:.2f} s\n"
+        f"draft {last.draft_s:.2f} s, target {last.target_s:.2f} s, transfer {last.transfer_s:.2f} s; "
+        f"prefill {last.prefill_tokens} tokens in {last.prefill_s:.2f} s\n"
         f"session: {stats.iterations} iterations, mean accepted {stats.mean_accepted:.2f} "
         f"over the last {len(stats.accepted)}"
     )

@@ -89,7 +89,7 @@ class Session:
         turns = [entry.as_message() for entry in self.entries]
         try:
             prompt = fit_prompt(system_messages(self.settings.system_prompt), turns, self.backend.encode,
-                                self.backend.context_tokens, self.settings.max_tokens)
+                                self.backend.context_tokens, self.settings.max_tokens, self.dropped)
         except ContextOverflow as error:
             return says(str(error), error=True)
         dropped = f"context full: the oldest {prompt.dropped} messages are left out (system prompt kept)"
@@ -193,7 +193,10 @@ class Session:
     def switch_engine(self, name: str) -> Outcome:
         if name not in self.backend.engine_names:
             return says(f"unknown engine '{name}': choose one of {', '.join(self.backend.engine_names)}", error=True)
+        previous = self.backend.engine
         engine = self.backend.use_engine(name)
+        if engine is not previous:  # its kept caches would only hold memory (a reply running keeps its own)
+            previous.forget()
         self.apply_live_settings()
         # The settings show what the new engine holds: one that cannot size its trees keeps a size.
         self.settings = settings_for(engine, self.settings)
@@ -254,6 +257,9 @@ class Session:
         return Outcome(redraw=True, notes=(Note(f"conversation {conversation_id}: {conversation.title}"),))
 
     def use_conversation(self, conversation_id: int | None, entries: list[Entry]) -> None:
+        """Another conversation: the engine's kept caches, of the old one, are dropped (the new
+        one's first reply prefills it once; later turns reuse that)."""
+        self.backend.engine.forget()
         self.conversation_id = conversation_id
         self.entries = entries
         self.dropped = 0

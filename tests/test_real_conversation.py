@@ -1,0 +1,59 @@
+"""Prefix reuse on the real embedded pair in float32: a 3-turn conversation decoded by one engine
+that keeps its caches gives, turn by turn, the tokens a fresh engine gives from a full prefill of
+the whole history (greedy and seeded), judged by tests/exactness.py (design.md section 8), and
+each later turn prefills only what follows the reused prefix."""
+
+import pytest
+from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
+from conftest import PAPER_SAMPLING
+from test_engines import GREEDY
+
+from specchat.bench.datasets import mtbench_questions
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.prefix import common_prefix
+from specchat.decoding.specexec import SpecExecEngine
+
+pytestmark = pytest.mark.real
+
+
+def three_questions() -> list[str]:
+    first, second = mtbench_questions()[:2]
+    return [*first["turns"], second["turns"][0]]
+
+
+def reply(engine, prompt_ids, sampling) -> tuple[list[int], list]:
+    events = list(engine.generate(prompt_ids, NEW_TOKENS, sampling))
+    return [t for e in events for t in e.token_ids], events
+
+
+def encode(tokenizer, messages) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"])
+
+
+@pytest.mark.parametrize("name,sampling", [("specexec", GREEDY), ("specexec", PAPER_SAMPLING),
+                                           ("autoregressive", GREEDY)], ids=["specexec-greedy", "specexec-seeded",
+                                                                            "autoregressive-greedy"])
+def test_three_turns_with_reuse_equal_fresh_prefills(real_pair, real_check, name, sampling):
+    def make():
+        if name == "autoregressive":
+            return AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
+        return SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+
+    kept, messages, previous = make(), [], []
+    for turn, question in enumerate(three_questions()):
+        messages.append({"role": "user", "content": question})
+        prompt = encode(real_pair.tokenizer, messages)
+        tokens, events = reply(kept, prompt, sampling)
+        fresh, _ = reply(make(), prompt, sampling)
+        comparison = real_check.compare(prompt, fresh, tokens, sampling)
+        assert comparison.acceptable, f"turn {turn + 1}: {comparison.describe()}"
+        shared = common_prefix(previous, prompt)
+        if turn > 0:
+            assert shared > len(previous) // 2  # the history is reused, not prefilled again
+            assert events[0].prefill_tokens == len(prompt) - min(shared, len(previous) - 1)
+        else:
+            assert events[0].prefill_tokens == len(prompt)
+        previous = prompt + tokens
+        messages.append({"role": "assistant", "content": real_pair.tokenizer.decode(tokens, skip_special_tokens=True)})

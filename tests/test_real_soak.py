@@ -1,0 +1,66 @@
+"""Soak: a 30-turn scripted chat through the app (Pilot) on the real embedded pair, short replies.
+The process's resident memory stays within 5% of what it was after warm-up, the engine's kept
+caches never hold more than the context, and every turn after the first prefills only what
+follows the reused history."""
+
+import asyncio
+from pathlib import Path
+from time import perf_counter
+
+import pytest
+
+from specchat.bench.datasets import mtbench_first_turns
+from specchat.decoding.kvcache import cache_length
+from specchat.runtime import EngineOptions
+from specchat.tui.app import SpecchatApp
+from specchat.tui.runtime_backend import runtime_loader
+from specchat.tui.settings import DecodingSettings
+from specchat.tui.store import ConversationStore
+
+pytestmark = pytest.mark.real
+
+TURNS = 30
+WARM_UP = 5  # turns before the reference reading: allocator pools and lazy imports settle
+REPLY_TOKENS = 8
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux /proc)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * 4096
+
+
+async def wait_until(pilot, condition, seconds: float) -> None:
+    deadline = perf_counter() + seconds
+    while not condition():
+        assert perf_counter() < deadline, "timed out"
+        await pilot.pause(0.05)
+
+
+def test_thirty_turns_keep_memory_flat_and_caches_within_the_context(tmp_path):
+    options = EngineOptions(budget=16)
+    loader = runtime_loader(options, DecodingSettings(temperature=0.0, max_tokens=REPLY_TOKENS))
+    app = SpecchatApp(None, ConversationStore(tmp_path / "history.sqlite3"), loader=loader)
+    questions = [question[:120] for question in mtbench_first_turns(TURNS)]
+    readings, prefills, prompts = [], [], []
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda: getattr(app, "backend", None) is not None, 600)
+            engine = app.backend.engine
+            for turn, question in enumerate(questions, 1):
+                app.prompt.load_text(question)
+                await pilot.press("enter")
+                await wait_until(pilot, lambda: app.session.job is None and len(app.session.entries) == 2 * turn, 600)
+                prompts.append(len(engine.history.tokens) - sum(len(e.token_ids) for e in app.session.reply_events))
+                prefills.append(app.session.reply_events[0].prefill_tokens)
+                held = [cache_length(cache) for cache in engine.history.caches]
+                assert max(held) <= app.backend.context_tokens
+                readings.append(resident_bytes())
+
+    asyncio.run(scenario())
+    warm, last = readings[WARM_UP - 1], readings[-1]
+    assert max(readings[WARM_UP:]) <= warm * 1.05, [r // 2**20 for r in readings]
+    assert last <= warm * 1.05
+    # every later turn runs its own question and template, not the history again
+    assert all(prefill < prompt // 2 for prefill, prompt in zip(prefills[WARM_UP:], prompts[WARM_UP:])), (prefills, prompts)
