@@ -140,10 +140,13 @@ class SleepyStore:
         self.size = nbytes
         self.threads: set[str] = set()
 
-    def read(self, layer, staging):
+    def read_run(self, layers, stagings):
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.read_s)
-        return staging
+        time.sleep(self.read_s * len(layers))
+        return stagings
+
+    def follows(self, previous, layer):
+        return False
 
     def nbytes(self, layer):
         return self.size
@@ -175,7 +178,7 @@ def test_thread_transport_overlaps_a_slow_copy_with_compute():
 
 def test_a_failed_read_surfaces_in_the_computing_thread():
     class BrokenStore(SleepyStore):
-        def read(self, layer, staging):
+        def read_run(self, layers, stagings):
             raise OSError("disk gone")
 
     slots = [torch.zeros(8, dtype=torch.uint8)]
