@@ -18,6 +18,7 @@ class Summary:
     transfer_bytes: int
     stall_s: float  # target compute waiting for streamed weights
     wall_s: float
+    link_idle: float = 0.0  # share of the iterations' time the weight link moved nothing while it had more to move
 
     @property
     def transfer_gbps(self) -> float:
@@ -28,6 +29,7 @@ class Summary:
 def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
     new_tokens = sum(len(e.token_ids) for e in events)
     iterations = len(events)
+    busy = sum(e.draft_s + e.target_s for e in events)  # each event's fraction is of its own time
     return Summary(
         new_tokens=new_tokens,
         iterations=iterations,
@@ -39,6 +41,7 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
         transfer_bytes=sum(e.transfer_bytes for e in events),
         stall_s=sum(e.stall_s for e in events),
         wall_s=wall_s,
+        link_idle=sum(e.link_idle * (e.draft_s + e.target_s) for e in events) / busy if busy > 0 else 0.0,
     )
 
 

@@ -70,16 +70,18 @@ class Offload:
 
 
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan | None,
-                  reporter: Reporter) -> tuple[PreTrainedModel, Offload]:
-    """Load the model in `directory` (safetensors) with its decoder layers placed per `plan`;
-    no plan keeps every layer on the device (how GPTQ checkpoints load without offloading).
-    The placement is checked before anything is loaded or written."""
+                  reporter: Reporter, placement: Placement | None = None) -> tuple[PreTrainedModel, Offload]:
+    """Load the model in `directory` (safetensors) with its decoder layers placed per `plan`
+    (or per `placement`, already made for it); no plan keeps every layer on the device (how GPTQ
+    checkpoints load without offloading). The placement is made before anything is loaded or
+    written."""
     source = SafetensorsSource(directory)
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
     disk_store = None if plan is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
-    placement = None if plan is None else place_layers(model, layers_name, layouts, dtype, device, plan, disk_store)
+    if plan is not None and placement is None:
+        placement = place_layers(model, layers_name, layouts, dtype, device, plan, disk_store)
     fill_resident(model, layers_name, source, dtype, device)
     resident = len(layers) if placement is None else placement.resident
     for index in range(resident):
