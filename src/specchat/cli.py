@@ -18,14 +18,16 @@ from specchat.cli_options import (AllowPickleOpt, BudgetOpt, DraftOpt, DraftQuan
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import default_offload_dir, gather
+from specchat.doctor.plan import plan_default_target
 from specchat.doctor.report import render
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_OFFLOAD, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MEMORY_BUDGET_GB)
 from specchat.models.listing import list_models
-from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, load_models, pick_device,
-                              validate)
+from specchat.offload.links import Links, save_links
+from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, gb_to_bytes, live_settings_of, load_models,
+                              pick_device, validate)
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
@@ -185,11 +187,19 @@ def models() -> None:
 def doctor(
     offload_dir: Path = typer.Option(None, help="Where offloaded weights go (default: <cache>/offload)."),
     probe_gb: float = typer.Option(1.0, help="Size in GB of the probe file for the disk read bandwidth."),
+    ram_budget: RamBudgetOpt = None,
+    vram_budget: VramBudgetOpt = None,
 ) -> None:
-    """Report devices, memory and bandwidths; recommend an offload tier and a draft budget."""
+    """Report devices, memory and bandwidths; recommend an offload tier and a draft budget; show
+    where --offload auto would place the target's layers."""
+    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
+        if value is not None:
+            MEMORY_BUDGET_GB.check(name, value)
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
     facts = gather(offload_dir or default_offload_dir(), probe_gb)
-    print(render(facts, advise(facts)))
+    save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
+    placement = plan_default_target(facts.offload_dir, gb_to_bytes(ram_budget), gb_to_bytes(vram_budget))
+    print(render(facts, advise(facts), placement))
 
 
 @app.command()
