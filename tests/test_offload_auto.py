@@ -48,9 +48,17 @@ def options(pair, tmp_path: Path, **changes) -> EngineOptions:
                          offload_dir=str(tmp_path / "offload"), **changes)
 
 
+def budget_options(budget_gb: float, slot_bytes: int) -> dict:
+    """The budget of the compute device: --ram-budget on a CPU, where RAM is the device; on a GPU
+    host --vram-budget, with pinned RAM held to the two staging buffers of disk reads."""
+    if not torch.cuda.is_available():
+        return {"ram_budget": budget_gb}
+    return {"vram_budget": budget_gb, "ram_budget": (2 * slot_bytes + 2048) / 1e9}
+
+
 def budgets(pair, tmp_path: Path) -> dict[str, float]:
-    """--ram-budget values (GB) that force each split, from the plan's own sizes: half a layer
-    past each threshold, so no rounding decides the split."""
+    """Device budgets (GB) that force each split, from the plan's own sizes: half a layer past
+    each threshold, so no rounding decides the split."""
     plan = OffloadPlan(tier="auto", offload_dir=tmp_path / "offload")
     whole = plan_target(str(pair[0]), torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
     layer, slot = whole.layers[0], whole.slot_bytes
@@ -60,6 +68,7 @@ def budgets(pair, tmp_path: Path) -> dict[str, float]:
         "split": (reserved + 2 * slot + 3 * layer + layer // 2) / 1e9,
         "disk": (reserved + 2 * slot + layer // 2) / 1e9,
         "short": (reserved + 2 * slot - 4096) / 1e9,  # a page short of the smallest ring
+        "slot": slot,
     }
 
 
@@ -90,8 +99,9 @@ def reference(pair, tmp_path_factory):
 @pytest.mark.parametrize("split, expected", [("resident", (LAYERS, 0, 0)), ("split", (3, 0, 3)), ("disk", (0, 0, 6))])
 def test_auto_under_a_ram_budget_places_as_forced_and_computes_as_in_memory(pair, reference, tmp_path, split,
                                                                               expected):
-    budget = budgets(pair, tmp_path)[split]
-    models = load_models(options(pair, tmp_path, offload="auto", ram_budget=budget), progress=False)
+    sizes = budgets(pair, tmp_path)
+    models = load_models(options(pair, tmp_path, offload="auto", **budget_options(sizes[split], sizes["slot"])),
+                         progress=False)
     try:
         placement = models.placement
         assert (placement.resident, placement.ram, placement.disk) == expected
@@ -121,12 +131,14 @@ def open_descriptors() -> set[str]:
 
 
 def test_a_ram_budget_too_small_for_the_ring_is_one_line_before_anything_is_written(pair, tmp_path):
-    tight = budgets(pair, tmp_path)["short"]
+    sizes = budgets(pair, tmp_path)
+    tight = sizes["short"]
     before = open_descriptors()
     with pytest.raises(SpecchatError) as raised:
-        load_models(options(pair, tmp_path, offload="auto", ram_budget=tight), progress=False)
+        load_models(options(pair, tmp_path, offload="auto", **budget_options(tight, sizes["slot"])), progress=False)
     assert "is too small for the streaming ring: 2 slots of" in str(raised.value) and "\n" not in str(raised.value)
-    assert str(raised.value).startswith(f"RAM under --ram-budget {tight:g} GB")
+    device = "GPU memory under --vram-budget" if torch.cuda.is_available() else "RAM under --ram-budget"
+    assert str(raised.value).startswith(f"{device} {tight:g} GB")
     assert not (tmp_path / "offload").exists() and open_descriptors() == before
 
 
