@@ -223,11 +223,14 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
 
 def identity(options: EngineOptions, draft_quant: str, placement: Placement | None) -> dict:
     """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made):
-    the key of the cost probe's cache."""
-    where = None if placement is None else [placement.resident, placement.ram, placement.disk, placement.slots]
-    return {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
-            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
-            "draft_quant": draft_quant, "placement": where}
+    the key of the cost probe's cache. A placement with nothing streamed costs what none costs."""
+    key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
+           "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab, "draft_quant": draft_quant}
+    if placement is not None and placement.streamed:
+        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
+    elif options.offload == "auto":
+        key["offload"] = "none"
+    return key
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
