@@ -210,6 +210,9 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
     [
         (["--temperature", "9"], "--temperature"),
         (["--offload", "ssd"], "unknown offload tier 'ssd'"),
+        (["--ram-budget", "0"], "--ram-budget must be in (0, 1e+06] (got 0.0)"),
+        (["--vram-budget", "-2"], "--vram-budget must be in (0, 1e+06] (got -2.0)"),
+        (["--offload", "none", "--ram-budget", "4"], "--ram-budget caps where offloaded layers go"),
         (["--offload", "disk", "--resident-layers", "-1"], "--resident-layers must be >= 0"),
         (["--draft-quant", "int3"], "unknown draft quantization 'int3'"),
         (["--target", "no-such-model"], "unknown model"),

@@ -154,6 +154,8 @@ def validate(options: EngineOptions) -> None:
     for name, value in (("--ram-budget", options.ram_budget), ("--vram-budget", options.vram_budget)):
         if value is not None:
             MEMORY_BUDGET_GB.check(name, value)
+            if options.offload == "none":
+                raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
     if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:
