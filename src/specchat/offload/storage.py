@@ -225,9 +225,9 @@ class DiskStore:
 def layout_record(layout: LayerLayout) -> list:
     return [[p.name, str(p.dtype), list(p.shape), p.offset] for p in layout.places]
 
-
 class TieredStore:
-    """Streamed layers split between RAM (the first ones) and the disk file (the rest)."""
+    """Streamed layers split between RAM (the first ones) and the disk file (the rest); filled
+    through its `parts`."""
 
     def __init__(self, ram: RamStore, disk: DiskStore) -> None:
         self.ram = ram
