@@ -83,7 +83,8 @@ def test_explicit_slots_and_resident_layers_are_honoured_and_checked():
 
 
 def test_the_ram_tier_on_a_cpu_counts_its_layers_in_the_same_ram():
-    assert tiers(place(SIZES, cpu(RESERVED + 10 * LAYER), Request(tier="ram", resident=2))) == (2, 6, 0, 2)
+    placement = place(SIZES, cpu(RESERVED + 10 * LAYER), Request(tier="ram", resident=2))
+    assert tiers(placement) == (2, 6, 0, 2) and placement.needed == RESERVED + 10 * LAYER
     with pytest.raises(SpecchatError, match=r"^--offload ram: the 6 streamed layers need 0\.00 GB, and RAM has "):
         place(SIZES, cpu(RESERVED + 8 * LAYER), Request(tier="ram", resident=2))  # no room left for the ring
 

@@ -62,7 +62,7 @@ class Placement:
     disk: int  # the last `disk` layers stream from the layer file
     slots: int  # ring slots on the device (0 when nothing streams)
     slot_bytes: int
-    needed: int  # bytes the device pool holds: fixed parts, headroom, resident layers, the ring
+    needed: int  # bytes the device pool holds: fixed parts, headroom, resident layers, the ring (and, on a CPU, the ram tier)
 
     @property
     def streamed(self) -> list[int]:
@@ -155,7 +155,8 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     if disk and rooms.disk < sizes.file_bytes:
         raise SpecchatError(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
                             f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free")
-    needed = reserved + sum(sizes.layers[:resident]) + slots * slot
+    in_ram = sum(sizes.layers[resident:resident + ram]) if rooms.host is None else 0  # a CPU's RAM is its device
+    needed = reserved + sum(sizes.layers[:resident]) + slots * slot + in_ram
     return Placement(sizes.layers, resident, ram, disk, slots, slot, needed)
 
 
