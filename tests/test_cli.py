@@ -224,6 +224,8 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
     assert all(i["transfer_bytes"] > 0 and i["transfer_s"] > 0 for i in record["iterations"])
     summary = record["summary"]
     assert summary["transfer_bytes"] > 0 and summary["transfer_gbps"] > 0 and summary["stall_s"] >= 0
+    # the 8 streamed layers fit in the ring, so a whole pass is staged and the link never idles
+    assert summary["link_idle"] == 0.0 and all(i["link_idle"] == 0.0 for i in record["iterations"])
 
 
 @pytest.mark.parametrize(
@@ -231,6 +233,9 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
     [
         (["--temperature", "9"], "--temperature"),
         (["--offload", "ssd"], "unknown offload tier 'ssd'"),
+        (["--ram-budget", "0"], "--ram-budget must be in (0, 1e+06] (got 0.0)"),
+        (["--vram-budget", "-2"], "--vram-budget must be in (0, 1e+06] (got -2.0)"),
+        (["--offload", "none", "--ram-budget", "4"], "--ram-budget caps where offloaded layers go"),
         (["--offload", "disk", "--resident-layers", "-1"], "--resident-layers must be >= 0"),
         (["--draft-quant", "int3"], "unknown draft quantization 'int3'"),
         (["--target", "no-such-model"], "unknown model"),

@@ -168,3 +168,43 @@ def test_measure_read_gbps_is_positive(data_file, request, direct):
     path, _ = data_file
     assert measure_read_gbps(path, block_bytes=MiB) > 0
     assert measure_read_gbps(path, total_bytes=MiB + 100) > 0  # rounded down to whole pages
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 3, 7, 1000])
+def test_read_many_fills_consecutive_buffers_from_one_range(data_file, chunk_pages):
+    path, data = data_file
+    sizes = [5 * ALIGN, 2 * ALIGN, 9 * ALIGN]  # chunks of 3 or 7 pages straddle the buffers' ends
+    buffers = [aligned_empty(size) for size in sizes]
+    with DirectReader(path, chunk_bytes=chunk_pages * ALIGN) as reader:
+        assert reader.read_many(buffers, 2 * ALIGN) == sum(sizes)
+    assert torch.equal(torch.cat(buffers), data[2 * ALIGN: 2 * ALIGN + sum(sizes)])
+
+
+def test_read_many_resumes_after_short_preadv_returns(data_file, monkeypatch):
+    path, data = data_file
+    real_preadv = os.preadv
+
+    def at_most_one_page(fd, views, offset):  # as a read interrupted by signals may return
+        return real_preadv(fd, [views[0][:ALIGN]], offset)
+
+    buffers = [aligned_empty(3 * ALIGN), aligned_empty(2 * ALIGN)]
+    with DirectReader(path) as reader:
+        monkeypatch.setattr(os, "preadv", at_most_one_page)
+        reader.read_many(buffers, 0)
+    assert torch.equal(torch.cat(buffers), data[: 5 * ALIGN])
+
+
+def test_an_unreadable_file_is_one_line(data_file, monkeypatch):
+    path, _ = data_file
+    with DirectReader(path) as reader:
+        def failing(fd, views, offset):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "preadv", failing)
+        with pytest.raises(SpecchatError, match=rf"^cannot read {path}: Input/output error$"):
+            reader.read_into(aligned_empty(ALIGN), 0)
+
+
+def test_a_file_that_cannot_be_opened_is_one_line(tmp_path):
+    with pytest.raises(SpecchatError, match=r"^cannot open .*missing\.bin for reading: No such file or directory$"):
+        DirectReader(tmp_path / "missing.bin")

@@ -9,6 +9,8 @@ from test_cli import run_cli
 from specchat.doctor.advice import Recommendation, advise, recommend
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.report import render
+from specchat.offload.links import read_links
+from specchat.offload.placement import Placement
 
 GB = 10**9
 TARGET = 3 * GB  # needs 3.6 GB with 20% headroom
@@ -46,8 +48,12 @@ def facts(**changes) -> Facts:
     return Facts(**{**base, **changes})
 
 
+RESIDENT = Placement((GB // 10,) * 28, resident=28, ram=0, disk=0, slots=0, slot_bytes=GB // 10, needed=7 * GB)
+STREAMED = Placement((GB // 10,) * 28, resident=10, ram=0, disk=18, slots=2, slot_bytes=GB // 10, needed=5 * GB)
+
+
 def test_render_cpu_report():
-    report = render(facts(), Recommendation("none", 16, "because"))
+    report = render(facts(), Recommendation("none", 16, "because"), RESIDENT)
     for line in (
         "  cpu            Test CPU (2 cores, 4 threads)",
         "  cuda           no CUDA device",
@@ -59,13 +65,26 @@ def test_render_cpu_report():
         "  offload        none",
         "  budget         16",
         "  why            because",
+        "plan (--offload auto)",
+        "  layers         28 resident, 0 in RAM, 0 on disk",
+        "  per pass       0.00 GB streamed; no streaming: compute speed",
+        "  device holds   7.00 GB (weights, KV caches at the context length, the largest tree)",
     ):
         assert line in report.splitlines()
 
 
+def test_render_a_plan_that_streams_and_one_that_fits_nowhere():
+    report = render(facts(disk_gbps=1.8), Recommendation("disk", 256, "x"), STREAMED).splitlines()
+    assert "  layers         10 resident, 0 in RAM, 18 on disk" in report
+    assert "  ring           2 slots of 0.10 GB" in report
+    assert "  per pass       1.80 GB streamed; ~1.00 s streaming per pass" in report
+    report = render(facts(), Recommendation("disk", 256, "x"), "the model fits nowhere: y").splitlines()
+    assert report[-2:] == ["plan (--offload auto)", "  fits nowhere   the model fits nowhere: y"]
+
+
 def test_render_cuda_and_fallback():
     gpu = CudaDevice("Test GPU", 24 * GB, 20 * GB)
-    report = render(facts(cuda=(gpu,), h2d_gbps=12.5, direct=False), Recommendation("ram", 1024, "x"))
+    report = render(facts(cuda=(gpu,), h2d_gbps=12.5, direct=False), Recommendation("ram", 1024, "x"), RESIDENT)
     assert "  cuda:0         Test GPU: 24.00 GB total, 20.00 GB free" in report
     assert "12.50 GB/s (pinned memory)" in report
     assert "buffered + fadvise DONTNEED" in report
@@ -78,12 +97,26 @@ def test_advise_uses_the_first_cuda_device():
 
 
 def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))  # where it keeps the measured links
     offload = tmp_path / "offload"
     code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--probe-gb", "0.01", "--offload-dir", str(offload))
     assert code == 0, out
     assert re.search(r"disk read +\d+\.\d\d GB/s \(", out)
     assert re.search(r"offload +(none|ram|disk)\n +budget +\d+", out)
     assert offload.is_dir() and not any(offload.iterdir())  # the probe file is gone
+    assert re.search(r"plan \(--offload auto\)\n +layers +\d+ resident, \d+ in RAM, \d+ on disk", out)
+    measured = float(re.search(r"disk read +(\d+\.\d\d) GB/s", out).group(1))
+    assert round(read_links().disk_gbps, 2) == measured  # the loading screen's expected pass time uses it
+
+
+def test_doctor_plans_under_a_ram_budget(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["doctor", "--probe-gb", "0.01", "--offload-dir", str(tmp_path / "offload")]
+    code, out, _ = run_cli(monkeypatch, capsys, *args, "--ram-budget", "5")
+    assert code == 0 and re.search(r"layers +\d+ resident, 0 in RAM, \d+ on disk", out)
+    assert not re.search(r"layers +28 resident", out)  # 5 GB cannot hold every layer beside the KV caches
+    code, out, _ = run_cli(monkeypatch, capsys, *args, "--ram-budget", "0.5")
+    assert code == 0 and "fits nowhere   RAM under --ram-budget 0.5 GB is too small for the model" in out
 
 
 @pytest.mark.parametrize(
@@ -92,6 +125,7 @@ def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):
         (("--probe-gb", "0"), "--probe-gb must be a positive"),
         (("--probe-gb", "-1"), "--probe-gb must be a positive"),
         (("--probe-gb", "1e9"), "needs"),  # more than the free disk space
+        (("--ram-budget", "0"), "--ram-budget must be in (0, 1e+06] (got 0.0)"),
         (("--offload-dir", "{tmp}/afile"), "is a file, not a directory"),
         (("--offload-dir", "{tmp}/afile/sub"), "cannot create the offload directory"),
     ],

@@ -14,8 +14,10 @@ from specchat.decoding.kvcache import new_cache
 from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
-from specchat.offload.build import OffloadPlan, offload_model
-from specchat.offload.direct_io import write_blob
+from specchat.offload.build import OffloadPlan, layout_of, offload_model
+from specchat.offload.direct_io import align_up, write_blob
+from specchat.offload.placement import Placement
+from specchat.offload.storage import TieredStore
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.progress import Reporter
 
@@ -130,10 +132,10 @@ def open_descriptors() -> set[str]:
 
 def test_a_disk_too_small_for_the_layer_file_is_one_line_before_writing(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=4096))
-    with pytest.raises(SpecchatError, match=r"^not enough space in .* for the layer file: it needs 0\.00 GB, "
-                                            r"0\.00 GB are free$"):
+    with pytest.raises(SpecchatError, match=r"^the model fits nowhere: 4 layers go to disk, and the layer file needs "
+                                            r"0\.00 GB in .*, which has 0\.00 GB free$"):
         offloaded(tiny_dir, "disk", tmp_path)
-    assert list((tmp_path / "offload").iterdir()) == []
+    assert not (tmp_path / "offload").exists()  # refused by the placement, before anything was written
 
 
 def test_a_disk_that_fills_up_leaves_no_partial_file_and_no_descriptor(tiny_dir, tmp_path, monkeypatch):
@@ -157,3 +159,22 @@ def test_a_disk_that_fills_up_leaves_no_partial_file_and_no_descriptor(tiny_dir,
     lm, offload = offloaded(tiny_dir, "disk", tmp_path)  # room again: written whole, and right
     assert torch.equal(sequential_logits(lm, [4, 2], 2), sequential_logits(in_memory(tiny_dir), [4, 2], 2))
     offload.close()
+
+
+def test_layers_split_between_ram_and_disk_compute_as_in_memory(tiny_dir, tmp_path):
+    """The split a GPU host gets (pinned RAM, then disk), run here on the CPU's host mover."""
+    plan = OffloadPlan(tier="auto", offload_dir=tmp_path / "offload")
+    reference = in_memory(tiny_dir)
+    nbytes = layout_of(reference.model.model.layers[0]).nbytes
+    placement = Placement((nbytes,) * 5, resident=1, ram=2, disk=2, slots=2, slot_bytes=align_up(nbytes), needed=0)
+    model, offload = offload_model(tiny_dir, "tiny", torch.float32, torch.device("cpu"), plan, QUIET, placement)
+    try:
+        assert isinstance(offload.store, TieredStore) and offload.streamed == [1, 2, 3, 4]
+        assert sorted(offload.store.ram.layouts) == [1, 2] and offload.store.disk.path.is_file()
+        assert not offload.store.follows(2, 3) and offload.store.follows(3, 4)  # RAM then disk: one run on disk only
+        lm = CausalLM(model, offload)
+        prompt = [1, 5, 9, 2, 33, 17]
+        assert torch.equal(sequential_logits(lm, prompt, 5), sequential_logits(reference, prompt, 5))
+        assert torch.equal(tree_logits(lm, prompt), tree_logits(reference, prompt))
+    finally:
+        offload.close()

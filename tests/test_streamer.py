@@ -140,10 +140,13 @@ class SleepyStore:
         self.size = nbytes
         self.threads: set[str] = set()
 
-    def read(self, layer, staging):
+    def read_run(self, layers, stagings):
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.read_s)
-        return staging
+        time.sleep(self.read_s * len(layers))
+        return stagings
+
+    def follows(self, previous, layer):
+        return False
 
     def nbytes(self, layer):
         return self.size
@@ -175,7 +178,7 @@ def test_thread_transport_overlaps_a_slow_copy_with_compute():
 
 def test_a_failed_read_surfaces_in_the_computing_thread():
     class BrokenStore(SleepyStore):
-        def read(self, layer, staging):
+        def read_run(self, layers, stagings):
             raise OSError("disk gone")
 
     slots = [torch.zeros(8, dtype=torch.uint8)]
@@ -184,3 +187,135 @@ def test_a_failed_read_surfaces_in_the_computing_thread():
     with pytest.raises(OSError, match="disk gone"):
         streamer.acquire(0)
     transport.close()
+
+
+class MeteredLink(VirtualLink):
+    """The virtual link, also reporting its busy time up to the current virtual moment."""
+
+    def __init__(self, copy_s: float) -> None:
+        super().__init__(copy_s)
+        self.loads: list[tuple[float, float]] = []
+
+    def begin(self, layer, slot):
+        done = super().begin(layer, slot)
+        self.loads.append((done - self.copy_s, done))
+        return done
+
+    def stats(self):
+        busy = sum(max(0.0, min(end, self.now) - start) for start, end in self.loads)
+        return TransferStats(transfer_s=busy)
+
+
+def decode(streamer: Streamer, link: MeteredLink, layers: int, iterations: int, draft_s: float,
+           compute_s: float) -> list[tuple[float, float]]:
+    """Iterations of drafting then one target pass; per pass: (its stall, the link's idle
+    share of the iteration)."""
+    passes = []
+    for _ in range(iterations):
+        before, start = streamer.stats(), link.now
+        link.now += draft_s  # the draft tree grows; the link keeps loading
+        for layer in range(layers):
+            slot = streamer.acquire(layer)
+            link.now += compute_s
+            streamer.release(slot)
+        moved = streamer.stats() - before
+        passes.append((moved.stall_s, moved.idle_s / (link.now - start)))
+    return passes
+
+
+def test_with_a_whole_pass_staged_a_pass_after_drafting_never_waits_on_the_link():
+    layers, copy_s = 10, 1.0
+    link = MeteredLink(copy_s)
+    streamer = Streamer(list(range(layers)), slots=layers, transport=link, clock=lambda: link.now)
+    passes = decode(streamer, link, layers, iterations=4, draft_s=layers * copy_s, compute_s=0.1)
+    assert [stall for stall, _ in passes] == [0.0] * 4
+    assert [idle for _, idle in passes] == [0.0] * 4  # once the pass is staged, nothing is left to move
+
+
+def test_a_small_ring_stalls_the_pass_and_idles_the_link_while_drafting():
+    layers, copy_s, slots = 10, 1.0, 4
+    link = MeteredLink(copy_s)
+    streamer = Streamer(list(range(layers)), slots=slots, transport=link, clock=lambda: link.now)
+    passes = decode(streamer, link, layers, iterations=3, draft_s=layers * copy_s, compute_s=0.1)
+    for stall, idle in passes[1:]:
+        # only 4 layers arrive while drafting; the pass waits for most of the other 6
+        assert stall > (layers - slots - 1) * copy_s
+        # drafting 10 s with room for 4 layers: the link rests ~6 s of an iteration of ~16 s
+        assert 0.3 < idle < 0.45
+
+
+def test_staging_helps_only_as_far_as_drafting_lasts():
+    layers, copy_s = 10, 1.0
+    link = MeteredLink(copy_s)
+    streamer = Streamer(list(range(layers)), slots=layers, transport=link, clock=lambda: link.now)
+    passes = decode(streamer, link, layers, iterations=3, draft_s=4 * copy_s, compute_s=0.1)
+    assert all(stall > 0 for stall, _ in passes[1:])  # 4 s of drafting stage 4 layers; the rest is waited for
+    assert all(idle == 0.0 for _, idle in passes)  # but the link never rested
+
+
+class GatedStore:
+    """A file-like store: consecutive layers follow each other; the first read waits for a gate,
+    so the loads queued meanwhile can be coalesced."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.size = nbytes
+        self.gate = threading.Event()
+        self.runs: list[list[int]] = []
+
+    def follows(self, previous, layer):
+        return layer == previous + 1
+
+    def read_run(self, layers, stagings):
+        if not self.runs:
+            self.gate.wait(5)
+        self.runs.append(list(layers))
+        return stagings
+
+    def nbytes(self, layer):
+        return self.size
+
+
+def test_loads_queued_together_are_read_in_one_request_up_to_the_coalescing_size():
+    store = GatedStore(100)
+    slots = [torch.zeros(8, dtype=torch.uint8) for _ in range(8)]
+    transport = ThreadTransport(store, slots, HostMover(slots), coalesce_bytes=300)
+    streamer = Streamer(list(range(8)), slots=8, transport=transport)  # queues layers 0..7 at once
+    store.gate.set()
+    streamer.drain()
+    transport.close()
+    # the first read took layer 0 alone (nothing else was queued yet, or it took more: both are
+    # fine); every later request holds consecutive layers, at most 3 (300 bytes)
+    assert [layer for run in store.runs for layer in run] == list(range(8))
+    assert all(run == list(range(run[0], run[0] + len(run))) and len(run) <= 3 for run in store.runs)
+    assert len(store.runs) < 8 and transport.requests == len(store.runs)
+    assert transport.stats().bytes == 800
+
+
+def test_a_wrap_around_is_not_coalesced():
+    store = GatedStore(100)
+    assert not store.follows(7, 0)  # the order's end and start are not contiguous in the file
+    slots = [torch.zeros(8, dtype=torch.uint8) for _ in range(4)]
+    transport = ThreadTransport(store, slots, HostMover(slots), coalesce_bytes=10**9)
+    streamer = Streamer([2, 3], slots=2, transport=transport)
+    store.gate.set()
+    for _ in range(3):
+        for layer in (2, 3):
+            streamer.release(streamer.acquire(layer))
+    streamer.drain()
+    transport.close()
+    assert all(run in ([2], [3], [2, 3]) for run in store.runs)
+
+
+def test_closing_the_transport_after_a_failed_read_stops_its_thread():
+    class BrokenStore(GatedStore):
+        def read_run(self, layers, stagings):
+            raise OSError("disk gone")
+
+    slots = [torch.zeros(8, dtype=torch.uint8) for _ in range(3)]
+    transport = ThreadTransport(BrokenStore(8), slots, HostMover(slots))
+    streamer = Streamer([0, 1, 2], slots=3, transport=transport)
+    with pytest.raises(OSError, match="disk gone"):
+        streamer.acquire(0)
+    transport.close()
+    transport.close()  # twice is fine
+    assert not transport.thread.is_alive()

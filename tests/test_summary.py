@@ -81,3 +81,11 @@ def test_summarize_streaming_figures() -> None:
     assert summary.stall_s == pytest.approx(0.3)
     assert summary.transfer_gbps == pytest.approx(2.0)
     assert summarize([event([1])], wall_s=1.0).transfer_gbps == 0.0
+
+
+def test_link_idle_is_weighted_by_each_iteration_time() -> None:
+    events = [event([1], draft_s=1.0, target_s=1.0, link_idle=0.5), event([2], draft_s=0.5, target_s=1.5, link_idle=0.0),
+              event([3], draft_s=3.0, target_s=1.0, link_idle=0.25)]
+    # (0.5 * 2 + 0 * 2 + 0.25 * 4) / 8 s
+    assert summarize(events, wall_s=8.0).link_idle == pytest.approx(0.25)
+    assert json.loads(json.dumps(event_record(events[0])))["link_idle"] == 0.5

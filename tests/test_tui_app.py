@@ -530,7 +530,7 @@ def test_transfer_panel_shows_label_and_bandwidth(store_path):
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:
             await ask(pilot, "go")
-            assert str(app.query_one("#transfer", Static).content) == "transfer RAM: 10.0 ms\n3.00 GB/s · stall 0.0 ms"
+            assert str(app.query_one("#transfer", Static).content) == "transfer RAM: 10.0 ms\n3.00 GB/s · stall 0.0 ms\nlink idle 25%"
 
     run(scenario)
 

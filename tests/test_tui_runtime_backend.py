@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from time import perf_counter
 
 import pytest
+
+from specchat.offload.placement import Placement
 import torch
 from textual.widgets import Static
 
@@ -79,12 +81,18 @@ def test_closing_the_backend_closes_its_models(backend, monkeypatch):
     assert closed == [backend.models]
 
 
+def placement(resident: int, ram: int, disk: int) -> Placement:
+    layers = resident + ram + disk
+    return Placement((100,) * layers, resident, ram, disk, slots=2 if ram + disk else 0, slot_bytes=4096, needed=0)
+
+
 @pytest.mark.parametrize(
-    "device, offload, label",
-    [("cpu", "none", ""), ("cuda", "ram", "PCIe"), ("cpu", "ram", "RAM"), ("cpu", "disk", "disk")],
+    "device, where, label",
+    [("cpu", None, ""), ("cpu", placement(4, 0, 0), ""), ("cuda", placement(1, 3, 0), "PCIe"),
+     ("cuda", placement(1, 1, 2), "PCIe"), ("cpu", placement(1, 3, 0), "RAM"), ("cpu", placement(0, 0, 4), "disk")],
 )
-def test_transfer_label(device, offload, label):
-    assert transfer_label(device, offload) == label
+def test_transfer_label(device, where, label):
+    assert transfer_label(device, where) == label
 
 
 async def send_and_wait(app: SpecchatApp, pilot, text: str, timeout_s: float = 30) -> None:

@@ -13,19 +13,21 @@ from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
 from specchat.cli_options import (AllowPickleOpt, BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
-                                  OffloadDirOpt, OffloadOpt, RayOpt, ResidentOpt, TargetOpt, TemperatureOpt, TopPOpt,
-                                  WorkersOpt, check_sampling, parse_budget)
+                                  OffloadDirOpt, OffloadOpt, RamBudgetOpt, RayOpt, ResidentOpt, TargetOpt,
+                                  TemperatureOpt, TopPOpt, VramBudgetOpt, WorkersOpt, check_sampling, parse_budget)
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import default_offload_dir, gather
+from specchat.doctor.plan import plan_default_target
 from specchat.doctor.report import render
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
-                             DEFAULT_TOP_P, reply_limit)
+from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_OFFLOAD, DEFAULT_SEED,
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MEMORY_BUDGET_GB, reply_limit)
 from specchat.models.listing import list_models
-from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, load_models, pick_device,
-                              validate)
+from specchat.offload.links import Links, save_links
+from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, gb_to_bytes, live_settings_of, load_models,
+                              pick_device, validate)
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
@@ -54,9 +56,11 @@ def generate(
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
-    offload: OffloadOpt = "none",
+    offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
+    ram_budget: RamBudgetOpt = None,
+    vram_budget: VramBudgetOpt = None,
     draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
     draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
     allow_pickle: AllowPickleOpt = False,
@@ -72,7 +76,8 @@ def generate(
         raise SpecchatError("the prompt is empty: give some text")
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget,
+        vram_budget=vram_budget, draft_quant=draft_quant,
         draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
@@ -125,16 +130,18 @@ def streaming_note(summary: Summary) -> str:
     if summary.transfer_bytes == 0:
         return ""
     return (f", streamed {summary.transfer_bytes / 1e9:.1f} GB at {summary.transfer_gbps:.2f} GB/s, "
-            f"stalled {summary.stall_s:.1f} s")
+            f"stalled {summary.stall_s:.1f} s, link idle {summary.link_idle:.0%}")
 
 
 @app.command()
 def run(
     target: TargetOpt = EngineOptions.target,
     draft: DraftOpt = EngineOptions.draft,
-    offload: OffloadOpt = "none",
+    offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
+    ram_budget: RamBudgetOpt = None,
+    vram_budget: VramBudgetOpt = None,
     draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
     draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
     allow_pickle: AllowPickleOpt = False,
@@ -158,7 +165,8 @@ def run(
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget,
+        vram_budget=vram_budget, draft_quant=draft_quant,
         draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
@@ -226,11 +234,19 @@ def models() -> None:
 def doctor(
     offload_dir: Path = typer.Option(None, help="Where offloaded weights go (default: <cache>/offload)."),
     probe_gb: float = typer.Option(1.0, help="Size in GB of the probe file for the disk read bandwidth."),
+    ram_budget: RamBudgetOpt = None,
+    vram_budget: VramBudgetOpt = None,
 ) -> None:
-    """Report devices, memory and bandwidths; recommend an offload tier and a draft budget."""
+    """Report devices, memory and bandwidths; recommend an offload tier and a draft budget; show
+    where --offload auto would place the target's layers."""
+    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
+        if value is not None:
+            MEMORY_BUDGET_GB.check(name, value)
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
     facts = gather(offload_dir or default_offload_dir(), probe_gb)
-    print(render(facts, advise(facts)))
+    save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
+    placement = plan_default_target(facts.offload_dir, gb_to_bytes(ram_budget), gb_to_bytes(vram_budget))
+    print(render(facts, advise(facts), placement))
 
 
 @app.command()

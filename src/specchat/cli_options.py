@@ -18,11 +18,17 @@ TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top_p.")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
 OffloadOpt = Annotated[str, typer.Option(
-    help="Where the target's decoder layers live: none (on the device), ram, or disk (streamed per pass).")]
+    help="Where the target's decoder layers live: auto (first to last in the fastest tier with room: the device, "
+         "pinned RAM beside a GPU, then the disk), none (on the device), ram, or disk (streamed per pass).")]
+RamBudgetOpt = Annotated[float | None, typer.Option(
+    help="GB of RAM the target may take (its resident layers on a CPU, the streaming ring, KV caches, the tree; "
+         "the draft's weights are not counted); default: what is available.")]
+VramBudgetOpt = Annotated[float | None, typer.Option(
+    help="GB of GPU memory the target may take; default: what is free.")]
 OffloadDirOpt = Annotated[str | None, typer.Option(
     help="Directory of the disk tier's layer file (default: the user cache dir).")]
 ResidentOpt = Annotated[int | None, typer.Option(
-    help="Decoder layers kept on the device when offloading (default: as many as free memory allows).")]
+    help="Decoder layers kept on the device when offloading (default: as many as the budget allows).")]
 DraftQuantOpt = Annotated[str, typer.Option(
     help="auto | none | int8 | nf4: the draft's weights (auto: int8 on a CPU; nf4: bitsandbytes, CUDA only).")]
 DraftVocabOpt = Annotated[int, typer.Option(

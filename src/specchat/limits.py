@@ -40,6 +40,10 @@ LOOKAHEAD = Bounds(1, 64)  # dsi: drafts per verification job
 MAX_TOKENS = Bounds(1, 32768)  # new tokens per reply
 TEMPERATURE = Bounds(0.0, 5.0)  # 0 = greedy
 TOP_P = Bounds(0.0, 1.0, low_open=True)  # nucleus sampling mass
+MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)
+
+OFFLOAD_TIERS = ("auto", "none", "ram", "disk")
+DEFAULT_OFFLOAD = "auto"  # layers placed in the fastest tier with room (specchat.offload.placement)
 
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.9

@@ -23,13 +23,15 @@ from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
-from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEPTH,
-                             LOOKAHEAD, auto_cap, default_budget)
+from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
+                             DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, MEMORY_BUDGET_GB, OFFLOAD_TIERS, auto_cap, default_budget)
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
-from specchat.models.loading import LoadedModel, check_not_pickled, load, load_offloaded, resolve
+from specchat.models.loading import LoadedModel, check_not_pickled, load, load_offloaded, plan_target, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.offload.build import Offload, OffloadPlan
+from specchat.offload.links import read_links
+from specchat.offload.placement import Placement
 from specchat.paths import cache_dir
 from specchat.probe_cache import probe_path, read_costs, write_costs
 from specchat.progress import Report, Reporter
@@ -37,7 +39,6 @@ from specchat.progress import Report, Reporter
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-OFFLOAD_TIERS = ("none", "ram", "disk")
 DRAFT_QUANTS = ("auto", "none", "int8", "nf4")
 
 
@@ -49,9 +50,11 @@ class EngineOptions:
     budget: int | str | None = None  # K, or AUTO (sized per iteration); None: AUTO for specexec, else suited to the device
     max_depth: int = DEFAULT_MAX_DEPTH
     dtype: str = DEFAULT_DTYPE
-    offload: str = "none"  # where the target's decoder layers live: none (on the device), ram, disk
+    offload: str = DEFAULT_OFFLOAD  # where the target's decoder layers live: auto, none (on the device), ram, disk
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
+    ram_budget: float | None = None  # GB of RAM the target may take; None: what is available
+    vram_budget: float | None = None  # GB of GPU memory the target may take; None: what is free
     draft_quant: str = "auto"  # auto: int8 on a CPU for the widths where it pays, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
@@ -72,6 +75,7 @@ class Models:
     target: CausalLM | None  # None when dsi's Ray actors hold the target
     draft: CausalLM | None = None  # None when no engine to run drafts
     offload: Offload | None = None
+    placement: Placement | None = None  # where the target's layers went (None: --offload none)
     workers: WorkerPool | None = None  # dsi's target workers
     identity: dict = field(default_factory=dict)  # what was loaded and how: the cost probe's key
     costs: Costs | None = None  # --budget auto's measured costs, once probed
@@ -148,6 +152,11 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:
         raise SpecchatError(f"--resident-layers must be >= 0 (got {options.resident_layers})")
+    for name, value in (("--ram-budget", options.ram_budget), ("--vram-budget", options.vram_budget)):
+        if value is not None:
+            MEMORY_BUDGET_GB.check(name, value)
+            if options.offload == "none":
+                raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
     if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:
@@ -168,7 +177,7 @@ def validate_dsi(options: EngineOptions) -> None:
         if options.ray_address is not None or options.workers is not None:
             raise SpecchatError("--workers and --ray-address are for --engine dsi")
         return
-    if options.offload != "none":
+    if options.offload not in ("none", "auto"):  # auto: in memory, as dsi needs
         raise SpecchatError("--engine dsi keeps a target on every worker: use --offload none")
     if options.workers is not None:
         parse_devices(options.workers)
@@ -188,6 +197,8 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     if "dsi" not in names and (options.workers is not None or options.ray_address is not None):
         raise SpecchatError("--workers and --ray-address are for --engine dsi")
     reporter = Reporter(progress, report)
+    if "dsi" in names and options.offload == "auto":  # dsi's workers share an in-memory target
+        options = replace(options, offload="none")
     device = pick_device()
     dtype = DTYPES[options.dtype]
     drafted = any(name in DRAFTED_ENGINES for name in names)
@@ -201,7 +212,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         if drafted:
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
-        models.identity = identity(options, draft_quant)
+        models.identity = identity(options, draft_quant, models.placement)
         if options.budget in (AUTO, None) and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
             models.sizer()
@@ -212,11 +223,17 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     return models
 
 
-def identity(options: EngineOptions, draft_quant: DraftQuant | None) -> dict:
-    """What decides the models' costs (`draft_quant` as resolved): the key of the cost probe's cache."""
-    return {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
-            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
-            "draft_quant": str(draft_quant or options.draft_quant)}
+def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None) -> dict:
+    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made):
+    the key of the cost probe's cache. A placement with nothing streamed costs what none costs."""
+    key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
+           "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
+           "draft_quant": str(draft_quant or options.draft_quant)}
+    if placement is not None and placement.streamed:
+        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
+    elif options.offload == "auto":
+        key["offload"] = "none"
+    return key
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
@@ -229,7 +246,7 @@ def options_for(options: EngineOptions, name: str) -> EngineOptions:
 def load_local_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, with_workers: bool,
                       reporter: Reporter) -> Models:
     """The target here (in memory or offloaded), and dsi's thread workers over it if asked."""
-    target, offload = load_target(options, device, dtype, reporter)
+    target, offload, placement = load_target(options, device, dtype, reporter)
     target_lm = CausalLM(target.model, offload)
     workers = None
     if with_workers:
@@ -238,7 +255,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
         workers = WorkerPool(thread_workers(target_lm, parse_devices(devices)))
     return Models(tokenizer=target.tokenizer, stop_ids=stop_token_ids(target.model, target.tokenizer), device=device,
                   context_tokens=target.model.config.max_position_embeddings, target=target_lm, offload=offload,
-                  workers=workers)
+                  placement=placement, workers=workers)
 
 
 def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
@@ -255,19 +272,49 @@ def live_settings_of(options: EngineOptions) -> LiveSettings:
 
 
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype,
-                reporter: Reporter) -> tuple[LoadedModel, Offload | None]:
-    """The target in device memory, or with its decoder layers streamed from RAM or disk."""
+                reporter: Reporter) -> tuple[LoadedModel, Offload | None, Placement | None]:
+    """The target in device memory, or with its decoder layers placed by `options.offload`
+    (auto: as the placement decides; everything resident loads as with none)."""
     if options.offload == "none":
-        target = load(options.target, dtype, reporter.bars, reporter.report)
-        reporter.step(f"moving {target.name} to {device.type}")
-        target.model.to(device)
-        return target, None
-    plan = OffloadPlan(
+        return load_in_memory(options.target, device, dtype, reporter), None, None
+    plan = offload_plan(options, device)
+    placement = plan_target(options.target, dtype, device, plan, reporter)
+    announce(placement, reporter)
+    if options.offload == "auto" and not placement.streamed:
+        return load_in_memory(options.target, device, dtype, reporter), None, placement
+    target, offload = load_offloaded(options.target, dtype, device, plan, reporter, placement)
+    return target, offload, placement
+
+
+def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> LoadedModel:
+    target = load(spec, dtype, reporter.bars, reporter.report)
+    reporter.step(f"moving {target.name} to {device.type}")
+    target.model.to(device)
+    return target
+
+
+def offload_plan(options: EngineOptions, device: torch.device) -> OffloadPlan:
+    return OffloadPlan(
         tier=options.offload,
         offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else cache_dir() / "offload",
         resident_layers=options.resident_layers,
+        ram_budget=gb_to_bytes(options.ram_budget),
+        vram_budget=gb_to_bytes(options.vram_budget),
+        tree_tokens=auto_cap(cuda=device.type == "cuda", offloaded=True),
     )
-    return load_offloaded(options.target, dtype, device, plan, reporter)
+
+
+def gb_to_bytes(value: float | None) -> int | None:
+    return None if value is None else int(value * 1e9)
+
+
+def announce(placement: Placement, reporter: Reporter) -> None:
+    """The plan as one line: on the loading screen always, on stderr when something streams."""
+    links = read_links()
+    text = "offload plan: " + placement.describe(links.ram_gbps, links.disk_gbps)
+    if placement.streamed and links.disk_gbps is None and placement.disk:
+        text += " (run `specchat doctor` to measure the disk and see the expected pass time)"
+    (reporter.notice if placement.streamed else reporter.step)(text)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) -> list[int]:

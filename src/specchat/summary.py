@@ -20,6 +20,7 @@ class Summary:
     wall_s: float
     prefill_tokens: int = 0  # prompt tokens run (those past the prefix the engine's caches reused)
     prefill_s: float = 0.0
+    link_idle: float = 0.0  # share of the iterations' time the weight link moved nothing while it had more to move
 
     @property
     def transfer_gbps(self) -> float:
@@ -30,6 +31,7 @@ class Summary:
 def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
     new_tokens = sum(len(e.token_ids) for e in events)
     iterations = len(events)
+    busy = sum(e.draft_s + e.target_s for e in events)  # each event's fraction is of its own time
     return Summary(
         new_tokens=new_tokens,
         iterations=iterations,
@@ -43,6 +45,7 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
         wall_s=wall_s,
         prefill_tokens=sum(e.prefill_tokens for e in events),
         prefill_s=sum(e.prefill_s for e in events),
+        link_idle=sum(e.link_idle * (e.draft_s + e.target_s) for e in events) / busy if busy > 0 else 0.0,
     )
 
 

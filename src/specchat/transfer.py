@@ -21,9 +21,11 @@ class TransferStats:
     bytes: int = 0
     transfer_s: float = 0.0  # time the loads took (the link busy)
     stall_s: float = 0.0  # time compute waited for a layer to arrive
+    idle_s: float = 0.0  # time the link moved nothing while a layer still had to be moved
 
     def __sub__(self, other: "TransferStats") -> "TransferStats":
-        return TransferStats(self.bytes - other.bytes, self.transfer_s - other.transfer_s, self.stall_s - other.stall_s)
+        return TransferStats(self.bytes - other.bytes, self.transfer_s - other.transfer_s,
+                             self.stall_s - other.stall_s, self.idle_s - other.idle_s)
 
     @property
     def gbps(self) -> float:

@@ -28,6 +28,7 @@ class IterationEvent:
     transfer_s: float = 0.0  # time the target's weight streaming was busy (offload)
     transfer_bytes: int = 0  # target weight bytes streamed during the iteration
     stall_s: float = 0.0  # time the target's compute waited for streamed weights
+    link_idle: float = 0.0  # share of the iteration's wall time the weight link moved nothing while it had more to move
     finished: bool = False  # True on the last event (EOS or token limit)
     # DSI only: verification jobs sent to target workers, cancelled because a draft they
     # build on was rejected, and still queued or running, at this event.

@@ -154,11 +154,13 @@ class TreeEngine:
         seq.extend(verdict.tokens)
         predicted = self.calibrate(drafted.predicted, verdict.accepted)
         moved = self.target.transfer_stats() - moved
+        wall = perf_counter() - start
         return IterationEvent(
             token_ids=verdict.tokens, accepted=verdict.accepted,
             tree_size=drafted.tree.size, depth=drafted.tree.depth,
             draft_s=drafted_at - start, target_s=walked_at - drafted_at,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
+            link_idle=moved.idle_s / wall if wall > 0 else 0.0,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
             draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits
             predicted_accepted=predicted,

@@ -1,40 +1,45 @@
-"""Building an offloaded model: resident parts on the device, other layers streamed from a `LayerStore`."""
+"""Building an offloaded model: its layers placed (`placement`), resident parts on the device, the
+others streamed from a `LayerStore` through the ring."""
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import psutil
 import torch
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from specchat.errors import SpecchatError
 from specchat.offload.cuda import CudaMover
-from specchat.offload.direct_io import align_up, aligned_empty
+from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
+from specchat.offload.placement import Placement, Request, Rooms, place
+from specchat.offload.sizes import measure_sizes
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
 from specchat.offload.sources import SafetensorsSource
-from specchat.offload.storage import DiskStore, LayerStore, RamStore
+from specchat.offload.storage import DiskStore, LayerStore, RamStore, TieredStore
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
-from specchat.transfer import TransferStats
+from specchat.transfer import TransferStats, gb
 
-Tier = Literal["ram", "disk"]
-
-# Room kept free on the compute device beside the resident layers: KV caches, the tree's
-# activations and the LM head's logits.
-_HEADROOM_BYTES = 2 * 2**30
+Tier = Literal["auto", "ram", "disk"]
+DEFAULT_TREE_TOKENS = 1024  # the largest tree a CPU's --budget auto builds (limits.auto_cap)
 
 
 @dataclass(frozen=True)
 class OffloadPlan:
+    """What the user asked for; `place` turns it into a `Placement` on this machine."""
+
     tier: Tier
     offload_dir: Path  # where the disk tier's layer file lives
-    resident_layers: int | None = None  # None: as many as free memory allows
-    slots: int = 4  # ring size: one layer computing, slots - 1 loading ahead
+    resident_layers: int | None = None  # None: as many as fit
+    slots: int | None = None  # ring size; None: what the room left holds, up to a whole pass
+    ram_budget: int | None = None  # bytes of RAM specchat may take; None: what is available
+    vram_budget: int | None = None  # bytes of GPU memory specchat may take; None: what is free
+    tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Offload:
     transport: ThreadTransport | None
     store: LayerStore | None
     streamed: list[int]  # indices of the streamed decoder layers (the others are resident)
+    placement: Placement | None = None
 
     @property
     def pass_bytes(self) -> int:
@@ -55,70 +61,110 @@ class Offload:
         return self.streamer.stats() if self.streamer is not None else TransferStats()
 
     def close(self) -> None:
-        if self.streamer is not None:
-            self.streamer.drain()
+        """Stop the loader (a read in progress ends first) and close the layer file; safe after
+        a failed read and when called twice."""
+        if self.transport is not None:
             self.transport.close()
         if self.store is not None:
             self.store.close()
 
 
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan | None,
-                  reporter: Reporter) -> tuple[PreTrainedModel, Offload]:
-    """Load the model in `directory` (safetensors) with its decoder layers offloaded per `plan`;
-    no plan keeps every layer on the device (how GPTQ checkpoints load without offloading)."""
+                  reporter: Reporter, placement: Placement | None = None) -> tuple[PreTrainedModel, Offload]:
+    """Load the model in `directory` (safetensors) with its decoder layers placed per `plan`
+    (or per `placement`, already made for it); no plan keeps every layer on the device (how GPTQ
+    checkpoints load without offloading). The placement is made before anything is loaded or
+    written."""
     source = SafetensorsSource(directory)
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype)
     layers_name, layers = decoder_layers(model)
-    fill_resident(model, layers_name, source, dtype, device)
     layouts = [layout_of(layer) for layer in layers]
-    resident = len(layers) if plan is None else plan.resident_layers
-    if resident is None:
-        resident = default_resident_layers(layouts, device, plan.slots)
-    if not 0 <= resident <= len(layers):
-        raise SpecchatError(f"--resident-layers must be between 0 and {len(layers)} (got {resident})")
+    disk_store = None if plan is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
+    if plan is not None and placement is None:
+        placement = place_layers(model, layers_name, layouts, dtype, device, plan, disk_store)
+    fill_resident(model, layers_name, source, dtype, device)
+    resident = len(layers) if placement is None else placement.resident
     for index in range(resident):
         reporter.step(f"loading resident layer {index + 1}/{resident}", (index + 1) / max(resident, 1))
         fill(layers[index], layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype), device)
-    streamed = list(range(resident, len(layers)))
-    if not streamed:
-        return model, Offload(None, None, None, [])
-    store = build_store(plan, layouts, streamed, device, dtype, name, source)
-    if store.needs_writing():
-        write_layers(store, layers, layers_name, source, dtype, reporter)
+    if placement is None or not placement.streamed:
+        return model, Offload(None, None, None, [], placement)
+    store = build_store(placement, layouts, device, disk_store)
+    for part in store.parts():
+        if part.needs_writing():
+            write_layers(part, layers, layers_name, source, dtype, reporter)
     store.open()
-    slots, staging, mover = make_slots(plan, [layouts[i] for i in streamed], device)
-    transport = ThreadTransport(store, staging, mover)
-    streamer = Streamer(streamed, plan.slots, transport)
-    for index in streamed:
+    try:
+        slots, staging, mover = make_slots(placement, device)
+        transport = ThreadTransport(store, staging, mover)
+    except BaseException:
+        store.close()
+        raise
+    streamer = Streamer(placement.streamed, placement.slots, transport)
+    for index in placement.streamed:
         layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots)
-    return model, Offload(streamer, transport, store, streamed)
+    return model, Offload(streamer, transport, store, placement.streamed, placement)
+
+
+def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name: str, dtype: torch.dtype,
+               device: torch.device, plan: OffloadPlan) -> Placement:
+    """Where `plan` would put the model's layers on this machine, without loading anything
+    (`source` None: a checkpoint that is not safetensors, sized from its config)."""
+    model = build_skeleton(config, source, dtype)
+    layers_name, layers = decoder_layers(model)
+    layouts = [layout_of(layer) for layer in layers]
+    reuse = None if source is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
+    return place_layers(model, layers_name, layouts, dtype, device, plan, reuse)
+
+
+def place_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
+                 device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None) -> Placement:
+    context = model.config.max_position_embeddings
+    sizes = measure_sizes(model, layers_name, layouts, dtype, context, plan.tree_tokens)
+    reusable = disk_store is not None and disk_store.reusable
+    rooms = measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
+    return place(sizes, rooms, Request(plan.tier, plan.resident_layers, plan.slots))
+
+
+def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -> Rooms:
+    """What each tier offers now, capped by the budgets; a reusable layer file counts as free disk."""
+    available = psutil.virtual_memory().available
+    ram, ram_name = capped(available, plan.ram_budget, "RAM", "--ram-budget")
+    disk_dir = next(path for path in (plan.offload_dir, *plan.offload_dir.parents) if path.exists())
+    disk = shutil.disk_usage(disk_dir).free + reusable_file
+    disk_name = str(plan.offload_dir)
+    if device.type != "cuda":
+        return Rooms(ram, None, disk, ram_name, ram_name, disk_name)
+    vram, vram_name = capped(torch.cuda.mem_get_info(device)[0], plan.vram_budget, "GPU memory", "--vram-budget")
+    return Rooms(vram, ram, disk, vram_name, ram_name, disk_name)
+
+
+def capped(free: int, budget: int | None, what: str, option: str) -> tuple[int, str]:
+    """min(free, budget), named as an error should name it."""
+    if budget is not None and budget <= free:
+        return budget, f"{what} under {option} {budget / 1e9:g} GB"
+    return free, f"{what} ({gb(free)} free)"
+
+
+def layer_file(plan: OffloadPlan, name: str, dtype: torch.dtype) -> Path:
+    stem = re.sub(r"[^\w.-]+", "_", name) + "-" + str(dtype).removeprefix("torch.")
+    return plan.offload_dir / f"{stem}.layers"
+
+
+def fingerprint(source: SafetensorsSource, dtype: torch.dtype) -> dict:
+    return {**source.fingerprint(), "dtype": str(dtype)}
 
 
 def layout_of(layer) -> LayerLayout:
     return plan_layout([(name, t.dtype, tuple(t.shape)) for name, t in layer.state_dict().items()])
 
 
-def default_resident_layers(layouts: list[LayerLayout], device: torch.device, slots: int) -> int:
-    """As many whole layers as the device's free memory holds beside the ring and headroom."""
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
-    largest = max(layout.nbytes for layout in layouts)
-    room = free - _HEADROOM_BYTES - slots * largest
-    count = 0
-    for layout in layouts:
-        if room < layout.nbytes:
-            break
-        room -= layout.nbytes
-        count += 1
-    return count
-
-
-def build_store(plan: OffloadPlan, layouts: list[LayerLayout], streamed: list[int], device: torch.device,
-                dtype: torch.dtype, name: str, source: SafetensorsSource) -> LayerStore:
-    if plan.tier == "ram":
-        return RamStore({layer: layouts[layer] for layer in streamed}, pin=device.type == "cuda")
-    stem = re.sub(r"[^\w.-]+", "_", name) + "-" + str(dtype).removeprefix("torch.")
-    fingerprint = {**source.fingerprint(), "dtype": str(dtype)}
-    return DiskStore(layouts, plan.offload_dir / f"{stem}.layers", fingerprint)
+def build_store(placement: Placement, layouts: list[LayerLayout], device: torch.device,
+                disk_store: DiskStore) -> LayerStore:
+    ram = RamStore({layer: layouts[layer] for layer in placement.ram_layers}, pin=device.type == "cuda")
+    if not placement.disk:
+        return ram
+    return TieredStore(ram, disk_store) if placement.ram else disk_store
 
 
 def write_layers(store: LayerStore, layers, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
@@ -137,13 +183,12 @@ def write_layers(store: LayerStore, layers, layers_name: str, source: Safetensor
         raise
 
 
-def make_slots(plan: OffloadPlan, layouts: list[LayerLayout], device: torch.device):
+def make_slots(placement: Placement, device: torch.device):
     """The ring's slots on the compute device, where disk reads land, and the mover between."""
-    size = align_up(max(layout.nbytes for layout in layouts))
-    count = min(plan.slots, len(layouts))
+    size, count = placement.slot_bytes, placement.slots
     if device.type == "cuda":
         slots = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(count)]
-        staging = [aligned_empty(size, pin=True) for _ in range(count)] if plan.tier == "disk" else [None] * count
+        staging = [aligned_empty(size, pin=True) for _ in range(count)] if placement.disk else [None] * count
         return slots, staging, CudaMover(slots)
     slots = [aligned_empty(size) for _ in range(count)]
     return slots, slots, HostMover(slots)

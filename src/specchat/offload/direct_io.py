@@ -71,7 +71,10 @@ class DirectReader:
             raise ValueError(f"threads must be >= 1 (got {threads})")
         self.path = Path(path)
         self.chunk_bytes = chunk_bytes
-        self._fd, self.direct = open_uncached(self.path)
+        try:
+            self._fd, self.direct = open_uncached(self.path)
+        except OSError as error:
+            raise SpecchatError(f"cannot open {self.path} for reading: {error.strerror}") from None
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="direct-read")
 
     def __enter__(self) -> "DirectReader":
@@ -86,23 +89,34 @@ class DirectReader:
 
     def read_into(self, buffer: torch.Tensor, offset: int) -> int:
         """Fill all of `buffer` from file `offset`; returns the number of bytes read."""
-        check_aligned(buffer, offset)
-        size = buffer.numel()
+        return self.read_many([buffer], offset)
+
+    def read_many(self, buffers: list[torch.Tensor], offset: int) -> int:
+        """Fill `buffers`, in order, from the contiguous file range starting at `offset`: one
+        run of requests for several blobs (each chunk a scatter read that may span two buffers),
+        so the disk never waits between blobs. Returns the number of bytes read."""
+        for buffer in buffers:
+            check_aligned(buffer, offset)
+        views = [memoryview(buffer.numpy()) for buffer in buffers]
+        size = sum(len(view) for view in views)
         available = os.fstat(self._fd).st_size - offset
         if available < size:
             raise self.short_read(offset, size, max(available, 0))
-        view = memoryview(buffer.numpy())
-        starts = range(0, size, self.chunk_bytes)
-        futures = [self._pool.submit(self.read_chunk, view[s : s + self.chunk_bytes], offset + s) for s in starts]
-        wait(futures)  # every chunk has stopped writing into buffer before any error propagates
+        chunks = split_chunks(views, self.chunk_bytes)
+        futures = [self._pool.submit(self.read_chunk, pieces, offset + start) for start, pieces in chunks]
+        wait(futures)  # every chunk has stopped writing into the buffers before any error propagates
         return sum(future.result() for future in futures)
 
-    def read_chunk(self, view: memoryview, offset: int) -> int:
+    def read_chunk(self, pieces: list[memoryview], offset: int) -> int:
+        wanted = sum(len(piece) for piece in pieces)
         done = 0
-        while done < len(view):  # preadv may return early (signals); it returns 0 only at EOF
-            got = os.preadv(self._fd, [view[done:]], offset + done)
+        while done < wanted:  # preadv may return early (signals); it returns 0 only at EOF
+            try:
+                got = os.preadv(self._fd, remaining(pieces, done), offset + done)
+            except OSError as error:
+                raise SpecchatError(f"cannot read {self.path}: {error.strerror}") from None
             if got == 0:
-                raise self.short_read(offset, len(view), done)
+                raise self.short_read(offset, wanted, done)
             done += got
         if not self.direct:
             os.posix_fadvise(self._fd, offset, done, os.POSIX_FADV_DONTNEED)
@@ -112,6 +126,36 @@ class DirectReader:
         return SpecchatError(
             f"short read from {self.path}: {got} of {wanted} bytes at offset {offset} (the file is truncated)"
         )
+
+
+def split_chunks(views: list[memoryview], chunk_bytes: int) -> list[tuple[int, list[memoryview]]]:
+    """The buffers' concatenation cut into chunks of `chunk_bytes`: (start, the pieces of the
+    buffers it covers). Buffers are ALIGN multiples, so every piece stays aligned."""
+    chunks, start, current, room = [], 0, [], chunk_bytes
+    for view in views:
+        at = 0
+        while at < len(view):
+            take = min(room, len(view) - at)
+            current.append(view[at:at + take])
+            at, room = at + take, room - take
+            if room == 0:
+                chunks.append((start, current))
+                start, current, room = start + chunk_bytes, [], chunk_bytes
+    if current:
+        chunks.append((start, current))
+    return chunks
+
+
+def remaining(pieces: list[memoryview], done: int) -> list[memoryview]:
+    """The pieces after the first `done` bytes."""
+    out = []
+    for piece in pieces:
+        if done >= len(piece):
+            done -= len(piece)
+            continue
+        out.append(piece[done:])
+        done = 0
+    return out
 
 
 def open_uncached(path: Path) -> tuple[int, bool]:

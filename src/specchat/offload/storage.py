@@ -1,6 +1,7 @@
 """Where streamed layers live between passes: the `ram` tier (one buffer per layer, pinned when
-the compute device is CUDA) and the `disk` tier (one file of per-layer blobs read with O_DIRECT,
-so reads come from the drive and not from the page cache, as with a model larger than RAM)."""
+the compute device is CUDA), the `disk` tier (one file of per-layer blobs read with O_DIRECT,
+so reads come from the drive and not from the page cache, as with a model larger than RAM), and
+both at once (the first streamed layers in RAM, the others on disk)."""
 
 import json
 import os
@@ -43,7 +44,17 @@ class LayerStore(Protocol):
     def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
         """Host bytes of `layer`: the store's own buffer, or `staging` filled from disk."""
 
+    def follows(self, previous: int, layer: int) -> bool:
+        """True when reading `layer` in the same request, right after `previous`, is one
+        contiguous read (worth coalescing)."""
+
+    def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`read` of several layers, each following the one before, in one request."""
+
     def nbytes(self, layer: int) -> int: ...
+
+    def parts(self) -> list["LayerStore"]:
+        """The stores that are filled one by one (itself, or a tiered store's two)."""
 
     def close(self) -> None: ...
 
@@ -81,8 +92,17 @@ class RamStore:
     def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
         return self.blobs[layer]
 
+    def follows(self, previous: int, layer: int) -> bool:
+        return False  # nothing to gain: a read is the buffer itself
+
+    def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.blobs[layer] for layer in layers]
+
     def nbytes(self, layer: int) -> int:
         return self.layouts[layer].nbytes
+
+    def parts(self) -> list[LayerStore]:
+        return [self]
 
     def close(self) -> None:
         pass  # the buffers go with the store
@@ -118,7 +138,12 @@ class DiskStore:
         """True when the file on disk holds exactly these layers (its manifest is written last)."""
         if not (self.path.is_file() and self.manifest_path.is_file()):
             return False
-        return json.loads(self.manifest_path.read_text()) == self.fingerprint
+        if self.path.stat().st_size != self.file_bytes:
+            return False  # truncated (or grown) since it was written: written again
+        try:
+            return json.loads(self.manifest_path.read_text()) == self.fingerprint
+        except json.JSONDecodeError:
+            return False  # a damaged manifest: the file is written again
 
     def stored_layers(self) -> list[int]:
         return list(range(len(self.layouts)))
@@ -175,12 +200,21 @@ class DiskStore:
         self.reader = DirectReader(self.path)
 
     def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
-        size = align_up(self.layouts[layer].nbytes)
-        self.reader.read_into(staging[:size], self.offsets[layer])
-        return staging[:size]
+        return self.read_run([layer], [staging])[0]
+
+    def follows(self, previous: int, layer: int) -> bool:
+        return layer == previous + 1  # blobs lie in layer order, back to back
+
+    def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
+        views = [staging[:align_up(self.layouts[layer].nbytes)] for layer, staging in zip(layers, stagings)]
+        self.reader.read_many(views, self.offsets[layers[0]])
+        return views
 
     def nbytes(self, layer: int) -> int:
         return self.layouts[layer].nbytes
+
+    def parts(self) -> list[LayerStore]:
+        return [self]
 
     def close(self) -> None:
         if self.reader is not None:
@@ -190,3 +224,37 @@ class DiskStore:
 
 def layout_record(layout: LayerLayout) -> list:
     return [[p.name, str(p.dtype), list(p.shape), p.offset] for p in layout.places]
+
+class TieredStore:
+    """Streamed layers split between RAM (the first ones) and the disk file (the rest); filled
+    through its `parts`."""
+
+    def __init__(self, ram: RamStore, disk: DiskStore) -> None:
+        self.ram = ram
+        self.disk = disk
+
+    def of(self, layer: int) -> LayerStore:
+        return self.ram if layer in self.ram.layouts else self.disk
+
+    def read(self, layer: int, staging: torch.Tensor) -> torch.Tensor:
+        return self.of(layer).read(layer, staging)
+
+    def follows(self, previous: int, layer: int) -> bool:
+        return self.of(previous) is self.of(layer) and self.of(layer).follows(previous, layer)
+
+    def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self.of(layers[0]).read_run(layers, stagings)
+
+    def nbytes(self, layer: int) -> int:
+        return self.of(layer).nbytes(layer)
+
+    def parts(self) -> list[LayerStore]:
+        return [self.ram, self.disk]
+
+    def open(self) -> None:
+        for part in self.parts():
+            part.open()
+
+    def close(self) -> None:
+        for part in self.parts():
+            part.close()

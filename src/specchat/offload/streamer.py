@@ -5,7 +5,14 @@ compute waits for them) differs. Streamed layers are loaded in their cyclic comp
 R, R+1, ..., L-1, R, R+1, ...: when compute releases a slot, the next layer in that order is
 loaded into it at once. So while layer i computes, layers i+1 .. i+S-1 are in flight, and the
 loads that follow the last layer of a pass are the first layers of the next pass: they arrive
-while the draft tree is being built.
+while the draft tree is being built. The ring is the staging area: with as many slots as
+streamed layers, a whole pass is staged while the tree grows, and a pass after drafting that
+lasted long enough never waits on the link.
+
+The link is idle when it moves nothing while a layer still has to be moved. With a slot per
+streamed layer, the loader stops only once the whole next pass is staged (nothing left to move);
+with fewer slots, a layer the next pass needs always waits for room, so every moment the loader
+is not busy is idle.
 """
 
 from collections import deque
@@ -30,7 +37,8 @@ class Transport(Protocol):
         """Compute has been issued on `slot`'s contents; later loads may overwrite it after that."""
 
     def stats(self) -> TransferStats:
-        """Bytes and seconds of the loads completed so far (stall_s is the streamer's)."""
+        """Bytes of the loads completed so far and the link's busy seconds, the load in progress
+        included (stall_s and idle_s are the streamer's)."""
 
 
 @dataclass
@@ -54,6 +62,7 @@ class Streamer:
         self.pending: deque[_Load] = deque()
         self.cursor = 0  # index in `order` of the next layer to load
         self.stall_s = 0.0
+        self.started = clock()
         self.fill(0)
 
     def fill(self, start: int) -> None:
@@ -91,9 +100,15 @@ class Streamer:
             self.transport.finish(self.pending.popleft().ticket)
         self.fill(self.position[layer])
 
+    @property
+    def stages_a_pass(self) -> bool:
+        """True when the ring holds every streamed layer: the next pass is staged whole."""
+        return self.slots >= len(self.order)
+
     def stats(self) -> TransferStats:
         moved = self.transport.stats()
-        return TransferStats(moved.bytes, moved.transfer_s, self.stall_s)
+        idle = 0.0 if self.stages_a_pass else max(0.0, self.clock() - self.started - moved.transfer_s)
+        return TransferStats(moved.bytes, moved.transfer_s, self.stall_s, idle)
 
     def drain(self) -> None:
         """Wait for every load in flight (before freeing the slots)."""

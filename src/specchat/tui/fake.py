@@ -51,7 +51,8 @@ def fixed_event(chunk: list[int], finished: bool, tree_size: int, depth: int, tr
     # Fixed costs, so that every figure derived from them is reproducible in snapshots.
     return IterationEvent(
         token_ids=chunk, accepted=len(chunk) - 1, tree_size=tree_size, depth=depth, draft_s=0.004, target_s=0.020,
-        transfer_s=0.010 if transfer_bytes else 0.0, transfer_bytes=transfer_bytes, finished=finished,
+        transfer_s=0.010 if transfer_bytes else 0.0, transfer_bytes=transfer_bytes,
+        link_idle=0.25 if transfer_bytes else 0.0, finished=finished,
     )
 
 

@@ -41,8 +41,9 @@ def transfer_text(stats: LiveStats, label: str) -> str:
         return "transfer: none (weights resident)"
     seconds = stats.last.transfer_s if stats.last else 0.0
     stall = stats.last.stall_s if stats.last else 0.0
-    # Two short lines: the panel is ~34 columns wide.
-    return f"transfer {label}: {ms(seconds)}\n{stats.transfer_gb_per_s:.2f} GB/s · stall {ms(stall)}"
+    idle = stats.last.link_idle if stats.last else 0.0
+    # Short lines: the panel is ~34 columns wide.
+    return f"transfer {label}: {ms(seconds)}\n{stats.transfer_gb_per_s:.2f} GB/s · stall {ms(stall)}\nlink idle {idle:.0%}"
 
 
 def timing_text(stats: LiveStats) -> str:

@@ -5,17 +5,20 @@ from transformers import PreTrainedTokenizerBase
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
+from specchat.offload.placement import Placement
 from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of, load_models
 from specchat.textstream import TextStream
 from specchat.tui.backend import Loader, Progress, settings_for
 from specchat.tui.settings import DecodingSettings
 
 
-def transfer_label(device_type: str, offload: str) -> str:
-    """Where offloaded weights travel from, as the panels name it; "" when nothing is offloaded."""
-    if offload == "none":
+def transfer_label(device_type: str, placement: Placement | None) -> str:
+    """Where streamed weights travel from, as the panels name it; "" when nothing streams."""
+    if placement is None or not placement.streamed:
         return ""
-    return "PCIe" if device_type == "cuda" else {"ram": "RAM", "disk": "disk"}[offload]
+    if device_type == "cuda":
+        return "PCIe"
+    return "disk" if placement.disk else "RAM"
 
 
 class RuntimeBackend:
@@ -60,7 +63,7 @@ def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader
         models = load_models(options, progress=False, report=progress)
         try:
             first = models.engine(options.engine, live_settings_of(options))
-            return RuntimeBackend(models, first, name, settings, transfer_label(models.device.type, options.offload))
+            return RuntimeBackend(models, first, name, settings, transfer_label(models.device.type, models.placement))
         except BaseException:
             models.close()
             raise

@@ -1,0 +1,198 @@
+"""Where a model's decoder layers go: first to last, each into the fastest tier with room.
+
+Tiers, fastest first: the compute device (resident layers; on a CPU the RAM is the device),
+pinned RAM beside a GPU (streamed over PCIe), the disk layer file (streamed with O_DIRECT).
+The device always holds the parts outside the layers (embeddings, final norm, LM head) and keeps
+headroom for both KV caches at the context length and for the largest tree's activations.
+Streamed layers pass through a ring of slots on the device; the ring is also the staging area
+that fills with the next pass's layers while the draft tree grows, so an explicit tier gets as
+many slots as the room left allows, up to a whole pass. Under --offload auto a byte of RAM is
+worth at least as much as a resident layer as in a staging slot (both save one layer's transfer
+per pass; the slot only while drafting lasts long enough to fill it), so residents come first
+and the ring keeps what is left.
+
+Pure arithmetic on byte counts: nothing is loaded, written or allocated here.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from specchat.errors import SpecchatError
+from specchat.offload.direct_io import align_up
+from specchat.transfer import gb
+
+TierRequest = Literal["auto", "ram", "disk"]
+MIN_SLOTS = 2  # one slot computing while the next one loads
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What a model needs, in bytes, for one dtype, context length and largest tree."""
+
+    layers: tuple[int, ...]  # each decoder layer's weights
+    fixed: int  # weights outside the decoder layers: always on the device
+    headroom: int  # both KV caches at the context length and the largest tree's activations
+    file_bytes: int  # the disk tier's layer file (every layer, each padded to the O_DIRECT alignment)
+
+
+@dataclass(frozen=True)
+class Rooms:
+    """What specchat may take in each tier, in bytes, and how to name it in an error."""
+
+    device: int  # on the compute device (on a CPU: RAM)
+    host: int | None  # pinned RAM beside a GPU; None on a CPU, where the RAM is the device
+    disk: int  # free space for the layer file (an existing, reusable layer file counts as free)
+    device_name: str = "RAM"  # e.g. "RAM (--ram-budget 4.00 GB)"
+    host_name: str = "RAM"
+    disk_name: str = "the offload directory"
+
+
+@dataclass(frozen=True)
+class Request:
+    tier: TierRequest = "auto"
+    resident: int | None = None  # --resident-layers; None: as many as fit
+    slots: int | None = None  # ring slots; None: sized by the room left
+
+
+@dataclass(frozen=True)
+class Placement:
+    layers: tuple[int, ...]  # bytes of each decoder layer
+    resident: int  # layers 0 .. resident-1 live on the device
+    ram: int  # the next `ram` layers stream from pinned RAM
+    disk: int  # the last `disk` layers stream from the layer file
+    slots: int  # ring slots on the device (0 when nothing streams)
+    slot_bytes: int
+    needed: int  # bytes the device pool holds: fixed parts, headroom, resident layers, the ring (and, on a CPU, the ram tier)
+
+    @property
+    def streamed(self) -> list[int]:
+        return list(range(self.resident, len(self.layers)))
+
+    @property
+    def ram_layers(self) -> list[int]:
+        return list(range(self.resident, self.resident + self.ram))
+
+    @property
+    def disk_layers(self) -> list[int]:
+        return list(range(self.resident + self.ram, len(self.layers)))
+
+    @property
+    def ram_bytes(self) -> int:
+        return sum(self.layers[i] for i in self.ram_layers)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(self.layers[i] for i in self.disk_layers)
+
+    @property
+    def pass_bytes(self) -> int:
+        """Bytes one target pass streams."""
+        return self.ram_bytes + self.disk_bytes
+
+    def expected_pass_s(self, ram_gbps: float | None, disk_gbps: float | None) -> float | None:
+        """Seconds one pass spends streaming at the given link speeds; None when a needed speed
+        is unknown. With staging, drafting hides up to this much of it."""
+        if (self.ram and not ram_gbps) or (self.disk and not disk_gbps):
+            return None
+        ram_s = self.ram_bytes / (ram_gbps * 1e9) if self.ram else 0.0
+        return ram_s + (self.disk_bytes / (disk_gbps * 1e9) if self.disk else 0.0)
+
+    def describe(self, ram_gbps: float | None = None, disk_gbps: float | None = None) -> str:
+        """One line: layers per tier, the ring, bytes per pass and the expected pass time."""
+        tiers = f"{self.resident} resident, {self.ram} in RAM, {self.disk} on disk"
+        if not self.streamed:
+            return f"{len(self.layers)} decoder layers: {tiers}; nothing streams"
+        staged = "a whole pass" if self.slots == len(self.streamed) else f"{self.slots} of {len(self.streamed)} layers"
+        seconds = self.expected_pass_s(ram_gbps, disk_gbps)
+        timing = "" if seconds is None else f", ~{seconds:.2f} s per pass at {link_speeds(self, ram_gbps, disk_gbps)}"
+        return (f"{len(self.layers)} decoder layers: {tiers}; ring of {self.slots} slots (stages {staged}); "
+                f"{gb(self.pass_bytes)} streamed per pass{timing}")
+
+
+def link_speeds(placement: Placement, ram_gbps: float | None, disk_gbps: float | None) -> str:
+    speeds = ([f"{ram_gbps:.2f} GB/s from RAM"] if placement.ram else []) + \
+             ([f"{disk_gbps:.2f} GB/s from disk"] if placement.disk else [])
+    return " and ".join(speeds)
+
+
+def fit(layers: tuple[int, ...], room: int) -> int:
+    """How many layers, from the first, fit in `room` bytes."""
+    count = 0
+    for size in layers:
+        if room < size:
+            break
+        room -= size
+        count += 1
+    return count
+
+
+def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Placement:
+    """The placement of `sizes`' layers in `rooms`; one-line SpecchatError when they do not fit."""
+    count = len(sizes.layers)
+    reserved = sizes.fixed + sizes.headroom
+    device_room = rooms.device - reserved
+    if device_room < 0:
+        raise SpecchatError(f"{rooms.device_name} is too small for the model: its embeddings, LM head, KV caches "
+                            f"and largest tree need {gb(reserved)}")
+    slot = align_up(max(sizes.layers))
+    resident = choose_resident(sizes, device_room, slot, request)
+    streamed = count - resident
+    if streamed == 0:
+        return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers))
+    device_left = device_room - sum(sizes.layers[:resident])
+    if rooms.host is None and request.tier == "ram":  # on a CPU the ram tier's layers are in RAM too
+        ram = choose_ram(sizes.layers[resident:], device_left - MIN_SLOTS * slot, 0, request, rooms)
+        slots = choose_slots(request, streamed, device_left - sum(sizes.layers[resident:]), slot, rooms)
+    else:
+        slots = choose_slots(request, streamed, device_left, slot, rooms)
+        host_left = device_left - slots * slot if rooms.host is None else rooms.host
+        ram = choose_ram(sizes.layers[resident:], host_left, slots * slot, request, rooms)
+    disk = streamed - ram
+    staging = slots * slot if disk else 0  # beside a GPU, disk reads land in pinned buffers, one per slot
+    if rooms.host is not None and sum(sizes.layers[resident:resident + ram]) + staging > rooms.host:
+        raise SpecchatError(f"{rooms.host_name} is too small for the staging of disk reads: {slots} buffers of "
+                            f"{gb(slot)} need {gb(staging)}")
+    if disk and rooms.disk < sizes.file_bytes:
+        raise SpecchatError(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
+                            f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free")
+    in_ram = sum(sizes.layers[resident:resident + ram]) if rooms.host is None else 0  # a CPU's RAM is its device
+    needed = reserved + sum(sizes.layers[:resident]) + slots * slot + in_ram
+    return Placement(sizes.layers, resident, ram, disk, slots, slot, needed)
+
+
+def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Request) -> int:
+    count = len(sizes.layers)
+    if request.resident is not None:
+        if not 0 <= request.resident <= count:
+            raise SpecchatError(f"--resident-layers must be between 0 and {count} (got {request.resident})")
+        return request.resident
+    if request.tier == "auto" and sum(sizes.layers) <= device_room:
+        return count
+    return fit(sizes.layers, device_room - MIN_SLOTS * slot)
+
+
+def choose_slots(request: Request, streamed: int, device_left: int, slot: int, rooms: Rooms) -> int:
+    """The ring: as asked, else every slot the room left holds, up to a whole pass."""
+    smallest = min(MIN_SLOTS, streamed)
+    slots = min(request.slots, streamed) if request.slots is not None else min(streamed, max(device_left, 0) // slot)
+    if slots < smallest or slots * slot > device_left:
+        wanted = max(slots, smallest)
+        raise SpecchatError(f"{rooms.device_name} is too small for the streaming ring: {wanted} slots of "
+                            f"{gb(slot)} need {gb(wanted * slot)}, {gb(max(device_left, 0))} are left")
+    return slots
+
+
+def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: Request, rooms: Rooms) -> int:
+    """How many streamed layers (from the first) go to pinned RAM; the rest go to disk."""
+    if request.tier == "disk":
+        return 0
+    if request.tier == "ram":
+        if sum(layers) > host_left:
+            raise SpecchatError(f"--offload ram: the {len(layers)} streamed layers need {gb(sum(layers))}, and "
+                                f"{rooms.host_name} has {gb(max(host_left, 0))} left")
+        return len(layers)
+    if rooms.host is None:
+        return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
+    if sum(layers) <= host_left:
+        return len(layers)
+    return fit(layers, host_left - staging)  # disk reads land in pinned staging, one buffer per slot

@@ -1,0 +1,190 @@
+"""--offload auto (issue 16, acceptance 2 on tiny models): under --ram-budget values forcing each
+split (all resident; part in RAM, part on disk; all on disk) the target gives the in-memory logits
+and greedy tokens, and the chosen placement is the one the budget forces. Acceptance 4's errors:
+each is one line, leaves no partial file and no open descriptor."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specchat.decoding.events import LiveSettings, SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.errors import SpecchatError
+from specchat.models.loading import plan_target
+from specchat.offload.build import OffloadPlan
+from specchat.progress import Reporter
+from specchat.runtime import EngineOptions, Models, load_models
+from test_cli import CORPUS, train_tokenizer
+
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
+LAYERS = 6
+PROMPT = [5, 9, 2, 33, 17, 4, 8]
+
+
+def save_model(directory: Path, layers: int, seed: int) -> Path:
+    tokenizer = train_tokenizer(CORPUS)
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tokenizer.eos_token_id)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("auto")
+    return save_model(root / "target", LAYERS, seed=4), save_model(root / "draft", 2, seed=5)
+
+
+def options(pair, tmp_path: Path, **changes) -> EngineOptions:
+    target, draft = pair
+    return EngineOptions(target=str(target), draft=str(draft), dtype="float32", draft_quant="none",
+                         offload_dir=str(tmp_path / "offload"), **changes)
+
+
+def budget_options(budget_gb: float, slot_bytes: int) -> dict:
+    """The budget of the compute device: --ram-budget on a CPU, where RAM is the device; on a GPU
+    host --vram-budget, with pinned RAM held to the two staging buffers of disk reads."""
+    if not torch.cuda.is_available():
+        return {"ram_budget": budget_gb}
+    return {"vram_budget": budget_gb, "ram_budget": (2 * slot_bytes + 2048) / 1e9}
+
+
+def budgets(pair, tmp_path: Path) -> dict[str, float]:
+    """Device budgets (GB) that force each split, from the plan's own sizes: half a layer past
+    each threshold, so no rounding decides the split."""
+    plan = OffloadPlan(tier="auto", offload_dir=tmp_path / "offload")
+    whole = plan_target(str(pair[0]), torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
+    layer, slot = whole.layers[0], whole.slot_bytes
+    reserved = whole.needed - sum(whole.layers)
+    return {
+        "resident": (whole.needed + layer // 2) / 1e9,
+        "split": (reserved + 2 * slot + 3 * layer + layer // 2) / 1e9,
+        "disk": (reserved + 2 * slot + layer // 2) / 1e9,
+        "short": (reserved + 2 * slot - 4096) / 1e9,  # a page short of the smallest ring
+        "slot": slot,
+    }
+
+
+def logits(lm: CausalLM) -> torch.Tensor:
+    """Sequential greedy rows, then a second chunk fed at once (the tree pass's shape)."""
+    cache, rows, tokens = new_cache(), [], torch.tensor(PROMPT)
+    for step in range(4):
+        start = len(PROMPT) + step - tokens.numel()
+        rows.append(lm.logits(lm.hidden(tokens, torch.arange(start, start + tokens.numel()), cache)[-1:])[0])
+        tokens = rows[-1].argmax().view(1)
+    return torch.stack(rows)
+
+
+def greedy_tokens(models: Models) -> list[int]:
+    engine = models.engine("specexec", LiveSettings(budget=6, depth=4))
+    return [t for e in engine.generate(PROMPT, 12, GREEDY) for t in e.token_ids]
+
+
+@pytest.fixture(scope="module")
+def reference(pair, tmp_path_factory):
+    models = load_models(options(pair, tmp_path_factory.mktemp("ref"), offload="none"), progress=False)
+    try:
+        return logits(models.target), greedy_tokens(models)
+    finally:
+        models.close()
+
+
+@pytest.mark.parametrize("split, expected", [("resident", (LAYERS, 0, 0)), ("split", (3, 0, 3)), ("disk", (0, 0, 6))])
+def test_auto_under_a_ram_budget_places_as_forced_and_computes_as_in_memory(pair, reference, tmp_path, split,
+                                                                              expected):
+    sizes = budgets(pair, tmp_path)
+    models = load_models(options(pair, tmp_path, offload="auto", **budget_options(sizes[split], sizes["slot"])),
+                         progress=False)
+    try:
+        placement = models.placement
+        assert (placement.resident, placement.ram, placement.disk) == expected
+        assert (models.offload is None) == (split == "resident")  # all resident: loaded as with none
+        # the cost probe's key: all resident costs what none costs; a streaming placement is part of it
+        assert models.identity["offload"] == ("none" if split == "resident" else "auto")
+        assert models.identity.get("placement") == (None if split == "resident" else [*expected, 2])
+        if models.offload is not None:
+            assert models.offload.streamed == placement.streamed and placement.slots == 2
+        torch.testing.assert_close(logits(models.target), reference[0], atol=1e-5, rtol=0)
+        assert greedy_tokens(models) == reference[1]
+        if split == "disk":
+            assert models.offload.stats().bytes > 0
+    finally:
+        models.close()
+
+
+def test_an_explicit_disk_tier_without_a_budget_stages_a_whole_pass(pair, tmp_path):
+    models = load_models(options(pair, tmp_path, offload="disk", resident_layers=1), progress=False)
+    try:
+        assert models.placement.slots == LAYERS - 1 and models.offload.streamer.stages_a_pass
+        events = list(models.engine("specexec", LiveSettings(budget=6)).generate(PROMPT, 6, GREEDY))
+        assert all(e.link_idle == 0.0 for e in events)  # nothing is ever left to move
+    finally:
+        models.close()
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_ram_budget_too_small_for_the_ring_is_one_line_before_anything_is_written(pair, tmp_path):
+    sizes = budgets(pair, tmp_path)
+    tight = sizes["short"]
+    before = open_descriptors()
+    with pytest.raises(SpecchatError) as raised:
+        load_models(options(pair, tmp_path, offload="auto", **budget_options(tight, sizes["slot"])), progress=False)
+    assert "is too small for the streaming ring: 2 slots of" in str(raised.value) and "\n" not in str(raised.value)
+    device = "GPU memory under --vram-budget" if torch.cuda.is_available() else "RAM under --ram-budget"
+    assert str(raised.value).startswith(f"{device} {tight:g} GB")
+    assert not (tmp_path / "offload").exists() and open_descriptors() == before
+
+
+def test_a_truncated_layer_file_is_written_again(pair, tmp_path):
+    models = load_models(options(pair, tmp_path, offload="disk", resident_layers=0), progress=False)
+    path = models.offload.store.path
+    models.close()
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size - 4096)
+    models = load_models(options(pair, tmp_path, offload="disk", resident_layers=0), progress=False)
+    try:
+        assert path.stat().st_size == models.offload.store.file_bytes
+        assert greedy_tokens(models)  # reads every layer whole
+    finally:
+        models.close()
+
+
+def test_a_layer_file_truncated_while_running_is_one_line_and_closes_everything(pair, tmp_path):
+    before = open_descriptors()
+    models = load_models(options(pair, tmp_path, offload="disk", resident_layers=0), progress=False)
+    models.offload.streamer.drain()
+    with open(models.offload.store.path, "r+b") as handle:
+        handle.truncate(4096)
+    with pytest.raises(SpecchatError, match=r"^short read from .*\.layers: \d+ of \d+ bytes at offset \d+ "
+                                            r"\(the file is truncated\)$"):
+        greedy_tokens(models)
+    models.close()
+    assert open_descriptors() == before
+
+
+def test_an_unreadable_layer_file_is_one_line_and_closes_everything(pair, tmp_path, monkeypatch):
+    import errno
+
+    before = open_descriptors()
+    models = load_models(options(pair, tmp_path, offload="disk", resident_layers=0), progress=False)
+    models.offload.streamer.drain()
+
+    def failing(fd, views, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", failing)
+    with pytest.raises(SpecchatError, match=r"^cannot read .*\.layers: Input/output error$"):
+        greedy_tokens(models)
+    monkeypatch.undo()
+    models.close()
+    assert open_descriptors() == before

@@ -1,0 +1,111 @@
+"""Placing decoder layers: first to last into the fastest tier with room, the ring sized by what
+is left, and a one-line error when something does not fit (pure arithmetic, no model)."""
+
+import pytest
+
+from specchat.errors import SpecchatError
+from specchat.offload.direct_io import ALIGN
+from specchat.offload.placement import MIN_SLOTS, ModelSizes, Placement, Request, Rooms, place
+
+LAYER = 25 * ALIGN  # every layer the same size, already aligned: slot == LAYER
+COUNT = 8
+SIZES = ModelSizes(layers=(LAYER,) * COUNT, fixed=1000, headroom=5000, file_bytes=COUNT * LAYER)
+RESERVED = SIZES.fixed + SIZES.headroom
+DISK = 10**12
+
+
+def cpu(ram: int, disk: int = DISK) -> Rooms:
+    return Rooms(device=ram, host=None, disk=disk, device_name="RAM under --ram-budget")
+
+
+def tiers(placement: Placement) -> tuple[int, int, int, int]:
+    return placement.resident, placement.ram, placement.disk, placement.slots
+
+
+def test_a_model_that_fits_is_all_resident_and_nothing_streams():
+    placement = place(SIZES, cpu(RESERVED + COUNT * LAYER))
+    assert tiers(placement) == (COUNT, 0, 0, 0)
+    assert placement.streamed == [] and placement.pass_bytes == 0
+    assert placement.needed == RESERVED + COUNT * LAYER
+
+
+def test_on_a_cpu_what_is_not_resident_goes_to_disk_beside_the_smallest_ring():
+    # room for 5 layers: a ring of two slots comes first, then 3 resident layers
+    placement = place(SIZES, cpu(RESERVED + 5 * LAYER + LAYER // 2))
+    assert tiers(placement) == (3, 0, 5, MIN_SLOTS)
+    assert placement.streamed == [3, 4, 5, 6, 7] and placement.disk_layers == placement.streamed
+    assert placement.pass_bytes == 5 * LAYER
+    assert placement.needed == RESERVED + 3 * LAYER + 2 * LAYER
+
+
+def test_a_budget_for_the_ring_alone_puts_every_layer_on_disk():
+    assert tiers(place(SIZES, cpu(RESERVED + 2 * LAYER))) == (0, 0, COUNT, 2)
+
+
+def test_a_budget_too_small_for_the_ring_is_one_line():
+    with pytest.raises(SpecchatError) as raised:
+        place(SIZES, cpu(RESERVED + 2 * LAYER - 1))
+    assert str(raised.value) == (f"RAM under --ram-budget is too small for the streaming ring: 2 slots of 0.00 GB "
+                                 f"need 0.00 GB, 0.00 GB are left")
+
+
+def test_a_budget_too_small_for_the_fixed_parts_is_one_line():
+    with pytest.raises(SpecchatError, match=r"^RAM under --ram-budget is too small for the model: its embeddings, "
+                                            r"LM head, KV caches and largest tree need 0\.00 GB$"):
+        place(SIZES, cpu(RESERVED - 1))
+
+
+def test_a_model_that_fits_nowhere_is_an_error_naming_the_disk():
+    with pytest.raises(SpecchatError, match=r"^the model fits nowhere: 8 layers go to disk, and the layer file "
+                                            r"needs 0\.00 GB in the offload directory, which has 0\.00 GB free$"):
+        place(SIZES, cpu(RESERVED + 2 * LAYER, disk=COUNT * LAYER - 1))
+
+
+def test_an_explicit_disk_tier_stages_a_whole_pass_when_ram_allows():
+    placement = place(SIZES, cpu(10**12), Request(tier="disk", resident=0))
+    assert tiers(placement) == (0, 0, COUNT, COUNT)
+    assert "stages a whole pass" in placement.describe()
+
+
+def test_an_explicit_disk_tier_stages_what_the_budget_leaves():
+    placement = place(SIZES, cpu(RESERVED + 2 * LAYER + 5 * LAYER + 7), Request(tier="disk", resident=2))
+    assert tiers(placement) == (2, 0, 6, 5)
+    assert "stages 5 of 6 layers" in placement.describe()
+
+
+def test_explicit_slots_and_resident_layers_are_honoured_and_checked():
+    assert tiers(place(SIZES, cpu(10**12), Request(tier="disk", resident=5, slots=2))) == (5, 0, 3, 2)
+    assert tiers(place(SIZES, cpu(10**12), Request(tier="auto", resident=6))) == (6, 0, 2, 2)
+    with pytest.raises(SpecchatError, match=r"^--resident-layers must be between 0 and 8 \(got 9\)$"):
+        place(SIZES, cpu(10**12), Request(resident=9))
+    with pytest.raises(SpecchatError, match="too small for the streaming ring: 4 slots"):
+        place(SIZES, cpu(RESERVED + 3 * LAYER), Request(tier="disk", resident=0, slots=4))
+
+
+def test_the_ram_tier_on_a_cpu_counts_its_layers_in_the_same_ram():
+    placement = place(SIZES, cpu(RESERVED + 10 * LAYER), Request(tier="ram", resident=2))
+    assert tiers(placement) == (2, 6, 0, 2) and placement.needed == RESERVED + 10 * LAYER
+    with pytest.raises(SpecchatError, match=r"^--offload ram: the 6 streamed layers need 0\.00 GB, and RAM has "):
+        place(SIZES, cpu(RESERVED + 8 * LAYER), Request(tier="ram", resident=2))  # no room left for the ring
+
+def test_a_gpu_fills_its_memory_then_pinned_ram_then_disk():
+    rooms = Rooms(device=RESERVED + 4 * LAYER, host=3 * LAYER + LAYER // 2, disk=DISK)
+    placement = place(SIZES, rooms)
+    # the GPU: 2 slots + 2 layers; pinned RAM: 2 layers + 2 staging buffers for disk reads would not
+    # fit with 3, so 1 layer + the staging; the rest on disk
+    assert tiers(placement) == (2, 1, 5, 2)
+    assert placement.ram_layers == [2] and placement.disk_layers == [3, 4, 5, 6, 7]
+
+
+def test_a_gpu_with_ram_for_every_streamed_layer_needs_no_disk():
+    rooms = Rooms(device=RESERVED + 4 * LAYER, host=6 * LAYER, disk=0)
+    assert tiers(place(SIZES, rooms)) == (2, 6, 0, 2)
+
+
+def test_the_expected_pass_time_comes_from_the_link_speeds():
+    placement = Placement((LAYER,) * 4, resident=1, ram=1, disk=2, slots=2, slot_bytes=LAYER, needed=0)
+    assert placement.expected_pass_s(ram_gbps=LAYER / 1e9, disk_gbps=2 * LAYER / 1e9) == pytest.approx(2.0)
+    assert placement.expected_pass_s(ram_gbps=None, disk_gbps=1.0) is None
+    line = placement.describe(ram_gbps=LAYER / 1e9, disk_gbps=2 * LAYER / 1e9)
+    assert line == (f"4 decoder layers: 1 resident, 1 in RAM, 2 on disk; ring of 2 slots (stages 2 of 3 layers); "
+                    f"0.00 GB streamed per pass, ~2.00 s per pass at 0.00 GB/s from RAM and 0.00 GB/s from disk")
