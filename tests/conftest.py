@@ -38,11 +38,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
 
 
+@pytest.fixture(scope="session")
+def session_probe_dir(tmp_path_factory) -> Path:
+    """One directory of machine measurements for the whole session: a probe made once is reused."""
+    return tmp_path_factory.mktemp("probes")
+
+
 @pytest.fixture(autouse=True)
-def private_data_dir(tmp_path_factory, monkeypatch) -> None:
-    """No test reads or writes the user's history: SPECCHAT_DATA_DIR points at a temporary
-    directory (subprocesses inherit it)."""
+def private_data_dir(tmp_path_factory, session_probe_dir, monkeypatch) -> None:
+    """No test reads or writes the user's history or the machine's measurements: SPECCHAT_DATA_DIR
+    and SPECCHAT_PROBE_DIR point at temporary directories (subprocesses inherit them)."""
     monkeypatch.setenv("SPECCHAT_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(session_probe_dir))
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,7 @@ def test_the_probe_times_doubling_sizes(tiny_target, tiny_draft):
 
 
 def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     cpu = torch.device("cpu")
     path = probe_path(cpu, {"target": "a", "draft": "b"})
     assert path.is_relative_to(tmp_path) and read_costs(path) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from specchat.decoding.autosize import Costs
-from specchat.paths import cache_dir
+from specchat.paths import probe_dir
 
 
 def machine_facts(device: torch.device) -> dict:
@@ -29,7 +29,7 @@ def machine_facts(device: torch.device) -> dict:
 def probe_path(device: torch.device, models: dict) -> Path:
     """The cache file for `models` (what was loaded and how) on this machine."""
     key = json.dumps({"machine": machine_facts(device), "models": models}, sort_keys=True)
-    return cache_dir() / "probes" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return probe_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 def read_costs(path: Path) -> Costs | None:

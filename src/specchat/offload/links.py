@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specchat.paths import cache_dir
+from specchat.paths import probe_dir
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class Links:
 
 
 def links_path() -> Path:
-    return cache_dir() / "probes" / "links.json"
+    return probe_dir() / "links.json"
 
 
 def save_links(links: Links) -> None:
