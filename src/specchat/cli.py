@@ -196,9 +196,11 @@ def serve(
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed of requests that give none."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
-    offload: OffloadOpt = "none",
+    offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
+    ram_budget: RamBudgetOpt = None,
+    vram_budget: VramBudgetOpt = None,
     draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
     draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
     allow_pickle: AllowPickleOpt = False,
@@ -212,9 +214,9 @@ def serve(
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, draft_quant=draft_quant,
-        draft_vocab=draft_vocab, allow_pickle=allow_pickle, lookahead=lookahead, workers=workers,
-        ray_address=ray_address,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget,
+        vram_budget=vram_budget, draft_quant=draft_quant, draft_vocab=draft_vocab, allow_pickle=allow_pickle,
+        lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
     validate(options)
     run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), sampling)
