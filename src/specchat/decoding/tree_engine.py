@@ -118,12 +118,16 @@ class TreeEngine:
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
         seq, (target_cache, draft_cache) = reuse.tokens, reuse.caches
+        before = self.target.transfer_stats()
         target_s, draft_s = self.prefill(seq, self.target, target_cache), self.prefill(seq, self.draft, draft_cache)
+        moved = self.target.transfer_stats() - before  # the prefill's pass, and layers staged during the draft's
         produced = 0
         while produced < max_new_tokens:
             event = self.iterate(seq, target_cache, draft_cache, sampling, max_new_tokens - produced)
-            if produced == 0:  # each model's prefill is charged to the first iteration
-                event = replace(event, target_s=event.target_s + target_s, draft_s=event.draft_s + draft_s)
+            if produced == 0:  # each model's prefill, and what streamed meanwhile, is charged to the first iteration
+                event = replace(event, target_s=event.target_s + target_s, draft_s=event.draft_s + draft_s,
+                                transfer_s=event.transfer_s + moved.transfer_s,
+                                transfer_bytes=event.transfer_bytes + moved.bytes, stall_s=event.stall_s + moved.stall_s)
                 event = with_prefill(event, reuse, target_s + draft_s)
             produced += len(event.token_ids)
             yield event
