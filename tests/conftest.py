@@ -38,10 +38,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
 
 
-@pytest.fixture(scope="session")
-def session_probe_dir(tmp_path_factory) -> Path:
-    """One directory of machine measurements for the whole session: a probe made once is reused."""
-    return tmp_path_factory.mktemp("probes")
+@pytest.fixture(scope="session", autouse=True)
+def session_probe_dir(tmp_path_factory) -> Iterator[Path]:
+    """One directory of machine measurements for the whole session, set before any fixture of a
+    wider scope loads models (a --budget auto probe made once is reused)."""
+    directory = tmp_path_factory.mktemp("probes")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECCHAT_PROBE_DIR", str(directory))
+        yield directory
 
 
 @pytest.fixture(autouse=True)
