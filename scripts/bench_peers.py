@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+from functools import cache
 from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
@@ -26,7 +27,7 @@ import torch
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
-from specchat.bench.measure import measure_engine, measure_hf_assisted
+from specchat.bench.measure import measure_engine, measure_hf_assisted, plain_draft
 from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
 from specchat.runtime import EngineOptions, Models, encode_prompt, load_models
 
@@ -83,13 +84,20 @@ def measure_hf_generate(models: Models, prompt_ids: list[int], max_new_tokens: i
     return {"new_tokens": new_tokens, "wall_s": wall_s, "tokens_per_s": new_tokens / wall_s}
 
 
+@cache
+def peer_draft(spec: str, dtype: str, device: torch.device) -> torch.nn.Module:
+    """transformers' assisted generation gets the draft as its checkpoint holds it, loaded once."""
+    return plain_draft(spec, dtype, device)
+
+
 def measure_system(models: Models, system: str, prompt_ids: list[int], max_new_tokens: int,
                    sampling: SamplingParams) -> dict:
     if system == "hf-generate":
         return measure_hf_generate(models, prompt_ids, max_new_tokens, sampling)
     if system == "hf-assisted":
-        return measure_hf_assisted(models.target.model, models.draft.model, prompt_ids, max_new_tokens, sampling,
-                                   models.stop_ids, models.tokenizer.pad_token_id)
+        draft = peer_draft(models.identity["draft"], models.identity["dtype"], models.device)
+        return measure_hf_assisted(models.target.model, draft, prompt_ids, max_new_tokens, sampling, models.stop_ids,
+                                   models.tokenizer.pad_token_id)
     if system == "autoregressive":
         engine = models.engine("autoregressive")
     else:

@@ -10,7 +10,8 @@ from transformers import PreTrainedModel
 
 from specchat.bench.runner import Measure, Point, Setup
 from specchat.decoding.events import Engine, IterationEvent, LiveSettings, SamplingParams
-from specchat.runtime import Models
+from specchat.models.loading import load
+from specchat.runtime import DTYPES, Models
 from specchat.summary import Summary, summarize
 
 
@@ -37,6 +38,13 @@ def measure_engine(engine: Engine, prompt_ids: list[int], max_new_tokens: int, s
         "mean_tree_size": sum(e.tree_size for e in events) / len(events),
         "mean_depth": sum(e.depth for e in events) / len(events),
     }
+
+
+def plain_draft(spec: str, dtype: str, device: torch.device) -> PreTrainedModel:
+    """The draft as its checkpoint holds it, for transformers' assisted generation: the int8
+    linears and the sub-vocabulary head are specchat's levers, not the peer's, and its Python
+    int8 modules would slow the peer down."""
+    return load(spec, DTYPES[dtype], progress=False).model.to(device)
 
 
 def measure_hf_assisted(target: PreTrainedModel, draft: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int,

@@ -2,8 +2,9 @@
 engines, and transformers' assisted generation over the same target and draft."""
 
 from collections.abc import Callable
+from functools import cache
 
-from specchat.bench.measure import engine_measurer, measure_hf_assisted
+from specchat.bench.measure import engine_measurer, measure_hf_assisted, plain_draft
 from specchat.bench.runner import HF_ASSISTED, Measure, Point, Setup
 from specchat.decoding.events import SamplingParams
 from specchat.runtime import EngineOptions, Models
@@ -17,13 +18,14 @@ def engine_options(setup: Setup) -> EngineOptions:
 def model_measurer(models: Models, setup: Setup) -> Callable[[Point], Measure]:
     """Measures over the loaded models: specchat's engines, and transformers' assisted generation."""
     engines = engine_measurer(models, setup)
+    peer_draft = cache(lambda: plain_draft(setup.draft, setup.dtype, models.device))  # loaded once, if asked
 
     def measurer(point: Point) -> Measure:
         if point.engine != HF_ASSISTED:
             return engines(point)
         sampling = SamplingParams(point.temperature, setup.top_p, setup.seed)
         return lambda prompt_ids: measure_hf_assisted(
-            models.target.model, models.draft.model, prompt_ids, setup.max_new_tokens, sampling, models.stop_ids,
+            models.target.model, peer_draft(), prompt_ids, setup.max_new_tokens, sampling, models.stop_ids,
             models.tokenizer.pad_token_id,
         )
     return measurer
