@@ -16,7 +16,6 @@ iteration, as every specchat engine reports it).
 
 import argparse
 import json
-import subprocess
 import sys
 from functools import cache
 from datetime import datetime, timezone
@@ -28,6 +27,7 @@ import torch
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
 from specchat.bench.measure import measure_engine, measure_hf_assisted, plain_draft
+from specchat.bench.provenance import code_version
 from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
 from specchat.runtime import EngineOptions, Models, encode_prompt, load_models
 
@@ -48,14 +48,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--resident-layers", type=int, default=None)
     parser.add_argument("--systems", default="hf-generate,hf-assisted,autoregressive,specexec")
     return parser.parse_args()
-
-
-def code_version() -> str:
-    """The commit measured, with "+dirty" when the work tree differs from it."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    return head + ("+dirty" if dirty else "")
 
 
 def system_names(args: argparse.Namespace) -> list[str]:

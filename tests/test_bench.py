@@ -15,6 +15,7 @@ from specchat.bench.measure import FIGURES, engine_measurer, measure_hf_assisted
 from specchat.bench.plots import write_plots
 from specchat.bench.report import configurations, pool, render_table
 from specchat.bench.results import KEY_FIELDS, RESULTS_FILE, read_rows, row_key
+from specchat.bench.provenance import code_version
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, plan_points, run_sweep
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.errors import SpecchatError
@@ -126,6 +127,15 @@ def test_truncated_last_line_is_dropped_and_redone(tmp_path, measurer):
     sweep(tmp_path, measurer)
     rows = [json.loads(line) for line in lines_of(tmp_path)]
     assert len(rows) == 18 and len({row_key(r) for r in rows}) == 18
+
+
+def test_rows_carry_the_code_version_and_other_code_does_not_resume(tmp_path, measurer):
+    rows = sweep(tmp_path, measurer)
+    assert {row["code"] for row in rows} == {code_version()}
+    lines = lines_of(tmp_path)
+    (tmp_path / RESULTS_FILE).write_text("\n".join(lines[:-1] + [json.dumps({**json.loads(lines[-1]), "code": "0ld"})]) + "\n")
+    with pytest.raises(SpecchatError, match=r"other code \(0ld; this is .*\): measure into a fresh --out folder"):
+        sweep(tmp_path, measurer)
 
 
 def test_a_malformed_middle_line_is_one_clear_error(tmp_path):

@@ -1,11 +1,12 @@
 """The benchmark sweep: engines x budgets x temperatures x prompts, one results row per
 (prompt, configuration), appended as soon as it is measured and skipped when already there."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.bench.machine import describe_machine
+from specchat.bench.provenance import code_version
 from specchat.bench.results import RESULTS_FILE, append_row, read_rows, row_key
 from specchat.errors import SpecchatError
 from specchat.progress import Reporter
@@ -91,6 +92,8 @@ def run_sweep(setup: Setup, points: list[Point], prompts: list[list[int]], measu
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULTS_FILE
     rows = {row_key(row): row for row in read_rows(path)}
+    version = code_version()
+    check_same_code(path, rows.values(), version)
     runs = [(point, index) for point in points for index in range(len(prompts))]
     pending = [(point, index) for point, index in runs if row_key(identity(setup, point, index)) not in rows]
     machine = describe_machine()
@@ -102,11 +105,19 @@ def run_sweep(setup: Setup, points: list[Point], prompts: list[list[int]], measu
             if point != current:
                 current, measure = point, measurer(point)
                 bar.set_postfix_str(describe(point))
-            row = {**identity(setup, point, index), **measure(prompts[index]), "machine": machine}
+            row = {**identity(setup, point, index), **measure(prompts[index]), "machine": machine, "code": version}
             append_row(path, row)
             rows[row_key(row)] = row
             bar.update()
     return [rows[row_key(identity(setup, point, index))] for point, index in runs]
+
+
+def check_same_code(path: Path, rows: Iterable[dict], version: str) -> None:
+    """A sweep resumes only over rows the same code measured: pooled figures never mix code."""
+    others = sorted({str(row.get("code")) for row in rows} - {version})
+    if others:
+        raise SpecchatError(f"{path} holds rows measured by other code ({', '.join(others)}; this is {version}): "
+                            f"measure into a fresh --out folder")
 
 
 def describe(point: Point) -> str:

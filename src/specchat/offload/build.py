@@ -40,6 +40,7 @@ class OffloadPlan:
     ram_budget: int | None = None  # bytes of RAM specchat may take; None: what is available
     vram_budget: int | None = None  # bytes of GPU memory specchat may take; None: what is free
     tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
+    context_tokens: int | None = None  # the longest sequence the KV headroom is sized for; None: the model's
 
 
 @dataclass
@@ -119,7 +120,7 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
 
 def place_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
                  device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None) -> Placement:
-    context = model.config.max_position_embeddings
+    context = plan.context_tokens or model.config.max_position_embeddings
     sizes = measure_sizes(model, layers_name, layouts, dtype, context, plan.tree_tokens)
     reusable = disk_store is not None and disk_store.reusable
     rooms = measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
