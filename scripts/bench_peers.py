@@ -108,7 +108,8 @@ def pooled(rows: list[dict]) -> dict:
         "gen_rate": tokens / passes if passes else None,
         "draft_ms": 1000 * sum(row["draft_s"] for row in drafted) / passes if passes else None,
         "target_ms": 1000 * sum(row["target_s"] for row in drafted) / passes if passes else None,
-        "mean_tree": sum(row["mean_tree_size"] * row["iterations"] for row in drafted) / passes if passes else None,
+        "mean_tree": (sum(row["mean_tree_size"] * row["trees"] for row in drafted) / sum(row["trees"] for row in drafted)
+                      if any(row["trees"] for row in drafted) else None),
     }
 
 

@@ -82,9 +82,9 @@ def test_generate_json_contract(monkeypatch, capsys, tiny_dirs):
     assert summary["iterations"] == len(record["iterations"])
     assert summary["gen_rate"] == pytest.approx(summary["new_tokens"] / summary["iterations"])
     assert {"tokens_per_s", "draft_s", "target_s"} <= set(summary)
-    event = record["iterations"][0]
+    prompt_pass, event = record["iterations"][:2]
     assert {"token_ids", "accepted", "tree_size", "depth", "draft_s", "target_s", "transfer_s", "transfer_bytes"} <= set(event)
-    assert 0 < event["tree_size"] <= 4
+    assert prompt_pass["tree_size"] == 0 and len(prompt_pass["token_ids"]) == 1 and 0 < event["tree_size"] <= 4
 
 
 def test_generate_engines_agree_and_stream(monkeypatch, capsys, tiny_dirs):

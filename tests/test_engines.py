@@ -55,9 +55,9 @@ def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):
 def test_self_draft_accepts_whole_greedy_chain(tiny_target):
     """With the target as its own draft and a chain-shaped tree, every draft token is accepted."""
     engine = SpecExecEngine(tiny_target, tiny_target, [], TreeShape(budget=6, max_depth=6, max_children=1))
-    tokens, events = run(engine, GREEDY, max_new_tokens=21)
-    assert [e.accepted for e in events] == [6, 6, 6]
-    assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 21)[0]
+    tokens, events = run(engine, GREEDY, max_new_tokens=22)
+    assert [e.accepted for e in events] == [0, 6, 6, 6]  # the prompt's pass emits the first token
+    assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 22)[0]
 
 
 def test_stops_at_stop_token(tiny_target, tiny_draft):
@@ -84,28 +84,29 @@ def test_budget_change_applies_mid_reply(tiny_target, tiny_draft):
     assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]
 
 
-def exact_second_token_distribution(model, sampling) -> torch.Tensor:
-    """P(x2) = sum_x1 P(x1) P(x2 | x1) under the filtered target distribution."""
-    def probs(prefix):
-        hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
-        return filtered_probs(model.logits(hidden[-1:])[0], sampling.temperature, sampling.top_p)
-
-    first = probs(PROMPT)
-    total = torch.zeros_like(first)
-    for token in torch.nonzero(first).flatten().tolist():
-        total += first[token] * probs(PROMPT + [token])
+def exact_token_distribution(model, sampling, index: int, prefix: list[int] = PROMPT) -> torch.Tensor:
+    """The filtered target's marginal of the token `index` places after `prefix` (0: the next):
+    P(x_k) = sum over x_1..x_(k-1) of P(x_1) P(x_2 | x_1) ... P(x_k | x_1..x_(k-1))."""
+    hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
+    probs = filtered_probs(model.logits(hidden[-1:])[0], sampling.temperature, sampling.top_p)
+    if index == 0:
+        return probs
+    total = torch.zeros_like(probs)
+    for token in torch.nonzero(probs).flatten().tolist():
+        total += probs[token] * exact_token_distribution(model, sampling, index - 1, prefix + [token])
     return total
 
 
 def test_specexec_sampled_distribution_chi_square(tiny_target, tiny_draft):
-    """Across seeds, specexec's second token follows the filtered target distribution."""
+    """Across seeds, the third token (the second the trees give, after the prompt's pass gave
+    the first) follows the filtered target distribution."""
     base = SamplingParams(temperature=1.3, top_p=0.95, seed=0)
     engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=6, max_depth=2))
-    samples = [run(engine, SamplingParams(base.temperature, base.top_p, seed), max_new_tokens=2) for seed in range(600)]
-    # both routes to the second token occur: accepted from the tree, and drawn at a new root
-    assert {len(events) for _, events in samples} == {1, 2}
-    counts = Counter(tokens[1] for tokens, _ in samples)
-    expected = exact_second_token_distribution(tiny_target, base)
+    samples = [run(engine, SamplingParams(base.temperature, base.top_p, seed), max_new_tokens=3) for seed in range(600)]
+    # both routes to the third token occur: accepted from the first tree, and drawn at a new root
+    assert {len(events) for _, events in samples} == {2, 3}
+    counts = Counter(tokens[2] for tokens, _ in samples)
+    expected = exact_token_distribution(tiny_target, base, 2)
     support = torch.nonzero(expected > 0).flatten().tolist()
     assert set(counts) <= set(support)
     assert chi_square_pvalue([counts.get(t, 0) for t in support], expected[support]) > 1e-3
@@ -127,8 +128,8 @@ def chi_square_pvalue(observed: list[int], probs: torch.Tensor) -> float:
 def test_depth_change_applies_mid_reply(tiny_target, tiny_draft):
     engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=1))
     stream = engine.generate(PROMPT, 30, GREEDY)
-    first = next(stream)
+    prefilled, first = next(stream), next(stream)
     engine.apply(LiveSettings(depth=6))
     rest = list(stream)
     assert first.depth == 1 and max(e.depth for e in rest) > 1
-    assert first.token_ids + [t for e in rest for t in e.token_ids] == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]
+    assert prefilled.token_ids + first.token_ids + [t for e in rest for t in e.token_ids] == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from test_engines import GREEDY, PROMPT, chi_square_pvalue, exact_second_token_distribution, run
+from test_engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distribution, run
 from test_real_exactness import assert_equals_hf_greedy
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -50,27 +50,22 @@ def assert_reproducible(engine, sampling: SamplingParams) -> None:
     assert run(engine, other_seed)[0] != first_tokens
 
 
-def first_token_distribution(model: CausalLM, sampling: SamplingParams) -> torch.Tensor:
-    hidden = model.hidden(torch.tensor(PROMPT), torch.arange(len(PROMPT)), new_cache())
-    return filtered_probs(model.logits(hidden[-1:])[0], sampling.temperature, sampling.top_p)
-
-
 def assert_follows_target(target: CausalLM, engine, sampling: SamplingParams) -> Counter:
-    """Across seeds, the first and the second emitted token follow the filtered target
-    distribution, computed exactly (chi-square); returns how often each accepted-count pattern
-    of the iterations occurred, so callers can check that every route was taken."""
+    """Across seeds, the first two tokens the trees emit (the second and third of the reply: the
+    prompt's pass gives the first) follow the filtered target distribution, computed exactly
+    (chi-square); returns how often each accepted-count pattern of the tree iterations occurred,
+    so callers can check that every route was taken."""
     samples = [
-        run(engine, SamplingParams(sampling.temperature, sampling.top_p, seed), max_new_tokens=2)
+        run(engine, SamplingParams(sampling.temperature, sampling.top_p, seed), max_new_tokens=3)
         for seed in range(CHI_SQUARE_SEEDS)
     ]
-    for index, expected in enumerate(
-        [first_token_distribution(target, sampling), exact_second_token_distribution(target, sampling)]
-    ):
+    for index in (1, 2):
+        expected = exact_token_distribution(target, sampling, index)
         counts = Counter(tokens[index] for tokens, _ in samples)
         support = torch.nonzero(expected > 0).flatten().tolist()
         assert set(counts) <= set(support)
         assert chi_square_pvalue([counts.get(t, 0) for t in support], expected[support]) > 1e-3
-    return Counter(tuple(e.accepted for e in events) for _, events in samples)
+    return Counter(tuple(e.accepted for e in events[1:]) for _, events in samples)
 
 
 def assert_stops_at_stop_token(target: CausalLM, make: EngineFactory) -> None:
@@ -101,7 +96,7 @@ def test_greedy_sd_equals_autoregressive(tiny_target, tiny_draft, budget, depth)
     sequence (a stale or misplaced slot would change the target's argmax somewhere)."""
     engine = ChainSDEngine(tiny_target, tiny_draft, [], TreeShape(budget, depth))
     events = assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=120)
-    assert all(e.tree_size == min(budget, depth) == e.depth for e in events)
+    assert all(e.tree_size == min(budget, depth) == e.depth for e in events[1:])  # [0]: the prompt's pass
     assert len(events) > 20 and sum(e.accepted for e in events) > 0
 
 
@@ -126,11 +121,11 @@ def test_self_drafted_sd_accepts_every_chain(tiny_target, sampling):
     """With the target as its own draft p == q (up to float64 rounding between the draft's
     incremental pass and the target's chain pass), so every token is accepted: any misaligned
     KV slot or position in either cache would break the agreement across iterations."""
-    tokens, events = run(ChainSDEngine(tiny_target, tiny_target, [], TreeShape(budget=5, max_depth=8)), sampling, 30)
-    assert [e.accepted for e in events] == [5] * 5
-    assert all(len(e.token_ids) == 6 for e in events)
+    tokens, events = run(ChainSDEngine(tiny_target, tiny_target, [], TreeShape(budget=5, max_depth=8)), sampling, 31)
+    assert [e.accepted for e in events] == [0] + [5] * 5  # the prompt's pass emits the first token
+    assert all(len(e.token_ids) == 6 for e in events[1:])
     if sampling == GREEDY:
-        assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]
+        assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 31)[0]
 
 
 def test_sd_respects_stop_tokens_and_the_token_limit(tiny_target, tiny_draft):

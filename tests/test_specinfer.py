@@ -87,8 +87,8 @@ def test_specinfer_first_and_second_tokens_follow_the_target(tiny_target, rough_
 def test_self_drafted_specinfer_accepts_a_whole_stem_every_iteration(tiny_target, sampling):
     """p == q (up to float64 rounding), so the first candidate at every node is accepted; a
     misaligned slot or position in either cache would break that across iterations."""
-    _, events = run(SpecInferEngine(tiny_target, tiny_target, [], TreeShape(budget=9, max_depth=8)), sampling, 32)
-    assert [e.accepted for e in events] == [3] * 8
+    _, events = run(SpecInferEngine(tiny_target, tiny_target, [], TreeShape(budget=9, max_depth=8)), sampling, 33)
+    assert [e.accepted for e in events] == [0] + [3] * 8  # the prompt's pass emits the first token
 
 
 def test_specinfer_respects_stop_tokens_and_the_token_limit(tiny_target, tiny_draft):
@@ -99,6 +99,7 @@ def test_specinfer_respects_stop_tokens_and_the_token_limit(tiny_target, tiny_dr
 def test_specinfer_budget_change_applies_mid_reply(tiny_target, tiny_draft):
     engine = SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget=1, max_depth=8))
     stream = engine.generate(PROMPT, 30, SAMPLINGS[1])
+    next(stream)  # the prompt's pass
     first = next(stream)
     engine.apply(LiveSettings(budget=16))  # 4 stems of 4
     rest = list(stream)

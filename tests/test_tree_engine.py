@@ -37,7 +37,7 @@ def assert_holds(cache, model: CausalLM, tokens: list[int]) -> None:
 def test_both_caches_hold_the_committed_sequence_after_every_iteration(tiny_target, tiny_draft, make, sampling):
     engine = make(tiny_target, tiny_draft, [], TreeShape(budget=12, max_depth=5))
     seq, target_cache, draft_cache = list(PROMPT), new_cache(), new_cache()
-    engine.prefill(seq, tiny_target, target_cache)
+    tiny_target.hidden(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), target_cache)
     for _ in range(8):
         committed = len(seq)
         engine.iterate(seq, target_cache, draft_cache, sampling, max_tokens=100)
@@ -85,25 +85,24 @@ class Metered(CausalLM):
 @pytest.mark.parametrize("make", FACTORIES)
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:1]])
 def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draft, monkeypatch, make, prompt):
-    """Draft time is the draft's forwards (draft_steps of them), target time the one pass over
-    the tree, plus each model's prompt pass (none for a one-token prompt) on the first event
-    only, which also carries the prefill's tokens and seconds; the streamed bytes are those of
-    the tree pass."""
+    """The prompt is one target pass that emits the first token (the prefill's event: no draft,
+    no tree); then each event's draft time is its draft forwards (draft_steps of them, the
+    draft's own prompt pass the first one's catch-up) and its target time the one pass over the
+    tree. The streamed bytes are those of each event's pass."""
     clock = Clock()
     monkeypatch.setattr(tree_engine, "perf_counter", clock)
     target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
     draft = Metered(tiny_draft.model, None, clock=clock, cost=DRAFT_FORWARD_S)
-    events = list(make(target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1]))
-    prefill_passes = 1 if len(prompt) > 1 else 0
-    assert len(events) > 3
-    for index, event in enumerate(events):
-        prefilled = prefill_passes if index == 0 else 0
-        assert event.draft_s == (event.draft_steps + prefilled) * DRAFT_FORWARD_S
-        assert event.target_s == TARGET_PASS_S * (1 + prefilled)
-        assert event.prefill_s == prefilled * (TARGET_PASS_S + DRAFT_FORWARD_S)
-        assert event.prefill_tokens == (len(prompt) if index == 0 else 0)
-        assert event.transfer_bytes >= event.tree_size + 1
-    assert all(event.transfer_bytes == event.tree_size + 1 for event in events[1:])  # root + drafted nodes
+    first, *trees = make(target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1])
+    assert len(trees) > 3
+    assert len(first.token_ids) == 1 and first.tree_size == 0 and first.draft_s == 0
+    assert first.target_s == first.prefill_s == TARGET_PASS_S
+    assert first.prefill_tokens == len(prompt) == first.transfer_bytes
+    for event in trees:
+        assert event.draft_s == event.draft_steps * DRAFT_FORWARD_S
+        assert event.target_s == TARGET_PASS_S
+        assert event.prefill_tokens == 0 and event.prefill_s == 0
+        assert event.transfer_bytes == event.tree_size + 1  # root + drafted nodes
 
 
 def test_upfront_nodes_are_the_likeliest_path_then_the_likeliest_others():

@@ -109,6 +109,14 @@ def test_live_stats_window_mean_rate_and_bandwidth():
     assert stats.transfer_gb_per_s == pytest.approx(2.0)
 
 
+def test_the_prompts_pass_counts_in_the_reply_but_not_in_the_tree_figures():
+    stats = LiveStats()
+    stats.record(event(3))
+    stats.record(IterationEvent(token_ids=[1], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=0.5))
+    assert list(stats.accepted) == [3] and list(stats.tree_sizes) == [event(3).tree_size]
+    assert stats.iterations == 2 and stats.reply_tokens == 5
+
+
 def jobs_event(submitted, preempted, in_flight):
     return IterationEvent(token_ids=[1], accepted=0, tree_size=4, depth=4, draft_s=0.01, target_s=0.03,
                           jobs_submitted=submitted, jobs_preempted=preempted, jobs_in_flight=in_flight)

@@ -49,6 +49,24 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
     )
 
 
+@dataclass(frozen=True)
+class TreeMeans:
+    """Per drafted tree, over a reply's tree iterations (not the prompt's pass, which drafts
+    none); all 0 for an engine that drafts no tree."""
+
+    trees: int  # how many iterations drafted a tree
+    tree_size: float
+    depth: float
+    accepted: float  # drafted tokens verification accepted
+
+
+def tree_means(events: list[IterationEvent]) -> TreeMeans:
+    trees = [e for e in events if e.tree_size > 0]
+    count = max(len(trees), 1)
+    return TreeMeans(len(trees), sum(e.tree_size for e in trees) / count, sum(e.depth for e in trees) / count,
+                     sum(e.accepted for e in trees) / count)
+
+
 def event_record(event: IterationEvent) -> dict:
     """An event as plain JSON-ready data."""
     return asdict(event)

@@ -12,11 +12,11 @@ from specchat.bench.runner import Measure, Point, Setup
 from specchat.decoding.events import Engine, IterationEvent, LiveSettings, SamplingParams
 from specchat.models.loading import load
 from specchat.runtime import DTYPES, Models
-from specchat.summary import Summary, summarize
+from specchat.summary import Summary, summarize, tree_means
 
 
 # Every row has these figures; null where a method does not expose them.
-FIGURES = (*(field.name for field in fields(Summary)), "mean_tree_size", "mean_depth")
+FIGURES = (*(field.name for field in fields(Summary)), "trees", "mean_tree_size", "mean_depth")
 
 
 def run_prompts(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
@@ -32,12 +32,8 @@ def run_prompts(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
 
 def measure_engine(engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams) -> dict:
     events, wall = run_prompts(engine, [prompt_ids], max_new_tokens, sampling)
-    summary = summarize(events, wall)
-    return {
-        **asdict(summary),
-        "mean_tree_size": sum(e.tree_size for e in events) / len(events),
-        "mean_depth": sum(e.depth for e in events) / len(events),
-    }
+    summary, means = summarize(events, wall), tree_means(events)
+    return {**asdict(summary), "trees": means.trees, "mean_tree_size": means.tree_size, "mean_depth": means.depth}
 
 
 def plain_draft(spec: str, dtype: str, device: torch.device) -> PreTrainedModel:

@@ -71,14 +71,16 @@ def render_table(entries: list[Configuration]) -> str:
 def pool(rows: list[dict]) -> dict:
     """Figures over every iteration of every row, as if one run had generated all the prompts
     (what scripts/bench_gen_rate.py reports): gen rate = sum of new tokens / sum of target passes,
-    tokens/s = sum of new tokens / sum of wall time, per-iteration means weighted by iterations."""
+    tokens/s = sum of new tokens / sum of wall time, per-tree means weighted by trees (rows older
+    than the "trees" field averaged over every iteration, and are weighted by iterations)."""
     iterations = sum(r["iterations"] for r in rows)
     new_tokens = sum(r["new_tokens"] for r in rows)
+    trees = [r.get("trees", r["iterations"]) for r in rows]
     return {
         "gen_rate": new_tokens / iterations,
         "tokens_per_s": new_tokens / sum(r["wall_s"] for r in rows),
         "draft_ms": 1000 * sum(r["draft_s"] for r in rows) / iterations,
         "target_ms": 1000 * sum(r["target_s"] for r in rows) / iterations,
-        "tree": sum(r["mean_tree_size"] * r["iterations"] for r in rows) / iterations,
-        "depth": sum(r["mean_depth"] * r["iterations"] for r in rows) / iterations,
+        "tree": sum(r["mean_tree_size"] * n for r, n in zip(rows, trees)) / max(sum(trees), 1),
+        "depth": sum(r["mean_depth"] * n for r, n in zip(rows, trees)) / max(sum(trees), 1),
     }

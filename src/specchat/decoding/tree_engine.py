@@ -27,8 +27,10 @@ from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, Samplin
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
+from specchat.decoding.sampling import sample_token
 from specchat.decoding.tree import DraftTree
 from specchat.decoding.verifier import Verdict
+from specchat.transfer import TransferStats
 
 Drafted = TypeVar("Drafted", bound=GrownTree)
 
@@ -92,6 +94,7 @@ class TreeEngine:
         self.sizer = sizer or shape.sizer
         self.shape = shape  # read at every iteration, so a live change applies from the next one
         self.history = PrefixCache(2)  # the target's cache, then the draft's
+        self.transfer_mark = TransferStats()  # the link's counters when the last event took its share
 
     def live_settings(self) -> LiveSettings:
         budget = AUTO if self.shape.sizer is not None else self.shape.budget
@@ -117,38 +120,43 @@ class TreeEngine:
         self.history.forget()
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
+        """The prompt's new tokens run through the target first, and their last row gives the
+        first token at once: the time to the first token is the prefill's, as without a draft,
+        and the first token is sampled the same way whatever the engine (a /retry repeats it).
+        The trees grow from there; the draft runs its share of the prompt in the first one."""
+        if max_new_tokens <= 0:
+            return
         seq, (target_cache, draft_cache) = reuse.tokens, reuse.caches
-        before = self.target.transfer_stats()
-        target_s, draft_s = self.prefill(seq, self.target, target_cache), self.prefill(seq, self.draft, draft_cache)
-        moved = self.target.transfer_stats() - before  # the prefill's pass, and layers staged during the draft's
-        produced = 0
-        while produced < max_new_tokens:
+        self.transfer_mark = self.target.transfer_stats()
+        event = self.first_token(seq, target_cache, sampling, max_new_tokens)
+        produced = 1
+        yield with_prefill(event, reuse, event.target_s)
+        while not event.finished:
             event = self.iterate(seq, target_cache, draft_cache, sampling, max_new_tokens - produced)
-            if produced == 0:  # each model's prefill, and what streamed meanwhile, is charged to the first iteration
-                event = replace(event, target_s=event.target_s + target_s, draft_s=event.draft_s + draft_s,
-                                transfer_s=event.transfer_s + moved.transfer_s,
-                                transfer_bytes=event.transfer_bytes + moved.bytes, stall_s=event.stall_s + moved.stall_s)
-                event = with_prefill(event, reuse, target_s + draft_s)
             produced += len(event.token_ids)
             yield event
-            if event.finished:
-                return
 
-    @staticmethod
-    def prefill(seq: list[int], model: CausalLM, cache: DynamicCache) -> float:
-        """Cache every committed token but the last (the first tree root) from where `cache`
-        ends; returns the seconds it took."""
-        start, cached = perf_counter(), cache_length(cache)
-        if cached < len(seq) - 1:
-            model.hidden(torch.tensor(seq[cached:-1]), torch.arange(cached, len(seq) - 1), cache)
-        return perf_counter() - start
+    def first_token(self, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
+                    max_new_tokens: int) -> IterationEvent:
+        """Run the prompt past `cache` through the target and sample the token after it; the
+        cache then holds the whole prompt, so `seq` (with the token) keeps the loop's invariant."""
+        start, position, cached = perf_counter(), len(seq), cache_length(cache)
+        hidden = self.target.hidden(torch.tensor(seq[cached:]), torch.arange(cached, position), cache)
+        token = sample_token(self.target.logits(hidden[-1:])[0], sampling, position)
+        seq.append(token)
+        moved, elapsed = self.take_transfer(), perf_counter() - start
+        return IterationEvent(
+            token_ids=[token], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=elapsed,
+            transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
+            link_idle=moved.idle_s / elapsed if elapsed > 0 else 0.0,
+            finished=token in self.stop_ids or max_new_tokens == 1,
+        )
 
     def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
                 sampling: SamplingParams, max_tokens: int) -> IterationEvent:
         """Draft, score and walk once; `seq` grows by the emitted tokens, both caches are
         pruned to the accepted path."""
-        start, moved = perf_counter(), self.target.transfer_stats()
-        cached = cache_length(draft_cache)
+        start, cached = perf_counter(), cache_length(draft_cache)
         root = catch_up(self.draft, draft_cache, torch.tensor(seq[cached:]), cached)
         drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
         drafted_at = perf_counter()
@@ -157,8 +165,7 @@ class TreeEngine:
         prune_draft_cache(draft_cache, drafted, verdict, len(seq))
         seq.extend(verdict.tokens)
         predicted = self.calibrate(drafted.predicted, verdict.accepted)
-        moved = self.target.transfer_stats() - moved
-        wall = perf_counter() - start
+        moved, wall = self.take_transfer(), perf_counter() - start
         return IterationEvent(
             token_ids=verdict.tokens, accepted=verdict.accepted,
             tree_size=drafted.tree.size, depth=drafted.tree.depth,
@@ -169,6 +176,13 @@ class TreeEngine:
             draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits
             predicted_accepted=predicted,
         )
+
+    def take_transfer(self) -> TransferStats:
+        """What the link did since the last event took its share: the events of a reply add up
+        to every byte streamed, including what was staged between two of them."""
+        now = self.target.transfer_stats()
+        moved, self.transfer_mark = now - self.transfer_mark, now
+        return moved
 
     def calibrate(self, predicted: float, accepted: int) -> float:
         """Under --budget auto: the calibrated prediction of this iteration, then the calibration

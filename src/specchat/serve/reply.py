@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from specchat.decoding.events import IterationEvent
 from specchat.serve.scheduler import Job
 from specchat.serve.stops import StopScan
-from specchat.summary import summarize
+from specchat.summary import summarize, tree_means
 from specchat.textstream import TextStream
 
 
@@ -63,13 +63,13 @@ def extension(job: Job, reply: Reply) -> dict:
     events = reply.events
     # A reply cut at a stop string is answered before its decode has stopped: timed until now.
     summary = summarize(events, (job.ended_s or perf_counter()) - job.started_s if job.started else 0.0)
-    iterations = max(summary.iterations, 1)
+    means = tree_means(events)
     return {
         "engine": job.engine,
         "iterations": summary.iterations,
         "gen_rate": summary.gen_rate,
-        "accepted_per_iteration": sum(e.accepted for e in events) / iterations,
-        "tree_size": sum(e.tree_size for e in events) / iterations,
+        "accepted_per_iteration": means.accepted,
+        "tree_size": means.tree_size,
         "draft_s": summary.draft_s,
         "target_s": summary.target_s,
         "transfer_s": summary.transfer_s,

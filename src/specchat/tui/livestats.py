@@ -28,8 +28,9 @@ class LiveStats:
         self.reply_jobs_preempted = 0
 
     def record(self, event: IterationEvent) -> None:
-        self.accepted.append(event.accepted)
-        self.tree_sizes.append(event.tree_size)
+        if event.tree_size > 0:  # the sparklines and the mean are per drafted tree, not the prompt's pass
+            self.accepted.append(event.accepted)
+            self.tree_sizes.append(event.tree_size)
         self.last = event
         self.iterations += 1
         self.reply_tokens += len(event.token_ids)
