@@ -7,11 +7,12 @@ conversation twice in the same process: "before" with the engine's PrefixCache s
 (every turn prefills the whole history, as before issue 14) and "after" with reuse on.
 
 Usage: python scripts/bench_conversation.py --out DIR [--tiers memory,disk] [--new-tokens 24]
-Writes DIR/rows.jsonl (one row per turn) and prints a summary table.
+Writes DIR/rows.jsonl (one row per turn; refused if it exists) and prints a summary table.
 """
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 from time import perf_counter
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--offload-dir", type=Path, default=None, help="the disk tier's layer file (default: a temp dir)")
     args = parser.parse_args()
+    if (args.out / "rows.jsonl").exists():  # checked before loading: rows kept are never replaced
+        sys.exit(f"error: {args.out / 'rows.jsonl'} exists: measure into a fresh --out")
     args.out.mkdir(parents=True, exist_ok=True)
     asks = questions(args.turns)
     rows = []

@@ -10,8 +10,9 @@ SpecExec at each budget over the same prompts, with the streamed GB/s, the link 
 the stall fraction and tokens/s; the ratios issue 16 sets goals for (streamed / raw >= 0.90,
 link idle < 10% during specexec, specexec >= 5x autoregressive tokens/s). Models load as the app
 loads them (`runtime.load_models`, `--offload disk`), so the draft is the app's default draft.
-One raw row per (engine, budget, prompt) goes to --rows-dir/rows.jsonl; the table to stdout
-(and --record). --gptq also compares the bytes one pass moves with a 4-bit copy of the target.
+One raw row per (engine, budget, prompt) goes to --rows-dir/rows.jsonl, which must not exist yet
+(kept rows are never replaced); the table to stdout (and --record). --gptq also compares the
+bytes one pass moves with a 4-bit copy of the target.
 """
 
 import argparse
@@ -151,6 +152,9 @@ def compare_gptq(bf16_bytes: int, args) -> None:
 
 def main() -> None:
     args = parse_args()
+    rows = args.rows_dir / "rows.jsonl"
+    if rows.exists():  # checked before loading: a rerun must never replace rows already kept
+        sys.exit(f"error: {rows} exists: measure into a fresh --rows-dir")
     budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
     options = EngineOptions(offload="disk", resident_layers=args.resident_layers, offload_dir=str(args.offload_dir),
                             dtype="bfloat16", budget=budgets[0])
@@ -163,8 +167,6 @@ def main() -> None:
         coalesced = raw_read_gbps(store, offload.streamed, COALESCE_BYTES)
         raw = max(per_layer, coalesced)
         args.rows_dir.mkdir(parents=True, exist_ok=True)
-        rows = args.rows_dir / "rows.jsonl"
-        rows.unlink(missing_ok=True)
         emit(
             f"\n## Disk tier, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
             f"- Machine: {describe_machine()}\n- Command: `python {shlex.join(sys.argv)}`\n"

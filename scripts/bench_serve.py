@@ -5,7 +5,8 @@ Usage: python scripts/bench_serve.py [--clients 8] [--requests 3] [--max-tokens 
 Starts `specchat serve --port 0 SERVE ARGS` (the embedded pair unless told otherwise), waits for
 its URL, runs both loads over MT-Bench first turns, prints a markdown table (queue wait p50 / p95,
 latency p50, tokens/s, and the concurrent run's tokens/s over the sequential one's) and, with
---out, writes every request's row to DIR/rows.jsonl. Stops the server (Ctrl+C) at the end.
+--out, writes every request's row to DIR/rows.jsonl (refused if it exists: rows kept are never
+replaced). Stops the server (Ctrl+C) at the end.
 """
 
 import argparse
@@ -44,6 +45,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="Directory of rows.jsonl (every request of both runs).")
     parser.add_argument("serve_args", nargs="*", help="Options for `specchat serve` (after --).")
     args = parser.parse_args()
+    if args.out and (args.out / "rows.jsonl").exists():  # checked before the server starts
+        sys.exit(f"error: {args.out / 'rows.jsonl'} exists: measure into a fresh --out")
     total = args.clients * args.requests
     prompts = mtbench_first_turns(total)
     log = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "serve.log"

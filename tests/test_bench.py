@@ -121,6 +121,13 @@ def test_rerun_skips_done_rows_and_redoes_a_deleted_one(tmp_path, measurer):
     assert measurer.calls == [(point, PROMPTS[removed["prompt_index"]])] * 2
 
 
+def test_a_rerun_says_which_runs_it_kept_unmeasured(tmp_path, measurer, capsys):
+    run_sweep(SETUP, POINTS, PROMPTS, measurer, tmp_path, progress=True)
+    assert "already in" not in capsys.readouterr().err
+    run_sweep(SETUP, POINTS, PROMPTS, measurer, tmp_path, progress=True)
+    assert f"18 of 18 runs already in {tmp_path / RESULTS_FILE}: kept, not measured again" in capsys.readouterr().err
+
+
 def test_truncated_last_line_is_dropped_and_redone(tmp_path, measurer):
     sweep(tmp_path, measurer)
     path = tmp_path / RESULTS_FILE

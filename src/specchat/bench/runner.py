@@ -97,9 +97,13 @@ def run_sweep(setup: Setup, points: list[Point], prompts: list[list[int]], measu
     runs = [(point, index) for point in points for index in range(len(prompts))]
     pending = [(point, index) for point, index in runs if row_key(identity(setup, point, index)) not in rows]
     machine = describe_machine()
+    reporter = Reporter(progress)
+    if len(pending) < len(runs):  # said aloud: a rerun into a finished folder measures nothing
+        reporter.notice(f"{len(runs) - len(pending)} of {len(runs)} runs already in {path}: kept, not measured "
+                        "again (a fresh --out measures them anew)")
     if pending:  # one unrecorded run first, so one-time costs (allocations, kernel choice) land in no row
         measurer(pending[0][0])(prompts[pending[0][1]])
-    with Reporter(progress).bar(total=len(runs), initial=len(runs) - len(pending), desc="bench", unit="run") as bar:
+    with reporter.bar(total=len(runs), initial=len(runs) - len(pending), desc="bench", unit="run") as bar:
         current, measure = None, None
         for point, index in pending:
             if point != current:

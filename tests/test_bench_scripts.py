@@ -1,0 +1,29 @@
+"""The benchmark scripts that write rows into a folder refuse one that already holds their rows,
+before loading anything: a rerun measures into a fresh folder and never replaces rows kept."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+KEPT = '{"kept": true}\n'
+
+
+# Each script also gets an argument it would fail on before loading any model, so that if its
+# check went missing the test fails in seconds instead of loading the real pair.
+@pytest.mark.parametrize(("script", "flag", "rows", "unusable"), [
+    ("bench_offload.py", "--rows-dir", "rows.jsonl", ["--budgets", "x"]),
+    ("bench_serve.py", "--out", "rows.jsonl", ["--", "--target", "/nonexistent/model"]),
+    ("bench_conversation.py", "--out", "rows.jsonl", ["--tiers", "x"]),
+    ("bench_peers.py", "--out", "results.jsonl", ["--temperatures", "x"]),
+])
+def test_a_folder_with_rows_is_refused_and_left_as_it_was(tmp_path, script, flag, rows, unusable):
+    (tmp_path / rows).write_text(KEPT)
+    result = subprocess.run([sys.executable, str(SCRIPTS / script), flag, str(tmp_path), *unusable],
+                            capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and str(tmp_path) in lines[0] and "fresh" in lines[0]
+    assert [path.name for path in tmp_path.iterdir()] == [rows] and (tmp_path / rows).read_text() == KEPT
