@@ -77,6 +77,12 @@ def summarize(rows: list[dict]) -> list[str]:
     return lines
 
 
+def append_rows(path: Path, rows: list[dict]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -101,12 +107,11 @@ def main() -> None:
             try:
                 for name in ENGINES:
                     for reuse in (False, True):
-                        rows += converse(models, name, reuse, asks, args.new_tokens, tier)
+                        measured = converse(models, name, reuse, asks, args.new_tokens, tier)
+                        append_rows(args.out / "rows.jsonl", measured)  # an interrupted run keeps what it measured
+                        rows += measured
             finally:
                 models.close()
-    with open(args.out / "rows.jsonl", "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
     print("\n".join(summarize(rows)))
 
 

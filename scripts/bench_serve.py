@@ -49,16 +49,17 @@ def main() -> None:
         sys.exit(f"error: {args.out / 'rows.jsonl'} exists: measure into a fresh --out")
     total = args.clients * args.requests
     prompts = mtbench_first_turns(total)
-    log = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "serve.log"
-    server, url = start_server(args.serve_args, log)
-    try:
-        model = openai.OpenAI(base_url=f"{url}/v1", api_key="unused").models.list().data[0].id
-        sequential, sequential_s = run_load(url, model, prompts, clients=1, requests=total, max_tokens=args.max_tokens)
-        concurrent, concurrent_s = run_load(url, model, prompts, clients=args.clients, requests=args.requests,
-                                            max_tokens=args.max_tokens)
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=120)
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as scratch:  # the server's log, removed after
+        server, url = start_server(args.serve_args, Path(scratch) / "serve.log")
+        try:
+            model = openai.OpenAI(base_url=f"{url}/v1", api_key="unused").models.list().data[0].id
+            sequential, sequential_s = run_load(url, model, prompts, clients=1, requests=total,
+                                                max_tokens=args.max_tokens)
+            concurrent, concurrent_s = run_load(url, model, prompts, clients=args.clients, requests=args.requests,
+                                                max_tokens=args.max_tokens)
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=120)
     runs = {"sequential (1 client)": figures(sequential, sequential_s),
             f"concurrent ({args.clients} clients x {args.requests})": figures(concurrent, concurrent_s)}
     print(f"model {model}; {total} requests per run, {args.max_tokens} new tokens at most, MT-Bench first turns; "

@@ -47,7 +47,7 @@ def case(real_pair, mtbench_prompts):
     root = catch_up(real_pair.draft, draft_cache, torch.tensor(prompt), 0)
     grown = grow_tree(real_pair.draft, draft_cache, root, TreeShape(budget=32), 0.0)
     greedy = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    tokens = [t for e in greedy.generate(prompt, 24, GREEDY) for t in e.token_ids]
+    tokens = [t for e in greedy.generate(prompt, 12, GREEDY) for t in e.token_ids]
     return {
         "prompt": prompt,
         "tree": grown.tree,
@@ -68,7 +68,7 @@ def test_offloaded_target_matches_in_memory(real_pair, case, offload_dir, tier):
         torch.testing.assert_close(sequential_rows(lm, prompt, 4), case["sequential"], atol=TOLERANCE, rtol=0)
         torch.testing.assert_close(tree_rows(lm, prompt, case["tree"]), case["tree_rows"], atol=TOLERANCE, rtol=0)
         engine = SpecExecEngine(lm, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-        events = list(engine.generate(prompt, 24, GREEDY))
+        events = list(engine.generate(prompt, 12, GREEDY))
         assert [t for e in events for t in e.token_ids] == case["tokens"]
         assert sum(e.transfer_bytes for e in events) >= len(events) * offload.pass_bytes
         if tier == "disk":

@@ -34,9 +34,9 @@ def assert_equals_hf_greedy(real_check, engine, references) -> None:
     assert sum(e.accepted for _, events in outputs for e in events) > 0  # the draft is used
 
 
-@pytest.mark.parametrize("budget", [8, 64])
-def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_references, budget):
-    engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=budget))
+def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_references):
+    """K=64; smaller and changing trees: the sub-vocabulary test (K=16) and --budget auto below."""
+    engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=64))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
@@ -62,7 +62,8 @@ def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_r
         tokens, events = emitted(engine, prompt_ids, sampling)
         comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
         assert comparison.acceptable, comparison.describe()
-        assert all(e.tree_size <= 64 for e in events) and all(e.predicted_accepted > 0 for e in events)
+        trees = events[1:]  # events[0] is the prompt's pass, which drafts no tree
+        assert all(e.tree_size <= 64 for e in trees) and all(e.predicted_accepted > 0 for e in trees)
 
 
 def test_seeded_specexec_equals_seeded_autoregressive(real_pair, real_check, seeded_references):

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 PROMPT = "Write a Python function that checks whether a number is prime."
-NEW_TOKENS = 32
+NEW_TOKENS = 16
 DECODING = ("--temperature", "0", "--dtype", "float32", "--budget", "16")
 STOP_S = 120
 
