@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specchat.decoding.events import IterationEvent
-from specchat.summary import Summary, event_record, summarize
+from specchat.summary import Summary, TreeMeans, event_record, summarize, tree_means
 
 
 def event(tokens: list[int], draft_s: float = 0.0, target_s: float = 0.0, transfer_s: float = 0.0, **kw) -> IterationEvent:
@@ -89,3 +89,9 @@ def test_link_idle_is_weighted_by_each_iteration_time() -> None:
     # (0.5 * 2 + 0 * 2 + 0.25 * 4) / 8 s
     assert summarize(events, wall_s=8.0).link_idle == pytest.approx(0.25)
     assert json.loads(json.dumps(event_record(events[0])))["link_idle"] == 0.5
+
+
+def test_tree_means_leave_out_the_prompts_pass() -> None:
+    prompt_pass = IterationEvent(token_ids=[9], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=0.4)
+    assert tree_means([prompt_pass, *EVENTS]) == TreeMeans(trees=3, tree_size=8, depth=3, accepted=1)
+    assert tree_means([prompt_pass]) == TreeMeans(trees=0, tree_size=0, depth=0, accepted=0)
