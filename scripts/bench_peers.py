@@ -10,8 +10,8 @@ Every system runs on every prompt before the next prompt starts, so drift in the
 speed touches all systems alike; ratios are taken within this run. DIR must be new or empty: it
 receives one JSON row per (prompt, system, temperature) in results.jsonl, and the table in
 table.md. Figures are pooled over the prompts: tokens/s = all new tokens / all wall seconds;
-gen rate = all new tokens / all target passes (the prompt's pass counted with the first
-iteration, as every specchat engine reports it).
+gen rate = all new tokens / all target passes (the prompt's pass is one of them, and
+emits the first token, as every specchat engine but dsi reports it).
 """
 
 import argparse
