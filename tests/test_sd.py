@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from test_engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distribution, run
+from test_engines import GREEDY, chi_square_pvalue, exact_token_distribution, run
 from test_real_exactness import assert_equals_hf_greedy
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -17,8 +17,6 @@ from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
-from specchat.decoding.sampling import filtered_probs
 from specchat.decoding.stems import StemLayout
 from specchat.runtime import DRAFTED_ENGINES, ENGINES, Models
 
