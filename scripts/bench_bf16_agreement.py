@@ -26,7 +26,6 @@ divides by all tokens the reference emitted.
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -35,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the ga
 from exactness import Sequential, first_difference, token_gap  # noqa: E402
 
 from specchat.bench.datasets import mtbench_first_turns
-from specchat.bench.machine import describe_machine
-from specchat.bench.provenance import code_version
+from specchat.bench.provenance import claim_fresh_folder, code_version, table_header
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -92,9 +90,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     args = parse_args()
-    if args.out.exists() and any(args.out.iterdir()):
-        sys.exit(f"error: {args.out} is not empty: measure into a fresh folder, then compare")
-    args.out.mkdir(parents=True, exist_ok=True)
+    claim_fresh_folder(args.out)
     models = load_models(EngineOptions(offload="none"), engines=("autoregressive",))
     float32 = CausalLM(load(models.identity["target"], torch.float32, progress=False).model)
     greedy = SamplingParams(0.0, 1.0, args.seed)
@@ -121,10 +117,7 @@ def main() -> None:
                 handle.write(json.dumps(row) + "\n")
             print(f"prompt {index} {name}: first difference {figures['first_difference']}", file=sys.stderr, flush=True)
     text = table(rows)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = (f"{stamp} · {describe_machine()} · code {version} · "
-              f"`python scripts/bench_bf16_agreement.py {' '.join(sys.argv[1:])}`")
-    (args.out / "table.md").write_text(f"{header}\n\n{text}\n", encoding="utf-8")
+    (args.out / "table.md").write_text(f"{table_header(version)}\n\n{text}\n", encoding="utf-8")
     print(text)
     models.close()
 

@@ -18,16 +18,14 @@ import argparse
 import json
 import sys
 from functools import cache
-from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
 
 import torch
 
 from specchat.bench.datasets import mtbench_first_turns
-from specchat.bench.machine import describe_machine
 from specchat.bench.measure import measure_engine, measure_hf_assisted, plain_draft
-from specchat.bench.provenance import code_version
+from specchat.bench.provenance import claim_fresh_folder, code_version, table_header
 from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
 from specchat.runtime import EngineOptions, Models, encode_prompt, load_models
 
@@ -132,9 +130,7 @@ def table(rows: list[dict], systems: list[str], temperatures: list[float]) -> st
 
 def main() -> None:
     args = parse_args()
-    if args.out.exists() and any(args.out.iterdir()):
-        sys.exit(f"error: {args.out} is not empty: measure into a fresh folder, then compare")
-    args.out.mkdir(parents=True, exist_ok=True)
+    claim_fresh_folder(args.out)
     systems = system_names(args)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     budget = AUTO if any(s == f"specexec-{AUTO}" for s in systems) else None
@@ -142,7 +138,7 @@ def main() -> None:
                                        resident_layers=args.resident_layers), engines=("autoregressive",))
     tokenizer = models.tokenizer
     prompts = [encode_prompt(tokenizer, text, raw=False) for text in mtbench_first_turns(args.prompts)]
-    version, machine = code_version(), describe_machine()
+    version = code_version()
     results = args.out / "results.jsonl"
     rows = []
     for temperature in temperatures:
@@ -161,9 +157,7 @@ def main() -> None:
                 print(f"t={temperature:g} prompt {index} {system}: {row['tokens_per_s']:.2f} tok/s",
                       file=sys.stderr, flush=True)
     text = table(rows, systems, temperatures)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = f"{stamp} · {machine} · code {version} · `python scripts/bench_peers.py {' '.join(sys.argv[1:])}`"
-    (args.out / "table.md").write_text(f"{header}\n\n{text}\n", encoding="utf-8")
+    (args.out / "table.md").write_text(f"{table_header(version)}\n\n{text}\n", encoding="utf-8")
     print(text)
     models.close()
 

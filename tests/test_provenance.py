@@ -2,6 +2,8 @@
 
 import subprocess
 
+import pytest
+
 from specchat import __version__
 from specchat.bench import provenance
 
@@ -20,3 +22,18 @@ def test_outside_a_checkout_it_is_the_package_version(monkeypatch, tmp_path):
 
     monkeypatch.setattr(provenance, "git", not_a_checkout)
     assert provenance.code_version() == f"specchat {__version__}"
+
+
+def test_a_fresh_folder_is_created_and_a_used_one_refused(tmp_path):
+    provenance.claim_fresh_folder(tmp_path / "run")
+    assert (tmp_path / "run").is_dir()
+    provenance.claim_fresh_folder(tmp_path / "run")  # empty: still fresh
+    (tmp_path / "run" / "results.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit, match="is not empty: measure into a fresh folder"):
+        provenance.claim_fresh_folder(tmp_path / "run")
+
+
+def test_the_table_header_names_the_code_and_the_command(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/any/where/scripts/bench_peers.py", "--out", "x"])
+    header = provenance.table_header("abc1234")
+    assert header.endswith(" · code abc1234 · `python scripts/bench_peers.py --out x`")
