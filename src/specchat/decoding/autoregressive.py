@@ -4,11 +4,21 @@ from collections.abc import Collection, Iterator
 from time import perf_counter
 
 import torch
+from transformers import DynamicCache
 
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import cache_length
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
+
+
+def next_token(target: CausalLM, seq: list[int], cache: DynamicCache, sampling: SamplingParams) -> int:
+    """Run the tokens of `seq` that `cache` lacks through `target` and sample the token at
+    position len(seq), as sequential decoding does (the cache then holds all of `seq`)."""
+    cached, position = cache_length(cache), len(seq)
+    hidden = target.hidden(torch.tensor(seq[cached:]), torch.arange(cached, position), cache)
+    return sample_token(target.logits(hidden[-1:])[0], sampling, position)
 
 
 class AutoregressiveEngine:
@@ -39,10 +49,7 @@ class AutoregressiveEngine:
         seq, (cache,) = reuse.tokens, reuse.caches
         for produced in range(1, max_new_tokens + 1):
             start, moved = perf_counter(), self.target.transfer_stats()
-            position = len(seq)
-            tokens = torch.tensor(seq[reuse.reused if produced == 1 else -1:])
-            hidden = self.target.hidden(tokens, torch.arange(position - tokens.numel(), position), cache)
-            token = sample_token(self.target.logits(hidden[-1:])[0], sampling, position)
+            token = next_token(self.target, seq, cache, sampling)
             elapsed = perf_counter() - start
             moved = self.target.transfer_stats() - moved
             seq.append(token)

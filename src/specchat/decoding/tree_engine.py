@@ -21,13 +21,13 @@ from typing import Protocol, TypeVar
 import torch
 from transformers import DynamicCache
 
+from specchat.decoding.autoregressive import next_token
 from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.drafter import GrownTree, Root, TreeShape, catch_up
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
-from specchat.decoding.sampling import sample_token
 from specchat.decoding.tree import DraftTree
 from specchat.decoding.verifier import Verdict
 from specchat.transfer import TransferStats
@@ -140,9 +140,8 @@ class TreeEngine:
                     max_new_tokens: int) -> IterationEvent:
         """Run the prompt past `cache` through the target and sample the token after it; the
         cache then holds the whole prompt, so `seq` (with the token) keeps the loop's invariant."""
-        start, position, cached = perf_counter(), len(seq), cache_length(cache)
-        hidden = self.target.hidden(torch.tensor(seq[cached:]), torch.arange(cached, position), cache)
-        token = sample_token(self.target.logits(hidden[-1:])[0], sampling, position)
+        start = perf_counter()
+        token = next_token(self.target, seq, cache, sampling)
         seq.append(token)
         moved, elapsed = self.take_transfer(), perf_counter() - start
         return IterationEvent(
