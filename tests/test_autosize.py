@@ -53,6 +53,24 @@ def test_growth_stops_when_a_step_costs_more_than_it_can_gain():
     assert sizer.step_width(probs(0.05, 0.04), probs(0.9, 0.05, 0.04), draft_spent=0.1) == 0
 
 
+def test_an_iteration_is_drafting_then_a_pass_that_waits_for_what_was_not_staged():
+    memory = Costs(target_n=(1,), target_s=(0.5,), draft_b=(1,), draft_s=(0.1,))
+    assert memory.iteration(0.3, 8) == pytest.approx(0.8)  # d + tau
+    staged = Costs(target_n=(1,), target_s=(0.5,), draft_b=(1,), draft_s=(0.1,), stream_s=2.0)
+    assert staged.iteration(0.3, 8) == pytest.approx(2.0)  # the link's 2 s: drafting was free
+    assert staged.iteration(1.8, 8) == pytest.approx(2.3)  # max(d + tau, S)
+    half = Costs(target_n=(1,), target_s=(0.5,), draft_b=(1,), draft_s=(0.1,), stream_s=2.0, staged=0.5)
+    assert half.iteration(3.0, 8) == pytest.approx(4.0)  # 1 s of the pass could not be staged
+
+
+def test_drafting_while_the_link_moves_the_next_pass_is_taken_however_costly():
+    # the step that does not pay in memory (test above) is free when the link needs the time anyway
+    costs = Costs(target_n=(1,), target_s=(0.1,), draft_b=(1,), draft_s=(0.1,), stream_s=1.0)
+    sizer = AutoSizer(costs, cap=64)
+    assert sizer.step_width(probs(0.05, 0.04), probs(0.9, 0.05, 0.04), draft_spent=0.1) > 0
+    assert sizer.best_cut(probs(0.9, 0.05, 0.04), draft_spent=0.1).size == 3
+
+
 def test_no_open_node_or_a_full_tree_of_likelier_nodes_stops_growth():
     sizer = AutoSizer(FLAT, cap=2)
     assert sizer.step_width(probs(), probs(0.9), draft_spent=0.0) == 0

@@ -64,6 +64,7 @@ def test_the_probe_times_doubling_sizes(tiny_target, tiny_draft):
     costs = probe_costs(tiny_target, tiny_draft, cap=8)
     assert costs.target_n[0] == 1 and costs.target_n == tuple(sorted(costs.target_n)) and costs.target_n[-1] <= 9
     assert costs.draft_b[0] == 1 and all(seconds > 0 for seconds in costs.target_s + costs.draft_s)
+    assert (costs.stream_s, costs.staged) == (0.0, 1.0)  # nothing streams
 
 
 def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):
@@ -71,7 +72,8 @@ def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):
     cpu = torch.device("cpu")
     path = probe_path(cpu, {"target": "a", "draft": "b"})
     assert path.is_relative_to(tmp_path) and read_costs(path) is None
-    write_costs(path, CHEAP_DRAFT)
-    assert read_costs(path) == CHEAP_DRAFT
+    streamed = Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1,), draft_s=(0.01,), stream_s=2.5, staged=0.5)
+    write_costs(path, streamed)
+    assert read_costs(path) == streamed
     assert probe_path(cpu, {"target": "a", "draft": "c"}) != path
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left

@@ -11,6 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.probe import probe_costs
 from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
@@ -99,6 +100,15 @@ def test_bytes_per_pass_are_the_streamed_layers(tiny_dir, tmp_path):
     offload.streamer.drain()
     moved = lm.transfer_stats() - before
     assert moved.bytes == offload.pass_bytes  # one pass's worth: each release loads the next layer in cyclic order
+    offload.close()
+
+
+def test_the_probe_times_an_offloaded_pass_apart_from_its_streaming(tiny_dir, tmp_path):
+    lm, offload = offloaded(tiny_dir, "disk", tmp_path, resident=1, slots=2)
+    costs = probe_costs(lm, in_memory(tiny_dir), cap=4)
+    assert offload.staged_share == 0.5  # 2 slots for the 4 streamed layers
+    assert costs.staged == 0.5 and costs.stream_s > 0
+    assert all(seconds > 0 for seconds in costs.target_s)
     offload.close()
 
 

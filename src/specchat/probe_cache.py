@@ -14,6 +14,10 @@ import torch
 from specchat.decoding.autosize import Costs
 from specchat.paths import probe_dir
 
+# Bumped whenever what a probe measures changes, so older files are not read as today's: 2 times
+# an offloaded pass's compute apart from its streaming (which version 1 counted in).
+PROBE_FORMAT = 2
+
 
 def machine_facts(device: torch.device) -> dict:
     cpu = platform.processor() or platform.machine()
@@ -28,7 +32,7 @@ def machine_facts(device: torch.device) -> dict:
 
 def probe_path(device: torch.device, models: dict) -> Path:
     """The cache file for `models` (what was loaded and how) on this machine."""
-    key = json.dumps({"machine": machine_facts(device), "models": models}, sort_keys=True)
+    key = json.dumps({"machine": machine_facts(device), "models": models, "format": PROBE_FORMAT}, sort_keys=True)
     return probe_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
@@ -36,7 +40,7 @@ def read_costs(path: Path) -> Costs | None:
     if not path.exists():
         return None
     fields = json.loads(path.read_text())
-    return Costs(**{name: tuple(values) for name, values in fields.items()})
+    return Costs(**{name: tuple(value) if isinstance(value, list) else value for name, value in fields.items()})
 
 
 def write_costs(path: Path, costs: Costs) -> None:

@@ -7,9 +7,15 @@ is expected to yield A(T) = sum of P(v) over its drafted nodes accepted tokens, 
 the target always supplies. The draft is not the target: a factor c = (observed accepted) /
 (predicted A), kept online over recent iterations, calibrates the prediction.
 
-Cost. An iteration spends the draft steps d(b_1) + ... + d(b_s) (b = nodes expanded per draft
-forward) and one target pass over the root and the K drafted nodes, tau(K + 1): its rate is
-    r(K) = (c * A_K + 1) / (draft_spent + tau(K + 1)),
+Cost. An iteration spends the draft steps d = d(b_1) + ... + d(b_s) (b = nodes expanded per
+draft forward) and one target pass over the root and the K drafted nodes, whose compute takes
+tau(K + 1). An offloaded target's pass also needs its streamed layers: the link moves a whole
+pass in S seconds, and while the tree grows it stages up to a share f of the next pass (the
+ring's slots), so the pass cannot end before the rest, S - min(f * S, d), has arrived:
+    T(d, K) = d + max(tau(K + 1), S - min(f * S, d))      (S = 0 in memory: T = d + tau)
+With a whole pass staged (f = 1) that is max(d + tau, S): drafting is free until it and the
+pass's compute fill the time the link needs anyway. The iteration's rate is
+    r(K) = (c * A_K + 1) / T(d, K),
 with A_K the sum of the K largest P. The K most likely nodes always form a tree (a node is never
 more likely than its parent), so any K is a valid cut of the grown tree.
 
@@ -34,19 +40,28 @@ DECAY = 0.95  # per iteration: the calibration follows roughly the last 20 itera
 
 @dataclass(frozen=True)
 class Costs:
-    """Measured seconds of a target pass over n tokens and of a draft step over b nodes,
-    interpolated linearly between the measured points and extrapolated from the last two."""
+    """Measured seconds of a target pass's compute over n tokens and of a draft step over b
+    nodes, interpolated linearly between the measured points and extrapolated from the last two;
+    for an offloaded target, the seconds the link takes to move a pass and the share of a pass
+    staged while the tree grows."""
 
     target_n: tuple[int, ...]
     target_s: tuple[float, ...]
     draft_b: tuple[int, ...]
     draft_s: tuple[float, ...]
+    stream_s: float = 0.0  # S: the link's seconds per pass; 0 when every layer is on the device
+    staged: float = 1.0  # f: the share of a pass the staging area holds
 
     def target(self, n: int) -> float:
         return interpolate(self.target_n, self.target_s, n)
 
     def draft(self, b: int) -> float:
         return interpolate(self.draft_b, self.draft_s, b)
+
+    def iteration(self, draft_spent: float, n: int) -> float:
+        """T(d, K): drafting for `draft_spent` seconds, then a pass over n tokens."""
+        unstaged = self.stream_s - min(self.staged * self.stream_s, draft_spent)
+        return draft_spent + max(self.target(n), unstaged)
 
 
 def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
@@ -106,7 +121,7 @@ class AutoSizer:
         """The K maximizing r(K) over drafted node probabilities `probs`, sorted descending."""
         masses = torch.cat([torch.zeros(1, dtype=torch.float64), probs.double().cumsum(0)])[: self.cap + 1]
         sizes = torch.arange(masses.numel())
-        times = torch.tensor([draft_spent + self.costs.target(int(k) + 1) for k in sizes], dtype=torch.float64)
+        times = torch.tensor([self.costs.iteration(draft_spent, int(k) + 1) for k in sizes], dtype=torch.float64)
         rates = (self.calibration.acceptance * masses + 1) / times
         best = int(rates.argmax())
         return Cut(size=best, rate=float(rates[best]), predicted=float(masses[best]))
@@ -124,7 +139,7 @@ class AutoSizer:
                 break
             size = min(now.size + width, self.cap)
             tokens = self.calibration.acceptance * now.predicted + float(gained[width - 1]) + 1
-            rate = tokens / (draft_spent + self.costs.draft(width) + self.costs.target(size + 1))
+            rate = tokens / self.costs.iteration(draft_spent + self.costs.draft(width), size + 1)
             if rate > best_rate:
                 best_width, best_rate = width, rate
         return best_width

@@ -17,9 +17,16 @@ from specchat.transfer import TransferStats
 
 
 class WeightStream(Protocol):
-    """What an offloaded model exposes: cumulative transfer statistics."""
+    """What an offloaded model exposes: cumulative transfer statistics, the bytes one pass
+    streams and the share of a pass its staging area holds."""
 
     def stats(self) -> TransferStats: ...
+
+    @property
+    def pass_bytes(self) -> int: ...
+
+    @property
+    def staged_share(self) -> float: ...
 
 
 @dataclass

@@ -5,6 +5,10 @@ Each size is timed on a fresh copy of a short context (what a chat's first turns
 the fastest of a few runs is kept (the cost of the work, not of the noise around it). Sizes grow
 by doubling up to the cap, and stop early once a pass costs `STOP_RATIO` times the one-token
 pass: no tree that large can pay, and the end segment extrapolates the rest.
+
+An offloaded target's pass is timed as compute: the time it waited for streamed layers is left
+out, and the link's own cost, the seconds it takes to move a pass at the speed it showed during
+the probe, is measured beside it (`Costs.iteration` puts the two together).
 """
 
 from time import perf_counter
@@ -14,6 +18,7 @@ import torch
 from specchat.decoding.autosize import Costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.transfer import TransferStats
 
 CONTEXT = 64  # tokens already cached when a pass is timed
 REPEATS = 2
@@ -31,18 +36,18 @@ def doubling(cap: int) -> list[int]:
 
 def time_pass(lm: CausalLM, n: int, run_head: bool) -> float:
     """Seconds of one forward over n tokens after CONTEXT cached ones (plus the head work a tree
-    step or pass does), the fastest of REPEATS."""
+    step or pass does), the fastest of REPEATS, less the time spent waiting for streamed layers."""
     best, vocab = float("inf"), lm.model.config.vocab_size
     for _ in range(REPEATS):
         cache = new_cache()
         lm.hidden(torch.arange(CONTEXT) % vocab, torch.arange(CONTEXT), cache)
-        start = perf_counter()
+        before, start = lm.transfer_stats(), perf_counter()
         hidden = lm.hidden(torch.arange(n) % vocab, torch.arange(CONTEXT, CONTEXT + n), cache)
         if run_head:
             lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
         else:
             lm.logits(hidden[: min(n, 8)])  # the walk reads a few rows
-        best = min(best, perf_counter() - start)
+        best = min(best, perf_counter() - start - (lm.transfer_stats() - before).stall_s)
     return best
 
 
@@ -56,8 +61,20 @@ def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tu
     return tuple(sizes), tuple(seconds)
 
 
+def stream_seconds(target: CausalLM, moved: TransferStats) -> float:
+    """Seconds the link takes to move one pass, at the speed of the loads in `moved`; 0 when
+    nothing streams."""
+    if target.stream is None or moved.bytes == 0:
+        return 0.0
+    return target.stream.pass_bytes * moved.transfer_s / moved.bytes
+
+
 def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
-    """Target passes over 1 .. cap + 1 tokens and draft steps over 1 .. cap nodes."""
+    """Target passes over 1 .. cap + 1 tokens and draft steps over 1 .. cap nodes, and for an
+    offloaded target the link's seconds per pass and the share of a pass it stages."""
+    before = target.transfer_stats()
     target_n, target_s = measure(target, cap + 1, run_head=False)
+    stream_s = stream_seconds(target, target.transfer_stats() - before)
     draft_b, draft_s = measure(draft, cap, run_head=True)
-    return Costs(target_n, target_s, draft_b, draft_s)
+    staged = target.stream.staged_share if target.stream is not None else 1.0
+    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged)

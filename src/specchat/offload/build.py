@@ -58,6 +58,11 @@ class Offload:
         """Bytes one full pass streams."""
         return sum(self.store.nbytes(layer) for layer in self.streamed)
 
+    @property
+    def staged_share(self) -> float:
+        """The share of a pass the ring holds: what can be staged while the tree grows."""
+        return min(1.0, self.streamer.slots / len(self.streamed)) if self.streamer is not None else 1.0
+
     def stats(self) -> TransferStats:
         return self.streamer.stats() if self.streamer is not None else TransferStats()
 
