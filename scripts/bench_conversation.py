@@ -5,8 +5,11 @@ ten user turns); each reply is the model's own, greedy, capped at --new-tokens, 
 in the history through the chat template as the app does. Each (engine, tier) runs the whole
 conversation twice in the same process: "before" with the engine's PrefixCache switched off
 (every turn prefills the whole history, as before issue 14) and "after" with reuse on.
+--think-s waits that long before each question, as a user reading the reply and typing the next
+one does; on an offloaded tier the loader stages the next pass in that time.
 
-Usage: python scripts/bench_conversation.py --out DIR [--tiers memory,disk] [--new-tokens 24]
+Usage: python scripts/bench_conversation.py --out DIR [--tiers memory,disk] [--new-tokens 24] [--think-s 0]
+           [--modes before,after]
 Writes DIR/rows.jsonl (one row per turn; refused if it exists) and prints a summary table.
 """
 
@@ -15,7 +18,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, sleep
 
 from specchat.bench.datasets import mtbench_questions
 from specchat.decoding.events import SamplingParams
@@ -36,20 +39,22 @@ def encode(tokenizer, messages: list[dict]) -> list[int]:
     return list(encoded["input_ids"])
 
 
-def converse(models, name: str, reuse: bool, asks: list[str], new_tokens: int, tier: str) -> list[dict]:
+def converse(models, name: str, reuse: bool, asks: list[str], new_tokens: int, tier: str,
+             think_s: float) -> list[dict]:
     engine = models.engine(name)
     engine.history.reuse = reuse
     messages, previous, rows = [], [], []
     for turn, question in enumerate(asks, 1):
         messages.append({"role": "user", "content": question})
         prompt = encode(models.tokenizer, messages)
+        sleep(think_s)
         start, first, tokens, head = perf_counter(), None, [], None
         for event in engine.generate(prompt, new_tokens, GREEDY):
             if head is None:
                 first, head = perf_counter() - start, event
             tokens += event.token_ids
         rows.append({
-            "engine": name, "tier": tier, "reuse": reuse, "turn": turn, "prompt_tokens": len(prompt),
+            "engine": name, "tier": tier, "reuse": reuse, "think_s": think_s, "turn": turn, "prompt_tokens": len(prompt),
             "new_prompt_tokens": len(prompt) - common_prefix(previous, prompt),
             "prefill_tokens": head.prefill_tokens, "prefill_s": round(head.prefill_s, 4),
             "ttft_s": round(first, 4), "reply_tokens": len(tokens), "reply_s": round(perf_counter() - start, 4),
@@ -89,8 +94,12 @@ def main() -> None:
     parser.add_argument("--tiers", default="memory,disk")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--think-s", type=float, default=0.0, help="seconds before each question (a user typing)")
+    parser.add_argument("--modes", default="before,after", help="before: no prefix reuse; after: reuse")
     parser.add_argument("--offload-dir", type=Path, default=None, help="the disk tier's layer file (default: a temp dir)")
     args = parser.parse_args()
+    if not set(args.modes.split(",")) <= {"before", "after"}:
+        parser.error(f"--modes takes before, after or both (got {args.modes})")
     if (args.out / "rows.jsonl").exists():  # checked before loading: rows kept are never replaced
         sys.exit(f"error: {args.out / 'rows.jsonl'} exists: measure into a fresh --out")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -106,8 +115,8 @@ def main() -> None:
             models = load_models(options)
             try:
                 for name in ENGINES:
-                    for reuse in (False, True):
-                        measured = converse(models, name, reuse, asks, args.new_tokens, tier)
+                    for reuse in [{"before": False, "after": True}[mode] for mode in args.modes.split(",")]:
+                        measured = converse(models, name, reuse, asks, args.new_tokens, tier, args.think_s)
                         append_rows(args.out / "rows.jsonl", measured)  # an interrupted run keeps what it measured
                         rows += measured
             finally:

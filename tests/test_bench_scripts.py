@@ -27,3 +27,10 @@ def test_a_folder_with_rows_is_refused_and_left_as_it_was(tmp_path, script, flag
     assert result.returncode != 0 and len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and str(tmp_path) in lines[0] and "fresh" in lines[0]
     assert [path.name for path in tmp_path.iterdir()] == [rows] and (tmp_path / rows).read_text() == KEPT
+
+
+def test_the_conversation_bench_refuses_an_unknown_mode_before_loading(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_conversation.py"), "--out", str(tmp_path),
+                             "--modes", "after,later"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--modes takes before, after or both" in result.stderr
+    assert list(tmp_path.iterdir()) == []
