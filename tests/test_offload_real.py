@@ -70,7 +70,9 @@ def test_offloaded_target_matches_in_memory(real_pair, case, offload_dir, tier):
         engine = SpecExecEngine(lm, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
         events = list(engine.generate(prompt, 12, GREEDY))
         assert [t for e in events for t in e.token_ids] == case["tokens"]
-        assert sum(e.transfer_bytes for e in events) >= len(events) * offload.pass_bytes
+        # every pass streams its 8 layers; the ring's 3 slots were filled before the reply began
+        staged_before = plan.slots * offload.pass_bytes // len(offload.streamed)
+        assert sum(e.transfer_bytes for e in events) >= len(events) * offload.pass_bytes - staged_before
         if tier == "disk":
             assert offload.store.reader.direct  # O_DIRECT honoured: reads bypass the page cache
     finally:
