@@ -16,8 +16,9 @@ class StreamedLayer(nn.Module):
     It is an ordinary list element, so the model may iterate, slice or index its layers as it
     likes; each call asks the streamer for this layer's slot, points the layer's tensors at views
     of that slot and runs the model's own layer code, then gives the slot back. The views of a
-    slot are made once and kept: rebinding is a dozen dictionary writes, where
-    torch.func.functional_call re-parametrized the module at ~2 ms a layer.
+    slot are made once and kept, so rebinding is a dozen dictionary writes (it used
+    torch.func.functional_call, which re-parametrizes the module and rebuilds the views on every
+    call).
     """
 
     def __init__(self, skeleton: nn.Module, index: int, layout: LayerLayout, streamer: Streamer,
