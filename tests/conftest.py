@@ -4,7 +4,6 @@ temporary offload dir, and time limits."""
 
 import gc
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from exactness import ExactnessCheck, hf_greedy
+from run_dirs import make_run_dir
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.bench.datasets import mtbench_first_turns
@@ -60,9 +60,9 @@ def private_data_dir(tmp_path_factory, session_probe_dir, monkeypatch) -> None:
 def offload_dir() -> Iterator[Path]:
     """Where tests write offload layer files, removed after the session. It sits beside the user
     cache, where the app writes its own layer file, because /tmp may be a tmpfs: in RAM, and
-    without the O_DIRECT reads the disk tier is tested for."""
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="test-offload-", dir=cache_dir()))
+    without the O_DIRECT reads the disk tier is tested for. A killed run's directory is removed
+    by the next run."""
+    directory = make_run_dir(cache_dir(), "test-offload-")
     yield directory
     shutil.rmtree(directory)
 
