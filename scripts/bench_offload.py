@@ -28,6 +28,7 @@ import torch
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
+from specchat.bench.provenance import code_version
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.models.loading import load, load_offloaded
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -90,8 +91,9 @@ def coalesce(layers: list[int], sizes: dict[int, int], limit: int) -> list[list[
 
 
 def measure(models: Models, name: str, budget: int | str | None, prompts: list[list[int]], args,
-            rows: Path) -> Summary:
-    """Every prompt through the engine; a raw row per prompt; the summary over all of them."""
+            rows: Path, code: str) -> Summary:
+    """Every prompt through the engine; a raw row per prompt (with the `code` that measured it);
+    the summary over all of them."""
     engine = models.engine(name, LiveSettings(budget=budget))
     sampling = SamplingParams(args.temperature, args.top_p, args.seed)
     everything, total_wall = [], 0.0
@@ -101,7 +103,8 @@ def measure(models: Models, name: str, budget: int | str | None, prompts: list[l
         wall = perf_counter() - start
         everything += events
         total_wall += wall
-        row = {"engine": name, "budget": budget, "prompt_index": index, **asdict(summarize(events, wall)),
+        row = {"engine": name, "budget": budget, "prompt_index": index, "code": code,
+               **asdict(summarize(events, wall)),
                "mean_tree_size": sum(e.tree_size for e in events) / len(events),
                "iterations_detail": [{k: getattr(e, k) for k in ("draft_s", "target_s", "transfer_s", "transfer_bytes",
                                                                   "stall_s", "link_idle", "tree_size")}
@@ -159,6 +162,7 @@ def main() -> None:
     options = EngineOptions(offload="disk", resident_layers=args.resident_layers, offload_dir=str(args.offload_dir),
                             dtype="bfloat16", budget=budgets[0])
     models = load_models(options, engines=("autoregressive",))
+    code = code_version()
     try:
         offload = models.offload
         store = offload.store
@@ -169,7 +173,7 @@ def main() -> None:
         args.rows_dir.mkdir(parents=True, exist_ok=True)
         emit(
             f"\n## Disk tier, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
-            f"- Machine: {describe_machine()}\n- Command: `python {shlex.join(sys.argv)}`\n"
+            f"- Machine: {describe_machine()}\n- Code: {code}\n- Command: `python {shlex.join(sys.argv)}`\n"
             f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, t={args.temperature}, "
             f"top-p={args.top_p}, bfloat16; O_DIRECT honoured: {store.reader.direct}; "
             f"plan: {offload.placement.describe()}\n"
@@ -179,11 +183,11 @@ def main() -> None:
             f"| {' | '.join(COLUMNS)} |\n|{'---|' * len(COLUMNS)}", args,
         )
         warm_up(models, budgets[0], prompts[0])
-        autoregressive = measure(models, "autoregressive", None, prompts, args, rows)
+        autoregressive = measure(models, "autoregressive", None, prompts, args, rows, code)
         emit(table_row("autoregressive", None, autoregressive), args)
         results = []
         for budget in budgets:
-            summary = measure(models, "specexec", budget, prompts, args, rows)
+            summary = measure(models, "specexec", budget, prompts, args, rows, code)
             results.append((budget, summary))
             emit(table_row("specexec", budget, summary), args)
         emit("", args)
