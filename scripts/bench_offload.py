@@ -2,14 +2,15 @@
 
 Usage: python scripts/bench_offload.py [--prompts 20] [--max-new-tokens 64] [--budgets 256]
            [--resident-layers 0] [--rows-dir docs/bench/offload-DATE] [--record docs/benchmarks.md]
-           [--gptq]
+           [--gptq] [--draft MODEL] [--draft-quant auto|none|int8]
 
 In one run, on the same layer file: the raw O_DIRECT read speed of the layer file (one layer per
 request, and coalesced requests as the streamer issues them), then autoregressive decoding and
 SpecExec at each budget over the same prompts, with the streamed GB/s, the link idle fraction,
 the stall fraction and tokens/s; the ratios issue 16 sets goals for (streamed / raw >= 0.90,
 link idle < 10% during specexec, specexec >= 5x autoregressive tokens/s). Models load as the app
-loads them (`runtime.load_models`, `--offload disk`), so the draft is the app's default draft.
+loads them (`runtime.load_models`, `--offload disk`); the draft is the app's default draft unless
+--draft / --draft-quant say otherwise.
 One raw row per (engine, budget, prompt) goes to --rows-dir/rows.jsonl, which must not exist yet
 (kept rows are never replaced); the table to stdout (and --record). --gptq also compares the
 bytes one pass moves with a 4-bit copy of the target.
@@ -58,6 +59,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resident-layers", type=int, default=0)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--draft-quant", default=EngineOptions.draft_quant)
     parser.add_argument("--offload-dir", type=Path, default=cache_dir() / "offload")
     parser.add_argument("--rows-dir", type=Path, default=Path(f"docs/bench/offload-{date.today().isoformat()}"))
     parser.add_argument("--gptq", action="store_true", help="also compare bytes per pass of a 4-bit copy")
@@ -160,7 +163,7 @@ def main() -> None:
         sys.exit(f"error: {rows} exists: measure into a fresh --rows-dir")
     budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
     options = EngineOptions(offload="disk", resident_layers=args.resident_layers, offload_dir=str(args.offload_dir),
-                            dtype="bfloat16", budget=budgets[0])
+                            dtype="bfloat16", budget=budgets[0], draft=args.draft, draft_quant=args.draft_quant)
     models = load_models(options, engines=("autoregressive",))
     code = code_version()
     try:
@@ -172,7 +175,7 @@ def main() -> None:
         raw = max(per_layer, coalesced)
         args.rows_dir.mkdir(parents=True, exist_ok=True)
         emit(
-            f"\n## Disk tier, {DEFAULT_TARGET} / {DEFAULT_DRAFT}, {date.today().isoformat()}\n\n"
+            f"\n## Disk tier, {DEFAULT_TARGET} / {args.draft} (draft {models.identity['draft_quant']}), {date.today().isoformat()}\n\n"
             f"- Machine: {describe_machine()}\n- Code: {code}\n- Command: `python {shlex.join(sys.argv)}`\n"
             f"- {args.prompts} MT-Bench first turns x {args.max_new_tokens} new tokens, t={args.temperature}, "
             f"top-p={args.top_p}, bfloat16; O_DIRECT honoured: {store.reader.direct}; "

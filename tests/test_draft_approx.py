@@ -31,16 +31,43 @@ class CharTokenizer:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_int8_linear_is_within_half_a_step_per_weight(dtype):
+def test_weight_only_int8_is_within_half_a_step_per_weight(monkeypatch, dtype):
+    monkeypatch.setattr("specchat.quant.int8.dynamic_kernel", lambda device: False)
     torch.manual_seed(0)
     weight, bias, x = torch.randn(24, 40), torch.randn(24), torch.randn(3, 5, 40)
     layer = Int8Linear(weight.to(dtype), bias.to(dtype))
-    assert layer.weight.dtype == torch.int8
+    assert layer.weight.dtype == torch.int8 and layer.packed is None
     assert (layer.dequantized().float() - weight).abs().max() <= layer.scales.float().max() / 2 + 1e-2
     exact = x @ layer.dequantized().float().t() + bias
     out = layer(x.to(dtype)).float()
     assert out.shape == (3, 5, 24)
     assert torch.allclose(out, exact, rtol=0.02, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_int8_errs_at_most_half_an_activation_step_per_weight(dtype):
+    """fbgemm quantizes the input to 7 bits over its range: each x_i is off by at most
+    step / 2 = (max x - min x) / 127 / 2, so output j is off by at most step / 2 * sum_i |w_ji|."""
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(24, 64), torch.randn(24), torch.randn(3, 5, 64)
+    layer = Int8Linear(weight.to(dtype), bias.to(dtype))
+    assert layer.packed is not None  # x86's quantized engine is torch's default on this CPU
+    x = x.to(dtype).float()
+    exact = x @ layer.dequantized().float().t() + bias.to(dtype).float()
+    bound = (x.max() - x.min()) / 127 / 2 * layer.dequantized().float().abs().sum(1)
+    rounding = exact.abs() * (2 ** -7 if dtype == torch.bfloat16 else 1e-6)  # the output cast back to dtype
+    out = layer(x.to(dtype))
+    assert out.dtype == dtype and out.shape == (3, 5, 24)
+    assert ((out.float() - exact).abs() <= bound + rounding + 1e-4).all()
+    assert not torch.equal(out.float(), exact)  # the activations were quantized, not multiplied as given
+
+
+def test_dynamic_int8_packs_the_same_rows_it_stores():
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.randn(24, 64), None)
+    unpacked, _ = torch.ops.quantized.linear_unpack(layer.packed)
+    assert torch.equal(unpacked.int_repr(), layer.weight)
+    assert torch.allclose(unpacked.q_per_channel_scales().float(), layer.scales.float())
 
 
 def test_quantize_linears_replaces_every_decoder_linear(tiny_target):

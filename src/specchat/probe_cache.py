@@ -15,8 +15,9 @@ from specchat.decoding.autosize import Costs
 from specchat.paths import probe_dir
 
 # Bumped whenever what a probe measures changes, so older files are not read as today's: 2 times
-# an offloaded pass's compute apart from its streaming (which version 1 counted in).
-PROBE_FORMAT = 2
+# an offloaded pass's compute apart from its streaming (which version 1 counted in); 3 times an int8
+# draft on fbgemm's dynamic kernel (version 2's ran weight-only int8).
+PROBE_FORMAT = 3
 
 
 def machine_facts(device: torch.device) -> dict:

@@ -1,23 +1,26 @@
-"""Weight-only int8 linears for the draft model (a draft approximation: verification never reads
-the draft's probabilities, so the output stays exactly the target's).
+"""Int8 linears for the draft model (a draft approximation: verification never reads the
+draft's probabilities, so the output stays exactly the target's).
 
 Each output row w_j gets one scale s_j = max|w_j| / 127 and stores q_j = round(w_j / s_j), so
-|w - s q| <= s / 2 per weight. On a CPU the product runs in torch's `_weight_int8pack_mm`, which
-reads a quarter of fp32's bytes. Whether that pays depends on the CPU: where bf16 has no
-hardware support it multiplies several times faster than a bf16 matmul, but with avx512_bf16 a
-bf16 matmul is faster from a few rows on, and with fp32 activations the kernel can be 10-50x
-slower than fp32 (measured: docs/benchmarks.md). `int8_rows` measures, on the machine at hand, up
-to how many rows int8 wins; an `Int8Linear` can keep the dense weight beside its int8 copy and
-multiply wider inputs with it, so a draft's narrow steps (the root, a chain) read half the bytes
-and its wide steps lose nothing.
+|w - s q| <= s / 2 per weight. On a CPU with x86's quantized engine (fbgemm) the product runs as
+a dynamic int8 linear: each input row is quantized to 8 bits on the fly, x ~ a * p, and
+y = a s (p . q) is one int8 dot product per output, which VNNI-class CPUs compute several times
+faster than a bf16 matmul at every width (measured: docs/benchmarks.md). Elsewhere on a CPU it
+runs in torch's `_weight_int8pack_mm` (weight-only int8, activations as given), which reads a
+quarter of fp32's bytes but, with avx512_bf16, is slower than a bf16 matmul from a few rows on.
+`int8_rows` measures, on the machine at hand, up to how many rows int8 wins; an `Int8Linear` can
+keep the dense weight beside its int8 copy and multiply wider inputs with it, so a draft's
+narrow steps read fewer bytes and its wide steps lose nothing.
 """
 
+import warnings
 from time import perf_counter
 
 import torch
 from torch import nn
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the kernel accepts
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the kernels accept
+DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 linear is fbgemm's
 # torch 2.13's avx512_bf16 path of the kernel crashes (SIGSEGV) on bf16 inputs of more than one row
 # when in_features is not a multiple of 16; every real model's widths are multiples of 64.
 KERNEL_IN_MULTIPLE = 16
@@ -40,11 +43,16 @@ class Int8Linear(nn.Module):
         self.register_buffer("dense", None if dense_above is None else weight.detach())
         self.dense_above = dense_above
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.packed = pack_dynamic(quantized, scales, bias) if dynamic_kernel(weight.device) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if self.dense is not None and flat.shape[0] > self.dense_above:
             out = nn.functional.linear(flat, self.dense, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
+        if self.packed is not None and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES:
+            # reduce_range: 7-bit activations, so fbgemm's int16 pair sums cannot saturate
+            out = torch.ops.quantized.linear_dynamic(flat.float(), self.packed, True).to(x.dtype)
             return out.reshape(*x.shape[:-1], self.out_features)
         if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and self.in_features % KERNEL_IN_MULTIPLE == 0:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales.to(x.dtype))
@@ -56,6 +64,20 @@ class Int8Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         return self.weight.to(self.scales.dtype) * self.scales[:, None]
+
+
+def dynamic_kernel(device: torch.device) -> bool:
+    """Whether fbgemm's dynamic int8 linear serves weights on `device`."""
+    return device.type == "cpu" and torch.backends.quantized.engine in DYNAMIC_ENGINES
+
+
+def pack_dynamic(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> object:
+    """The int8 rows and their scales, packed for `quantized::linear_dynamic` (bias in fp32)."""
+    with warnings.catch_warnings():  # torch marks its quantized tensors deprecated; 2.13's kernels still need them
+        warnings.simplefilter("ignore", UserWarning)
+        weight = torch._make_per_channel_quantized_tensor(
+            quantized, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0)
+    return torch.ops.quantized.linear_prepack(weight, None if bias is None else bias.detach().float())
 
 
 def quantize_linears(module: nn.Module, dense_above: int | None = None) -> int:
