@@ -1,34 +1,34 @@
-"""Time one draft-sized linear (896 -> 4864, the embedded 0.5B draft's MLP) dense and in
-weight-only int8, per activation dtype and number of rows: what `--draft-quant auto` decides on.
+"""Time draft-sized linears (896 -> 4864, the embedded 0.5B draft's MLP) dense and in int8, per
+number of rows: what `--draft-quant auto` decides on.
 
 Usage: python scripts/bench_int8_linear.py
-Prints one markdown row per rows count: the fastest of the probe's runs for fp32, int8 with
-fp32 activations, bf16 and int8 with bf16 activations, and up to how many rows `int8_rows` finds int8 faster, per dtype.
+Prints one markdown row per rows count: ms per linear (the fastest of the probe's runs over
+PROBE_LINEARS distinct weights, so they are read from memory) for fp32, bf16, int8 on fbgemm's
+dynamic kernel (x86 CPUs) and weight-only int8 with bf16 activations; then up to how many rows
+`int8_rows` finds int8 faster, per dtype.
 """
 
 import torch
-from torch import nn
 
-from specchat.quant.int8 import PROBE_SHAPE, Int8Linear, int8_rows, seconds
+from specchat.quant.int8 import PROBE_LINEARS, PROBE_SHAPE, Bank, Int8Linear, dense_linear, int8_rows, seconds
 
 ROWS = (1, 4, 16, 64, 128, 256)
 
 
-def layers(dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
-    weight = torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=torch.Generator().manual_seed(0)).to(dtype)
-    dense = nn.Linear(*PROBE_SHAPE, bias=False, dtype=dtype)
-    dense.weight.data = weight
-    return dense, Int8Linear(weight, None)
+def weights(dtype: torch.dtype) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype) for _ in range(PROBE_LINEARS)]
 
 
 def main() -> None:
-    fp32, bf16 = layers(torch.float32), layers(torch.bfloat16)
-    print("| rows | fp32 ms | int8 (fp32 act.) ms | bf16 ms | int8 (bf16 act.) ms |")
+    fp32, bf16 = weights(torch.float32), weights(torch.bfloat16)
+    banks = [(Bank([dense_linear(w) for w in fp32]), torch.float32), (Bank([dense_linear(w) for w in bf16]), torch.bfloat16),
+             (Bank([Int8Linear(w, None) for w in bf16]), torch.bfloat16), (Bank([Int8Linear(w, None, dynamic=False) for w in bf16]), torch.bfloat16)]
+    print("| rows | fp32 ms | bf16 ms | int8 dynamic ms | int8 weight-only (bf16 act.) ms |")
     print("|---|---|---|---|---|")
     for rows in ROWS:
         x = torch.randn(rows, PROBE_SHAPE[0])
-        cells = [1000 * seconds(layer, [x.to(dtype)]) for (dense, int8), dtype in ((fp32, torch.float32), (bf16, torch.bfloat16))
-                 for layer in (dense, int8)]
+        cells = [1000 * seconds(bank, [x.to(dtype)]) / PROBE_LINEARS for bank, dtype in banks]
         print(f"| {rows} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
     print(f"int8_rows: float32 {int8_rows(torch.float32)}, bfloat16 {int8_rows(torch.bfloat16)}")
 

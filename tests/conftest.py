@@ -129,13 +129,14 @@ class RealPair:
         return encode_prompt(self.tokenizer, prompt, raw=False)
 
 
-def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None) -> CausalLM:
-    """The embedded draft in the app's default dtype, its weights in int8 if `int8` (None: as
-    `--draft-quant auto` decides on this device), its head scoring the `vocab_size` most frequent
-    tokens (None: all; the default: as the app's). The verifier never reads the draft's
-    probabilities, so its dtype may differ from the target's."""
+def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None,
+               spec: str = DEFAULT_DRAFT) -> CausalLM:
+    """The embedded draft (or model `spec` as a draft) in the app's default dtype, its weights in
+    int8 if `int8` (None: as `--draft-quant auto` decides on this device), its head scoring the
+    `vocab_size` most frequent tokens (None: all; the default: as the app's). The verifier never
+    reads the draft's probabilities, so its dtype may differ from the target's."""
     dtype = DTYPES[DEFAULT_DTYPE]
-    draft = load(DEFAULT_DRAFT, dtype, progress=False)
+    draft = load(spec, dtype, progress=False)
     quant = resolve_draft_quant(EngineOptions.draft_quant if int8 is None else ("int8" if int8 else "none"),
                                 pick_device(), dtype)
     stop_ids = stop_token_ids(draft.model, draft.tokenizer)

@@ -16,6 +16,7 @@ from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.limits import FR_SPEC_VOCAB
+from specchat.models.registry import DEFAULT_TARGET
 
 pytestmark = pytest.mark.real
 
@@ -73,3 +74,16 @@ def test_seeded_specexec_equals_seeded_autoregressive(real_pair, real_check, see
         comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
         assert comparison.acceptable, comparison.describe()
         assert len(events) < len(tokens)
+
+
+def test_an_int8_copy_of_the_target_as_draft_keeps_sampling_exact(real_pair, real_check, seeded_references):
+    """The disk tier's draft (SubSpec's idea): the target's own weights in int8 on fbgemm's
+    dynamic kernel. It proposes what the target samples far more often than the 0.5B draft, so
+    whole branches are accepted, and every emitted token is still the seeded target's."""
+    draft = real_draft(int8=True, vocab_size=None, spec=DEFAULT_TARGET)
+    engine = SpecExecEngine(real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=32))
+    for prompt_ids, reference in seeded_references:
+        tokens, events = emitted(engine, prompt_ids, PAPER_SAMPLING)
+        comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
+        assert comparison.acceptable, comparison.describe()
+        assert len(tokens) / len(events) > 3  # tokens per target pass: long accepted branches

@@ -25,25 +25,32 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 line
 # when in_features is not a multiple of 16; every real model's widths are multiples of 64.
 KERNEL_IN_MULTIPLE = 16
 PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
+# Distinct weights the probe cycles through, 70 MB in bf16: a model's forward reads its weights from
+# memory, and a single 8.7 MB weight would sit in many CPUs' last-level cache and favour the dense
+# kernel (measured here: int8 won up to 2 rows on one cached weight, at every width on eight).
+PROBE_LINEARS = 8
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows of a draft step: the root, a chain, then wider expansions
 PROBE_RUNS = 3
 
 
 class Int8Linear(nn.Module):
-    """y = x (s * q)^T + b with int8 q [out, in] and per-row scales s [out]; with `dense_above`
-    set, inputs of more rows use the dense `weight`, kept beside the int8 copy."""
+    """y = x (s * q)^T + b with int8 q [out, in] and per-row scales s [out], on fbgemm's dynamic
+    kernel where it runs unless `dynamic` is False; with `dense_above` set, inputs of more rows use
+    the dense `weight`, kept beside the int8 copy."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dense_above: int | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dense_above: int | None = None,
+                 dynamic: bool = True) -> None:
         super().__init__()
         scales = weight.detach().float().abs().amax(dim=1).clamp(min=1e-12) / 127
         quantized = (weight.detach().float() / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-        self.register_buffer("weight", quantized)
+        # fbgemm's packed copy replaces the int8 rows where its kernel runs: one copy in memory
+        self.packed = pack_dynamic(quantized, scales, bias) if dynamic and dynamic_kernel(weight.device) else None
+        self.register_buffer("weight", quantized if self.packed is None else None)
         self.register_buffer("scales", scales.to(weight.dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.register_buffer("dense", None if dense_above is None else weight.detach())
         self.dense_above = dense_above
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.packed = pack_dynamic(quantized, scales, bias) if dynamic_kernel(weight.device) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -57,13 +64,17 @@ class Int8Linear(nn.Module):
         if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and self.in_features % KERNEL_IN_MULTIPLE == 0:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales.to(x.dtype))
         else:  # no kernel for this device or dtype: the same product, dequantized
-            out = flat @ (self.weight.to(x.dtype) * self.scales.to(x.dtype)[:, None]).t()
+            out = flat @ (self.int8_rows().to(x.dtype) * self.scales.to(x.dtype)[:, None]).t()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def int8_rows(self) -> torch.Tensor:
+        """q [out, in], from the packed copy where there is one."""
+        return self.weight if self.packed is None else torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
+
     def dequantized(self) -> torch.Tensor:
-        return self.weight.to(self.scales.dtype) * self.scales[:, None]
+        return self.int8_rows().to(self.scales.dtype) * self.scales[:, None]
 
 
 def dynamic_kernel(device: torch.device) -> bool:
@@ -93,16 +104,29 @@ def quantize_linears(module: nn.Module, dense_above: int | None = None) -> int:
     return replaced
 
 
+class Bank(nn.Module):
+    """Linears of one shape, each applied to the same input: a layer's worth of weight reads."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer(x)
+
+
 def int8_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows an int8 linear of PROBE_SHAPE beats the dense one in `dtype` on this
-    CPU: the largest of PROBE_ROWS at and below which it wins every time (the fastest of
-    PROBE_RUNS each), 0 where it never does; a few tens of milliseconds."""
+    """Up to how many rows int8 linears of PROBE_SHAPE beat dense ones in `dtype` on this CPU:
+    the largest of PROBE_ROWS at and below which they win every time (the fastest of PROBE_RUNS
+    each, over PROBE_LINEARS distinct weights), 0 where they never do; a fraction of a second."""
     if dtype not in KERNEL_DTYPES:
         return 0
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype)
-    dense, int8 = nn.Linear(*PROBE_SHAPE, bias=False, dtype=dtype), Int8Linear(weight, None)
-    dense.weight.data = weight
+    weights = [torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype)
+               for _ in range(PROBE_LINEARS)]
+    dense = Bank([dense_linear(weight) for weight in weights])
+    int8 = Bank([Int8Linear(weight, None) for weight in weights])
     wins = 0
     for rows in PROBE_ROWS:
         x = torch.randn(rows, PROBE_SHAPE[0], generator=generator).to(dtype)
@@ -110,6 +134,12 @@ def int8_rows(dtype: torch.dtype) -> int:
             break
         wins = rows
     return wins
+
+
+def dense_linear(weight: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    linear.weight.data = weight
+    return linear
 
 
 @torch.no_grad()
