@@ -42,9 +42,10 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
 
 def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:
     """`auto` is int8 on a CPU for the input widths where its kernel beats the dense `dtype`
-    matmul there (measured: at every width without bf16 hardware; with avx512_bf16 only up to a
-    few rows, so wider draft steps keep the dense weights), and no quantization elsewhere (the
-    kernel is CPU-only). An explicit kind is taken as it is: int8 at every width."""
+    matmul there (measured: at every width with x86's dynamic kernel or without bf16 hardware;
+    with avx512_bf16 and the weight-only kernel only up to a few rows, so wider draft steps keep
+    the dense weights), and no quantization elsewhere (the kernels are CPU-only). An explicit
+    kind is taken as it is: int8 at every width."""
     if kind != "auto":
         return DraftQuant(kind)
     rows = int8_rows(dtype) if device.type == "cpu" else 0

@@ -2,9 +2,9 @@
 the draft may be approximated freely: a worse draft grows a worse tree (fewer tokens accepted),
 never a different output.
 
-- int8: every linear of the decoder layers and the LM head in weight-only int8
-  (quant/int8.py), on a CPU, where it reads a quarter of fp32's bytes and multiplies faster
-  than bf16 does without bf16 hardware.
+- int8: every linear of the decoder layers and the LM head in int8 (quant/int8.py), on a CPU,
+  where fbgemm's dynamic kernel (x86) multiplies faster than bf16 at every width, and the
+  weight-only kernel reads a quarter of fp32's bytes.
 - sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
   (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
   vocab / vocab_size. The draft can then never propose a rarer token.
