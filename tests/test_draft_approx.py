@@ -18,7 +18,7 @@ from specchat.models.draft_approx import approximate_draft
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
 from specchat.models.draft import DraftQuant, resolve_draft_quant
-from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Linear, int8_rows, quantize_linears, seconds
+from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Linear, dynamic_kernel, int8_rows, quantize_linears, seconds
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
@@ -43,6 +43,10 @@ def test_weight_only_int8_is_within_half_a_step_per_weight(dtype):
     assert torch.allclose(out, exact, rtol=0.02, atol=0.05)
 
 
+X86_ONLY = pytest.mark.skipif(not dynamic_kernel(torch.device("cpu")), reason="fbgemm's dynamic kernel runs on x86 only")
+
+
+@X86_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dynamic_int8_errs_at_most_half_an_activation_step_per_weight(dtype):
     """fbgemm quantizes the input to 7 bits over its range: each x_i is off by at most
@@ -50,7 +54,7 @@ def test_dynamic_int8_errs_at_most_half_an_activation_step_per_weight(dtype):
     torch.manual_seed(0)
     weight, bias, x = torch.randn(24, 64), torch.randn(24), torch.randn(3, 5, 64)
     layer = Int8Linear(weight.to(dtype), bias.to(dtype))
-    assert layer.packed is not None  # x86's quantized engine is torch's default on this CPU
+    assert layer.packed is not None
     x = x.to(dtype).float()
     exact = x @ layer.dequantized().float().t() + bias.to(dtype).float()
     bound = (x.max() - x.min()) / 127 / 2 * layer.dequantized().float().abs().sum(1)
@@ -61,6 +65,7 @@ def test_dynamic_int8_errs_at_most_half_an_activation_step_per_weight(dtype):
     assert not torch.equal(out.float(), exact)  # the activations were quantized, not multiplied as given
 
 
+@X86_ONLY
 def test_dynamic_int8_packs_the_rows_weight_only_int8_stores():
     torch.manual_seed(0)
     weight = torch.randn(24, 64)

@@ -78,6 +78,12 @@ def test_likeliest_path_is_greedy_not_global() -> None:
     assert tree.likeliest_path() == [0, 1, 3]
 
 
+def test_likeliest_path_from_a_node_goes_down_its_own_subtree(tree: DraftTree) -> None:
+    assert tree.likeliest_path(2) == [2, 5]
+    assert tree.likeliest_path(4) == [4, 6]
+    assert tree.likeliest_path(3) == [3]
+
+
 def test_likeliest_path_of_root_only_tree() -> None:
     assert make_tree([(5, -1, 0, 0.0)]).likeliest_path() == [0]
 

@@ -40,9 +40,10 @@ class DraftTree:
                 table[parent][token] = child
         return table
 
-    def likeliest_path(self) -> list[int]:
-        """From the root, repeatedly step to the child with the highest draft log-prob."""
-        path, node = [0], 0
+    def likeliest_path(self, start: int = 0) -> list[int]:
+        """From `start` (the root by default), repeatedly step to the child with the highest draft
+        log-prob."""
+        path, node = [start], start
         while self.children[node]:
             node = max(self.children[node].values(), key=lambda child: float(self.logprobs[child]))
             path.append(node)

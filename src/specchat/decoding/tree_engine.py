@@ -60,12 +60,14 @@ class NodeLogits:
     """Target logits per tree node, computed on demand.
 
     The rows the walk will most likely visit (the draft's likeliest path, then the likeliest
-    other nodes, up to UPFRONT_ROWS) are computed in one batch up front; any other node is
-    computed when first asked for.
+    other nodes, up to UPFRONT_ROWS) are computed in one batch up front. A node asked for
+    outside them means the walk left that path: it is computed with the likeliest path below it,
+    where the walk most likely goes next, in one batch (one read of the head, not one per node).
     """
 
-    def __init__(self, target: CausalLM, hidden: torch.Tensor) -> None:
+    def __init__(self, target: CausalLM, tree: DraftTree, hidden: torch.Tensor) -> None:
         self.target = target
+        self.tree = tree
         self.hidden = hidden
         self.rows: dict[int, torch.Tensor] = {}
 
@@ -75,7 +77,8 @@ class NodeLogits:
 
     def of(self, node: int) -> torch.Tensor:
         if node not in self.rows:
-            self.compute([node])
+            below = [n for n in self.tree.likeliest_path(node) if n not in self.rows]
+            self.compute(below[:UPFRONT_ROWS])
         return self.rows[node]
 
 
@@ -200,7 +203,7 @@ class TreeEngine:
         tree = drafted.tree
         prefix = len(seq) - 1
         mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
-        logits = NodeLogits(self.target, self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask))
+        logits = NodeLogits(self.target, tree, self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask))
         logits.compute(upfront_nodes(tree, UPFRONT_ROWS))
         verdict = self.strategy.walk(drafted, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
         keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))

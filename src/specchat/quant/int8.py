@@ -3,11 +3,12 @@ draft's probabilities, so the output stays exactly the target's).
 
 Each output row w_j gets one scale s_j = max|w_j| / 127 and stores q_j = round(w_j / s_j), so
 |w - s q| <= s / 2 per weight. On a CPU with x86's quantized engine (fbgemm) the product runs as
-a dynamic int8 linear: each input row is quantized to 8 bits on the fly, x ~ a * p, and
-y = a s (p . q) is one int8 dot product per output, which VNNI-class CPUs compute several times
-faster than a bf16 matmul at every width (measured: docs/benchmarks.md). Elsewhere on a CPU it
-runs in torch's `_weight_int8pack_mm` (weight-only int8, activations as given), which reads a
-quarter of fp32's bytes but, with avx512_bf16, is slower than a bf16 matmul from a few rows on.
+a dynamic int8 linear: the input is quantized on the fly to 7 bits over its range, one scale a
+and zero point z for all its rows, x ~ a (p - z), and y = a s ((p - z) . q) is an int8 dot
+product per output, 1.6-2.8x faster than a bf16 matmul at every width on an avx512_vnni CPU
+(measured: docs/benchmarks.md). Elsewhere on a CPU it runs in torch's `_weight_int8pack_mm`
+(weight-only int8, activations as given), which reads a quarter of fp32's bytes but, with
+avx512_bf16, is slower than a bf16 matmul from a few rows on.
 `int8_rows` measures, on the machine at hand, up to how many rows int8 wins; an `Int8Linear` can
 keep the dense weight beside its int8 copy and multiply wider inputs with it, so a draft's
 narrow steps read fewer bytes and its wide steps lose nothing.
