@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specchat.decoding.forward import CausalLM
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
-from specchat.quant.int8 import Int8Linear, quantize_linears
+from specchat.quant.int8 import Int8Linear, dense_linear, quantize_linears
 
 
 def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, int8: bool,
@@ -44,6 +44,4 @@ def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_abov
     rows = weight[vocab.to(weight.device)].clone()
     if int8:
         return Int8Linear(rows, None, dense_above)
-    head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
-    head.weight.data = rows
-    return head.requires_grad_(False)
+    return dense_linear(rows)

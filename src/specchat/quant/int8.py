@@ -138,9 +138,10 @@ def int8_rows(dtype: torch.dtype) -> int:
 
 
 def dense_linear(weight: torch.Tensor) -> nn.Linear:
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    """A bias-free nn.Linear multiplying by `weight` [out, in] itself (not a copy), for inference."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
     linear.weight.data = weight
-    return linear
+    return linear.requires_grad_(False)
 
 
 @torch.no_grad()
