@@ -8,14 +8,17 @@ checks and records it in docs/benchmarks.md.
 """
 
 import pytest
+import torch
 from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
 from conftest import PAPER_SAMPLING, real_draft
 from test_engines import GREEDY
+from test_sampling import hf_filter
 
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.limits import FR_SPEC_VOCAB
+from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.models.registry import DEFAULT_TARGET
 
 pytestmark = pytest.mark.real
@@ -87,3 +90,18 @@ def test_an_int8_copy_of_the_target_as_draft_keeps_sampling_exact(real_pair, rea
         comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
         assert comparison.acceptable, comparison.describe()
         assert len(tokens) / len(events) > 3  # tokens per target pass: long accepted branches
+
+
+def test_top_p_on_the_target_logits_is_hfs_and_rarely_needs_the_sort(real_pair, seeded_references):
+    """Along the seeded replies, the target's own distributions: at every position the cut is
+    HF's TopPLogitsWarper's, and the fast nucleus search (no vocabulary sort) finds it at most."""
+    temperature, top_p = PAPER_SAMPLING.temperature, PAPER_SAMPLING.top_p
+    positions = found = 0
+    for prompt_ids, reference in seeded_references:
+        with torch.inference_mode():
+            logits = real_pair.target.model(torch.tensor([prompt_ids + reference])).logits[0, len(prompt_ids) - 1:]
+        for row in logits.float():
+            assert torch.equal(filter_logits(row, temperature, top_p), hf_filter(row, temperature, top_p))
+            found += nucleus_floor(row / temperature, top_p) is not None
+            positions += 1
+    assert found >= 0.8 * positions, (found, positions)

@@ -11,9 +11,11 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.sampling import (
+    FAST_CANDIDATES,
     filter_logits,
     filtered_probs,
     invert_cdf,
+    nucleus_floor,
     sample_token,
     uniform,
 )
@@ -109,6 +111,74 @@ def test_filter_matches_hf_on_tied_integer_logits(values, temperature, top_p):
 )
 def test_filter_matches_hf_on_float_logits(logits, temperature, top_p):
     assert_matches_hf(torch.from_numpy(logits), temperature, top_p)
+
+
+# --- the fast nucleus search ------------------------------------------------------------------
+
+VOCABULARY = 151_936  # the embedded models'
+
+
+def vocabulary_logits(seed: int, spread: float) -> torch.Tensor:
+    """Random logits the size of the real vocabulary, rounded through bfloat16 as a bf16 model's
+    are, so that ties are common."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(VOCABULARY, generator=gen) * spread).to(torch.bfloat16).float()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), spread=st.floats(1.0, 12.0), temperature=st.sampled_from([0.3, 0.6, 1.0]),
+       top_p=st.floats(0.05, 0.99))
+def test_filter_matches_hf_on_vocabulary_sized_logits(seed, spread, temperature, top_p):
+    assert_matches_hf(vocabulary_logits(seed, spread), temperature, top_p)
+
+
+def test_the_fast_search_finds_the_cut_of_a_peaked_vocabulary_without_sorting_it():
+    logits = vocabulary_logits(0, 8.0)
+    floor = nucleus_floor(logits / 0.6, 0.9)
+    assert floor is not None
+    kept = torch.isfinite(filter_logits(logits, 0.6, 0.9))
+    assert torch.equal(kept, logits / 0.6 >= floor) and 1 < kept.sum() < FAST_CANDIDATES
+    assert_matches_hf(logits, 0.6, 0.9)
+
+
+def test_a_tie_across_the_cut_is_left_to_the_sort():
+    # one token of mass ~0.4 and four tied ones of ~0.15 each: top-p 0.7 cuts through the tie
+    logits = torch.full((1000,), -40.0)
+    logits[10] = float(torch.tensor(0.4).log())
+    logits[[3, 500, 7, 999]] = float(torch.tensor(0.15).log())
+    assert nucleus_floor(logits, 0.7) is None
+    assert_matches_hf(logits, 1.0, 0.7)
+
+
+def test_a_cut_within_the_margin_of_top_p_is_left_to_the_sort():
+    logits = torch.full((1000,), -40.0)
+    logits[[4, 9]] = torch.tensor([0.5, 0.5]).log()  # the tail beyond the top token is 0.5 = 1 - top_p
+    assert nucleus_floor(logits, 0.5) is None
+    assert_matches_hf(logits, 1.0, 0.5)
+
+
+def test_a_nucleus_wider_than_the_candidates_is_left_to_the_sort():
+    logits = torch.randn(4 * FAST_CANDIDATES, generator=torch.Generator().manual_seed(5)) * 0.01
+    assert nucleus_floor(logits, 0.9) is None
+    assert_matches_hf(logits, 1.0, 0.9)
+
+
+def spread_logits(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(6)) * 8
+
+
+@pytest.mark.parametrize("logits", [spread_logits(2, 300), spread_logits(300).bfloat16()], ids=["batched", "bfloat16"])
+def test_the_fast_search_leaves_batches_and_half_floats_to_the_sort(logits):
+    assert nucleus_floor(logits, 0.9) is None
+    assert_matches_hf(logits, 1.0, 0.9)
+
+
+def test_the_fast_search_leaves_nan_to_the_sort():
+    logits = spread_logits(300)
+    logits[7] = float("nan")
+    assert nucleus_floor(logits, 0.9) is None
+    torch.testing.assert_close(filter_logits(logits, 1.0, 0.9), hf_filter(logits, 1.0, 0.9), rtol=0, atol=0,
+                               equal_nan=True)
 
 
 def test_filter_rejects_nonpositive_temperature():
