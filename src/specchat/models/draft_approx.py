@@ -4,7 +4,8 @@ never a different output.
 
 - int8: every linear of the decoder layers and the LM head in int8 (quant/int8.py), on a CPU,
   where fbgemm's dynamic kernel (x86) multiplies faster than bf16 at every width, and the
-  weight-only kernel reads a quarter of fp32's bytes.
+  weight-only kernel reads a quarter of fp32's bytes. A layer's q/k/v projections, and its
+  gate/up projections, run as one product each (quant/stacked.py).
 - sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
   (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
   vocab / vocab_size. The draft can then never propose a rarer token.
@@ -19,15 +20,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specchat.decoding.forward import CausalLM
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.quant.int8 import Int8Linear, dense_linear, quantize_linears
+from specchat.quant.stacked import stack_projections
 
 
 def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, int8: bool,
                       vocab_size: int | None, stop_ids: frozenset[int], dense_above: int | None = None) -> CausalLM:
-    """`model` as a draft: its decoder linears in int8 if `int8` (inputs of more than
-    `dense_above` rows keep multiplying the dense weights, when set), its head restricted to the
-    `vocab_size` most frequent tokens and the stop tokens unless `vocab_size` is None or covers
-    the whole vocabulary. The ranking is read from (or stored once in) `directory`."""
+    """`model` as a draft: its decoder linears in int8 if `int8`, the projections of one input
+    stacked (inputs of more than `dense_above` rows keep multiplying the dense weights, when set),
+    its head restricted to the `vocab_size` most frequent tokens and the stop tokens unless
+    `vocab_size` is None or covers the whole vocabulary. The ranking is read from (or stored once in) `directory`."""
     if int8:
+        stack_projections(model.get_decoder())
         quantize_linears(model.get_decoder(), dense_above)
     full = model.config.vocab_size
     if vocab_size is None or vocab_size >= full:
