@@ -34,3 +34,12 @@ def test_the_conversation_bench_refuses_an_unknown_mode_before_loading(tmp_path)
                              "--modes", "after,later"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--modes takes before, after or both" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_stacked_projections_bench_prints_a_row_per_width():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_stacked_projections.py"), "--hidden", "64",
+                             "--intermediate", "128", "--kv", "16", "--layers", "2"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "rows" not in line]
+    assert [int(row[0]) for row in rows] == [1, 4, 16, 64]
+    assert all(float(cell) > 0 for row in rows for cell in row[1:])
