@@ -16,9 +16,9 @@ from test_sampling import hf_filter
 
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.drafter import TreeShape
+from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.limits import FR_SPEC_VOCAB
-from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.models.registry import DEFAULT_TARGET
 
 pytestmark = pytest.mark.real

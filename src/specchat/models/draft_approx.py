@@ -28,7 +28,8 @@ def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     """`model` as a draft: its decoder linears in int8 if `int8`, the projections of one input
     stacked (inputs of more than `dense_above` rows keep multiplying the dense weights, when set),
     its head restricted to the `vocab_size` most frequent tokens and the stop tokens unless
-    `vocab_size` is None or covers the whole vocabulary. The ranking is read from (or stored once in) `directory`."""
+    `vocab_size` is None or covers the whole vocabulary. The ranking is read from (or stored
+    once in) `directory`."""
     if int8:
         stack_projections(model.get_decoder())
         quantize_linears(model.get_decoder(), dense_above)

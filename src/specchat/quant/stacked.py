@@ -3,8 +3,9 @@ MLP's gate/up projections (Llama, Qwen2 and their kin name them alike).
 
 transformers calls them one after another on the same hidden states. One product over their
 stacked weights reads the input once and makes one kernel call instead of three (or two); for the
-int8 draft that also quantizes the input once. Measured here over the 1.5B's 28 layers (int8,
-dynamic kernel): 34.0 -> 30.6 ms at 1 row, 55.1 -> 51.8 at 16, 184.9 -> 172.9 at 64.
+int8 draft that also quantizes the input once. Over the 1.5B's 28 layers (int8, dynamic kernel,
+scripts/bench_stacked_projections.py) that is a small gain at 1 and 16 rows and none beyond the
+noise at 4 and 64 (docs/benchmarks.md).
 
 Each projection becomes a `Part` of a shared `Stack`. The stack keeps its last input and output
 until every part has taken its columns, then lets them go; a part called with an input the stack
@@ -73,7 +74,7 @@ def stack_projections(module: nn.Module) -> int:
     for child in list(module.modules()):  # the loop adds modules
         for group in GROUPS:
             linears = [getattr(child, name, None) for name in group]
-            if all(type(linear) is nn.Linear for linear in linears) and len({l.in_features for l in linears}) == 1:
+            if all(type(linear) is nn.Linear for linear in linears) and len({linear.in_features for linear in linears}) == 1:
                 stack = Stack(linears)
                 child.add_module("_".join(name.removesuffix("_proj") for name in group) + "_stack", stack)
                 for index, name in enumerate(group):
