@@ -137,10 +137,15 @@ def int8_rows(dtype: torch.dtype) -> int:
     return wins
 
 
-def dense_linear(weight: torch.Tensor) -> nn.Linear:
-    """A bias-free nn.Linear multiplying by `weight` [out, in] itself (not a copy), for inference."""
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
+    """An nn.Linear multiplying by `weight` [out, in] and adding `bias` themselves (not copies),
+    for inference. skip_init: a random initialization of weights about to be replaced would cost
+    ~180 ms for a 17920 x 1536 linear here."""
+    linear = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None,
+                                device=weight.device, dtype=weight.dtype)
     linear.weight.data = weight
+    if bias is not None:
+        linear.bias.data = bias
     return linear.requires_grad_(False)
 
 

@@ -15,6 +15,8 @@ has not seen (or a second time) runs the product again, so any calling order sta
 import torch
 from torch import nn
 
+from specchat.quant.int8 import dense_linear
+
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
@@ -24,12 +26,8 @@ class Stack(nn.Module):
     def __init__(self, linears: list[nn.Linear]) -> None:
         super().__init__()
         weight = torch.cat([linear.weight.detach() for linear in linears])
-        biased = [linear.bias is not None for linear in linears]
-        self.linear = nn.Linear(weight.shape[1], weight.shape[0], bias=any(biased), device=weight.device,
-                                dtype=weight.dtype).requires_grad_(False)
-        self.linear.weight.data = weight
-        if any(biased):
-            self.linear.bias.data = torch.cat([bias_of(linear) for linear in linears])
+        biased = any(linear.bias is not None for linear in linears)
+        self.linear = dense_linear(weight, torch.cat([bias_of(linear) for linear in linears]) if biased else None)
         ends = torch.tensor([linear.out_features for linear in linears]).cumsum(0).tolist()
         self.bounds = list(zip([0, *ends[:-1]], ends))
         self.input: torch.Tensor | None = None
@@ -55,7 +53,6 @@ class Part(nn.Module):
         super().__init__()
         object.__setattr__(self, "stack", stack)  # registered once, on the layer that holds the parts
         self.index = index
-        self.out_features = stack.bounds[index][1] - stack.bounds[index][0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stack.columns(self.index, x)
