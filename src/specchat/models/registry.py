@@ -1,4 +1,5 @@
-"""Short model names (aliases) users can type instead of hub ids or paths."""
+"""Short model names (aliases) users can type instead of hub ids or paths. Each alias's config.json
+ships in `models/configs/` (`models.configs`), so a plan can be made offline before any download."""
 
 from dataclasses import dataclass
 
@@ -21,6 +22,12 @@ _ALIASES = (
     Alias("llama-2-7b", "meta-llama/Llama-2-7b-chat-hf", "draft for llama-2-70b"),
     Alias("llama-3-70b", "meta-llama/Meta-Llama-3-70B-Instruct", "target (offloaded)"),
     Alias("llama-3-8b", "meta-llama/Meta-Llama-3-8B-Instruct", "draft for llama-3-70b"),
+    Alias("llama-3.1-70b-gptq", "hugging-quants/Meta-Llama-3.1-70B-Instruct-GPTQ-INT4", "target (offloaded, 4-bit)"),
+    Alias("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", "target (offloaded)"),
+    Alias("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "draft for llama-3.1-70b"),
+    Alias("qwen2.5-72b-gptq", "Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", "target (offloaded, 4-bit)"),
+    Alias("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", "target (offloaded)"),
+    Alias("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "draft for qwen2.5-72b"),
     Alias("mixtral-8x7b-gptq", "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ", "target (offloaded, 4-bit)"),
     Alias("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.2", "draft for mixtral-8x7b-gptq"),
 )

@@ -16,17 +16,27 @@ from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 _QWEIGHT = ".qweight"
 
 
-def build_skeleton(config: PretrainedConfig, source: SafetensorsSource, dtype: torch.dtype) -> PreTrainedModel:
-    """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones."""
+def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, dtype: torch.dtype) -> PreTrainedModel:
+    """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
+    (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
+    quantizes them)."""
     spec = read_gptq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     if spec is not None:
-        packed = [name[: -len(_QWEIGHT)] for name in source.names() if name.endswith(_QWEIGHT)]
+        packed = [name[: -len(_QWEIGHT)] for name in source.names() if name.endswith(_QWEIGHT)] \
+            if source is not None else layer_linears(model)
         replace_linears_with_gptq(model, packed, spec)
     model.eval()
     return model
+
+
+def layer_linears(model: PreTrainedModel) -> list[str]:
+    """The dotted names of every nn.Linear inside the decoder layers."""
+    layers_name, layers = decoder_layers(model)
+    return [f"{layers_name}.{index}.{name}" for index, layer in enumerate(layers)
+            for name, module in layer.named_modules() if isinstance(module, nn.Linear)]
 
 
 def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:

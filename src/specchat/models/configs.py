@@ -1,0 +1,49 @@
+"""A model's config without its weights: what a memory plan needs before anything is downloaded.
+
+Aliases and the embedded pair read the config.json shipped in `configs/` (offline); a local
+directory its own config.json; a .gguf file its metadata; a hub id only its config.json.
+"""
+
+import json
+from pathlib import Path
+
+from transformers import AutoConfig, PretrainedConfig
+
+from specchat.errors import SpecchatError
+from specchat.models.hub import download_config
+from specchat.models.loading import ModelSource, resolve
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_config_path(alias: str) -> Path:
+    return CONFIGS / f"{alias}.json"
+
+
+def read_config(spec: str) -> PretrainedConfig:
+    """The config of `spec`, reading no weights (a hub id downloads its config.json only)."""
+    return config_of(resolve(spec))
+
+
+def config_of(source: ModelSource) -> PretrainedConfig:
+    if source.kind in ("embedded", "hub") and shipped_config_path(source.name).is_file():
+        return config_from_file(shipped_config_path(source.name))
+    if source.kind == "dir":
+        return config_from_file(Path(source.location) / "config.json")
+    if source.kind == "gguf":
+        path = Path(source.location)
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if source.kind == "hub":
+        return config_from_file(download_config(source.location))
+    raise SpecchatError(f"{source.name} has no config to plan from")
+
+
+def config_from_file(path: Path) -> PretrainedConfig:
+    """A config.json as transformers reads it, its quantization_config (GPTQ) kept."""
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SpecchatError(f"cannot read the model config {path}: {error}") from error
+    if "model_type" not in values:
+        raise SpecchatError(f"{path} names no model_type, so it is not a transformers config")
+    return AutoConfig.for_model(**values)
