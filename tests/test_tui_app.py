@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from time import perf_counter, sleep
 
@@ -19,12 +21,14 @@ from textual.widgets import Log, ProgressBar, Sparkline, Static
 import specchat
 from specchat.errors import SpecchatError
 from specchat.tui.app import SpecchatApp
-from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine
+from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, Gate
 from specchat.tui.loading import LoadingScreen
+from specchat.tui.reply import ReplyJob
 from specchat.tui.store import ConversationStore
 from specchat.tui.turns import AssistantTurn, Notice, SystemTurn, UserTurn
 
 SIZE = (120, 40)
+HANG_S = 30  # bound on a wait that only guards against a hang: the app answers in well under a second
 
 
 @pytest.fixture
@@ -40,11 +44,32 @@ def run(scenario):
     asyncio.run(scenario())
 
 
-async def wait_until(pilot, condition, timeout=5.0) -> None:
-    deadline = perf_counter() + timeout
+async def wait_until(pilot, condition) -> None:
+    deadline = perf_counter() + HANG_S
     while not condition():
         assert perf_counter() < deadline, "timed out waiting for the app"
         await pilot.pause(0.01)
+
+
+@asynccontextmanager
+async def held(app: SpecchatApp, gate: Gate) -> AsyncIterator:
+    """Pilot over `app`, whose engine `gate` holds; the gate opens before the app shuts down
+    (its exit waits for the engine's iteration in progress), whatever the test did."""
+    async with app.run_test(size=SIZE) as pilot:
+        try:
+            yield pilot
+        finally:
+            gate.open()
+
+
+def open_when_cut(job: ReplyJob, gate: Gate) -> None:
+    """Open `gate` once `job` is cut: for a way out (/quit, SIGTERM) that cuts the reply and then
+    waits for the engine in one call, leaving the test no moment to open it."""
+    def open_gate() -> None:
+        job.cancel.wait(HANG_S)  # past that, the test's own checks say the reply was never cut
+        gate.open()
+
+    threading.Thread(target=open_gate, daemon=True).start()
 
 
 def replying_done(app) -> bool:
@@ -70,14 +95,17 @@ def last_notice(app) -> Notice:
 
 
 def test_send_streams_the_reply_and_saves_both_turns(store_path):
-    # Iterations slow enough that the reply (30 of them) outlasts Pilot's return from Enter,
-    # which takes about 2 s on a busy machine.
-    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+    gate = Gate()
+    app = make_app(store_path, [FakeEngine(gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await pilot.press(*"hello", "enter")
-            await wait_until(pilot, lambda: app.reply_turn is not None and 0 < len(app.reply_turn.text) < len(REPLY))
+            gate.allow(1)  # the reply stops after its first iteration, until the gate opens
+            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            assert REPLY.startswith(app.reply_turn.text) and len(app.reply_turn.text) < len(REPLY)
+            assert app.session.job is not None  # shown while it is being written
+            gate.open()
             await wait_until(pilot, lambda: replying_done(app))
             assert [turn.text for turn in app.query(UserTurn)] == ["hello"]
             [reply] = app.query(AssistantTurn)
@@ -94,21 +122,27 @@ def test_send_streams_the_reply_and_saves_both_turns(store_path):
 
 
 def test_escape_cuts_the_reply_at_once_and_keeps_the_partial_text(store_path):
-    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+    gate = Gate()
+    app = make_app(store_path, [FakeEngine(gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await say(pilot, "tell me")
+            gate.allow(1)
             await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
             await pilot.press("escape")
-            assert app.session.job is None  # the prompt is usable at once
+            # The prompt is usable at once, while the engine is still held in its second iteration.
+            assert app.session.job is None and app.session.engine_lock.locked()
             [reply] = app.query(AssistantTurn)
             assert reply.cut and 0 < len(reply.text) < len(REPLY)
             saved = app.store.messages(app.session.conversation_id)[-1]
             assert (saved.role, saved.content, saved.cut) == ("assistant", reply.text, True)
-            # The worker stops after the iteration in progress: the engine is free within one.
-            await wait_until(pilot, lambda: not app.session.engine_lock.locked(), timeout=0.25)
-            await pilot.pause(0.1)
+            # Let the engine run free: the worker stops after the iteration in progress, the
+            # second, and frees the engine.
+            gate.open()
+            await wait_until(pilot, lambda: not app.session.engine_lock.locked())
+            assert gate.passed == 2
+            await pilot.pause()
             assert reply.text == saved.content  # nothing arrives after the cut
             await say(pilot, "again")
             await wait_until(pilot, lambda: len(app.backend.engine.calls) == 2)
@@ -117,15 +151,18 @@ def test_escape_cuts_the_reply_at_once_and_keeps_the_partial_text(store_path):
 
 
 def test_ctrl_c_stops_the_reply_then_quits(store_path):
-    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+    gate = Gate()
+    app = make_app(store_path, [FakeEngine(gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await say(pilot, "tell me")
+            gate.allow(1)
             await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
             await pilot.press("ctrl+c")
             assert app.session.job is None and app.query(AssistantTurn).last().cut
             assert app.is_running
+            gate.open()  # the exit waits for the engine's iteration in progress
             await pilot.press("ctrl+c")
             await wait_until(pilot, lambda: not app.is_running)
 
@@ -133,12 +170,15 @@ def test_ctrl_c_stops_the_reply_then_quits(store_path):
 
 
 def test_quitting_mid_reply_saves_the_partial_reply(store_path):
-    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+    gate = Gate()
+    app = make_app(store_path, [FakeEngine(gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await say(pilot, "tell me")
+            gate.allow(1)
             await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            open_when_cut(app.session.job, gate)
             await say(pilot, "/quit")
             await wait_until(pilot, lambda: not app.is_running)
 
@@ -166,20 +206,29 @@ def test_every_way_out_closes_the_backend_once(store_path, keys):
 
 REPLYING_CHILD = textwrap.dedent("""
     import sys
+    import threading
     from pathlib import Path
     from specchat.tui.app import SpecchatApp
-    from specchat.tui.fake import FakeBackend, FakeEngine
+    from specchat.tui.fake import FakeBackend, FakeEngine, Gate
     from specchat.tui.store import ConversationStore
 
     store_path, replying = Path(sys.argv[1]), Path(sys.argv[2])
-    backend = FakeBackend([FakeEngine(delay_s=0.2)])
+    gate = Gate()
+    backend = FakeBackend([FakeEngine(gate=gate)])
     app = SpecchatApp(backend, ConversationStore(store_path))
+
+    def open_when_cut(job):
+        # The engine stays held after its first iteration until the app's exit cuts the reply.
+        job.cancel.wait()
+        gate.open()
 
     async def reply_then_wait(pilot):
         app.prompt.load_text("tell me")
         await pilot.press("enter")
+        gate.allow(1)
         while not (app.reply_turn and app.reply_turn.text):
             await pilot.pause(0.01)
+        threading.Thread(target=open_when_cut, args=(app.session.job,), daemon=True).start()
         replying.touch()
 
     app.run(headless=True, auto_pilot=reply_then_wait)
@@ -252,10 +301,11 @@ def test_ctrl_c_when_idle_asks_for_a_second_press(store_path):
 
 
 def test_sending_during_a_reply_is_refused_without_losing_it(store_path):
-    app = make_app(store_path, [FakeEngine(delay_s=0.1)])
+    gate = Gate()  # never let through while the test runs: the first reply is being written throughout
+    app = make_app(store_path, [FakeEngine(gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await say(pilot, "first")
             await say(pilot, "second")
             assert "Esc stops it" in last_notice(app).text and last_notice(app).has_class("error")
@@ -481,23 +531,25 @@ def test_oldest_turns_leave_the_context_with_a_notice(store_path):
 
 
 def test_panels_follow_every_iteration_and_a_live_budget_change(store_path):
-    # Slow enough iterations that Pilot's key presses return mid-reply.
-    app = make_app(store_path, [FakeEngine(reply=REPLY[:50], delay_s=0.1)])
+    gate = Gate()
+    app = make_app(store_path, [FakeEngine(reply=REPLY[:50], gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             panels = app.panels
             assert panels.display  # wide terminal
             await say(pilot, "go")
             for seen in (1, 3):
-                await wait_until(pilot, lambda: len(app.session.reply_events) >= seen)
-                assert panels.stats.iterations == len(app.session.reply_events)
+                gate.allow(seen - gate.allowed)
+                await wait_until(pilot, lambda: len(app.session.reply_events) == seen)
+                assert panels.stats.iterations == seen
                 assert list(panels.stats.accepted) == [e.accepted for e in app.session.reply_events]
-            await say(pilot, "/budget 99")
+            await say(pilot, "/budget 99")  # while the engine is held before its fourth iteration
             assert "from the next iteration" in last_notice(app).text
+            gate.open()
             await wait_until(pilot, lambda: replying_done(app))
             sizes = [e.tree_size for e in app.session.reply_events]
-            assert sizes[0] == 16 and sizes[-1] == 99
+            assert len(sizes) > 4 and sizes == [16] * 3 + [99] * (len(sizes) - 3)
             assert app.query_one("#tree-spark", Sparkline).data == sizes
             assert app.query_one("#accepted-spark", Sparkline).data == [e.accepted for e in app.session.reply_events]
             assert str(app.query_one("#tree", Static).content).startswith("size 99")
@@ -562,7 +614,7 @@ def test_loading_screen_shows_progress_then_the_chat(store_path):
         progress("assembling model parts", 0.25)
         progress("loading layers", 0.75)
         progress("loading layers", 0.9)  # a moving bar: logged once, the bar follows
-        assert release.wait(5)
+        assert release.wait(HANG_S)
         return FakeBackend()
 
     app = SpecchatApp(None, ConversationStore(store_path), loader=loader)
@@ -588,7 +640,7 @@ def test_a_backend_loaded_after_exit_is_closed(store_path):
 
     def loader(progress):
         progress("loading layers", None)
-        assert release.wait(5)
+        assert release.wait(HANG_S)
         loaded.append(FakeBackend())
         return loaded[0]
 
@@ -698,25 +750,31 @@ def test_an_engine_notice_survives_a_cut_reply(store_path):
             self.events += 1
             return WORKER_NOTICE if self.events == 2 else ""
 
-    app = make_app(store_path, [LateNotice(delay_s=0.2)])
+    gate = Gate()
+    app = make_app(store_path, [LateNotice(gate=gate)])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await say(pilot, "go")
+            gate.allow(1)
             await wait_until(pilot, lambda: app.session.reply_events)
             await pilot.press("escape")
-            await wait_until(pilot, lambda: any(n.text == WORKER_NOTICE for n in notices(app)), timeout=1)
+            assert not notices(app)  # the second event, with the notice, is not made yet
+            gate.open()
+            await wait_until(pilot, lambda: any(n.text == WORKER_NOTICE for n in notices(app)))
+            assert gate.passed == 2  # the notice came with the iteration that was in progress
             assert len(app.session.reply_events) == 1 and app.query(AssistantTurn).last().cut
 
     run(scenario)
 
 
 def test_lookahead_command_on_dsi(store_path):
-    engine = FakeDSIEngine(reply=REPLY[:60], delay_s=0.1)
+    gate = Gate()
+    engine = FakeDSIEngine(reply=REPLY[:60], gate=gate)
     app = make_app(store_path, [engine])
 
     async def scenario():
-        async with app.run_test(size=SIZE) as pilot:
+        async with held(app, gate) as pilot:
             await say(pilot, "/lookahead 65")
             assert last_notice(app).text == "lookahead must be between 1 and 64 (got 65)"
             assert last_notice(app).has_class("error") and engine.lookahead == 5 and app.session.settings.lookahead == 5
@@ -724,12 +782,14 @@ def test_lookahead_command_on_dsi(store_path):
             assert last_notice(app).text == "lookahead set to 8" and engine.lookahead == 8
             assert "lookahead 8 · workers 2" in panel_text(app, "#settings")
             await say(pilot, "go")
-            await wait_until(pilot, lambda: len(app.session.reply_events) >= 1)
-            await say(pilot, "/lookahead 3")
+            gate.allow(1)
+            await wait_until(pilot, lambda: len(app.session.reply_events) == 1)
+            await say(pilot, "/lookahead 3")  # while the engine is held before its second job
             assert last_notice(app).text == "lookahead set to 3 from the next job"
+            gate.open()
             await wait_until(pilot, lambda: replying_done(app))
             sizes = [e.tree_size for e in app.session.reply_events]
-            assert sizes[0] == 8 and sizes[-1] == 3
+            assert len(sizes) > 2 and sizes == [8] + [3] * (len(sizes) - 1)
             assert panel_text(app, "#tree").startswith("size 3")
 
     run(scenario)

@@ -3,8 +3,11 @@
 The tokenizer maps each character to one token (its code point), the engine "decodes" a fixed
 reply in chunks of accepted+1 tokens per iteration, reading its budget live as SpecExec does;
 FakeDSIEngine does the same as dsi, with verification jobs, a lookahead and a worker notice.
+A test can hold either engine before each iteration with a `Gate`, to act mid-reply however slow
+the machine is.
 """
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import cycle
@@ -24,6 +27,35 @@ ACCEPTED = (3, 1, 4, 0, 2, 5)  # draft tokens accepted per iteration, cycled
 AUTO_SIZE = 40  # the tree size a fake engine sizing its own trees reports
 PREFILL_S = 0.015  # the prefill time a fake engine reports
 WORKER_NOTICE = "dsi: 2 workers, fewer than the 3 that keep up with this drafter; verification jobs will queue"
+GATE_HANG_S = 60.0  # an iteration held this long fails: a test that never lets it go ends, not hangs
+
+
+class Gate:
+    """Holds a fake engine before each iteration until a test lets it through: the test, not
+    the machine's speed, decides how far a reply has got when it presses a key."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.allowed = 0  # iterations the test has let through
+        self.passed = 0  # iterations that have gone through
+        self.opened = False  # every iteration goes through from now on
+
+    def allow(self, iterations: int = 1) -> None:
+        with self.condition:
+            self.allowed += iterations
+            self.condition.notify_all()
+
+    def open(self) -> None:
+        with self.condition:
+            self.opened = True
+            self.condition.notify_all()
+
+    def enter(self) -> None:
+        """The engine's call before each iteration: returns once the iteration may run."""
+        with self.condition:
+            if not self.condition.wait_for(lambda: self.opened or self.passed < self.allowed, GATE_HANG_S):
+                raise TimeoutError(f"iteration {self.passed + 1} was held {GATE_HANG_S:.0f} s: nothing let it through")
+            self.passed += 1
 
 
 class FakeTokenizer:
@@ -41,6 +73,8 @@ def fake_chunks(engine: "FakeEngine | FakeDSIEngine", prompt_ids: list[int], max
     reply = FakeTokenizer().encode(engine.reply)[:max_new_tokens]
     produced, accepted = 0, cycle(engine.accepted)
     while produced < len(reply):
+        if engine.gate is not None:
+            engine.gate.enter()
         sleep(engine.delay_s)
         chunk = reply[produced:produced + next(accepted) + 1]
         produced += len(chunk)
@@ -61,7 +95,8 @@ class FakeEngine:
     name: str = "specexec"
     reply: str = REPLY
     accepted: tuple[int, ...] = ACCEPTED
-    delay_s: float = 0.0  # per iteration, to leave time for keys mid-reply
+    delay_s: float = 0.0  # per iteration, to leave time for keys mid-reply (`--fake` dev mode)
+    gate: Gate | None = None  # holds each iteration until a test lets it through
     budget: int | str = 16  # or AUTO: each tree then holds AUTO_SIZE tokens
     max_depth: int = 24
     transfer_bytes: int = 0  # per iteration; > 0 makes the engine report offload transfers
@@ -104,6 +139,7 @@ class FakeDSIEngine:
     reply: str = REPLY
     accepted: tuple[int, ...] = ACCEPTED
     delay_s: float = 0.0
+    gate: Gate | None = None
     lookahead: int = 5
     pool: FakePool = field(default_factory=lambda: FakePool(["cpu#0", "cpu#1"]))
     calls: list[tuple[list[int], int, SamplingParams]] = field(default_factory=list)
