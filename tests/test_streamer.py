@@ -1,7 +1,6 @@
 """The streamer's schedule: ring order, prefetch across passes, slot reuse, resync, overlap."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -62,16 +61,20 @@ def test_a_slot_is_reloaded_only_after_compute_released_it():
     streamer = Streamer([0, 1, 2, 3], slots=2, transport=transport)
     run_pass(streamer, [0, 1, 2, 3], [])
     busy: set[int] = set()
-    loading: set[int] = {0, 1}
-    for call in transport.calls:
-        if call[0] == "begin" and call[1:] not in [(0, 0), (1, 1)]:
-            assert call[2] not in busy and call[2] not in loading
+    loading: set[int] = {0, 1}  # the two loads made at construction
+    reloads = 0
+    for call in transport.calls[2:]:
+        if call[0] == "begin":
+            assert call[2] not in busy and call[2] not in loading, f"slot {call[2]} reused too early: {call}"
             loading.add(call[2])
+            reloads += 1
         elif call[0] == "finish":
             loading.discard(call[2])
             busy.add(call[2])
         elif call[0] == "retire":
             busy.discard(call[1])
+    # every release reloaded its slot (layers 2 and 3, then the next pass's 0 and 1), each checked above
+    assert reloads == 4 and [c[0] for c in transport.calls[2:]].count("retire") == 4
 
 
 def test_an_abandoned_pass_resyncs_on_the_next_call():
@@ -132,17 +135,16 @@ def test_copy_and_compute_overlap_in_virtual_time(copy_s, compute_s):
     assert streamer.stats().stall_s == pytest.approx(link.now - compute_s * work)
 
 
-class SleepyStore:
-    """A storage whose reads take `read_s` (sleeping releases the GIL, like a real read)."""
+HANG_S = 30  # bound on a wait that only guards against a hang
 
-    def __init__(self, read_s: float, nbytes: int) -> None:
-        self.read_s = read_s
+
+class InstantStore:
+    """A storage whose reads return at once."""
+
+    def __init__(self, nbytes: int) -> None:
         self.size = nbytes
-        self.threads: set[str] = set()
 
     def read_run(self, layers, stagings):
-        self.threads.add(threading.current_thread().name)
-        time.sleep(self.read_s * len(layers))
         return stagings
 
     def follows(self, previous, layer):
@@ -152,37 +154,67 @@ class SleepyStore:
         return self.size
 
 
-def test_thread_transport_overlaps_a_slow_copy_with_compute():
-    read_s = compute_s = 0.03
-    layers = 12
+class MeetingStore(InstantStore):
+    """Each read of the layer after `layer` waits, inside the read, for the compute of `layer`
+    to begin, and that compute waits for the read to begin (a barrier per layer): both are in
+    progress at once, or the barrier breaks. Every read advances `clock` by `read_s`, the only
+    thing that moves it."""
+
+    def __init__(self, nbytes: int, layers: int, read_s: float) -> None:
+        super().__init__(nbytes)
+        self.meetings = [threading.Barrier(2, timeout=HANG_S) for _ in range(layers)]
+        self.read_s = read_s
+        self.now = 0.0
+        self.log: list[tuple[str, int]] = []  # ("read", n) as the n-th read begins, ("computed", layer)
+        self.reads = 0
+        self.threads: set[str] = set()
+
+    def clock(self) -> float:
+        return self.now
+
+    def read_run(self, layers, stagings):
+        self.threads.add(threading.current_thread().name)
+        for _ in layers:
+            number, self.reads = self.reads, self.reads + 1
+            self.log.append(("read", number))
+            if 0 < number <= len(self.meetings):  # read n is of the layer after layer n - 1
+                self.meetings[number - 1].wait()
+            self.now += self.read_s
+        return stagings
+
+    def compute(self, layer: int) -> None:
+        self.meetings[layer].wait()
+        self.log.append(("computed", layer))
+
+
+def test_thread_transport_reads_the_next_layer_while_a_layer_computes():
+    layers, read_s = 12, 0.5
     slots = [torch.zeros(64, dtype=torch.uint8) for _ in range(3)]
-    store = SleepyStore(read_s, 64)
-    transport = ThreadTransport(store, slots, HostMover(slots))
+    store = MeetingStore(64, layers, read_s)
+    transport = ThreadTransport(store, slots, HostMover(slots), clock=store.clock)
     streamer = Streamer(list(range(layers)), slots=3, transport=transport)
-    time.sleep(3 * read_s)  # let the first loads land, as drafting does before a pass
-    start = time.perf_counter()
     for layer in range(layers):
         slot = streamer.acquire(layer)
-        time.sleep(compute_s)
+        store.compute(layer)  # returns once the loader is inside the read of layer + 1
         streamer.release(slot)
-    wall = time.perf_counter() - start
     streamer.drain()
     transport.close()
-    serial = layers * (read_s + compute_s)
-    assert wall < 0.75 * serial, f"no overlap: {wall:.3f}s vs {serial:.3f}s serial"
-    assert store.threads and all(name.startswith("specchat-loader") for name in store.threads)
+    # The n-th read loads layer n (the ring's order): the next layer's load began before this
+    # layer's compute ended, layer after layer.
+    assert all(store.log.index(("read", layer + 1)) < store.log.index(("computed", layer)) for layer in range(layers))
+    assert store.threads == {"specchat-loader"}
     moved = transport.stats()
     assert moved.bytes == 64 * (layers + 3)  # every layer, plus the next pass's first three
-    assert moved.transfer_s >= (layers + 3) * read_s * 0.9
+    assert moved.transfer_s == (layers + 3) * read_s  # busy exactly while reading, on the store's clock
 
 
 def test_a_failed_read_surfaces_in_the_computing_thread():
-    class BrokenStore(SleepyStore):
+    class BrokenStore(InstantStore):
         def read_run(self, layers, stagings):
             raise OSError("disk gone")
 
     slots = [torch.zeros(8, dtype=torch.uint8)]
-    transport = ThreadTransport(BrokenStore(0, 8), slots, HostMover(slots))
+    transport = ThreadTransport(BrokenStore(8), slots, HostMover(slots))
     streamer = Streamer([0, 1], slots=1, transport=transport)
     with pytest.raises(OSError, match="disk gone"):
         streamer.acquire(0)
@@ -267,7 +299,7 @@ class GatedStore:
 
     def read_run(self, layers, stagings):
         if not self.runs:
-            self.gate.wait(5)
+            assert self.gate.wait(HANG_S), "the test never opened the gate"
         self.runs.append(list(layers))
         return stagings
 
