@@ -1,12 +1,18 @@
 """The DSI engine on tiny models: exactness against autoregressive decoding (greedy and seeded)
 for several worker counts and lookaheads, preemption, limits, the worker-count notice, cache
-reuse across replies, and cancellation when the consumer stops early."""
+reuse across replies, and cancellation when the consumer stops early.
+
+Exactness runs on the natural schedule, whatever the machine's speed makes of it; what depends
+on the schedule (preemptions, jobs in flight, the notice) runs on tests/dsi_turns.py's fixed one.
+"""
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 import torch
+from dsi_turns import ScriptedWorker, TurnPool, Turns
 from test_engines import GREEDY, PROMPT, run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -28,8 +34,32 @@ def dsi(target, draft, workers: int, lookahead: int, stop_ids=()):
 
 
 @contextmanager
+def dsi_in_turns(target, draft, workers: int, lookahead: int) -> Iterator[DSIEngine]:
+    """DSI whose target jobs run one at a time, oldest first, only while the drafter waits: the
+    drafter always runs as far ahead as its window lets it, on any machine."""
+    turns = Turns()
+    pool = TurnPool([ScriptedWorker(worker, turns) for worker in thread_workers(target, [CPU] * workers)], turns)
+    try:
+        yield DSIEngine(draft, pool, (), lookahead)
+    finally:
+        turns.open()  # closing the pool waits for the jobs still waiting for a turn
+        pool.close()
+
+
+@contextmanager
+def dsi_reporting(target, draft, workers: int, lookahead: int, job_s: float) -> Iterator[DSIEngine]:
+    """DSI whose workers report every job as taking `job_s`."""
+    pool = WorkerPool([ScriptedWorker(worker, seconds=job_s) for worker in thread_workers(target, [CPU] * workers)])
+    try:
+        yield DSIEngine(draft, pool, (), lookahead)
+    finally:
+        pool.close()
+
+
+@contextmanager
 def slowed(model, seconds: float):
-    """Every forward of `model` takes at least `seconds` longer (a hook on its first layer)."""
+    """Every forward of `model` takes at least `seconds` longer (a hook on its first layer): a
+    lower bound on its latency that no machine can beat."""
     def sleep(_module, _args):
         time.sleep(seconds)
     handle = model.get_decoder().layers[0].register_forward_pre_hook(sleep)
@@ -37,10 +67,6 @@ def slowed(model, seconds: float):
         yield
     finally:
         handle.remove()
-
-
-def worker_model(engine: DSIEngine, index: int):
-    return engine.pool.workers[index].verifier.target.model
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -65,12 +91,12 @@ def test_a_good_draft_is_accepted(tiny_target):
 
 
 def test_rejections_preempt_jobs_in_flight(tiny_target, rough_draft):
-    """Slow target workers and a fast, often wrong drafter: several jobs are in flight when a
-    draft is rejected, and the jobs built on it are cancelled, with the output still exact."""
+    """Workers that run only once the drafter has filled its window, and an often wrong drafter:
+    several jobs are in flight when a draft is rejected, and the jobs built on it are cancelled,
+    with the output still exact."""
     reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 40)
-    with dsi(tiny_target, rough_draft, workers=2, lookahead=1) as engine:
-        with slowed(worker_model(engine, 0), 0.02), slowed(worker_model(engine, 1), 0.02):
-            tokens, events = run(engine, GREEDY, 40)
+    with dsi_in_turns(tiny_target, rough_draft, workers=2, lookahead=1) as engine:
+        tokens, events = run(engine, GREEDY, 40)
     assert tokens == reference
     assert sum(e.jobs_preempted for e in events) > 0
     assert sum(e.jobs_submitted for e in events) > len(events)
@@ -98,20 +124,22 @@ def test_replies_reuse_the_workers_and_stay_exact(tiny_target, tiny_draft):
                 assert run(engine, sampling, 30, prompt)[0] == reference
 
 
-def test_stopping_early_cancels_every_job(tiny_target, rough_draft):
-    with dsi(tiny_target, rough_draft, workers=2, lookahead=1) as engine:
-        with slowed(worker_model(engine, 0), 0.01), slowed(worker_model(engine, 1), 0.01):
-            reply = engine.generate(PROMPT, 40, GREEDY)
-            next(reply)
-            reply.close()
-            assert engine.pool.live_jobs() == []
-            reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 20)
-            assert run(engine, GREEDY, 20)[0] == reference
+def test_stopping_early_cancels_every_job(tiny_target):
+    """The target as its own draft: no draft is rejected, so the jobs sent for the drafts beyond
+    the first event are all in flight when the consumer stops."""
+    with dsi_in_turns(tiny_target, tiny_target, workers=2, lookahead=1) as engine:
+        reply = engine.generate(PROMPT, 40, GREEDY)
+        next(reply)
+        assert len(engine.pool.live_jobs()) > 1
+        reply.close()
+        assert engine.pool.live_jobs() == []
+        reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 20)
+        assert run(engine, GREEDY, 20)[0] == reference
 
 
 def test_lookahead_changes_apply_mid_reply(tiny_target):
-    """A slow worker lets the drafter run ahead, so jobs carry as many drafts as the lookahead."""
-    with dsi(tiny_target, tiny_target, workers=1, lookahead=2) as engine, slowed(worker_model(engine, 0), 0.02):
+    """The drafter runs ahead of the worker, so jobs carry as many drafts as the lookahead."""
+    with dsi_in_turns(tiny_target, tiny_target, workers=1, lookahead=2) as engine:
         reply = engine.generate(PROMPT, 60, GREEDY)
         first = next(reply)
         engine.apply(LiveSettings(lookahead=6))
@@ -121,16 +149,18 @@ def test_lookahead_changes_apply_mid_reply(tiny_target):
 
 
 def test_too_few_workers_get_one_notice(tiny_target, tiny_draft):
-    """A target job far slower than k drafts: the paper's bound asks for more than one worker."""
-    with dsi(tiny_target, tiny_draft, workers=1, lookahead=1) as engine:
-        with slowed(worker_model(engine, 0), 0.03):
-            notices = [e.notice for e in run(engine, GREEDY, 30)[1] + run(engine, GREEDY, 30)[1] if e.notice]
+    """A target job far slower than k drafts (a minute, against a tiny model's token): the paper's
+    bound asks for more than one worker."""
+    with dsi_reporting(tiny_target, tiny_draft, workers=1, lookahead=1, job_s=60.0) as engine:
+        notices = [e.notice for e in run(engine, GREEDY, 30)[1] + run(engine, GREEDY, 30)[1] if e.notice]
     assert len(notices) == 1
     assert notices[0].startswith("dsi: 1 worker, fewer than the ")
 
 
 def test_enough_workers_get_no_notice(tiny_target, tiny_draft):
-    """A drafter far slower than a target job: one worker keeps up."""
-    with dsi(tiny_target, tiny_draft, workers=2, lookahead=5) as engine, slowed(tiny_draft.model, 0.02):
-        events = run(engine, GREEDY, 30)[1]
+    """A drafter far slower than a target job (at least 20 ms a token, against 1 ms a job): one
+    worker keeps up."""
+    with dsi_reporting(tiny_target, tiny_draft, workers=2, lookahead=5, job_s=0.001) as engine:
+        with slowed(tiny_draft.model, 0.02):
+            events = run(engine, GREEDY, 30)[1]
     assert not any(e.notice for e in events)
