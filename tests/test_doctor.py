@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from test_cli import run_cli
 
 from specchat.doctor.advice import Recommendation, advise, recommend
@@ -109,7 +110,14 @@ def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):
     assert round(read_links().disk_gbps, 2) == measured  # the loading screen's expected pass time uses it
 
 
-def test_doctor_plans_under_a_ram_budget(monkeypatch, capsys, tmp_path):
+@pytest.fixture
+def without_cuda(monkeypatch) -> None:
+    """Doctor plans for this machine's GPU when it has one; a test asserting a CPU placement
+    pretends it has none, so that it holds on a CUDA host too."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_doctor_plans_under_a_ram_budget(monkeypatch, capsys, tmp_path, without_cuda):
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     args = ["doctor", "--probe-gb", "0.01", "--offload-dir", str(tmp_path / "offload")]
     code, out, _ = run_cli(monkeypatch, capsys, *args, "--ram-budget", "5")

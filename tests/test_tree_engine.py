@@ -7,6 +7,7 @@ import pytest
 import torch
 from test_engines import GREEDY, PROMPT
 
+from specchat import device_clock
 from specchat.decoding import tree_engine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
@@ -90,7 +91,7 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     draft's own prompt pass the first one's catch-up) and its target time the one pass over the
     tree. The streamed bytes are those of each event's pass."""
     clock = Clock()
-    monkeypatch.setattr(tree_engine, "perf_counter", clock)
+    monkeypatch.setattr(device_clock, "perf_counter", clock)  # the engine reads the clock through now()
     target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
     draft = Metered(tiny_draft.model, None, clock=clock, cost=DRAFT_FORWARD_S)
     first, *trees = make(target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1])

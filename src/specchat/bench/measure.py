@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from specchat.bench.runner import Measure, Point, Setup
 from specchat.decoding.events import Engine, IterationEvent, LiveSettings, SamplingParams
+from specchat.device_clock import now
 from specchat.models.loading import load
 from specchat.runtime import DTYPES, Models
 from specchat.summary import Summary, summarize, tree_means
@@ -21,7 +22,9 @@ FIGURES = (*(field.name for field in fields(Summary)), "trees", "mean_tree_size"
 
 def run_prompts(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
                 sampling: SamplingParams) -> tuple[list[IterationEvent], float]:
-    """Every prompt through `engine`: all their events, and the wall time spent generating."""
+    """Every prompt through `engine`: all their events, and the wall time spent generating (the
+    host clock is right on CUDA too: an event carries its tokens on the host, so the last one is
+    yielded once the device work behind it has finished)."""
     events, wall = [], 0.0
     for prompt_ids in prompts:
         start = perf_counter()
@@ -52,12 +55,12 @@ def measure_hf_assisted(target: PreTrainedModel, draft: PreTrainedModel, prompt_
     # would add its global top_k=50 and the model's own defaults (e.g. a repetition penalty).
     options = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
     torch.manual_seed(sampling.seed)  # HF samples from torch's global generator
-    start = perf_counter()
+    start = now(target.device)
     out = target.generate(
         torch.tensor([prompt_ids], device=target.device), assistant_model=draft, max_new_tokens=max_new_tokens,
         do_sample=not greedy, repetition_penalty=1.0, eos_token_id=sorted(stop_ids), pad_token_id=pad_id, **options,
     )
-    wall_s = perf_counter() - start
+    wall_s = now(target.device) - start
     new_tokens = out.shape[1] - len(prompt_ids)
     return {**dict.fromkeys(FIGURES), "new_tokens": new_tokens, "tokens_per_s": new_tokens / wall_s, "wall_s": wall_s}
 

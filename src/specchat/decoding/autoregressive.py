@@ -1,8 +1,6 @@
 """The baseline engine: the target alone, one forward per token."""
 
 from collections.abc import Collection, Iterator
-from time import perf_counter
-
 import torch
 from transformers import DynamicCache
 
@@ -11,6 +9,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
+from specchat.device_clock import now
 
 
 def next_token(target: CausalLM, seq: list[int], cache: DynamicCache, sampling: SamplingParams) -> int:
@@ -48,10 +47,11 @@ class AutoregressiveEngine:
         the token before."""
         seq, (cache,) = reuse.tokens, reuse.caches
         for produced in range(1, max_new_tokens + 1):
-            start, moved = perf_counter(), self.target.transfer_stats()
+            start = now(self.target.device)
+            moved = self.target.transfer_stats()
             token = next_token(self.target, seq, cache, sampling)
-            elapsed = perf_counter() - start
-            moved = self.target.transfer_stats() - moved
+            elapsed = now(self.target.device) - start
+            moved = self.target.transfer_stats() - moved  # after the synchronize: every wait counted
             seq.append(token)
             finished = token in self.stop_ids or produced == max_new_tokens
             event = IterationEvent(

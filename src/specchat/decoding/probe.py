@@ -6,18 +6,21 @@ the fastest of a few runs is kept (the cost of the work, not of the noise around
 by doubling up to the cap, and stop early once a pass costs `STOP_RATIO` times the one-token
 pass: no tree that large can pay, and the end segment extrapolates the rest.
 
+On CUDA every timed region ends with a synchronize of the model's device (`device_clock.now`),
+and the transfer counters are read after it: without it the clock would measure kernel launches,
+and `--budget auto` would size trees as if a wide pass cost what a narrow one does.
+
 An offloaded target's pass is timed as compute: the time it waited for streamed layers is left
 out, and the link's own cost, the seconds it takes to move a pass at the speed it showed during
 the probe, is measured beside it (`Costs.iteration` puts the two together).
 """
-
-from time import perf_counter
 
 import torch
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.device_clock import now
 from specchat.transfer import TransferStats
 
 CONTEXT = 64  # tokens already cached when a pass is timed
@@ -41,13 +44,15 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> float:
     for _ in range(REPEATS):
         cache = new_cache()
         lm.hidden(torch.arange(CONTEXT) % vocab, torch.arange(CONTEXT), cache)
-        before, start = lm.transfer_stats(), perf_counter()
+        start = now(lm.device)  # the context's pass has finished, its waits are counted
+        before = lm.transfer_stats()
         hidden = lm.hidden(torch.arange(n) % vocab, torch.arange(CONTEXT, CONTEXT + n), cache)
         if run_head:
             lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
         else:
             lm.logits(hidden[: min(n, 8)])  # the walk reads a few rows
-        best = min(best, perf_counter() - start - (lm.transfer_stats() - before).stall_s)
+        elapsed = now(lm.device) - start
+        best = min(best, elapsed - (lm.transfer_stats() - before).stall_s)
     return best
 
 

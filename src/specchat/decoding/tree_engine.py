@@ -15,7 +15,6 @@ Both are pruned to the accepted path after the walk; the prefix is never recompu
 
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
-from time import perf_counter
 from typing import Protocol, TypeVar
 
 import torch
@@ -30,6 +29,7 @@ from specchat.decoding.kvcache import cache_length, keep_slots
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.tree import DraftTree
 from specchat.decoding.verifier import Verdict
+from specchat.device_clock import now
 from specchat.transfer import TransferStats
 
 Drafted = TypeVar("Drafted", bound=GrownTree)
@@ -143,10 +143,11 @@ class TreeEngine:
                     max_new_tokens: int) -> IterationEvent:
         """Run the prompt past `cache` through the target and sample the token after it; the
         cache then holds the whole prompt, so `seq` (with the token) keeps the loop's invariant."""
-        start = perf_counter()
+        start = now(self.target.device)
         token = next_token(self.target, seq, cache, sampling)
         seq.append(token)
-        moved, elapsed = self.take_transfer(), perf_counter() - start
+        elapsed = now(self.target.device) - start
+        moved = self.take_transfer()  # after the synchronize: every wait of the pass is counted
         return IterationEvent(
             token_ids=[token], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=elapsed,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
@@ -158,16 +159,18 @@ class TreeEngine:
                 sampling: SamplingParams, max_tokens: int) -> IterationEvent:
         """Draft, score and walk once; `seq` grows by the emitted tokens, both caches are
         pruned to the accepted path."""
-        start, cached = perf_counter(), cache_length(draft_cache)
+        devices = (self.target.device, self.draft.device)
+        start, cached = now(*devices), cache_length(draft_cache)
         root = catch_up(self.draft, draft_cache, torch.tensor(seq[cached:]), cached)
         drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
-        drafted_at = perf_counter()
+        drafted_at = now(*devices)
         verdict = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
-        walked_at = perf_counter()
+        walked_at = now(*devices)
         prune_draft_cache(draft_cache, drafted, verdict, len(seq))
         seq.extend(verdict.tokens)
         predicted = self.calibrate(drafted.predicted, verdict.accepted)
-        moved, wall = self.take_transfer(), perf_counter() - start
+        wall = now(*devices) - start
+        moved = self.take_transfer()  # after the synchronize: every wait of the pass is counted
         return IterationEvent(
             token_ids=verdict.tokens, accepted=verdict.accepted,
             tree_size=drafted.tree.size, depth=drafted.tree.depth,

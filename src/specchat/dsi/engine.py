@@ -32,6 +32,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, truncate
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
+from specchat.device_clock import now
 from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
 from specchat.dsi.workers import WorkerPool
 
@@ -133,17 +134,17 @@ class DSIEngine:
     def prefill(self, spec: list[int], cache) -> float:
         """Run the prompt past the drafter's reused prefix, all but its last token (the first
         draft's input); returns the seconds it took."""
-        start, cached = perf_counter(), cache_length(cache)
+        start, cached = now(self.draft.device), cache_length(cache)
         if cached < len(spec) - 1:
             self.draft.hidden(torch.tensor(spec[cached:-1]), torch.arange(cached, len(spec) - 1), cache)
-        return perf_counter() - start
+        return now(self.draft.device) - start
 
     def next_results(self, reply: Reply, cache, sampling: SamplingParams, tally: Tally) -> list:
         """Send due jobs and draft until some job finishes; wait for one when drafting is done."""
         while not (results := self.pool.collect(block=False)):
             self.send_due_jobs(reply, sampling, tally)
             if not self.can_draft(reply):
-                start = perf_counter()
+                start = perf_counter()  # a host wait: the results are tokens already on the host
                 results = self.pool.collect(block=True)
                 tally.wait_s += perf_counter() - start
                 return results
@@ -164,11 +165,11 @@ class DSIEngine:
         return len(spec) - reply.committed < window and len(spec) < reply.limit - 1 and spec[-1] not in self.stop_ids
 
     def draft_one(self, reply: Reply, cache, sampling: SamplingParams, tally: Tally) -> None:
-        start = perf_counter()
+        start = now(self.draft.device)
         spec, cached = reply.spec, cache_length(cache)
         hidden = self.draft.hidden(torch.tensor(spec[cached:]), torch.arange(cached, len(spec)), cache)
         spec.append(sample_token(self.draft.logits(hidden[-1:])[0], sampling, len(spec)))
-        elapsed = perf_counter() - start
+        elapsed = now(self.draft.device) - start
         tally.draft_s += elapsed
         if len(spec) - 1 - cached == 1:  # one token through the draft: its per-token latency
             self.latencies.draft_token_s.append(elapsed)

@@ -7,7 +7,6 @@ least the row before the job's first position, whose logits decide that position
 """
 
 import threading
-from time import perf_counter
 
 import torch
 
@@ -15,6 +14,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import truncate
 from specchat.decoding.prefix import PrefixCache
 from specchat.decoding.sampling import sample_token
+from specchat.device_clock import now
 from specchat.dsi.jobs import Preempted, VerifyJob
 
 
@@ -45,7 +45,7 @@ class TargetVerifier:
 
     def verify(self, job: VerifyJob) -> tuple[list[int], float]:
         """The target's tokens at positions job.first .. job.last, and the seconds it took."""
-        start = perf_counter()
+        start = now(self.target.device)
         with self.lock:
             # A worker runs one job at a time, so a cancel for any other job arrived after that
             # job had ended: drop it.
@@ -66,4 +66,4 @@ class TargetVerifier:
                 self.cancelled.discard(job.id)
         logits = self.target.logits(hidden[job.first - 1 - keep:])
         targets = [sample_token(row, job.sampling, job.first + i) for i, row in enumerate(logits)]
-        return targets, perf_counter() - start
+        return targets, now(self.target.device) - start

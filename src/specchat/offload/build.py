@@ -11,13 +11,14 @@ import psutil
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from specchat.offload.cuda import CudaMover
+from specchat.offload.cuda import CudaMover, CudaStallMeter, free_bytes
 from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
 from specchat.offload.placement import Placement, Request, Rooms, place
 from specchat.offload.sizes import measure_sizes
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
 from specchat.offload.sources import SafetensorsSource
+from specchat.offload.stall import StallMeter
 from specchat.offload.storage import DiskStore, LayerStore, RamStore, TieredStore
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.offload.streamer import Streamer
@@ -106,7 +107,7 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     except BaseException:
         store.close()
         raise
-    streamer = Streamer(placement.streamed, placement.slots, transport)
+    streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device))
     for index in placement.streamed:
         layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots)
     return model, Offload(streamer, transport, store, placement.streamed, placement)
@@ -141,7 +142,7 @@ def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -
     disk_name = str(plan.offload_dir)
     if device.type != "cuda":
         return Rooms(ram, None, disk, ram_name, ram_name, disk_name)
-    vram, vram_name = capped(torch.cuda.mem_get_info(device)[0], plan.vram_budget, "GPU memory", "--vram-budget")
+    vram, vram_name = capped(free_bytes(device), plan.vram_budget, "GPU memory", "--vram-budget")
     return Rooms(vram, ram, disk, vram_name, ram_name, disk_name)
 
 
@@ -198,3 +199,9 @@ def make_slots(placement: Placement, device: torch.device):
         return slots, staging, CudaMover(slots)
     slots = [aligned_empty(size) for _ in range(count)]
     return slots, slots, HostMover(slots)
+
+
+def stall_meter(device: torch.device) -> StallMeter | None:
+    """How compute's waits for layers are timed: on the compute stream on CUDA, by the host clock
+    (the streamer's default) on CPU."""
+    return CudaStallMeter(device) if device.type == "cuda" else None

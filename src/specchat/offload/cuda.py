@@ -1,8 +1,12 @@
-"""The CUDA mover: asynchronous host->device copies on a dedicated stream, ordered by events.
+"""CUDA's side of streaming: asynchronous host->device copies on a dedicated stream, the stall
+timed on the compute stream, and the device's free memory.
 
-Thin on purpose: the schedule (which layer, which slot, when) is the streamer's and is tested on
-CPU; this only maps the mover's three calls onto CUDA streams and events.
+Thin on purpose: the schedule (which layer, which slot, when) is the streamer's and the link's
+accounting is the transport's, both tested on CPU; this only maps their calls onto CUDA streams
+and events.
 """
+
+from collections import deque
 
 import torch
 
@@ -14,11 +18,17 @@ class CudaMover:
         self.loaded = [torch.cuda.Event() for _ in slots]
         self.free = [torch.cuda.Event() for _ in slots]
 
+    def wait_free(self, slot: int) -> None:
+        """Runs on the loader thread: block it until the compute issued on the slot has run.
+        Waiting here, outside `move`, keeps the wait out of the link's busy time; the copy that
+        follows cannot overtake that compute."""
+        self.free[slot].synchronize()
+
     def move(self, slot: int, host: torch.Tensor) -> None:
-        """Runs on the loader thread: copy after compute has finished with the slot, then block
-        this thread until the copy is done, so the host staging buffer may be refilled."""
+        """Runs on the loader thread, once the slot is free: copy, then block this thread until
+        the copy is done, so the host staging buffer may be refilled. The time it blocks is the
+        copy's alone."""
         with torch.cuda.stream(self.copy_stream):
-            self.copy_stream.wait_event(self.free[slot])
             self.slots[slot][: host.numel()].copy_(host, non_blocking=True)
             self.loaded[slot].record(self.copy_stream)
         self.loaded[slot].synchronize()
@@ -28,3 +38,43 @@ class CudaMover:
 
     def mark_free(self, slot: int) -> None:
         self.free[slot].record(torch.cuda.current_stream(self.slots[slot].device))
+
+
+class CudaStallMeter:
+    """The stall as the compute stream lives it. `start` records an event on the stream before
+    the wait, `stop` one after it. The first completes when the compute queued before the wait
+    has run; the second when that compute and the awaited copy have both finished (the host, which
+    blocks in between, enqueues it once the copy is done). So their distance is
+    max(0, copy done - compute ready): how long the stream stood still for the weights. The time
+    the host blocked while the device still computed earlier layers is not in it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self.total = 0.0
+
+    def start(self) -> torch.cuda.Event:
+        return self.record()
+
+    def stop(self, mark: torch.cuda.Event) -> None:
+        self.pending.append((mark, self.record()))
+
+    def record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds(self) -> float:
+        """The waits the stream has got past (in stream order); a wait still queued is counted
+        by a later call, so a caller that synchronized the device first sees every wait."""
+        while self.pending and self.pending[0][1].query():
+            before, after = self.pending.popleft()
+            self.total += before.elapsed_time(after) / 1000  # elapsed_time is in milliseconds
+        return self.total
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory on a CUDA device. torch before 2.5 rejects a device without an index in
+    mem_get_info, so `cuda` is resolved to the current device's index first."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.mem_get_info(index)[0]

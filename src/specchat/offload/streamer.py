@@ -9,6 +9,10 @@ while the draft tree is being built. The ring is the staging area: with as many 
 streamed layers, a whole pass is staged while the tree grows, and a pass after drafting that
 lasted long enough never waits on the link.
 
+The stall is the time compute waited for a layer, measured by a `StallMeter`: the host clock on
+a CPU, the compute stream's events on CUDA (where the host blocking in a wait may overlap the
+device still computing earlier layers, which is no stall).
+
 The link is idle when it moves nothing while a layer still has to be moved. With a slot per
 streamed layer, the loader stops only once the whole next pass is staged (nothing left to move);
 with fewer slots, a layer the next pass needs always waits for room, so every moment the loader
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Protocol
 
+from specchat.offload.stall import HostStallMeter, StallMeter
 from specchat.transfer import TransferStats
 
 
@@ -37,8 +42,9 @@ class Transport(Protocol):
         """Compute has been issued on `slot`'s contents; later loads may overwrite it after that."""
 
     def stats(self) -> TransferStats:
-        """Bytes of the loads completed so far and the link's busy seconds, the load in progress
-        included (stall_s and idle_s are the streamer's)."""
+        """Bytes of the loads completed so far and the link's busy seconds (moving bytes, not
+        waiting for compute to free a slot), the load in progress included (stall_s and idle_s
+        are the streamer's)."""
 
 
 @dataclass
@@ -51,7 +57,8 @@ class _Load:
 class Streamer:
     """Hands out slots holding the layers `order` in turn, keeping the other slots loading."""
 
-    def __init__(self, order: list[int], slots: int, transport: Transport, clock: Callable[[], float] = perf_counter):
+    def __init__(self, order: list[int], slots: int, transport: Transport, clock: Callable[[], float] = perf_counter,
+                 meter: StallMeter | None = None):
         if slots < 1:
             raise ValueError("the ring needs at least one slot")
         self.order = order
@@ -61,7 +68,7 @@ class Streamer:
         self.position = {layer: i for i, layer in enumerate(order)}
         self.pending: deque[_Load] = deque()
         self.cursor = 0  # index in `order` of the next layer to load
-        self.stall_s = 0.0
+        self.meter = meter if meter is not None else HostStallMeter(clock)
         self.started = clock()
         self.fill(0)
 
@@ -81,9 +88,9 @@ class Streamer:
         if not self.pending or self.pending[0].layer != layer:
             self.resync(layer)
         load = self.pending.popleft()
-        start = self.clock()
+        mark = self.meter.start()
         self.transport.finish(load.ticket)
-        self.stall_s += self.clock() - start
+        self.meter.stop(mark)
         return load.slot
 
     def release(self, slot: int) -> None:
@@ -108,7 +115,7 @@ class Streamer:
     def stats(self) -> TransferStats:
         moved = self.transport.stats()
         idle = 0.0 if self.stages_a_pass else max(0.0, self.clock() - self.started - moved.transfer_s)
-        return TransferStats(moved.bytes, moved.transfer_s, self.stall_s, idle)
+        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds(), idle)
 
     def drain(self) -> None:
         """Wait for every load in flight (before freeing the slots)."""

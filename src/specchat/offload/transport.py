@@ -5,6 +5,11 @@ consecutive layers of the disk file in one request when they are queued together
 read (O_DIRECT preadv, or a tensor copy) releases the GIL, so loading overlaps compute.
 What happens after the bytes are on the host is the mover's: a plain copy into a host slot on
 CPU, an asynchronous copy on a dedicated stream on CUDA (offload/cuda.py).
+
+The link is busy while it reads and copies, not while the loader waits for compute to be done
+with a slot: on CUDA that wait is the device computing earlier layers (on CPU there is none, as
+compute is synchronous). So busy time is the link's own, and the idle time the streamer derives
+from it counts the wait for room as idle, which it is.
 """
 
 import threading
@@ -28,8 +33,11 @@ COALESCE_BYTES = 256 * 2**20
 class Mover(Protocol):
     """Host bytes -> device slot, and the ordering between loads and compute."""
 
+    def wait_free(self, slot: int) -> None:
+        """Block the loader thread until compute is done with slot `slot` (before `move`)."""
+
     def move(self, slot: int, host: torch.Tensor) -> None:
-        """Copy `host` into slot `slot` (called on the loader thread, after the slot is free)."""
+        """Copy `host` into slot `slot` (called on the loader thread, after `wait_free`)."""
 
     def wait_loaded(self, slot: int) -> None:
         """Make compute wait for the last move into `slot`."""
@@ -44,6 +52,9 @@ class HostMover:
 
     def __init__(self, slots: list[torch.Tensor]) -> None:
         self.slots = slots
+
+    def wait_free(self, slot: int) -> None:
+        pass  # the streamer releases a slot once compute on it has returned
 
     def move(self, slot: int, host: torch.Tensor) -> None:
         target = self.slots[slot]
@@ -70,7 +81,8 @@ class ThreadTransport:
     Loads queued back to back for layers that follow each other in the store (the disk file)
     are read in one request of up to `coalesce_bytes`: the disk keeps a deep queue instead of
     idling between two layers. The link's busy time counts the load in progress too, so two
-    snapshots give exactly the busy time between them.
+    snapshots give exactly the busy time between them. The loader's waits for compute to free a
+    slot are left out of it.
     """
 
     def __init__(self, store: LayerStore, staging: list[torch.Tensor], mover: Mover,
@@ -125,6 +137,7 @@ class ThreadTransport:
         try:
             hosts = self.store.read_run([job.layer for job in batch], [self.staging[job.slot] for job in batch])
             for job, host in zip(batch, hosts):
+                self.wait_free(job.slot)
                 self.mover.move(job.slot, host)
         except BaseException as error:  # handed to the computing thread, which re-raises it
             for job in batch:
@@ -138,6 +151,17 @@ class ThreadTransport:
                 self.busy_since = None
                 self.moved_bytes += sum(self.store.nbytes(job.layer) for job in batch)
                 self.requests += 1
+
+    def wait_free(self, slot: int) -> None:
+        """The mover's wait for room, with the link's busy clock stopped meanwhile."""
+        with self.wake:
+            self.busy_s += self.clock() - self.busy_since
+            self.busy_since = None
+        try:
+            self.mover.wait_free(slot)
+        finally:
+            with self.wake:
+                self.busy_since = self.clock()
 
     def finish(self, ticket: _Job) -> None:
         ticket.done.result()  # re-raises a failed read in the computing thread
