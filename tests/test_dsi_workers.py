@@ -3,6 +3,7 @@ workers resolved by hand; device parsing; target instances sharing weights; thre
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
@@ -11,10 +12,13 @@ from conftest import build_tiny
 from test_engines import GREEDY, PROMPT
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.dsi import workers as workers_module
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.dsi.verifier import TargetVerifier
 from specchat.dsi.workers import ThreadWorker, WorkerPool, instance_on, parse_devices, thread_workers
 from specchat.errors import SpecchatError
+
+HANG_S = 30  # bound on a wait that only guards against a hang
 
 
 class FakeWorker:
@@ -153,42 +157,61 @@ def test_unrelated_error_of_a_cancelled_job_is_raised(pool_of_two):
         pool.collect(block=False)
 
 
-def test_blocking_collect_waits_for_the_first_finished_job(pool_of_two):
+@pytest.fixture
+def pool_waits(monkeypatch) -> threading.Event:
+    """Set when a pool begins to wait for its jobs (in concurrent.futures.wait, the pool's only
+    way to block): a test acts then, knowing the pool is blocked or about to be."""
+    waiting = threading.Event()
+    wait = workers_module.wait
+
+    def wait_and_say_so(futures, return_when):
+        waiting.set()
+        return wait(futures, return_when=return_when)
+
+    monkeypatch.setattr(workers_module, "wait", wait_and_say_so)
+    return waiting
+
+
+def once_waiting(waiting: threading.Event, action: Callable[[], object]) -> threading.Thread:
+    """Run `action` on another thread as soon as the pool waits."""
+    def act() -> None:
+        if waiting.wait(HANG_S):
+            action()
+
+    thread = threading.Thread(target=act, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_blocking_collect_waits_for_the_first_finished_job(pool_of_two, pool_waits):
     pool, a, b = pool_of_two
     pool.submit(job(0))
     pool.submit(job(1))
-    timer = threading.Timer(0.2, finish, args=(b, 1))
-    start = time.perf_counter()
-    timer.start()
-    try:
-        results = pool.collect(block=True)
-    finally:
-        timer.cancel()
-    assert time.perf_counter() - start >= 0.15
-    assert results == [(job(1), result(1))]
+    finisher = once_waiting(pool_waits, lambda: finish(b, 1))  # job 1 finishes only once collect waits
+    results = pool.collect(block=True)
+    assert pool_waits.is_set() and results == [(job(1), result(1))]
     assert not a.futures[0].done() and ids(pool.live_jobs()) == [0]
+    finisher.join(HANG_S)
+    assert not finisher.is_alive()
 
 
-def test_blocking_collect_with_nothing_running_returns_at_once():
+def test_blocking_collect_with_nothing_running_returns_without_waiting(pool_waits):
     pool = WorkerPool([FakeWorker("a")])
-    start = time.perf_counter()
     assert pool.collect(block=True) == []
-    assert time.perf_counter() - start < 1.0
+    assert not pool_waits.is_set()
 
 
-def test_blocking_collect_returns_when_a_cancelled_job_stops(pool_of_two):
+def test_blocking_collect_returns_when_a_cancelled_job_stops(pool_of_two, pool_waits):
     """The engine waits on cancelled jobs too: their stop frees a worker for the queue."""
     pool, a, _ = pool_of_two
     for i in range(3):
         pool.submit(job(i))
     pool.cancel({0})
-    timer = threading.Timer(0.1, lambda: a.futures[0].set_exception(Preempted("job 0")))
-    timer.start()
-    try:
-        assert pool.collect(block=True) == []
-    finally:
-        timer.cancel()
-    assert a.started == [0, 2]
+    stopper = once_waiting(pool_waits, lambda: a.futures[0].set_exception(Preempted("job 0")))
+    assert pool.collect(block=True) == []
+    assert pool_waits.is_set() and a.started == [0, 2]
+    stopper.join(HANG_S)
+    assert not stopper.is_alive()
 
 
 def test_close_cancels_live_jobs_and_closes_every_worker(pool_of_two):
@@ -363,7 +386,7 @@ def test_thread_workers_share_the_target_and_verify_exactly(tiny_target):
         for j in jobs:
             pool.submit(j)
         got = {}
-        deadline = time.perf_counter() + 60
+        deadline = time.perf_counter() + HANG_S
         while len(got) < len(jobs) and time.perf_counter() < deadline:
             for done, (targets, seconds) in pool.collect(block=True):
                 assert seconds > 0
