@@ -39,7 +39,8 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import Engine, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.models.loading import load
-from specchat.runtime import EngineOptions, encode_prompt, load_models
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions, encode_prompt
 
 COMPARISONS = ("greedy specexec vs autoregressive", "seeded specexec vs autoregressive",
                "greedy bf16 vs float32 autoregressive")

@@ -23,7 +23,8 @@ from time import perf_counter, sleep
 from specchat.bench.datasets import mtbench_questions
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.prefix import common_prefix
-from specchat.runtime import EngineOptions, load_models
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions
 
 ENGINES = ("autoregressive", "specexec")
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)

@@ -40,7 +40,8 @@ from specchat.offload.transport import COALESCE_BYTES
 from specchat.paths import cache_dir
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQSpec
-from specchat.runtime import EngineOptions, Models, encode_prompt, load_models
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions, Models, encode_prompt
 from specchat.summary import Summary, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPTQ writer lives with the tests

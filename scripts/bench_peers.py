@@ -27,7 +27,8 @@ from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.measure import measure_engine, measure_hf_assisted, plain_draft
 from specchat.bench.provenance import claim_fresh_folder, code_version, table_header
 from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
-from specchat.runtime import EngineOptions, Models, encode_prompt, load_models
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions, Models, encode_prompt
 
 HF_SYSTEMS = ("hf-generate", "hf-assisted")
 

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"decoding", "offload"},  # siblings: neither imports the other
     {"models"},  # may import offload and quant
     {"dsi"},
-    {"runtime", "probe_cache", "reply_loop"},
+    {"runtime", "loader", "probe_cache", "reply_loop"},
     {"summary", "tui", "serve", "bench", "simulate", "doctor", "cli", "cli_options", "__main__"},  # front ends
 ]
 SIBLINGS = [("decoding", "offload")]  # rooms of one layer that must not import each other

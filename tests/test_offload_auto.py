@@ -17,7 +17,8 @@ from specchat.errors import SpecchatError
 from specchat.models.loading import plan_target
 from specchat.offload.build import OffloadPlan
 from specchat.progress import Reporter
-from specchat.runtime import EngineOptions, Models, load_models
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions, Models
 from test_cli import CORPUS, train_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)

@@ -16,7 +16,8 @@ from specchat.models.loading import load, plan_target
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.build import OffloadPlan
 from specchat.progress import Reporter
-from specchat.runtime import EngineOptions, encode_prompt, load_target, offload_plan
+from specchat.loader import load_target, offload_plan
+from specchat.runtime import EngineOptions, encode_prompt
 
 pytestmark = pytest.mark.real
 

@@ -5,13 +5,14 @@ import pytest
 
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import ALIGN
-from specchat.offload.placement import MIN_SLOTS, ModelSizes, Placement, Request, Rooms, place
+from specchat.offload.placement import MIN_SLOTS, ModelSizes, Placement, Request, Rooms, pinned_bytes, place
 
 LAYER = 25 * ALIGN  # every layer the same size, already aligned: slot == LAYER
 COUNT = 8
 SIZES = ModelSizes(layers=(LAYER,) * COUNT, fixed=1000, headroom=5000, file_bytes=COUNT * LAYER)
 RESERVED = SIZES.fixed + SIZES.headroom
 DISK = 10**12
+PINNED = 2**17  # LAYER pinned beside a GPU: the allocator rounds 102,400 bytes up to 131,072
 
 
 def cpu(ram: int, disk: int = DISK) -> Rooms:
@@ -89,17 +90,29 @@ def test_the_ram_tier_on_a_cpu_counts_its_layers_in_the_same_ram():
         place(SIZES, cpu(RESERVED + 8 * LAYER), Request(tier="ram", resident=2))  # no room left for the ring
 
 def test_a_gpu_fills_its_memory_then_pinned_ram_then_disk():
-    rooms = Rooms(device=RESERVED + 4 * LAYER, host=3 * LAYER + LAYER // 2, disk=DISK)
+    rooms = Rooms(device=RESERVED + 4 * LAYER, host=3 * PINNED + PINNED // 2, disk=DISK)
     placement = place(SIZES, rooms)
     # the GPU: 2 slots + 2 layers; pinned RAM: 2 layers + 2 staging buffers for disk reads would not
-    # fit with 3, so 1 layer + the staging; the rest on disk
+    # fit with 3 (each pinned as its power of two), so 1 layer + the staging; the rest on disk
     assert tiers(placement) == (2, 1, 5, 2)
     assert placement.ram_layers == [2] and placement.disk_layers == [3, 4, 5, 6, 7]
 
 
 def test_a_gpu_with_ram_for_every_streamed_layer_needs_no_disk():
-    rooms = Rooms(device=RESERVED + 4 * LAYER, host=6 * LAYER, disk=0)
+    rooms = Rooms(device=RESERVED + 4 * LAYER, host=6 * PINNED, disk=0)
     assert tiers(place(SIZES, rooms)) == (2, 6, 0, 2)
+    with pytest.raises(SpecchatError, match="the model fits nowhere"):  # 6 layers' bytes, but not as pinned
+        place(SIZES, Rooms(device=RESERVED + 4 * LAYER, host=6 * LAYER, disk=0))
+
+
+def test_pinned_allocations_round_up_to_a_power_of_two():
+    assert pinned_bytes(LAYER) == PINNED and pinned_bytes(PINNED) == PINNED and pinned_bytes(PINNED + 1) == 2 * PINNED
+    assert pinned_bytes(445_000_000) == 512 * 2**20 and pinned_bytes(634_000_000) == 2**30  # the 70B / 13B layers
+
+
+def test_resident_layers_asked_for_must_fit():
+    with pytest.raises(SpecchatError, match=r"^RAM under --ram-budget is too small for 5 resident layers"):
+        place(SIZES, cpu(RESERVED + 6 * LAYER), Request(tier="disk", resident=5))
 
 
 def test_the_expected_pass_time_comes_from_the_link_speeds():

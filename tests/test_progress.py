@@ -9,7 +9,8 @@ from transformers.utils import logging as transformers_logging
 from specchat.models.embedded import EmbeddedModel, ensure_embedded
 from specchat.models.registry import DEFAULT_DRAFT
 from specchat.progress import Reporter, transformers_bars, worth_sending
-from specchat.runtime import EngineOptions, Models, load_models, pick_device
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions, Models, pick_device
 from specchat.tui import runtime_backend
 from specchat.tui.settings import DecodingSettings
 from test_models_gguf import fake_draft, tiny_gguf  # noqa: F401  (fixtures: tiny GGUF split into fake parts)

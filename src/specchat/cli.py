@@ -12,22 +12,19 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.cli_options import (AllowPickleOpt, BudgetOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
+from specchat.cli_options import (AllowPickleOpt, BudgetOpt, ContextOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
                                   OffloadDirOpt, OffloadOpt, RamBudgetOpt, RayOpt, ResidentOpt, TargetOpt,
                                   TemperatureOpt, TopPOpt, VramBudgetOpt, WorkersOpt, check_sampling, parse_budget)
 from specchat.decoding.events import Engine, SamplingParams
-from specchat.doctor.advice import advise
-from specchat.doctor.facts import default_offload_dir, gather
-from specchat.doctor.plan import plan_default_target
-from specchat.doctor.report import render
+from specchat.doctor.command import run_doctor
+from specchat.doctor.plan import Machine
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_OFFLOAD, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MEMORY_BUDGET_GB, reply_limit)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, reply_limit)
 from specchat.models.listing import list_models
-from specchat.offload.links import Links, save_links
-from specchat.runtime import (ENGINES, EngineOptions, Models, encode_prompt, gb_to_bytes, live_settings_of, load_models,
-                              pick_device, validate)
+from specchat.loader import load_models
+from specchat.runtime import ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, pick_device, validate
 from specchat.simulate.command import build_grid, run_dsi
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
@@ -56,6 +53,7 @@ def generate(
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    context: ContextOpt = None,
     offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
@@ -76,7 +74,7 @@ def generate(
         raise SpecchatError("the prompt is empty: give some text")
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
         vram_budget=vram_budget, draft_quant=draft_quant,
         draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
@@ -155,6 +153,7 @@ def run(
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    context: ContextOpt = None,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
     from specchat.tui.app import SpecchatApp
@@ -165,7 +164,7 @@ def run(
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
         vram_budget=vram_budget, draft_quant=draft_quant,
         draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
@@ -196,6 +195,7 @@ def serve(
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed of requests that give none."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    context: ContextOpt = None,
     offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
     resident_layers: ResidentOpt = None,
@@ -214,7 +214,7 @@ def serve(
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
         target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget,
+        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
         vram_budget=vram_budget, draft_quant=draft_quant, draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
     )
@@ -234,21 +234,25 @@ def models() -> None:
 
 @app.command()
 def doctor(
+    target: TargetOpt = EngineOptions.target,
+    draft: str = typer.Option(EngineOptions.draft, help="Draft model to plan beside the target ('none': no draft)."),
+    context: ContextOpt = None,
+    vram_gb: float = typer.Option(None, help="Plan for a described GPU machine with this much GPU memory (GB = 1e9 "
+                                  "bytes; a 24 GiB card is 25.8 GB); nothing is measured."),
+    ram_gb: float = typer.Option(None, help="Plan for a described machine with this much RAM (GB); alone: a CPU one."),
+    disk_gbps: float = typer.Option(None, help="The described machine's disk read speed (GB/s)."),
+    pcie_gbps: float = typer.Option(None, help="The described machine's pinned host-to-GPU speed (GB/s)."),
     offload_dir: Path = typer.Option(None, help="Where offloaded weights go (default: <cache>/offload)."),
     probe_gb: float = typer.Option(1.0, help="Size in GB of the probe file for the disk read bandwidth."),
     ram_budget: RamBudgetOpt = None,
     vram_budget: VramBudgetOpt = None,
 ) -> None:
-    """Report devices, memory and bandwidths; recommend an offload tier and a draft budget; show
-    where --offload auto would place the target's layers."""
-    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
-        if value is not None:
-            MEMORY_BUDGET_GB.check(name, value)
-    print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
-    facts = gather(offload_dir or default_offload_dir(), probe_gb)
-    save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
-    placement = plan_default_target(facts.offload_dir, gb_to_bytes(ram_budget), gb_to_bytes(vram_budget))
-    print(render(facts, advise(facts), placement))
+    """Report devices, memory and bandwidths (or describe a machine), and plan a target and its
+    draft on it: every byte per tier, the bytes streamed per pass and the expected speed. Reads
+    only the models' configs (the aliases' ship with specchat): works offline."""
+    machine = Machine(vram_gb, ram_gb, disk_gbps, pcie_gbps)
+    print(run_doctor(target, None if draft == "none" else draft, context, machine, offload_dir, probe_gb, ram_budget,
+                     vram_budget))
 
 
 @app.command()

@@ -21,8 +21,9 @@ OffloadOpt = Annotated[str, typer.Option(
     help="Where the target's decoder layers live: auto (first to last in the fastest tier with room: the device, "
          "pinned RAM beside a GPU, then the disk), none (on the device), ram, or disk (streamed per pass).")]
 RamBudgetOpt = Annotated[float | None, typer.Option(
-    help="GB of RAM the target may take (its resident layers on a CPU, the streaming ring, KV caches, the tree; "
-         "the draft's weights are not counted); default: what is available.")]
+    help="GB of RAM specchat may take (on a CPU: the target's resident layers, the streaming ring, both KV caches, "
+         "the largest pass and the draft; beside a GPU: the pinned layers and staging); default: what the process "
+         "may take (cgroup limits included) less 1 GB for the OS.")]
 VramBudgetOpt = Annotated[float | None, typer.Option(
     help="GB of GPU memory the target may take; default: what is free.")]
 OffloadDirOpt = Annotated[str | None, typer.Option(
@@ -30,7 +31,11 @@ OffloadDirOpt = Annotated[str | None, typer.Option(
 ResidentOpt = Annotated[int | None, typer.Option(
     help="Decoder layers kept on the device when offloading (default: as many as the budget allows).")]
 DraftQuantOpt = Annotated[str, typer.Option(
-    help="auto | none | int8 | nf4: the draft's weights (auto: int8 on a CPU; nf4: bitsandbytes, CUDA only).")]
+    help="auto | none | int8 | nf4: the draft's weights (auto: int8 on a CPU where it pays; on a GPU full weights or "
+         "nf4, whichever leaves the fewest bytes to stream; nf4: bitsandbytes, CUDA only).")]
+ContextOpt = Annotated[int | None, typer.Option(
+    help="Tokens of context (prompt and reply) the KV caches are planned for (default: 4096, or the model's maximum "
+         "when smaller; auto may halve it down to 1024 when the pair does not fit).")]
 DraftVocabOpt = Annotated[int, typer.Option(
     help="Tokens the draft's LM head scores, the most frequent first (0: the whole vocabulary).")]
 AllowPickleOpt = Annotated[bool, typer.Option(

@@ -40,11 +40,15 @@ LOOKAHEAD = Bounds(1, 64)  # dsi: drafts per verification job
 MAX_TOKENS = Bounds(1, 32768)  # new tokens per reply
 TEMPERATURE = Bounds(0.0, 5.0)  # 0 = greedy
 TOP_P = Bounds(0.0, 1.0, low_open=True)  # nucleus sampling mass
+CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)
 
 OFFLOAD_TIERS = ("auto", "none", "ram", "disk")
 DEFAULT_OFFLOAD = "auto"  # layers placed in the fastest tier with room (specchat.offload.placement)
 
+# The KV room a run plans for, unless --context says otherwise: what llama-server and ollama
+# give a model by default, not a 128k model's maximum (Llama-3.1-70B: 42 GB of KV at 131072).
+DEFAULT_CONTEXT = 4096
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.9
 DEFAULT_SEED = 0

@@ -1,7 +1,7 @@
-"""User-facing options -> the loaded models (one `Models` bundle) -> engines over them."""
+"""User-facing options and their checks, and the loaded models (one `Models` bundle, made by
+`loader.load_models`) -> engines over them."""
 
-from collections.abc import Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,24 +17,18 @@ from specchat.decoding.probe import probe_costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
-from specchat.decoding.stopping import stop_token_ids
-from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
-from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
+from specchat.dsi.workers import WorkerPool, parse_devices
 from specchat.errors import SpecchatError
-from specchat.limits import (BUDGET, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
+from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
                              DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, MEMORY_BUDGET_GB, OFFLOAD_TIERS, auto_cap, default_budget)
-from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
-from specchat.models.loading import LoadedModel, check_not_pickled, load, load_offloaded, plan_target, resolve
-from specchat.models.nf4 import draft_quantization
+from specchat.models.loading import check_not_pickled, resolve
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.offload.build import Offload, OffloadPlan
-from specchat.offload.links import read_links
+from specchat.offload.budget import MemoryPlan
+from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
-from specchat.paths import cache_dir
 from specchat.probe_cache import probe_path, read_costs, write_costs
-from specchat.progress import Report, Reporter
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
@@ -55,6 +49,7 @@ class EngineOptions:
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
     ram_budget: float | None = None  # GB of RAM the target may take; None: what is available
     vram_budget: float | None = None  # GB of GPU memory the target may take; None: what is free
+    context: int | None = None  # tokens of KV room; None: limits.DEFAULT_CONTEXT, which auto may shrink
     draft_quant: str = "auto"  # auto: int8 on a CPU for the widths where it pays, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
@@ -71,7 +66,7 @@ class Models:
     tokenizer: PreTrainedTokenizerBase
     stop_ids: frozenset[int]
     device: torch.device
-    context_tokens: int  # the target's context length
+    context_tokens: int  # the KV room the plan reserved: prompt and reply together
     target: CausalLM | None  # None when dsi's Ray actors hold the target
     draft: CausalLM | None = None  # None when no engine to run drafts
     offload: Offload | None = None
@@ -79,6 +74,7 @@ class Models:
     workers: WorkerPool | None = None  # dsi's target workers
     identity: dict = field(default_factory=dict)  # what was loaded and how: the cost probe's key
     costs: Costs | None = None  # --budget auto's measured costs, once probed
+    memory: MemoryPlan | None = None  # every byte the run holds (None: dsi's Ray actors plan their own)
 
     def engine_names(self) -> tuple[str, ...]:
         """The engines these models can run."""
@@ -148,6 +144,8 @@ def validate(options: EngineOptions) -> None:
     if options.budget == AUTO and options.engine in ("sd", "specinfer"):
         raise SpecchatError(f"--budget auto is for the specexec engine, not {options.engine}")
     DEPTH.check("--max-depth", options.max_depth)
+    if options.context is not None:
+        CONTEXT.check("--context", options.context)
     if options.offload not in OFFLOAD_TIERS:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:
@@ -185,136 +183,9 @@ def validate_dsi(options: EngineOptions) -> None:
         import_ray()
 
 
-def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,
-                report: Report | None = None) -> Models:
-    """Load what `options.engine` and every engine of `engines` need, once.
-
-    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
-    """
-    names = (options.engine, *engines)
-    for name in names:
-        validate(options_for(options, name))
-    if "dsi" not in names and (options.workers is not None or options.ray_address is not None):
-        raise SpecchatError("--workers and --ray-address are for --engine dsi")
-    reporter = Reporter(progress, report)
-    if "dsi" in names and options.offload == "auto":  # dsi's workers share an in-memory target
-        options = replace(options, offload="none")
-    device = pick_device()
-    dtype = DTYPES[options.dtype]
-    drafted = any(name in DRAFTED_ENGINES for name in names)
-    quantization = draft_quantization(options.draft_quant, device, dtype) if drafted else None
-    draft_quant = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else None
-    if "dsi" in names and options.ray_address is not None:
-        models = load_ray_models(options, device, dtype, reporter)
-    else:
-        models = load_local_models(options, device, dtype, with_workers="dsi" in names, reporter=reporter)
-    try:
-        if drafted:
-            models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
-                                      quant=draft_quant, vocab_size=options.draft_vocab or None)
-        models.identity = identity(options, draft_quant, models.placement)
-        if options.budget in (AUTO, None) and "specexec" in names:
-            reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
-            models.sizer()
-    except BaseException:
-        models.close()
-        raise
-    reporter.step("ready", 1.0)
-    return models
-
-
-def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None) -> dict:
-    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made):
-    the key of the cost probe's cache. A placement with nothing streamed costs what none costs."""
-    key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
-           "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
-           "draft_quant": str(draft_quant or options.draft_quant)}
-    if placement is not None and placement.streamed:
-        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
-    elif options.offload == "auto":
-        key["offload"] = "none"
-    return key
-
-
-def options_for(options: EngineOptions, name: str) -> EngineOptions:
-    """`options` as engine `name` reads them: dsi's worker options mean nothing to the others."""
-    if name == "dsi":
-        return replace(options, engine=name)
-    return replace(options, engine=name, workers=None, ray_address=None)
-
-
-def load_local_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, with_workers: bool,
-                      reporter: Reporter) -> Models:
-    """The target here (in memory or offloaded), and dsi's thread workers over it if asked."""
-    target, offload, placement = load_target(options, device, dtype, reporter)
-    target_lm = CausalLM(target.model, offload)
-    workers = None
-    if with_workers:
-        devices = options.workers or default_workers(device)
-        reporter.step(f"starting {len(parse_devices(devices))} target workers on {devices}")
-        workers = WorkerPool(thread_workers(target_lm, parse_devices(devices)))
-    return Models(tokenizer=target.tokenizer, stop_ids=stop_token_ids(target.model, target.tokenizer), device=device,
-                  context_tokens=target.model.config.max_position_embeddings, target=target_lm, offload=offload,
-                  placement=placement, workers=workers)
-
-
-def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
-    """dsi over Ray actors that each load the target: no target here."""
-    workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
-                            reporter)
-    return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
-                  context_tokens=workers.context_tokens, target=None, workers=workers.pool)
-
-
 def live_settings_of(options: EngineOptions) -> LiveSettings:
     """The engine settings named on the command line (a None budget: suited to the device)."""
     return LiveSettings(budget=options.budget, depth=options.max_depth, lookahead=options.lookahead)
-
-
-def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype,
-                reporter: Reporter) -> tuple[LoadedModel, Offload | None, Placement | None]:
-    """The target in device memory, or with its decoder layers placed by `options.offload`
-    (auto: as the placement decides; everything resident loads as with none)."""
-    if options.offload == "none":
-        return load_in_memory(options.target, device, dtype, reporter), None, None
-    plan = offload_plan(options, device)
-    placement = plan_target(options.target, dtype, device, plan, reporter)
-    announce(placement, reporter)
-    if options.offload == "auto" and not placement.streamed:
-        return load_in_memory(options.target, device, dtype, reporter), None, placement
-    target, offload = load_offloaded(options.target, dtype, device, plan, reporter, placement)
-    return target, offload, placement
-
-
-def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> LoadedModel:
-    target = load(spec, dtype, reporter.bars, reporter.report)
-    reporter.step(f"moving {target.name} to {device.type}")
-    target.model.to(device)
-    return target
-
-
-def offload_plan(options: EngineOptions, device: torch.device) -> OffloadPlan:
-    return OffloadPlan(
-        tier=options.offload,
-        offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else cache_dir() / "offload",
-        resident_layers=options.resident_layers,
-        ram_budget=gb_to_bytes(options.ram_budget),
-        vram_budget=gb_to_bytes(options.vram_budget),
-        tree_tokens=auto_cap(cuda=device.type == "cuda", offloaded=True),
-    )
-
-
-def gb_to_bytes(value: float | None) -> int | None:
-    return None if value is None else int(value * 1e9)
-
-
-def announce(placement: Placement, reporter: Reporter) -> None:
-    """The plan as one line: on the loading screen always, on stderr when something streams."""
-    links = read_links()
-    text = "offload plan: " + placement.describe(links.ram_gbps, links.disk_gbps)
-    if placement.streamed and links.disk_gbps is None and placement.disk:
-        text += " (run `specchat doctor` to measure the disk and see the expected pass time)"
-    (reporter.notice if placement.streamed else reporter.step)(text)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) -> list[int]:

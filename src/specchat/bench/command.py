@@ -12,7 +12,8 @@ from specchat.decoding.events import AUTO
 from specchat.errors import SpecchatError
 from specchat.limits import BUDGET, LOOKAHEAD
 from specchat.models.loading import resolve
-from specchat.runtime import encode_prompt, load_models, options_for, validate
+from specchat.loader import load_models, options_for
+from specchat.runtime import encode_prompt, validate
 
 Item = TypeVar("Item")
 

@@ -1,42 +1,65 @@
-"""What `--offload auto` would do with the default target on this machine: the placement made as
-the loader makes it (before loading anything), under the same budgets."""
+"""What a run of a target and its draft would hold, tier by tier, on this machine or on one
+described by its sizes, and the speed the paper's generation rates give it: from the models'
+configs alone (shipped with the aliases), nothing downloaded, converted or loaded."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, PretrainedConfig, Qwen2Config
 
 from specchat.errors import SpecchatError
 from specchat.limits import auto_cap
-from specchat.models.embedded import EMBEDDED, converted_path
-from specchat.models.marker import is_converted
-from specchat.models.registry import DEFAULT_TARGET
-from specchat.offload.build import OffloadPlan, plan_model
-from specchat.offload.placement import Placement
-from specchat.offload.sources import SafetensorsSource
+from specchat.models.plan import draft_candidates, draft_kinds, plan_target
+from specchat.offload.budget import MemoryPlan, described_rooms
+from specchat.offload.build import OffloadPlan
 
-# The default target (Qwen2.5-Coder-1.5B-Instruct) as converted: used until the converted
-# directory exists, so that doctor never assembles or converts.
-DEFAULT_TARGET_CONFIG = dict(
-    vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-    num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=False,
-)
+# Tokens accepted per target pass that SpecExec reports for 70B targets offloaded beside 7B drafts
+# at budgets of 1-2k tokens (Svirschevski et al. 2024): the range the expected speed spans.
+PAPER_GEN_RATES = (8.0, 20.0)
 
 
-def default_target_config() -> tuple[PretrainedConfig, SafetensorsSource | None]:
-    directory = converted_path(EMBEDDED[DEFAULT_TARGET])
-    if is_converted(directory):
-        return AutoConfig.from_pretrained(directory), SafetensorsSource(directory)
-    return Qwen2Config(**DEFAULT_TARGET_CONFIG), None
+@dataclass(frozen=True)
+class Machine:
+    """Where to plan: this machine (measured), or one described by its sizes (GB = 1e9 bytes)."""
+
+    vram_gb: float | None = None  # a described GPU's memory; None with ram_gb: a CPU-only machine
+    ram_gb: float | None = None  # None: this machine
+    disk_gbps: float | None = None
+    pcie_gbps: float | None = None
+
+    @property
+    def described(self) -> bool:
+        return self.ram_gb is not None or self.vram_gb is not None
 
 
-def plan_default_target(offload_dir: Path, ram_budget: int | None, vram_budget: int | None) -> Placement | str:
-    """The placement of the default target in bfloat16, or the one-line reason it fits nowhere."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+@dataclass(frozen=True)
+class PairPlan:
+    memory: MemoryPlan
+    pass_s: float | None  # seconds one pass streams; None when a link speed is unknown or nothing streams
+    tokens_per_s: tuple[float, float] | None  # at PAPER_GEN_RATES, when pass_s is known
+
+
+def plan_pair(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
+              ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan:
+    """The plan of `target` (and `draft`) in bfloat16 with --offload auto, as `run` would make it."""
+    if machine.described and machine.ram_gb is None:
+        raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
+    cuda = machine.vram_gb is not None if machine.described else torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16
+    drafts = (None,) if draft is None else \
+        draft_candidates(draft, dtype, draft_kinds("auto", device, None if cuda else "int8"), False, None)
+    if cuda and machine.described and draft is not None:  # the described machine may have bitsandbytes
+        drafts = draft_candidates(draft, dtype, ("none", "nf4"), False, None)
     plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
-                       tree_tokens=auto_cap(cuda=device.type == "cuda", offloaded=True))
-    config, source = default_target_config()
-    try:
-        return plan_model(config, source, DEFAULT_TARGET, torch.bfloat16, device, plan)
-    except SpecchatError as error:
-        return str(error)
+                       tree_tokens=auto_cap(cuda=cuda, offloaded=True) + 1, drafts=drafts)
+    rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb)) if machine.described else None
+    memory = plan_target(target, dtype, device, plan, context, rooms)
+    link = machine.pcie_gbps if cuda else None
+    pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
+    rates = None if pass_s is None else tuple(rate / pass_s for rate in PAPER_GEN_RATES)
+    return PairPlan(memory, pass_s, rates)
+
+
+def gb_bytes(value: float | None) -> int | None:
+    return None if value is None else int(value * 1e9)

@@ -2,11 +2,12 @@
 
 from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
-from specchat.offload.placement import Placement
+from specchat.doctor.plan import PAPER_GEN_RATES, Machine, PairPlan
+from specchat.offload.placement import link_speeds
 from specchat.transfer import gb
 
 
-def render(facts: Facts, rec: Recommendation, placement: Placement | str) -> str:
+def render(facts: Facts, rec: Recommendation, pair: PairPlan | str) -> str:
     h2d = "no CUDA: skipped" if facts.h2d_gbps is None else f"{facts.h2d_gbps:.2f} GB/s (pinned memory)"
     mode = "O_DIRECT" if facts.direct else "O_DIRECT refused by the filesystem: buffered + fadvise DONTNEED"
     lines = [
@@ -25,29 +26,61 @@ def render(facts: Facts, rec: Recommendation, placement: Placement | str) -> str
         f"  offload        {rec.tier}",
         f"  budget         {rec.budget}",
         f"  why            {rec.reason}",
-        *plan_lines(placement, facts),
+        *plan_lines(pair, facts.h2d_gbps, facts.disk_gbps),
     ]
     return "\n".join(lines)
 
 
-def plan_lines(placement: Placement | str, facts: Facts) -> list[str]:
-    """What --offload auto would do with the target: layers per tier, bytes and time per pass."""
-    if isinstance(placement, str):
-        return ["plan (--offload auto)", f"  fits nowhere   {placement}"]
-    ram_gbps = facts.h2d_gbps  # pinned RAM streams to a GPU over PCIe
-    seconds = placement.expected_pass_s(ram_gbps, facts.disk_gbps)
-    timing = "no streaming: compute speed" if not placement.streamed else \
-        "unknown (no measured link)" if seconds is None else f"~{seconds:.2f} s streaming per pass"
-    return [
-        "plan (--offload auto)",
+def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | None) -> list[str]:
+    """What --offload auto would do with the pair: every byte per tier, the layers, a pass's bytes and
+    time, and the speed the paper's generation rates give."""
+    if isinstance(pair, str):
+        return ["plan (--offload auto)", f"  fits nowhere   {pair}"]
+    memory, placement = pair.memory, pair.memory.placement
+    draft = "no draft" if memory.draft is None else f"draft in {memory.draft.quant}"
+    lines = ["plan (--offload auto)", f"  context        {memory.context} tokens, {draft}"]
+    for tier, room in (("device", memory.rooms.device_name), ("host", memory.rooms.host_name)):
+        if any(item.tier == tier for item in memory.items):
+            lines.append(f"  {room}: {gb(memory.total(tier))} planned")
+            lines += [f"    {item.what:<52} {gb(item.nbytes):>10}" for item in memory.items if item.tier == tier]
+    lines += [
         f"  layers         {placement.resident} resident, {placement.ram} in RAM, {placement.disk} on disk",
         f"  ring           {placement.slots} slots of {gb(placement.slot_bytes)}",
-        f"  per pass       {gb(placement.pass_bytes)} streamed; {timing}",
-        f"  device holds   {gb(placement.needed)} (weights, KV caches at the context length, the largest tree)",
+        f"  per pass       {gb(placement.pass_bytes)} streamed; {pass_timing(pair, ram_gbps, disk_gbps)}",
+        f"  expected       {expected_speed(pair)}",
     ]
+    return lines + [f"  auto           {note}" for note in memory.notes]
+
+
+def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None) -> str:
+    placement = pair.memory.placement
+    if not placement.streamed:
+        return "no streaming: compute speed"
+    if pair.pass_s is None:
+        return "unknown (no measured or given link speed: --pcie-gbps, --disk-gbps)"
+    return f"~{pair.pass_s:.2f} s streaming per pass at {link_speeds(placement, ram_gbps, disk_gbps)}"
+
+
+def expected_speed(pair: PairPlan) -> str:
+    if pair.tokens_per_s is None:
+        return "not estimated (nothing streams, or a link speed is unknown)"
+    low, high = pair.tokens_per_s
+    rates = "-".join(f"{rate:g}" for rate in PAPER_GEN_RATES)
+    return (f"at most {low:.1f}-{high:.1f} tokens/s: {rates} tokens per pass (SpecExec's offloaded 70B gen rates) "
+            "over the streamed pass; drafting and compute come on top")
 
 
 def cuda_lines(devices: tuple[CudaDevice, ...]) -> list[str]:
     if not devices:
         return ["  cuda           no CUDA device"]
     return [f"  cuda:{i:<9} {d.name}: {gb(d.total)} total, {gb(d.free)} free" for i, d in enumerate(devices)]
+
+
+def render_described(machine: Machine, pair: PairPlan | str) -> str:
+    """The plan on a machine described by its sizes (nothing measured)."""
+    gpu = "no GPU" if machine.vram_gb is None else f"{machine.vram_gb:g} GB GPU"
+    links = ", ".join(f"{name} {value:g} GB/s" for name, value in (("PCIe", machine.pcie_gbps),
+                                                                   ("disk", machine.disk_gbps)) if value)
+    lines = ["machine (described)", f"  memory         {gpu}, {machine.ram_gb:g} GB RAM",
+             f"  links          {links or 'not given'}"]
+    return "\n".join(lines + plan_lines(pair, machine.pcie_gbps, machine.disk_gbps))

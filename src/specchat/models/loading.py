@@ -7,15 +7,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specchat.errors import SpecchatError
 from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
 from specchat.models.registry import find_alias
-from specchat.offload.build import Offload, OffloadPlan, offload_model, plan_model
+from specchat.offload.build import Offload, OffloadPlan, offload_model
 from specchat.offload.placement import Placement
-from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Report, Reporter, transformers_bars
 from specchat.quant.gptq import read_gptq_spec
 
@@ -125,19 +124,6 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
         for parameter in model.parameters():
             if parameter.device.type == "cpu" and parameter.data_ptr() % 64:
                 parameter.data = parameter.data.clone()
-
-
-def plan_target(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
-                reporter: Reporter) -> Placement:
-    """Where `plan` puts `spec`'s decoder layers on this machine, from its config alone (the
-    files are fetched or converted first if needed; no weight is loaded)."""
-    source = resolve(spec)
-    reporter.step(f"placing {source.name}'s decoder layers")
-    directory, gguf_file = materialize(source, reporter)
-    config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file)
-    safetensors = gguf_file is None and any(directory.glob("*.safetensors"))
-    tensors = SafetensorsSource(directory) if safetensors else None  # else sized from the config
-    return plan_model(config, tensors, source.name, dtype, device, plan)
 
 
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,

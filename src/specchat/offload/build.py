@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import psutil
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
+from specchat.memory_room import Room, bounded, ram_room
+from specchat.offload.budget import OS_RESERVE, Ask, Draft, MemoryPlan, Target, plan_memory
 from specchat.offload.cuda import CudaMover, CudaStallMeter, free_bytes
+from specchat.offload.demand import shape_of
 from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
-from specchat.offload.placement import Placement, Request, Rooms, place
+from specchat.offload.placement import Placement, Request, Rooms
 from specchat.offload.sizes import measure_sizes
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
 from specchat.offload.sources import SafetensorsSource
@@ -26,22 +28,24 @@ from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
 from specchat.transfer import TransferStats, gb
 
-Tier = Literal["auto", "ram", "disk"]
+Tier = Literal["auto", "none", "ram", "disk"]
 DEFAULT_TREE_TOKENS = 1024  # the largest tree a CPU's --budget auto builds (limits.auto_cap)
 
 
 @dataclass(frozen=True)
 class OffloadPlan:
-    """What the user asked for; `place` turns it into a `Placement` on this machine."""
+    """What the user asked for; `plan_model` turns it into a `MemoryPlan` on this machine."""
 
-    tier: Tier
+    tier: Tier  # none: every layer on the device
     offload_dir: Path  # where the disk tier's layer file lives
     resident_layers: int | None = None  # None: as many as fit
     slots: int | None = None  # ring size; None: what the room left holds, up to a whole pass
-    ram_budget: int | None = None  # bytes of RAM specchat may take; None: what is available
+    ram_budget: int | None = None  # bytes of RAM specchat may take; None: what the process may take
     vram_budget: int | None = None  # bytes of GPU memory specchat may take; None: what is free
     tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
-    context_tokens: int | None = None  # the longest sequence the KV headroom is sized for; None: the model's
+    contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
+    drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate quantizations, preferred first
+    workspace: int = 0  # the quantized kernels' largest temporary
 
 
 @dataclass
@@ -88,7 +92,7 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     layouts = [layout_of(layer) for layer in layers]
     disk_store = None if plan is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
     if plan is not None and placement is None:
-        placement = place_layers(model, layers_name, layouts, dtype, device, plan, disk_store)
+        placement = plan_layers(model, layers_name, layouts, dtype, device, plan, disk_store).placement
     fill_resident(model, layers_name, source, dtype, device)
     resident = len(layers) if placement is None else placement.resident
     for index in range(resident):
@@ -114,36 +118,47 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
 
 
 def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name: str, dtype: torch.dtype,
-               device: torch.device, plan: OffloadPlan) -> Placement:
-    """Where `plan` would put the model's layers on this machine, without loading anything
-    (`source` None: a checkpoint that is not safetensors, sized from its config)."""
+               device: torch.device, plan: OffloadPlan, rooms: Rooms | None = None) -> MemoryPlan:
+    """The whole memory plan of `plan` for the model of `config` on this machine (or in `rooms`,
+    a described one), without loading anything (`source` None: sized from the config alone)."""
     model = build_skeleton(config, source, dtype)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
     reuse = None if source is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
-    return place_layers(model, layers_name, layouts, dtype, device, plan, reuse)
+    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms)
 
 
-def place_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
-                 device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None) -> Placement:
-    context = plan.context_tokens or model.config.max_position_embeddings
-    sizes = measure_sizes(model, layers_name, layouts, dtype, context, plan.tree_tokens)
+def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
+                device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None,
+                rooms: Rooms | None = None) -> MemoryPlan:
+    sizes = measure_sizes(model, layers_name, layouts, dtype)
     reusable = disk_store is not None and disk_store.reusable
-    rooms = measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
-    return place(sizes, rooms, Request(plan.tier, plan.resident_layers, plan.slots))
+    rooms = rooms or measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
+    contexts = plan.contexts or (model.config.max_position_embeddings,)
+    resident = len(layouts) if plan.tier == "none" else plan.resident_layers
+    tier = "auto" if plan.tier == "none" else plan.tier
+    ask = Ask(contexts, plan.drafts, plan.tree_tokens, plan.workspace, Request(tier, resident, plan.slots),
+              cuda=device.type == "cuda")
+    return plan_memory(Target(sizes, shape_of(model.config, dtype)), ask, rooms)
 
 
 def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -> Rooms:
-    """What each tier offers now, capped by the budgets; a reusable layer file counts as free disk."""
-    available = psutil.virtual_memory().available
-    ram, ram_name = capped(available, plan.ram_budget, "RAM", "--ram-budget")
+    """What each tier offers now: the RAM this process may take (cgroup limits included), or the
+    budget when it is smaller, less what the OS keeps on a CPU (beside a GPU the plan counts it);
+    the GPU's free memory or its budget; the free disk, where a reusable layer file counts as free."""
+    cpu = device.type != "cuda"
+    ram = ram_room()
+    if cpu:
+        ram = Room(ram.bytes - OS_RESERVE, f"RAM ({ram.bound}, less {gb(OS_RESERVE)} for the OS)")
+    if plan.ram_budget is not None:
+        ram = bounded(ram, plan.ram_budget, "RAM under --ram-budget")
     disk_dir = next(path for path in (plan.offload_dir, *plan.offload_dir.parents) if path.exists())
     disk = shutil.disk_usage(disk_dir).free + reusable_file
     disk_name = str(plan.offload_dir)
-    if device.type != "cuda":
-        return Rooms(ram, None, disk, ram_name, ram_name, disk_name)
+    if cpu:
+        return Rooms(ram.bytes, None, disk, ram.bound, ram.bound, disk_name)
     vram, vram_name = capped(free_bytes(device), plan.vram_budget, "GPU memory", "--vram-budget")
-    return Rooms(vram, ram, disk, vram_name, ram_name, disk_name)
+    return Rooms(vram, ram.bytes, disk, vram_name, f"RAM ({ram.bound})", disk_name)
 
 
 def capped(free: int, budget: int | None, what: str, option: str) -> tuple[int, str]:

@@ -11,6 +11,10 @@ worth at least as much as a resident layer as in a staging slot (both save one l
 per pass; the slot only while drafting lasts long enough to fill it), so residents come first
 and the ring keeps what is left.
 
+Beside a GPU, the RAM tier and the disk reads' staging are pinned, and CUDA's pinned (caching
+host) allocator rounds every allocation up to a power of two: a 445 MB layer pins 512 MiB. The
+host tier is counted as it is allocated (`pinned_bytes`).
+
 Pure arithmetic on byte counts: nothing is loaded, written or allocated here.
 """
 
@@ -31,7 +35,7 @@ class ModelSizes:
 
     layers: tuple[int, ...]  # each decoder layer's weights
     fixed: int  # weights outside the decoder layers: always on the device
-    headroom: int  # both KV caches at the context length and the largest tree's activations
+    headroom: int  # everything else the device holds: KV caches, the largest pass, the draft, margins (offload/budget.py)
     file_bytes: int  # the disk tier's layer file (every layer, each padded to the O_DIRECT alignment)
 
 
@@ -137,6 +141,7 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     slot = align_up(max(sizes.layers))
     resident = choose_resident(sizes, device_room, slot, request)
     streamed = count - resident
+    check_resident_fit(sizes.layers, resident, device_room - (min(MIN_SLOTS, streamed) * slot), rooms)
     if streamed == 0:
         return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers))
     device_left = device_room - sum(sizes.layers[:resident])
@@ -146,12 +151,12 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     else:
         slots = choose_slots(request, streamed, device_left, slot, rooms)
         host_left = device_left - slots * slot if rooms.host is None else rooms.host
-        ram = choose_ram(sizes.layers[resident:], host_left, slots * slot, request, rooms)
+        staging = slots * (slot if rooms.host is None else pinned_bytes(slot))
+        ram = choose_ram(sizes.layers[resident:], host_left, staging, request, rooms)
     disk = streamed - ram
-    staging = slots * slot if disk else 0  # beside a GPU, disk reads land in pinned buffers, one per slot
-    if rooms.host is not None and sum(sizes.layers[resident:resident + ram]) + staging > rooms.host:
-        raise SpecchatError(f"{rooms.host_name} is too small for the staging of disk reads: {slots} buffers of "
-                            f"{gb(slot)} need {gb(staging)}")
+    if rooms.host is not None and host_bytes(sizes.layers[resident:resident + ram], slots if disk else 0, slot) > rooms.host:
+        raise SpecchatError(f"{rooms.host_name} is too small for the staging of disk reads: {slots} pinned buffers of "
+                            f"{gb(slot)} take {gb(slots * pinned_bytes(slot))}")
     if disk and rooms.disk < sizes.file_bytes:
         raise SpecchatError(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
                             f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free")
@@ -171,6 +176,14 @@ def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Req
     return fit(sizes.layers, device_room - MIN_SLOTS * slot)
 
 
+def check_resident_fit(layers: tuple[int, ...], resident: int, room: int, rooms: Rooms) -> None:
+    """Resident layers asked for (--resident-layers, --offload none) must fit beside the smallest ring."""
+    if resident and sum(layers[:resident]) > room:
+        raise SpecchatError(f"{rooms.device_name} is too small for {resident} resident layers: they need "
+                            f"{gb(sum(layers[:resident]))}, and {gb(max(room, 0))} are left beside the fixed parts, "
+                            "caches and ring (lower --resident-layers or use --offload auto)")
+
+
 def choose_slots(request: Request, streamed: int, device_left: int, slot: int, rooms: Rooms) -> int:
     """The ring: as asked, else every slot the room left holds, up to a whole pass."""
     smallest = min(MIN_SLOTS, streamed)
@@ -187,12 +200,23 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
     if request.tier == "disk":
         return 0
     if request.tier == "ram":
-        if sum(layers) > host_left:
+        if sum(layers) + (0 if rooms.host is None else sum(pinned_bytes(x) - x for x in layers)) > host_left:
             raise SpecchatError(f"--offload ram: the {len(layers)} streamed layers need {gb(sum(layers))}, and "
                                 f"{rooms.host_name} has {gb(max(host_left, 0))} left")
         return len(layers)
     if rooms.host is None:
         return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
-    if sum(layers) <= host_left:
+    pinned = tuple(pinned_bytes(size) for size in layers)
+    if sum(pinned) <= host_left:
         return len(layers)
-    return fit(layers, host_left - staging)  # disk reads land in pinned staging, one buffer per slot
+    return fit(pinned, host_left - staging)  # disk reads land in pinned staging, one buffer per slot
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What CUDA's caching host allocator takes for `nbytes` pinned: the next power of two."""
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+def host_bytes(ram_layers: tuple[int, ...], staging_slots: int, slot: int) -> int:
+    """Pinned RAM beside a GPU: the RAM tier's layers and the disk reads' staging, as allocated."""
+    return sum(pinned_bytes(size) for size in ram_layers) + staging_slots * pinned_bytes(slot)

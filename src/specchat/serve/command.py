@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
-from specchat.runtime import EngineOptions, live_settings_of, load_models
+from specchat.loader import load_models
+from specchat.runtime import EngineOptions, live_settings_of
 from specchat.serve.app import build_app
 from specchat.serve.completions import ServeConfig
 from specchat.serve.listen import bind, is_loopback, server_for, url_of

@@ -6,7 +6,8 @@ from specchat.chat_template import encode_chat
 from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
 from specchat.offload.placement import Placement
-from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of, load_models
+from specchat.loader import load_models
+from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of
 from specchat.textstream import TextStream
 from specchat.tui.backend import Loader, Progress, settings_for
 from specchat.tui.settings import DecodingSettings

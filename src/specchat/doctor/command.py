@@ -1,0 +1,56 @@
+"""`specchat doctor`: this machine measured (or one described by its sizes, nothing measured) and
+the memory plan of a target and its draft on it."""
+
+import math
+import sys
+from pathlib import Path
+
+from specchat.doctor.advice import advise
+from specchat.doctor.facts import default_offload_dir, gather
+from specchat.doctor.plan import Machine, PairPlan, plan_pair
+from specchat.doctor.report import render, render_described
+from specchat.errors import SpecchatError
+from specchat.limits import MEMORY_BUDGET_GB
+from specchat.offload.links import Links, save_links
+
+
+def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
+               probe_gb: float, ram_budget: float | None, vram_budget: float | None) -> str:
+    """The report: for a described machine from its sizes alone; for this one after measuring its
+    links (and remembering them for the engines)."""
+    check_numbers(machine, ram_budget, vram_budget)
+    directory = offload_dir or default_offload_dir()
+    if machine.described:
+        return render_described(machine, plan_or_reason(target, draft, context, machine, directory))
+    print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
+    facts = gather(directory, probe_gb)
+    save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
+    measured = Machine(disk_gbps=facts.disk_gbps, pcie_gbps=facts.h2d_gbps)
+    pair = plan_or_reason(target, draft, context, measured, facts.offload_dir, gb_bytes(ram_budget),
+                          gb_bytes(vram_budget))
+    return render(facts, advise(facts), pair)
+
+
+def plan_or_reason(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
+                   ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan | str:
+    """The plan, or the one line saying why the pair fits nowhere (bad options still raise)."""
+    try:
+        return plan_pair(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
+    except SpecchatError as error:
+        if "short" in str(error) or "fits nowhere" in str(error) or "too small" in str(error):
+            return str(error)
+        raise
+
+
+def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float | None) -> None:
+    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget), ("--vram-gb", machine.vram_gb),
+                        ("--ram-gb", machine.ram_gb), ("--disk-gbps", machine.disk_gbps),
+                        ("--pcie-gbps", machine.pcie_gbps)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise SpecchatError(f"{name} must be a positive number (got {value})")
+        if value is not None and name.endswith("budget"):
+            MEMORY_BUDGET_GB.check(name, value)
+
+
+def gb_bytes(value: float | None) -> int | None:
+    return None if value is None else int(value * 1e9)

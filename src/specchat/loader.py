@@ -1,0 +1,185 @@
+"""Loading a run's models once: the memory plan first (from the configs, before anything is
+downloaded or loaded), then the target as the plan places it, then the draft as the plan
+quantizes it, into one `Models` bundle."""
+
+from collections.abc import Collection
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from specchat.decoding.events import AUTO
+from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.forward import CausalLM
+from specchat.dsi.build import build_ray_workers, default_workers
+from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
+from specchat.errors import SpecchatError
+from specchat.limits import auto_cap
+from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
+from specchat.models.loading import LoadedModel, load, load_offloaded
+from specchat.models.nf4 import draft_quantization
+from specchat.models.plan import contexts_for, draft_candidates, draft_kinds, plan_target
+from specchat.offload.budget import MemoryPlan
+from specchat.offload.build import Offload, OffloadPlan
+from specchat.offload.links import read_links
+from specchat.offload.placement import Placement
+from specchat.offload.plan_text import describe_plan
+from specchat.paths import cache_dir
+from specchat.progress import Report, Reporter
+from specchat.runtime import DRAFTED_ENGINES, DTYPES, EngineOptions, Models, pick_device, validate
+
+
+def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,
+                report: Report | None = None) -> Models:
+    """Load what `options.engine` and every engine of `engines` need, once.
+
+    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
+    """
+    names = (options.engine, *engines)
+    for name in names:
+        validate(options_for(options, name))
+    if "dsi" not in names and (options.workers is not None or options.ray_address is not None):
+        raise SpecchatError("--workers and --ray-address are for --engine dsi")
+    reporter = Reporter(progress, report)
+    if "dsi" in names and options.offload == "auto":  # dsi's workers share an in-memory target
+        options = replace(options, offload="none")
+    device = pick_device()
+    dtype = DTYPES[options.dtype]
+    drafted = any(name in DRAFTED_ENGINES for name in names)
+    measured = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else None
+    if "dsi" in names and options.ray_address is not None:
+        models, draft_quant = load_ray_models(options, device, dtype, reporter), measured
+    else:
+        memory = plan_run(options, device, dtype, measured, reporter)
+        draft_quant = chosen_draft_quant(memory, measured)
+        models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter)
+    try:
+        if drafted:
+            quantization = draft_quantization(draft_quant.kind, device, dtype)
+            models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
+                                      quant=draft_quant, vocab_size=options.draft_vocab or None)
+        models.identity = identity(options, draft_quant, models.placement)
+        if options.budget in (AUTO, None) and "specexec" in names:
+            reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
+            models.sizer()
+    except BaseException:
+        models.close()
+        raise
+    reporter.step("ready", 1.0)
+    return models
+
+
+def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, measured: DraftQuant | None,
+             reporter: Reporter) -> MemoryPlan:
+    """The whole machine's memory plan for `options`, announced before anything loads; `measured`:
+    the draft's quantization as `auto` resolved it on this device (None: no draft)."""
+    reporter.step("planning memory")
+    drafts = (None,)
+    if measured is not None:
+        kinds = draft_kinds(options.draft_quant, device, measured.kind)
+        drafts = draft_candidates(options.draft, dtype, kinds, measured.dense_above is not None,
+                                  options.draft_vocab or None)
+    memory = plan_target(options.target, dtype, device, offload_plan(options, device, drafts), options.context)
+    announce(memory, reporter)
+    return memory
+
+
+def chosen_draft_quant(memory: MemoryPlan, measured: DraftQuant | None) -> DraftQuant | None:
+    """The draft's quantization as the plan chose it (as measured, when it kept that one)."""
+    if memory.draft is None:
+        return None
+    return measured if measured is not None and measured.kind == memory.draft.quant else DraftQuant(memory.draft.quant)
+
+
+def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None) -> dict:
+    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made):
+    the key of the cost probe's cache. A placement with nothing streamed costs what none costs."""
+    key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
+           "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
+           "draft_quant": str(draft_quant or options.draft_quant)}
+    if placement is not None and placement.streamed:
+        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
+    elif options.offload == "auto":
+        key["offload"] = "none"
+    return key
+
+
+def options_for(options: EngineOptions, name: str) -> EngineOptions:
+    """`options` as engine `name` reads them: dsi's worker options mean nothing to the others."""
+    if name == "dsi":
+        return replace(options, engine=name)
+    return replace(options, engine=name, workers=None, ray_address=None)
+
+
+def load_local_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,
+                      with_workers: bool, reporter: Reporter) -> Models:
+    """The target here (in memory or offloaded, as `memory` places it), and dsi's thread workers
+    over it if asked."""
+    target, offload = load_target(options, device, dtype, memory, reporter)
+    target_lm = CausalLM(target.model, offload)
+    workers = None
+    if with_workers:
+        devices = options.workers or default_workers(device)
+        reporter.step(f"starting {len(parse_devices(devices))} target workers on {devices}")
+        workers = WorkerPool(thread_workers(target_lm, parse_devices(devices)))
+    placement = memory.placement if options.offload != "none" else None
+    return Models(tokenizer=target.tokenizer, stop_ids=stop_token_ids(target.model, target.tokenizer), device=device,
+                  context_tokens=memory.context, target=target_lm, offload=offload, placement=placement,
+                  workers=workers, memory=memory)
+
+
+def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
+    """dsi over Ray actors that each load the target: no target here."""
+    workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
+                                reporter)
+    context = contexts_for(options.context, workers.context_tokens)[0]
+    return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
+                  context_tokens=context, target=None, workers=workers.pool)
+
+
+def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,
+                reporter: Reporter) -> tuple[LoadedModel, Offload | None]:
+    """The target in device memory when the plan streams nothing, else with its decoder layers
+    placed as the plan says."""
+    if not memory.placement.streamed:
+        return load_in_memory(options.target, device, dtype, reporter), None
+    plan = replace(offload_plan(options, device, (memory.draft,)), contexts=(memory.context,))
+    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement)
+
+
+def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> LoadedModel:
+    target = load(spec, dtype, reporter.bars, reporter.report)
+    reporter.step(f"moving {target.name} to {device.type}")
+    target.model.to(device)
+    return target
+
+
+def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (None,)) -> OffloadPlan:
+    """The offload options and the largest tree: the auto cap, or an explicit --budget past it
+    (plus the root a pass scores with it)."""
+    cuda = device.type == "cuda"
+    budget = options.budget if isinstance(options.budget, int) else 0
+    return OffloadPlan(
+        tier=options.offload,
+        offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else cache_dir() / "offload",
+        resident_layers=options.resident_layers,
+        ram_budget=gb_to_bytes(options.ram_budget),
+        vram_budget=gb_to_bytes(options.vram_budget),
+        tree_tokens=max(auto_cap(cuda=cuda, offloaded=True), budget) + 1,
+        drafts=drafts,
+    )
+
+
+def gb_to_bytes(value: float | None) -> int | None:
+    return None if value is None else int(value * 1e9)
+
+
+def announce(memory: MemoryPlan, reporter: Reporter) -> None:
+    """The plan: on the loading screen always; on stderr too when something streams or auto chose."""
+    links = read_links()
+    lines = describe_plan(memory, links.ram_gbps, links.disk_gbps)
+    loud = memory.placement.streamed or memory.notes
+    for line in lines:
+        (reporter.notice if loud else reporter.step)(line)
+    if memory.placement.disk and links.disk_gbps is None:
+        reporter.notice("run `specchat doctor` to measure the disk and see the expected pass time")

@@ -1,0 +1,82 @@
+"""The memory plan of a target and its draft, made from their configs before anything is
+downloaded or loaded (`offload/budget.py` does the arithmetic): the contexts and the draft
+quantizations `auto` may choose among, and where the target's sizes come from."""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from specchat.errors import SpecchatError
+from specchat.limits import CONTEXT, DEFAULT_CONTEXT
+from specchat.models.configs import config_from_file, read_config
+from specchat.models.embedded import EMBEDDED, converted_path
+from specchat.models.loading import ModelSource, resolve
+from specchat.models.marker import is_converted
+from specchat.offload.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
+from specchat.offload.build import OffloadPlan, plan_model
+from specchat.offload.demand import draft_weight_bytes, shape_of
+from specchat.offload.placement import Rooms
+from specchat.offload.skeleton import build_skeleton
+from specchat.offload.sources import SafetensorsSource
+
+
+def contexts_for(requested: int | None, model_max: int) -> tuple[int, ...]:
+    """The KV room's lengths in order of preference: the one asked for, checked against the
+    model's maximum; by default DEFAULT_CONTEXT (or the model's maximum when smaller), then halves
+    down to SMALLEST_CONTEXT that auto may fall back to."""
+    if requested is not None:
+        CONTEXT.check("--context", requested)
+        if requested > model_max:
+            raise SpecchatError(f"--context {requested} is past the target's maximum of {model_max} tokens")
+        return (requested,)
+    first = min(DEFAULT_CONTEXT, model_max)
+    contexts = [first]
+    while contexts[-1] // 2 >= SMALLEST_CONTEXT:
+        contexts.append(contexts[-1] // 2)
+    return tuple(contexts)
+
+
+def draft_kinds(kind: str, device: torch.device, resolved: str | None) -> tuple[str, ...]:
+    """The quantizations the plan may give the draft: the one asked for (or, on a CPU, the one
+    `auto` measured: `resolved`); on a GPU `auto` weighs full weights against nf4 (when
+    bitsandbytes is installed)."""
+    if kind != "auto" or device.type != "cuda":
+        return (resolved or kind,)
+    return ("none", "nf4") if importlib.util.find_spec("bitsandbytes") else ("none",)
+
+
+def draft_candidates(spec: str, dtype: torch.dtype, kinds: tuple[str, ...], dense_kept: bool,
+                     vocab_size: int | None) -> tuple[Draft, ...]:
+    """The draft `spec` in each of `kinds`, sized from its config."""
+    config = read_config(spec)
+    model = build_skeleton(config, None, dtype)
+    shape = shape_of(config, dtype)
+    full = draft_weight_bytes(model, dtype, "none")
+    return tuple(Draft(kind, draft_weight_bytes(model, dtype, kind, dense_kept, vocab_size), shape,
+                       0 if kind == "nf4" else full) for kind in kinds)
+
+
+def plan_target(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan, context: int | None,
+                rooms: Rooms | None = None) -> MemoryPlan:
+    """Where `plan` puts `spec` and its draft on this machine (or in `rooms`) at `context` tokens
+    (None: the default, which auto may shrink): a local safetensors checkpoint is measured as it
+    is (and its layer file reused), anything else is sized from its config, before any download
+    or conversion."""
+    source = resolve(spec)
+    local = local_safetensors(source)
+    config = config_from_file(local / "config.json") if local is not None else read_config(spec)
+    tensors = SafetensorsSource(local) if local is not None else None
+    plan = replace(plan, contexts=contexts_for(context, config.max_position_embeddings))
+    return plan_model(config, tensors, source.name, dtype, device, plan, rooms)
+
+
+def local_safetensors(source: ModelSource) -> Path | None:
+    """The directory of `source`'s safetensors when they are already here, else None."""
+    if source.kind == "dir" and any(Path(source.location).glob("*.safetensors")):
+        return Path(source.location)
+    if source.kind == "embedded" and is_converted(converted_path(EMBEDDED[source.location])):
+        return converted_path(EMBEDDED[source.location])
+    return None
+

@@ -1,0 +1,230 @@
+"""One memory plan for the whole machine: every byte specchat will hold, on every tier, counted
+before anything is loaded or downloaded.
+
+The device holds the target's fixed parts (embeddings, final norm, LM head), its resident layers
+and the streaming ring; the draft's weights in the quantization it will use; both KV caches, each
+at its own bytes per token, for the context plus the largest tree; the largest pass's
+activations (a target pass over the tree, or a draft step as wide: they never run at once); the
+quantized kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the
+pinned RAM tier and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's
+weights while they load through RAM, and RAM kept back for the OS.
+
+When the pair does not fit as asked, `auto` chooses what a user would: the draft quantization
+that streams the fewest bytes per pass (fewer resident layers are the placement's own answer),
+then a smaller context. Where nothing fits, one line names the tier, the bytes missing and the
+option that would make it fit. Pure arithmetic, as `placement` is.
+"""
+
+from dataclasses import dataclass, replace
+
+from specchat.errors import SpecchatError
+from specchat.offload.demand import ModelShape
+from specchat.offload.direct_io import align_up
+from specchat.offload.placement import MIN_SLOTS, ModelSizes, Placement, Request, Rooms, pinned_bytes, place
+from specchat.transfer import gb
+
+GIB = 2**30
+# The CUDA context (~0.3-0.5 GB once created), cuBLAS workspaces and the caching allocator's
+# fragmentation: kept free on a GPU whatever the plan.
+CUDA_MARGIN = GIB
+OS_RESERVE = 10**9  # RAM left to the OS and the page cache that checkpoint reads pass through
+RUNTIME_BYTES = 15 * 10**8  # python, torch, transformers and the tokenizer: counted on a described machine
+SMALLEST_CONTEXT = 1024  # auto shrinks a default context no further
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of the plan: `nbytes` of `what` on a tier ("device" or "host")."""
+
+    tier: str
+    what: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A draft in one quantization."""
+
+    quant: str  # none | int8 | nf4
+    weights: int  # bytes on the device
+    shape: ModelShape
+    load_bytes: int  # host RAM its weights pass through while they load (freed once on the device)
+
+
+@dataclass(frozen=True)
+class Target:
+    sizes: ModelSizes  # its decoder layers and fixed parts (headroom 0: the plan adds it)
+    shape: ModelShape
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What the run asks for; `contexts` and `drafts` are in order of preference (one each when
+    the user fixed it, several when auto may choose)."""
+
+    contexts: tuple[int, ...]
+    drafts: tuple[Draft | None, ...]  # (None,): no draft
+    tree_tokens: int  # the largest tree a pass scores
+    workspace: int  # the quantized kernels' largest temporary (quant's stated bound)
+    request: Request = Request()
+    cuda: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    placement: Placement
+    context: int
+    draft: Draft | None
+    items: tuple[Item, ...]  # every byte, tier by tier
+    rooms: Rooms  # what each tier offered, before the plan's margins
+    notes: tuple[str, ...]  # what auto chose, and why
+
+    def total(self, tier: str) -> int:
+        return sum(item.nbytes for item in self.items if item.tier == tier)
+
+
+def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
+    """The plan for the first context (in `ask`'s order) at which some draft fits, with the draft
+    that streams least there; one-line SpecchatError when none does."""
+    for context in ask.contexts:
+        plans = []
+        for draft in ask.drafts:
+            try:
+                plans.append(plan_one(target, ask, rooms, context, draft))
+            except SpecchatError:
+                continue  # another draft or a smaller context may fit; the refusal says why none did
+        if plans:
+            best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
+            return replace(best, notes=choices(ask, best, plans))
+    raise refusal(target, ask, rooms)
+
+
+def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
+    device, host = demands(target, ask, context, draft)
+    reserved = target.sizes.fixed + sum(item.nbytes for item in device)
+    check_device(target, ask, rooms, [Item("device", "fixed parts", target.sizes.fixed), *device])
+    host_left = None if rooms.host is None else rooms.host - sum(item.nbytes for item in host)
+    if host_left is not None and host_left < 0:
+        raise SpecchatError(f"{rooms.host_name} is {gb(-host_left)} short of what loading and the OS need "
+                            f"({', '.join(item.what for item in host)})")
+    sizes = replace(target.sizes, headroom=reserved - target.sizes.fixed)
+    placement = place(sizes, replace(rooms, host=host_left), ask.request)
+    items = (Item("device", "fixed parts (embeddings, final norm, LM head)", target.sizes.fixed), *device,
+             *layer_items(placement, rooms), *host)
+    return MemoryPlan(placement, context, draft, items, rooms, ())
+
+
+def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> None:
+    """The device must hold everything but the layers, and the smallest ring beside it (or every
+    layer, when all are asked to be resident); else one line: how much is missing, and for what."""
+    layers = target.sizes.layers
+    resident = ask.request.resident or 0
+    ring = 0 if resident >= len(layers) else MIN_SLOTS * align_up(max(layers))
+    need = sum(item.nbytes for item in device) + sum(layers[:resident]) + ring
+    if need > rooms.device:
+        largest = sorted(device, key=lambda item: -item.nbytes)[:4]
+        parts = ", ".join(f"{item.what} {gb(item.nbytes)}" for item in largest)
+        what = f"{resident} resident layers" if resident else "the smallest streaming ring"
+        raise SpecchatError(f"{rooms.device_name} is {gb(need - rooms.device)} short: {gb(need)} are needed for "
+                            f"{what} beside {parts} and the rest")
+
+
+def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tuple[list[Item], list[Item]]:
+    """Everything but the target's fixed parts and layers: (device items, host items)."""
+    tokens = context + ask.tree_tokens
+    passes = [target.shape.pass_bytes(context, ask.tree_tokens)]
+    device = [Item("device", f"target KV cache ({tokens} tokens)", target.shape.kv_bytes(tokens))]
+    host = []
+    if draft is not None:
+        device += [Item("device", f"draft weights ({draft.quant})", draft.weights),
+                   Item("device", f"draft KV cache ({tokens} tokens)", draft.shape.kv_bytes(tokens))]
+        passes.append(draft.shape.pass_bytes(context, ask.tree_tokens))
+        if ask.cuda and draft.load_bytes:
+            host.append(Item("host", "draft weights while they load", draft.load_bytes))
+    device.append(Item("device", f"largest pass ({ask.tree_tokens}-token tree)", max(passes)))
+    if ask.workspace:
+        device.append(Item("device", "quantized kernels' workspace", ask.workspace))
+    if ask.cuda:
+        device.append(Item("device", "CUDA context and allocator margin", CUDA_MARGIN))
+        host.append(Item("host", "kept for the OS", OS_RESERVE))
+    return device, host
+
+
+def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
+    """The decoder layers' bytes on each tier, and the ring's."""
+    resident = sum(placement.layers[: placement.resident])
+    items = [Item("device", f"{placement.resident} resident decoder layers", resident)]
+    if placement.slots:
+        items.append(Item("device", f"ring of {placement.slots} slots", placement.slots * placement.slot_bytes))
+    if rooms.host is None:  # a CPU: its RAM is the device, the ram tier's layers are resident ones
+        return items
+    if placement.ram:
+        pinned = sum(pinned_bytes(placement.layers[i]) for i in placement.ram_layers)
+        items.append(Item("host", f"{placement.ram} decoder layers in pinned RAM", pinned))
+    if placement.disk:
+        items.append(Item("host", f"{placement.slots} pinned staging buffers for disk reads",
+                          placement.slots * pinned_bytes(placement.slot_bytes)))
+    return items
+
+
+def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, ...]:
+    """What auto chose, in words, when it had a choice."""
+    notes = []
+    if best.context != ask.contexts[0]:
+        notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
+    if len(ask.drafts) > 1 and best.draft is not None:
+        streamed = ", ".join(f"{plan.draft.quant}: {gb(plan.placement.pass_bytes)}" for plan in plans)
+        notes.append(f"draft in {best.draft.quant}: it streams the least per pass ({streamed})")
+    return tuple(notes)
+
+
+def refusal(target: Target, ask: Ask, rooms: Rooms) -> SpecchatError:
+    """Why even the smallest draft at the smallest context does not fit, and the option that would."""
+    smallest = min(ask.drafts, key=lambda draft: 0 if draft is None else draft.weights)
+    try:
+        plan_one(target, ask, rooms, ask.contexts[-1], smallest)
+    except SpecchatError as error:
+        hint = fitting_option(target, ask, rooms) or (
+            "a smaller draft would fit" if smallest is not None and fits_without_draft(target, ask, rooms) else None)
+        return SpecchatError(f"{error}{f'; {hint}' if hint else ''}")
+    raise AssertionError("refusal() is called only when no plan fits")
+
+
+def fits_without_draft(target: Target, ask: Ask, rooms: Rooms) -> bool:
+    try:
+        plan_one(target, ask, rooms, ask.contexts[-1], None)
+    except SpecchatError:
+        return False
+    return True
+
+
+def fitting_option(target: Target, ask: Ask, rooms: Rooms) -> str | None:
+    """The largest context below those tried that fits with the smallest draft (when it is at least
+    SMALLEST_CONTEXT / 4), else None."""
+    drafts = sorted(ask.drafts, key=lambda draft: 0 if draft is None else draft.weights)
+    low, high = 0, ask.contexts[-1] - 1
+    while low < high:  # the largest context below the ones tried at which the smallest draft fits
+        middle = (low + high + 1) // 2
+        try:
+            plan_one(target, ask, rooms, middle, drafts[0])
+            low = middle
+        except SpecchatError:
+            high = middle - 1
+    if low < SMALLEST_CONTEXT // 4:
+        return None
+    quant = "" if drafts[0] is None or len(ask.drafts) == 1 else f" with the draft in {drafts[0].quant}"
+    return f"--context {low}{quant} would fit"
+
+
+
+def described_rooms(vram: int | None, ram: int, disk: int | None = None) -> Rooms:
+    """The rooms of a machine described by its sizes (`specchat doctor --vram-gb --ram-gb`): its
+    RAM less the runtime's own footprint (and, on a CPU, what the OS keeps); a disk of `disk`
+    free bytes, or one with room for any layer file when None."""
+    disk_bytes = disk if disk is not None else 2**62
+    usable = ram - RUNTIME_BYTES
+    ram_name = f"RAM ({gb(ram)}, less {gb(RUNTIME_BYTES)} for specchat's runtime)"
+    if vram is None:
+        return Rooms(usable - OS_RESERVE, None, disk_bytes, ram_name[:-1] + f" and {gb(OS_RESERVE)} for the OS)",
+                     disk_name="the disk")
+    return Rooms(vram, usable, disk_bytes, f"GPU memory ({gb(vram)})", ram_name, "the disk")

@@ -1,0 +1,101 @@
+"""What a model asks of memory besides its decoder layers, as arithmetic on its config: its KV
+cache per token and the activations of its largest pass, and a draft's weights in each
+quantization. Pure numbers: the plan (`offload/budget.py`) adds them up.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+# bitsandbytes' nf4: 4 bits a weight plus one fp32 absmax per block of 64 (no double quantization).
+NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
+INT8_SCALE_BYTES = 4  # quant/int8.py: one fp32 scale per output row
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of one model that its caches and activations follow."""
+
+    heads: int
+    hidden: int
+    intermediate: int
+    kv_per_token: int  # bytes of one cache slot: keys and values of every layer
+    itemsize: int  # bytes of one activation element (the compute dtype)
+
+    def kv_bytes(self, tokens: int) -> int:
+        return self.kv_per_token * tokens
+
+    def pass_bytes(self, context: int, tree: int) -> int:
+        """Activations of one pass over `tree` tokens after `context` cached ones, one layer at a
+        time: the attention scores (heads x n x (context + n)) as a math-path attention holds
+        them, the tree mask (additive and boolean), the MLP's three n x intermediate products and
+        a few n x hidden states. An upper bound: fused kernels hold less."""
+        n, keys, size = tree, context + tree, self.itemsize
+        scores = self.heads * n * keys * size
+        masks = n * keys * (size + 1)
+        mlp = 3 * n * self.intermediate * size
+        hidden = 4 * n * self.hidden * size
+        return scores + masks + mlp + hidden
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """One cache slot: keys and values of every layer."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
+
+
+def shape_of(config, dtype: torch.dtype) -> ModelShape:
+    return ModelShape(config.num_attention_heads, config.hidden_size, config.intermediate_size,
+                      kv_bytes_per_token(config, dtype), dtype.itemsize)
+
+
+def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, dense_kept: bool = False,
+                       head_rows: int | None = None) -> int:
+    """Bytes of a draft's weights (`model` on the meta device) as `quant` and the sub-vocabulary
+    head (models/draft_approx.py) store them:
+    none: as loaded (floating tensors in `dtype`, packed ones as they are);
+    int8 (quant/int8.py): the decoder's linears as int8 with a scale per row, and their dense
+      copies beside when `dense_kept`; with the whole vocabulary the LM head too (a tied head's
+      embedding stays);
+    nf4 (bitsandbytes): every linear but the LM head at NF4_BYTES_PER_WEIGHT.
+    `head_rows`: a head restricted to that many tokens, a copy of that many rows (in int8 under
+    int8) beside the whole head; None: the whole vocabulary."""
+    total = sum(tensor_bytes(t, dtype) for t in unique_tensors(model))
+    head = model.get_output_embeddings()
+    layers = [m for m in model.get_decoder().modules() if isinstance(m, nn.Linear)]
+    if quant == "int8":
+        total += sum(int8_bytes(m) - (0 if dense_kept else m.weight.numel() * dtype.itemsize) for m in layers)
+    elif quant == "nf4":
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
+        total -= sum(m.weight.numel() * dtype.itemsize - int(m.weight.numel() * NF4_BYTES_PER_WEIGHT) for m in linears)
+    vocab, width = head.weight.shape
+    if head_rows is not None and head_rows < vocab:
+        return total + (head_rows * (width + INT8_SCALE_BYTES) if quant == "int8" else head_rows * width * dtype.itemsize)
+    if quant == "int8":
+        tied = head.weight is model.get_input_embeddings().weight
+        total += int8_bytes(head) - (0 if tied else head.weight.numel() * dtype.itemsize)
+    return total
+
+
+def int8_bytes(linear: nn.Linear) -> int:
+    return linear.weight.numel() + linear.weight.shape[0] * INT8_SCALE_BYTES
+
+
+def unique_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Parameters and buffers, a tied weight counted once."""
+    seen, out = set(), []
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
+
+
+def tensor_bytes(tensor: torch.Tensor, dtype: torch.dtype) -> int:
+    """Floating tensors load in `dtype`; others (GPTQ's packed words) keep theirs."""
+    itemsize = dtype.itemsize if tensor.is_floating_point() else tensor.dtype.itemsize
+    return tensor.numel() * itemsize
