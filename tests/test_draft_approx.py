@@ -37,10 +37,20 @@ def test_weight_only_int8_is_within_half_a_step_per_weight(dtype):
     layer = Int8Linear(weight.to(dtype), bias.to(dtype), dynamic=False)
     assert layer.weight.dtype == torch.int8 and layer.packed is None
     assert (layer.dequantized().float() - weight).abs().max() <= layer.scales.float().max() / 2 + 1e-2
-    exact = x @ layer.dequantized().float().t() + bias
+    dequantized = layer.dequantized().float()
+    exact = x @ dequantized.t() + bias
     out = layer(x.to(dtype)).float()
     assert out.shape == (3, 5, 24)
-    assert torch.allclose(out, exact, rtol=0.02, atol=0.05)
+    # Only rounding separates the two (Higham, Accuracy and Stability, ch. 3): a sum of n products
+    # accumulated with unit roundoff u errs by at most n * u * M, M = sum_i |x_i w_i| + |b|. Both
+    # accumulate in float32 or wider (CPU matmuls accumulate bf16 in float32), one more rounding
+    # each in float32 (the bias's add; exact's cast of the weights); `out` also rounds three
+    # times in `dtype`: the input's cast, the product and the bias's add. So 3 * u(dtype) +
+    # 2 * (n + 2) * u(float32): about 5e-6 of M in float32 and float64, 0.012 in bfloat16.
+    unit = {t: torch.finfo(t).eps / 2 for t in (dtype, torch.float32)}
+    magnitude = x.abs() @ dequantized.abs().t() + bias.abs()
+    bound = (3 * unit[dtype] + 2 * (x.shape[-1] + 2) * unit[torch.float32]) * magnitude
+    assert ((out - exact).abs() <= bound).all()
 
 
 X86_ONLY = pytest.mark.skipif(not dynamic_kernel(torch.device("cpu")), reason="fbgemm's dynamic kernel runs on x86 only")

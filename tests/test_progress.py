@@ -179,13 +179,15 @@ def test_runtime_loader_forwards_the_steps_and_silences_stderr(tiny_target, monk
         chat_template = "role: content"
 
     calls: list[dict] = []
+    loaded: list[Models] = []
 
     def fake_load_models(options: EngineOptions, progress: bool, report) -> Models:
         calls.append({"options": options, "progress": progress})
         report("assembling tiny.gguf", 0.5)
         report("ready", 1.0)
-        return Models(tokenizer=ChatTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"),
-                      context_tokens=1024, target=tiny_target)
+        loaded.append(Models(tokenizer=ChatTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"),
+                             context_tokens=1024, target=tiny_target))
+        return loaded[0]
 
     monkeypatch.setattr(runtime_backend, "load_models", fake_load_models)
     options = EngineOptions(engine="autoregressive")
@@ -193,6 +195,8 @@ def test_runtime_loader_forwards_the_steps_and_silences_stderr(tiny_target, monk
     backend = runtime_backend.runtime_loader(options, DecodingSettings())(report)
 
     assert report.calls == [("assembling tiny.gguf", 0.5), ("ready", 1.0)]
-    assert calls == [{"options": options, "progress": False}]
-    assert backend.context_tokens == 1024
+    assert calls == [{"options": options, "progress": False}]  # no bars: stderr stays quiet
+    # The backend drives the models loaded behind the screen, with the engine the options name.
+    assert backend.models is loaded[0] and backend.engine.name == "autoregressive"
+    assert backend.engine_names == ("autoregressive",) and backend.name == options.target
 

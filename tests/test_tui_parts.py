@@ -18,6 +18,8 @@ from specchat.tui.reply import ReplyJob
 from specchat.tui.settings import DecodingSettings
 from specchat.textstream import TextStream
 
+HANG_S = 30  # bound on a wait that only guards against a hang
+
 
 def encode(messages):
     return FakeBackend().encode(messages)
@@ -59,9 +61,14 @@ def test_dropped_turns_stay_out_and_the_next_prompts_extend_the_last():
 
 
 def test_reply_room_is_capped_at_half_the_context():
-    prompt = fit_prompt([], turns("x" * 50), encode, context_tokens=200, max_tokens=10_000)
-    assert prompt.dropped == 0
-    assert prompt.max_new_tokens == 200 - len(prompt.ids)
+    """A max-tokens far past the context keeps half of it (100 tokens) for the reply, not all of
+    it: a conversation of 100 tokens stays whole, one of 101 loses its oldest exchange."""
+    fits, over = turns("a" * 20, "b" * 20, "c" * 26), turns("a" * 20, "b" * 20, "c" * 27)
+    assert (len(encode(fits)), len(encode(over))) == (100, 101)
+    prompt = fit_prompt([], fits, encode, context_tokens=200, max_tokens=10_000)
+    assert prompt.dropped == 0 and prompt.ids == encode(fits)
+    assert prompt.max_new_tokens == 100  # the reply may use all the room the prompt leaves
+    assert fit_prompt([], over, encode, context_tokens=200, max_tokens=10_000).dropped == 2
 
 
 def test_a_message_larger_than_the_context_is_refused():
@@ -193,14 +200,31 @@ def test_fake_dsi_engine_reads_its_lookahead_live_and_notices_once():
     assert FakeBackend([engine]).settings.lookahead == 2
 
 
+class AskedLock:
+    """A lock that says when a thread first asks for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.asked = threading.Event()
+
+    def __enter__(self) -> None:
+        self.asked.set()
+        self.lock.acquire()
+
+    def __exit__(self, *_exc) -> None:
+        self.lock.release()
+
+
 def test_decode_reply_waits_for_the_engine_lock():
-    lock, posted = threading.Lock(), []
+    lock, posted = AskedLock(), []
     reply = job(FakeEngine())
     with lock:
         thread = threading.Thread(target=decode_reply, args=(reply, lock, posted.append))
         thread.start()
-        thread.join(0.05)
-        assert thread.is_alive() and posted == []
-        reply.cancel.set()
-    thread.join(1)
-    assert posted == []
+        assert lock.asked.wait(HANG_S)
+        # It asked while this thread holds the lock: it cannot have run the engine.
+        assert posted == [] and reply.engine.calls == []
+        reply.cancel.set()  # cut while it waited: it must not start decoding
+    thread.join(HANG_S)
+    assert not thread.is_alive()
+    assert posted == [] and reply.engine.calls == []
