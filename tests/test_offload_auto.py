@@ -14,7 +14,7 @@ from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
-from specchat.models.loading import plan_target
+from specchat.models.plan import plan_target
 from specchat.offload.build import OffloadPlan
 from specchat.progress import Reporter
 from specchat.loader import load_models

@@ -12,7 +12,8 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.stopping import stop_token_ids
-from specchat.models.loading import load, plan_target
+from specchat.models.loading import load
+from specchat.models.plan import plan_target
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.build import OffloadPlan
 from specchat.progress import Reporter

@@ -269,6 +269,7 @@ def bench(
     n_prompts: int = typer.Option(20, help="The first N prompts of the set."),
     max_new_tokens: int = typer.Option(64, help="New tokens per reply (fewer if the reply ends)."),
     offload: OffloadOpt = "none",
+    context: ContextOpt = None,
     target: TargetOpt = EngineOptions.target,
     draft: DraftOpt = EngineOptions.draft,
     dtype: DtypeOpt = DEFAULT_DTYPE,
@@ -285,7 +286,7 @@ def bench(
         check_sampling(value, top_p, seed, max_new_tokens)
     names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", parse_budget_item)
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
-                  dtype=dtype, offload=offload, max_depth=DEFAULT_MAX_DEPTH,
+                  dtype=dtype, offload=offload, max_depth=DEFAULT_MAX_DEPTH, context=context,
                   workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
     rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)

@@ -32,6 +32,7 @@ class Setup:
     offload: str
     max_depth: int
     workers: str = "cpu,cpu"  # dsi's target workers
+    context: int | None = None  # tokens of KV room; None: the default
 
 
 @dataclass(frozen=True)

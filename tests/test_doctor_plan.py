@@ -1,0 +1,75 @@
+"""`specchat doctor --target M --draft M` on a described machine: offline, from the shipped
+configs, the plan tier by tier and the expected speed; and `--context` checked before any load."""
+
+import re
+
+import pytest
+from test_cli import assert_one_line_error, run_cli
+
+from specchat.models.registry import ALIASES
+from specchat.models.configs import read_config, shipped_config_path
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch) -> None:
+    """No hub: the plan must come from the shipped configs."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_every_alias_ships_a_config_that_transformers_reads():
+    for alias in ALIASES.values():
+        assert shipped_config_path(alias.name).is_file(), alias.name
+        config = read_config(alias.name)
+        assert config.num_hidden_layers > 0 and config.max_position_embeddings >= 4096
+
+
+def test_the_papers_pair_on_a_24_gb_card_is_planned_offline(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-2-70b-gptq", "--draft", "llama-2-7b",
+                           "--vram-gb", "24", "--ram-gb", "64", "--pcie-gbps", "25")
+    assert code == 0
+    lines = out.splitlines()
+    assert "machine (described)" in lines and "plan (--offload auto)" in lines
+    assert "  context        4096 tokens, draft in nf4" in lines
+    planned = re.search(r"GPU memory \(24\.00 GB\): ([\d.]+) GB planned", out)
+    assert planned and float(planned.group(1)) <= 24.0
+    assert re.search(r"^  per pass       [\d.]+ GB streamed; ~[\d.]+ s streaming per pass at 25\.00 GB/s from RAM$",
+                     out, re.M)
+    assert re.search(r"^  expected       at most [\d.]+-[\d.]+ tokens/s", out, re.M)
+    for what in ("draft weights (nf4)", "draft KV cache", "target KV cache", "largest pass", "pinned RAM",
+                 "CUDA context"):
+        assert what in out
+
+
+def test_llama_3_70b_at_8192_tokens_streams_from_disk_and_says_the_disk_speed_is_unknown(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-3-70b", "--draft", "llama-3-8b",
+                           "--context", "8192", "--vram-gb", "24", "--ram-gb", "64", "--pcie-gbps", "25")
+    assert code == 0
+    assert "  context        8192 tokens, draft in nf4" in out
+    layers = re.search(r"^  layers         (\d+) resident, (\d+) in RAM, (\d+) on disk$", out, re.M)
+    assert layers and int(layers.group(3)) > 0  # 141 GB of bf16 weights do not fit in 64 GB
+    assert "unknown (no measured or given link speed" in out
+
+
+def test_a_pair_that_fits_nowhere_is_a_line_of_the_report(monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "qwen2.5-72b-gptq", "--draft", "qwen2.5-7b",
+                           "--vram-gb", "12", "--ram-gb", "32")
+    assert code == 0
+    assert re.search(r"^  fits nowhere   GPU memory \(12\.00 GB\) is [\d.]+ GB short: .*a smaller draft would fit$",
+                     out, re.M)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--vram-gb", "24"), "--vram-gb describes a GPU machine: give its RAM with --ram-gb too"),
+    (("--ram-gb", "-1"), "--ram-gb must be a positive number"),
+    (("--ram-gb", "64", "--context", "9000"), "--context 9000 is past the target's maximum of 4096 tokens"),
+])
+def test_bad_doctor_options_are_one_line(monkeypatch, capsys, args, fragment):
+    code, _, err = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-2-70b-gptq", "--draft", "llama-2-7b",
+                           *args)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_generate_refuses_a_context_past_the_models_maximum_before_loading(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--context", "40000")
+    assert_one_line_error(code, err, "--context 40000 is past the target's maximum of 32768 tokens")
+    assert "loading" not in err

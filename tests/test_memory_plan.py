@@ -1,0 +1,142 @@
+"""The paper's pairs planned on virtual machines, from the shipped configs alone. Every byte count
+asserted here is the configs' arithmetic written out below, not the plan's own output."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specchat.errors import SpecchatError
+from specchat.models.plan import contexts_for, draft_candidates, plan_target
+from specchat.offload.budget import CUDA_MARGIN, OS_RESERVE, RUNTIME_BYTES, described_rooms
+from specchat.offload.build import OffloadPlan
+
+GB = 10**9
+TREE = 2049  # the largest tree a GPU's --budget auto builds offloaded (2048), plus its root
+BF16 = 2
+
+
+def gptq_linear(inputs: int, outputs: int, group: int) -> int:
+    """qweight int32 [I/8, O], qzeros int32 [G, O/8], scales fp16 [G, O], g_idx int32 [I]."""
+    groups = 1 if group == -1 else inputs // group
+    return inputs * outputs // 2 + groups * outputs // 2 + groups * outputs * 2 + inputs * 4
+
+
+def llama_layer_linears(hidden: int, mlp: int, kv_heads: int, head_dim: int = 128) -> list[tuple[int, int]]:
+    kv = kv_heads * head_dim
+    return [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, mlp), (hidden, mlp), (mlp, hidden)]
+
+
+def kv_per_token(layers: int, kv_heads: int, head_dim: int = 128) -> int:
+    return layers * 2 * kv_heads * head_dim * BF16
+
+
+LLAMA2_70B_GPTQ_LAYER = sum(gptq_linear(i, o, -1) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
+LLAMA2_7B_PARAMS_LINEAR = 32 * sum(i * o for i, o in llama_layer_linears(4096, 11008, 32))
+LLAMA2_7B_OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096 + 2 * 64  # embeddings, head, norms, rotary buffers
+
+
+def gpu_plan(target: str, draft: str | None, vram_gb: float, ram_gb: float, context: int | None = None,
+             kinds: tuple[str, ...] = ("none", "nf4")):
+    drafts = (None,) if draft is None else draft_candidates(draft, torch.bfloat16, kinds, False, None)
+    plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=TREE, drafts=drafts)
+    rooms = described_rooms(int(vram_gb * GB), int(ram_gb * GB))
+    return plan_target(target, torch.bfloat16, torch.device("cuda"), plan, context, rooms)
+
+
+def item(memory, prefix: str) -> int:
+    (found,) = [i.nbytes for i in memory.items if i.what.startswith(prefix)]
+    return found
+
+
+def assert_fits(memory, vram_gb: float, ram_gb: float) -> None:
+    assert memory.total("device") <= vram_gb * GB
+    assert memory.total("host") <= ram_gb * GB - RUNTIME_BYTES
+
+
+def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
+    memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64)
+    placement = memory.placement
+    assert placement.layers == (LLAMA2_70B_GPTQ_LAYER,) * 80
+    rotary = 2 * 64 * BF16  # inv_freq and its original copy
+    assert item(memory, "fixed parts") == 2 * 32000 * 8192 * BF16 + 8192 * BF16 + rotary
+    tokens = 4096 + TREE
+    assert item(memory, "target KV cache") == kv_per_token(80, 8) * tokens == 327680 * tokens  # 320 KiB a token
+    assert item(memory, "draft KV cache") == kv_per_token(32, 32) * tokens == 524288 * tokens  # 512 KiB: more
+    nf4 = LLAMA2_7B_OTHER * BF16 + sum(int(w * (0.5 + 4 / 64)) for w in [i * o for i, o in llama_layer_linears(
+        4096, 11008, 32)] * 32)
+    assert memory.draft.quant == "nf4" and item(memory, "draft weights (") == nf4  # bf16's 13.5 GB leaves few residents
+    assert item(memory, "CUDA context") == CUDA_MARGIN
+    assert item(memory, "kept for the OS") == OS_RESERVE
+    pinned = 2**29  # a 446 MB layer pins 512 MiB
+    assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * pinned
+    assert placement.resident + placement.ram == 80 and placement.disk == 0 and placement.resident >= 20
+    assert item(memory, f"{placement.resident} resident") == placement.resident * LLAMA2_70B_GPTQ_LAYER
+    assert_fits(memory, 24, 64)
+    assert memory.context == 4096 and memory.notes  # auto says why the draft is in nf4
+
+
+def test_the_bf16_draft_alone_is_planned_when_it_is_the_only_choice():
+    memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64, kinds=("none",))
+    assert item(memory, "draft weights (") == (LLAMA2_7B_PARAMS_LINEAR + LLAMA2_7B_OTHER) * BF16  # 13.5 GB
+    assert memory.placement.resident < 10
+    assert_fits(memory, 24, 64)
+
+
+def test_llama_3_1_70b_at_8192_tokens_and_its_8b_on_24_gb_and_64_gb():
+    memory = gpu_plan("llama-3.1-70b-gptq", "llama-3.1-8b", 24, 64, context=8192)
+    tokens = 8192 + TREE
+    assert item(memory, "target KV cache") == kv_per_token(80, 8) * tokens
+    assert item(memory, "draft KV cache") == kv_per_token(32, 8) * tokens  # 128 KiB a token
+    layer = sum(gptq_linear(i, o, 128) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
+    assert memory.placement.layers == (layer,) * 80
+    assert memory.context == 8192 and memory.placement.disk == 0
+    assert_fits(memory, 24, 64)
+
+
+@pytest.mark.parametrize(("target", "draft"), [("llama-2-70b-gptq", "llama-2-7b"),
+                                               ("llama-3.1-70b-gptq", "llama-3.1-8b")])
+def test_a_16_gb_card_with_32_gb_of_ram_streams_the_rest_from_nvme(target, draft):
+    memory = gpu_plan(target, draft, 16, 32)
+    placement = memory.placement
+    assert placement.disk > 0 and placement.slots >= 2
+    staging = placement.slots * 2**29 if placement.slot_bytes <= 2**29 else placement.slots * 2**30
+    assert item(memory, f"{placement.slots} pinned staging") == staging
+    assert_fits(memory, 16, 32)
+
+
+def test_qwen2_5_72b_on_12_gb_fits_alone_and_is_refused_in_one_line_beside_a_7b():
+    alone = gpu_plan("qwen2.5-72b-gptq", None, 12, 32)
+    fixed = 2 * 152064 * 8192 * BF16  # untied embeddings and head: 5 GB of the 12
+    assert item(alone, "fixed parts") >= fixed and alone.placement.disk > 0
+    assert_fits(alone, 12, 32)
+    with pytest.raises(SpecchatError) as refused:
+        gpu_plan("qwen2.5-72b-gptq", "qwen2.5-7b", 12, 32)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("GPU memory (12.00 GB) is ") and " short: " in message
+    assert "a smaller draft would fit" in message
+
+
+def test_auto_halves_a_default_context_that_does_not_fit_and_says_so():
+    roomy = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64)
+    kv = kv_per_token(80, 8) + kv_per_token(32, 32)
+    # a card 2048 tokens of both caches short of the default context (and of the ring's slack)
+    vram = (roomy.total("device") - item(roomy, f"{roomy.placement.resident} resident")
+            - kv * 2048 + 2 * LLAMA2_70B_GPTQ_LAYER) / GB
+    memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", vram, 64, kinds=("nf4",))
+    assert memory.context == 2048 and any("context 2048" in note for note in memory.notes)
+
+
+def test_a_context_the_user_fixed_is_not_shrunk_and_the_refusal_names_one_that_fits():
+    with pytest.raises(SpecchatError, match=r"--context \d+ would fit$"):
+        gpu_plan("llama-2-70b-gptq", "llama-2-7b", 22, 64, context=4096, kinds=("none",))
+
+
+def test_contexts_default_to_4096_and_halve_to_1024_and_a_past_maximum_context_is_one_line():
+    assert contexts_for(None, 131072) == (4096, 2048, 1024)
+    assert contexts_for(None, 2048) == (2048, 1024)
+    assert contexts_for(8192, 131072) == (8192,)
+    with pytest.raises(SpecchatError, match=r"^--context 8192 is past the target's maximum of 4096 tokens$"):
+        contexts_for(8192, 4096)
+    with pytest.raises(SpecchatError, match=r"^--context must be between 64 and"):
+        contexts_for(10, 4096)
