@@ -407,7 +407,7 @@ def test_thread_worker_cancel_from_another_thread_preempts_mid_forward(tiny_targ
     def pause(_module, _args):  # after the verifier's own check on layer 0
         if worker.verifier.running == slow.id:
             entered.set()
-            go.wait(30)
+            go.wait(HANG_S)
 
     handle = worker.verifier.target.model.get_decoder().layers[0].register_forward_pre_hook(pause)
     try:
@@ -415,7 +415,7 @@ def test_thread_worker_cancel_from_another_thread_preempts_mid_forward(tiny_targ
         slow_future = pool.running[0].future
         follow = VerifyJob(1, tuple(PROMPT + ref[:2]), len(PROMPT) + 1, GREEDY)
         pool.submit(follow)
-        assert entered.wait(30)
+        assert entered.wait(HANG_S)
         assert pool.cancel({0}) == 1  # from this thread, while the worker is inside layer 0
         go.set()
         assert pool.collect(block=True) == []  # job 0 stopped, and its stop was discarded
