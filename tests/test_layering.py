@@ -115,6 +115,14 @@ def test_front_end_sees_only_the_engine_protocol_of_decoding(front_end):
     assert not reaching, "\n".join(reaching)
 
 
+@pytest.mark.parametrize("front_end", FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL)
+def test_front_end_reaches_models_and_offload_only_through_runtime(front_end):
+    """The chat and the server see placements, plans and models only as runtime hands them over."""
+    reaching = [f"{where}: {importer} imports {imported}" for where, importer, imported in EDGES
+                if room_of(importer) == front_end and room_of(imported) in ("offload", "quant")]
+    assert not reaching, "\n".join(reaching)
+
+
 def classes() -> dict[str, tuple[str, list[str], bool]]:
     """Classes of src/specchat: name -> (where, base names, defines `generate`)."""
     found = {}

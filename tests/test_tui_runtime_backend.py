@@ -18,7 +18,8 @@ from specchat.dsi.workers import WorkerPool, thread_workers
 from specchat.errors import SpecchatError
 from specchat.runtime import Models
 from specchat.tui.app import SpecchatApp
-from specchat.tui.runtime_backend import RuntimeBackend, transfer_label
+from specchat.runtime import transfer_label
+from specchat.tui.runtime_backend import RuntimeBackend
 from specchat.tui.settings import DecodingSettings
 from specchat.tui.store import ConversationStore
 

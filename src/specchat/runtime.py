@@ -118,6 +118,9 @@ class Models:
     def auto_cap(self) -> int:
         return auto_cap(cuda=self.device.type == "cuda", offloaded=self.offload is not None)
 
+    def transfer_label(self) -> str:
+        return transfer_label(self.device.type, self.placement)
+
     def close(self) -> None:
         """Stop the weight streamer's loader thread and close the layer file; stop DSI's workers."""
         if self.offload is not None:
@@ -127,6 +130,15 @@ class Models:
 
 
 TREE_ENGINES = {"specexec": SpecExecEngine, "sd": ChainSDEngine, "specinfer": SpecInferEngine}
+
+
+def transfer_label(device_type: str, placement: Placement | None) -> str:
+    """Where streamed weights travel from, as the panels name it; "" when nothing streams."""
+    if placement is None or not placement.streamed:
+        return ""
+    if device_type == "cuda":
+        return "PCIe"
+    return "disk" if placement.disk else "RAM"
 
 
 def pick_device() -> torch.device:

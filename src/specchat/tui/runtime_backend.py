@@ -5,21 +5,11 @@ from transformers import PreTrainedTokenizerBase
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
-from specchat.offload.placement import Placement
 from specchat.loader import load_models
 from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of
 from specchat.textstream import TextStream
 from specchat.tui.backend import Loader, Progress, settings_for
 from specchat.tui.settings import DecodingSettings
-
-
-def transfer_label(device_type: str, placement: Placement | None) -> str:
-    """Where streamed weights travel from, as the panels name it; "" when nothing streams."""
-    if placement is None or not placement.streamed:
-        return ""
-    if device_type == "cuda":
-        return "PCIe"
-    return "disk" if placement.disk else "RAM"
 
 
 class RuntimeBackend:
@@ -64,7 +54,7 @@ def runtime_loader(options: EngineOptions, settings: DecodingSettings) -> Loader
         models = load_models(options, progress=False, report=progress)
         try:
             first = models.engine(options.engine, live_settings_of(options))
-            return RuntimeBackend(models, first, name, settings, transfer_label(models.device.type, models.placement))
+            return RuntimeBackend(models, first, name, settings, models.transfer_label())
         except BaseException:
             models.close()
             raise
