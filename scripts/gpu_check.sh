@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Check specchat's offloading on a CUDA machine: offloaded-vs-resident logits on the GPU, pinned
-# host-to-device bandwidth against `specchat doctor`'s probe, and a short specexec run with
-# --offload auto. Prints PASS / FAIL lines; exits 0 with a message when there is no GPU.
+# Check specchat on a CUDA machine in one command: a ring smaller than a pass reused over several
+# passes, a GPTQ target streamed from pinned RAM and from disk, nf4 and int8 drafts, the
+# --budget auto probe against measured passes, --offload auto under a --vram-budget that makes the
+# default pair stream, and pinned host->device bandwidth against `specchat doctor`'s probe.
+# Prints a table with a verdict per check (PASS / FAIL / SKIP with its reason) and exits 1 on any
+# FAIL; exits 0 with a message when there is no GPU. The same checks as tests: pytest -m cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

@@ -1,0 +1,58 @@
+"""The GPU check's checks as tests, on a CUDA host: marked `cuda` (pytest -m cuda runs them
+alone) and skipped where torch sees no CUDA device. scripts/gpu_check.sh runs the same functions
+(tests/gpu_checks/) and prints them as a table."""
+
+import pytest
+import torch
+from gpu_checks.auto_offload import check_auto_offload
+from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.drafts import check_draft
+from gpu_checks.probe_costs import CAP, check_probe, wide_target
+from gpu_checks.replies import GreedyJudge
+from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
+from gpu_checks.verdict import Verdict
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: these tests check a GPU")]
+CUDA = torch.device("cuda")
+REPLIES_TIMEOUT_S = 3600  # default-pair replies through the command line; the first may convert the models
+
+
+def assert_holds(verdict: Verdict) -> None:
+    if verdict.status == "SKIP":
+        pytest.skip(verdict.detail)
+    assert verdict.status == "PASS", verdict.detail
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory) -> GreedyJudge:
+    return GreedyJudge(tmp_path_factory.mktemp("replies"))
+
+
+@pytest.mark.parametrize(("family", "slots"), [("llama", 2), ("qwen2", 3)])
+def test_a_ring_smaller_than_a_pass_is_reused_and_matches_the_model_in_memory(offload_dir, family, slots):
+    assert_holds(check_ring_reuse(family, slots, CUDA, offload_dir))
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_a_gptq_target_streamed_matches_the_gptq_model_in_memory(offload_dir, tier):
+    assert_holds(check_gptq_streamed(tier, CUDA, offload_dir))
+
+
+@pytest.mark.timeout(REPLIES_TIMEOUT_S)
+@pytest.mark.parametrize("kind", ["nf4", "int8"])
+def test_a_quantized_draft_replies_as_the_target_does(judge, kind):
+    assert_holds(check_draft(kind, judge, CUDA))
+
+
+def test_the_probe_costs_what_passes_measure(offload_dir):
+    assert_holds(check_probe(wide_target(CUDA, offload_dir), CAP))
+
+
+@pytest.mark.timeout(REPLIES_TIMEOUT_S)
+def test_offload_auto_under_a_vram_budget_streams_and_replies_as_the_target_does(judge):
+    assert_holds(check_auto_offload(judge, CUDA))
+
+
+def test_streamed_bandwidth_matches_the_doctor_probe(offload_dir):
+    assert_holds(check_bandwidth(CUDA, offload_dir))
