@@ -174,6 +174,15 @@ def test_a_wait_the_stream_has_not_reached_is_counted_once_it_has(simulated):
     assert meter.seconds() == 0.0 and not meter.pending
 
 
+def test_waits_the_stream_has_got_past_are_counted_as_new_ones_come(simulated):
+    """No one need read the stall for the events to be let go: each new wait collects the old."""
+    meter = CudaStallMeter(CUDA)
+    for _ in range(100):
+        simulated.compute(1.0)
+        wait([meter], simulated, host_blocks_until=simulated.stream_free_at + 0.5)  # each copy lands 0.5 s late
+    assert len(meter.pending) <= 1 and meter.seconds() == pytest.approx(50.0)
+
+
 def test_the_streamer_meters_each_wait_for_a_layer_and_reports_the_meter():
     log = []
 

@@ -6,6 +6,7 @@ accounting is the transport's, both tested on CPU; this only maps their calls on
 and events.
 """
 
+import threading
 from collections import deque
 
 import torch
@@ -52,12 +53,15 @@ class CudaStallMeter:
         self.device = device
         self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
         self.total = 0.0
+        self.lock = threading.Lock()  # the computing thread adds waits; any thread may read stats
 
     def start(self) -> torch.cuda.Event:
         return self.record()
 
     def stop(self, mark: torch.cuda.Event) -> None:
-        self.pending.append((mark, self.record()))
+        with self.lock:
+            self.pending.append((mark, self.record()))
+            self.collect()  # keeps `pending` to the waits the device has not reached yet
 
     def record(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -65,12 +69,17 @@ class CudaStallMeter:
         return event
 
     def seconds(self) -> float:
-        """The waits the stream has got past (in stream order); a wait still queued is counted
-        by a later call, so a caller that synchronized the device first sees every wait."""
+        """The waits the stream has got past; a wait still queued is counted by a later call, so
+        a caller that synchronized the device first sees every wait."""
+        with self.lock:
+            self.collect()
+            return self.total
+
+    def collect(self) -> None:
+        """Add the waits the stream has got past (they complete in stream order)."""
         while self.pending and self.pending[0][1].query():
             before, after = self.pending.popleft()
             self.total += before.elapsed_time(after) / 1000  # elapsed_time is in milliseconds
-        return self.total
 
 
 def free_bytes(device: torch.device) -> int:
