@@ -11,7 +11,9 @@ from specchat.doctor.advice import Recommendation, advise, recommend
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.report import render
 from specchat.offload.links import read_links
-from specchat.offload.placement import Placement
+from specchat.doctor.plan import PairPlan
+from specchat.offload.budget import Item, MemoryPlan
+from specchat.offload.placement import Placement, Rooms
 
 GB = 10**9
 TARGET = 3 * GB  # needs 3.6 GB with 20% headroom
@@ -49,8 +51,18 @@ def facts(**changes) -> Facts:
     return Facts(**{**base, **changes})
 
 
-RESIDENT = Placement((GB // 10,) * 28, resident=28, ram=0, disk=0, slots=0, slot_bytes=GB // 10, needed=7 * GB)
-STREAMED = Placement((GB // 10,) * 28, resident=10, ram=0, disk=18, slots=2, slot_bytes=GB // 10, needed=5 * GB)
+def pair_plan(placement: Placement, pass_s: float | None = None) -> PairPlan:
+    items = (Item("device", "fixed parts", GB), Item("device", "target KV cache (5121 tokens)", GB // 2),
+             Item("device", f"{placement.resident} resident decoder layers", placement.resident * GB // 10))
+    memory = MemoryPlan(placement, 4096, None, items, Rooms(20 * GB, None, 100 * GB, "RAM (test)"), ())
+    rates = None if pass_s is None else (8 / pass_s, 20 / pass_s)
+    return PairPlan(memory, pass_s, rates)
+
+
+RESIDENT = pair_plan(Placement((GB // 10,) * 28, resident=28, ram=0, disk=0, slots=0, slot_bytes=GB // 10,
+                               needed=7 * GB))
+STREAMED = pair_plan(Placement((GB // 10,) * 28, resident=10, ram=0, disk=18, slots=2, slot_bytes=GB // 10,
+                               needed=5 * GB), pass_s=1.0)
 
 
 def test_render_cpu_report():
@@ -67,9 +79,11 @@ def test_render_cpu_report():
         "  budget         16",
         "  why            because",
         "plan (--offload auto)",
+        "  context        4096 tokens, no draft",
+        "  RAM (test): 4.30 GB planned",
         "  layers         28 resident, 0 in RAM, 0 on disk",
         "  per pass       0.00 GB streamed; no streaming: compute speed",
-        "  device holds   7.00 GB (weights, KV caches at the context length, the largest tree)",
+        "  expected       not estimated (nothing streams, or a link speed is unknown)",
     ):
         assert line in report.splitlines()
 
@@ -78,7 +92,8 @@ def test_render_a_plan_that_streams_and_one_that_fits_nowhere():
     report = render(facts(disk_gbps=1.8), Recommendation("disk", 256, "x"), STREAMED).splitlines()
     assert "  layers         10 resident, 0 in RAM, 18 on disk" in report
     assert "  ring           2 slots of 0.10 GB" in report
-    assert "  per pass       1.80 GB streamed; ~1.00 s streaming per pass" in report
+    assert "  per pass       1.80 GB streamed; ~1.00 s streaming per pass at 1.80 GB/s from disk" in report
+    assert "  expected       at most 8.0-20.0 tokens/s: 8-20 tokens per pass" in " ".join(report)
     report = render(facts(), Recommendation("disk", 256, "x"), "the model fits nowhere: y").splitlines()
     assert report[-2:] == ["plan (--offload auto)", "  fits nowhere   the model fits nowhere: y"]
 
@@ -105,7 +120,8 @@ def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):
     assert re.search(r"disk read +\d+\.\d\d GB/s \(", out)
     assert re.search(r"offload +(none|ram|disk)\n +budget +\d+", out)
     assert offload.is_dir() and not any(offload.iterdir())  # the probe file is gone
-    assert re.search(r"plan \(--offload auto\)\n +layers +\d+ resident, \d+ in RAM, \d+ on disk", out)
+    assert re.search(r"plan \(--offload auto\)\n +context +4096 tokens, draft in \w+\n", out)
+    assert re.search(r"^  layers +\d+ resident, \d+ in RAM, \d+ on disk$", out, re.M)
     measured = float(re.search(r"disk read +(\d+\.\d\d) GB/s", out).group(1))
     assert round(read_links().disk_gbps, 2) == measured  # the loading screen's expected pass time uses it
 
@@ -120,11 +136,12 @@ def without_cuda(monkeypatch) -> None:
 def test_doctor_plans_under_a_ram_budget(monkeypatch, capsys, tmp_path, without_cuda):
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     args = ["doctor", "--probe-gb", "0.01", "--offload-dir", str(tmp_path / "offload")]
-    code, out, _ = run_cli(monkeypatch, capsys, *args, "--ram-budget", "5")
+    code, out, _ = run_cli(monkeypatch, capsys, *args, "--ram-budget", "3")
     assert code == 0 and re.search(r"layers +\d+ resident, 0 in RAM, \d+ on disk", out)
-    assert not re.search(r"layers +28 resident", out)  # 5 GB cannot hold every layer beside the KV caches
+    # 3 GB cannot hold 2.6 GB of layers beside 0.9 GB of fixed parts, the caches and the draft
+    assert not re.search(r"layers +28 resident", out)
     code, out, _ = run_cli(monkeypatch, capsys, *args, "--ram-budget", "0.5")
-    assert code == 0 and "fits nowhere   RAM under --ram-budget 0.5 GB is too small for the model" in out
+    assert code == 0 and re.search(r"fits nowhere   RAM under --ram-budget 0\.50 GB is [\d.]+ GB short: ", out)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,8 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     device = pick_device()
     dtype = DTYPES[options.dtype]
     drafted = any(name in DRAFTED_ENGINES for name in names)
+    if drafted:
+        draft_quantization(options.draft_quant, device, dtype)  # nf4 without CUDA or bitsandbytes: one line, now
     measured = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else None
     if "dsi" in names and options.ray_address is not None:
         models, draft_quant = load_ray_models(options, device, dtype, reporter), measured

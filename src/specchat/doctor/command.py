@@ -43,13 +43,13 @@ def plan_or_reason(target: str, draft: str | None, context: int | None, machine:
 
 
 def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float | None) -> None:
-    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget), ("--vram-gb", machine.vram_gb),
-                        ("--ram-gb", machine.ram_gb), ("--disk-gbps", machine.disk_gbps),
-                        ("--pcie-gbps", machine.pcie_gbps)):
+    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
+        if value is not None:
+            MEMORY_BUDGET_GB.check(name, value)
+    for name, value in (("--vram-gb", machine.vram_gb), ("--ram-gb", machine.ram_gb),
+                        ("--disk-gbps", machine.disk_gbps), ("--pcie-gbps", machine.pcie_gbps)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise SpecchatError(f"{name} must be a positive number (got {value})")
-        if value is not None and name.endswith("budget"):
-            MEMORY_BUDGET_GB.check(name, value)
 
 
 def gb_bytes(value: float | None) -> int | None:
