@@ -54,7 +54,7 @@ def facts(**changes) -> Facts:
 def pair_plan(placement: Placement, pass_s: float | None = None) -> PairPlan:
     items = (Item("device", "fixed parts", GB), Item("device", "target KV cache (5121 tokens)", GB // 2),
              Item("device", f"{placement.resident} resident decoder layers", placement.resident * GB // 10))
-    memory = MemoryPlan(placement, 4096, None, items, Rooms(20 * GB, None, 100 * GB, "RAM (test)"), ())
+    memory = MemoryPlan(placement, 4096, None, items, Rooms(20 * GB, None, 100 * GB, "RAM (test)"), (), 1025)
     rates = None if pass_s is None else (8 / pass_s, 20 / pass_s)
     return PairPlan(memory, pass_s, rates)
 

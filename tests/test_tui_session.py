@@ -162,6 +162,16 @@ def test_budget_auto_is_refused_where_the_engine_keeps_its_size(store):
     assert session.backend.engine.budget == 16 and session.settings.budget == 16
 
 
+def test_a_budget_past_the_planned_tree_is_refused_and_the_engine_keeps_its_size(store):
+    session = session_on(store)
+    session.backend.max_budget = 1024  # what a plan made room for
+    assert session.change("budget", 1024).notes == (Note("budget set to 1024"),)
+    refused = session.change("budget", 1025)
+    assert refused.notes == (Note("/budget 1025 is past the 1024-token tree this run's memory plan made room for: "
+                                  "restart with --budget 1025 to plan for it", error=True),)
+    assert session.backend.engine.budget == 1024 and session.settings.budget == 1024
+
+
 def test_switching_engines_shows_the_size_the_new_engine_keeps(store):
     session = session_on(store, [FakeEngine(), FakeEngine(name="sd", sizes_trees=False, budget=12)])
     session.change("budget", "auto")

@@ -118,6 +118,10 @@ class Models:
     def auto_cap(self) -> int:
         return auto_cap(cuda=self.device.type == "cuda", offloaded=self.offload is not None)
 
+    def max_budget(self) -> int:
+        """The largest draft tree the memory plan made room for (its pass scores the root too)."""
+        return BUDGET.high if self.memory is None else int(self.memory.tree_tokens) - 1
+
     def transfer_label(self) -> str:
         return transfer_label(self.device.type, self.placement)
 

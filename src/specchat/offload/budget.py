@@ -78,6 +78,7 @@ class MemoryPlan:
     items: tuple[Item, ...]  # every byte, tier by tier
     rooms: Rooms  # what each tier offered, before the plan's margins
     notes: tuple[str, ...]  # what auto chose, and why
+    tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
@@ -111,7 +112,7 @@ def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft 
     placement = place(sizes, replace(rooms, host=host_left), ask.request)
     items = (Item("device", "fixed parts (embeddings, final norm, LM head)", target.sizes.fixed), *device,
              *layer_items(placement, rooms), *host)
-    return MemoryPlan(placement, context, draft, items, rooms, ())
+    return MemoryPlan(placement, context, draft, items, rooms, (), ask.tree_tokens)
 
 
 def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> None:

@@ -25,6 +25,7 @@ class ChatBackend(Protocol):
     engine_names: tuple[str, ...]  # what /engine accepts
     settings: DecodingSettings  # the starting settings (budget and depth as the engine has them)
     context_tokens: int  # the target's context window
+    max_budget: int  # the largest draft tree the memory plan made room for
     transfer_label: str  # where offloaded weights come from: "PCIe", "RAM", "disk" or "" (none)
 
     def encode(self, messages: list[dict]) -> list[int]:

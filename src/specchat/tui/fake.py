@@ -185,6 +185,7 @@ class FakeBackend:
         self.engine_names = tuple(self.engines)
         self.engine = next(iter(self.engines.values()))
         self.context_tokens = context_tokens
+        self.max_budget = 8192  # limits.BUDGET's ceiling: a fake plans no memory
         self.settings = settings_for(self.engine, DecodingSettings())
         self.tokenizer = FakeTokenizer()
         self.closes = 0  # how often the app closed the backend: once, as it exits

@@ -27,6 +27,7 @@ class RuntimeBackend:
         self.engine = first
         self.name = name
         self.context_tokens = models.context_tokens
+        self.max_budget = models.max_budget()
         self.transfer_label = transfer_label
         self.settings = settings_for(first, settings)
 

@@ -166,6 +166,9 @@ class Session:
                 # Refused rather than kept for later: dsi runs alone (/engine never offers it), so
                 # a lookahead set on another engine would never apply.
                 return says(f"/lookahead applies to the dsi engine only, not {engine.name}", error=True)
+            case "budget" if isinstance(value, int) and value > self.backend.max_budget:
+                return says(f"/budget {value} is past the {self.backend.max_budget}-token tree this run's memory plan "
+                            f"made room for: restart with --budget {value} to plan for it", error=True)
             case "budget" if value == AUTO and not self.sizes_trees():
                 return says(f"/budget auto is not available for {engine.name} in this run: only specexec sizes "
                             "its own trees, when `specchat run` starts with --budget auto", error=True)
