@@ -1,0 +1,124 @@
+"""A Linear whose 4-bit weight stays packed: torch's fused int4 kernel for narrow inputs, chunked
+dequantization for wide ones, on CPU and CUDA alike.
+
+The weight is an Int4Weight (int4_weight: w = (q - 8) * scale + zero per group of inputs) held as
+its device's kernel reads it, in buffers, so that it travels with state_dict and streams through
+the offload ring like any layer tensor:
+  packed            the kernel layout (int4_pack): uint8 [O, I/2] on a CPU, int32 [O/8, I/16t, 32, t/2] on CUDA
+  scales_and_zeros  [G, O, 2] in the compute dtype (the kernels take them in the input's dtype)
+  perm              long [I], act-order only: input i of the weight is input perm[i] of the layer
+  bias              [O] in the compute dtype, when the layer has one
+The layout is made once, when the weight is packed for its device (`int4_tensors`), and stored as
+such (a layer file holds it; nothing is repacked per pass). In float32 the scales and zeros are the
+weight's own and the fused CPU kernel's weights are bitwise the Int4Weight's; in bf16 they are
+rounded to bf16 once, at packing (each weight moves by at most 2**-9 (|q - 8| |scale| + |zero|)).
+"""
+
+import torch
+from torch import Tensor, nn
+
+from specchat.errors import SpecchatError
+from specchat.quant.int4_chunks import chunked_linear, chunked_workspace
+from specchat.quant.int4_layout import layout_for
+from specchat.quant.int4_pack import GROUP_SIZES, ROW_MULTIPLE, check_shape, pack, packed_shape
+from specchat.quant.int4_probe import FUSED_DTYPES, UNLIMITED, WidthChoice, fused_linear, width_choice
+from specchat.quant.int4_weight import Int4Weight
+
+
+class Int4Linear(nn.Module):
+    """y = x w^T + b with w packed for `kernel`'s device type; its buffers are made empty (on the
+    default device: meta inside a skeleton) and filled by `int4_tensors`' values."""
+
+    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool, act_order: bool,
+                 dtype: torch.dtype, kernel: torch.device) -> None:
+        super().__init__()
+        check_shape(out_features, in_features, group_size)
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.kernel = kernel.type
+        self.widths: WidthChoice | None = None  # None: the probe's measured choice (`use_fused_only`)
+        shape, packed_dtype = packed_shape(out_features, in_features, kernel.type)
+        self.register_buffer("packed", torch.empty(shape, dtype=packed_dtype))
+        self.register_buffer("scales_and_zeros", torch.empty(in_features // group_size, out_features, 2, dtype=dtype))
+        self.register_buffer("perm", torch.empty(in_features, dtype=torch.long) if act_order else None)
+        self.register_buffer("bias", torch.empty(out_features, dtype=dtype) if bias else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype != self.scales_and_zeros.dtype or x.device.type != self.kernel:
+            raise SpecchatError(f"an Int4Linear packed for {self.kernel} in {self.scales_and_zeros.dtype} was given "
+                                f"{x.dtype} inputs on {x.device.type}")
+        flat = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            flat = flat.index_select(1, self.perm)
+        choice = self.widths or width_choice(self.kernel, x.dtype)
+        if flat.shape[0] <= choice.fused_rows:
+            out = fused_linear(flat, self.packed, self.scales_and_zeros, self.group_size)
+        else:
+            layout = layout_for(x.device, self.in_features)
+            out = chunked_linear(flat, self.packed, self.scales_and_zeros, self.group_size, layout, choice.product)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
+                f"kernel={self.kernel}")
+
+
+def use_fused_only(model: nn.Module) -> int:
+    """Make every Int4Linear in `model` run the fused kernel at every width, so that a row's output
+    is the same whatever rows are beside it (so measured of the CPU kernel: tests/test_int4.py; a
+    chunked product's dense matmul blocks differently by width). Returns how many were set."""
+    linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
+    for linear in linears:
+        dtype = linear.scales_and_zeros.dtype
+        if dtype not in FUSED_DTYPES[linear.kernel]:
+            raise SpecchatError(f"{linear.kernel}'s fused int4 kernel takes no {dtype} inputs")
+        linear.widths = WidthChoice(UNLIMITED, dtype)
+    return len(linears)
+
+
+def int4_fits(in_features: int, out_features: int, group_size: int, kernel: torch.device) -> bool:
+    """Whether `kernel`'s int4 path takes this shape: groups of 32-256 inputs, out_features a
+    multiple of 16 and, on a CPU, of its layout's tile rows (chunked products read whole tiles;
+    every real model's widths are multiples of 64)."""
+    if group_size not in GROUP_SIZES or in_features % group_size or out_features % ROW_MULTIPLE:
+        return False
+    if kernel.type == "cuda":
+        return in_features % 32 == 0
+    return out_features % layout_for(kernel, in_features).rows == 0
+
+
+def int4_tensors(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
+    """The buffers of an Int4Linear on `device` in `dtype` holding `weight` (what its state_dict,
+    and so a layer file, holds)."""
+    if not int4_fits(weight.in_features, weight.out_features, weight.group_size, device):
+        raise SpecchatError(f"{device.type}'s int4 kernels cannot take a {weight.out_features} x {weight.in_features} "
+                            f"weight in groups of {weight.group_size} (int4_fits)")
+    tensors = {
+        "packed": pack(weight.nibbles, device),
+        "scales_and_zeros": torch.stack([weight.scales, weight.zeros], dim=-1).to(device, dtype),
+    }
+    if weight.perm is not None:
+        tensors["perm"] = weight.perm.to(device, torch.long)
+    if bias is not None:
+        tensors["bias"] = bias.to(device, dtype)
+    return tensors
+
+
+def int4_linear(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, device: torch.device) -> Int4Linear:
+    """An Int4Linear on `device` in `dtype` holding `weight`."""
+    linear = Int4Linear(weight.in_features, weight.out_features, weight.group_size, bias is not None,
+                        weight.perm is not None, dtype, device)
+    linear.load_state_dict(int4_tensors(weight, bias, dtype, device))
+    return linear.to(device)
+
+
+def workspace_bytes(in_features: int, out_features: int, rows: int, dtype: torch.dtype, group_size: int = 32) -> int:
+    """The most memory an Int4Linear's forward allocates beyond its output, for `rows` input rows
+    in `dtype`, whichever product the probe picks: the input permuted (act-order) plus the chunked
+    product's buffers (the fused kernels allocate nothing; their bound is the input copy alone)."""
+    permuted = rows * in_features * dtype.itemsize
+    chunked = max(chunked_workspace(in_features, out_features, rows, dtype, product, group_size)
+                  for product in (torch.float32, dtype))
+    return permuted + chunked
+

@@ -1,0 +1,87 @@
+"""Which int4 product serves which input width, measured once per process on the machine at hand.
+
+The fused kernels win on narrow inputs (one token, draft steps): they read each packed weight once
+and never write it out. On wide ones (tree passes, prompts) dequantizing chunks for a dense matmul
+wins, sooner or later depending on the CPU (vector width, bf16 instructions) or GPU. So nothing
+about it is fixed here: a probe times both on a PROBE_SHAPE weight at PROBE_ROWS widths (the
+fastest of PROBE_RUNS each) and keeps the widest run of widths at which the fused kernel won. It
+also times the chunked product in float32 against the input's dtype (2-5x apart either way on CPUs
+with and without bf16 instructions) and keeps the faster.
+"""
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from time import perf_counter
+
+import torch
+
+from specchat.quant.int4_chunks import chunked_linear
+from specchat.quant.int4_layout import layout_for
+from specchat.quant.int4_pack import pack, pack_nibbles
+
+PROBE_SHAPE = (1024, 1024)  # (in, out): 0.5 MB packed, so that the slow side of a wide probe stays short
+PROBE_GROUP = 32  # GGUF Q4_K's groups, the smallest: the most scales to read
+PROBE_ROWS = (1, 4, 16, 64, 256)  # a token, small and wide trees
+WIDE_ROWS = 64  # where the chunked product's dtype is chosen: a tree pass
+PROBE_RUNS = 2
+UNLIMITED = math.inf
+FUSED_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    fused_rows: float  # inputs of at most this many rows run the fused kernel (0: never; inf: always)
+    product: torch.dtype  # the dense product's dtype for wider inputs
+
+
+@cache
+def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
+    """The measured choice for inputs of `dtype` on `device_type`, probed once per process."""
+    device = torch.device(device_type)
+    generator = torch.Generator().manual_seed(0)
+    in_features, out_features = PROBE_SHAPE
+    q = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=generator)
+    packed = pack(pack_nibbles(q), device)
+    scales_and_zeros = (torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64).to(device, dtype)
+    layout = layout_for(device, in_features)
+    x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
+
+    def chunked(rows: int, product: torch.dtype) -> float:
+        return seconds(lambda: chunked_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout, product), device)
+
+    def fused(rows: int) -> float:
+        return seconds(lambda: fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP), device)
+
+    product = dtype if dtype == torch.float32 or chunked(WIDE_ROWS, dtype) < chunked(WIDE_ROWS, torch.float32) \
+        else torch.float32
+    if dtype not in FUSED_DTYPES.get(device_type, ()):
+        return WidthChoice(0, product)
+    wins = 0
+    for rows in PROBE_ROWS:
+        if fused(rows) >= chunked(rows, product):
+            return WidthChoice(wins, product)
+        wins = rows
+    return WidthChoice(UNLIMITED, product)
+
+
+def fused_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [rows, I] @ w.T through torch's fused int4 kernel of x's device."""
+    if x.device.type == "cuda":
+        return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group_size, scales_and_zeros)
+
+
+def seconds(run, device: torch.device) -> float:
+    """The fastest of PROBE_RUNS runs after one warm-up."""
+    best = math.inf
+    for attempt in range(PROBE_RUNS + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if attempt:
+            best = min(best, perf_counter() - start)
+    return best

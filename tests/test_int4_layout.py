@@ -1,0 +1,60 @@
+"""int4_pack and int4_layout: canonical nibbles, packing in chunks, and the kernel layout learned
+from torch's own converter and read back."""
+
+import pytest
+import torch
+
+from specchat.errors import SpecchatError
+from specchat.quant.int4_layout import fit_tiles, layout_of, unpack_transposed
+from specchat.quant.int4_pack import PACK_ROWS, pack, pack_nibbles, unpack_nibbles
+
+CPU = torch.device("cpu")
+
+
+def random_q(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_canonical_nibbles_hold_even_inputs_high():
+    q = torch.tensor([[1, 2, 3, 4]], dtype=torch.uint8)
+    assert pack_nibbles(q).tolist() == [[0x12, 0x34]]
+    q = random_q(32, 64)
+    assert torch.equal(unpack_nibbles(pack_nibbles(q)), q)
+
+
+def test_packing_in_chunks_is_the_whole_conversion():
+    q = random_q(PACK_ROWS + 96, 64)
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    assert torch.equal(pack(pack_nibbles(q), CPU), whole)
+
+
+def test_the_learned_cpu_layout_reads_packed_weights_back():
+    layout = layout_of("cpu", 1)
+    q = random_q(8 * layout.rows, 96, seed=1)
+    packed = pack(pack_nibbles(q), CPU)
+    rows = 2 * layout.rows
+    out = torch.empty(96, rows)
+    unpack_transposed(packed, 3 * layout.rows, layout, torch.empty(2 * rows * 96, dtype=torch.uint8), out)
+    assert torch.equal(out, q[3 * layout.rows:5 * layout.rows].t().float())
+
+
+def test_fitting_finds_a_made_up_layout_and_rejects_a_wrong_tile():
+    # 4 x 2 tiles, row-major, each tile's weights stored in reverse order
+    rows, cols, tile_rows, tile_cols = 8, 4, 4, 2
+    stream = [(tr * tile_rows + r) * cols + tc * tile_cols + c
+              for tr in range(rows // tile_rows) for tc in range(cols // tile_cols)
+              for r, c in reversed([(r, c) for r in range(tile_rows) for c in range(tile_cols)])]
+    natural = fit_tiles(torch.tensor(stream), cols, tile_rows, tile_cols)
+    size = tile_rows * tile_cols
+    reversed_order = torch.arange(size - 1, -1, -1)  # weight w sits at stream place size - 1 - w
+    plane = reversed_order % 2 * (size // 2) + reversed_order // 2
+    assert torch.equal(natural, plane)
+    assert fit_tiles(torch.tensor(stream), cols, 2, 2) is None
+
+
+def test_packing_refuses_shapes_the_kernels_cannot_take():
+    from specchat.quant.int4_pack import check_shape
+    with pytest.raises(SpecchatError, match="groups of 32"):
+        check_shape(64, 64, 16)
+    with pytest.raises(SpecchatError, match="divisible by 16"):
+        check_shape(40, 64, 32)
