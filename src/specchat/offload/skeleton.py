@@ -12,14 +12,18 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from specchat.errors import SpecchatError
 from specchat.offload.sources import SafetensorsSource
 from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
+from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
 
 _QWEIGHT = ".qweight"
 
 
-def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, dtype: torch.dtype) -> PreTrainedModel:
+def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, dtype: torch.dtype,
+                   kernel: torch.device | None = None) -> PreTrainedModel:
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
     (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
-    quantizes them)."""
+    quantizes them), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
+    weights never expanded; `layer_tensors` converts the checkpoint's)."""
     spec = read_gptq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
@@ -28,6 +32,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         packed = [name[: -len(_QWEIGHT)] for name in source.names() if name.endswith(_QWEIGHT)] \
             if source is not None else layer_linears(model)
         replace_linears_with_gptq(model, packed, spec)
+        if kernel is not None:
+            replace_gptq_with_int4(model, spec, dtype, kernel)
     model.eval()
     return model
 
@@ -50,12 +56,18 @@ def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
 
 def layer_tensors(layer: nn.Module, prefix: str, source: SafetensorsSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """A layer's checkpoint tensors, named as in its state_dict; parameters cast to `dtype`,
-    buffers (GPTQ's packed words, scales, group index) kept as the skeleton declares them."""
+    buffers (GPTQ's packed words, scales, group index) kept as the skeleton declares them, and an
+    Int4Linear's converted from its GPTQ tensors."""
     parameters = dict(layer.named_parameters())
-    return {
+    packed = {name: module for name, module in layer.named_modules() if isinstance(module, Int4Linear)}
+    tensors = {
         name: source.get(prefix + name).to(dtype if name in parameters else meta.dtype)
-        for name, meta in layer.state_dict().items()
+        for name, meta in layer.state_dict().items() if name.rpartition(".")[0] not in packed
     }
+    for name, linear in packed.items():
+        converted = gptq_int4_tensors(lambda key, name=name: source.get(f"{prefix}{name}.{key}"), linear)
+        tensors.update({f"{name}.{key}": tensor for key, tensor in converted.items()})
+    return tensors
 
 
 def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.device) -> None:

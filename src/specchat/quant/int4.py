@@ -11,7 +11,7 @@ the offload ring like any layer tensor:
 The layout is made once, when the weight is packed for its device (`int4_tensors`), and stored as
 such (a layer file holds it; nothing is repacked per pass). In float32 the scales and zeros are the
 weight's own and the fused CPU kernel's weights are bitwise the Int4Weight's; in bf16 they are
-rounded to bf16 once, at packing (each weight moves by at most 2**-9 (|q - 8| |scale| + |zero|)).
+rounded to bf16 once, at packing (each weight moves by at most 2**-8 (|q - 8| |scale| + |zero|)).
 """
 
 import torch
@@ -88,7 +88,8 @@ def int4_fits(in_features: int, out_features: int, group_size: int, kernel: torc
     return out_features % layout_for(kernel, in_features).rows == 0
 
 
-def int4_tensors(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
+def int4_tensors(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype,
+                 device: torch.device) -> dict[str, Tensor]:
     """The buffers of an Int4Linear on `device` in `dtype` holding `weight` (what its state_dict,
     and so a layer file, holds)."""
     if not int4_fits(weight.in_features, weight.out_features, weight.group_size, device):

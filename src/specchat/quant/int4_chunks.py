@@ -12,7 +12,7 @@ Dequantization reproduces the kernel's weights: w = (q - 8) * scale + zero in fl
 |q - 8| <= 8), so the one rounding left is that of the kernel's fused multiply-add: the float32
 weights are bitwise the fused kernel's. The product runs in `product` dtype: float32 keeps them
 (the input is widened, as the CPU kernel widens it), a half dtype rounds each once more (relative
-error at most 2**-9 in bf16); int4_probe picks whichever is faster on the machine.
+error at most 2**-8 in bf16); int4_probe picks whichever is faster on the machine.
 """
 
 import torch

@@ -43,7 +43,8 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
     in_features, out_features = PROBE_SHAPE
     q = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=generator)
     packed = pack(pack_nibbles(q), device)
-    scales_and_zeros = (torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64).to(device, dtype)
+    scales_and_zeros = torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64
+    scales_and_zeros = scales_and_zeros.to(device, dtype)
     layout = layout_for(device, in_features)
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
 
@@ -65,7 +66,8 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
     return WidthChoice(UNLIMITED, product)
 
 
-def fused_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+def fused_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                 group_size: int) -> torch.Tensor:
     """x [rows, I] @ w.T through torch's fused int4 kernel of x's device."""
     if x.device.type == "cuda":
         return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)

@@ -1,0 +1,86 @@
+"""GGUF tensors into the packed path: Q4_K blocks become an Int4Weight whose float32 kernel weights
+are gguf's own dequantization bitwise (within a stated bound when d and dmin are far apart); Q6_K
+and Q8_0 are dequantized exactly, to be held dense."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
+
+from specchat.errors import SpecchatError
+from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, q4k_to_int4
+from specchat.quant.int4 import int4_tensors
+from specchat.quant.int4_probe import fused_linear
+
+CPU = torch.device("cpu")
+TYPE_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210, GGMLQuantizationType.Q8_0: 34}
+BLOCK_WEIGHTS = {GGMLQuantizationType.Q4_K: 256, GGMLQuantizationType.Q6_K: 256, GGMLQuantizationType.Q8_0: 32}
+SCALE_OFFSETS = {GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q6_K: (208,), GGMLQuantizationType.Q8_0: (0,)}
+
+
+def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int = 0,
+                  scale_range: tuple[float, float] = (1e-4, 1e-3)) -> np.ndarray:
+    """Random block bytes, [rows, cols / block * bytes], with each fp16 super-scale drawn from
+    `scale_range` (random bytes there would make NaNs)."""
+    rng = np.random.default_rng(seed)
+    count = rows * cols // BLOCK_WEIGHTS[qtype]
+    blocks = rng.integers(0, 256, (count, TYPE_BYTES[qtype]), dtype=np.uint8)
+    low, high = scale_range
+    for offset in SCALE_OFFSETS[qtype]:
+        scales = np.exp(rng.uniform(np.log(low), np.log(high), (count, 1))).astype(np.float16)
+        blocks[:, offset:offset + 2] = scales.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def test_q4k_blocks_convert_to_gguf_own_weights_bitwise():
+    data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024)
+    reference = torch.from_numpy(quants.dequantize(data, GGMLQuantizationType.Q4_K))
+    weight = q4k_to_int4(data)
+    assert weight.group_size == 32 and weight.perm is None
+    assert torch.equal(weight.dequantize(), reference)
+    tensors = int4_tensors(weight, None, torch.float32, CPU)
+    kernel_weight = fused_linear(torch.eye(1024), tensors["packed"], tensors["scales_and_zeros"], 32).t()
+    assert torch.equal(kernel_weight, reference)
+
+
+def test_q4k_with_d_and_dmin_far_apart_stays_within_the_stated_bound():
+    """zero = 8 d sc - dmin m is rounded to float32 when d and dmin are far apart in size; the
+    weight then moves by at most 2**-24 |zero| (that rounding) plus 2**-23 |w| (its own rounding,
+    in gguf's dequantization and in the kernel)."""
+    data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024, seed=1, scale_range=(1e-7, 1e2))
+    reference = torch.from_numpy(quants.dequantize(data, GGMLQuantizationType.Q4_K)).double()
+    weight = q4k_to_int4(data)
+    zeros = weight.zeros.double().repeat_interleave(32, 0).t()
+    error = (weight.dequantize().double() - reference).abs()
+    assert (error <= 2**-24 * zeros.abs() + 2**-23 * reference.abs()).all()
+    assert error.max() > 0  # the case does arise
+
+
+def test_a_gguf_file_tensor_converts_as_its_blocks(tmp_path: Path):
+    data = random_blocks(GGMLQuantizationType.Q4_K, 32, 512, seed=2)
+    writer = GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", data, raw_dtype=GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = GGUFReader(tmp_path / "m.gguf").tensors[0]
+    assert tensor.data.shape == (32, 2 * Q4_K_BYTES)
+    assert torch.equal(q4k_to_int4(tensor.data).dequantize(), q4k_to_int4(data).dequantize())
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0])
+def test_types_without_a_4bit_kernel_dequantize_exactly(qtype):
+    data = random_blocks(qtype, 32, 512, seed=3)
+    weight = dequantized(data, qtype)
+    assert weight.dtype == torch.float32 and weight.shape == (32, 512)
+    assert torch.equal(weight, torch.from_numpy(quants.dequantize(data, qtype)))
+    # held in bf16 (8 significant bits), each weight moves by at most 2**-8 of itself
+    assert ((weight.bfloat16().float() - weight).abs() <= 2**-8 * weight.abs()).all()
+
+
+def test_q4k_is_not_dequantized_by_mistake():
+    with pytest.raises(SpecchatError, match="q4k_to_int4"):
+        dequantized(random_blocks(GGMLQuantizationType.Q4_K, 16, 256), GGMLQuantizationType.Q4_K)

@@ -1,0 +1,107 @@
+"""GPTQ through the packed int4 path: the converter reproduces gptq.dequantize's weights exactly
+(float32), and a GPTQ model built by the skeleton with a kernel device holds Int4Linears whose
+logits match the dequantized model, through the fused kernel and the chunked product alike."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from gptq_writer import pack_gptq, quantize_rtn, write_gptq_checkpoint
+from torch import nn
+from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.errors import SpecchatError
+from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.offload.sources import SafetensorsSource
+from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
+from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4_gptq import gptq_to_int4, spec_group_size
+from specchat.quant.int4_probe import UNLIMITED, WidthChoice
+
+CPU = torch.device("cpu")
+PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])
+
+
+@pytest.mark.parametrize("spec", [GPTQSpec(group_size=128), GPTQSpec(group_size=128, sym=False, desc_act=True),
+                                  GPTQSpec(group_size=32, sym=False, desc_act=True), GPTQSpec(group_size=-1),
+                                  GPTQSpec(group_size=512, sym=False)],
+                         ids=["g128-sym", "g128-asym-act-order", "g32-asym-act-order", "g-1", "g512"])
+def test_the_converted_weight_is_gptqs_exactly(spec):
+    weight = torch.randn(96, 1024, generator=torch.Generator().manual_seed(3))
+    tensors = pack_gptq(quantize_rtn(weight, spec.group_size, spec.sym, spec.desc_act), None)
+    reference = dequantize(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], torch.float32)
+    group_size = spec_group_size(spec, 1024)
+    converted = gptq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], group_size)
+    assert torch.equal(converted.dequantize(), reference)
+    assert (converted.perm is not None) == spec.desc_act
+    assert group_size == min(256, 1024 if spec.group_size == -1 else spec.group_size)
+
+
+def test_groups_the_kernel_groups_do_not_divide_are_refused():
+    tensors = pack_gptq(quantize_rtn(torch.randn(32, 256), 128, True, False), None)
+    g_idx = tensors["g_idx"].clone()
+    g_idx[:8] = 1  # group 0 now holds 120 inputs
+    with pytest.raises(SpecchatError, match="not multiples"):
+        gptq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx, 128)
+
+
+@pytest.fixture(scope="module")
+def gptq_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(7)
+    config = Qwen2Config(
+        vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    )
+    spec = GPTQSpec(group_size=32, desc_act=True, sym=False)
+    return write_gptq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path_factory.mktemp("gptq"), spec)
+
+
+def loaded(directory: Path, kernel: torch.device | None) -> nn.Module:
+    """The model as offload_model builds it with every layer resident, in float32."""
+    source = SafetensorsSource(directory)
+    model = build_skeleton(AutoConfig.from_pretrained(directory), source, torch.float32, kernel)
+    layers_name, layers = decoder_layers(model)
+    fill_resident(model, layers_name, source, torch.float32, CPU)
+    for index, layer in enumerate(layers):
+        fill(layer, layer_tensors(layer, f"{layers_name}.{index}.", source, torch.float32), CPU)
+    return model
+
+
+def dense(model: nn.Module) -> nn.Module:
+    """Each GPTQLinear replaced by an nn.Linear holding its dequantized weight."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, GPTQLinear):
+            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            linear.weight.data = dequantize(module.qweight, module.qzeros, module.scales, module.g_idx,
+                                            torch.float32).contiguous()
+            if module.bias is not None:
+                linear.bias.data = module.bias.float()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, linear)
+    return model
+
+
+def logits(model: nn.Module) -> torch.Tensor:
+    lm = CausalLM(model)
+    return lm.logits(lm.hidden(PROMPT, torch.arange(PROMPT.numel()), new_cache()))
+
+
+@pytest.mark.parametrize("fused_rows", [UNLIMITED, 0], ids=["fused", "chunked"])
+def test_a_gptq_model_runs_packed_through_the_kernel_entry_points(gptq_dir, fused_rows):
+    model = loaded(gptq_dir, CPU)
+    linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
+    assert len(linears) == 2 * 7 and not any(isinstance(m, GPTQLinear) for m in model.modules())
+    assert linears[0].packed.dtype == torch.uint8 and not linears[0].packed.is_meta
+    for linear in linears:
+        linear.widths = WidthChoice(fused_rows, torch.float32)
+    reference = logits(dense(loaded(gptq_dir, None)))
+    # the same weights, summed in another order: float32 rounding only
+    torch.testing.assert_close(logits(model), reference, atol=2e-5, rtol=0)
+
+
+def test_without_a_kernel_device_the_skeleton_keeps_gptq_linears(gptq_dir):
+    model = build_skeleton(AutoConfig.from_pretrained(gptq_dir), SafetensorsSource(gptq_dir), torch.float32)
+    assert not any(isinstance(m, Int4Linear) for m in model.modules())
+    assert sum(isinstance(m, GPTQLinear) for m in model.modules()) == 2 * 7
