@@ -1,0 +1,16 @@
+"""scripts/bench_int4_linear.py prints a row of positive timings per shape and rows count."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_int4_linear.py"
+
+
+def test_the_int4_bench_prints_a_row_per_shape_and_width():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--shapes", "64x64", "128x64", "--rows", "1", "4"],
+                            capture_output=True, text=True, timeout=300, check=True)
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "rows" not in line]
+    assert [(row[0].strip(), int(row[1])) for row in rows] == [("64 x 64", 1), ("64 x 64", 4), ("128 x 64", 1),
+                                                               ("128 x 64", 4)]
+    assert all(float(cell.split()[0]) > 0 for row in rows for cell in row[2:])
