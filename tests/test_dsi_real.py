@@ -1,15 +1,20 @@
 """DSI on the real embedded Qwen pair in float32 with 2 thread workers: seeded equals seeded
 autoregressive, judged by tests/exactness.py (design.md section 8), and jobs were preempted
 along the way. Greedy DSI is tested against autoregressive on the tiny models
-(tests/test_dsi_engine.py); the real pair checks the stronger, seeded claim."""
+(tests/test_dsi_engine.py); the real pair checks the stronger, seeded claim.
+
+The workers take turns (tests/dsi_turns.py): a job runs only once the drafter has filled its
+window, so the jobs in flight when a draft is rejected, and the preemptions, do not depend on
+the machine's speed."""
 
 import pytest
 import torch
 from conftest import PAPER_SAMPLING
+from dsi_turns import ScriptedWorker, TurnPool, Turns
 from test_real_exactness import emitted
 
 from specchat.dsi.engine import DSIEngine
-from specchat.dsi.workers import WorkerPool, thread_workers
+from specchat.dsi.workers import thread_workers
 
 pytestmark = pytest.mark.real
 
@@ -18,8 +23,10 @@ WORKERS = [torch.device("cpu")] * 2
 
 @pytest.fixture(scope="module")
 def real_dsi(real_pair):
-    pool = WorkerPool(thread_workers(real_pair.target, WORKERS))
+    turns = Turns()
+    pool = TurnPool([ScriptedWorker(worker, turns) for worker in thread_workers(real_pair.target, WORKERS)], turns)
     yield DSIEngine(real_pair.draft, pool, real_pair.stop_ids, lookahead=2)
+    turns.open()  # closing the pool waits for the jobs still waiting for a turn
     pool.close()
 
 
