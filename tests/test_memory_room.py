@@ -6,7 +6,7 @@ import psutil
 import pytest
 
 from specchat.errors import SpecchatError
-from specchat.memory_room import NO_LIMIT, Room, bounded, peak_rss, process_rss, ram_room
+from specchat.memory_room import NO_LIMIT, Room, peak_rss, process_rss, ram_room
 
 GB = 10**9
 AVAILABLE = 20 * GB  # what the fake host says it has free
@@ -143,12 +143,6 @@ def test_a_malformed_number_is_one_line_naming_the_file(tmp_path, name, text):
         ram_room(tmp_path, available=AVAILABLE)
     message = str(error.value)
     assert "\n" not in message and str(mount / "app.slice/job" / name) in message
-
-
-def test_bounded_takes_the_smaller_and_names_the_option():
-    room = Room(3 * GB, "the cgroup v2 limit of 4.00 GB (1.00 GB in use)")
-    assert bounded(room, 2 * GB, "--ram-budget") == Room(2 * GB, "--ram-budget 2.00 GB")
-    assert bounded(room, 5 * GB, "--ram-budget") == room
 
 
 def test_the_real_machine_has_room_no_larger_than_available_ram():

@@ -17,6 +17,12 @@ HUB_ALIASES = {
     "llama-2-7b": "meta-llama/Llama-2-7b-chat-hf",
     "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
     "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "llama-3.1-70b-gptq": "hugging-quants/Meta-Llama-3.1-70B-Instruct-GPTQ-INT4",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "qwen2.5-72b-gptq": "Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
     "mixtral-8x7b-gptq": "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ",
     "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.2",
 }

@@ -4,6 +4,7 @@ and greedy tokens, and the chosen placement is the one the budget forces. Accept
 each is one line, leaves no partial file and no open descriptor."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,9 @@ from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
-from specchat.models.plan import plan_target
-from specchat.offload.build import OffloadPlan
+from specchat.models.draft import resolve_draft_quant
 from specchat.progress import Reporter
-from specchat.loader import load_models
+from specchat.loader import load_models, plan_run
 from specchat.runtime import EngineOptions, Models
 from test_cli import CORPUS, train_tokenizer
 
@@ -60,8 +60,10 @@ def budget_options(budget_gb: float, slot_bytes: int) -> dict:
 def budgets(pair, tmp_path: Path) -> dict[str, float]:
     """Device budgets (GB) that force each split, from the plan's own sizes: half a layer past
     each threshold, so no rounding decides the split."""
-    plan = OffloadPlan(tier="auto", offload_dir=tmp_path / "offload")
-    whole = plan_target(str(pair[0]), torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
+    run = options(pair, tmp_path, offload="auto")  # the run's own plan: the draft and both caches counted
+    cpu = torch.device("cpu")
+    whole = plan_run(run, cpu, torch.float32, resolve_draft_quant(run.draft_quant, cpu, torch.float32),
+                     Reporter(bars=False)).placement
     layer, slot = whole.layers[0], whole.slot_bytes
     reserved = whole.needed - sum(whole.layers)
     return {
@@ -140,7 +142,10 @@ def test_a_ram_budget_too_small_for_the_ring_is_one_line_before_anything_is_writ
     before = open_descriptors()
     with pytest.raises(SpecchatError) as raised:
         load_models(options(pair, tmp_path, offload="auto", **budget_options(tight, sizes["slot"])), progress=False)
-    assert "is too small for the streaming ring: 2 slots of" in str(raised.value) and "\n" not in str(raised.value)
+    message = str(raised.value)
+    assert re.search(r"under --ram-budget [\d.]+ GB is [\d.]+ GB short: [\d.]+ GB are needed for the smallest "
+                     r"streaming ring beside ", message) and "\n" not in message
+    assert re.search(r"; --context \d+ would fit$", message)  # a page short: a few tokens less of KV fit
     device = "GPU memory under --vram-budget" if torch.cuda.is_available() else "RAM under --ram-budget"
     assert str(raised.value).startswith(f"{device} {tight:g} GB")
     assert not (tmp_path / "offload").exists() and open_descriptors() == before

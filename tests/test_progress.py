@@ -161,9 +161,10 @@ def test_load_models_reports_every_stage_up_to_ready(fake_draft: EmbeddedModel) 
                 progress=False, report=report)
 
     steps = [step for step, _ in report.calls]
-    assert steps[0] == f"placing {DEFAULT_DRAFT}'s decoder layers"  # --offload auto, the default
-    plan = next(step for step in steps if step.startswith("offload plan: "))
-    assert plan.endswith(" resident, 0 in RAM, 0 on disk; nothing streams")  # a tiny model fits
+    assert steps[0] == "planning memory"  # from the config, before anything is assembled or loaded
+    assert next(step for step in steps if step.startswith("memory plan: ")) == "memory plan: context 4096 tokens, no draft"
+    plan = next(step for step in steps if step.strip().endswith("nothing streams"))
+    assert plan.endswith(" resident, 0 in RAM, 0 on disk; nothing streams")  # --offload auto, the default: it fits
     assert steps.index(plan) < steps.index(f"loading {DEFAULT_DRAFT}")
     assert_rises_to_one(report.fractions(f"loading {DEFAULT_DRAFT} weights"))
     assert steps.index("assembling tiny.gguf") < steps.index(f"loading {DEFAULT_DRAFT} weights")

@@ -2,8 +2,8 @@
 cgroup memory limit (Docker, Kubernetes and systemd set one) minus what the cgroup already uses.
 
 psutil's available RAM ignores cgroup limits, so a plan made from it alone gets the process
-killed (exit 137, no message) in a container. `--ram-budget` is applied by the caller, through
-`bounded`."""
+killed (exit 137, no message) in a container. `--ram-budget` is applied by the caller
+(`offload/build.py:measure_rooms`)."""
 
 import resource
 from dataclasses import dataclass
@@ -50,14 +50,6 @@ def ram_room(root: Path = Path("/"), available: int | None = None) -> Room:
     free = psutil.virtual_memory().available if available is None else available
     rooms = [Room(free, f"available RAM ({gb(free)})"), *cgroup_rooms(root)]
     return min(rooms, key=lambda room: room.bytes)
-
-
-def bounded(room: Room, budget_bytes: int, option_name: str) -> Room:
-    """`room`, or the user's budget when it is smaller, named after its option
-    (e.g. "--ram-budget 4.00 GB")."""
-    if budget_bytes < room.bytes:
-        return Room(budget_bytes, f"{option_name} {gb(budget_bytes)}")
-    return room
 
 
 def process_rss() -> int:

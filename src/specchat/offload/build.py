@@ -10,7 +10,7 @@ from typing import Literal
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from specchat.memory_room import Room, bounded, ram_room
+from specchat.memory_room import Room, ram_room
 from specchat.offload.budget import OS_RESERVE, Ask, Draft, MemoryPlan, Target, plan_memory
 from specchat.offload.cuda import CudaMover, CudaStallMeter, free_bytes
 from specchat.offload.demand import shape_of
@@ -150,8 +150,8 @@ def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -
     ram = ram_room()
     if cpu:
         ram = Room(ram.bytes - OS_RESERVE, f"RAM ({ram.bound}, less {gb(OS_RESERVE)} for the OS)")
-    if plan.ram_budget is not None:
-        ram = bounded(ram, plan.ram_budget, "RAM under --ram-budget")
+    if plan.ram_budget is not None and plan.ram_budget < ram.bytes:
+        ram = Room(plan.ram_budget, f"RAM under --ram-budget {plan.ram_budget / 1e9:g} GB")
     disk_dir = next(path for path in (plan.offload_dir, *plan.offload_dir.parents) if path.exists())
     disk = shutil.disk_usage(disk_dir).free + reusable_file
     disk_name = str(plan.offload_dir)
