@@ -15,7 +15,7 @@ from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
 from specchat.models.plan import plan_target
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.offload.build import OffloadPlan
+from specchat.offload.budget import MemoryPlan
 from specchat.progress import Reporter
 from specchat.loader import load_target, offload_plan
 from specchat.runtime import EngineOptions, encode_prompt
@@ -57,17 +57,22 @@ def options(offload_dir, budget_bytes: int) -> EngineOptions:
     return EngineOptions(offload="auto", ram_budget=budget_bytes / 1e9, offload_dir=str(offload_dir), dtype="float32")
 
 
+def plan(options: EngineOptions) -> MemoryPlan:
+    return plan_target(DEFAULT_TARGET, torch.float32, CPU, offload_plan(options, CPU), None)
+
+
 def test_auto_places_the_real_target_as_each_budget_forces_and_computes_as_in_memory(reference, offload_dir):
-    plan = OffloadPlan(tier="auto", offload_dir=offload_dir)
-    whole = plan_target(DEFAULT_TARGET, torch.float32, CPU, plan, QUIET)
+    unbudgeted = EngineOptions(offload="auto", offload_dir=str(offload_dir), dtype="float32")
+    whole = plan(unbudgeted).placement  # the target alone: load_target loads no draft
     assert (whole.resident, whole.disk) == (28, 0)  # this machine holds it all, without a budget
     layer, slot = whole.layers[0], whole.slot_bytes
     reserved = whole.needed - sum(whole.layers)
-    resident = options(offload_dir, whole.needed + layer // 2)
-    assert plan_target(DEFAULT_TARGET, torch.float32, CPU, offload_plan(resident, CPU), QUIET).resident == 28
+    assert plan(options(offload_dir, whole.needed + layer // 2)).placement.resident == 28
     for count in (8, 0):  # part resident, part on disk; then every layer on disk
         budget = options(offload_dir, reserved + 2 * slot + count * layer + layer // 2)
-        target, offload, placement = load_target(budget, CPU, torch.float32, QUIET)
+        memory = plan(budget)
+        placement = memory.placement
+        target, offload = load_target(budget, CPU, torch.float32, memory, QUIET)
         try:
             assert (placement.resident, placement.ram, placement.disk, placement.slots) == (count, 0, 28 - count, 2)
             lm = CausalLM(target.model, offload)

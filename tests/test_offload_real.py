@@ -60,7 +60,7 @@ def case(real_pair, mtbench_prompts):
 @pytest.mark.parametrize("tier", ["disk", "ram"])
 def test_offloaded_target_matches_in_memory(real_pair, case, offload_dir, tier):
     # 8 layers streamed; KV headroom for the test's short sequences, not the model's 32k context
-    plan = OffloadPlan(tier=tier, offload_dir=offload_dir, resident_layers=20, slots=3, context_tokens=2048)
+    plan = OffloadPlan(tier=tier, offload_dir=offload_dir, resident_layers=20, slots=3, contexts=(2048,))
     target, offload = load_offloaded(DEFAULT_TARGET, torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
     try:
         lm = CausalLM(target.model, offload)
