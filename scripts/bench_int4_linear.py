@@ -1,6 +1,6 @@
 """Time the default target's linears (Qwen2.5-Coder-1.5B) dense and packed in int4, per rows.
 
-Usage: python scripts/bench_int4_linear.py [--shapes 1536x8960 ...] [--rows 1 4 ...]
+Usage: python scripts/bench_int4_linear.py [--shapes 1536x8960 ...] [--rows 1 4 ...] [--threads N]
 Prints one markdown row per (shape, rows): ms per call for a bf16 and a float32 dense matmul,
 torch's fused int4 kernel and the chunked-dequantization product (bf16 input, groups of 32 as
 GGUF Q4_K's; the chunked product in the dtype int4_probe picks), each also as a ratio to dense
@@ -63,7 +63,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="*", default=[f"{i}x{o}" for i, o in SHAPES], help="in x out")
     parser.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch's threads (1 keeps a busy machine's timings steady)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     choice = width_choice("cpu", torch.bfloat16)
     print(f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
           f"chunked product in {choice.product}")

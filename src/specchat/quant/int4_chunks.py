@@ -15,6 +15,8 @@ weights are bitwise the fused kernel's. The product runs in `product` dtype: flo
 error at most 2**-8 in bf16); int4_probe picks whichever is faster on the machine.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -49,39 +51,70 @@ def chunked_workspace(in_features: int, out_features: int, rows: int, dtype: tor
     return total
 
 
+@dataclass(frozen=True)
+class ChunkBuffers:
+    """What `chunked_linear` expands each chunk of C output rows into, made once per call."""
+
+    scratch: Tensor  # uint8 [2 C I]: the chunk's nibble planes
+    weights: Tensor  # float32 [C I]: the chunk, transposed
+    cast: Tensor  # [C I] in the product dtype (`weights` itself when that is float32)
+    scales: Tensor  # float32 [G C]
+    zeros: Tensor  # float32 [G C]
+
+
+def chunk_buffers(in_features: int, step: int, groups: int, product: torch.dtype, device: torch.device) -> ChunkBuffers:
+    weights = torch.empty(in_features * step, dtype=torch.float32, device=device)
+    scales = torch.empty(groups * step, dtype=torch.float32, device=device)
+    return ChunkBuffers(
+        scratch=torch.empty(2 * step * in_features, dtype=torch.uint8, device=device),
+        weights=weights,
+        cast=weights if product == torch.float32 else torch.empty_like(weights, dtype=product),
+        scales=scales,
+        zeros=torch.empty_like(scales),
+    )
+
+
+def dequantize_chunk(packed: Tensor, scales_and_zeros: Tensor, start: int, rows: int, group_size: int,
+                     layout: TileLayout, buffers: ChunkBuffers) -> Tensor:
+    """Output rows start..start + rows of the weight, transposed: float32 [I, rows]."""
+    groups = scales_and_zeros.shape[0]
+    weights = buffers.weights[:groups * group_size * rows].view(-1, rows)
+    unpack_transposed(packed, start, layout, buffers.scratch, weights)
+    # contiguous copies: the in-place ops below ran ~5x slower on the interleaved originals
+    scales = buffers.scales[:groups * rows].view(groups, 1, rows)
+    zeros = buffers.zeros[:groups * rows].view(groups, 1, rows)
+    scales[:, 0].copy_(scales_and_zeros[:, start:start + rows, 0])
+    zeros[:, 0].copy_(scales_and_zeros[:, start:start + rows, 1])
+    weights.view(groups, group_size, rows).sub_(8).mul_(scales).add_(zeros)  # (q - 8) * scale + zero
+    return weights
+
+
+def operand(weights: Tensor, buffers: ChunkBuffers) -> Tensor:
+    """The chunk [I, C] as the dense product reads it: itself in float32; in a half dtype, cast into
+    [C, I] and transposed (a half-precision matmul reading a row-major [I, C] operand ran 5x slower
+    here, AVX2, than one reading nn.Linear's own layout)."""
+    if buffers.cast is buffers.weights:
+        return weights
+    in_features, rows = weights.shape
+    return buffers.cast[:in_features * rows].view(rows, in_features).copy_(weights.t()).t()
+
+
 def chunked_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int, layout: TileLayout,
                    product: torch.dtype) -> Tensor:
     """x [rows, I] @ w.T for the packed weight w [O, I] (O a multiple of layout.rows), the dense
     products in `product` dtype, the output in x's."""
     in_features, out_features = x.shape[1], scales_and_zeros.shape[1]
-    groups = in_features // group_size
     step = chunk_rows(in_features, out_features, layout.rows)
+    buffers = chunk_buffers(in_features, step, scales_and_zeros.shape[0], product, x.device)
     out = torch.empty(x.shape[0], out_features, dtype=x.dtype, device=x.device)
-    scratch = torch.empty(2 * step * in_features, dtype=torch.uint8, device=x.device)
-    chunk = torch.empty(in_features * step, dtype=torch.float32, device=x.device)
-    cast = chunk if product == torch.float32 else torch.empty_like(chunk, dtype=product)
-    scales = torch.empty(groups * step, dtype=torch.float32, device=x.device)
-    zeros = torch.empty_like(scales)
     wide = x.to(product)  # x itself when it is already in `product`
     part = None if product == x.dtype else torch.empty(x.shape[0], step, dtype=product, device=x.device)
     for start in range(0, out_features, step):
         rows = min(step, out_features - start)
-        weights = chunk[:in_features * rows].view(in_features, rows)
-        unpack_transposed(packed, start, layout, scratch, weights)
-        # contiguous copies: the in-place ops below run ~5x slower on the interleaved originals
-        chunk_scales = scales[:groups * rows].view(groups, 1, rows)
-        chunk_zeros = zeros[:groups * rows].view(groups, 1, rows)
-        chunk_scales[:, 0].copy_(scales_and_zeros[:, start:start + rows, 0])
-        chunk_zeros[:, 0].copy_(scales_and_zeros[:, start:start + rows, 1])
-        weights.view(groups, group_size, rows).sub_(8).mul_(chunk_scales).add_(chunk_zeros)  # [G, g, C]
-        operand = weights
-        if product != torch.float32:
-            # [C, I] then transposed: a half-precision matmul reading a row-major [I, C] operand ran
-            # 5x slower here (AVX2) than reading nn.Linear's own layout
-            operand = cast[:in_features * rows].view(rows, in_features).copy_(weights.t()).t()
+        weights = operand(dequantize_chunk(packed, scales_and_zeros, start, rows, group_size, layout, buffers), buffers)
         columns = out[:, start:start + rows]
         if part is None:
-            torch.mm(wide, operand, out=columns)
+            torch.mm(wide, weights, out=columns)
         else:
-            columns.copy_(torch.mm(wide, operand, out=part[:, :rows]))
+            columns.copy_(torch.mm(wide, weights, out=part[:, :rows]))
     return out
