@@ -140,3 +140,28 @@ def test_contexts_default_to_4096_and_halve_to_1024_and_a_past_maximum_context_i
         contexts_for(8192, 4096)
     with pytest.raises(SpecchatError, match=r"^--context must be between 64 and"):
         contexts_for(10, 4096)
+
+
+def math_pass(heads: int, hidden: int, mlp: int, context: int, tree: int, size: int = BF16) -> int:
+    """A pass over `tree` tokens after `context`: scores, the mask (additive + boolean), the MLP's
+    three products and four hidden states."""
+    keys = context + tree
+    return heads * tree * keys * size + tree * keys * (size + 1) + 3 * tree * mlp * size + 4 * tree * hidden * size
+
+
+def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs():
+    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none",), False, None)
+    plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=drafts)
+    memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, torch.device("cpu"), plan, None,
+                         described_rooms(None, 24 * GB))
+    tokens = 4096 + 1025
+    assert item(memory, "target KV cache") == 28 * 2 * 2 * 128 * BF16 * tokens  # 28 KiB a token (2 KV heads)
+    assert item(memory, "draft KV cache") == 24 * 2 * 2 * 64 * BF16 * tokens  # 12 KiB a token
+    target_pass = math_pass(12, 1536, 8960, 4096, 1025)
+    assert item(memory, "largest pass") == max(target_pass, math_pass(14, 896, 4864, 4096, 1025)) == target_pass
+    tied = 151936 * 896  # the 0.5B's head is its embedding
+    draft_params = tied + 24 * (2 * 896 + 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3) + 896
+    biases = 24 * (896 + 128 + 128)  # Qwen2's q/k/v biases
+    assert item(memory, "draft weights (") == (draft_params + biases + 2 * 32) * BF16  # + rotary buffers
+    assert memory.placement.resident == 28 and not memory.placement.streamed
+    assert memory.total("device") <= 24 * GB - RUNTIME_BYTES - OS_RESERVE
