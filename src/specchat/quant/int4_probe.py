@@ -4,12 +4,14 @@ The fused kernels win on narrow inputs (one token, draft steps): they read each 
 and never write it out. On wide ones (tree passes, prompts) dequantizing chunks for a dense matmul
 wins, sooner or later depending on the CPU (vector width, bf16 instructions) or GPU. So nothing
 about it is fixed here: a probe times both on a PROBE_SHAPE weight at PROBE_ROWS widths (the
-fastest of PROBE_RUNS each) and keeps the widest run of widths at which the fused kernel won. It
-also times the chunked product in float32 against the input's dtype (2-5x apart either way on CPUs
-with and without bf16 instructions) and keeps the faster.
+fastest of PROBE_RUNS each, the two run in turns) and keeps the widest run of widths at which the
+fused kernel won. It also times the chunked product in float32 against the input's dtype (2-5x
+apart either way on CPUs with and without bf16 instructions) and keeps the faster. 0.6 s on the
+2-core AVX2 dev machine with one thread; seconds when the machine is busy with other work.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from time import perf_counter
@@ -24,7 +26,7 @@ PROBE_SHAPE = (1024, 1024)  # (in, out): 0.5 MB packed, so that the slow side of
 PROBE_GROUP = 32  # GGUF Q4_K's groups, the smallest: the most scales to read
 PROBE_ROWS = (1, 4, 16, 64, 256)  # a token, small and wide trees
 WIDE_ROWS = 64  # where the chunked product's dtype is chosen: a tree pass
-PROBE_RUNS = 2
+PROBE_RUNS = 3
 UNLIMITED = math.inf
 FUSED_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
 
@@ -48,19 +50,20 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
     layout = layout_for(device, in_features)
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
 
-    def chunked(rows: int, product: torch.dtype) -> float:
-        return seconds(lambda: chunked_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout, product), device)
+    def chunked(rows: int, product: torch.dtype) -> Callable[[], torch.Tensor]:
+        return lambda: chunked_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout, product)
 
-    def fused(rows: int) -> float:
-        return seconds(lambda: fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP), device)
+    def fused(rows: int) -> Callable[[], torch.Tensor]:
+        return lambda: fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP)
 
-    product = dtype if dtype == torch.float32 or chunked(WIDE_ROWS, dtype) < chunked(WIDE_ROWS, torch.float32) \
-        else torch.float32
+    product = torch.float32
+    if dtype != torch.float32 and faster(chunked(WIDE_ROWS, dtype), chunked(WIDE_ROWS, torch.float32), device):
+        product = dtype
     if dtype not in FUSED_DTYPES.get(device_type, ()):
         return WidthChoice(0, product)
     wins = 0
     for rows in PROBE_ROWS:
-        if fused(rows) >= chunked(rows, product):
+        if not faster(fused(rows), chunked(rows, product), device):
             return WidthChoice(wins, product)
         wins = rows
     return WidthChoice(UNLIMITED, product)
@@ -74,16 +77,23 @@ def fused_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group_size, scales_and_zeros)
 
 
-def seconds(run, device: torch.device) -> float:
-    """The fastest of PROBE_RUNS runs after one warm-up."""
-    best = math.inf
+def faster(first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor], device: torch.device) -> bool:
+    """Whether `first` runs faster than `second`: the fastest of PROBE_RUNS runs each after a
+    warm-up, run in turns so that a busy machine's stalls fall on both alike."""
+    best = [math.inf, math.inf]
     for attempt in range(PROBE_RUNS + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if attempt:
-            best = min(best, perf_counter() - start)
-    return best
+        for index, run in enumerate((first, second)):
+            elapsed = seconds(run, device)
+            if attempt:
+                best[index] = min(best[index], elapsed)
+    return best[0] < best[1]
+
+
+def seconds(run: Callable[[], torch.Tensor], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return perf_counter() - start
