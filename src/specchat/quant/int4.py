@@ -50,10 +50,10 @@ class Int4Linear(nn.Module):
         if self.perm is not None:
             flat = flat.index_select(1, self.perm)
         choice = self.widths or width_choice(self.kernel, x.dtype)
-        if flat.shape[0] <= choice.fused_rows:
+        layout = None if flat.shape[0] <= choice.fused_rows else layout_for(x.device, self.in_features)
+        if layout is None:  # narrow, or a layout that cannot be read back
             out = fused_linear(flat, self.packed, self.scales_and_zeros, self.group_size)
         else:
-            layout = layout_for(x.device, self.in_features)
             out = chunked_linear(flat, self.packed, self.scales_and_zeros, self.group_size, layout, choice.product)
         if self.bias is not None:
             out.add_(self.bias)
@@ -85,7 +85,8 @@ def int4_fits(in_features: int, out_features: int, group_size: int, kernel: torc
         return False
     if kernel.type == "cuda":
         return in_features % 32 == 0
-    return out_features % layout_for(kernel, in_features).rows == 0
+    layout = layout_for(kernel, in_features)
+    return layout is None or out_features % layout.rows == 0
 
 
 def int4_tensors(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype,

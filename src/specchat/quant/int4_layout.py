@@ -19,7 +19,6 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from specchat.errors import SpecchatError
 from specchat.quant.int4_pack import convert, inner_k_tiles, pack_nibbles
 
 
@@ -34,15 +33,17 @@ class TileLayout:
     in_order: bool  # natural is the identity
 
 
-def layout_for(device: torch.device, in_features: int) -> TileLayout:
+def layout_for(device: torch.device, in_features: int) -> TileLayout | None:
     return layout_of(device.type, inner_k_tiles(in_features, device.type))
 
 
 @cache
-def layout_of(device_type: str, tiles: int) -> TileLayout:
+def layout_of(device_type: str, tiles: int) -> TileLayout | None:
     """The tile layout of torch's int4 converter on `device_type` (with `tiles` inner k-tiles on
     CUDA), learned once per process from a probe of at least two tiles each way (CPU tiles are at
-    most 64 x 1; CUDA's 8 x 16 tiles)."""
+    most 64 x 1; CUDA's 8 x 16 t, as its documented shape [O/8, I/16t, 32, t/2] suggests: no GPU
+    has run this yet); None when the layout is no grid of tiles (a torch to come), and then wide
+    inputs run the fused kernel too."""
     rows, cols = (512, 8) if device_type == "cpu" else (32, 32 * tiles)
     source = learn_sources(rows, cols, torch.device(device_type), tiles)
     for tile_rows, tile_cols in sorted(tile_shapes(rows, cols), key=lambda shape: (shape[0] * shape[1], shape[0])):
@@ -50,8 +51,7 @@ def layout_of(device_type: str, tiles: int) -> TileLayout:
         if natural is not None:
             in_order = torch.equal(natural, torch.arange(natural.numel()))
             return TileLayout(tile_rows, tile_cols, natural.to(device_type), in_order)
-    raise SpecchatError(f"torch {torch.__version__}'s int4 layout on {device_type} is not a grid of tiles: "
-                        "its weights cannot be read back")
+    return None
 
 
 def planes(packed: Tensor, tile_bytes: int, out: Tensor) -> Tensor:

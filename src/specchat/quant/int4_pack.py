@@ -20,8 +20,9 @@ GROUP_SIZES = (32, 64, 128, 256)  # what both kernels accept
 ROW_MULTIPLE = 16  # the CPU converter needs O % 16 == 0; CUDA's tiles are 8 rows
 CUDA_INNER_K_TILES = (8, 4, 2)  # preferred first; I must be a multiple of 16 t
 # Rows converted at a time: the CPU converter reads one int32 per weight (8x the packed bytes), so a
-# whole 151936-row LM head at once would take 0.9 GB; 1024 rows of a 28672-wide input take 117 MB.
-# A multiple of every layout's tile rows, so the chunks' layouts laid end to end are the whole one's.
+# whole 151936-row LM head at once would take 0.9 GB; 1024 rows take 5 bytes a weight of a row (the
+# uint8 values and their int32 copy): 7.9 MB at 1536 inputs, 147 MB at 28672. A multiple of every
+# layout's tile rows, so the chunks' layouts laid end to end are the whole one's.
 PACK_ROWS = 1024
 
 
@@ -69,7 +70,9 @@ def check_shape(out_features: int, in_features: int, group_size: int) -> None:
 
 
 def pack(nibbles: Tensor, device: torch.device) -> Tensor:
-    """Canonical nibbles [O, I/2] -> the kernel layout on `device`, PACK_ROWS output rows at a time."""
+    """Canonical nibbles [O, I/2] -> the kernel layout on `device`, PACK_ROWS output rows at a time.
+    Done once per weight, when a model is converted or a layer file written (never per pass): on
+    the dev machine's CPU (AVX2, one thread) 5-8 ns a weight, 1.2 s for the 1536 x 151936 LM head."""
     out_features, in_features = nibbles.shape[0], nibbles.shape[1] * 2
     shape, dtype = packed_shape(out_features, in_features, device.type)
     packed = torch.empty(shape, dtype=dtype, device=device)

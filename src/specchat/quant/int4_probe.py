@@ -18,9 +18,10 @@ from time import perf_counter
 
 import torch
 
+from specchat.errors import SpecchatError
 from specchat.quant.int4_chunks import chunked_linear
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_pack import pack, pack_nibbles
+from specchat.quant.int4_pack import pack
 
 PROBE_SHAPE = (1024, 1024)  # (in, out): 0.5 MB packed, so that the slow side of a wide probe stays short
 PROBE_GROUP = 32  # GGUF Q4_K's groups, the smallest: the most scales to read
@@ -41,14 +42,14 @@ class WidthChoice:
 def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
     """The measured choice for inputs of `dtype` on `device_type`, probed once per process."""
     device = torch.device(device_type)
-    generator = torch.Generator().manual_seed(0)
-    in_features, out_features = PROBE_SHAPE
-    q = torch.randint(0, 16, (out_features, in_features), dtype=torch.uint8, generator=generator)
-    packed = pack(pack_nibbles(q), device)
-    scales_and_zeros = torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64
-    scales_and_zeros = scales_and_zeros.to(device, dtype)
-    layout = layout_for(device, in_features)
-    x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
+    fuses = dtype in FUSED_DTYPES.get(device_type, ())
+    layout = layout_for(device, PROBE_SHAPE[0])
+    if layout is None:
+        if not fuses:
+            raise SpecchatError(f"no int4 product for {dtype} on {device_type}: its fused kernel takes no {dtype} and "
+                                f"torch {torch.__version__}'s layout there cannot be read back")
+        return WidthChoice(UNLIMITED, dtype)
+    packed, scales_and_zeros, x = probe_operands(device, dtype)
 
     def chunked(rows: int, product: torch.dtype) -> Callable[[], torch.Tensor]:
         return lambda: chunked_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout, product)
@@ -59,7 +60,7 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
     product = torch.float32
     if dtype != torch.float32 and faster(chunked(WIDE_ROWS, dtype), chunked(WIDE_ROWS, torch.float32), device):
         product = dtype
-    if dtype not in FUSED_DTYPES.get(device_type, ()):
+    if not fuses:
         return WidthChoice(0, product)
     wins = 0
     for rows in PROBE_ROWS:
@@ -67,6 +68,17 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
             return WidthChoice(wins, product)
         wins = rows
     return WidthChoice(UNLIMITED, product)
+
+
+def probe_operands(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random PROBE_SHAPE weight packed for `device` (its packed data, scales and zeros) and
+    input rows, seeded: every process probes the same numbers."""
+    generator = torch.Generator().manual_seed(0)
+    in_features, out_features = PROBE_SHAPE
+    nibbles = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator)
+    scales_and_zeros = torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64
+    x = torch.randn(max(PROBE_ROWS), in_features, generator=generator)
+    return pack(nibbles, device), scales_and_zeros.to(device, dtype), x.to(device, dtype)
 
 
 def fused_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
