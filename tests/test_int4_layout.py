@@ -59,3 +59,9 @@ def test_packing_refuses_shapes_the_kernels_cannot_take():
         check_shape(64, 64, 16)
     with pytest.raises(SpecchatError, match="divisible by 16"):
         check_shape(40, 64, 32)
+
+
+def test_the_layout_key_names_what_the_cpu_layout_depends_on():
+    from specchat.quant.int4_pack import layout_key
+    assert layout_key("cpu") == f"cpu, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
+    assert layout_key("cuda") == f"cuda, torch {torch.__version__}"

@@ -82,3 +82,10 @@ def pack(nibbles: Tensor, device: torch.device) -> Tensor:
         stop = min(start + PACK_ROWS, out_features)
         packed[start // rows_per_entry:stop // rows_per_entry] = convert(nibbles[start:stop], device, tiles)
     return packed
+
+
+def layout_key(device_type: str) -> str:
+    """What a stored kernel layout depends on, for a layer file's fingerprint: torch's version and,
+    on a CPU, the vector capability its kernels were picked for (AVX512 packs 64-row blocks, AVX2 32)."""
+    key = f"{device_type}, torch {torch.__version__}"
+    return f"{key}, {torch.backends.cpu.get_cpu_capability()}" if device_type == "cpu" else key
