@@ -71,7 +71,7 @@ class CausalLM:
             input_ids=tokens.view(1, -1).to(device),
             position_ids=positions.view(1, -1).to(device),
             attention_mask=attention,
-            past_key_values=cache,
+            cache=cache,  # transformers 5.24 renamed past_key_values (removed in 5.40)
             use_cache=True,
         )
         return out.last_hidden_state[0]

@@ -32,6 +32,8 @@ PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typic
 PROBE_LINEARS = 8
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows of a draft step: the root, a chain, then wider expansions
 PROBE_RUNS = 3
+# The start of the UserWarning torch 2.13 raises (Quantizer.cpp) on creating a quantized tensor
+QUANTIZED_TENSOR_NOTICE = r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor"
 
 
 class Int8Linear(nn.Module):
@@ -85,8 +87,10 @@ def dynamic_kernel(device: torch.device) -> bool:
 
 def pack_dynamic(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> object:
     """The int8 rows and their scales, packed for `quantized::linear_dynamic` (bias in fp32)."""
-    with warnings.catch_warnings():  # torch marks its quantized tensors deprecated; 2.13's kernels still need them
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates quantized tensors (moving them to torchao, not a dependency here),
+        # yet its fbgemm kernel takes its weight only packed from one: silence that notice alone.
+        warnings.filterwarnings("ignore", QUANTIZED_TENSOR_NOTICE, UserWarning)
         weight = torch._make_per_channel_quantized_tensor(
             quantized, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0)
     return torch.ops.quantized.linear_prepack(weight, None if bias is None else bias.detach().float())
