@@ -10,16 +10,19 @@ from specchat.errors import SpecchatError
 from specchat.models.plan import contexts_for, draft_candidates, plan_target
 from specchat.offload.budget import CUDA_MARGIN, OS_RESERVE, RUNTIME_BYTES, described_rooms
 from specchat.offload.build import OffloadPlan
+from specchat.quant.int4 import workspace_bytes
 
 GB = 10**9
 TREE = 2049  # the largest tree a GPU's --budget auto builds offloaded (2048), plus its root
 BF16 = 2
 
 
-def gptq_linear(inputs: int, outputs: int, group: int) -> int:
-    """qweight int32 [I/8, O], qzeros int32 [G, O/8], scales fp16 [G, O], g_idx int32 [I]."""
-    groups = 1 if group == -1 else inputs // group
-    return inputs * outputs // 2 + groups * outputs // 2 + groups * outputs * 2 + inputs * 4
+def int4_linear(inputs: int, outputs: int, group: int, act_order: bool) -> int:
+    """A GPTQ linear as the int4 kernel holds it (quant/int4.py): nibbles [O, I/2], a bf16 scale and
+    zero per kernel group (GPTQ's group, or 256 for one group over all inputs) and output, and with
+    act-order the input permutation (int64)."""
+    kernel_group = 256 if group == -1 else group
+    return inputs * outputs // 2 + (inputs // kernel_group) * outputs * 2 * BF16 + (inputs * 8 if act_order else 0)
 
 
 def llama_layer_linears(hidden: int, mlp: int, kv_heads: int, head_dim: int = 128) -> list[tuple[int, int]]:
@@ -31,14 +34,15 @@ def kv_per_token(layers: int, kv_heads: int, head_dim: int = 128) -> int:
     return layers * 2 * kv_heads * head_dim * BF16
 
 
-LLAMA2_70B_GPTQ_LAYER = sum(gptq_linear(i, o, -1) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
+LLAMA2_70B_GPTQ_LAYER = sum(int4_linear(i, o, -1, True) for i, o in llama_layer_linears(8192, 28672, 8)) + \
+    2 * 8192 * BF16
 LLAMA2_7B_PARAMS_LINEAR = 32 * sum(i * o for i, o in llama_layer_linears(4096, 11008, 32))
 LLAMA2_7B_OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096 + 2 * 64  # embeddings, head, norms, rotary buffers
 
 
 def gpu_plan(target: str, draft: str | None, vram_gb: float, ram_gb: float, context: int | None = None,
              kinds: tuple[str, ...] = ("none", "nf4")):
-    drafts = (None,) if draft is None else draft_candidates(draft, torch.bfloat16, kinds, False, None)
+    drafts = (None,) if draft is None else draft_candidates(draft, torch.bfloat16, kinds, False, None, torch.device("cuda"))
     plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=TREE, drafts=drafts)
     rooms = described_rooms(int(vram_gb * GB), int(ram_gb * GB))
     return plan_target(target, torch.bfloat16, torch.device("cuda"), plan, context, rooms)
@@ -68,7 +72,10 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
     assert memory.draft.quant == "nf4" and item(memory, "draft weights (") == nf4  # bf16's 13.5 GB leaves few residents
     assert item(memory, "CUDA context") == CUDA_MARGIN
     assert item(memory, "kept for the OS") == OS_RESERVE
-    pinned = 2**29  # a 446 MB layer pins 512 MiB
+    # the int4 path's stated bound (quant/int4.py, measured there) for its largest temporary at the tree's rows
+    assert item(memory, "quantized kernels' workspace") == max(
+        workspace_bytes(i, o, TREE, torch.bfloat16, 256) for i, o in llama_layer_linears(8192, 28672, 8))
+    pinned = 2**29  # a 442 MB layer pins 512 MiB
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * pinned
     assert placement.resident + placement.ram == 80 and placement.disk == 0 and placement.resident >= 20
     assert item(memory, f"{placement.resident} resident") == placement.resident * LLAMA2_70B_GPTQ_LAYER
@@ -88,7 +95,7 @@ def test_llama_3_1_70b_at_8192_tokens_and_its_8b_on_24_gb_and_64_gb():
     tokens = 8192 + TREE
     assert item(memory, "target KV cache") == kv_per_token(80, 8) * tokens
     assert item(memory, "draft KV cache") == kv_per_token(32, 8) * tokens  # 128 KiB a token
-    layer = sum(gptq_linear(i, o, 128) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
+    layer = sum(int4_linear(i, o, 128, True) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
     assert memory.placement.layers == (layer,) * 80
     assert memory.context == 8192 and memory.placement.disk == 0
     assert_fits(memory, 24, 64)
@@ -150,7 +157,7 @@ def math_pass(heads: int, hidden: int, mlp: int, context: int, tree: int, size: 
 
 
 def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs():
-    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none",), False, None)
+    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none",), False, None, torch.device("cpu"))
     plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=drafts)
     memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, torch.device("cpu"), plan, None,
                          described_rooms(None, 24 * GB))

@@ -1,19 +1,24 @@
-"""GPTQ checkpoints: loaded with no extra library, streamed packed, ~4x fewer bytes than bf16."""
+"""GPTQ checkpoints: loaded with no extra library (as int4 kernel weights where a kernel group fits),
+streamed packed, ~4x fewer bytes than bf16."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from gptq_writer import write_gptq_checkpoint
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.loading import load
 from specchat.offload.build import OffloadPlan, offload_model
+from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
-from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
+from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize, read_gptq_spec
+from specchat.quant.int4 import Int4Linear
 
 QUIET = Reporter(bars=False)
 PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])
@@ -28,6 +33,17 @@ def gptq_dir(request, tmp_path_factory) -> Path:
         num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
     )
     return write_gptq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path_factory.mktemp("gptq"), request.param)
+
+
+def gptq_linears_model(directory: Path) -> nn.Module:
+    """The checkpoint as GPTQLinears (no int4 kernel), filled on the CPU: the reference's source."""
+    source = SafetensorsSource(directory)
+    model = build_skeleton(AutoConfig.from_pretrained(directory), source, torch.float32)
+    layers_name, layers = decoder_layers(model)
+    fill_resident(model, layers_name, source, torch.float32, torch.device("cpu"))
+    for index, layer in enumerate(layers):
+        fill(layer, layer_tensors(layer, f"{layers_name}.{index}.", source, torch.float32), torch.device("cpu"))
+    return model
 
 
 def dequantized_reference(model: nn.Module) -> CausalLM:
@@ -50,10 +66,13 @@ def logits(lm: CausalLM) -> torch.Tensor:
 
 def test_gptq_directory_loads_in_memory_without_extra_libraries(gptq_dir):
     loaded = load(str(gptq_dir), torch.float32, progress=False)
-    linears = [m for m in loaded.model.modules() if isinstance(m, GPTQLinear)]
+    linears = [m for m in loaded.model.modules() if isinstance(m, (GPTQLinear, Int4Linear))]
     assert len(linears) == 3 * 7  # q, k, v, o, gate, up, down in each layer
-    assert linears[0].qweight.dtype == torch.int32 and not linears[0].qweight.is_meta
-    reference = dequantized_reference(load(str(gptq_dir), torch.float32, progress=False).model)
+    # groups of 16 have no int4 kernel group and stay GPTQLinears; one group over 64 inputs packs for the kernel
+    group = read_gptq_spec(json.loads((gptq_dir / "config.json").read_text())).group_size
+    kind = GPTQLinear if group == 16 else Int4Linear
+    assert all(isinstance(m, kind) for m in linears) and not any(t.is_meta for t in linears[0].buffers())
+    reference = dequantized_reference(gptq_linears_model(gptq_dir))
     torch.testing.assert_close(logits(CausalLM(loaded.model)), logits(reference), atol=1e-5, rtol=0)
 
 
@@ -62,8 +81,9 @@ def test_gptq_offloaded_streams_packed_layers_and_matches(gptq_dir, tmp_path, ti
     plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
     model, offload = offload_model(gptq_dir, "tiny-gptq", torch.float32, torch.device("cpu"), plan, QUIET)
     place = {p.name: p for p in offload.store.layouts[0].places}
-    assert place["self_attn.q_proj.qweight"].dtype == torch.int32  # streamed as packed words
-    reference = dequantized_reference(load(str(gptq_dir), torch.float32, progress=False).model)
+    packed = place.get("self_attn.q_proj.qweight") or place["self_attn.q_proj.packed"]
+    assert packed.dtype in (torch.int32, torch.uint8)  # streamed packed: GPTQ's words or the int4 kernel's
+    reference = dequantized_reference(gptq_linears_model(gptq_dir))
     torch.testing.assert_close(logits(CausalLM(model, offload)), logits(reference), atol=1e-5, rtol=0)
     offload.close()
 

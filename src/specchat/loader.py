@@ -80,7 +80,7 @@ def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, m
     if measured is not None:
         kinds = draft_kinds(options.draft_quant, device, measured.kind)
         drafts = draft_candidates(options.draft, dtype, kinds, measured.dense_above is not None,
-                                  options.draft_vocab or None)
+                                  options.draft_vocab or None, device)
     memory = plan_target(options.target, dtype, device, offload_plan(options, device, drafts), options.context)
     announce(memory, reporter)
     return memory

@@ -47,10 +47,8 @@ def plan_pair(target: str, draft: str | None, context: int | None, machine: Mach
     cuda = machine.vram_gb is not None if machine.described else torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
-    drafts = (None,) if draft is None else \
-        draft_candidates(draft, dtype, draft_kinds("auto", device, None if cuda else "int8"), False, None)
-    if cuda and machine.described and draft is not None:  # the described machine may have bitsandbytes
-        drafts = draft_candidates(draft, dtype, ("none", "nf4"), False, None)
+    kinds = ("none", "nf4") if cuda and machine.described else draft_kinds("auto", device, None if cuda else "int8")
+    drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, False, None, device)
     plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
                        tree_tokens=auto_cap(cuda=cuda, offloaded=True) + 1, drafts=drafts)
     rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb)) if machine.described else None

@@ -48,10 +48,10 @@ def draft_kinds(kind: str, device: torch.device, resolved: str | None) -> tuple[
 
 
 def draft_candidates(spec: str, dtype: torch.dtype, kinds: tuple[str, ...], dense_kept: bool,
-                     vocab_size: int | None) -> tuple[Draft, ...]:
-    """The draft `spec` in each of `kinds`, sized from its config."""
+                     vocab_size: int | None, device: torch.device) -> tuple[Draft, ...]:
+    """The draft `spec` in each of `kinds` on `device`, sized from its config."""
     config = read_config(spec)
-    model = build_skeleton(config, None, dtype)
+    model = build_skeleton(config, None, dtype, kernel=device)
     shape = shape_of(config, dtype)
     full = draft_weight_bytes(model, dtype, "none")
     return tuple(Draft(kind, draft_weight_bytes(model, dtype, kind, dense_kept, vocab_size), shape,

@@ -26,6 +26,8 @@ from specchat.offload.streamed_layer import StreamedLayer
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
+from specchat.quant.int4 import Int4Linear, workspace_bytes
+from specchat.quant.int4_pack import layout_key
 from specchat.transfer import TransferStats, gb
 
 Tier = Literal["auto", "none", "ram", "disk"]
@@ -45,7 +47,6 @@ class OffloadPlan:
     tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
     contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
     drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate quantizations, preferred first
-    workspace: int = 0  # the quantized kernels' largest temporary
 
 
 @dataclass
@@ -87,10 +88,11 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     checkpoints load without offloading). The placement is made before anything is loaded or
     written."""
     source = SafetensorsSource(directory)
-    model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype)
+    model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
-    disk_store = None if plan is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
+    disk_store = None if plan is None else \
+        DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype, device))
     if plan is not None and placement is None:
         placement = plan_layers(model, layers_name, layouts, dtype, device, plan, disk_store).placement
     fill_resident(model, layers_name, source, dtype, device)
@@ -121,10 +123,11 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
                device: torch.device, plan: OffloadPlan, rooms: Rooms | None = None) -> MemoryPlan:
     """The whole memory plan of `plan` for the model of `config` on this machine (or in `rooms`,
     a described one), without loading anything (`source` None: sized from the config alone)."""
-    model = build_skeleton(config, source, dtype)
+    model = build_skeleton(config, source, dtype, kernel=device)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
-    reuse = None if source is None else DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype))
+    reuse = None if source is None else \
+        DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype, device))
     return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms)
 
 
@@ -137,9 +140,16 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
     contexts = plan.contexts or (model.config.max_position_embeddings,)
     resident = len(layouts) if plan.tier == "none" else plan.resident_layers
     tier = "auto" if plan.tier == "none" else plan.tier
-    ask = Ask(contexts, plan.drafts, plan.tree_tokens, plan.workspace, Request(tier, resident, plan.slots),
-              cuda=device.type == "cuda")
+    ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(model, plan.tree_tokens, dtype),
+              Request(tier, resident, plan.slots), cuda=device.type == "cuda")
     return plan_memory(Target(sizes, shape_of(model.config, dtype)), ask, rooms)
+
+
+def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:
+    """The largest temporary a 4-bit linear allocates over `rows` input rows (quant.int4's bound);
+    linears run one at a time, so the largest one's."""
+    return max((workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size)
+                for m in model.modules() if isinstance(m, Int4Linear)), default=0)
 
 
 def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -> Rooms:
@@ -173,8 +183,10 @@ def layer_file(plan: OffloadPlan, name: str, dtype: torch.dtype) -> Path:
     return plan.offload_dir / f"{stem}.layers"
 
 
-def fingerprint(source: SafetensorsSource, dtype: torch.dtype) -> dict:
-    return {**source.fingerprint(), "dtype": str(dtype)}
+def fingerprint(source: SafetensorsSource, dtype: torch.dtype, device: torch.device) -> dict:
+    """What the layer file's bytes depend on: the checkpoint, the dtype, and the layout the
+    device's int4 kernel packs its 4-bit weights in."""
+    return {**source.fingerprint(), "dtype": str(dtype), "int4 layout": layout_key(device.type)}
 
 
 def layout_of(layer) -> LayerLayout:
