@@ -174,8 +174,9 @@ def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, .
     if best.context != ask.contexts[0]:
         notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
     if len(ask.drafts) > 1 and best.draft is not None:
-        streamed = ", ".join(f"{plan.draft.quant}: {gb(plan.placement.pass_bytes)}" for plan in plans)
-        notes.append(f"draft in {best.draft.quant}: it streams the least per pass ({streamed})")
+        streamed = {plan.draft.quant: gb(plan.placement.pass_bytes) for plan in plans}
+        weighed = ", ".join(f"{draft.quant}: {streamed.get(draft.quant, 'does not fit')}" for draft in ask.drafts)
+        notes.append(f"draft in {best.draft.quant}: it streams the least per pass ({weighed})")
     return tuple(notes)
 
 
