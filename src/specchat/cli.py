@@ -1,33 +1,28 @@
 """The `specchat` command line. User errors print one line and exit with code 2."""
 
-import json
 import sys
 from pathlib import Path
-from time import perf_counter
 
 import typer
 
-from specchat.bench.command import check_bench, parse_budget_item, parse_list, run_bench
+from specchat.bench.command import check_bench, parse_budget_item, parse_list, report_bench, run_bench
 from specchat.bench.datasets import DATASETS
-from specchat.bench.report import configurations, render_table
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
+from specchat.cli_generate import run_generation
 from specchat.cli_options import (AllowPickleOpt, BudgetOpt, ContextOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
                                   OffloadDirOpt, OffloadOpt, RamBudgetOpt, RayOpt, ResidentOpt, TargetOpt,
                                   TemperatureOpt, TopPOpt, VramBudgetOpt, WorkersOpt, check_sampling, parse_budget)
-from specchat.decoding.events import Engine, SamplingParams
 from specchat.doctor.command import run_doctor
 from specchat.doctor.plan import Machine
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_OFFLOAD, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, reply_limit)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P)
 from specchat.models.listing import list_models
 from specchat.loader import load_models
-from specchat.runtime import ENGINES, EngineOptions, Models, encode_prompt, live_settings_of, pick_device, validate
-from specchat.simulate.command import build_grid, run_dsi
-from specchat.summary import Summary, event_record, summarize
-from specchat.textstream import TextStream
+from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device, validate
+from specchat.simulate.app import simulate_app
 
 BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
 
@@ -85,50 +80,6 @@ def generate(
                        sampling, as_json)
     finally:
         models.close()
-
-
-def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
-                   sampling: SamplingParams, as_json: bool) -> None:
-    prompt_ids = encode_prompt(models.tokenizer, prompt, raw)
-    room = reply_limit(len(prompt_ids), max_new_tokens, models.context_tokens)
-    if room < max_new_tokens:
-        print(f"notice: at most {room} new tokens: the {len(prompt_ids)}-token prompt fills the rest of the "
-              f"{models.context_tokens}-token context", file=sys.stderr)
-    text = TextStream(models.tokenizer)
-    events = []
-    start = perf_counter()
-    for event in engine.generate(prompt_ids, room, sampling):
-        events.append(event)
-        if event.notice:
-            print(f"notice: {event.notice}", file=sys.stderr)
-        delta = text.push(event.token_ids)
-        if not as_json:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
-    summary = summarize(events, perf_counter() - start)
-    if as_json:
-        record = {
-            "text": text.text,
-            "token_ids": text.token_ids,
-            "iterations": [event_record(e) for e in events],
-            "summary": {**vars(summary), "transfer_gbps": summary.transfer_gbps},
-        }
-        print(json.dumps(record))
-    else:
-        sys.stdout.write(text.finish() + "\n")
-        print(
-            f"[{summary.new_tokens} tokens, {summary.iterations} iterations, gen rate {summary.gen_rate:.2f}, "
-            f"{summary.tokens_per_s:.2f} tok/s{streaming_note(summary)}]",
-            file=sys.stderr,
-        )
-
-
-def streaming_note(summary: Summary) -> str:
-    """Weight streaming figures, when the target was offloaded."""
-    if summary.transfer_bytes == 0:
-        return ""
-    return (f", streamed {summary.transfer_bytes / 1e9:.1f} GB at {summary.transfer_gbps:.2f} GB/s, "
-            f"stalled {summary.stall_s:.1f} s, link idle {summary.link_idle:.0%}")
 
 
 @app.command()
@@ -289,42 +240,10 @@ def bench(
                   dtype=dtype, offload=offload, max_depth=DEFAULT_MAX_DEPTH, context=context,
                   workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
-    rows = run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out)
-    from specchat.bench.plots import write_plots  # matplotlib takes ~0.4 s to import: only bench needs it
-
-    print(render_table(configurations(rows)))
-    for path in [out / RESULTS_FILE, *write_plots(rows, out)]:
-        print(f"wrote {path}", file=sys.stderr)
+    report_bench(run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out), out)
 
 
-simulate_app = typer.Typer(
-    help="Offline simulations of speculative inference (no models): latencies in target forwards.",
-    add_completion=False,
-    rich_markup_mode=None,
-)
 app.add_typer(simulate_app, name="simulate")
-
-
-@simulate_app.command("dsi")
-def simulate_dsi(
-    out: Path = typer.Option(..., help="Directory of the heatmaps (PNG), dsi_grid.csv and dsi_summary.md."),
-    drafter_latency: str = typer.Option("0.01..1", help="LO..HI or one number in (0, 1]: target forwards per draft."),
-    acceptance: str = typer.Option("0..1", help="LO..HI or one number in [0, 1]: each draft's acceptance probability."),
-    lookahead: int = typer.Option(5, help="Drafts k per verification (SI's and DSI's)."),
-    servers: int = typer.Option(None, help="Target servers N of DSI (default: enough that no verification waits, "
-                                "max(ceil(1 / (k c_min)), 2))."),
-    steps: int = typer.Option(20, help="Values per LO..HI range."),
-    tokens: int = typer.Option(100, help="Tokens T generated per simulated run."),
-    seeds: int = typer.Option(5, help="Acceptance sequences (seeds 0..S-1) averaged per cell."),
-    from_bench: Path = typer.Option(None, help="A specchat bench results.jsonl: mark the drafter latency and "
-                                    "acceptance rate its sd rows measured, and simulate there."),
-) -> None:
-    """Latency of non-SI, SI and DSI over drafter latency x acceptance rate (the DSI paper's Figure 1)."""
-    grid = build_grid(drafter_latency, acceptance, lookahead, servers, steps, tokens, seeds)
-    summary, paths = run_dsi(grid, from_bench, out)
-    print(summary)
-    for path in paths:
-        print(f"wrote {path}", file=sys.stderr)
 
 
 def main() -> None:

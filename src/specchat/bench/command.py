@@ -1,5 +1,6 @@
 """`specchat bench` end to end: arguments, prompts, models, the sweep."""
 
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -7,6 +8,8 @@ from typing import TypeVar
 
 from specchat.bench.datasets import check_dataset, load_prompts
 from specchat.bench.pair import engine_options, model_measurer
+from specchat.bench.report import configurations, render_table
+from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, run_sweep
 from specchat.decoding.events import AUTO
 from specchat.errors import SpecchatError
@@ -70,3 +73,12 @@ def run_bench(setup: Setup, points: list[Point], n_prompts: int, out_dir: Path, 
         return run_sweep(setup, points, prompts, model_measurer(models, setup), out_dir, progress)
     finally:
         models.close()
+
+
+def report_bench(rows: list[dict], out_dir: Path) -> None:
+    """The table on stdout; the plots written beside the results file, each file named on stderr."""
+    from specchat.bench.plots import write_plots  # matplotlib takes ~0.4 s to import: only bench needs it
+
+    print(render_table(configurations(rows)))
+    for path in [out_dir / RESULTS_FILE, *write_plots(rows, out_dir)]:
+        print(f"wrote {path}", file=sys.stderr)

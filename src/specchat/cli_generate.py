@@ -1,0 +1,56 @@
+"""What `specchat generate` prints: the reply streamed to stdout with its figures on stderr, or
+one JSON object of the text, the token ids, every iteration and the summary."""
+
+import json
+import sys
+from time import perf_counter
+
+from specchat.decoding.events import Engine, SamplingParams
+from specchat.limits import reply_limit
+from specchat.runtime import Models, encode_prompt
+from specchat.summary import Summary, event_record, summarize
+from specchat.textstream import TextStream
+
+
+def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
+                   sampling: SamplingParams, as_json: bool) -> None:
+    prompt_ids = encode_prompt(models.tokenizer, prompt, raw)
+    room = reply_limit(len(prompt_ids), max_new_tokens, models.context_tokens)
+    if room < max_new_tokens:
+        print(f"notice: at most {room} new tokens: the {len(prompt_ids)}-token prompt fills the rest of the "
+              f"{models.context_tokens}-token context", file=sys.stderr)
+    text = TextStream(models.tokenizer)
+    events = []
+    start = perf_counter()
+    for event in engine.generate(prompt_ids, room, sampling):
+        events.append(event)
+        if event.notice:
+            print(f"notice: {event.notice}", file=sys.stderr)
+        delta = text.push(event.token_ids)
+        if not as_json:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    summary = summarize(events, perf_counter() - start)
+    if as_json:
+        record = {
+            "text": text.text,
+            "token_ids": text.token_ids,
+            "iterations": [event_record(e) for e in events],
+            "summary": {**vars(summary), "transfer_gbps": summary.transfer_gbps},
+        }
+        print(json.dumps(record))
+    else:
+        sys.stdout.write(text.finish() + "\n")
+        print(
+            f"[{summary.new_tokens} tokens, {summary.iterations} iterations, gen rate {summary.gen_rate:.2f}, "
+            f"{summary.tokens_per_s:.2f} tok/s{streaming_note(summary)}]",
+            file=sys.stderr,
+        )
+
+
+def streaming_note(summary: Summary) -> str:
+    """Weight streaming figures, when the target was offloaded."""
+    if summary.transfer_bytes == 0:
+        return ""
+    return (f", streamed {summary.transfer_bytes / 1e9:.1f} GB at {summary.transfer_gbps:.2f} GB/s, "
+            f"stalled {summary.stall_s:.1f} s, link idle {summary.link_idle:.0%}")
