@@ -1,0 +1,74 @@
+"""An independent reference for seeded (and greedy) decoding, written apart from the engines.
+
+Every engine's claim "a seed gives exactly sequential sampling's tokens" was checked against the
+project's own autoregressive engine, which shares `sample_token`, the filters and the KV caches
+with the engines it judges. This loop shares none of that: transformers' forward (on the whole
+prefix each step, or with transformers' own `DynamicCache`), transformers' own
+`TemperatureLogitsWarper` and `TopPLogitsWarper`, and an inverse CDF written here.
+
+The one thing taken from the project is `uniform(seed, n)`, the counter-based draw for the token
+at absolute position n: its definition *is* the contract (README "Exactness": the number for
+position n is keyed by (seed, n)), so there is nothing independent to write in its place.
+"""
+
+from collections.abc import Collection
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, TemperatureLogitsWarper, TopPLogitsWarper
+
+from specchat.decoding.sampling import uniform  # the contract itself: see the module docstring
+
+NO_INPUT = torch.zeros(1, 1, dtype=torch.long)  # the warpers read no input ids
+
+
+def warped(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """transformers' warpers as `generate(do_sample=True)` chains them: temperature, then top-p
+    when top_p < 1. logits [V] -> scores [V] (cut tokens at -inf)."""
+    scores = TemperatureLogitsWarper(temperature)(NO_INPUT, logits.view(1, -1))
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(NO_INPUT, scores)
+    return scores[0]
+
+
+def inverse_cdf(scores: torch.Tensor, u: float) -> int:
+    """The token whose interval of the cumulative distribution, summed in token-id order, holds
+    u: the first id i with (p_0 + ... + p_i) > u * (p_0 + ... + p_(V-1)), in float64."""
+    scores = scores.double()
+    weights = torch.exp(scores - scores.max())  # unnormalised probabilities; exp(-inf) = 0
+    cumulative = torch.cumsum(weights, dim=0)
+    target = torch.tensor([u * float(cumulative[-1])], dtype=torch.float64)
+    # right=True: the first index whose cumulative sum is strictly greater than the target
+    return int(torch.searchsorted(cumulative, target, right=True)[0])
+
+
+def choose(logits: torch.Tensor, temperature: float, top_p: float, seed: int, position: int) -> int:
+    """The token at absolute `position`: the first maximum when greedy, else the inverse CDF of
+    the warped distribution at the draw u = uniform(seed, position)."""
+    if temperature == 0:
+        return int(torch.argmax(logits))
+    return inverse_cdf(warped(logits, temperature, top_p), uniform(seed, position))
+
+
+@torch.inference_mode()
+def reference_decode(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                     top_p: float, seed: int, stop_ids: Collection[int] = (), use_cache: bool = False) -> list[int]:
+    """Decode `max_new_tokens` after `prompt_ids` (ending after a stop token) with a plain
+    transformers causal LM. Without `use_cache` every step runs the whole prefix
+    (`model(ids).logits[0, -1]`); with it, transformers' own `DynamicCache` holds the prefix."""
+    ids = list(prompt_ids)
+    cache = DynamicCache(config=model.config) if use_cache else None
+    fed = 0  # tokens of `ids` the cache holds
+    new: list[int] = []
+    while len(new) < max_new_tokens:
+        if cache is None:
+            logits = model(torch.tensor([ids], device=model.device)).logits[0, -1]
+        else:
+            step = torch.tensor([ids[fed:]], device=model.device)
+            logits = model(step, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            fed = len(ids)
+        token = choose(logits.float().cpu(), temperature, top_p, seed, position=len(ids))
+        ids.append(token)
+        new.append(token)
+        if token in stop_ids:
+            break
+    return new
