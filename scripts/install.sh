@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install specchat (editable) and its dependencies into the current Python environment.
-# EXTRAS=test adds the test tools. A torch already installed (e.g. a CUDA build) is kept;
+# EXTRAS=test adds the test tools. A torch already installed in pyproject's range (e.g. a CUDA build) is kept;
 # otherwise the CPU wheel of torch 2.13.0 is installed first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
