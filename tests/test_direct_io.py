@@ -1,13 +1,22 @@
 """Uncached aligned reads: data round-trips, chunks assemble in order, errors are clear, and the
-buffered + fadvise fallback works where O_DIRECT is refused."""
+buffered + fadvise fallback works where O_DIRECT is refused. The tests that claim O_DIRECT read
+a file on a filesystem that takes it and check the descriptor's flags: on one that refuses it
+the reader falls back silently, and they would prove nothing."""
 
 import errno
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from o_direct import accepts_o_direct, has_o_direct
+from run_dirs import make_run_dir
 
+import specchat.offload.direct_io
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import (
     ALIGN,
@@ -18,17 +27,71 @@ from specchat.offload.direct_io import (
     measure_read_gbps,
     write_blob,
 )
+from specchat.paths import cache_dir
 
 MiB = 1 << 20
+TMPFS = Path("/dev/shm")  # refuses O_DIRECT before Linux 6.6
+
+
+def write_data(directory: Path) -> tuple[Path, torch.Tensor]:
+    """A 3 MiB + 2 pages file of random bytes in `directory`, and those bytes."""
+    data = torch.randint(0, 256, (3 * MiB + 2 * ALIGN,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    path = directory / "blobs.bin"
+    path.write_bytes(data.numpy().tobytes())
+    return path, data
 
 
 @pytest.fixture
 def data_file(tmp_path) -> tuple[Path, torch.Tensor]:
-    """A 3 MiB + 2 pages file of random bytes, and those bytes."""
-    data = torch.randint(0, 256, (3 * MiB + 2 * ALIGN,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    path = tmp_path / "blobs.bin"
-    path.write_bytes(data.numpy().tobytes())
-    return path, data
+    return write_data(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def direct_dir(tmp_path_factory) -> Iterator[Path]:
+    """A directory whose filesystem reads with O_DIRECT: the tests' temporary directory, else one
+    in /var/tmp, else one in the user cache (where specchat writes its layer file)."""
+    tried = [tmp_path_factory.mktemp("direct")]
+    if accepts_o_direct(tried[0]):
+        yield tried[0]
+        return
+    for parent in (Path("/var/tmp"), cache_dir()):
+        directory = make_run_dir(parent, "test-direct-io-")
+        if accepts_o_direct(directory):
+            yield directory
+            shutil.rmtree(directory)
+            return
+        shutil.rmtree(directory)
+        tried.append(parent)
+    pytest.skip(f"no filesystem at hand reads with O_DIRECT (tried {', '.join(map(str, tried))})")
+
+
+@pytest.fixture
+def direct_file(direct_dir) -> tuple[Path, torch.Tensor]:
+    """data_file's bytes, on a filesystem that reads them with O_DIRECT; a file of its own per test."""
+    return write_data(Path(tempfile.mkdtemp(dir=direct_dir)))
+
+
+@dataclass(frozen=True)
+class Opened:
+    """One descriptor the reader opened: what it says (`direct`), what the kernel says (`o_direct`)."""
+
+    direct: bool
+    o_direct: bool
+
+
+@pytest.fixture
+def opened(monkeypatch) -> list[Opened]:
+    """Every descriptor a DirectReader opens from now on, its flags read as it was opened."""
+    real_open_uncached = specchat.offload.direct_io.open_uncached
+    record = []
+
+    def recording(path: Path) -> tuple[int, bool]:
+        fd, direct = real_open_uncached(path)
+        record.append(Opened(direct, has_o_direct(fd)))
+        return fd, direct
+
+    monkeypatch.setattr(specchat.offload.direct_io, "open_uncached", recording)
+    return record
 
 
 @pytest.fixture
@@ -42,6 +105,19 @@ def refuse_direct(monkeypatch):
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(os, "open", fake_open)
+
+
+@pytest.fixture
+def refusing_file(request, tmp_path) -> tuple[Path, torch.Tensor]:
+    """data_file's bytes on a filesystem that refuses O_DIRECT: a tmpfs where the kernel's does,
+    else the tests' directory with the refusal simulated."""
+    if TMPFS.is_dir() and not accepts_o_direct(TMPFS):
+        directory = TMPFS / f"specchat-test-{os.getpid()}-{tmp_path.name}"
+        directory.mkdir()
+        request.addfinalizer(lambda: shutil.rmtree(directory))
+        return write_data(directory)
+    request.getfixturevalue("refuse_direct")
+    return write_data(tmp_path)
 
 
 def test_align_up():
@@ -63,32 +139,34 @@ def test_aligned_empty_pin_without_cuda_still_aligned():
 
 
 @pytest.mark.parametrize("offset", [0, ALIGN, MiB])
-def test_read_returns_written_bytes(data_file, offset):
-    path, data = data_file
+def test_read_returns_written_bytes_with_o_direct(direct_file, opened, offset):
+    path, data = direct_file
     buffer = aligned_empty(MiB + ALIGN)
     with DirectReader(path) as reader:
         assert reader.read_into(buffer, offset) == buffer.numel()
+    assert opened == [Opened(direct=True, o_direct=True)]
     assert torch.equal(buffer, data[offset : offset + buffer.numel()])
 
 
-def test_chunks_assemble_in_order(data_file):
-    path, data = data_file
+def test_chunks_assemble_in_order_with_o_direct(direct_file, opened):
+    path, data = direct_file
     buffer = aligned_empty(data.numel())
     with DirectReader(path, chunk_bytes=64 * 1024, threads=4) as reader:  # 49 chunks, 4 at a time
         reader.read_into(buffer, 0)
+    assert opened == [Opened(direct=True, o_direct=True)]
     assert torch.equal(buffer, data)
 
 
-def test_fallback_reads_buffered(data_file, refuse_direct):
-    path, data = data_file
+def test_fallback_reads_buffered_where_o_direct_is_refused(refusing_file, opened):
+    path, data = refusing_file
     buffer = aligned_empty(data.numel())
     with DirectReader(path, chunk_bytes=MiB) as reader:
-        assert not reader.direct
         reader.read_into(buffer, 0)
+    assert opened == [Opened(direct=False, o_direct=False)]
     assert torch.equal(buffer, data)
 
 
-def test_fallback_when_the_first_direct_read_is_refused(data_file, monkeypatch):
+def test_fallback_when_the_first_direct_read_is_refused(data_file, opened, monkeypatch):
     """Some filesystems accept O_DIRECT at open and refuse it at the first read."""
     path, data = data_file
     real_preadv = os.preadv
@@ -103,8 +181,8 @@ def test_fallback_when_the_first_direct_read_is_refused(data_file, monkeypatch):
     monkeypatch.setattr(os, "preadv", preadv_refusing_first)
     buffer = aligned_empty(data.numel())
     with DirectReader(path) as reader:
-        assert not reader.direct
         reader.read_into(buffer, 0)
+    assert opened == [Opened(direct=False, o_direct=False)]  # reopened buffered
     assert torch.equal(buffer, data)
 
 
@@ -161,22 +239,28 @@ def test_write_blob_refuses_misaligned_offset(tmp_path):
         os.close(fd)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_measure_read_gbps_is_positive(data_file, request, direct):
-    if not direct:
-        request.getfixturevalue("refuse_direct")
-    path, _ = data_file
+def test_measure_read_gbps_is_positive_with_o_direct(direct_file, opened):
+    path, _ = direct_file
     assert measure_read_gbps(path, block_bytes=MiB) > 0
     assert measure_read_gbps(path, total_bytes=MiB + 100) > 0  # rounded down to whole pages
+    assert opened == [Opened(direct=True, o_direct=True)] * 2
+
+
+def test_measure_read_gbps_is_positive_where_o_direct_is_refused(refusing_file, opened):
+    path, _ = refusing_file
+    assert measure_read_gbps(path, block_bytes=MiB) > 0
+    assert opened == [Opened(direct=False, o_direct=False)]
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 7, 1000])
-def test_read_many_fills_consecutive_buffers_from_one_range(data_file, chunk_pages):
-    path, data = data_file
+def test_read_many_fills_consecutive_buffers_from_one_range_with_o_direct(direct_file, opened, chunk_pages):
+    """O_DIRECT refuses a misaligned piece: the straddling chunks' pieces are aligned."""
+    path, data = direct_file
     sizes = [5 * ALIGN, 2 * ALIGN, 9 * ALIGN]  # chunks of 3 or 7 pages straddle the buffers' ends
     buffers = [aligned_empty(size) for size in sizes]
     with DirectReader(path, chunk_bytes=chunk_pages * ALIGN) as reader:
         assert reader.read_many(buffers, 2 * ALIGN) == sum(sizes)
+    assert opened == [Opened(direct=True, o_direct=True)]
     assert torch.equal(torch.cat(buffers), data[2 * ALIGN: 2 * ALIGN + sum(sizes)])
 
 
