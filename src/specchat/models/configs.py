@@ -7,7 +7,7 @@ directory its own config.json; a .gguf file its metadata; a hub id only its conf
 import json
 from pathlib import Path
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from specchat.errors import SpecchatError
 from specchat.models.hub import download_config
@@ -46,4 +46,7 @@ def config_from_file(path: Path) -> PretrainedConfig:
         raise SpecchatError(f"cannot read the model config {path}: {error}") from error
     if "model_type" not in values:
         raise SpecchatError(f"{path} names no model_type, so it is not a transformers config")
+    if values["model_type"] not in CONFIG_MAPPING:  # only the repository's own code could build it
+        raise SpecchatError(f"{path} names the model type '{values['model_type']}', which transformers does not know: "
+                            "specchat never runs a repository's own model code")
     return AutoConfig.for_model(**values)
