@@ -11,6 +11,7 @@ at absolute position n: its definition *is* the contract (README "Exactness": th
 position n is keyed by (seed, n)), so there is nothing independent to write in its place.
 """
 
+import math
 from collections.abc import Collection
 
 import torch
@@ -72,3 +73,50 @@ def reference_decode(model: PreTrainedModel, prompt_ids: list[int], max_new_toke
         if token in stop_ids:
             break
     return new
+
+
+def reference_gap(logits: torch.Tensor, token: int, temperature: float, top_p: float, seed: int,
+                  position: int) -> float:
+    """How far the logits must move (in logits) before the loop picks `token` here, as
+    tests/exactness.py bounds it, computed from the loop's own pieces: the argmax's lead when
+    greedy; seeded, T log(1 + r) with r the distance from u to the token's interval of the
+    normalised cumulative distribution (in token-id order)."""
+    if temperature == 0:
+        return float(logits.max() - logits[token])
+    scores = warped(logits, temperature, top_p).double()
+    weights = torch.exp(scores - scores.max())
+    cumulative = torch.cumsum(weights, dim=0) / weights.sum()
+    low = float(cumulative[token - 1]) if token > 0 else 0.0
+    high = float(cumulative[token])
+    u = uniform(seed, position)
+    return temperature * math.log1p(max(low - u, u - high, 0.0))
+
+
+@torch.inference_mode()
+def ties_against_reference(model: PreTrainedModel, prompt_ids: list[int], tokens: list[int], max_new_tokens: int,
+                           temperature: float, top_p: float, seed: int, stop_ids: Collection[int],
+                           near_tie: float) -> list[tuple[int, float]]:
+    """design.md section 8's rule with the loop as the reference: at the first difference the
+    engine's token must be near-tied under the loop's own logits (gap < `near_tie`), then the loop
+    re-anchors on the engine's prefix up to that token and the comparison goes on to the end.
+    Returns the accepted ties as (index, gap); raises AssertionError on any other difference."""
+    reference = reference_decode(model, prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids, use_cache=True)
+    ties: list[tuple[int, float]] = []
+    start = 0
+    while True:
+        index = next((i for i in range(start, max(len(reference), len(tokens)))
+                      if i >= min(len(reference), len(tokens)) or reference[i] != tokens[i]), None)
+        if index is None:
+            return ties
+        assert index < min(len(reference), len(tokens)), f"lengths differ at token {index} after ties {ties}"
+        prefix = prompt_ids + tokens[:index]
+        logits = model(torch.tensor([prefix], device=model.device)).logits[0, -1].float().cpu()
+        gap = reference_gap(logits, tokens[index], temperature, top_p, seed, len(prefix))
+        assert gap < near_tie, f"token {index}: the engine's {tokens[index]} is {gap:.2e} from the loop's " \
+                               f"{reference[index]} (near-tie bound {near_tie:.0e}), after ties {ties}"
+        ties.append((index, gap))
+        rest = [] if tokens[index] in stop_ids else reference_decode(
+            model, prefix + [tokens[index]], max_new_tokens - index - 1, temperature, top_p, seed, stop_ids,
+            use_cache=True)
+        reference = tokens[: index + 1] + rest
+        start = index + 1

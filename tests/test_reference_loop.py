@@ -10,7 +10,8 @@ rejection sampling draws other numbers than sequential sampling (README, "Exactn
 import pytest
 import torch
 from conftest import build_tiny, perturbed
-from reference_loop import choose, inverse_cdf, reference_decode, warped
+from exactness import NEAR_TIE
+from reference_loop import choose, inverse_cdf, reference_decode, ties_against_reference, warped
 from test_dsi_engine import dsi
 from test_engines import GREEDY
 
@@ -133,3 +134,31 @@ def test_a_stop_token_ends_every_exact_engine_where_it_ends_the_reference(target
         assert tokens == expected and events[-1].finished
     with dsi(target, drafts["close"], 2, 3, stop_ids=[stop]) as engine:
         assert emitted(engine, prompt, sampling)[0] == expected
+
+
+def test_the_rule_against_the_loop_takes_a_near_tie_once_and_refuses_a_real_difference():
+    """ties_against_reference (the real-pair test's rule): identical tokens have no tie; a token
+    the target does not pick fails; on a model where token b's head row is token a's times
+    (1 - 1e-6), taking b where a wins greedy is one tie, then the loop re-anchors after it."""
+    model = build_tiny(0, dtype=torch.float32)
+    prompt = PROMPTS[0]
+    tokens = reference_decode(model.model, prompt, NEW_TOKENS, 0.0, 1.0, 0)
+
+    def ties(engine_tokens):
+        return ties_against_reference(model.model, prompt, engine_tokens, NEW_TOKENS, 0.0, 1.0, 0, (), NEAR_TIE)
+
+    assert ties(tokens) == []
+    far = tokens[:5] + [int(model.model(torch.tensor([prompt + tokens[:5]])).logits[0, -1].argmin())]
+    far += reference_decode(model.model, prompt + far, NEW_TOKENS - len(far), 0.0, 1.0, 0)
+    with pytest.raises(AssertionError, match="token 5"):
+        ties(far)
+    a = tokens[2]
+    b = next(t for t in range(model.model.config.vocab_size) if t not in tokens)
+    with torch.no_grad():
+        model.model.lm_head.weight[b] = model.model.lm_head.weight[a] * (1 - 1e-6)
+    assert reference_decode(model.model, prompt, NEW_TOKENS, 0.0, 1.0, 0) == tokens  # b never wins
+    head = tokens[:2] + [b]
+    swapped = head + reference_decode(model.model, prompt + head, NEW_TOKENS - 3, 0.0, 1.0, 0)
+    assert swapped[3:] != tokens[3:]  # the rest matches only the re-anchored loop
+    [(index, gap)] = ties(swapped)
+    assert index == 2 and 0 < gap < NEAR_TIE
