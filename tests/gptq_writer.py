@@ -11,9 +11,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
-from specchat.quant.gptq import GPTQSpec, check_supported, group_count, pack_int4_cols, pack_int4_rows
+from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.offload.sources import SafetensorsSource
+from specchat.quant.gptq import (GPTQLinear, GPTQSpec, check_supported, dequantize, group_count, pack_int4_cols,
+                                 pack_int4_rows)
 
 MAX_Q = 15
 
@@ -126,3 +129,30 @@ def write_gptq_checkpoint(model: PreTrainedModel, out_dir: Path, spec: GPTQSpec)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "quantize_config.json").write_text(json.dumps(settings, indent=2))
     return out_dir
+
+
+def dequantized_linears(model: nn.Module) -> nn.Module:
+    """Each GPTQLinear replaced by an nn.Linear holding its dequantized weight."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, GPTQLinear):
+            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            linear.weight.data = dequantize(module.qweight, module.qzeros, module.scales, module.g_idx,
+                                            torch.float32).contiguous()
+            if module.bias is not None:
+                linear.bias.data = module.bias.float()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, linear)
+    return model
+
+
+def load_checkpoint(directory: Path, kernel: torch.device | None) -> nn.Module:
+    """The checkpoint as offload_model builds it with every layer resident, in float32 on the CPU:
+    GPTQLinears with no `kernel`, Int4Linears packed for it otherwise."""
+    source = SafetensorsSource(directory)
+    model = build_skeleton(AutoConfig.from_pretrained(directory), source, torch.float32, kernel)
+    layers_name, layers = decoder_layers(model)
+    cpu = torch.device("cpu")
+    fill_resident(model, layers_name, source, torch.float32, cpu)
+    for index, layer in enumerate(layers):
+        fill(layer, layer_tensors(layer, f"{layers_name}.{index}.", source, torch.float32), cpu)
+    return model

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from gptq_writer import pack_gptq, quantize_rtn, write_gptq_checkpoint
+from gptq_writer import dequantized_linears, load_checkpoint, pack_gptq, quantize_rtn, write_gptq_checkpoint
 from torch import nn
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.offload.skeleton import build_skeleton
 from specchat.offload.sources import SafetensorsSource
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
 from specchat.quant.int4 import Int4Linear
@@ -58,31 +58,6 @@ def gptq_dir(tmp_path_factory) -> Path:
     return write_gptq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path_factory.mktemp("gptq"), spec)
 
 
-def loaded(directory: Path, kernel: torch.device | None) -> nn.Module:
-    """The model as offload_model builds it with every layer resident, in float32."""
-    source = SafetensorsSource(directory)
-    model = build_skeleton(AutoConfig.from_pretrained(directory), source, torch.float32, kernel)
-    layers_name, layers = decoder_layers(model)
-    fill_resident(model, layers_name, source, torch.float32, CPU)
-    for index, layer in enumerate(layers):
-        fill(layer, layer_tensors(layer, f"{layers_name}.{index}.", source, torch.float32), CPU)
-    return model
-
-
-def dense(model: nn.Module) -> nn.Module:
-    """Each GPTQLinear replaced by an nn.Linear holding its dequantized weight."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, GPTQLinear):
-            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
-            linear.weight.data = dequantize(module.qweight, module.qzeros, module.scales, module.g_idx,
-                                            torch.float32).contiguous()
-            if module.bias is not None:
-                linear.bias.data = module.bias.float()
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, linear)
-    return model
-
-
 def logits(model: nn.Module) -> torch.Tensor:
     lm = CausalLM(model)
     return lm.logits(lm.hidden(PROMPT, torch.arange(PROMPT.numel()), new_cache()))
@@ -90,13 +65,13 @@ def logits(model: nn.Module) -> torch.Tensor:
 
 @pytest.mark.parametrize("fused_rows", [UNLIMITED, 0], ids=["fused", "chunked"])
 def test_a_gptq_model_runs_packed_through_the_kernel_entry_points(gptq_dir, fused_rows):
-    model = loaded(gptq_dir, CPU)
+    model = load_checkpoint(gptq_dir, CPU)
     linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
     assert len(linears) == 2 * 7 and not any(isinstance(m, GPTQLinear) for m in model.modules())
     assert linears[0].packed.dtype == torch.uint8 and not linears[0].packed.is_meta
     for linear in linears:
         linear.widths = WidthChoice(fused_rows, torch.float32)
-    reference = logits(dense(loaded(gptq_dir, None)))
+    reference = logits(dequantized_linears(load_checkpoint(gptq_dir, None)))
     # the same weights, summed in another order: float32 rounding only (measured 4e-7 on logits of 0.64)
     torch.testing.assert_close(logits(model), reference, atol=2e-5, rtol=0)
 

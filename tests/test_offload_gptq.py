@@ -6,18 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from gptq_writer import write_gptq_checkpoint
+from gptq_writer import dequantized_linears, load_checkpoint, write_gptq_checkpoint
 from torch import nn
-from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.loading import load
 from specchat.offload.build import OffloadPlan, offload_model
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
-from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
-from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize, read_gptq_spec
+from specchat.quant.gptq import GPTQLinear, GPTQSpec, read_gptq_spec
 from specchat.quant.int4 import Int4Linear
 
 QUIET = Reporter(bars=False)
@@ -35,29 +33,8 @@ def gptq_dir(request, tmp_path_factory) -> Path:
     return write_gptq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path_factory.mktemp("gptq"), request.param)
 
 
-def gptq_linears_model(directory: Path) -> nn.Module:
-    """The checkpoint as GPTQLinears (no int4 kernel), filled on the CPU: the reference's source."""
-    source = SafetensorsSource(directory)
-    model = build_skeleton(AutoConfig.from_pretrained(directory), source, torch.float32)
-    layers_name, layers = decoder_layers(model)
-    fill_resident(model, layers_name, source, torch.float32, torch.device("cpu"))
-    for index, layer in enumerate(layers):
-        fill(layer, layer_tensors(layer, f"{layers_name}.{index}.", source, torch.float32), torch.device("cpu"))
-    return model
-
-
 def dequantized_reference(model: nn.Module) -> CausalLM:
-    """The same model with each GPTQLinear replaced by a plain Linear holding its dequantized weight."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, GPTQLinear):
-            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
-            linear.weight.data = dequantize(module.qweight, module.qzeros, module.scales, module.g_idx,
-                                            torch.float32).contiguous()
-            if module.bias is not None:
-                linear.bias.data = module.bias.float()
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, linear)
-    return CausalLM(model)
+    return CausalLM(dequantized_linears(model))
 
 
 def logits(lm: CausalLM) -> torch.Tensor:
@@ -72,7 +49,7 @@ def test_gptq_directory_loads_in_memory_without_extra_libraries(gptq_dir):
     group = read_gptq_spec(json.loads((gptq_dir / "config.json").read_text())).group_size
     kind = GPTQLinear if group == 16 else Int4Linear
     assert all(isinstance(m, kind) for m in linears) and not any(t.is_meta for t in linears[0].buffers())
-    reference = dequantized_reference(gptq_linears_model(gptq_dir))
+    reference = dequantized_reference(load_checkpoint(gptq_dir, None))
     torch.testing.assert_close(logits(CausalLM(loaded.model)), logits(reference), atol=1e-5, rtol=0)
 
 
@@ -83,7 +60,7 @@ def test_gptq_offloaded_streams_packed_layers_and_matches(gptq_dir, tmp_path, ti
     place = {p.name: p for p in offload.store.layouts[0].places}
     packed = place.get("self_attn.q_proj.qweight") or place["self_attn.q_proj.packed"]
     assert packed.dtype in (torch.int32, torch.uint8)  # streamed packed: GPTQ's words or the int4 kernel's
-    reference = dequantized_reference(gptq_linears_model(gptq_dir))
+    reference = dequantized_reference(load_checkpoint(gptq_dir, None))
     torch.testing.assert_close(logits(CausalLM(model, offload)), logits(reference), atol=1e-5, rtol=0)
     offload.close()
 
