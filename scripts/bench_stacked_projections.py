@@ -60,7 +60,7 @@ def main() -> None:
     for rows in WIDTHS:
         x = torch.randn(rows, args.hidden).bfloat16()
         apart, together = 1000 * seconds(separate, [x]), 1000 * seconds(stacked, [x])
-        print(f"| {rows} | {apart:.1f} | {together:.1f} | {together / apart:.2f} |")
+        print(f"| {rows} | {apart:.3f} | {together:.3f} | {together / apart:.2f} |")
 
 
 if __name__ == "__main__":
