@@ -18,6 +18,7 @@ from specchat.models.draft_approx import approximate_draft
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
 from specchat.models.draft import DraftQuant, resolve_draft_quant
+from specchat.quant import int8
 from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Linear, dynamic_kernel, int8_rows, quantize_linears, seconds
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
@@ -51,6 +52,24 @@ def test_weight_only_int8_is_within_half_a_step_per_weight(dtype):
     magnitude = x.abs() @ dequantized.abs().t() + bias.abs()
     bound = (3 * unit[dtype] + 2 * (x.shape[-1] + 2) * unit[torch.float32]) * magnitude
     assert ((out - exact).abs() <= bound).all()
+
+
+def test_without_an_int8_kernel_the_weight_is_dequantized_a_block_of_rows_at_a_time(monkeypatch):
+    """Where the weight-only kernel does not run (float64 here; a CUDA build without it), the
+    product dequantizes DEQUANT_ROWS output rows at a time, never the whole weight, and equals the
+    whole dequantized product."""
+    torch.manual_seed(0)
+    weight, x = torch.randn(40, 24, dtype=torch.float64), torch.randn(3, 24, dtype=torch.float64)
+    layer = Int8Linear(weight, None, dynamic=False)
+    monkeypatch.setattr(int8, "DEQUANT_ROWS", 16)  # 40 rows: blocks of 16, 16 and 8
+    assert int8.row_blocks(40, 16) == [slice(0, 16), slice(16, 32), slice(32, 40)]
+    torch.testing.assert_close(layer(x), x @ layer.dequantized().t(), rtol=1e-12, atol=1e-12)
+
+
+def test_the_int8_kernel_is_asked_of_the_dispatcher():
+    assert int8.has_int8_kernel(torch.device("cpu"))
+    built_for_cuda = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_weight_int8pack_mm", "CUDA")
+    assert int8.has_int8_kernel(torch.device("cuda")) == built_for_cuda
 
 
 X86_ONLY = pytest.mark.skipif(not dynamic_kernel(torch.device("cpu")), reason="fbgemm's dynamic kernel runs on x86 only")

@@ -25,6 +25,7 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 line
 # torch 2.13's avx512_bf16 path of the kernel crashes (SIGSEGV) on bf16 inputs of more than one row
 # when in_features is not a multiple of 16; every real model's widths are multiples of 64.
 KERNEL_IN_MULTIPLE = 16
+DEQUANT_ROWS = 1024  # output rows dequantized at once where no int8 kernel runs: 1024 x in_features temporary
 PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
 # Distinct weights the probe cycles through, 70 MB in bf16: a model's forward reads its weights from
 # memory, and a single 8.7 MB weight would sit in many CPUs' last-level cache and favour the dense
@@ -64,10 +65,10 @@ class Int8Linear(nn.Module):
             # reduce_range: 7-bit activations, so fbgemm's int16 pair sums cannot saturate
             out = torch.ops.quantized.linear_dynamic(flat.float(), self.packed, True).to(x.dtype)
             return out.reshape(*x.shape[:-1], self.out_features)
-        if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES and self.in_features % KERNEL_IN_MULTIPLE == 0:
+        if has_int8_kernel(x.device) and x.dtype in KERNEL_DTYPES and self.in_features % KERNEL_IN_MULTIPLE == 0:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales.to(x.dtype))
-        else:  # no kernel for this device or dtype: the same product, dequantized
-            out = flat @ (self.int8_rows().to(x.dtype) * self.scales.to(x.dtype)[:, None]).t()
+        else:  # no kernel for this device or dtype: the same product, dequantized a block of rows at a time
+            out = dequantized_product(flat, self.int8_rows(), self.scales.to(x.dtype))
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -78,6 +79,27 @@ class Int8Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         return self.int8_rows().to(self.scales.dtype) * self.scales[:, None]
+
+
+def has_int8_kernel(device: torch.device) -> bool:
+    """Whether torch's weight-only int8 kernel is built for `device` (CPU always; CUDA in builds
+    that ship it): asked of the dispatcher, never assumed."""
+    key = "CPU" if device.type == "cpu" else device.type.upper()
+    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::_weight_int8pack_mm", key)
+
+
+def dequantized_product(x: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x (s * q)^T with q dequantized DEQUANT_ROWS output rows at a time: the temporary is
+    DEQUANT_ROWS x in_features, never the whole weight (a 7B draft's 11008 x 4096 MLP would take
+    90 MB in bf16 on every call)."""
+    out = x.new_empty(x.shape[0], rows.shape[0])
+    for block in row_blocks(rows.shape[0], DEQUANT_ROWS):
+        out[:, block] = x @ (rows[block].to(x.dtype) * scales[block, None]).t()
+    return out
+
+
+def row_blocks(count: int, size: int) -> list[slice]:
+    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 def dynamic_kernel(device: torch.device) -> bool:
