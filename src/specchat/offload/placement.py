@@ -200,8 +200,9 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
     if request.tier == "disk":
         return 0
     if request.tier == "ram":
-        if sum(layers) + (0 if rooms.host is None else sum(pinned_bytes(x) - x for x in layers)) > host_left:
-            raise SpecchatError(f"--offload ram: the {len(layers)} streamed layers need {gb(sum(layers))}, and "
+        needed = sum(layers) if rooms.host is None else sum(pinned_bytes(size) for size in layers)
+        if needed > host_left:
+            raise SpecchatError(f"--offload ram: the {len(layers)} streamed layers need {gb(needed)}, and "
                                 f"{rooms.host_name} has {gb(max(host_left, 0))} left")
         return len(layers)
     if rooms.host is None:
