@@ -1,0 +1,167 @@
+"""The shipped defaults, as `specchat run` and `generate` load them (`load_models(EngineOptions())`:
+bfloat16, engine specexec, --budget auto, the draft as --draft-quant auto resolves it on this
+machine with its 32768-token sub-vocabulary head), give bf16 autoregressive decoding's tokens,
+greedy and at the default t=0.6, top-p 0.9, seed 0.
+
+bf16 only holds this up to rounding (README, "Exactness"): a tree pass adds the same products
+in another order than a one-token pass, so where two tokens nearly tie the two may pick
+differently. The comparison is tests/exactness.py's, with the README's bf16 bound in place of
+float32's: a difference passes only where the default engine's token is within BF16_NEAR_TIE
+logits of being the target's pick at that prefix, the reference then re-anchors on the engine's
+prefix and the comparison goes on to the end. At most MAX_TIES per prompt, counted and printed.
+
+Auto sizes the trees from this machine's probed costs; where a wide bf16 pass costs its width
+(a CPU without bf16 hardware) it drafts trees of 0 or 1 node, so the same engine also runs with
+the costs probed on the project's machine, where its trees grow to tens of nodes.
+"""
+
+import gc
+from dataclasses import dataclass
+
+import pytest
+import torch
+from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
+from exactness import MAX_TIES, Comparison, ExactnessCheck, Sequential, Tie, first_difference, token_gap
+from test_engines import GREEDY
+
+from specchat.decoding.autosize import Costs
+from specchat.decoding.events import AUTO, SamplingParams
+from specchat.limits import DEFAULT_DRAFT_VOCAB, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from specchat.loader import load_models
+from specchat.quant.int8 import Int8Linear
+from specchat.runtime import EngineOptions, encode_prompt
+
+pytestmark = pytest.mark.real
+
+PROMPTS = 3
+# README, "Exactness": bf16 keeps 8 significant bits (logits near 16 are 0.125 apart); every
+# first difference measured on 20 MT-Bench prompts was a near-tie of at most 0.125 logits.
+BF16_NEAR_TIE = 0.125
+DEFAULT_SAMPLING = SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_SEED)
+SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
+# --budget auto's costs as probed on the project's machine (2 cores with avx512_bf16; design.md
+# section 5: the 1.5B target in bf16, the 0.5B draft's bf16 step halved for its int8 kernel).
+PROJECT_MACHINE_COSTS = Costs(target_n=(1, 16, 64, 256), target_s=(0.112, 0.147, 0.303, 1.017),
+                              draft_b=(1, 16, 64, 256), draft_s=(0.021, 0.030, 0.058, 0.187))
+
+
+@dataclass(frozen=True)
+class BoundedCheck(ExactnessCheck):
+    """ExactnessCheck.compare with the near-tie bound as a field (float32's NEAR_TIE there)."""
+
+    near_tie: float = BF16_NEAR_TIE
+
+    def compare(self, prompt_ids: list[int], reference: list[int], tokens: list[int],
+                sampling: SamplingParams) -> Comparison:
+        ties: list[Tie] = []
+        start = 0
+        while (index := first_difference(reference, tokens, start)) is not None:
+            if index >= min(len(reference), len(tokens)):
+                return Comparison(tuple(ties), mismatch=index)
+            sequential = Sequential(self.target)
+            sequential.feed(prompt_ids + tokens[:index])
+            gap = token_gap(sequential.logits, tokens[index], sampling, sequential.position)
+            if gap >= self.near_tie:
+                return Comparison(tuple(ties), mismatch=index, gap=gap)
+            ties.append(Tie(index, gap))
+            rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1, sampling, self.stop_ids)
+            reference = tokens[: index + 1] + rest
+            start = index + 1
+        return Comparison(tuple(ties))
+
+
+@pytest.fixture(scope="module")
+def app_models():
+    """The app's models with every default, loaded once for the module and released after it."""
+    models = load_models(EngineOptions(), progress=False)
+    yield models
+    models.close()
+    del models
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def prompts(app_models, mtbench_prompts) -> list[list[int]]:
+    return [encode_prompt(app_models.tokenizer, prompt, raw=False) for prompt in mtbench_prompts[:PROMPTS]]
+
+
+def tokens_and_events(engine, prompt_ids: list[int], sampling: SamplingParams) -> tuple[list[int], list]:
+    events = list(engine.generate(prompt_ids, NEW_TOKENS, sampling))
+    return [t for e in events for t in e.token_ids], events
+
+
+def test_the_defaults_are_what_ships(app_models):
+    """What the comparison below runs: a bf16 target, a sub-vocabulary draft quantized as auto
+    resolved it here, and a specexec engine that sizes its own trees."""
+    options = EngineOptions()
+    shipped = (options.engine, options.dtype, options.budget, options.draft_quant)
+    assert shipped == ("specexec", "bfloat16", None, "auto")
+    assert app_models.target.dtype == torch.bfloat16
+    draft = app_models.draft
+    resolved = app_models.identity["draft_quant"]
+    int8_layers = [m for m in draft.model.modules() if isinstance(m, Int8Linear)]
+    assert bool(int8_layers) == resolved.startswith("int8")
+    assert isinstance(draft.head, Int8Linear) == bool(int8_layers)
+    assert draft.vocab is not None
+    assert DEFAULT_DRAFT_VOCAB <= len(draft.vocab) < DEFAULT_DRAFT_VOCAB + 16  # and the stop tokens
+    assert app_models.engine("specexec").live_settings().budget == AUTO
+    print(f"draft: {resolved}, {len(int8_layers)} int8 linears, {len(draft.vocab)}-token head; "
+          f"placement: {app_models.placement}")
+
+
+@pytest.fixture(scope="module")
+def references(app_models, prompts) -> dict[SamplingParams, list[list[int]]]:
+    """bf16 autoregressive decoding of the same target (as `--engine autoregressive` builds it),
+    per sampling and prompt, computed once for the module."""
+    autoregressive = app_models.engine("autoregressive")
+    return {sampling: [tokens_and_events(autoregressive, prompt_ids, sampling)[0] for prompt_ids in prompts]
+            for sampling in SAMPLINGS}
+
+
+def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> list:
+    """The engine's replies against bf16 autoregressive decoding, each at most MAX_TIES near-ties
+    within BF16_NEAR_TIE; returns every reply's events."""
+    check = BoundedCheck(app_models.target, app_models.stop_ids, NEW_TOKENS)
+    ties, replies = 0, []
+    for prompt_ids, reference in zip(prompts, references[sampling]):
+        tokens, events = tokens_and_events(engine, prompt_ids, sampling)
+        comparison = check.compare(prompt_ids, reference, tokens, sampling)
+        trees = [e.tree_size for e in events[1:]]  # events[0] is the prompt's pass: no tree
+        print(f"{len(prompt_ids)}-token prompt: {len(tokens)} tokens in {len(events)} passes (trees {trees}), "
+              f"{comparison.describe()}")
+        assert comparison.acceptable, comparison.describe()  # no other difference; at most MAX_TIES ties
+        assert all(tie.gap < BF16_NEAR_TIE for tie in comparison.ties)
+        ties += len(comparison.ties)
+        replies.append(events)
+    print(f"{sampling}: {ties} near-ties in {len(prompts)} prompts x {NEW_TOKENS} tokens")
+    assert ties <= MAX_TIES * len(prompts)
+    return replies
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_the_defaults_give_bf16_autoregressive_tokens_up_to_near_ties(app_models, prompts, references, sampling):
+    """The engine exactly as `run` builds it, its trees sized by auto from this machine's probed
+    costs (on a CPU without bf16 hardware a wide bf16 pass costs its width, so auto drafts trees
+    of 0 or 1 node here; the next test makes it grow them)."""
+    engine = app_models.engine("specexec")  # LiveSettings() -> --budget auto
+    for events in assert_near_ties_only(app_models, prompts, references, engine, sampling):
+        assert all(e.tree_size <= app_models.auto_cap() for e in events)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_the_defaults_with_grown_trees_give_bf16_autoregressive_tokens_up_to_near_ties(
+        app_models, prompts, references, sampling):
+    """The same engine with auto sizing from the costs measured on the project's machine
+    (design.md section 5: a bf16 pass nearly flat in width up to tens of tokens; the int8 draft
+    about half the bf16 one's): trees of ~5-25 nodes, so the bf16 tree masks, positions and
+    cache pruning are what the comparison checks, on any CPU."""
+    probed = app_models.costs
+    app_models.costs = PROJECT_MACHINE_COSTS
+    try:
+        engine = app_models.engine("specexec")
+    finally:
+        app_models.costs = probed
+    replies = assert_near_ties_only(app_models, prompts, references, engine, sampling)
+    trees = [e.tree_size for events in replies for e in events[1:]]
+    assert max(trees) >= 8
+    assert sum(e.accepted for events in replies for e in events) > len(trees)  # > 1 token per tree on average
