@@ -16,12 +16,11 @@ the costs probed on the project's machine, where its trees grow to tens of nodes
 """
 
 import gc
-from dataclasses import dataclass
 
 import pytest
 import torch
 from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
-from exactness import MAX_TIES, Comparison, ExactnessCheck, Sequential, Tie, first_difference, token_gap
+from exactness import MAX_TIES, ExactnessCheck
 from test_engines import GREEDY
 
 from specchat.decoding.autosize import Costs
@@ -43,31 +42,6 @@ SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 # section 5: the 1.5B target in bf16, the 0.5B draft's bf16 step halved for its int8 kernel).
 PROJECT_MACHINE_COSTS = Costs(target_n=(1, 16, 64, 256), target_s=(0.112, 0.147, 0.303, 1.017),
                               draft_b=(1, 16, 64, 256), draft_s=(0.021, 0.030, 0.058, 0.187))
-
-
-@dataclass(frozen=True)
-class BoundedCheck(ExactnessCheck):
-    """ExactnessCheck.compare with the near-tie bound as a field (float32's NEAR_TIE there)."""
-
-    near_tie: float = BF16_NEAR_TIE
-
-    def compare(self, prompt_ids: list[int], reference: list[int], tokens: list[int],
-                sampling: SamplingParams) -> Comparison:
-        ties: list[Tie] = []
-        start = 0
-        while (index := first_difference(reference, tokens, start)) is not None:
-            if index >= min(len(reference), len(tokens)):
-                return Comparison(tuple(ties), mismatch=index)
-            sequential = Sequential(self.target)
-            sequential.feed(prompt_ids + tokens[:index])
-            gap = token_gap(sequential.logits, tokens[index], sampling, sequential.position)
-            if gap >= self.near_tie:
-                return Comparison(tuple(ties), mismatch=index, gap=gap)
-            ties.append(Tie(index, gap))
-            rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1, sampling, self.stop_ids)
-            reference = tokens[: index + 1] + rest
-            start = index + 1
-        return Comparison(tuple(ties))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +95,7 @@ def references(app_models, prompts) -> dict[SamplingParams, list[list[int]]]:
 def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> list:
     """The engine's replies against bf16 autoregressive decoding, each at most MAX_TIES near-ties
     within BF16_NEAR_TIE; returns every reply's events."""
-    check = BoundedCheck(app_models.target, app_models.stop_ids, NEW_TOKENS)
+    check = ExactnessCheck(app_models.target, app_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIE)
     ties, replies = 0, []
     for prompt_ids, reference in zip(prompts, references[sampling]):
         tokens, events = tokens_and_events(engine, prompt_ids, sampling)
