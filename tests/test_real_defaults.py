@@ -12,7 +12,10 @@ prefix and the comparison goes on to the end. At most MAX_TIES per prompt, count
 
 Auto sizes the trees from this machine's probed costs; where a wide bf16 pass costs its width
 (a CPU without bf16 hardware) it drafts trees of 0 or 1 node, so the same engine also runs with
-the costs probed on the project's machine, where its trees grow to tens of nodes.
+the costs probed on the project's machine, where its trees grow to tens of nodes. Auto's draft
+quantization is timed too (int8 where its kernel wins every probe): on a busy machine it may
+keep dense weights, so the grown trees are always drafted by the int8 sub-vocabulary draft,
+the one auto picks on an idle x86 CPU.
 """
 
 import gc
@@ -27,6 +30,8 @@ from specchat.decoding.autosize import Costs
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import DEFAULT_DRAFT_VOCAB, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from specchat.loader import load_models
+from specchat.models.draft import DraftQuant, load_draft
+from specchat.progress import Reporter
 from specchat.quant.int8 import Int8Linear
 from specchat.runtime import EngineOptions, encode_prompt
 
@@ -59,6 +64,21 @@ def prompts(app_models, mtbench_prompts) -> list[list[int]]:
     return [encode_prompt(app_models.tokenizer, prompt, raw=False) for prompt in mtbench_prompts[:PROMPTS]]
 
 
+def int8_layers(draft) -> list[Int8Linear]:
+    return [m for m in draft.model.modules() if isinstance(m, Int8Linear)]
+
+
+@pytest.fixture(scope="module")
+def int8_draft(app_models):
+    """The default draft in int8 at every width (`--draft-quant auto` on an idle x86 CPU) with the
+    default sub-vocabulary head: the app's own when auto chose it, else loaded so."""
+    if int8_layers(app_models.draft):
+        return app_models.draft
+    options = EngineOptions()
+    return load_draft(options.draft, app_models.device, app_models.target.dtype, None, app_models.tokenizer,
+                      Reporter(False), DraftQuant("int8"), options.draft_vocab)
+
+
 def tokens_and_events(engine, prompt_ids: list[int], sampling: SamplingParams) -> tuple[list[int], list]:
     events = list(engine.generate(prompt_ids, NEW_TOKENS, sampling))
     return [t for e in events for t in e.token_ids], events
@@ -73,13 +93,13 @@ def test_the_defaults_are_what_ships(app_models):
     assert app_models.target.dtype == torch.bfloat16
     draft = app_models.draft
     resolved = app_models.identity["draft_quant"]
-    int8_layers = [m for m in draft.model.modules() if isinstance(m, Int8Linear)]
-    assert bool(int8_layers) == resolved.startswith("int8")
-    assert isinstance(draft.head, Int8Linear) == bool(int8_layers)
+    quantized = int8_layers(draft)
+    assert bool(quantized) == resolved.startswith("int8")
+    assert isinstance(draft.head, Int8Linear) == bool(quantized)
     assert draft.vocab is not None
     assert DEFAULT_DRAFT_VOCAB <= len(draft.vocab) < DEFAULT_DRAFT_VOCAB + 16  # and the stop tokens
     assert app_models.engine("specexec").live_settings().budget == AUTO
-    print(f"draft: {resolved}, {len(int8_layers)} int8 linears, {len(draft.vocab)}-token head; "
+    print(f"draft: {resolved}, {len(quantized)} int8 linears, {len(draft.vocab)}-token head; "
           f"placement: {app_models.placement}")
 
 
@@ -124,17 +144,18 @@ def test_the_defaults_give_bf16_autoregressive_tokens_up_to_near_ties(app_models
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 def test_the_defaults_with_grown_trees_give_bf16_autoregressive_tokens_up_to_near_ties(
-        app_models, prompts, references, sampling):
+        app_models, int8_draft, prompts, references, sampling):
     """The same engine with auto sizing from the costs measured on the project's machine
     (design.md section 5: a bf16 pass nearly flat in width up to tens of tokens; the int8 draft
-    about half the bf16 one's): trees of ~5-25 nodes, so the bf16 tree masks, positions and
-    cache pruning are what the comparison checks, on any CPU."""
-    probed = app_models.costs
-    app_models.costs = PROJECT_MACHINE_COSTS
+    about half the bf16 one's) and the int8 sub-vocabulary draft: trees of ~5-25 nodes, so the
+    bf16 tree masks, positions and cache pruning are what the comparison checks, on any CPU."""
+    assert int8_layers(int8_draft) and isinstance(int8_draft.head, Int8Linear) and int8_draft.vocab is not None
+    probed, drafted_by = app_models.costs, app_models.draft
+    app_models.costs, app_models.draft = PROJECT_MACHINE_COSTS, int8_draft
     try:
-        engine = app_models.engine("specexec")
+        engine = app_models.engine("specexec")  # built by the app's own path, over these costs and draft
     finally:
-        app_models.costs = probed
+        app_models.costs, app_models.draft = probed, drafted_by
     replies = assert_near_ties_only(app_models, prompts, references, engine, sampling)
     trees = [e.tree_size for events in replies for e in events[1:]]
     assert max(trees) >= 8
