@@ -16,7 +16,8 @@ from specchat.models.loading import load
 from specchat.offload.build import OffloadPlan, offload_model
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, read_gptq_spec
-from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4 import Int4Linear, int4_fits
+from specchat.quant.int4_gptq import spec_group_size
 
 QUIET = Reporter(bars=False)
 PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])
@@ -46,9 +47,14 @@ def test_gptq_directory_loads_in_memory_without_extra_libraries(gptq_dir):
     linears = [m for m in loaded.model.modules() if isinstance(m, (GPTQLinear, Int4Linear))]
     assert len(linears) == 3 * 7  # q, k, v, o, gate, up, down in each layer
     # groups of 16 have no int4 kernel group and stay GPTQLinears; one group over 64 inputs packs for the kernel
-    group = read_gptq_spec(json.loads((gptq_dir / "config.json").read_text())).group_size
-    kind = GPTQLinear if group == 16 else Int4Linear
-    assert all(isinstance(m, kind) for m in linears) and not any(t.is_meta for t in linears[0].buffers())
+    # where the CPU's layout takes the shape (AVX512 tiles 64 output rows: the 32-row k and v stay GPTQLinears)
+    spec = read_gptq_spec(json.loads((gptq_dir / "config.json").read_text()))
+    for linear in linears:
+        group = spec_group_size(spec, linear.in_features)
+        packs = group is not None and int4_fits(linear.in_features, linear.out_features, group, torch.device("cpu"))
+        assert isinstance(linear, Int4Linear if packs else GPTQLinear)
+        assert not any(t.is_meta for t in linear.buffers())
+    assert any(isinstance(linear, Int4Linear) for linear in linears) == (spec.group_size != 16)
     reference = dequantized_reference(load_checkpoint(gptq_dir, None))
     torch.testing.assert_close(logits(CausalLM(loaded.model)), logits(reference), atol=1e-5, rtol=0)
 

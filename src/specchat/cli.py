@@ -12,7 +12,7 @@ from specchat.bench.runner import Setup, plan_points
 from specchat.cli_generate import run_generation
 from specchat.cli_options import (AllowPickleOpt, BudgetOpt, ContextOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
                                   OffloadDirOpt, OffloadOpt, RamBudgetOpt, RayOpt, ResidentOpt, TargetOpt,
-                                  TemperatureOpt, TopPOpt, VramBudgetOpt, WorkersOpt, check_sampling, parse_budget)
+                                  TemperatureOpt, TopPOpt, VramBudgetOpt, WeightsOpt, WorkersOpt, check_sampling, parse_budget)
 from specchat.doctor.command import run_doctor
 from specchat.doctor.plan import Machine
 from specchat.dsi.build import default_workers
@@ -48,6 +48,7 @@ def generate(
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = EngineOptions.weights,
     context: ContextOpt = None,
     offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
@@ -68,7 +69,7 @@ def generate(
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
     options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
+        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype, weights=weights,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
         vram_budget=vram_budget, draft_quant=draft_quant,
         draft_vocab=draft_vocab, allow_pickle=allow_pickle,
@@ -104,6 +105,7 @@ def run(
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = EngineOptions.weights,
     context: ContextOpt = None,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
@@ -114,7 +116,7 @@ def run(
 
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype,
+        target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype, weights=weights,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
         vram_budget=vram_budget, draft_quant=draft_quant,
         draft_vocab=draft_vocab, allow_pickle=allow_pickle,
@@ -146,6 +148,7 @@ def serve(
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed of requests that give none."),
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = EngineOptions.weights,
     context: ContextOpt = None,
     offload: OffloadOpt = DEFAULT_OFFLOAD,
     offload_dir: OffloadDirOpt = None,
@@ -164,7 +167,7 @@ def serve(
 
     sampling = check_sampling(temperature, top_p, seed, 1)
     options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype,
+        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype, weights=weights,
         offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
         vram_budget=vram_budget, draft_quant=draft_quant, draft_vocab=draft_vocab, allow_pickle=allow_pickle,
         lookahead=lookahead, workers=workers, ray_address=ray_address,
@@ -224,6 +227,7 @@ def bench(
     target: TargetOpt = EngineOptions.target,
     draft: DraftOpt = EngineOptions.draft,
     dtype: DtypeOpt = DEFAULT_DTYPE,
+    weights: WeightsOpt = EngineOptions.weights,
     workers: str = typer.Option(None, help="dsi: the target workers' devices (default: two on this machine's "
                                 "device); dsi takes --budgets as its lookahead."),
     compare_hf: bool = typer.Option(
@@ -237,7 +241,7 @@ def bench(
         check_sampling(value, top_p, seed, max_new_tokens)
     names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", parse_budget_item)
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
-                  dtype=dtype, offload=offload, max_depth=DEFAULT_MAX_DEPTH, context=context,
+                  dtype=dtype, weights=weights, offload=offload, max_depth=DEFAULT_MAX_DEPTH, context=context,
                   workers=workers or default_workers(pick_device()))
     check_bench(setup, names, sizes, n_prompts, compare_hf, out)
     report_bench(run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out), out)

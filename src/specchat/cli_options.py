@@ -17,6 +17,9 @@ BudgetOpt = Annotated[str | None, typer.Option(
 TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top_p.")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
+WeightsOpt = Annotated[str, typer.Option(
+    help="The target's weights: quantized (multiplied in the 4 bits it stores, by torch's int4 kernels), dense "
+         "(expanded to --dtype at load), or auto (quantized where the target stores 4-bit weights, except in float32).")]
 OffloadOpt = Annotated[str, typer.Option(
     help="Where the target's decoder layers live: auto (first to last in the fastest tier with room: the device, "
          "pinned RAM beside a GPU, then the disk), none (on the device), ram, or disk (streamed per pass).")]

@@ -16,7 +16,7 @@ from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
 from specchat.limits import auto_cap
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
-from specchat.models.loading import LoadedModel, load, load_offloaded
+from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
 from specchat.models.plan import contexts_for, draft_candidates, draft_kinds, plan_target
 from specchat.offload.budget import MemoryPlan
@@ -81,7 +81,8 @@ def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, m
         kinds = draft_kinds(options.draft_quant, device, measured.kind)
         drafts = draft_candidates(options.draft, dtype, kinds, measured.dense_above is not None,
                                   options.draft_vocab or None, device)
-    memory = plan_target(options.target, dtype, device, offload_plan(options, device, drafts), options.context)
+    memory = plan_target(options.target, dtype, device, offload_plan(options, device, drafts), options.context,
+                         int4=packed_target(options))
     announce(memory, reporter)
     return memory
 
@@ -97,6 +98,7 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
     """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made):
     the key of the cost probe's cache. A placement with nothing streamed costs what none costs."""
     key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
+           "weights": "quantized" if packed_target(options) else "dense",
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
            "draft_quant": str(draft_quant or options.draft_quant)}
     if placement is not None and placement.streamed:
@@ -143,14 +145,25 @@ def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype
                 reporter: Reporter) -> tuple[LoadedModel, Offload | None]:
     """The target in device memory when the plan streams nothing, else with its decoder layers
     placed as the plan says."""
+    int4 = packed_target(options)
     if not memory.placement.streamed:
-        return load_in_memory(options.target, device, dtype, reporter), None
+        return load_in_memory(options.target, device, dtype, reporter, int4), None
     plan = replace(offload_plan(options, device, (memory.draft,)), contexts=(memory.context,))
-    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement)
+    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4)
 
 
-def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> LoadedModel:
-    target = load(spec, dtype, reporter.bars, reporter.report)
+def packed_target(options: EngineOptions) -> bool:
+    """Whether the target runs from the 4-bit weights it stores (--weights): `auto` does whenever
+    it has them, except in float32, which keeps the dense path that the exactness tests compare
+    with transformers."""
+    if options.weights != "auto":
+        return options.weights == "quantized"
+    return options.dtype != "float32" and has_int4(resolve(options.target))
+
+
+def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter,
+                   int4: bool = False) -> LoadedModel:
+    target = load(spec, dtype, reporter.bars, reporter.report, device=device, int4=int4)
     reporter.step(f"moving {target.name} to {device.type}")
     target.model.to(device)
     return target

@@ -23,7 +23,7 @@ from specchat.dsi.workers import WorkerPool, parse_devices
 from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
                              DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, MEMORY_BUDGET_GB, OFFLOAD_TIERS, auto_cap, default_budget)
-from specchat.models.loading import check_not_pickled, resolve
+from specchat.models.loading import check_not_pickled, has_int4, resolve
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.offload.budget import MemoryPlan
 from specchat.offload.build import Offload
@@ -34,6 +34,7 @@ ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DRAFT_QUANTS = ("auto", "none", "int8", "nf4")
+WEIGHTS = ("auto", "quantized", "dense")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class EngineOptions:
     budget: int | str | None = None  # K, or AUTO (sized per iteration); None: AUTO for specexec, else suited to the device
     max_depth: int = DEFAULT_MAX_DEPTH
     dtype: str = DEFAULT_DTYPE
+    weights: str = "auto"  # the target's: quantized (its stored 4-bit weights, packed), dense, auto (quantized unless float32)
     offload: str = DEFAULT_OFFLOAD  # where the target's decoder layers live: auto, none (on the device), ram, disk
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
@@ -162,6 +164,12 @@ def validate(options: EngineOptions) -> None:
     DEPTH.check("--max-depth", options.max_depth)
     if options.context is not None:
         CONTEXT.check("--context", options.context)
+    if options.weights not in WEIGHTS:
+        raise SpecchatError(f"unknown weights '{options.weights}': choose one of {', '.join(WEIGHTS)}")
+    if options.weights == "quantized" and not has_int4(resolve(options.target)):
+        raise SpecchatError(f"--weights quantized runs a target from the 4-bit weights it stores, and {options.target} "
+                            "stores none that specchat multiplies packed (GPTQ checkpoints always run so): use --weights "
+                            "dense or auto")
     if options.offload not in OFFLOAD_TIERS:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:

@@ -12,7 +12,7 @@ from specchat.runtime import EngineOptions, Models
 
 def engine_options(setup: Setup) -> EngineOptions:
     return EngineOptions(target=setup.target, draft=setup.draft, max_depth=setup.max_depth, dtype=setup.dtype,
-                         context=setup.context, offload=setup.offload, workers=setup.workers)
+                         weights=setup.weights, context=setup.context, offload=setup.offload, workers=setup.workers)
 
 
 def model_measurer(models: Models, setup: Setup) -> Callable[[Point], Measure]:

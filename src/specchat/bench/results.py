@@ -10,7 +10,7 @@ RESULTS_FILE = "results.jsonl"
 # What identifies a measurement: a rerun skips rows whose key is already in the file.
 KEY_FIELDS = (
     "engine", "budget", "temperature", "top_p", "seed", "dataset", "prompt_index", "max_new_tokens",
-    "target", "draft", "dtype", "offload", "workers",
+    "target", "draft", "dtype", "offload", "workers", "weights",
 )
 
 

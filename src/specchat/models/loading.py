@@ -17,6 +17,7 @@ from specchat.offload.build import Offload, OffloadPlan, offload_model
 from specchat.offload.placement import Placement
 from specchat.progress import Report, Reporter, transformers_bars
 from specchat.quant.gptq import read_gptq_spec
+from specchat.quant.int4_checkpoint import INT4_FILE
 
 SourceKind = Literal["embedded", "hub", "dir", "gguf"]
 
@@ -80,19 +81,21 @@ def check_not_pickled(spec: str) -> None:
 
 
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
-         quantization: object | None = None, device: torch.device | None = None) -> LoadedModel:
+         quantization: object | None = None, device: torch.device | None = None, int4: bool = False) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
     A `quantization` config (bitsandbytes) loads the weights quantized, straight onto `device`.
+    `int4` loads an embedded model from its 4-bit weights (`has_int4`), packed for `device`.
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)
     reporter.step(f"loading {source.name}")
-    directory, gguf_file = materialize(source, reporter)
+    directory, gguf_file = materialize(source, reporter, int4)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-    if gguf_file is None and is_gptq(directory):
-        # transformers would need optimum and a GPTQ kernel library; our own loader needs neither.
+    if gguf_file is None and (is_gptq(directory) or is_int4(directory)):
+        # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
+        # GPTQ kernel library, and expands a GGUF's).
         model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter)
         return LoadedModel(model, tokenizer, source.name, source, directory)
     quantized = {} if quantization is None else {"quantization_config": quantization, "device_map": {"": device}}
@@ -127,20 +130,37 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
 
 
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
-                   reporter: Reporter, placement: Placement | None = None) -> tuple[LoadedModel, Offload]:
+                   reporter: Reporter, placement: Placement | None = None,
+                   int4: bool = False) -> tuple[LoadedModel, Offload]:
     """Load `spec` with its decoder layers placed per `plan` (see specchat.offload), or per
-    `placement` when it was already made."""
+    `placement` when it was already made; `int4`: from its 4-bit weights, as `load`."""
     source = resolve(spec)
     reporter.step(f"loading {source.name}, decoder layers offloaded ({plan.tier})")
-    directory, gguf_file = materialize(source, reporter)
+    directory, gguf_file = materialize(source, reporter, int4)
     if gguf_file is not None:
         raise SpecchatError(
             f"offloading reads safetensors checkpoints, and {source.name} is a .gguf file: "
             "use a model directory or hub id (the embedded models are converted automatically)"
         )
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model, offload = offload_model(directory, source.name, dtype, device, plan, reporter, placement)
+    model, offload = offload_model(directory, stored_name(source, int4), dtype, device, plan, reporter, placement)
     return LoadedModel(model, tokenizer, source.name, source, directory), offload
+
+
+def stored_name(source: ModelSource, int4: bool) -> str:
+    """The name `source`'s layer file goes by: its 4-bit and dense forms each have their own."""
+    return f"{source.name}-int4" if int4 else source.name
+
+
+def is_int4(directory: Path) -> bool:
+    """True when the checkpoint holds Int4Weights beside its dense tensors (models/convert_int4.py)."""
+    return (directory / INT4_FILE).is_file()
+
+
+def has_int4(source: ModelSource) -> bool:
+    """Whether `source` can be run from 4-bit weights that it stores as they are: an embedded
+    model (its GGUF's Q4_K linears). GPTQ checkpoints always run so."""
+    return source.kind == "embedded"
 
 
 def is_gptq(directory: Path) -> bool:
@@ -148,10 +168,14 @@ def is_gptq(directory: Path) -> bool:
     return read_gptq_spec(json.loads((directory / "config.json").read_text())) is not None
 
 
-def materialize(source: ModelSource, reporter: Reporter) -> tuple[Path, str | None]:
-    """A local directory to load from, and the GGUF file name inside it (None for safetensors)."""
+def materialize(source: ModelSource, reporter: Reporter, int4: bool = False) -> tuple[Path, str | None]:
+    """A local directory to load from (the 4-bit one when `int4`), and the GGUF file name inside it
+    (None for safetensors)."""
+    if int4 and not has_int4(source):
+        raise SpecchatError(f"--weights quantized runs a model from the 4-bit weights it stores, and {source.name} "
+                            "stores none that specchat multiplies packed: use --weights dense")
     if source.kind == "embedded":
-        return ensure_embedded(source.location, reporter.bars, reporter.report), None
+        return ensure_embedded(source.location, reporter.bars, reporter.report, int4), None
     if source.kind == "hub":
         return download(source.location, reporter.bars), None
     path = Path(source.location)

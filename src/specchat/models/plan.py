@@ -11,8 +11,8 @@ import torch
 from specchat.errors import SpecchatError
 from specchat.limits import CONTEXT, DEFAULT_CONTEXT
 from specchat.models.configs import config_from_file, read_config
-from specchat.models.embedded import EMBEDDED, converted_path
-from specchat.models.loading import ModelSource, resolve
+from specchat.models.embedded import EMBEDDED, converted_path, int4_path
+from specchat.models.loading import ModelSource, resolve, stored_name
 from specchat.models.marker import is_converted
 from specchat.offload.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
 from specchat.offload.build import OffloadPlan, plan_model
@@ -59,24 +59,28 @@ def draft_candidates(spec: str, dtype: torch.dtype, kinds: tuple[str, ...], dens
 
 
 def plan_target(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan, context: int | None,
-                rooms: Rooms | None = None) -> MemoryPlan:
-    """Where `plan` puts `spec` and its draft on this machine (or in `rooms`) at `context` tokens
-    (None: the default, which auto may shrink): a local safetensors checkpoint is measured as it
-    is (and its layer file reused), anything else is sized from its config, before any download
-    or conversion."""
+                rooms: Rooms | None = None, int4: bool = False) -> MemoryPlan:
+    """Where `plan` puts `spec` (from its 4-bit weights when `int4`) and its draft on this machine
+    (or in `rooms`) at `context` tokens (None: the default, which auto may shrink): a local
+    safetensors checkpoint is measured as it is (and its layer file reused), anything else is
+    sized from its config, before any download or conversion (dense: an embedded model's 4-bit
+    form takes less)."""
     source = resolve(spec)
-    local = local_safetensors(source)
+    local = local_safetensors(source, int4)
     config = config_from_file(local / "config.json") if local is not None else read_config(spec)
     tensors = SafetensorsSource(local) if local is not None else None
     plan = replace(plan, contexts=contexts_for(context, config.max_position_embeddings))
-    return plan_model(config, tensors, source.name, dtype, device, plan, rooms)
+    return plan_model(config, tensors, stored_name(source, int4), dtype, device, plan, rooms)
 
 
-def local_safetensors(source: ModelSource) -> Path | None:
-    """The directory of `source`'s safetensors when they are already here, else None."""
+def local_safetensors(source: ModelSource, int4: bool = False) -> Path | None:
+    """The directory of `source`'s safetensors (its 4-bit ones when `int4`) when they are already
+    here, else None."""
     if source.kind == "dir" and any(Path(source.location).glob("*.safetensors")):
         return Path(source.location)
-    if source.kind == "embedded" and is_converted(converted_path(EMBEDDED[source.location])):
-        return converted_path(EMBEDDED[source.location])
+    if source.kind == "embedded":
+        model = EMBEDDED[source.location]
+        directory = int4_path(model) if int4 else converted_path(model)
+        return directory if is_converted(directory) else None
     return None
 

@@ -27,6 +27,8 @@ from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear, workspace_bytes
+from specchat.quant.int4_cache import PackCache, cache_path
+from specchat.quant.int4_checkpoint import INT4_FILE
 from specchat.quant.int4_pack import layout_key
 from specchat.transfer import TransferStats, gb
 
@@ -87,7 +89,7 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     (or per `placement`, already made for it); no plan keeps every layer on the device (how GPTQ
     checkpoints load without offloading). The placement is made before anything is loaded or
     written."""
-    source = SafetensorsSource(directory)
+    source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
@@ -100,6 +102,7 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     for index in range(resident):
         reporter.step(f"loading resident layer {index + 1}/{resident}", (index + 1) / max(resident, 1))
         fill(layers[index], layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype), device)
+    keep_packed(source)
     if placement is None or not placement.streamed:
         return model, Offload(None, None, None, [], placement)
     store = build_store(placement, layouts, device, disk_store)
@@ -117,6 +120,18 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     for index in placement.streamed:
         layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots)
     return model, Offload(streamer, transport, store, placement.streamed, placement)
+
+
+def pack_cache(directory: Path, device: torch.device) -> PackCache | None:
+    """Where a checkpoint of Int4Weights (an embedded model's 4-bit conversion) keeps them packed
+    for this device's kernel; None for other checkpoints (GPTQ's are packed as a layer file
+    is written, or at load)."""
+    return PackCache(cache_path(directory, device.type)) if (directory / INT4_FILE).is_file() else None
+
+
+def keep_packed(source: SafetensorsSource) -> None:
+    if source.pack_cache is not None:
+        source.pack_cache.save()
 
 
 def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name: str, dtype: torch.dtype,

@@ -5,6 +5,8 @@ resident parts (embeddings, final norm, LM head, the first R layers) are filled 
 checkpoint on the compute device, and every other layer goes straight to layer storage.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
@@ -12,7 +14,9 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from specchat.errors import SpecchatError
 from specchat.offload.sources import SafetensorsSource
 from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
-from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4 import Int4Linear, int4_tensors
+from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
+from specchat.quant.int4_pack import pack
 from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
 
 _QWEIGHT = ".qweight"
@@ -23,7 +27,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
     (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
     quantizes them), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
-    weights never expanded; `layer_tensors` converts the checkpoint's)."""
+    weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
+    checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU."""
     spec = read_gptq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
@@ -34,8 +39,23 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         replace_linears_with_gptq(model, packed, spec)
         if kernel is not None:
             replace_gptq_with_int4(model, spec, dtype, kernel)
+    if source is not None:
+        replace_with_int4(model, source, dtype, kernel or torch.device("cpu"))
     model.eval()
     return model
+
+
+def replace_with_int4(model: PreTrainedModel, source: SafetensorsSource, dtype: torch.dtype,
+                      kernel: torch.device) -> None:
+    """Swap each nn.Linear the checkpoint holds an Int4Weight for by an empty Int4Linear."""
+    for name in int4_modules(source.names()):
+        linear = model.get_submodule(name)
+        groups = source.get(name + INT4_SUFFIXES[1]).shape[0]
+        parent, _, child = name.rpartition(".")
+        with torch.device("meta"):
+            packed = Int4Linear(linear.in_features, linear.out_features, linear.in_features // groups,
+                                linear.bias is not None, False, dtype, kernel)
+        setattr(model.get_submodule(parent), child, packed)
 
 
 def layer_linears(model: PreTrainedModel) -> list[str]:
@@ -54,20 +74,32 @@ def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
     return name, layers
 
 
-def layer_tensors(layer: nn.Module, prefix: str, source: SafetensorsSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A layer's checkpoint tensors, named as in its state_dict; parameters cast to `dtype`,
-    buffers (GPTQ's packed words, scales, group index) kept as the skeleton declares them, and an
-    Int4Linear's converted from its GPTQ tensors."""
-    parameters = dict(layer.named_parameters())
-    packed = {name: module for name, module in layer.named_modules() if isinstance(module, Int4Linear)}
+def layer_tensors(layer: nn.Module, prefix: str, source: SafetensorsSource, dtype: torch.dtype,
+                  wanted: Callable[[str], bool] = lambda name: True) -> dict[str, torch.Tensor]:
+    """A layer's checkpoint tensors, named as in its state_dict (those `wanted`); parameters cast
+    to `dtype`, buffers (GPTQ's packed words, scales, group index) kept as the skeleton declares
+    them, and an Int4Linear's packed from its Int4Weight or GPTQ tensors."""
+    parameters = dict(layer.named_parameters(remove_duplicate=False))
+    packed = {name: module for name, module in layer.named_modules()
+              if isinstance(module, Int4Linear) and wanted(name + ".")}
     tensors = {
         name: source.get(prefix + name).to(dtype if name in parameters else meta.dtype)
-        for name, meta in layer.state_dict().items() if name.rpartition(".")[0] not in packed
+        for name, meta in layer.state_dict(keep_vars=True).items()
+        if name.rpartition(".")[0] not in packed and wanted(name)
     }
     for name, linear in packed.items():
-        converted = gptq_int4_tensors(lambda key, name=name: source.get(f"{prefix}{name}.{key}"), linear)
-        tensors.update({f"{name}.{key}": tensor for key, tensor in converted.items()})
+        tensors.update({f"{name}.{key}": tensor for key, tensor in packed_tensors(linear, prefix + name, source).items()})
     return tensors
+
+
+def packed_tensors(linear: Int4Linear, module: str, source: SafetensorsSource) -> dict[str, torch.Tensor]:
+    """An Int4Linear's buffers, packed for its kernel from the checkpoint's Int4Weight or GPTQ tensors."""
+    if module + INT4_SUFFIXES[0] not in source.where:
+        return gptq_int4_tensors(lambda key: source.get(f"{module}.{key}"), linear)
+    bias = source.get(module + ".bias") if linear.bias is not None else None
+    weight, device = read_int4(source.get, module), torch.device(linear.kernel)
+    packed = None if source.pack_cache is None else source.pack_cache.packed(module, lambda: pack(weight.nibbles, device))
+    return int4_tensors(weight, bias, linear.scales_and_zeros.dtype, device, packed)
 
 
 def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
@@ -87,13 +119,10 @@ def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.devi
 def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
                   device: torch.device) -> None:
     """Load everything outside the decoder layers: embeddings, final norm, LM head, rotary."""
-    outside = {
-        name: meta for name, meta in model.state_dict(keep_vars=True).items()
-        if not name.startswith(layers_name + ".")
-    }
-    parameters = dict(model.named_parameters(remove_duplicate=False))
-    present = {name for name in outside if name in source.where}
-    fill(model, {n: source.get(n).to(dtype if n in parameters else outside[n].dtype) for n in present}, device)
+    def wanted(name: str) -> bool:  # a module's name ends with ".": its own tensors are not in the checkpoint
+        return not name.startswith(layers_name + ".") and (name.endswith(".") or name in source.where)
+
+    fill(model, layer_tensors(model, "", source, dtype, wanted), device)
     if model.config.tie_word_embeddings:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     rebuild_computed_buffers(model, device)

@@ -7,13 +7,15 @@ import torch
 from safetensors import safe_open
 
 from specchat.errors import SpecchatError
+from specchat.quant.int4_cache import PackCache
 
 
 class SafetensorsSource:
     """The tensors of a model directory's *.safetensors files (sharded or not), by name."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, pack_cache: PackCache | None = None) -> None:
         self.directory = directory
+        self.pack_cache = pack_cache  # its Int4Weights packed for the kernel at hand, when kept
         self.files = sorted(directory.glob("*.safetensors"))
         if not self.files:
             raise SpecchatError(f"{directory} has no .safetensors files: offloading reads safetensors checkpoints")

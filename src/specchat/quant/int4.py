@@ -89,15 +89,15 @@ def int4_fits(in_features: int, out_features: int, group_size: int, kernel: torc
     return layout is None or out_features % layout.rows == 0
 
 
-def int4_tensors(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype,
-                 device: torch.device) -> dict[str, Tensor]:
+def int4_tensors(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, device: torch.device,
+                 packed: Tensor | None = None) -> dict[str, Tensor]:
     """The buffers of an Int4Linear on `device` in `dtype` holding `weight` (what its state_dict,
-    and so a layer file, holds)."""
+    and so a layer file, holds); `packed`: its nibbles already packed for `device` (int4_cache)."""
     if not int4_fits(weight.in_features, weight.out_features, weight.group_size, device):
         raise SpecchatError(f"{device.type}'s int4 kernels cannot take a {weight.out_features} x {weight.in_features} "
                             f"weight in groups of {weight.group_size} (int4_fits)")
     tensors = {
-        "packed": pack(weight.nibbles, device),
+        "packed": pack(weight.nibbles, device) if packed is None else packed.to(device),
         "scales_and_zeros": torch.stack([weight.scales, weight.zeros], dim=-1).to(device, dtype),
     }
     if weight.perm is not None:

@@ -1,0 +1,111 @@
+"""Converting a GGUF file's Q4_K linears, once, into the packed int4 form the target multiplies.
+
+The dense conversion (models/convert.py) expands every tensor to float32; this one keeps the linears
+that the GGUF stores as Q4_K in 4 bits. The directory it writes holds:
+  int4.safetensors   for each such linear, its Int4Weight (quant/int4_weight.py):
+                       <module>.int4_nibbles uint8 [O, I/2], <module>.int4_scales and
+                       <module>.int4_zeros float32 [G, O] (groups of 32)
+  *.safetensors      links to the dense conversion's files, for every other tensor (norms,
+                     biases, embeddings, and the Q6_K linears, which no 4-bit kernel takes)
+  config.json, the tokenizer's files, and the completion marker.
+Every Int4Weight is checked as it is written against the dense conversion's tensor, which
+transformers dequantized itself: bitwise, or within the bound gguf_int4 states for blocks whose d
+and dmin are far apart. A tensor that transformers reorders as it loads (Llama's q and k) fails
+that check and stays dense, so the packed model always holds the dense model's weights.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+from gguf import GGMLQuantizationType, GGUFReader
+from safetensors.torch import save_file
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+from specchat.diskspace import check_free_space, disk_full_is_one_line
+from specchat.models.marker import write_marker
+from specchat.models.staging import new_temp_dir
+from specchat.offload.sources import SafetensorsSource
+from specchat.progress import Reporter
+from specchat.quant.gguf_int4 import q4k_to_int4
+from specchat.quant.int4 import int4_fits
+from specchat.quant.int4_checkpoint import INT4_FILE, INT4_SUFFIXES, int4_entries
+from specchat.quant.int4_weight import Int4Weight
+
+CPU = torch.device("cpu")
+
+
+def convert_int4(gguf: Path, dense: Path, target: Path, reporter: Reporter) -> None:
+    """Write the packed conversion of `gguf` (whose dense conversion is `dense`) to a temporary
+    directory, then rename it to `target` in one step."""
+    temp = new_temp_dir(target)
+    try:
+        count = write_int4(gguf, dense, temp, reporter)
+        link_dense(dense, temp)
+        write_marker(temp, {"source": str(dense), "int4_linears": str(count), "transformers": transformers.__version__,
+                            "torch": torch.__version__})
+        os.rename(temp, target)
+    except BaseException:
+        shutil.rmtree(temp)  # a half-converted directory is useless
+        raise
+
+
+def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> int:
+    """int4.safetensors of every Q4_K linear that the kernels take and that matches its dense
+    tensor; returns how many."""
+    config = AutoConfig.from_pretrained(dense)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    names = hf_names(model)
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    source = SafetensorsSource(dense)
+    tensors: dict[str, Tensor] = {}
+    candidates = [t for t in GGUFReader(gguf).tensors
+                  if t.tensor_type == GGMLQuantizationType.Q4_K and names.get(t.name, "").endswith(".weight")]
+    with reporter.bar(total=len(candidates), desc=f"packing {gguf.stem} in 4 bits", unit="tensor") as bar:
+        for tensor in candidates:
+            module = names[tensor.name].removesuffix(".weight")
+            linear = linears.get(module)
+            if linear is not None and int4_fits(linear.in_features, linear.out_features, 32, CPU):
+                weight = q4k_to_int4(tensor.data)
+                if matches(weight, source.get(names[tensor.name])):
+                    tensors.update(int4_entries(module, weight))
+            bar.update()
+    needed = sum(t.numel() * t.element_size() for t in tensors.values())
+    check_free_space(directory, needed, f"the 4-bit {gguf.stem}")
+    with disk_full_is_one_line(directory, needed, f"the 4-bit {gguf.stem}"):
+        save_file(tensors, str(directory / INT4_FILE))
+        config.save_pretrained(directory)
+        for path in dense.iterdir():
+            if path.suffix != ".safetensors" and path.name not in ("config.json", "model.safetensors.index.json") \
+                    and path.is_file() and not path.name.startswith("specchat-"):
+                shutil.copy2(path, directory / path.name)  # the tokenizer's files
+    return len(tensors) // len(INT4_SUFFIXES)
+
+
+def hf_names(model: PreTrainedModel) -> dict[str, str]:
+    """GGUF tensor name -> the model's state_dict name, as transformers maps them when it loads."""
+    processor = TENSOR_PROCESSORS.get(model.config.model_type, TensorProcessor)(config=model.config.to_dict())
+    return get_gguf_hf_weights_map(model, processor)
+
+
+def matches(weight: Int4Weight, dense: Tensor) -> bool:
+    """Whether `weight`'s float32 kernel weights are the dense tensor's: bitwise, or within
+    gguf_int4's bound for a zero rounded to float32 (2**-24 |zero| + 2**-23 |w|)."""
+    packed = weight.dequantize().double()
+    if packed.shape != dense.shape:
+        return False
+    reference = dense.double()
+    zeros = weight.zeros.double().repeat_interleave(weight.group_size, 0).t()
+    return bool(((packed - reference).abs() <= 2**-24 * zeros.abs() + 2**-23 * reference.abs()).all())
+
+
+def link_dense(dense: Path, directory: Path) -> None:
+    """The dense conversion's safetensors, linked (not copied: gigabytes) beside int4.safetensors;
+    the packed linears' dense `.weight` tensors in them are never read."""
+    for path in sorted(dense.glob("*.safetensors")):
+        os.symlink(path, directory / path.name)
