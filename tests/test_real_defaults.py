@@ -32,6 +32,7 @@ from specchat.limits import DEFAULT_DRAFT_VOCAB, DEFAULT_SEED, DEFAULT_TEMPERATU
 from specchat.loader import load_models
 from specchat.models.draft import DraftQuant, load_draft
 from specchat.progress import Reporter
+from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 from specchat.runtime import EngineOptions, encode_prompt
 
@@ -85,12 +86,15 @@ def tokens_and_events(engine, prompt_ids: list[int], sampling: SamplingParams) -
 
 
 def test_the_defaults_are_what_ships(app_models):
-    """What the comparison below runs: a bf16 target, a sub-vocabulary draft quantized as auto
-    resolved it here, and a specexec engine that sizes its own trees."""
+    """What the comparison below runs: a bf16 target multiplied from its stored 4-bit weights (its
+    168 Q4_K linears), a sub-vocabulary draft quantized as auto resolved it here, and a specexec
+    engine that sizes its own trees."""
     options = EngineOptions()
-    shipped = (options.engine, options.dtype, options.budget, options.draft_quant)
-    assert shipped == ("specexec", "bfloat16", None, "auto")
+    shipped = (options.engine, options.dtype, options.weights, options.budget, options.draft_quant)
+    assert shipped == ("specexec", "bfloat16", "auto", None, "auto")
     assert app_models.target.dtype == torch.bfloat16
+    assert app_models.identity["weights"] == "quantized"
+    assert sum(isinstance(m, Int4Linear) for m in app_models.target.model.modules()) == 168
     draft = app_models.draft
     resolved = app_models.identity["draft_quant"]
     quantized = int8_layers(draft)
