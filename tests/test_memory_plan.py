@@ -172,3 +172,17 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
     assert item(memory, "draft weights (") == (draft_params + biases + 2 * 32) * BF16  # + rotary buffers
     assert memory.placement.resident == 28 and not memory.placement.streamed
     assert memory.total("device") <= 24 * GB - RUNTIME_BYTES - OS_RESERVE
+
+
+def test_an_int8_draft_on_a_cpu_counts_its_dense_weights_while_they_turn_int8():
+    """The draft loads dense and turns int8 linear by linear: at the peak it holds its dense bytes,
+    so the plan keeps the excess over its int8 weights (a ring placed before it loads leaves room)."""
+    cpu = torch.device("cpu")
+    dense, int8 = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none", "int8"), False, 32768, cpu)
+    rooms = described_rooms(None, 24 * GB)
+    for draft in (dense, int8):
+        plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=(draft,))
+        memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, plan, None, rooms)
+        excess = [entry.nbytes for entry in memory.items if entry.what.startswith("the draft's dense weights")]
+        assert excess == ([int8.load_bytes - int8.weights] if draft is int8 else [])
+    assert int8.load_bytes == dense.load_bytes > int8.weights

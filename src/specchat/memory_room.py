@@ -25,6 +25,7 @@ class Room:
 
     bytes: int
     bound: str
+    limit: bool = False  # bound by a cgroup limit (the host's OS lives outside it), not the host's RAM
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def level_room(directory: Path, hierarchy: Hierarchy) -> Room | None:
     usage = parse_int(usage_text, directory / hierarchy.usage)
     working_set = max(0, usage - stat_value(directory / "memory.stat", hierarchy.reclaimable))
     return Room(max(0, limit - working_set),
-                f"the cgroup v{hierarchy.version} limit of {gb(limit)} ({gb(working_set)} in use)")
+                f"the cgroup v{hierarchy.version} limit of {gb(limit)} ({gb(working_set)} in use)", limit=True)
 
 
 def stat_value(stat: Path, key: str) -> int:

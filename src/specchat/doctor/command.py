@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import default_offload_dir, gather
+from specchat.doctor.limit import measure_limit
 from specchat.doctor.plan import Machine, PairPlan, plan_pair
 from specchat.doctor.report import render, render_described
 from specchat.errors import SpecchatError
@@ -28,7 +29,8 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     measured = Machine(disk_gbps=facts.disk_gbps, pcie_gbps=facts.h2d_gbps)
     pair = plan_or_reason(target, draft, context, measured, facts.offload_dir, gb_bytes(ram_budget),
                           gb_bytes(vram_budget))
-    return render(facts, advise(facts), pair)
+    limit = None if facts.cuda else measure_limit(target, draft, context, facts.offload_dir)
+    return render(facts, advise(facts), pair, limit)
 
 
 def plan_or_reason(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,

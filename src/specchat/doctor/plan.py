@@ -9,9 +9,11 @@ import torch
 
 from specchat.errors import SpecchatError
 from specchat.limits import auto_cap
+from specchat.models.loading import has_int4, resolve
 from specchat.models.plan import draft_candidates, draft_kinds, plan_target
 from specchat.offload.budget import MemoryPlan, described_rooms
 from specchat.offload.build import OffloadPlan
+from specchat.offload.placement import Rooms
 
 # Tokens accepted per target pass that SpecExec reports for 70B targets offloaded beside 7B drafts
 # at budgets of 1-2k tokens (Svirschevski et al. 2024): the range the expected speed spans.
@@ -40,19 +42,21 @@ class PairPlan:
 
 
 def plan_pair(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
-              ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan:
-    """The plan of `target` (and `draft`) in bfloat16 with --offload auto, as `run` would make it."""
+              ram_budget: int | None = None, vram_budget: int | None = None, rooms: Rooms | None = None) -> PairPlan:
+    """The plan of `target` (and `draft`) in bfloat16 with --offload auto and --weights auto, as
+    `run` would make it; in `rooms` (a CPU's) when given."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
-    cuda = machine.vram_gb is not None if machine.described else torch.cuda.is_available()
+    cuda = machine.vram_gb is not None if machine.described else torch.cuda.is_available() and rooms is None
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
     kinds = ("none", "nf4") if cuda and machine.described else draft_kinds("auto", device, None if cuda else "int8")
     drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, False, None, device)
     plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
                        tree_tokens=auto_cap(cuda=cuda, offloaded=True) + 1, drafts=drafts)
-    rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb)) if machine.described else None
-    memory = plan_target(target, dtype, device, plan, context, rooms)
+    if machine.described:
+        rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb))
+    memory = plan_target(target, dtype, device, plan, context, rooms, int4=has_int4(resolve(target)))
     link = machine.pcie_gbps if cuda else None
     pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
     rates = None if pass_s is None else tuple(rate / pass_s for rate in PAPER_GEN_RATES)

@@ -2,12 +2,13 @@
 
 from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
+from specchat.doctor.limit import Limit
 from specchat.doctor.plan import PAPER_GEN_RATES, Machine, PairPlan
 from specchat.offload.placement import link_speeds
 from specchat.transfer import gb
 
 
-def render(facts: Facts, rec: Recommendation, pair: PairPlan | str) -> str:
+def render(facts: Facts, rec: Recommendation, pair: PairPlan | str, limit: Limit | None = None) -> str:
     h2d = "no CUDA: skipped" if facts.h2d_gbps is None else f"{facts.h2d_gbps:.2f} GB/s (pinned memory)"
     mode = "O_DIRECT" if facts.direct else "O_DIRECT refused by the filesystem: buffered + fadvise DONTNEED"
     lines = [
@@ -27,8 +28,21 @@ def render(facts: Facts, rec: Recommendation, pair: PairPlan | str) -> str:
         f"  budget         {rec.budget}",
         f"  why            {rec.reason}",
         *plan_lines(pair, facts.h2d_gbps, facts.disk_gbps),
+        *limit_lines(limit),
     ]
     return "\n".join(lines)
+
+
+def limit_lines(limit: Limit | None) -> list[str]:
+    """The smallest memory limit (a container's) the pair plans to run in, on a CPU."""
+    if limit is None:
+        return []
+    if limit.smallest is None:
+        return ["memory limit", "  smallest       none: the pair fits under no memory limit here"]
+    return ["memory limit",
+            f"  smallest       {gb(limit.smallest)}: the least a container's memory limit may be (docker run "
+            f"--memory), every layer that does not fit streamed from the disk; specchat's runtime "
+            f"({gb(limit.runtime)}) included"]
 
 
 def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | None) -> list[str]:

@@ -142,6 +142,11 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
         passes.append(draft.shape.pass_bytes(context, ask.tree_tokens))
         if ask.cuda and draft.load_bytes:
             host.append(Item("host", "draft weights while they load", draft.load_bytes))
+        elif draft.quant == "int8" and draft.load_bytes > draft.weights:
+            # a CPU: the draft loads dense and its linears turn int8 one by one, so at the peak it
+            # holds its dense bytes; the ring, placed before it loads, must leave room for the excess
+            device.append(Item("device", "the draft's dense weights while they turn int8",
+                               draft.load_bytes - draft.weights))
     device.append(Item("device", f"largest pass ({ask.tree_tokens}-token tree)", max(passes)))
     if ask.workspace:
         device.append(Item("device", "quantized kernels' workspace", ask.workspace))

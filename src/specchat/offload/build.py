@@ -169,11 +169,14 @@ def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -
 
 def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -> Rooms:
     """What each tier offers now: the RAM this process may take (cgroup limits included), or the
-    budget when it is smaller, less what the OS keeps on a CPU (beside a GPU the plan counts it);
-    the GPU's free memory or its budget; the free disk, where a reusable layer file counts as free."""
+    budget when it is smaller, less what the OS keeps on a CPU when the host's RAM bounds it (a
+    container's OS lives outside its limit; beside a GPU the plan counts it); the GPU's free memory
+    or its budget; the free disk, where a reusable layer file counts as free. What the process
+    already holds (python, torch, transformers, the tokenizer) is outside the room: available RAM
+    and a cgroup's usage both count it."""
     cpu = device.type != "cuda"
     ram = ram_room()
-    if cpu:
+    if cpu and not ram.limit:
         ram = Room(ram.bytes - OS_RESERVE, f"RAM ({ram.bound}, less {gb(OS_RESERVE)} for the OS)")
     if plan.ram_budget is not None and plan.ram_budget < ram.bytes:
         ram = Room(plan.ram_budget, f"RAM under --ram-budget {plan.ram_budget / 1e9:g} GB")

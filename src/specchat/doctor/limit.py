@@ -1,0 +1,55 @@
+"""The smallest memory limit a pair plans to run in on a CPU: what `docker run --memory` (or a
+Kubernetes or systemd limit) must give specchat, with every layer that does not fit streamed from
+the disk. Found by bisection over the same plan `run` makes (`plan_pair`), on a machine whose
+room is the limit less what the process already holds before it loads anything (python, torch,
+transformers: the runtime, measured in the doctor's own process)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specchat.doctor.plan import Machine, plan_pair
+from specchat.errors import SpecchatError
+from specchat.memory_room import process_rss
+from specchat.offload.placement import Rooms
+from specchat.transfer import gb
+
+LIMIT_STEP = 5 * 10**7  # the answer's precision: 0.05 GB
+LARGEST_LIMIT = 2**40  # past this nothing is "small"
+
+
+@dataclass(frozen=True)
+class Limit:
+    smallest: int | None  # bytes; None: fits under no limit
+    runtime: int  # what the process held when planning, included in `smallest`
+
+
+def measure_limit(target: str, draft: str | None, context: int | None, offload_dir: Path) -> Limit:
+    """The smallest limit with this process's resident set now as the runtime."""
+    runtime = process_rss()
+    return Limit(smallest_limit(target, draft, context, offload_dir, runtime), runtime)
+
+
+def smallest_limit(target: str, draft: str | None, context: int | None, offload_dir: Path, runtime: int) -> int | None:
+    """The smallest limit, in bytes (a multiple of LIMIT_STEP), at which the pair's plan fits with
+    `runtime` bytes already held; None when it fits under no limit (a disk too small, say)."""
+    if not fits(target, draft, context, offload_dir, LARGEST_LIMIT - runtime):
+        return None
+    low, high = runtime // LIMIT_STEP, LARGEST_LIMIT // LIMIT_STEP  # in steps: low fails, high fits
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(target, draft, context, offload_dir, middle * LIMIT_STEP - runtime):
+            high = middle
+        else:
+            low = middle
+    return high * LIMIT_STEP
+
+
+def fits(target: str, draft: str | None, context: int | None, offload_dir: Path, room: int) -> bool:
+    rooms = Rooms(room, None, 2**62, f"a memory limit ({gb(room)} free)", disk_name="the disk")
+    try:
+        plan_pair(target, draft, context, Machine(), offload_dir, rooms=rooms)
+    except SpecchatError as error:
+        if "short" in str(error) or "fits nowhere" in str(error) or "too small" in str(error):
+            return False
+        raise
+    return True

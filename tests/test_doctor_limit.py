@@ -1,0 +1,47 @@
+"""`specchat doctor`'s smallest memory limit: the least limit at which the pair's own plan fits,
+found by bisection over that plan (so at one step less it does not)."""
+
+from pathlib import Path
+
+import pytest
+
+import specchat.doctor.limit as limit_module
+from specchat.doctor.limit import LIMIT_STEP, Limit, fits, smallest_limit
+from specchat.doctor.report import limit_lines
+from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+GB = 10**9
+RUNTIME = 6 * 10**8  # what a process holds after importing torch and transformers (0.55 GB measured)
+
+
+@pytest.mark.parametrize("threshold", [GB, 1_234_567_891, 7 * GB + 1])
+def test_the_bisection_finds_the_least_fitting_step(monkeypatch, tmp_path, threshold):
+    """A plan that fits in `threshold` bytes of room or more: the answer is the first step whose
+    room (the limit less the runtime) reaches it."""
+    monkeypatch.setattr(limit_module, "fits", lambda target, draft, context, directory, room: room >= threshold)
+    found = smallest_limit("t", "d", None, tmp_path, RUNTIME)
+    assert found % LIMIT_STEP == 0
+    assert found - RUNTIME >= threshold > found - LIMIT_STEP - RUNTIME
+
+
+def test_a_pair_that_fits_nowhere_has_no_limit(monkeypatch, tmp_path):
+    monkeypatch.setattr(limit_module, "fits", lambda *args: False)
+    assert smallest_limit("t", "d", None, tmp_path, RUNTIME) is None
+    assert "fits under no memory limit" in limit_lines(Limit(None, RUNTIME))[1]
+
+
+def test_the_default_pair_fits_at_its_limit_and_not_a_step_below(tmp_path: Path):
+    """On the real plan (from the configs, or the converted models when they are here): streaming
+    every layer, the default pair needs more than the runtime and less than its in-memory size."""
+    found = smallest_limit(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, RUNTIME)
+    assert RUNTIME + GB // 2 < found < RUNTIME + 8 * GB
+    assert fits(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, found - RUNTIME)
+    assert not fits(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, found - LIMIT_STEP - RUNTIME)
+    line = limit_lines(Limit(found, RUNTIME))[1]
+    assert f"{found / GB:.2f} GB" in line and "docker run --memory" in line
+
+
+def test_a_smaller_context_needs_a_smaller_limit(tmp_path: Path):
+    large = smallest_limit(DEFAULT_TARGET, DEFAULT_DRAFT, 8192, tmp_path, RUNTIME)
+    small = smallest_limit(DEFAULT_TARGET, DEFAULT_DRAFT, 1024, tmp_path, RUNTIME)
+    assert small < large
