@@ -8,7 +8,7 @@ from pathlib import Path
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import default_offload_dir, gather
 from specchat.doctor.limit import measure_limit
-from specchat.doctor.plan import Machine, PairPlan, plan_pair
+from specchat.doctor.plan import Machine, PairPlan, is_shortage, plan_pair
 from specchat.doctor.report import render, render_described
 from specchat.errors import SpecchatError
 from specchat.limits import MEMORY_BUDGET_GB
@@ -39,7 +39,7 @@ def plan_or_reason(target: str, draft: str | None, context: int | None, machine:
     try:
         return plan_pair(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
     except SpecchatError as error:
-        if "short" in str(error) or "fits nowhere" in str(error) or "too small" in str(error):
+        if is_shortage(error):
             return str(error)
         raise
 

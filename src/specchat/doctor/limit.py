@@ -7,7 +7,7 @@ transformers: the runtime, measured in the doctor's own process)."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.doctor.plan import Machine, plan_pair
+from specchat.doctor.plan import Machine, is_shortage, plan_pair
 from specchat.errors import SpecchatError
 from specchat.memory_room import process_rss
 from specchat.offload.placement import Rooms
@@ -49,7 +49,7 @@ def fits(target: str, draft: str | None, context: int | None, offload_dir: Path,
     try:
         plan_pair(target, draft, context, Machine(), offload_dir, rooms=rooms)
     except SpecchatError as error:
-        if "short" in str(error) or "fits nowhere" in str(error) or "too small" in str(error):
+        if is_shortage(error):
             return False
         raise
     return True

@@ -63,5 +63,10 @@ def plan_pair(target: str, draft: str | None, context: int | None, machine: Mach
     return PairPlan(memory, pass_s, rates)
 
 
+def is_shortage(error: SpecchatError) -> bool:
+    """Whether the plan refused for want of room (not for a bad option)."""
+    return any(words in str(error) for words in ("short", "fits nowhere", "too small"))
+
+
 def gb_bytes(value: float | None) -> int | None:
     return None if value is None else int(value * 1e9)
