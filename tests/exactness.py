@@ -41,6 +41,7 @@ class Comparison:
     ties: tuple[Tie, ...] = ()
     mismatch: int | None = None  # the first difference that is not an accepted near-tie
     gap: float | None = None  # the engine token's gap at `mismatch`; None when one list just ends first
+    max_ties: int = MAX_TIES  # the checker's bound on near-ties per prompt
 
     @property
     def identical(self) -> bool:
@@ -48,7 +49,7 @@ class Comparison:
 
     @property
     def acceptable(self) -> bool:
-        return self.mismatch is None and len(self.ties) <= MAX_TIES
+        return self.mismatch is None and len(self.ties) <= self.max_ties
 
     def describe(self) -> str:
         """One line for reports: each tie, then how the comparison ended."""
@@ -59,7 +60,7 @@ class Comparison:
             end = f"lengths differ at token {self.mismatch}"
         else:
             end = f"diverged at token {self.mismatch} (gap {self.gap:.1e})"
-        too_many = f" ({len(self.ties)} ties, at most {MAX_TIES})" if len(self.ties) > MAX_TIES else ""
+        too_many = f" ({len(self.ties)} ties, at most {self.max_ties})" if len(self.ties) > self.max_ties else ""
         return ties + end + too_many + ("" if self.acceptable else ": FAIL")
 
 
@@ -138,6 +139,7 @@ class ExactnessCheck:
     stop_ids: frozenset[int]
     max_new_tokens: int
     near_tie: float = NEAR_TIE  # float32's; bf16 comparisons pass the README's bf16 bound
+    max_ties: int = MAX_TIES  # per prompt; float32's, bf16 seeded comparisons pass their own
 
     def compare(self, prompt_ids: list[int], reference: list[int], tokens: list[int],
                 sampling: SamplingParams) -> Comparison:
@@ -147,17 +149,17 @@ class ExactnessCheck:
         start = 0
         while (index := first_difference(reference, tokens, start)) is not None:
             if index >= min(len(reference), len(tokens)):
-                return Comparison(tuple(ties), mismatch=index)
+                return Comparison(tuple(ties), mismatch=index, max_ties=self.max_ties)
             sequential = Sequential(self.target)
             sequential.feed(prompt_ids + tokens[:index])
             gap = token_gap(sequential.logits, tokens[index], sampling, sequential.position)
             if gap >= self.near_tie:
-                return Comparison(tuple(ties), mismatch=index, gap=gap)
+                return Comparison(tuple(ties), mismatch=index, gap=gap, max_ties=self.max_ties)
             ties.append(Tie(index, gap))
             rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1, sampling, self.stop_ids)
             reference = tokens[: index + 1] + rest
             start = index + 1
-        return Comparison(tuple(ties))
+        return Comparison(tuple(ties), max_ties=self.max_ties)
 
 
 def hf_greedy(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids, pad_id: int | None) -> list[int]:

@@ -8,7 +8,7 @@ in another order than a one-token pass, so where two tokens nearly tie the two m
 differently. The comparison is tests/exactness.py's, with the README's bf16 bound in place of
 float32's: a difference passes only where the default engine's token is within BF16_NEAR_TIE
 logits of being the target's pick at that prefix, the reference then re-anchors on the engine's
-prefix and the comparison goes on to the end. At most MAX_TIES per prompt, counted and printed.
+prefix and the comparison goes on to the end. At most BF16_MAX_TIES per prompt, counted and printed.
 
 Auto sizes the trees from this machine's probed costs; where a wide bf16 pass costs its width
 (a CPU without bf16 hardware) it drafts trees of 0 or 1 node, so the same engine also runs with
@@ -44,6 +44,12 @@ PROMPTS = 3
 BF16_NEAR_TIE = 0.125
 DEFAULT_SAMPLING = SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_SEED)
 SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
+# Near-ties per 32-token reply. Greedy flips need two logits within rounding of each other: as
+# rare as in float32. A seeded draw flips wherever rounding moves a boundary of the cumulative
+# distribution across it (README, "Exactness": 8 of 20 MT-Bench prompts kept bf16 autoregressive
+# decoding's seeded tokens over 64 tokens); with the packed target one reply here had two, both of
+# gap 0 (the target's own pass over the prefix picks the engine's token exactly).
+BF16_MAX_TIES = {GREEDY: MAX_TIES, DEFAULT_SAMPLING: 2}
 # --budget auto's costs as probed on the project's machine (2 cores with avx512_bf16; design.md
 # section 5: the 1.5B target in bf16, the 0.5B draft's bf16 step halved for its int8 kernel).
 PROJECT_MACHINE_COSTS = Costs(target_n=(1, 16, 64, 256), target_s=(0.112, 0.147, 0.303, 1.017),
@@ -117,9 +123,10 @@ def references(app_models, prompts) -> dict[SamplingParams, list[list[int]]]:
 
 
 def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> list:
-    """The engine's replies against bf16 autoregressive decoding, each at most MAX_TIES near-ties
-    within BF16_NEAR_TIE; returns every reply's events."""
-    check = ExactnessCheck(app_models.target, app_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIE)
+    """The engine's replies against bf16 autoregressive decoding, each at most BF16_MAX_TIES
+    near-ties within BF16_NEAR_TIE; returns every reply's events."""
+    check = ExactnessCheck(app_models.target, app_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIE,
+                           max_ties=BF16_MAX_TIES[sampling])
     ties, replies = 0, []
     for prompt_ids, reference in zip(prompts, references[sampling]):
         tokens, events = tokens_and_events(engine, prompt_ids, sampling)
@@ -127,12 +134,11 @@ def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> 
         trees = [e.tree_size for e in events[1:]]  # events[0] is the prompt's pass: no tree
         print(f"{len(prompt_ids)}-token prompt: {len(tokens)} tokens in {len(events)} passes (trees {trees}), "
               f"{comparison.describe()}")
-        assert comparison.acceptable, comparison.describe()  # no other difference; at most MAX_TIES ties
+        assert comparison.acceptable, comparison.describe()  # no other difference; at most BF16_MAX_TIES ties
         assert all(tie.gap < BF16_NEAR_TIE for tie in comparison.ties)
         ties += len(comparison.ties)
         replies.append(events)
     print(f"{sampling}: {ties} near-ties in {len(prompts)} prompts x {NEW_TOKENS} tokens")
-    assert ties <= MAX_TIES * len(prompts)
     return replies
 
 
