@@ -8,8 +8,10 @@ measures it, on the shipped defaults (bf16, `--budget auto`, the approximated dr
 
 - greedy: specexec against specchat autoregressive, both bf16;
 - seeded t/top-p: specexec against seeded autoregressive, both bf16;
-- for scale, bf16 autoregressive against float32 autoregressive (greedy), the divergence every
-  user of a bf16 model already has.
+- for scale, bf16 autoregressive against float32 autoregressive of the dense target (greedy), the
+  divergence every user of a bf16 model already has. The bf16 target is the app's: since the
+  packed target became the default (2026-11-25), the stored 4-bit weights, so this row is also the
+  packed target's agreement with the float32 dequantized model.
 
 For each prompt it records the first index where the two token lists differ and the gap there:
 how far the first list's token sits below the one the reference picks, in logits of the
