@@ -15,10 +15,11 @@ from specchat.decoding.kvcache import new_cache
 from specchat.models.convert_int4 import matches
 from specchat.models.loading import is_int4, load
 from specchat.offload.build import OffloadPlan, offload_model
+from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_cache import cache_path
-from specchat.quant.int4_checkpoint import INT4_FILE, int4_entries, int4_modules
+from specchat.quant.int4_checkpoint import INT4_FILE, INT4_SUFFIXES, int4_entries, int4_modules
 from specchat.quant.int4_weight import Int4Weight
 
 QUIET = Reporter(False)
@@ -80,7 +81,7 @@ def test_it_loads_as_int4_linears_holding_the_dense_weights(checkpoint):
     torch.testing.assert_close(logits(CausalLM(loaded.model)), dense_logits(checkpoint), atol=1e-5, rtol=0)
 
 
-def test_it_is_packed_once_per_machine(checkpoint, monkeypatch):
+def test_it_is_packed_once_per_machine_and_its_nibbles_then_left_unread(checkpoint, monkeypatch):
     kept = cache_path(checkpoint, "cpu")
     kept.unlink(missing_ok=True)
     first = logits(CausalLM(load(str(checkpoint), torch.float32, progress=False).model))
@@ -89,7 +90,14 @@ def test_it_is_packed_once_per_machine(checkpoint, monkeypatch):
     def no_packing(*args):
         raise AssertionError("packed again: the kept layout was not read")
 
+    read = SafetensorsSource.get
+
+    def no_nibbles(source, name):
+        assert not name.endswith(INT4_SUFFIXES[0]), f"read {name}, which the kept layout replaces"
+        return read(source, name)
+
     monkeypatch.setattr(skeleton, "pack", no_packing)
+    monkeypatch.setattr(SafetensorsSource, "get", no_nibbles)
     again = logits(CausalLM(load(str(checkpoint), torch.float32, progress=False).model))
     assert torch.equal(again, first)
 

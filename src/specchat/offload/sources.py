@@ -26,9 +26,17 @@ class SafetensorsSource:
         return list(self.where)
 
     def get(self, name: str) -> torch.Tensor:
+        return self.handle(name).get_tensor(name)
+
+    def shape(self, name: str) -> list[int]:
+        """A tensor's shape, read from the file's header alone."""
+        return list(self.handle(name).get_slice(name).get_shape())
+
+    def handle(self, name: str):
+        """The open file that holds tensor `name`."""
         if name not in self.where:
             raise SpecchatError(f"the checkpoint in {self.directory} has no tensor '{name}'")
-        return self.handles[self.where[name]].get_tensor(name)
+        return self.handles[self.where[name]]
 
     def fingerprint(self) -> dict:
         """Identifies the files' contents cheaply (path, size, modification time)."""

@@ -30,6 +30,10 @@ class PackCache:
         self.made: dict[str, Tensor] = {}
         self.collecting = True  # until `save`: what is packed later goes to a layer file instead
 
+    def holds(self, module: str) -> bool:
+        """Whether `module`'s packed weight is kept (stored, or packed since the file was read)."""
+        return module in self.names or module in self.made
+
     def packed(self, module: str, pack: Callable[[], Tensor]) -> Tensor:
         """`module`'s packed weight as stored, else `pack()`'s (kept for `save` until it runs)."""
         if module in self.names:
