@@ -4,7 +4,7 @@ Batched tree attention and sequential decoding differ by ~1e-5 in float32, so wh
 nearly tie, an exact engine may pick the other one. The check walks the engine's tokens against a
 reference:
 - at the first difference, the engine's token must itself be near-tied: its gap (below), taken
-  from a sequential float32 target forward over the common prefix, is under NEAR_TIE;
+  from a sequential float32 target forward over the common prefix, is at most NEAR_TIE;
 - then it re-anchors: the target decodes sequentially from the engine's prefix (up to and
   including that token) with the same sampling, and the engine's remaining tokens are compared
   with that, to the end;
@@ -153,7 +153,7 @@ class ExactnessCheck:
             sequential = Sequential(self.target)
             sequential.feed(prompt_ids + tokens[:index])
             gap = token_gap(sequential.logits, tokens[index], sampling, sequential.position)
-            if gap >= self.near_tie:
+            if gap > self.near_tie:
                 return Comparison(tuple(ties), mismatch=index, gap=gap, max_ties=self.max_ties)
             ties.append(Tie(index, gap))
             rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1, sampling, self.stop_ids)

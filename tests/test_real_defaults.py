@@ -6,7 +6,7 @@ greedy and at the default t=0.6, top-p 0.9, seed 0.
 bf16 only holds this up to rounding (README, "Exactness"): a tree pass adds the same products
 in another order than a one-token pass, so where two tokens nearly tie the two may pick
 differently. The comparison is tests/exactness.py's, with the README's bf16 bound in place of
-float32's: a difference passes only where the default engine's token is within BF16_NEAR_TIE
+float32's: a difference passes only where the default engine's token is at most BF16_NEAR_TIE
 logits of being the target's pick at that prefix, the reference then re-anchors on the engine's
 prefix and the comparison goes on to the end. At most BF16_MAX_TIES per prompt, counted and printed.
 
@@ -39,8 +39,9 @@ from specchat.runtime import EngineOptions, encode_prompt
 pytestmark = pytest.mark.real
 
 PROMPTS = 3
-# README, "Exactness": bf16 keeps 8 significant bits (logits near 16 are 0.125 apart); every
-# first difference measured on 20 MT-Bench prompts was a near-tie of at most 0.125 logits.
+# README, "Exactness": bf16 keeps 8 significant bits (logits from 16 to 32 are 0.125 apart), so
+# a near-tie is a gap of at most one such step: every first difference measured on 20 MT-Bench
+# prompts was one, and a greedy reply held a gap of exactly 0.125 (one step at logit ~20).
 BF16_NEAR_TIE = 0.125
 DEFAULT_SAMPLING = SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_SEED)
 SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
@@ -137,7 +138,7 @@ def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> 
         print(f"{len(prompt_ids)}-token prompt: {len(tokens)} tokens in {len(events)} passes (trees {trees}), "
               f"{comparison.describe()}")
         assert comparison.acceptable, comparison.describe()  # no other difference; at most BF16_MAX_TIES ties
-        assert all(tie.gap < BF16_NEAR_TIE for tie in comparison.ties)
+        assert all(tie.gap <= BF16_NEAR_TIE for tie in comparison.ties)
         ties += len(comparison.ties)
         replies.append(events)
     print(f"{sampling}: {ties} near-ties in {len(prompts)} prompts x {NEW_TOKENS} tokens")
