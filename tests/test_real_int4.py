@@ -18,6 +18,7 @@ import torch
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.dsi.remote import RemoteVerifier
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.quant.int4 import Int4Linear
@@ -55,3 +56,12 @@ def test_the_packed_target_scores_prompts_as_the_dense_target(mtbench_prompts):
         decided = (top2[:, 0] - top2[:, 1]) > 2 * difference  # positions no such difference can flip
         assert torch.equal(logits.argmax(-1)[decided], reference.argmax(-1)[decided])
         assert decided.float().mean() > 0.95
+
+
+@pytest.mark.parametrize("int4", [True, False], ids=["quantized", "dense"])
+def test_a_ray_actor_loads_the_target_as_weights_says(int4):
+    """dsi's Ray actors load the target themselves (the verifier inside each, run here without
+    Ray): from its 4-bit weights when the run's `--weights` resolves to quantized."""
+    verifier = RemoteVerifier(DEFAULT_TARGET, torch.bfloat16, "cpu", int4)
+    model = verifier.verifier.target.model
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == (LINEARS if int4 else 0)

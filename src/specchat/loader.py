@@ -135,7 +135,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
 def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
     """dsi over Ray actors that each load the target: no target here."""
     workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
-                                reporter)
+                                reporter, packed_target(options))
     context = contexts_for(options.context, workers.context_tokens)[0]
     return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
                   context_tokens=context, target=None, workers=workers.pool)

@@ -25,11 +25,12 @@ def default_workers(device: torch.device) -> str:
     return f"{device.type},{device.type}"
 
 
-def build_ray_workers(target: str, dtype: torch.dtype, workers: str, ray_address: str,
-                      reporter: Reporter) -> TargetWorkers:
+def build_ray_workers(target: str, dtype: torch.dtype, workers: str, ray_address: str, reporter: Reporter,
+                      int4: bool) -> TargetWorkers:
+    """Ray actors that each load `target` (from its 4-bit weights if `int4`)."""
     devices = parse_devices(workers)
     reporter.step(f"starting {len(devices)} Ray workers, each loading {target}")
-    remote = ray_workers(ray_address, devices, target, dtype)
+    remote = ray_workers(ray_address, devices, target, dtype, int4)
     tokenizer = load_tokenizer(target, reporter.bars, reporter.report)
     stop_ids, context_tokens = describe_target(remote[0])
     return TargetWorkers(WorkerPool(remote), tokenizer, stop_ids, context_tokens)

@@ -30,8 +30,9 @@ def import_ray():
 class RemoteVerifier:
     """Runs inside a Ray actor: the target on the actor's device and its verifier."""
 
-    def __init__(self, target: str, dtype: torch.dtype, device: str) -> None:
-        loaded = load(target, dtype, progress=False)
+    def __init__(self, target: str, dtype: torch.dtype, device: str, int4: bool) -> None:
+        # `int4`: from the target's stored 4-bit weights, packed for this actor's device (--weights)
+        loaded = load(target, dtype, progress=False, device=torch.device(device), int4=int4)
         loaded.model.to(device)
         self.verifier = TargetVerifier(CausalLM(loaded.model))
         self.stop_ids = stop_token_ids(loaded.model, loaded.tokenizer)
@@ -97,8 +98,10 @@ def check_capacity(devices: list[torch.device], resources: dict[str, float]) -> 
                                 f"{resources.get(resource, 0):g} {resource}s")
 
 
-def ray_workers(address: str, devices: list[torch.device], target: str, dtype: torch.dtype) -> list[RayWorker]:
-    """One actor per device, each holding one CPU or one GPU of the cluster."""
+def ray_workers(address: str, devices: list[torch.device], target: str, dtype: torch.dtype,
+                int4: bool) -> list[RayWorker]:
+    """One actor per device, each holding one CPU or one GPU of the cluster, each loading `target`
+    (from its 4-bit weights if `int4`)."""
     ray = import_ray()
     connect(address)
     check_capacity(devices, ray.cluster_resources())
@@ -108,7 +111,7 @@ def ray_workers(address: str, devices: list[torch.device], target: str, dtype: t
         on_gpu = device.type == "cuda"
         # Ray gives a GPU actor its own device, visible inside it as cuda (index 0).
         actor = actor_class.options(num_cpus=0 if on_gpu else 1, num_gpus=1 if on_gpu else 0).remote(
-            target, dtype, device.type
+            target, dtype, device.type, int4
         )
         workers.append(RayWorker(f"ray-{device.type}#{i}", actor))
     return workers
