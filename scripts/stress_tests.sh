@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The tests that once raced the clock (TUI, DSI, streamer, serve under load), run RUNS times in a
+# row while LOAD busy processes keep every core occupied: a test that decides pass or fail by the
+# wall clock fails here sooner or later. Prints one line a run and the count of failed runs; exits
+# non-zero when any run failed. Usage: bash scripts/stress_tests.sh [RUNS] (default 20).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS="${1:-20}"
+LOAD="${LOAD:-$(nproc)}"  # busy processes beside the tests
+TESTS=(tests/test_tui_app.py tests/test_tui_parts.py tests/test_dsi_engine.py tests/test_dsi_workers.py
+       tests/test_dsi_jobs.py tests/test_streamer.py tests/test_serve_load.py)
+
+busy=()
+stop_load() { for pid in "${busy[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+trap stop_load EXIT
+for _ in $(seq "$LOAD"); do
+  python3 -c "while True: pass" &
+  busy+=("$!")
+done
+
+failed=0
+for run in $(seq "$RUNS"); do
+  start=$(date +%s)
+  if python3 -m pytest -q -p no:cacheprovider -m "not real" "${TESTS[@]}" > "${TMPDIR:-/tmp}/stress_run.log" 2>&1; then
+    result="passed"
+  else
+    result="FAILED"
+    failed=$((failed + 1))
+    kept="${TMPDIR:-/tmp}/stress_run_$run.log"  # the whole log of a failed run, for its traceback
+    cp "${TMPDIR:-/tmp}/stress_run.log" "$kept"
+    grep -E "^(FAILED|ERROR)" "$kept" || tail -5 "$kept"
+    echo "(log: $kept)"
+  fi
+  echo "run $run/$RUNS: $result, $(tail -1 "${TMPDIR:-/tmp}/stress_run.log"), $(( $(date +%s) - start )) s with $LOAD busy processes"
+done
+echo "$failed of $RUNS runs failed"
+[ "$failed" -eq 0 ]
