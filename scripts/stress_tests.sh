@@ -11,8 +11,11 @@ LOAD="${LOAD:-$(nproc)}"  # busy processes beside the tests
 TESTS=(tests/test_tui_app.py tests/test_tui_parts.py tests/test_dsi_engine.py tests/test_dsi_workers.py
        tests/test_dsi_jobs.py tests/test_streamer.py tests/test_serve_load.py)
 
+# A private base for tmp_path: pytest removes all but the newest three of its default ones, so a
+# concurrent pytest session elsewhere would delete this run's directories under it.
+base="$(mktemp -d)"
 busy=()
-stop_load() { for pid in "${busy[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+stop_load() { for pid in "${busy[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$base"; }
 trap stop_load EXIT
 for _ in $(seq "$LOAD"); do
   python3 -c "while True: pass" &
@@ -22,17 +25,17 @@ done
 failed=0
 for run in $(seq "$RUNS"); do
   start=$(date +%s)
-  if python3 -m pytest -q -p no:cacheprovider -m "not real" "${TESTS[@]}" > "${TMPDIR:-/tmp}/stress_run.log" 2>&1; then
+  if python3 -m pytest -q -p no:cacheprovider --basetemp "$base/run" -m "not real" "${TESTS[@]}" > "$base/run.log" 2>&1; then
     result="passed"
   else
     result="FAILED"
     failed=$((failed + 1))
     kept="${TMPDIR:-/tmp}/stress_run_$run.log"  # the whole log of a failed run, for its traceback
-    cp "${TMPDIR:-/tmp}/stress_run.log" "$kept"
+    cp "$base/run.log" "$kept"
     grep -E "^(FAILED|ERROR)" "$kept" || tail -5 "$kept"
     echo "(log: $kept)"
   fi
-  echo "run $run/$RUNS: $result, $(tail -1 "${TMPDIR:-/tmp}/stress_run.log"), $(( $(date +%s) - start )) s with $LOAD busy processes"
+  echo "run $run/$RUNS: $result, $(tail -1 "$base/run.log"), $(( $(date +%s) - start )) s with $LOAD busy processes"
 done
 echo "$failed of $RUNS runs failed"
 [ "$failed" -eq 0 ]
