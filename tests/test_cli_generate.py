@@ -2,9 +2,15 @@
 `text`, and that text is what the record's `token_ids` decode to."""
 
 import json
+from dataclasses import dataclass
+from types import SimpleNamespace
 
-from test_cli import run_cli, tiny_dirs  # noqa: F401  (tiny_dirs: model directories)
+from test_cli import CORPUS, run_cli, tiny_dirs, train_tokenizer  # noqa: F401  (tiny_dirs: model directories)
+from test_engines import GREEDY
 from transformers import AutoTokenizer
+
+from specchat.cli_generate import run_generation
+from specchat.decoding.events import IterationEvent
 
 
 def test_streamed_text_is_the_json_text_and_decodes_from_its_token_ids(monkeypatch, capsys, tiny_dirs):  # noqa: F811
@@ -20,3 +26,33 @@ def test_streamed_text_is_the_json_text_and_decodes_from_its_token_ids(monkeypat
     assert streamed == record["text"] + "\n"  # the stream ends its reply with one newline
     tokenizer = AutoTokenizer.from_pretrained(target)
     assert tokenizer.decode(record["token_ids"], skip_special_tokens=True) == record["text"]
+
+
+@dataclass
+class ScriptedEngine:
+    """Emits the given token ids, one iteration each, whatever the prompt."""
+
+    chunks: list[list[int]]
+    name: str = "specexec"
+
+    def generate(self, prompt_ids, max_new_tokens, sampling):
+        for number, chunk in enumerate(self.chunks):
+            yield IterationEvent(chunk, 0, 1, 1, 0.001, 0.001, finished=number == len(self.chunks) - 1)
+
+
+def test_a_character_cut_by_the_limit_is_printed_as_the_json_text_holds_it(capsys):
+    """A reply that ends inside a multi-byte character (the limit cut "é" after its first byte):
+    the stream holds that byte back while it may still complete, then prints what the reply's ids
+    decode to at its end, as the --json text does."""
+    tokenizer = train_tokenizer(CORPUS)
+    # "é" is C3 A9 in UTF-8; byte-level BPE writes a byte from A1 to FF (but AD) as that code point
+    first_byte = tokenizer.convert_tokens_to_ids(chr(0xC3))
+    chunks = [tokenizer.encode("hello", add_special_tokens=False), [first_byte]]
+    models = SimpleNamespace(tokenizer=tokenizer, context_tokens=256)
+    outputs = []
+    for as_json in (False, True):
+        run_generation(models, ScriptedEngine(chunks), "hi", True, 16, GREEDY, as_json)
+        outputs.append(capsys.readouterr().out)
+    streamed, record = outputs[0], json.loads(outputs[1])
+    assert record["text"] == tokenizer.decode(chunks[0] + chunks[1]) == "hello\ufffd"
+    assert streamed == record["text"] + "\n"

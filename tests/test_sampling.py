@@ -210,6 +210,40 @@ def test_uniform_is_deterministic_and_in_unit_interval():
     assert all((v * 2**53).is_integer() for v in values)
 
 
+MASK64 = 2**64 - 1
+
+
+def splitmix64(state: int, count: int) -> list[int]:
+    """SplitMix64 (Steele, Lea, Flood 2014; Vigna's splitmix64.c), written here apart from the
+    product: `count` outputs from `state`."""
+    outputs = []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        outputs.append(z ^ (z >> 31))
+    return outputs
+
+
+def test_this_splitmix64_gives_the_published_outputs():
+    """Rosetta Code's "Pseudo-random numbers/Splitmix64": the first five outputs for seed 1234567."""
+    assert splitmix64(1234567, 5) == [6457827717110365317, 3203168211198807973, 9817491932198370423,
+                                      4593380528125082431, 16408922859458223821]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 1234, -7, 2**70])
+def test_uniform_is_the_documented_draw(seed):
+    """The draw every seeded engine and the independent reference share, pinned apart from its
+    code: output n + 1 of SplitMix64 started at the seed's hash (SplitMix64's output function,
+    i.e. its first output from state seed - GAMMA), its top 53 bits over 2**53. A change inside
+    `uniform` changes every seeded reply; this is what would say so."""
+    gamma = 0x9E3779B97F4A7C15
+    hashed = splitmix64((seed - gamma) & MASK64, 1)[0]
+    expected = [(output >> 11) / 2**53 for output in splitmix64(hashed, 100)]
+    assert [uniform(seed, position) for position in range(100)] == expected
+
+
 def test_uniform_differs_for_neighbouring_positions_and_seeds():
     for seed in range(20):
         for pos in range(200):
