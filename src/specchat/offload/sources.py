@@ -32,7 +32,7 @@ class SafetensorsSource:
         """A tensor's shape, read from the file's header alone."""
         return list(self.handle(name).get_slice(name).get_shape())
 
-    def handle(self, name: str):
+    def handle(self, name: str) -> safe_open:
         """The open file that holds tensor `name`."""
         if name not in self.where:
             raise SpecchatError(f"the checkpoint in {self.directory} has no tensor '{name}'")
