@@ -14,6 +14,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
+from specchat.heap_trim import release_free_heap
 from specchat.limits import auto_cap
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
@@ -56,11 +57,13 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         draft_quant = chosen_draft_quant(memory, measured)
         models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter)
     try:
+        release_free_heap()  # the target load's temporaries, before the draft's pile on them
         if drafted:
             quantization = draft_quantization(draft_quant.kind, device, dtype)
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
         models.identity = identity(options, draft_quant, models.placement)
+        release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
             models.sizer()
