@@ -10,7 +10,7 @@ from test_engines import GREEDY
 from transformers import AutoTokenizer
 
 from specchat.cli_generate import run_generation
-from specchat.decoding.events import IterationEvent
+from specchat.tui.fake import fixed_event
 
 
 def test_streamed_text_is_the_json_text_and_decodes_from_its_token_ids(monkeypatch, capsys, tiny_dirs):  # noqa: F811
@@ -37,7 +37,7 @@ class ScriptedEngine:
 
     def generate(self, prompt_ids, max_new_tokens, sampling):
         for number, chunk in enumerate(self.chunks):
-            yield IterationEvent(chunk, 0, 1, 1, 0.001, 0.001, finished=number == len(self.chunks) - 1)
+            yield fixed_event(chunk, number == len(self.chunks) - 1, tree_size=1, depth=1)
 
 
 def test_a_character_cut_by_the_limit_is_printed_as_the_json_text_holds_it(capsys):

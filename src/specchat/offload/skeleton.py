@@ -107,8 +107,10 @@ def stored_int4(module: str, source: SafetensorsSource) -> Int4Weight:
     """`module`'s Int4Weight as the checkpoint stores it; where the pack cache keeps its packed
     layout, the nibbles are only a shape (meta): reading them would cost half a byte a weight
     (~0.55 GB for the default target) for nothing."""
+    kept = source.pack_cache is not None and source.pack_cache.holds(module)
+
     def read(name: str) -> torch.Tensor:
-        if name.endswith(INT4_SUFFIXES[0]) and source.pack_cache is not None and source.pack_cache.holds(module):
+        if kept and name.endswith(INT4_SUFFIXES[0]):
             return torch.empty(source.shape(name), dtype=torch.uint8, device="meta")
         return source.get(name)
 
