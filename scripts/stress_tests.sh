@@ -23,9 +23,10 @@ for _ in $(seq "$LOAD"); do
 done
 
 failed=0
+# -n 0: each run in one process beside the busy ones, not spread over xdist workers (pyproject's addopts)
 for run in $(seq "$RUNS"); do
   start=$(date +%s)
-  if python3 -m pytest -q -p no:cacheprovider --basetemp "$base/run" -m "not real" "${TESTS[@]}" > "$base/run.log" 2>&1; then
+  if python3 -m pytest -q -n 0 -p no:cacheprovider --basetemp "$base/run" -m "not real" "${TESTS[@]}" > "$base/run.log" 2>&1; then
     result="passed"
   else
     result="FAILED"

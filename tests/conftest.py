@@ -3,6 +3,7 @@ and what keeps the suite from leaving anything behind: a private history dir for
 temporary offload dir, and time limits."""
 
 import gc
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from exactness import ExactnessCheck, hf_greedy
+from ram_turns import RamTurns
 from run_dirs import make_run_dir
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -25,17 +27,75 @@ from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.paths import cache_dir
 from specchat.limits import DEFAULT_DTYPE
+from specchat.heap_trim import release_free_heap
+from specchat.memory_room import ram_room
 from specchat.runtime import DTYPES, EngineOptions, encode_prompt, pick_device
 
 REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
+# What one xdist worker holds at most: a module of the real pair, which holds the float32 pair
+# (7.9 GB after loading) beside at most ~3 GB of its own; a module holding more frees the pair's
+# target first (test_offload_real.py, test_real_exactness.py's int8 copy shares its weights).
+WORKER_RAM = 11 * 2**30
+REAL_MODULE_GB = 11  # a module with real tests reserves this (tests/ram_turns.py)
+RAM_ENV = "SPECCHAT_TEST_RAM"  # the RAM every worker's modules may hold at once, set by the controller
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """pytest-timeout: the real tests get a longer limit than [tool.pytest.ini_options] timeout,
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): one worker per core, as many as the RAM this process may
+    take holds WORKER_RAM each; 0 (the suite runs in this process) where one would be all. Each
+    worker's torch then runs one thread per core it was given (worker_threads): measured
+    here, two one-thread processes each score a float32 target pass as fast as one alone, where
+    a second thread in one process gains 1.0-1.5x."""
+    workers = min(os.cpu_count() or 1, ram_room().bytes // WORKER_RAM)
+    return workers if workers > 1 else 0
+
+
+def cores_per_worker() -> int:
+    """This process's share of the cores: all of them outside xdist, else an equal part."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller measures the RAM once, before it starts the workers that inherit it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ.setdefault(RAM_ENV, str(ram_room().bytes))
+
+
+MODULE_RAM = pytest.StashKey[dict[Path, float]]()  # each test file's reservation, in GiB
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules with real tests first, so that xdist's workers spend the run's tail on the many
+    short tests; a stable sort keeps each module's tests together and in order. Such a module
+    reserves REAL_MODULE_GB for its run (ram_turn).
+    pytest-timeout: the real tests get a longer limit than [tool.pytest.ini_options] timeout,
     unless they set their own."""
+    needs: dict[Path, float] = {}
+    for item in items:
+        needs[item.path] = max(needs.get(item.path, 0), REAL_MODULE_GB if item.get_closest_marker("real") else 0)
+    config.stash[MODULE_RAM] = needs
+    items.sort(key=lambda item: needs[item.path] == 0)
     for item in items:
         if item.get_closest_marker("real") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ram_turn(request, tmp_path_factory) -> Iterator[None]:
+    """Under xdist, a module waits until its RAM fits beside the other workers' (tests/ram_turns.py);
+    after its teardown this worker returns the freed heap to the OS before giving the RAM back."""
+    need = request.config.stash[MODULE_RAM].get(request.node.path, 0)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or need == 0:
+        yield
+        return
+    turns = RamTurns(tmp_path_factory.getbasetemp().parent, int(os.environ[RAM_ENV]), worker)
+    turns.take(int(need * 2**30))
+    yield
+    gc.collect()
+    release_free_heap()
+    turns.give_back()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,10 +127,27 @@ def offload_dir() -> Iterator[Path]:
     shutil.rmtree(directory)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def worker_threads() -> Iterator[None]:
+    """Under xdist, this worker's torch and its `specchat` subprocesses take the worker's share of
+    the cores, before any model loads (the draft's int8 probe times what the tests will run): with
+    a thread on a core another worker is using, OpenMP's spin-waits stall every parallel region."""
+    if "PYTEST_XDIST_WORKER_COUNT" not in os.environ:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cores_per_worker())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", str(cores_per_worker()))
+        yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(autouse=True)
 def one_thread_unless_real(request):
     """Tiny models gain nothing from intra-op threads, and OpenMP spin-waiting makes them ~10x
-    slower whenever the other core is busy; tests of the real pair keep every thread."""
+    slower whenever the other core is busy; tests of the real pair keep every thread this process
+    has (under xdist, its worker's share: worker_threads)."""
     if request.node.get_closest_marker("real"):
         yield
         return
@@ -124,6 +201,7 @@ class RealPair:
     draft: CausalLM
     tokenizer: object
     stop_ids: frozenset[int]
+    directory: Path  # the target's converted files
 
     def chat(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, raw=False)
@@ -152,10 +230,12 @@ def real_pair() -> Iterator[RealPair]:
     machine's 23.5 GB while the serve test's two float32 processes ran beside it."""
     target = load(DEFAULT_TARGET, torch.float32, progress=False)
     pair = RealPair(target=CausalLM(target.model), draft=real_draft(), tokenizer=target.tokenizer,
-                    stop_ids=stop_token_ids(target.model, target.tokenizer))
+                    stop_ids=stop_token_ids(target.model, target.tokenizer), directory=target.directory)
+    release_free_heap()
     yield pair
     del pair, target
     gc.collect()
+    release_free_heap()
 
 
 @pytest.fixture(scope="session")

@@ -5,16 +5,20 @@ import gc
 
 import pytest
 import torch
+from conftest import real_draft
 
 from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.stopping import stop_token_ids
+from specchat.heap_trim import release_free_heap
 from specchat.decoding.specexec import SpecExecEngine
-from specchat.models.loading import load_offloaded
+from specchat.models.loading import load, load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.build import OffloadPlan
 from specchat.progress import Reporter
+from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 
@@ -40,25 +44,35 @@ def tree_rows(lm: CausalLM, prompt: list[int], tree) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def case(real_pair, mtbench_prompts):
-    """A chat prompt, a real draft tree over it, and the in-memory target's reference results."""
-    prompt = real_pair.chat(mtbench_prompts[0])
+def case(mtbench_prompts):
+    """A chat prompt, a real draft tree over it, the in-memory target's reference results, and the
+    draft. The float32 target is loaded here rather than held (conftest's real_pair) and freed once
+    the references are computed: an offloaded copy holds 20 of its layers again, and both at once
+    took 17 GB."""
+    target = load(DEFAULT_TARGET, torch.float32, progress=False)
+    lm, draft, stop_ids = CausalLM(target.model), real_draft(), stop_token_ids(target.model, target.tokenizer)
+    prompt = encode_prompt(target.tokenizer, mtbench_prompts[0], raw=False)
     draft_cache = new_cache()
-    root = catch_up(real_pair.draft, draft_cache, torch.tensor(prompt), 0)
-    grown = grow_tree(real_pair.draft, draft_cache, root, TreeShape(budget=32), 0.0)
-    greedy = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    tokens = [t for e in greedy.generate(prompt, 12, GREEDY) for t in e.token_ids]
-    return {
+    root = catch_up(draft, draft_cache, torch.tensor(prompt), 0)
+    grown = grow_tree(draft, draft_cache, root, TreeShape(budget=32), 0.0)
+    greedy = SpecExecEngine(lm, draft, stop_ids, TreeShape(budget=32))
+    result = {
         "prompt": prompt,
         "tree": grown.tree,
-        "sequential": sequential_rows(real_pair.target, prompt, 4),
-        "tree_rows": tree_rows(real_pair.target, prompt, grown.tree),
-        "tokens": tokens,
+        "sequential": sequential_rows(lm, prompt, 4),
+        "tree_rows": tree_rows(lm, prompt, grown.tree),
+        "tokens": [t for e in greedy.generate(prompt, 12, GREEDY) for t in e.token_ids],
+        "draft": draft,
+        "stop_ids": stop_ids,
     }
+    del target, lm, greedy
+    gc.collect()
+    release_free_heap()
+    return result
 
 
 @pytest.mark.parametrize("tier", ["disk", "ram"])
-def test_offloaded_target_matches_in_memory(real_pair, case, offload_dir, tier):
+def test_offloaded_target_matches_in_memory(case, offload_dir, tier):
     # 8 layers streamed; KV headroom for the test's short sequences, not the model's 32k context
     plan = OffloadPlan(tier=tier, offload_dir=offload_dir, resident_layers=20, slots=3, contexts=(2048,))
     target, offload = load_offloaded(DEFAULT_TARGET, torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
@@ -67,7 +81,7 @@ def test_offloaded_target_matches_in_memory(real_pair, case, offload_dir, tier):
         prompt = case["prompt"]
         torch.testing.assert_close(sequential_rows(lm, prompt, 4), case["sequential"], atol=TOLERANCE, rtol=0)
         torch.testing.assert_close(tree_rows(lm, prompt, case["tree"]), case["tree_rows"], atol=TOLERANCE, rtol=0)
-        engine = SpecExecEngine(lm, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
+        engine = SpecExecEngine(lm, case["draft"], case["stop_ids"], TreeShape(budget=32))
         events = list(engine.generate(prompt, 12, GREEDY))
         assert [t for e in events for t in e.token_ids] == case["tokens"]
         # every pass streams its 8 layers; the ring's 3 slots were filled before the reply began

@@ -7,6 +7,8 @@ scripts/check_exactness.py runs the full acceptance (5 prompts x 64 tokens) with
 checks and records it in docs/benchmarks.md.
 """
 
+import copy
+
 import pytest
 import torch
 from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
@@ -16,10 +18,12 @@ from test_sampling import hf_filter
 
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.drafter import TreeShape
+from specchat.decoding.forward import CausalLM
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.limits import FR_SPEC_VOCAB
-from specchat.models.registry import DEFAULT_TARGET
+from specchat.models.draft_approx import approximate_draft
+from specchat.quant.int8 import Int8Linear
 
 pytestmark = pytest.mark.real
 
@@ -83,11 +87,22 @@ def test_seeded_specexec_equals_seeded_autoregressive(real_pair, real_check, see
         assert len(events) < len(tokens)
 
 
+def int8_copy(pair) -> CausalLM:
+    """The target as a draft with its decoder linears and head in int8, as `--draft` names the
+    target's own model builds it (models/draft_approx.py), made from the held float32 weights: a
+    copy of the module tree that shares every parameter, whose linears are then replaced, so the
+    target stays as it is and no second copy of its weights is loaded."""
+    shared = {id(parameter): parameter for parameter in pair.target.model.parameters()}
+    model = copy.deepcopy(pair.target.model, shared)
+    return approximate_draft(model, pair.tokenizer, pair.directory, True, None, pair.stop_ids)
+
+
 def test_an_int8_copy_of_the_target_as_draft_keeps_sampling_exact(real_pair, real_check, seeded_references):
     """The disk tier's draft (SubSpec's idea): the target's own weights in int8 on fbgemm's
     dynamic kernel. It proposes what the target samples far more often than the 0.5B draft, so
     whole branches are accepted, and every emitted token is still the seeded target's."""
-    draft = real_draft(int8=True, vocab_size=None, spec=DEFAULT_TARGET)
+    draft = int8_copy(real_pair)
+    assert not any(isinstance(module, Int8Linear) for module in real_pair.target.model.modules())
     engine = SpecExecEngine(real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=32))
     for prompt_ids, reference in seeded_references:
         tokens, events = emitted(engine, prompt_ids, PAPER_SAMPLING)
