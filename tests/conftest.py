@@ -33,11 +33,12 @@ from specchat.runtime import DTYPES, EngineOptions, encode_prompt, pick_device
 
 REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
 # What one xdist worker holds at most: a module of the real pair, which holds the float32 pair
-# (7.9 GB after loading) beside at most ~3 GB of its own; a module holding more frees the pair's
-# target first (test_offload_real.py, test_real_exactness.py's int8 copy shares its weights).
-WORKER_RAM = 11 * 2**30
-REAL_MODULE_GB = 11  # a module with real tests reserves this (tests/ram_turns.py)
+# (~7.9 GB once loaded, draft first) beside at most ~2 GB of its own; a module holding more frees
+# the pair's target first (test_offload_real.py; test_real_exactness.py's int8 copy shares its weights).
+WORKER_RAM = 10 * 2**30
+REAL_MODULE_GB = 10  # a module with real tests reserves this (tests/ram_turns.py)
 RAM_ENV = "SPECCHAT_TEST_RAM"  # the RAM every worker's modules may hold at once, set by the controller
+RAM_MARGIN = 2**30  # left out of that: the OS, the controller, the files the workers read
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -46,7 +47,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     worker's torch then runs one thread per core it was given (worker_threads): measured
     here, two one-thread processes each score a float32 target pass as fast as one alone, where
     a second thread in one process gains 1.0-1.5x."""
-    workers = min(os.cpu_count() or 1, ram_room().bytes // WORKER_RAM)
+    workers = min(os.cpu_count() or 1, (ram_room().bytes - RAM_MARGIN) // WORKER_RAM)
     return workers if workers > 1 else 0
 
 
@@ -59,7 +60,7 @@ def cores_per_worker() -> int:
 def pytest_configure(config: pytest.Config) -> None:
     """The controller measures the RAM once, before it starts the workers that inherit it."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        os.environ.setdefault(RAM_ENV, str(ram_room().bytes))
+        os.environ.setdefault(RAM_ENV, str(ram_room().bytes - RAM_MARGIN))
 
 
 MODULE_RAM = pytest.StashKey[dict[Path, float]]()  # each test file's reservation, in GiB
@@ -207,14 +208,13 @@ class RealPair:
         return encode_prompt(self.tokenizer, prompt, raw=False)
 
 
-def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None,
-               spec: str = DEFAULT_DRAFT) -> CausalLM:
-    """The embedded draft (or model `spec` as a draft) in the app's default dtype, its weights in
+def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None) -> CausalLM:
+    """The embedded draft in the app's default dtype, its weights in
     int8 if `int8` (None: as `--draft-quant auto` decides on this device), its head scoring the
     `vocab_size` most frequent tokens (None: all; the default: as the app's). The verifier never
     reads the draft's probabilities, so its dtype may differ from the target's."""
     dtype = DTYPES[DEFAULT_DTYPE]
-    draft = load(spec, dtype, progress=False)
+    draft = load(DEFAULT_DRAFT, dtype, progress=False)
     quant = resolve_draft_quant(EngineOptions.draft_quant if int8 is None else ("int8" if int8 else "none"),
                                 pick_device(), dtype)
     stop_ids = stop_token_ids(draft.model, draft.tokenizer)
@@ -228,12 +228,14 @@ def real_pair() -> Iterator[RealPair]:
     (the app's, offloaded copies, float32 subprocesses) never holds two pairs at once. Held for the
     whole run instead (~15 s a load saved in each of eight modules), the suite reached 23.5 of this
     machine's 23.5 GB while the serve test's two float32 processes ran beside it."""
+    draft = real_draft()
+    release_free_heap()  # preparing the draft leaves ~1.2 GB of freed heap: returned before the target loads
     target = load(DEFAULT_TARGET, torch.float32, progress=False)
-    pair = RealPair(target=CausalLM(target.model), draft=real_draft(), tokenizer=target.tokenizer,
+    pair = RealPair(target=CausalLM(target.model), draft=draft, tokenizer=target.tokenizer,
                     stop_ids=stop_token_ids(target.model, target.tokenizer), directory=target.directory)
     release_free_heap()
     yield pair
-    del pair, target
+    del pair, target, draft
     gc.collect()
     release_free_heap()
 

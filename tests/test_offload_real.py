@@ -12,8 +12,8 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.stopping import stop_token_ids
-from specchat.heap_trim import release_free_heap
 from specchat.decoding.specexec import SpecExecEngine
+from specchat.heap_trim import release_free_heap
 from specchat.models.loading import load, load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.build import OffloadPlan
