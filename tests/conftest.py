@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from exactness import ExactnessCheck, hf_greedy
-from ram_turns import RamTurns
+from ram_turns import RamTurns, give_back, slot_count
 from run_dirs import make_run_dir
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -35,19 +35,18 @@ REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and writ
 # What one xdist worker holds at most: a module of the real pair, which holds the float32 pair
 # (~7.9 GB once loaded, draft first) beside at most ~2 GB of its own; a module holding more frees
 # the pair's target first (test_offload_real.py; test_real_exactness.py's int8 copy shares its weights).
-WORKER_RAM = 10 * 2**30
-REAL_MODULE_GB = 10  # a module with real tests reserves this (tests/ram_turns.py)
+REAL_MODULE_RAM = 10 * 2**30  # what a module with real tests reserves (tests/ram_turns.py)
 RAM_ENV = "SPECCHAT_TEST_RAM"  # the RAM every worker's modules may hold at once, set by the controller
 RAM_MARGIN = 2**30  # left out of that: the OS, the controller, the files the workers read
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject's addopts): one worker per core, as many as the RAM this process may
-    take holds WORKER_RAM each; 0 (the suite runs in this process) where one would be all. Each
+    take holds REAL_MODULE_RAM each; 0 (the suite runs in this process) where one would be all. Each
     worker's torch then runs one thread per core it was given (worker_threads): measured
     here, two one-thread processes each score a float32 target pass as fast as one alone, where
     a second thread in one process gains 1.0-1.5x."""
-    workers = min(os.cpu_count() or 1, (ram_room().bytes - RAM_MARGIN) // WORKER_RAM)
+    workers = min(os.cpu_count() or 1, (ram_room().bytes - RAM_MARGIN) // REAL_MODULE_RAM)
     return workers if workers > 1 else 0
 
 
@@ -63,20 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault(RAM_ENV, str(ram_room().bytes - RAM_MARGIN))
 
 
-MODULE_RAM = pytest.StashKey[dict[Path, float]]()  # each test file's reservation, in GiB
+REAL_MODULES = pytest.StashKey[set[Path]]()  # the test files holding a real test
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The modules with real tests first, so that xdist's workers spend the run's tail on the many
     short tests; a stable sort keeps each module's tests together and in order. Such a module
-    reserves REAL_MODULE_GB for its run (ram_turn).
+    reserves REAL_MODULE_RAM for its run (ram_turn).
     pytest-timeout: the real tests get a longer limit than [tool.pytest.ini_options] timeout,
     unless they set their own."""
-    needs: dict[Path, float] = {}
-    for item in items:
-        needs[item.path] = max(needs.get(item.path, 0), REAL_MODULE_GB if item.get_closest_marker("real") else 0)
-    config.stash[MODULE_RAM] = needs
-    items.sort(key=lambda item: needs[item.path] == 0)
+    real = {item.path for item in items if item.get_closest_marker("real")}
+    config.stash[REAL_MODULES] = real
+    items.sort(key=lambda item: item.path not in real)
     for item in items:
         if item.get_closest_marker("real") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
@@ -84,19 +81,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module", autouse=True)
 def ram_turn(request, tmp_path_factory) -> Iterator[None]:
-    """Under xdist, a module waits until its RAM fits beside the other workers' (tests/ram_turns.py);
-    after its teardown this worker returns the freed heap to the OS before giving the RAM back."""
-    need = request.config.stash[MODULE_RAM].get(request.node.path, 0)
+    """Under xdist, a module with real tests waits for a slot at the RAM (tests/ram_turns.py);
+    after its teardown this worker returns the freed heap to the OS before giving the slot back."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None or need == 0:
+    if worker is None or request.node.path not in request.config.stash[REAL_MODULES]:
         yield
         return
-    turns = RamTurns(tmp_path_factory.getbasetemp().parent, int(os.environ[RAM_ENV]), worker)
-    turns.take(int(need * 2**30))
+    slots = slot_count(int(os.environ[RAM_ENV]), REAL_MODULE_RAM)
+    slot = RamTurns(tmp_path_factory.getbasetemp().parent, slots, int(worker.removeprefix("gw"))).take()
     yield
     gc.collect()
     release_free_heap()
-    turns.give_back()
+    give_back(slot)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -228,16 +224,23 @@ def real_pair() -> Iterator[RealPair]:
     (the app's, offloaded copies, float32 subprocesses) never holds two pairs at once. Held for the
     whole run instead (~15 s a load saved in each of eight modules), the suite reached 23.5 of this
     machine's 23.5 GB while the serve test's two float32 processes ran beside it."""
+    pair = load_real_pair()
+    yield pair
+    del pair
+    gc.collect()
+    release_free_heap()
+
+
+def load_real_pair() -> RealPair:
+    """The float32 target and the app's draft, the draft first: preparing it leaves ~1.2 GB of
+    freed heap, returned before the target loads."""
     draft = real_draft()
-    release_free_heap()  # preparing the draft leaves ~1.2 GB of freed heap: returned before the target loads
+    release_free_heap()
     target = load(DEFAULT_TARGET, torch.float32, progress=False)
     pair = RealPair(target=CausalLM(target.model), draft=draft, tokenizer=target.tokenizer,
                     stop_ids=stop_token_ids(target.model, target.tokenizer), directory=target.directory)
     release_free_heap()
-    yield pair
-    del pair, target, draft
-    gc.collect()
-    release_free_heap()
+    return pair
 
 
 @pytest.fixture(scope="session")

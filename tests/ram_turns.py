@@ -1,57 +1,56 @@
 """Turns at the RAM for test modules that xdist workers run side by side.
 
-Each module of the real pair holds gigabytes (the float32 pair alone ~7.5 GB), and several plan
+Each module of the real pair holds gigabytes (the float32 pair alone ~7.9 GB), and several plan
 their placement from the RAM available when they load: two of them at once beside a third
-worker's could exhaust the machine or change the plans they test. A module therefore reserves
-its RAM (tests/conftest.py: REAL_MODULE_GB for a module with real tests) before it starts and gives
-it back after its teardown; it waits while the other workers' reservations and its own would
-exceed the session's budget, unless no other worker holds any. The reservations are one JSON
-file beside the workers' temporary directories, read and written under an exclusive flock.
+worker's could exhaust the machine or change the plans they test. Every such module needs the
+same reservation, so the session's RAM makes a number of slots (its budget over one module's
+need, at least one), each a lock file beside the workers' temporary directories. A module takes
+a free slot, or blocks on one until its holder gives it back: an exclusive flock, which the
+kernel also releases when a worker dies, so no worker polls and none waits on a dead one.
 """
 
 import fcntl
-import json
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-WAIT_S = 0.5  # between looks at the reservations while waiting for a turn (no test's result depends on it)
+from typing import IO
 
 
 @dataclass(frozen=True)
 class RamTurns:
     directory: Path  # shared by every worker of the session
-    budget: int  # bytes every worker's modules may hold at once
-    worker: str
+    slots: int  # modules that may hold their RAM at once
+    worker: int  # this worker's number: the slot it waits on when none is free
 
-    @contextmanager
-    def locked(self) -> Iterator[dict[str, int]]:
-        """The reservations, under the lock; what the block leaves in the dict is written back."""
-        with (self.directory / "ram-turns.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            path = self.directory / "ram-turns.json"
-            held = json.loads(path.read_text()) if path.exists() else {}
-            yield held
-            path.write_text(json.dumps(held))
+    def try_take(self) -> IO | None:
+        """A free slot, held until `give_back`; None when every slot is held."""
+        for index in range(self.slots):
+            slot = self.open(index)
+            try:
+                fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                slot.close()
+                continue
+            return slot
+        return None
 
-    def take(self, need: int) -> None:
-        """Reserve `need` bytes for this worker once they fit."""
-        while True:
-            with self.locked() as held:
-                if fits(held, self.worker, need, self.budget):
-                    held[self.worker] = need
-                    return
-            time.sleep(WAIT_S)
+    def take(self) -> IO:
+        """A slot, held until `give_back`: a free one, else this worker's own once its holder leaves."""
+        slot = self.try_take()
+        if slot is None:
+            slot = self.open(self.worker % self.slots)
+            fcntl.flock(slot, fcntl.LOCK_EX)
+        return slot
 
-    def give_back(self) -> None:
-        with self.locked() as held:
-            held.pop(self.worker, None)
+    def open(self, index: int) -> IO:
+        return (self.directory / f"ram-slot-{index}.lock").open("a")
 
 
-def fits(held: dict[str, int], worker: str, need: int, budget: int) -> bool:
-    """Whether `worker` may hold `need` beside the others' reservations in `held`: within `budget`,
-    or alone (a module larger than the budget still runs, by itself)."""
-    others = sum(value for name, value in held.items() if name != worker)
-    return others == 0 or others + need <= budget
+def give_back(slot: IO) -> None:
+    fcntl.flock(slot, fcntl.LOCK_UN)
+    slot.close()
+
+
+def slot_count(budget: int, need: int) -> int:
+    """Modules of `need` bytes each that `budget` holds at once; one at least (a module larger
+    than the budget still runs, by itself)."""
+    return max(1, budget // need)

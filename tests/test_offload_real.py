@@ -5,20 +5,18 @@ import gc
 
 import pytest
 import torch
-from conftest import real_draft
+from conftest import load_real_pair
 
 from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.heap_trim import release_free_heap
-from specchat.models.loading import load, load_offloaded
+from specchat.models.loading import load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.build import OffloadPlan
 from specchat.progress import Reporter
-from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 
@@ -46,26 +44,25 @@ def tree_rows(lm: CausalLM, prompt: list[int], tree) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def case(mtbench_prompts):
     """A chat prompt, a real draft tree over it, the in-memory target's reference results, and the
-    draft. The float32 target is loaded here rather than held (conftest's real_pair) and freed once
+    draft. The pair is loaded here rather than held (conftest's real_pair) and its target freed once
     the references are computed: an offloaded copy holds 20 of its layers again, and both at once
     took 17 GB."""
-    target = load(DEFAULT_TARGET, torch.float32, progress=False)
-    lm, draft, stop_ids = CausalLM(target.model), real_draft(), stop_token_ids(target.model, target.tokenizer)
-    prompt = encode_prompt(target.tokenizer, mtbench_prompts[0], raw=False)
+    pair = load_real_pair()
+    prompt = pair.chat(mtbench_prompts[0])
     draft_cache = new_cache()
-    root = catch_up(draft, draft_cache, torch.tensor(prompt), 0)
-    grown = grow_tree(draft, draft_cache, root, TreeShape(budget=32), 0.0)
-    greedy = SpecExecEngine(lm, draft, stop_ids, TreeShape(budget=32))
+    root = catch_up(pair.draft, draft_cache, torch.tensor(prompt), 0)
+    grown = grow_tree(pair.draft, draft_cache, root, TreeShape(budget=32), 0.0)
+    greedy = SpecExecEngine(pair.target, pair.draft, pair.stop_ids, TreeShape(budget=32))
     result = {
         "prompt": prompt,
         "tree": grown.tree,
-        "sequential": sequential_rows(lm, prompt, 4),
-        "tree_rows": tree_rows(lm, prompt, grown.tree),
+        "sequential": sequential_rows(pair.target, prompt, 4),
+        "tree_rows": tree_rows(pair.target, prompt, grown.tree),
         "tokens": [t for e in greedy.generate(prompt, 12, GREEDY) for t in e.token_ids],
-        "draft": draft,
-        "stop_ids": stop_ids,
+        "draft": pair.draft,
+        "stop_ids": pair.stop_ids,
     }
-    del target, lm, greedy
+    del pair, greedy
     gc.collect()
     release_free_heap()
     return result

@@ -1,42 +1,38 @@
-"""The suite's turns at the RAM (tests/ram_turns.py): who may reserve what beside whom, and a
-waiting worker getting its turn once the other gives its RAM back."""
+"""The suite's turns at the RAM (tests/ram_turns.py): how many modules the budget holds, a full
+set of slots refusing another, and a blocked worker getting its turn once the holder gives back."""
 
 import threading
-from contextlib import contextmanager
 
-from ram_turns import RamTurns, fits
+from ram_turns import RamTurns, give_back, slot_count
 
 GB = 2**30
 
 
-def test_a_reservation_fits_within_the_budget_or_alone():
-    assert fits({}, "gw0", 30 * GB, 20 * GB)  # alone, even past the budget
-    assert fits({"gw1": 9 * GB}, "gw0", 11 * GB, 20 * GB)
-    assert not fits({"gw1": 10 * GB}, "gw0", 11 * GB, 20 * GB)
-    assert fits({"gw0": 15 * GB}, "gw0", 11 * GB, 20 * GB)  # a worker's own earlier reservation is replaced
+def test_the_budget_holds_whole_modules_and_always_one():
+    assert slot_count(21 * GB, 10 * GB) == 2
+    assert slot_count(19 * GB, 10 * GB) == 1
+    assert slot_count(5 * GB, 10 * GB) == 1  # alone, even past the budget
 
 
-def test_a_waiting_worker_takes_its_turn_once_the_other_gives_back(tmp_path):
-    first, second = RamTurns(tmp_path, 20 * GB, "gw0"), RamTurns(tmp_path, 20 * GB, "gw1")
-    first.take(15 * GB)
-    with first.locked() as held:
-        assert held == {"gw0": 15 * GB}
-    looked = threading.Event()
-    real_locked = second.locked
+def test_full_slots_refuse_another_until_one_is_given_back(tmp_path):
+    first, second, third = (RamTurns(tmp_path, 2, worker) for worker in range(3))
+    held = [first.take(), second.take()]
+    assert third.try_take() is None
+    give_back(held.pop())
+    slot = third.try_take()
+    assert slot is not None
+    give_back(slot)
+    give_back(held.pop())
 
-    def look():  # the second worker's look at the reservations, reported once made
-        with real_locked() as held:
-            yield held
-        looked.set()
 
-    object.__setattr__(second, "locked", contextmanager(look))
-    waiting = threading.Thread(target=second.take, args=(10 * GB,))
-    waiting.start()
-    assert looked.wait(timeout=60)  # it looked and found no room (the timeout only guards a hang)
-    with first.locked() as held:
-        assert held == {"gw0": 15 * GB}  # it did not take its turn beside the first
-    first.give_back()
-    waiting.join(timeout=60)
-    assert not waiting.is_alive()
-    with first.locked() as held:
-        assert held == {"gw1": 10 * GB}
+def test_a_blocked_worker_takes_its_turn_once_the_holder_gives_back(tmp_path):
+    holder, waiter, watcher = (RamTurns(tmp_path, 1, worker) for worker in range(3))
+    slot = holder.take()
+    taken = []
+    blocked = threading.Thread(target=lambda: taken.append(waiter.take()))
+    blocked.start()
+    assert not taken and watcher.try_take() is None  # the holder still has the only slot
+    give_back(slot)
+    blocked.join()  # returns only once the waiter holds the slot (pytest-timeout guards a hang)
+    assert len(taken) == 1 and watcher.try_take() is None  # now the waiter has it
+    give_back(taken[0])

@@ -31,12 +31,11 @@ def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     `vocab_size` is None or covers the whole vocabulary. The ranking is read from (or stored
     once in) `directory`."""
     if int8:
-        decoder = model.get_decoder()
         # layer by layer: the stacked copies of one layer's weights exist at once, not the model's
         # (a float32 1.5B's stacks alone are 3.4 GB)
-        for part in getattr(decoder, "layers", (decoder,)):
-            stack_projections(part)
-            quantize_linears(part, dense_above)
+        for layer in model.get_decoder().layers:
+            stack_projections(layer)
+            quantize_linears(layer, dense_above)
     full = model.config.vocab_size
     if vocab_size is None or vocab_size >= full:
         if int8:
