@@ -174,15 +174,19 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
     assert memory.total("device") <= 24 * GB - RUNTIME_BYTES - OS_RESERVE
 
 
-def test_an_int8_draft_on_a_cpu_counts_its_dense_weights_while_they_turn_int8():
-    """The draft loads dense and turns int8 linear by linear: at the peak it holds its dense bytes,
-    so the plan keeps the excess over its int8 weights (a ring placed before it loads leaves room)."""
+def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():
+    """The draft loads one decoder layer at a time and turns it int8 (models/layerwise.py): above its
+    int8 weights it holds one layer's dense weights and their stacked copy, and the int8 copy's
+    float32 temporaries of its largest stack (gate and up); the plan keeps that room (a ring placed
+    before the draft loads leaves it), and nothing for a dense draft."""
     cpu = torch.device("cpu")
     dense, int8 = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none", "int8"), False, 32768, cpu)
     rooms = described_rooms(None, 24 * GB)
+    layer = 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3  # q, o; k, v; gate, up, down
+    expected = 2 * layer * BF16 + 3 * (2 * 896 * 4864) * 4
     for draft in (dense, int8):
         plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=(draft,))
         memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, plan, None, rooms)
-        excess = [entry.nbytes for entry in memory.items if entry.what.startswith("the draft's dense weights")]
-        assert excess == ([int8.load_bytes - int8.weights] if draft is int8 else [])
-    assert int8.load_bytes == dense.load_bytes > int8.weights
+        excess = [entry.nbytes for entry in memory.items if entry.what.startswith("the draft's layer while")]
+        assert excess == ([expected] if draft is int8 else [])
+    assert int8.prepare_bytes == expected and dense.prepare_bytes == 0

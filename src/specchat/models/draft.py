@@ -6,9 +6,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.stopping import stop_token_ids
 from specchat.models.compat import check_tokenizers_compatible
-from specchat.models.draft_approx import approximate_draft
+from specchat.models.draft_approx import DraftApprox
 from specchat.models.loading import load
 from specchat.progress import Reporter
 from specchat.quant.int8 import PROBE_ROWS, int8_rows
@@ -29,15 +28,16 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
                target_tokenizer: PreTrainedTokenizerBase, reporter: Reporter, quant: DraftQuant,
                vocab_size: int | None) -> CausalLM:
     """The draft `spec` on `device`, its weights as `quant` says, its head scoring the
-    `vocab_size` most frequent tokens (None: all); `quantization` loads it through bitsandbytes."""
-    draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device)
+    `vocab_size` most frequent tokens (None: all), prepared as it loads (models/layerwise.py);
+    `quantization` loads it through bitsandbytes."""
+    reporter.step(f"loading the draft {spec} ({describe(quant, vocab_size)})")
+    approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above)
+    draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device,
+                 preparation=approx)
     check_tokenizers_compatible(draft.tokenizer, target_tokenizer)
     if quantization is None:
-        reporter.step(f"moving {draft.name} to {device.type}")
-        draft.model.to(device)
-    reporter.step(f"preparing the draft ({describe(quant, vocab_size)})")
-    return approximate_draft(draft.model, draft.tokenizer, draft.directory, quant.kind == "int8", vocab_size,
-                             stop_token_ids(draft.model, draft.tokenizer), quant.dense_above)
+        draft.model.to(device)  # loaded straight onto it, unless transformers loaded a GGUF
+    return approx.draft(draft.model)
 
 
 def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:

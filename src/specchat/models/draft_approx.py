@@ -8,9 +8,14 @@ never a different output.
   gate/up projections, run as one product each (quant/stacked.py).
 - sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
   (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
-  vocab / vocab_size. The draft can then never propose a rarer token.
+  vocab / vocab_size. The draft can then never propose a rarer token. The whole head, never read
+  again, is let go unless it is the input embedding too.
+
+A `DraftApprox` prepares a model as it loads (models/loading.py fills one decoder layer at a time
+and hands each over), so that only one layer's dense weights exist at once beside the int8 ones.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,31 +23,67 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.stopping import stop_token_ids
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.quant.int8 import Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
 
 
+class DroppedHead(nn.Module):
+    """Stands where a draft's whole LM head stood once its sub-vocabulary head replaced it."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("this draft scores a sub-vocabulary: its whole LM head was let go (CausalLM.head scores)")
+
+
+@dataclass
+class DraftApprox:
+    """How a draft is approximated: int8 linears (inputs of more than `dense_above` rows keep the
+    dense weights, when set), a head of the `vocab_size` most frequent tokens and the stop tokens
+    (`stop_ids`; None: the model's) or, with None or the whole vocabulary, of every token."""
+
+    int8: bool
+    vocab_size: int | None
+    dense_above: int | None = None
+    stop_ids: frozenset[int] | None = None
+    vocab: torch.Tensor | None = None  # set by prepare_head when the head scores a sub-vocabulary
+    head: nn.Module | None = None
+
+    def prepare_head(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+        """The LM head as the draft scores with it, its tokens ranked on `tokenizer` (the ranking
+        read from, or stored once in, `directory`): before the decoder layers load, so that a
+        whole head let go is gone before they arrive."""
+        full = model.config.vocab_size
+        if self.vocab_size is None or self.vocab_size >= full:
+            if self.int8:
+                model.set_output_embeddings(Int8Linear(model.get_output_embeddings().weight.detach(), None,
+                                                       self.dense_above))
+            return
+        stop_ids = self.stop_ids if self.stop_ids is not None else stop_token_ids(model, tokenizer)
+        self.vocab = head_vocab(vocab_ranking(directory, tokenizer, full), self.vocab_size, sorted(stop_ids))
+        self.head = sub_head(model, self.vocab, self.int8, self.dense_above)
+        if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+            model.set_output_embeddings(DroppedHead())
+
+    def prepare_layer(self, layer: nn.Module) -> None:
+        """One decoder layer's projections stacked and, under int8, its linears in int8."""
+        if self.int8:
+            stack_projections(layer)
+            quantize_linears(layer, self.dense_above)
+
+    def draft(self, model: PreTrainedModel) -> CausalLM:
+        return CausalLM(model, vocab=self.vocab, head=self.head)
+
+
 def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, int8: bool,
                       vocab_size: int | None, stop_ids: frozenset[int], dense_above: int | None = None) -> CausalLM:
-    """`model` as a draft: its decoder linears in int8 if `int8`, the projections of one input
-    stacked (inputs of more than `dense_above` rows keep multiplying the dense weights, when set),
-    its head restricted to the `vocab_size` most frequent tokens and the stop tokens unless
-    `vocab_size` is None or covers the whole vocabulary. The ranking is read from (or stored
-    once in) `directory`."""
-    if int8:
-        # layer by layer: the stacked copies of one layer's weights exist at once, not the model's
-        # (a float32 1.5B's stacks alone are 3.4 GB)
-        for layer in model.get_decoder().layers:
-            stack_projections(layer)
-            quantize_linears(layer, dense_above)
-    full = model.config.vocab_size
-    if vocab_size is None or vocab_size >= full:
-        if int8:
-            model.set_output_embeddings(Int8Linear(model.get_output_embeddings().weight.detach(), None, dense_above))
-        return CausalLM(model)
-    vocab = head_vocab(vocab_ranking(directory, tokenizer, full), vocab_size, sorted(stop_ids))
-    return CausalLM(model, vocab=vocab, head=sub_head(model, vocab, int8, dense_above))
+    """`model`, loaded whole, as a draft approximated as `DraftApprox` says (its layers one at a
+    time: a float32 1.5B's stacks alone are 3.4 GB)."""
+    approx = DraftApprox(int8, vocab_size, dense_above, stop_ids)
+    approx.prepare_head(model, tokenizer, directory)
+    for layer in model.get_decoder().layers:
+        approx.prepare_layer(layer)
+    return approx.draft(model)
 
 
 def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_above: int | None) -> nn.Module:

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specchat.errors import SpecchatError
 from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
+from specchat.models.layerwise import Preparation, load_layer_by_layer, prepare_loaded
 from specchat.models.registry import find_alias
 from specchat.offload.build import Offload, OffloadPlan, offload_model
 from specchat.offload.placement import Placement
@@ -81,12 +82,15 @@ def check_not_pickled(spec: str) -> None:
 
 
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
-         quantization: object | None = None, device: torch.device | None = None, int4: bool = False) -> LoadedModel:
+         quantization: object | None = None, device: torch.device | None = None, int4: bool = False,
+         preparation: Preparation | None = None) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
     A `quantization` config (bitsandbytes) loads the weights quantized, straight onto `device`.
     `int4` loads an embedded model from its 4-bit weights (`has_int4`), packed for `device`.
+    A `preparation` (the draft's approximations) is applied as the model loads: a safetensors
+    checkpoint is then read one decoder layer at a time, straight onto `device`.
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)
@@ -97,7 +101,12 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
         # GPTQ kernel library, and expands a GGUF's).
         model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter)
+        if preparation is not None:
+            prepare_loaded(model, tokenizer, directory, preparation)
         return LoadedModel(model, tokenizer, source.name, source, directory)
+    if preparation is not None and gguf_file is None and quantization is None:
+        model = load_layer_by_layer(directory, tokenizer, dtype, device or torch.device("cpu"), preparation, reporter)
+        return LoadedModel(model.eval(), tokenizer, source.name, source, directory)
     quantized = {} if quantization is None else {"quantization_config": quantization, "device_map": {"": device}}
     with transformers_bars(reporter, lambda desc: f"loading {source.name} weights"):
         model = AutoModelForCausalLM.from_pretrained(
@@ -106,6 +115,8 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     model.eval()
     model.requires_grad_(False)
     own_aligned_weights(model)
+    if preparation is not None:
+        prepare_loaded(model, tokenizer, directory, preparation)
     return LoadedModel(model, tokenizer, source.name, source, directory)
 
 

@@ -16,7 +16,7 @@ from specchat.models.loading import ModelSource, resolve, stored_name
 from specchat.models.marker import is_converted
 from specchat.offload.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
 from specchat.offload.build import OffloadPlan, plan_model
-from specchat.offload.demand import draft_weight_bytes, shape_of
+from specchat.offload.demand import draft_weight_bytes, preparing_bytes, shape_of
 from specchat.offload.placement import Rooms
 from specchat.offload.skeleton import build_skeleton
 from specchat.offload.sources import SafetensorsSource
@@ -55,7 +55,8 @@ def draft_candidates(spec: str, dtype: torch.dtype, kinds: tuple[str, ...], dens
     shape = shape_of(config, dtype)
     full = draft_weight_bytes(model, dtype, "none")
     return tuple(Draft(kind, draft_weight_bytes(model, dtype, kind, dense_kept, vocab_size), shape,
-                       0 if kind == "nf4" else full) for kind in kinds)
+                       0 if kind == "nf4" else full, preparing_bytes(model, dtype) if kind == "int8" else 0)
+                 for kind in kinds)
 
 
 def plan_target(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan, context: int | None,

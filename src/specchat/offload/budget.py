@@ -49,6 +49,7 @@ class Draft:
     weights: int  # bytes on the device
     shape: ModelShape
     load_bytes: int  # host RAM its weights pass through while they load (freed once on the device)
+    prepare_bytes: int = 0  # device bytes above `weights` while it loads and turns int8, layer by layer
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,9 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
         passes.append(draft.shape.pass_bytes(context, ask.tree_tokens))
         if ask.cuda and draft.load_bytes:
             host.append(Item("host", "draft weights while they load", draft.load_bytes))
-        elif draft.quant == "int8" and draft.load_bytes > draft.weights:
-            # a CPU: the draft loads dense and its linears turn int8 one by one, so at the peak it
-            # holds its dense bytes; the ring, placed before it loads, must leave room for the excess
-            device.append(Item("device", "the draft's dense weights while they turn int8",
-                               draft.load_bytes - draft.weights))
+        elif draft.prepare_bytes:
+            # the ring, placed before the draft loads, must leave room for its layer in preparation
+            device.append(Item("device", "the draft's layer while it turns int8", draft.prepare_bytes))
     device.append(Item("device", f"largest pass ({ask.tree_tokens}-token tree)", max(passes)))
     if ask.workspace:
         device.append(Item("device", "quantized kernels' workspace", ask.workspace))

@@ -63,7 +63,8 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
       embedding stays);
     nf4 (bitsandbytes): every linear but the LM head at NF4_BYTES_PER_WEIGHT.
     `head_rows`: a head restricted to that many tokens, a copy of that many rows (in int8 under
-    int8) beside the whole head; None: the whole vocabulary."""
+    int8); the whole head is let go unless it is the input embedding too; None: the whole
+    vocabulary."""
     total = sum(tensor_bytes(t, dtype) for t in unique_tensors(model))
     head = model.get_output_embeddings()
     layers = [m for m in model.get_decoder().modules() if isinstance(m, nn.Linear)]
@@ -73,12 +74,24 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
         linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
         total -= sum(m.weight.numel() * dtype.itemsize - int(m.weight.numel() * NF4_BYTES_PER_WEIGHT) for m in linears)
     vocab, width = head.weight.shape
+    tied = head.weight is model.get_input_embeddings().weight
+    dense_head = 0 if tied else head.weight.numel() * dtype.itemsize
     if head_rows is not None and head_rows < vocab:
-        return total + (head_rows * (width + INT8_SCALE_BYTES) if quant == "int8" else head_rows * width * dtype.itemsize)
+        rows = head_rows * (width + INT8_SCALE_BYTES) if quant == "int8" else head_rows * width * dtype.itemsize
+        return total - dense_head + rows
     if quant == "int8":
-        tied = head.weight is model.get_input_embeddings().weight
-        total += int8_bytes(head) - (0 if tied else head.weight.numel() * dtype.itemsize)
+        total += int8_bytes(head) - dense_head
     return total
+
+
+def preparing_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
+    """Bytes a draft holds above its int8 weights while it loads (models/layerwise.py): one decoder
+    layer's dense weights in `dtype` and their stacked copy (quant/stacked.py), then the int8
+    copy's float32 temporaries (up to three) of its largest stack, bounded by its two largest
+    linears together (quant/int8.py). An upper bound."""
+    layer = model.get_decoder().layers[0]
+    sizes = sorted(m.weight.numel() for m in layer.modules() if isinstance(m, nn.Linear))
+    return 2 * sum(sizes) * dtype.itemsize + 3 * sum(sizes[-2:]) * 4
 
 
 def int8_bytes(linear: nn.Linear) -> int:

@@ -122,9 +122,13 @@ def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.devi
     for name, tensor in tensors.items():
         owner_name, _, leaf = name.rpartition(".")
         owner = module.get_submodule(owner_name)
-        # A copy, always: a checkpoint tensor may be a view of the memory-mapped file, at an
-        # address whose alignment changes how CPU kernels round.
-        value = tensor.to(device, copy=True)
+        # Never a view of the memory-mapped file (safetensors hands those out), at an address
+        # whose alignment changes how CPU kernels round: a cast or a move already made a fresh
+        # tensor (copying that again would hold two for a moment: 0.9 GB for a float32 1.5B's
+        # embeddings), anything else is copied.
+        value = tensor.to(device)
+        if value.data_ptr() == tensor.data_ptr():
+            value = value.clone()
         if leaf in owner._parameters:
             owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
         else:
@@ -134,8 +138,10 @@ def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.devi
 def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
                   device: torch.device) -> None:
     """Load everything outside the decoder layers: embeddings, final norm, LM head, rotary."""
+    tied = tied_head(model)
+
     def wanted(name: str) -> bool:  # a module's name ends with ".": its own tensors are not in the checkpoint
-        return not name.startswith(layers_name + ".") and (name.endswith(".") or name in source.where)
+        return not name.startswith(layers_name + ".") and name != tied and (name.endswith(".") or name in source.where)
 
     fill(model, layer_tensors(model, "", source, dtype, wanted), device)
     if model.config.tie_word_embeddings:
@@ -145,6 +151,15 @@ def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsS
                    if t.is_meta and not n.startswith(layers_name + ".")]
     if still_empty:
         raise SpecchatError(f"the checkpoint lacks tensors this model needs: {', '.join(still_empty[:5])}")
+
+
+def tied_head(model: PreTrainedModel) -> str | None:
+    """The LM head weight's name when it is the input embedding's (tied): a checkpoint that stores
+    it anyway need not be read for it."""
+    if not model.config.tie_word_embeddings:
+        return None
+    head = model.get_output_embeddings()
+    return next(name for name, module in model.named_modules() if module is head) + ".weight"
 
 
 def rebuild_computed_buffers(model: PreTrainedModel, device: torch.device) -> None:
