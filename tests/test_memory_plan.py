@@ -15,6 +15,7 @@ from specchat.quant.int4 import workspace_bytes
 GB = 10**9
 TREE = 2049  # the largest tree a GPU's --budget auto builds offloaded (2048), plus its root
 BF16 = 2
+FP32 = 4  # rotary frequencies stay float32 buffers whatever the weights' dtype
 
 
 def int4_linear(inputs: int, outputs: int, group: int, act_order: bool) -> int:
@@ -37,7 +38,8 @@ def kv_per_token(layers: int, kv_heads: int, head_dim: int = 128) -> int:
 LLAMA2_70B_GPTQ_LAYER = sum(int4_linear(i, o, -1, True) for i, o in llama_layer_linears(8192, 28672, 8)) + \
     2 * 8192 * BF16
 LLAMA2_7B_PARAMS_LINEAR = 32 * sum(i * o for i, o in llama_layer_linears(4096, 11008, 32))
-LLAMA2_7B_OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096 + 2 * 64  # embeddings, head, norms, rotary buffers
+LLAMA2_7B_OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096  # embeddings, head, norms
+ROTARY_BYTES = 2 * 64 * FP32  # a head_dim of 128: inv_freq and its original copy
 
 
 def gpu_plan(target: str, draft: str | None, vram_gb: float, ram_gb: float, context: int | None = None,
@@ -62,12 +64,11 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
     memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64)
     placement = memory.placement
     assert placement.layers == (LLAMA2_70B_GPTQ_LAYER,) * 80
-    rotary = 2 * 64 * BF16  # inv_freq and its original copy
-    assert item(memory, "fixed parts") == 2 * 32000 * 8192 * BF16 + 8192 * BF16 + rotary
+    assert item(memory, "fixed parts") == 2 * 32000 * 8192 * BF16 + 8192 * BF16 + ROTARY_BYTES
     tokens = 4096 + TREE
     assert item(memory, "target KV cache") == kv_per_token(80, 8) * tokens == 327680 * tokens  # 320 KiB a token
     assert item(memory, "draft KV cache") == kv_per_token(32, 32) * tokens == 524288 * tokens  # 512 KiB: more
-    nf4 = LLAMA2_7B_OTHER * BF16 + sum(int(w * (0.5 + 4 / 64)) for w in [i * o for i, o in llama_layer_linears(
+    nf4 = LLAMA2_7B_OTHER * BF16 + ROTARY_BYTES + sum(int(w * (0.5 + 4 / 64)) for w in [i * o for i, o in llama_layer_linears(
         4096, 11008, 32)] * 32)
     assert memory.draft.quant == "nf4" and item(memory, "draft weights (") == nf4  # bf16's 13.5 GB leaves few residents
     assert item(memory, "CUDA context") == CUDA_MARGIN
@@ -85,7 +86,7 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
 
 def test_the_bf16_draft_alone_is_planned_when_it_is_the_only_choice():
     memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64, kinds=("none",))
-    assert item(memory, "draft weights (") == (LLAMA2_7B_PARAMS_LINEAR + LLAMA2_7B_OTHER) * BF16  # 13.5 GB
+    assert item(memory, "draft weights (") == (LLAMA2_7B_PARAMS_LINEAR + LLAMA2_7B_OTHER) * BF16 + ROTARY_BYTES  # 13.5 GB
     assert memory.placement.resident < 10
     assert_fits(memory, 24, 64)
 
@@ -169,7 +170,7 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
     tied = 151936 * 896  # the 0.5B's head is its embedding
     draft_params = tied + 24 * (2 * 896 + 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3) + 896
     biases = 24 * (896 + 128 + 128)  # Qwen2's q/k/v biases
-    assert item(memory, "draft weights (") == (draft_params + biases + 2 * 32) * BF16  # + rotary buffers
+    assert item(memory, "draft weights (") == (draft_params + biases) * BF16 + 2 * 32 * FP32  # + rotary buffers
     assert memory.placement.resident == 28 and not memory.placement.streamed
     assert memory.total("device") <= 24 * GB - RUNTIME_BYTES - OS_RESERVE
 

@@ -1,12 +1,13 @@
-"""Converting a GGUF file's Q4_K linears, once, into the packed int4 form the target multiplies.
+"""Converting a GGUF file's Q4_K linears and token embedding, once, into the packed int4 form the
+target multiplies (and looks its embeddings up in: quant/int4_embedding.py).
 
 The dense conversion (models/convert.py) expands every tensor to float32; this one keeps the linears
-that the GGUF stores as Q4_K in 4 bits. The directory it writes holds:
-  int4.safetensors   for each such linear, its Int4Weight (quant/int4_weight.py):
+and the embedding that the GGUF stores as Q4_K in 4 bits. The directory it writes holds:
+  int4.safetensors   for each such tensor's module, its Int4Weight (quant/int4_weight.py):
                        <module>.int4_nibbles uint8 [O, I/2], <module>.int4_scales and
                        <module>.int4_zeros float32 [G, O] (groups of 32)
   *.safetensors      links to the dense conversion's files, for every other tensor (norms,
-                     biases, embeddings, and the Q6_K linears, which no 4-bit kernel takes)
+                     biases, and the Q6_K linears and LM head, which no 4-bit kernel takes)
   config.json, the tokenizer's files, and the completion marker.
 Every Int4Weight is checked as it is written against the dense conversion's tensor, which
 transformers dequantized itself: bitwise, or within the bound gguf_int4 states for blocks whose d
@@ -27,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
 from specchat.diskspace import check_free_space, disk_full_is_one_line
-from specchat.models.marker import write_marker
+from specchat.models.marker import INT4_FORMAT, write_marker
 from specchat.models.staging import new_temp_dir
 from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
@@ -46,8 +47,8 @@ def convert_int4(gguf: Path, dense: Path, target: Path, reporter: Reporter) -> N
     try:
         count = write_int4(gguf, dense, temp, reporter)
         link_dense(dense, temp)
-        write_marker(temp, {"source": str(dense), "int4_linears": str(count), "transformers": transformers.__version__,
-                            "torch": torch.__version__})
+        write_marker(temp, {"source": str(dense), "int4_tensors": str(count), "format": INT4_FORMAT,
+                            "transformers": transformers.__version__, "torch": torch.__version__})
         os.rename(temp, target)
     except BaseException:
         shutil.rmtree(temp)  # a half-converted directory is useless
@@ -55,13 +56,14 @@ def convert_int4(gguf: Path, dense: Path, target: Path, reporter: Reporter) -> N
 
 
 def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> int:
-    """int4.safetensors of every Q4_K linear that the kernels take and that matches its dense
-    tensor; returns how many."""
+    """int4.safetensors of the Q4_K token embedding and every Q4_K linear that the kernels take,
+    each that matches its dense tensor; returns how many."""
     config = AutoConfig.from_pretrained(dense)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     names = hf_names(model)
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    embedding = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
     source = SafetensorsSource(dense)
     tensors: dict[str, Tensor] = {}
     candidates = [t for t in GGUFReader(gguf).tensors
@@ -70,7 +72,7 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
         for tensor in candidates:
             module = names[tensor.name].removesuffix(".weight")
             linear = linears.get(module)
-            if linear is not None and int4_fits(linear.in_features, linear.out_features, 32, CPU):
+            if module == embedding or linear is not None and int4_fits(linear.in_features, linear.out_features, 32, CPU):
                 weight = q4k_to_int4(tensor.data)
                 if matches(weight, source.get(names[tensor.name])):
                     tensors.update(int4_entries(module, weight))

@@ -17,7 +17,7 @@ from filelock import FileLock, Timeout
 
 from specchat.errors import SpecchatError
 from specchat.models.assemble import assemble
-from specchat.models.marker import is_converted
+from specchat.models.marker import is_converted, is_current_int4
 from specchat.models.parts import Part, locate_parts, numbered_parts
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.models.staging import leftovers
@@ -83,13 +83,14 @@ def ensure_embedded(alias: str, progress: bool, report: Report | None = None, in
     """
     model = embedded_model(alias)
     directory = int4_path(model) if int4 else converted_path(model)
-    if is_converted(directory):
+    ready = is_current_int4 if int4 else is_converted
+    if ready(directory):
         return directory
     reporter = Reporter(progress, report)
     with exclusive(model, reporter):
         if not is_converted(converted_path(model)):  # another process may have finished it while we waited
             build(model, reporter)
-        if int4 and not is_converted(directory):
+        if int4 and not is_current_int4(directory):
             build_int4(model, reporter)
     return directory
 
@@ -129,7 +130,7 @@ def build_int4(model: EmbeddedModel, reporter: Reporter) -> None:
     holds the lock."""
     for leftover in leftovers(int4_path(model)):
         remove(leftover)
-    if int4_path(model).exists():  # present but without its completion marker: incomplete
+    if int4_path(model).exists():  # present but incomplete, or of another format
         remove(int4_path(model))
     from specchat.models.convert_int4 import convert_int4  # torch and transformers: see build
 

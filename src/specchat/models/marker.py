@@ -5,10 +5,18 @@ import json
 from pathlib import Path
 
 MARKER = "specchat-converted.json"  # written last, before the rename: its presence means complete
+# What a 4-bit conversion holds (models/convert_int4.py): "2" adds the token embedding to the
+# linears; a directory of another format is converted again.
+INT4_FORMAT = "2"
 
 
 def is_converted(directory: Path) -> bool:
     return (directory / MARKER).is_file()
+
+
+def is_current_int4(directory: Path) -> bool:
+    """A complete 4-bit conversion of this code's format."""
+    return is_converted(directory) and json.loads((directory / MARKER).read_text()).get("format") == INT4_FORMAT
 
 
 def write_marker(directory: Path, record: dict[str, str]) -> None:

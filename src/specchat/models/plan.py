@@ -13,7 +13,7 @@ from specchat.limits import CONTEXT, DEFAULT_CONTEXT
 from specchat.models.configs import config_from_file, read_config
 from specchat.models.embedded import EMBEDDED, converted_path, int4_path
 from specchat.models.loading import ModelSource, resolve, stored_name
-from specchat.models.marker import is_converted
+from specchat.models.marker import is_converted, is_current_int4
 from specchat.offload.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
 from specchat.offload.build import OffloadPlan, plan_model
 from specchat.offload.demand import draft_weight_bytes, preparing_bytes, shape_of
@@ -82,6 +82,6 @@ def local_safetensors(source: ModelSource, int4: bool = False) -> Path | None:
     if source.kind == "embedded":
         model = EMBEDDED[source.location]
         directory = int4_path(model) if int4 else converted_path(model)
-        return directory if is_converted(directory) else None
+        return directory if (is_current_int4 if int4 else is_converted)(directory) else None
     return None
 

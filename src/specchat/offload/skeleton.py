@@ -16,6 +16,7 @@ from specchat.offload.sources import SafetensorsSource
 from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 from specchat.quant.int4 import Int4Linear, int4_tensors
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
+from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.int4_pack import pack
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
@@ -48,14 +49,18 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
 
 def replace_with_int4(model: PreTrainedModel, source: SafetensorsSource, dtype: torch.dtype,
                       kernel: torch.device) -> None:
-    """Swap each nn.Linear the checkpoint holds an Int4Weight for by an empty Int4Linear."""
+    """Swap each nn.Linear the checkpoint holds an Int4Weight for by an empty Int4Linear, and an
+    nn.Embedding by an empty Int4Embedding."""
     for name in int4_modules(source.names()):
-        linear = model.get_submodule(name)
+        module = model.get_submodule(name)
         groups = source.shape(name + INT4_SUFFIXES[1])[0]
         parent, _, child = name.rpartition(".")
         with torch.device("meta"):
-            packed = Int4Linear(linear.in_features, linear.out_features, linear.in_features // groups,
-                                linear.bias is not None, False, dtype, kernel)
+            if isinstance(module, nn.Embedding):
+                packed = Int4Embedding(module.num_embeddings, module.embedding_dim, groups, dtype)
+            else:
+                packed = Int4Linear(module.in_features, module.out_features, module.in_features // groups,
+                                    module.bias is not None, False, dtype, kernel)
         setattr(model.get_submodule(parent), child, packed)
 
 
