@@ -14,12 +14,12 @@ from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
-from specchat.models.draft_approx import approximate_draft
+from specchat.models.draft_approx import DroppedHead, approximate_draft
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
 from specchat.models.draft import DraftQuant, resolve_draft_quant
 from specchat.quant import int8
-from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Linear, dynamic_kernel, int8_rows, quantize_linears, seconds
+from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Embedding, Int8Linear, dynamic_kernel, int8_rows, quantize_linears, seconds
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
@@ -230,3 +230,25 @@ def test_int8_rows_is_the_widest_input_up_to_which_int8_always_wins(monkeypatch,
         return (1.0 if faster else 3.0) if isinstance(layer.layers[0], Int8Linear) else 2.0
     monkeypatch.setattr("specchat.quant.int8.seconds", seconds_of)
     assert int8_rows(torch.bfloat16) == wins_up_to
+
+
+def test_an_int8_embedding_row_is_within_half_a_step_of_the_dense_row():
+    torch.manual_seed(0)
+    weight = torch.randn(30, 16, dtype=torch.bfloat16)
+    embedding = Int8Embedding(weight)
+    ids = torch.tensor([[0, 29, 7], [7, 3, 3]])
+    rows = embedding(ids)
+    assert rows.shape == (2, 3, 16) and rows.dtype == torch.bfloat16 and embedding.rows.dtype == torch.int8
+    steps = embedding.scales[ids][..., None]
+    # the dense row to half a step, then one bf16 rounding of the product
+    assert ((rows.float() - weight[ids].float()).abs() <= steps / 2 + rows.float().abs() * 2**-8).all()
+
+
+def test_an_int8_draft_looks_up_int8_rows_and_lets_its_whole_head_go(tmp_path):
+    draft = approximated(1, tmp_path, vocab_size=20, int8=True)
+    assert isinstance(draft.model.get_input_embeddings(), Int8Embedding)
+    assert isinstance(draft.model.get_output_embeddings(), DroppedHead)
+    with pytest.raises(RuntimeError, match="sub-vocabulary"):
+        draft.model.get_output_embeddings()(torch.randn(1, 32, dtype=torch.float64))
+    whole = approximated(1, tmp_path, vocab_size=None, int8=True)
+    assert isinstance(whole.model.get_output_embeddings(), Int8Linear)

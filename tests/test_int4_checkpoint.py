@@ -19,6 +19,7 @@ from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_cache import cache_path
+from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.int4_checkpoint import INT4_FILE, INT4_SUFFIXES, int4_entries, int4_modules
 from specchat.quant.int4_weight import Int4Weight
 
@@ -37,8 +38,9 @@ def random_int4(out_features: int, in_features: int, generator: torch.Generator)
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """A tiny Qwen2 whose PACKED linears hold random Int4Weights: int4.safetensors holds them, and
-    the dense model.safetensors their float32 weights (the dense conversion's)."""
+    """A tiny Qwen2 whose PACKED linears and token embedding hold random Int4Weights:
+    int4.safetensors holds them, and the dense model.safetensors their float32 weights (the dense
+    conversion's)."""
     directory = tmp_path_factory.mktemp("int4")
     config = Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -49,8 +51,12 @@ def checkpoint(tmp_path_factory) -> Path:
     for name, module in model.named_modules():
         if name.rpartition(".")[2] in PACKED:
             weight = random_int4(module.out_features, module.in_features, generator)
-            module.weight.data = weight.dequantize()
-            tensors |= int4_entries(name, weight)
+        elif module is model.get_input_embeddings():  # a GGUF's Q4_K token embedding
+            weight = random_int4(module.num_embeddings, module.embedding_dim, generator)
+        else:
+            continue
+        module.weight.data = weight.dequantize()
+        tensors |= int4_entries(name, weight)
     model.save_pretrained(directory)
     save_file(tensors, str(directory / INT4_FILE))
     return directory
@@ -81,6 +87,16 @@ def test_it_loads_as_int4_linears_holding_the_dense_weights(checkpoint):
     torch.testing.assert_close(logits(CausalLM(loaded.model)), dense_logits(checkpoint), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_its_embedding_is_looked_up_in_4_bits_as_the_dense_rows(checkpoint, dtype):
+    loaded = load(str(checkpoint), dtype, progress=False)
+    embedding = loaded.model.get_input_embeddings()
+    assert isinstance(embedding, Int4Embedding) and not any(p.numel() > 10**4 for p in embedding.parameters())
+    dense = SafetensorsSource(checkpoint).get("model.embed_tokens.weight")
+    ids = torch.tensor([[0, 127, 5], [5, 64, 3]])
+    assert torch.equal(embedding(ids), dense[ids].to(dtype))
+
+
 def test_it_is_packed_once_per_machine_and_its_nibbles_then_left_unread(checkpoint, monkeypatch):
     kept = cache_path(checkpoint, "cpu")
     kept.unlink(missing_ok=True)
@@ -93,7 +109,9 @@ def test_it_is_packed_once_per_machine_and_its_nibbles_then_left_unread(checkpoi
     read = SafetensorsSource.get
 
     def no_nibbles(source, name):
-        assert not name.endswith(INT4_SUFFIXES[0]), f"read {name}, which the kept layout replaces"
+        # the embedding is looked up in its nibbles themselves: no kernel layout replaces them
+        packed_linear = name.endswith(INT4_SUFFIXES[0]) and not name.startswith("model.embed_tokens.")
+        assert not packed_linear, f"read {name}, which the kept layout replaces"
         return read(source, name)
 
     monkeypatch.setattr(skeleton, "pack", no_packing)

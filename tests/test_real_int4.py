@@ -22,6 +22,7 @@ from specchat.dsi.remote import RemoteVerifier
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.int4_probe import WidthChoice
 from specchat.runtime import encode_prompt
 
@@ -44,7 +45,7 @@ def test_the_packed_target_scores_prompts_as_the_dense_target(mtbench_prompts):
     gc.collect()
     packed = load(DEFAULT_TARGET, torch.float32, progress=False, int4=True).model
     linears = [m for m in packed.modules() if isinstance(m, Int4Linear)]
-    assert len(linears) == LINEARS
+    assert len(linears) == LINEARS and isinstance(packed.get_input_embeddings(), Int4Embedding)
     for linear in linears:
         linear.widths = WidthChoice(0, torch.float32)  # the chunked product at every width
     for ids, reference in zip(prompts, expected):

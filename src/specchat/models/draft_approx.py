@@ -2,14 +2,15 @@
 the draft may be approximated freely: a worse draft grows a worse tree (fewer tokens accepted),
 never a different output.
 
-- int8: every linear of the decoder layers and the LM head in int8 (quant/int8.py), on a CPU,
+- int8: every linear of the decoder layers and the LM head, and the input embedding's rows, in
+  int8 (quant/int8.py), on a CPU,
   where fbgemm's dynamic kernel (x86) multiplies faster than bf16 at every width, and the
   weight-only kernel reads a quarter of fp32's bytes. A layer's q/k/v projections, and its
   gate/up projections, run as one product each (quant/stacked.py).
 - sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
   (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
   vocab / vocab_size. The draft can then never propose a rarer token. The whole head, never read
-  again, is let go unless it is the input embedding too.
+  again, is let go (tied to the input embedding, its weight stays as that).
 
 A `DraftApprox` prepares a model as it loads (models/loading.py fills one decoder layer at a time
 and hands each over), so that only one layer's dense weights exist at once beside the int8 ones.
@@ -25,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
-from specchat.quant.int8 import Int8Linear, dense_linear, quantize_linears
+from specchat.quant.int8 import Int8Embedding, Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
 
 
@@ -54,6 +55,8 @@ class DraftApprox:
         read from, or stored once in, `directory`): before the decoder layers load, so that a
         whole head let go is gone before they arrive."""
         full = model.config.vocab_size
+        if self.int8:
+            self.prepare_embedding(model)
         if self.vocab_size is None or self.vocab_size >= full:
             if self.int8:
                 model.set_output_embeddings(Int8Linear(model.get_output_embeddings().weight.detach(), None,
@@ -62,8 +65,15 @@ class DraftApprox:
         stop_ids = self.stop_ids if self.stop_ids is not None else stop_token_ids(model, tokenizer)
         self.vocab = head_vocab(vocab_ranking(directory, tokenizer, full), self.vocab_size, sorted(stop_ids))
         self.head = sub_head(model, self.vocab, self.int8, self.dense_above)
-        if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
-            model.set_output_embeddings(DroppedHead())
+        model.set_output_embeddings(DroppedHead())
+
+    @staticmethod
+    def prepare_embedding(model: PreTrainedModel) -> None:
+        """The input embedding in int8 rows; a head tied to it keeps the dense weight until the
+        head is prepared from it."""
+        embedding = model.get_input_embeddings()
+        if isinstance(embedding, nn.Embedding):
+            model.set_input_embeddings(Int8Embedding(embedding.weight.detach()))
 
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's projections stacked and, under int8, its linears in int8."""

@@ -59,8 +59,8 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
     head (models/draft_approx.py) store them:
     none: as loaded (floating tensors in `dtype`, packed ones as they are);
     int8 (quant/int8.py): the decoder's linears as int8 with a scale per row, and their dense
-      copies beside when `dense_kept`; with the whole vocabulary the LM head too (a tied head's
-      embedding stays);
+      copies beside when `dense_kept`; the input embedding as int8 rows with a scale each; with
+      the whole vocabulary the LM head too (a tied head in a copy of its own);
     nf4 (bitsandbytes): every linear but the LM head at NF4_BYTES_PER_WEIGHT.
     `head_rows`: a head restricted to that many tokens, a copy of that many rows (in int8 under
     int8); the whole head is let go unless it is the input embedding too; None: the whole
@@ -70,6 +70,8 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
     layers = [m for m in model.get_decoder().modules() if isinstance(m, nn.Linear)]
     if quant == "int8":
         total += sum(int8_bytes(m) - (0 if dense_kept else m.weight.numel() * dtype.itemsize) for m in layers)
+        embedding = model.get_input_embeddings().weight
+        total += int8_bytes(model.get_input_embeddings()) - embedding.numel() * dtype.itemsize
     elif quant == "nf4":
         linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
         total -= sum(m.weight.numel() * dtype.itemsize - int(m.weight.numel() * NF4_BYTES_PER_WEIGHT) for m in linears)

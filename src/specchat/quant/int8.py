@@ -81,6 +81,26 @@ class Int8Linear(nn.Module):
         return self.int8_rows().to(self.scales.dtype) * self.scales[:, None]
 
 
+class Int8Embedding(nn.Module):
+    """An embedding lookup over int8 rows q [V, H] with a scale s_v per row, as Int8Linear stores
+    a weight: row v = s_v q_v, within s_v / 2 of the dense row per weight (a draft approximation)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        scales = weight.detach().float().abs().amax(dim=1).clamp(min=1e-12) / 127
+        self.register_buffer("rows", torch.empty(weight.shape, dtype=torch.int8, device=weight.device))
+        for block in row_blocks(weight.shape[0], DEQUANT_ROWS * 16):  # a float32 copy of a block, not of all
+            self.rows[block] = (weight[block].float() / scales[block, None]).round().clamp(-127, 127).to(torch.int8)
+        self.register_buffer("scales", scales)
+        self.dtype = weight.dtype
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = self.rows[flat].float() * self.scales[flat, None]
+        return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
 def has_int8_kernel(device: torch.device) -> bool:
     """Whether torch's weight-only int8 kernel is built for `device` (CPU always; CUDA in builds
     that ship it): asked of the dispatcher, never assumed."""
