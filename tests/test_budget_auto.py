@@ -1,6 +1,8 @@
 """--budget auto through the engine and the Models bundle: exact tokens, trees sized by the costs,
 live switching, the probe and its cache."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_engines import run
@@ -77,3 +79,13 @@ def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):
     assert read_costs(path) == streamed
     assert probe_path(cpu, {"target": "a", "draft": "c"}) != path
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+
+
+def test_auto_trees_stay_within_the_tree_the_memory_plan_made_room_for(tiny_target, tiny_draft):
+    """A plan that shrank the largest tree to fit (offload/budget.py) caps --budget auto there."""
+    plan = SimpleNamespace(tree_tokens=257)  # a 256-token tree and its root
+    models = Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=512,
+                    target=tiny_target, draft=tiny_draft, offload=object(), memory=plan)
+    assert models.auto_cap() == 256  # the sizer's cap (Models.sizer)
+    models.memory = SimpleNamespace(tree_tokens=4097)
+    assert models.auto_cap() == 1024  # the offloaded CPU cap, where the plan made room for more

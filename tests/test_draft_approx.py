@@ -252,3 +252,13 @@ def test_an_int8_draft_looks_up_int8_rows_and_lets_its_whole_head_go(tmp_path):
         draft.model.get_output_embeddings()(torch.randn(1, 32, dtype=torch.float64))
     whole = approximated(1, tmp_path, vocab_size=None, int8=True)
     assert isinstance(whole.model.get_output_embeddings(), Int8Linear)
+
+
+def test_rows_quantized_a_block_at_a_time_are_the_whole_weights(monkeypatch):
+    torch.manual_seed(0)
+    weight = torch.randn(50, 24, dtype=torch.bfloat16)
+    whole_scales = weight.float().abs().amax(dim=1) / 127
+    whole = (weight.float() / whole_scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+    monkeypatch.setattr(int8, "QUANT_ROWS", 7)  # 7 blocks, the last one short
+    quantized, scales = int8.quantize_rows(weight)
+    assert torch.equal(quantized, whole) and torch.equal(scales, whole_scales)

@@ -1,6 +1,7 @@
 """The paper's pairs planned on virtual machines, from the shipped configs alone. Every byte count
 asserted here is the configs' arithmetic written out below, not the plan's own output."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -177,17 +178,41 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
 
 def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():
     """The draft loads one decoder layer at a time and turns it int8 (models/layerwise.py): above its
-    int8 weights it holds one layer's dense weights and their stacked copy, and the int8 copy's
-    float32 temporaries of its largest stack (gate and up); the plan keeps that room (a ring placed
-    before the draft loads leaves it), and nothing for a dense draft."""
+    int8 weights it holds one layer's dense weights, the stacked copy of gate and up, that stack's
+    int8 rows twice (quantized, then packed) and three float32 temporaries of 1024 rows of the
+    widest input (down's 4864); the plan keeps that room (a ring placed before the draft loads
+    leaves it), and nothing for a dense draft."""
     cpu = torch.device("cpu")
     dense, int8 = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none", "int8"), False, 32768, cpu)
     rooms = described_rooms(None, 24 * GB)
     layer = 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3  # q, o; k, v; gate, up, down
-    expected = 2 * layer * BF16 + 3 * (2 * 896 * 4864) * 4
+    stack = 2 * 896 * 4864  # gate and up
+    expected = (layer + stack) * BF16 + 2 * stack + 3 * 1024 * 4864 * 4
     for draft in (dense, int8):
         plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=(draft,))
         memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, plan, None, rooms)
         excess = [entry.nbytes for entry in memory.items if entry.what.startswith("the draft's layer while")]
         assert excess == ([expected] if draft is int8 else [])
     assert int8.prepare_bytes == expected and dense.prepare_bytes == 0
+
+
+def test_auto_shrinks_the_largest_tree_before_the_context_and_says_so():
+    """Where the default pair's smallest ring does not fit beside a 1024-token tree's pass, auto
+    takes the first smaller tree (auto's halves) that fits, keeping the default context."""
+    cpu = torch.device("cpu")
+    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("int8",), False, 32768, cpu)
+
+    def plan(rooms, tree: int, smaller: tuple[int, ...] = ()):
+        ask = OffloadPlan(tier="disk", offload_dir=Path("/nonexistent"), resident_layers=0, slots=2,
+                          tree_tokens=tree, smaller_trees=smaller, drafts=drafts)
+        return plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, ask, None, rooms)
+
+    ample = described_rooms(None, 24 * GB)
+    need = {tree: plan(ample, tree).total("device") for tree in (1025, 513, 257, 129)}
+    assert need[1025] > need[513] > need[257] > need[129]
+    room = (need[513] + need[257]) // 2  # a 256-token tree fits, a 512-token one does not
+    rooms = replace(ample, device=room)
+    memory = plan(rooms, 1025, (513, 257, 129))
+    assert memory.tree_tokens == 257 and memory.context == 4096
+    assert "trees of at most 256 tokens: 1024 do not fit" in memory.notes
+    assert plan(rooms, 1025).context < 4096  # without smaller trees, the context gives way

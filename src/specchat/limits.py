@@ -83,6 +83,18 @@ def auto_cap(cuda: bool, offloaded: bool) -> int:
     return 1024 if cuda else 128
 
 
+SMALLEST_AUTO_TREE = 128  # the in-memory CPU cap; a memory plan shrinks auto's cap no further
+
+
+def auto_trees(cap: int) -> tuple[int, ...]:
+    """The largest passes (a tree and its root) a memory plan may give --budget auto under `cap`:
+    the cap's, then halves down to SMALLEST_AUTO_TREE."""
+    trees = [cap]
+    while trees[-1] // 2 >= SMALLEST_AUTO_TREE:
+        trees.append(trees[-1] // 2)
+    return tuple(tree + 1 for tree in trees)
+
+
 def reply_limit(prompt_tokens: int, max_new_tokens: int, context_tokens: int) -> int:
     """New tokens a reply may have after a prompt of `prompt_tokens` in the target's context:
     `max_new_tokens`, or less where the context ends; a prompt that leaves no room is refused."""

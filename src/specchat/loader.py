@@ -15,7 +15,7 @@ from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
 from specchat.heap_trim import release_free_heap
-from specchat.limits import auto_cap
+from specchat.limits import auto_cap, auto_trees
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
@@ -177,13 +177,15 @@ def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (
     (plus the root a pass scores with it)."""
     cuda = device.type == "cuda"
     budget = options.budget if isinstance(options.budget, int) else 0
+    trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
     return OffloadPlan(
         tier=options.offload,
         offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else cache_dir() / "offload",
         resident_layers=options.resident_layers,
         ram_budget=gb_to_bytes(options.ram_budget),
         vram_budget=gb_to_bytes(options.vram_budget),
-        tree_tokens=max(auto_cap(cuda=cuda, offloaded=True), budget) + 1,
+        tree_tokens=max(trees[0], budget + 1),
+        smaller_trees=tuple(tree for tree in trees[1:] if tree > budget),  # never below a --budget given
         drafts=drafts,
     )
 

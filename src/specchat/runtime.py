@@ -118,7 +118,8 @@ class Models:
         return AutoSizer(self.costs, self.auto_cap())
 
     def auto_cap(self) -> int:
-        return auto_cap(cuda=self.device.type == "cuda", offloaded=self.offload is not None)
+        """auto's largest tree: the device's cap, or the smaller tree the memory plan made room for."""
+        return min(auto_cap(cuda=self.device.type == "cuda", offloaded=self.offload is not None), self.max_budget())
 
     def max_budget(self) -> int:
         """The largest draft tree the memory plan made room for (its pass scores the root too)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.limits import auto_cap
+from specchat.limits import auto_cap, auto_trees
 from specchat.models.loading import has_int4, resolve
 from specchat.models.plan import draft_candidates, draft_kinds, plan_target
 from specchat.offload.budget import MemoryPlan, described_rooms
@@ -52,8 +52,9 @@ def plan_pair(target: str, draft: str | None, context: int | None, machine: Mach
     dtype = torch.bfloat16
     kinds = ("none", "nf4") if cuda and machine.described else draft_kinds("auto", device, None if cuda else "int8")
     drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, False, None, device)
+    trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
     plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
-                       tree_tokens=auto_cap(cuda=cuda, offloaded=True) + 1, drafts=drafts)
+                       tree_tokens=trees[0], smaller_trees=trees[1:], drafts=drafts)
     if machine.described:
         rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb))
     memory = plan_target(target, dtype, device, plan, context, rooms, int4=has_int4(resolve(target)))

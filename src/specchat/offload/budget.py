@@ -69,6 +69,7 @@ class Ask:
     workspace: int  # the quantized kernels' largest temporary (quant's stated bound)
     request: Request = Request()
     cuda: bool = False
+    smaller_trees: tuple[int, ...] = ()  # largest passes auto may fall back to, in order, before a smaller context
 
 
 @dataclass(frozen=True)
@@ -86,19 +87,24 @@ class MemoryPlan:
 
 
 def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
-    """The plan for the first context (in `ask`'s order) at which some draft fits, with the draft
-    that streams least there; one-line SpecchatError when none does."""
+    """The plan for the first context (in `ask`'s order) and, within it, the first largest tree
+    at which some draft fits, with the draft that streams least there; one-line SpecchatError when
+    none does. A smaller tree comes before a smaller context: --budget auto grows trees of tens to
+    a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat."""
+    trees = (ask.tree_tokens, *ask.smaller_trees)
     for context in ask.contexts:
-        plans = []
-        for draft in ask.drafts:
-            try:
-                plans.append(plan_one(target, ask, rooms, context, draft))
-            except SpecchatError:
-                continue  # another draft or a smaller context may fit; the refusal says why none did
-        if plans:
-            best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
-            return replace(best, notes=choices(ask, best, plans))
-    raise refusal(target, ask, rooms)
+        for tree in trees:
+            sized = replace(ask, tree_tokens=tree)
+            plans = []
+            for draft in ask.drafts:
+                try:
+                    plans.append(plan_one(target, sized, rooms, context, draft))
+                except SpecchatError:
+                    continue  # another draft, tree or context may fit; the refusal says why none did
+            if plans:
+                best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
+                return replace(best, notes=choices(ask, best, plans))
+    raise refusal(target, replace(ask, tree_tokens=trees[-1]), rooms)
 
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
@@ -175,6 +181,8 @@ def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
 def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, ...]:
     """What auto chose, in words, when it had a choice."""
     notes = []
+    if best.tree_tokens != ask.tree_tokens:
+        notes.append(f"trees of at most {best.tree_tokens - 1} tokens: {ask.tree_tokens - 1} do not fit")
     if best.context != ask.contexts[0]:
         notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
     if len(ask.drafts) > 1 and best.draft is not None:

@@ -47,6 +47,7 @@ class OffloadPlan:
     ram_budget: int | None = None  # bytes of RAM specchat may take; None: what the process may take
     vram_budget: int | None = None  # bytes of GPU memory specchat may take; None: what is free
     tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
+    smaller_trees: tuple[int, ...] = ()  # smaller largest trees auto may fall back to, in order
     contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
     drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate quantizations, preferred first
 
@@ -156,7 +157,7 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
     resident = len(layouts) if plan.tier == "none" else plan.resident_layers
     tier = "auto" if plan.tier == "none" else plan.tier
     ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(model, plan.tree_tokens, dtype),
-              Request(tier, resident, plan.slots), cuda=device.type == "cuda")
+              Request(tier, resident, plan.slots), cuda=device.type == "cuda", smaller_trees=plan.smaller_trees)
     return plan_memory(Target(sizes, shape_of(model.config, dtype)), ask, rooms)
 
 

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specchat.quant.int8 import QUANT_ROWS
+
 # bitsandbytes' nf4: 4 bits a weight plus one fp32 absmax per block of 64 (no double quantization).
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
 INT8_SCALE_BYTES = 4  # quant/int8.py: one fp32 scale per output row
@@ -87,13 +89,16 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
 
 
 def preparing_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
-    """Bytes a draft holds above its int8 weights while it loads (models/layerwise.py): one decoder
-    layer's dense weights in `dtype` and their stacked copy (quant/stacked.py), then the int8
-    copy's float32 temporaries (up to three) of its largest stack, bounded by its two largest
-    linears together (quant/int8.py). An upper bound."""
+    """Bytes a draft holds above its int8 weights while it loads (models/layerwise.py), an upper
+    bound: one decoder layer's dense weights in `dtype` and the stacked copy of its largest stack
+    (quant/stacked.py), bounded by its two largest linears together; that stack's int8 rows twice
+    more (the quantized tensor fbgemm packs from, and its packed copy); and quantize_rows' float32
+    temporaries, up to three of QUANT_ROWS rows of the widest input."""
     layer = model.get_decoder().layers[0]
-    sizes = sorted(m.weight.numel() for m in layer.modules() if isinstance(m, nn.Linear))
-    return 2 * sum(sizes) * dtype.itemsize + 3 * sum(sizes[-2:]) * 4
+    linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+    sizes = sorted(m.weight.numel() for m in linears)
+    widest = max(m.in_features for m in linears)
+    return (sum(sizes) + sum(sizes[-2:])) * dtype.itemsize + 2 * sum(sizes[-2:]) + 3 * QUANT_ROWS * widest * 4
 
 
 def int8_bytes(linear: nn.Linear) -> int:

@@ -26,6 +26,7 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 line
 # when in_features is not a multiple of 16; every real model's widths are multiples of 64.
 KERNEL_IN_MULTIPLE = 16
 DEQUANT_ROWS = 1024  # output rows dequantized at once where no int8 kernel runs: 1024 x in_features temporary
+QUANT_ROWS = 1024  # rows quantized at once: float32 temporaries of 1024 x in_features (quantize_rows)
 PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
 # Distinct weights the probe cycles through, 70 MB in bf16: a model's forward reads its weights from
 # memory, and a single 8.7 MB weight would sit in many CPUs' last-level cache and favour the dense
@@ -45,8 +46,7 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dense_above: int | None = None,
                  dynamic: bool = True) -> None:
         super().__init__()
-        scales = weight.detach().float().abs().amax(dim=1).clamp(min=1e-12) / 127
-        quantized = (weight.detach().float() / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        quantized, scales = quantize_rows(weight.detach())
         # fbgemm's packed copy replaces the int8 rows where its kernel runs: one copy in memory
         self.packed = pack_dynamic(quantized, scales, bias) if dynamic and dynamic_kernel(weight.device) else None
         self.register_buffer("weight", quantized if self.packed is None else None)
@@ -87,10 +87,8 @@ class Int8Embedding(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        scales = weight.detach().float().abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.register_buffer("rows", torch.empty(weight.shape, dtype=torch.int8, device=weight.device))
-        for block in row_blocks(weight.shape[0], DEQUANT_ROWS * 16):  # a float32 copy of a block, not of all
-            self.rows[block] = (weight[block].float() / scales[block, None]).round().clamp(-127, 127).to(torch.int8)
+        rows, scales = quantize_rows(weight.detach())
+        self.register_buffer("rows", rows)
         self.register_buffer("scales", scales)
         self.dtype = weight.dtype
         self.num_embeddings, self.embedding_dim = weight.shape
@@ -99,6 +97,19 @@ class Int8Embedding(nn.Module):
         flat = ids.reshape(-1)
         rows = self.rows[flat].float() * self.scales[flat, None]
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 q [out, in] and float32 scales s [out] with s_j = max|w_j| / 127, q_j = round(w_j / s_j),
+    computed QUANT_ROWS rows at a time: the float32 temporaries are a block's, never the whole
+    weight's (a draft loading layer by layer holds little else beside its int8 layers)."""
+    quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    for block in row_blocks(weight.shape[0], QUANT_ROWS):
+        rows = weight[block].float()
+        scales[block] = rows.abs().amax(dim=1).clamp(min=1e-12) / 127
+        quantized[block] = (rows / scales[block, None]).round().clamp(-127, 127).to(torch.int8)
+    return quantized, scales
 
 
 def has_int8_kernel(device: torch.device) -> bool:
