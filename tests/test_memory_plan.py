@@ -179,7 +179,7 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
 def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():
     """The draft loads one decoder layer at a time and turns it int8 (models/layerwise.py): above its
     int8 weights it holds one layer's dense weights, the stacked copy of gate and up, that stack's
-    int8 rows twice (quantized, then packed) and three float32 temporaries of 1024 rows of the
+    int8 rows twice (quantized, then packed) and three float32 temporaries of 256 rows of the
     widest input (down's 4864); the plan keeps that room (a ring placed before the draft loads
     leaves it), and nothing for a dense draft."""
     cpu = torch.device("cpu")
@@ -187,7 +187,7 @@ def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():
     rooms = described_rooms(None, 24 * GB)
     layer = 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3  # q, o; k, v; gate, up, down
     stack = 2 * 896 * 4864  # gate and up
-    expected = (layer + stack) * BF16 + 2 * stack + 3 * 1024 * 4864 * 4
+    expected = (layer + stack) * BF16 + 2 * stack + 3 * 256 * 4864 * 4
     for draft in (dense, int8):
         plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=(draft,))
         memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, plan, None, rooms)

@@ -31,7 +31,7 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
     `vocab_size` most frequent tokens (None: all), prepared as it loads (models/layerwise.py);
     `quantization` loads it through bitsandbytes."""
     reporter.step(f"loading the draft {spec} ({describe(quant, vocab_size)})")
-    approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above)
+    approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype)
     draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device,
                  preparation=approx)
     check_tokenizers_compatible(draft.tokenizer, target_tokenizer)

@@ -47,33 +47,44 @@ class DraftApprox:
     vocab_size: int | None
     dense_above: int | None = None
     stop_ids: frozenset[int] | None = None
+    dtype: torch.dtype | None = None  # the draft's; None: its weights' as they reach prepare_head
     vocab: torch.Tensor | None = None  # set by prepare_head when the head scores a sub-vocabulary
     head: nn.Module | None = None
+
+    def mapped(self, model: PreTrainedModel) -> frozenset[str]:
+        """Under int8 the input embedding and the LM head are replaced by int8 copies (or a
+        sub-vocabulary's rows): they are read straight from the checkpoint's file, a block of rows
+        at a time, never whole in the model's dtype."""
+        if not self.int8:
+            return frozenset()
+        return frozenset(name + ".weight" for name, module in model.named_modules()
+                         if module is model.get_input_embeddings() or module is model.get_output_embeddings())
 
     def prepare_head(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
         """The LM head as the draft scores with it, its tokens ranked on `tokenizer` (the ranking
         read from, or stored once in, `directory`): before the decoder layers load, so that a
         whole head let go is gone before they arrive."""
         full = model.config.vocab_size
+        dtype = self.dtype or model.get_input_embeddings().weight.dtype
         if self.int8:
-            self.prepare_embedding(model)
+            self.prepare_embedding(model, dtype)
         if self.vocab_size is None or self.vocab_size >= full:
             if self.int8:
-                model.set_output_embeddings(Int8Linear(model.get_output_embeddings().weight.detach(), None,
-                                                       self.dense_above))
+                weight = model.get_output_embeddings().weight.detach()
+                model.set_output_embeddings(Int8Linear(weight, None, self.dense_above, dtype=dtype))
             return
         stop_ids = self.stop_ids if self.stop_ids is not None else stop_token_ids(model, tokenizer)
         self.vocab = head_vocab(vocab_ranking(directory, tokenizer, full), self.vocab_size, sorted(stop_ids))
-        self.head = sub_head(model, self.vocab, self.int8, self.dense_above)
+        self.head = sub_head(model, self.vocab, self.int8, self.dense_above, dtype)
         model.set_output_embeddings(DroppedHead())
 
     @staticmethod
-    def prepare_embedding(model: PreTrainedModel) -> None:
-        """The input embedding in int8 rows; a head tied to it keeps the dense weight until the
-        head is prepared from it."""
+    def prepare_embedding(model: PreTrainedModel, dtype: torch.dtype) -> None:
+        """The input embedding in int8 rows, looked up in `dtype`; a head tied to it keeps the
+        dense weight until the head is prepared from it."""
         embedding = model.get_input_embeddings()
         if isinstance(embedding, nn.Embedding):
-            model.set_input_embeddings(Int8Embedding(embedding.weight.detach()))
+            model.set_input_embeddings(Int8Embedding(embedding.weight.detach(), dtype))
 
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's projections stacked and, under int8, its linears in int8."""
@@ -89,17 +100,18 @@ def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
                       vocab_size: int | None, stop_ids: frozenset[int], dense_above: int | None = None) -> CausalLM:
     """`model`, loaded whole, as a draft approximated as `DraftApprox` says (its layers one at a
     time: a float32 1.5B's stacks alone are 3.4 GB)."""
-    approx = DraftApprox(int8, vocab_size, dense_above, stop_ids)
+    approx = DraftApprox(int8, vocab_size, dense_above, stop_ids, model.get_input_embeddings().weight.dtype)
     approx.prepare_head(model, tokenizer, directory)
     for layer in model.get_decoder().layers:
         approx.prepare_layer(layer)
     return approx.draft(model)
 
 
-def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_above: int | None) -> nn.Module:
-    """The LM head's rows for `vocab` (a copy: the embedding it may be tied to stays whole)."""
+def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_above: int | None,
+             dtype: torch.dtype) -> nn.Module:
+    """The LM head's rows for `vocab`, in `dtype` (a copy: the embedding it may be tied to stays whole)."""
     weight = model.get_output_embeddings().weight.detach()
-    rows = weight[vocab.to(weight.device)].clone()
+    rows = weight[vocab.to(weight.device)].to(dtype)
     if int8:
         return Int8Linear(rows, None, dense_above)
     return dense_linear(rows)

@@ -70,6 +70,7 @@ class Ask:
     request: Request = Request()
     cuda: bool = False
     smaller_trees: tuple[int, ...] = ()  # largest passes auto may fall back to, in order, before a smaller context
+    smaller_workspaces: tuple[int, ...] = ()  # the workspace at each of smaller_trees; (): `workspace` at each
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,10 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     none does. A smaller tree comes before a smaller context: --budget auto grows trees of tens to
     a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat."""
     trees = (ask.tree_tokens, *ask.smaller_trees)
+    workspaces = (ask.workspace, *(ask.smaller_workspaces or (ask.workspace,) * len(ask.smaller_trees)))
     for context in ask.contexts:
-        for tree in trees:
-            sized = replace(ask, tree_tokens=tree)
+        for tree, workspace in zip(trees, workspaces, strict=True):
+            sized = replace(ask, tree_tokens=tree, workspace=workspace)
             plans = []
             for draft in ask.drafts:
                 try:
@@ -104,7 +106,7 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
             if plans:
                 best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
                 return replace(best, notes=choices(ask, best, plans))
-    raise refusal(target, replace(ask, tree_tokens=trees[-1]), rooms)
+    raise refusal(target, replace(ask, tree_tokens=trees[-1], workspace=workspaces[-1]), rooms)
 
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:

@@ -141,14 +141,20 @@ def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.devi
 
 
 def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
-                  device: torch.device) -> None:
-    """Load everything outside the decoder layers: embeddings, final norm, LM head, rotary."""
+                  device: torch.device, mapped: frozenset[str] = frozenset()) -> None:
+    """Load everything outside the decoder layers: embeddings, final norm, LM head, rotary. The
+    parameters named in `mapped` are left as the checkpoint's memory-mapped tensors, as stored (no
+    cast, no copy: file pages, not the process's memory), for a preparation to replace."""
     tied = tied_head(model)
 
     def wanted(name: str) -> bool:  # a module's name ends with ".": its own tensors are not in the checkpoint
-        return not name.startswith(layers_name + ".") and name != tied and (name.endswith(".") or name in source.where)
+        return not name.startswith(layers_name + ".") and name != tied and name not in mapped and \
+            (name.endswith(".") or name in source.where)
 
     fill(model, layer_tensors(model, "", source, dtype, wanted), device)
+    for name in mapped - {tied}:
+        owner_name, _, leaf = name.rpartition(".")
+        model.get_submodule(owner_name)._parameters[leaf] = nn.Parameter(source.get(name), requires_grad=False)
     if model.config.tie_word_embeddings:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     rebuild_computed_buffers(model, device)

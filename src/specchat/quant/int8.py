@@ -26,7 +26,7 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 line
 # when in_features is not a multiple of 16; every real model's widths are multiples of 64.
 KERNEL_IN_MULTIPLE = 16
 DEQUANT_ROWS = 1024  # output rows dequantized at once where no int8 kernel runs: 1024 x in_features temporary
-QUANT_ROWS = 1024  # rows quantized at once: float32 temporaries of 1024 x in_features (quantize_rows)
+QUANT_ROWS = 256  # rows quantized at once: float32 temporaries of 256 x in_features (quantize_rows)
 PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
 # Distinct weights the probe cycles through, 70 MB in bf16: a model's forward reads its weights from
 # memory, and a single 8.7 MB weight would sit in many CPUs' last-level cache and favour the dense
@@ -44,15 +44,16 @@ class Int8Linear(nn.Module):
     the dense `weight`, kept beside the int8 copy."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dense_above: int | None = None,
-                 dynamic: bool = True) -> None:
+                 dynamic: bool = True, dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        dtype = dtype or weight.dtype  # of the scales and the dense copy (`weight` may be a float32 file's)
         quantized, scales = quantize_rows(weight.detach())
         # fbgemm's packed copy replaces the int8 rows where its kernel runs: one copy in memory
         self.packed = pack_dynamic(quantized, scales, bias) if dynamic and dynamic_kernel(weight.device) else None
         self.register_buffer("weight", quantized if self.packed is None else None)
-        self.register_buffer("scales", scales.to(weight.dtype))
+        self.register_buffer("scales", scales.to(dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.register_buffer("dense", None if dense_above is None else weight.detach())
+        self.register_buffer("dense", None if dense_above is None else weight.detach().to(dtype))
         self.dense_above = dense_above
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
@@ -85,12 +86,12 @@ class Int8Embedding(nn.Module):
     """An embedding lookup over int8 rows q [V, H] with a scale s_v per row, as Int8Linear stores
     a weight: row v = s_v q_v, within s_v / 2 of the dense row per weight (a draft approximation)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         rows, scales = quantize_rows(weight.detach())
         self.register_buffer("rows", rows)
         self.register_buffer("scales", scales)
-        self.dtype = weight.dtype
+        self.dtype = dtype or weight.dtype  # of the rows looked up
         self.num_embeddings, self.embedding_dim = weight.shape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
