@@ -7,7 +7,7 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
 from specchat.errors import SpecchatError
-from specchat.models.compat import check_tokenizers_compatible
+from specchat.models.compat import check_tokenizers_compatible, same_tokenizer_files
 
 WORDS = ["<unk>", "hello", "world", "def", "return", "<eos>", "<end>"]
 
@@ -40,3 +40,18 @@ def test_different_ids_are_detected() -> None:
 def test_different_eos_is_detected() -> None:
     with pytest.raises(SpecchatError, match="eos '<eos>' \\(id 5\\) vs '<end>' \\(id 6\\)"):
         check_tokenizers_compatible(make_tokenizer(WORDS), make_tokenizer(WORDS, eos="<end>"))
+
+
+def test_tokenizer_files_are_the_same_only_when_every_one_is_byte_identical(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for directory in (first, second):
+        directory.mkdir()
+        (directory / "tokenizer.json").write_text('{"model": {}}')
+        (directory / "tokenizer_config.json").write_text("{}")
+    (first / "chat_template.jinja").write_text("{{ messages }}")  # a chat template is not the tokens
+    assert same_tokenizer_files(first, second)
+    (second / "special_tokens_map.json").write_text("{}")  # present in one only
+    assert not same_tokenizer_files(first, second)
+    (first / "special_tokens_map.json").write_text('{"eos_token": "x"}')  # present in both, different
+    assert not same_tokenizer_files(first, second)
+    assert not same_tokenizer_files(tmp_path, tmp_path)  # no tokenizer at all

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import AUTO
 from specchat.decoding.stopping import stop_token_ids
@@ -19,7 +20,7 @@ from specchat.limits import auto_cap, auto_trees
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
-from specchat.models.plan import contexts_for, draft_candidates, draft_kinds, plan_target
+from specchat.models.plan import contexts_for, draft_candidates, draft_kinds, local_tokenizer, plan_target
 from specchat.offload.budget import MemoryPlan
 from specchat.offload.build import Offload, OffloadPlan
 from specchat.offload.links import read_links
@@ -53,9 +54,11 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     if "dsi" in names and options.ray_address is not None:
         models, draft_quant = load_ray_models(options, device, dtype, reporter), measured
     else:
+        tokenizer = local_tokenizer(options.target, packed_target(options))  # held before the plan measures
         memory = plan_run(options, device, dtype, measured, reporter)
         draft_quant = chosen_draft_quant(memory, measured)
-        models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter)
+        models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter,
+                                   tokenizer=tokenizer)
     try:
         release_free_heap()  # the target load's temporaries, before the draft's pile on them
         if drafted:
@@ -119,10 +122,10 @@ def options_for(options: EngineOptions, name: str) -> EngineOptions:
 
 
 def load_local_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,
-                      with_workers: bool, reporter: Reporter) -> Models:
-    """The target here (in memory or offloaded, as `memory` places it), and dsi's thread workers
-    over it if asked."""
-    target, offload = load_target(options, device, dtype, memory, reporter)
+                      with_workers: bool, reporter: Reporter, tokenizer: PreTrainedTokenizerBase | None = None) -> Models:
+    """The target here (in memory or offloaded, as `memory` places it, its `tokenizer` when already
+    loaded), and dsi's thread workers over it if asked."""
+    target, offload = load_target(options, device, dtype, memory, reporter, tokenizer)
     target_lm = CausalLM(target.model, offload)
     workers = None
     if with_workers:
@@ -145,14 +148,14 @@ def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.d
 
 
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,
-                reporter: Reporter) -> tuple[LoadedModel, Offload | None]:
+                reporter: Reporter, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[LoadedModel, Offload | None]:
     """The target in device memory when the plan streams nothing, else with its decoder layers
-    placed as the plan says."""
+    placed as the plan says; its `tokenizer` when already loaded."""
     int4 = packed_target(options)
     if not memory.placement.streamed:
-        return load_in_memory(options.target, device, dtype, reporter, int4), None
+        return load_in_memory(options.target, device, dtype, reporter, int4, tokenizer), None
     plan = replace(offload_plan(options, device, (memory.draft,)), contexts=(memory.context,))
-    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4)
+    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4, tokenizer)
 
 
 def packed_target(options: EngineOptions) -> bool:
@@ -165,8 +168,8 @@ def packed_target(options: EngineOptions) -> bool:
 
 
 def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter,
-                   int4: bool = False) -> LoadedModel:
-    target = load(spec, dtype, reporter.bars, reporter.report, device=device, int4=int4)
+                   int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None) -> LoadedModel:
+    target = load(spec, dtype, reporter.bars, reporter.report, device=device, int4=int4, tokenizer=tokenizer)
     reporter.step(f"moving {target.name} to {device.type}")
     target.model.to(device)
     return target

@@ -33,8 +33,9 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
     reporter.step(f"loading the draft {spec} ({describe(quant, vocab_size)})")
     approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype)
     draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device,
-                 preparation=approx)
-    check_tokenizers_compatible(draft.tokenizer, target_tokenizer)
+                 preparation=approx, tokenizer=target_tokenizer)
+    if draft.tokenizer is not target_tokenizer:  # else its files are the target's
+        check_tokenizers_compatible(draft.tokenizer, target_tokenizer)
     if quantization is None:
         draft.model.to(device)  # loaded straight onto it, unless transformers loaded a GGUF
     return approx.draft(draft.model)

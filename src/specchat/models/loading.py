@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specchat.errors import SpecchatError
+from specchat.models.compat import same_tokenizer_files
 from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
 from specchat.models.layerwise import Preparation, load_layer_by_layer, prepare_loaded
@@ -83,7 +84,7 @@ def check_not_pickled(spec: str) -> None:
 
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
          quantization: object | None = None, device: torch.device | None = None, int4: bool = False,
-         preparation: Preparation | None = None) -> LoadedModel:
+         preparation: Preparation | None = None, tokenizer: PreTrainedTokenizerBase | None = None) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
@@ -91,12 +92,14 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     `int4` loads an embedded model from its 4-bit weights (`has_int4`), packed for `device`.
     A `preparation` (the draft's approximations) is applied as the model loads: a safetensors
     checkpoint is then read one decoder layer at a time, straight onto `device`.
+    A `tokenizer` already loaded from byte-identical files (models/compat.py) is used again.
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)
     reporter.step(f"loading {source.name}")
     directory, gguf_file = materialize(source, reporter, int4)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    if gguf_file is not None or reused_tokenizer(tokenizer, directory) is None:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     if gguf_file is None and (is_gptq(directory) or is_int4(directory)):
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
         # GPTQ kernel library, and expands a GGUF's).
@@ -118,6 +121,13 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     if preparation is not None:
         prepare_loaded(model, tokenizer, directory, preparation)
     return LoadedModel(model, tokenizer, source.name, source, directory)
+
+
+def reused_tokenizer(tokenizer: PreTrainedTokenizerBase | None, directory: Path) -> PreTrainedTokenizerBase | None:
+    """`tokenizer` when it was loaded from files byte-identical to `directory`'s, else None."""
+    if tokenizer is None or not same_tokenizer_files(Path(tokenizer.name_or_path), directory):
+        return None
+    return tokenizer
 
 
 def load_tokenizer(spec: str, progress: bool = True, report: Report | None = None) -> PreTrainedTokenizerBase:
@@ -142,9 +152,9 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
 
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
                    reporter: Reporter, placement: Placement | None = None,
-                   int4: bool = False) -> tuple[LoadedModel, Offload]:
+                   int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[LoadedModel, Offload]:
     """Load `spec` with its decoder layers placed per `plan` (see specchat.offload), or per
-    `placement` when it was already made; `int4`: from its 4-bit weights, as `load`."""
+    `placement` when it was already made; `int4` and `tokenizer`: as `load`."""
     source = resolve(spec)
     reporter.step(f"loading {source.name}, decoder layers offloaded ({plan.tier})")
     directory, gguf_file = materialize(source, reporter, int4)
@@ -153,7 +163,7 @@ def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: Of
             f"offloading reads safetensors checkpoints, and {source.name} is a .gguf file: "
             "use a model directory or hub id (the embedded models are converted automatically)"
         )
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = reused_tokenizer(tokenizer, directory) or AutoTokenizer.from_pretrained(directory)
     model, offload = offload_model(directory, stored_name(source, int4), dtype, device, plan, reporter, placement)
     return LoadedModel(model, tokenizer, source.name, source, directory), offload
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from specchat.errors import SpecchatError
 from specchat.limits import CONTEXT, DEFAULT_CONTEXT
@@ -72,6 +73,14 @@ def plan_target(spec: str, dtype: torch.dtype, device: torch.device, plan: Offlo
     tensors = SafetensorsSource(local) if local is not None else None
     plan = replace(plan, contexts=contexts_for(context, config.max_position_embeddings))
     return plan_model(config, tensors, stored_name(source, int4), dtype, device, plan, rooms)
+
+
+def local_tokenizer(spec: str, int4: bool = False) -> PreTrainedTokenizerBase | None:
+    """The tokenizer of `spec` when its safetensors directory is already here, loaded before the
+    memory plan so that what the plan measures the process holding includes it (Qwen2.5's takes
+    0.13 GB); None when the model is still to be fetched or converted (it loads with the weights)."""
+    directory = local_safetensors(resolve(spec), int4)
+    return None if directory is None else AutoTokenizer.from_pretrained(directory)
 
 
 def local_safetensors(source: ModelSource, int4: bool = False) -> Path | None:
