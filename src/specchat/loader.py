@@ -65,7 +65,8 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
             quantization = draft_quantization(draft_quant.kind, device, dtype)
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
-        models.identity = identity(options, draft_quant, models.placement)
+        models.identity = identity(options, draft_quant, models.placement,
+                                   models.memory is not None and models.memory.compact_head)
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
@@ -100,9 +101,11 @@ def chosen_draft_quant(memory: MemoryPlan, measured: DraftQuant | None) -> Draft
     return measured if measured is not None and measured.kind == memory.draft.quant else DraftQuant(memory.draft.quant)
 
 
-def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None) -> dict:
-    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made):
-    the key of the cost probe's cache. A placement with nothing streamed costs what none costs."""
+def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None,
+             compact_head: bool = False) -> dict:
+    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made, an
+    LM head kept in Q6_K): the key of the cost probe's cache. A placement with nothing streamed
+    costs what none costs."""
     key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
            "weights": "quantized" if packed_target(options) else "dense",
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
@@ -111,6 +114,8 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
         key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
     elif options.offload == "auto":
         key["offload"] = "none"
+    if compact_head:
+        key["head"] = "q6_k"
     return key
 
 
@@ -150,12 +155,18 @@ def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.d
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,
                 reporter: Reporter, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[LoadedModel, Offload | None]:
     """The target in device memory when the plan streams nothing, else with its decoder layers
-    placed as the plan says; its `tokenizer` when already loaded."""
+    placed as the plan says (its LM head in Q6_K where the plan chose it); its `tokenizer` when
+    already loaded."""
     int4 = packed_target(options)
     if not memory.placement.streamed:
-        return load_in_memory(options.target, device, dtype, reporter, int4, tokenizer), None
+        target = load(options.target, dtype, reporter.bars, reporter.report, device=device, int4=int4,
+                      tokenizer=tokenizer, compact_head=memory.compact_head)
+        reporter.step(f"moving {target.name} to {device.type}")
+        target.model.to(device)
+        return target, None
     plan = replace(offload_plan(options, device, (memory.draft,)), contexts=(memory.context,))
-    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4, tokenizer)
+    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4, tokenizer,
+                          memory.compact_head)
 
 
 def packed_target(options: EngineOptions) -> bool:
@@ -165,14 +176,6 @@ def packed_target(options: EngineOptions) -> bool:
     if options.weights != "auto":
         return options.weights == "quantized"
     return options.dtype != "float32" and has_int4(resolve(options.target))
-
-
-def load_in_memory(spec: str, device: torch.device, dtype: torch.dtype, reporter: Reporter,
-                   int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None) -> LoadedModel:
-    target = load(spec, dtype, reporter.bars, reporter.report, device=device, int4=int4, tokenizer=tokenizer)
-    reporter.step(f"moving {target.name} to {device.type}")
-    target.model.to(device)
-    return target
 
 
 def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (None,)) -> OffloadPlan:

@@ -6,6 +6,8 @@ and the embedding that the GGUF stores as Q4_K in 4 bits. The directory it write
   int4.safetensors   for each such tensor's module, its Int4Weight (quant/int4_weight.py):
                        <module>.int4_nibbles uint8 [O, I/2], <module>.int4_scales and
                        <module>.int4_zeros float32 [G, O] (groups of 32)
+                     and, for a Q6_K LM head, its Q6Weight (quant/q6k.py): <head>.q6_values int8
+                     [V, H], <head>.q6_scales int8 [V, H/16], <head>.q6_d float32 [V, H/256]
   *.safetensors      links to the dense conversion's files, for every other tensor (norms,
                      biases, and the Q6_K linears and LM head, which no 4-bit kernel takes)
   config.json, the tokenizer's files, and the completion marker.
@@ -36,6 +38,7 @@ from specchat.quant.gguf_int4 import q4k_to_int4
 from specchat.quant.int4 import int4_fits
 from specchat.quant.int4_checkpoint import INT4_FILE, INT4_SUFFIXES, int4_entries
 from specchat.quant.int4_weight import Int4Weight
+from specchat.quant.q6k import q6_entries, q6k_to_weight
 
 CPU = torch.device("cpu")
 
@@ -66,7 +69,8 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
     embedding = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
     source = SafetensorsSource(dense)
     tensors: dict[str, Tensor] = {}
-    candidates = [t for t in GGUFReader(gguf).tensors
+    reader = GGUFReader(gguf)
+    candidates = [t for t in reader.tensors
                   if t.tensor_type == GGMLQuantizationType.Q4_K and names.get(t.name, "").endswith(".weight")]
     with reporter.bar(total=len(candidates), desc=f"packing {gguf.stem} in 4 bits", unit="tensor") as bar:
         for tensor in candidates:
@@ -77,6 +81,7 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
                 if matches(weight, source.get(names[tensor.name])):
                     tensors.update(int4_entries(module, weight))
             bar.update()
+    tensors.update(head_entries(model, reader, names, source))
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
     check_free_space(directory, needed, f"the 4-bit {gguf.stem}")
     with disk_full_is_one_line(directory, needed, f"the 4-bit {gguf.stem}"):
@@ -87,6 +92,19 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
                     and path.is_file() and not path.name.startswith("specchat-"):
                 shutil.copy2(path, directory / path.name)  # the tokenizer's files
     return len(tensors) // len(INT4_SUFFIXES)
+
+
+def head_entries(model: PreTrainedModel, reader: GGUFReader, names: dict[str, str],
+                 source: SafetensorsSource) -> dict[str, Tensor]:
+    """A Q6_K LM head as a Q6Weight (quant/q6k.py) when it is the dense conversion's bitwise, for
+    plans short of memory to hold (offload/budget.py); none otherwise."""
+    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    for tensor in reader.tensors:
+        if tensor.tensor_type == GGMLQuantizationType.Q6_K and names.get(tensor.name) == head + ".weight":
+            weight = q6k_to_weight(tensor.data)
+            if torch.equal(weight.dequantize(), source.get(head + ".weight")):
+                return q6_entries(head, weight)
+    return {}
 
 
 def hf_names(model: PreTrainedModel) -> dict[str, str]:

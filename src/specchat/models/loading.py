@@ -84,7 +84,8 @@ def check_not_pickled(spec: str) -> None:
 
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
          quantization: object | None = None, device: torch.device | None = None, int4: bool = False,
-         preparation: Preparation | None = None, tokenizer: PreTrainedTokenizerBase | None = None) -> LoadedModel:
+         preparation: Preparation | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
+         compact_head: bool = False) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
@@ -93,6 +94,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     A `preparation` (the draft's approximations) is applied as the model loads: a safetensors
     checkpoint is then read one decoder layer at a time, straight onto `device`.
     A `tokenizer` already loaded from byte-identical files (models/compat.py) is used again.
+    `compact_head` keeps a 4-bit checkpoint's Q6_K LM head so (quant/q6k_linear.py).
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)
@@ -103,7 +105,8 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     if gguf_file is None and (is_gptq(directory) or is_int4(directory)):
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
         # GPTQ kernel library, and expands a GGUF's).
-        model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter)
+        model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter,
+                                 compact_head=compact_head)
         if preparation is not None:
             prepare_loaded(model, tokenizer, directory, preparation)
         return LoadedModel(model, tokenizer, source.name, source, directory)
@@ -152,9 +155,10 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
 
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
                    reporter: Reporter, placement: Placement | None = None,
-                   int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[LoadedModel, Offload]:
+                   int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None,
+                   compact_head: bool = False) -> tuple[LoadedModel, Offload]:
     """Load `spec` with its decoder layers placed per `plan` (see specchat.offload), or per
-    `placement` when it was already made; `int4` and `tokenizer`: as `load`."""
+    `placement` when it was already made; `int4`, `tokenizer` and `compact_head`: as `load`."""
     source = resolve(spec)
     reporter.step(f"loading {source.name}, decoder layers offloaded ({plan.tier})")
     directory, gguf_file = materialize(source, reporter, int4)
@@ -164,7 +168,8 @@ def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: Of
             "use a model directory or hub id (the embedded models are converted automatically)"
         )
     tokenizer = reused_tokenizer(tokenizer, directory) or AutoTokenizer.from_pretrained(directory)
-    model, offload = offload_model(directory, stored_name(source, int4), dtype, device, plan, reporter, placement)
+    model, offload = offload_model(directory, stored_name(source, int4), dtype, device, plan, reporter, placement,
+                                   compact_head)
     return LoadedModel(model, tokenizer, source.name, source, directory), offload
 
 

@@ -56,6 +56,14 @@ class Draft:
 class Target:
     sizes: ModelSizes  # its decoder layers and fixed parts (headroom 0: the plan adds it)
     shape: ModelShape
+    compact_fixed: int | None = None  # its fixed parts with the LM head in Q6_K (quant/q6k_linear.py), when it has one
+
+    def forms(self) -> tuple[tuple["Target", bool], ...]:
+        """Itself, then (when it has one) itself with its LM head in Q6_K: (target, compact head)."""
+        if self.compact_fixed is None:
+            return ((self, False),)
+        compact = replace(self, sizes=replace(self.sizes, fixed=self.compact_fixed), compact_fixed=None)
+        return (self, False), (compact, True)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class MemoryPlan:
     rooms: Rooms  # what each tier offered, before the plan's margins
     notes: tuple[str, ...]  # what auto chose, and why
     tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
+    compact_head: bool = False  # the target's LM head kept in Q6_K, expanded a chunk at a time each pass
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
@@ -95,18 +104,19 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     trees = (ask.tree_tokens, *ask.smaller_trees)
     workspaces = (ask.workspace, *(ask.smaller_workspaces or (ask.workspace,) * len(ask.smaller_trees)))
     for context in ask.contexts:
-        for tree, workspace in zip(trees, workspaces, strict=True):
-            sized = replace(ask, tree_tokens=tree, workspace=workspace)
-            plans = []
-            for draft in ask.drafts:
-                try:
-                    plans.append(plan_one(target, sized, rooms, context, draft))
-                except SpecchatError:
-                    continue  # another draft, tree or context may fit; the refusal says why none did
-            if plans:
-                best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
-                return replace(best, notes=choices(ask, best, plans))
-    raise refusal(target, replace(ask, tree_tokens=trees[-1], workspace=workspaces[-1]), rooms)
+        for form, compact in target.forms():
+            for tree, workspace in zip(trees, workspaces, strict=True):
+                sized = replace(ask, tree_tokens=tree, workspace=workspace)
+                plans = []
+                for draft in ask.drafts:
+                    try:
+                        plans.append(replace(plan_one(form, sized, rooms, context, draft), compact_head=compact))
+                    except SpecchatError:
+                        continue  # another draft, tree, head or context may fit; the refusal says why none did
+                if plans:
+                    best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
+                    return replace(best, notes=choices(ask, best, plans))
+    raise refusal(target.forms()[-1][0], replace(ask, tree_tokens=trees[-1], workspace=workspaces[-1]), rooms)
 
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
@@ -183,6 +193,8 @@ def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
 def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, ...]:
     """What auto chose, in words, when it had a choice."""
     notes = []
+    if best.compact_head:
+        notes.append("LM head in its stored Q6_K, expanded a chunk at a time on every pass: the bf16 head does not fit")
     if best.tree_tokens != ask.tree_tokens:
         notes.append(f"trees of at most {best.tree_tokens - 1} tokens: {ask.tree_tokens - 1} do not fit")
     if best.context != ask.contexts[0]:

@@ -18,7 +18,9 @@ from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
 from specchat.offload.placement import Placement, Request, Rooms
 from specchat.offload.sizes import measure_sizes
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, q6_head
+from specchat.quant.q6k import q6_bytes
+from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
 from specchat.offload.sources import SafetensorsSource
 from specchat.offload.stall import StallMeter
 from specchat.offload.storage import DiskStore, LayerStore, RamStore, TieredStore
@@ -85,13 +87,15 @@ class Offload:
 
 
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan | None,
-                  reporter: Reporter, placement: Placement | None = None) -> tuple[PreTrainedModel, Offload]:
+                  reporter: Reporter, placement: Placement | None = None,
+                  compact_head: bool = False) -> tuple[PreTrainedModel, Offload]:
     """Load the model in `directory` (safetensors) with its decoder layers placed per `plan`
     (or per `placement`, already made for it); no plan keeps every layer on the device (how GPTQ
     checkpoints load without offloading). The placement is made before anything is loaded or
-    written."""
+    written. `compact_head`: the LM head in Q6_K (quant/q6k_linear.py), as the plan chose."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
-    model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device)
+    model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
+                           compact_head=compact_head)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
     disk_store = None if plan is None else \
@@ -144,12 +148,14 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
     layouts = [layout_of(layer) for layer in layers]
     reuse = None if source is None else \
         DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype, device))
-    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms)
+    compact = source is not None and q6_head(model, source) is not None
+    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms, compact)
 
 
 def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
                 device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None,
-                rooms: Rooms | None = None) -> MemoryPlan:
+                rooms: Rooms | None = None, compact_head: bool = False) -> MemoryPlan:
+    """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose."""
     sizes = measure_sizes(model, layers_name, layouts, dtype)
     reusable = disk_store is not None and disk_store.reusable
     rooms = rooms or measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
@@ -159,7 +165,14 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
     ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(model, plan.tree_tokens, dtype),
               Request(tier, resident, plan.slots), cuda=device.type == "cuda", smaller_trees=plan.smaller_trees,
               smaller_workspaces=tuple(quantized_workspace(model, tree, dtype) for tree in plan.smaller_trees))
-    return plan_memory(Target(sizes, shape_of(model.config, dtype)), ask, rooms)
+    compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
+    return plan_memory(Target(sizes, shape_of(model.config, dtype), compact), ask, rooms)
+
+
+def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int:
+    """The fixed parts' bytes with the dense LM head replaced by its Q6Weight and a call's chunk buffers."""
+    vocab, width = model.get_output_embeddings().weight.shape
+    return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, dtype)
 
 
 def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:

@@ -17,6 +17,8 @@ from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 from specchat.quant.int4 import Int4Linear, int4_tensors
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
 from specchat.quant.int4_embedding import Int4Embedding
+from specchat.quant.q6k import q6_modules
+from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.int4_pack import pack
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
@@ -25,12 +27,13 @@ _QWEIGHT = ".qweight"
 
 
 def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, dtype: torch.dtype,
-                   kernel: torch.device | None = None) -> PreTrainedModel:
+                   kernel: torch.device | None = None, compact_head: bool = False) -> PreTrainedModel:
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
     (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
     quantizes them), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
     weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
-    checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU."""
+    checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
+    `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py)."""
     spec = read_gptq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
@@ -43,8 +46,28 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
             replace_gptq_with_int4(model, spec, dtype, kernel)
     if source is not None:
         replace_with_int4(model, source, dtype, kernel or torch.device("cpu"))
+    if compact_head:
+        replace_head_with_q6(model, source)
     model.eval()
     return model
+
+
+def q6_head(model: PreTrainedModel, source: SafetensorsSource) -> str | None:
+    """The LM head's module name when the checkpoint holds a Q6Weight for it (and it is not the
+    input embedding too)."""
+    if model.config.tie_word_embeddings:
+        return None
+    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    return head if head in q6_modules(source.names()) else None
+
+
+def replace_head_with_q6(model: PreTrainedModel, source: SafetensorsSource | None) -> None:
+    """An empty Q6Linear in the LM head's place; one line when the checkpoint holds no Q6Weight for it."""
+    if source is None or q6_head(model, source) is None:
+        raise SpecchatError("this checkpoint holds no Q6_K LM head to keep compact")
+    head = model.get_output_embeddings()
+    with torch.device("meta"):
+        model.set_output_embeddings(Q6Linear(head.in_features, head.out_features))
 
 
 def replace_with_int4(model: PreTrainedModel, source: SafetensorsSource, dtype: torch.dtype,
