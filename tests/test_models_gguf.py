@@ -23,7 +23,7 @@ from specchat.errors import SpecchatError
 from specchat.models import embedded
 from specchat.models.embedded import EMBEDDED, EmbeddedModel, converted_path, ensure_embedded, gguf_path
 from specchat.models.loading import load
-from specchat.models.marker import MARKER
+from specchat.models.marker import INT4_FORMAT, MARKER, is_converted, is_current_int4, write_marker
 from specchat.models.parts import numbered_parts
 from specchat.models.registry import DEFAULT_DRAFT
 
@@ -278,3 +278,12 @@ def test_cached_hub_model_loads_offline(fake_draft: EmbeddedModel, tmp_path: Pat
     loaded = load("tiny-org/tiny-chat", torch.float32, progress=False)
     assert (loaded.name, loaded.source.kind) == ("tiny-org/tiny-chat", "hub")
     assert_ready_for_inference(loaded.model, torch.float32)
+
+
+def test_a_4_bit_conversion_of_another_format_is_not_current(tmp_path: Path) -> None:
+    """A 4-bit directory an older specchat wrote (no format, or another) is converted again."""
+    assert not is_current_int4(tmp_path)  # no marker: incomplete
+    write_marker(tmp_path, {"int4_linears": "168"})
+    assert is_converted(tmp_path) and not is_current_int4(tmp_path)
+    write_marker(tmp_path, {"int4_tensors": "170", "format": INT4_FORMAT})
+    assert is_current_int4(tmp_path)

@@ -19,11 +19,15 @@ import torch
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.dsi.remote import RemoteVerifier
+from specchat.models.embedded import ensure_embedded
 from specchat.models.loading import load
+from specchat.models.marker import is_current_int4
+from specchat.offload.sources import SafetensorsSource
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.int4_probe import WidthChoice
+from specchat.quant.q6k import read_q6
 from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
@@ -66,3 +70,17 @@ def test_a_ray_actor_loads_the_target_as_weights_says(int4):
     verifier = RemoteVerifier(DEFAULT_TARGET, torch.bfloat16, "cpu", int4)
     model = verifier.verifier.target.model
     assert sum(isinstance(m, Int4Linear) for m in model.modules()) == (LINEARS if int4 else 0)
+
+
+def test_the_4_bit_conversion_holds_the_q6k_head_as_the_dense_weights():
+    """The conversion keeps the target's Q6_K LM head as a Q6Weight (for plans short of memory),
+    written only because it dequantizes to the dense conversion's float32 head bitwise; checked
+    here again on a few slices of rows."""
+    directory = ensure_embedded(DEFAULT_TARGET, progress=False, int4=True)
+    assert is_current_int4(directory)
+    source = SafetensorsSource(directory)
+    head = read_q6(source.get, "lm_head")
+    dense = source.get("lm_head.weight")
+    assert head.values.shape == dense.shape == (151936, 1536)
+    for rows in (slice(0, 1000), slice(75000, 76000), slice(150936, 151936)):
+        assert torch.equal(head.dequantize(rows), dense[rows])
