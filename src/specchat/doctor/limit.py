@@ -1,8 +1,9 @@
 """The smallest memory limit a pair plans to run in on a CPU: what `docker run --memory` (or a
 Kubernetes or systemd limit) must give specchat, with every layer that does not fit streamed from
 the disk. Found by bisection over the same plan `run` makes (`plan_pair`), on a machine whose
-room is the limit less what the process already holds before it loads anything (python, torch,
-transformers: the runtime, measured in the doctor's own process)."""
+room is the limit less what the process already holds before it loads any weights (python, torch,
+transformers and the target's tokenizer: the runtime, measured in the doctor's own process with the
+tokenizer loaded, as `run` loads it before it plans)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 from specchat.doctor.plan import Machine, is_shortage, plan_pair
 from specchat.errors import SpecchatError
 from specchat.memory_room import process_rss
+from specchat.models.loading import has_int4, resolve
+from specchat.models.plan import local_tokenizer
 from specchat.offload.placement import Rooms
 from specchat.transfer import gb
 
@@ -24,8 +27,10 @@ class Limit:
 
 
 def measure_limit(target: str, draft: str | None, context: int | None, offload_dir: Path) -> Limit:
-    """The smallest limit with this process's resident set now as the runtime."""
+    """The smallest limit with this process's resident set, the target's tokenizer loaded, as the runtime."""
+    tokenizer = local_tokenizer(target, has_int4(resolve(target)))  # held while the runtime is read
     runtime = process_rss()
+    del tokenizer
     return Limit(smallest_limit(target, draft, context, offload_dir, runtime), runtime)
 
 

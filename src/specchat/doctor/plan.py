@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.limits import auto_cap, auto_trees
+from specchat.limits import DEFAULT_DRAFT_VOCAB, auto_cap, auto_trees
 from specchat.models.loading import has_int4, resolve
 from specchat.models.plan import draft_candidates, draft_kinds, plan_target
 from specchat.offload.budget import MemoryPlan, described_rooms
@@ -43,15 +43,16 @@ class PairPlan:
 
 def plan_pair(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
               ram_budget: int | None = None, vram_budget: int | None = None, rooms: Rooms | None = None) -> PairPlan:
-    """The plan of `target` (and `draft`) in bfloat16 with --offload auto and --weights auto, as
-    `run` would make it; in `rooms` (a CPU's) when given."""
+    """The plan of `target` (and `draft`, its head scoring the default sub-vocabulary) in bfloat16
+    with --offload auto and --weights auto, as `run` would make it; in `rooms` (a CPU's) when given."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
     cuda = machine.vram_gb is not None if machine.described else torch.cuda.is_available() and rooms is None
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
     kinds = ("none", "nf4") if cuda and machine.described else draft_kinds("auto", device, None if cuda else "int8")
-    drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, False, None, device)
+    drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, False, DEFAULT_DRAFT_VOCAB or None,
+                                                            device)
     trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
     plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
                        tree_tokens=trees[0], smaller_trees=trees[1:], drafts=drafts)
