@@ -213,7 +213,8 @@ def refusal(target: Target, ask: Ask, rooms: Rooms) -> SpecchatError:
         plan_one(target, ask, rooms, ask.contexts[-1], smallest)
     except SpecchatError as error:
         hint = fitting_option(target, ask, rooms) or (
-            "a smaller draft would fit" if smallest is not None and fits_without_draft(target, ask, rooms) else None)
+            "a smaller draft would fit, or none (--engine autoregressive)"
+            if smallest is not None and fits_without_draft(target, ask, rooms) else None)
         return SpecchatError(f"{error}{f'; {hint}' if hint else ''}")
     raise AssertionError("refusal() is called only when no plan fits")
 
