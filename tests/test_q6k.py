@@ -11,11 +11,15 @@ from safetensors.torch import save_file
 from test_int4_gguf import random_blocks
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
 from specchat.offload.budget import Ask, Target, plan_memory
+from specchat.offload.build import OffloadPlan, offload_model
 from specchat.offload.demand import ModelShape
 from specchat.offload.placement import ModelSizes, Request, Rooms
+from specchat.progress import Reporter
 from specchat.quant import q6k_linear
 from specchat.quant.int4_checkpoint import INT4_FILE
 from specchat.quant.q6k import q6_bytes, q6_entries, q6k_to_weight
@@ -46,7 +50,7 @@ def test_q6k_blocks_convert_to_gguf_own_weights_bitwise():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_chunked_product_multiplies_by_the_dense_weight_rounded_once(monkeypatch, dtype):
-    monkeypatch.setattr(q6k_linear, "CHUNK_ROWS", 24)  # 4 chunks of 80 rows, the last one short
+    monkeypatch.setattr(q6k_linear, "CHUNK_WEIGHTS", 24 * 512)  # 4 chunks of 80 rows, the last one short
     linear, dense = q6_linear(80, 512)
     # an identity input reads each weight back alone: no sum can round it
     assert torch.equal(linear(torch.eye(512, dtype=dtype)), dense.to(dtype).t())
@@ -55,19 +59,27 @@ def test_a_chunked_product_multiplies_by_the_dense_weight_rounded_once(monkeypat
     torch.testing.assert_close(linear(x), x @ dense.to(dtype).t(), rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 0.05)
 
 
+Q6_MODULES = ("lm_head", "model.layers.0.mlp.down_proj", "model.layers.1.self_attn.v_proj")  # v has a bias
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """A tiny untied Qwen2 whose LM head holds random Q6_K blocks: their Q6Weight in int4.safetensors
-    and their float32 dequantization in the dense model.safetensors, as models/convert_int4.py writes."""
+    """A tiny untied Qwen2 whose LM head and Q6_MODULES hold random Q6_K blocks: their Q6Weights in
+    int4.safetensors and their float32 dequantization in the dense model.safetensors, as
+    models/convert_int4.py writes."""
     directory = tmp_path_factory.mktemp("q6")
-    config = Qwen2Config(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+    config = Qwen2Config(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          tie_word_embeddings=False)
     model = Qwen2ForCausalLM(config).eval()
-    data = random_blocks(Q6_K, 96, 256, seed=3)
-    model.lm_head.weight.data = torch.from_numpy(quants.dequantize(data, Q6_K))
+    tensors = {}
+    for seed, name in enumerate(Q6_MODULES):
+        linear = model.get_submodule(name)
+        data = random_blocks(Q6_K, linear.out_features, linear.in_features, seed=seed)
+        linear.weight.data = torch.from_numpy(quants.dequantize(data, Q6_K))
+        tensors |= q6_entries(name, q6k_to_weight(data))
     model.save_pretrained(directory)
-    save_file(q6_entries("lm_head", q6k_to_weight(data)), str(directory / INT4_FILE))
+    save_file(tensors, str(directory / INT4_FILE))
     return directory
 
 
@@ -76,6 +88,26 @@ def test_a_compact_head_loads_as_a_q6_linear_holding_the_dense_weights(checkpoin
     compact = load(str(checkpoint), torch.bfloat16, progress=False, compact_head=True).model.get_output_embeddings()
     assert isinstance(dense, torch.nn.Linear) and isinstance(compact, Q6Linear)
     assert torch.equal(compact(torch.eye(256, dtype=torch.bfloat16)), dense.weight.t())
+
+
+def logits(model, stream=None) -> torch.Tensor:
+    lm, prompt = CausalLM(model, stream), torch.tensor([5, 17, 3, 88, 42])
+    return lm.logits(lm.hidden(prompt, torch.arange(5), new_cache()))
+
+
+def test_streamed_compact_layers_hold_the_stored_q6_bytes_and_score_as_the_dense_model(checkpoint, tmp_path):
+    dense = load(str(checkpoint), torch.float32, progress=False).model
+    plan = OffloadPlan(tier="disk", offload_dir=tmp_path, resident_layers=0, slots=2)
+    model, offload = offload_model(checkpoint, "tiny-q6", torch.float32, torch.device("cpu"), plan, Reporter(False),
+                                   compact_layers=True)
+    try:
+        places = {place.name: place for place in offload.store.layouts[0].places}
+        assert places["mlp.down_proj.q6_values"].dtype == torch.int8 and "mlp.down_proj.weight" not in places
+        assert "self_attn.v_proj.weight" in places  # layer 0's v is dense in the checkpoint
+        assert offload.store.path.name.startswith("tiny-q6-q6")  # a layer file of its own
+        torch.testing.assert_close(logits(model, offload), logits(dense), rtol=1e-5, atol=1e-5)
+    finally:
+        offload.close()
 
 
 def test_a_compact_head_the_checkpoint_lacks_is_one_line(tmp_path):
@@ -106,3 +138,31 @@ def test_the_plan_keeps_the_head_compact_only_where_the_dense_one_does_not_fit()
     assert any("Q6_K" in note for note in tight.notes)
     with pytest.raises(SpecchatError, match="short"):
         plan(7)  # not even beside the compact head
+
+
+def test_a_biased_q6_linear_adds_its_bias():
+    linear, dense = q6_linear(32, 256, seed=4)
+    biased = Q6Linear(256, 32, bias=True, dtype=torch.bfloat16)
+    biased.q6_values, biased.q6_scales, biased.q6_d = linear.q6_values, linear.q6_scales, linear.q6_d
+    biased.bias = torch.randn(32, dtype=torch.bfloat16)
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    assert torch.equal(biased(x), linear(x) + biased.bias)
+
+
+def layered_plan(device_units: float, tier: str, resident: int | None = None):
+    """Four layers of one unit, or of half a unit with their Q6_K linears compact."""
+    sizes = ModelSizes(layers=(UNIT,) * 4, fixed=2 * UNIT, headroom=0, file_bytes=4 * UNIT)
+    compact = ModelSizes(layers=(UNIT // 2,) * 4, fixed=2 * UNIT, headroom=0, file_bytes=2 * UNIT)
+    target = Target(sizes, ModelShape(2, 8, 16, 1, 2), compact_layers=compact)
+    ask = Ask(contexts=(8,), drafts=(None,), tree_tokens=2, workspace=0, request=Request(tier, resident))
+    return plan_memory(target, ask, Rooms(int(device_units * UNIT), None, 10**9))
+
+
+def test_the_plan_keeps_layers_compact_where_they_stream_and_dense_where_they_are_resident():
+    streamed = layered_plan(20, "disk", resident=0)
+    assert streamed.compact_layers and streamed.placement.pass_bytes == 4 * (UNIT // 2)
+    assert any("Q6_K linears stream" in note for note in streamed.notes)
+    resident = layered_plan(20, "auto")  # every layer fits on the device either way: nothing streams
+    assert not resident.compact_layers and not resident.placement.streamed
+    squeezed = layered_plan(5, "auto")  # dense, one layer fits beside a 2-slot ring; compact, more do
+    assert squeezed.compact_layers and squeezed.placement.pass_bytes < 3 * UNIT

@@ -65,8 +65,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
             quantization = draft_quantization(draft_quant.kind, device, dtype)
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
-        models.identity = identity(options, draft_quant, models.placement,
-                                   models.memory is not None and models.memory.compact_head)
+        models.identity = identity(options, draft_quant, models.placement, models.memory)
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
@@ -102,10 +101,10 @@ def chosen_draft_quant(memory: MemoryPlan, measured: DraftQuant | None) -> Draft
 
 
 def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None,
-             compact_head: bool = False) -> dict:
-    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made, an
-    LM head kept in Q6_K): the key of the cost probe's cache. A placement with nothing streamed
-    costs what none costs."""
+             memory: MemoryPlan | None = None) -> dict:
+    """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made, the
+    Q6_K parts the plan kept compact): the key of the cost probe's cache. A placement with nothing
+    streamed costs what none costs."""
     key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
            "weights": "quantized" if packed_target(options) else "dense",
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
@@ -114,8 +113,10 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
         key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
     elif options.offload == "auto":
         key["offload"] = "none"
-    if compact_head:
+    if memory is not None and memory.compact_head:
         key["head"] = "q6_k"
+    if memory is not None and memory.compact_layers:
+        key["layers"] = "q6_k"
     return key
 
 
@@ -160,13 +161,13 @@ def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype
     int4 = packed_target(options)
     if not memory.placement.streamed:
         target = load(options.target, dtype, reporter.bars, reporter.report, device=device, int4=int4,
-                      tokenizer=tokenizer, compact_head=memory.compact_head)
+                      tokenizer=tokenizer, compact_head=memory.compact_head, compact_layers=memory.compact_layers)
         reporter.step(f"moving {target.name} to {device.type}")
         target.model.to(device)
         return target, None
     plan = replace(offload_plan(options, device, (memory.draft,)), contexts=(memory.context,))
     return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4, tokenizer,
-                          memory.compact_head)
+                          memory.compact_head, memory.compact_layers)
 
 
 def packed_target(options: EngineOptions) -> bool:

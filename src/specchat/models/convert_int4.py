@@ -6,8 +6,9 @@ and the embedding that the GGUF stores as Q4_K in 4 bits. The directory it write
   int4.safetensors   for each such tensor's module, its Int4Weight (quant/int4_weight.py):
                        <module>.int4_nibbles uint8 [O, I/2], <module>.int4_scales and
                        <module>.int4_zeros float32 [G, O] (groups of 32)
-                     and, for a Q6_K LM head, its Q6Weight (quant/q6k.py): <head>.q6_values int8
-                     [V, H], <head>.q6_scales int8 [V, H/16], <head>.q6_d float32 [V, H/256]
+                     and, for each Q6_K linear (the LM head, layers' down and v projections), its
+                     Q6Weight (quant/q6k.py): <module>.q6_values int8 [O, I], <module>.q6_scales
+                     int8 [O, I/16], <module>.q6_d float32 [O, I/256]
   *.safetensors      links to the dense conversion's files, for every other tensor (norms,
                      biases, and the Q6_K linears and LM head, which no 4-bit kernel takes)
   config.json, the tokenizer's files, and the completion marker.
@@ -81,7 +82,7 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
                 if matches(weight, source.get(names[tensor.name])):
                     tensors.update(int4_entries(module, weight))
             bar.update()
-    tensors.update(head_entries(model, reader, names, source))
+    tensors.update(q6_tensors(model, reader, names, source))
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
     check_free_space(directory, needed, f"the 4-bit {gguf.stem}")
     with disk_full_is_one_line(directory, needed, f"the 4-bit {gguf.stem}"):
@@ -94,17 +95,21 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
     return len(tensors) // len(INT4_SUFFIXES)
 
 
-def head_entries(model: PreTrainedModel, reader: GGUFReader, names: dict[str, str],
-                 source: SafetensorsSource) -> dict[str, Tensor]:
-    """A Q6_K LM head as a Q6Weight (quant/q6k.py) when it is the dense conversion's bitwise, for
-    plans short of memory to hold (offload/budget.py); none otherwise."""
-    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+def q6_tensors(model: PreTrainedModel, reader: GGUFReader, names: dict[str, str],
+               source: SafetensorsSource) -> dict[str, Tensor]:
+    """Each Q6_K linear (the LM head, a layer's down or v projection) as a Q6Weight (quant/q6k.py)
+    when it is the dense conversion's bitwise: for plans that stream layers, or are short of
+    memory for the head, to choose (offload/budget.py)."""
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    tensors: dict[str, Tensor] = {}
     for tensor in reader.tensors:
-        if tensor.tensor_type == GGMLQuantizationType.Q6_K and names.get(tensor.name) == head + ".weight":
-            weight = q6k_to_weight(tensor.data)
-            if torch.equal(weight.dequantize(), source.get(head + ".weight")):
-                return q6_entries(head, weight)
-    return {}
+        module = names.get(tensor.name, "").removesuffix(".weight")
+        if tensor.tensor_type != GGMLQuantizationType.Q6_K or module not in linears:
+            continue
+        weight = q6k_to_weight(tensor.data)
+        if torch.equal(weight.dequantize(), source.get(module + ".weight")):
+            tensors.update(q6_entries(module, weight))
+    return tensors
 
 
 def hf_names(model: PreTrainedModel) -> dict[str, str]:

@@ -85,7 +85,7 @@ def check_not_pickled(spec: str) -> None:
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
          quantization: object | None = None, device: torch.device | None = None, int4: bool = False,
          preparation: Preparation | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
-         compact_head: bool = False) -> LoadedModel:
+         compact_head: bool = False, compact_layers: bool = False) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
@@ -94,7 +94,8 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     A `preparation` (the draft's approximations) is applied as the model loads: a safetensors
     checkpoint is then read one decoder layer at a time, straight onto `device`.
     A `tokenizer` already loaded from byte-identical files (models/compat.py) is used again.
-    `compact_head` keeps a 4-bit checkpoint's Q6_K LM head so (quant/q6k_linear.py).
+    `compact_head` keeps a 4-bit checkpoint's Q6_K LM head so (quant/q6k_linear.py), `compact_layers`
+    its decoder layers' Q6_K linears.
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)
@@ -106,7 +107,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
         # GPTQ kernel library, and expands a GGUF's).
         model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter,
-                                 compact_head=compact_head)
+                                 compact_head=compact_head, compact_layers=compact_layers)
         if preparation is not None:
             prepare_loaded(model, tokenizer, directory, preparation)
         return LoadedModel(model, tokenizer, source.name, source, directory)
@@ -156,9 +157,10 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
                    reporter: Reporter, placement: Placement | None = None,
                    int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None,
-                   compact_head: bool = False) -> tuple[LoadedModel, Offload]:
+                   compact_head: bool = False, compact_layers: bool = False) -> tuple[LoadedModel, Offload]:
     """Load `spec` with its decoder layers placed per `plan` (see specchat.offload), or per
-    `placement` when it was already made; `int4`, `tokenizer` and `compact_head`: as `load`."""
+    `placement` when it was already made; `int4`, `tokenizer`, `compact_head` and `compact_layers`:
+    as `load`."""
     source = resolve(spec)
     reporter.step(f"loading {source.name}, decoder layers offloaded ({plan.tier})")
     directory, gguf_file = materialize(source, reporter, int4)
@@ -169,7 +171,7 @@ def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: Of
         )
     tokenizer = reused_tokenizer(tokenizer, directory) or AutoTokenizer.from_pretrained(directory)
     model, offload = offload_model(directory, stored_name(source, int4), dtype, device, plan, reporter, placement,
-                                   compact_head)
+                                   compact_head, compact_layers)
     return LoadedModel(model, tokenizer, source.name, source, directory), offload
 
 

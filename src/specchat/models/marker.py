@@ -6,8 +6,9 @@ from pathlib import Path
 
 MARKER = "specchat-converted.json"  # written last, before the rename: its presence means complete
 # What a 4-bit conversion holds (models/convert_int4.py): "2" adds the token embedding to the
-# linears, "3" the LM head's Q6_K form; a directory of another format is converted again.
-INT4_FORMAT = "3"
+# linears, "3" the LM head's Q6_K form, "4" every Q6_K linear's; a directory of another format is
+# converted again.
+INT4_FORMAT = "4"
 
 
 def is_converted(directory: Path) -> bool:

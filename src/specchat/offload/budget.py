@@ -57,6 +57,7 @@ class Target:
     sizes: ModelSizes  # its decoder layers and fixed parts (headroom 0: the plan adds it)
     shape: ModelShape
     compact_fixed: int | None = None  # its fixed parts with the LM head in Q6_K (quant/q6k_linear.py), when it has one
+    compact_layers: ModelSizes | None = None  # its sizes with the layers' Q6_K linears so, when it has them
 
     def forms(self) -> tuple[tuple["Target", bool], ...]:
         """Itself, then (when it has one) itself with its LM head in Q6_K: (target, compact head)."""
@@ -64,6 +65,14 @@ class Target:
             return ((self, False),)
         compact = replace(self, sizes=replace(self.sizes, fixed=self.compact_fixed), compact_fixed=None)
         return (self, False), (compact, True)
+
+    def layer_forms(self) -> tuple[tuple["Target", bool], ...]:
+        """Itself, then (when it has them) itself with its layers' Q6_K linears in Q6_K: (target,
+        compact layers). The plan takes whichever streams fewer bytes, the first on a tie."""
+        if self.compact_layers is None:
+            return ((self, False),)
+        sizes = replace(self.compact_layers, fixed=self.sizes.fixed, headroom=self.sizes.headroom)
+        return (self, False), (replace(self, sizes=sizes, compact_layers=None), True)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class MemoryPlan:
     notes: tuple[str, ...]  # what auto chose, and why
     tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
     compact_head: bool = False  # the target's LM head kept in Q6_K, expanded a chunk at a time each pass
+    compact_layers: bool = False  # its layers' Q6_K linears so too: streamed as the GGUF stores them
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
@@ -100,7 +110,9 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     """The plan for the first context (in `ask`'s order) and, within it, the first largest tree
     at which some draft fits, with the draft that streams least there; one-line SpecchatError when
     none does. A smaller tree comes before a smaller context: --budget auto grows trees of tens to
-    a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat."""
+    a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat.
+    Where the target's layers hold Q6_K linears, their compact form is weighed like a draft: the
+    plan that streams fewer bytes wins (the dense one when nothing streams)."""
     trees = (ask.tree_tokens, *ask.smaller_trees)
     workspaces = (ask.workspace, *(ask.smaller_workspaces or (ask.workspace,) * len(ask.smaller_trees)))
     for context in ask.contexts:
@@ -108,15 +120,18 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
             for tree, workspace in zip(trees, workspaces, strict=True):
                 sized = replace(ask, tree_tokens=tree, workspace=workspace)
                 plans = []
-                for draft in ask.drafts:
-                    try:
-                        plans.append(replace(plan_one(form, sized, rooms, context, draft), compact_head=compact))
-                    except SpecchatError:
-                        continue  # another draft, tree, head or context may fit; the refusal says why none did
+                for layered, compact_layers in form.layer_forms():
+                    for draft in ask.drafts:
+                        try:
+                            plans.append(replace(plan_one(layered, sized, rooms, context, draft), compact_head=compact,
+                                                 compact_layers=compact_layers))
+                        except SpecchatError:
+                            continue  # another form, draft, tree or context may fit; the refusal says why none did
                 if plans:
                     best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
                     return replace(best, notes=choices(ask, best, plans))
-    raise refusal(target.forms()[-1][0], replace(ask, tree_tokens=trees[-1], workspace=workspaces[-1]), rooms)
+    smallest = target.forms()[-1][0].layer_forms()[-1][0]
+    raise refusal(smallest, replace(ask, tree_tokens=trees[-1], workspace=workspaces[-1]), rooms)
 
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
@@ -193,6 +208,9 @@ def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
 def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, ...]:
     """What auto chose, in words, when it had a choice."""
     notes = []
+    if best.compact_layers:
+        notes.append("the layers' Q6_K linears stream in their stored 6 bits, expanded as each layer runs: "
+                     "fewer bytes a pass")
     if best.compact_head:
         notes.append("LM head in its stored Q6_K, expanded a chunk at a time on every pass: the bf16 head does not fit")
     if best.tree_tokens != ask.tree_tokens:
@@ -200,7 +218,8 @@ def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, .
     if best.context != ask.contexts[0]:
         notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
     if len(ask.drafts) > 1 and best.draft is not None:
-        streamed = {plan.draft.quant: gb(plan.placement.pass_bytes) for plan in plans}
+        streamed = {plan.draft.quant: gb(plan.placement.pass_bytes) for plan in plans
+                    if plan.compact_layers == best.compact_layers}
         weighed = ", ".join(f"{draft.quant}: {streamed.get(draft.quant, 'does not fit')}" for draft in ask.drafts)
         notes.append(f"draft in {best.draft.quant}: it streams the least per pass ({weighed})")
     return tuple(notes)

@@ -18,8 +18,10 @@ from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
 from specchat.offload.placement import Placement, Request, Rooms
 from specchat.offload.sizes import measure_sizes
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, q6_head
+from specchat.offload.skeleton import (build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, q6_head,
+                                      q6_layer_linears)
 from specchat.quant.q6k import q6_bytes
+from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
 from specchat.offload.sources import SafetensorsSource
 from specchat.offload.stall import StallMeter
@@ -88,14 +90,16 @@ class Offload:
 
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan | None,
                   reporter: Reporter, placement: Placement | None = None,
-                  compact_head: bool = False) -> tuple[PreTrainedModel, Offload]:
+                  compact_head: bool = False, compact_layers: bool = False) -> tuple[PreTrainedModel, Offload]:
     """Load the model in `directory` (safetensors) with its decoder layers placed per `plan`
     (or per `placement`, already made for it); no plan keeps every layer on the device (how GPTQ
     checkpoints load without offloading). The placement is made before anything is loaded or
-    written. `compact_head`: the LM head in Q6_K (quant/q6k_linear.py), as the plan chose."""
+    written. `compact_head`, `compact_layers`: the LM head, the layers' Q6_K linears in Q6_K
+    (quant/q6k_linear.py), as the plan chose; such layers have a layer file of their own."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
-                           compact_head=compact_head)
+                           compact_head=compact_head, compact_layers=compact_layers)
+    name = f"{name}-q6" if compact_layers else name
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
     disk_store = None if plan is None else \
@@ -149,24 +153,31 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
     reuse = None if source is None else \
         DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype, device))
     compact = source is not None and q6_head(model, source) is not None
-    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms, compact)
+    compacted = build_skeleton(config, source, dtype, kernel=device, compact_layers=True) \
+        if source is not None and q6_layer_linears(model, source) else None
+    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms, compact, compacted)
 
 
 def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
                 device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None,
-                rooms: Rooms | None = None, compact_head: bool = False) -> MemoryPlan:
-    """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose."""
+                rooms: Rooms | None = None, compact_head: bool = False,
+                compacted: PreTrainedModel | None = None) -> MemoryPlan:
+    """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose;
+    `compacted`: the model with its layers' Q6_K linears so (on the meta device), which it may too."""
     sizes = measure_sizes(model, layers_name, layouts, dtype)
+    compact_layers = None if compacted is None else \
+        measure_sizes(compacted, layers_name, [layout_of(layer) for layer in decoder_layers(compacted)[1]], dtype)
+    forms = [model] if compacted is None else [model, compacted]
     reusable = disk_store is not None and disk_store.reusable
     rooms = rooms or measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
     contexts = plan.contexts or (model.config.max_position_embeddings,)
     resident = len(layouts) if plan.tier == "none" else plan.resident_layers
     tier = "auto" if plan.tier == "none" else plan.tier
-    ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(model, plan.tree_tokens, dtype),
+    ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(forms, plan.tree_tokens, dtype),
               Request(tier, resident, plan.slots), cuda=device.type == "cuda", smaller_trees=plan.smaller_trees,
-              smaller_workspaces=tuple(quantized_workspace(model, tree, dtype) for tree in plan.smaller_trees))
+              smaller_workspaces=tuple(quantized_workspace(forms, tree, dtype) for tree in plan.smaller_trees))
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
-    return plan_memory(Target(sizes, shape_of(model.config, dtype), compact), ask, rooms)
+    return plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
 
 
 def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int:
@@ -175,11 +186,14 @@ def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int
     return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, dtype)
 
 
-def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:
-    """The largest temporary a 4-bit linear allocates over `rows` input rows (quant.int4's bound);
-    linears run one at a time, so the largest one's."""
-    return max((workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size)
-                for m in model.modules() if isinstance(m, Int4Linear)), default=0)
+def quantized_workspace(models: list[PreTrainedModel], rows: int, dtype: torch.dtype) -> int:
+    """The largest temporary a 4-bit linear (quant.int4's bound, over `rows` input rows) or a Q6_K
+    one (its chunk buffers) of any of `models`' forms allocates; linears run one at a time, so the
+    largest one's."""
+    int4 = (workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size)
+            for model in models for m in model.modules() if isinstance(m, Int4Linear))
+    q6 = (m.workspace(dtype) for model in models for m in model.get_decoder().modules() if isinstance(m, Q6Linear))
+    return max((*int4, *q6), default=0)
 
 
 def measure_rooms(plan: OffloadPlan, device: torch.device, reusable_file: int) -> Rooms:

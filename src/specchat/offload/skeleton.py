@@ -27,13 +27,15 @@ _QWEIGHT = ".qweight"
 
 
 def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, dtype: torch.dtype,
-                   kernel: torch.device | None = None, compact_head: bool = False) -> PreTrainedModel:
+                   kernel: torch.device | None = None, compact_head: bool = False,
+                   compact_layers: bool = False) -> PreTrainedModel:
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
     (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
     quantizes them), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
     weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
     checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
-    `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py)."""
+    `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py);
+    with `compact_layers`, for every decoder layer linear it holds one of."""
     spec = read_gptq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
@@ -48,8 +50,26 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         replace_with_int4(model, source, dtype, kernel or torch.device("cpu"))
     if compact_head:
         replace_head_with_q6(model, source)
+    if compact_layers:
+        replace_layers_with_q6(model, source, dtype)
     model.eval()
     return model
+
+
+def q6_layer_linears(model: PreTrainedModel, source: SafetensorsSource) -> list[str]:
+    """The decoder layers' linears the checkpoint holds Q6Weights for."""
+    layers_name, _ = decoder_layers(model)
+    return [name for name in q6_modules(source.names()) if name.startswith(layers_name + ".")]
+
+
+def replace_layers_with_q6(model: PreTrainedModel, source: SafetensorsSource | None, dtype: torch.dtype) -> None:
+    """An empty Q6Linear in place of each decoder layer linear the checkpoint holds a Q6Weight for."""
+    for name in [] if source is None else q6_layer_linears(model, source):
+        linear = model.get_submodule(name)
+        parent, _, child = name.rpartition(".")
+        with torch.device("meta"):
+            compact = Q6Linear(linear.in_features, linear.out_features, linear.bias is not None, dtype)
+        setattr(model.get_submodule(parent), child, compact)
 
 
 def q6_head(model: PreTrainedModel, source: SafetensorsSource) -> str | None:

@@ -1,13 +1,14 @@
-"""A linear multiplying by a Q6Weight (quant/q6k.py): an LM head kept in 8.6 bits a weight where
-memory is short (offload/budget.py chooses it only then).
+"""A linear multiplying by a Q6Weight (quant/q6k.py), 8.6 bits a weight instead of bf16's 16: an
+LM head where memory is short, and the Q6_K linears of decoder layers that stream, whose bytes
+then cross the link as the GGUF stores them (offload/budget.py chooses either only where it pays).
 
 No torch kernel multiplies Q6_K's groups of 16 (the int4 kernels take groups of 32 or more, the
-int8 one a scale per row), so the weight is expanded CHUNK_ROWS output rows at a time into the
-input's dtype, in buffers reused from chunk to chunk (fresh ones per chunk cost page faults: 0.56 s
-a call against 0.04 s for the 1.5B's head here), and multiplied. The rows are the dense
-conversion's exactly: gguf's float32 dequantization, rounded once to the dtype. Each call expands
-the whole weight: for the 1.5B's head ~40 ms on the project's 2-core CPU against ~16 ms dense, the
-price of 0.22 GB.
+int8 one a scale per row), so the weight is expanded a chunk of output rows (CHUNK_WEIGHTS
+weights) at a time into the input's dtype, in buffers reused from chunk to chunk (fresh ones per
+chunk cost page faults: 0.56 s a call against 0.04 s for the 1.5B's head here), and multiplied.
+The rows are the dense conversion's exactly: gguf's float32 dequantization, rounded once to the
+dtype. Each call expands the whole weight: for the 1.5B's head ~40 ms on the project's 2-core CPU
+against ~16 ms dense, the price of 0.22 GB.
 """
 
 import torch
@@ -15,36 +16,43 @@ from torch import Tensor, nn
 
 from specchat.quant.q6k import Q6_K_BLOCK, Q6_K_SUB, Q6_SUFFIXES
 
-CHUNK_ROWS = 2048  # output rows expanded at once: small enough to stay in cache between the steps
+# Weights expanded at once (2048 rows of the 1.5B's head): small enough to stay in cache between
+# the steps; a chunk is this many weights' worth of whole output rows.
+CHUNK_WEIGHTS = 2048 * 1536
 VALUES, SCALES, D = (suffix.removeprefix(".") for suffix in Q6_SUFFIXES)
 
 
 class Q6Linear(nn.Module):
-    """y = x W^T for a Q6Weight W (no bias: LM heads have none), buffers named as the checkpoint's."""
+    """y = x W^T + b for a Q6Weight W (an LM head, or a layer's Q6_K linear when its layers
+    stream), buffers named as the checkpoint's; `dtype` is the bias's."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer(VALUES, torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer(SCALES, torch.empty(out_features, in_features // Q6_K_SUB, dtype=torch.int8))
         self.register_buffer(D, torch.empty(out_features, in_features // Q6_K_BLOCK, dtype=torch.float32))
+        self.register_buffer("bias", torch.empty(out_features, dtype=dtype) if bias else None)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         out = flat.new_empty(flat.shape[0], self.out_features)
         values, scales, d = getattr(self, VALUES), getattr(self, SCALES), getattr(self, D)
-        groups = self.in_features // Q6_K_SUB
-        expanded = torch.empty(CHUNK_ROWS, groups, Q6_K_SUB, device=x.device)  # float32, as gguf computes
-        scale = torch.empty(CHUNK_ROWS, groups, device=x.device)
-        weight = torch.empty(CHUNK_ROWS, self.in_features, dtype=flat.dtype, device=x.device)
-        for start in range(0, self.out_features, CHUNK_ROWS):
-            end = min(start + CHUNK_ROWS, self.out_features)
+        groups, rows = self.in_features // Q6_K_SUB, chunk_rows(self.in_features)
+        expanded = torch.empty(rows, groups, Q6_K_SUB, device=x.device)  # float32, as gguf computes
+        scale = torch.empty(rows, groups, device=x.device)
+        weight = torch.empty(rows, self.in_features, dtype=flat.dtype, device=x.device)
+        for start in range(0, self.out_features, rows):
+            end = min(start + rows, self.out_features)
             n = end - start
             # w = (d * sc) * (q - 32), each product rounded to float32 (quant/q6k.py)
             torch.mul(d[start:end].repeat_interleave(Q6_K_BLOCK // Q6_K_SUB, 1), scales[start:end], out=scale[:n])
             expanded[:n].copy_(values[start:end].view(n, groups, Q6_K_SUB)).mul_(scale[:n, :, None])
             weight[:n].copy_(expanded[:n].view(n, self.in_features))
             out[:, start:end] = flat @ weight[:n].t()
+        if self.bias is not None:
+            out += self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def workspace(self, dtype: torch.dtype) -> int:
@@ -55,6 +63,11 @@ class Q6Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, Q6_K"
 
 
+def chunk_rows(in_features: int) -> int:
+    """Output rows expanded at once: CHUNK_WEIGHTS' worth, at least one."""
+    return max(1, CHUNK_WEIGHTS // in_features)
+
+
 def workspace_bytes(in_features: int, dtype: torch.dtype) -> int:
     """A Q6Linear call's chunk buffers: float32 values and scales, and the weight in `dtype`."""
-    return CHUNK_ROWS * (in_features * (4 + dtype.itemsize) + in_features // Q6_K_SUB * 4)
+    return chunk_rows(in_features) * (in_features * (4 + dtype.itemsize) + in_features // Q6_K_SUB * 4)
