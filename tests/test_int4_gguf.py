@@ -11,8 +11,9 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 
 from specchat.errors import SpecchatError
 from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, q4k_to_int4
-from specchat.quant.int4 import int4_tensors
+from specchat.quant.int4 import int4_linear, int4_tensors
 from specchat.quant.int4_probe import fused_linear
+from specchat.quant.q4k_scales import Q4KScalesLinear, q4k_scale_parts
 
 CPU = torch.device("cpu")
 TYPE_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210, GGMLQuantizationType.Q8_0: 34}
@@ -84,3 +85,22 @@ def test_types_without_a_4bit_kernel_dequantize_exactly(qtype):
 def test_q4k_is_not_dequantized_by_mistake():
     with pytest.raises(SpecchatError, match="q4k_to_int4"):
         dequantized(random_blocks(GGMLQuantizationType.Q4_K, 16, 256), GGMLQuantizationType.Q4_K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale_range", [(1e-4, 1e-3), (1e-7, 1e2)], ids=["near", "far-apart"])
+def test_q4k_scale_parts_make_the_packed_scales_and_zeros_bitwise(dtype, scale_range):
+    """A layer streamed compact makes its scales and zeros from Q4_K's parts on each call
+    (quant/q4k_scales.py): the very pairs Int4Linear's packing stores, in either dtype, also where
+    d and dmin are far apart and zero is rounded."""
+    data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024, seed=5, scale_range=scale_range)
+    tensors = int4_tensors(q4k_to_int4(data), None, dtype, CPU)
+    compact = Q4KScalesLinear(1024, 64, 32, False, False, dtype, CPU)
+    compact.packed = tensors["packed"]
+    for name, part in zip(("q4k_sc", "q4k_m", "q4k_d", "q4k_dmin"), q4k_scale_parts(data)):
+        setattr(compact, name, part)
+    assert torch.equal(compact.group_scales(), tensors["scales_and_zeros"])
+    x = torch.randn(3, 1024, dtype=dtype)
+    assert torch.equal(compact(x), int4_linear(q4k_to_int4(data), None, dtype, CPU)(x))  # the same path, the same sums
+    stored = sum(t.numel() * t.element_size() for t in q4k_scale_parts(data))
+    assert stored == 64 * 1024 // 32 * 2 + 64 * 1024 // 256 * 4  # 2.5 bytes a group, against bf16's 4

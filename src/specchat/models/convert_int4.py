@@ -5,7 +5,9 @@ The dense conversion (models/convert.py) expands every tensor to float32; this o
 and the embedding that the GGUF stores as Q4_K in 4 bits. The directory it writes holds:
   int4.safetensors   for each such tensor's module, its Int4Weight (quant/int4_weight.py):
                        <module>.int4_nibbles uint8 [O, I/2], <module>.int4_scales and
-                       <module>.int4_zeros float32 [G, O] (groups of 32)
+                       <module>.int4_zeros float32 [G, O] (groups of 32), and for a linear
+                       Q4_K's own scale parts (quant/q4k_scales.py): <module>.q4k_sc, .q4k_m
+                       uint8 [G, O], .q4k_d, .q4k_dmin fp16 [G/8, O]
                      and, for each Q6_K linear (the LM head, layers' down and v projections), its
                      Q6Weight (quant/q6k.py): <module>.q6_values int8 [O, I], <module>.q6_scales
                      int8 [O, I/16], <module>.q6_d float32 [O, I/256]
@@ -37,9 +39,10 @@ from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.gguf_int4 import q4k_to_int4
 from specchat.quant.int4 import int4_fits
-from specchat.quant.int4_checkpoint import INT4_FILE, INT4_SUFFIXES, int4_entries
+from specchat.quant.int4_checkpoint import INT4_FILE, int4_entries, int4_modules
 from specchat.quant.int4_weight import Int4Weight
-from specchat.quant.q6k import q6_entries, q6k_to_weight
+from specchat.quant.q4k_scales import q4k_entries
+from specchat.quant.q6k import q6_entries, q6_modules, q6k_to_weight
 
 CPU = torch.device("cpu")
 
@@ -81,6 +84,8 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
                 weight = q4k_to_int4(tensor.data)
                 if matches(weight, source.get(names[tensor.name])):
                     tensors.update(int4_entries(module, weight))
+                    if linear is not None:  # for layers streamed compact (quant/q4k_scales.py)
+                        tensors.update(q4k_entries(module, tensor.data))
             bar.update()
     tensors.update(q6_tensors(model, reader, names, source))
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -92,7 +97,7 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
             if path.suffix != ".safetensors" and path.name not in ("config.json", "model.safetensors.index.json") \
                     and path.is_file() and not path.name.startswith("specchat-"):
                 shutil.copy2(path, directory / path.name)  # the tokenizer's files
-    return len(tensors) // len(INT4_SUFFIXES)
+    return len(int4_modules(tensors)) + len(q6_modules(tensors))
 
 
 def q6_tensors(model: PreTrainedModel, reader: GGUFReader, names: dict[str, str],

@@ -6,9 +6,9 @@ from pathlib import Path
 
 MARKER = "specchat-converted.json"  # written last, before the rename: its presence means complete
 # What a 4-bit conversion holds (models/convert_int4.py): "2" adds the token embedding to the
-# linears, "3" the LM head's Q6_K form, "4" every Q6_K linear's; a directory of another format is
-# converted again.
-INT4_FORMAT = "4"
+# linears, "3" the LM head's Q6_K form, "4" every Q6_K linear's, "5" the Q4_K linears' scale parts;
+# a directory of another format is converted again.
+INT4_FORMAT = "5"
 
 
 def is_converted(directory: Path) -> bool:

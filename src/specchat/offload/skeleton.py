@@ -17,6 +17,7 @@ from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 from specchat.quant.int4 import Int4Linear, int4_tensors
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
 from specchat.quant.int4_embedding import Int4Embedding
+from specchat.quant.q4k_scales import Q4K_SUFFIXES, Q4KScalesLinear
 from specchat.quant.q6k import q6_modules
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.int4_pack import pack
@@ -35,7 +36,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
     checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
     `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py);
-    with `compact_layers`, for every decoder layer linear it holds one of."""
+    with `compact_layers`, for every decoder layer linear it holds one of, and Q4KScalesLinears for
+    the layers' Int4Linears it holds Q4_K scale parts of (quant/q4k_scales.py)."""
     spec = read_gptq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
@@ -52,6 +54,7 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         replace_head_with_q6(model, source)
     if compact_layers:
         replace_layers_with_q6(model, source, dtype)
+        replace_layers_scales_with_q4k(model, source)
     model.eval()
     return model
 
@@ -60,6 +63,21 @@ def q6_layer_linears(model: PreTrainedModel, source: SafetensorsSource) -> list[
     """The decoder layers' linears the checkpoint holds Q6Weights for."""
     layers_name, _ = decoder_layers(model)
     return [name for name in q6_modules(source.names()) if name.startswith(layers_name + ".")]
+
+
+def replace_layers_scales_with_q4k(model: PreTrainedModel, source: SafetensorsSource | None) -> None:
+    """An empty Q4KScalesLinear in place of each decoder layer Int4Linear the checkpoint holds
+    Q4_K scale parts for."""
+    layers_name, _ = decoder_layers(model)
+    held = set() if source is None else set(source.names())
+    for name, linear in list(model.named_modules()):
+        if type(linear) is Int4Linear and name.startswith(layers_name + ".") and name + Q4K_SUFFIXES[0] in held:
+            parent, _, child = name.rpartition(".")
+            with torch.device("meta"):
+                compact = Q4KScalesLinear(linear.in_features, linear.out_features, linear.group_size,
+                                          linear.bias is not None, False, linear.compute_dtype,
+                                          torch.device(linear.kernel))
+            setattr(model.get_submodule(parent), child, compact)
 
 
 def replace_layers_with_q6(model: PreTrainedModel, source: SafetensorsSource | None, dtype: torch.dtype) -> None:
@@ -148,7 +166,11 @@ def packed_tensors(linear: Int4Linear, module: str, source: SafetensorsSource) -
     bias = source.get(module + ".bias") if linear.bias is not None else None
     weight, device = stored_int4(module, source), torch.device(linear.kernel)
     packed = None if source.pack_cache is None else source.pack_cache.packed(module, lambda: pack(weight.nibbles, device))
-    return int4_tensors(weight, bias, linear.scales_and_zeros.dtype, device, packed)
+    tensors = int4_tensors(weight, bias, linear.compute_dtype, device, packed)
+    if isinstance(linear, Q4KScalesLinear):  # the pairs are made on each call from Q4_K's parts
+        del tensors["scales_and_zeros"]
+        tensors.update({suffix.removeprefix("."): source.get(module + suffix) for suffix in Q4K_SUFFIXES})
+    return tensors
 
 
 def stored_int4(module: str, source: SafetensorsSource) -> Int4Weight:

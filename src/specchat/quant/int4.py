@@ -34,7 +34,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         check_shape(out_features, in_features, group_size)
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        self.kernel = kernel.type
+        self.kernel, self.compute_dtype = kernel.type, dtype
         self.widths: WidthChoice | None = None  # None: the probe's measured choice (`use_fused_only`)
         shape, packed_dtype = packed_shape(out_features, in_features, kernel.type)
         self.register_buffer("packed", torch.empty(shape, dtype=packed_dtype))
@@ -42,19 +42,24 @@ class Int4Linear(nn.Module):
         self.register_buffer("perm", torch.empty(in_features, dtype=torch.long) if act_order else None)
         self.register_buffer("bias", torch.empty(out_features, dtype=dtype) if bias else None)
 
+    def group_scales(self) -> Tensor:
+        """scales_and_zeros [G, O, 2] in the compute dtype, as the kernels take them."""
+        return self.scales_and_zeros
+
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype != self.scales_and_zeros.dtype or x.device.type != self.kernel:
-            raise SpecchatError(f"an Int4Linear packed for {self.kernel} in {self.scales_and_zeros.dtype} was given "
+        if x.dtype != self.compute_dtype or x.device.type != self.kernel:
+            raise SpecchatError(f"an Int4Linear packed for {self.kernel} in {self.compute_dtype} was given "
                                 f"{x.dtype} inputs on {x.device.type}")
+        scales_and_zeros = self.group_scales()
         flat = x.reshape(-1, self.in_features)
         if self.perm is not None:
             flat = flat.index_select(1, self.perm)
         choice = self.widths or width_choice(self.kernel, x.dtype)
         layout = None if flat.shape[0] <= choice.fused_rows else layout_for(x.device, self.in_features)
         if layout is None:  # narrow, or a layout that cannot be read back
-            out = fused_linear(flat, self.packed, self.scales_and_zeros, self.group_size)
+            out = fused_linear(flat, self.packed, scales_and_zeros, self.group_size)
         else:
-            out = chunked_linear(flat, self.packed, self.scales_and_zeros, self.group_size, layout, choice.product)
+            out = chunked_linear(flat, self.packed, scales_and_zeros, self.group_size, layout, choice.product)
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -70,7 +75,7 @@ def use_fused_only(model: nn.Module) -> int:
     chunked product's dense matmul blocks differently by width). Returns how many were set."""
     linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
     for linear in linears:
-        dtype = linear.scales_and_zeros.dtype
+        dtype = linear.compute_dtype
         if dtype not in FUSED_DTYPES[linear.kernel]:
             raise SpecchatError(f"{linear.kernel}'s fused int4 kernel takes no {dtype} inputs")
         linear.widths = WidthChoice(UNLIMITED, dtype)

@@ -74,4 +74,4 @@ def gptq_int4_tensors(read: Callable[[str], Tensor], linear: Int4Linear) -> dict
     if linear.perm is not None and weight.perm is None:
         weight = replace(weight, perm=torch.arange(linear.in_features))
     bias = read("bias") if linear.bias is not None else None
-    return int4_tensors(weight, bias, linear.scales_and_zeros.dtype, torch.device(linear.kernel))
+    return int4_tensors(weight, bias, linear.compute_dtype, torch.device(linear.kernel))
