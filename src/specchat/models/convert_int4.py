@@ -12,7 +12,8 @@ and the embedding that the GGUF stores as Q4_K in 4 bits. The directory it write
                      Q6Weight (quant/q6k.py): <module>.q6_values int8 [O, I], <module>.q6_scales
                      int8 [O, I/16], <module>.q6_d float32 [O, I/256]
   *.safetensors      links to the dense conversion's files, for every other tensor (norms,
-                     biases, and the Q6_K linears and LM head, which no 4-bit kernel takes)
+                     biases, and the dense form of the Q6_K linears and LM head, which no 4-bit
+                     kernel takes: a run multiplies them so unless its plan keeps them compact)
   config.json, the tokenizer's files, and the completion marker.
 Every Int4Weight is checked as it is written against the dense conversion's tensor, which
 transformers dequantized itself: bitwise, or within the bound gguf_int4 states for blocks whose d

@@ -95,7 +95,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     checkpoint is then read one decoder layer at a time, straight onto `device`.
     A `tokenizer` already loaded from byte-identical files (models/compat.py) is used again.
     `compact_head` keeps a 4-bit checkpoint's Q6_K LM head so (quant/q6k_linear.py), `compact_layers`
-    its decoder layers' Q6_K linears.
+    its decoder layers' Q6_K linears and Q4_K scales (quant/q4k_scales.py).
     """
     source = resolve(spec)
     reporter = Reporter(progress, report)

@@ -57,7 +57,7 @@ class Target:
     sizes: ModelSizes  # its decoder layers and fixed parts (headroom 0: the plan adds it)
     shape: ModelShape
     compact_fixed: int | None = None  # its fixed parts with the LM head in Q6_K (quant/q6k_linear.py), when it has one
-    compact_layers: ModelSizes | None = None  # its sizes with the layers' Q6_K linears so, when it has them
+    compact_layers: ModelSizes | None = None  # its sizes with the layers' Q6_K linears and Q4_K scales as stored
 
     def forms(self) -> tuple[tuple["Target", bool], ...]:
         """Itself, then (when it has one) itself with its LM head in Q6_K: (target, compact head)."""
@@ -67,8 +67,9 @@ class Target:
         return (self, False), (compact, True)
 
     def layer_forms(self) -> tuple[tuple["Target", bool], ...]:
-        """Itself, then (when it has them) itself with its layers' Q6_K linears in Q6_K: (target,
-        compact layers). The plan takes whichever streams fewer bytes, the first on a tie."""
+        """Itself, then (when it has them) itself with its layers' Q6_K linears and Q4_K scales as
+        the GGUF stores them: (target, compact layers). The plan takes whichever streams fewer
+        bytes, the first on a tie."""
         if self.compact_layers is None:
             return ((self, False),)
         sizes = replace(self.compact_layers, fixed=self.sizes.fixed, headroom=self.sizes.headroom)
@@ -100,7 +101,7 @@ class MemoryPlan:
     notes: tuple[str, ...]  # what auto chose, and why
     tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
     compact_head: bool = False  # the target's LM head kept in Q6_K, expanded a chunk at a time each pass
-    compact_layers: bool = False  # its layers' Q6_K linears so too: streamed as the GGUF stores them
+    compact_layers: bool = False  # its layers' Q6_K linears and Q4_K scales as the GGUF stores them
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
@@ -209,7 +210,7 @@ def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, .
     """What auto chose, in words, when it had a choice."""
     notes = []
     if best.compact_layers:
-        notes.append("the layers' Q6_K linears stream in their stored 6 bits, expanded as each layer runs: "
+        notes.append("layers stream as the GGUF stores them (Q6_K linears, Q4_K scales), expanded as each runs: "
                      "fewer bytes a pass")
     if best.compact_head:
         notes.append("LM head in its stored Q6_K, expanded a chunk at a time on every pass: the bf16 head does not fit")

@@ -18,8 +18,8 @@ from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
 from specchat.offload.placement import Placement, Request, Rooms
 from specchat.offload.sizes import measure_sizes
-from specchat.offload.skeleton import (build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, q6_head,
-                                      q6_layer_linears)
+from specchat.offload.skeleton import (build_skeleton, decoder_layers, fill, fill_resident, has_compact_layers,
+                                      layer_tensors, q6_head)
 from specchat.quant.q6k import q6_bytes
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
@@ -94,8 +94,9 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     """Load the model in `directory` (safetensors) with its decoder layers placed per `plan`
     (or per `placement`, already made for it); no plan keeps every layer on the device (how GPTQ
     checkpoints load without offloading). The placement is made before anything is loaded or
-    written. `compact_head`, `compact_layers`: the LM head, the layers' Q6_K linears in Q6_K
-    (quant/q6k_linear.py), as the plan chose; such layers have a layer file of their own."""
+    written. `compact_head`, `compact_layers`: the LM head, the layers' Q6_K linears and Q4_K
+    scales as the GGUF stores them (quant/q6k_linear.py, q4k_scales.py), as the plan chose; such
+    layers have a layer file of their own."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
                            compact_head=compact_head, compact_layers=compact_layers)
@@ -154,7 +155,7 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
         DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype, device))
     compact = source is not None and q6_head(model, source) is not None
     compacted = build_skeleton(config, source, dtype, kernel=device, compact_layers=True) \
-        if source is not None and q6_layer_linears(model, source) else None
+        if source is not None and has_compact_layers(model, source) else None
     return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms, compact, compacted)
 
 
@@ -163,7 +164,8 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
                 rooms: Rooms | None = None, compact_head: bool = False,
                 compacted: PreTrainedModel | None = None) -> MemoryPlan:
     """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose;
-    `compacted`: the model with its layers' Q6_K linears so (on the meta device), which it may too."""
+    `compacted`: the model with its layers' Q6_K linears and Q4_K scales so (on the meta device),
+    which it may choose too."""
     sizes = measure_sizes(model, layers_name, layouts, dtype)
     compact_layers = None if compacted is None else \
         measure_sizes(compacted, layers_name, [layout_of(layer) for layer in decoder_layers(compacted)[1]], dtype)

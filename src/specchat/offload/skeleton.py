@@ -59,6 +59,14 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     return model
 
 
+def has_compact_layers(model: PreTrainedModel, source: SafetensorsSource) -> bool:
+    """Whether the checkpoint holds any decoder layer linear in a compact form (a Q6Weight, or
+    Q4_K scale parts) that `compact_layers` would build."""
+    layers_name, _ = decoder_layers(model)
+    return bool(q6_layer_linears(model, source)) or any(
+        name.startswith(layers_name + ".") and name.endswith(Q4K_SUFFIXES[0]) for name in source.names())
+
+
 def q6_layer_linears(model: PreTrainedModel, source: SafetensorsSource) -> list[str]:
     """The decoder layers' linears the checkpoint holds Q6Weights for."""
     layers_name, _ = decoder_layers(model)
