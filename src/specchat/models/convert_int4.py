@@ -64,8 +64,9 @@ def convert_int4(gguf: Path, dense: Path, target: Path, reporter: Reporter) -> N
 
 
 def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> int:
-    """int4.safetensors of the Q4_K token embedding and every Q4_K linear that the kernels take,
-    each that matches its dense tensor; returns how many."""
+    """int4.safetensors of the Q4_K token embedding and every Q4_K linear that the kernels take
+    (with the linears' Q4_K scale parts), and every Q6_K linear, each that matches its dense
+    tensor; returns how many modules it holds."""
     config = AutoConfig.from_pretrained(dense)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -12,8 +12,8 @@ never a different output.
   vocab / vocab_size. The draft can then never propose a rarer token. The whole head, never read
   again, is let go (tied to the input embedding, its weight stays as that).
 
-A `DraftApprox` prepares a model as it loads (models/loading.py fills one decoder layer at a time
-and hands each over), so that only one layer's dense weights exist at once beside the int8 ones.
+A `DraftApprox` prepares a model as it loads (models/layerwise.py fills one decoder layer at a
+time and hands each over), so that only one layer's dense weights exist at once beside the int8 ones.
 """
 
 from dataclasses import dataclass
