@@ -13,7 +13,8 @@ from specchat.errors import SpecchatError
 from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, q4k_to_int4
 from specchat.quant.int4 import int4_linear, int4_tensors
 from specchat.quant.int4_probe import fused_linear
-from specchat.quant.q4k_scales import Q4KScalesLinear, q4k_scale_parts
+from specchat.quant.gguf_int4 import q4k_scale_parts
+from specchat.quant.q4k_scales import Q4KScalesLinear
 
 CPU = torch.device("cpu")
 TYPE_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210, GGMLQuantizationType.Q8_0: 34}

@@ -36,6 +36,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.models.marker import INT4_FORMAT, write_marker
 from specchat.models.staging import new_temp_dir
+from specchat.offload.skeleton import module_name
 from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.gguf_int4 import q4k_to_int4
@@ -72,7 +73,7 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
         model = AutoModelForCausalLM.from_config(config)
     names = hf_names(model)
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    embedding = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
+    embedding = module_name(model, model.get_input_embeddings())
     source = SafetensorsSource(dense)
     tensors: dict[str, Tensor] = {}
     reader = GGUFReader(gguf)

@@ -26,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
+from specchat.offload.skeleton import module_name
 from specchat.quant.int8 import Int8Embedding, Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
 
@@ -57,8 +58,8 @@ class DraftApprox:
         at a time, never whole in the model's dtype."""
         if not self.int8:
             return frozenset()
-        return frozenset(name + ".weight" for name, module in model.named_modules()
-                         if module is model.get_input_embeddings() or module is model.get_output_embeddings())
+        return frozenset(module_name(model, module) + ".weight"
+                         for module in (model.get_input_embeddings(), model.get_output_embeddings()))
 
     def prepare_head(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
         """The LM head as the draft scores with it, its tokens ranked on `tokenizer` (the ranking

@@ -80,22 +80,18 @@ def replace_layers_scales_with_q4k(model: PreTrainedModel, source: SafetensorsSo
     held = set() if source is None else set(source.names())
     for name, linear in list(model.named_modules()):
         if type(linear) is Int4Linear and name.startswith(layers_name + ".") and name + Q4K_SUFFIXES[0] in held:
-            parent, _, child = name.rpartition(".")
             with torch.device("meta"):
-                compact = Q4KScalesLinear(linear.in_features, linear.out_features, linear.group_size,
-                                          linear.bias is not None, False, linear.compute_dtype,
-                                          torch.device(linear.kernel))
-            setattr(model.get_submodule(parent), child, compact)
+                model.set_submodule(name, Q4KScalesLinear(linear.in_features, linear.out_features, linear.group_size,
+                                                          linear.bias is not None, False, linear.compute_dtype,
+                                                          torch.device(linear.kernel)))
 
 
 def replace_layers_with_q6(model: PreTrainedModel, source: SafetensorsSource | None, dtype: torch.dtype) -> None:
     """An empty Q6Linear in place of each decoder layer linear the checkpoint holds a Q6Weight for."""
     for name in [] if source is None else q6_layer_linears(model, source):
         linear = model.get_submodule(name)
-        parent, _, child = name.rpartition(".")
         with torch.device("meta"):
-            compact = Q6Linear(linear.in_features, linear.out_features, linear.bias is not None, dtype)
-        setattr(model.get_submodule(parent), child, compact)
+            model.set_submodule(name, Q6Linear(linear.in_features, linear.out_features, linear.bias is not None, dtype))
 
 
 def q6_head(model: PreTrainedModel, source: SafetensorsSource) -> str | None:
@@ -103,7 +99,7 @@ def q6_head(model: PreTrainedModel, source: SafetensorsSource) -> str | None:
     input embedding too)."""
     if model.config.tie_word_embeddings:
         return None
-    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    head = module_name(model, model.get_output_embeddings())
     return head if head in q6_modules(source.names()) else None
 
 
@@ -123,14 +119,13 @@ def replace_with_int4(model: PreTrainedModel, source: SafetensorsSource, dtype: 
     for name in int4_modules(source.names()):
         module = model.get_submodule(name)
         groups = source.shape(name + INT4_SUFFIXES[1])[0]
-        parent, _, child = name.rpartition(".")
         with torch.device("meta"):
             if isinstance(module, nn.Embedding):
                 packed = Int4Embedding(module.num_embeddings, module.embedding_dim, groups, dtype)
             else:
                 packed = Int4Linear(module.in_features, module.out_features, module.in_features // groups,
                                     module.bias is not None, False, dtype, kernel)
-        setattr(model.get_submodule(parent), child, packed)
+        model.set_submodule(name, packed)
 
 
 def layer_linears(model: PreTrainedModel) -> list[str]:
@@ -145,7 +140,7 @@ def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:
     layers = getattr(model.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise SpecchatError(f"{type(model).__name__} has no decoder layer list: it cannot be offloaded")
-    name = next(n for n, m in model.named_modules() if m is layers)
+    name = module_name(model, layers)
     return name, layers
 
 
@@ -198,8 +193,6 @@ def stored_int4(module: str, source: SafetensorsSource) -> Int4Weight:
 def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
     """Replace `module`'s meta tensors by `tensors` (names relative to module), on `device`."""
     for name, tensor in tensors.items():
-        owner_name, _, leaf = name.rpartition(".")
-        owner = module.get_submodule(owner_name)
         # Never a view of the memory-mapped file (safetensors hands those out), at an address
         # whose alignment changes how CPU kernels round: a cast or a move already made a fresh
         # tensor (copying that again would hold two for a moment: 0.9 GB for a float32 1.5B's
@@ -207,10 +200,17 @@ def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.devi
         value = tensor.to(device)
         if value.data_ptr() == tensor.data_ptr():
             value = value.clone()
-        if leaf in owner._parameters:
-            owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
-        else:
-            owner._buffers[leaf] = value
+        place(module, name, value)
+
+
+def place(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """`value` as `module`'s parameter (frozen) or buffer `name` (dotted), whichever it declares."""
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[leaf] = value
 
 
 def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsSource, dtype: torch.dtype,
@@ -226,8 +226,7 @@ def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsS
 
     fill(model, layer_tensors(model, "", source, dtype, wanted), device)
     for name in mapped - {tied}:
-        owner_name, _, leaf = name.rpartition(".")
-        model.get_submodule(owner_name)._parameters[leaf] = nn.Parameter(source.get(name), requires_grad=False)
+        place(model, name, source.get(name))
     if model.config.tie_word_embeddings:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     rebuild_computed_buffers(model, device)
@@ -242,8 +241,12 @@ def tied_head(model: PreTrainedModel) -> str | None:
     it anyway need not be read for it."""
     if not model.config.tie_word_embeddings:
         return None
-    head = model.get_output_embeddings()
-    return next(name for name, module in model.named_modules() if module is head) + ".weight"
+    return module_name(model, model.get_output_embeddings()) + ".weight"
+
+
+def module_name(model: nn.Module, module: nn.Module) -> str:
+    """`module`'s dotted name inside `model`."""
+    return next(name for name, candidate in model.named_modules() if candidate is module)
 
 
 def rebuild_computed_buffers(model: PreTrainedModel, device: torch.device) -> None:

@@ -32,23 +32,41 @@ Q4_K_BYTES = 144
 Q4_K_SUB = 32  # weights per sub-block: the int4 group
 
 
+SUB_BLOCKS = Q4_K_BLOCK // Q4_K_SUB
+
+
 def q4k_to_int4(data: np.ndarray) -> Int4Weight:
     """A Q4_K tensor's bytes, uint8 [O, I / 256 * 144] (as gguf.GGUFReader gives them), as an
     Int4Weight in groups of 32."""
     out_features = data.shape[0]
     blocks = np.ascontiguousarray(data).reshape(-1, Q4_K_BYTES)
-    d = blocks[:, 0:2].view(np.float16).astype(np.float64)  # [B, 1]
-    dmin = blocks[:, 2:4].view(np.float16).astype(np.float64)
-    sc, m = quants.Q4_K.get_scale_min(blocks[:, 4:16])  # [B, 8] each
-    scale = d * sc  # exact in float32, computed wider to round `zero` once
-    zero = 8 * scale - dmin * m
     nibbles = torch.from_numpy(blocks[:, 16:].reshape(-1, 4, 1, 32).copy())  # a reader's arrays are read-only
     q = torch.cat([nibbles & 0xF, nibbles >> 4], dim=2).reshape(out_features, -1)  # [O, I], sub-blocks in order
+    # computed wider, so that `zero` is rounded to float32 once
+    scale, zero = scales_and_zeros(*q4k_scale_parts(data), torch.float64)
+    return Int4Weight(pack_nibbles(q), scale.float(), zero.float(), None)
 
-    def per_group(values: np.ndarray) -> Tensor:  # [B, 8] -> float32 [G, O]
-        return torch.from_numpy(values.astype(np.float32).reshape(out_features, -1)).t().contiguous()
 
-    return Int4Weight(pack_nibbles(q), per_group(scale), per_group(zero), None)
+def q4k_scale_parts(data: np.ndarray) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A Q4_K tensor's scale parts as stored: sc and m uint8 [G, O] (6-bit), d and dmin fp16 [G/8, O]."""
+    out_features = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(-1, Q4_K_BYTES)
+    sc, m = quants.Q4_K.get_scale_min(blocks[:, 4:16])  # [B, 8] each
+
+    def per_output(values: np.ndarray) -> Tensor:  # [B, k] -> [G or G/8, O]
+        return torch.from_numpy(np.ascontiguousarray(values.reshape(out_features, -1).T))
+
+    return (per_output(sc.astype(np.uint8)), per_output(m.astype(np.uint8)),
+            per_output(blocks[:, 0:2].view(np.float16)), per_output(blocks[:, 2:4].view(np.float16)))
+
+
+def scales_and_zeros(sc: Tensor, m: Tensor, d: Tensor, dmin: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """scale = d * sc (exact in float32: 11 + 6 significant bits) and zero = 8 * scale - dmin * m
+    [G, O], computed in `dtype`. Both products are exact in float32, so float32 rounds zero once,
+    as float64 then float32 does."""
+    d, dmin = (part.to(dtype).repeat_interleave(SUB_BLOCKS, 0) for part in (d, dmin))
+    scale = d * sc.to(dtype)
+    return scale, 8 * scale - dmin * m.to(dtype)
 
 
 def dequantized(data: np.ndarray, qtype: GGMLQuantizationType) -> Tensor:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES
-from specchat.quant.int4_pack import unpack_nibbles
+from specchat.quant.int4_weight import Int4Weight
 
 NIBBLES, SCALES, ZEROS = (suffix.removeprefix(".") for suffix in INT4_SUFFIXES)
 
@@ -29,11 +29,9 @@ class Int4Embedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         rows = ids.reshape(-1)
-        q = unpack_nibbles(getattr(self, NIBBLES)[rows]).double() - 8
-        group = self.embedding_dim // getattr(self, SCALES).shape[0]
-        scales = getattr(self, SCALES)[:, rows].t().double().repeat_interleave(group, 1)
-        zeros = getattr(self, ZEROS)[:, rows].t().double().repeat_interleave(group, 1)
-        return (q * scales + zeros).float().to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+        looked_up = Int4Weight(getattr(self, NIBBLES)[rows], getattr(self, SCALES)[:, rows],
+                               getattr(self, ZEROS)[:, rows], None)  # the rows as a weight of their own
+        return looked_up.dequantize().to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, 4-bit"

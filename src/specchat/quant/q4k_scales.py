@@ -15,32 +15,16 @@ very same weights; a call spends ~6 elementwise steps over the layer's groups (G
 
 import numpy as np
 import torch
-from gguf import quants
 from torch import Tensor
 
+from specchat.quant.gguf_int4 import SUB_BLOCKS, q4k_scale_parts, scales_and_zeros
 from specchat.quant.int4 import Int4Linear
 
 Q4K_SUFFIXES = (".q4k_sc", ".q4k_m", ".q4k_d", ".q4k_dmin")  # a module's Q4_K scale parts in a checkpoint
-SUB_BLOCKS = 8  # groups of 32 per Q4_K super-block
-Q4_K_BYTES = 144
-
-
-def q4k_scale_parts(data: np.ndarray) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A Q4_K tensor's bytes, uint8 [O, I / 256 * 144] (as gguf.GGUFReader gives them), as
-    (sc uint8 [G, O], m uint8 [G, O], d fp16 [G/8, O], dmin fp16 [G/8, O])."""
-    out_features = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(-1, Q4_K_BYTES)
-    sc, m = quants.Q4_K.get_scale_min(blocks[:, 4:16])  # [B, 8] each
-
-    def per_output(values: np.ndarray) -> Tensor:  # [B, k] -> [G or G/8, O]
-        return torch.from_numpy(np.ascontiguousarray(values.reshape(out_features, -1).T))
-
-    return (per_output(sc.astype(np.uint8)), per_output(m.astype(np.uint8)),
-            per_output(blocks[:, 0:2].view(np.float16)), per_output(blocks[:, 2:4].view(np.float16)))
 
 
 def q4k_entries(module: str, data: np.ndarray) -> dict[str, Tensor]:
-    """A Q4_K tensor's scale parts as checkpoint tensors under `module`'s name."""
+    """A Q4_K tensor's scale parts (gguf_int4.q4k_scale_parts) as checkpoint tensors under `module`'s name."""
     return dict(zip((module + suffix for suffix in Q4K_SUFFIXES), q4k_scale_parts(data)))
 
 
@@ -57,8 +41,5 @@ class Q4KScalesLinear(Int4Linear):
             self.register_buffer(suffix.removeprefix("."), torch.empty(shape, dtype=kind))
 
     def group_scales(self) -> Tensor:
-        d = self.q4k_d.float().repeat_interleave(SUB_BLOCKS, 0)
-        dmin = self.q4k_dmin.float().repeat_interleave(SUB_BLOCKS, 0)
-        scale = d * self.q4k_sc.float()
-        zero = 8 * scale - dmin * self.q4k_m.float()
+        scale, zero = scales_and_zeros(self.q4k_sc, self.q4k_m, self.q4k_d, self.q4k_dmin, torch.float32)
         return torch.stack([scale, zero], dim=-1).to(self.compute_dtype)

@@ -30,11 +30,17 @@ class Q6Weight:
     d: Tensor  # float32 [O, I / 256]
 
     def dequantize(self, rows: slice = slice(None)) -> Tensor:
-        """The float32 weight's `rows`, as gguf computes it: (d * sc) rounded to float32 (exact: an
-        fp16 times an int8), times q - 32, rounded once."""
-        scale = self.d[rows].repeat_interleave(Q6_K_BLOCK // Q6_K_SUB, 1) * self.scales[rows].float()
-        values = self.values[rows].float()
-        return (values.view(values.shape[0], -1, Q6_K_SUB) * scale[..., None]).view(values.shape)
+        """The float32 weight's `rows`, as gguf computes it (`dequantize_into`)."""
+        count, width = self.values[rows].shape
+        return self.dequantize_into(rows, torch.empty(count, width), torch.empty(count, width // Q6_K_SUB))
+
+    def dequantize_into(self, rows: slice, out: Tensor, scale: Tensor) -> Tensor:
+        """The float32 weight's `rows` written into `out` [n, I], `scale` [n, I / 16] its scratch:
+        (d * sc) rounded to float32 (exact: an fp16 times an int8), times q - 32, rounded once."""
+        torch.mul(self.d[rows].repeat_interleave(Q6_K_BLOCK // Q6_K_SUB, 1), self.scales[rows], out=scale)
+        grouped = out.view(out.shape[0], -1, Q6_K_SUB)
+        grouped.copy_(self.values[rows].view(grouped.shape)).mul_(scale[..., None])
+        return out
 
 
 def q6k_to_weight(data: np.ndarray) -> Q6Weight:

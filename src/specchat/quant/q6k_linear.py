@@ -14,7 +14,7 @@ against ~16 ms dense, the price of 0.22 GB.
 import torch
 from torch import Tensor, nn
 
-from specchat.quant.q6k import Q6_K_BLOCK, Q6_K_SUB, Q6_SUFFIXES
+from specchat.quant.q6k import Q6_K_BLOCK, Q6_K_SUB, Q6_SUFFIXES, Q6Weight
 
 # Weights expanded at once (2048 rows of the 1.5B's head): small enough to stay in cache between
 # the steps; a chunk is this many weights' worth of whole output rows.
@@ -38,19 +38,16 @@ class Q6Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         out = flat.new_empty(flat.shape[0], self.out_features)
-        values, scales, d = getattr(self, VALUES), getattr(self, SCALES), getattr(self, D)
-        groups, rows = self.in_features // Q6_K_SUB, chunk_rows(self.in_features)
-        expanded = torch.empty(rows, groups, Q6_K_SUB, device=x.device)  # float32, as gguf computes
-        scale = torch.empty(rows, groups, device=x.device)
+        stored = Q6Weight(getattr(self, VALUES), getattr(self, SCALES), getattr(self, D))
+        rows = chunk_rows(self.in_features)
+        expanded = torch.empty(rows, self.in_features, device=x.device)  # float32, as gguf computes
+        scale = torch.empty(rows, self.in_features // Q6_K_SUB, device=x.device)
         weight = torch.empty(rows, self.in_features, dtype=flat.dtype, device=x.device)
         for start in range(0, self.out_features, rows):
-            end = min(start + rows, self.out_features)
-            n = end - start
-            # w = (d * sc) * (q - 32), each product rounded to float32 (quant/q6k.py)
-            torch.mul(d[start:end].repeat_interleave(Q6_K_BLOCK // Q6_K_SUB, 1), scales[start:end], out=scale[:n])
-            expanded[:n].copy_(values[start:end].view(n, groups, Q6_K_SUB)).mul_(scale[:n, :, None])
-            weight[:n].copy_(expanded[:n].view(n, self.in_features))
-            out[:, start:end] = flat @ weight[:n].t()
+            n = min(rows, self.out_features - start)
+            stored.dequantize_into(slice(start, start + n), expanded[:n], scale[:n])
+            weight[:n].copy_(expanded[:n])
+            out[:, start:start + n] = flat @ weight[:n].t()
         if self.bias is not None:
             out += self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
