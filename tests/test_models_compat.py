@@ -49,7 +49,7 @@ def test_tokenizer_files_are_the_same_only_when_every_one_is_byte_identical(tmp_
         (directory / "tokenizer.json").write_text('{"model": {}}')
         (directory / "tokenizer_config.json").write_text("{}")
     (first / "chat_template.jinja").write_text("{{ messages }}")  # a chat template is not the tokens
-    assert same_tokenizer_files(first, second)
+    assert same_tokenizer_files(first, second) and same_tokenizer_files(first, first)
     (second / "special_tokens_map.json").write_text("{}")  # present in one only
     assert not same_tokenizer_files(first, second)
     (first / "special_tokens_map.json").write_text('{"eos_token": "x"}')  # present in both, different

@@ -19,6 +19,8 @@ def same_tokenizer_files(first: Path, second: Path) -> bool:
     second (0.13 GB for Qwen2.5's) need not load."""
     if not (first / "tokenizer.json").is_file() and not (first / "tokenizer.model").is_file():
         return False
+    if first.resolve() == second.resolve():  # the tokenizer loaded before the plan, for its own model
+        return True
     for name in TOKENIZER_FILES:
         mine, theirs = first / name, second / name
         if mine.is_file() != theirs.is_file() or mine.is_file() and mine.read_bytes() != theirs.read_bytes():

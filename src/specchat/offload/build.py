@@ -18,8 +18,8 @@ from specchat.offload.direct_io import aligned_empty
 from specchat.offload.layout import LayerLayout, plan_layout
 from specchat.offload.placement import Placement, Request, Rooms
 from specchat.offload.sizes import measure_sizes
-from specchat.offload.skeleton import (build_skeleton, decoder_layers, fill, fill_resident, has_compact_layers,
-                                      layer_tensors, q6_head)
+from specchat.offload.skeleton import (build_skeleton, compact_the_layers, decoder_layers, fill, fill_resident,
+                                      has_compact_layers, layer_tensors, q6_head)
 from specchat.quant.q6k import q6_bytes
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
@@ -154,30 +154,30 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
     reuse = None if source is None else \
         DiskStore(layouts, layer_file(plan, name, dtype), fingerprint(source, dtype, device))
     compact = source is not None and q6_head(model, source) is not None
-    compacted = build_skeleton(config, source, dtype, kernel=device, compact_layers=True) \
-        if source is not None and has_compact_layers(model, source) else None
-    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms, compact, compacted)
+    compact_layouts = None
+    if source is not None and has_compact_layers(model, source):
+        compact_the_layers(model, source, dtype)  # the skeleton serves the plan only: its dense layouts are taken
+        compact_layouts = [layout_of(layer) for layer in layers]
+    return plan_layers(model, layers_name, layouts, dtype, device, plan, reuse, rooms, compact, compact_layouts)
 
 
 def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
                 device: torch.device, plan: OffloadPlan, disk_store: DiskStore | None,
                 rooms: Rooms | None = None, compact_head: bool = False,
-                compacted: PreTrainedModel | None = None) -> MemoryPlan:
+                compact_layouts: list[LayerLayout] | None = None) -> MemoryPlan:
     """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose;
-    `compacted`: the model with its layers' Q6_K linears and Q4_K scales so (on the meta device),
-    which it may choose too."""
+    `compact_layouts`: the layers' layouts with their Q6_K linears and Q4_K scales as stored, which
+    it may choose too (`model`'s layers are then in that form; `layouts` are the dense ones)."""
     sizes = measure_sizes(model, layers_name, layouts, dtype)
-    compact_layers = None if compacted is None else \
-        measure_sizes(compacted, layers_name, [layout_of(layer) for layer in decoder_layers(compacted)[1]], dtype)
-    forms = [model] if compacted is None else [model, compacted]
+    compact_layers = None if compact_layouts is None else measure_sizes(model, layers_name, compact_layouts, dtype)
     reusable = disk_store is not None and disk_store.reusable
     rooms = rooms or measure_rooms(plan, device, sizes.file_bytes if reusable else 0)
     contexts = plan.contexts or (model.config.max_position_embeddings,)
     resident = len(layouts) if plan.tier == "none" else plan.resident_layers
     tier = "auto" if plan.tier == "none" else plan.tier
-    ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(forms, plan.tree_tokens, dtype),
+    ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(model, plan.tree_tokens, dtype),
               Request(tier, resident, plan.slots), cuda=device.type == "cuda", smaller_trees=plan.smaller_trees,
-              smaller_workspaces=tuple(quantized_workspace(forms, tree, dtype) for tree in plan.smaller_trees))
+              smaller_workspaces=tuple(quantized_workspace(model, tree, dtype) for tree in plan.smaller_trees))
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     return plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
 
@@ -188,13 +188,14 @@ def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int
     return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, dtype)
 
 
-def quantized_workspace(models: list[PreTrainedModel], rows: int, dtype: torch.dtype) -> int:
-    """The largest temporary a 4-bit linear (quant.int4's bound, over `rows` input rows) or a Q6_K
-    one (its chunk buffers) of any of `models`' forms allocates; linears run one at a time, so the
-    largest one's."""
+def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:
+    """The largest temporary a 4-bit linear (quant.int4's bound, over `rows` input rows) or a
+    layer's Q6_K one (its chunk buffers) allocates; linears run one at a time, so the largest one's.
+    A model whose layers are compact bounds its dense form too: the same 4-bit linears, and dense
+    linears allocate nothing."""
     int4 = (workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size)
-            for model in models for m in model.modules() if isinstance(m, Int4Linear))
-    q6 = (m.workspace(dtype) for model in models for m in model.get_decoder().modules() if isinstance(m, Q6Linear))
+            for m in model.modules() if isinstance(m, Int4Linear))
+    q6 = (m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear))
     return max((*int4, *q6), default=0)
 
 

@@ -53,8 +53,7 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     if compact_head:
         replace_head_with_q6(model, source)
     if compact_layers:
-        replace_layers_with_q6(model, source, dtype)
-        replace_layers_scales_with_q4k(model, source)
+        compact_the_layers(model, source, dtype)
     model.eval()
     return model
 
@@ -71,6 +70,12 @@ def q6_layer_linears(model: PreTrainedModel, source: SafetensorsSource) -> list[
     """The decoder layers' linears the checkpoint holds Q6Weights for."""
     layers_name, _ = decoder_layers(model)
     return [name for name in q6_modules(source.names()) if name.startswith(layers_name + ".")]
+
+
+def compact_the_layers(model: PreTrainedModel, source: SafetensorsSource | None, dtype: torch.dtype) -> None:
+    """The decoder layers' linears in the compact forms the checkpoint holds (Q6Weights, Q4_K scale parts)."""
+    replace_layers_with_q6(model, source, dtype)
+    replace_layers_scales_with_q4k(model, source)
 
 
 def replace_layers_scales_with_q4k(model: PreTrainedModel, source: SafetensorsSource | None) -> None:
