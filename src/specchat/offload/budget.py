@@ -87,8 +87,8 @@ class Ask:
     workspace: int  # the quantized kernels' largest temporary (quant's stated bound)
     request: Request = Request()
     cuda: bool = False
-    smaller_trees: tuple[int, ...] = ()  # largest passes auto may fall back to, in order, before a smaller context
-    smaller_workspaces: tuple[int, ...] = ()  # the workspace at each of smaller_trees; (): `workspace` at each
+    # (largest pass, the quantized kernels' workspace at it) auto may fall back to, in order, before a smaller context
+    smaller_trees: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,10 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat.
     Where the target's layers hold Q6_K linears, their compact form is weighed like a draft: the
     plan that streams fewer bytes wins (the dense one when nothing streams)."""
-    trees = (ask.tree_tokens, *ask.smaller_trees)
-    workspaces = (ask.workspace, *(ask.smaller_workspaces or (ask.workspace,) * len(ask.smaller_trees)))
+    trees = ((ask.tree_tokens, ask.workspace), *ask.smaller_trees)
     for context in ask.contexts:
         for form, compact in target.forms():
-            for tree, workspace in zip(trees, workspaces, strict=True):
+            for tree, workspace in trees:
                 sized = replace(ask, tree_tokens=tree, workspace=workspace)
                 plans = []
                 for layered, compact_layers in form.layer_forms():
@@ -132,7 +131,7 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
                     best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
                     return replace(best, notes=choices(ask, best, plans))
     smallest = target.forms()[-1][0].layer_forms()[-1][0]
-    raise refusal(smallest, replace(ask, tree_tokens=trees[-1], workspace=workspaces[-1]), rooms)
+    raise refusal(smallest, replace(ask, tree_tokens=trees[-1][0], workspace=trees[-1][1]), rooms)
 
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:

@@ -176,8 +176,8 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
     resident = len(layouts) if plan.tier == "none" else plan.resident_layers
     tier = "auto" if plan.tier == "none" else plan.tier
     ask = Ask(contexts, plan.drafts, plan.tree_tokens, quantized_workspace(model, plan.tree_tokens, dtype),
-              Request(tier, resident, plan.slots), cuda=device.type == "cuda", smaller_trees=plan.smaller_trees,
-              smaller_workspaces=tuple(quantized_workspace(model, tree, dtype) for tree in plan.smaller_trees))
+              Request(tier, resident, plan.slots), cuda=device.type == "cuda",
+              smaller_trees=tuple((tree, quantized_workspace(model, tree, dtype)) for tree in plan.smaller_trees))
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     return plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
 
