@@ -168,8 +168,8 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
     assert item(memory, "draft KV cache") == 24 * 2 * 2 * 64 * BF16 * tokens  # 12 KiB a token
     target_pass = math_pass(12, 1536, 8960, 4096, 1025)
     assert item(memory, "largest pass") == max(target_pass, math_pass(14, 896, 4864, 4096, 1025)) == target_pass
-    tied = 151936 * 896  # the 0.5B's head is its embedding
-    draft_params = tied + 24 * (2 * 896 + 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3) + 896
+    embedding = head = 151936 * 896  # untied: the 0.5B's GGUF stores its LM head (output.weight, Q8_0)
+    draft_params = embedding + head + 24 * (2 * 896 + 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3) + 896
     biases = 24 * (896 + 128 + 128)  # Qwen2's q/k/v biases
     assert item(memory, "draft weights (") == (draft_params + biases) * BF16 + 2 * 32 * FP32  # + rotary buffers
     assert memory.placement.resident == 28 and not memory.placement.streamed
