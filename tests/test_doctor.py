@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_cli import run_cli
 
-from specchat.doctor.advice import Recommendation, advise, recommend
+from specchat.doctor.advice import Recommendation, advise
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.report import render
 from specchat.offload.links import read_links
@@ -16,37 +16,13 @@ from specchat.offload.budget import Item, MemoryPlan
 from specchat.offload.placement import Placement, Rooms
 
 GB = 10**9
-TARGET = 3 * GB  # needs 3.6 GB with 20% headroom
-
-
-@pytest.mark.parametrize(
-    ("device_free", "ram_available", "tier", "budget"),
-    [
-        (None, 16 * GB, "none", 16),  # CPU, fits in RAM
-        (None, 3 * GB, "disk", 256),  # CPU, fits in RAM only without headroom
-        (8 * GB, 16 * GB, "none", 256),  # GPU, fits in its memory
-        (2 * GB, 16 * GB, "ram", 1024),  # GPU too small, RAM large enough
-        (2 * GB, 3 * GB, "disk", 1024),  # neither
-    ],
-)
-def test_recommend_tiers_and_budgets(device_free, ram_available, tier, budget):
-    rec = recommend(TARGET, device_free, ram_available, disk_gbps=1.5, h2d_gbps=12.0)
-    assert (rec.tier, rec.budget) == (tier, budget)
-
-
-def test_recommend_explains_the_transfer_cost():
-    disk = recommend(TARGET, None, 2 * GB, disk_gbps=1.5, h2d_gbps=None)
-    assert "1.50 GB/s" in disk.reason and "~2.0 s" in disk.reason and "flat in tree size" in disk.reason
-    ram = recommend(TARGET, GB, 16 * GB, disk_gbps=1.5, h2d_gbps=12.0)
-    assert "pinned RAM at 12.00 GB/s" in ram.reason and "~0.2 s" in ram.reason
-    assert "headroom" in recommend(TARGET, None, 16 * GB, 1.5, None).reason
 
 
 def facts(**changes) -> Facts:
     base = dict(
         cpu="Test CPU", cores=2, threads=4, torch_version="2.9.0", cuda=(), ram_total=32 * GB,
         ram_available=20 * GB, offload_dir=Path("/data/offload"), disk_free=100 * GB, h2d_gbps=None,
-        disk_gbps=1.8, direct=True, probe_bytes=GB, target="qwen2.5-coder-1.5b", target_bytes=TARGET,
+        disk_gbps=1.8, direct=True, probe_bytes=GB,
     )
     return Facts(**{**base, **changes})
 
@@ -65,8 +41,34 @@ STREAMED = pair_plan(Placement((GB // 10,) * 28, resident=10, ram=0, disk=18, sl
                                needed=5 * GB), pass_s=1.0)
 
 
+IN_RAM = pair_plan(Placement((GB // 10,) * 28, resident=10, ram=18, disk=0, slots=2, slot_bytes=GB // 10,
+                             needed=5 * GB), pass_s=0.15)
+
+
+@pytest.mark.parametrize(
+    ("pair", "cuda", "tier", "budget"),
+    [
+        (RESIDENT, False, "none", 16),  # every layer resident: small trees pay on a CPU
+        (RESIDENT, True, "none", 256),  # a GPU scores hundreds of tokens for the price of a few
+        (STREAMED, False, "disk", 256),  # layers stream: a pass costs their transfer, whatever the tree
+        (IN_RAM, True, "ram", 1024),
+    ],
+)
+def test_the_recommendation_follows_where_the_plan_puts_the_layers(pair, cuda, tier, budget):
+    rec = advise(pair, cuda, ram_gbps=12.0, disk_gbps=1.8)
+    assert (rec.tier, rec.budget) == (tier, budget)
+
+
+def test_the_recommendation_names_the_planned_weights_and_the_transfer_cost():
+    assert advise(RESIDENT, False, None, 1.8).reason == "the weights (3.80 GB) fit in RAM (test); on a CPU small trees pay"
+    disk = advise(STREAMED, False, None, 1.8).reason
+    assert disk.startswith("the weights (3.80 GB) do not: 10 of their 28 decoder layers fit in RAM (test); ")
+    assert "streams 1.80 GB at 1.80 GB/s from disk, ~1.0 s" in disk and "flat in tree size" in disk
+    assert "streams 1.80 GB at 12.00 GB/s from RAM, ~0.1 s" in advise(IN_RAM, True, 12.0, 1.8).reason
+
+
 def test_render_cpu_report():
-    report = render(facts(), Recommendation("none", 16, "because"), RESIDENT)
+    report = render(facts(), "qwen2.5-coder-1.5b", Recommendation("none", 16, "because"), RESIDENT)
     for line in (
         "  cpu            Test CPU (2 cores, 4 threads)",
         "  cuda           no CUDA device",
@@ -74,7 +76,7 @@ def test_render_cpu_report():
         "  disk           100.00 GB free at /data/offload",
         "  host->device   no CUDA: skipped",
         "  disk read      1.80 GB/s (O_DIRECT; 1.00 GB probe)",
-        "  target         qwen2.5-coder-1.5b: 3.00 GB in bfloat16",
+        "  target         qwen2.5-coder-1.5b: 3.80 GB of weights as the plan holds them",  # 1 GB fixed, 28 x 0.1 GB
         "  offload        none",
         "  budget         16",
         "  why            because",
@@ -89,27 +91,22 @@ def test_render_cpu_report():
 
 
 def test_render_a_plan_that_streams_and_one_that_fits_nowhere():
-    report = render(facts(disk_gbps=1.8), Recommendation("disk", 256, "x"), STREAMED).splitlines()
+    report = render(facts(disk_gbps=1.8), "t", Recommendation("disk", 256, "x"), STREAMED).splitlines()
     assert "  layers         10 resident, 0 in RAM, 18 on disk" in report
     assert "  ring           2 slots of 0.10 GB" in report
     assert "  per pass       1.80 GB streamed; ~1.00 s streaming per pass at 1.80 GB/s from disk" in report
     assert "  expected       at most 8.0-20.0 tokens/s: 8-20 tokens per pass" in " ".join(report)
-    report = render(facts(), Recommendation("disk", 256, "x"), "the model fits nowhere: y").splitlines()
+    report = render(facts(), "t", None, "the model fits nowhere: y").splitlines()
+    assert "  target         t: no plan fits this machine (below)" in report and not any(line.startswith("  offload ") for line in report)
     assert report[-2:] == ["plan (--offload auto)", "  fits nowhere   the model fits nowhere: y"]
 
 
 def test_render_cuda_and_fallback():
     gpu = CudaDevice("Test GPU", 24 * GB, 20 * GB)
-    report = render(facts(cuda=(gpu,), h2d_gbps=12.5, direct=False), Recommendation("ram", 1024, "x"), RESIDENT)
+    report = render(facts(cuda=(gpu,), h2d_gbps=12.5, direct=False), "t", Recommendation("ram", 1024, "x"), RESIDENT)
     assert "  cuda:0         Test GPU: 24.00 GB total, 20.00 GB free" in report
     assert "12.50 GB/s (pinned memory)" in report
     assert "buffered + fadvise DONTNEED" in report
-
-
-def test_advise_uses_the_first_cuda_device():
-    small = CudaDevice("small", 4 * GB, GB)
-    assert advise(facts(cuda=(small,), h2d_gbps=10.0)).tier == "ram"
-    assert advise(facts()).tier == "none"
 
 
 def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):

@@ -174,6 +174,7 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
     assert item(memory, "draft weights (") == (draft_params + biases) * BF16 + 2 * 32 * FP32  # + rotary buffers
     assert memory.placement.resident == 28 and not memory.placement.streamed
     assert memory.total("device") <= 24 * GB - RUNTIME_BYTES - OS_RESERVE
+    assert memory.target_bytes() == item(memory, "fixed parts") + item(memory, "28 resident decoder layers")
 
 
 def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():

@@ -30,7 +30,8 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     pair = plan_or_reason(target, draft, context, measured, facts.offload_dir, gb_bytes(ram_budget),
                           gb_bytes(vram_budget))
     limit = None if facts.cuda else measure_limit(target, draft, context, facts.offload_dir)
-    return render(facts, advise(facts), pair, limit)
+    rec = advise(pair, bool(facts.cuda), facts.h2d_gbps, facts.disk_gbps) if isinstance(pair, PairPlan) else None
+    return render(facts, target, rec, pair, limit)
 
 
 def plan_or_reason(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,

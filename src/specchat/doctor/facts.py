@@ -1,5 +1,4 @@
-"""The facts `specchat doctor` reports: devices, memory, free disk, the offload links' bandwidths
-and the default target's size."""
+"""The facts `specchat doctor` reports: devices, memory, free disk and the offload links' bandwidths."""
 
 import math
 import platform
@@ -9,22 +8,12 @@ from pathlib import Path
 
 import psutil
 import torch
-from safetensors import safe_open
 
 from specchat.errors import SpecchatError
-from specchat.models.embedded import EMBEDDED, converted_path
-from specchat.models.marker import is_converted
-from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
 from specchat.paths import cache_dir
 from specchat.transfer import gb
-
-BYTES_PER_PARAM = 2  # bfloat16, the default dtype
-# The default target (Qwen2.5-Coder-1.5B-Instruct) as converted, with its LM head untied:
-# used until the converted directory exists, so that doctor never assembles or converts.
-DEFAULT_TARGET_PARAMS = 1_777_088_000
-
 
 @dataclass(frozen=True)
 class CudaDevice:
@@ -48,8 +37,6 @@ class Facts:
     disk_gbps: float
     direct: bool  # O_DIRECT honoured; False: buffered reads dropped from the cache by fadvise
     probe_bytes: int
-    target: str
-    target_bytes: int
 
 
 def default_offload_dir() -> Path:
@@ -83,8 +70,6 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
         disk_gbps=disk_gbps,
         direct=direct,
         probe_bytes=probe_bytes,
-        target=DEFAULT_TARGET,
-        target_bytes=default_target_bytes(),
     )
 
 
@@ -116,18 +101,3 @@ def cuda_devices() -> tuple[CudaDevice, ...]:
         devices.append(CudaDevice(torch.cuda.get_device_name(index), total, free))
     return tuple(devices)
 
-
-def default_target_bytes() -> int:
-    """Bytes of the default target's weights in bfloat16, counted from the converted safetensors
-    headers when they exist (nothing is loaded)."""
-    directory = converted_path(EMBEDDED[DEFAULT_TARGET])
-    params = count_params(directory) if is_converted(directory) else DEFAULT_TARGET_PARAMS
-    return params * BYTES_PER_PARAM
-
-
-def count_params(directory: Path) -> int:
-    total = 0
-    for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(path, framework="pt") as tensors:
-            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
-    return total

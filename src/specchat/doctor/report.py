@@ -8,7 +8,8 @@ from specchat.offload.placement import link_speeds
 from specchat.transfer import gb
 
 
-def render(facts: Facts, rec: Recommendation, pair: PairPlan | str, limit: Limit | None = None) -> str:
+def render(facts: Facts, target: str, rec: Recommendation | None, pair: PairPlan | str, limit: Limit | None = None) -> str:
+    """The report; `rec` is None when no plan fits (the plan's lines say why)."""
     h2d = "no CUDA: skipped" if facts.h2d_gbps is None else f"{facts.h2d_gbps:.2f} GB/s (pinned memory)"
     mode = "O_DIRECT" if facts.direct else "O_DIRECT refused by the filesystem: buffered + fadvise DONTNEED"
     lines = [
@@ -22,15 +23,21 @@ def render(facts: Facts, rec: Recommendation, pair: PairPlan | str, limit: Limit
         "bandwidth",
         f"  host->device   {h2d}",
         f"  disk read      {facts.disk_gbps:.2f} GB/s ({mode}; {gb(facts.probe_bytes)} probe)",
-        "recommendation",
-        f"  target         {facts.target}: {gb(facts.target_bytes)} in bfloat16",
-        f"  offload        {rec.tier}",
-        f"  budget         {rec.budget}",
-        f"  why            {rec.reason}",
+        *recommendation_lines(target, rec, pair),
         *plan_lines(pair, facts.h2d_gbps, facts.disk_gbps),
         *limit_lines(limit),
     ]
     return "\n".join(lines)
+
+
+def recommendation_lines(target: str, rec: Recommendation | None, pair: PairPlan | str) -> list[str]:
+    if rec is None or isinstance(pair, str):
+        return ["recommendation", f"  target         {target}: no plan fits this machine (below)"]
+    return ["recommendation",
+            f"  target         {target}: {gb(pair.memory.target_bytes())} of weights as the plan holds them",
+            f"  offload        {rec.tier}",
+            f"  budget         {rec.budget}",
+            f"  why            {rec.reason}"]
 
 
 def limit_lines(limit: Limit | None) -> list[str]:

@@ -31,6 +31,8 @@ OS_RESERVE = 10**9  # RAM left to the OS and the page cache that checkpoint read
 RUNTIME_BYTES = 15 * 10**8  # python, torch, transformers and the tokenizer: counted on a described machine
 SMALLEST_CONTEXT = 1024  # auto shrinks a default context no further
 
+FIXED = "fixed parts"  # the plan's line for the target's weights outside its decoder layers
+
 
 @dataclass(frozen=True)
 class Item:
@@ -106,6 +108,10 @@ class MemoryPlan:
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
 
+    def target_bytes(self) -> int:
+        """The target's weights as planned: its fixed parts and every decoder layer, wherever it lives."""
+        return sum(item.nbytes for item in self.items if item.what.startswith(FIXED)) + sum(self.placement.layers)
+
 
 def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     """The plan for the first context (in `ask`'s order) and, within it, the first largest tree
@@ -137,14 +143,14 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
     device, host = demands(target, ask, context, draft)
     reserved = target.sizes.fixed + sum(item.nbytes for item in device)
-    check_device(target, ask, rooms, [Item("device", "fixed parts", target.sizes.fixed), *device])
+    check_device(target, ask, rooms, [Item("device", FIXED, target.sizes.fixed), *device])
     host_left = None if rooms.host is None else rooms.host - sum(item.nbytes for item in host)
     if host_left is not None and host_left < 0:
         raise SpecchatError(f"{rooms.host_name} is {gb(-host_left)} short of what loading and the OS need "
                             f"({', '.join(item.what for item in host)})")
     sizes = replace(target.sizes, headroom=reserved - target.sizes.fixed)
     placement = place(sizes, replace(rooms, host=host_left), ask.request)
-    items = (Item("device", "fixed parts (embeddings, final norm, LM head)", target.sizes.fixed), *device,
+    items = (Item("device", f"{FIXED} (embeddings, final norm, LM head)", target.sizes.fixed), *device,
              *layer_items(placement, rooms), *host)
     return MemoryPlan(placement, context, draft, items, rooms, (), ask.tree_tokens)
 
