@@ -1,15 +1,15 @@
 """The default target as a 2 GB container runs it (issue 28): every layer streamed from the disk in
 the form the GGUF stores (Q6_K linears, Q4_K scales: quant/q6k_linear.py, q4k_scales.py) and its LM
 head kept in Q6_K, under a --ram-budget that leaves the plan no other choice. Greedy specexec over
-that target gives its own autoregressive tokens, up to bf16's near-ties (tests/test_real_defaults.py
-states the bound and why)."""
+that target gives its own autoregressive tokens, greedy and seeded, up to bf16's near-ties
+(tests/test_real_defaults.py states the bounds and why)."""
 
 import gc
 
 import pytest
-from exactness import MAX_TIES, ExactnessCheck
-from test_engines import GREEDY
-from test_real_defaults import BF16_NEAR_TIE
+from conftest import GREEDY_NEW_TOKENS
+from exactness import ExactnessCheck
+from test_real_defaults import BF16_MAX_TIES, BF16_NEAR_TIE, SAMPLING_IDS, SAMPLINGS
 
 from specchat.decoding.events import LiveSettings
 from specchat.loader import load_models
@@ -19,7 +19,7 @@ from specchat.runtime import EngineOptions, encode_prompt
 
 pytestmark = pytest.mark.real
 
-NEW_TOKENS = 32
+NEW_TOKENS = GREEDY_NEW_TOKENS  # the length BF16_MAX_TIES is stated for
 RAM_BUDGET_GB = 1.4  # what a 2 GB container leaves beside specchat's runtime
 
 
@@ -44,14 +44,16 @@ def test_a_tight_budget_streams_the_stored_forms_and_keeps_the_head_compact(comp
     assert compact_models.identity["layers"] == compact_models.identity["head"] == "q6_k"
 
 
-def test_greedy_specexec_over_the_compact_target_gives_its_autoregressive_tokens(compact_models, mtbench_prompts):
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_specexec_over_the_compact_target_gives_its_autoregressive_tokens(compact_models, mtbench_prompts, sampling):
     prompt_ids = encode_prompt(compact_models.tokenizer, mtbench_prompts[0], raw=False)
-    reference = [t for e in compact_models.engine("autoregressive").generate(prompt_ids, NEW_TOKENS, GREEDY)
+    reference = [t for e in compact_models.engine("autoregressive").generate(prompt_ids, NEW_TOKENS, sampling)
                  for t in e.token_ids]
     engine = compact_models.engine("specexec", LiveSettings(budget=16))
-    tokens = [t for e in engine.generate(prompt_ids, NEW_TOKENS, GREEDY) for t in e.token_ids]
+    tokens = [t for e in engine.generate(prompt_ids, NEW_TOKENS, sampling) for t in e.token_ids]
     check = ExactnessCheck(compact_models.target, compact_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIE,
-                           max_ties=MAX_TIES)
-    comparison = check.compare(prompt_ids, reference, tokens, GREEDY)
+                           max_ties=BF16_MAX_TIES[sampling])
+    comparison = check.compare(prompt_ids, reference, tokens, sampling)
     print(f"{len(prompt_ids)}-token prompt, {len(tokens)} tokens: {comparison.describe()}")
     assert comparison.acceptable, comparison.describe()
+    assert all(tie.gap <= BF16_NEAR_TIE for tie in comparison.ties)
