@@ -34,6 +34,7 @@ from specchat.models.draft import DraftQuant, load_draft
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
+from specchat.quant.prepacked import PrepackedLinear, prepack_pays
 from specchat.runtime import EngineOptions, encode_prompt
 
 pytestmark = pytest.mark.real
@@ -96,7 +97,8 @@ def tokens_and_events(engine, prompt_ids: list[int], sampling: SamplingParams) -
 
 def test_the_defaults_are_what_ships(app_models):
     """What the comparison below runs: a bf16 target multiplied from its stored 4-bit weights (its
-    168 Q4_K linears), a sub-vocabulary draft quantized as auto resolved it here, and a specexec
+    168 Q4_K linears; its 29 dense ones, the LM head and 14 layers' Q6_K down and v, prepacked for
+    oneDNN where that pays on this CPU), a sub-vocabulary draft quantized as auto resolved it here, and a specexec
     engine that sizes its own trees."""
     options = EngineOptions()
     shipped = (options.engine, options.dtype, options.weights, options.budget, options.draft_quant)
@@ -104,6 +106,9 @@ def test_the_defaults_are_what_ships(app_models):
     assert app_models.target.dtype == torch.bfloat16
     assert app_models.identity["weights"] == "quantized"
     assert sum(isinstance(m, Int4Linear) for m in app_models.target.model.modules()) == 168
+    prepacked = sum(isinstance(m, PrepackedLinear) for m in app_models.target.model.modules())
+    assert prepacked == (29 if prepack_pays(torch.bfloat16) else 0)
+    assert (app_models.identity.get("dense") == "prepacked") == bool(prepacked)
     draft = app_models.draft
     resolved = app_models.identity["draft_quant"]
     quantized = int8_layers(draft)

@@ -28,6 +28,7 @@ from specchat.offload.placement import Placement
 from specchat.offload.plan_text import describe_plan
 from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
+from specchat.quant.prepacked import PrepackedLinear, prepack_linears
 from specchat.runtime import DRAFTED_ENGINES, DTYPES, EngineOptions, Models, pick_device, validate
 
 
@@ -65,7 +66,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
             quantization = draft_quantization(draft_quant.kind, device, dtype)
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
-        models.identity = identity(options, draft_quant, models.placement, models.memory)
+        models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
             reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
@@ -101,10 +102,10 @@ def chosen_draft_quant(memory: MemoryPlan, measured: DraftQuant | None) -> Draft
 
 
 def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None,
-             memory: MemoryPlan | None = None) -> dict:
+             memory: MemoryPlan | None = None, dense_prepacked: bool = False) -> dict:
     """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made, the
-    Q6_K parts the plan kept compact): the key of the cost probe's cache. A placement with nothing
-    streamed costs what none costs."""
+    Q6_K parts the plan kept compact, the target's dense linears prepacked): the key of the cost
+    probe's cache. A placement with nothing streamed costs what none costs."""
     key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
            "weights": "quantized" if packed_target(options) else "dense",
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
@@ -117,7 +118,14 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
         key["head"] = "q6_k"
     if memory is not None and memory.compact_layers:
         key["layers"] = "q6_k"
+    if dense_prepacked:
+        key["dense"] = "prepacked"
     return key
+
+
+def prepacked(target: CausalLM | None) -> bool:
+    """Whether any of the target's dense linears were prepacked for oneDNN (quant/prepacked.py)."""
+    return target is not None and any(isinstance(m, PrepackedLinear) for m in target.model.modules())
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
@@ -132,6 +140,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
     """The target here (in memory or offloaded, as `memory` places it, its `tokenizer` when already
     loaded), and dsi's thread workers over it if asked."""
     target, offload = load_target(options, device, dtype, memory, reporter, tokenizer)
+    prepack_linears(target.model, repacking_room(memory))
     target_lm = CausalLM(target.model, offload)
     workers = None
     if with_workers:
@@ -142,6 +151,12 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
     return Models(tokenizer=target.tokenizer, stop_ids=stop_token_ids(target.model, target.tokenizer), device=device,
                   context_tokens=memory.context, target=target_lm, offload=offload, placement=placement,
                   workers=workers, memory=memory)
+
+
+def repacking_room(memory: MemoryPlan) -> int:
+    """The bytes the plan leaves free on the device: room for a weight's prepacked copy beside
+    the plain one while it is repacked (quant/prepacked.py)."""
+    return max(0, memory.rooms.device - memory.total("device"))
 
 
 def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:

@@ -1,0 +1,92 @@
+"""Dense linears prepacked for oneDNN (quant/prepacked.py): the same products, bit for bit, on the
+CPUs whose oneDNN has a bf16 inner product; nn.Linear kept everywhere else."""
+
+import pytest
+import torch
+from torch import nn
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.quant import prepacked
+from specchat.quant.int8 import Int8Linear
+from specchat.quant.prepacked import PrepackedLinear, prepack_linears, prepack_pays, prepackable
+
+
+def supported() -> bool:
+    """Whether this CPU's oneDNN multiplies a prepacked bf16 weight at all (on x86 without AVX-512
+    it may not; then nothing is prepacked, which the tests check instead)."""
+    try:
+        PrepackedLinear(torch.ones(8, 16, dtype=torch.bfloat16), None)(torch.ones(1, 16, dtype=torch.bfloat16))
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_prepacked_linear_gives_f_linear_bits_at_every_width(bias):
+    if not supported():
+        assert not prepack_pays(torch.bfloat16)
+        return
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.Linear(384, 640, bias=bias, dtype=torch.bfloat16).requires_grad_(False)
+    linear.weight.copy_(torch.randn(640, 384, generator=generator))
+    packed = PrepackedLinear.from_linear(linear)
+    assert packed.packed_weight.nbytes == linear.weight.nbytes  # the same bytes, laid out for the kernel
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 16, 64, 257):
+            x = torch.randn(rows, 384, generator=generator).to(torch.bfloat16)
+            assert torch.equal(packed(x), linear(x)), rows
+        x = torch.randn(2, 5, 384, generator=generator).to(torch.bfloat16)
+        assert torch.equal(packed(x), linear(x))
+
+
+def tiny_model(tie: bool, dtype: torch.dtype = torch.bfloat16) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=tie)
+    return Qwen2ForCausalLM(config).to(dtype).eval().requires_grad_(False)
+
+
+def logits(model) -> torch.Tensor:
+    lm, prompt = CausalLM(model), torch.tensor([5, 17, 3, 88, 42])
+    return lm.logits(lm.hidden(prompt, torch.arange(5), new_cache()))
+
+
+def test_a_model_scores_as_before_with_its_linears_prepacked():
+    model = tiny_model(tie=False)
+    before = logits(model)
+    replaced = prepack_linears(model)
+    if not prepack_pays(torch.bfloat16):
+        assert replaced == 0 and not any(isinstance(m, PrepackedLinear) for m in model.modules())
+        return
+    assert replaced == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+    assert isinstance(model.get_output_embeddings(), PrepackedLinear)
+    assert torch.equal(logits(model), before)
+
+
+def test_a_tied_head_float32_and_other_kernels_stay_as_they_are():
+    tied = tiny_model(tie=True)
+    head = tied.get_output_embeddings()
+    shared = {tied.get_input_embeddings().weight.data_ptr()}
+    assert not prepackable(head, shared)  # the embedding reads the same tensor
+    assert not prepackable(nn.Linear(4, 4), set())  # float32: oneDNN packs it only through MKL
+    assert not prepackable(Int8Linear(torch.ones(8, 16), None), set())
+    mlp = tied.model.layers[0].mlp
+    assert all(prepackable(m, shared) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+
+
+def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(monkeypatch):
+    if not supported():
+        return  # nothing is ever prepacked here (the first test checks it)
+    monkeypatch.setattr(prepacked, "prepack_pays", lambda dtype: True)
+    model = tiny_model(tie=False)
+    head = model.get_output_embeddings().weight.nbytes  # 256 x 64 bf16: the largest weight
+    assert prepack_linears(model, room=head - 1) == 2 * 7  # every layer's linear, not the head
+    assert isinstance(model.get_output_embeddings(), nn.Linear)
+    assert prepack_linears(model, room=head) == 1
+
+
+def test_float32_never_pays():
+    assert not prepack_pays(torch.float32)
