@@ -15,6 +15,7 @@ from specchat.offload.probe import measure_h2d_gbps, probe_disk
 from specchat.paths import cache_dir
 from specchat.transfer import gb
 
+
 @dataclass(frozen=True)
 class CudaDevice:
     name: str
@@ -100,4 +101,3 @@ def cuda_devices() -> tuple[CudaDevice, ...]:
         free, total = torch.cuda.mem_get_info(index)
         devices.append(CudaDevice(torch.cuda.get_device_name(index), total, free))
     return tuple(devices)
-

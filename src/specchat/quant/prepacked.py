@@ -5,9 +5,9 @@ nn.Linear hands oneDNN a plain [out, in] weight on every call. Prepacked, the sa
 faster at the widths decoding runs: on the project's machine (2 cores with avx512_bf16), one row
 through the 1.5B's LM head took 11 ms against 15.5 ms, through an 8960 -> 1536 down_proj 0.32 ms
 against 0.81 ms, and a one-token pass of the packed target 50 ms against 60. The outputs were
-bitwise F.linear's at every width measured there (1 to 256 rows) and row chunks of a prepacked
-weight give the whole one's bits. Whether it pays is measured once per process on the CPU at hand
-(`prepack_pays`); where oneDNN has no kernel for the dtype, nn.Linear stays.
+bitwise F.linear's at every width measured there (1 to 257 rows). Whether it pays is measured
+once per process on the CPU at hand (`prepack_pays`); where oneDNN has no kernel for the dtype,
+nn.Linear stays.
 
 The prepacked weight is an opaque oneDNN tensor: same bytes as the plain one (`nbytes`), no data
 pointer. Repacking allocates the packed copy beside the plain one, which is freed after it, so a
