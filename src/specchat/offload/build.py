@@ -185,7 +185,7 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
 def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int:
     """The fixed parts' bytes with the dense LM head replaced by its Q6Weight and a call's chunk buffers."""
     vocab, width = model.get_output_embeddings().weight.shape
-    return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, dtype)
+    return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, vocab, dtype)
 
 
 def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:
