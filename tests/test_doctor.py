@@ -63,8 +63,8 @@ def test_the_recommendation_names_the_planned_weights_and_the_transfer_cost():
     assert advise(RESIDENT, False, None, 1.8).reason == "the weights (3.80 GB) fit in RAM (test); on a CPU small trees pay"
     disk = advise(STREAMED, False, None, 1.8).reason
     assert disk.startswith("the weights (3.80 GB) do not: 10 of their 28 decoder layers fit in RAM (test); ")
-    assert "streams 1.80 GB at 1.80 GB/s from disk, ~1.0 s" in disk and "flat in tree size" in disk
-    assert "streams 1.80 GB at 12.00 GB/s from RAM, ~0.1 s" in advise(IN_RAM, True, 12.0, 1.8).reason
+    assert "streams 1.80 GB, ~1.00 s streaming per pass at 1.80 GB/s from disk" in disk and "flat in tree size" in disk
+    assert "streams 1.80 GB, ~0.15 s streaming per pass at 12.00 GB/s from RAM" in advise(IN_RAM, True, 12.0, 1.8).reason
 
 
 def test_render_cpu_report():

@@ -2,9 +2,8 @@
 
 from dataclasses import dataclass
 
-from specchat.doctor.plan import PairPlan
+from specchat.doctor.plan import PairPlan, pass_timing
 from specchat.limits import default_budget
-from specchat.offload.placement import link_speeds
 from specchat.transfer import gb
 
 
@@ -28,13 +27,5 @@ def advise(pair: PairPlan, cuda: bool, ram_gbps: float | None, disk_gbps: float 
         return Recommendation("none", default_budget(cuda, offloaded=False), f"{weights} fit in {room}; {why}")
     kept = f"{placement.resident} of their {len(placement.layers)} decoder layers fit in {room}"
     return Recommendation("disk" if placement.disk else "ram", default_budget(cuda, offloaded=True),
-                          f"{weights} do not: {kept}; {stream_cost(pair, ram_gbps, disk_gbps)}, "
-                          "nearly flat in tree size, so a large tree pays")
-
-
-def stream_cost(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None) -> str:
-    placement = pair.memory.placement
-    streams = f"each target pass streams {gb(placement.pass_bytes)}"
-    if pair.pass_s is None:
-        return streams
-    return f"{streams} at {link_speeds(placement, ram_gbps, disk_gbps)}, ~{pair.pass_s:.1f} s"
+                          f"{weights} do not: {kept}; each target pass streams {gb(placement.pass_bytes)}, "
+                          f"{pass_timing(pair, ram_gbps, disk_gbps)}, nearly flat in tree size, so a large tree pays")

@@ -13,7 +13,7 @@ from specchat.models.loading import has_int4, resolve
 from specchat.models.plan import draft_candidates, draft_kinds, plan_target
 from specchat.offload.budget import MemoryPlan, described_rooms
 from specchat.offload.build import OffloadPlan
-from specchat.offload.placement import Rooms
+from specchat.offload.placement import Rooms, link_speeds
 
 # Tokens accepted per target pass that SpecExec reports for 70B targets offloaded beside 7B drafts
 # at budgets of 1-2k tokens (Svirschevski et al. 2024): the range the expected speed spans.
@@ -63,6 +63,16 @@ def plan_pair(target: str, draft: str | None, context: int | None, machine: Mach
     pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
     rates = None if pass_s is None else tuple(rate / pass_s for rate in PAPER_GEN_RATES)
     return PairPlan(memory, pass_s, rates)
+
+
+def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None) -> str:
+    """How long the plan's streaming takes a pass, at which links' speeds."""
+    placement = pair.memory.placement
+    if not placement.streamed:
+        return "no streaming: compute speed"
+    if pair.pass_s is None:
+        return "unknown (no measured or given link speed: --pcie-gbps, --disk-gbps)"
+    return f"~{pair.pass_s:.2f} s streaming per pass at {link_speeds(placement, ram_gbps, disk_gbps)}"
 
 
 def is_shortage(error: SpecchatError) -> bool:

@@ -3,8 +3,7 @@
 from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.limit import Limit
-from specchat.doctor.plan import PAPER_GEN_RATES, Machine, PairPlan
-from specchat.offload.placement import link_speeds
+from specchat.doctor.plan import PAPER_GEN_RATES, Machine, PairPlan, pass_timing
 from specchat.transfer import gb
 
 
@@ -71,15 +70,6 @@ def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | 
         f"  expected       {expected_speed(pair)}",
     ]
     return lines + [f"  auto           {note}" for note in memory.notes]
-
-
-def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None) -> str:
-    placement = pair.memory.placement
-    if not placement.streamed:
-        return "no streaming: compute speed"
-    if pair.pass_s is None:
-        return "unknown (no measured or given link speed: --pcie-gbps, --disk-gbps)"
-    return f"~{pair.pass_s:.2f} s streaming per pass at {link_speeds(placement, ram_gbps, disk_gbps)}"
 
 
 def expected_speed(pair: PairPlan) -> str:

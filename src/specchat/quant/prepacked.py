@@ -14,6 +14,7 @@ pointer. Repacking allocates the packed copy beside the plain one, which is free
 weight is repacked only where the plan leaves that room (`prepack_linears`' `room`).
 """
 
+from collections import Counter
 from functools import cache
 
 import torch
@@ -67,8 +68,8 @@ def prepackable(module: nn.Module, shared: set[int]) -> bool:
 def prepack_linears(model: nn.Module, room: int | None = None) -> int:
     """Replace `model`'s prepackable linears by PrepackedLinears where `prepack_pays` for their dtype,
     those whose weight fits in `room` bytes (None: any); returns how many were replaced."""
-    pointers = [p.data_ptr() for _, p in model.named_parameters(remove_duplicate=False) if p.device.type == "cpu"]
-    shared = {pointer for pointer in pointers if pointers.count(pointer) > 1}
+    holders = Counter(p.data_ptr() for _, p in model.named_parameters(remove_duplicate=False) if p.device.type == "cpu")
+    shared = {pointer for pointer, count in holders.items() if count > 1}
     replaced = 0
     for name, module in list(model.named_modules()):
         if not prepackable(module, shared) or not prepack_pays(module.weight.dtype):
