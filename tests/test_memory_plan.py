@@ -45,7 +45,7 @@ ROTARY_BYTES = 2 * 64 * FP32  # a head_dim of 128: inv_freq and its original cop
 
 def gpu_plan(target: str, draft: str | None, vram_gb: float, ram_gb: float, context: int | None = None,
              kinds: tuple[str, ...] = ("none", "nf4")):
-    drafts = (None,) if draft is None else draft_candidates(draft, torch.bfloat16, kinds, False, None, torch.device("cuda"))
+    drafts = (None,) if draft is None else draft_candidates(draft, torch.bfloat16, kinds, None, None, torch.device("cuda"))
     plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=TREE, drafts=drafts)
     rooms = described_rooms(int(vram_gb * GB), int(ram_gb * GB))
     return plan_target(target, torch.bfloat16, torch.device("cuda"), plan, context, rooms)
@@ -159,7 +159,7 @@ def math_pass(heads: int, hidden: int, mlp: int, context: int, tree: int, size: 
 
 
 def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs():
-    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none",), False, None, torch.device("cpu"))
+    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none",), None, None, torch.device("cpu"))
     plan = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=drafts)
     memory = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, torch.device("cpu"), plan, None,
                          described_rooms(None, 24 * GB))
@@ -184,7 +184,7 @@ def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():
     widest input (down's 4864); the plan keeps that room (a ring placed before the draft loads
     leaves it), and nothing for a dense draft."""
     cpu = torch.device("cpu")
-    dense, int8 = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none", "int8"), False, 32768, cpu)
+    dense, int8 = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("none", "int8"), None, 32768, cpu)
     rooms = described_rooms(None, 24 * GB)
     layer = 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3  # q, o; k, v; gate, up, down
     stack = 2 * 896 * 4864  # gate and up
@@ -201,7 +201,7 @@ def test_auto_shrinks_the_largest_tree_before_the_context_and_says_so():
     """Where the default pair's smallest ring does not fit beside a 1024-token tree's pass, auto
     takes the first smaller tree (auto's halves) that fits, keeping the default context."""
     cpu = torch.device("cpu")
-    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("int8",), False, 32768, cpu)
+    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("int8",), None, 32768, cpu)
 
     def plan(rooms, tree: int, smaller: tuple[int, ...] = ()):
         ask = OffloadPlan(tier="disk", offload_dir=Path("/nonexistent"), resident_layers=0, slots=2,
@@ -217,3 +217,27 @@ def test_auto_shrinks_the_largest_tree_before_the_context_and_says_so():
     assert memory.tree_tokens == 257 and memory.context == 4096
     assert "trees of at most 256 tokens: 1024 do not fit" in memory.notes
     assert plan(rooms, 1025).context < 4096  # without smaller trees, the context gives way
+
+
+def test_an_int8_draft_gives_up_its_dense_copies_before_the_plan_refuses():
+    """Where `auto` measured that the int8 draft's wide steps run faster on dense copies kept beside
+    its int8 weights (an avx512_bf16 or AMX CPU), the copies are a form of the draft the plan weighs
+    like another quantization: kept where RAM holds them, dropped (int8 at every width) where only
+    that fits, and the refusal, where neither does, weighs the int8-only form."""
+    cpu = torch.device("cpu")
+    kept, alone = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("int8",), 16, 32768, cpu)
+    assert (kept.quant, kept.dense_above, alone.quant, alone.dense_above) == ("int8", 16, "int8", None)
+    linears = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3)  # q, o; k, v; gate, up, down
+    assert kept.weights - alone.weights == linears * BF16
+
+    def plan(room: int):
+        ask = OffloadPlan(tier="auto", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=(kept, alone))
+        return plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, ask, 4096, replace(ample, device=room))
+
+    ample = described_rooms(None, 24 * GB)
+    assert plan(ample.device).draft is kept
+    need = plan(ample.device).total("device")
+    tight = plan(need - linears * BF16 // 2)  # the copies' half is missing: only the int8-only form keeps every layer
+    assert tight.draft is alone and not tight.placement.streamed
+    assert tight.total("device") == need - linears * BF16
+    assert any(note.startswith("draft in int8: ") for note in tight.notes)

@@ -28,6 +28,7 @@ from specchat.offload.placement import Placement
 from specchat.offload.plan_text import describe_plan
 from specchat.paths import cache_dir
 from specchat.progress import Report, Reporter
+from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears
 from specchat.runtime import DRAFTED_ENGINES, DTYPES, EngineOptions, Models, pick_device, validate
 
@@ -57,7 +58,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     else:
         tokenizer = local_tokenizer(options.target, packed_target(options))  # held before the plan measures
         memory = plan_run(options, device, dtype, measured, reporter)
-        draft_quant = chosen_draft_quant(memory, measured)
+        draft_quant = chosen_draft_quant(memory)
         models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter,
                                    tokenizer=tokenizer)
     try:
@@ -86,7 +87,7 @@ def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, m
     drafts = (None,)
     if measured is not None:
         kinds = draft_kinds(options.draft_quant, device, measured.kind)
-        drafts = draft_candidates(options.draft, dtype, kinds, measured.dense_above is not None,
+        drafts = draft_candidates(options.draft, dtype, kinds, measured.dense_above,
                                   options.draft_vocab or None, device)
     memory = plan_target(options.target, dtype, device, offload_plan(options, device, drafts), options.context,
                          int4=packed_target(options))
@@ -94,11 +95,12 @@ def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, m
     return memory
 
 
-def chosen_draft_quant(memory: MemoryPlan, measured: DraftQuant | None) -> DraftQuant | None:
-    """The draft's quantization as the plan chose it (as measured, when it kept that one)."""
+def chosen_draft_quant(memory: MemoryPlan) -> DraftQuant | None:
+    """The draft's quantization as the plan chose it: its kind, and for int8 whether it keeps the
+    dense copies `auto` measured worth keeping (the plan drops them where they do not fit)."""
     if memory.draft is None:
         return None
-    return measured if measured is not None and measured.kind == memory.draft.quant else DraftQuant(memory.draft.quant)
+    return DraftQuant(memory.draft.quant, memory.draft.dense_above)
 
 
 def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None,
@@ -120,6 +122,8 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
         key["layers"] = "q6_k"
     if dense_prepacked:
         key["dense"] = "prepacked"
+    if memory is not None and memory.dense_copies:
+        key["wide"] = "dense copies"
     return key
 
 
@@ -141,6 +145,9 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
     loaded), and dsi's thread workers over it if asked."""
     target, offload = load_target(options, device, dtype, memory, reporter, tokenizer)
     prepack_linears(target.model, repacking_room(memory))
+    if memory.dense_copies:
+        reporter.step("expanding dense copies of the 4-bit linears for tree passes")
+        keep_dense_copies(target.model, memory.dense_copies)
     target_lm = CausalLM(target.model, offload)
     workers = None
     if with_workers:
@@ -209,6 +216,7 @@ def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (
         tree_tokens=max(trees[0], budget + 1),
         smaller_trees=tuple(tree for tree in trees[1:] if tree > budget),  # never below a --budget given
         drafts=drafts,
+        dense_copies=packed_target(options) and not cuda,
     )
 
 

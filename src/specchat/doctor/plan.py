@@ -51,11 +51,12 @@ def plan_pair(target: str, draft: str | None, context: int | None, machine: Mach
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16
     kinds = ("none", "nf4") if cuda and machine.described else draft_kinds("auto", device, None if cuda else "int8")
-    drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, False, DEFAULT_DRAFT_VOCAB or None,
+    drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, None, DEFAULT_DRAFT_VOCAB or None,
                                                             device)
     trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
     plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
-                       tree_tokens=trees[0], smaller_trees=trees[1:], drafts=drafts)
+                       tree_tokens=trees[0], smaller_trees=trees[1:], drafts=drafts,
+                       dense_copies=not cuda and not machine.described)
     if machine.described:
         rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb))
     memory = plan_target(target, dtype, device, plan, context, rooms, int4=has_int4(resolve(target)))

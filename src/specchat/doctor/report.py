@@ -57,7 +57,7 @@ def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | 
     if isinstance(pair, str):
         return ["plan (--offload auto)", f"  fits nowhere   {pair}"]
     memory, placement = pair.memory, pair.memory.placement
-    draft = "no draft" if memory.draft is None else f"draft in {memory.draft.quant}"
+    draft = "no draft" if memory.draft is None else f"draft in {memory.draft.form}"
     lines = ["plan (--offload auto)", f"  context        {memory.context} tokens, {draft}"]
     for tier, room in (("device", memory.rooms.device_name), ("host", memory.rooms.host_name)):
         if any(item.tier == tier for item in memory.items):

@@ -48,16 +48,24 @@ def draft_kinds(kind: str, device: torch.device, resolved: str | None) -> tuple[
     return ("none", "nf4") if importlib.util.find_spec("bitsandbytes") else ("none",)
 
 
-def draft_candidates(spec: str, dtype: torch.dtype, kinds: tuple[str, ...], dense_kept: bool,
+def draft_candidates(spec: str, dtype: torch.dtype, kinds: tuple[str, ...], dense_above: int | None,
                      vocab_size: int | None, device: torch.device) -> tuple[Draft, ...]:
-    """The draft `spec` in each of `kinds` on `device`, sized from its config."""
+    """The draft `spec` in each of `kinds` on `device`, sized from its config, preferred first. An
+    int8 draft that keeps dense copies for steps wider than `dense_above` rows (None: none) comes
+    with its int8-only form after it, which the plan takes where the copies do not fit."""
     config = read_config(spec)
     model = build_skeleton(config, None, dtype, kernel=device)
     shape = shape_of(config, dtype)
     full = draft_weight_bytes(model, dtype, "none")
-    return tuple(Draft(kind, draft_weight_bytes(model, dtype, kind, dense_kept, vocab_size), shape,
-                       0 if kind == "nf4" else full, preparing_bytes(model, dtype) if kind == "int8" else 0)
-                 for kind in kinds)
+
+    def candidate(kind: str, above: int | None) -> Draft:
+        weights = draft_weight_bytes(model, dtype, kind, above is not None, vocab_size)
+        return Draft(kind, weights, shape, 0 if kind == "nf4" else full,
+                     preparing_bytes(model, dtype) if kind == "int8" else 0, above)
+
+    forms = [(kind, dense_above if kind == "int8" else None) for kind in kinds]
+    forms += [("int8", None) for kind, above in forms if kind == "int8" and above is not None]
+    return tuple(candidate(kind, above) for kind, above in forms)
 
 
 def plan_target(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan, context: int | None,

@@ -52,6 +52,12 @@ class Draft:
     shape: ModelShape
     load_bytes: int  # host RAM its weights pass through while they load (freed once on the device)
     prepare_bytes: int = 0  # device bytes above `weights` while it loads and turns int8, layer by layer
+    dense_above: int | None = None  # int8: wider steps multiply dense copies kept beside (counted in `weights`)
+
+    @property
+    def form(self) -> str:
+        """The form in words, as notes and refusals name it."""
+        return self.quant if self.dense_above is None else f"{self.quant} with dense copies for wide steps"
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class MemoryPlan:
     tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
     compact_head: bool = False  # the target's LM head kept in Q6_K, expanded a chunk at a time each pass
     compact_layers: bool = False  # its layers' Q6_K linears and Q4_K scales as the GGUF stores them
+    dense_copies: int = 0  # bytes of the 4-bit linears' dense copies for wide inputs (an item of `items`)
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
@@ -224,10 +231,10 @@ def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, .
     if best.context != ask.contexts[0]:
         notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
     if len(ask.drafts) > 1 and best.draft is not None:
-        streamed = {plan.draft.quant: gb(plan.placement.pass_bytes) for plan in plans
+        streamed = {plan.draft.form: gb(plan.placement.pass_bytes) for plan in plans
                     if plan.compact_layers == best.compact_layers}
-        weighed = ", ".join(f"{draft.quant}: {streamed.get(draft.quant, 'does not fit')}" for draft in ask.drafts)
-        notes.append(f"draft in {best.draft.quant}: it streams the least per pass ({weighed})")
+        weighed = ", ".join(f"{draft.form}: {streamed.get(draft.form, 'does not fit')}" for draft in ask.drafts)
+        notes.append(f"draft in {best.draft.form}: it streams the least per pass ({weighed})")
     return tuple(notes)
 
 
@@ -266,7 +273,7 @@ def fitting_option(target: Target, ask: Ask, rooms: Rooms) -> str | None:
             high = middle - 1
     if low < SMALLEST_CONTEXT // 4:
         return None
-    quant = "" if drafts[0] is None or len(ask.drafts) == 1 else f" with the draft in {drafts[0].quant}"
+    quant = "" if drafts[0] is None or len(ask.drafts) == 1 else f" with the draft in {drafts[0].form}"
     return f"--context {low}{quant} would fit"
 
 

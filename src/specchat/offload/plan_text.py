@@ -7,7 +7,7 @@ from specchat.transfer import gb
 def describe_plan(memory: MemoryPlan, ram_gbps: float | None, disk_gbps: float | None) -> list[str]:
     """A few lines: the context and draft, each tier's total against its room, the layers' placement,
     and what auto chose."""
-    draft = "no draft" if memory.draft is None else f"draft in {memory.draft.quant}"
+    draft = "no draft" if memory.draft is None else f"draft in {memory.draft.form}"
     lines = [f"memory plan: context {memory.context} tokens, {draft}",
              f"  {tier_line(memory, 'device', memory.rooms.device_name)}"]
     if memory.rooms.host is not None:
@@ -19,9 +19,3 @@ def describe_plan(memory: MemoryPlan, ram_gbps: float | None, disk_gbps: float |
 def tier_line(memory: MemoryPlan, tier: str, room_name: str) -> str:
     parts = ", ".join(f"{item.what} {gb(item.nbytes)}" for item in memory.items if item.tier == tier)
     return f"{room_name}: {gb(memory.total(tier))} planned ({parts})"
-
-
-def item_rows(memory: MemoryPlan) -> list[tuple[str, str, int]]:
-    """(tier, what, bytes) for a table, the tiers named as the rooms name them."""
-    names = {"device": memory.rooms.device_name, "host": memory.rooms.host_name}
-    return [(names[item.tier], item.what, item.nbytes) for item in memory.items]
