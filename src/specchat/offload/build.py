@@ -3,7 +3,7 @@ others streamed from a `LayerStore` through the ring."""
 
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from specchat.memory_room import Room, ram_room
-from specchat.offload.budget import OS_RESERVE, Ask, Draft, MemoryPlan, Target, plan_memory
+from specchat.offload.budget import OS_RESERVE, Ask, Draft, Item, MemoryPlan, Target, plan_memory
 from specchat.offload.cuda import CudaMover, CudaStallMeter, free_bytes
 from specchat.offload.demand import shape_of
 from specchat.offload.direct_io import aligned_empty
@@ -32,6 +32,7 @@ from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear, workspace_bytes
 from specchat.quant.int4_cache import PackCache, cache_path
+from specchat.quant.int4_dense import dense_copy_bytes
 from specchat.quant.int4_checkpoint import INT4_FILE
 from specchat.quant.int4_pack import layout_key
 from specchat.transfer import TransferStats, gb
@@ -54,6 +55,7 @@ class OffloadPlan:
     smaller_trees: tuple[int, ...] = ()  # smaller largest trees auto may fall back to, in order
     contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
     drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate quantizations, preferred first
+    dense_copies: bool = False  # a CPU's 4-bit linears may keep dense copies for wide inputs, room left (quant/int4_dense.py)
 
 
 @dataclass
@@ -179,7 +181,18 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
               Request(tier, resident, plan.slots), cuda=device.type == "cuda",
               smaller_trees=tuple((tree, quantized_workspace(model, tree, dtype)) for tree in plan.smaller_trees))
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
-    return plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
+    memory = plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
+    return with_dense_copies(memory, dense_copy_bytes(model) if plan.dense_copies and device.type == "cpu" else 0)
+
+
+def with_dense_copies(plan: MemoryPlan, nbytes: int) -> MemoryPlan:
+    """`plan` with the 4-bit linears' dense copies for wide inputs (quant/int4_dense.py) where every
+    layer is on the device and the room left holds them all: they never displace anything else."""
+    if not nbytes or plan.placement.streamed or plan.total("device") + nbytes > plan.rooms.device:
+        return plan
+    item = Item("device", "dense copies of the 4-bit linears for tree passes", nbytes)
+    return replace(plan, items=(*plan.items, item), dense_copies=nbytes,
+                   notes=(*plan.notes, "4-bit linears keep dense copies for tree passes: the room holds them"))
 
 
 def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int:
@@ -193,7 +206,7 @@ def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -
     layer's Q6_K one (its chunk buffers) allocates; linears run one at a time, so the largest one's.
     A model whose layers are compact bounds its dense form too: the same 4-bit linears, and dense
     linears allocate nothing."""
-    int4 = (workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size)
+    int4 = (workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size, m.kernel)
             for m in model.modules() if isinstance(m, Int4Linear))
     q6 = (m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear))
     return max((*int4, *q6), default=0)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
 from specchat.quant.int4_chunks import chunked_linear, chunked_workspace
+from specchat.quant.int4_expand import expand_rows, expanded_linear, expanded_workspace
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import GROUP_SIZES, ROW_MULTIPLE, check_shape, pack, packed_shape
 from specchat.quant.int4_probe import FUSED_DTYPES, UNLIMITED, WidthChoice, fused_linear, width_choice
@@ -36,6 +37,7 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.kernel, self.compute_dtype = kernel.type, dtype
         self.widths: WidthChoice | None = None  # None: the probe's measured choice (`use_fused_only`)
+        self.dense = None  # int4_dense.DenseCopy: wide inputs multiply it (a plain attribute: no state_dict entry)
         shape, packed_dtype = packed_shape(out_features, in_features, kernel.type)
         self.register_buffer("packed", torch.empty(shape, dtype=packed_dtype))
         self.register_buffer("scales_and_zeros", torch.empty(in_features // group_size, out_features, 2, dtype=dtype))
@@ -50,19 +52,36 @@ class Int4Linear(nn.Module):
         if x.dtype != self.compute_dtype or x.device.type != self.kernel:
             raise SpecchatError(f"an Int4Linear packed for {self.kernel} in {self.compute_dtype} was given "
                                 f"{x.dtype} inputs on {x.device.type}")
-        scales_and_zeros = self.group_scales()
         flat = x.reshape(-1, self.in_features)
         if self.perm is not None:
             flat = flat.index_select(1, self.perm)
-        choice = self.widths or width_choice(self.kernel, x.dtype)
-        layout = None if flat.shape[0] <= choice.fused_rows else layout_for(x.device, self.in_features)
-        if layout is None:  # narrow, or a layout that cannot be read back
-            out = fused_linear(flat, self.packed, scales_and_zeros, self.group_size)
-        else:
-            out = chunked_linear(flat, self.packed, scales_and_zeros, self.group_size, layout, choice.product)
+        out = self.product(flat, self.group_scales())
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def product(self, flat: Tensor, scales_and_zeros: Tensor) -> Tensor:
+        """flat [rows, I] @ w.T by the product that serves its width: a dense copy (CPU) or the
+        expansion (CUDA) from the width measured at this shape, else the fused kernel up to the
+        probe's width and the chunked product past it."""
+        rows = flat.shape[0]
+        if self.dense is not None and rows >= self.dense.from_rows:
+            return self.dense.linear(flat)
+        if self.expands(rows):
+            return expanded_linear(flat, self.packed, scales_and_zeros, self.group_size,
+                                   layout_for(flat.device, self.in_features))
+        choice = self.widths or width_choice(self.kernel, flat.dtype)
+        layout = None if rows <= choice.fused_rows else layout_for(flat.device, self.in_features)
+        if layout is None:  # narrow, or a layout that cannot be read back
+            return fused_linear(flat, self.packed, scales_and_zeros, self.group_size)
+        return chunked_linear(flat, self.packed, scales_and_zeros, self.group_size, layout, choice.product)
+
+    def expands(self, rows: int) -> bool:
+        """Whether `rows` input rows run int4_expand's expansion and a dense matmul (CUDA: from the
+        width measured at this shape; the CPU runs Triton only under its interpreter)."""
+        if self.kernel != "cuda" or self.widths is not None:
+            return False
+        return rows >= expand_rows(self.kernel, self.in_features, self.out_features, self.compute_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
@@ -70,7 +89,8 @@ class Int4Linear(nn.Module):
 
 
 def use_fused_only(model: nn.Module) -> int:
-    """Make every Int4Linear in `model` run the fused kernel at every width, so that a row's output
+    """Make every Int4Linear in `model` run the fused kernel at every width (dropping any dense copy
+    for wide inputs: quant/int4_dense.py), so that a row's output
     is the same whatever rows are beside it (so measured of the CPU kernel: tests/test_int4.py; a
     chunked product's dense matmul blocks differently by width). Returns how many were set."""
     linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
@@ -79,6 +99,7 @@ def use_fused_only(model: nn.Module) -> int:
         if dtype not in FUSED_DTYPES[linear.kernel]:
             raise SpecchatError(f"{linear.kernel}'s fused int4 kernel takes no {dtype} inputs")
         linear.widths = WidthChoice(UNLIMITED, dtype)
+        linear.dense = None
     return len(linears)
 
 
@@ -120,12 +141,16 @@ def int4_linear(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, dev
     return linear.to(device)
 
 
-def workspace_bytes(in_features: int, out_features: int, rows: int, dtype: torch.dtype, group_size: int = 32) -> int:
+def workspace_bytes(in_features: int, out_features: int, rows: int, dtype: torch.dtype, group_size: int = 32,
+                    kernel: str = "cpu") -> int:
     """The most memory an Int4Linear's forward allocates beyond its output, for `rows` input rows
-    in `dtype`, whichever product the probe picks: the input permuted (act-order) plus the chunked
-    product's buffers (the fused kernels allocate nothing; their bound is the input copy alone)."""
+    in `dtype`, whichever product the probes pick: the input permuted (act-order) plus the chunked
+    product's buffers or, on CUDA, the expansion's (the fused kernels allocate nothing; a CPU's
+    dense copies are planned apart, and their product allocates only its output)."""
     permuted = rows * in_features * dtype.itemsize
-    chunked = max(chunked_workspace(in_features, out_features, rows, dtype, product, group_size)
-                  for product in (torch.float32, dtype))
-    return permuted + chunked
+    products = [chunked_workspace(in_features, out_features, rows, dtype, product, group_size)
+                for product in (torch.float32, dtype)]
+    if kernel == "cuda":
+        products.append(expanded_workspace(in_features, out_features, rows, dtype))
+    return permuted + max(products)
 

@@ -1,0 +1,118 @@
+"""Dense copies of the 4-bit linears for wide inputs (quant/int4_dense.py): the copy is the packed
+weight rounded once to the compute dtype, wide inputs multiply it and narrow ones keep the fused
+kernel's bits, the crossover follows what the timer measures, copies stay within their room and out
+of state_dict, and the plan counts them only where every layer is in memory and the room is left."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_int4 import random_weight
+
+from specchat.models.plan import plan_target
+from specchat.offload.budget import described_rooms
+from specchat.offload.build import OffloadPlan
+from specchat.quant import int4_dense
+from specchat.quant.int4 import int4_linear, use_fused_only
+from specchat.quant.int4_dense import PROBE_ROWS, dense_copy_bytes, dense_rows, expand, keep_dense_copies
+from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_weight import Int4Weight
+
+CPU = torch.device("cpu")
+GB = 10**9
+OUT, IN = 128, 256
+
+
+def rounded_scales(weight: Int4Weight, dtype: torch.dtype) -> Int4Weight:
+    """The weight whose scales and zeros are what a `dtype` kernel holds (rounded once at packing)."""
+    return replace(weight, scales=weight.scales.to(dtype).float(), zeros=weight.zeros.to(dtype).float())
+
+
+@pytest.fixture
+def every_shape_gains(monkeypatch):
+    """A timer stand-in: the dense copy wins from 16 rows at every shape, whatever this CPU measures."""
+    monkeypatch.setattr(int4_dense, "dense_rows", lambda in_features, out_features, dtype: 16)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_copy_is_the_packed_weight_rounded_once(group, act_order, dtype):
+    weight = random_weight(out_features=320, in_features=512, group=group, act_order=act_order)
+    linear = int4_linear(weight, None, dtype, CPU)
+    exact = rounded_scales(weight, dtype).dequantize()  # over the layer's inputs
+    over_weight_inputs = exact if weight.perm is None else exact[:, weight.perm]
+    assert torch.equal(expand(linear), over_weight_inputs.to(dtype))
+
+
+def test_wide_inputs_multiply_the_copy_and_narrow_ones_keep_the_fused_kernels_bits(every_shape_gains):
+    weight = random_weight(out_features=OUT, in_features=IN, act_order=True)
+    bias = torch.randn(OUT).bfloat16()
+    linear = int4_linear(weight, bias.float(), torch.bfloat16, CPU)
+    assert keep_dense_copies(linear, room=OUT * IN * 2) == OUT * IN * 2
+    copy = expand(linear)
+    narrow, wide = torch.randn(15, IN).bfloat16(), torch.randn(16, IN).bfloat16()
+    with torch.inference_mode():
+        permuted = wide.index_select(1, weight.perm)
+        assert torch.equal(linear(wide), torch.nn.functional.linear(permuted, copy) + bias)
+        fused = fused_linear(narrow.index_select(1, weight.perm), linear.packed, linear.scales_and_zeros, 32) + bias
+        assert torch.equal(linear(narrow), fused)
+    assert set(linear.state_dict()) == {"packed", "scales_and_zeros", "perm", "bias"}  # nothing streams or saves the copy
+
+
+def test_fused_only_drops_the_copy(every_shape_gains):
+    linear = int4_linear(random_weight(), None, torch.bfloat16, CPU)
+    keep_dense_copies(linear, room=GB)
+    assert linear.dense is not None
+    use_fused_only(linear)
+    assert linear.dense is None
+
+
+def test_copies_are_kept_in_order_while_they_fit_the_room(every_shape_gains):
+    model = torch.nn.Sequential(*(int4_linear(random_weight(seed=seed), None, torch.bfloat16, CPU) for seed in range(3)))
+    one = OUT * IN * 2
+    assert dense_copy_bytes(model) == 3 * one
+    assert keep_dense_copies(model, room=2 * one + one // 2) == 2 * one
+    assert [linear.dense is not None for linear in model] == [True, True, False]
+
+
+def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypatch):
+    """The choice, not the clock: a stand-in for `faster` that lets the copy win from 8 rows on."""
+    calls = []
+
+    def stand_in(first, second, device) -> bool:
+        calls.append(device)
+        return PROBE_ROWS[len(calls) - 1] >= 8
+
+    monkeypatch.setattr(int4_dense, "faster", stand_in)
+    dense_rows.cache_clear()
+    try:
+        assert dense_rows(256, 128, torch.bfloat16) == 8
+        assert calls == [CPU] * PROBE_ROWS.index(8) + [CPU]
+        monkeypatch.setattr(int4_dense, "faster", lambda first, second, device: False)
+        assert dense_rows(512, 128, torch.bfloat16) is None
+    finally:
+        dense_rows.cache_clear()
+
+
+def plan_in(ram_gb: float, tier: str = "auto", dense_copies: bool = True):
+    """Llama-2-70B-GPTQ (the shipped alias's config: 4-bit linears) on a described CPU machine."""
+    plan = OffloadPlan(tier=tier, offload_dir=Path("/nonexistent"), tree_tokens=1025, dense_copies=dense_copies,
+                       resident_layers=0 if tier == "disk" else None)
+    return plan_target("llama-2-70b-gptq", torch.bfloat16, CPU, plan, 4096, described_rooms(None, int(ram_gb * GB)))
+
+
+def test_the_plan_counts_the_copies_where_every_layer_is_in_memory_and_room_is_left(every_shape_gains):
+    # 80 layers of 4-bit linears: q and o 8192 x 8192, k and v 1024 x 8192, gate, up 28672 x 8192 and down; bf16
+    copies = 80 * (2 * 8192 * 8192 + 2 * 1024 * 8192 + 3 * 28672 * 8192) * 2
+    ample = plan_in(256)
+    assert ample.dense_copies == copies
+    (item,) = [i for i in ample.items if i.what.startswith("dense copies")]
+    assert item.nbytes == copies and item.tier == "device"
+    without = plan_in(256, dense_copies=False)
+    assert without.dense_copies == 0 and ample.total("device") == without.total("device") + copies
+    overhead = 256 * GB - ample.rooms.device  # the runtime and the OS, outside the plan's room
+    tight = plan_in((overhead + without.total("device") + copies // 2) / GB)  # the rest fits, the copies do not
+    assert tight.dense_copies == 0 and not tight.placement.streamed
+    assert plan_in(256, tier="disk").dense_copies == 0  # streamed layers keep one stored form
