@@ -20,6 +20,8 @@ HUB_ALIASES = {
     "llama-3.1-70b-gptq": "hugging-quants/Meta-Llama-3.1-70B-Instruct-GPTQ-INT4",
     "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b-awq": "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+    "llama-3.1-8b-awq": "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4",
     "qwen2.5-72b-gptq": "Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4",
     "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",

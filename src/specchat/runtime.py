@@ -169,8 +169,8 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"unknown weights '{options.weights}': choose one of {', '.join(WEIGHTS)}")
     if options.weights == "quantized" and not has_int4(resolve(options.target)):
         raise SpecchatError(f"--weights quantized runs a target from the 4-bit weights it stores, and {options.target} "
-                            "stores none that specchat multiplies packed (GPTQ checkpoints always run so): use --weights "
-                            "dense or auto")
+                            "stores none that specchat multiplies packed (GPTQ and AWQ checkpoints always run so): "
+                            "use --weights dense or auto")
     if options.offload not in OFFLOAD_TIERS:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:

@@ -39,7 +39,7 @@ def config_of(source: ModelSource) -> PretrainedConfig:
 
 
 def config_from_file(path: Path) -> PretrainedConfig:
-    """A config.json as transformers reads it, its quantization_config (GPTQ) kept."""
+    """A config.json as transformers reads it, its quantization_config (GPTQ, AWQ) kept."""
     try:
         values = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:

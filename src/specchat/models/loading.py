@@ -18,6 +18,7 @@ from specchat.models.registry import find_alias
 from specchat.offload.build import Offload, OffloadPlan, offload_model
 from specchat.offload.placement import Placement
 from specchat.progress import Report, Reporter, transformers_bars
+from specchat.quant.awq import read_awq_spec
 from specchat.quant.gptq import read_gptq_spec
 from specchat.quant.int4_checkpoint import INT4_FILE
 
@@ -103,9 +104,9 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     directory, gguf_file = materialize(source, reporter, int4)
     if gguf_file is not None or reused_tokenizer(tokenizer, directory) is None:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-    if gguf_file is None and (is_gptq(directory) or is_int4(directory)):
+    if gguf_file is None and (is_packed_4bit(directory) or is_int4(directory)):
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
-        # GPTQ kernel library, and expands a GGUF's).
+        # GPTQ or AWQ kernel library, and expands a GGUF's).
         model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter,
                                  compact_head=compact_head, compact_layers=compact_layers)
         if preparation is not None:
@@ -187,13 +188,15 @@ def is_int4(directory: Path) -> bool:
 
 def has_int4(source: ModelSource) -> bool:
     """Whether `source` can be run from 4-bit weights that it stores as they are: an embedded
-    model (its GGUF's Q4_K linears). GPTQ checkpoints always run so."""
+    model (its GGUF's Q4_K linears). GPTQ and AWQ checkpoints always run so."""
     return source.kind == "embedded"
 
 
-def is_gptq(directory: Path) -> bool:
-    """True when the checkpoint holds GPTQ packed 4-bit weights (config.json says so)."""
-    return read_gptq_spec(json.loads((directory / "config.json").read_text())) is not None
+def is_packed_4bit(directory: Path) -> bool:
+    """True when the checkpoint holds GPTQ or AWQ packed 4-bit weights (config.json says so; an AWQ
+    or GPTQ variant specchat cannot read is one SpecchatError line)."""
+    config = json.loads((directory / "config.json").read_text())
+    return read_gptq_spec(config) is not None or read_awq_spec(config) is not None
 
 
 def materialize(source: ModelSource, reporter: Reporter, int4: bool = False) -> tuple[Path, str | None]:

@@ -25,6 +25,8 @@ _ALIASES = (
     Alias("llama-3.1-70b-gptq", "hugging-quants/Meta-Llama-3.1-70B-Instruct-GPTQ-INT4", "target (offloaded, 4-bit)"),
     Alias("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", "target (offloaded)"),
     Alias("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "draft for llama-3.1-70b"),
+    Alias("llama-3.1-70b-awq", "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "target (offloaded, 4-bit)"),
+    Alias("llama-3.1-8b-awq", "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", "draft for llama-3.1-70b-awq (4-bit)"),
     Alias("qwen2.5-72b-gptq", "Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", "target (offloaded, 4-bit)"),
     Alias("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", "target (offloaded)"),
     Alias("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "draft for qwen2.5-72b"),

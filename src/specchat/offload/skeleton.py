@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from specchat.errors import SpecchatError
 from specchat.offload.sources import SafetensorsSource
+from specchat.quant.awq import awq_int4_tensors, is_awq_packed, read_awq_spec, replace_linears_with_awq
 from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 from specchat.quant.int4 import Int4Linear, int4_tensors
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
@@ -37,15 +38,16 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
     `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py);
     with `compact_layers`, for every decoder layer linear it holds one of, and Q4KScalesLinears for
-    the layers' Int4Linears it holds Q4_K scale parts of (quant/q4k_scales.py)."""
-    spec = read_gptq_spec(config.to_dict())
+    the layers' Int4Linears it holds Q4_K scale parts of (quant/q4k_scales.py). AWQ linears are
+    Int4Linears packed for `kernel` (or the CPU) from the start (quant/awq.py)."""
+    spec, awq = read_gptq_spec(config.to_dict()), read_awq_spec(config.to_dict())
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if awq is not None:
+        replace_linears_with_awq(model, packed_linears(model, source), awq, dtype, kernel or torch.device("cpu"))
     if spec is not None:
-        packed = [name[: -len(_QWEIGHT)] for name in source.names() if name.endswith(_QWEIGHT)] \
-            if source is not None else layer_linears(model)
-        replace_linears_with_gptq(model, packed, spec)
+        replace_linears_with_gptq(model, packed_linears(model, source), spec)
         if kernel is not None:
             replace_gptq_with_int4(model, spec, dtype, kernel)
     if source is not None:
@@ -56,6 +58,14 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         compact_the_layers(model, source, dtype)
     model.eval()
     return model
+
+
+def packed_linears(model: PreTrainedModel, source: SafetensorsSource | None) -> list[str]:
+    """The linears a GPTQ or AWQ checkpoint holds packed (a qweight each); from a config alone,
+    every linear of the decoder layers, as AutoGPTQ and AutoAWQ quantize them."""
+    if source is None:
+        return layer_linears(model)
+    return [name[: -len(_QWEIGHT)] for name in source.names() if name.endswith(_QWEIGHT)]
 
 
 def has_compact_layers(model: PreTrainedModel, source: SafetensorsSource) -> bool:
@@ -153,7 +163,7 @@ def layer_tensors(layer: nn.Module, prefix: str, source: SafetensorsSource, dtyp
                   wanted: Callable[[str], bool] = lambda name: True) -> dict[str, torch.Tensor]:
     """A layer's checkpoint tensors, named as in its state_dict (those `wanted`); parameters cast
     to `dtype`, buffers (GPTQ's packed words, scales, group index) kept as the skeleton declares
-    them, and an Int4Linear's packed from its Int4Weight or GPTQ tensors."""
+    them, and an Int4Linear's packed from its Int4Weight, GPTQ or AWQ tensors."""
     parameters = dict(layer.named_parameters(remove_duplicate=False))
     packed = {name: module for name, module in layer.named_modules()
               if isinstance(module, Int4Linear) and wanted(name + ".")}
@@ -168,9 +178,11 @@ def layer_tensors(layer: nn.Module, prefix: str, source: SafetensorsSource, dtyp
 
 
 def packed_tensors(linear: Int4Linear, module: str, source: SafetensorsSource) -> dict[str, torch.Tensor]:
-    """An Int4Linear's buffers, packed for its kernel from the checkpoint's Int4Weight or GPTQ tensors."""
+    """An Int4Linear's buffers, packed for its kernel from the checkpoint's Int4Weight, GPTQ or AWQ tensors."""
     if module + INT4_SUFFIXES[0] not in source.where:
-        return gptq_int4_tensors(lambda key: source.get(f"{module}.{key}"), linear)
+        convert = awq_int4_tensors if is_awq_packed(source.shape(module + _QWEIGHT), linear.in_features) \
+            else gptq_int4_tensors
+        return convert(lambda key: source.get(f"{module}.{key}"), linear)
     bias = source.get(module + ".bias") if linear.bias is not None else None
     weight, device = stored_int4(module, source), torch.device(linear.kernel)
     packed = None if source.pack_cache is None else source.pack_cache.packed(module, lambda: pack(weight.nibbles, device))

@@ -1,0 +1,221 @@
+"""AWQ checkpoints (AutoAWQ's GEMM format) through the packed int4 path: the nibble order is
+AutoAWQ's, the converted weight is an independent dequantization's bitwise, a loaded model (in
+memory and streamed) gives the dequantized model's logits, SpecExec over it emits its own tokens,
+other AWQ variants are one line, and the 70B AWQ pair plans offline."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from awq_writer import AWQDraw, dequantized_model, pack_awq, write_awq_checkpoint
+from exactness import ExactnessCheck
+from test_cli import assert_one_line_error, run_cli
+from test_memory_plan import BF16, ROTARY_BYTES, assert_fits, gpu_plan, int4_linear, item, llama_layer_linears
+from torch import nn
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.errors import SpecchatError
+from specchat.models.draft import DraftQuant, load_draft
+from specchat.models.loading import load
+from specchat.offload.build import OffloadPlan, offload_model
+from specchat.progress import Reporter
+from specchat.quant.awq import AWQSpec, awq_to_int4, kernel_group_size, unpack_awq
+from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4_probe import UNLIMITED, WidthChoice
+
+QUIET = Reporter(bars=False)
+CPU = torch.device("cpu")
+PROMPT = [3, 14, 15, 9, 26, 5]
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
+NEW_TOKENS = 24
+GB = 10**9
+
+
+def test_the_nibble_order_is_autoawqs():
+    # output columns 0..7 of one word: nibble k holds column AWQ_ORDER[k] = 0, 2, 4, 6, 1, 3, 5, 7
+    word = torch.tensor([[0x75316420]], dtype=torch.int32)
+    assert unpack_awq(word).tolist() == [list(range(8))]
+    assert torch.equal(pack_awq(torch.arange(8).view(1, 8)), word)
+
+
+def random_draw(inputs: int, outputs: int, group_size: int, seed: int) -> AWQDraw:
+    generator = torch.Generator().manual_seed(seed)
+    groups = 1 if group_size == -1 else inputs // group_size
+    scales = (torch.rand(groups, outputs, generator=generator) * 0.02 + 1e-4).to(torch.float16)
+    return AWQDraw(torch.randint(0, 16, (inputs, outputs), generator=generator),
+                   torch.randint(0, 16, (groups, outputs), generator=generator), scales)
+
+
+@pytest.mark.parametrize("group_size", [128, 64, 32, -1, 512])
+def test_the_converted_weight_is_an_independent_dequantization_bitwise(group_size):
+    draw = random_draw(1024, 96, group_size, seed=group_size % 97)
+    kernel_group = kernel_group_size(AWQSpec(group_size), 1024)
+    weight = awq_to_int4(pack_awq(draw.q), pack_awq(draw.zeros), draw.scales, kernel_group)
+    assert weight.perm is None and kernel_group == min(256, 1024 if group_size == -1 else group_size)
+    assert torch.equal(weight.dequantize(), draw.dequantize().float())  # float64's value is float32's exactly
+
+
+def tiny_model(seed: int) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 whose every linear fits the int4 kernels (outputs in multiples of 64), its
+    LM head sharpened so that a draft's tokens are accepted."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)
+    return model
+
+
+@pytest.fixture(scope="module")
+def awq(tmp_path_factory) -> tuple[Path, nn.Module]:
+    """The AWQ directory (groups of 64) and the float32 model of its dequantized weights."""
+    model = tiny_model(7)
+    directory = tmp_path_factory.mktemp("awq")
+    return directory, dequantized_model(model, write_awq_checkpoint(model, directory, group_size=64))
+
+
+@pytest.fixture(scope="module")
+def awq_draft_dir(tmp_path_factory) -> Path:
+    """A draft that mostly agrees with the target: its weights perturbed, in AWQ groups of 128."""
+    model = tiny_model(7)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter) * parameter.std())
+    directory = tmp_path_factory.mktemp("awq-draft")
+    write_awq_checkpoint(model, directory, group_size=128)
+    return directory
+
+
+def logits(lm: CausalLM) -> torch.Tensor:
+    prompt = torch.tensor(PROMPT)
+    return lm.logits(lm.hidden(prompt, torch.arange(prompt.numel()), new_cache()))
+
+
+@pytest.mark.parametrize("fused_rows", [UNLIMITED, 0], ids=["fused", "chunked"])
+def test_an_awq_directory_loads_packed_with_the_dequantized_models_logits(awq, fused_rows):
+    directory, reference = awq
+    model = load(str(directory), torch.float32, progress=False).model
+    linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
+    assert len(linears) == 2 * 7 and not any(type(m) is nn.Linear for m in model.model.layers.modules())
+    assert not any(t.is_meta for t in model.state_dict().values())
+    for linear in linears:
+        linear.widths = WidthChoice(fused_rows, torch.float32)
+    # the same weights, summed in another order: float32 rounding only
+    torch.testing.assert_close(logits(CausalLM(model)), logits(CausalLM(reference)), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_an_awq_model_streams_packed_layers_with_the_dequantized_models_logits(awq, tmp_path, tier):
+    directory, reference = awq
+    plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
+    model, offload = offload_model(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
+    try:
+        places = {place.name: place for place in offload.store.layouts[0].places}
+        assert places["self_attn.q_proj.packed"].dtype == torch.uint8 and "self_attn.q_proj.qweight" not in places
+        torch.testing.assert_close(logits(CausalLM(model, offload)), logits(CausalLM(reference)), atol=2e-5, rtol=0)
+    finally:
+        offload.close()
+
+
+@pytest.mark.parametrize("tier", [None, "ram", "disk"], ids=["in-memory", "ram", "disk"])
+def test_greedy_specexec_over_an_awq_target_and_draft_emits_the_targets_own_tokens(awq, awq_draft_dir, tmp_path,
+                                                                                 tier):
+    directory, _ = awq
+    loaded = load(str(directory), torch.float32, progress=False)
+    target = CausalLM(loaded.model)
+    reference = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, GREEDY) for t in e.token_ids]
+    # the 4-bit draft as the CPU's default prepares it: its linears stay packed, its embedding and head in int8
+    draft = load_draft(str(awq_draft_dir), CPU, torch.float32, None, loaded.tokenizer, QUIET, DraftQuant("int8"), None)
+    assert sum(isinstance(m, Int4Linear) for m in draft.model.modules()) == 2 * 7
+    offload = None
+    if tier is not None:
+        plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
+        model, offload = offload_model(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
+        target = CausalLM(model, offload)
+    try:
+        events = list(SpecExecEngine(target, draft, [], TreeShape(budget=16, max_depth=6)).generate(
+            PROMPT, NEW_TOKENS, GREEDY))
+    finally:
+        if offload is not None:
+            offload.close()
+    tokens = [t for e in events for t in e.token_ids]
+    check = ExactnessCheck(CausalLM(loaded.model), frozenset(), NEW_TOKENS)
+    comparison = check.compare(PROMPT, reference, tokens, GREEDY)
+    assert comparison.acceptable, comparison.describe()
+    assert sum(e.accepted for e in events) > 0 and len(events) < NEW_TOKENS
+
+
+BAD_VARIANTS = [
+    ({"version": "gemv"}, "AWQ version 'gemv' is not supported"),
+    ({"version": "marlin"}, "AWQ version 'marlin' is not supported"),
+    ({"version": "exllama"}, "AWQ version 'exllama' is not supported"),
+    ({"bits": 8}, "8-bit AWQ is not supported"),
+    ({"zero_point": False}, "AWQ without zero points (zero_point false) is not supported"),
+    ({"backend": "llm-awq"}, "AWQ checkpoints of the 'llm-awq' backend are not supported"),
+]
+
+
+def bad_variant(awq, directory: Path, settings: dict) -> Path:
+    """The AWQ directory's weights under a config.json declaring another variant."""
+    source, _ = awq
+    shutil.copy(source / "model.safetensors", directory / "model.safetensors")
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] |= settings
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(("settings", "message"), BAD_VARIANTS, ids=[m.split(" is")[0] for _, m in BAD_VARIANTS])
+def test_other_awq_variants_are_refused_in_one_line(awq, tmp_path, settings, message):
+    with pytest.raises(SpecchatError, match=re.escape(message)) as refused:
+        load(str(bad_variant(awq, tmp_path, settings)), torch.float32, progress=False)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_layer_the_int4_kernels_cannot_take_is_refused_not_expanded_per_call(tmp_path):
+    write_awq_checkpoint(tiny_model(3), tmp_path, group_size=16)  # no kernel group of 16 inputs
+    with pytest.raises(SpecchatError, match=r"AWQ layer 'model\.layers\.\d\.\S+' \(\d+ x \d+, groups of 16\) "
+                                            r"does not fit cpu's int4 kernels"):
+        load(str(tmp_path), torch.float32, progress=False)
+
+
+def test_the_cli_refuses_an_awq_variant_in_one_line(awq, tmp_path, monkeypatch, capsys):
+    directory = bad_variant(awq, tmp_path, {"version": "gemv"})
+    code, _, err = run_cli(monkeypatch, capsys, "doctor", "--target", str(directory), "--draft", str(directory),
+                           "--ram-gb", "64")
+    assert_one_line_error(code, err, "AWQ version 'gemv' is not supported; only 'gemm' (AutoAWQ's default) is")
+
+
+def test_the_70b_awq_pair_on_a_24_gb_card_plans_as_4_bit_layers_and_a_4_bit_draft():
+    memory = gpu_plan("llama-3.1-70b-awq", "llama-3.1-8b-awq", 24, 64)
+    # AWQ's groups of 128, no act-order: nibbles, a bf16 scale and zero per group and output; two norms
+    layer = sum(int4_linear(i, o, 128, False) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
+    assert memory.placement.layers == (layer,) * 80 and 0.45 * GB < layer < 0.46 * GB
+    # the draft's linears stay 4-bit (models/draft.py loads a packed checkpoint packed): embeddings, head and
+    # norms in bf16 beside them
+    draft = 2 * 128256 * 4096 * BF16 + (2 * 32 + 1) * 4096 * BF16 + ROTARY_BYTES + \
+        32 * sum(int4_linear(i, o, 128, False) for i, o in llama_layer_linears(4096, 14336, 8))
+    assert memory.draft.quant == "none" and item(memory, "draft weights (") == draft
+    assert_fits(memory, 24, 64)
+
+
+def test_doctor_plans_the_70b_awq_pair_offline(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-3.1-70b-awq", "--draft", "llama-3.1-8b-awq",
+                           "--vram-gb", "24", "--ram-gb", "64", "--pcie-gbps", "25")
+    assert code == 0
+    layer = sum(int4_linear(i, o, 128, False) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
+    resident = re.search(r"^    (\d+) resident decoder layers +([\d.]+) GB$", out, re.M)
+    assert resident and abs(float(resident.group(2)) * GB / int(resident.group(1)) - layer) < 0.005 * GB
+    assert re.search(rf"^  ring           \d+ slots of {layer / GB:.2f} GB$", out, re.M)
