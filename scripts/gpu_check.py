@@ -1,6 +1,7 @@
 """Checks specchat on a CUDA machine (run through scripts/gpu_check.sh) and prints a table with a
-verdict per check (PASS, FAIL, or SKIP with its reason); exits 1 if any check failed, and 0 with
-a message where torch sees no CUDA device.
+verdict per check (PASS, FAIL, or SKIP with its reason), then one closing line that names what
+failed or was skipped; exits 1 if any check failed, and 0 with a message where torch sees no CUDA
+device.
 
 1. A ring smaller than a pass, reused over several passes (one tree-masked): small Llama and
    Qwen2 models of 8 layers through 2 and 3 slots, logits against the model held whole on the GPU.
@@ -12,9 +13,16 @@ a message where torch sees no CUDA device.
 5. `--offload auto` with the smallest `--vram-budget` the plan accepts: the default pair streams,
    and its reply equals the target's greedy reply.
 6. The streamer's pinned host->device bandwidth against `specchat doctor`'s probe.
+7. The int4 products at the 70B target's shapes against a float64 dense reference.
+The checks that run the embedded pair (3, 5) fail at once where its weights are not installed.
 The checks live in tests/gpu_checks/, shared with tests/test_cuda.py (pytest -m cuda).
+
+--scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
+target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft;
+--scale --dry-run runs it over shrunk widths on any device, the CPU included.
 """
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -22,31 +30,69 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checks live with the tests
-from gpu_checks.suite import all_checks, run_all  # noqa: E402
+from gpu_checks.closing import closing_line  # noqa: E402
+from gpu_checks.embedded_weights import missing_weights, needing_weights  # noqa: E402
+from gpu_checks.int4_reference import CHECK as INT4_REFERENCE  # noqa: E402
+from gpu_checks.int4_reference import check_int4_reference  # noqa: E402
+from gpu_checks.scale import run_scale  # noqa: E402
+from gpu_checks.scale_sizes import SLOTS, scale_sizes  # noqa: E402
+from gpu_checks.suite import Check, all_checks, run_all  # noqa: E402
 from gpu_checks.verdict import Verdict, exit_code, table  # noqa: E402
 
 from specchat.paths import cache_dir  # noqa: E402
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own prints the usage too: bad input is one line here
+        self.exit(2, f"gpu_check: error: {message}\n")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineParser(prog="gpu_check", description="Check specchat on a CUDA machine.")
+    parser.add_argument("--scale", action="store_true", help="the paper-scale check instead of the checks")
+    parser.add_argument("--dry-run", action="store_true", help="with --scale: shrunk widths, on any device")
+    parser.add_argument("--layers", type=int, help=f"with --scale: target layers to build (more than {SLOTS})")
+    options = parser.parse_args(argv)
+    if (options.dry_run or options.layers is not None) and not options.scale:
+        parser.error("--dry-run and --layers go with --scale")
+    if options.layers is not None and options.layers <= SLOTS:
+        parser.error(f"--layers must be more than the ring's {SLOTS} slots; got {options.layers}")
+    return options
 
 
 def progress(verdict: Verdict) -> None:
     print(f"{verdict.status}  {verdict.check}", flush=True)
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
+def checks(device: torch.device, scratch: Path) -> list[Check]:
+    listed = needing_weights(all_checks(device, scratch), missing_weights())
+    return [*listed, (INT4_REFERENCE, lambda: check_int4_reference(device))]
+
+
+def run_checks(device: torch.device, scratch: Path) -> int:
+    print(f"checking on {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}",
+          flush=True)
+    verdicts = run_all(checks(device, scratch), progress)
+    print(table(verdicts))
+    print(closing_line(verdicts))
+    return exit_code(verdicts)
+
+
+def main(argv: list[str]) -> int:
+    options = parse(argv)
+    cuda = torch.cuda.is_available()
+    if not cuda and not options.dry_run:
         print("no CUDA device visible to torch: nothing to check (this script is for GPU machines)")
         return 0
-    print(f"checking on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}",
-          flush=True)
+    device = torch.device("cuda" if cuda else "cpu")
     # Beside the user cache, where the app writes its layer file: /tmp may be a tmpfs, without
     # the O_DIRECT reads the disk tier is checked for.
     cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=cache_dir()) as scratch:
-        verdicts = run_all(all_checks(torch.device("cuda"), Path(scratch)), progress)
-    print(table(verdicts))
-    print("all checks passed" if exit_code(verdicts) == 0 else "some checks FAILED")
-    return exit_code(verdicts)
+        if options.scale:
+            return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch))
+        return run_checks(device, Path(scratch))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

