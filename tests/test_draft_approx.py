@@ -66,10 +66,29 @@ def test_without_an_int8_kernel_the_weight_is_dequantized_a_block_of_rows_at_a_t
     torch.testing.assert_close(layer(x), x @ layer.dequantized().t(), rtol=1e-12, atol=1e-12)
 
 
-def test_the_int8_kernel_is_asked_of_the_dispatcher():
-    assert int8.has_int8_kernel(torch.device("cpu"))
-    built_for_cuda = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_weight_int8pack_mm", "CUDA")
-    assert int8.has_int8_kernel(torch.device("cuda")) == built_for_cuda
+def runs_int8_kernel(device: torch.device) -> bool:
+    """Whether torch's weight-only int8 product runs on `device`, found by running it (bf16, the
+    dtype both the CPU's and CUDA's kernels take): the dispatcher is not asked here."""
+    ones = {"dtype": torch.bfloat16, "device": device}
+    weight = torch.ones(16, 32, dtype=torch.int8, device=device)
+    try:
+        out = torch.ops.aten._weight_int8pack_mm(torch.ones(1, 32, **ones), weight, torch.ones(16, **ones))
+    except NotImplementedError:  # "Could not run 'aten::_weight_int8pack_mm' with arguments from the ... backend"
+        return False
+    assert torch.equal(out.cpu(), torch.full((1, 16), 32.0, dtype=torch.bfloat16))
+    return True
+
+
+def test_the_int8_kernel_is_found_where_it_runs():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert int8.has_int8_kernel(cpu) and runs_int8_kernel(cpu)
+    if torch.cuda.is_available():
+        expected = runs_int8_kernel(cuda)
+    elif not torch.backends.cuda.is_built():
+        expected = False  # a torch built without CUDA holds no CUDA kernel at all
+    else:
+        pytest.skip("a CUDA build of torch without a GPU: only running the kernel would tell whether it has one")
+    assert int8.has_int8_kernel(cuda) == expected
 
 
 X86_ONLY = pytest.mark.skipif(not dynamic_kernel(torch.device("cpu")), reason="fbgemm's dynamic kernel runs on x86 only")

@@ -61,7 +61,17 @@ def test_packing_refuses_shapes_the_kernels_cannot_take():
         check_shape(40, 64, 32)
 
 
-def test_the_layout_key_names_what_the_cpu_layout_depends_on():
+def test_the_layout_key_names_what_the_cpu_layout_depends_on(monkeypatch):
+    """A layer file's fingerprint holds the key: a layout packed by another torch, or for another
+    vector width, must not be read back. The expected keys are written out, so that a change of
+    format (which makes every stored layer file stale) shows here."""
     from specchat.quant.int4_pack import layout_key
-    assert layout_key("cpu") == f"cpu, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
-    assert layout_key("cuda") == f"cuda, torch {torch.__version__}"
+    monkeypatch.setattr(torch, "__version__", "2.13.0")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert layout_key("cpu") == "cpu, torch 2.13.0, AVX512"
+    assert layout_key("cuda") == "cuda, torch 2.13.0"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # 32-row blocks, not 64
+    assert layout_key("cpu") == "cpu, torch 2.13.0, AVX2"
+    assert layout_key("cuda") == "cuda, torch 2.13.0"  # the CUDA layout does not follow the host's CPU
+    monkeypatch.setattr(torch, "__version__", "2.14.0")
+    assert (layout_key("cpu"), layout_key("cuda")) == ("cpu, torch 2.14.0, AVX2", "cuda, torch 2.14.0")

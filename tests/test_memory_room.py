@@ -1,12 +1,14 @@
 """The room the process may take: fake cgroup v1 and v2 trees under tmp_path, and the real machine."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from specchat.errors import SpecchatError
 from specchat.memory_room import NO_LIMIT, Room, peak_rss, process_rss, ram_room
+from specchat.transfer import gb
 
 GB = 10**9
 AVAILABLE = 20 * GB  # what the fake host says it has free
@@ -146,10 +148,21 @@ def test_a_malformed_number_is_one_line_naming_the_file(tmp_path, name, text):
 
 
 def test_the_real_machine_has_room_no_larger_than_available_ram():
-    room = ram_room()
-    tolerance = 256 * 2**20  # available RAM moves between the two reads
-    assert 0 < room.bytes <= psutil.virtual_memory().available + tolerance
-    assert room.bound
+    """This machine's cgroup files, read as they are. Available RAM is read once and handed in:
+    two reads of it differ by whatever other jobs did in between."""
+    available = psutil.virtual_memory().available
+    room = ram_room(available=available)
+    assert 0 < room.bytes <= available
+    if room.bytes == available:
+        assert room.bound == f"available RAM ({gb(available)})"
+    else:
+        assert room.limit  # a cgroup's limit binds
+
+
+def test_by_default_available_ram_is_psutils(tmp_path, monkeypatch):
+    """What ram_room reads when not handed a figure: psutil's, at the call (no cgroup here)."""
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=AVAILABLE))
+    assert ram_room(tmp_path) == Room(AVAILABLE, "available RAM (20.00 GB)")
 
 
 def test_resident_sets_are_measured():

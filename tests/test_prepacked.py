@@ -14,8 +14,8 @@ from specchat.quant.prepacked import PrepackedLinear, prepack_linears, prepack_p
 
 
 def supported() -> bool:
-    """Whether this CPU's oneDNN multiplies a prepacked bf16 weight at all (on x86 without AVX-512
-    it may not; then nothing is prepacked, which the tests check instead)."""
+    """Whether this CPU's oneDNN multiplies a prepacked bf16 weight at all, found by trying it (on
+    x86 without AVX-512 it may not; then nothing is prepacked, which the last test checks)."""
     try:
         PrepackedLinear(torch.ones(8, 16, dtype=torch.bfloat16), None)(torch.ones(1, 16, dtype=torch.bfloat16))
     except RuntimeError:
@@ -23,11 +23,20 @@ def supported() -> bool:
     return True
 
 
+# Never skipped by a timing: whether prepacking pays here decides only what prepack_linears does,
+# and the tests that check the products make it pay (monkeypatch) or build the linears directly.
+ONEDNN_BF16 = pytest.mark.skipif(not supported(), reason="this CPU's oneDNN has no bf16 inner product to prepack for")
+
+
+@pytest.fixture
+def pays(monkeypatch) -> None:
+    """prepack_linears replaces every prepackable linear, whatever this CPU's probe measured."""
+    monkeypatch.setattr(prepacked, "prepack_pays", lambda dtype: dtype in prepacked.PREPACKED_DTYPES)
+
+
+@ONEDNN_BF16
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_prepacked_linear_gives_f_linear_bits_at_every_width(bias):
-    if not supported():
-        assert not prepack_pays(torch.bfloat16)
-        return
     generator = torch.Generator().manual_seed(0)
     linear = nn.Linear(384, 640, bias=bias, dtype=torch.bfloat16).requires_grad_(False)
     linear.weight.copy_(torch.randn(640, 384, generator=generator))
@@ -54,16 +63,19 @@ def logits(model) -> torch.Tensor:
     return lm.logits(lm.hidden(prompt, torch.arange(5), new_cache()))
 
 
-def test_a_model_scores_as_before_with_its_linears_prepacked():
+@ONEDNN_BF16
+def test_a_model_scores_as_before_with_its_linears_prepacked(pays):
     model = tiny_model(tie=False)
     before = logits(model)
-    replaced = prepack_linears(model)
-    if not prepack_pays(torch.bfloat16):
-        assert replaced == 0 and not any(isinstance(m, PrepackedLinear) for m in model.modules())
-        return
-    assert replaced == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+    assert prepack_linears(model) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
     assert isinstance(model.get_output_embeddings(), PrepackedLinear)
     assert torch.equal(logits(model), before)
+
+
+def test_where_prepacking_does_not_pay_every_linear_stays(monkeypatch):
+    monkeypatch.setattr(prepacked, "prepack_pays", lambda dtype: False)
+    model = tiny_model(tie=False)
+    assert prepack_linears(model) == 0 and not any(isinstance(m, PrepackedLinear) for m in model.modules())
 
 
 def test_a_tied_head_float32_and_other_kernels_stay_as_they_are():
@@ -77,10 +89,8 @@ def test_a_tied_head_float32_and_other_kernels_stay_as_they_are():
     assert all(prepackable(m, shared) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
 
 
-def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(monkeypatch):
-    if not supported():
-        return  # nothing is ever prepacked here (the first test checks it)
-    monkeypatch.setattr(prepacked, "prepack_pays", lambda dtype: True)
+@ONEDNN_BF16
+def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(pays):
     model = tiny_model(tie=False)
     head = model.get_output_embeddings().weight.nbytes  # 256 x 64 bf16: the largest weight
     assert prepack_linears(model, room=head - 1) == 2 * 7  # every layer's linear, not the head
@@ -90,3 +100,10 @@ def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(monkeypatch):
 
 def test_float32_never_pays():
     assert not prepack_pays(torch.float32)
+
+
+@pytest.mark.skipif(supported(), reason="this CPU's oneDNN has a bf16 inner product: the tests above use it")
+def test_without_a_bf16_inner_product_prepacking_never_pays():
+    assert not prepack_pays(torch.bfloat16)
+    model = tiny_model(tie=False)
+    assert prepack_linears(model) == 0

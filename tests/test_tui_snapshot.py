@@ -1,10 +1,24 @@
-"""SVG snapshots of the main screen (textual pinned; update with `pytest --snapshot-update`)."""
+"""SVG snapshots of the main screen (textual pinned; update with `pytest --snapshot-update`).
+
+The pictures are the same on every host: they are drawn from the fake pair, in colour whatever the
+environment asks, and as on a host with a GPU, so that a screen that came to depend on the device
+would differ from the stored pictures (drawn on CPU hosts) wherever the suite runs."""
 
 from time import perf_counter
+
+import pytest
+import torch
 
 from specchat.tui.app import SpecchatApp
 from specchat.tui.fake import REPLY, FakeBackend, FakeDSIEngine
 from specchat.tui.store import ConversationStore
+
+
+@pytest.fixture(autouse=True)
+def any_host(monkeypatch) -> None:
+    # textual reads NO_COLOR as an app starts and then draws every picture without colour
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
 async def steady_cursor(pilot) -> None:
