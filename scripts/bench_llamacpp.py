@@ -352,10 +352,12 @@ def checkout_version(checkout: Path) -> str:
 
 def full_command(system: System, text: str, max_new_tokens: int) -> list[str]:
     """The system's command with the prompt and the token count; specchat takes the text as is
-    (it is already in the chat template), prints --json and decodes greedily."""
+    (it is already in the chat template), prints --json and decodes greedily unless its variant
+    of --specchat-args samples (`--temperature 0.6`: seeded, at the default top-p and seed)."""
     if system.key.startswith("llama"):
         return [*system.argv, "-p", text, "-n", str(max_new_tokens)]
-    return [*system.argv, text, "--raw", "--json", "--max-new-tokens", str(max_new_tokens), "--temperature", "0"]
+    greedy = [] if "--temperature" in system.argv else ["--temperature", "0"]
+    return [*system.argv, text, "--raw", "--json", "--max-new-tokens", str(max_new_tokens), *greedy]
 
 
 # ---- reading the outputs ----

@@ -253,3 +253,10 @@ def test_a_folder_with_rows_is_refused_and_a_missing_build_is_one_line(tmp_path)
         assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
         assert expected in lines[0]
     assert [path.name for path in (tmp_path / "kept").iterdir()] == ["results.jsonl"]
+
+
+def test_specchat_decodes_greedily_unless_its_variant_samples():
+    greedy, sampled = bench.specchat_systems(["specchat-defaults"], "python3", None, ["", "--temperature 0.6"], False)
+    assert bench.full_command(greedy, "text", 8)[-2:] == ["--temperature", "0"]
+    command = bench.full_command(sampled, "text", 8)
+    assert command.count("--temperature") == 1 and command[command.index("--temperature") + 1] == "0.6"
