@@ -97,15 +97,21 @@ def tokens_and_events(engine, prompt_ids: list[int], sampling: SamplingParams) -
 
 def test_the_defaults_are_what_ships(app_models):
     """What the comparison below runs: a bf16 target multiplied from its stored 4-bit weights (its
-    168 Q4_K linears; its 29 dense ones, the LM head and 14 layers' Q6_K down and v, prepacked for
-    oneDNN where that pays on this CPU), a sub-vocabulary draft quantized as auto resolved it here, and a specexec
-    engine that sizes its own trees."""
+    168 Q4_K linears, with dense copies for tree passes; its 29 dense ones, the LM head and 14
+    layers' Q6_K down and v, prepacked for oneDNN where that pays on this CPU), a sub-vocabulary
+    draft quantized as auto resolved it here, and a specexec engine that sizes its own trees."""
     options = EngineOptions()
     shipped = (options.engine, options.dtype, options.weights, options.budget, options.draft_quant)
     assert shipped == ("specexec", "bfloat16", "auto", None, "auto")
     assert app_models.target.dtype == torch.bfloat16
     assert app_models.identity["weights"] == "quantized"
-    assert sum(isinstance(m, Int4Linear) for m in app_models.target.model.modules()) == 168
+    packed = [m for m in app_models.target.model.modules() if isinstance(m, Int4Linear)]
+    assert len(packed) == 168
+    # tree passes multiply dense copies (quant/int4_dense.py) wherever this CPU measured them faster:
+    # the plan has their room on any machine the suite runs on (24 GB), so the comparisons below run them
+    copied = [m for m in packed if m.dense is not None]
+    assert app_models.memory.dense_copies == sum(m.in_features * m.out_features * 2 for m in copied) > 0
+    assert app_models.identity["wide"] == "dense copies"
     prepacked = sum(isinstance(m, PrepackedLinear) for m in app_models.target.model.modules())
     assert prepacked == (29 if prepack_pays(torch.bfloat16) else 0)
     assert (app_models.identity.get("dense") == "prepacked") == bool(prepacked)
@@ -118,7 +124,8 @@ def test_the_defaults_are_what_ships(app_models):
     assert DEFAULT_DRAFT_VOCAB <= len(draft.vocab) < DEFAULT_DRAFT_VOCAB + 16  # and the stop tokens
     assert app_models.engine("specexec").live_settings().budget == AUTO
     print(f"draft: {resolved}, {len(quantized)} int8 linears, {len(draft.vocab)}-token head; "
-          f"placement: {app_models.placement}")
+          f"placement: {app_models.placement}; {len(copied)} dense copies from "
+          f"{sorted({m.dense.from_rows for m in copied})} rows")
 
 
 @pytest.fixture(scope="module")

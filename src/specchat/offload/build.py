@@ -55,7 +55,8 @@ class OffloadPlan:
     smaller_trees: tuple[int, ...] = ()  # smaller largest trees auto may fall back to, in order
     contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
     drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate quantizations, preferred first
-    dense_copies: bool = False  # a CPU's 4-bit linears may keep dense copies for wide inputs, room left (quant/int4_dense.py)
+    # a CPU's 4-bit linears may keep dense copies for wide inputs where room is left (quant/int4_dense.py)
+    dense_copies: bool = False
 
 
 @dataclass

@@ -48,7 +48,8 @@ def expand(linear: Int4Linear) -> Tensor:
     of output rows at a time so that the float32 temporaries stay a few MB."""
     layout = layout_for(linear.packed.device, linear.in_features)
     if layout is None:
-        raise SpecchatError("this torch's int4 layout cannot be read back: no dense copy")  # dense_rows rules it out first
+        # dense_rows rules such a layout out before any copy is asked for
+        raise SpecchatError("this torch's int4 layout cannot be read back: no dense copy")
     scales_and_zeros = linear.scales_and_zeros
     step = chunk_rows(linear.in_features, linear.out_features, layout.rows)
     buffers = chunk_buffers(linear.in_features, step, scales_and_zeros.shape[0], torch.float32, linear.packed.device)
@@ -82,7 +83,8 @@ def dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int |
     packed = Int4Linear(in_features, out_features, PROBE_GROUP, False, False, dtype, CPU)
     packed.load_state_dict({
         "packed": pack(nibbles, CPU),
-        "scales_and_zeros": (torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64).to(dtype),
+        "scales_and_zeros": (torch.rand(in_features // PROBE_GROUP, out_features, 2, generator=generator) / 64
+                             ).to(dtype),
     })
     dense = dense_linear(expand(packed))
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(dtype)

@@ -160,7 +160,8 @@ def expanded_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_s
         rows = min(step, out_features - start)
         chunk = data[start * in_features // 2:(start + rows) * in_features // 2]  # whole tiles: contiguous bytes
         scales = scales_and_zeros[:, start:start + rows].contiguous()
-        weight = expand_int4(chunk, scales, group_size, layout, x.dtype, out=weights[:rows * in_features].view(rows, -1))
+        buffer = weights[:rows * in_features].view(rows, in_features)
+        weight = expand_int4(chunk, scales, group_size, layout, x.dtype, out=buffer)
         out[:, start:start + rows].copy_(torch.mm(x, weight.t(), out=part[:, :rows]))
     return out
 
