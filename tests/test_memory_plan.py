@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specchat.errors import SpecchatError
+from specchat.errors import PlanRefusal, SpecchatError
 from specchat.models.plan import contexts_for, draft_candidates, plan_target
 from specchat.offload.budget import CUDA_MARGIN, OS_RESERVE, RUNTIME_BYTES, described_rooms
 from specchat.offload.build import OffloadPlan
@@ -241,3 +241,22 @@ def test_an_int8_draft_gives_up_its_dense_copies_before_the_plan_refuses():
     assert tight.draft is alone and not tight.placement.streamed
     assert tight.total("device") == need - linears * BF16
     assert any(note.startswith("draft in int8: ") for note in tight.notes)
+
+
+def test_a_refusal_carries_its_room_the_bytes_missing_and_the_option_that_would_fit():
+    """Every layer asked on the device, in a room 1000 bytes smaller than the plan that fits needs:
+    the refusal names the device, exactly those bytes, and a shorter context that fits; doctor and
+    auto read these fields, never the message's words."""
+    cpu = torch.device("cpu")
+    drafts = draft_candidates("qwen2.5-coder-0.5b", torch.bfloat16, ("int8",), None, 32768, cpu)
+    ask = OffloadPlan(tier="none", offload_dir=Path("/nonexistent"), tree_tokens=1025, drafts=drafts)
+    ample = described_rooms(None, 24 * GB)
+    need = plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, ask, 4096, ample).total("device")
+    with pytest.raises(PlanRefusal) as refused:
+        plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, ask, 4096, replace(ample, device=need - 1000))
+    assert (refused.value.tier, refused.value.missing) == ("device", 1000)
+    assert refused.value.fits.startswith("--context ") and str(refused.value).endswith(refused.value.fits)
+    with pytest.raises(SpecchatError) as bad_option:  # a bad option is no refusal, whatever its words
+        plan_target("qwen2.5-coder-1.5b", torch.bfloat16, cpu, replace(ask, tier="auto", resident_layers=99), 4096,
+                    ample)
+    assert not isinstance(bad_option.value, PlanRefusal)

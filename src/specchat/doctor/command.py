@@ -8,9 +8,9 @@ from pathlib import Path
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import default_offload_dir, gather
 from specchat.doctor.limit import measure_limit
-from specchat.doctor.plan import Machine, PairPlan, is_shortage, plan_pair
+from specchat.doctor.plan import Machine, PairPlan, plan_pair
 from specchat.doctor.report import render, render_described
-from specchat.errors import SpecchatError
+from specchat.errors import PlanRefusal, SpecchatError
 from specchat.limits import MEMORY_BUDGET_GB
 from specchat.offload.links import Links, save_links
 
@@ -39,10 +39,8 @@ def plan_or_reason(target: str, draft: str | None, context: int | None, machine:
     """The plan, or the one line saying why the pair fits nowhere (bad options still raise)."""
     try:
         return plan_pair(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
-    except SpecchatError as error:
-        if is_shortage(error):
-            return str(error)
-        raise
+    except PlanRefusal as error:
+        return str(error)
 
 
 def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float | None) -> None:

@@ -8,8 +8,8 @@ tokenizer loaded, as `run` loads it before it plans)."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.doctor.plan import Machine, is_shortage, plan_pair
-from specchat.errors import SpecchatError
+from specchat.doctor.plan import Machine, plan_pair
+from specchat.errors import PlanRefusal
 from specchat.memory_room import process_rss
 from specchat.models.loading import has_int4, resolve
 from specchat.models.plan import local_tokenizer
@@ -53,8 +53,6 @@ def fits(target: str, draft: str | None, context: int | None, offload_dir: Path,
     rooms = Rooms(room, None, 2**62, f"a memory limit ({gb(room)} free)", disk_name="the disk")
     try:
         plan_pair(target, draft, context, Machine(), offload_dir, rooms=rooms)
-    except SpecchatError as error:
-        if is_shortage(error):
-            return False
-        raise
+    except PlanRefusal:
+        return False
     return True

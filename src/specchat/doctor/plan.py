@@ -76,10 +76,5 @@ def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None)
     return f"~{pair.pass_s:.2f} s streaming per pass at {link_speeds(placement, ram_gbps, disk_gbps)}"
 
 
-def is_shortage(error: SpecchatError) -> bool:
-    """Whether the plan refused for want of room (not for a bad option)."""
-    return any(words in str(error) for words in ("short", "fits nowhere", "too small"))
-
-
 def gb_bytes(value: float | None) -> int | None:
     return None if value is None else int(value * 1e9)

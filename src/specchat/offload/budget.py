@@ -17,7 +17,7 @@ option that would make it fit. Pure arithmetic, as `placement` is.
 
 from dataclasses import dataclass, replace
 
-from specchat.errors import SpecchatError
+from specchat.errors import PlanRefusal
 from specchat.offload.demand import ModelShape
 from specchat.offload.direct_io import align_up
 from specchat.offload.placement import MIN_SLOTS, ModelSizes, Placement, Request, Rooms, pinned_bytes, place
@@ -122,7 +122,7 @@ class MemoryPlan:
 
 def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     """The plan for the first context (in `ask`'s order) and, within it, the first largest tree
-    at which some draft fits, with the draft that streams least there; one-line SpecchatError when
+    at which some draft fits, with the draft that streams least there; one-line PlanRefusal when
     none does. A smaller tree comes before a smaller context: --budget auto grows trees of tens to
     a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat.
     Where the target's layers hold Q6_K linears, their compact form is weighed like a draft: the
@@ -138,7 +138,7 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
                         try:
                             plans.append(replace(plan_one(layered, sized, rooms, context, draft), compact_head=compact,
                                                  compact_layers=compact_layers))
-                        except SpecchatError:
+                        except PlanRefusal:
                             continue  # another form, draft, tree or context may fit; the refusal says why none did
                 if plans:
                     best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
@@ -153,8 +153,8 @@ def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft 
     check_device(target, ask, rooms, [Item("device", FIXED, target.sizes.fixed), *device])
     host_left = None if rooms.host is None else rooms.host - sum(item.nbytes for item in host)
     if host_left is not None and host_left < 0:
-        raise SpecchatError(f"{rooms.host_name} is {gb(-host_left)} short of what loading and the OS need "
-                            f"({', '.join(item.what for item in host)})")
+        raise PlanRefusal(f"{rooms.host_name} is {gb(-host_left)} short of what loading and the OS need "
+                          f"({', '.join(item.what for item in host)})", "host", -host_left)
     sizes = replace(target.sizes, headroom=reserved - target.sizes.fixed)
     placement = place(sizes, replace(rooms, host=host_left), ask.request)
     items = (Item("device", f"{FIXED} (embeddings, final norm, LM head)", target.sizes.fixed), *device,
@@ -173,8 +173,8 @@ def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> 
         largest = sorted(device, key=lambda item: -item.nbytes)[:4]
         parts = ", ".join(f"{item.what} {gb(item.nbytes)}" for item in largest)
         what = f"{resident} resident layers" if resident else "the smallest streaming ring"
-        raise SpecchatError(f"{rooms.device_name} is {gb(need - rooms.device)} short: {gb(need)} are needed for "
-                            f"{what} beside {parts} and the rest")
+        raise PlanRefusal(f"{rooms.device_name} is {gb(need - rooms.device)} short: {gb(need)} are needed for "
+                          f"{what} beside {parts} and the rest", "device", need - rooms.device)
 
 
 def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tuple[list[Item], list[Item]]:
@@ -238,23 +238,23 @@ def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, .
     return tuple(notes)
 
 
-def refusal(target: Target, ask: Ask, rooms: Rooms) -> SpecchatError:
+def refusal(target: Target, ask: Ask, rooms: Rooms) -> PlanRefusal:
     """Why even the smallest draft at the smallest context does not fit, and the option that would."""
     smallest = min(ask.drafts, key=lambda draft: 0 if draft is None else draft.weights)
     try:
         plan_one(target, ask, rooms, ask.contexts[-1], smallest)
-    except SpecchatError as error:
+    except PlanRefusal as error:
         hint = fitting_option(target, ask, rooms) or (
             "a smaller draft would fit, or none (--engine autoregressive)"
             if smallest is not None and fits_without_draft(target, ask, rooms) else None)
-        return SpecchatError(f"{error}{f'; {hint}' if hint else ''}")
+        return PlanRefusal(error.reason, error.tier, error.missing, hint or error.fits)
     raise AssertionError("refusal() is called only when no plan fits")
 
 
 def fits_without_draft(target: Target, ask: Ask, rooms: Rooms) -> bool:
     try:
         plan_one(target, ask, rooms, ask.contexts[-1], None)
-    except SpecchatError:
+    except PlanRefusal:
         return False
     return True
 
@@ -269,7 +269,7 @@ def fitting_option(target: Target, ask: Ask, rooms: Rooms) -> str | None:
         try:
             plan_one(target, ask, rooms, middle, drafts[0])
             low = middle
-        except SpecchatError:
+        except PlanRefusal:
             high = middle - 1
     if low < SMALLEST_CONTEXT // 4:
         return None

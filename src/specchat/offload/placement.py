@@ -21,7 +21,7 @@ Pure arithmetic on byte counts: nothing is loaded, written or allocated here.
 from dataclasses import dataclass
 from typing import Literal
 
-from specchat.errors import SpecchatError
+from specchat.errors import PlanRefusal, SpecchatError
 from specchat.offload.direct_io import align_up
 from specchat.transfer import gb
 
@@ -136,8 +136,8 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     reserved = sizes.fixed + sizes.headroom
     device_room = rooms.device - reserved
     if device_room < 0:
-        raise SpecchatError(f"{rooms.device_name} is too small for the model: its embeddings, LM head, KV caches "
-                            f"and largest tree need {gb(reserved)}")
+        raise PlanRefusal(f"{rooms.device_name} is too small for the model: its embeddings, LM head, KV caches "
+                          f"and largest tree need {gb(reserved)}", "device", -device_room)
     slot = align_up(max(sizes.layers))
     resident = choose_resident(sizes, device_room, slot, request)
     streamed = count - resident
@@ -155,11 +155,13 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
         ram = choose_ram(sizes.layers[resident:], host_left, staging, request, rooms)
     disk = streamed - ram
     if rooms.host is not None and host_bytes(sizes.layers[resident:resident + ram], slots if disk else 0, slot) > rooms.host:
-        raise SpecchatError(f"{rooms.host_name} is too small for the staging of disk reads: {slots} pinned buffers of "
-                            f"{gb(slot)} take {gb(slots * pinned_bytes(slot))}")
+        raise PlanRefusal(f"{rooms.host_name} is too small for the staging of disk reads: {slots} pinned buffers of "
+                          f"{gb(slot)} take {gb(slots * pinned_bytes(slot))}", "host",
+                          host_bytes(sizes.layers[resident:resident + ram], slots, slot) - rooms.host)
     if disk and rooms.disk < sizes.file_bytes:
-        raise SpecchatError(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
-                            f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free")
+        raise PlanRefusal(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
+                          f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free", "disk",
+                          sizes.file_bytes - rooms.disk)
     in_ram = sum(sizes.layers[resident:resident + ram]) if rooms.host is None else 0  # a CPU's RAM is its device
     needed = reserved + sum(sizes.layers[:resident]) + slots * slot + in_ram
     return Placement(sizes.layers, resident, ram, disk, slots, slot, needed)
@@ -179,9 +181,10 @@ def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Req
 def check_resident_fit(layers: tuple[int, ...], resident: int, room: int, rooms: Rooms) -> None:
     """Resident layers asked for (--resident-layers, --offload none) must fit beside the smallest ring."""
     if resident and sum(layers[:resident]) > room:
-        raise SpecchatError(f"{rooms.device_name} is too small for {resident} resident layers: they need "
-                            f"{gb(sum(layers[:resident]))}, and {gb(max(room, 0))} are left beside the fixed parts, "
-                            "caches and ring (lower --resident-layers or use --offload auto)")
+        raise PlanRefusal(f"{rooms.device_name} is too small for {resident} resident layers: they need "
+                          f"{gb(sum(layers[:resident]))}, and {gb(max(room, 0))} are left beside the fixed parts, "
+                          "caches and ring", "device", sum(layers[:resident]) - room,
+                          "lower --resident-layers or use --offload auto")
 
 
 def choose_slots(request: Request, streamed: int, device_left: int, slot: int, rooms: Rooms) -> int:
@@ -190,8 +193,9 @@ def choose_slots(request: Request, streamed: int, device_left: int, slot: int, r
     slots = min(request.slots, streamed) if request.slots is not None else min(streamed, max(device_left, 0) // slot)
     if slots < smallest or slots * slot > device_left:
         wanted = max(slots, smallest)
-        raise SpecchatError(f"{rooms.device_name} is too small for the streaming ring: {wanted} slots of "
-                            f"{gb(slot)} need {gb(wanted * slot)}, {gb(max(device_left, 0))} are left")
+        raise PlanRefusal(f"{rooms.device_name} is too small for the streaming ring: {wanted} slots of "
+                          f"{gb(slot)} need {gb(wanted * slot)}, {gb(max(device_left, 0))} are left", "device",
+                          wanted * slot - device_left)
     return slots
 
 
@@ -202,8 +206,9 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
     if request.tier == "ram":
         needed = sum(layers) if rooms.host is None else sum(pinned_bytes(size) for size in layers)
         if needed > host_left:
-            raise SpecchatError(f"--offload ram: the {len(layers)} streamed layers need {gb(needed)}, and "
-                                f"{rooms.host_name} has {gb(max(host_left, 0))} left")
+            raise PlanRefusal(f"--offload ram: the {len(layers)} streamed layers need {gb(needed)}, and "
+                              f"{rooms.host_name} has {gb(max(host_left, 0))} left", "device" if rooms.host is None
+                              else "host", needed - host_left)
         return len(layers)
     if rooms.host is None:
         return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
