@@ -330,3 +330,9 @@ def test_pickled_weights_are_refused_unless_allowed(monkeypatch, capsys, tiny_di
     assert code == 0
     _, safe_out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--target", str(target))
     assert json.loads(out)["token_ids"] == json.loads(safe_out)["token_ids"]
+
+
+def test_a_vram_budget_without_a_gpu_is_one_line_not_ignored(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's view, on a CUDA host too
+    code, _, err = run_cli(monkeypatch, capsys, "run", "--vram-budget", "4")
+    assert_one_line_error(code, err, "--vram-budget caps GPU memory, and torch sees no GPU here: use --ram-budget")

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from specchat.errors import SpecchatError
-from specchat.memory_room import NO_LIMIT, Room, peak_rss, process_rss, ram_room
+from specchat.memory_room import NO_LIMIT, Room, process_rss, ram_room
 from specchat.transfer import gb
 
 GB = 10**9
@@ -169,14 +169,4 @@ def test_resident_sets_are_measured():
     ballast = b"\x01" * (64 * 2**20)  # written, so resident (a zeroed bytearray may be untouched pages)
     now = process_rss()
     assert now > len(ballast)
-    assert peak_rss() >= now - 2**20
     del ballast
-
-
-def test_peak_rss_falls_back_to_getrusage_without_a_status_file(tmp_path):
-    assert peak_rss(tmp_path / "missing") > 0
-
-
-def test_peak_rss_reads_vm_hwm(tmp_path):
-    write(tmp_path / "status", "Name:\tpython\nVmPeak:\t  900 kB\nVmHWM:\t  512 kB\nVmRSS:\t 400 kB\n")
-    assert peak_rss(tmp_path / "status") == 512 * 1024

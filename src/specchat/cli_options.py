@@ -28,7 +28,8 @@ RamBudgetOpt = Annotated[float | None, typer.Option(
          "the largest pass and the draft; beside a GPU: the pinned layers and staging); default: what the process "
          "may take (cgroup limits included) less 1 GB for the OS.")]
 VramBudgetOpt = Annotated[float | None, typer.Option(
-    help="GB of GPU memory the target may take; default: what is free.")]
+    help="GB of GPU memory specchat may take (the target's layers, the draft, both KV caches and CUDA's "
+         "margin); default: what is free. GPU only: on a CPU, --ram-budget.")]
 OffloadDirOpt = Annotated[str | None, typer.Option(
     help="Directory of the disk tier's layer file (default: the user cache dir).")]
 ResidentOpt = Annotated[int | None, typer.Option(

@@ -26,8 +26,9 @@ from specchat.offload.build import Offload, OffloadPlan
 from specchat.offload.links import read_links
 from specchat.offload.placement import Placement
 from specchat.offload.plan_text import describe_plan
-from specchat.paths import cache_dir
+from specchat.paths import offload_dir as default_offload_dir
 from specchat.progress import Report, Reporter
+from specchat.transfer import gb_to_bytes
 from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears
 from specchat.runtime import DRAFTED_ENGINES, DTYPES, EngineOptions, Models, pick_device, validate
@@ -209,7 +210,7 @@ def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (
     trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
     return OffloadPlan(
         tier=options.offload,
-        offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else cache_dir() / "offload",
+        offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else default_offload_dir(),
         resident_layers=options.resident_layers,
         ram_budget=gb_to_bytes(options.ram_budget),
         vram_budget=gb_to_bytes(options.vram_budget),
@@ -218,10 +219,6 @@ def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (
         drafts=drafts,
         dense_copies=packed_target(options) and not cuda,
     )
-
-
-def gb_to_bytes(value: float | None) -> int | None:
-    return None if value is None else int(value * 1e9)
 
 
 def announce(memory: MemoryPlan, reporter: Reporter) -> None:

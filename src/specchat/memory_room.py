@@ -5,7 +5,6 @@ psutil's available RAM ignores cgroup limits, so a plan made from it alone gets 
 killed (exit 137, no message) in a container. `--ram-budget` is applied by the caller
 (`offload/build.py:measure_rooms`)."""
 
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,27 +55,6 @@ def ram_room(root: Path = Path("/"), available: int | None = None) -> Room:
 def process_rss() -> int:
     """This process's resident set now, in bytes."""
     return psutil.Process().memory_info().rss
-
-
-def peak_rss(status: Path = Path("/proc/self/status")) -> int:
-    """This process's largest resident set so far, in bytes: VmHWM ("high water mark") from
-    `status`, or getrusage's ru_maxrss where there is no such file (Linux gives it in KiB)."""
-    high_water = status_kib(status, "VmHWM")
-    if high_water is None:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return high_water * 1024
-
-
-def status_kib(status: Path, key: str) -> int | None:
-    """A "Key:   123 kB" line of /proc/<pid>/status, in KiB; None when the file or line is absent."""
-    text = read_text(status)
-    if text is None:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name == key:
-            return parse_int(value.strip().removesuffix("kB"), status)
-    return None
 
 
 def cgroup_rooms(root: Path) -> list[Room]:

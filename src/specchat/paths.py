@@ -14,6 +14,11 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(user_cache_dir("specchat"))
 
 
+def offload_dir() -> Path:
+    """Where the disk tier's layer files go unless --offload-dir says otherwise."""
+    return cache_dir() / "offload"
+
+
 def probe_dir() -> Path:
     """Measurements of this machine: --budget auto's costs, doctor's link speeds."""
     override = os.environ.get("SPECCHAT_PROBE_DIR")

@@ -50,7 +50,7 @@ class EngineOptions:
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
     ram_budget: float | None = None  # GB of RAM the target may take; None: what is available
-    vram_budget: float | None = None  # GB of GPU memory the target may take; None: what is free
+    vram_budget: float | None = None  # GB of GPU memory specchat may take (all of it); None: what is free
     context: int | None = None  # tokens of KV room; None: limits.DEFAULT_CONTEXT, which auto may shrink
     draft_quant: str = "auto"  # auto: int8 on a CPU for the widths where it pays, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
@@ -180,6 +180,8 @@ def validate(options: EngineOptions) -> None:
             MEMORY_BUDGET_GB.check(name, value)
             if options.offload == "none":
                 raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
+    if options.vram_budget is not None and not torch.cuda.is_available():
+        raise SpecchatError("--vram-budget caps GPU memory, and torch sees no GPU here: use --ram-budget")
     if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:

@@ -14,6 +14,11 @@ def gb(nbytes: int) -> str:
     return f"{nbytes / 1e9:.2f} GB"
 
 
+def gb_to_bytes(value: float | None) -> int | None:
+    """A size given in GB (an option's --ram-budget 1.4) in bytes; None stays None."""
+    return None if value is None else int(value * 1e9)
+
+
 @dataclass(frozen=True)
 class TransferStats:
     """Cumulative counters; subtract two snapshots for one interval."""

@@ -6,13 +6,15 @@ import sys
 from pathlib import Path
 
 from specchat.doctor.advice import advise
-from specchat.doctor.facts import default_offload_dir, gather
+from specchat.doctor.facts import gather
 from specchat.doctor.limit import measure_limit
 from specchat.doctor.plan import Machine, PairPlan, plan_pair
 from specchat.doctor.report import render, render_described
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.limits import MEMORY_BUDGET_GB
 from specchat.offload.links import Links, save_links
+from specchat.paths import offload_dir as default_offload_dir
+from specchat.transfer import gb_to_bytes
 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
@@ -27,8 +29,8 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     facts = gather(directory, probe_gb)
     save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
     measured = Machine(disk_gbps=facts.disk_gbps, pcie_gbps=facts.h2d_gbps)
-    pair = plan_or_reason(target, draft, context, measured, facts.offload_dir, gb_bytes(ram_budget),
-                          gb_bytes(vram_budget))
+    pair = plan_or_reason(target, draft, context, measured, facts.offload_dir, gb_to_bytes(ram_budget),
+                          gb_to_bytes(vram_budget))
     limit = None if facts.cuda else measure_limit(target, draft, context, facts.offload_dir)
     rec = advise(pair, bool(facts.cuda), facts.h2d_gbps, facts.disk_gbps) if isinstance(pair, PairPlan) else None
     return render(facts, target, rec, pair, limit)
@@ -51,7 +53,3 @@ def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float
                         ("--disk-gbps", machine.disk_gbps), ("--pcie-gbps", machine.pcie_gbps)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise SpecchatError(f"{name} must be a positive number (got {value})")
-
-
-def gb_bytes(value: float | None) -> int | None:
-    return None if value is None else int(value * 1e9)

@@ -12,7 +12,6 @@ import torch
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
-from specchat.paths import cache_dir
 from specchat.transfer import gb
 
 
@@ -38,10 +37,6 @@ class Facts:
     disk_gbps: float
     direct: bool  # O_DIRECT honoured; False: buffered reads dropped from the cache by fadvise
     probe_bytes: int
-
-
-def default_offload_dir() -> Path:
-    return cache_dir() / "offload"
 
 
 def gather(offload_dir: Path, probe_gb: float) -> Facts:

@@ -14,6 +14,7 @@ from specchat.models.plan import draft_candidates, draft_kinds, plan_target
 from specchat.offload.budget import MemoryPlan, described_rooms
 from specchat.offload.build import OffloadPlan
 from specchat.offload.placement import Rooms, link_speeds
+from specchat.transfer import gb_to_bytes
 
 # Tokens accepted per target pass that SpecExec reports for 70B targets offloaded beside 7B drafts
 # at budgets of 1-2k tokens (Svirschevski et al. 2024): the range the expected speed spans.
@@ -58,7 +59,7 @@ def plan_pair(target: str, draft: str | None, context: int | None, machine: Mach
                        tree_tokens=trees[0], smaller_trees=trees[1:], drafts=drafts,
                        dense_copies=not cuda and not machine.described)
     if machine.described:
-        rooms = described_rooms(gb_bytes(machine.vram_gb), gb_bytes(machine.ram_gb))
+        rooms = described_rooms(gb_to_bytes(machine.vram_gb), gb_to_bytes(machine.ram_gb))
     memory = plan_target(target, dtype, device, plan, context, rooms, int4=has_int4(resolve(target)))
     link = machine.pcie_gbps if cuda else None
     pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
@@ -74,7 +75,3 @@ def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None)
     if pair.pass_s is None:
         return "unknown (no measured or given link speed: --pcie-gbps, --disk-gbps)"
     return f"~{pair.pass_s:.2f} s streaming per pass at {link_speeds(placement, ram_gbps, disk_gbps)}"
-
-
-def gb_bytes(value: float | None) -> int | None:
-    return None if value is None else int(value * 1e9)
