@@ -8,7 +8,8 @@ in another order than a one-token pass, so where two tokens nearly tie the two m
 differently. The comparison is tests/exactness.py's, with the README's bf16 bound in place of
 float32's: a difference passes only where the default engine's token is at most BF16_NEAR_TIE
 logits of being the target's pick at that prefix, the reference then re-anchors on the engine's
-prefix and the comparison goes on to the end. At most BF16_MAX_TIES per prompt, counted and printed.
+prefix and the comparison goes on to the end. At most BF16_MAX_TIES per prompt (more with the dense
+copies for tree passes, as measured), counted and printed.
 
 Auto sizes the trees from this machine's probed costs; where a wide bf16 pass costs its width
 (a CPU without bf16 hardware) it drafts trees of 0 or 1 node, so the same engine also runs with
@@ -54,6 +55,12 @@ SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 # and 6.4e-3 logits: 0 means the target's own pass over the prefix picks the engine's token
 # exactly. So seeded replies may hold one tie per 8 tokens, each within the bf16 bound.
 BF16_MAX_TIES = {GREEDY: MAX_TIES, DEFAULT_SAMPLING: NEW_TOKENS // 8}
+# With the dense copies for tree passes (quant/int4_dense.py) a tree row is multiplied by the weights
+# rounded once to bf16, a one-token row by the fused kernel's float32 ones: greedy ties grow.
+# Measured (scripts/bench_bf16_ties.py, 10 MT-Bench prompts x 32 tokens, docs/benchmarks.md): greedy
+# with copies at most 2 ties a reply (4 in all, gaps 0 and 0.125), without them at most 1 (3 in all);
+# seeded at most 1 either way. The greedy bound is the measured maximum: a third tie fails.
+BF16_MAX_TIES_WITH_COPIES = {GREEDY: 2, DEFAULT_SAMPLING: NEW_TOKENS // 8}
 # --budget auto's costs as probed on the project's machine (2 cores with avx512_bf16; design.md
 # section 5: the 1.5B target in bf16, the 0.5B draft's bf16 step halved for its int8 kernel).
 PROJECT_MACHINE_COSTS = Costs(target_n=(1, 16, 64, 256), target_s=(0.112, 0.147, 0.303, 1.017),
@@ -139,9 +146,11 @@ def references(app_models, prompts) -> dict[SamplingParams, list[list[int]]]:
 
 def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> list:
     """The engine's replies against bf16 autoregressive decoding, each at most BF16_MAX_TIES
-    near-ties within BF16_NEAR_TIE; returns every reply's events."""
+    near-ties within BF16_NEAR_TIE (BF16_MAX_TIES_WITH_COPIES where tree passes run the dense
+    copies); returns every reply's events."""
+    bounds = BF16_MAX_TIES_WITH_COPIES if app_models.memory.dense_copies else BF16_MAX_TIES
     check = ExactnessCheck(app_models.target, app_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIE,
-                           max_ties=BF16_MAX_TIES[sampling])
+                           max_ties=bounds[sampling])
     ties, replies = 0, []
     for prompt_ids, reference in zip(prompts, references[sampling]):
         tokens, events = tokens_and_events(engine, prompt_ids, sampling)
