@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.gptq import unpack_int4_cols
+from specchat.quant.gptq import checkpoint_linear, unpack_int4_cols
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
 from specchat.quant.int4_pack import GROUP_SIZES, pack_nibbles
 from specchat.quant.int4_weight import Int4Weight
@@ -104,12 +104,7 @@ def replace_linears_with_awq(model: nn.Module, names: Iterable[str], spec: AWQSp
     (meta in a skeleton, until filled with `awq_int4_tensors`' values); one line for a name the
     model lacks or a shape the int4 kernels cannot take."""
     for name in names:
-        try:
-            linear = model.get_submodule(name)
-        except AttributeError as error:
-            raise SpecchatError(f"AWQ checkpoint names {name!r}, which the model does not have") from error
-        if not isinstance(linear, nn.Linear):
-            raise SpecchatError(f"AWQ checkpoint quantizes {name!r}, which is not a Linear layer")
+        linear = checkpoint_linear(model, name, "AWQ")
         group = kernel_group_size(spec, linear.in_features)
         if group is None or not int4_fits(linear.in_features, linear.out_features, group, kernel):
             raise SpecchatError(f"AWQ layer {name!r} ({linear.out_features} x {linear.in_features}, groups of "

@@ -141,16 +141,23 @@ def group_count(in_features: int, group_size: int) -> int:
     return 1 if group_size == -1 else math.ceil(in_features / group_size)
 
 
+def checkpoint_linear(model: nn.Module, name: str, method: str) -> nn.Linear:
+    """The nn.Linear that a `method` (GPTQ, AWQ) checkpoint quantizes under `name`; one line where
+    the model has none there."""
+    try:
+        linear = model.get_submodule(name)
+    except AttributeError as error:
+        raise SpecchatError(f"{method} checkpoint names {name!r}, which the model does not have") from error
+    if not isinstance(linear, nn.Linear):
+        raise SpecchatError(f"{method} checkpoint quantizes {name!r}, which is not a Linear layer")
+    return linear
+
+
 def replace_linears_with_gptq(model: nn.Module, names: Iterable[str], spec: GPTQSpec) -> None:
     """Swap each named nn.Linear for an empty GPTQLinear of the same shape and device."""
     for name in names:
         parent_name, _, child = name.rpartition(".")
-        try:
-            linear = model.get_submodule(name)
-        except AttributeError as error:
-            raise SpecchatError(f"GPTQ checkpoint names {name!r}, which the model does not have") from error
-        if not isinstance(linear, nn.Linear):
-            raise SpecchatError(f"GPTQ checkpoint quantizes {name!r}, which is not a Linear layer")
+        linear = checkpoint_linear(model, name, "GPTQ")
         if linear.in_features % NIBBLES or linear.out_features % NIBBLES:
             raise SpecchatError(f"GPTQ needs Linear sizes divisible by 8; {name!r} is {linear.weight.shape}")
         replacement = GPTQLinear(
