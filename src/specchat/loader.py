@@ -28,10 +28,10 @@ from specchat.offload.placement import Placement
 from specchat.offload.plan_text import describe_plan
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.progress import Report, Reporter
-from specchat.transfer import gb_to_bytes
 from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears
 from specchat.runtime import DRAFTED_ENGINES, DTYPES, EngineOptions, Models, pick_device, validate
+from specchat.transfer import gb_to_bytes
 
 
 def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,

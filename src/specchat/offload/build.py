@@ -32,8 +32,8 @@ from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear, workspace_bytes
 from specchat.quant.int4_cache import PackCache, cache_path
-from specchat.quant.int4_dense import dense_copy_bytes
 from specchat.quant.int4_checkpoint import INT4_FILE
+from specchat.quant.int4_dense import dense_copy_bytes
 from specchat.quant.int4_pack import layout_key
 from specchat.transfer import TransferStats, gb
 
