@@ -38,6 +38,14 @@ def test_the_papers_pair_on_a_24_gb_card_is_planned_offline(monkeypatch, capsys)
     for what in ("draft weights (nf4)", "draft KV cache", "target KV cache", "largest pass", "pinned RAM",
                  "CUDA context"):
         assert what in out
+    # the bytes, from the config's arithmetic: a 4-bit act-order layer (group -1: kernel groups of 256)
+    # holds nibbles, a bf16 scale and zero per group and output, the int64 permutation, two bf16 norms
+    linears = [(8192, 8192), (8192, 1024), (8192, 1024), (8192, 8192), (8192, 28672), (8192, 28672), (28672, 8192)]
+    layer = sum(i * o // 2 + i // 256 * o * 2 * 2 + i * 8 for i, o in linears) + 2 * 8192 * 2
+    streamed = int(re.search(r"^  layers         (\d+) resident, (\d+) in RAM", out, re.M).group(2))
+    assert f"  per pass       {streamed * layer / 1e9:.2f} GB streamed;" in out
+    kv = 80 * 2 * 8 * 128 * 2 * (4096 + 2049)  # the target's KV cache: 320 KiB a token over context and tree
+    assert re.search(rf"^    target KV cache \(6145 tokens\) +{kv / 1e9:.2f} GB$", out, re.M)
 
 
 def test_llama_3_70b_at_8192_tokens_streams_from_disk_and_says_the_disk_speed_is_unknown(monkeypatch, capsys):
