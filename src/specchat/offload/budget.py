@@ -32,6 +32,7 @@ RUNTIME_BYTES = 15 * 10**8  # python, torch, transformers and the tokenizer: cou
 SMALLEST_CONTEXT = 1024  # auto shrinks a default context no further
 
 FIXED = "fixed parts"  # the plan's line for the target's weights outside its decoder layers
+DENSE_COPIES = "dense copies of the 4-bit linears for tree passes"  # quant/int4_dense.py's, where kept
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,14 @@ class MemoryPlan:
     tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
     compact_head: bool = False  # the target's LM head kept in Q6_K, expanded a chunk at a time each pass
     compact_layers: bool = False  # its layers' Q6_K linears and Q4_K scales as the GGUF stores them
-    dense_copies: int = 0  # bytes of the 4-bit linears' dense copies for wide inputs (an item of `items`)
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
+
+    @property
+    def dense_copies(self) -> int:
+        """Bytes of the 4-bit linears' dense copies for wide inputs the plan keeps (its DENSE_COPIES item)."""
+        return sum(item.nbytes for item in self.items if item.what == DENSE_COPIES)
 
     def target_bytes(self) -> int:
         """The target's weights as planned: its fixed parts and every decoder layer, wherever it lives."""

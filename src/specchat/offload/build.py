@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from specchat.memory_room import Room, ram_room
-from specchat.offload.budget import OS_RESERVE, Ask, Draft, Item, MemoryPlan, Target, plan_memory
+from specchat.offload.budget import DENSE_COPIES, OS_RESERVE, Ask, Draft, Item, MemoryPlan, Target, plan_memory
 from specchat.offload.cuda import CudaMover, CudaStallMeter, free_bytes
 from specchat.offload.demand import shape_of
 from specchat.offload.direct_io import aligned_empty
@@ -191,8 +191,8 @@ def with_dense_copies(plan: MemoryPlan, nbytes: int) -> MemoryPlan:
     layer is on the device and the room left holds them all: they never displace anything else."""
     if not nbytes or plan.placement.streamed or plan.total("device") + nbytes > plan.rooms.device:
         return plan
-    item = Item("device", "dense copies of the 4-bit linears for tree passes", nbytes)
-    return replace(plan, items=(*plan.items, item), dense_copies=nbytes,
+    item = Item("device", DENSE_COPIES, nbytes)
+    return replace(plan, items=(*plan.items, item),
                    notes=(*plan.notes, "4-bit linears keep dense copies for tree passes: the room holds them"))
 
 

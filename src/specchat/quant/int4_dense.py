@@ -27,7 +27,7 @@ from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import chunk_buffers, chunk_rows, dequantize_chunk
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import faster
+from specchat.quant.int4_probe import crossover
 from specchat.quant.prepacked import PrepackedLinear, prepack_pays
 
 PROBE_ROWS = (2, 4, 8, 16, 32, 64)  # tree widths at which the copy may start to win (one row: the fused kernel's)
@@ -89,10 +89,7 @@ def dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int |
     dense = dense_linear(expand(packed))
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(dtype)
     with torch.inference_mode():
-        for rows in PROBE_ROWS:
-            if faster(lambda: dense(x[:rows]), lambda: packed(x[:rows]), CPU):
-                return rows
-    return None
+        return crossover(PROBE_ROWS, lambda rows: dense(x[:rows]), lambda rows: packed(x[:rows]), CPU)
 
 
 def dense_copy_bytes(model: nn.Module) -> int:

@@ -31,7 +31,7 @@ from torch import Tensor
 from specchat.errors import SpecchatError
 from specchat.quant.int4_layout import TileLayout, layout_for, unpack_transposed
 from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import faster, fused_linear
+from specchat.quant.int4_probe import crossover, fused_linear
 
 BLOCK_O = 32  # output rows per program
 BLOCK_I = 128  # inputs per program at most: its largest common divisor with the group size (one group a program)
@@ -169,7 +169,7 @@ def expanded_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_s
 @cache
 def expand_rows(device_type: str, in_features: int, out_features: int, dtype: torch.dtype) -> float:
     """The fewest input rows (of PROBE_ROWS) from which `expanded_linear` runs faster than the fused
-    kernel on `device_type` at this shape, measured once per process and shape (int4_probe.faster)
+    kernel on `device_type` at this shape, measured once per process and shape (int4_probe.crossover)
     on a random weight of that shape: launch costs hide a kernel's slope on small probes, so each
     of the model's own shapes is timed. inf where it never does, or where the kernel cannot run."""
     device = torch.device(device_type)
@@ -182,16 +182,9 @@ def expand_rows(device_type: str, in_features: int, out_features: int, dtype: to
     groups = in_features // PROBE_GROUP
     scales_and_zeros = (torch.rand(groups, out_features, 2, generator=generator) / 64).to(device, dtype)
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
-    for rows in PROBE_ROWS:
-        def expanded() -> Tensor:
-            return expanded_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout)
-
-        def fused() -> Tensor:
-            return fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP)
-
-        if faster(expanded, fused, device):
-            return rows
-    return math.inf
+    rows = crossover(PROBE_ROWS, lambda rows: expanded_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout),
+                     lambda rows: fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP), device)
+    return math.inf if rows is None else rows
 
 
 def expand_int4_reference(packed: Tensor, scales_and_zeros: Tensor, group_size: int, layout: TileLayout,

@@ -101,6 +101,14 @@ def faster(first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor]
     return best[0] < best[1]
 
 
+def crossover(widths: tuple[int, ...], candidate: Callable[[int], torch.Tensor],
+              current: Callable[[int], torch.Tensor], device: torch.device) -> int | None:
+    """The first of `widths` (rows) at which `candidate(rows)` runs faster than `current(rows)`
+    (`faster`); None where it never does."""
+    return next((rows for rows in widths
+                 if faster(lambda: candidate(rows), lambda: current(rows), device)), None)
+
+
 def seconds(run: Callable[[], torch.Tensor], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
