@@ -138,7 +138,7 @@ def short_context(tmp_path_factory) -> Path:
 def test_a_prompt_longer_than_the_context_is_one_line_exit_2(monkeypatch, capsys, short_context):
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hello world " * 20, "--raw", "--target",
                            str(short_context), "--engine", "autoregressive")
-    assert_one_line_error(code, err, "leaves no room for a reply in the target's 24-token context")
+    assert_one_line_error(code, err, "leaves no room for a reply in the 24-token context")
 
 
 def test_a_reply_is_capped_where_the_context_ends_and_says_so(monkeypatch, capsys, short_context):

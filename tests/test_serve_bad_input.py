@@ -77,7 +77,7 @@ CASES = [
      "logprobs are not supported by specchat"),
     ("prompt over the context", "POST", "/v1/chat/completions", body(messages=user("x" * 300)), AUTH, 400,
      "context_length_exceeded",
-     "the messages take 320 tokens, leaving no room in the model's 256-token context: shorten them"),
+     "the prompt is 320 tokens, which leaves no room for a reply in the 256-token context: shorten it"),
     ("no key", "POST", "/v1/chat/completions", body(), {"Content-Type": "application/json"}, 401, "invalid_api_key",
      "missing API key: send the header 'Authorization: Bearer KEY'"),
     ("wrong key", "POST", "/v1/chat/completions", body(), {**AUTH, "Authorization": "Bearer nope"}, 401,

@@ -525,7 +525,7 @@ def test_oldest_turns_leave_the_context_with_a_notice(store_path):
             prompt = app.backend.tokenizer.decode(app.backend.engine.calls[-1][0])
             assert prompt.startswith("<system>S<user>q2") and "q1" not in prompt
             await say(pilot, "x" * 500)
-            assert "too long for the 300-token context" in last_notice(app).text
+            assert "leaves no room for a reply in the 300-token context" in last_notice(app).text
 
     run(scenario)
 

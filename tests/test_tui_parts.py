@@ -6,8 +6,9 @@ import threading
 import pytest
 
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
+from specchat.errors import ContextOverflow
 from specchat.tui.clipboard import last_code_block
-from specchat.tui.context import ContextOverflow, fit_prompt
+from specchat.tui.context import fit_prompt
 from specchat.tui.decoder import decode_reply, run_events
 from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, FakeTokenizer
 from specchat.tui.history import InputHistory
@@ -72,7 +73,9 @@ def test_reply_room_is_capped_at_half_the_context():
 
 
 def test_a_message_larger_than_the_context_is_refused():
-    with pytest.raises(ContextOverflow, match="too long for the 100-token context"):
+    prompt = len("<user>") + 200 + len("<assistant>")  # the fake tokenizer: a token a character
+    with pytest.raises(ContextOverflow, match=f"the prompt is {prompt} tokens, which leaves no room for a reply in the "
+                                              "100-token context: shorten it"):
         fit_prompt([], turns("x" * 200), encode, context_tokens=100, max_tokens=10)
 
 

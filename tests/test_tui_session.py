@@ -95,7 +95,9 @@ def test_oldest_turns_leave_the_context_with_one_notice(store):
     assert ask(session, "q4").notes == (Note("context full: the oldest 4 messages are left out (system prompt kept)"),)
     overflow = session.send("x" * 500)
     assert overflow.job is None and session.job is None
-    assert overflow.notes == (Note("the message is too long for the 300-token context: shorten it", error=True),)
+    prompt = len("<system>S<user>") + 500 + len("<assistant>")  # all the older turns dropped; a token a character
+    assert overflow.notes == (Note(f"the prompt is {prompt} tokens, which leaves no room for a reply in the 300-token "
+                                   "context: shorten it", error=True),)
 
 
 def test_each_prompt_extends_the_last_one_until_turns_are_dropped(store):

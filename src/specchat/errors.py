@@ -13,3 +13,11 @@ class PlanRefusal(SpecchatError):
     def __init__(self, message: str, tier: str, missing: int, fits: str | None = None) -> None:
         super().__init__(message if fits is None else f"{message}; {fits}")
         self.reason, self.tier, self.missing, self.fits = message, tier, missing, fits
+
+
+class ContextOverflow(SpecchatError):
+    """A prompt that fills the target's context, leaving no room for a reply."""
+
+    def __init__(self, prompt_tokens: int, context_tokens: int) -> None:
+        super().__init__(f"the prompt is {prompt_tokens} tokens, which leaves no room for a reply in the "
+                         f"{context_tokens}-token context: shorten it")

@@ -13,7 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import SamplingParams
-from specchat.errors import SpecchatError
+from specchat.errors import ContextOverflow, SpecchatError
+from specchat.limits import reply_limit
 from specchat.serve.errors import APIError, bad_request
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job, QueueFull, Scheduler
@@ -60,12 +61,11 @@ class Completions:
             request.state.messages = messages
         sampling, stops, wanted = sampling_of(chat, self.config.sampling), stop_strings(chat), requested_tokens(chat)
         prompt_ids = self.encode(messages)
-        room = self.config.context_tokens - len(prompt_ids)
-        if room < 1:
-            raise bad_request(f"the messages take {len(prompt_ids)} tokens, leaving no room in the model's "
-                              f"{self.config.context_tokens}-token context: shorten them", "context_length_exceeded",
-                              "messages")
-        job = Job(prompt_ids, min(wanted or room, room), sampling, asyncio.get_running_loop())
+        try:
+            max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context_tokens)
+        except ContextOverflow as error:
+            raise bad_request(str(error), "context_length_exceeded", "messages") from None
+        job = Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())
         return job, Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids)
 
     def encode(self, messages: list[dict]) -> list[int]:

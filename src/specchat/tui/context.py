@@ -9,6 +9,8 @@ one full prefill, then several turns that append to it before the next drop.
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specchat.limits import reply_limit
+
 Encode = Callable[[list[dict]], list[int]]
 
 
@@ -22,13 +24,10 @@ class Prompt:
 REFILL = 0.75  # share of the prompt's room a prompt fills right after turns were dropped
 
 
-class ContextOverflow(ValueError):
-    """Even the system prompt and the last message alone leave no room for a reply."""
-
-
-def reply_room(context_tokens: int, max_tokens: int) -> int:
-    # Keep room for a full reply, but never more than half the window: a long max-tokens
-    # setting must not push out the whole conversation.
+def room_to_keep(context_tokens: int, max_tokens: int) -> int:
+    """The room kept free for a reply when deciding which turns to drop (the reply's own limit is
+    limits.reply_limit): a full reply, but never more than half the window, so that a long
+    max-tokens setting does not push out the whole conversation."""
     return min(max_tokens, context_tokens // 2)
 
 
@@ -38,19 +37,17 @@ def fit_prompt(system: list[dict], turns: list[dict], encode: Encode, context_to
     more when that leaves no room for a reply (see the module's docstring).
 
     Turns are dropped oldest first, a user message together with the reply that follows it,
-    so the model never sees a reply without its question; the last message always stays.
+    so the model never sees a reply without its question; the last message always stays: where
+    even it leaves no room for a reply, ContextOverflow.
     """
-    limit = context_tokens - reply_room(context_tokens, max_tokens)
+    limit = context_tokens - room_to_keep(context_tokens, max_tokens)
     start = min(start, len(turns) - 1)
     ids = encode(system + turns[start:])
     if len(ids) > limit:
         while len(ids) > int(limit * REFILL) and start < len(turns) - 1:
             start = next_user_turn(turns, start)
             ids = encode(system + turns[start:])
-    room = context_tokens - len(ids)
-    if room < 1:
-        raise ContextOverflow(f"the message is too long for the {context_tokens}-token context: shorten it")
-    return Prompt(ids=ids, dropped=start, max_new_tokens=min(max_tokens, room))
+    return Prompt(ids=ids, dropped=start, max_new_tokens=reply_limit(len(ids), max_tokens, context_tokens))
 
 
 def next_user_turn(turns: list[dict], start: int) -> int:

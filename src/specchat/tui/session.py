@@ -13,10 +13,11 @@ from pathlib import Path
 from time import perf_counter
 
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings
+from specchat.errors import ContextOverflow
 from specchat.summary import Summary, summarize
 from specchat.tui import commands
 from specchat.tui.backend import ChatBackend, settings_for
-from specchat.tui.context import ContextOverflow, fit_prompt
+from specchat.tui.context import fit_prompt
 from specchat.tui.export import to_markdown
 from specchat.tui.reply import ReplyJob
 from specchat.tui.store import ConversationStore
