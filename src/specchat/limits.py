@@ -104,3 +104,10 @@ def reply_limit(prompt_tokens: int, max_new_tokens: int | None, context_tokens: 
     room = context_tokens - prompt_tokens
     return room if max_new_tokens is None else min(max_new_tokens, room)
 
+
+def check_memory_budgets(ram_budget: float | None, vram_budget: float | None) -> None:
+    """--ram-budget and --vram-budget in range where given: the one check a run and `doctor`,
+    which both plan with them, make."""
+    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
+        if value is not None:
+            MEMORY_BUDGET_GB.check(name, value)

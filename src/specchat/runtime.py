@@ -22,7 +22,8 @@ from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices
 from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
-                             DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, MEMORY_BUDGET_GB, OFFLOAD_TIERS, auto_cap, default_budget)
+                             DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, OFFLOAD_TIERS, auto_cap, check_memory_budgets,
+                             default_budget)
 from specchat.models.loading import check_not_pickled, has_int4, resolve
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.offload.budget import MemoryPlan
@@ -175,11 +176,10 @@ def validate(options: EngineOptions) -> None:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:
         raise SpecchatError(f"--resident-layers must be >= 0 (got {options.resident_layers})")
-    for name, value in (("--ram-budget", options.ram_budget), ("--vram-budget", options.vram_budget)):
-        if value is not None:
-            MEMORY_BUDGET_GB.check(name, value)
-            if options.offload == "none":
-                raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
+    check_memory_budgets(options.ram_budget, options.vram_budget)
+    if options.offload == "none" and (options.ram_budget is not None or options.vram_budget is not None):
+        name = "--ram-budget" if options.ram_budget is not None else "--vram-budget"
+        raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
     if options.vram_budget is not None and not torch.cuda.is_available():
         raise SpecchatError("--vram-budget caps GPU memory, and torch sees no GPU here: use --ram-budget")
     if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():

@@ -11,7 +11,7 @@ from specchat.doctor.limit import measure_limit
 from specchat.doctor.plan import Machine, PairPlan, plan_pair
 from specchat.doctor.report import render, render_described
 from specchat.errors import PlanRefusal, SpecchatError
-from specchat.limits import MEMORY_BUDGET_GB
+from specchat.limits import check_memory_budgets
 from specchat.offload.links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.transfer import gb_to_bytes
@@ -46,9 +46,7 @@ def plan_or_reason(target: str, draft: str | None, context: int | None, machine:
 
 
 def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float | None) -> None:
-    for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
-        if value is not None:
-            MEMORY_BUDGET_GB.check(name, value)
+    check_memory_budgets(ram_budget, vram_budget)
     for name, value in (("--vram-gb", machine.vram_gb), ("--ram-gb", machine.ram_gb),
                         ("--disk-gbps", machine.disk_gbps), ("--pcie-gbps", machine.pcie_gbps)):
         if value is not None and not (value > 0 and math.isfinite(value)):
