@@ -10,18 +10,16 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
 from specchat.cli_generate import run_generation
-from specchat.cli_options import (AllowPickleOpt, BudgetOpt, ContextOpt, DraftOpt, DraftQuantOpt, DraftVocabOpt, DtypeOpt, LookaheadOpt,
-                                  OffloadDirOpt, OffloadOpt, RamBudgetOpt, RayOpt, ResidentOpt, TargetOpt,
-                                  TemperatureOpt, TopPOpt, VramBudgetOpt, WeightsOpt, WorkersOpt, check_sampling, parse_budget)
+from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
+                                  TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
 from specchat.doctor.command import run_doctor
 from specchat.doctor.plan import Machine
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_OFFLOAD, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P)
+from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from specchat.models.listing import list_models
 from specchat.loader import load_models
-from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device, validate
+from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device
 from specchat.simulate.app import simulate_app
 
 BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
@@ -35,78 +33,42 @@ app = typer.Typer(
 
 
 @app.command()
+@with_engine_options()
 def generate(
     prompt: str = typer.Argument(..., help="The user message (or raw text with --raw)."),
-    target: TargetOpt = EngineOptions.target,
-    draft: DraftOpt = EngineOptions.draft,
-    engine: str = typer.Option("specexec", help=" | ".join(ENGINES)),
-    budget: BudgetOpt = None,
-    max_depth: int = typer.Option(DEFAULT_MAX_DEPTH, help="Deepest draft tree node D."),
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED,
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    weights: WeightsOpt = EngineOptions.weights,
-    context: ContextOpt = None,
-    offload: OffloadOpt = DEFAULT_OFFLOAD,
-    offload_dir: OffloadDirOpt = None,
-    resident_layers: ResidentOpt = None,
-    ram_budget: RamBudgetOpt = None,
-    vram_budget: VramBudgetOpt = None,
-    draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
-    draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
-    allow_pickle: AllowPickleOpt = False,
-    lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
-    workers: WorkersOpt = None,
-    ray_address: RayOpt = None,
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    *,
+    options: EngineOptions,
 ) -> None:
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
-    options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype, weights=weights,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
-        vram_budget=vram_budget, draft_quant=draft_quant,
-        draft_vocab=draft_vocab, allow_pickle=allow_pickle,
-        lookahead=lookahead, workers=workers, ray_address=ray_address,
-    )
     models = load_models(options)
     try:
-        run_generation(models, models.engine(engine, live_settings_of(options)), prompt, raw, max_new_tokens,
+        run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
                        sampling, as_json)
     finally:
         models.close()
 
 
+# The chat sets a tree's depth with /depth: its command line has no --max-depth.
 @app.command()
+@with_engine_options(engine_help=" | ".join(ENGINES) + " (/engine switches among those over the same models)",
+                     leave_out=("max_depth",))
 def run(
-    target: TargetOpt = EngineOptions.target,
-    draft: DraftOpt = EngineOptions.draft,
-    offload: OffloadOpt = DEFAULT_OFFLOAD,
-    offload_dir: OffloadDirOpt = None,
-    resident_layers: ResidentOpt = None,
-    ram_budget: RamBudgetOpt = None,
-    vram_budget: VramBudgetOpt = None,
-    draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
-    draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
-    allow_pickle: AllowPickleOpt = False,
-    engine: str = typer.Option("specexec", help=" | ".join(ENGINES) + " (/engine switches among those over the same models)"),
-    budget: BudgetOpt = None,
-    lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
-    workers: WorkersOpt = None,
-    ray_address: RayOpt = None,
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    weights: WeightsOpt = EngineOptions.weights,
-    context: ContextOpt = None,
+    *,
+    options: EngineOptions,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
     from specchat.tui.app import SpecchatApp
@@ -115,14 +77,6 @@ def run(
     from specchat.tui.store import ConversationStore
 
     sampling = check_sampling(temperature, top_p, seed, 1)
-    options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=parse_budget(budget), dtype=dtype, weights=weights,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
-        vram_budget=vram_budget, draft_quant=draft_quant,
-        draft_vocab=draft_vocab, allow_pickle=allow_pickle,
-        lookahead=lookahead, workers=workers, ray_address=ray_address,
-    )
-    validate(options)
     settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed)
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
@@ -130,6 +84,7 @@ def run(
 
 
 @app.command()
+@with_engine_options()
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8000, help="Port to listen on (0: any free port)."),
@@ -139,40 +94,16 @@ def serve(
     slots: int = typer.Option(4, help="Engines over the loaded models, each keeping one conversation's caches; "
                               "one request decodes at a time."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
-    target: TargetOpt = EngineOptions.target,
-    draft: DraftOpt = EngineOptions.draft,
-    engine: str = typer.Option("specexec", help=" | ".join(ENGINES)),
-    budget: BudgetOpt = None,
-    max_depth: int = typer.Option(DEFAULT_MAX_DEPTH, help="Deepest draft tree node D."),
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed of requests that give none."),
-    dtype: DtypeOpt = DEFAULT_DTYPE,
-    weights: WeightsOpt = EngineOptions.weights,
-    context: ContextOpt = None,
-    offload: OffloadOpt = DEFAULT_OFFLOAD,
-    offload_dir: OffloadDirOpt = None,
-    resident_layers: ResidentOpt = None,
-    ram_budget: RamBudgetOpt = None,
-    vram_budget: VramBudgetOpt = None,
-    draft_quant: DraftQuantOpt = EngineOptions.draft_quant,
-    draft_vocab: DraftVocabOpt = EngineOptions.draft_vocab,
-    allow_pickle: AllowPickleOpt = False,
-    lookahead: LookaheadOpt = DEFAULT_LOOKAHEAD,
-    workers: WorkersOpt = None,
-    ray_address: RayOpt = None,
+    *,
+    options: EngineOptions,
 ) -> None:
     """Serve the OpenAI chat-completions API (/v1/chat/completions, /v1/models, /health)."""
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
 
     sampling = check_sampling(temperature, top_p, seed, 1)
-    options = EngineOptions(
-        target=target, draft=draft, engine=engine, budget=parse_budget(budget), max_depth=max_depth, dtype=dtype, weights=weights,
-        offload=offload, offload_dir=offload_dir, resident_layers=resident_layers, ram_budget=ram_budget, context=context,
-        vram_budget=vram_budget, draft_quant=draft_quant, draft_vocab=draft_vocab, allow_pickle=allow_pickle,
-        lookahead=lookahead, workers=workers, ray_address=ray_address,
-    )
-    validate(options)
     run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), sampling)
 
 

@@ -1,13 +1,20 @@
-"""The options `generate`, `run` and `bench` share, declared once (each command gives the
-default, from `specchat.limits` or `EngineOptions`), and the sampling options' check."""
+"""The commands' shared options, declared once: `with_engine_options` gives `generate`, `run` and
+`serve` every `EngineOptions` field as an option and hands them the checked `EngineOptions`
+(`bench` and `doctor` take single declarations, with their own defaults); and the sampling
+options' check."""
 
-from typing import Annotated
+import inspect
+from collections.abc import Callable
+from dataclasses import fields
+from functools import wraps
+from typing import Annotated, Any
 
 import typer
 
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.errors import SpecchatError
 from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
+from specchat.runtime import ENGINES, EngineOptions, validate
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
 DraftOpt = Annotated[str, typer.Option(help="Draft model: alias, hub id, directory or .gguf.")]
@@ -49,6 +56,55 @@ WorkersOpt = Annotated[str | None, typer.Option(
     help="dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device).")]
 RayOpt = Annotated[str | None, typer.Option(
     help="dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray]).")]
+
+# Every EngineOptions field as an option, in the field's order (a test holds the two together);
+# the defaults are the fields' own.
+ENGINE_OPTIONS: dict[str, Any] = {
+    "target": TargetOpt, "draft": DraftOpt,
+    "engine": Annotated[str, typer.Option(help=" | ".join(ENGINES))],
+    "budget": BudgetOpt,
+    "max_depth": Annotated[int, typer.Option(help="Deepest draft tree node D.")],
+    "dtype": DtypeOpt, "weights": WeightsOpt, "offload": OffloadOpt, "offload_dir": OffloadDirOpt,
+    "resident_layers": ResidentOpt, "ram_budget": RamBudgetOpt, "vram_budget": VramBudgetOpt, "context": ContextOpt,
+    "draft_quant": DraftQuantOpt, "draft_vocab": DraftVocabOpt, "lookahead": LookaheadOpt, "workers": WorkersOpt,
+    "ray_address": RayOpt, "allow_pickle": AllowPickleOpt,
+}
+
+Command = Callable[..., None]
+
+
+def with_engine_options(engine_help: str | None = None,
+                        leave_out: tuple[str, ...] = ()) -> Callable[[Command], Command]:
+    """Make a command that takes `options: EngineOptions` offer ENGINE_OPTIONS after its own options
+    (but those in `leave_out`, which keep their defaults; `engine_help`: --engine's own help) and
+    receive them as `engine_options` builds and checks them. Typer reads the signature made here."""
+    declared = dict(ENGINE_OPTIONS)
+    if engine_help is not None:
+        declared["engine"] = Annotated[str, typer.Option(help=engine_help)]
+    defaults = {field.name: field.default for field in fields(EngineOptions)}
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=declared[name], default=defaults[name])
+              for name in declared if name not in leave_out]
+
+    def decorate(command: Command) -> Command:
+        own = [parameter for parameter in inspect.signature(command).parameters.values() if parameter.name != "options"]
+
+        @wraps(command)
+        def with_options(**values: Any) -> None:
+            options = engine_options({parameter.name: values.pop(parameter.name) for parameter in shared})
+            command(**values, options=options)
+
+        with_options.__signature__ = inspect.Signature([*own, *shared])  # what typer turns into options
+        return with_options
+
+    return decorate
+
+
+def engine_options(values: dict[str, Any]) -> EngineOptions:
+    """The command line's engine options as EngineOptions (--budget parsed), checked before
+    anything loads or starts: one line on a bad value."""
+    options = EngineOptions(**{**values, "budget": parse_budget(values.get("budget"))})
+    validate(options)
+    return options
 
 
 def parse_budget(text: str | None) -> int | str | None:
