@@ -8,16 +8,20 @@ dynamic kernel (x86 CPUs) and weight-only int8 with bf16 activations; then up to
 `int8_rows` finds int8 faster, per dtype.
 """
 
+from functools import partial
+
 import torch
 
-from specchat.quant.int8 import PROBE_LINEARS, PROBE_SHAPE, Bank, Int8Linear, dense_linear, int8_rows, seconds
+from specchat.quant.int8 import CPU, PROBE_LINEARS, PROBE_SHAPE, Bank, Int8Linear, dense_linear, int8_rows
+from specchat.quant.timing import best_seconds
 
 ROWS = (1, 4, 16, 64, 128, 256)
 
 
 def weights(dtype: torch.dtype) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return [torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype) for _ in range(PROBE_LINEARS)]
+    return [torch.randn(PROBE_SHAPE.out_features, PROBE_SHAPE.in_features, generator=generator).to(dtype)
+            for _ in range(PROBE_LINEARS)]
 
 
 def main() -> None:
@@ -27,8 +31,9 @@ def main() -> None:
     print("| rows | fp32 ms | bf16 ms | int8 dynamic ms | int8 weight-only (bf16 act.) ms |")
     print("|---|---|---|---|---|")
     for rows in ROWS:
-        x = torch.randn(rows, PROBE_SHAPE[0])
-        cells = [1000 * seconds(bank, [x.to(dtype)]) / PROBE_LINEARS for bank, dtype in banks]
+        x = torch.randn(rows, PROBE_SHAPE.in_features)
+        runs = [partial(bank, x.to(dtype)) for bank, dtype in banks]  # timed in turns, as the probe times
+        cells = [1000 * seconds / PROBE_LINEARS for seconds in best_seconds(runs, CPU)]
         print(f"| {rows} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
     print(f"int8_rows: float32 {int8_rows(torch.float32)}, bfloat16 {int8_rows(torch.bfloat16)}")
 

@@ -6,17 +6,19 @@ Usage: python scripts/bench_stacked_projections.py [--hidden 1536] [--intermedia
 
 The defaults are the embedded 1.5B's shapes (the disk tier's int8 draft). Weights are random:
 the kernels' time does not depend on the values. Prints one row per width: the fastest of 3
-passes over all layers, in ms.
+passes over all layers each (quant.timing, the two in turns), in ms.
 """
 
 import argparse
+from functools import partial
 
 import torch
 from torch import nn
 
 from specchat.bench.machine import describe_machine
-from specchat.quant.int8 import Bank, quantize_linears, seconds
+from specchat.quant.int8 import CPU, Bank, quantize_linears
 from specchat.quant.stacked import stack_projections
+from specchat.quant.timing import best_seconds
 
 WIDTHS = (1, 4, 16, 64)
 
@@ -59,7 +61,7 @@ def main() -> None:
     print("| rows | separate ms | stacked ms | stacked / separate |\n|---|---|---|---|")
     for rows in WIDTHS:
         x = torch.randn(rows, args.hidden).bfloat16()
-        apart, together = 1000 * seconds(separate, [x]), 1000 * seconds(stacked, [x])
+        apart, together = (1000 * seconds for seconds in best_seconds([partial(separate, x), partial(stacked, x)], CPU))
         print(f"| {rows} | {apart:.3f} | {together:.3f} | {together / apart:.2f} |")
 
 

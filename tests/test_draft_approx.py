@@ -18,8 +18,8 @@ from specchat.models.draft_approx import DroppedHead, approximate_draft
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
 from specchat.models.draft import DraftQuant, resolve_draft_quant
-from specchat.quant import int8
-from specchat.quant.int8 import PROBE_ROWS, PROBE_RUNS, Int8Embedding, Int8Linear, dynamic_kernel, int8_rows, quantize_linears, seconds
+from specchat.quant import int8, timing
+from specchat.quant.int8 import PROBE_ROWS, Int8Embedding, Int8Linear, dynamic_kernel, int8_rows, quantize_linears
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
@@ -230,25 +230,20 @@ def test_a_dense_above_linear_multiplies_wide_inputs_with_the_dense_weight():
     assert not torch.allclose(layer(wide), Int8Linear(weight, bias)(wide), atol=1e-5)
 
 
-def test_the_probe_sums_the_fastest_run_of_each_input():
-    calls = []
-
-    class Clock(torch.nn.Module):
-        def forward(self, x):
-            calls.append(x.shape[0])
-
-    seconds(Clock(), [torch.zeros(1, 2), torch.zeros(3, 2)])
-    assert calls == [1] * (1 + PROBE_RUNS) + [3] * (1 + PROBE_RUNS)  # a warm-up call, then the timed runs
-
-
 @pytest.mark.parametrize("wins_up_to", [0, 1, 4, 64])
 def test_int8_rows_is_the_widest_input_up_to_which_int8_always_wins(monkeypatch, wins_up_to):
-    def seconds_of(layer, inputs):
-        rows = inputs[0].shape[0]
-        faster = rows <= wins_up_to or rows == 32  # a win past a loss does not count
-        return (1.0 if faster else 3.0) if isinstance(layer.layers[0], Int8Linear) else 2.0
-    monkeypatch.setattr("specchat.quant.int8.seconds", seconds_of)
+    """The choice, not the clock: a stand-in for the timer that lets int8 (the first product timed)
+    win at the widths of PROBE_ROWS up to `wins_up_to`, and at 32 rows past a loss."""
+    timed = []
+
+    def stand_in(first, second, device) -> bool:
+        timed.append(device)
+        rows = PROBE_ROWS[len(timed) - 1]
+        return rows <= wins_up_to or rows == 32  # a win past a loss does not count
+
+    monkeypatch.setattr(timing, "faster", stand_in)
     assert int8_rows(torch.bfloat16) == wins_up_to
+    assert set(timed) == {torch.device("cpu")}  # int8's dynamic kernel is a CPU's
 
 
 def test_an_int8_embedding_row_is_within_half_a_step_of_the_dense_row():

@@ -12,7 +12,8 @@ from specchat.quant.int4 import Int4Linear, int4_fits, int4_linear, int4_tensors
 from specchat.quant.int4_chunks import chunked_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import pack, pack_nibbles
-from specchat.quant.int4_probe import PROBE_ROWS, UNLIMITED, WidthChoice, fused_linear, width_choice
+from specchat.quant import timing
+from specchat.quant.int4_probe import PROBE_ROWS, UNLIMITED, WIDE_ROWS, WidthChoice, fused_linear, width_choice
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
@@ -93,11 +94,34 @@ def test_inputs_of_another_dtype_are_refused():
         linear(torch.randn(1, IN))
 
 
-def test_the_width_choice_is_measured_once_per_process():
-    choice = width_choice("cpu", torch.bfloat16)
-    assert choice.fused_rows in (0, *PROBE_ROWS[:-1], UNLIMITED)
-    assert choice.product in (torch.float32, torch.bfloat16)
-    assert width_choice("cpu", torch.bfloat16) is choice
+@pytest.mark.parametrize("product_wins, fused_up_to, expected", [
+    (True, 16, WidthChoice(16, torch.bfloat16)),
+    (False, 0, WidthChoice(0, torch.float32)),
+    (False, PROBE_ROWS[-1], WidthChoice(UNLIMITED, torch.float32)),
+])
+def test_the_width_choice_is_what_the_timer_says_measured_once_per_process(monkeypatch, product_wins, fused_up_to,
+                                                                           expected):
+    """The choice, not the clock: a stand-in for the timer that first says whether the chunked
+    product in bf16 beats float32 at WIDE_ROWS, then lets the fused kernel win up to `fused_up_to` rows."""
+    if layout_for(CPU, IN) is None:
+        pytest.skip("this torch's int4 layout cannot be read back: the fused kernel serves every width unprobed")
+    timed = []
+
+    def stand_in(first, second, device) -> bool:
+        timed.append(first().shape[0])  # the rows of the first product timed
+        return product_wins if len(timed) == 1 else timed[-1] <= fused_up_to
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    width_choice.cache_clear()
+    try:
+        choice = width_choice("cpu", torch.bfloat16)
+        assert choice == expected
+        losses = [rows for rows in PROBE_ROWS if rows > fused_up_to][:1]  # the sweep stops at the first
+        assert timed == [WIDE_ROWS, *(rows for rows in PROBE_ROWS if rows <= fused_up_to), *losses]
+        timed.clear()
+        assert width_choice("cpu", torch.bfloat16) is choice and not timed  # once per process: nothing timed again
+    finally:
+        width_choice.cache_clear()
 
 
 def test_fused_only_pins_every_linear():

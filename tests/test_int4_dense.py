@@ -13,7 +13,7 @@ from test_int4 import random_weight
 from specchat.models.plan import plan_target
 from specchat.offload.budget import described_rooms
 from specchat.offload.build import OffloadPlan
-from specchat.quant import int4_dense, int4_probe
+from specchat.quant import int4_dense, timing
 from specchat.quant.int4 import int4_linear, use_fused_only
 from specchat.quant.int4_dense import PROBE_ROWS, dense_copy_bytes, dense_rows, expand, keep_dense_copies
 from specchat.quant.int4_probe import fused_linear
@@ -85,12 +85,12 @@ def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypat
         calls.append(device)
         return PROBE_ROWS[len(calls) - 1] >= 8
 
-    monkeypatch.setattr(int4_probe, "faster", stand_in)
+    monkeypatch.setattr(timing, "faster", stand_in)
     dense_rows.cache_clear()
     try:
         assert dense_rows(256, 128, torch.bfloat16) == 8
         assert calls == [CPU] * PROBE_ROWS.index(8) + [CPU]
-        monkeypatch.setattr(int4_probe, "faster", lambda first, second, device: False)
+        monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
         assert dense_rows(512, 128, torch.bfloat16) is None
     finally:
         dense_rows.cache_clear()

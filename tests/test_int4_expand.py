@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.quant import int4_expand, int4_probe
+from specchat.quant import int4_expand, timing
 from specchat.quant.int4_expand import expand_int4, expand_int4_reference, expanded_linear, triton_available
 from specchat.quant.int4_layout import TileLayout, layout_for
 from specchat.quant.int4_pack import GROUP_SIZES, pack, pack_nibbles, unpack_nibbles
@@ -210,12 +210,12 @@ def test_the_expansion_takes_over_from_the_first_width_the_timer_says_it_wins(mo
         assert torch.allclose(expanded.float(), fused.float(), rtol=0.02, atol=0.02)
         return expanded.shape[0] >= 256
 
-    monkeypatch.setattr(int4_probe, "faster", stand_in)
+    monkeypatch.setattr(timing, "faster", stand_in)
     int4_expand.expand_rows.cache_clear()
     try:
         assert int4_expand.expand_rows("cpu", 256, 128, torch.bfloat16) == 256
         assert timed == [16, 64, 256]
-        monkeypatch.setattr(int4_probe, "faster", lambda first, second, device: False)
+        monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
         assert int4_expand.expand_rows("cpu", 384, 128, torch.bfloat16) == float("inf")
     finally:
         int4_expand.expand_rows.cache_clear()

@@ -8,9 +8,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.quant import prepacked
+from specchat.quant import prepacked, timing
 from specchat.quant.int8 import Int8Linear
-from specchat.quant.prepacked import PrepackedLinear, prepack_linears, prepack_pays, prepackable
+from specchat.quant.prepacked import PROBE_ROWS, PrepackedLinear, prepack_linears, prepack_pays, prepackable
 
 
 def supported() -> bool:
@@ -96,6 +96,28 @@ def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(pays):
     assert prepack_linears(model, room=head - 1) == 2 * 7  # every layer's linear, not the head
     assert isinstance(model.get_output_embeddings(), nn.Linear)
     assert prepack_linears(model, room=head) == 1
+
+
+@ONEDNN_BF16
+@pytest.mark.parametrize("plain_wins_at, pays", [(None, True), (PROBE_ROWS[0], False), (PROBE_ROWS[-1], False)])
+def test_prepacking_pays_where_the_timer_finds_f_linear_faster_at_no_width(monkeypatch, plain_wins_at, pays):
+    """The choice, not the clock: a stand-in for the timer that lets F.linear (the first product
+    timed) win at one width of PROBE_ROWS, or at none."""
+    timed = []
+
+    def stand_in(first, second, device) -> bool:
+        plain, packed = first(), second()
+        assert torch.equal(plain, packed)  # one product, two layouts
+        timed.append(plain.shape[0])
+        return plain.shape[0] == plain_wins_at
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    prepack_pays.cache_clear()
+    try:
+        assert prepack_pays(torch.bfloat16) is pays
+        assert timed == list(PROBE_ROWS[:PROBE_ROWS.index(plain_wins_at) + 1] if plain_wins_at else PROBE_ROWS)
+    finally:
+        prepack_pays.cache_clear()
 
 
 def test_float32_never_pays():

@@ -27,8 +27,8 @@ from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import chunk_buffers, chunk_rows, dequantize_chunk
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import crossover
 from specchat.quant.prepacked import PrepackedLinear, prepack_pays
+from specchat.quant.timing import crossover
 
 PROBE_ROWS = (2, 4, 8, 16, 32, 64)  # tree widths at which the copy may start to win (one row: the fused kernel's)
 PROBE_GROUP = 32  # GGUF Q4_K's groups: the slowest fused kernel, so the crossover it gives is the earliest
@@ -74,8 +74,8 @@ def dense_linear(weight: Tensor) -> nn.Module:
 def dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int | None:
     """The fewest input rows (of PROBE_ROWS) from which a dense copy of an `out_features` x
     `in_features` weight multiplies faster than the fused int4 kernel on this CPU, measured once per
-    process and shape (the fastest of a few runs each, in turns); None where it never does, or where
-    the layout cannot be read back to make the copy."""
+    process and shape (quant.timing.crossover); None where it never does, or where the layout
+    cannot be read back to make the copy."""
     if layout_for(CPU, in_features) is None:
         return None
     generator = torch.Generator().manual_seed(0)
@@ -88,8 +88,7 @@ def dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int |
     })
     dense = dense_linear(expand(packed))
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(dtype)
-    with torch.inference_mode():
-        return crossover(PROBE_ROWS, lambda rows: dense(x[:rows]), lambda rows: packed(x[:rows]), CPU)
+    return crossover(PROBE_ROWS, lambda rows: dense(x[:rows]), lambda rows: packed(x[:rows]), CPU)
 
 
 def dense_copy_bytes(model: nn.Module) -> int:

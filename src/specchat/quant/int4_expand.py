@@ -31,7 +31,8 @@ from torch import Tensor
 from specchat.errors import SpecchatError
 from specchat.quant.int4_layout import TileLayout, layout_for, unpack_transposed
 from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import crossover, fused_linear
+from specchat.quant.int4_probe import fused_linear
+from specchat.quant.timing import crossover
 
 BLOCK_O = 32  # output rows per program
 BLOCK_I = 128  # inputs per program at most: its largest common divisor with the group size (one group a program)
@@ -169,7 +170,7 @@ def expanded_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_s
 @cache
 def expand_rows(device_type: str, in_features: int, out_features: int, dtype: torch.dtype) -> float:
     """The fewest input rows (of PROBE_ROWS) from which `expanded_linear` runs faster than the fused
-    kernel on `device_type` at this shape, measured once per process and shape (int4_probe.crossover)
+    kernel on `device_type` at this shape, measured once per process and shape (quant.timing.crossover)
     on a random weight of that shape: launch costs hide a kernel's slope on small probes, so each
     of the model's own shapes is timed. inf where it never does, or where the kernel cannot run."""
     device = torch.device(device_type)

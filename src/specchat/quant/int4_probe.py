@@ -3,31 +3,31 @@
 The fused kernels win on narrow inputs (one token, draft steps): they read each packed weight once
 and never write it out. On wide ones (tree passes, prompts) dequantizing chunks for a dense matmul
 wins, sooner or later depending on the CPU (vector width, bf16 instructions) or GPU. So nothing
-about it is fixed here: a probe times both on a PROBE_SHAPE weight at PROBE_ROWS widths (the
-fastest of PROBE_RUNS each, the two run in turns) and keeps the widest run of widths at which the
-fused kernel won. It also times the chunked product in float32 against the input's dtype (2-5x
-apart either way on CPUs with and without bf16 instructions) and keeps the faster. 0.6 s on the
-2-core AVX2 dev machine with one thread; seconds when the machine is busy with other work.
+about it is fixed here: a probe times both on a PROBE_SHAPE weight at PROBE_ROWS widths
+(quant.timing: the fastest of a few runs each, the two in turns) and keeps the widest run of
+widths at which the fused kernel won. It also times the chunked product in float32 against the
+input's dtype (2-5x apart either way on CPUs with and without bf16 instructions) and keeps the
+faster. 0.6 s on the 2-core AVX2 dev machine with one thread; seconds when the machine is busy
+with other work.
 """
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from time import perf_counter
 
 import torch
 
 from specchat.errors import SpecchatError
+from specchat.quant import timing
 from specchat.quant.int4_chunks import chunked_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import pack
+from specchat.quant.timing import LinearShape
 
-PROBE_SHAPE = (1024, 1024)  # (in, out): 0.5 MB packed, so that the slow side of a wide probe stays short
+PROBE_SHAPE = LinearShape(1024, 1024)  # 0.5 MB packed, so that the slow side of a wide probe stays short
 PROBE_GROUP = 32  # GGUF Q4_K's groups, the smallest: the most scales to read
 PROBE_ROWS = (1, 4, 16, 64, 256)  # a token, small and wide trees
 WIDE_ROWS = 64  # where the chunked product's dtype is chosen: a tree pass
-PROBE_RUNS = 3
 UNLIMITED = math.inf
 FUSED_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
 
@@ -43,7 +43,7 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
     """The measured choice for inputs of `dtype` on `device_type`, probed once per process."""
     device = torch.device(device_type)
     fuses = dtype in FUSED_DTYPES.get(device_type, ())
-    layout = layout_for(device, PROBE_SHAPE[0])
+    layout = layout_for(device, PROBE_SHAPE.in_features)
     if layout is None:
         if not fuses:
             raise SpecchatError(f"no int4 product for {dtype} on {device_type}: its fused kernel takes no {dtype} and "
@@ -51,23 +51,20 @@ def width_choice(device_type: str, dtype: torch.dtype) -> WidthChoice:
         return WidthChoice(UNLIMITED, dtype)
     packed, scales_and_zeros, x = probe_operands(device, dtype)
 
-    def chunked(rows: int, product: torch.dtype) -> Callable[[], torch.Tensor]:
-        return lambda: chunked_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout, product)
+    def chunked(rows: int, product: torch.dtype) -> torch.Tensor:
+        return chunked_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout, product)
 
-    def fused(rows: int) -> Callable[[], torch.Tensor]:
-        return lambda: fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP)
+    def fused(rows: int) -> torch.Tensor:
+        return fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP)
 
     product = torch.float32
-    if dtype != torch.float32 and faster(chunked(WIDE_ROWS, dtype), chunked(WIDE_ROWS, torch.float32), device):
+    if dtype != torch.float32 and timing.faster(lambda: chunked(WIDE_ROWS, dtype),
+                                                lambda: chunked(WIDE_ROWS, torch.float32), device):
         product = dtype
     if not fuses:
         return WidthChoice(0, product)
-    wins = 0
-    for rows in PROBE_ROWS:
-        if not faster(fused(rows), chunked(rows, product), device):
-            return WidthChoice(wins, product)
-        wins = rows
-    return WidthChoice(UNLIMITED, product)
+    wins = timing.widest_win(PROBE_ROWS, fused, lambda rows: chunked(rows, product), device)
+    return WidthChoice(UNLIMITED if wins == PROBE_ROWS[-1] else wins, product)
 
 
 def probe_operands(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,33 +84,3 @@ def fused_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.
     if x.device.type == "cuda":
         return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group_size, scales_and_zeros)
-
-
-def faster(first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor], device: torch.device) -> bool:
-    """Whether `first` runs faster than `second`: the fastest of PROBE_RUNS runs each after a
-    warm-up, run in turns so that a busy machine's stalls fall on both alike."""
-    best = [math.inf, math.inf]
-    for attempt in range(PROBE_RUNS + 1):
-        for index, run in enumerate((first, second)):
-            elapsed = seconds(run, device)
-            if attempt:
-                best[index] = min(best[index], elapsed)
-    return best[0] < best[1]
-
-
-def crossover(widths: tuple[int, ...], candidate: Callable[[int], torch.Tensor],
-              current: Callable[[int], torch.Tensor], device: torch.device) -> int | None:
-    """The first of `widths` (rows) at which `candidate(rows)` runs faster than `current(rows)`
-    (`faster`); None where it never does."""
-    return next((rows for rows in widths
-                 if faster(lambda: candidate(rows), lambda: current(rows), device)), None)
-
-
-def seconds(run: Callable[[], torch.Tensor], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = perf_counter()
-    run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return perf_counter() - start

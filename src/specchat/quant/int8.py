@@ -15,10 +15,12 @@ narrow steps read fewer bytes and its wide steps lose nothing.
 """
 
 import warnings
-from time import perf_counter
 
 import torch
 from torch import nn
+
+from specchat.quant import timing
+from specchat.quant.timing import LinearShape
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the kernels accept
 DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 linear is fbgemm's
@@ -27,13 +29,13 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 line
 KERNEL_IN_MULTIPLE = 16
 DEQUANT_ROWS = 1024  # output rows dequantized at once where no int8 kernel runs: 1024 x in_features temporary
 QUANT_ROWS = 256  # rows quantized at once: float32 temporaries of 256 x in_features (quantize_rows)
-PROBE_SHAPE = (896, 4864)  # (in, out) of the embedded 0.5B draft's MLP: a typical draft linear
+PROBE_SHAPE = LinearShape(896, 4864)  # the embedded 0.5B draft's MLP up projection: a typical draft linear
 # Distinct weights the probe cycles through, 70 MB in bf16: a model's forward reads its weights from
 # memory, and a single 8.7 MB weight would sit in many CPUs' last-level cache and favour the dense
 # kernel (measured here: int8 won up to 2 rows on one cached weight, at every width on eight).
 PROBE_LINEARS = 8
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows of a draft step: the root, a chain, then wider expansions
-PROBE_RUNS = 3
+CPU = torch.device("cpu")
 # The start of the UserWarning torch 2.13 raises (Quantizer.cpp) on creating a quantized tensor
 QUANTIZED_TENSOR_NOTICE = r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor"
 
@@ -177,22 +179,18 @@ class Bank(nn.Module):
 
 def int8_rows(dtype: torch.dtype) -> int:
     """Up to how many rows int8 linears of PROBE_SHAPE beat dense ones in `dtype` on this CPU:
-    the largest of PROBE_ROWS at and below which they win every time (the fastest of PROBE_RUNS
-    each, over PROBE_LINEARS distinct weights), 0 where they never do; a fraction of a second."""
+    the largest of PROBE_ROWS at and below which they win every time (quant.timing: the fastest
+    of a few runs each, in turns, over PROBE_LINEARS distinct weights), 0 where they never do; a
+    fraction of a second."""
     if dtype not in KERNEL_DTYPES:
         return 0
     generator = torch.Generator().manual_seed(0)
-    weights = [torch.randn(PROBE_SHAPE[1], PROBE_SHAPE[0], generator=generator).to(dtype)
+    weights = [torch.randn(PROBE_SHAPE.out_features, PROBE_SHAPE.in_features, generator=generator).to(dtype)
                for _ in range(PROBE_LINEARS)]
     dense = Bank([dense_linear(weight) for weight in weights])
     int8 = Bank([Int8Linear(weight, None) for weight in weights])
-    wins = 0
-    for rows in PROBE_ROWS:
-        x = torch.randn(rows, PROBE_SHAPE[0], generator=generator).to(dtype)
-        if seconds(int8, [x]) >= seconds(dense, [x]):
-            break
-        wins = rows
-    return wins
+    x = torch.randn(max(PROBE_ROWS), PROBE_SHAPE.in_features, generator=generator).to(dtype)
+    return timing.widest_win(PROBE_ROWS, lambda rows: int8(x[:rows]), lambda rows: dense(x[:rows]), CPU)
 
 
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
@@ -205,18 +203,3 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.L
     if bias is not None:
         linear.bias.data = bias
     return linear.requires_grad_(False)
-
-
-@torch.no_grad()
-def seconds(layer: nn.Module, inputs: list[torch.Tensor]) -> float:
-    """Sum over `inputs` of the fastest of PROBE_RUNS calls, after one warm-up call each."""
-    total = 0.0
-    for x in inputs:
-        layer(x)
-        runs = []
-        for _ in range(PROBE_RUNS):
-            start = perf_counter()
-            layer(x)
-            runs.append(perf_counter() - start)
-        total += min(runs)
-    return total

@@ -20,10 +20,11 @@ from functools import cache
 import torch
 from torch import Tensor, nn
 
-from specchat.quant.int4_probe import faster
+from specchat.quant import timing
+from specchat.quant.timing import LinearShape
 
 PREPACKED_DTYPES = (torch.bfloat16,)  # oneDNN's inner product takes a packed float32 weight only through MKL
-PROBE_SHAPE = (4096, 8192)  # (out, in): 64 MB in bf16, past the caches, as a decoder's weights are
+PROBE_SHAPE = LinearShape(8192, 4096)  # 64 MB in bf16, past the caches, as a decoder's weights are
 PROBE_ROWS = (1, 64)  # a token, and a tree pass
 CPU = torch.device("cpu")
 
@@ -84,19 +85,16 @@ def prepack_linears(model: nn.Module, room: int | None = None) -> int:
 @cache
 def prepack_pays(dtype: torch.dtype) -> bool:
     """Whether a prepacked product of `dtype` is no slower than F.linear at every PROBE_ROWS width
-    on this CPU (int4_probe.faster: the fastest of a few runs each, in turns); False where oneDNN
-    has no kernel for it. Probed once per process: ~0.1 s."""
+    on this CPU (quant.timing: the fastest of a few runs each, in turns); False where oneDNN has
+    no kernel for it. Probed once per process: ~0.1 s."""
     if dtype not in PREPACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return False
-    weight = torch.ones(PROBE_SHAPE, dtype=dtype)
+    weight = torch.ones(PROBE_SHAPE.out_features, PROBE_SHAPE.in_features, dtype=dtype)
+    x = torch.ones(max(PROBE_ROWS), PROBE_SHAPE.in_features, dtype=dtype)
     try:
         linear = PrepackedLinear(weight, None)
-        linear(torch.ones(1, PROBE_SHAPE[1], dtype=dtype))
+        linear(x[:1])
     except RuntimeError:  # this oneDNN has no inner product for `dtype` on this CPU: nothing to pack
         return False
-    with torch.inference_mode():
-        for rows in PROBE_ROWS:
-            x = torch.ones(rows, PROBE_SHAPE[1], dtype=dtype)
-            if faster(lambda: nn.functional.linear(x, weight), lambda: linear(x), CPU):
-                return False
-    return True
+    return not any(timing.faster(lambda: nn.functional.linear(x[:rows], weight), lambda: linear(x[:rows]), CPU)
+                   for rows in PROBE_ROWS)

@@ -1,0 +1,112 @@
+"""quant.timing, the clock of every quant probe, checked with a fake clock: each candidate's time is
+the fastest of RUNS timed calls after one untimed warm-up call, the candidates run in turns, the
+clock is read only after a synchronize of the device, and the sweeps decide from `faster` alone."""
+
+import pytest
+import torch
+
+from specchat import device_clock
+from specchat.quant import timing
+from specchat.quant.timing import LinearShape, best_seconds, crossover, faster, widest_win
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+class FakeClock:
+    """perf_counter's stand-in: time moves only when a scripted run says how long it took."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self.events: list = []
+
+    def read(self) -> float:
+        self.events.append("clock")
+        return self.time
+
+    def run(self, name: str, durations: list[float]):
+        """A candidate whose calls take `durations` seconds, one after another."""
+        remaining = iter(durations)
+
+        def call() -> None:
+            self.events.append(name)
+            self.time += next(remaining)
+        return call
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(device_clock, "perf_counter", fake.read)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: fake.events.append(("sync", device)))
+    monkeypatch.setattr(timing, "RUNS", 3)
+    return fake
+
+
+def test_each_time_is_the_fastest_timed_call_after_an_untimed_warm_up(clock):
+    # the warm-ups are the fastest calls: were either timed, it would be the minimum
+    first, second = clock.run("first", [1, 5, 3, 4]), clock.run("second", [1, 6, 2, 7])
+    assert best_seconds((first, second), CPU) == [3, 2]
+    calls = [event for event in clock.events if event != "clock"]
+    assert calls == ["first", "second"] + ["first", "second"] * 3  # warm-ups, then the timed calls in turns
+    assert clock.events[:3] == ["first", "second", "clock"]  # no clock read around a warm-up
+
+
+def test_on_cuda_the_clock_is_read_after_the_device_finishes(clock):
+    best_seconds((clock.run("work", [1, 1, 1, 1]),), CUDA)
+    timed = clock.events[1:]  # after the warm-up
+    assert timed == [("sync", CUDA), "clock", "work", ("sync", CUDA), "clock"] * 3
+
+
+def test_the_candidates_run_without_autograd(clock):
+    modes = []
+    best_seconds((lambda: modes.append(torch.is_inference_mode_enabled()),), CPU)
+    assert modes == [True] * (1 + timing.RUNS)
+
+
+@pytest.mark.parametrize("times, expected", [([1.0, 2.0], True), ([2.0, 1.0], False), ([1.0, 1.0], False)])
+def test_faster_needs_the_first_to_be_strictly_faster(monkeypatch, times, expected):
+    monkeypatch.setattr(timing, "best_seconds", lambda runs, device: times)
+    assert faster(lambda: None, lambda: None, CPU) is expected
+
+
+WIDTHS = (1, 2, 4, 8)
+
+
+def sweep(how, monkeypatch, winning: set[int]) -> tuple[int | None, list[int]]:
+    """What the sweep `how` decides over WIDTHS where a stand-in for `faster` lets the candidate
+    (which returns its rows) win at the widths in `winning`, and the widths it timed."""
+    timed: list[int] = []
+
+    def stand_in(first, second, device) -> bool:
+        rows = first()
+        assert second() == -rows and device == CPU  # both products, at one width
+        timed.append(rows)
+        return rows in winning
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    return how(WIDTHS, lambda rows: rows, lambda rows: -rows, CPU), timed
+
+
+@pytest.mark.parametrize("winning, expected, timed", [
+    ({4, 8}, 4, [1, 2, 4]),  # widths past the first win are not timed
+    ({2}, 2, [1, 2]),
+    (set(), None, [1, 2, 4, 8]),
+])
+def test_the_crossover_is_the_first_width_the_candidate_wins(monkeypatch, winning, expected, timed):
+    assert sweep(crossover, monkeypatch, winning) == (expected, timed)
+
+
+@pytest.mark.parametrize("winning, expected, timed", [
+    ({1, 2, 8}, 2, [1, 2, 4]),  # a win past a loss does not count, nor is it timed
+    (set(WIDTHS), 8, [1, 2, 4, 8]),
+    ({2, 4, 8}, 0, [1]),
+])
+def test_the_widest_win_is_the_last_of_the_wins_from_the_narrowest(monkeypatch, winning, expected, timed):
+    assert sweep(widest_win, monkeypatch, winning) == (expected, timed)
+
+
+def test_a_probe_shape_is_nn_linears_in_features_then_out_features():
+    shape = LinearShape(896, 4864)
+    assert (shape.in_features, shape.out_features) == tuple(shape)
+    assert torch.nn.Linear(*shape, device="meta").weight.shape == (shape.out_features, shape.in_features)
+
