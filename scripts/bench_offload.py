@@ -33,11 +33,13 @@ from specchat.bench.provenance import code_version
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.models.loading import load, load_offloaded
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.offload.build import OffloadPlan
 from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict
 from specchat.offload.storage import DiskStore
 from specchat.offload.transport import COALESCE_BYTES
 from specchat.paths import cache_dir
+from specchat.plan.machine import Machine
+from specchat.plan.model import plan_checkpoint
+from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQSpec
 from specchat.loader import load_models
@@ -150,8 +152,11 @@ def gptq_copy(args) -> Path:
 
 
 def compare_gptq(bf16_bytes: int, args) -> None:
-    plan = OffloadPlan(tier="disk", offload_dir=args.offload_dir, resident_layers=args.resident_layers, slots=2)
-    _, quantized = load_offloaded(str(gptq_copy(args)), torch.bfloat16, torch.device("cpu"), plan, Reporter(bars=True))
+    request = PlanRequest(tier="disk", offload_dir=args.offload_dir, resident_layers=args.resident_layers, slots=2)
+    directory = gptq_copy(args)
+    memory = plan_checkpoint(directory, directory.name, torch.bfloat16, Machine(kind="cpu"), request)
+    _, quantized = load_offloaded(str(directory), torch.bfloat16, torch.device("cpu"), memory.placement,
+                                  args.offload_dir, Reporter(bars=True))
     emit(f"\nBytes per target pass: bfloat16 {bf16_bytes / 1e9:.2f} GB, 4-bit GPTQ (g128) "
          f"{quantized.pass_bytes / 1e9:.2f} GB: {bf16_bytes / quantized.pass_bytes:.2f}x fewer.", args)
     quantized.close()

@@ -17,6 +17,7 @@ from test_memory_plan import BF16, ROTARY_BYTES, assert_fits, gpu_plan, int4_lin
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from planned import offload_planned
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
@@ -26,7 +27,7 @@ from specchat.decoding.specexec import SpecExecEngine
 from specchat.errors import SpecchatError
 from specchat.models.draft import DraftQuant, load_draft
 from specchat.models.loading import load
-from specchat.offload.build import OffloadPlan, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.awq import AWQSpec, awq_to_int4, kernel_group_size, unpack_awq
 from specchat.quant.int4 import Int4Linear
@@ -118,8 +119,8 @@ def test_an_awq_directory_loads_packed_with_the_dequantized_models_logits(awq, f
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_an_awq_model_streams_packed_layers_with_the_dequantized_models_logits(awq, tmp_path, tier):
     directory, reference = awq
-    plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
-    model, offload = offload_model(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
+    plan = PlanRequest(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
+    model, offload = offload_planned(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
     try:
         places = {place.name: place for place in offload.store.layouts[0].places}
         assert places["self_attn.q_proj.packed"].dtype == torch.uint8 and "self_attn.q_proj.qweight" not in places
@@ -140,8 +141,8 @@ def test_greedy_specexec_over_an_awq_target_and_draft_emits_the_targets_own_toke
     assert sum(isinstance(m, Int4Linear) for m in draft.model.modules()) == 2 * 7
     offload = None
     if tier is not None:
-        plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
-        model, offload = offload_model(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
+        plan = PlanRequest(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
+        model, offload = offload_planned(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
         target = CausalLM(model, offload)
     try:
         events = list(SpecExecEngine(target, draft, [], TreeShape(budget=16, max_depth=6)).generate(

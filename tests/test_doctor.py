@@ -12,8 +12,9 @@ from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.report import render
 from specchat.offload.links import read_links
 from specchat.doctor.plan import PairPlan
-from specchat.offload.budget import Item, MemoryPlan
-from specchat.offload.placement import Placement, Rooms
+from specchat.plan.budget import Item, MemoryPlan
+from specchat.offload.placement import Placement
+from specchat.plan.placement import Rooms
 
 GB = 10**9
 

@@ -9,6 +9,7 @@ import specchat.doctor.limit as limit_module
 from specchat.doctor.limit import LIMIT_STEP, Limit, fits, smallest_limit
 from specchat.doctor.report import limit_lines
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.plan.machine import PAGE_CACHE_SHARE
 
 GB = 10**9
 RUNTIME = 6 * 10**8  # what a process holds after importing torch and transformers (0.55 GB measured)
@@ -16,12 +17,22 @@ RUNTIME = 6 * 10**8  # what a process holds after importing torch and transforme
 
 @pytest.mark.parametrize("threshold", [GB, 1_234_567_891, 7 * GB + 1])
 def test_the_bisection_finds_the_least_fitting_step(monkeypatch, tmp_path, threshold):
-    """A plan that fits in `threshold` bytes of room or more: the answer is the first step whose
-    room (the limit less the runtime) reaches it."""
-    monkeypatch.setattr(limit_module, "fits", lambda target, draft, context, directory, room: room >= threshold)
+    """A plan that fits under a limit of `threshold` bytes or more: the answer is the first step
+    that reaches it."""
+    monkeypatch.setattr(limit_module, "fits", lambda target, draft, context, directory, limit, runtime:
+                        runtime == RUNTIME and limit >= threshold)
     found = smallest_limit("t", "d", None, tmp_path, RUNTIME)
     assert found % LIMIT_STEP == 0
-    assert found - RUNTIME >= threshold > found - LIMIT_STEP - RUNTIME
+    assert found >= threshold > found - LIMIT_STEP
+
+
+def test_the_room_under_a_limit_is_what_run_measures_under_it(monkeypatch, tmp_path):
+    """The plan `fits` weighs has the room `run` would measure under that cgroup limit: the limit
+    less the runtime, less PAGE_CACHE_SHARE of the limit for the page cache."""
+    seen = []
+    monkeypatch.setattr(limit_module, "doctor_plan", lambda *args: seen.append(args[3].rooms.device))
+    assert fits("t", "d", None, tmp_path, 4 * GB, RUNTIME)
+    assert seen == [4 * GB - RUNTIME - int(PAGE_CACHE_SHARE * 4 * GB)] == [2_800_000_000]
 
 
 def test_a_pair_that_fits_nowhere_has_no_limit(monkeypatch, tmp_path):
@@ -35,8 +46,8 @@ def test_the_default_pair_fits_at_its_limit_and_not_a_step_below(tmp_path: Path)
     every layer, the default pair needs more than the runtime and less than its in-memory size."""
     found = smallest_limit(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, RUNTIME)
     assert RUNTIME + GB // 2 < found < RUNTIME + 8 * GB
-    assert fits(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, found - RUNTIME)
-    assert not fits(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, found - LIMIT_STEP - RUNTIME)
+    assert fits(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, found, RUNTIME)
+    assert not fits(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path, found - LIMIT_STEP, RUNTIME)
     line = limit_lines(Limit(found, RUNTIME))[1]
     assert f"{found / GB:.2f} GB" in line and "docker run --memory" in line
 

@@ -10,11 +10,12 @@ from safetensors.torch import save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import specchat.offload.skeleton as skeleton
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.convert_int4 import matches
 from specchat.models.loading import is_int4, load
-from specchat.offload.build import OffloadPlan, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear
@@ -122,8 +123,8 @@ def test_it_is_packed_once_per_machine_and_its_nibbles_then_left_unread(checkpoi
 
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_streamed_layers_hold_the_packed_bytes(checkpoint, tmp_path, tier):
-    plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
-    model, offload = offload_model(checkpoint, "tiny-int4", torch.float32, torch.device("cpu"), plan, QUIET)
+    plan = PlanRequest(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
+    model, offload = offload_planned(checkpoint, "tiny-int4", torch.float32, torch.device("cpu"), plan, QUIET)
     try:
         places = {p.name: p for p in offload.store.layouts[0].places}
         assert places["mlp.gate_proj.packed"].dtype == torch.uint8 and "mlp.gate_proj.weight" not in places

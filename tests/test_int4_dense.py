@@ -10,9 +10,9 @@ import pytest
 import torch
 from test_int4 import random_weight
 
-from specchat.models.plan import plan_target
-from specchat.offload.budget import described_rooms
-from specchat.offload.build import OffloadPlan
+from specchat.plan.machine import Machine
+from specchat.plan.pair import plan_pair
+from specchat.plan.request import Pair, PlanRequest
 from specchat.quant import int4_dense, timing
 from specchat.quant.int4 import int4_linear, use_fused_only
 from specchat.quant.int4_dense import PROBE_ROWS, dense_copy_bytes, dense_rows, expand, keep_dense_copies
@@ -98,9 +98,9 @@ def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypat
 
 def plan_in(ram_gb: float, tier: str = "auto", dense_copies: bool = True):
     """Llama-2-70B-GPTQ (the shipped alias's config: 4-bit linears) on a described CPU machine."""
-    plan = OffloadPlan(tier=tier, offload_dir=Path("/nonexistent"), tree_tokens=1025, dense_copies=dense_copies,
+    plan = PlanRequest(tier=tier, offload_dir=Path("/nonexistent"), tree_tokens=1025, dense_copies=dense_copies,
                        resident_layers=0 if tier == "disk" else None)
-    return plan_target("llama-2-70b-gptq", torch.bfloat16, CPU, plan, 4096, described_rooms(None, int(ram_gb * GB)))
+    return plan_pair(Pair("llama-2-70b-gptq", torch.bfloat16, context=4096), plan, Machine(ram_gb=ram_gb))
 
 
 def test_the_plan_counts_the_copies_where_every_layer_is_in_memory_and_room_is_left(every_shape_gains):

@@ -17,6 +17,7 @@ LAYERS: list[set[str]] = [
     {"quant"},
     {"decoding", "offload"},  # siblings: neither imports the other
     {"models"},  # may import offload and quant
+    {"plan"},  # the memory plan: may import models, offload and quant; offload never imports it
     {"dsi"},
     {"runtime", "loader", "probe_cache", "reply_loop"},
     {"summary", "tui", "serve", "bench", "simulate", "doctor", "cli", "cli_options", "cli_generate",
@@ -156,3 +157,43 @@ def test_every_module_is_at_most_300_lines():
     long = [f"{path.relative_to(PACKAGE.parent)}: {lines} lines" for path, lines in sorted(lengths.items())
             if lines > MAX_MODULE_LINES]
     assert not long, f"split these by what they do (at most {MAX_MODULE_LINES} lines):\n" + "\n".join(long)
+
+
+def test_the_plan_has_one_room_that_loader_and_doctor_enter_through_plan_pair():
+    """Planning lives in plan/: offload/ (below it) defines no planning function and never imports
+    it, and `run` (loader) and `doctor` both make their plans through the one entry."""
+    assert not [edge for edge in EDGES if room_of(edge[1]) == "offload" and room_of(edge[2]) == "plan"]
+    planning = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+                for path in sorted((PACKAGE / "offload").rglob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.FunctionDef) and node.name.startswith(("plan", "place", "measure_rooms"))]
+    assert not planning, "planning belongs in plan/:\n" + "\n".join(planning)
+    for caller in ("loader", "doctor.plan"):
+        assert (f"specchat.{caller}", "specchat.plan.pair.plan_pair") in {(e[1], e[2]) for e in EDGES}, caller
+
+
+def text_tests(handler: ast.ExceptHandler) -> list[ast.Compare]:
+    """Comparisons in an except clause that read the caught error's text: `str(error)`, or its `.args`."""
+    def reads_text(node: ast.AST) -> bool:
+        called = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" \
+            and any(isinstance(arg, ast.Name) and arg.id == handler.name for arg in node.args)
+        args = isinstance(node, ast.Attribute) and node.attr == "args" \
+            and isinstance(node.value, ast.Name) and node.value.id == handler.name
+        return called or args
+    return [node for node in ast.walk(handler) if isinstance(node, ast.Compare)
+            and any(reads_text(part) for part in ast.walk(node))]
+
+
+def test_no_decision_reads_an_errors_words():
+    """A refusal is a type with fields (errors.PlanRefusal: tier, bytes missing, the option that
+    fits); no code decides by matching an error's message."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+             for handler in ast.walk(ast.parse(path.read_text())) if isinstance(handler, ast.ExceptHandler)
+             and handler.name for node in text_tests(handler)]
+    assert not found, "\n".join(found)
+
+
+def test_the_error_text_check_catches_a_match_on_words():
+    source = "try:\n    f()\nexcept ValueError as error:\n    if 'short' in str(error):\n        pass\n"
+    (handler,) = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ExceptHandler)]
+    assert len(text_tests(handler)) == 1

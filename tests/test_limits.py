@@ -4,7 +4,8 @@ context's end, refused when none is left; the memory budgets' range (a run and `
 
 import pytest
 
-from specchat.doctor.command import Machine, check_numbers
+from specchat.doctor.command import check_numbers
+from specchat.plan.machine import Machine
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.limits import check_memory_budgets, reply_limit
 from specchat.runtime import EngineOptions, validate
@@ -41,7 +42,7 @@ def test_a_prompt_that_fills_the_context_is_refused_in_one_line(prompt_tokens):
 def test_a_run_and_doctor_refuse_a_budget_out_of_range_with_the_same_line(ram_budget, vram_budget, refusal):
     for check in (lambda: check_memory_budgets(ram_budget, vram_budget),
                   lambda: validate(EngineOptions(ram_budget=ram_budget, vram_budget=vram_budget)),
-                  lambda: check_numbers(Machine(), ram_budget, vram_budget)):
+                  lambda: check_numbers(Machine(), ram_budget, vram_budget, None)):
         with pytest.raises(SpecchatError) as refused:
             check()
         assert str(refused.value) == refusal
@@ -50,3 +51,11 @@ def test_a_run_and_doctor_refuse_a_budget_out_of_range_with_the_same_line(ram_bu
 def test_budgets_in_range_or_not_given_pass():
     check_memory_budgets(None, None)
     check_memory_budgets(0.5, 1e6)
+
+
+def test_a_run_and_doctor_refuse_a_context_out_of_range_with_the_same_line():
+    """The --context range is checked with the other options, before anything loads or plans."""
+    for check in (lambda: validate(EngineOptions(context=10)),
+                  lambda: check_numbers(Machine(), None, None, 10)):
+        with pytest.raises(SpecchatError, match=r"^--context must be between 64 and"):
+            check()

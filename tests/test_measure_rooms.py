@@ -1,32 +1,65 @@
 """The RAM a CPU plan works with: under a cgroup limit, the limit less what the cgroup uses (the
-host's OS lives outside it); under the host's RAM, that less what the OS keeps; a smaller
---ram-budget wins over both."""
+host's OS lives outside it) less PAGE_CACHE_SHARE of the limit for the page cache the run reads
+through; under the host's RAM, that less what the OS keeps; a smaller --ram-budget wins over all."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-import specchat.offload.build as build
+import specchat.plan.machine as machine
 from specchat.memory_room import Room
-from specchat.offload.budget import OS_RESERVE
-from specchat.offload.build import OffloadPlan, measure_rooms
+from specchat.plan.machine import OS_RESERVE, PAGE_CACHE_SHARE, Machine, measure_rooms
+from specchat.plan.request import PlanRequest
 
 GB = 10**9
 CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("room, expected", [
-    (Room(2 * GB, "the cgroup v2 limit of 2.50 GB (0.50 GB in use)", limit=True), 2 * GB),
+    # 2.5 GB limit, 0.5 GB in use: 2 GB left, of which 15% of 2.5 GB (0.375 GB) is kept
+    (Room(2 * GB, "the cgroup v2 limit of 2.50 GB (0.50 GB in use)", 5 * GB // 2), 2 * GB - 375 * 10**6),
     (Room(20 * GB, "available RAM (20.00 GB)"), 20 * GB - OS_RESERVE),
 ])
-def test_the_os_reserve_applies_only_to_the_hosts_ram(monkeypatch, tmp_path: Path, room, expected):
-    monkeypatch.setattr(build, "ram_room", lambda: room)
-    rooms = measure_rooms(OffloadPlan(tier="auto", offload_dir=tmp_path), CPU, 0)
+def test_the_os_reserve_applies_to_the_hosts_ram_and_the_page_cache_share_to_a_limit(monkeypatch, tmp_path: Path,
+                                                                                      room, expected):
+    monkeypatch.setattr(machine, "ram_room", lambda: room)
+    rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path), CPU, 0)
     assert rooms.device == expected and room.bound in rooms.device_name
+    assert PAGE_CACHE_SHARE == 0.15  # the share stated in README and docs/architecture.md
+
+
+def test_a_planned_run_takes_at_most_85_percent_of_its_limit(monkeypatch, tmp_path: Path):
+    """Whatever the cgroup already holds, what it holds plus the whole room stays within 85% of the limit."""
+    limit = 4 * GB
+    for in_use in (0, GB // 2, 3 * GB):
+        monkeypatch.setattr(machine, "ram_room", lambda: Room(limit - in_use, "a cgroup limit", limit))
+        rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path), CPU, 0)
+        assert in_use + rooms.device <= 0.85 * limit or rooms.device == 0
 
 
 def test_a_smaller_ram_budget_wins(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(build, "ram_room", lambda: Room(2 * GB, "the cgroup v1 limit", limit=True))
-    rooms = measure_rooms(OffloadPlan(tier="auto", offload_dir=tmp_path, ram_budget=GB), CPU, 0)
+    monkeypatch.setattr(machine, "ram_room", lambda: Room(2 * GB, "the cgroup v1 limit", 3 * GB))
+    rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget=GB), CPU, 0)
     assert rooms.device == GB and "--ram-budget 1" in rooms.device_name
+
+
+def test_a_described_machine_is_planned_from_its_sizes_alone(tmp_path: Path):
+    described = Machine(vram_gb=24, ram_gb=64)
+    rooms = described.tiers(PlanRequest(tier="auto", offload_dir=tmp_path), 0)
+    assert described.device().type == "cuda" and rooms.device == 24 * GB and rooms.host is not None
+    assert Machine(ram_gb=32).device().type == "cpu" and Machine(ram_gb=32).tiers(
+        PlanRequest(tier="auto", offload_dir=tmp_path), 0).host is None
+
+
+def test_a_described_machine_honours_the_budgets_too(tmp_path: Path):
+    """`doctor --vram-gb 24 --ram-gb 64 --vram-budget 10 --ram-budget 20` plans 10 GB of GPU and
+    20 GB of RAM: a budget is never silently ignored."""
+    request = PlanRequest(tier="auto", offload_dir=tmp_path, vram_budget=10 * GB, ram_budget=20 * GB)
+    rooms = Machine(vram_gb=24, ram_gb=64).tiers(request, 0)
+    assert (rooms.device, rooms.host) == (10 * GB, 20 * GB)
+    assert "--vram-budget 10" in rooms.device_name and "--ram-budget 20" in rooms.host_name
+    cpu = Machine(ram_gb=32).tiers(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget=4 * GB), 0)
+    assert cpu.device == 4 * GB and "--ram-budget 4" in cpu.device_name
+    roomy = Machine(ram_gb=32).tiers(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget=64 * GB), 0)
+    assert roomy.device < 32 * GB and "--ram-budget" not in roomy.device_name  # a budget above the room: the room

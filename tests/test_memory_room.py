@@ -45,7 +45,7 @@ def test_a_v2_limit_binds_and_is_named(tmp_path):
     mount = v2_tree(tmp_path)
     v2_level(mount / "app.slice/job", str(2 * GB), GB // 2)
     room = ram_room(tmp_path, available=AVAILABLE)
-    assert room == Room(3 * GB // 2, "the cgroup v2 limit of 2.00 GB (0.50 GB in use)", limit=True)
+    assert room == Room(3 * GB // 2, "the cgroup v2 limit of 2.00 GB (0.50 GB in use)", 2 * GB)
 
 
 def test_v2_max_is_no_limit(tmp_path):
@@ -60,7 +60,7 @@ def test_a_v2_ancestor_limit_binds_with_its_own_usage(tmp_path):
     v2_level(mount / "app.slice", str(4 * GB), 3 * GB)  # but the slice's other jobs leave 1 GB
     v2_level(mount, "max", 10 * GB)
     room = ram_room(tmp_path, available=AVAILABLE)
-    assert room == Room(GB, "the cgroup v2 limit of 4.00 GB (3.00 GB in use)", limit=True)
+    assert room == Room(GB, "the cgroup v2 limit of 4.00 GB (3.00 GB in use)", 4 * GB)
 
 
 def test_v2_inactive_file_cache_is_not_in_use(tmp_path):
@@ -73,7 +73,7 @@ def test_a_v1_limit_binds_with_comma_separated_controllers(tmp_path):
     mount = v1_tree(tmp_path, controllers="memory,hugetlb")
     v1_level(mount / "docker/abc", 2 * GB, GB // 4)
     room = ram_room(tmp_path, available=AVAILABLE)
-    assert room == Room(2 * GB - GB // 4, "the cgroup v1 limit of 2.00 GB (0.25 GB in use)", limit=True)
+    assert room == Room(2 * GB - GB // 4, "the cgroup v1 limit of 2.00 GB (0.25 GB in use)", 2 * GB)
 
 
 def test_v1_page_rounded_llong_max_is_no_limit(tmp_path):
@@ -87,7 +87,7 @@ def test_v1_total_inactive_file_is_not_in_use(tmp_path):
     mount = v1_tree(tmp_path)
     v1_level(mount / "docker/abc", 2 * GB, usage=GB, inactive_file=GB // 2)
     room = ram_room(tmp_path, available=AVAILABLE)
-    assert room == Room(2 * GB - GB // 2, "the cgroup v1 limit of 2.00 GB (0.50 GB in use)", limit=True)
+    assert room == Room(2 * GB - GB // 2, "the cgroup v1 limit of 2.00 GB (0.50 GB in use)", 2 * GB)
 
 
 def test_a_v1_ancestor_limit_binds(tmp_path):

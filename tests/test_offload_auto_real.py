@@ -13,11 +13,10 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
-from specchat.models.plan import plan_target
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.offload.budget import MemoryPlan
 from specchat.progress import Reporter
-from specchat.loader import load_target, offload_plan
+from specchat.loader import load_target, plan_run
+from specchat.plan.budget import MemoryPlan
 from specchat.runtime import EngineOptions, encode_prompt
 
 pytestmark = pytest.mark.real
@@ -58,7 +57,7 @@ def options(offload_dir, budget_bytes: int) -> EngineOptions:
 
 
 def plan(options: EngineOptions) -> MemoryPlan:
-    return plan_target(DEFAULT_TARGET, torch.float32, CPU, offload_plan(options, CPU), None)
+    return plan_run(options, CPU, torch.float32, None, Reporter(bars=False))
 
 
 def test_auto_places_the_real_target_as_each_budget_forces_and_computes_as_in_memory(reference, offload_dir):

@@ -9,13 +9,15 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.probe import probe_costs
 from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
-from specchat.offload.build import OffloadPlan, layout_of, offload_model
+from specchat.offload.build import layout_of, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.offload.direct_io import align_up, write_blob
 from specchat.offload.placement import Placement
 from specchat.offload.storage import TieredStore
@@ -43,8 +45,8 @@ def in_memory(directory: Path) -> CausalLM:
 
 
 def offloaded(directory: Path, tier: str, tmp_path: Path, resident: int | None = 1, slots: int = 2):
-    plan = OffloadPlan(tier=tier, offload_dir=tmp_path / "offload", resident_layers=resident, slots=slots)
-    model, offload = offload_model(directory, "tiny", torch.float32, torch.device("cpu"), plan, QUIET)
+    plan = PlanRequest(tier=tier, offload_dir=tmp_path / "offload", resident_layers=resident, slots=slots)
+    model, offload = offload_planned(directory, "tiny", torch.float32, torch.device("cpu"), plan, QUIET)
     return CausalLM(model, offload), offload
 
 
@@ -173,11 +175,11 @@ def test_a_disk_that_fills_up_leaves_no_partial_file_and_no_descriptor(tiny_dir,
 
 def test_layers_split_between_ram_and_disk_compute_as_in_memory(tiny_dir, tmp_path):
     """The split a GPU host gets (pinned RAM, then disk), run here on the CPU's host mover."""
-    plan = OffloadPlan(tier="auto", offload_dir=tmp_path / "offload")
+    plan = PlanRequest(tier="auto", offload_dir=tmp_path / "offload")
     reference = in_memory(tiny_dir)
     nbytes = layout_of(reference.model.model.layers[0]).nbytes
     placement = Placement((nbytes,) * 5, resident=1, ram=2, disk=2, slots=2, slot_bytes=align_up(nbytes), needed=0)
-    model, offload = offload_model(tiny_dir, "tiny", torch.float32, torch.device("cpu"), plan, QUIET, placement)
+    model, offload = offload_model(tiny_dir, "tiny", torch.float32, torch.device("cpu"), placement, plan.offload_dir, QUIET)
     try:
         assert isinstance(offload.store, TieredStore) and offload.streamed == [1, 2, 3, 4]
         assert sorted(offload.store.ram.layouts) == [1, 2] and offload.store.disk.path.is_file()

@@ -10,10 +10,11 @@ from gptq_writer import dequantized_linears, load_checkpoint, write_gptq_checkpo
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.loading import load
-from specchat.offload.build import OffloadPlan, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, read_gptq_spec
 from specchat.quant.int4 import Int4Linear, int4_fits
@@ -61,8 +62,8 @@ def test_gptq_directory_loads_in_memory_without_extra_libraries(gptq_dir):
 
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_gptq_offloaded_streams_packed_layers_and_matches(gptq_dir, tmp_path, tier):
-    plan = OffloadPlan(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
-    model, offload = offload_model(gptq_dir, "tiny-gptq", torch.float32, torch.device("cpu"), plan, QUIET)
+    plan = PlanRequest(tier=tier, offload_dir=tmp_path, resident_layers=0, slots=2)
+    model, offload = offload_planned(gptq_dir, "tiny-gptq", torch.float32, torch.device("cpu"), plan, QUIET)
     place = {p.name: p for p in offload.store.layouts[0].places}
     packed = place.get("self_attn.q_proj.qweight") or place["self_attn.q_proj.packed"]
     assert packed.dtype in (torch.int32, torch.uint8)  # streamed packed: GPTQ's words or the int4 kernel's
@@ -83,8 +84,8 @@ def test_a_4bit_layer_moves_about_4x_fewer_bytes_than_bf16(tmp_path):
     write_gptq_checkpoint(model, gptq_dir, GPTQSpec(group_size=128))
     sizes = []
     for directory in (dense_dir, gptq_dir):
-        plan = OffloadPlan(tier="ram", offload_dir=tmp_path, resident_layers=0, slots=1)
-        _, offload = offload_model(directory, "m", torch.bfloat16, torch.device("cpu"), plan, QUIET)
+        plan = PlanRequest(tier="ram", offload_dir=tmp_path, resident_layers=0, slots=1)
+        _, offload = offload_planned(directory, "m", torch.bfloat16, torch.device("cpu"), plan, QUIET)
         sizes.append(offload.pass_bytes)
         offload.close()
     assert 3.5 < sizes[0] / sizes[1] < 4.0  # 16 bits vs 4 bits plus per-group scales and zeros

@@ -15,7 +15,9 @@ from specchat.decoding.specexec import SpecExecEngine
 from specchat.heap_trim import release_free_heap
 from specchat.models.loading import load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.offload.build import OffloadPlan
+from specchat.plan.machine import Machine
+from specchat.plan.pair import plan_pair
+from specchat.plan.request import Pair, PlanRequest
 from specchat.progress import Reporter
 
 pytestmark = pytest.mark.real
@@ -71,8 +73,10 @@ def case(mtbench_prompts):
 @pytest.mark.parametrize("tier", ["disk", "ram"])
 def test_offloaded_target_matches_in_memory(case, offload_dir, tier):
     # 8 layers streamed; KV headroom for the test's short sequences, not the model's 32k context
-    plan = OffloadPlan(tier=tier, offload_dir=offload_dir, resident_layers=20, slots=3, contexts=(2048,))
-    target, offload = load_offloaded(DEFAULT_TARGET, torch.float32, torch.device("cpu"), plan, Reporter(bars=False))
+    plan = PlanRequest(tier=tier, offload_dir=offload_dir, resident_layers=20, slots=3)
+    memory = plan_pair(Pair(DEFAULT_TARGET, torch.float32, context=2048), plan, Machine(kind="cpu"))
+    target, offload = load_offloaded(DEFAULT_TARGET, torch.float32, torch.device("cpu"), memory.placement, offload_dir,
+                                     Reporter(bars=False))
     try:
         lm = CausalLM(target.model, offload)
         prompt = case["prompt"]

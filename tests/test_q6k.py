@@ -11,14 +11,15 @@ from safetensors.torch import save_file
 from test_int4_gguf import random_blocks
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
-from specchat.offload.budget import Ask, Target, plan_memory
-from specchat.offload.build import OffloadPlan, offload_model
-from specchat.offload.demand import ModelShape
-from specchat.offload.placement import ModelSizes, Request, Rooms
+from specchat.plan.budget import Ask, Target, plan_memory
+from specchat.plan.request import PlanRequest
+from specchat.plan.demand import ModelShape
+from specchat.plan.placement import ModelSizes, Request, Rooms
 from specchat.progress import Reporter
 from specchat.quant import q6k_linear
 from specchat.quant.int4_checkpoint import INT4_FILE
@@ -97,9 +98,9 @@ def logits(model, stream=None) -> torch.Tensor:
 
 def test_streamed_compact_layers_hold_the_stored_q6_bytes_and_score_as_the_dense_model(checkpoint, tmp_path):
     dense = load(str(checkpoint), torch.float32, progress=False).model
-    plan = OffloadPlan(tier="disk", offload_dir=tmp_path, resident_layers=0, slots=2)
-    model, offload = offload_model(checkpoint, "tiny-q6", torch.float32, torch.device("cpu"), plan, Reporter(False),
-                                   compact_layers=True)
+    plan = PlanRequest(tier="disk", offload_dir=tmp_path, resident_layers=0, slots=2)
+    model, offload = offload_planned(checkpoint, "tiny-q6", torch.float32, torch.device("cpu"), plan, Reporter(False),
+                                     compact_layers=True)
     try:
         places = {place.name: place for place in offload.store.layouts[0].places}
         assert places["mlp.down_proj.q6_values"].dtype == torch.int8 and "mlp.down_proj.weight" not in places

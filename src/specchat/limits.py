@@ -44,7 +44,7 @@ CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own max
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)
 
 OFFLOAD_TIERS = ("auto", "none", "ram", "disk")
-DEFAULT_OFFLOAD = "auto"  # layers placed in the fastest tier with room (specchat.offload.placement)
+DEFAULT_OFFLOAD = "auto"  # layers placed in the fastest tier with room (specchat.plan.placement)
 
 # The KV room a run plans for, unless --context says otherwise: what llama-server and ollama
 # give a model by default, not a 128k model's maximum (Llama-3.1-70B: 42 GB of KV at 131072).

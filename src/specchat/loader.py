@@ -16,16 +16,18 @@ from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
 from specchat.heap_trim import release_free_heap
-from specchat.limits import auto_cap, auto_trees
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
 from specchat.models.nf4 import draft_quantization
-from specchat.models.plan import contexts_for, draft_candidates, draft_kinds, local_tokenizer, plan_target
-from specchat.offload.budget import MemoryPlan
-from specchat.offload.build import Offload, OffloadPlan
+from specchat.models.local import local_tokenizer
+from specchat.offload.build import Offload
 from specchat.offload.links import read_links
 from specchat.offload.placement import Placement
-from specchat.offload.plan_text import describe_plan
+from specchat.plan.budget import MemoryPlan
+from specchat.plan.machine import Machine
+from specchat.plan.pair import contexts_for, draft_kinds, plan_pair
+from specchat.plan.request import Pair, PlanRequest, tree_sizes
+from specchat.plan.text import describe_plan
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.progress import Report, Reporter
 from specchat.quant.int4_dense import keep_dense_copies
@@ -85,15 +87,18 @@ def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, m
     """The whole machine's memory plan for `options`, announced before anything loads; `measured`:
     the draft's quantization as `auto` resolved it on this device (None: no draft)."""
     reporter.step("planning memory")
-    drafts = (None,)
-    if measured is not None:
-        kinds = draft_kinds(options.draft_quant, device, measured.kind)
-        drafts = draft_candidates(options.draft, dtype, kinds, measured.dense_above,
-                                  options.draft_vocab or None, device)
-    memory = plan_target(options.target, dtype, device, offload_plan(options, device, drafts), options.context,
-                         int4=packed_target(options))
+    memory = plan_pair(pair_of(options, dtype, device, measured), plan_request(options, device),
+                        Machine(kind=device.type))
     announce(memory, reporter)
     return memory
+
+
+def pair_of(options: EngineOptions, dtype: torch.dtype, device: torch.device, measured: DraftQuant | None) -> Pair:
+    """The target and draft `options` name, as the plan weighs them (no draft when `measured` is None)."""
+    draft = {} if measured is None else {
+        "draft": options.draft, "draft_kinds": draft_kinds(options.draft_quant, device, measured.kind),
+        "dense_above": measured.dense_above, "draft_vocab": options.draft_vocab or None}
+    return Pair(options.target, dtype, packed_target(options), context=options.context, **draft)
 
 
 def chosen_draft_quant(memory: MemoryPlan) -> DraftQuant | None:
@@ -188,9 +193,8 @@ def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype
         reporter.step(f"moving {target.name} to {device.type}")
         target.model.to(device)
         return target, None
-    plan = replace(offload_plan(options, device, (memory.draft,)), contexts=(memory.context,))
-    return load_offloaded(options.target, dtype, device, plan, reporter, memory.placement, int4, tokenizer,
-                          memory.compact_head, memory.compact_layers)
+    return load_offloaded(options.target, dtype, device, memory.placement, offload_directory(options), reporter,
+                          int4, tokenizer, memory.compact_head, memory.compact_layers)
 
 
 def packed_target(options: EngineOptions) -> bool:
@@ -202,23 +206,19 @@ def packed_target(options: EngineOptions) -> bool:
     return options.dtype != "float32" and has_int4(resolve(options.target))
 
 
-def offload_plan(options: EngineOptions, device: torch.device, drafts: tuple = (None,)) -> OffloadPlan:
-    """The offload options and the largest tree: the auto cap, or an explicit --budget past it
-    (plus the root a pass scores with it)."""
+def plan_request(options: EngineOptions, device: torch.device) -> PlanRequest:
+    """The offload options and the largest tree: the auto cap, or an explicit --budget past it."""
     cuda = device.type == "cuda"
-    budget = options.budget if isinstance(options.budget, int) else 0
-    trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
-    return OffloadPlan(
-        tier=options.offload,
-        offload_dir=Path(options.offload_dir).expanduser() if options.offload_dir else default_offload_dir(),
-        resident_layers=options.resident_layers,
-        ram_budget=gb_to_bytes(options.ram_budget),
-        vram_budget=gb_to_bytes(options.vram_budget),
-        tree_tokens=max(trees[0], budget + 1),
-        smaller_trees=tuple(tree for tree in trees[1:] if tree > budget),  # never below a --budget given
-        drafts=drafts,
-        dense_copies=packed_target(options) and not cuda,
-    )
+    tree_tokens, smaller_trees = tree_sizes(cuda, options.budget if isinstance(options.budget, int) else 0)
+    return PlanRequest(tier=options.offload, offload_dir=offload_directory(options),
+                       resident_layers=options.resident_layers, ram_budget=gb_to_bytes(options.ram_budget),
+                       vram_budget=gb_to_bytes(options.vram_budget), tree_tokens=tree_tokens,
+                       smaller_trees=smaller_trees, dense_copies=packed_target(options) and not cuda)
+
+
+def offload_directory(options: EngineOptions) -> Path:
+    """--offload-dir, or the default in the user's cache."""
+    return Path(options.offload_dir).expanduser() if options.offload_dir else default_offload_dir()
 
 
 def announce(memory: MemoryPlan, reporter: Reporter) -> None:

@@ -3,7 +3,7 @@ cgroup memory limit (Docker, Kubernetes and systemd set one) minus what the cgro
 
 psutil's available RAM ignores cgroup limits, so a plan made from it alone gets the process
 killed (exit 137, no message) in a container. `--ram-budget` is applied by the caller
-(`offload/build.py:measure_rooms`)."""
+(`plan/machine.py:measure_rooms`, which also keeps a share of a limit for the page cache)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ class Room:
 
     bytes: int
     bound: str
-    limit: bool = False  # bound by a cgroup limit (the host's OS lives outside it), not the host's RAM
+    limit: int | None = None  # the cgroup limit that bounds it, in bytes (the host's OS lives outside it); None: the host's RAM
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def level_room(directory: Path, hierarchy: Hierarchy) -> Room | None:
     usage = parse_int(usage_text, directory / hierarchy.usage)
     working_set = max(0, usage - stat_value(directory / "memory.stat", hierarchy.reclaimable))
     return Room(max(0, limit - working_set),
-                f"the cgroup v{hierarchy.version} limit of {gb(limit)} ({gb(working_set)} in use)", limit=True)
+                f"the cgroup v{hierarchy.version} limit of {gb(limit)} ({gb(working_set)} in use)", limit)
 
 
 def stat_value(stat: Path, key: str) -> int:

@@ -26,7 +26,7 @@ from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE
                              default_budget)
 from specchat.models.loading import check_not_pickled, has_int4, resolve
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.offload.budget import MemoryPlan
+from specchat.plan.budget import MemoryPlan
 from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
 from specchat.probe_cache import probe_path, read_costs, write_costs

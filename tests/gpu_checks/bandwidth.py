@@ -8,9 +8,10 @@ import torch
 from gpu_checks.tiny_models import wide_checkpoint
 from gpu_checks.verdict import Verdict, judged, skipped
 
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.offload.build import OffloadPlan, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.offload.probe import measure_h2d_gbps
 from specchat.progress import Reporter
 
@@ -24,8 +25,8 @@ def check_bandwidth(device: torch.device, workdir: Path) -> Verdict:
     if probed is None:
         return skipped(CHECK, "no CUDA device: doctor's probe times pinned host->device copies")
     directory = wide_checkpoint(workdir)
-    plan = OffloadPlan(tier="ram", offload_dir=workdir, resident_layers=0, slots=2)
-    model, offload = offload_model(directory, directory.name, torch.bfloat16, device, plan, Reporter(bars=False))
+    plan = PlanRequest(tier="ram", offload_dir=workdir, resident_layers=0, slots=2)
+    model, offload = offload_planned(directory, directory.name, torch.bfloat16, device, plan, Reporter(bars=False))
     try:
         lm = CausalLM(model, offload)
         for step in range(PASSES):

@@ -19,8 +19,10 @@ from gpu_checks.timing import fastest_ms
 from gpu_checks.tree_passes import Tree, prefilled, random_tree, tree_pass
 from gpu_checks.verdict import Verdict, judged, skipped
 
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
-from specchat.offload.build import Offload, OffloadPlan, offload_model
+from specchat.offload.build import Offload, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.offload.probe import measure_h2d_gbps
 from specchat.progress import Reporter
 
@@ -53,8 +55,8 @@ def streamed_ms(directory: Path, device: torch.device, workdir: Path, sizes: Sca
                 trees: list[Tree]) -> tuple[list[float], int]:
     """Per tree, ms a layer with every layer streamed from (pinned) RAM through SLOTS slots; and a
     layer's bytes."""
-    plan = OffloadPlan(tier="ram", offload_dir=workdir, resident_layers=0, slots=SLOTS, tree_tokens=max(sizes.trees))
-    model, offload = offload_model(directory, directory.name, DTYPE, device, plan, QUIET)
+    plan = PlanRequest(tier="ram", offload_dir=workdir, resident_layers=0, slots=SLOTS, tree_tokens=max(sizes.trees))
+    model, offload = offload_planned(directory, directory.name, DTYPE, device, plan, QUIET)
     try:
         check_ring(offload)
         return layer_ms(CausalLM(model, offload), sizes, trees), offload.pass_bytes // len(offload.streamed)
@@ -71,7 +73,7 @@ def check_ring(offload: Offload) -> None:
 
 
 def resident_ms(directory: Path, device: torch.device, sizes: ScaleSizes, trees: list[Tree]) -> list[float]:
-    model, _ = offload_model(directory, directory.name, DTYPE, device, None, QUIET)  # every layer on the device
+    model, _ = offload_model(directory, directory.name, DTYPE, device, None, None, QUIET)  # every layer on the device
     try:
         return layer_ms(CausalLM(model), sizes, trees)
     finally:

@@ -15,8 +15,10 @@ from gpu_checks.tiny_models import LAYERS, gptq_checkpoint, small_checkpoint
 from gpu_checks.verdict import Verdict, judged
 from transformers import AutoModelForCausalLM
 
+from planned import offload_planned
 from specchat.decoding.forward import CausalLM
-from specchat.offload.build import Offload, OffloadPlan, offload_model
+from specchat.offload.build import Offload, offload_model
+from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 
 # float32 (TF32 off, torch's default for matmuls): both sides run the same kernels over the same
@@ -25,8 +27,8 @@ TOLERANCE = 1e-4
 QUIET = Reporter(bars=False)
 
 
-def streamed(directory: Path, device: torch.device, plan: OffloadPlan) -> tuple[list[torch.Tensor], Offload]:
-    model, offload = offload_model(directory, directory.name, torch.float32, device, plan, QUIET)
+def streamed(directory: Path, device: torch.device, plan: PlanRequest) -> tuple[list[torch.Tensor], Offload]:
+    model, offload = offload_planned(directory, directory.name, torch.float32, device, plan, QUIET)
     try:
         return passes.pass_logits(CausalLM(model, offload)), offload
     finally:
@@ -49,7 +51,7 @@ def check_ring_reuse(family: str, slots: int, device: torch.device, workdir: Pat
     directory = small_checkpoint(family, workdir)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa")
     expected = passes.pass_logits(CausalLM(model.to(device).eval()))
-    plan = OffloadPlan(tier="ram", offload_dir=workdir, resident_layers=0, slots=slots)
+    plan = PlanRequest(tier="ram", offload_dir=workdir, resident_layers=0, slots=slots)
     got, offload = streamed(directory, device, plan)
     return logits_verdict(f"ring reuse, {family} ({device.type})", got, expected, offload,
                    f"{LAYERS} layers through {slots} slots")
@@ -57,9 +59,9 @@ def check_ring_reuse(family: str, slots: int, device: torch.device, workdir: Pat
 
 def check_gptq_streamed(tier: str, device: torch.device, workdir: Path) -> Verdict:
     directory = gptq_checkpoint(workdir)
-    resident, _ = offload_model(directory, directory.name, torch.float32, device, None, QUIET)  # GPTQ in memory
+    resident, _ = offload_model(directory, directory.name, torch.float32, device, None, None, QUIET)  # GPTQ in memory
     expected = passes.pass_logits(CausalLM(resident))
-    plan = OffloadPlan(tier=tier, offload_dir=workdir, resident_layers=2, slots=2)
+    plan = PlanRequest(tier=tier, offload_dir=workdir, resident_layers=2, slots=2)
     got, offload = streamed(directory, device, plan)
     source = {"ram": "pinned RAM" if device.type == "cuda" else "RAM", "disk": "the disk file"}[tier]
     return logits_verdict(f"GPTQ streamed from {source} ({device.type})", got, expected, offload,

@@ -8,12 +8,13 @@ from pathlib import Path
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import gather
 from specchat.doctor.limit import measure_limit
-from specchat.doctor.plan import Machine, PairPlan, plan_pair
+from specchat.doctor.plan import PairPlan, doctor_plan
 from specchat.doctor.report import render, render_described
 from specchat.errors import PlanRefusal, SpecchatError
-from specchat.limits import check_memory_budgets
+from specchat.limits import CONTEXT, check_memory_budgets
 from specchat.offload.links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
+from specchat.plan.machine import Machine
 from specchat.transfer import gb_to_bytes
 
 
@@ -21,10 +22,11 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
                probe_gb: float, ram_budget: float | None, vram_budget: float | None) -> str:
     """The report: for a described machine from its sizes alone; for this one after measuring its
     links (and remembering them for the engines)."""
-    check_numbers(machine, ram_budget, vram_budget)
+    check_numbers(machine, ram_budget, vram_budget, context)
     directory = offload_dir or default_offload_dir()
     if machine.described:
-        return render_described(machine, plan_or_reason(target, draft, context, machine, directory))
+        return render_described(machine, plan_or_reason(target, draft, context, machine, directory,
+                                                        gb_to_bytes(ram_budget), gb_to_bytes(vram_budget)))
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
     facts = gather(directory, probe_gb)
     save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
@@ -40,13 +42,15 @@ def plan_or_reason(target: str, draft: str | None, context: int | None, machine:
                    ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan | str:
     """The plan, or the one line saying why the pair fits nowhere (bad options still raise)."""
     try:
-        return plan_pair(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
+        return doctor_plan(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
     except PlanRefusal as error:
         return str(error)
 
 
-def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float | None) -> None:
+def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float | None, context: int | None) -> None:
     check_memory_budgets(ram_budget, vram_budget)
+    if context is not None:
+        CONTEXT.check("--context", context)
     for name, value in (("--vram-gb", machine.vram_gb), ("--ram-gb", machine.ram_gb),
                         ("--disk-gbps", machine.disk_gbps), ("--pcie-gbps", machine.pcie_gbps)):
         if value is not None and not (value > 0 and math.isfinite(value)):

@@ -1,19 +1,22 @@
 """The smallest memory limit a pair plans to run in on a CPU: what `docker run --memory` (or a
 Kubernetes or systemd limit) must give specchat, with every layer that does not fit streamed from
 the disk. Found by bisection over the same plan `run` makes (`plan_pair`), on a machine whose
-room is the limit less what the process already holds before it loads any weights (python, torch,
-transformers and the target's tokenizer: the runtime, measured in the doctor's own process with the
-tokenizer loaded, as `run` loads it before it plans)."""
+room is what `run` would measure under that limit: the limit less what the process already holds
+before it loads any weights (python, torch, transformers and the target's tokenizer: the runtime,
+measured in the doctor's own process with the tokenizer loaded, as `run` loads it before it plans)
+and less the share of the limit kept for the page cache (plan/machine.py)."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.doctor.plan import Machine, plan_pair
+from specchat.doctor.plan import doctor_plan
 from specchat.errors import PlanRefusal
 from specchat.memory_room import process_rss
 from specchat.models.loading import has_int4, resolve
-from specchat.models.plan import local_tokenizer
-from specchat.offload.placement import Rooms
+from specchat.memory_room import Room
+from specchat.models.local import local_tokenizer
+from specchat.plan.machine import Machine, kept_for_page_cache
+from specchat.plan.placement import Rooms
 from specchat.transfer import gb
 
 LIMIT_STEP = 5 * 10**7  # the answer's precision: 0.05 GB
@@ -37,22 +40,25 @@ def measure_limit(target: str, draft: str | None, context: int | None, offload_d
 def smallest_limit(target: str, draft: str | None, context: int | None, offload_dir: Path, runtime: int) -> int | None:
     """The smallest limit, in bytes (a multiple of LIMIT_STEP), at which the pair's plan fits with
     `runtime` bytes already held; None when it fits under no limit (a disk too small, say)."""
-    if not fits(target, draft, context, offload_dir, LARGEST_LIMIT - runtime):
+    if not fits(target, draft, context, offload_dir, LARGEST_LIMIT, runtime):
         return None
     low, high = runtime // LIMIT_STEP, LARGEST_LIMIT // LIMIT_STEP  # in steps: low fails, high fits
     while high - low > 1:
         middle = (low + high) // 2
-        if fits(target, draft, context, offload_dir, middle * LIMIT_STEP - runtime):
+        if fits(target, draft, context, offload_dir, middle * LIMIT_STEP, runtime):
             high = middle
         else:
             low = middle
     return high * LIMIT_STEP
 
 
-def fits(target: str, draft: str | None, context: int | None, offload_dir: Path, room: int) -> bool:
-    rooms = Rooms(room, None, 2**62, f"a memory limit ({gb(room)} free)", disk_name="the disk")
+def fits(target: str, draft: str | None, context: int | None, offload_dir: Path, limit: int, runtime: int) -> bool:
+    """Whether the pair plans under a `limit` of which `runtime` bytes are held, as `run` measures
+    a cgroup limit (the page cache's share kept)."""
+    room = kept_for_page_cache(Room(limit - runtime, f"a memory limit of {gb(limit)}", limit))
+    rooms = Rooms(room.bytes, None, 2**62, room.bound, disk_name="the disk")
     try:
-        plan_pair(target, draft, context, Machine(), offload_dir, rooms=rooms)
+        doctor_plan(target, draft, context, Machine(rooms=rooms), offload_dir)
     except PlanRefusal:
         return False
     return True

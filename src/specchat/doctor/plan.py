@@ -8,31 +8,17 @@ from pathlib import Path
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.limits import DEFAULT_DRAFT_VOCAB, auto_cap, auto_trees
+from specchat.limits import DEFAULT_DRAFT_VOCAB
 from specchat.models.loading import has_int4, resolve
-from specchat.models.plan import draft_candidates, draft_kinds, plan_target
-from specchat.offload.budget import MemoryPlan, described_rooms
-from specchat.offload.build import OffloadPlan
-from specchat.offload.placement import Rooms, link_speeds
-from specchat.transfer import gb_to_bytes
+from specchat.offload.placement import link_speeds
+from specchat.plan.budget import MemoryPlan
+from specchat.plan.machine import Machine
+from specchat.plan.pair import draft_kinds, plan_pair
+from specchat.plan.request import Pair, PlanRequest, tree_sizes
 
 # Tokens accepted per target pass that SpecExec reports for 70B targets offloaded beside 7B drafts
 # at budgets of 1-2k tokens (Svirschevski et al. 2024): the range the expected speed spans.
 PAPER_GEN_RATES = (8.0, 20.0)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Where to plan: this machine (measured), or one described by its sizes (GB = 1e9 bytes)."""
-
-    vram_gb: float | None = None  # a described GPU's memory; None with ram_gb: a CPU-only machine
-    ram_gb: float | None = None  # None: this machine
-    disk_gbps: float | None = None
-    pcie_gbps: float | None = None
-
-    @property
-    def described(self) -> bool:
-        return self.ram_gb is not None or self.vram_gb is not None
 
 
 @dataclass(frozen=True)
@@ -42,25 +28,23 @@ class PairPlan:
     tokens_per_s: tuple[float, float] | None  # at PAPER_GEN_RATES, when pass_s is known
 
 
-def plan_pair(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
-              ram_budget: int | None = None, vram_budget: int | None = None, rooms: Rooms | None = None) -> PairPlan:
+def doctor_plan(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
+                ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan:
     """The plan of `target` (and `draft`, its head scoring the default sub-vocabulary) in bfloat16
-    with --offload auto and --weights auto, as `run` would make it; in `rooms` (a CPU's) when given."""
+    with --offload auto and --weights auto, as `run` would make it, on `machine`; with the time
+    its streaming takes a pass and the speed the paper's generation rates give it."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
-    cuda = machine.vram_gb is not None if machine.described else torch.cuda.is_available() and rooms is None
-    device = torch.device("cuda" if cuda else "cpu")
-    dtype = torch.bfloat16
-    kinds = ("none", "nf4") if cuda and machine.described else draft_kinds("auto", device, None if cuda else "int8")
-    drafts = (None,) if draft is None else draft_candidates(draft, dtype, kinds, None, DEFAULT_DRAFT_VOCAB or None,
-                                                            device)
-    trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
-    plan = OffloadPlan(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
-                       tree_tokens=trees[0], smaller_trees=trees[1:], drafts=drafts,
-                       dense_copies=not cuda and not machine.described)
-    if machine.described:
-        rooms = described_rooms(gb_to_bytes(machine.vram_gb), gb_to_bytes(machine.ram_gb))
-    memory = plan_target(target, dtype, device, plan, context, rooms, int4=has_int4(resolve(target)))
+    device = machine.device()
+    cuda = device.type == "cuda"
+    kinds = draft_kinds("auto", device, None if cuda else "int8", described=machine.described)
+    pair = Pair(target, torch.bfloat16, has_int4(resolve(target)), draft, kinds, None,
+                DEFAULT_DRAFT_VOCAB or None, context)
+    tree_tokens, smaller_trees = tree_sizes(cuda)
+    request = PlanRequest(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
+                          tree_tokens=tree_tokens, smaller_trees=smaller_trees,
+                          dense_copies=not cuda and not machine.described)
+    memory = plan_pair(pair, request, machine)
     link = machine.pcie_gbps if cuda else None
     pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
     rates = None if pass_s is None else tuple(rate / pass_s for rate in PAPER_GEN_RATES)

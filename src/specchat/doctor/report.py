@@ -3,7 +3,8 @@
 from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.limit import Limit
-from specchat.doctor.plan import PAPER_GEN_RATES, Machine, PairPlan, pass_timing
+from specchat.doctor.plan import PAPER_GEN_RATES, PairPlan, pass_timing
+from specchat.plan.machine import Machine
 from specchat.transfer import gb
 
 

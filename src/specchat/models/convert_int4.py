@@ -107,7 +107,7 @@ def q6_tensors(model: PreTrainedModel, reader: GGUFReader, names: dict[str, str]
                source: SafetensorsSource) -> dict[str, Tensor]:
     """Each Q6_K linear (the LM head, a layer's down or v projection) as a Q6Weight (quant/q6k.py)
     when it is the dense conversion's bitwise: for plans that stream layers, or are short of
-    memory for the head, to choose (offload/budget.py)."""
+    memory for the head, to choose (plan/budget.py)."""
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     tensors: dict[str, Tensor] = {}
     for tensor in reader.tensors:

@@ -15,7 +15,7 @@ from torch import nn
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specchat.heap_trim import release_free_heap
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, place
+from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, set_tensor
 from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 
@@ -63,7 +63,7 @@ def own_kept_views(model: PreTrainedModel, views: dict[str, torch.Tensor], dtype
     held = dict(model.named_parameters(remove_duplicate=False))
     for name, view in views.items():
         if name in held and held[name] is view:
-            place(model, name, view.to(dtype, copy=True))
+            set_tensor(model, name, view.to(dtype, copy=True))
 
 
 def prepare_loaded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path,

@@ -15,7 +15,7 @@ from specchat.models.embedded import ensure_embedded
 from specchat.models.hub import download
 from specchat.models.layerwise import Preparation, load_layer_by_layer, prepare_loaded
 from specchat.models.registry import find_alias
-from specchat.offload.build import Offload, OffloadPlan, offload_model
+from specchat.offload.build import Offload, offload_model
 from specchat.offload.placement import Placement
 from specchat.progress import Report, Reporter, transformers_bars
 from specchat.quant.awq import read_awq_spec
@@ -107,7 +107,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     if gguf_file is None and (is_packed_4bit(directory) or is_int4(directory)):
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
         # GPTQ or AWQ kernel library, and expands a GGUF's).
-        model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, reporter,
+        model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, None, reporter,
                                  compact_head=compact_head, compact_layers=compact_layers)
         if preparation is not None:
             prepare_loaded(model, tokenizer, directory, preparation)
@@ -155,15 +155,15 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
                 parameter.data = parameter.data.clone()
 
 
-def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: OffloadPlan,
-                   reporter: Reporter, placement: Placement | None = None,
-                   int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None,
+def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, placement: Placement, offload_dir: Path,
+                   reporter: Reporter, int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None,
                    compact_head: bool = False, compact_layers: bool = False) -> tuple[LoadedModel, Offload]:
-    """Load `spec` with its decoder layers placed per `plan` (see specchat.offload), or per
-    `placement` when it was already made; `int4`, `tokenizer`, `compact_head` and `compact_layers`:
-    as `load`."""
+    """Load `spec` with its decoder layers where `placement` (the memory plan's) puts them, the
+    layer file in `offload_dir` (see specchat.offload); `int4`, `tokenizer`, `compact_head` and
+    `compact_layers`: as `load`."""
     source = resolve(spec)
-    reporter.step(f"loading {source.name}, decoder layers offloaded ({plan.tier})")
+    tiers = f"{placement.resident} resident, {placement.ram} in RAM, {placement.disk} on disk"
+    reporter.step(f"loading {source.name}, decoder layers offloaded ({tiers})")
     directory, gguf_file = materialize(source, reporter, int4)
     if gguf_file is not None:
         raise SpecchatError(
@@ -171,8 +171,8 @@ def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, plan: Of
             "use a model directory or hub id (the embedded models are converted automatically)"
         )
     tokenizer = reused_tokenizer(tokenizer, directory) or AutoTokenizer.from_pretrained(directory)
-    model, offload = offload_model(directory, stored_name(source, int4), dtype, device, plan, reporter, placement,
-                                   compact_head, compact_layers)
+    model, offload = offload_model(directory, stored_name(source, int4), dtype, device, placement, offload_dir,
+                                   reporter, compact_head, compact_layers)
     return LoadedModel(model, tokenizer, source.name, source, directory), offload
 
 

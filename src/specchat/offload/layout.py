@@ -36,7 +36,7 @@ class LayerLayout:
         }
 
 
-def plan_layout(specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> LayerLayout:
+def lay_out(specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> LayerLayout:
     """Place tensors (name, dtype, shape) one after another, each on an aligned offset."""
     places, offset = [], 0
     for name, dtype, shape in specs:

@@ -217,10 +217,10 @@ def fill(module: nn.Module, tensors: dict[str, torch.Tensor], device: torch.devi
         value = tensor.to(device)
         if value.data_ptr() == tensor.data_ptr():
             value = value.clone()
-        place(module, name, value)
+        set_tensor(module, name, value)
 
 
-def place(module: nn.Module, name: str, value: torch.Tensor) -> None:
+def set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
     """`value` as `module`'s parameter (frozen) or buffer `name` (dotted), whichever it declares."""
     owner_name, _, leaf = name.rpartition(".")
     owner = module.get_submodule(owner_name)
@@ -243,7 +243,7 @@ def fill_resident(model: PreTrainedModel, layers_name: str, source: SafetensorsS
 
     fill(model, layer_tensors(model, "", source, dtype, wanted), device)
     for name in mapped - {tied}:
-        place(model, name, source.get(name))
+        set_tensor(model, name, source.get(name))
     if model.config.tie_word_embeddings:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     rebuild_computed_buffers(model, device)

@@ -1,6 +1,6 @@
 """A linear multiplying by a Q6Weight (quant/q6k.py), 8.6 bits a weight instead of bf16's 16: an
 LM head where memory is short, and the Q6_K linears of decoder layers that stream, whose bytes
-then cross the link as the GGUF stores them (offload/budget.py chooses either only where it pays).
+then cross the link as the GGUF stores them (plan/budget.py chooses either only where it pays).
 
 No torch kernel multiplies Q6_K's groups of 16 (the int4 kernels take groups of 32 or more, the
 int8 one a scale per row), so the weight is expanded a chunk of output rows (CHUNK_WEIGHTS

@@ -18,9 +18,10 @@ option that would make it fit. Pure arithmetic, as `placement` is.
 from dataclasses import dataclass, replace
 
 from specchat.errors import PlanRefusal
-from specchat.offload.demand import ModelShape
 from specchat.offload.direct_io import align_up
-from specchat.offload.placement import MIN_SLOTS, ModelSizes, Placement, Request, Rooms, pinned_bytes, place
+from specchat.offload.placement import Placement
+from specchat.plan.demand import ModelShape
+from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, pinned_bytes, place
 from specchat.transfer import gb
 
 GIB = 2**30
@@ -28,7 +29,6 @@ GIB = 2**30
 # fragmentation: kept free on a GPU whatever the plan.
 CUDA_MARGIN = GIB
 OS_RESERVE = 10**9  # RAM left to the OS and the page cache that checkpoint reads pass through
-RUNTIME_BYTES = 15 * 10**8  # python, torch, transformers and the tokenizer: counted on a described machine
 SMALLEST_CONTEXT = 1024  # auto shrinks a default context no further
 
 FIXED = "fixed parts"  # the plan's line for the target's weights outside its decoder layers
@@ -133,6 +133,7 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     Where the target's layers hold Q6_K linears, their compact form is weighed like a draft: the
     plan that streams fewer bytes wins (the dense one when nothing streams)."""
     trees = ((ask.tree_tokens, ask.workspace), *ask.smaller_trees)
+    failures: dict[Draft | None, PlanRefusal] = {}  # by draft, from the last (smallest) form, tree and context tried
     for context in ask.contexts:
         for form, compact in target.forms():
             for tree, workspace in trees:
@@ -143,13 +144,13 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
                         try:
                             plans.append(replace(plan_one(layered, sized, rooms, context, draft), compact_head=compact,
                                                  compact_layers=compact_layers))
-                        except PlanRefusal:
-                            continue  # another form, draft, tree or context may fit; the refusal says why none did
+                        except PlanRefusal as error:
+                            failures[draft] = error  # another form, draft, tree or context may fit
                 if plans:
                     best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
                     return replace(best, notes=choices(ask, best, plans))
     smallest = target.forms()[-1][0].layer_forms()[-1][0]
-    raise refusal(smallest, replace(ask, tree_tokens=trees[-1][0], workspace=trees[-1][1]), rooms)
+    raise refusal(smallest, replace(ask, tree_tokens=trees[-1][0], workspace=trees[-1][1]), rooms, failures)
 
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
@@ -243,17 +244,15 @@ def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, .
     return tuple(notes)
 
 
-def refusal(target: Target, ask: Ask, rooms: Rooms) -> PlanRefusal:
-    """Why even the smallest draft at the smallest context does not fit, and the option that would."""
+def refusal(target: Target, ask: Ask, rooms: Rooms, failures: dict[Draft | None, PlanRefusal]) -> PlanRefusal:
+    """Why even the smallest draft at the smallest context does not fit (`failures`: each draft's
+    refusal there), and the option that would."""
     smallest = min(ask.drafts, key=lambda draft: 0 if draft is None else draft.weights)
-    try:
-        plan_one(target, ask, rooms, ask.contexts[-1], smallest)
-    except PlanRefusal as error:
-        hint = fitting_option(target, ask, rooms) or (
-            "a smaller draft would fit, or none (--engine autoregressive)"
-            if smallest is not None and fits_without_draft(target, ask, rooms) else None)
-        return PlanRefusal(error.reason, error.tier, error.missing, hint or error.fits)
-    raise AssertionError("refusal() is called only when no plan fits")
+    error = failures[smallest]
+    hint = fitting_option(target, ask, rooms) or (
+        "a smaller draft would fit, or none (--engine autoregressive)"
+        if smallest is not None and fits_without_draft(target, ask, rooms) else None)
+    return PlanRefusal(error.reason, error.tier, error.missing, hint or error.fits)
 
 
 def fits_without_draft(target: Target, ask: Ask, rooms: Rooms) -> bool:
@@ -280,17 +279,3 @@ def fitting_option(target: Target, ask: Ask, rooms: Rooms) -> str | None:
         return None
     quant = "" if drafts[0] is None or len(ask.drafts) == 1 else f" with the draft in {drafts[0].form}"
     return f"--context {low}{quant} would fit"
-
-
-
-def described_rooms(vram: int | None, ram: int, disk: int | None = None) -> Rooms:
-    """The rooms of a machine described by its sizes (`specchat doctor --vram-gb --ram-gb`): its
-    RAM less the runtime's own footprint (and, on a CPU, what the OS keeps); a disk of `disk`
-    free bytes, or one with room for any layer file when None."""
-    disk_bytes = disk if disk is not None else 2**62
-    usable = ram - RUNTIME_BYTES
-    ram_name = f"RAM ({gb(ram)}, less {gb(RUNTIME_BYTES)} for specchat's runtime)"
-    if vram is None:
-        return Rooms(usable - OS_RESERVE, None, disk_bytes, ram_name[:-1] + f" and {gb(OS_RESERVE)} for the OS)",
-                     disk_name="the disk")
-    return Rooms(vram, usable, disk_bytes, f"GPU memory ({gb(vram)})", ram_name, "the disk")

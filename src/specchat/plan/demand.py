@@ -1,6 +1,6 @@
 """What a model asks of memory besides its decoder layers, as arithmetic on its config: its KV
 cache per token and the activations of its largest pass, and a draft's weights in each
-quantization. Pure numbers: the plan (`offload/budget.py`) adds them up.
+quantization. Pure numbers: the plan (`plan/budget.py`) adds them up.
 """
 
 from dataclasses import dataclass

@@ -1,13 +1,13 @@
 """What a model built on the meta device holds, in bytes: its decoder layers (as the layer file
-lays them out) and the parts outside them. The plan (`offload/budget.py`) adds the rest."""
+lays them out) and the parts outside them. The plan (`plan/budget.py`) adds the rest."""
 
 import torch
 from transformers import PreTrainedModel
 
-from specchat.offload.demand import tensor_bytes
+from specchat.plan.demand import tensor_bytes
 from specchat.offload.direct_io import align_up
 from specchat.offload.layout import LayerLayout
-from specchat.offload.placement import ModelSizes
+from specchat.plan.placement import ModelSizes
 
 
 def measure_sizes(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype) -> ModelSizes:

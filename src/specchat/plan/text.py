@@ -1,6 +1,6 @@
 """A memory plan in words: what the loading screen, stderr and `specchat doctor` show."""
 
-from specchat.offload.budget import MemoryPlan
+from specchat.plan.budget import MemoryPlan
 from specchat.transfer import gb
 
 

@@ -1,0 +1,102 @@
+"""The memory plan of one model (and the drafts the request weighs beside it) on a machine: its
+skeleton built on the meta device, its layers' bytes as the layer file lays them out, its fixed
+parts in each stored form, and what the machine's tiers offer; nothing loaded or written."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+from specchat.offload.build import fingerprint, layer_file, layout_of
+from specchat.offload.layout import LayerLayout
+from specchat.offload.skeleton import build_skeleton, compact_the_layers, decoder_layers, has_compact_layers, q6_head
+from specchat.offload.sources import SafetensorsSource
+from specchat.offload.storage import DiskStore
+from specchat.plan.budget import DENSE_COPIES, Ask, Item, MemoryPlan, Target, plan_memory
+from specchat.plan.demand import shape_of
+from specchat.plan.machine import Machine
+from specchat.plan.placement import Request
+from specchat.plan.request import PlanRequest
+from specchat.plan.sizes import measure_sizes
+from specchat.quant.int4 import Int4Linear, workspace_bytes
+from specchat.quant.int4_dense import dense_copy_bytes
+from specchat.quant.q6k import q6_bytes
+from specchat.quant.q6k_linear import Q6Linear
+from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
+
+
+def plan_checkpoint(directory: Path, name: str, dtype: torch.dtype, machine: Machine,
+                    request: PlanRequest) -> MemoryPlan:
+    """The plan of the safetensors checkpoint in `directory`, measured as it is; its layer file
+    goes by `name` (and is reused when it holds these bytes)."""
+    source = SafetensorsSource(directory)
+    return plan_model(AutoConfig.from_pretrained(directory), source, name, dtype, machine, request)
+
+
+def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name: str, dtype: torch.dtype,
+               machine: Machine, request: PlanRequest) -> MemoryPlan:
+    """The whole memory plan of `request` for the model of `config` on `machine`, without loading
+    anything (`source` None: sized from the config alone)."""
+    device = machine.device()
+    model = build_skeleton(config, source, dtype, kernel=device)
+    layers_name, layers = decoder_layers(model)
+    layouts = [layout_of(layer) for layer in layers]
+    reuse = None if source is None else \
+        DiskStore(layouts, layer_file(request.offload_dir, name, dtype), fingerprint(source, dtype, device))
+    compact = source is not None and q6_head(model, source) is not None
+    compact_layouts = None
+    if source is not None and has_compact_layers(model, source):
+        compact_the_layers(model, source, dtype)  # the skeleton serves the plan only: its dense layouts are taken
+        compact_layouts = [layout_of(layer) for layer in layers]
+    return plan_layers(model, layers_name, layouts, dtype, machine, request, reuse, compact, compact_layouts)
+
+
+def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
+                machine: Machine, request: PlanRequest, disk_store: DiskStore | None, compact_head: bool = False,
+                compact_layouts: list[LayerLayout] | None = None) -> MemoryPlan:
+    """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose;
+    `compact_layouts`: the layers' layouts with their Q6_K linears and Q4_K scales as stored, which
+    it may choose too (`model`'s layers are then in that form; `layouts` are the dense ones)."""
+    device = machine.device()
+    sizes = measure_sizes(model, layers_name, layouts, dtype)
+    compact_layers = None if compact_layouts is None else measure_sizes(model, layers_name, compact_layouts, dtype)
+    reusable = disk_store is not None and disk_store.reusable
+    rooms = machine.tiers(request, sizes.file_bytes if reusable else 0)
+    contexts = request.contexts or (model.config.max_position_embeddings,)
+    resident = len(layouts) if request.tier == "none" else request.resident_layers
+    tier = "auto" if request.tier == "none" else request.tier
+    ask = Ask(contexts, request.drafts, request.tree_tokens, quantized_workspace(model, request.tree_tokens, dtype),
+              Request(tier, resident, request.slots), cuda=device.type == "cuda",
+              smaller_trees=tuple((tree, quantized_workspace(model, tree, dtype)) for tree in request.smaller_trees))
+    compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
+    memory = plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
+    copies = request.dense_copies and device.type == "cpu"
+    return with_dense_copies(memory, dense_copy_bytes(model) if copies else 0)
+
+
+def with_dense_copies(plan: MemoryPlan, nbytes: int) -> MemoryPlan:
+    """`plan` with the 4-bit linears' dense copies for wide inputs (quant/int4_dense.py) where every
+    layer is on the device and the room left holds them all: they never displace anything else."""
+    if not nbytes or plan.placement.streamed or plan.total("device") + nbytes > plan.rooms.device:
+        return plan
+    item = Item("device", DENSE_COPIES, nbytes)
+    return replace(plan, items=(*plan.items, item),
+                   notes=(*plan.notes, "4-bit linears keep dense copies for tree passes: the room holds them"))
+
+
+def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int:
+    """The fixed parts' bytes with the dense LM head replaced by its Q6Weight and a call's chunk buffers."""
+    vocab, width = model.get_output_embeddings().weight.shape
+    return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, vocab, dtype)
+
+
+def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:
+    """The largest temporary a 4-bit linear (quant.int4's bound, over `rows` input rows) or a
+    layer's Q6_K one (its chunk buffers) allocates; linears run one at a time, so the largest one's.
+    A model whose layers are compact bounds its dense form too: the same 4-bit linears, and dense
+    linears allocate nothing."""
+    int4 = (workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size, m.kernel)
+            for m in model.modules() if isinstance(m, Int4Linear))
+    q6 = (m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear))
+    return max((*int4, *q6), default=0)

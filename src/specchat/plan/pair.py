@@ -1,0 +1,82 @@
+"""The one entry to the memory plan: a target and its draft (`Pair`) with the run's offload
+options (`PlanRequest`) on a machine (this one, or one described), made from their configs before
+anything is downloaded or loaded. `loader` and `doctor` both call `plan_pair`; the arithmetic is
+`budget.py`'s, the model's sizes `model.py`'s. Here: the contexts and the draft forms auto may
+choose among, and where the target's sizes come from."""
+
+import importlib.util
+from dataclasses import replace
+
+import torch
+
+from specchat.errors import SpecchatError
+from specchat.limits import DEFAULT_CONTEXT
+from specchat.models.configs import config_from_file, read_config
+from specchat.models.loading import resolve, stored_name
+from specchat.models.local import local_safetensors
+from specchat.offload.skeleton import build_skeleton
+from specchat.offload.sources import SafetensorsSource
+from specchat.plan.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
+from specchat.plan.demand import draft_weight_bytes, preparing_bytes, shape_of
+from specchat.plan.machine import Machine
+from specchat.plan.model import plan_model
+from specchat.plan.request import Pair, PlanRequest
+
+
+def plan_pair(pair: Pair, request: PlanRequest, machine: Machine) -> MemoryPlan:
+    """Where `request` puts `pair` on `machine`: a local safetensors checkpoint is measured as it
+    is (and its layer file reused), anything else is sized from its config, before any download
+    or conversion (dense: an embedded model's 4-bit form takes less). One-line PlanRefusal when
+    nothing fits; SpecchatError for a --context past the target's maximum."""
+    source = resolve(pair.target)
+    local = local_safetensors(source, pair.int4)
+    config = config_from_file(local / "config.json") if local is not None else read_config(pair.target)
+    tensors = SafetensorsSource(local) if local is not None else None
+    drafts = (None,) if pair.draft is None else draft_candidates(pair, machine.device())
+    request = replace(request, contexts=contexts_for(pair.context, config.max_position_embeddings), drafts=drafts)
+    return plan_model(config, tensors, stored_name(source, pair.int4), pair.dtype, machine, request)
+
+
+def contexts_for(requested: int | None, model_max: int) -> tuple[int, ...]:
+    """The KV room's lengths in order of preference: the one asked for (its range checked with the
+    other options, before anything loads: runtime.validate, doctor's check_numbers), checked
+    against the model's maximum; by default DEFAULT_CONTEXT (or the model's maximum when smaller),
+    then halves down to SMALLEST_CONTEXT that auto may fall back to."""
+    if requested is not None:
+        if requested > model_max:
+            raise SpecchatError(f"--context {requested} is past the target's maximum of {model_max} tokens")
+        return (requested,)
+    first = min(DEFAULT_CONTEXT, model_max)
+    contexts = [first]
+    while contexts[-1] // 2 >= SMALLEST_CONTEXT:
+        contexts.append(contexts[-1] // 2)
+    return tuple(contexts)
+
+
+def draft_kinds(kind: str, device: torch.device, resolved: str | None, described: bool = False) -> tuple[str, ...]:
+    """The quantizations the plan may give the draft: the one asked for (or, on a CPU, the one
+    `auto` measured: `resolved`); on a GPU `auto` weighs full weights against nf4 (when
+    bitsandbytes is installed here, or on any `described` machine)."""
+    if kind != "auto" or device.type != "cuda":
+        return (resolved or kind,)
+    return ("none", "nf4") if described or importlib.util.find_spec("bitsandbytes") else ("none",)
+
+
+def draft_candidates(pair: Pair, device: torch.device) -> tuple[Draft, ...]:
+    """`pair`'s draft in each of its kinds on `device`, sized from its config, preferred first. An
+    int8 draft that keeps dense copies for steps wider than `pair.dense_above` rows comes with its
+    int8-only form after it, which the plan takes where the copies do not fit."""
+    config = read_config(pair.draft)
+    dtype = pair.dtype
+    model = build_skeleton(config, None, dtype, kernel=device)
+    shape = shape_of(config, dtype)
+    full = draft_weight_bytes(model, dtype, "none")
+
+    def candidate(kind: str, above: int | None) -> Draft:
+        weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab)
+        return Draft(kind, weights, shape, 0 if kind == "nf4" else full,
+                     preparing_bytes(model, dtype) if kind == "int8" else 0, above)
+
+    forms = [(kind, pair.dense_above if kind == "int8" else None) for kind in pair.draft_kinds]
+    forms += [("int8", None) for kind, above in forms if kind == "int8" and above is not None]
+    return tuple(candidate(kind, above) for kind, above in forms)

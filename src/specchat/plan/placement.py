@@ -1,0 +1,168 @@
+"""Where a model's decoder layers go: first to last, each into the fastest tier with room.
+
+Tiers, fastest first: the compute device (resident layers; on a CPU the RAM is the device),
+pinned RAM beside a GPU (streamed over PCIe), the disk layer file (streamed with O_DIRECT).
+The device always holds the parts outside the layers (embeddings, final norm, LM head) and keeps
+headroom for both KV caches at the context length and for the largest tree's activations.
+Streamed layers pass through a ring of slots on the device; the ring is also the staging area
+that fills with the next pass's layers while the draft tree grows, so an explicit tier gets as
+many slots as the room left allows, up to a whole pass. Under --offload auto a byte of RAM is
+worth at least as much as a resident layer as in a staging slot (both save one layer's transfer
+per pass; the slot only while drafting lasts long enough to fill it), so residents come first
+and the ring keeps what is left.
+
+Beside a GPU, the RAM tier and the disk reads' staging are pinned, and CUDA's pinned (caching
+host) allocator rounds every allocation up to a power of two: a 445 MB layer pins 512 MiB. The
+host tier is counted as it is allocated (`pinned_bytes`).
+
+Pure arithmetic on byte counts: nothing is loaded, written or allocated here.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from specchat.errors import PlanRefusal, SpecchatError
+from specchat.offload.direct_io import align_up
+from specchat.offload.placement import Placement
+from specchat.transfer import gb
+
+TierRequest = Literal["auto", "ram", "disk"]
+MIN_SLOTS = 2  # one slot computing while the next one loads
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What a model needs, in bytes, for one dtype, context length and largest tree."""
+
+    layers: tuple[int, ...]  # each decoder layer's weights
+    fixed: int  # weights outside the decoder layers: always on the device
+    headroom: int  # everything else the device holds: KV caches, the largest pass, the draft, margins (plan/budget.py)
+    file_bytes: int  # the disk tier's layer file (every layer, each padded to the O_DIRECT alignment)
+
+
+@dataclass(frozen=True)
+class Rooms:
+    """What specchat may take in each tier, in bytes, and how to name it in an error."""
+
+    device: int  # on the compute device (on a CPU: RAM)
+    host: int | None  # pinned RAM beside a GPU; None on a CPU, where the RAM is the device
+    disk: int  # free space for the layer file (an existing, reusable layer file counts as free)
+    device_name: str = "RAM"  # e.g. "RAM (--ram-budget 4.00 GB)"
+    host_name: str = "RAM"
+    disk_name: str = "the offload directory"
+
+
+@dataclass(frozen=True)
+class Request:
+    tier: TierRequest = "auto"
+    resident: int | None = None  # --resident-layers; None: as many as fit
+    slots: int | None = None  # ring slots; None: sized by the room left
+
+
+def fit(layers: tuple[int, ...], room: int) -> int:
+    """How many layers, from the first, fit in `room` bytes."""
+    count = 0
+    for size in layers:
+        if room < size:
+            break
+        room -= size
+        count += 1
+    return count
+
+
+def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Placement:
+    """The placement of `sizes`' layers in `rooms`; one-line SpecchatError when they do not fit."""
+    count = len(sizes.layers)
+    reserved = sizes.fixed + sizes.headroom
+    device_room = rooms.device - reserved
+    if device_room < 0:
+        raise PlanRefusal(f"{rooms.device_name} is too small for the model: its embeddings, LM head, KV caches "
+                          f"and largest tree need {gb(reserved)}", "device", -device_room)
+    slot = align_up(max(sizes.layers))
+    resident = choose_resident(sizes, device_room, slot, request)
+    streamed = count - resident
+    check_resident_fit(sizes.layers, resident, device_room - (min(MIN_SLOTS, streamed) * slot), rooms)
+    if streamed == 0:
+        return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers))
+    device_left = device_room - sum(sizes.layers[:resident])
+    if rooms.host is None and request.tier == "ram":  # on a CPU the ram tier's layers are in RAM too
+        ram = choose_ram(sizes.layers[resident:], device_left - MIN_SLOTS * slot, 0, request, rooms)
+        slots = choose_slots(request, streamed, device_left - sum(sizes.layers[resident:]), slot, rooms)
+    else:
+        slots = choose_slots(request, streamed, device_left, slot, rooms)
+        host_left = device_left - slots * slot if rooms.host is None else rooms.host
+        staging = slots * (slot if rooms.host is None else pinned_bytes(slot))
+        ram = choose_ram(sizes.layers[resident:], host_left, staging, request, rooms)
+    disk = streamed - ram
+    if rooms.host is not None and host_bytes(sizes.layers[resident:resident + ram], slots if disk else 0, slot) > rooms.host:
+        raise PlanRefusal(f"{rooms.host_name} is too small for the staging of disk reads: {slots} pinned buffers of "
+                          f"{gb(slot)} take {gb(slots * pinned_bytes(slot))}", "host",
+                          host_bytes(sizes.layers[resident:resident + ram], slots, slot) - rooms.host)
+    if disk and rooms.disk < sizes.file_bytes:
+        raise PlanRefusal(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
+                          f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free", "disk",
+                          sizes.file_bytes - rooms.disk)
+    in_ram = sum(sizes.layers[resident:resident + ram]) if rooms.host is None else 0  # a CPU's RAM is its device
+    needed = reserved + sum(sizes.layers[:resident]) + slots * slot + in_ram
+    return Placement(sizes.layers, resident, ram, disk, slots, slot, needed)
+
+
+def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Request) -> int:
+    count = len(sizes.layers)
+    if request.resident is not None:
+        if not 0 <= request.resident <= count:
+            raise SpecchatError(f"--resident-layers must be between 0 and {count} (got {request.resident})")
+        return request.resident
+    if request.tier == "auto" and sum(sizes.layers) <= device_room:
+        return count
+    return fit(sizes.layers, device_room - MIN_SLOTS * slot)
+
+
+def check_resident_fit(layers: tuple[int, ...], resident: int, room: int, rooms: Rooms) -> None:
+    """Resident layers asked for (--resident-layers, --offload none) must fit beside the smallest ring."""
+    if resident and sum(layers[:resident]) > room:
+        raise PlanRefusal(f"{rooms.device_name} is too small for {resident} resident layers: they need "
+                          f"{gb(sum(layers[:resident]))}, and {gb(max(room, 0))} are left beside the fixed parts, "
+                          "caches and ring", "device", sum(layers[:resident]) - room,
+                          "lower --resident-layers or use --offload auto")
+
+
+def choose_slots(request: Request, streamed: int, device_left: int, slot: int, rooms: Rooms) -> int:
+    """The ring: as asked, else every slot the room left holds, up to a whole pass."""
+    smallest = min(MIN_SLOTS, streamed)
+    slots = min(request.slots, streamed) if request.slots is not None else min(streamed, max(device_left, 0) // slot)
+    if slots < smallest or slots * slot > device_left:
+        wanted = max(slots, smallest)
+        raise PlanRefusal(f"{rooms.device_name} is too small for the streaming ring: {wanted} slots of "
+                          f"{gb(slot)} need {gb(wanted * slot)}, {gb(max(device_left, 0))} are left", "device",
+                          wanted * slot - device_left)
+    return slots
+
+
+def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: Request, rooms: Rooms) -> int:
+    """How many streamed layers (from the first) go to pinned RAM; the rest go to disk."""
+    if request.tier == "disk":
+        return 0
+    if request.tier == "ram":
+        needed = sum(layers) if rooms.host is None else sum(pinned_bytes(size) for size in layers)
+        if needed > host_left:
+            raise PlanRefusal(f"--offload ram: the {len(layers)} streamed layers need {gb(needed)}, and "
+                              f"{rooms.host_name} has {gb(max(host_left, 0))} left", "device" if rooms.host is None
+                              else "host", needed - host_left)
+        return len(layers)
+    if rooms.host is None:
+        return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
+    pinned = tuple(pinned_bytes(size) for size in layers)
+    if sum(pinned) <= host_left:
+        return len(layers)
+    return fit(pinned, host_left - staging)  # disk reads land in pinned staging, one buffer per slot
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What CUDA's caching host allocator takes for `nbytes` pinned: the next power of two."""
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+def host_bytes(ram_layers: tuple[int, ...], staging_slots: int, slot: int) -> int:
+    """Pinned RAM beside a GPU: the RAM tier's layers and the disk reads' staging, as allocated."""
+    return sum(pinned_bytes(size) for size in ram_layers) + staging_slots * pinned_bytes(slot)

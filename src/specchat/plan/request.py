@@ -1,0 +1,55 @@
+"""What a run asks of the machine, in the plan's terms: the options that shape the memory plan,
+from `run`'s command line (loader.py) or `doctor`'s, named once from the CLI down."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from specchat.limits import auto_cap, auto_trees
+from specchat.plan.budget import Draft
+
+Tier = Literal["auto", "none", "ram", "disk"]  # --offload
+DEFAULT_TREE_TOKENS = 1024  # the largest tree a CPU's --budget auto builds (limits.auto_cap)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """The offload options and the largest passes; `plan.model.plan_model` turns them into a
+    `MemoryPlan` for one model on a machine."""
+
+    tier: Tier  # --offload; none: every layer on the device
+    offload_dir: Path  # --offload-dir: where the disk tier's layer file lives
+    resident_layers: int | None = None  # --resident-layers; None: as many as fit
+    slots: int | None = None  # ring size; None: what the room left holds, up to a whole pass
+    ram_budget: int | None = None  # --ram-budget in bytes: RAM specchat may take; None: what the process may take
+    vram_budget: int | None = None  # --vram-budget in bytes: the whole GPU's share (every device item); None: what is free
+    tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
+    smaller_trees: tuple[int, ...] = ()  # smaller largest trees auto may fall back to, in order
+    contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
+    drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate forms, preferred first
+    # a CPU's 4-bit linears may keep dense copies for wide inputs where room is left (quant/int4_dense.py)
+    dense_copies: bool = False
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The models a run plans for, as the user named them."""
+
+    target: str
+    dtype: torch.dtype
+    int4: bool = False  # the target from its 4-bit weights (--weights, as loader.packed_target resolves it)
+    draft: str | None = None  # None: no draft
+    draft_kinds: tuple[str, ...] = ("none",)  # the draft quantizations the plan may choose among, preferred first
+    dense_above: int | None = None  # int8: steps wider than this many rows multiply dense copies (None: none)
+    draft_vocab: int | None = None  # --draft-vocab; None: the whole vocabulary
+    context: int | None = None  # --context; None: the default, which auto may shrink
+
+
+def tree_sizes(cuda: bool, budget: int = 0) -> tuple[int, tuple[int, ...]]:
+    """(the largest tree a pass scores, the smaller ones auto may fall back to): --budget auto's cap
+    on this kind of device, or an explicit --budget past it (plus the root a pass scores with it);
+    never a fallback below a --budget given (0: none given)."""
+    trees = auto_trees(auto_cap(cuda=cuda, offloaded=True))
+    return max(trees[0], budget + 1), tuple(tree for tree in trees[1:] if tree > budget)
