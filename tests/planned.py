@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.offload.build import Offload, offload_model
+from specchat.offload.build import offload_model
 from specchat.plan.machine import Machine
 from specchat.plan.model import plan_checkpoint
 from specchat.plan.request import PlanRequest

@@ -15,7 +15,7 @@ from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.progress import Reporter
-from specchat.loader import load_target, plan_run
+from specchat.loader import load_target, plan_run, resolve_weights
 from specchat.plan.budget import MemoryPlan
 from specchat.runtime import EngineOptions, encode_prompt
 
@@ -53,7 +53,8 @@ def reference():
 
 
 def options(offload_dir, budget_bytes: int) -> EngineOptions:
-    return EngineOptions(offload="auto", ram_budget=budget_bytes / 1e9, offload_dir=str(offload_dir), dtype="float32")
+    return resolve_weights(EngineOptions(offload="auto", ram_budget=budget_bytes / 1e9, offload_dir=str(offload_dir),
+                                         dtype="float32"))
 
 
 def plan(options: EngineOptions) -> MemoryPlan:

@@ -6,7 +6,6 @@ import pytest
 import specchat.loader as loader
 from specchat.errors import SpecchatError
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.progress import Reporter
 from specchat.runtime import EngineOptions, validate
 
 
@@ -17,12 +16,13 @@ class Recorded(Exception):
 @pytest.mark.parametrize("weights,dtype,packed", [("auto", "bfloat16", True), ("auto", "float32", False),
                                                   ("quantized", "float32", True), ("dense", "bfloat16", False)])
 def test_the_embedded_target_is_packed_as_weights_and_dtype_say(weights, dtype, packed):
-    assert loader.packed_target(EngineOptions(target=DEFAULT_TARGET, weights=weights, dtype=dtype)) is packed
+    resolved = loader.resolve_weights(EngineOptions(target=DEFAULT_TARGET, weights=weights, dtype=dtype))
+    assert resolved.weights == ("quantized" if packed else "dense") and loader.int4_target(resolved) is packed
 
 
 def test_a_directory_target_has_no_stored_4bit_form(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    assert not loader.packed_target(EngineOptions(target=str(tmp_path)))  # auto: dense
+    assert loader.resolve_weights(EngineOptions(target=str(tmp_path))).weights == "dense"  # auto: dense
     with pytest.raises(SpecchatError, match="--weights quantized runs a target from the 4-bit weights it stores"):
         validate(EngineOptions(target=str(tmp_path), weights="quantized"))
 
@@ -36,7 +36,12 @@ def test_ray_actors_are_told_the_form(monkeypatch, weights, packed):
         raise Recorded
 
     monkeypatch.setattr(loader, "build_ray_workers", record)
-    options = EngineOptions(target=DEFAULT_TARGET, engine="dsi", weights=weights, ray_address="auto")
+    options = EngineOptions(target=DEFAULT_TARGET, engine="dsi", weights=weights, ray_address="auto", draft_quant="none")
     with pytest.raises(Recorded):
-        loader.load_ray_models(options, loader.pick_device(), loader.DTYPES[options.dtype], Reporter(bars=False))
+        loader.load_models(options, progress=False)  # --weights decided once, then carried to the actors
     assert seen == {"int4": packed}
+
+
+def test_an_undecided_weights_choice_is_never_read():
+    with pytest.raises(ValueError, match="decided once"):
+        loader.int4_target(EngineOptions(weights="auto"))

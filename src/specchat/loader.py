@@ -50,6 +50,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     reporter = Reporter(progress, report)
     if "dsi" in names and options.offload == "auto":  # dsi's workers share an in-memory target
         options = replace(options, offload="none")
+    options = resolve_weights(options)
     device = pick_device()
     dtype = DTYPES[options.dtype]
     drafted = any(name in DRAFTED_ENGINES for name in names)
@@ -59,7 +60,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     if "dsi" in names and options.ray_address is not None:
         models, draft_quant = load_ray_models(options, device, dtype, reporter), measured
     else:
-        tokenizer = local_tokenizer(options.target, packed_target(options))  # held before the plan measures
+        tokenizer = local_tokenizer(options.target, int4_target(options))  # held before the plan measures
         memory = plan_run(options, device, dtype, measured, reporter)
         draft_quant = chosen_draft_quant(memory)
         models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter,
@@ -98,7 +99,7 @@ def pair_of(options: EngineOptions, dtype: torch.dtype, device: torch.device, me
     draft = {} if measured is None else {
         "draft": options.draft, "draft_kinds": draft_kinds(options.draft_quant, device, measured.kind),
         "dense_above": measured.dense_above, "draft_vocab": options.draft_vocab or None}
-    return Pair(options.target, dtype, packed_target(options), context=options.context, **draft)
+    return Pair(options.target, dtype, int4_target(options), context=options.context, **draft)
 
 
 def chosen_draft_quant(memory: MemoryPlan) -> DraftQuant | None:
@@ -115,7 +116,7 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
     Q6_K parts the plan kept compact, the target's dense linears prepacked): the key of the cost
     probe's cache. A placement with nothing streamed costs what none costs."""
     key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
-           "weights": "quantized" if packed_target(options) else "dense",
+           "weights": options.weights,
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
            "draft_quant": str(draft_quant or options.draft_quant)}
     if placement is not None and placement.streamed:
@@ -175,7 +176,7 @@ def repacking_room(memory: MemoryPlan) -> int:
 def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
     """dsi over Ray actors that each load the target: no target here."""
     workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
-                                reporter, packed_target(options))
+                                reporter, int4_target(options))
     context = contexts_for(options.context, workers.context_tokens)[0]
     return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
                   context_tokens=context, target=None, workers=workers.pool)
@@ -186,7 +187,7 @@ def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype
     """The target in device memory when the plan streams nothing, else with its decoder layers
     placed as the plan says (its LM head in Q6_K where the plan chose it); its `tokenizer` when
     already loaded."""
-    int4 = packed_target(options)
+    int4 = int4_target(options)
     if not memory.placement.streamed:
         target = load(options.target, dtype, reporter.bars, reporter.report, device=device, int4=int4,
                       tokenizer=tokenizer, compact_head=memory.compact_head, compact_layers=memory.compact_layers)
@@ -197,13 +198,22 @@ def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype
                           int4, tokenizer, memory.compact_head, memory.compact_layers)
 
 
-def packed_target(options: EngineOptions) -> bool:
-    """Whether the target runs from the 4-bit weights it stores (--weights): `auto` does whenever
-    it has them, except in float32, which keeps the dense path that the exactness tests compare
-    with transformers."""
+def resolve_weights(options: EngineOptions) -> EngineOptions:
+    """`options` with --weights decided, once, before anything loads: `auto` runs the target from
+    the 4-bit weights it stores ("quantized") whenever it has them, except in float32, which keeps
+    the dense path that the exactness tests compare with transformers. Below this the choice is
+    `options.weights == "quantized"`, and the `int4` flag of the plan and the loaders."""
     if options.weights != "auto":
-        return options.weights == "quantized"
-    return options.dtype != "float32" and has_int4(resolve(options.target))
+        return options
+    int4 = options.dtype != "float32" and has_int4(resolve(options.target))
+    return replace(options, weights="quantized" if int4 else "dense")
+
+
+def int4_target(options: EngineOptions) -> bool:
+    """Whether `options` (their --weights decided by `resolve_weights`) run the target's 4-bit weights."""
+    if options.weights == "auto":
+        raise ValueError("--weights auto is decided once by resolve_weights before it is read")
+    return options.weights == "quantized"
 
 
 def plan_request(options: EngineOptions, device: torch.device) -> PlanRequest:
@@ -213,7 +223,7 @@ def plan_request(options: EngineOptions, device: torch.device) -> PlanRequest:
     return PlanRequest(tier=options.offload, offload_dir=offload_directory(options),
                        resident_layers=options.resident_layers, ram_budget=gb_to_bytes(options.ram_budget),
                        vram_budget=gb_to_bytes(options.vram_budget), tree_tokens=tree_tokens,
-                       smaller_trees=smaller_trees, dense_copies=packed_target(options) and not cuda)
+                       smaller_trees=smaller_trees, dense_copies=int4_target(options) and not cuda)
 
 
 def offload_directory(options: EngineOptions) -> Path:

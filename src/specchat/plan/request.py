@@ -39,7 +39,7 @@ class Pair:
 
     target: str
     dtype: torch.dtype
-    int4: bool = False  # the target from its 4-bit weights (--weights, as loader.packed_target resolves it)
+    int4: bool = False  # the target from its 4-bit weights (--weights, as loader.resolve_weights decides it)
     draft: str | None = None  # None: no draft
     draft_kinds: tuple[str, ...] = ("none",)  # the draft quantizations the plan may choose among, preferred first
     dense_above: int | None = None  # int8: steps wider than this many rows multiply dense copies (None: none)
