@@ -45,11 +45,11 @@ class CharTokenizer:
 TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 tokens, round-tripping
 
 
-def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context_tokens: int = 4096,
+def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context: int = 4096,
              max_queue: int = 16, api_key: str | None = None, log_prompts: bool = False,
              sampling: SamplingParams = SamplingParams()) -> tuple[Starlette, Scheduler]:
     config = ServeConfig(model=MODEL, tokenizer=tokenizer or CharTokenizer(), stop_ids=frozenset(stop_ids),
-                         context_tokens=context_tokens, sampling=sampling, api_key=api_key, log_prompts=log_prompts)
+                         context=context, sampling=sampling, api_key=api_key, log_prompts=log_prompts)
     scheduler = Scheduler(engines, max_queue)
     return build_app(config, scheduler), scheduler
 

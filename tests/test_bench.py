@@ -38,7 +38,7 @@ def pair():
 def measurer(pair):
     """Engines over the tiny pair; records which (configuration, prompt) ran."""
     target, draft = pair
-    models = Models(tokenizer=None, stop_ids=STOP, device=torch.device("cpu"), context_tokens=1024, target=target,
+    models = Models(tokenizer=None, stop_ids=STOP, device=torch.device("cpu"), context=1024, target=target,
                     draft=draft)
     inner = engine_measurer(models, SETUP)
     calls: list[tuple[Point, list[int]]] = []

@@ -20,7 +20,7 @@ COSTLY_DRAFT = Costs(target_n=(1, 129), target_s=(0.1, 1.0), draft_b=(1, 128), d
 
 
 def tiny_models(target, draft, costs: Costs | None) -> Models:
-    return Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=1024,
+    return Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context=1024,
                   target=target, draft=draft, costs=costs)
 
 
@@ -84,7 +84,7 @@ def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):
 def test_auto_trees_stay_within_the_tree_the_memory_plan_made_room_for(tiny_target, tiny_draft):
     """A plan that shrank the largest tree to fit (offload/budget.py) caps --budget auto there."""
     plan = SimpleNamespace(tree_tokens=257)  # a 256-token tree and its root
-    models = Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=512,
+    models = Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context=512,
                     target=tiny_target, draft=tiny_draft, offload=object(), memory=plan)
     assert models.auto_cap() == 256  # the sizer's cap (Models.sizer)
     models.memory = SimpleNamespace(tree_tokens=4097)

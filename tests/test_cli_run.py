@@ -51,7 +51,7 @@ def recorded(monkeypatch, tiny_target, tiny_draft) -> Recorded:
         record.loaded_with.append(options)
         report("loaded the tiny pair", None)
         return Models(tokenizer=SimpleNamespace(chat_template="role: content"), stop_ids=frozenset(),
-                      device=torch.device("cpu"), context_tokens=options.context, target=tiny_target, draft=tiny_draft)
+                      device=torch.device("cpu"), context=options.context, target=tiny_target, draft=tiny_draft)
 
     monkeypatch.setattr(RecordingApp, "recorded", record, raising=False)
     monkeypatch.setattr("specchat.tui.app.SpecchatApp", RecordingApp)
@@ -82,7 +82,7 @@ def test_run_reopens_the_last_conversation_with_the_command_line_settings(monkey
     assert recorded.steps == ["loaded the tiny pair"]  # the steps reach the loading screen
     backend = app.backend
     assert backend.engine.name == "sd" and backend.engine.live_settings().budget == 5
-    assert backend.context_tokens == 2048
+    assert backend.context == 2048
     assert backend.settings == DecodingSettings(budget=5, temperature=0.3, top_p=0.9, seed=7, engine="sd")
     assert backend.settings.sampling().seed == 7  # every reply samples with the command's seed
 

@@ -187,7 +187,7 @@ def test_runtime_loader_forwards_the_steps_and_silences_stderr(tiny_target, monk
         report("assembling tiny.gguf", 0.5)
         report("ready", 1.0)
         loaded.append(Models(tokenizer=ChatTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"),
-                             context_tokens=1024, target=tiny_target))
+                             context=1024, target=tiny_target))
         return loaded[0]
 
     monkeypatch.setattr(runtime_backend, "load_models", fake_load_models)

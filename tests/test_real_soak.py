@@ -65,7 +65,7 @@ def test_thirty_turns_keep_memory_flat_and_caches_within_the_context(tmp_path):
                 prompts.append(len(engine.history.tokens) - sum(len(e.token_ids) for e in app.session.reply_events))
                 prefills.append(app.session.reply_events[0].prefill_tokens)
                 held = [cache_length(cache) for cache in engine.history.caches]
-                assert max(held) <= app.backend.context_tokens
+                assert max(held) <= app.backend.context
                 readings.append(resident_bytes() - buffer_bytes(engine.history.caches))
 
     asyncio.run(scenario())

@@ -148,7 +148,7 @@ def test_sd_chain_length_follows_live_budget_and_depth(tiny_target, tiny_draft):
 def test_runtime_builds_sd_and_specinfer(tiny_target, tiny_draft):
     for name in ("sd", "specinfer"):
         assert name in ENGINES and name in DRAFTED_ENGINES
-        models = Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=1024,
+        models = Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context=1024,
                         target=tiny_target, draft=tiny_draft)
         engine = models.engine(name, LiveSettings(budget=4))
         assert engine.name == name

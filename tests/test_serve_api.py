@@ -126,7 +126,7 @@ def test_sampling_left_out_takes_the_servers_defaults():
 
 def test_the_reply_is_clipped_to_the_room_left_in_the_context():
     engine = FakeEngine()
-    app, _ = make_app([engine], context_tokens=PROMPT_OVERHEAD + 2 + 10)
+    app, _ = make_app([engine], context=PROMPT_OVERHEAD + 2 + 10)
     with serving(app) as url:
         reply = client(url).chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=100)
     assert reply.choices[0].message.content == REPLY[:10] and reply.choices[0].finish_reason == "length"
@@ -213,7 +213,7 @@ def greedy_text(tiny_target, prompt_ids: list[int], max_new_tokens: int) -> str:
 
 def test_on_tiny_models_the_served_text_is_the_targets_greedy_text(tiny_target, tiny_draft):
     app, _ = make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
-                      context_tokens=1024)
+                      context=1024)
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello there"}]
     prompt_ids = TINY_TOKENIZER.apply_chat_template(messages, True, True, True)["input_ids"]
     with serving(app) as url:
@@ -228,7 +228,7 @@ def test_on_tiny_models_the_served_text_is_the_targets_greedy_text(tiny_target, 
 
 def test_on_tiny_models_a_seed_gives_the_same_reply(tiny_target, tiny_draft):
     app, _ = make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
-                      context_tokens=1024)
+                      context=1024)
     with serving(app) as url:
         chat = client(url)
         replies = [chat.chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=16, temperature=1.0,
@@ -240,7 +240,7 @@ def test_on_tiny_models_a_seed_gives_the_same_reply(tiny_target, tiny_draft):
 def test_a_second_turn_goes_to_the_slot_holding_the_first_with_its_whole_sequence(tiny_target, tiny_draft, slots):
     """The server's half of conversation reuse (the engines' half: tests/test_serve_reuse.py)."""
     app, scheduler = make_app([tiny_engine(tiny_target, tiny_draft) for _ in range(slots)], tokenizer=TINY_TOKENIZER,
-                              stop_ids=frozenset(), context_tokens=1024)
+                              stop_ids=frozenset(), context=1024)
     first = user("hello there")
     with serving(app) as url:
         chat = client(url)

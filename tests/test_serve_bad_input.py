@@ -93,7 +93,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def server():
-    app, _ = make_app([FakeEngine()], api_key=KEY, context_tokens=256)
+    app, _ = make_app([FakeEngine()], api_key=KEY, context=256)
     with serving(app) as url:
         yield url
 

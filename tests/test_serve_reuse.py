@@ -37,7 +37,7 @@ def greedy_text(target, prompt_ids: list[int]) -> str:
 def test_a_second_turn_prefills_only_the_new_messages(tiny_target, tiny_draft, slots):
     engines = [SpecExecEngine(tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
                for _ in range(slots)]
-    app, _ = make_app(engines, tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context_tokens=1024)
+    app, _ = make_app(engines, tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
     first = [{"role": "user", "content": "hello there"}]
     with serving(app) as url:
         chat = client(url)

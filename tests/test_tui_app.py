@@ -513,7 +513,7 @@ def test_an_unreadable_history_is_moved_aside_with_a_notice_and_the_chat_works(s
 
 def test_oldest_turns_leave_the_context_with_a_notice(store_path):
     # 300 tokens of context, 100 kept for the reply: three exchanges do not fit.
-    app = make_app(store_path, context_tokens=300)
+    app = make_app(store_path, context=300)
 
     async def scenario():
         async with app.run_test(size=SIZE) as pilot:

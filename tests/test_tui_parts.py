@@ -32,7 +32,7 @@ def turns(*contents):
 
 
 def test_prompt_fits_untouched_when_short():
-    prompt = fit_prompt([], turns("hi"), encode, context_tokens=1000, max_tokens=100)
+    prompt = fit_prompt([], turns("hi"), encode, context=1000, max_tokens=100)
     assert prompt.dropped == 0
     assert prompt.ids == encode(turns("hi"))
     assert prompt.max_new_tokens == 100
@@ -41,7 +41,7 @@ def test_prompt_fits_untouched_when_short():
 def test_oldest_exchanges_are_dropped_first_and_system_kept():
     system = [{"role": "system", "content": "S"}]
     history = turns("a" * 40, "b" * 40, "c" * 40, "d" * 40, "e")
-    prompt = fit_prompt(system, history, encode, context_tokens=200, max_tokens=60)
+    prompt = fit_prompt(system, history, encode, context=200, max_tokens=60)
     # 200 - 60 leaves 140 tokens: 221 do not fit; exchanges go, as pairs, until the prompt
     # fills at most 3/4 of them (105): dropping one (124 left) is not enough, two are.
     assert len(encode(system + history)) == 221 and len(encode(system + history[2:])) == 124
@@ -54,8 +54,8 @@ def test_dropped_turns_stay_out_and_the_next_prompts_extend_the_last():
     """Once turns were dropped, the prompt starts there even when more would fit now, so each
     prompt extends the previous one (and the engine reuses its cache) until the next drop."""
     history = turns("a" * 30, "b" * 30, "c" * 10, "d" * 10, "e")
-    first = fit_prompt([], history[:3], encode, context_tokens=200, max_tokens=60, start=2)
-    second = fit_prompt([], history, encode, context_tokens=200, max_tokens=60, start=first.dropped)
+    first = fit_prompt([], history[:3], encode, context=200, max_tokens=60, start=2)
+    second = fit_prompt([], history, encode, context=200, max_tokens=60, start=first.dropped)
     assert first.dropped == second.dropped == 2
     assert second.ids[:len(first.ids) - len("<assistant>")] == first.ids[:-len("<assistant>")]
     assert len(encode(history)) <= 140  # the whole history would fit: it is not brought back
@@ -66,17 +66,17 @@ def test_reply_room_is_capped_at_half_the_context():
     it: a conversation of 100 tokens stays whole, one of 101 loses its oldest exchange."""
     fits, over = turns("a" * 20, "b" * 20, "c" * 26), turns("a" * 20, "b" * 20, "c" * 27)
     assert (len(encode(fits)), len(encode(over))) == (100, 101)
-    prompt = fit_prompt([], fits, encode, context_tokens=200, max_tokens=10_000)
+    prompt = fit_prompt([], fits, encode, context=200, max_tokens=10_000)
     assert prompt.dropped == 0 and prompt.ids == encode(fits)
     assert prompt.max_new_tokens == 100  # the reply may use all the room the prompt leaves
-    assert fit_prompt([], over, encode, context_tokens=200, max_tokens=10_000).dropped == 2
+    assert fit_prompt([], over, encode, context=200, max_tokens=10_000).dropped == 2
 
 
 def test_a_message_larger_than_the_context_is_refused():
     prompt = len("<user>") + 200 + len("<assistant>")  # the fake tokenizer: a token a character
     with pytest.raises(ContextOverflow, match=f"the prompt is {prompt} tokens, which leaves no room for a reply in the "
                                               "100-token context: shorten it"):
-        fit_prompt([], turns("x" * 200), encode, context_tokens=100, max_tokens=10)
+        fit_prompt([], turns("x" * 200), encode, context=100, max_tokens=10)
 
 
 def test_input_recall_walks_back_and_returns_to_the_draft():

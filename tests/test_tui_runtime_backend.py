@@ -55,7 +55,7 @@ def dsi_backend(tiny_target, tiny_draft) -> Iterator[RuntimeBackend]:
 
 
 def tiny_models(target, draft, workers=None) -> Models:
-    return Models(tokenizer=TinyTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"), context_tokens=1024,
+    return Models(tokenizer=TinyTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"), context=1024,
                   target=target, draft=draft, workers=workers)
 
 
@@ -156,7 +156,7 @@ def test_a_chat_past_a_small_context_keeps_working_and_reuses_the_cache(backend,
     fresh engine gives from a full prefill."""
     from specchat.tui.session import Session
 
-    backend.context_tokens = 400
+    backend.context = 400
     system = backend.encode([{"role": "system", "content": "be brief"}])
     session = Session(backend, ConversationStore(tmp_path / "history.sqlite3"))
     session.change("system_prompt", "be brief")

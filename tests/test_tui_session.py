@@ -82,7 +82,7 @@ def test_a_cut_reply_keeps_what_was_written(store):
 
 def test_oldest_turns_leave_the_context_with_one_notice(store):
     # 300 tokens of context, 100 kept for the reply: three exchanges do not fit.
-    session = session_on(store, context_tokens=300)
+    session = session_on(store, context=300)
     session.execute(commands.SetSetting("max_tokens", 100))
     session.execute(commands.SetSetting("system_prompt", "S"))
     assert [ask(session, question).notes for question in ["q1", "q2"]] == [(), ()]
@@ -104,7 +104,7 @@ def test_each_prompt_extends_the_last_one_until_turns_are_dropped(store):
     """What lets the engine reuse its caches: a new turn's prompt starts with the previous
     prompt and reply, /retry sends the same prompt, and after a drop (one notice) the prompts
     extend the shortened one again."""
-    session = session_on(store, context_tokens=600)
+    session = session_on(store, context=600)
     session.execute(commands.SetSetting("max_tokens", 100))
     prompts, notes = [], []
     for question in ["q1", "q2", "q3", "q4", "q5", "q6", "q7"]:

@@ -18,6 +18,6 @@ class PlanRefusal(SpecchatError):
 class ContextOverflow(SpecchatError):
     """A prompt that fills the target's context, leaving no room for a reply."""
 
-    def __init__(self, prompt_tokens: int, context_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, context: int) -> None:
         super().__init__(f"the prompt is {prompt_tokens} tokens, which leaves no room for a reply in the "
-                         f"{context_tokens}-token context: shorten it")
+                         f"{context}-token context: shorten it")

@@ -95,13 +95,13 @@ def auto_trees(cap: int) -> tuple[int, ...]:
     return tuple(tree + 1 for tree in trees)
 
 
-def reply_limit(prompt_tokens: int, max_new_tokens: int | None, context_tokens: int) -> int:
+def reply_limit(prompt_tokens: int, max_new_tokens: int | None, context: int) -> int:
     """New tokens a reply may have after a prompt of `prompt_tokens` in the target's context:
     `max_new_tokens` (None: as many as the context holds), or less where the context ends. The one
     reckoning `generate`, the chat and the server share; a prompt that leaves no room is refused."""
-    if prompt_tokens >= context_tokens:
-        raise ContextOverflow(prompt_tokens, context_tokens)
-    room = context_tokens - prompt_tokens
+    if prompt_tokens >= context:
+        raise ContextOverflow(prompt_tokens, context)
+    room = context - prompt_tokens
     return room if max_new_tokens is None else min(max_new_tokens, room)
 
 

@@ -163,7 +163,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
         workers = WorkerPool(thread_workers(target_lm, parse_devices(devices)))
     placement = memory.placement if options.offload != "none" else None
     return Models(tokenizer=target.tokenizer, stop_ids=stop_token_ids(target.model, target.tokenizer), device=device,
-                  context_tokens=memory.context, target=target_lm, offload=offload, placement=placement,
+                  context=memory.context, target=target_lm, offload=offload, placement=placement,
                   workers=workers, memory=memory)
 
 
@@ -177,9 +177,9 @@ def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.d
     """dsi over Ray actors that each load the target: no target here."""
     workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
                                 reporter, int4_target(options))
-    context = contexts_for(options.context, workers.context_tokens)[0]
+    context = contexts_for(options.context, workers.max_context)[0]
     return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
-                  context_tokens=context, target=None, workers=workers.pool)
+                  context=context, target=None, workers=workers.pool)
 
 
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,

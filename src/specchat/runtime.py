@@ -69,7 +69,7 @@ class Models:
     tokenizer: PreTrainedTokenizerBase
     stop_ids: frozenset[int]
     device: torch.device
-    context_tokens: int  # the KV room the plan reserved: prompt and reply together
+    context: int  # the KV room the plan reserved: prompt and reply together
     target: CausalLM | None  # None when dsi's Ray actors hold the target
     draft: CausalLM | None = None  # None when no engine to run drafts
     offload: Offload | None = None

@@ -17,7 +17,7 @@ class TargetWorkers:
     pool: WorkerPool
     tokenizer: PreTrainedTokenizerBase
     stop_ids: frozenset[int]
-    context_tokens: int
+    max_context: int
 
 
 def default_workers(device: torch.device) -> str:
@@ -32,5 +32,5 @@ def build_ray_workers(target: str, dtype: torch.dtype, workers: str, ray_address
     reporter.step(f"starting {len(devices)} Ray workers, each loading {target}")
     remote = ray_workers(ray_address, devices, target, dtype, int4)
     tokenizer = load_tokenizer(target, reporter.bars, reporter.report)
-    stop_ids, context_tokens = describe_target(remote[0])
-    return TargetWorkers(WorkerPool(remote), tokenizer, stop_ids, context_tokens)
+    stop_ids, max_context = describe_target(remote[0])
+    return TargetWorkers(WorkerPool(remote), tokenizer, stop_ids, max_context)

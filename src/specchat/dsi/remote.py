@@ -36,7 +36,7 @@ class RemoteVerifier:
         loaded.model.to(device)
         self.verifier = TargetVerifier(CausalLM(loaded.model))
         self.stop_ids = stop_token_ids(loaded.model, loaded.tokenizer)
-        self.context_tokens = loaded.model.config.max_position_embeddings
+        self.max_context = loaded.model.config.max_position_embeddings
 
     def verify(self, job: VerifyJob) -> Result:
         return self.verifier.verify(job)
@@ -46,7 +46,7 @@ class RemoteVerifier:
 
     def describe(self) -> tuple[list[int], int]:
         """The target's stop ids and context length, for the driver (which loads no target)."""
-        return sorted(self.stop_ids), self.context_tokens
+        return sorted(self.stop_ids), self.max_context
 
 
 class RayWorker:
@@ -118,5 +118,5 @@ def ray_workers(address: str, devices: list[torch.device], target: str, dtype: t
 
 
 def describe_target(worker: RayWorker) -> tuple[frozenset[int], int]:
-    stop_ids, context_tokens = import_ray().get(worker.actor.describe.remote())
-    return frozenset(stop_ids), context_tokens
+    stop_ids, max_context = import_ray().get(worker.actor.describe.remote())
+    return frozenset(stop_ids), max_context

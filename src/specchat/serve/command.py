@@ -66,7 +66,7 @@ def run_server(options: EngineOptions, serving: Serving, sampling: SamplingParam
                                     "(instruct) model")
             engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(serving.slots)]
             config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
-                                 context_tokens=models.context_tokens, sampling=sampling, api_key=serving.api_key,
+                                 context=models.context, sampling=sampling, api_key=serving.api_key,
                                  log_prompts=serving.log_prompts)
             app = build_app(config, Scheduler(engines, serving.max_queue))
             show_request_log()

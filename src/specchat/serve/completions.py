@@ -29,7 +29,7 @@ class ServeConfig:
     model: str  # the id clients name in `model`
     tokenizer: PreTrainedTokenizerBase
     stop_ids: frozenset[int]
-    context_tokens: int
+    context: int
     sampling: SamplingParams  # what a request leaves out
     api_key: str | None = None
     log_prompts: bool = False
@@ -62,7 +62,7 @@ class Completions:
         sampling, stops, wanted = sampling_of(chat, self.config.sampling), stop_strings(chat), requested_tokens(chat)
         prompt_ids = self.encode(messages)
         try:
-            max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context_tokens)
+            max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context)
         except ContextOverflow as error:
             raise bad_request(str(error), "context_length_exceeded", "messages") from None
         job = Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())

@@ -24,7 +24,7 @@ class ChatBackend(Protocol):
     engine: Engine  # the engine used for the next reply
     engine_names: tuple[str, ...]  # what /engine accepts
     settings: DecodingSettings  # the starting settings (budget and depth as the engine has them)
-    context_tokens: int  # the target's context window
+    context: int  # the target's context window
     max_budget: int  # the largest draft tree the memory plan made room for
     transfer_label: str  # where offloaded weights come from: "PCIe", "RAM", "disk" or "" (none)
 

@@ -24,14 +24,14 @@ class Prompt:
 REFILL = 0.75  # share of the prompt's room a prompt fills right after turns were dropped
 
 
-def room_to_keep(context_tokens: int, max_tokens: int) -> int:
+def room_to_keep(context: int, max_tokens: int) -> int:
     """The room kept free for a reply when deciding which turns to drop (the reply's own limit is
     limits.reply_limit): a full reply, but never more than half the window, so that a long
     max-tokens setting does not push out the whole conversation."""
-    return min(max_tokens, context_tokens // 2)
+    return min(max_tokens, context // 2)
 
 
-def fit_prompt(system: list[dict], turns: list[dict], encode: Encode, context_tokens: int, max_tokens: int,
+def fit_prompt(system: list[dict], turns: list[dict], encode: Encode, context: int, max_tokens: int,
                start: int = 0) -> Prompt:
     """Encode `system` + turns[start:] (the first `start` turns were dropped before), dropping
     more when that leaves no room for a reply (see the module's docstring).
@@ -40,14 +40,14 @@ def fit_prompt(system: list[dict], turns: list[dict], encode: Encode, context_to
     so the model never sees a reply without its question; the last message always stays: where
     even it leaves no room for a reply, ContextOverflow.
     """
-    limit = context_tokens - room_to_keep(context_tokens, max_tokens)
+    limit = context - room_to_keep(context, max_tokens)
     start = min(start, len(turns) - 1)
     ids = encode(system + turns[start:])
     if len(ids) > limit:
         while len(ids) > int(limit * REFILL) and start < len(turns) - 1:
             start = next_user_turn(turns, start)
             ids = encode(system + turns[start:])
-    return Prompt(ids=ids, dropped=start, max_new_tokens=reply_limit(len(ids), max_tokens, context_tokens))
+    return Prompt(ids=ids, dropped=start, max_new_tokens=reply_limit(len(ids), max_tokens, context))
 
 
 def next_user_turn(turns: list[dict], start: int) -> int:

@@ -179,12 +179,12 @@ class FakeBackend:
     name = "fake pair"
     transfer_label = ""
 
-    def __init__(self, engines: list[FakeEngine] | None = None, context_tokens: int = 4096) -> None:
+    def __init__(self, engines: list[FakeEngine] | None = None, context: int = 4096) -> None:
         engines = engines or [FakeEngine(), FakeEngine(name="autoregressive", accepted=(0,))]
         self.engines = {engine.name: engine for engine in engines}
         self.engine_names = tuple(self.engines)
         self.engine = next(iter(self.engines.values()))
-        self.context_tokens = context_tokens
+        self.context = context
         self.max_budget = 8192  # limits.BUDGET's ceiling: a fake plans no memory
         self.settings = settings_for(self.engine, DecodingSettings())
         self.tokenizer = FakeTokenizer()

@@ -26,7 +26,7 @@ class RuntimeBackend:
         self.engine_names = tuple(self.engines)
         self.engine = first
         self.name = name
-        self.context_tokens = models.context_tokens
+        self.context = models.context
         self.max_budget = models.max_budget()
         self.transfer_label = transfer_label
         self.settings = settings_for(first, settings)

@@ -90,7 +90,7 @@ class Session:
         turns = [entry.as_message() for entry in self.entries]
         try:
             prompt = fit_prompt(system_messages(self.settings.system_prompt), turns, self.backend.encode,
-                                self.backend.context_tokens, self.settings.max_tokens, self.dropped)
+                                self.backend.context, self.settings.max_tokens, self.dropped)
         except ContextOverflow as error:
             return says(str(error), error=True)
         dropped = f"context full: the oldest {prompt.dropped} messages are left out (system prompt kept)"
