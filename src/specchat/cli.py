@@ -13,11 +13,11 @@ from specchat.cli_generate import run_generation
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
 from specchat.doctor.command import run_doctor
-from specchat.doctor.plan import Machine
 from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from specchat.models.listing import list_models
+from specchat.plan.machine import Machine
 from specchat.loader import load_models
 from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device
 from specchat.simulate.app import simulate_app
