@@ -1,11 +1,14 @@
 """A checkpoint offloaded as the memory plan places it, in two steps as the loader takes them:
 `plan_checkpoint` (specchat.plan) makes the placement, `offload_model` (specchat.offload) builds it."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
-from specchat.offload.build import offload_model
+from specchat.offload.build import Offload, offload_model
 from specchat.plan.machine import Machine
 from specchat.plan.model import plan_checkpoint
 from specchat.plan.request import PlanRequest
@@ -21,3 +24,17 @@ def offload_planned(directory: Path, name: str, dtype: torch.dtype, device: torc
     memory = plan_checkpoint(directory, name, dtype, machine, request)
     return offload_model(directory, name, dtype, device, memory.placement, request.offload_dir, reporter,
                          compact_head, compact_layers)
+
+
+@contextmanager
+def streamed_from(directory: Path, name: str, tier: str,
+                  offload_dir: Path) -> Iterator[tuple[PreTrainedModel, Offload]]:
+    """(model, Offload) of the checkpoint in `directory` in float32 on the CPU with every layer
+    streamed from `tier` through a 2-slot ring, closed on leaving."""
+    request = PlanRequest(tier=tier, offload_dir=offload_dir, resident_layers=0, slots=2)
+    model, offload = offload_planned(directory, name, torch.float32, torch.device("cpu"), request,
+                                     Reporter(bars=False))
+    try:
+        yield model, offload
+    finally:
+        offload.close()

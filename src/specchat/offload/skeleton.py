@@ -21,6 +21,7 @@ from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.q4k_scales import Q4K_SUFFIXES, Q4KScalesLinear
 from specchat.quant.q6k import q6_modules
 from specchat.quant.q6k_linear import Q6Linear
+from specchat.quant.split_experts import split_experts
 from specchat.quant.int4_pack import pack
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
@@ -33,7 +34,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
                    compact_layers: bool = False) -> PreTrainedModel:
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
     (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
-    quantizes them), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
+    quantizes them; a MoE block's experts split into their linears where it holds them per expert,
+    quant/split_experts.py), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
     weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
     checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
     `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py);
@@ -47,6 +49,7 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     if awq is not None:
         replace_linears_with_awq(model, packed_linears(model, source), awq, dtype, kernel or torch.device("cpu"))
     if spec is not None:
+        split_experts(model, None if source is None else packed_linears(model, source))
         replace_linears_with_gptq(model, packed_linears(model, source), spec)
         if kernel is not None:
             replace_gptq_with_int4(model, spec, dtype, kernel)

@@ -7,11 +7,13 @@ import torch
 from safetensors import safe_open
 
 from specchat.errors import SpecchatError
+from specchat.offload.checkpoint_names import model_names, model_type
 from specchat.quant.int4_cache import PackCache
 
 
 class SafetensorsSource:
-    """The tensors of a model directory's *.safetensors files (sharded or not), by name."""
+    """The tensors of a model directory's *.safetensors files (sharded or not), by the names the
+    model gives them (offload/checkpoint_names.py: a Mixtral's experts, say)."""
 
     def __init__(self, directory: Path, pack_cache: PackCache | None = None) -> None:
         self.directory = directory
@@ -20,17 +22,19 @@ class SafetensorsSource:
         if not self.files:
             raise SpecchatError(f"{directory} has no .safetensors files: offloading reads safetensors checkpoints")
         self.handles = {path: safe_open(str(path), framework="pt") for path in self.files}
-        self.where = {name: path for path, handle in self.handles.items() for name in handle.keys()}
+        stored = {name: path for path, handle in self.handles.items() for name in handle.keys()}
+        self.stored = model_names(model_type(directory), stored)  # the model's name -> the checkpoint's
+        self.where = {name: stored[checkpoint] for name, checkpoint in self.stored.items()}
 
     def names(self) -> list[str]:
         return list(self.where)
 
     def get(self, name: str) -> torch.Tensor:
-        return self.handle(name).get_tensor(name)
+        return self.handle(name).get_tensor(self.stored[name])
 
     def shape(self, name: str) -> list[int]:
         """A tensor's shape, read from the file's header alone."""
-        return list(self.handle(name).get_slice(name).get_shape())
+        return list(self.handle(name).get_slice(self.stored[name]).get_shape())
 
     def handle(self, name: str) -> safe_open:
         """The open file that holds tensor `name`."""
