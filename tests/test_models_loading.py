@@ -27,6 +27,11 @@ HUB_ALIASES = {
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
     "mixtral-8x7b-gptq": "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ",
     "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.2",
+    "qwen3-30b-a3b-gptq": "Qwen/Qwen3-30B-A3B-GPTQ-Int4",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-235b-a22b-gptq": "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
 }
 
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -30,8 +30,13 @@ _ALIASES = (
     Alias("qwen2.5-72b-gptq", "Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", "target (offloaded, 4-bit)"),
     Alias("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", "target (offloaded)"),
     Alias("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "draft for qwen2.5-72b"),
-    Alias("mixtral-8x7b-gptq", "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ", "target (offloaded, 4-bit)"),
+    Alias("mixtral-8x7b-gptq", "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ", "target (MoE, offloaded, 4-bit)"),
     Alias("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.2", "draft for mixtral-8x7b-gptq"),
+    Alias("qwen3-30b-a3b-gptq", "Qwen/Qwen3-30B-A3B-GPTQ-Int4", "target (MoE, offloaded, 4-bit)"),
+    Alias("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "target (MoE, offloaded)"),
+    Alias("qwen3-0.6b", "Qwen/Qwen3-0.6B", "draft for qwen3-30b-a3b-gptq, qwen3-30b-a3b"),
+    Alias("qwen3-235b-a22b-gptq", "Qwen/Qwen3-235B-A22B-GPTQ-Int4", "target (MoE, offloaded, 4-bit)"),
+    Alias("qwen3-1.7b", "Qwen/Qwen3-1.7B", "draft for qwen3-235b-a22b-gptq"),
 )
 
 ALIASES: dict[str, Alias] = {alias.name: alias for alias in _ALIASES}

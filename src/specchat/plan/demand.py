@@ -14,6 +14,7 @@ from specchat.quant.int8 import QUANT_ROWS
 # bitsandbytes' nf4: 4 bits a weight plus one fp32 absmax per block of 64 (no double quantization).
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
 INT8_SCALE_BYTES = 4  # quant/int8.py: one fp32 scale per output row
+FP32, INT64 = 4, 8
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,11 @@ class ModelShape:
 
     heads: int
     hidden: int
-    intermediate: int
+    intermediate: int  # the MLP's width a token computes (a MoE block's: its routed experts' together, `mlp_width`)
     kv_per_token: int  # bytes of one cache slot: keys and values of every layer
     itemsize: int  # bytes of one activation element (the compute dtype)
+    experts: int = 0  # a MoE block's E experts its router scores; 0: a dense MLP
+    routed: int = 0  # the k experts a token routes to
 
     def kv_bytes(self, tokens: int) -> int:
         return self.kv_per_token * tokens
@@ -32,14 +35,21 @@ class ModelShape:
     def pass_bytes(self, context: int, tree: int) -> int:
         """Activations of one pass over `tree` tokens after `context` cached ones, one layer at a
         time: the attention scores (heads x n x (context + n)) as a math-path attention holds
-        them, the tree mask (additive and boolean), the MLP's three n x intermediate products and
-        a few n x hidden states. An upper bound: fused kernels hold less."""
+        them, the tree mask (additive and boolean), the MLP's three n x intermediate products (a
+        MoE block's n x k routed rows at once, as a grouped experts kernel holds them; the loop
+        over experts holds one expert's rows at a time), a MoE router's, and a few n x hidden
+        states. An upper bound: fused kernels hold less."""
         n, keys, size = tree, context + tree, self.itemsize
         scores = self.heads * n * keys * size
         masks = n * keys * (size + 1)
         mlp = 3 * n * self.intermediate * size
         hidden = 4 * n * self.hidden * size
-        return scores + masks + mlp + hidden
+        return scores + masks + mlp + self.router_bytes(n) + hidden
+
+    def router_bytes(self, tokens: int) -> int:
+        """A MoE router over `tokens` (transformers' TopKRouter): its n x E logits in the compute
+        dtype, their float32 softmax, and the top-k weights (float32) and expert ids (int64)."""
+        return tokens * self.experts * (self.itemsize + FP32) + tokens * self.routed * (FP32 + INT64)
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -51,8 +61,24 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
 
 
 def shape_of(config, dtype: torch.dtype) -> ModelShape:
-    return ModelShape(config.num_attention_heads, config.hidden_size, config.intermediate_size,
-                      kv_bytes_per_token(config, dtype), dtype.itemsize)
+    experts = getattr(config, "num_experts", None) or 0  # Mixtral's num_local_experts too (its attribute_map)
+    routed = config.num_experts_per_tok if experts else 0
+    return ModelShape(config.num_attention_heads, config.hidden_size, mlp_width(config),
+                      kv_bytes_per_token(config, dtype), dtype.itemsize, experts, routed)
+
+
+def mlp_width(config) -> int:
+    """The intermediate features a token computes in the widest MLP: a dense model's
+    intermediate_size; in a MoE block, its k routed experts' at each one's size
+    (moe_intermediate_size; Mixtral's intermediate_size is its experts') and a shared expert's
+    (Qwen2-MoE's shared_expert_intermediate_size), and never less than intermediate_size, the
+    width of the dense layers a MoE config may keep (Qwen's mlp_only_layers)."""
+    experts = getattr(config, "num_experts", None)
+    if not experts:
+        return config.intermediate_size
+    expert = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    routed = config.num_experts_per_tok * expert + (getattr(config, "shared_expert_intermediate_size", None) or 0)
+    return max(routed, config.intermediate_size)
 
 
 def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, dense_kept: bool = False,

@@ -1,0 +1,192 @@
+"""MoE pairs planned on virtual machines from the shipped configs alone: Mixtral-8x7B-GPTQ with the
+paper's Mistral-7B draft, Qwen3-30B-A3B-GPTQ with Qwen3-0.6B, Qwen3-235B-A22B-GPTQ with Qwen3-1.7B.
+Every byte count asserted here is the configs' arithmetic written out below, not the plan's own
+output. Expert streaming is not built: a streamed MoE layer moves whole, whatever its tokens route to."""
+
+import random
+import re
+
+import pytest
+import torch
+from test_cli import run_cli
+from test_memory_plan import BF16, FP32, GB, NOWHERE, ROTARY_BYTES, assert_fits, int4_linear, item, kv_per_token, \
+    math_pass
+from transformers import Qwen2MoeConfig
+
+from specchat.errors import SpecchatError
+from specchat.models.configs import read_config
+from specchat.plan.budget import OS_RESERVE
+from specchat.plan.demand import shape_of
+from specchat.plan.experts import experts_touched
+from specchat.plan.machine import RUNTIME_BYTES, Machine
+from specchat.plan.pair import plan_pair
+from specchat.plan.request import Pair, PlanRequest
+
+INT64 = 8
+TREE = 2049  # the largest tree a GPU's --budget auto builds offloaded (2048), plus its root
+CONTEXT = 4096
+
+
+def attention(hidden: int, heads: int, kv_heads: int, group: int, act_order: bool) -> int:
+    """q, k, v and o as 4-bit linears (head_dim 128)."""
+    q, kv = heads * 128, kv_heads * 128
+    return sum(int4_linear(i, o, group, act_order) for i, o in [(hidden, q), (hidden, kv), (hidden, kv), (q, hidden)])
+
+
+def experts(count: int, hidden: int, width: int, group: int, act_order: bool) -> int:
+    """`count` experts of gate and up (hidden -> width) and down (width -> hidden), 4-bit each."""
+    return count * (2 * int4_linear(hidden, width, group, act_order) + int4_linear(width, hidden, group, act_order))
+
+
+# Mixtral's GPTQ: one group over all inputs and act-order; 8 experts of 14336; the router [8, 4096]
+# and two norms in bf16. Qwen3-MoE's GPTQ: groups of 128, no act-order; 128 experts; the router
+# [128, hidden], two norms and the q/k norms (head_dim 128) in bf16.
+MIXTRAL_LAYER = attention(4096, 32, 8, -1, True) + experts(8, 4096, 14336, -1, True) + (8 + 2) * 4096 * BF16
+QWEN3_30B_LAYER = attention(2048, 32, 4, 128, False) + experts(128, 2048, 768, 128, False) + \
+    (128 + 2) * 2048 * BF16 + 2 * 128 * BF16
+QWEN3_235B_LAYER = attention(4096, 64, 4, 128, False) + experts(128, 4096, 1536, 128, False) + \
+    (128 + 2) * 4096 * BF16 + 2 * 128 * BF16
+
+
+def plan(target: str, draft: str, vram_gb: float, ram_gb: float, tree: int = TREE):
+    pair = Pair(target, torch.bfloat16, draft=draft, draft_kinds=("none", "nf4"))
+    return plan_pair(pair, PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=tree),
+                     Machine(vram_gb=vram_gb, ram_gb=ram_gb))
+
+
+def moe_pass(heads: int, hidden: int, experts: int, routed: int, width: int, tree: int) -> int:
+    """A MoE target's pass over `tree` tokens after CONTEXT: a dense pass whose MLP is the k routed
+    experts' products together, plus the router's logits (bf16), softmax (fp32) and top-k (fp32, int64)."""
+    return math_pass(heads, hidden, routed * width, CONTEXT, tree) + tree * experts * (BF16 + FP32) + \
+        tree * routed * (FP32 + INT64)
+
+
+def assert_streams_whole_layers(memory, layer: int) -> None:
+    """Today a streamed MoE layer moves whole: a pass streams every streamed layer's bytes, at any
+    width. Expert streaming (not built) will lower this to the attention, the router and the
+    experts the pass routes to (experts_touched of them)."""
+    assert memory.placement.pass_bytes == len(memory.placement.streamed) * layer
+
+
+def assert_no_other_layer_fits(memory, vram_gb: float, layer: int) -> None:
+    """The device holds as many resident layers as it has room for: one more would not fit."""
+    assert memory.total("device") + layer > vram_gb * GB
+
+
+def test_a_moe_pass_holds_its_routed_experts_products_and_its_routers_scores():
+    n, context = 1025, 4096
+    mixtral = shape_of(read_config("mixtral-8x7b-gptq"), torch.bfloat16)
+    assert mixtral.pass_bytes(context, n) == math_pass(32, 4096, 2 * 14336, context, n) + \
+        n * 8 * (BF16 + FP32) + n * 2 * (FP32 + INT64)
+    qwen3 = shape_of(read_config("qwen3-30b-a3b-gptq"), torch.bfloat16)
+    assert qwen3.pass_bytes(context, n) == math_pass(32, 2048, 8 * 768, context, n) + \
+        n * 128 * (BF16 + FP32) + n * 8 * (FP32 + INT64)
+    # Qwen2-MoE's shared expert runs for every token beside the 4 routed ones
+    shared = shape_of(Qwen2MoeConfig(hidden_size=64, num_attention_heads=4, intermediate_size=96, num_experts=16,
+                                     num_experts_per_tok=4, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=80), torch.bfloat16)
+    assert shared.pass_bytes(context, n) == math_pass(4, 64, 4 * 32 + 80, context, n) + \
+        n * 16 * (BF16 + FP32) + n * 4 * (FP32 + INT64)
+    dense = shape_of(read_config("mistral-7b"), torch.bfloat16)  # a dense MLP, no router: as before
+    assert dense.pass_bytes(context, n) == math_pass(32, 4096, 14336, context, n)
+
+
+def test_experts_touched_by_n_tokens_follow_the_union_of_their_routes():
+    # E(1 - (1 - k/E)^n): one token touches its k; Mixtral's 8 are all hit from 16 tokens, 82 of
+    # Qwen3-30B-A3B's 128 at 16 (the issue's figures)
+    for n, mixtral, qwen3 in [(1, 2, 8), (16, 7.9198, 82.4225), (64, 8.0, 125.9423), (1024, 8.0, 128.0)]:
+        assert experts_touched(8, 2, n) == pytest.approx(mixtral, abs=1e-4)
+        assert experts_touched(128, 8, n) == pytest.approx(qwen3, abs=1e-4)
+    rng = random.Random(3)  # the same count drawn: 2000 passes of 16 tokens, each routed to 8 distinct of 128
+    drawn = [len({e for _ in range(16) for e in rng.sample(range(128), 8)}) for _ in range(2000)]
+    assert sum(drawn) / len(drawn) == pytest.approx(experts_touched(128, 8, 16), abs=0.3)
+
+
+@pytest.mark.parametrize(("experts", "routed", "tokens"), [(8, 0, 4), (8, 9, 4), (0, 0, 4), (8, 2, -1)])
+def test_experts_touched_refuses_impossible_routes_in_one_line(experts, routed, tokens):
+    with pytest.raises(SpecchatError, match=r"^-?\d+ tokens routed to \d+ of \d+ experts: need ") as refused:
+        experts_touched(experts, routed, tokens)
+    assert "\n" not in str(refused.value)
+
+
+def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
+    memory = plan("mixtral-8x7b-gptq", "mistral-7b", 24, 64)
+    assert 0.74 * GB < MIXTRAL_LAYER <= 0.85 * GB and memory.placement.layers == (MIXTRAL_LAYER,) * 32
+    assert item(memory, "fixed parts") == 2 * 32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES
+    tokens = CONTEXT + TREE
+    assert item(memory, "target KV cache") == item(memory, "draft KV cache") == kv_per_token(32, 8) * tokens
+    assert item(memory, "largest pass") == moe_pass(32, 4096, 8, 2, 14336, TREE)  # the draft's dense one is less
+    placement = memory.placement
+    assert placement.disk == 0 and placement.resident + placement.ram == 32
+    assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**30  # a 0.75 GB layer pins 1 GiB
+    assert_no_other_layer_fits(memory, 24, MIXTRAL_LAYER)
+    assert_streams_whole_layers(memory, MIXTRAL_LAYER)
+    assert_fits(memory, 24, 64)
+
+
+def test_mixtral_on_a_16_gb_card_with_32_gb_of_ram_fits_without_its_nvme_disk():
+    memory = plan("mixtral-8x7b-gptq", "mistral-7b", 16, 32)
+    placement = memory.placement
+    # the 32 - 7 = 25 layers streamed pin 1 GiB each: 26.8 GB, within 32 GB less the runtime and the OS
+    assert placement.disk == 0 and placement.resident + placement.ram == 32
+    assert placement.ram * 2**30 <= 32 * GB - RUNTIME_BYTES - OS_RESERVE
+    assert placement.slot_bytes <= 0.85 * GB and memory.draft.quant == "nf4"  # bf16's 14.5 GB leaves no ring
+    assert_no_other_layer_fits(memory, 16, MIXTRAL_LAYER)
+    assert_streams_whole_layers(memory, MIXTRAL_LAYER)
+    assert_fits(memory, 16, 32)
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64, 1024])
+def test_mixtral_streams_whole_layers_at_any_tree_width(tokens):
+    """Bytes a pass at 1-1024 tree tokens: whole streamed layers today, though one token routes to
+    2 of 8 experts and 16 tokens already to ~7.9 (expert streaming would move those only)."""
+    memory = plan("mixtral-8x7b-gptq", "mistral-7b", 16, 32, tree=tokens)
+    assert memory.placement.streamed and memory.tree_tokens == tokens
+    assert item(memory, "largest pass") == moe_pass(32, 4096, 8, 2, 14336, tokens)
+    assert_streams_whole_layers(memory, MIXTRAL_LAYER)
+
+
+def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
+    memory = plan("qwen3-30b-a3b-gptq", "qwen3-0.6b", 8, 32)
+    assert memory.placement.layers == (QWEN3_30B_LAYER,) * 48 and 0.33 * GB < QWEN3_30B_LAYER < 0.34 * GB
+    assert item(memory, "fixed parts") == 2 * 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES
+    tokens = CONTEXT + TREE
+    assert item(memory, "target KV cache") == kv_per_token(48, 4) * tokens  # 96 KiB a token
+    assert item(memory, "draft KV cache") == kv_per_token(28, 8) * tokens  # 112 KiB: the draft's is larger
+    assert item(memory, "largest pass") == moe_pass(32, 2048, 128, 8, 768, TREE)
+    placement = memory.placement
+    assert placement.disk == 0 and placement.resident + placement.ram == 48
+    assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**29  # a 0.33 GB layer pins 512 MiB
+    assert_no_other_layer_fits(memory, 8, QWEN3_30B_LAYER)
+    assert_streams_whole_layers(memory, QWEN3_30B_LAYER)  # though one token routes to 8 of 128 experts
+    assert_fits(memory, 8, 32)
+
+
+def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_128_gb_stream_the_rest_from_nvme():
+    memory = plan("qwen3-235b-a22b-gptq", "qwen3-1.7b", 24, 128)
+    assert memory.placement.layers == (QWEN3_235B_LAYER,) * 94 and 1.32 * GB < QWEN3_235B_LAYER < 1.33 * GB
+    assert item(memory, "fixed parts") == 2 * 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES
+    tokens = CONTEXT + TREE
+    assert item(memory, "target KV cache") == kv_per_token(94, 4) * tokens
+    assert item(memory, "largest pass") == moe_pass(64, 4096, 128, 8, 1536, TREE)
+    placement, pinned = memory.placement, 2**31  # a 1.32 GB layer (and a staging buffer of one) pins 2 GiB
+    assert placement.disk > 0 and placement.slots == 2
+    assert item(memory, "2 pinned staging buffers") == 2 * pinned
+    assert placement.ram == (128 * GB - RUNTIME_BYTES - OS_RESERVE - 2 * pinned) // pinned  # 56
+    assert placement.resident + placement.ram + placement.disk == 94
+    assert_no_other_layer_fits(memory, 24, QWEN3_235B_LAYER)
+    assert_streams_whole_layers(memory, QWEN3_235B_LAYER)
+    assert_fits(memory, 24, 128)
+
+
+def test_doctor_plans_the_papers_moe_pair_at_4_bits_and_prints_its_expected_speed(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the plan comes from the shipped configs
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "mixtral-8x7b-gptq", "--draft", "mistral-7b",
+                           "--vram-gb", "24", "--ram-gb", "64", "--pcie-gbps", "25", "--disk-gbps", "3")
+    assert code == 0
+    layers = re.search(r"^  layers         (\d+) resident, (\d+) in RAM, (\d+) on disk$", out, re.M)
+    assert layers and int(layers.group(1)) + int(layers.group(2)) + int(layers.group(3)) == 32
+    streamed = int(layers.group(2)) + int(layers.group(3))
+    assert f"  ring           2 slots of {MIXTRAL_LAYER / 1e9:.2f} GB" in out  # 0.75 GB: 4-bit experts
+    assert f"  per pass       {streamed * MIXTRAL_LAYER / 1e9:.2f} GB streamed; ~" in out
+    assert re.search(r"^  expected       at most [\d.]+-[\d.]+ tokens/s", out, re.M)
