@@ -190,3 +190,13 @@ def test_doctor_plans_the_papers_moe_pair_at_4_bits_and_prints_its_expected_spee
     assert f"  ring           2 slots of {MIXTRAL_LAYER / 1e9:.2f} GB" in out  # 0.75 GB: 4-bit experts
     assert f"  per pass       {streamed * MIXTRAL_LAYER / 1e9:.2f} GB streamed; ~" in out
     assert re.search(r"^  expected       at most [\d.]+-[\d.]+ tokens/s", out, re.M)
+    # 8 experts, 2 a token: 8(1 - (3/4)^n) a layer at 1, 16, 64 and 1024 tree tokens
+    assert "  experts        2 of 8 a token; a pass over n tree tokens routes to ~(1: 2.0, 16: 7.9, 64: 8.0, " \
+           "1024: 8.0) of them a layer; a streamed layer moves all of its experts" in out
+
+
+def test_doctor_says_nothing_of_experts_for_a_dense_target(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-2-70b-gptq", "--draft", "llama-2-7b",
+                           "--vram-gb", "24", "--ram-gb", "64")
+    assert code == 0 and "  layers " in out and "experts " not in out

@@ -11,7 +11,10 @@ from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DRAFT_VOCAB
 from specchat.models.loading import has_int4, resolve
 from specchat.offload.placement import link_speeds
+from specchat.models.configs import read_config
 from specchat.plan.budget import MemoryPlan
+from specchat.plan.demand import shape_of
+from specchat.plan.experts import experts_touched
 from specchat.plan.machine import Machine
 from specchat.plan.pair import draft_kinds, plan_pair
 from specchat.plan.request import Pair, PlanRequest, tree_sizes
@@ -21,11 +24,25 @@ from specchat.plan.request import Pair, PlanRequest, tree_sizes
 PAPER_GEN_RATES = (8.0, 20.0)
 
 
+TREE_SIZES = (1, 16, 64, 1024)  # the tree widths doctor says a MoE pass's routing at
+
+
 @dataclass(frozen=True)
 class PairPlan:
     memory: MemoryPlan
     pass_s: float | None  # seconds one pass streams; None when a link speed is unknown or nothing streams
     tokens_per_s: tuple[float, float] | None  # at PAPER_GEN_RATES, when pass_s is known
+    routing: "Routing | None" = None  # a MoE target's experts a pass touches; None: a dense target
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A MoE target's experts a layer: E, k routed a token, and those a pass over each of
+    TREE_SIZES tree tokens touches (plan/experts.py)."""
+
+    experts: int
+    routed: int
+    touched: tuple[float, ...]
 
 
 def doctor_plan(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
@@ -48,7 +65,16 @@ def doctor_plan(target: str, draft: str | None, context: int | None, machine: Ma
     link = machine.pcie_gbps if cuda else None
     pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
     rates = None if pass_s is None else tuple(rate / pass_s for rate in PAPER_GEN_RATES)
-    return PairPlan(memory, pass_s, rates)
+    return PairPlan(memory, pass_s, rates, routing_of(target))
+
+
+def routing_of(target: str) -> Routing | None:
+    """How a MoE target's passes route, from its config; None for a dense target."""
+    shape = shape_of(read_config(target), torch.bfloat16)
+    if not shape.experts:
+        return None
+    touched = tuple(experts_touched(shape.experts, shape.routed, n) for n in TREE_SIZES)
+    return Routing(shape.experts, shape.routed, touched)
 
 
 def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None) -> str:

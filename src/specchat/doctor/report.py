@@ -3,7 +3,7 @@
 from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.limit import Limit
-from specchat.doctor.plan import PAPER_GEN_RATES, PairPlan, pass_timing
+from specchat.doctor.plan import PAPER_GEN_RATES, TREE_SIZES, PairPlan, Routing, pass_timing
 from specchat.plan.machine import Machine
 from specchat.transfer import gb
 
@@ -69,8 +69,18 @@ def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | 
         f"  ring           {placement.slots} slots of {gb(placement.slot_bytes)}",
         f"  per pass       {gb(placement.pass_bytes)} streamed; {pass_timing(pair, ram_gbps, disk_gbps)}",
         f"  expected       {expected_speed(pair)}",
+        *routing_lines(pair.routing),
     ]
     return lines + [f"  auto           {note}" for note in memory.notes]
+
+
+def routing_lines(routing: Routing | None) -> list[str]:
+    """A MoE target's experts a pass routes to, by tree size; each streamed layer moves whole today."""
+    if routing is None:
+        return []
+    touched = ", ".join(f"{n}: {count:.1f}" for n, count in zip(TREE_SIZES, routing.touched))
+    return [f"  experts        {routing.routed} of {routing.experts} a token; a pass over n tree tokens routes to "
+            f"~({touched}) of them a layer; a streamed layer moves all of its experts"]
 
 
 def expected_speed(pair: PairPlan) -> str:
