@@ -58,14 +58,19 @@ def pack_awq(values: Tensor) -> Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # int32's two's complement
 
 
+def packed_tensors(module: str, draw: AWQDraw) -> dict[str, Tensor]:
+    """A quantized linear's tensors in the checkpoint, under its module name."""
+    return {f"{module}.qweight": pack_awq(draw.q), f"{module}.qzeros": pack_awq(draw.zeros),
+            f"{module}.scales": draw.scales.contiguous()}
+
+
 def checkpoint_tensors(model: PreTrainedModel, group_size: int) -> tuple[dict[str, Tensor], dict[str, AWQDraw]]:
     """The checkpoint's tensors (decoder-layer linears packed, every other tensor float16) and the
     draws of the packed ones, by module name."""
     draws = {name: quantize_awq(linear.weight, group_size) for name, linear in decoder_linears(model).items()}
     tensors = {}
     for name, draw in draws.items():
-        tensors |= {f"{name}.qweight": pack_awq(draw.q), f"{name}.qzeros": pack_awq(draw.zeros),
-                    f"{name}.scales": draw.scales.contiguous()}
+        tensors |= packed_tensors(name, draw)
     replaced = {f"{name}.weight" for name in draws}
     for key, tensor in model.state_dict().items():
         if key not in replaced:

@@ -26,7 +26,8 @@ SHAPE = dict(vocab_size=96, hidden_size=HIDDEN, num_hidden_layers=2, num_attenti
              max_position_embeddings=256, tie_word_embeddings=False,
              experts_implementation="eager")
 # (gate, up, down) as each family's checkpoints name an expert's linears
-EXPERT_LINEARS = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # the split model's names of an expert's linears
+EXPERT_LINEARS = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": PROJECTIONS}
 
 
 def tiny_moe(family: str, seed: int, top_k: int = 2) -> PreTrainedModel:
@@ -49,19 +50,32 @@ def checkpoint_name(family: str, name: str) -> str:
     return name.replace(".mlp.", ".block_sparse_moe.") if family == "mixtral" else name
 
 
-def expert_tensors(family: str, model: PreTrainedModel, spec: GPTQSpec) -> dict[str, Tensor]:
-    """Every expert's three linears, RTN-quantized one by one, under the checkpoint's names."""
-    tensors = {}
+def expert_weights(model: PreTrainedModel) -> dict[str, Tensor]:
+    """Every expert's three [O, I] weights, by the split model's module names (quant/split_experts.py)."""
+    weights = {}
     for layer, block in enumerate(model.model.layers):
         experts = block.mlp.experts
         intermediate = experts.down_proj.shape[2]
         for expert in range(experts.gate_up_proj.shape[0]):
             gate_up = experts.gate_up_proj[expert]
-            weights = (gate_up[:intermediate], gate_up[intermediate:], experts.down_proj[expert])
-            for linear, weight in zip(EXPERT_LINEARS[family], weights):
-                q = quantize_rtn(weight, spec.group_size, spec.sym, spec.desc_act)
-                module = checkpoint_name(family, f"model.layers.{layer}.mlp.experts.{expert}.{linear}")
-                tensors.update({f"{module}.{key}": t for key, t in pack_gptq(q, None).items()})
+            parts = (gate_up[:intermediate], gate_up[intermediate:], experts.down_proj[expert])
+            weights |= {f"model.layers.{layer}.mlp.experts.{expert}.{linear}": weight
+                        for linear, weight in zip(PROJECTIONS, parts)}
+    return weights
+
+
+def stored_name(family: str, module: str) -> str:
+    """An expert linear's module name in `family`'s checkpoints, from the split model's."""
+    parent, _, linear = module.rpartition(".")
+    return checkpoint_name(family, f"{parent}.{dict(zip(PROJECTIONS, EXPERT_LINEARS[family]))[linear]}")
+
+
+def expert_tensors(family: str, model: PreTrainedModel, spec: GPTQSpec) -> dict[str, Tensor]:
+    """Every expert's three linears, RTN-quantized one by one, under the checkpoint's names."""
+    tensors = {}
+    for name, weight in expert_weights(model).items():
+        q = quantize_rtn(weight, spec.group_size, spec.sym, spec.desc_act)
+        tensors.update({f"{stored_name(family, name)}.{key}": t for key, t in pack_gptq(q, None).items()})
     return tensors
 
 

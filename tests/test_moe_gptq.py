@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from exactness import ExactnessCheck
-from gptq_moe_writer import EXPERTS, HIDDEN, dense_model, tiny_moe, write_moe_gptq_checkpoint
+from gptq_moe_writer import EXPERTS, HIDDEN, PROJECTIONS, dense_model, tiny_moe, write_moe_gptq_checkpoint
 from gptq_writer import load_checkpoint
 from test_memory_plan import BF16, gpu_plan, int4_linear
 from torch import nn
@@ -38,6 +38,7 @@ PROMPT = [3, 14, 15, 9, 26, 5, 40, 41, 77]
 NEW_TOKENS = 24
 GB = 10**9
 FAMILIES = ["mixtral", "qwen3_moe"]
+SAMPLINGS = [SamplingParams(temperature=0.0, top_p=1.0, seed=0), SamplingParams(temperature=0.6, top_p=0.9, seed=11)]
 # GPTQ groups of 32 (the kernel's) with act-order, and the Mixtral alias's: one group, act-order, symmetric
 SPECS = {"g32-act-order-asym": GPTQSpec(group_size=32, desc_act=True, sym=False),
          "g-1-act-order-sym": GPTQSpec(group_size=-1, desc_act=True, sym=True)}
@@ -66,14 +67,24 @@ def test_every_experts_linear_loads_as_an_int4_linear_and_the_router_stays_dense
     family, directory = moe
     model = loaded(directory)
     for layer in model.model.layers:
-        experts = layer.mlp.experts
-        assert isinstance(experts, SplitExperts) and experts.num_experts == EXPERTS
-        linears = [getattr(experts.get_submodule(str(e)), n) for e in range(EXPERTS)
-                   for n in ("gate_proj", "up_proj", "down_proj")]
-        assert all(type(linear) is Int4Linear and linear.perm is not None for linear in linears)  # act-order kept
+        # act-order kept: each linear permutes its input
+        assert all(type(linear) is Int4Linear and linear.perm is not None for linear in split_linears(layer))
+    assert_routers_kept(model, dense_model(family, directory))
+
+
+def split_linears(layer: nn.Module) -> list[nn.Module]:
+    """A decoder layer's experts' linears, expert by expert, once its experts are found split."""
+    experts = layer.mlp.experts
+    assert isinstance(experts, SplitExperts) and experts.num_experts == EXPERTS
+    return [getattr(experts.get_submodule(str(e)), n) for e in range(EXPERTS) for n in PROJECTIONS]
+
+
+def assert_routers_kept(model: PreTrainedModel, dense: PreTrainedModel) -> None:
+    """Every router is dense float32, the checkpoint's as the `dense` model holds it, and nothing is
+    left on meta."""
+    for layer in model.model.layers:
         assert layer.mlp.gate.weight.dtype == torch.float32 and layer.mlp.gate.weight.shape == (EXPERTS, HIDDEN)
     assert not any(t.is_meta for t in model.state_dict().values())
-    dense = dense_model(family, directory)
     assert torch.equal(model.model.layers[1].mlp.gate.weight, dense.model.layers[1].mlp.gate.weight)
 
 
@@ -87,8 +98,13 @@ def routed(dense: PreTrainedModel, layer: int, tokens: int, seed: int) -> tuple[
 @pytest.mark.parametrize("layer", [0, 1])
 def test_the_int4_experts_equal_transformers_experts_holding_the_same_weights(moe, layer):
     family, directory = moe
-    experts = loaded(directory).model.layers[layer].mlp.experts
-    dense = dense_model(family, directory, torch.float64)  # the 4-bit weights and the products exactly
+    # the 4-bit weights and the products exactly in float64
+    assert_experts_equal(loaded(directory), dense_model(family, directory, torch.float64), layer)
+
+
+def assert_experts_equal(model: PreTrainedModel, dense: PreTrainedModel, layer: int) -> None:
+    """`model`'s split int4 experts of `layer` give the float64 `dense` model's fused experts' outputs."""
+    experts = model.model.layers[layer].mlp.experts
     hidden, index, weights = routed(dense, layer, 16, seed=layer)
     assert set(index.flatten().tolist()) == set(range(EXPERTS))  # every expert is checked
     reference = dense.model.layers[layer].mlp.experts(hidden, index, weights)
@@ -146,16 +162,21 @@ def test_a_loaded_moe_gives_transformers_logits_for_the_same_4bit_weights(moe, k
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_a_streamed_moe_gives_the_in_memory_logits(moe, tmp_path, tier):
     _, directory = moe
-    with streamed_from(directory, "tiny-moe", tier, tmp_path) as (model, offload):
+    assert_streams_the_in_memory_logits(directory, tier, tmp_path)
+
+
+def assert_streams_the_in_memory_logits(directory: Path, tier: str, offload_dir: Path) -> None:
+    """Every layer of the checkpoint streamed from `tier`, experts and router in its places, gives
+    the in-memory model's logits bitwise."""
+    with streamed_from(directory, "tiny-moe", tier, offload_dir) as (model, offload):
         assert offload.streamed == [0, 1]
         places = {place.name for place in offload.store.layouts[0].places}
         assert f"mlp.experts.{EXPERTS - 1}.down_proj.packed" in places and "mlp.gate.weight" in places
         assert torch.equal(logits(CausalLM(model, offload)), logits(CausalLM(loaded(directory))))
 
 
-def draft_of(family: str, directory: Path) -> CausalLM:
+def draft_of(model: PreTrainedModel) -> CausalLM:
     """A draft that mostly agrees with the target: the dense model of its weights, perturbed."""
-    model = dense_model(family, directory)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -163,13 +184,18 @@ def draft_of(family: str, directory: Path) -> CausalLM:
     return CausalLM(model)
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0, top_p=1.0, seed=0),
-                                      SamplingParams(temperature=0.6, top_p=0.9, seed=11)], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
 def test_specexec_over_an_int4_moe_target_emits_its_autoregressive_tokens(moe, sampling):
     family, directory = moe
-    target = CausalLM(loaded(directory))
+    assert_specexec_emits_autoregressive_tokens(CausalLM(loaded(directory)), draft_of(dense_model(family, directory)),
+                                                sampling)
+
+
+def assert_specexec_emits_autoregressive_tokens(target: CausalLM, draft: CausalLM, sampling: SamplingParams) -> None:
+    """SpecExec over `target` with `draft` emits the target's autoregressive tokens (ExactnessCheck's
+    near-tie rule), accepting some of the draft's."""
     reference = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling) for t in e.token_ids]
-    engine = SpecExecEngine(target, draft_of(family, directory), [], TreeShape(budget=16, max_depth=6))
+    engine = SpecExecEngine(target, draft, [], TreeShape(budget=16, max_depth=6))
     events = list(engine.generate(PROMPT, NEW_TOKENS, sampling))
     tokens = [t for e in events for t in e.token_ids]
     comparison = ExactnessCheck(target, frozenset(), NEW_TOKENS).compare(PROMPT, reference, tokens, sampling)

@@ -35,8 +35,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
     (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
     quantizes them; a MoE block's experts split into their linears where it holds them per expert,
-    quant/split_experts.py), as Int4Linears packed for `kernel`'s int4 kernels when it is given (their
-    weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
+    quant/split_experts.py, for AWQ alike), as Int4Linears packed for `kernel`'s int4 kernels when it
+    is given (their weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
     checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
     `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py);
     with `compact_layers`, for every decoder layer linear it holds one of, and Q4KScalesLinears for
@@ -46,10 +46,11 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if awq is not None or spec is not None:  # a MoE block's experts quantized per expert, by either method
+        split_experts(model, None if source is None else packed_linears(model, source))
     if awq is not None:
         replace_linears_with_awq(model, packed_linears(model, source), awq, dtype, kernel or torch.device("cpu"))
     if spec is not None:
-        split_experts(model, None if source is None else packed_linears(model, source))
         replace_linears_with_gptq(model, packed_linears(model, source), spec)
         if kernel is not None:
             replace_gptq_with_int4(model, spec, dtype, kernel)
