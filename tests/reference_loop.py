@@ -95,12 +95,16 @@ def reference_gap(logits: torch.Tensor, token: int, temperature: float, top_p: f
 @torch.inference_mode()
 def ties_against_reference(model: PreTrainedModel, prompt_ids: list[int], tokens: list[int], max_new_tokens: int,
                            temperature: float, top_p: float, seed: int, stop_ids: Collection[int],
-                           near_tie: float) -> list[tuple[int, float]]:
+                           near_tie: float, reference: list[int] | None = None) -> list[tuple[int, float]]:
     """design.md section 8's rule with the loop as the reference: at the first difference the
     engine's token must be near-tied under the loop's own logits (gap <= `near_tie`), then the loop
     re-anchors on the engine's prefix up to that token and the comparison goes on to the end.
-    Returns the accepted ties as (index, gap); raises AssertionError on any other difference."""
-    reference = reference_decode(model, prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids, use_cache=True)
+    `reference`: the loop's own reply to `prompt_ids` (reference_decode with its cache), when the
+    caller has it already, as when several engines' replies are judged. Returns the accepted ties
+    as (index, gap); raises AssertionError on any other difference."""
+    if reference is None:
+        reference = reference_decode(model, prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids,
+                                     use_cache=True)
     ties: list[tuple[int, float]] = []
     start = 0
     while True:
