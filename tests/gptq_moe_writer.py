@@ -1,10 +1,12 @@
-"""Tiny random MoE models (Mixtral, Qwen3-MoE) written as GPTQ checkpoints in AutoGPTQ's and
-GPTQModel's per-expert layout, and the dense model of the 4-bit weights they hold.
+"""Tiny random MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE) written as GPTQ checkpoints in
+AutoGPTQ's and GPTQModel's per-expert layout, and the dense model of the 4-bit weights they hold.
 
 A Mixtral checkpoint names each MoE block `block_sparse_moe` (router `block_sparse_moe.gate`, kept
-dense) and expert e's linears `experts.e.w1` (gate), `w3` (up), `w2` (down); a Qwen3-MoE one keeps
-the model's `mlp` and names them `experts.e.gate_proj`, `up_proj`, `down_proj`. The names are
-spelled out here, apart from the loader's own table (src/specchat/offload/checkpoint_names.py).
+dense) and expert e's linears `experts.e.w1` (gate), `w3` (up), `w2` (down); a Qwen2-MoE or
+Qwen3-MoE one keeps the model's `mlp` and names them `experts.e.gate_proj`, `up_proj`, `down_proj`
+(a Qwen2-MoE's shared expert quantized too, its one-output shared_expert_gate dense, as AutoGPTQ
+leaves it). The names are spelled out here, apart from the loader's own table
+(src/specchat/offload/checkpoint_names.py).
 """
 
 import json
@@ -15,7 +17,8 @@ import torch
 from gptq_writer import checkpoint_tensors, pack_gptq, quantize_rtn
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from transformers import MixtralConfig, MixtralForCausalLM, PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, PreTrainedModel, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from specchat.quant.gptq import GPTQSpec, check_supported, dequantize
 
@@ -27,7 +30,7 @@ SHAPE = dict(vocab_size=96, hidden_size=HIDDEN, num_hidden_layers=2, num_attenti
              experts_implementation="eager")
 # (gate, up, down) as each family's checkpoints name an expert's linears
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # the split model's names of an expert's linears
-EXPERT_LINEARS = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": PROJECTIONS}
+EXPERT_LINEARS = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": PROJECTIONS, "qwen3_moe": PROJECTIONS}
 
 
 def tiny_moe(family: str, seed: int, top_k: int = 2) -> PreTrainedModel:
@@ -37,6 +40,9 @@ def tiny_moe(family: str, seed: int, top_k: int = 2) -> PreTrainedModel:
     shape = SHAPE | {"num_experts_per_tok": top_k}
     if family == "mixtral":
         model = MixtralForCausalLM(MixtralConfig(intermediate_size=128, num_local_experts=EXPERTS, **shape))
+    elif family == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(intermediate_size=128, moe_intermediate_size=128,
+                                                   shared_expert_intermediate_size=128, num_experts=EXPERTS, **shape))
     else:
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=128, head_dim=16,
                                                    num_experts=EXPERTS, norm_topk_prob=True, **shape))
@@ -84,7 +90,9 @@ def write_moe_gptq_checkpoint(family: str, model: PreTrainedModel, out_dir: Path
     expert's linears RTN-quantized to 4 bits, every other tensor (the routers too) in float16."""
     settings = {"quant_method": "gptq", "checkpoint_format": "gptq", **asdict(spec)}
     check_supported(settings)
-    dense = {checkpoint_name(family, name): tensor for name, tensor in checkpoint_tensors(model, spec).items()
+    # AutoGPTQ leaves a Qwen2-MoE's shared_expert_gate (one output) dense, as every router
+    tensors = checkpoint_tensors(model, spec, lambda name: name.endswith(".shared_expert_gate"))
+    dense = {checkpoint_name(family, name): tensor for name, tensor in tensors.items()
              if ".experts." not in name}  # the fused 3-D experts are stored per expert instead
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(dense | expert_tensors(family, model, spec), out_dir / "model.safetensors", metadata={"format": "pt"})

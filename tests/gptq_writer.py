@@ -5,6 +5,7 @@ which is all a loader sees, is the same.
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -101,8 +102,11 @@ def decoder_linears(model: PreTrainedModel) -> dict[str, nn.Linear]:
     }
 
 
-def checkpoint_tensors(model: PreTrainedModel, spec: GPTQSpec) -> dict[str, Tensor]:
-    linears = decoder_linears(model)
+def checkpoint_tensors(model: PreTrainedModel, spec: GPTQSpec, dense: Callable[[str], bool] = lambda name: False
+                       ) -> dict[str, Tensor]:
+    """The checkpoint's tensors: decoder-layer linears packed but those `dense` names (as AutoGPTQ
+    leaves a Qwen2-MoE's shared_expert_gate), every other tensor float16."""
+    linears = {name: linear for name, linear in decoder_linears(model).items() if not dense(name)}
     tensors = {}
     for name, linear in linears.items():
         q = quantize_rtn(linear.weight, spec.group_size, spec.sym, spec.desc_act)

@@ -1,7 +1,8 @@
 """MoE targets from GPTQ checkpoints in AutoGPTQ/GPTQModel's per-expert layout (Mixtral's
-`block_sparse_moe.experts.E.w1|w2|w3`, Qwen3-MoE's `mlp.experts.E.gate_proj|up_proj|down_proj`,
-act-order): loaded with every expert's linears as Int4Linears, equal to transformers' own fused
-experts holding the same 4-bit weights, streamed as in memory, and SpecExec over them exact."""
+`block_sparse_moe.experts.E.w1|w2|w3`, Qwen2-MoE's and Qwen3-MoE's `mlp.experts.E.gate_proj|up_proj|down_proj`,
+act-order; Qwen2-MoE's shared expert too): loaded with every expert's linears as Int4Linears, equal
+to transformers' own fused experts holding the same 4-bit weights, streamed as in memory, and
+SpecExec over them exact."""
 
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from gptq_moe_writer import EXPERTS, HIDDEN, PROJECTIONS, dense_model, tiny_moe,
 from gptq_writer import load_checkpoint
 from test_memory_plan import BF16, gpu_plan, int4_linear
 from torch import nn
-from transformers import MixtralConfig, PreTrainedModel
+from transformers import AutoConfig, MixtralConfig, PreTrainedModel
 from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
 from planned import streamed_from
@@ -27,6 +28,7 @@ from specchat.models.configs import read_config
 from specchat.offload.build import layout_of, offload_model
 from specchat.offload.checkpoint_names import model_names
 from specchat.offload.skeleton import build_skeleton, decoder_layers
+from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQLinear, GPTQSpec
 from specchat.quant.int4 import Int4Linear
@@ -37,7 +39,7 @@ CPU = torch.device("cpu")
 PROMPT = [3, 14, 15, 9, 26, 5, 40, 41, 77]
 NEW_TOKENS = 24
 GB = 10**9
-FAMILIES = ["mixtral", "qwen3_moe"]
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe"]
 SAMPLINGS = [SamplingParams(temperature=0.0, top_p=1.0, seed=0), SamplingParams(temperature=0.6, top_p=0.9, seed=11)]
 # GPTQ groups of 32 (the kernel's) with act-order, and the Mixtral alias's: one group, act-order, symmetric
 SPECS = {"g32-act-order-asym": GPTQSpec(group_size=32, desc_act=True, sym=False),
@@ -70,6 +72,19 @@ def test_every_experts_linear_loads_as_an_int4_linear_and_the_router_stays_dense
         # act-order kept: each linear permutes its input
         assert all(type(linear) is Int4Linear and linear.perm is not None for linear in split_linears(layer))
     assert_routers_kept(model, dense_model(family, directory))
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["from-checkpoint", "from-config"])
+def test_a_qwen2_moe_shared_expert_is_int4_and_its_one_output_gate_stays_dense(tmp_path, checkpoint):
+    directory = write_moe_gptq_checkpoint("qwen2_moe", tiny_moe("qwen2_moe", 7), tmp_path, SPECS["g32-act-order-asym"])
+    # from a config alone (the memory plan's skeleton), the linears AutoGPTQ quantizes, as the checkpoint holds them
+    source = SafetensorsSource(directory) if checkpoint else None
+    model = build_skeleton(AutoConfig.from_pretrained(directory), source, torch.float32, kernel=CPU)
+    for layer in model.model.layers:
+        shared = layer.mlp.shared_expert
+        assert all(type(linear) is Int4Linear for linear in [shared.gate_proj, shared.up_proj, shared.down_proj])
+        assert type(layer.mlp.shared_expert_gate) is nn.Linear and layer.mlp.shared_expert_gate.out_features == 1
+        assert all(type(linear) is Int4Linear for linear in split_linears(layer))
 
 
 def split_linears(layer: nn.Module) -> list[nn.Module]:

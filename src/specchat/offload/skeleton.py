@@ -33,8 +33,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
                    kernel: torch.device | None = None, compact_head: bool = False,
                    compact_layers: bool = False) -> PreTrainedModel:
     """The model's modules on the meta device; GPTQ linears where the checkpoint has packed ones
-    (with no checkpoint, from a config alone: every linear of the decoder layers, as AutoGPTQ
-    quantizes them; a MoE block's experts split into their linears where it holds them per expert,
+    (with no checkpoint, from a config alone: the decoder layers' linears AutoGPTQ quantizes,
+    `layer_linears`; a MoE block's experts split into their linears where it holds them per expert,
     quant/split_experts.py, for AWQ alike), as Int4Linears packed for `kernel`'s int4 kernels when it
     is given (their weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
     checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
@@ -148,10 +148,12 @@ def replace_with_int4(model: PreTrainedModel, source: SafetensorsSource, dtype: 
 
 
 def layer_linears(model: PreTrainedModel) -> list[str]:
-    """The dotted names of every nn.Linear inside the decoder layers."""
+    """The dotted names of the decoder layers' nn.Linears that AutoGPTQ and AutoAWQ quantize: all
+    but those of one output (Qwen2-MoE's shared_expert_gate, the scalar its sigmoid scales the shared
+    expert by), which neither lists and which no 4-bit format packs (8 outputs a word)."""
     layers_name, layers = decoder_layers(model)
     return [f"{layers_name}.{index}.{name}" for index, layer in enumerate(layers)
-            for name, module in layer.named_modules() if isinstance(module, nn.Linear)]
+            for name, module in layer.named_modules() if isinstance(module, nn.Linear) and module.out_features > 1]
 
 
 def decoder_layers(model: PreTrainedModel) -> tuple[str, nn.ModuleList]:

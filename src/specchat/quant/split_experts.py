@@ -1,8 +1,8 @@
 """A MoE block's experts as three linears per expert, the way GPTQ checkpoints (AutoGPTQ,
 GPTQModel) store them, in place of transformers' fused 3-D expert parameters.
 
-transformers 5 holds the E experts of a Mixtral or Qwen3-MoE block fused: gate_up_proj [E, 2I, H]
-(expert e's gate rows, then its up rows) and down_proj [E, H, I]. For a token t routed to experts
+transformers 5 holds the E experts of a Mixtral, Qwen2-MoE or Qwen3-MoE block fused:
+gate_up_proj [E, 2I, H] (expert e's gate rows, then its up rows) and down_proj [E, H, I]. For a token t routed to experts
 e_1..e_k with routing weights w_1..w_k its output is
 
     y_t = sum_j w_j * down_{e_j}(act(gate_{e_j}(x_t)) * up_{e_j}(x_t)),
@@ -88,4 +88,4 @@ def check_layout(name: str, module: nn.Module) -> None:
                  if getattr(module, flag, None) != value}
     if different:
         raise SpecchatError(f"the experts at {name!r} are fused as {different}; only transformers' {FUSED_LAYOUT} "
-                            "layout (Mixtral's, Qwen3-MoE's) can be split per expert")
+                            "layout (Mixtral's, Qwen2-MoE's, Qwen3-MoE's) can be split per expert")
