@@ -2,7 +2,8 @@
 tests/exactness.py: a divergence passes only as a near-tie of the engine's token, then the
 comparison re-anchors and goes on to the end; at most one tie per prompt.
 
-The suite runs 2 MT-Bench prompts x 32 new tokens per configuration to keep CI short;
+Judged here: specexec in each configuration, chain SD and SpecInfer greedy (DSI, seeded:
+test_dsi_real.py). The suite runs 2 MT-Bench prompts x 32 new tokens per configuration to keep CI short;
 scripts/check_exactness.py runs the full acceptance (5 prompts x 64 tokens) with the same
 checks and records it in docs/benchmarks.md.
 """
@@ -17,10 +18,12 @@ from test_engines import GREEDY
 from test_sampling import hf_filter
 
 from specchat.decoding.autosize import AutoSizer, Costs
+from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specinfer import SpecInferEngine
 from specchat.limits import FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
 from specchat.quant.int8 import Int8Linear
@@ -45,6 +48,19 @@ def assert_equals_hf_greedy(real_check, engine, references) -> None:
 def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_references):
     """K=64; smaller and changing trees: the sub-vocabulary test (K=16) and --budget auto below."""
     engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=64))
+    assert_equals_hf_greedy(real_check, engine, greedy_references)
+
+
+# Chain SD and SpecInfer (their tiny-model tests: test_sd.py, test_specinfer.py) are judged here, in
+# the module that holds the pair and HF's greedy references: in a module of their own each loaded the
+# pair again (~15 s on the AMX Xeon), and under xdist computed the references again on its worker.
+def test_greedy_sd_equals_hf_generate(real_pair, real_check, greedy_references):
+    engine = ChainSDEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=8))
+    assert_equals_hf_greedy(real_check, engine, greedy_references)
+
+
+def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_references):
+    engine = SpecInferEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 

@@ -1,5 +1,6 @@
 """Chain speculative decoding on tiny models: greedy exactness, seeded reproducibility, the
-sampled distribution (chi-square), cache consistency, limits; greedy exactness on the real pair.
+sampled distribution (chi-square), cache consistency, limits. Its greedy exactness on the real pair
+is in test_real_exactness.py, which holds the pair and its references for every engine.
 
 The checks shared with SpecInfer are the helpers below; test_specinfer.py imports them.
 """
@@ -10,7 +11,6 @@ from collections.abc import Callable
 import pytest
 import torch
 from test_engines import GREEDY, chi_square_pvalue, exact_token_distribution, run
-from test_real_exactness import assert_equals_hf_greedy
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
@@ -153,9 +153,3 @@ def test_runtime_builds_sd_and_specinfer(tiny_target, tiny_draft):
         engine = models.engine(name, LiveSettings(budget=4))
         assert engine.name == name
         assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=10)
-
-
-@pytest.mark.real
-def test_greedy_sd_equals_hf_generate(real_pair, real_check, greedy_references):
-    engine = ChainSDEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=8))
-    assert_equals_hf_greedy(real_check, engine, greedy_references)

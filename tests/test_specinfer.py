@@ -1,12 +1,12 @@
 """SpecInfer on tiny models: the stem layout and tree, greedy exactness, seeded reproducibility,
-the sampled distribution (chi-square), cache consistency, limits; greedy exactness on the real
-pair. The engine-independent checks come from test_sd.py."""
+the sampled distribution (chi-square), cache consistency, limits (its greedy exactness on the real
+pair is in test_real_exactness.py). The engine-independent checks come from test_sd.py."""
 
 import pytest
 import torch
 from test_engines import PROMPT, run
 from test_sd import (
-    SAMPLINGS, assert_equals_hf_greedy, assert_follows_target, assert_greedy_equals_autoregressive,
+    SAMPLINGS, assert_follows_target, assert_greedy_equals_autoregressive,
     assert_reproducible, assert_stops_at_stop_token, assert_token_limit,
 )
 
@@ -104,9 +104,3 @@ def test_specinfer_budget_change_applies_mid_reply(tiny_target, tiny_draft):
     engine.apply(LiveSettings(budget=16))  # 4 stems of 4
     rest = list(stream)
     assert first.tree_size == 1 and {e.depth for e in rest} == {4} and max(e.tree_size for e in rest) > 4
-
-
-@pytest.mark.real
-def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_references):
-    engine = SpecInferEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
-    assert_equals_hf_greedy(real_check, engine, greedy_references)
