@@ -13,6 +13,7 @@ import pytest
 import torch
 from exactness import ExactnessCheck, hf_greedy
 from ram_turns import RamTurns, give_back, slot_count
+from shared_tokens import References, SharedTokens
 from run_dirs import make_run_dir
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -244,10 +245,13 @@ def load_real_pair() -> RealPair:
 
 
 @pytest.fixture(scope="session")
-def reference_tokens() -> dict[str, list[tuple[list[int], list[int]]]]:
-    """The target's own outputs, kept across modules by kind: computed once, whichever module
-    asks first (the models that computed them are released with their module)."""
-    return {}
+def reference_tokens(tmp_path_factory) -> SharedTokens:
+    """The target's own outputs, kept across modules by kind: computed once a run, whichever module
+    asks first (the models that computed them are released with their module), under xdist in the
+    folder beside the workers' temporary folders that all of them share (tests/shared_tokens.py)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return SharedTokens(tmp_path_factory.getbasetemp().parent / "references")
+    return SharedTokens(tmp_path_factory.mktemp("references"))
 
 
 @pytest.fixture(scope="session")
@@ -269,18 +273,18 @@ PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
 
 
 @pytest.fixture(scope="module")
-def seeded_references(real_pair, mtbench_prompts, reference_tokens) -> list[tuple[list[int], list[int]]]:
+def seeded_references(real_pair, mtbench_prompts, reference_tokens) -> References:
     """(prompt ids, seeded autoregressive ids at the paper's t=0.6, p=0.9) for the first
     MT-Bench prompts: every lossless engine must emit exactly these."""
-    if "seeded" not in reference_tokens:
+    def compute() -> References:
         autoregressive = AutoregressiveEngine(real_pair.target, real_pair.stop_ids)
         references = []
         for prompt in mtbench_prompts[:GREEDY_PROMPTS]:
             prompt_ids = real_pair.chat(prompt)
             events = autoregressive.generate(prompt_ids, GREEDY_NEW_TOKENS, PAPER_SAMPLING)
             references.append((prompt_ids, [t for e in events for t in e.token_ids]))
-        reference_tokens["seeded"] = references
-    return reference_tokens["seeded"]
+        return references
+    return reference_tokens.get("seeded", compute)
 
 
 @pytest.fixture(scope="module")
@@ -290,11 +294,10 @@ def real_check(real_pair) -> ExactnessCheck:
 
 
 @pytest.fixture(scope="module")
-def greedy_references(real_pair, mtbench_prompts, reference_tokens) -> list[tuple[list[int], list[int]]]:
+def greedy_references(real_pair, mtbench_prompts, reference_tokens) -> References:
     """(prompt ids, HF `generate(do_sample=False)` ids) for the first MT-Bench prompts."""
-    if "greedy" not in reference_tokens:
+    def compute() -> References:
         prompts = [real_pair.chat(p) for p in mtbench_prompts[:GREEDY_PROMPTS]]
         pad = real_pair.tokenizer.pad_token_id
-        reference_tokens["greedy"] = [(ids, hf_greedy(real_pair.target, ids, GREEDY_NEW_TOKENS, real_pair.stop_ids, pad))
-                                      for ids in prompts]
-    return reference_tokens["greedy"]
+        return [(ids, hf_greedy(real_pair.target, ids, GREEDY_NEW_TOKENS, real_pair.stop_ids, pad)) for ids in prompts]
+    return reference_tokens.get("greedy", compute)
