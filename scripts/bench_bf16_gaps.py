@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the ch
 from exactness import ExactnessCheck  # noqa: E402
 from reference_loop import reference_decode, ties_against_reference  # noqa: E402
 from test_real_compact import RAM_BUDGET_GB  # noqa: E402
-from test_real_defaults import PROJECT_MACHINE_COSTS  # noqa: E402
+from test_real_defaults import grown_engine as grown_specexec  # noqa: E402
+
+from bench_bf16_ties import tie_cells  # noqa: E402  (scripts/ is the running script's folder)
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.provenance import claim_fresh_folder, code_version, table_header
@@ -56,12 +58,7 @@ def grown_engine(models):
         options = EngineOptions()
         draft = load_draft(options.draft, models.device, models.target.dtype, None, models.tokenizer,
                            Reporter(False), DraftQuant("int8"), options.draft_vocab)
-    probed, drafted_by = models.costs, models.draft
-    models.costs, models.draft = PROJECT_MACHINE_COSTS, draft
-    try:
-        return models.engine("specexec")
-    finally:
-        models.costs, models.draft = probed, drafted_by
+    return grown_specexec(models, draft)
 
 
 def loop_gaps(models, prompt_ids, reply, count, sampling, reference) -> tuple[list[float], bool]:
@@ -123,10 +120,7 @@ def main() -> None:
              "other differences |", "|---|---|---|---|---|---|---|---|"]
     for key in sorted({(r["sampling"] == "greedy", r["engine"], r["reference"]) for r in rows}, reverse=True):
         group = [r for r in rows if (r["sampling"] == "greedy", r["engine"], r["reference"]) == key]
-        gaps = [gap for r in group for gap in r["gaps"]]
-        lines.append(f"| {'greedy' if key[0] else 'seeded'} | {key[1]} | {key[2]} | {len(group)} | "
-                     f"{max(r['ties'] for r in group)} | {len(gaps)} | {max(gaps, default=0):.3g} | "
-                     f"{sum(r['other_difference'] for r in group)} |")
+        lines.append(f"| {'greedy' if key[0] else 'seeded'} | {key[1]} | {key[2]} | {tie_cells(group)} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     models.close()

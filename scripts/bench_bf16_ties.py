@@ -79,13 +79,18 @@ def main() -> None:
     for name in SAMPLINGS:
         for variant in variants:
             group = [row for row in rows if row["sampling"] == name and row["variant"] == variant]
-            gaps = [gap for row in group for gap in row["gaps"]]
-            lines.append(f"| {name} | {variant} | {len(group)} | {max(row['ties'] for row in group)} | "
-                         f"{sum(row['ties'] for row in group)} | {max(gaps, default=0):.3g} | "
-                         f"{sum(row['other_difference'] for row in group)} |")
+            lines.append(f"| {name} | {variant} | {tie_cells(group)} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     models.close()
+
+
+def tie_cells(group: list[dict]) -> str:
+    """A group of judged replies' table cells: replies, most ties in one, ties in all, the largest
+    gap, other differences."""
+    gaps = [gap for row in group for gap in row["gaps"]]
+    return (f"{len(group)} | {max(row['ties'] for row in group)} | {len(gaps)} | {max(gaps, default=0):.3g} | "
+            f"{sum(row['other_difference'] for row in group)}")
 
 
 if __name__ == "__main__":
