@@ -62,7 +62,7 @@ def plan(options: EngineOptions) -> MemoryPlan:
 
 
 def test_auto_places_the_real_target_as_each_budget_forces_and_computes_as_in_memory(reference, offload_dir):
-    unbudgeted = EngineOptions(offload="auto", offload_dir=str(offload_dir), dtype="float32")
+    unbudgeted = resolve_weights(EngineOptions(offload="auto", offload_dir=str(offload_dir), dtype="float32"))
     whole = plan(unbudgeted).placement  # the target alone: load_target loads no draft
     assert (whole.resident, whole.disk) == (28, 0)  # this machine holds it all, without a budget
     layer, slot = whole.layers[0], whole.slot_bytes
