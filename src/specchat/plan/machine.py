@@ -69,16 +69,14 @@ def measure_rooms(request: PlanRequest, device: torch.device, reusable_file: int
     ram = kept_for_page_cache(ram_room())
     if cpu and ram.limit is None:
         ram = Room(ram.bytes - OS_RESERVE, f"RAM ({ram.bound}, less {gb(OS_RESERVE)} for the OS)")
-    if request.ram_budget is not None and request.ram_budget < ram.bytes:
-        ram = Room(request.ram_budget, f"RAM under --ram-budget {request.ram_budget / 1e9:g} GB")
     disk_dir = next(path for path in (request.offload_dir, *request.offload_dir.parents) if path.exists())
     disk = shutil.disk_usage(disk_dir).free + reusable_file
     disk_name = str(request.offload_dir)
     if cpu:
-        return Rooms(ram.bytes, None, disk, ram.bound, ram.bound, disk_name)
+        return within_budgets(Rooms(ram.bytes, None, disk, ram.bound, ram.bound, disk_name), request)
     free = free_bytes(device)
-    vram, vram_name = capped(free, f"GPU memory ({gb(free)} free)", request.vram_budget, "GPU memory", "--vram-budget")
-    return Rooms(vram, ram.bytes, disk, vram_name, f"RAM ({ram.bound})", disk_name)
+    return within_budgets(Rooms(free, ram.bytes, disk, f"GPU memory ({gb(free)} free)", f"RAM ({ram.bound})",
+                                disk_name), request)
 
 
 def kept_for_page_cache(ram: Room) -> Room:
@@ -90,8 +88,8 @@ def kept_for_page_cache(ram: Room) -> Room:
 
 
 def within_budgets(rooms: Rooms, request: PlanRequest) -> Rooms:
-    """A described machine's rooms under --vram-budget (the GPU's) and --ram-budget (the RAM: on a
-    CPU its device, beside a GPU its host), as `measure_rooms` caps this machine's."""
+    """`rooms` (measured or described) under --vram-budget (the GPU's) and --ram-budget (the RAM:
+    on a CPU its device, beside a GPU its host), where a budget is the smaller."""
     if rooms.host is None:
         device, device_name = capped(rooms.device, rooms.device_name, request.ram_budget, "RAM", "--ram-budget")
         return replace(rooms, device=device, device_name=device_name, host_name=device_name)
