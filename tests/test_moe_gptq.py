@@ -206,10 +206,13 @@ def test_specexec_over_an_int4_moe_target_emits_its_autoregressive_tokens(moe, s
                                                 sampling)
 
 
-def assert_specexec_emits_autoregressive_tokens(target: CausalLM, draft: CausalLM, sampling: SamplingParams) -> None:
-    """SpecExec over `target` with `draft` emits the target's autoregressive tokens (ExactnessCheck's
-    near-tie rule), accepting some of the draft's."""
-    reference = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling) for t in e.token_ids]
+def assert_specexec_emits_autoregressive_tokens(target: CausalLM, draft: CausalLM, sampling: SamplingParams,
+                                                reference: list[int] | None = None) -> None:
+    """SpecExec over `target` with `draft` emits the target's autoregressive tokens (`reference`,
+    or decoded here; ExactnessCheck's near-tie rule), accepting some of the draft's."""
+    if reference is None:
+        reference = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling)
+                     for t in e.token_ids]
     engine = SpecExecEngine(target, draft, [], TreeShape(budget=16, max_depth=6))
     events = list(engine.generate(PROMPT, NEW_TOKENS, sampling))
     tokens = [t for e in events for t in e.token_ids]

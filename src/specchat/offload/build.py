@@ -10,6 +10,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from specchat.offload.cuda import CudaMover, CudaStallMeter
 from specchat.offload.direct_io import aligned_empty
+from specchat.offload.experts import SlotExperts, expert_units
 from specchat.offload.layout import LayerLayout, lay_out
 from specchat.offload.placement import Placement
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
@@ -60,13 +61,15 @@ class Offload:
 
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device,
                   placement: Placement | None, offload_dir: Path | None, reporter: Reporter,
-                  compact_head: bool = False, compact_layers: bool = False) -> tuple[PreTrainedModel, Offload]:
+                  compact_head: bool = False, compact_layers: bool = False,
+                  by_expert: bool = True) -> tuple[PreTrainedModel, Offload]:
     """Load the model in `directory` (safetensors) with its decoder layers where `placement` (made
     by the plan before anything loads) puts them, the disk tier's layer file in `offload_dir`; no
     placement keeps every layer on the device (how GPTQ checkpoints load without offloading).
     `compact_head`, `compact_layers`: the LM head, the layers' Q6_K linears and Q4_K scales as the
     GGUF stores them (quant/q6k_linear.py, q4k_scales.py), as the plan chose; such layers have a
-    layer file of their own."""
+    layer file of their own. `by_expert`: a streamed MoE layer moves its head with the ring and
+    only the experts its tokens route to (offload/experts.py); False moves it whole."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
                            compact_head=compact_head, compact_layers=compact_layers)
@@ -90,13 +93,15 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     store.open()
     try:
         slots, staging, mover = make_slots(placement, device)
-        transport = ThreadTransport(store, staging, mover)
+        heads = {i: layouts[i].head for i in placement.streamed if layouts[i].units} if by_expert else {}
+        transport = ThreadTransport(store, staging, mover, heads=heads)
     except BaseException:
         store.close()
         raise
     streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device))
+    held = SlotExperts() if heads else None
     for index in placement.streamed:
-        layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots)
+        layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots, held)
     return model, Offload(streamer, transport, store, placement.streamed, placement)
 
 
@@ -124,7 +129,8 @@ def fingerprint(source: SafetensorsSource, dtype: torch.dtype, device: torch.dev
 
 
 def layout_of(layer) -> LayerLayout:
-    return lay_out([(name, t.dtype, tuple(t.shape)) for name, t in layer.state_dict().items()])
+    """The layer's tensors in one buffer, a MoE layer's experts each in a unit of its own."""
+    return lay_out([(name, t.dtype, tuple(t.shape)) for name, t in layer.state_dict().items()], expert_units(layer))
 
 
 def build_store(placement: Placement, layouts: list[LayerLayout], device: torch.device,

@@ -25,12 +25,12 @@ class CudaMover:
         follows cannot overtake that compute."""
         self.free[slot].synchronize()
 
-    def move(self, slot: int, host: torch.Tensor) -> None:
-        """Runs on the loader thread, once the slot is free: copy, then block this thread until
-        the copy is done, so the host staging buffer may be refilled. The time it blocks is the
-        copy's alone."""
+    def move(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
+        """Runs on the loader thread, once the slot is free (or held by compute, for the experts it
+        fetched): copy, then block this thread until the copy is done, so the host staging buffer
+        may be refilled. The time it blocks is the copy's alone."""
         with torch.cuda.stream(self.copy_stream):
-            self.slots[slot][: host.numel()].copy_(host, non_blocking=True)
+            self.slots[slot][offset: offset + host.numel()].copy_(host, non_blocking=True)
             self.loaded[slot].record(self.copy_stream)
         self.loaded[slot].synchronize()
 

@@ -2,11 +2,18 @@
 
 A layer then moves in one copy (one disk read, one host->device transfer), and its tensors are
 views of whatever buffer currently holds it. Any dtype fits, packed int4 (int32 words) included.
+
+A MoE layer is laid out as its head (attention, norms, router, shared expert) followed by one unit
+per expert, each unit's tensors together and starting on a direct-I/O boundary: streamed by
+expert, the head moves ahead with the layer and a unit only once the router picks its expert, each
+in one aligned read that cannot spill into the next unit.
 """
 
 from dataclasses import dataclass
 
 import torch
+
+from specchat.offload.direct_io import ALIGN
 
 # Every tensor starts on a 64-byte boundary: a multiple of every element size, and of a cache line.
 _TENSOR_ALIGN = 64
@@ -28,6 +35,13 @@ class TensorPlace:
 class LayerLayout:
     places: tuple[TensorPlace, ...]
     nbytes: int  # bytes used, the last tensor's end
+    units: tuple[tuple[int, int], ...] = ()  # (start, end) bytes of expert e's unit, e = 0 .. E-1
+
+    @property
+    def head(self) -> int:
+        """Bytes of the part that moves with the layer whatever its tokens route to: all of it
+        unless it has expert units, which follow the head."""
+        return self.units[0][0] if self.units else self.nbytes
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """The layer's tensors as views of `buffer` (uint8, at least nbytes long, any device)."""
@@ -36,15 +50,33 @@ class LayerLayout:
         }
 
 
-def lay_out(specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> LayerLayout:
-    """Place tensors (name, dtype, shape) one after another, each on an aligned offset."""
-    places, offset = [], 0
-    for name, dtype, shape in specs:
-        offset = -(-offset // _TENSOR_ALIGN) * _TENSOR_ALIGN
-        place = TensorPlace(name, dtype, tuple(shape), offset)
-        places.append(place)
-        offset += place.nbytes
-    return LayerLayout(tuple(places), offset)
+Spec = tuple[str, torch.dtype, tuple[int, ...]]
+
+
+def lay_out(specs: list[Spec], unit_of: dict[str, int] | None = None) -> LayerLayout:
+    """Place tensors (name, dtype, shape) one after another, each on an aligned offset; those that
+    `unit_of` gives an expert (0 .. E-1, every one at least a tensor) after the others, expert by
+    expert, each expert's unit starting on an ALIGN boundary."""
+    unit_of = unit_of or {}
+    groups = [[spec for spec in specs if spec[0] not in unit_of]]
+    groups += [[spec for spec in specs if unit_of.get(spec[0]) == unit] for unit in range(len(set(unit_of.values())))]
+    places, units, offset = [], [], 0
+    for number, group in enumerate(groups):
+        if number:  # an expert's unit
+            offset = align(offset, ALIGN)
+            start = offset
+        for name, dtype, shape in group:
+            offset = align(offset, _TENSOR_ALIGN)
+            place = TensorPlace(name, dtype, tuple(shape), offset)
+            places.append(place)
+            offset += place.nbytes
+        if number:
+            units.append((start, offset))
+    return LayerLayout(tuple(places), offset, tuple(units))
+
+
+def align(offset: int, boundary: int) -> int:
+    return -(-offset // boundary) * boundary
 
 
 def pack_into(layout: LayerLayout, tensors: dict[str, torch.Tensor], buffer: torch.Tensor) -> None:

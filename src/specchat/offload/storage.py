@@ -51,6 +51,11 @@ class LayerStore(Protocol):
     def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
         """`read` of several layers, each following the one before, in one request."""
 
+    def read_ranges(self, layer: int, ranges: list[tuple[int, int]], staging: torch.Tensor) -> list[torch.Tensor]:
+        """Host bytes of `layer`'s byte ranges (start, end), each at its own place in `staging`
+        when read from disk: a range starts on a direct-I/O boundary (its layout's head or an
+        expert's unit), and what is read past its end stays inside the next boundary."""
+
     def nbytes(self, layer: int) -> int: ...
 
     def parts(self) -> list["LayerStore"]:
@@ -97,6 +102,9 @@ class RamStore:
 
     def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
         return [self.blobs[layer] for layer in layers]
+
+    def read_ranges(self, layer: int, ranges: list[tuple[int, int]], staging: torch.Tensor) -> list[torch.Tensor]:
+        return [self.blobs[layer][start:end] for start, end in ranges]
 
     def nbytes(self, layer: int) -> int:
         return self.layouts[layer].nbytes
@@ -210,6 +218,11 @@ class DiskStore:
         self.reader.read_many(views, self.offsets[layers[0]])
         return views
 
+    def read_ranges(self, layer: int, ranges: list[tuple[int, int]], staging: torch.Tensor) -> list[torch.Tensor]:
+        for start, end in spans(ranges):
+            self.reader.read_into(staging[start:align_up(end)], self.offsets[layer] + start)
+        return [staging[start:end] for start, end in ranges]
+
     def nbytes(self, layer: int) -> int:
         return self.layouts[layer].nbytes
 
@@ -220,6 +233,18 @@ class DiskStore:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+
+
+def spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges (ascending) joined where one starts on the boundary right after the one before: read
+    as one, the padding between them included."""
+    joined: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if joined and start == align_up(joined[-1][1]):
+            joined[-1] = (joined[-1][0], end)
+        else:
+            joined.append((start, end))
+    return joined
 
 
 def layout_record(layout: LayerLayout) -> list:
@@ -244,6 +269,9 @@ class TieredStore:
 
     def read_run(self, layers: list[int], stagings: list[torch.Tensor]) -> list[torch.Tensor]:
         return self.of(layers[0]).read_run(layers, stagings)
+
+    def read_ranges(self, layer: int, ranges: list[tuple[int, int]], staging: torch.Tensor) -> list[torch.Tensor]:
+        return self.of(layer).read_ranges(layer, ranges, staging)
 
     def nbytes(self, layer: int) -> int:
         return self.of(layer).nbytes(layer)

@@ -5,8 +5,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from specchat.offload.experts import ExpertLoads, SlotExperts, split_experts_of
 from specchat.offload.layout import LayerLayout
 from specchat.offload.streamer import Streamer
+from specchat.quant.split_experts import Resident
 
 
 class StreamedLayer(nn.Module):
@@ -19,10 +21,13 @@ class StreamedLayer(nn.Module):
     slot are made once and kept, so rebinding is a dozen dictionary writes (it used
     torch.func.functional_call, which re-parametrizes the module and rebuilds the views on every
     call).
+
+    Streamed by expert (`held` given, and the layout has expert units), the layer's experts are
+    fetched as its router picks them (offload/experts.py).
     """
 
     def __init__(self, skeleton: nn.Module, index: int, layout: LayerLayout, streamer: Streamer,
-                 slots: list[torch.Tensor]) -> None:
+                 slots: list[torch.Tensor], held: SlotExperts | None = None) -> None:
         super().__init__()
         # Not registered as a submodule: its meta tensors must not count as the model's weights.
         object.__setattr__(self, "skeleton", skeleton)
@@ -32,13 +37,20 @@ class StreamedLayer(nn.Module):
         self.slots = slots
         self.owners = [owner_of(skeleton, place.name) for place in layout.places]
         self.views: dict[int, list[torch.Tensor]] = {}  # per slot: the layer's tensors in it
+        self.held = held if layout.units else None
+        self.experts = split_experts_of(skeleton) if self.held is not None else None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         slot = self.streamer.acquire(self.index)
         try:
             self.bind(slot)
+            if self.experts is not None:
+                self.experts.feed = ExpertLoads(self.streamer, self.index, slot, self.layout.units,
+                                                self.held.enter(slot, self.index))
             return self.skeleton(*args, **kwargs)
         finally:
+            if self.experts is not None:
+                self.experts.feed = Resident()
             self.streamer.release(slot)
 
     def bind(self, slot: int) -> None:

@@ -35,8 +35,12 @@ class Transport(Protocol):
     def begin(self, layer: int, slot: int) -> Any:
         """Start loading `layer` into `slot`; returns a ticket. The slot is free when called."""
 
+    def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> Any:
+        """Start loading byte ranges of `layer` into `slot`, which compute holds, ahead of the
+        queued loads; returns a ticket for `finish`."""
+
     def finish(self, ticket: Any) -> None:
-        """Make compute wait until the ticket's layer is usable in its slot."""
+        """Make compute wait until the ticket's layer (or ranges) is usable in its slot."""
 
     def retire(self, slot: int) -> None:
         """Compute has been issued on `slot`'s contents; later loads may overwrite it after that."""
@@ -88,10 +92,19 @@ class Streamer:
         if not self.pending or self.pending[0].layer != layer:
             self.resync(layer)
         load = self.pending.popleft()
-        mark = self.meter.start()
-        self.transport.finish(load.ticket)
-        self.meter.stop(mark)
+        self.wait(load.ticket)
         return load.slot
+
+    def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> Any:
+        """Ask for more of `layer` (its routed experts' units) in the slot compute holds; `wait`
+        for the ticket before reading them."""
+        return self.transport.fetch(layer, slot, ranges)
+
+    def wait(self, ticket: Any) -> None:
+        """Compute waits for a fetch, and that is a stall."""
+        mark = self.meter.start()
+        self.transport.finish(ticket)
+        self.meter.stop(mark)
 
     def release(self, slot: int) -> None:
         """Compute on `slot` has been issued: reuse the slot for the next layer in order."""
@@ -115,7 +128,7 @@ class Streamer:
     def stats(self) -> TransferStats:
         moved = self.transport.stats()
         idle = 0.0 if self.stages_a_pass else max(0.0, self.clock() - self.started - moved.transfer_s)
-        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds(), idle)
+        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds(), idle, moved.fetched_bytes)
 
     def drain(self) -> None:
         """Wait for every load in flight (before freeing the slots)."""

@@ -36,8 +36,9 @@ class Mover(Protocol):
     def wait_free(self, slot: int) -> None:
         """Block the loader thread until compute is done with slot `slot` (before `move`)."""
 
-    def move(self, slot: int, host: torch.Tensor) -> None:
-        """Copy `host` into slot `slot` (called on the loader thread, after `wait_free`)."""
+    def move(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
+        """Copy `host` into slot `slot` from byte `offset` on (called on the loader thread, after
+        `wait_free` for a ring load)."""
 
     def wait_loaded(self, slot: int) -> None:
         """Make compute wait for the last move into `slot`."""
@@ -56,10 +57,10 @@ class HostMover:
     def wait_free(self, slot: int) -> None:
         pass  # the streamer releases a slot once compute on it has returned
 
-    def move(self, slot: int, host: torch.Tensor) -> None:
-        target = self.slots[slot]
+    def move(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
+        target = self.slots[slot][offset: offset + host.numel()]
         if host.data_ptr() != target.data_ptr():  # a disk read lands in the slot itself
-            target[: host.numel()].copy_(host)
+            target.copy_(host)
 
     def wait_loaded(self, slot: int) -> None:
         pass
@@ -73,6 +74,12 @@ class _Job:
     layer: int
     slot: int
     done: Future
+    ranges: list[tuple[int, int]] | None = None  # byte ranges of the layer; None: all of it
+    urgent: bool = False  # asked for by compute, into the slot it holds
+
+    @property
+    def nbytes(self) -> int | None:
+        return None if self.ranges is None else sum(end - start for start, end in self.ranges)
 
 
 class ThreadTransport:
@@ -86,8 +93,10 @@ class ThreadTransport:
     """
 
     def __init__(self, store: LayerStore, staging: list[torch.Tensor], mover: Mover,
-                 coalesce_bytes: int = COALESCE_BYTES, clock: Callable[[], float] = perf_counter) -> None:
+                 coalesce_bytes: int = COALESCE_BYTES, clock: Callable[[], float] = perf_counter,
+                 heads: dict[int, int] | None = None) -> None:
         self.store = store
+        self.heads = heads or {}  # layers streamed by expert: the bytes their ring load moves
         self.staging = staging  # per slot: where a disk read lands (the slot itself on CPU)
         self.mover = mover
         self.coalesce_bytes = coalesce_bytes
@@ -96,6 +105,7 @@ class ThreadTransport:
         self.wake = threading.Condition()
         self.closed = False
         self.moved_bytes = 0
+        self.fetched_bytes = 0  # of moved_bytes, those compute fetched (experts)
         self.busy_s = 0.0
         self.busy_since: float | None = None
         self.requests = 0  # reads issued (a coalesced run is one)
@@ -103,9 +113,19 @@ class ThreadTransport:
         self.thread.start()
 
     def begin(self, layer: int, slot: int) -> _Job:
-        job = _Job(layer, slot, Future())
+        ranges = [(0, self.heads[layer])] if layer in self.heads else None
+        return self.queue(_Job(layer, slot, Future(), ranges))
+
+    def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> _Job:
+        """Load byte ranges of `layer` into `slot`, which compute holds, before any queued load."""
+        return self.queue(_Job(layer, slot, Future(), ranges, urgent=True))
+
+    def queue(self, job: _Job) -> _Job:
         with self.wake:
-            self.jobs.append(job)
+            if job.urgent:
+                self.jobs.appendleft(job)
+            else:
+                self.jobs.append(job)
             self.wake.notify()
         return job
 
@@ -125,8 +145,10 @@ class ThreadTransport:
     def take_run(self) -> list[_Job]:
         """The first queued load and those right behind it that follow it in the store."""
         batch = [self.jobs.popleft()]
+        if batch[0].ranges is not None:
+            return batch
         size = self.store.nbytes(batch[0].layer)
-        while self.jobs and self.store.follows(batch[-1].layer, self.jobs[0].layer):
+        while self.jobs and self.jobs[0].ranges is None and self.store.follows(batch[-1].layer, self.jobs[0].layer):
             size += self.store.nbytes(self.jobs[0].layer)
             if size > self.coalesce_bytes:
                 break
@@ -134,23 +156,43 @@ class ThreadTransport:
         return batch
 
     def load(self, batch: list[_Job]) -> None:
+        """Run the batch's loads; the counters take them before the waiting compute is woken, so
+        it reads statistics that include what it waited for."""
+        error = None
         try:
-            hosts = self.store.read_run([job.layer for job in batch], [self.staging[job.slot] for job in batch])
-            for job, host in zip(batch, hosts):
-                self.wait_free(job.slot)
-                self.mover.move(job.slot, host)
-        except BaseException as error:  # handed to the computing thread, which re-raises it
-            for job in batch:
-                job.done.set_exception(error)
-        else:
-            for job in batch:
+            if batch[0].ranges is None:
+                self.load_layers(batch)
+            else:
+                self.load_ranges(batch[0])
+        except BaseException as failure:  # handed to the computing thread, which re-raises it
+            error = failure
+        with self.wake:
+            self.busy_s += self.clock() - self.busy_since
+            self.busy_since = None
+            self.moved_bytes += sum(self.job_bytes(job) for job in batch)
+            self.fetched_bytes += sum(self.job_bytes(job) for job in batch if job.urgent)
+            self.requests += 1
+        for job in batch:
+            if error is None:
                 job.done.set_result(None)
-        finally:
-            with self.wake:
-                self.busy_s += self.clock() - self.busy_since
-                self.busy_since = None
-                self.moved_bytes += sum(self.store.nbytes(job.layer) for job in batch)
-                self.requests += 1
+            else:
+                job.done.set_exception(error)
+
+    def load_layers(self, batch: list[_Job]) -> None:
+        hosts = self.store.read_run([job.layer for job in batch], [self.staging[job.slot] for job in batch])
+        for job, host in zip(batch, hosts):
+            self.wait_free(job.slot)
+            self.mover.move(job.slot, host)
+
+    def load_ranges(self, job: _Job) -> None:
+        hosts = self.store.read_ranges(job.layer, job.ranges, self.staging[job.slot])
+        if not job.urgent:
+            self.wait_free(job.slot)
+        for host, (start, _) in zip(hosts, job.ranges):
+            self.mover.move(job.slot, host, start)
+
+    def job_bytes(self, job: _Job) -> int:
+        return self.store.nbytes(job.layer) if job.ranges is None else job.nbytes
 
     def wait_free(self, slot: int) -> None:
         """The mover's wait for room, with the link's busy clock stopped meanwhile."""
@@ -173,7 +215,7 @@ class ThreadTransport:
     def stats(self) -> TransferStats:
         with self.wake:
             busy = self.busy_s + (self.clock() - self.busy_since if self.busy_since is not None else 0.0)
-            return TransferStats(self.moved_bytes, busy)
+            return TransferStats(self.moved_bytes, busy, fetched_bytes=self.fetched_bytes)
 
     def close(self) -> None:
         """Finish the read in progress, drop the queued ones, stop the thread (idempotent)."""

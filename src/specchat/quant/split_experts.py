@@ -15,6 +15,7 @@ beyond what its own linear does.
 """
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +24,35 @@ from specchat.errors import SpecchatError
 
 # transformers' flags (integrations/moe.py) of the one fused layout this module reproduces.
 FUSED_LAYOUT = {"is_concatenated": True, "is_transposed": False, "has_bias": False, "has_gate": True}
+
+
+class ExpertFeed(Protocol):
+    """Puts experts' weights in place before their products run: a layer streamed by expert
+    (offload/experts.py) loads only the experts its router picked."""
+
+    def start(self, experts: list[int]) -> None:
+        """Begin bringing in `experts` (ascending), all at once, so that the later ones load while
+        the first ones compute."""
+
+    def wait(self, expert: int) -> None:
+        """Block until `expert`'s weights are in place (one of those started)."""
+
+    def settle(self) -> None:
+        """Wait out every load started: nothing writes into the weights once the forward has
+        returned or raised."""
+
+
+class Resident:
+    """The feed of experts that are always in place."""
+
+    def start(self, experts: list[int]) -> None:
+        pass
+
+    def wait(self, expert: int) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
 
 
 class ExpertLinears(nn.Module):
@@ -43,6 +73,7 @@ class SplitExperts(nn.Module):
         super().__init__()
         self.num_experts = count
         self.act_fn = act_fn
+        self.feed: ExpertFeed = Resident()
         for index in range(count):
             self.add_module(str(index), ExpertLinears(hidden, intermediate))
 
@@ -50,9 +81,15 @@ class SplitExperts(nn.Module):
         """hidden_states [T, H], top_k_index and top_k_weights [T, k] -> [T, H]."""
         out = torch.zeros_like(hidden_states)
         by_slot = top_k_index.t()  # [k, T]: an expert's rows ordered by slot, then token, as transformers orders them
-        for expert in torch.unique(top_k_index).tolist():  # ascending: each token's terms summed in transformers' order
-            slot, token = torch.where(by_slot == expert)
-            out.index_add_(0, token, self.expert_output(expert, hidden_states[token], top_k_weights[token, slot, None]))
+        experts = torch.unique(top_k_index).tolist()  # ascending: each token's terms summed in transformers' order
+        self.feed.start(experts)
+        try:
+            for expert in experts:
+                slot, token = torch.where(by_slot == expert)
+                self.feed.wait(expert)
+                out.index_add_(0, token, self.expert_output(expert, hidden_states[token], top_k_weights[token, slot, None]))
+        finally:
+            self.feed.settle()
         return out
 
     def expert_output(self, expert: int, rows: Tensor, weights: Tensor) -> Tensor:

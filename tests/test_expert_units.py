@@ -1,0 +1,148 @@
+"""The pieces of streaming by expert: a MoE layer's layout in head and expert units, reading byte
+ranges from the stores, expert fetches ahead of the ring's loads, and which experts a slot holds."""
+
+import threading
+
+import torch
+
+from specchat.offload.direct_io import ALIGN, aligned_empty
+from specchat.offload.experts import FETCH_RUN_BYTES, ExpertLoads, SlotExperts, runs
+from specchat.offload.layout import lay_out
+from specchat.offload.storage import DiskStore, RamStore, spans
+from specchat.offload.streamer import Streamer
+from specchat.offload.transport import HostMover, ThreadTransport
+
+F32 = torch.float32
+SPECS = [("attn.q", F32, (5, 3)), ("experts.0.w", F32, (7,)), ("norm", F32, (3,)), ("experts.1.w", F32, (100,)),
+         ("experts.1.b", F32, (2,)), ("experts.0.b", F32, (1,))]
+UNIT_OF = {"experts.0.w": 0, "experts.0.b": 0, "experts.1.w": 1, "experts.1.b": 1}
+
+
+def test_a_moe_layout_puts_the_head_first_and_each_expert_in_an_aligned_unit_of_its_own():
+    layout = lay_out(SPECS, UNIT_OF)
+    offsets = {p.name: p.offset for p in layout.places}
+    # head: q (60 bytes) at 0, norm at the next 64-byte boundary; then the units on 4096 boundaries
+    assert offsets["attn.q"] == 0 and offsets["norm"] == 64
+    assert layout.units == ((ALIGN, ALIGN + 64 + 4), (2 * ALIGN, 2 * ALIGN + 448 + 8))
+    assert (offsets["experts.0.w"], offsets["experts.0.b"]) == (ALIGN, ALIGN + 64)
+    assert (offsets["experts.1.w"], offsets["experts.1.b"]) == (2 * ALIGN, 2 * ALIGN + 448)
+    assert layout.head == ALIGN and layout.nbytes == 2 * ALIGN + 456
+
+
+def test_a_dense_layout_is_all_head():
+    layout = lay_out(SPECS)
+    assert layout.units == () and layout.head == layout.nbytes == max(p.offset + p.nbytes for p in layout.places)
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    return {name: torch.arange(torch.Size(shape).numel(), dtype=dtype).reshape(shape) + 1000 * i
+            for i, (name, dtype, shape) in enumerate(SPECS)}
+
+
+def test_both_stores_read_an_experts_unit_into_its_own_place(tmp_path):
+    layout = lay_out(SPECS, UNIT_OF)
+    disk = DiskStore([layout], tmp_path / "m.layers", {})
+    ram = RamStore({0: layout}, pin=False)
+    for store in (disk, ram):
+        store.begin_writing()
+        store.write(0, tensors())
+        store.finish_writing()
+        store.open()
+        staging = aligned_empty(3 * ALIGN).fill_(7)
+        (start, end), = [layout.units[1]]
+        host, = store.read_ranges(0, [(start, end)], staging)
+        place = torch.zeros(3 * ALIGN, dtype=torch.uint8)
+        place[start:end] = host
+        expert = {name: view for name, view in layout.views(place).items() if UNIT_OF.get(name) == 1}
+        assert all(torch.equal(view, tensors()[name]) for name, view in expert.items()) and len(expert) == 2
+        store.close()
+    # the disk read landed in the staging at the unit's place, and nothing before it was written
+    assert torch.equal(staging[:start], torch.full((start,), 7, dtype=torch.uint8))
+
+
+def test_ranges_that_follow_each_other_on_the_boundary_are_read_as_one():
+    assert spans([(4096, 4100), (8192, 9000), (16384, 16390)]) == [(4096, 9000), (16384, 16390)]
+    assert spans([]) == []
+
+
+def test_runs_group_consecutive_experts_up_to_the_request_size():
+    units = tuple((i * ALIGN, i * ALIGN + 10) for i in range(6))
+    assert runs([0, 1, 3, 4, 5], units) == [[0, 1], [3, 4, 5]]
+    big = tuple((i * FETCH_RUN_BYTES, (i + 1) * FETCH_RUN_BYTES - 1) for i in range(3))
+    assert runs([0, 1, 2], big) == [[0], [1], [2]]
+
+
+def test_a_slot_forgets_its_experts_when_another_layer_enters_it():
+    held = SlotExperts()
+    held.enter(0, 5).update({1, 2})
+    assert held.enter(0, 5) == {1, 2}  # the same layer again: its experts are still there
+    assert held.enter(1, 5) == set()  # another slot
+    assert held.enter(0, 6) == set() and held.enter(0, 5) == set()
+
+
+class RecordingStreamer:
+    def __init__(self) -> None:
+        self.fetched: list[list[tuple[int, int]]] = []
+        self.waited: list[int] = []
+
+    def fetch(self, layer, slot, ranges):
+        self.fetched.append(ranges)
+        return len(self.fetched) - 1
+
+    def wait(self, ticket):
+        self.waited.append(ticket)
+
+
+def test_a_call_fetches_the_experts_its_slot_lacks_and_marks_them_held():
+    units = tuple((i * ALIGN, i * ALIGN + 10) for i in range(4))
+    streamer, held = RecordingStreamer(), {1}
+    loads = ExpertLoads(streamer, layer=3, slot=0, units=units, held=held)
+    loads.start([0, 1, 2])
+    assert streamer.fetched == [[units[0]], [units[2]]]  # 0 and 2 are not consecutive once 1 is held
+    loads.wait(0)
+    loads.wait(1)  # held already: nothing to wait for
+    assert streamer.waited == [0] and held == {0, 1}
+    loads.settle()  # waits out expert 2's load, but only a wait marks it held
+    assert streamer.waited == [0, 1] and held == {0, 1}
+
+
+class GatedRanges:
+    """A store whose first read waits for a gate; it records each read in order."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.reads: list[tuple] = []
+
+    def read_run(self, layers, stagings):
+        assert self.gate.wait(30)
+        self.reads.append(("layers", *layers))
+        return stagings
+
+    def read_ranges(self, layer, ranges, staging):
+        assert self.gate.wait(30)
+        self.reads.append(("ranges", layer, *ranges))
+        return [staging[start:end] for start, end in ranges]
+
+    def follows(self, previous, layer):
+        return layer == previous + 1
+
+    def nbytes(self, layer):
+        return 100
+
+
+def test_a_fetch_goes_before_the_queued_ring_loads_and_a_head_moves_alone():
+    store = GatedRanges()
+    slots = [torch.zeros(200, dtype=torch.uint8) for _ in range(3)]
+    transport = ThreadTransport(store, slots, HostMover(slots), heads={1: 40})
+    streamer = Streamer([0, 1, 2], slots=3, transport=transport)  # queues 0 (taken at once), 1 and 2
+    ticket = streamer.fetch(0, 0, [(64, 90)])
+    store.gate.set()
+    streamer.wait(ticket)
+    streamer.drain()
+    transport.close()
+    # layer 0's read may have begun before the fetch was queued; the fetch then jumps layers 1 and 2,
+    # and layer 1, streamed by expert, moves only its head: never coalesced with its neighbours
+    assert store.reads.index(("ranges", 0, (64, 90))) < store.reads.index(("ranges", 1, (0, 40)))
+    assert ("layers", 2) in store.reads
+    moved = transport.stats()
+    assert moved.bytes == 100 + 40 + 100 + 26 and moved.fetched_bytes == 26

@@ -1,0 +1,136 @@
+"""MoE targets streamed by expert (offload/experts.py): a streamed layer's ring load moves its head,
+and each call fetches the experts its router picked, and only those. The bytes fetched are
+counted here from the routers' own choices, and the model's logits and SpecExec's tokens are
+those of the model in memory."""
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from gptq_moe_writer import EXPERTS, tiny_moe, write_moe_gptq_checkpoint, dense_model
+from test_moe_gptq import NEW_TOKENS, PROMPT, SAMPLINGS, SPECS, assert_specexec_emits_autoregressive_tokens, draft_of, \
+    loaded
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.offload.build import Offload, offload_model
+from specchat.plan.machine import Machine
+from specchat.plan.model import plan_checkpoint
+from specchat.plan.request import PlanRequest
+from specchat.progress import Reporter
+
+CPU = torch.device("cpu")
+FAMILIES = ["mixtral", "qwen3_moe"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def moe(request, tmp_path_factory) -> tuple[str, Path]:
+    """(family, its GPTQ directory: act-order, groups of 32)."""
+    directory = tmp_path_factory.mktemp(f"{request.param}-gptq")
+    return request.param, write_moe_gptq_checkpoint(request.param, tiny_moe(request.param, 7), directory,
+                                                     SPECS["g32-act-order-asym"])
+
+
+@contextmanager
+def streamed(directory: Path, tier: str, offload_dir: Path, slots: int,
+             by_expert: bool = True) -> Iterator[tuple[CausalLM, Offload]]:
+    """The checkpoint in float32 with both its layers streamed from `tier` through a ring of
+    `slots` (1: every call of a layer finds its slot last held by the other layer)."""
+    request = PlanRequest(tier=tier, offload_dir=offload_dir, resident_layers=0, slots=2)
+    placement = plan_checkpoint(directory, "tiny-moe", torch.float32, Machine(kind="cpu"), request).placement
+    model, offload = offload_model(directory, "tiny-moe", torch.float32, CPU, dataclasses.replace(placement, slots=slots),
+                                   offload_dir, Reporter(bars=False), by_expert=by_expert)
+    try:
+        yield CausalLM(model, offload), offload
+    finally:
+        offload.close()
+
+
+def expert_bytes(directory: Path) -> list[list[int]]:
+    """Bytes of each expert's tensors, layer by layer, as the model in memory holds them."""
+    layers = loaded(directory).model.layers
+    return [[sum(t.nbytes for t in layer.mlp.experts.get_submodule(str(e)).state_dict().values()) for e in range(EXPERTS)]
+            for layer in layers]
+
+
+def record_routes(lm: CausalLM) -> list[list[set[int]]]:
+    """Per layer, the experts each call of its router picked (appended as calls happen)."""
+    routes: list[list[set[int]]] = []
+    for layer in lm.model.model.layers:
+        calls: list[set[int]] = []
+        routes.append(calls)
+        layer.skeleton.mlp.gate.register_forward_hook(
+            lambda module, args, out, calls=calls: calls.append(set(out[2].flatten().tolist())))
+    return routes
+
+
+def passes(lm: CausalLM) -> Iterator[None]:
+    """The prompt's pass, then one-token passes of its greedy continuation (a narrow pass each)."""
+    cache = new_cache()
+    tokens = torch.tensor(PROMPT)
+    for position in range(len(PROMPT), len(PROMPT) + 4):
+        hidden = lm.hidden(tokens, torch.arange(position - tokens.numel(), position), cache)
+        tokens = lm.logits(hidden[-1:]).argmax(-1)
+        yield
+
+
+def fetched_per_pass(lm: CausalLM, offload: Offload, routes: list[list[set[int]]]) -> list[tuple[int, list[list[set[int]]]]]:
+    """Per pass of `passes`: the bytes fetched during it, and each layer's router calls in it."""
+    result, mark, seen = [], offload.stats().fetched_bytes, [0] * len(routes)
+    for _ in passes(lm):
+        now = offload.stats().fetched_bytes
+        result.append((now - mark, [calls[count:] for calls, count in zip(routes, seen)]))
+        mark, seen = now, [len(calls) for calls in routes]
+    return result
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_each_call_fetches_exactly_the_experts_its_router_picked(moe, tmp_path, tier):
+    _, directory = moe
+    sizes = expert_bytes(directory)
+    with streamed(directory, tier, tmp_path, slots=1) as (lm, offload):
+        routes = record_routes(lm)
+        for fetched, calls in fetched_per_pass(lm, offload, routes):
+            # each call of a layer found its slot last held by the other layer: it fetched every
+            # expert it routed to
+            assert fetched == sum(sizes[layer][e] for layer, made in enumerate(calls) for call in made for e in call)
+        narrow = [call for calls in routes for call in calls[1:]]  # the one-token passes'
+        assert len(narrow) == 6 and all(len(call) == 2 for call in narrow)  # 2 of the 4 experts each
+
+
+def test_a_ring_that_holds_the_whole_pass_fetches_an_expert_once(moe, tmp_path):
+    _, directory = moe
+    sizes = expert_bytes(directory)
+    held: list[set[int]] = [set(), set()]
+    with streamed(directory, "ram", tmp_path, slots=2) as (lm, offload):
+        for fetched, calls in fetched_per_pass(lm, offload, record_routes(lm)):
+            new = [set().union(*made) - held[layer] for layer, made in enumerate(calls)]
+            assert fetched == sum(sizes[layer][e] for layer, experts in enumerate(new) for e in experts)
+            held = [h | n for h, n in zip(held, new)]
+
+
+@pytest.mark.parametrize("by_expert", [True, False], ids=["by-expert", "whole-layers"])
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_a_moe_streamed_either_way_gives_the_in_memory_logits(moe, tmp_path, tier, by_expert):
+    _, directory = moe
+    memory = CausalLM(loaded(directory))
+    with streamed(directory, tier, tmp_path, slots=1, by_expert=by_expert) as (lm, offload):
+        cache, reference = new_cache(), new_cache()
+        prompt = torch.tensor(PROMPT)
+        got = lm.logits(lm.hidden(prompt, torch.arange(prompt.numel()), cache))
+        assert torch.equal(got, memory.logits(memory.hidden(prompt, torch.arange(prompt.numel()), reference)))
+        assert (offload.stats().fetched_bytes > 0) == by_expert
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
+def test_specexec_over_a_target_streamed_by_expert_emits_the_in_memory_autoregressive_tokens(moe, tmp_path, sampling):
+    family, directory = moe
+    memory = CausalLM(loaded(directory))
+    reference = [t for e in AutoregressiveEngine(memory, []).generate(PROMPT, NEW_TOKENS, sampling) for t in e.token_ids]
+    with streamed(directory, "disk", tmp_path, slots=1) as (lm, offload):
+        assert_specexec_emits_autoregressive_tokens(lm, draft_of(dense_model(family, directory)), sampling, reference)
+        assert offload.stats().fetched_bytes > 0
