@@ -1,6 +1,8 @@
 """--budget auto's rule: the cut that maximizes predicted tokens per second, growth that stops
 when the next draft step cannot pay for itself, and the online calibration."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,23 @@ def test_an_iteration_is_drafting_then_a_pass_that_waits_for_what_was_not_staged
     assert staged.iteration(1.8, 8) == pytest.approx(2.3)  # max(d + tau, S)
     half = Costs(target_n=(1,), target_s=(0.5,), draft_b=(1,), draft_s=(0.1,), stream_s=2.0, staged=0.5)
     assert half.iteration(3.0, 8) == pytest.approx(4.0)  # 1 s of the pass could not be staged
+
+
+def test_the_experts_a_pass_fetches_add_to_its_iteration_by_its_tokens():
+    # streamed by expert: 1 s of heads staged, then what the tree's tokens route to, fetched after
+    moe = Costs(target_n=(1, 17), target_s=(0.5, 0.5), draft_b=(1,), draft_s=(0.1,), stream_s=1.0,
+                fetch_s=(0.2, 1.0))
+    assert moe.iteration(1.0, 1) == pytest.approx(1.5 + 0.2)  # d + tau + F(1): the heads were free
+    assert moe.iteration(1.0, 9) == pytest.approx(1.5 + 0.6)  # F interpolated: 0.2 + 8 * 0.05
+
+
+def test_a_tree_is_cut_smaller_when_its_tokens_fetch_more_experts():
+    # ten likely nodes, then unlikely ones; the same costs but for what the tokens fetch
+    likely = probs(*([0.8] * 10 + [0.05] * 40))
+    flat = Costs(target_n=(1, 65), target_s=(0.5, 0.5), draft_b=(1,), draft_s=(0.01,))
+    fetching = dataclasses.replace(flat, fetch_s=(0.1, 6.5))  # 0.1 s a token's experts
+    assert AutoSizer(flat, cap=64).best_cut(likely, draft_spent=0.1).size == 50
+    assert AutoSizer(fetching, cap=64).best_cut(likely, draft_spent=0.1).size == 10
 
 
 def test_drafting_while_the_link_moves_the_next_pass_is_taken_however_costly():

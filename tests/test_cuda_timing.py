@@ -76,7 +76,7 @@ def test_now_on_cpu_only_reads_the_clock(log):
 
 
 def test_the_probe_synchronizes_before_each_clock_read_and_reads_the_counters_after(log, tiny_target):
-    seconds = time_pass(OnFakeCuda(tiny_target, log), 4, run_head=False)
+    seconds, _ = time_pass(OnFakeCuda(tiny_target, log), 4, run_head=False)
     assert seconds == 1.0  # two adjacent ticks: the synchronized clock, nothing else
     assert log.count("clock") == 2 * REPEATS and clock_reads_follow_a_sync(log) and stats_follow_a_clock_read(log)
 

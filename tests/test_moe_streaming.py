@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from gptq_moe_writer import EXPERTS, tiny_moe, write_moe_gptq_checkpoint, dense_model
+from gptq_moe_writer import EXPERTS, dense_model, tiny_moe, write_moe_gptq_checkpoint
 from test_moe_gptq import NEW_TOKENS, PROMPT, SAMPLINGS, SPECS, assert_specexec_emits_autoregressive_tokens, draft_of, \
     loaded
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.probe import probe_costs
 from specchat.offload.build import Offload, offload_model
 from specchat.plan.machine import Machine
 from specchat.plan.model import plan_checkpoint
@@ -134,3 +135,19 @@ def test_specexec_over_a_target_streamed_by_expert_emits_the_in_memory_autoregre
     with streamed(directory, "disk", tmp_path, slots=1) as (lm, offload):
         assert_specexec_emits_autoregressive_tokens(lm, draft_of(dense_model(family, directory)), sampling, reference)
         assert offload.stats().fetched_bytes > 0
+
+
+def test_the_probe_prices_the_heads_as_the_pass_and_the_experts_by_tokens(moe, tmp_path):
+    family, directory = moe
+    with streamed(directory, "ram", tmp_path, slots=1) as (lm, offload):
+        layers = offload.store.layouts
+        assert offload.pass_bytes == sum(layers[i].head for i in (0, 1)) < sum(layers[i].nbytes for i in (0, 1))
+        costs = probe_costs(lm, draft_of(dense_model(family, directory)), cap=4)
+    assert all(size == expert_bytes(directory)[0][0] for layer in expert_bytes(directory) for size in layer)
+    # Every call fetches what it routes to (a 1-slot ring), and every expert weighs the same: one
+    # token fetches 2 experts a layer, 4 in all; a wider pass 4 to 8, averaged over the probe's 2
+    # repeats: eighths of 4, at the same seconds a byte.
+    assert len(costs.fetch_s) == len(costs.target_n) and costs.target_n[0] == 1 and costs.fetch_s[0] > 0
+    for seconds in costs.fetch_s:
+        eighths = 8 * seconds / costs.fetch_s[0]
+        assert 8 <= round(eighths) <= 16 and eighths == pytest.approx(round(eighths), abs=1e-6)

@@ -14,7 +14,10 @@ pass in S seconds, and while the tree grows it stages up to a share f of the nex
 ring's slots), so the pass cannot end before the rest, S - min(f * S, d), has arrived:
     T(d, K) = d + max(tau(K + 1), S - min(f * S, d))      (S = 0 in memory: T = d + tau)
 With a whole pass staged (f = 1) that is max(d + tau, S): drafting is free until it and the
-pass's compute fill the time the link needs anyway. The iteration's rate is
+pass's compute fill the time the link needs anyway. A MoE target streamed by expert stages only
+its layers' heads (S); the experts a pass routes to are fetched once its routers have picked them,
+in F(n) seconds that grow with the tokens n (more tokens, more distinct experts), and nothing hides
+them: T(d, K) gains F(K + 1). The iteration's rate is
     r(K) = (c * A_K + 1) / T(d, K),
 with A_K the sum of the K largest P. The K most likely nodes always form a tree (a node is never
 more likely than its parent), so any K is a valid cut of the grown tree.
@@ -43,7 +46,8 @@ class Costs:
     """Measured seconds of a target pass's compute over n tokens and of a draft step over b
     nodes, interpolated linearly between the measured points and extrapolated from the last two;
     for an offloaded target, the seconds the link takes to move a pass and the share of a pass
-    staged while the tree grows."""
+    staged while the tree grows, and for one streamed by expert the link's seconds for the experts
+    a pass fetches, by its tokens."""
 
     target_n: tuple[int, ...]
     target_s: tuple[float, ...]
@@ -51,6 +55,10 @@ class Costs:
     draft_s: tuple[float, ...]
     stream_s: float = 0.0  # S: the link's seconds per pass; 0 when every layer is on the device
     staged: float = 1.0  # f: the share of a pass the staging area holds
+    fetch_s: tuple[float, ...] = ()  # F: link seconds of the experts a pass over target_n[i] tokens fetched
+
+    def fetch(self, n: int) -> float:
+        return interpolate(self.target_n, self.fetch_s, n) if self.fetch_s else 0.0
 
     def target(self, n: int) -> float:
         return interpolate(self.target_n, self.target_s, n)
@@ -61,7 +69,7 @@ class Costs:
     def iteration(self, draft_spent: float, n: int) -> float:
         """T(d, K): drafting for `draft_spent` seconds, then a pass over n tokens."""
         unstaged = self.stream_s - min(self.staged * self.stream_s, draft_spent)
-        return draft_spent + max(self.target(n), unstaged)
+        return draft_spent + max(self.target(n), unstaged) + self.fetch(n)
 
 
 def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:

@@ -12,7 +12,9 @@ and `--budget auto` would size trees as if a wide pass cost what a narrow one do
 
 An offloaded target's pass is timed as compute: the time it waited for streamed layers is left
 out, and the link's own cost, the seconds it takes to move a pass at the speed it showed during
-the probe, is measured beside it (`Costs.iteration` puts the two together).
+the probe, is measured beside it (`Costs.iteration` puts the two together). For a MoE target
+streamed by expert that is the layers' heads, and the experts each size's pass fetched are counted
+apart, per size, at the same speed: what a tree of that size costs the link on top.
 """
 
 import torch
@@ -37,10 +39,11 @@ def doubling(cap: int) -> list[int]:
     return sizes + [cap]
 
 
-def time_pass(lm: CausalLM, n: int, run_head: bool) -> float:
+def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float]:
     """Seconds of one forward over n tokens after CONTEXT cached ones (plus the head work a tree
-    step or pass does), the fastest of REPEATS, less the time spent waiting for streamed layers."""
-    best, vocab = float("inf"), lm.model.config.vocab_size
+    step or pass does), the fastest of REPEATS, less the time spent waiting for streamed layers;
+    and the bytes of experts such a pass fetched, the mean of the REPEATS."""
+    best, fetched, vocab = float("inf"), 0, lm.model.config.vocab_size
     for _ in range(REPEATS):
         cache = new_cache()
         lm.hidden(torch.arange(CONTEXT) % vocab, torch.arange(CONTEXT), cache)
@@ -52,34 +55,38 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> float:
         else:
             lm.logits(hidden[: min(n, 8)])  # the walk reads a few rows
         elapsed = now(lm.device) - start
-        best = min(best, elapsed - (lm.transfer_stats() - before).stall_s)
-    return best
+        moved = lm.transfer_stats() - before
+        best, fetched = min(best, elapsed - moved.stall_s), fetched + moved.fetched_bytes
+    return best, fetched / REPEATS
 
 
-def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    sizes, seconds = [], []
+def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+    """Sizes, their seconds and the bytes of experts their passes fetched."""
+    sizes, seconds, fetched = [], [], []
     for n in doubling(cap):
         sizes.append(n)
-        seconds.append(time_pass(lm, n, run_head))
+        cost, nbytes = time_pass(lm, n, run_head)
+        seconds.append(cost)
+        fetched.append(nbytes)
         if seconds[-1] > STOP_RATIO * seconds[0]:
             break
-    return tuple(sizes), tuple(seconds)
+    return tuple(sizes), tuple(seconds), tuple(fetched)
 
 
-def stream_seconds(target: CausalLM, moved: TransferStats) -> float:
-    """Seconds the link takes to move one pass, at the speed of the loads in `moved`; 0 when
-    nothing streams."""
-    if target.stream is None or moved.bytes == 0:
-        return 0.0
-    return target.stream.pass_bytes * moved.transfer_s / moved.bytes
+def link_seconds(nbytes: float, moved: TransferStats) -> float:
+    """Seconds the link takes to move `nbytes` at the speed of the loads in `moved`; 0 when
+    nothing moved."""
+    return nbytes * moved.transfer_s / moved.bytes if moved.bytes else 0.0
 
 
 def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
     """Target passes over 1 .. cap + 1 tokens and draft steps over 1 .. cap nodes, and for an
     offloaded target the link's seconds per pass and the share of a pass it stages."""
     before = target.transfer_stats()
-    target_n, target_s = measure(target, cap + 1, run_head=False)
-    stream_s = stream_seconds(target, target.transfer_stats() - before)
-    draft_b, draft_s = measure(draft, cap, run_head=True)
+    target_n, target_s, fetched = measure(target, cap + 1, run_head=False)
+    moved = target.transfer_stats() - before
+    stream_s = link_seconds(target.stream.pass_bytes, moved) if target.stream is not None else 0.0
+    fetch_s = tuple(link_seconds(nbytes, moved) for nbytes in fetched) if any(fetched) else ()
+    draft_b, draft_s, _ = measure(draft, cap, run_head=True)
     staged = target.stream.staged_share if target.stream is not None else 1.0
-    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged)
+    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s)

@@ -39,8 +39,9 @@ class Offload:
 
     @property
     def pass_bytes(self) -> int:
-        """Bytes one full pass streams."""
-        return sum(self.store.nbytes(layer) for layer in self.streamed)
+        """Bytes the ring moves a pass: the streamed layers, or of a layer streamed by expert its
+        head (the experts its tokens route to are fetched on top)."""
+        return sum(self.transport.heads.get(layer, self.store.nbytes(layer)) for layer in self.streamed)
 
     @property
     def staged_share(self) -> float:
