@@ -10,18 +10,31 @@ import torch
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DRAFT_VOCAB
 from specchat.models.loading import has_int4, resolve
-from specchat.offload.placement import link_speeds
+from specchat.offload.placement import Placement, link_speeds
 from specchat.models.configs import read_config
 from specchat.plan.budget import MemoryPlan
 from specchat.plan.demand import shape_of
-from specchat.plan.experts import experts_touched
+from specchat.plan.experts import expert_share, experts_touched
 from specchat.plan.machine import Machine
 from specchat.plan.pair import draft_kinds, plan_pair
 from specchat.plan.request import Pair, PlanRequest, tree_sizes
 
-# Tokens accepted per target pass that SpecExec reports for 70B targets offloaded beside 7B drafts
-# at budgets of 1-2k tokens (Svirschevski et al. 2024): the range the expected speed spans.
-PAPER_GEN_RATES = (8.0, 20.0)
+
+
+@dataclass(frozen=True)
+class GenRates:
+    """Tokens accepted per target pass that SpecExec reports (Svirschevski et al. 2024), and the
+    tree they were measured at: the expected speed is those rates over a pass of that tree."""
+
+    rates: tuple[float, ...]
+    tree: int  # tree tokens a pass scores at those rates (its budget and root)
+    source: str
+
+
+# 70B targets offloaded beside 7B drafts at budgets of 1-2k tokens: the range the speed spans.
+PAPER_GEN_RATES = GenRates((8.0, 20.0), 1025, "SpecExec's offloaded 70B gen rates")
+# Mixtral-8x7B-GPTQ offloaded beside Mistral-7B, budget 256 (Table 1, OASST, t=0.6).
+PAPER_MOE_GEN_RATES = GenRates((12.38,), 257, "SpecExec's Mixtral-8x7B gen rate at a 256-token budget")
 
 
 TREE_SIZES = (1, 16, 64, 1024)  # the tree widths doctor says a MoE pass's routing at
@@ -30,19 +43,21 @@ TREE_SIZES = (1, 16, 64, 1024)  # the tree widths doctor says a MoE pass's routi
 @dataclass(frozen=True)
 class PairPlan:
     memory: MemoryPlan
-    pass_s: float | None  # seconds one pass streams; None when a link speed is unknown or nothing streams
-    tokens_per_s: tuple[float, float] | None  # at PAPER_GEN_RATES, when pass_s is known
+    pass_s: float | None  # seconds one pass over gen_rates' tree streams; None when a link speed is unknown or nothing streams
+    tokens_per_s: tuple[float, ...] | None  # at gen_rates, when pass_s is known
     routing: "Routing | None" = None  # a MoE target's experts a pass touches; None: a dense target
+    gen_rates: GenRates = PAPER_GEN_RATES
 
 
 @dataclass(frozen=True)
 class Routing:
     """A MoE target's experts a layer: E, k routed a token, and those a pass over each of
-    TREE_SIZES tree tokens touches (plan/experts.py)."""
+    TREE_SIZES tree tokens touches (plan/experts.py), with the bytes such a pass streams."""
 
     experts: int
     routed: int
     touched: tuple[float, ...]
+    streamed: tuple[float, ...]  # bytes a pass over each of TREE_SIZES streams (0 when nothing streams)
 
 
 def doctor_plan(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
@@ -62,19 +77,25 @@ def doctor_plan(target: str, draft: str | None, context: int | None, machine: Ma
                           tree_tokens=tree_tokens, smaller_trees=smaller_trees,
                           dense_copies=not cuda and not machine.described)
     memory = plan_pair(pair, request, machine)
+    placement = memory.placement
+    routing = routing_of(target, placement)
+    gen = PAPER_GEN_RATES if routing is None else PAPER_MOE_GEN_RATES
+    share = 1.0 if routing is None else expert_share(routing.experts, routing.routed, gen.tree)
     link = machine.pcie_gbps if cuda else None
-    pass_s = memory.placement.expected_pass_s(link, machine.disk_gbps) if memory.placement.streamed else None
-    rates = None if pass_s is None else tuple(rate / pass_s for rate in PAPER_GEN_RATES)
-    return PairPlan(memory, pass_s, rates, routing_of(target))
+    pass_s = placement.expected_pass_s(link, machine.disk_gbps, share) if placement.streamed else None
+    speeds = None if pass_s is None else tuple(rate / pass_s for rate in gen.rates)
+    return PairPlan(memory, pass_s, speeds, routing, gen)
 
 
-def routing_of(target: str) -> Routing | None:
-    """How a MoE target's passes route, from its config; None for a dense target."""
+def routing_of(target: str, placement: Placement) -> Routing | None:
+    """How a MoE target's passes route, from its config, and what they stream placed as
+    `placement`; None for a dense target."""
     shape = shape_of(read_config(target), torch.bfloat16)
     if not shape.experts:
         return None
     touched = tuple(experts_touched(shape.experts, shape.routed, n) for n in TREE_SIZES)
-    return Routing(shape.experts, shape.routed, touched)
+    streamed = tuple(placement.streamed_bytes(placement.streamed, count / shape.experts) for count in touched)
+    return Routing(shape.experts, shape.routed, touched, streamed)
 
 
 def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None) -> str:
@@ -84,4 +105,5 @@ def pass_timing(pair: PairPlan, ram_gbps: float | None, disk_gbps: float | None)
         return "no streaming: compute speed"
     if pair.pass_s is None:
         return "unknown (no measured or given link speed: --pcie-gbps, --disk-gbps)"
-    return f"~{pair.pass_s:.2f} s streaming per pass at {link_speeds(placement, ram_gbps, disk_gbps)}"
+    tree = "" if pair.routing is None else f" over {pair.gen_rates.tree} tree tokens"
+    return f"~{pair.pass_s:.2f} s streaming per pass{tree} at {link_speeds(placement, ram_gbps, disk_gbps)}"

@@ -3,7 +3,7 @@
 from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.limit import Limit
-from specchat.doctor.plan import PAPER_GEN_RATES, TREE_SIZES, PairPlan, Routing, pass_timing
+from specchat.doctor.plan import TREE_SIZES, PairPlan, Routing, pass_timing
 from specchat.plan.machine import Machine
 from specchat.transfer import gb
 
@@ -75,20 +75,23 @@ def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | 
 
 
 def routing_lines(routing: Routing | None) -> list[str]:
-    """A MoE target's experts a pass routes to, by tree size; each streamed layer moves whole today."""
+    """A MoE target's experts a pass routes to, and the bytes it streams, by tree size (a streamed
+    layer moves its head and the experts routed to)."""
     if routing is None:
         return []
     touched = ", ".join(f"{n}: {count:.1f}" for n, count in zip(TREE_SIZES, routing.touched))
+    streamed = ", ".join(f"{n}: {nbytes / 1e9:.2f}" for n, nbytes in zip(TREE_SIZES, routing.streamed))
     return [f"  experts        {routing.routed} of {routing.experts} a token; a pass over n tree tokens routes to "
-            f"~({touched}) of them a layer; a streamed layer moves all of its experts"]
+            f"~({touched}) of them a layer",
+            f"  by expert      a streamed layer moves its head and the experts routed to: ~({streamed}) GB a pass"]
 
 
 def expected_speed(pair: PairPlan) -> str:
     if pair.tokens_per_s is None:
         return "not estimated (nothing streams, or a link speed is unknown)"
-    low, high = pair.tokens_per_s
-    rates = "-".join(f"{rate:g}" for rate in PAPER_GEN_RATES)
-    return (f"at most {low:.1f}-{high:.1f} tokens/s: {rates} tokens per pass (SpecExec's offloaded 70B gen rates) "
+    speeds = "-".join(f"{speed:.1f}" for speed in pair.tokens_per_s)
+    rates = "-".join(f"{rate:g}" for rate in pair.gen_rates.rates)
+    return (f"at most {speeds} tokens/s: {rates} tokens per pass ({pair.gen_rates.source}) "
             "over the streamed pass; drafting and compute come on top")
 
 

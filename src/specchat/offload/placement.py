@@ -1,6 +1,8 @@
 """Where a model's decoder layers are, as the memory plan (specchat.plan) placed them: the
 streaming's one input. Layers 0 .. resident-1 live on the device, the next ones stream from
-pinned RAM, the last ones from the layer file, through a ring of slots on the device."""
+pinned RAM, the last ones from the layer file, through a ring of slots on the device. A MoE
+layer streamed by expert moves its head and the experts its tokens route to: a pass's bytes then
+depend on the share of the experts it touches."""
 
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ class Placement:
     slots: int  # ring slots on the device (0 when nothing streams)
     slot_bytes: int
     needed: int  # bytes the device pool holds: fixed parts, headroom, resident layers, the ring (and, on a CPU, the ram tier)
+    heads: tuple[int, ...] = ()  # each MoE layer's head (the rest is its experts); () when every layer moves whole
 
     @property
     def streamed(self) -> list[int]:
@@ -29,6 +32,11 @@ class Placement:
     def disk_layers(self) -> list[int]:
         return list(range(self.resident + self.ram, len(self.layers)))
 
+    def streamed_bytes(self, layers: list[int], expert_share: float = 1.0) -> float:
+        """Bytes a pass streams of `layers`: a MoE layer's head and `expert_share` of its experts."""
+        heads = self.heads or self.layers
+        return sum(heads[i] + expert_share * (self.layers[i] - heads[i]) for i in layers)
+
     @property
     def ram_bytes(self) -> int:
         return sum(self.layers[i] for i in self.ram_layers)
@@ -39,16 +47,18 @@ class Placement:
 
     @property
     def pass_bytes(self) -> int:
-        """Bytes one target pass streams."""
+        """Bytes one target pass streams at most (every expert of a MoE layer routed to)."""
         return self.ram_bytes + self.disk_bytes
 
-    def expected_pass_s(self, ram_gbps: float | None, disk_gbps: float | None) -> float | None:
-        """Seconds one pass spends streaming at the given link speeds; None when a needed speed
-        is unknown. With staging, drafting hides up to this much of it."""
+    def expected_pass_s(self, ram_gbps: float | None, disk_gbps: float | None,
+                        expert_share: float = 1.0) -> float | None:
+        """Seconds one pass spends streaming at the given link speeds, `expert_share` of each MoE
+        layer's experts routed to; None when a needed speed is unknown. With staging, drafting
+        hides up to this much of it (of a MoE layer's, only its head)."""
         if (self.ram and not ram_gbps) or (self.disk and not disk_gbps):
             return None
-        ram_s = self.ram_bytes / (ram_gbps * 1e9) if self.ram else 0.0
-        return ram_s + (self.disk_bytes / (disk_gbps * 1e9) if self.disk else 0.0)
+        ram_s = self.streamed_bytes(self.ram_layers, expert_share) / (ram_gbps * 1e9) if self.ram else 0.0
+        return ram_s + (self.streamed_bytes(self.disk_layers, expert_share) / (disk_gbps * 1e9) if self.disk else 0.0)
 
     def describe(self, ram_gbps: float | None = None, disk_gbps: float | None = None) -> str:
         """One line: layers per tier, the ring, bytes per pass and the expected pass time."""

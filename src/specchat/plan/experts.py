@@ -12,3 +12,9 @@ def experts_touched(experts: int, routed: int, tokens: int) -> float:
         raise SpecchatError(f"{tokens} tokens routed to {routed} of {experts} experts: "
                             "need 1 <= experts per token <= experts and tokens >= 0")
     return experts * (1 - (1 - routed / experts) ** tokens)
+
+
+def expert_share(experts: int, routed: int, tokens: int) -> float:
+    """The share of a MoE layer's experts a pass over `tokens` tokens is expected to route to: of
+    a layer streamed by expert, the share of its experts' bytes the pass moves."""
+    return experts_touched(experts, routed, tokens) / experts

@@ -38,6 +38,7 @@ class ModelSizes:
     fixed: int  # weights outside the decoder layers: always on the device
     headroom: int  # everything else the device holds: KV caches, the largest pass, the draft, margins (plan/budget.py)
     file_bytes: int  # the disk tier's layer file (every layer, each padded to the O_DIRECT alignment)
+    heads: tuple[int, ...] = ()  # a MoE model's layers' heads, streamed by expert (offload/experts.py); () for a dense one
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     streamed = count - resident
     check_resident_fit(sizes.layers, resident, device_room - (min(MIN_SLOTS, streamed) * slot), rooms)
     if streamed == 0:
-        return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers))
+        return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers), sizes.heads)
     device_left = device_room - sum(sizes.layers[:resident])
     if rooms.host is None and request.tier == "ram":  # on a CPU the ram tier's layers are in RAM too
         ram = choose_ram(sizes.layers[resident:], device_left - MIN_SLOTS * slot, 0, request, rooms)
@@ -104,7 +105,7 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
                           sizes.file_bytes - rooms.disk)
     in_ram = sum(sizes.layers[resident:resident + ram]) if rooms.host is None else 0  # a CPU's RAM is its device
     needed = reserved + sum(sizes.layers[:resident]) + slots * slot + in_ram
-    return Placement(sizes.layers, resident, ram, disk, slots, slot, needed)
+    return Placement(sizes.layers, resident, ram, disk, slots, slot, needed, sizes.heads)
 
 
 def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Request) -> int:

@@ -18,4 +18,5 @@ def measure_sizes(model: PreTrainedModel, layers_name: str, layouts: list[LayerL
             outside += tensor_bytes(tensor, dtype)
         seen.add(id(tensor))
     layers = tuple(layout.nbytes for layout in layouts)
-    return ModelSizes(layers, outside, 0, sum(align_up(size) for size in layers))
+    heads = tuple(layout.head for layout in layouts) if any(layout.units for layout in layouts) else ()
+    return ModelSizes(layers, outside, 0, sum(align_up(size) for size in layers), heads)
