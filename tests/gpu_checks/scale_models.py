@@ -1,7 +1,9 @@
 """The scale check's models, from the shipped alias configs with random weights (nothing is
 downloaded): the target as a GPTQ checkpoint of random 4-bit weights, written straight in the
 format (random packed words, one scale per group and output) without a float model to quantize,
-which at 70B shapes would take minutes and tens of GB; the draft as a bf16 model in memory."""
+which at 70B shapes would take minutes and tens of GB; the draft as a bf16 model in memory. A MoE
+target's experts are written one by one, as AutoGPTQ stores them; the checkpoint is written a
+decoder layer a shard, so that no more than one layer is ever held in memory."""
 
 import json
 import math
@@ -15,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from specchat.models.configs import shipped_config_path
 from specchat.quant.gptq import GPTQSpec, group_count, pack_int4_cols, read_gptq_spec
+from specchat.quant.split_experts import split_experts
 
 Q_STD = 4.6  # the standard deviation of q - 8 for q uniform in 0..15: scales keep a layer's outputs near unit size
 
@@ -29,29 +32,42 @@ def alias_config(alias: str, layers: int, shrink: dict) -> tuple[PretrainedConfi
 
 
 def write_random_gptq(config: PretrainedConfig, settings: dict, directory: Path, seed: int = 0) -> Path:
-    """A GPTQ checkpoint of `config` in `directory` (written once): every decoder linear random
-    4-bit weights under `settings` (the alias's quantization_config), every other tensor random
-    (norms 1) in float16, as GPTQ checkpoints store them."""
+    """A GPTQ checkpoint of `config` in `directory` (written once): every decoder linear (each
+    expert's too) random 4-bit weights under `settings` (the alias's quantization_config), every
+    other tensor random (norms 1) in float16, as GPTQ checkpoints store them; one shard a layer."""
     if (directory / "config.json").exists():
         return directory
     spec = read_gptq_spec({"quantization_config": settings})
     with torch.device("meta"):  # names and shapes only
         skeleton = AutoModelForCausalLM.from_config(config)
+    split_experts(skeleton, None)  # a MoE's experts as three linears each (nothing for a dense model)
     generator = torch.Generator().manual_seed(seed)
-    tensors = {}
     linears = decoder_linears(skeleton)
-    for name, linear in linears.items():
-        parts = random_gptq_linear(linear.in_features, linear.out_features, spec, generator)
-        tensors |= {f"{name}.{key}": tensor for key, tensor in parts.items()}
     replaced = {f"{name}.weight" for name in linears}
-    for key, tensor in skeleton.state_dict().items():
-        if key not in replaced:
-            tensors[key] = random_dense(key, tensor.shape, generator)
+    state = skeleton.state_dict()
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    for shard, names in enumerate(shards(state, config.num_hidden_layers)):
+        tensors = {}
+        for name in names:
+            if name in replaced:
+                linear = linears[name.removesuffix(".weight")]
+                parts = random_gptq_linear(linear.in_features, linear.out_features, spec, generator)
+                tensors |= {f"{name.removesuffix('.weight')}.{key}": tensor for key, tensor in parts.items()}
+            else:
+                tensors[name] = random_dense(name, state[name].shape, generator)
+        save_file(tensors, directory / f"model-{shard:05d}.safetensors", metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config.to_dict() | {"dtype": "float16",
                                                                           "quantization_config": settings}, indent=2))
     return directory
+
+
+def shards(state: dict[str, Tensor], layers: int) -> list[list[str]]:
+    """The state's names by shard: one per decoder layer, then the rest."""
+    by_layer: list[list[str]] = [[] for _ in range(layers + 1)]
+    for name in state:
+        index = int(name.split(".")[2]) if name.startswith("model.layers.") else layers
+        by_layer[index].append(name)
+    return by_layer
 
 
 def random_gptq_linear(in_features: int, out_features: int, spec: GPTQSpec, generator: torch.Generator
