@@ -23,12 +23,16 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("scale check on the CPU")
-    for tokens in (1, 16, 64):  # the passes' and the draft's rows
-        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 2, done.stdout
+    for tokens in (1, 16, 64):  # the passes', the draft's and the MoE target's rows
+        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 3, done.stdout
     for shape in ("256x256", "256x64", "256x512", "512x256"):
         assert sum(line.startswith(f"| {shape} | ") for line in lines) == 3, done.stdout
     assert sum("dry run: no verdict" in line for line in lines) == 2
     assert "Traceback" not in done.stderr
+    # the MoE target's one-token pass streamed by expert moves a layer's head and 2 of its 8 experts
+    moe = lines[[i for i, line in enumerate(lines) if "streamed by expert and as whole layers" in line][0]:]
+    one = [float(cell) for cell in next(line for line in moe if line.startswith("| 1 | ")).strip("| ").split(" | ")]
+    assert one[2] < 0.5 * one[4]
 
 
 def test_a_random_tree_is_a_tree_with_its_mask_and_positions():

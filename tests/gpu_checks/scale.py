@@ -1,8 +1,9 @@
 """`gpu_check.sh --scale`: the paper's premise at the paper's scale. A Llama-2-70B-GPTQ-shaped
 target of random 4-bit weights (a few of its 80 layers), streamed from pinned RAM through a ring
 smaller than a pass, must pass a 2048-token tree in about the time of one token (the link, not the
-int4 products, bounds both); then the products per linear at its shapes, and a Llama-2-7B-shaped
-draft's step per width. `--dry-run` runs the same code over shrunk widths on any device, the CPU
+int4 products, bounds both); then the products per linear at its shapes, a Llama-2-7B-shaped
+draft's step per width, and a Mixtral-8x7B-GPTQ-shaped target's passes streamed by expert and as
+whole layers. `--dry-run` runs the same code over shrunk widths on any device, the CPU
 included, and gives no verdicts."""
 
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 from gpu_checks.scale_draft import draft_rows, draft_table
 from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_gptq
+from gpu_checks.scale_moe import MOE_ALIAS, moe_rows, moe_table
 from gpu_checks.scale_passes import pass_rows, pass_table, pass_verdict
 from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
 from gpu_checks.verdict import Verdict, exit_code
@@ -48,4 +50,6 @@ def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
     say(verdict_line(verdicts[-1]))
     say(f"timing a {DRAFT_ALIAS} shaped bf16 draft of {sizes.draft_layers} layers ...")
     say(draft_table(draft_rows(sizes, device)))
+    say(f"a {MOE_ALIAS} shaped target streamed by expert and as whole layers:")
+    say(moe_table(moe_rows(sizes, device, workdir, say)))
     return exit_code(verdicts)

@@ -19,6 +19,7 @@ class ScaleSizes:
     draft_widths: tuple[int, ...]
     target_shrink: dict = field(default_factory=dict)  # config overrides: empty at the paper's sizes
     draft_shrink: dict = field(default_factory=dict)
+    moe_shrink: dict = field(default_factory=dict)  # the MoE target's (gpu_checks/scale_moe.py)
 
     @property
     def dry_run(self) -> bool:
@@ -35,7 +36,9 @@ DRY = ScaleSizes(layers=3, cached=32, trees=(1, 16, 64), linear_rows=(1, 16, 64)
                  target_shrink={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
                                 "num_key_value_heads": 1, "vocab_size": 512},
                  draft_shrink={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-                               "num_key_value_heads": 4, "vocab_size": 512})
+                               "num_key_value_heads": 4, "vocab_size": 512},
+                 moe_shrink={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+                             "num_key_value_heads": 1, "vocab_size": 512})
 
 
 def scale_sizes(dry_run: bool, layers: int | None) -> ScaleSizes:
