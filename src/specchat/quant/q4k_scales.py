@@ -10,14 +10,16 @@ made again on each call:
   zero  = 8 * scale - dmin * m, rounded once to float32
 which is what quant/gguf_int4.q4k_to_int4 stores (computed wider, rounded once: the same float32),
 then rounded to the compute dtype as Int4Linear's packing rounds it. So the kernel multiplies the
-very same weights; a call spends ~6 elementwise steps over the layer's groups (G x O).
+very same weights; a call spends 4 elementwise steps over the layer's groups (G x O), written in
+place into the [G, O, 2] pairs, d and dmin broadcast over their 8 groups (the pairs made by
+stacking repeated copies cost twice as long: 6.7 ms against 3.3 for a 1536 x 8960 linear).
 """
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from specchat.quant.gguf_int4 import SUB_BLOCKS, q4k_scale_parts, scales_and_zeros
+from specchat.quant.gguf_int4 import SUB_BLOCKS, q4k_scale_parts
 from specchat.quant.int4 import Int4Linear
 
 Q4K_SUFFIXES = (".q4k_sc", ".q4k_m", ".q4k_d", ".q4k_dmin")  # a module's Q4_K scale parts in a checkpoint
@@ -41,5 +43,11 @@ class Q4KScalesLinear(Int4Linear):
             self.register_buffer(suffix.removeprefix("."), torch.empty(shape, dtype=kind))
 
     def group_scales(self) -> Tensor:
-        scale, zero = scales_and_zeros(self.q4k_sc, self.q4k_m, self.q4k_d, self.q4k_dmin, torch.float32)
-        return torch.stack([scale, zero], dim=-1).to(self.compute_dtype)
+        groups, outputs = self.q4k_sc.shape
+        pairs = torch.empty(groups, outputs, 2, device=self.q4k_sc.device)  # float32, as gguf computes
+        blocks = (groups // SUB_BLOCKS, SUB_BLOCKS, outputs)  # a super-block's 8 groups share its d and dmin
+        scale, zero = pairs[..., 0].view(blocks), pairs[..., 1].view(blocks)
+        torch.mul(self.q4k_sc.view(blocks), self.q4k_d.float()[:, None], out=scale)  # exact
+        torch.mul(self.q4k_m.view(blocks), self.q4k_dmin.float()[:, None], out=zero)  # exact
+        zero.neg_().add_(scale, alpha=8)  # 8 * scale exact too: the sum rounds once
+        return pairs.to(self.compute_dtype)
