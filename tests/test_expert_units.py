@@ -96,7 +96,8 @@ class RecordingStreamer:
 def test_a_call_fetches_the_experts_its_slot_lacks_and_marks_them_held():
     units = tuple((i * ALIGN, i * ALIGN + 10) for i in range(4))
     streamer, held = RecordingStreamer(), {1}
-    loads = ExpertLoads(streamer, layer=3, slot=0, units=units, held=held)
+    loads = ExpertLoads(streamer, layer=3, slot=0, buffer=torch.zeros(4 * ALIGN, dtype=torch.uint8), units=units,
+                        held=held)
     loads.start([0, 1, 2])
     assert streamer.fetched == [[units[0]], [units[2]]]  # 0 and 2 are not consecutive once 1 is held
     loads.wait(0)

@@ -4,13 +4,16 @@ into the slot it computes in, the later ones loading while the first ones comput
 
 A slot keeps the experts it fetched for as long as it holds the same layer, since a ring load
 writes only the head: a ring that stages a whole pass fetches each expert of a layer once, and a
-smaller ring fetches what each call routes to.
+smaller ring fetches what each call routes to. Where the plan left room, the most-routed experts
+also wait on the device (offload/expert_cache.py) and are copied into the slot from there.
 """
 
 from typing import Any
 
+import torch
 from torch import nn
 
+from specchat.offload.expert_cache import ExpertCache
 from specchat.quant.split_experts import SplitExperts
 
 # Experts whose units lie next to each other are read in one request up to this size: fewer
@@ -48,27 +51,46 @@ class SlotExperts:
 
 class ExpertLoads:
     """The ExpertFeed of one call of a layer streamed by expert (`streamer` as offload/streamer's
-    Streamer: fetch, wait)."""
+    Streamer: fetch, wait) computing in ring slot `slot`, whose buffer is `buffer`."""
 
-    def __init__(self, streamer: Any, layer: int, slot: int, units: tuple[tuple[int, int], ...],
-                 held: set[int]) -> None:
+    def __init__(self, streamer: Any, layer: int, slot: int, buffer: torch.Tensor, units: tuple[tuple[int, int], ...],
+                 held: set[int], cache: ExpertCache | None = None) -> None:
         self.streamer = streamer
         self.layer = layer
         self.slot = slot
+        self.buffer = buffer
         self.units = units
         self.held = held
+        self.cache = cache
         self.tickets: dict[int, Any] = {}
 
     def start(self, experts: list[int]) -> None:
-        for run in runs([e for e in experts if e not in self.held], self.units):
+        if self.cache is not None:
+            self.cache.count(self.layer, experts)
+        missing = [expert for expert in experts if expert not in self.held and not self.copy_cached(expert)]
+        for run in runs(missing, self.units):
             ticket = self.streamer.fetch(self.layer, self.slot, [self.units[expert] for expert in run])
             self.tickets |= {expert: ticket for expert in run}
+
+    def copy_cached(self, expert: int) -> bool:
+        """Copy `expert` into the slot from the cache on the device, if it is there (on CUDA the copy
+        runs on the compute stream, before the products that read it)."""
+        cached = None if self.cache is None else self.cache.find(self.layer, expert)
+        if cached is None:
+            return False
+        start, end = self.units[expert]
+        self.buffer[start:end].copy_(cached[: end - start])
+        self.held.add(expert)
+        return True
 
     def wait(self, expert: int) -> None:
         ticket = self.tickets.pop(expert, None)
         if ticket is not None:
             self.streamer.wait(ticket)
             self.held.add(expert)
+            if self.cache is not None:
+                start, end = self.units[expert]
+                self.cache.offer(self.layer, expert, self.buffer[start:end])
 
     def settle(self) -> None:
         pending, self.tickets = self.tickets, {}

@@ -5,6 +5,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specchat.offload.expert_cache import ExpertCache
 from specchat.offload.experts import ExpertLoads, SlotExperts, split_experts_of
 from specchat.offload.layout import LayerLayout
 from specchat.offload.streamer import Streamer
@@ -23,11 +24,11 @@ class StreamedLayer(nn.Module):
     call).
 
     Streamed by expert (`held` given, and the layout has expert units), the layer's experts are
-    fetched as its router picks them (offload/experts.py).
+    fetched as its router picks them (offload/experts.py), from `cache` where it holds them.
     """
 
     def __init__(self, skeleton: nn.Module, index: int, layout: LayerLayout, streamer: Streamer,
-                 slots: list[torch.Tensor], held: SlotExperts | None = None) -> None:
+                 slots: list[torch.Tensor], held: SlotExperts | None = None, cache: ExpertCache | None = None) -> None:
         super().__init__()
         # Not registered as a submodule: its meta tensors must not count as the model's weights.
         object.__setattr__(self, "skeleton", skeleton)
@@ -39,14 +40,15 @@ class StreamedLayer(nn.Module):
         self.views: dict[int, list[torch.Tensor]] = {}  # per slot: the layer's tensors in it
         self.held = held if layout.units else None
         self.experts = split_experts_of(skeleton) if self.held is not None else None
+        self.cache = cache
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         slot = self.streamer.acquire(self.index)
         try:
             self.bind(slot)
             if self.experts is not None:
-                self.experts.feed = ExpertLoads(self.streamer, self.index, slot, self.layout.units,
-                                                self.held.enter(slot, self.index))
+                self.experts.feed = ExpertLoads(self.streamer, self.index, slot, self.slots[slot], self.layout.units,
+                                                self.held.enter(slot, self.index), self.cache)
             return self.skeleton(*args, **kwargs)
         finally:
             if self.experts is not None:
