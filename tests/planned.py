@@ -1,6 +1,7 @@
 """A checkpoint offloaded as the memory plan places it, in two steps as the loader takes them:
 `plan_checkpoint` (specchat.plan) makes the placement, `offload_model` (specchat.offload) builds it."""
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specchat.decoding.forward import CausalLM
 from specchat.offload.build import Offload, offload_model
 from specchat.plan.machine import Machine
 from specchat.plan.model import plan_checkpoint
@@ -36,5 +38,23 @@ def streamed_from(directory: Path, name: str, tier: str,
                                      Reporter(bars=False))
     try:
         yield model, offload
+    finally:
+        offload.close()
+
+
+@contextmanager
+def streamed(directory: Path, tier: str, offload_dir: Path, slots: int,
+             by_expert: bool = True) -> Iterator[tuple[CausalLM, Offload]]:
+    """The checkpoint in float32 on the CPU with every layer streamed from `tier` through a ring of
+    `slots` (1: every call of a 2-layer model's layer finds its slot last held by the other layer),
+    in the form the plan chose (a GGUF's Q6_K linears and Q4_K scales as stored, where they stream
+    fewer bytes); `by_expert`: a MoE layer's experts fetched as its router picks them."""
+    request = PlanRequest(tier=tier, offload_dir=offload_dir, resident_layers=0, slots=2)
+    memory = plan_checkpoint(directory, "tiny-moe", torch.float32, Machine(kind="cpu"), request)
+    model, offload = offload_model(directory, "tiny-moe", torch.float32, torch.device("cpu"),
+                                   dataclasses.replace(memory.placement, slots=slots), offload_dir, Reporter(bars=False),
+                                   compact_layers=memory.compact_layers, by_expert=by_expert)
+    try:
+        yield CausalLM(model, offload), offload
     finally:
         offload.close()

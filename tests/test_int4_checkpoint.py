@@ -13,11 +13,11 @@ import specchat.offload.skeleton as skeleton
 from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.models.convert_int4 import matches
 from specchat.models.loading import is_int4, load
 from specchat.plan.request import PlanRequest
 from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
+from specchat.quant.gguf_int4 import matches
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_cache import cache_path
 from specchat.quant.int4_embedding import Int4Embedding

@@ -3,26 +3,22 @@ and each call fetches the experts its router picked, and only those. The bytes f
 counted here from the routers' own choices, and the model's logits and SpecExec's tokens are
 those of the model in memory."""
 
-import dataclasses
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from gptq_moe_writer import EXPERTS, dense_model, tiny_moe, write_moe_gptq_checkpoint
+from planned import streamed
 from test_moe_gptq import NEW_TOKENS, PROMPT, SAMPLINGS, SPECS, assert_specexec_emits_autoregressive_tokens, draft_of, \
     loaded
+from transformers import PreTrainedModel
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.probe import probe_costs
-from specchat.offload.build import Offload, offload_model
-from specchat.plan.machine import Machine
-from specchat.plan.model import plan_checkpoint
-from specchat.plan.request import PlanRequest
-from specchat.progress import Reporter
+from specchat.offload.build import Offload
 
 CPU = torch.device("cpu")
 FAMILIES = ["mixtral", "qwen3_moe"]
@@ -36,24 +32,9 @@ def moe(request, tmp_path_factory) -> tuple[str, Path]:
                                                      SPECS["g32-act-order-asym"])
 
 
-@contextmanager
-def streamed(directory: Path, tier: str, offload_dir: Path, slots: int,
-             by_expert: bool = True) -> Iterator[tuple[CausalLM, Offload]]:
-    """The checkpoint in float32 with both its layers streamed from `tier` through a ring of
-    `slots` (1: every call of a layer finds its slot last held by the other layer)."""
-    request = PlanRequest(tier=tier, offload_dir=offload_dir, resident_layers=0, slots=2)
-    placement = plan_checkpoint(directory, "tiny-moe", torch.float32, Machine(kind="cpu"), request).placement
-    model, offload = offload_model(directory, "tiny-moe", torch.float32, CPU, dataclasses.replace(placement, slots=slots),
-                                   offload_dir, Reporter(bars=False), by_expert=by_expert)
-    try:
-        yield CausalLM(model, offload), offload
-    finally:
-        offload.close()
-
-
-def expert_bytes(directory: Path) -> list[list[int]]:
-    """Bytes of each expert's tensors, layer by layer, as the model in memory holds them."""
-    layers = loaded(directory).model.layers
+def expert_bytes(model: PreTrainedModel) -> list[list[int]]:
+    """Bytes of each expert's tensors, layer by layer, as `model` (in memory) holds them."""
+    layers = model.model.layers
     return [[sum(t.nbytes for t in layer.mlp.experts.get_submodule(str(e)).state_dict().values()) for e in range(EXPERTS)]
             for layer in layers]
 
@@ -92,7 +73,7 @@ def fetched_per_pass(lm: CausalLM, offload: Offload, routes: list[list[set[int]]
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_each_call_fetches_exactly_the_experts_its_router_picked(moe, tmp_path, tier):
     _, directory = moe
-    sizes = expert_bytes(directory)
+    sizes = expert_bytes(loaded(directory))
     with streamed(directory, tier, tmp_path, slots=1) as (lm, offload):
         routes = record_routes(lm)
         for fetched, calls in fetched_per_pass(lm, offload, routes):
@@ -105,7 +86,7 @@ def test_each_call_fetches_exactly_the_experts_its_router_picked(moe, tmp_path, 
 
 def test_a_ring_that_holds_the_whole_pass_fetches_an_expert_once(moe, tmp_path):
     _, directory = moe
-    sizes = expert_bytes(directory)
+    sizes = expert_bytes(loaded(directory))
     held: list[set[int]] = [set(), set()]
     with streamed(directory, "ram", tmp_path, slots=2) as (lm, offload):
         for fetched, calls in fetched_per_pass(lm, offload, record_routes(lm)):
@@ -143,7 +124,7 @@ def test_the_probe_prices_the_heads_as_the_pass_and_the_experts_by_tokens(moe, t
         layers = offload.store.layouts
         assert offload.pass_bytes == sum(layers[i].head for i in (0, 1)) < sum(layers[i].nbytes for i in (0, 1))
         costs = probe_costs(lm, draft_of(dense_model(family, directory)), cap=4)
-    assert all(size == expert_bytes(directory)[0][0] for layer in expert_bytes(directory) for size in layer)
+    assert all(size == expert_bytes(loaded(directory))[0][0] for layer in expert_bytes(loaded(directory)) for size in layer)
     # Every call fetches what it routes to (a 1-slot ring), and every expert weighs the same: one
     # token fetches 2 experts a layer, 4 in all; a wider pass 4 to 8, averaged over the probe's 2
     # repeats: eighths of 4, at the same seconds a byte.

@@ -10,6 +10,7 @@ from pathlib import Path
 from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
 from specchat.errors import SpecchatError
+from specchat.models.gguf_config import gguf_config
 from specchat.models.hub import download_config
 from specchat.models.loading import ModelSource, resolve
 
@@ -31,8 +32,7 @@ def config_of(source: ModelSource) -> PretrainedConfig:
     if source.kind == "dir":
         return config_from_file(Path(source.location) / "config.json")
     if source.kind == "gguf":
-        path = Path(source.location)
-        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        return gguf_config(Path(source.location))
     if source.kind == "hub":
         return config_from_file(download_config(source.location))
     raise SpecchatError(f"{source.name} has no config to plan from")

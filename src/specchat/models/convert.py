@@ -13,6 +13,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specchat.diskspace import check_free_space, disk_full_is_one_line
+from specchat.models.gguf_config import gguf_config
 from specchat.models.marker import write_marker
 from specchat.models.staging import new_temp_dir
 from specchat.progress import Reporter, transformers_bars
@@ -37,7 +38,8 @@ def write_converted(gguf: Path, directory: Path, reporter: Reporter) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str("dequantizing")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=gguf_config(gguf),
+                                                     dtype=torch.float32)
         bar.update()
         bar.set_postfix_str("saving weights")
         make_serializable(model)

@@ -11,6 +11,8 @@ and the embedding that the GGUF stores as Q4_K in 4 bits. The directory it write
                      and, for each Q6_K linear (the LM head, layers' down and v projections), its
                      Q6Weight (quant/q6k.py): <module>.q6_values int8 [O, I], <module>.q6_scales
                      int8 [O, I/16], <module>.q6_d float32 [O, I/256]
+                     and a MoE layer's stacked experts, each expert's linears in these forms under
+                     the split model's names (models/convert_experts.py)
   *.safetensors      links to the dense conversion's files, for every other tensor (norms,
                      biases, and the dense form of the Q6_K linears and LM head, which no 4-bit
                      kernel takes: a run multiplies them so unless its plan keeps them compact)
@@ -34,15 +36,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
 from specchat.diskspace import check_free_space, disk_full_is_one_line
+from specchat.models.convert_experts import expert_tensors
 from specchat.models.marker import INT4_FORMAT, write_marker
 from specchat.models.staging import new_temp_dir
 from specchat.offload.skeleton import module_name
 from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
-from specchat.quant.gguf_int4 import q4k_to_int4
+from specchat.quant.gguf_int4 import matches, q4k_to_int4
 from specchat.quant.int4 import int4_fits
 from specchat.quant.int4_checkpoint import INT4_FILE, int4_entries, int4_modules
-from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.q4k_scales import q4k_entries
 from specchat.quant.q6k import q6_entries, q6_modules, q6k_to_weight
 
@@ -71,12 +73,12 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
     config = AutoConfig.from_pretrained(dense)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    names = hf_names(model)
+    reader = GGUFReader(gguf)
+    names = hf_names(model, str(reader.fields["general.architecture"].contents()))
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     embedding = module_name(model, model.get_input_embeddings())
     source = SafetensorsSource(dense)
     tensors: dict[str, Tensor] = {}
-    reader = GGUFReader(gguf)
     candidates = [t for t in reader.tensors
                   if t.tensor_type == GGMLQuantizationType.Q4_K and names.get(t.name, "").endswith(".weight")]
     with reporter.bar(total=len(candidates), desc=f"packing {gguf.stem} in 4 bits", unit="tensor") as bar:
@@ -91,6 +93,7 @@ def write_int4(gguf: Path, dense: Path, directory: Path, reporter: Reporter) -> 
                         tensors.update(q4k_entries(module, tensor.data))
             bar.update()
     tensors.update(q6_tensors(model, reader, names, source))
+    tensors.update(expert_tensors(reader, names, source))
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
     check_free_space(directory, needed, f"the 4-bit {gguf.stem}")
     with disk_full_is_one_line(directory, needed, f"the 4-bit {gguf.stem}"):
@@ -120,21 +123,13 @@ def q6_tensors(model: PreTrainedModel, reader: GGUFReader, names: dict[str, str]
     return tensors
 
 
-def hf_names(model: PreTrainedModel) -> dict[str, str]:
-    """GGUF tensor name -> the model's state_dict name, as transformers maps them when it loads."""
-    processor = TENSOR_PROCESSORS.get(model.config.model_type, TensorProcessor)(config=model.config.to_dict())
+def hf_names(model: PreTrainedModel, architecture: str) -> dict[str, str]:
+    """GGUF tensor name -> the model's state_dict name, as transformers maps them when it loads a
+    file of that `architecture` (general.architecture: its processor, which maps a MoE model's
+    stacked `blk.N.ffn_gate_exps` and `ffn_up_exps`, with no suffix, to its fused gate_up_proj,
+    is looked up by it, not by the model type)."""
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
     return get_gguf_hf_weights_map(model, processor)
-
-
-def matches(weight: Int4Weight, dense: Tensor) -> bool:
-    """Whether `weight`'s float32 kernel weights are the dense tensor's: bitwise, or within
-    gguf_int4's bound for a zero rounded to float32 (2**-24 |zero| + 2**-23 |w|)."""
-    packed = weight.dequantize().double()
-    if packed.shape != dense.shape:
-        return False
-    reference = dense.double()
-    zeros = weight.zeros.double().repeat_interleave(weight.group_size, 0).t()
-    return bool(((packed - reference).abs() <= 2**-24 * zeros.abs() + 2**-23 * reference.abs()).all())
 
 
 def link_dense(dense: Path, directory: Path) -> None:

@@ -21,7 +21,7 @@ from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.q4k_scales import Q4K_SUFFIXES, Q4KScalesLinear
 from specchat.quant.q6k import q6_modules
 from specchat.quant.q6k_linear import Q6Linear
-from specchat.quant.split_experts import split_experts
+from specchat.quant.split_experts import split_experts, split_stored_experts
 from specchat.quant.int4_pack import pack
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
@@ -37,7 +37,8 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     `layer_linears`; a MoE block's experts split into their linears where it holds them per expert,
     quant/split_experts.py, for AWQ alike), as Int4Linears packed for `kernel`'s int4 kernels when it
     is given (their weights never expanded; `layer_tensors` converts the checkpoint's); Int4Linears wherever the
-    checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU; with
+    checkpoint holds Int4Weights (quant/int4_checkpoint.py), packed for `kernel` or the CPU, and Q6Linears
+    for the experts it holds Q6Weights of (their MoE blocks split: split_stored_experts); with
     `compact_head`, a Q6Linear for the LM head the checkpoint holds a Q6Weight of (quant/q6k.py);
     with `compact_layers`, for every decoder layer linear it holds one of, and Q4KScalesLinears for
     the layers' Int4Linears it holds Q4_K scale parts of (quant/q4k_scales.py). AWQ linears are
@@ -55,6 +56,7 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         if kernel is not None:
             replace_gptq_with_int4(model, spec, dtype, kernel)
     if source is not None:
+        split_stored_experts(model, source.names(), dtype)  # a GGUF's 4-bit experts, kept per expert
         replace_with_int4(model, source, dtype, kernel or torch.device("cpu"))
     if compact_head:
         replace_head_with_q6(model, source)

@@ -69,6 +69,18 @@ def scales_and_zeros(sc: Tensor, m: Tensor, d: Tensor, dmin: Tensor, dtype: torc
     return scale, 8 * scale - dmin * m.to(dtype)
 
 
+def matches(weight: Int4Weight, dense: Tensor) -> bool:
+    """Whether `weight`'s float32 kernel weights are the dense tensor's (transformers' dequantization
+    of the same blocks): bitwise, or within the bound above for a zero rounded to float32
+    (2**-24 |zero| + 2**-23 |w|)."""
+    packed = weight.dequantize().double()
+    if packed.shape != dense.shape:
+        return False
+    reference = dense.double()
+    zeros = weight.zeros.double().repeat_interleave(weight.group_size, 0).t()
+    return bool(((packed - reference).abs() <= 2**-24 * zeros.abs() + 2**-23 * reference.abs()).all())
+
+
 def dequantized(data: np.ndarray, qtype: GGMLQuantizationType) -> Tensor:
     """Any GGUF tensor's bytes (as gguf.GGUFReader gives them) as its float32 [O, I] weight."""
     if qtype == GGMLQuantizationType.Q4_K:

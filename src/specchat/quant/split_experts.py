@@ -21,6 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
+from specchat.quant.int4_checkpoint import int4_modules
+from specchat.quant.q6k import q6_modules
+from specchat.quant.q6k_linear import Q6Linear
 
 # transformers' flags (integrations/moe.py) of the one fused layout this module reproduces.
 FUSED_LAYOUT = {"is_concatenated": True, "is_transposed": False, "has_bias": False, "has_gate": True}
@@ -118,6 +121,23 @@ def split_experts(model: nn.Module, packed: Iterable[str] | None) -> None:
         count, double, hidden = module.gate_up_proj.shape
         with torch.device(module.gate_up_proj.device):
             model.set_submodule(name, SplitExperts(count, hidden, double // 2, module.act_fn))
+
+
+def split_stored_experts(model: nn.Module, names: Iterable[str], dtype: torch.dtype) -> None:
+    """Split each fused experts module under which a checkpoint's tensor `names` hold Int4Weights
+    or Q6Weights per expert (a GGUF's, models/convert_experts.py), and put an empty Q6Linear in
+    place of each expert linear held as a Q6Weight: a GGUF's Q6_K experts are kept as stored,
+    streamed or not (the Int4Weights become Int4Linears as every other linear's do)."""
+    names = list(names)
+    q6 = q6_modules(names)
+    split_experts(model, int4_modules(names) + q6)
+    for name in q6:
+        parent, _, linear_name = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        if isinstance(owner, ExpertLinears):
+            linear = getattr(owner, linear_name)
+            with torch.device("meta"):
+                setattr(owner, linear_name, Q6Linear(linear.in_features, linear.out_features, False, dtype))
 
 
 def check_layout(name: str, module: nn.Module) -> None:
