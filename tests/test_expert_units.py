@@ -2,10 +2,12 @@
 ranges from the stores, expert fetches ahead of the ring's loads, and which experts a slot holds."""
 
 import threading
+from collections import Counter
 
 import torch
 
 from specchat.offload.direct_io import ALIGN, aligned_empty
+from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
 from specchat.offload.experts import FETCH_RUN_BYTES, ExpertLoads, SlotExperts, runs
 from specchat.offload.layout import lay_out
 from specchat.offload.storage import DiskStore, RamStore, spans
@@ -147,3 +149,52 @@ def test_a_fetch_goes_before_the_queued_ring_loads_and_a_head_moves_alone():
     assert ("layers", 2) in store.reads
     moved = transport.stats()
     assert moved.bytes == 100 + 40 + 100 + 26 and moved.fetched_bytes == 26
+
+
+def unit(value: int) -> torch.Tensor:
+    return torch.full((10,), value, dtype=torch.uint8)
+
+
+def test_the_cache_takes_free_places_then_replaces_only_an_expert_routed_to_less():
+    cache = ExpertCache(places=2, unit_bytes=16, device=torch.device("cpu"))
+    cache.count(0, [1, 2, 3])
+    cache.offer(0, 1, unit(1))
+    cache.offer(0, 2, unit(2))
+    assert torch.equal(cache.find(0, 2)[:10], unit(2)) and cache.find(0, 3) is None
+    cache.offer(0, 3, unit(3))  # routed to as often as those cached: it does not displace them
+    assert set(cache.places) == {(0, 1), (0, 2)}
+    cache.count(0, [3])
+    cache.count(0, [1])
+    cache.offer(0, 3, unit(3))  # now more than expert 2: it takes expert 2's place
+    assert set(cache.places) == {(0, 1), (0, 3)} and torch.equal(cache.find(0, 3)[:10], unit(3))
+    assert cache.most_routed() == [(0, 1), (0, 3)]
+
+
+def test_an_empty_cache_keeps_nothing():
+    cache = ExpertCache(places=0, unit_bytes=16, device=torch.device("cpu"))
+    cache.count(0, [1])
+    cache.offer(0, 1, unit(1))
+    assert cache.find(0, 1) is None and cache.most_routed() == []
+
+
+def test_routing_counts_are_kept_beside_the_layer_file(tmp_path):
+    path = counts_path(tmp_path / "model-bfloat16.layers")
+    assert path == tmp_path / "model-bfloat16.routes.json" and read_counts(path) == Counter()
+    write_counts(path, Counter({(3, 7): 5, (0, 1): 2}))
+    assert read_counts(path) == Counter({(3, 7): 5, (0, 1): 2})
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left behind
+
+
+def test_a_call_takes_a_cached_expert_from_the_device_and_offers_a_fetched_one():
+    units = tuple((i * ALIGN, i * ALIGN + 10) for i in range(3))
+    cache = ExpertCache(places=3, unit_bytes=ALIGN, device=torch.device("cpu"))
+    cache.count(5, [0])
+    cache.offer(5, 0, unit(9))
+    streamer, held = RecordingStreamer(), set()
+    buffer = torch.zeros(3 * ALIGN, dtype=torch.uint8)
+    loads = ExpertLoads(streamer, layer=5, slot=0, buffer=buffer, units=units, held=held, cache=cache)
+    loads.start([0, 2])
+    assert streamer.fetched == [[units[2]]] and torch.equal(buffer[:10], unit(9)) and held == {0}
+    buffer[2 * ALIGN:2 * ALIGN + 10] = 4  # the fetch lands
+    loads.wait(2)
+    assert torch.equal(cache.find(5, 2)[:10], unit(4)) and cache.counts[(5, 2)] == 1 and cache.counts[(5, 0)] == 2

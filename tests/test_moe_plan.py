@@ -88,6 +88,15 @@ def assert_streams_by_expert(memory, head: int, layer: int, experts: int, routed
     assert placement.pass_bytes == streamed * layer  # every expert routed to: whole layers
 
 
+def assert_cache_fills_the_room_left(memory, vram_gb: float, expert: int, experts: int) -> None:
+    """The room the plan leaves on the card holds as many of the streamed layers' experts as fit
+    (each unit an expert's three linears), there for the most-routed ones."""
+    cache = item(memory, "the most-routed experts")
+    others = memory.total("device") - cache
+    places = min(experts * len(memory.placement.streamed), (vram_gb * GB - others) // expert)
+    assert cache == places * expert == memory.placement.expert_cache and places > 0
+
+
 def assert_no_other_layer_fits(memory, vram_gb: float, layer: int) -> None:
     """The device holds as many resident layers as it has room for: one more would not fit."""
     assert memory.total("device") + layer > vram_gb * GB
@@ -140,6 +149,7 @@ def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     assert placement.disk == 0 and placement.resident + placement.ram == 32
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**30  # a 0.75 GB layer pins 1 GiB
     assert_no_other_layer_fits(memory, 24, MIXTRAL_LAYER)
+    assert_cache_fills_the_room_left(memory, 24, MIXTRAL_EXPERT, 8)
     assert_streams_by_expert(memory, MIXTRAL_HEAD, MIXTRAL_LAYER, 8, 2)
     assert_fits(memory, 24, 64)
 
@@ -195,6 +205,7 @@ def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_128_gb_stream_the_rest
     assert placement.ram == (128 * GB - RUNTIME_BYTES - OS_RESERVE - 2 * pinned) // pinned  # 56
     assert placement.resident + placement.ram + placement.disk == 94
     assert_no_other_layer_fits(memory, 24, QWEN3_235B_LAYER)
+    assert_cache_fills_the_room_left(memory, 24, experts(1, 4096, 1536, 128, False), 128)
     assert_streams_by_expert(memory, QWEN3_235B_HEAD, QWEN3_235B_LAYER, 128, 8)
     assert_fits(memory, 24, 128)
 

@@ -166,3 +166,36 @@ def test_a_tree_token_routes_to_the_experts_it_routes_to_in_sequence_but_at_a_ro
                 ties += bool(ordered[k - 1] - ordered[k] <= ROUTER_NEAR_TIE)
     assert flips == ties  # every flip, if any, at a near-tie
     print(f"{flips} of {layers * tokens.numel()} routes differ, all at router near-ties")
+
+
+def test_experts_waiting_on_the_device_are_copied_into_the_slot_not_fetched(moe, tmp_path):
+    _, directory = moe
+    sizes = expert_bytes(loaded(directory))
+    room = sum(map(sum, sizes)) * 2  # every expert's unit, and more
+    held: list[set[int]] = [set(), set()]
+    with streamed(directory, "disk", tmp_path, slots=1, expert_cache=room) as (lm, offload):
+        for fetched, calls in fetched_per_pass(lm, offload, record_routes(lm)):
+            # a 1-slot ring forgets every expert between calls; the cache does not: only an expert
+            # never routed to before crosses the link
+            new = [set().union(*made) - held[layer] for layer, made in enumerate(calls)]
+            assert fetched == sum(sizes[layer][e] for layer, experts in enumerate(new) for e in experts)
+            held = [h | n for h, n in zip(held, new)]
+        assert set(offload.cache.places) == {(layer, e) for layer in (0, 1) for e in held[layer]}
+        prompt = torch.tensor(PROMPT)
+        memory = CausalLM(loaded(directory))
+        assert torch.equal(lm.logits(lm.hidden(prompt, torch.arange(prompt.numel()), new_cache())),
+                           memory.logits(memory.hidden(prompt, torch.arange(prompt.numel()), new_cache())))
+
+
+def test_the_routing_counts_outlive_the_run_and_fill_the_next_runs_cache(moe, tmp_path):
+    _, directory = moe
+    unit = max(expert_bytes(loaded(directory))[0])
+    with streamed(directory, "disk", tmp_path, slots=1, expert_cache=3 * unit) as (lm, offload):
+        for _ in passes(lm):
+            pass
+        counts = dict(offload.cache.counts)
+    assert offload.counts_file.is_file() and offload.counts_file.parent == tmp_path
+    with streamed(directory, "disk", tmp_path, slots=1, expert_cache=3 * unit) as (lm, offload):
+        assert dict(offload.cache.counts) == counts
+        ranked = sorted(counts.values(), reverse=True)
+        assert sorted((counts[key] for key in offload.cache.places), reverse=True) == ranked[:3]  # the 3 routed to most, from the start

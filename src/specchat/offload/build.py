@@ -10,6 +10,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from specchat.offload.cuda import CudaMover, CudaStallMeter
 from specchat.offload.direct_io import aligned_empty
+from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
 from specchat.offload.experts import SlotExperts, expert_units
 from specchat.offload.layout import LayerLayout, lay_out
 from specchat.offload.placement import Placement
@@ -36,6 +37,8 @@ class Offload:
     store: LayerStore | None
     streamed: list[int]  # indices of the streamed decoder layers (the others are resident)
     placement: Placement | None = None
+    cache: ExpertCache | None = None  # the most-routed experts on the device, where the plan made room
+    counts_file: Path | None = None  # where the cache's routing counts are kept between runs
 
     @property
     def pass_bytes(self) -> int:
@@ -53,11 +56,13 @@ class Offload:
 
     def close(self) -> None:
         """Stop the loader (a read in progress ends first) and close the layer file; safe after
-        a failed read and when called twice."""
+        a failed read and when called twice; the routing counts are kept for the next run."""
         if self.transport is not None:
             self.transport.close()
         if self.store is not None:
             self.store.close()
+        if self.cache is not None and self.counts_file is not None:
+            write_counts(self.counts_file, self.cache.counts)
 
 
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device,
@@ -92,9 +97,12 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
         if part.needs_writing():
             write_layers(part, layers, layers_name, source, dtype, reporter)
     store.open()
+    heads = {i: layouts[i].head for i in placement.streamed if layouts[i].units} if by_expert else {}
+    counts_file = counts_path(layer_file(offload_dir, name, dtype)) if offload_dir is not None else None
     try:
         slots, staging, mover = make_slots(placement, device)
-        heads = {i: layouts[i].head for i in placement.streamed if layouts[i].units} if by_expert else {}
+        cache = warm_cache(placement, layouts, device, store, staging[0] if placement.disk else slots[0],
+                           counts_file) if heads and placement.expert_cache else None
         transport = ThreadTransport(store, staging, mover, heads=heads)
     except BaseException:
         store.close()
@@ -102,8 +110,22 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device))
     held = SlotExperts() if heads else None
     for index in placement.streamed:
-        layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots, held)
-    return model, Offload(streamer, transport, store, placement.streamed, placement)
+        layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots, held, cache)
+    return model, Offload(streamer, transport, store, placement.streamed, placement, cache, counts_file)
+
+
+def warm_cache(placement: Placement, layouts: list[LayerLayout], device: torch.device, store: LayerStore,
+               staging: torch.Tensor, counts_file: Path | None) -> ExpertCache:
+    """The device's cache of experts, holding from the start those an earlier run routed to most
+    (its counts beside the layer file), each read once from its store through `staging`."""
+    unit = max(end - start for index in placement.streamed for start, end in layouts[index].units)
+    cache = ExpertCache(placement.expert_cache // unit, unit, device,
+                        read_counts(counts_file) if counts_file is not None else None)
+    for layer, expert in cache.most_routed():
+        if layer in placement.streamed and expert < len(layouts[layer].units):
+            host, = store.read_ranges(layer, [layouts[layer].units[expert]], staging)
+            cache.offer(layer, expert, host)
+    return cache
 
 
 def pack_cache(directory: Path, device: torch.device) -> PackCache | None:

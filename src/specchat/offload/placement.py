@@ -19,6 +19,7 @@ class Placement:
     slot_bytes: int
     needed: int  # bytes the device pool holds: fixed parts, headroom, resident layers, the ring (and, on a CPU, the ram tier)
     heads: tuple[int, ...] = ()  # each MoE layer's head (the rest is its experts); () when every layer moves whole
+    expert_cache: int = 0  # bytes on the device for the most-routed experts of streamed layers (offload/expert_cache.py)
 
     @property
     def streamed(self) -> list[int]:

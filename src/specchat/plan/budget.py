@@ -33,6 +33,7 @@ SMALLEST_CONTEXT = 1024  # auto shrinks a default context no further
 
 FIXED = "fixed parts"  # the plan's line for the target's weights outside its decoder layers
 DENSE_COPIES = "dense copies of the 4-bit linears for tree passes"  # quant/int4_dense.py's, where kept
+EXPERT_CACHE = "the most-routed experts of streamed layers"  # offload/expert_cache.py's, where kept
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from specchat.offload.layout import LayerLayout
 from specchat.offload.skeleton import build_skeleton, compact_the_layers, decoder_layers, has_compact_layers, q6_head
 from specchat.offload.sources import SafetensorsSource
 from specchat.offload.storage import DiskStore
-from specchat.plan.budget import DENSE_COPIES, Ask, Item, MemoryPlan, Target, plan_memory
+from specchat.plan.budget import DENSE_COPIES, EXPERT_CACHE, Ask, Item, MemoryPlan, Target, plan_memory
 from specchat.plan.demand import shape_of
 from specchat.plan.machine import Machine
 from specchat.plan.placement import Request
@@ -72,7 +72,27 @@ def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLay
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     memory = plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
     copies = request.dense_copies and device.type == "cpu"
-    return with_dense_copies(memory, dense_copy_bytes(model) if copies else 0)
+    memory = with_dense_copies(memory, dense_copy_bytes(model) if copies else 0)
+    return with_expert_cache(memory, layouts if not memory.compact_layers else compact_layouts, device)
+
+
+def with_expert_cache(plan: MemoryPlan, layouts: list[LayerLayout], device: torch.device) -> MemoryPlan:
+    """`plan` with the room left on the device holding the most-routed experts of streamed MoE
+    layers, where they would otherwise cross a slower link: PCIe to a GPU, or the disk to a CPU's RAM
+    (a CPU's RAM tier is the same memory). As many whole units as the room holds, at most every
+    streamed expert; nothing else is displaced."""
+    placement = plan.placement
+    units = [end - start for index in placement.streamed for start, end in layouts[index].units]
+    if not units or not (device.type == "cuda" or placement.disk):
+        return plan
+    unit = max(units)
+    places = min(len(units), max(0, plan.rooms.device - plan.total("device")) // unit)
+    if not places:
+        return plan
+    item = Item("device", EXPERT_CACHE, places * unit)
+    return replace(plan, placement=replace(placement, expert_cache=places * unit), items=(*plan.items, item),
+                   notes=(*plan.notes, f"the room left holds {places} of the {len(units)} streamed experts: "
+                                       "the most routed to wait on the device"))
 
 
 def with_dense_copies(plan: MemoryPlan, nbytes: int) -> MemoryPlan:
