@@ -14,6 +14,8 @@ device.
    and its reply equals the target's greedy reply.
 6. The streamer's pinned host->device bandwidth against `specchat doctor`'s probe.
 7. The int4 products at the 70B target's shapes against a float64 dense reference.
+8. A small Qwen3-MoE GPTQ target streamed by expert from pinned RAM and from the disk file, half its
+   experts cached on the device: logits against the in-memory model.
 The checks that run the embedded pair (3, 5) fail at once where its weights are not installed.
 The checks live in tests/gpu_checks/, shared with tests/test_cuda.py (pytest -m cuda).
 

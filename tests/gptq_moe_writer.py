@@ -33,11 +33,11 @@ PROJECTIONS = ("gate_proj", "up_proj", "down_proj")  # the split model's names o
 EXPERT_LINEARS = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": PROJECTIONS, "qwen3_moe": PROJECTIONS}
 
 
-def tiny_moe(family: str, seed: int, top_k: int = 2) -> PreTrainedModel:
-    """A 2-layer, 4-expert model of `family` routing each token to `top_k` experts, its LM head
-    sharpened so that a draft's tokens are accepted."""
+def tiny_moe(family: str, seed: int, top_k: int = 2, layers: int = 2) -> PreTrainedModel:
+    """A `layers`-layer, 4-expert model of `family` routing each token to `top_k` experts, its LM
+    head sharpened so that a draft's tokens are accepted."""
     torch.manual_seed(seed)
-    shape = SHAPE | {"num_experts_per_tok": top_k}
+    shape = SHAPE | {"num_experts_per_tok": top_k, "num_hidden_layers": layers}
     if family == "mixtral":
         model = MixtralForCausalLM(MixtralConfig(intermediate_size=128, num_local_experts=EXPERTS, **shape))
     elif family == "qwen2_moe":

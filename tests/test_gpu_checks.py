@@ -22,6 +22,7 @@ from gpu_checks.embedded_weights import REPLY_CHECKS, missing_weights, needing_w
 from gpu_checks.int4_reference import check_int4_reference
 from gpu_checks.probe_costs import check_probe, probe_verdict
 from gpu_checks.replies import GreedyJudge, Run
+from gpu_checks.moe_streamed import check_moe_streamed
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.suite import all_checks, run_all
 from gpu_checks.verdict import Verdict, exit_code, table
@@ -44,6 +45,13 @@ def test_the_ring_reuse_check_passes_on_the_cpu(offload_dir, family, slots):
 def test_the_gptq_check_passes_on_the_cpu(offload_dir, tier):
     result = check_gptq_streamed(tier, CPU, offload_dir)
     assert result.status == "PASS", result.detail
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_the_moe_check_passes_on_the_cpu(offload_dir, tier):
+    result = check_moe_streamed(tier, CPU, offload_dir)
+    assert result.status == "PASS", result.detail
+    assert " 0.00 MB of experts fetched" not in result.detail and ", 0 experts cached" not in result.detail
 
 
 def test_the_probe_check_times_every_size_the_probe_measures(tiny_target):

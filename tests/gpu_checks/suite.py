@@ -11,6 +11,7 @@ import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.drafts import check_draft
+from gpu_checks.moe_streamed import check_moe_streamed
 from gpu_checks.probe_costs import CAP, check_probe, wide_target
 from gpu_checks.replies import GreedyJudge
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
@@ -26,6 +27,8 @@ def all_checks(device: torch.device, workdir: Path) -> list[Check]:
         ("ring reuse, qwen2", lambda: check_ring_reuse("qwen2", 3, device, workdir)),
         ("GPTQ streamed from RAM", lambda: check_gptq_streamed("ram", device, workdir)),
         ("GPTQ streamed from disk", lambda: check_gptq_streamed("disk", device, workdir)),
+        ("MoE streamed by expert from RAM", lambda: check_moe_streamed("ram", device, workdir)),
+        ("MoE streamed by expert from disk", lambda: check_moe_streamed("disk", device, workdir)),
         ("nf4 draft", lambda: check_draft("nf4", judge, device)),
         ("int8 draft", lambda: check_draft("int8", judge, device)),
         ("probe vs measured passes", lambda: check_probe(wide_target(device, workdir), CAP)),
