@@ -13,6 +13,7 @@ from specchat.offload.layout import lay_out
 from specchat.offload.storage import DiskStore, RamStore, spans
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
+from specchat.transfer import TransferStats
 
 F32 = torch.float32
 SPECS = [("attn.q", F32, (5, 3)), ("experts.0.w", F32, (7,)), ("norm", F32, (3,)), ("experts.1.w", F32, (100,)),
@@ -198,3 +199,36 @@ def test_a_call_takes_a_cached_expert_from_the_device_and_offers_a_fetched_one()
     buffer[2 * ALIGN:2 * ALIGN + 10] = 4  # the fetch lands
     loads.wait(2)
     assert torch.equal(cache.find(5, 2)[:10], unit(4)) and cache.counts[(5, 2)] == 1 and cache.counts[(5, 0)] == 2
+
+
+class VirtualFetches:
+    """Ring loads done at once; a fetch done `fetch_s` later, on the same virtual clock."""
+
+    def __init__(self, fetch_s: float) -> None:
+        self.fetch_s, self.now = fetch_s, 0.0
+
+    def begin(self, layer, slot):
+        return self.now
+
+    def fetch(self, layer, slot, ranges):
+        return self.now + self.fetch_s
+
+    def finish(self, ticket):
+        self.now = max(self.now, ticket)
+
+    def retire(self, slot):
+        pass
+
+    def stats(self):
+        return TransferStats()
+
+
+def test_waits_for_fetched_experts_are_a_stall_counted_apart():
+    link = VirtualFetches(fetch_s=0.25)
+    streamer = Streamer([0, 1], slots=2, transport=link, clock=lambda: link.now)
+    slot = streamer.acquire(0)
+    streamer.wait(streamer.fetch(0, slot, [(4096, 5000)]))
+    link.now += 1.0  # compute
+    streamer.release(slot)
+    moved = streamer.stats()
+    assert moved.fetch_wait_s == 0.25 and moved.stall_s == 0.25  # the ring's load waited for nothing

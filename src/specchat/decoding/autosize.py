@@ -16,8 +16,8 @@ ring's slots), so the pass cannot end before the rest, S - min(f * S, d), has ar
 With a whole pass staged (f = 1) that is max(d + tau, S): drafting is free until it and the
 pass's compute fill the time the link needs anyway. A MoE target streamed by expert stages only
 its layers' heads (S); the experts a pass routes to are fetched once its routers have picked them,
-in F(n) seconds that grow with the tokens n (more tokens, more distinct experts), and nothing hides
-them: T(d, K) gains F(K + 1). The iteration's rate is
+and its compute waits F(n) seconds for them, growing with the tokens n (more tokens, more distinct
+experts); nothing hides them: T(d, K) gains F(K + 1). The iteration's rate is
     r(K) = (c * A_K + 1) / T(d, K),
 with A_K the sum of the K largest P. The K most likely nodes always form a tree (a node is never
 more likely than its parent), so any K is a valid cut of the grown tree.
@@ -46,8 +46,8 @@ class Costs:
     """Measured seconds of a target pass's compute over n tokens and of a draft step over b
     nodes, interpolated linearly between the measured points and extrapolated from the last two;
     for an offloaded target, the seconds the link takes to move a pass and the share of a pass
-    staged while the tree grows, and for one streamed by expert the link's seconds for the experts
-    a pass fetches, by its tokens."""
+    staged while the tree grows, and for one streamed by expert the seconds a pass waits for the
+    experts it fetches, by its tokens."""
 
     target_n: tuple[int, ...]
     target_s: tuple[float, ...]
@@ -55,7 +55,7 @@ class Costs:
     draft_s: tuple[float, ...]
     stream_s: float = 0.0  # S: the link's seconds per pass; 0 when every layer is on the device
     staged: float = 1.0  # f: the share of a pass the staging area holds
-    fetch_s: tuple[float, ...] = ()  # F: link seconds of the experts a pass over target_n[i] tokens fetched
+    fetch_s: tuple[float, ...] = ()  # F: seconds a pass over target_n[i] tokens waited for the experts it fetched
 
     def fetch(self, n: int) -> float:
         return interpolate(self.target_n, self.fetch_s, n) if self.fetch_s else 0.0

@@ -13,8 +13,9 @@ and `--budget auto` would size trees as if a wide pass cost what a narrow one do
 An offloaded target's pass is timed as compute: the time it waited for streamed layers is left
 out, and the link's own cost, the seconds it takes to move a pass at the speed it showed during
 the probe, is measured beside it (`Costs.iteration` puts the two together). For a MoE target
-streamed by expert that is the layers' heads, and the experts each size's pass fetched are counted
-apart, per size, at the same speed: what a tree of that size costs the link on top.
+streamed by expert that is the layers' heads; the experts a pass fetches once its routers have
+picked them cost it the time its compute waited for them, measured per size: what a tree of that
+size costs on top (scattered reads the compute waits for, not bytes at the link's mean speed).
 """
 
 import torch
@@ -42,8 +43,8 @@ def doubling(cap: int) -> list[int]:
 def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float]:
     """Seconds of one forward over n tokens after CONTEXT cached ones (plus the head work a tree
     step or pass does), the fastest of REPEATS, less the time spent waiting for streamed layers;
-    and the bytes of experts such a pass fetched, the mean of the REPEATS."""
-    best, fetched, vocab = float("inf"), 0, lm.model.config.vocab_size
+    and the seconds such a pass waited for the experts it fetched, the mean of the REPEATS."""
+    best, fetched, vocab = float("inf"), 0.0, lm.model.config.vocab_size
     for _ in range(REPEATS):
         cache = new_cache()
         lm.hidden(torch.arange(CONTEXT) % vocab, torch.arange(CONTEXT), cache)
@@ -56,18 +57,18 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float]:
             lm.logits(hidden[: min(n, 8)])  # the walk reads a few rows
         elapsed = now(lm.device) - start
         moved = lm.transfer_stats() - before
-        best, fetched = min(best, elapsed - moved.stall_s), fetched + moved.fetched_bytes
+        best, fetched = min(best, elapsed - moved.stall_s), fetched + moved.fetch_wait_s
     return best, fetched / REPEATS
 
 
 def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
-    """Sizes, their seconds and the bytes of experts their passes fetched."""
+    """Sizes, their seconds and their passes' waits for fetched experts."""
     sizes, seconds, fetched = [], [], []
     for n in doubling(cap):
         sizes.append(n)
-        cost, nbytes = time_pass(lm, n, run_head)
+        cost, waited = time_pass(lm, n, run_head)
         seconds.append(cost)
-        fetched.append(nbytes)
+        fetched.append(waited)
         if seconds[-1] > STOP_RATIO * seconds[0]:
             break
     return tuple(sizes), tuple(seconds), tuple(fetched)
@@ -86,7 +87,7 @@ def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
     target_n, target_s, fetched = measure(target, cap + 1, run_head=False)
     moved = target.transfer_stats() - before
     stream_s = link_seconds(target.stream.pass_bytes, moved) if target.stream is not None else 0.0
-    fetch_s = tuple(link_seconds(nbytes, moved) for nbytes in fetched) if any(fetched) else ()
+    fetch_s = fetched if target.stream is not None and moved.fetched_bytes else ()
     draft_b, draft_s, _ = measure(draft, cap, run_head=True)
     staged = target.stream.staged_share if target.stream is not None else 1.0
     return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s)

@@ -107,7 +107,8 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     except BaseException:
         store.close()
         raise
-    streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device))
+    streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device),
+                        fetch_meter=stall_meter(device))
     held = SlotExperts() if heads else None
     for index in placement.streamed:
         layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots, held, cache)

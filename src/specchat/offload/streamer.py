@@ -62,7 +62,7 @@ class Streamer:
     """Hands out slots holding the layers `order` in turn, keeping the other slots loading."""
 
     def __init__(self, order: list[int], slots: int, transport: Transport, clock: Callable[[], float] = perf_counter,
-                 meter: StallMeter | None = None):
+                 meter: StallMeter | None = None, fetch_meter: StallMeter | None = None):
         if slots < 1:
             raise ValueError("the ring needs at least one slot")
         self.order = order
@@ -72,7 +72,8 @@ class Streamer:
         self.position = {layer: i for i, layer in enumerate(order)}
         self.pending: deque[_Load] = deque()
         self.cursor = 0  # index in `order` of the next layer to load
-        self.meter = meter if meter is not None else HostStallMeter(clock)
+        self.meter = meter if meter is not None else HostStallMeter(clock)  # waits for a layer's ring load
+        self.fetch_meter = fetch_meter if fetch_meter is not None else HostStallMeter(clock)  # for fetched experts
         self.started = clock()
         self.fill(0)
 
@@ -92,7 +93,9 @@ class Streamer:
         if not self.pending or self.pending[0].layer != layer:
             self.resync(layer)
         load = self.pending.popleft()
-        self.wait(load.ticket)
+        mark = self.meter.start()
+        self.transport.finish(load.ticket)
+        self.meter.stop(mark)
         return load.slot
 
     def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> Any:
@@ -101,10 +104,11 @@ class Streamer:
         return self.transport.fetch(layer, slot, ranges)
 
     def wait(self, ticket: Any) -> None:
-        """Compute waits for a fetch, and that is a stall."""
-        mark = self.meter.start()
+        """Compute waits for a fetch, and that is a stall too, counted apart: what fetching on demand
+        costs a pass, which no staging hides."""
+        mark = self.fetch_meter.start()
         self.transport.finish(ticket)
-        self.meter.stop(mark)
+        self.fetch_meter.stop(mark)
 
     def release(self, slot: int) -> None:
         """Compute on `slot` has been issued: reuse the slot for the next layer in order."""
@@ -128,7 +132,9 @@ class Streamer:
     def stats(self) -> TransferStats:
         moved = self.transport.stats()
         idle = 0.0 if self.stages_a_pass else max(0.0, self.clock() - self.started - moved.transfer_s)
-        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds(), idle, moved.fetched_bytes)
+        fetch_wait = self.fetch_meter.seconds()
+        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds() + fetch_wait, idle, moved.fetched_bytes,
+                             fetch_wait)
 
     def drain(self) -> None:
         """Wait for every load in flight (before freeing the slots)."""
