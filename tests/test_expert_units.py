@@ -5,6 +5,7 @@ import threading
 from collections import Counter
 
 import torch
+from test_streamer import VirtualLink
 
 from specchat.offload.direct_io import ALIGN, aligned_empty
 from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
@@ -13,7 +14,6 @@ from specchat.offload.layout import lay_out
 from specchat.offload.storage import DiskStore, RamStore, spans
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
-from specchat.transfer import TransferStats
 
 F32 = torch.float32
 SPECS = [("attn.q", F32, (5, 3)), ("experts.0.w", F32, (7,)), ("norm", F32, (3,)), ("experts.1.w", F32, (100,)),
@@ -201,26 +201,16 @@ def test_a_call_takes_a_cached_expert_from_the_device_and_offers_a_fetched_one()
     assert torch.equal(cache.find(5, 2)[:10], unit(4)) and cache.counts[(5, 2)] == 1 and cache.counts[(5, 0)] == 2
 
 
-class VirtualFetches:
-    """Ring loads done at once; a fetch done `fetch_s` later, on the same virtual clock."""
+class VirtualFetches(VirtualLink):
+    """tests/test_streamer.py's virtual link with ring loads done at once, and a fetch done
+    `fetch_s` later on the same clock."""
 
     def __init__(self, fetch_s: float) -> None:
-        self.fetch_s, self.now = fetch_s, 0.0
-
-    def begin(self, layer, slot):
-        return self.now
+        super().__init__(copy_s=0.0)
+        self.fetch_s = fetch_s
 
     def fetch(self, layer, slot, ranges):
         return self.now + self.fetch_s
-
-    def finish(self, ticket):
-        self.now = max(self.now, ticket)
-
-    def retire(self, slot):
-        pass
-
-    def stats(self):
-        return TransferStats()
 
 
 def test_waits_for_fetched_experts_are_a_stall_counted_apart():
