@@ -31,15 +31,22 @@ from torch import Tensor
 from specchat.errors import SpecchatError
 from specchat.quant.int4_layout import TileLayout, layout_for, unpack_transposed
 from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_probe import FUSED_DTYPES, fused_linear
 from specchat.quant.timing import crossover
 
-BLOCK_O = 32  # output rows per program
-BLOCK_I = 128  # inputs per program at most: its largest common divisor with the group size (one group a program)
+# Output rows and inputs per program (inputs: the largest common divisor of BLOCK_I and the group
+# size, one group a program). Swept on an H200 at a 70B layer's shapes (scripts/bench_int4_expand.py):
+# 16 x 128 in 4 warps expanded 8192 x 28672 in 0.54 ms (870 GB/s written), 32 x 128 in 0.75 ms,
+# 64 x 256 in 0.89-1.07 ms.
+BLOCK_O = 16
+BLOCK_I = 128
 EXPAND_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-EXPAND_WEIGHTS = 1 << 25  # weights expanded per chunk of a wide product: 64 MB in bf16
+# Weights expanded per chunk of a wide product: 128 MB in bf16. On the H200 a 8192 x 28672 product
+# at 1024 rows took 1.52 ms in chunks of 2^25 weights, 1.47 in 2^26, 1.44 in 2^27, 1.38 whole; 2^26
+# keeps most of the gain in an eighth of a whole 70B MLP weight's 470 MB.
+EXPAND_WEIGHTS = 1 << 26
 PROBE_ROWS = (16, 64, 256, 1024)  # tree widths at which expanding may start to win (the fused kernel's below)
-PROBE_GROUP = 128  # GPTQ's usual groups
+PROBE_GROUP = 128  # GPTQ's usual groups (fewer where a weight has fewer inputs)
 
 
 def triton_available() -> bool:
@@ -149,7 +156,7 @@ def expanded_workspace(in_features: int, out_features: int, rows: int, dtype: to
 def expanded_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int,
                     layout: TileLayout) -> Tensor:
     """x [rows, I] @ w.T with w [O, I] expanded in x's dtype a chunk of whole tiles of output rows at
-    a time (at most EXPAND_WEIGHTS weights: 64 MB in bf16, where a 70B MLP weight whole is 470 MB),
+    a time (at most EXPAND_WEIGHTS weights: 128 MB in bf16, where a 70B MLP weight whole is 470 MB),
     each chunk's product written into its columns of the output."""
     in_features, out_features = x.shape[1], scales_and_zeros.shape[1]
     step = chunk_rows(in_features, out_features, layout.rows)
@@ -172,19 +179,24 @@ def expand_rows(device_type: str, in_features: int, out_features: int, dtype: to
     """The fewest input rows (of PROBE_ROWS) from which `expanded_linear` runs faster than the fused
     kernel on `device_type` at this shape, measured once per process and shape (quant.timing.crossover)
     on a random weight of that shape: launch costs hide a kernel's slope on small probes, so each
-    of the model's own shapes is timed. inf where it never does, or where the kernel cannot run."""
+    of the model's own shapes is timed. inf where it never does, or where the kernel cannot run; 1
+    where the fused kernel takes no `dtype` inputs (CUDA's takes bfloat16 alone), as the expansion
+    then beats the chunked product it would fall back on at every width."""
     device = torch.device(device_type)
     layout = layout_for(device, in_features)
     if not triton_available() or layout is None:
         return math.inf
+    if dtype not in FUSED_DTYPES[device_type]:
+        return 1
     generator = torch.Generator().manual_seed(0)
     nibbles = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator)
     packed = pack(nibbles, device)
-    groups = in_features // PROBE_GROUP
+    group = math.gcd(PROBE_GROUP, in_features)  # an expert's 64 inputs: one group of 64
+    groups = in_features // group
     scales_and_zeros = (torch.rand(groups, out_features, 2, generator=generator) / 64).to(device, dtype)
     x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
-    rows = crossover(PROBE_ROWS, lambda rows: expanded_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP, layout),
-                     lambda rows: fused_linear(x[:rows], packed, scales_and_zeros, PROBE_GROUP), device)
+    rows = crossover(PROBE_ROWS, lambda rows: expanded_linear(x[:rows], packed, scales_and_zeros, group, layout),
+                     lambda rows: fused_linear(x[:rows], packed, scales_and_zeros, group), device)
     return math.inf if rows is None else rows
 
 
