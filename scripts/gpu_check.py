@@ -16,6 +16,9 @@ device.
 7. The int4 products at the 70B target's shapes against a float64 dense reference.
 8. A small Qwen3-MoE GPTQ target streamed by expert from pinned RAM and from the disk file, half its
    experts cached on the device: logits against the in-memory model.
+9. Greedy and seeded SpecExec over a small bfloat16 GPTQ target whose tree passes expand (the Triton
+   expansion forced from 2 rows) against its autoregressive decoding through the fused kernel:
+   tokens equal under the bfloat16 near-tie rule, every tie listed with its gap.
 The checks that run the embedded pair (3, 5) fail at once where its weights are not installed.
 The checks live in tests/gpu_checks/, shared with tests/test_cuda.py (pytest -m cuda).
 

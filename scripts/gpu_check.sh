@@ -3,7 +3,8 @@
 # passes, a GPTQ target streamed from pinned RAM and from disk, nf4 and int8 drafts, the
 # --budget auto probe against measured passes, --offload auto under a --vram-budget that makes the
 # default pair stream, pinned host->device bandwidth against `specchat doctor`'s probe, and the
-# int4 products at 70B shapes against a float64 reference. Prints a table with a verdict per check
+# int4 products at 70B shapes against a float64 reference, a MoE target streamed by expert, and bf16
+# SpecExec with its tree passes through the int4 expansion. Prints a table with a verdict per check
 # (PASS / FAIL / SKIP with its reason) and a closing line, and exits 1 on any FAIL. The same checks
 # as tests: pytest -m cuda.
 #   --scale             the paper-scale check: a Llama-2-70B-GPTQ-shaped target streamed through a

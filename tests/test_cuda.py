@@ -7,7 +7,9 @@ import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.drafts import check_draft
+from gpu_checks.expanded_specexec import check_expanded_specexec
 from gpu_checks.int4_reference import check_int4_reference
+from gpu_checks.moe_streamed import check_moe_streamed
 from gpu_checks.probe_costs import CAP, check_probe, wide_target
 from gpu_checks.replies import GreedyJudge
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
@@ -61,3 +63,12 @@ def test_streamed_bandwidth_matches_the_doctor_probe(offload_dir):
 
 def test_the_int4_products_at_70b_shapes_match_an_independent_float64_reference():
     assert_holds(check_int4_reference(CUDA))
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_a_moe_target_streamed_by_expert_matches_the_model_in_memory(offload_dir, tier):
+    assert_holds(check_moe_streamed(tier, CUDA, offload_dir))
+
+
+def test_bf16_specexec_with_wide_passes_expanded_emits_the_autoregressive_tokens(tmp_path):
+    assert_holds(check_expanded_specexec(CUDA, tmp_path))

@@ -19,6 +19,7 @@ from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.closing import closing_line
 from gpu_checks.embedded_weights import REPLY_CHECKS, missing_weights, needing_weights
+from gpu_checks.expanded_specexec import check_expanded_specexec
 from gpu_checks.int4_reference import check_int4_reference
 from gpu_checks.probe_costs import check_probe, probe_verdict
 from gpu_checks.replies import GreedyJudge, Run
@@ -52,6 +53,12 @@ def test_the_moe_check_passes_on_the_cpu(offload_dir, tier):
     result = check_moe_streamed(tier, CPU, offload_dir)
     assert result.status == "PASS", result.detail
     assert " 0.00 MB of experts fetched" not in result.detail and ", 0 experts cached" not in result.detail
+
+
+def test_the_expanded_specexec_check_passes_on_the_cpu(tmp_path):
+    """The fused kernel at every width here: its tokens and ties are judged as on CUDA."""
+    result = check_expanded_specexec(CPU, tmp_path)
+    assert result.status == "PASS" and "fused kernel at every width" in result.detail, result.detail
 
 
 def test_the_probe_check_times_every_size_the_probe_measures(tiny_target):

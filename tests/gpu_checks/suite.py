@@ -11,6 +11,7 @@ import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.drafts import check_draft
+from gpu_checks.expanded_specexec import check_expanded_specexec
 from gpu_checks.moe_streamed import check_moe_streamed
 from gpu_checks.probe_costs import CAP, check_probe, wide_target
 from gpu_checks.replies import GreedyJudge
@@ -29,6 +30,7 @@ def all_checks(device: torch.device, workdir: Path) -> list[Check]:
         ("GPTQ streamed from disk", lambda: check_gptq_streamed("disk", device, workdir)),
         ("MoE streamed by expert from RAM", lambda: check_moe_streamed("ram", device, workdir)),
         ("MoE streamed by expert from disk", lambda: check_moe_streamed("disk", device, workdir)),
+        ("bf16 GPTQ SpecExec, wide passes expanded", lambda: check_expanded_specexec(device, workdir)),
         ("nf4 draft", lambda: check_draft("nf4", judge, device)),
         ("int8 draft", lambda: check_draft("int8", judge, device)),
         ("probe vs measured passes", lambda: check_probe(wide_target(device, workdir), CAP)),
