@@ -80,7 +80,7 @@ def test_under_the_streamer_every_slot_is_freed_before_it_is_refilled(monkeypatc
     mover, fake = make_mover(monkeypatch, slots=2)
 
     class InlineTransport:  # the loader thread's work, run inline so the log is ordered
-        def begin(self, layer, slot):
+        def begin(self, layer, slot, whole=False):
             mover.wait_free(slot)
             mover.move(slot, torch.full((4,), layer, dtype=torch.uint8))
             return slot

@@ -198,7 +198,7 @@ def test_the_streamer_meters_each_wait_for_a_layer_and_reports_the_meter():
             return 7.0
 
     class Transport:
-        def begin(self, layer, slot):
+        def begin(self, layer, slot, whole=False):
             return layer
 
         def finish(self, ticket):

@@ -16,7 +16,7 @@ class RecordingTransport:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def begin(self, layer, slot):
+    def begin(self, layer, slot, whole=False):
         self.calls.append(("begin", layer, slot))
         return (layer, slot)
 
@@ -105,7 +105,7 @@ class VirtualLink:
         self.now = 0.0
         self.link_free = 0.0
 
-    def begin(self, layer, slot):
+    def begin(self, layer, slot, whole=False):
         start = max(self.now, self.link_free)
         self.link_free = start + self.copy_s
         return self.link_free
@@ -228,8 +228,8 @@ class MeteredLink(VirtualLink):
         super().__init__(copy_s)
         self.loads: list[tuple[float, float]] = []
 
-    def begin(self, layer, slot):
-        done = super().begin(layer, slot)
+    def begin(self, layer, slot, whole=False):
+        done = super().begin(layer, slot, whole)
         self.loads.append((done - self.copy_s, done))
         return done
 

@@ -17,8 +17,9 @@ from specchat.paths import probe_dir
 # Bumped whenever what a probe measures changes, so older files are not read as today's: 2 times
 # an offloaded pass's compute apart from its streaming (which version 1 counted in); 3 times an int8
 # draft on fbgemm's dynamic kernel (version 2's ran weight-only int8); 4 times a MoE target's
-# waits for the experts it fetches, by pass size, apart from the heads its ring stages.
-PROBE_FORMAT = 4
+# waits for the experts it fetches, by pass size, apart from the heads its ring stages; 5 the link's
+# seconds for the wide passes whose ring loads move whole layers.
+PROBE_FORMAT = 5
 
 
 def machine_facts(device: torch.device) -> dict:

@@ -32,6 +32,7 @@ spending.
 """
 
 import bisect
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,8 @@ class Costs:
     nodes, interpolated linearly between the measured points and extrapolated from the last two;
     for an offloaded target, the seconds the link takes to move a pass and the share of a pass
     staged while the tree grows, and for one streamed by expert the seconds a pass waits for the
-    experts it fetches, by its tokens."""
+    experts it fetches, by its tokens, and from how many tokens its ring moves whole layers (and
+    the link's seconds for a pass of those)."""
 
     target_n: tuple[int, ...]
     target_s: tuple[float, ...]
@@ -56,6 +58,12 @@ class Costs:
     stream_s: float = 0.0  # S: the link's seconds per pass; 0 when every layer is on the device
     staged: float = 1.0  # f: the share of a pass the staging area holds
     fetch_s: tuple[float, ...] = ()  # F: seconds a pass over target_n[i] tokens waited for the experts it fetched
+    wide_from: float = math.inf  # tokens from which a pass's ring loads move whole layers (a MoE streamed by expert)
+    wide_stream_s: float = 0.0  # the link's seconds for such a pass
+
+    def stream(self, n: int) -> float:
+        """S(n): the link's seconds for a pass over n tokens."""
+        return self.wide_stream_s if n >= self.wide_from else self.stream_s
 
     def fetch(self, n: int) -> float:
         return interpolate(self.target_n, self.fetch_s, n) if self.fetch_s else 0.0
@@ -68,7 +76,8 @@ class Costs:
 
     def iteration(self, draft_spent: float, n: int) -> float:
         """T(d, K): drafting for `draft_spent` seconds, then a pass over n tokens."""
-        unstaged = self.stream_s - min(self.staged * self.stream_s, draft_spent)
+        stream = self.stream(n)
+        unstaged = stream - min(self.staged * stream, draft_spent)
         return draft_spent + max(self.target(n), unstaged) + self.fetch(n)
 
 

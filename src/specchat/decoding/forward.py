@@ -18,12 +18,17 @@ from specchat.transfer import TransferStats
 
 class WeightStream(Protocol):
     """What an offloaded model exposes: cumulative transfer statistics, the bytes one pass
-    streams and the share of a pass its staging area holds."""
+    streams (by its tokens, from `whole_from` on, where a MoE's ring moves whole layers for wide
+    passes) and the share of a pass its staging area holds."""
+
+    whole_from: float
 
     def stats(self) -> TransferStats: ...
 
     @property
     def pass_bytes(self) -> int: ...
+
+    def pass_bytes_for(self, tokens: int) -> int: ...
 
     @property
     def staged_share(self) -> float: ...

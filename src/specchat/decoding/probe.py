@@ -16,7 +16,11 @@ the probe, is measured beside it (`Costs.iteration` puts the two together). For 
 streamed by expert that is the layers' heads; the experts a pass fetches once its routers have
 picked them cost it the time its compute waited for them, measured per size: what a tree of that
 size costs on top (scattered reads the compute waits for, not bytes at the link's mean speed).
+From the width where the ring moves whole layers instead (offload/experts.py), a pass costs the
+link the whole layers' bytes.
 """
+
+import math
 
 import torch
 
@@ -86,8 +90,12 @@ def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
     before = target.transfer_stats()
     target_n, target_s, fetched = measure(target, cap + 1, run_head=False)
     moved = target.transfer_stats() - before
-    stream_s = link_seconds(target.stream.pass_bytes, moved) if target.stream is not None else 0.0
-    fetch_s = fetched if target.stream is not None and moved.fetched_bytes else ()
+    stream = target.stream
+    stream_s = link_seconds(stream.pass_bytes, moved) if stream is not None else 0.0
+    fetch_s = fetched if stream is not None and moved.fetched_bytes else ()
     draft_b, draft_s, _ = measure(draft, cap, run_head=True)
-    staged = target.stream.staged_share if target.stream is not None else 1.0
-    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s)
+    staged = stream.staged_share if stream is not None else 1.0
+    if stream is None or stream.whole_from == math.inf:
+        return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s)
+    wide_s = link_seconds(stream.pass_bytes_for(int(stream.whole_from)), moved)
+    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s, stream.whole_from, wide_s)

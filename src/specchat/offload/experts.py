@@ -6,8 +6,17 @@ A slot keeps the experts it fetched for as long as it holds the same layer, sinc
 writes only the head: a ring that stages a whole pass fetches each expert of a layer once, and a
 smaller ring fetches what each call routes to. Where the plan left room, the most-routed experts
 also wait on the device (offload/expert_cache.py) and are copied into the slot from there.
+
+A wide pass routes to nearly every expert, and fetching them once its routers have run keeps
+compute waiting, where a ring load of the whole layer would have arrived while earlier layers
+computed: measured on an H200 (pinned RAM) and on this project's CPU (disk), a Mixtral-shaped
+layer took 6.0 ms by expert and 11.6 whole at one token, but 14.5-18.7 by expert against 12.6-17.2
+whole from 64 tokens, and at 64 tokens on the disk tier 6.97 s against 4.52. So once a pass is
+expected to route to WHOLE_SHARE of a layer's experts, the ring loads it starts move whole layers
+(`whole_layer_tokens`), and a slot loaded so holds every expert.
 """
 
+import math
 from typing import Any
 
 import torch
@@ -19,6 +28,19 @@ from specchat.quant.split_experts import SplitExperts
 # Experts whose units lie next to each other are read in one request up to this size: fewer
 # requests, while the first experts of a call still arrive early enough for compute to start.
 FETCH_RUN_BYTES = 16 * 2**20
+# The expected share of a layer's experts from which a pass's ring loads move whole layers: they
+# move at most 1/0.9 of the bytes fetching would, ahead of compute instead of while it waits.
+WHOLE_SHARE = 0.9
+
+
+def whole_layer_tokens(experts: int, routed: int) -> int:
+    """The fewest tokens a pass is expected to route to WHOLE_SHARE of `experts` with (each token to
+    `routed` of them, uniformly: 1 - (1 - k/E)^n of them): n >= log(1 - s) / log(1 - k/E)."""
+    if routed >= experts:
+        return 1
+    missed = 1 - routed / experts  # by one token, a given expert
+    tokens = max(1, math.ceil(math.log(1 - WHOLE_SHARE) / math.log(missed)))
+    return tokens if 1 - missed ** tokens >= WHOLE_SHARE else tokens + 1  # the logarithms' rounding at the edge
 
 
 def expert_units(layer: nn.Module) -> dict[str, int]:
@@ -35,17 +57,20 @@ def split_experts_of(layer: nn.Module) -> SplitExperts | None:
 
 
 class SlotExperts:
-    """Which experts each ring slot holds, and for which layer."""
+    """Which experts each ring slot holds, and for which layer; and from how many tokens a pass's
+    ring loads move whole layers (`whole_from`; inf: never)."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole_from: float = math.inf) -> None:
         self.held: dict[int, tuple[int, set[int]]] = {}
+        self.whole_from = whole_from
 
-    def enter(self, slot: int, layer: int) -> set[int]:
-        """The experts `slot` holds for `layer`, now that compute holds it for that layer: none if
-        another layer was there last (its ring load may have left anything in the units)."""
+    def enter(self, slot: int, layer: int, experts: int = 0) -> set[int]:
+        """The experts `slot` holds for `layer`, now that compute holds it for that layer: all
+        `experts` of them if its ring load moved the whole layer, else none if another layer was
+        there last (its ring load may have left anything in the units)."""
         held = self.held.get(slot)
-        if held is None or held[0] != layer:
-            held = self.held[slot] = (layer, set())
+        if held is None or held[0] != layer or experts:
+            held = self.held[slot] = (layer, set(range(experts)))
         return held[1]
 
 

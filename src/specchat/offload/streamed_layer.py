@@ -24,7 +24,8 @@ class StreamedLayer(nn.Module):
     call).
 
     Streamed by expert (`held` given, and the layout has expert units), the layer's experts are
-    fetched as its router picks them (offload/experts.py), from `cache` where it holds them.
+    fetched as its router picks them (offload/experts.py), from `cache` where it holds them; a
+    call over `held.whole_from` tokens or more has the ring loads it starts move whole layers.
     """
 
     def __init__(self, skeleton: nn.Module, index: int, layout: LayerLayout, streamer: Streamer,
@@ -47,12 +48,16 @@ class StreamedLayer(nn.Module):
         try:
             self.bind(slot)
             if self.experts is not None:
+                whole = len(self.layout.units) if self.streamer.arrived_whole.get(slot) else 0
                 self.experts.feed = ExpertLoads(self.streamer, self.index, slot, self.slots[slot], self.layout.units,
-                                                self.held.enter(slot, self.index), self.cache)
+                                                self.held.enter(slot, self.index, whole), self.cache)
             return self.skeleton(*args, **kwargs)
         finally:
             if self.experts is not None:
                 self.experts.feed = Resident()
+                # the ring load this release starts is a later layer's in this pass (or the next
+                # pass's first): as wide as this one, most likely
+                self.streamer.whole = tokens_of(args, kwargs) >= self.held.whole_from
             self.streamer.release(slot)
 
     def bind(self, slot: int) -> None:
@@ -68,6 +73,12 @@ class StreamedLayer(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(object.__getattribute__(self, "skeleton"), name)
+
+
+def tokens_of(args: tuple, kwargs: dict) -> int:
+    """The tokens of a decoder layer's call: its hidden states' second-to-last dimension."""
+    hidden = args[0] if args else kwargs["hidden_states"]
+    return hidden.shape[-2]
 
 
 def owner_of(module: nn.Module, dotted: str) -> tuple[dict, str]:

@@ -32,8 +32,9 @@ from specchat.transfer import TransferStats
 class Transport(Protocol):
     """Moves a layer's bytes into a slot, asynchronously."""
 
-    def begin(self, layer: int, slot: int) -> Any:
-        """Start loading `layer` into `slot`; returns a ticket. The slot is free when called."""
+    def begin(self, layer: int, slot: int, whole: bool) -> Any:
+        """Start loading `layer` into `slot` (all of it if `whole`, else what its ring load moves);
+        returns a ticket. The slot is free when called."""
 
     def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> Any:
         """Start loading byte ranges of `layer` into `slot`, which compute holds, ahead of the
@@ -56,6 +57,7 @@ class _Load:
     layer: int
     slot: int
     ticket: Any
+    whole: bool
 
 
 class Streamer:
@@ -75,6 +77,8 @@ class Streamer:
         self.meter = meter if meter is not None else HostStallMeter(clock)  # waits for a layer's ring load
         self.fetch_meter = fetch_meter if fetch_meter is not None else HostStallMeter(clock)  # for fetched experts
         self.started = clock()
+        self.whole = False  # the loads submitted from now on move whole layers (a wide pass's)
+        self.arrived_whole: dict[int, bool] = {}  # per slot: its last ring load moved the whole layer
         self.fill(0)
 
     def fill(self, start: int) -> None:
@@ -85,7 +89,7 @@ class Streamer:
 
     def submit(self, slot: int) -> None:
         layer = self.order[self.cursor]
-        self.pending.append(_Load(layer, slot, self.transport.begin(layer, slot)))
+        self.pending.append(_Load(layer, slot, self.transport.begin(layer, slot, self.whole), self.whole))
         self.cursor = (self.cursor + 1) % len(self.order)
 
     def acquire(self, layer: int) -> int:
@@ -96,6 +100,7 @@ class Streamer:
         mark = self.meter.start()
         self.transport.finish(load.ticket)
         self.meter.stop(mark)
+        self.arrived_whole[load.slot] = load.whole
         return load.slot
 
     def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> Any:

@@ -112,8 +112,8 @@ class ThreadTransport:
         self.thread = threading.Thread(target=self.run, name="specchat-loader", daemon=True)
         self.thread.start()
 
-    def begin(self, layer: int, slot: int) -> _Job:
-        ranges = [(0, self.heads[layer])] if layer in self.heads else None
+    def begin(self, layer: int, slot: int, whole: bool = False) -> _Job:
+        ranges = [(0, self.heads[layer])] if layer in self.heads and not whole else None
         return self.queue(_Job(layer, slot, Future(), ranges))
 
     def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> _Job:
