@@ -7,7 +7,9 @@ Usage: python scripts/bench_moe_streaming.py [--alias qwen3-30b-a3b-gptq] [--lay
 No MoE model ships on PyPI, so the target is the alias's config with random 4-bit GPTQ weights
 (tests/gpu_checks/scale_models.py: every expert's linears written one by one, as AutoGPTQ stores
 them), all its layers on the disk tier (the layer file read with O_DIRECT, nothing resident,
-a 2-slot ring). In one run, on one layer file, for each way of streaming (by expert, whole layers):
+a 2-slot ring). In one run, on one layer file, for each way of streaming (by expert, every call
+fetching; whole layers; the default: by expert, whole layers for passes wide enough to route to
+90% of the experts):
 - a pass over n tokens after a 64-token prefix, for each n of --widths: its seconds and the bytes
   it streamed (the ring's loads and the experts fetched), the fastest and the mean of --repeats;
 - autoregressive greedy decoding of --tokens tokens: tokens/s.
@@ -21,6 +23,7 @@ what a tree of that width costs the target, and the tokens/s a gen rate g would 
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from dataclasses import dataclass
@@ -50,7 +53,9 @@ PREFIX = 64  # tokens cached before a timed pass
 GEN_RATES = (2.8, 12.38)  # this machine's dense pair at --budget auto (docs/benchmarks.md); the paper's Mixtral rate
 DTYPE = torch.bfloat16
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-MODES = {"by expert": True, "whole layers": False}
+# mode -> (by_expert, whole_from): every call fetching; whole layers; the default, by expert with
+# whole layers for passes from offload/experts.whole_layer_tokens on
+MODES = {"by expert": (True, math.inf), "whole layers": (False, None), "default": (True, None)}
 
 
 @dataclass(frozen=True)
@@ -77,12 +82,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def offloaded(directory: Path, workdir: Path, by_expert: bool):
+def offloaded(directory: Path, workdir: Path, by_expert: bool, whole_from: float | None):
     """The target with every layer on the disk tier through a 2-slot ring, as `offload_model` builds it."""
     request = PlanRequest(tier="disk", offload_dir=workdir / "offload", resident_layers=0, slots=2)
     placement = plan_checkpoint(directory, directory.name, DTYPE, Machine(kind="cpu"), request).placement
     model, offload = offload_model(directory, directory.name, DTYPE, torch.device("cpu"), placement,
-                                   request.offload_dir, Reporter(bars=True), by_expert=by_expert)
+                                   request.offload_dir, Reporter(bars=True), by_expert=by_expert,
+                                   whole_from=whole_from)
     return CausalLM(model, offload), offload
 
 
@@ -128,10 +134,10 @@ def table(rows: list[Row]) -> str:
     decode = {r.mode: r for r in rows if r.what == "decode"}
     lines += ["", "| streaming | autoregressive tokens/s | GB streamed a token |", "|---|---|---|"]
     lines += [f"| {mode} | {r.tokens / r.seconds:.3f} | {r.streamed_bytes / r.tokens / 1e9:.2f} |" for mode, r in decode.items()]
-    if len(decode) == 2:
-        ratio = (decode["by expert"].tokens / decode["by expert"].seconds) / \
-            (decode["whole layers"].tokens / decode["whole layers"].seconds)
-        lines.append(f"\nautoregressive decoding by expert / whole layers: {ratio:.2f}x")
+    if "whole layers" in decode:
+        whole = decode["whole layers"].tokens / decode["whole layers"].seconds
+        lines += [f"\nautoregressive decoding {mode} / whole layers: {r.tokens / r.seconds / whole:.2f}x"
+                  for mode, r in decode.items() if mode != "whole layers"]
     return "\n".join(lines)
 
 
@@ -145,8 +151,8 @@ def main() -> None:
     print(f"writing a random 4-bit {args.alias} of {args.layers} layers in {args.workdir} ...", flush=True)
     directory = write_random_gptq(config, settings, args.workdir / f"{args.alias}-{args.layers}")
     rows: list[Row] = []
-    for mode, by_expert in MODES.items():
-        lm, offload = offloaded(directory, args.workdir, by_expert)
+    for mode, (by_expert, whole_from) in MODES.items():
+        lm, offload = offloaded(directory, args.workdir, by_expert, whole_from)
         try:
             rows += time_passes(lm, mode, widths, args.repeats)
             rows.append(time_decode(lm, mode, args.tokens))

@@ -54,6 +54,17 @@ def test_after_a_wide_call_the_ring_loads_whole_layers_and_their_calls_fetch_not
         assert offload.whole_from == WIDE
 
 
+def test_a_ring_that_stages_the_whole_pass_never_moves_whole_layers(moe, tmp_path):
+    """Each slot keeps one layer and the experts it fetched once: a whole load would move them again."""
+    _, directory = moe
+    with streamed(directory, "ram", tmp_path, slots=2, whole_from=None) as (lm, offload):
+        loads = []
+        begin = offload.transport.begin
+        offload.transport.begin = lambda layer, slot, whole: loads.append(whole) or begin(layer, slot, whole)
+        list(fetched_per_pass(lm, offload, record_routes(lm)))
+        assert offload.whole_from == float("inf") and loads and not any(loads)
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
 def test_specexec_with_whole_layers_for_wide_passes_emits_the_in_memory_tokens(moe, tmp_path, sampling):
     family, directory = moe

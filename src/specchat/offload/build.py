@@ -86,7 +86,8 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     layer file of their own. `by_expert`: a streamed MoE layer moves its head with the ring and
     only the experts its tokens route to (offload/experts.py); False moves it whole. `whole_from`:
     the tokens of a pass from which its ring loads move whole layers (None: where the pass is
-    expected to route to experts.WHOLE_SHARE of a layer's experts; math.inf: never)."""
+    expected to route to experts.WHOLE_SHARE of a layer's experts; math.inf: never; never either
+    where the ring stages a whole pass)."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
                            compact_head=compact_head, compact_layers=compact_layers)
@@ -120,11 +121,20 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
         raise
     streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device),
                         fetch_meter=stall_meter(device))
-    held = SlotExperts(whole_from if whole_from is not None else wide_pass(model.config)) if heads else None
+    held = SlotExperts(whole_loads_from(model.config, streamer, whole_from)) if heads else None
     for index in placement.streamed:
         layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots, held, cache)
     return model, Offload(streamer, transport, store, placement.streamed, placement, cache, counts_file,
                           held.whole_from if held is not None else math.inf)
+
+
+def whole_loads_from(config: PretrainedConfig, streamer: Streamer, asked: float | None) -> float:
+    """The tokens from which a pass's ring loads move whole layers: `asked`, else the model's own
+    (`wide_pass`); never where the ring stages a whole pass, as each slot then keeps one layer and
+    the experts it fetched once, which a whole load would move again every pass."""
+    if streamer.stages_a_pass:
+        return math.inf
+    return asked if asked is not None else wide_pass(config)
 
 
 def wide_pass(config: PretrainedConfig) -> int:

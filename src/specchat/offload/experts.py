@@ -13,7 +13,8 @@ computed: measured on an H200 (pinned RAM) and on this project's CPU (disk), a M
 layer took 6.0 ms by expert and 11.6 whole at one token, but 14.5-18.7 by expert against 12.6-17.2
 whole from 64 tokens, and at 64 tokens on the disk tier 6.97 s against 4.52. So once a pass is
 expected to route to WHOLE_SHARE of a layer's experts, the ring loads it starts move whole layers
-(`whole_layer_tokens`), and a slot loaded so holds every expert.
+(`whole_layer_tokens`), and a slot loaded so holds every expert; not where the ring stages a whole
+pass, whose slots keep their layers' experts from pass to pass (offload/build.py).
 """
 
 import math
