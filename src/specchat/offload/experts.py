@@ -9,9 +9,9 @@ also wait on the device (offload/expert_cache.py) and are copied into the slot f
 
 A wide pass routes to nearly every expert, and fetching them once its routers have run keeps
 compute waiting, where a ring load of the whole layer would have arrived while earlier layers
-computed: measured on an H200 (pinned RAM) and on this project's CPU (disk), a Mixtral-shaped
-layer took 6.0 ms by expert and 11.6 whole at one token, but 14.5-18.7 by expert against 12.6-17.2
-whole from 64 tokens, and at 64 tokens on the disk tier 6.97 s against 4.52. So once a pass is
+computed: on an H200 (pinned RAM) a Mixtral-shaped layer took 6.0 ms by expert and 11.6 whole at
+one token, but 14.5-18.7 by expert against 12.6-17.2 whole from 64 tokens; on this project's CPU
+(disk tier) a Qwen3-30B-A3B-shaped target's 64-token pass took 6.97 s against 4.52. So once a pass is
 expected to route to WHOLE_SHARE of a layer's experts, the ring loads it starts move whole layers
 (`whole_layer_tokens`), and a slot loaded so holds every expert; not where the ring stages a whole
 pass, whose slots keep their layers' experts from pass to pass (offload/build.py).
