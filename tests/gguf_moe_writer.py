@@ -7,7 +7,8 @@ Each layer's experts are stacked: `blk.N.ffn_gate_exps` and `ffn_up_exps` [E, I,
 Q4_K or Q6_K, as llama.cpp's Q4_K_M mixes them), their blocks random bytes with sane fp16 scales
 (gguf's Python package cannot quantize to Q4_K or Q6_K). Q4_K and Q6_K take rows of 256 weights,
 so the hidden size is 256 and an expert's width 512 (not Qwen3-MoE's default 768: the width is read
-from `expert_feed_forward_length`, models/gguf_config.py). Attention, the embedding and the LM head
+from `expert_feed_forward_length`, models/gguf_config.py; a Mixtral's is its `feed_forward_length`,
+as llama.cpp writes it). Attention, the embedding and the LM head
 are Q8_0, norms and routers float32.
 """
 
@@ -33,7 +34,7 @@ def write_moe_gguf(path: Path, family: str, down: GGMLQuantizationType = GGMLQua
     """A tiny `family` MoE GGUF at `path`, its experts stacked, ffn_down_exps in `down`."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), ARCHITECTURES[family])
-    write_metadata(writer)
+    write_metadata(writer, family)
     tensor = TensorWriter(writer, rng)
     tensor.q8("token_embd.weight", len(TOKENS), HIDDEN, 0.05)
     for layer in range(LAYERS):
@@ -54,14 +55,17 @@ def write_moe_gguf(path: Path, family: str, down: GGMLQuantizationType = GGMLQua
     return path
 
 
-def write_metadata(writer: gguf.GGUFWriter) -> None:
+def write_metadata(writer: gguf.GGUFWriter, family: str) -> None:
     writer.add_name("tiny moe")
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(1024)  # a dense layer's width, which no layer here has
-    writer.add_expert_feed_forward_length(INTERMEDIATE)
-    writer.add_expert_shared_feed_forward_length(SHARED)
+    if family == "mixtral":  # llama.cpp's llama: feed_forward_length is an expert's width
+        writer.add_feed_forward_length(INTERMEDIATE)
+    else:
+        writer.add_feed_forward_length(1024)  # a dense layer's width, which no layer here has
+        writer.add_expert_feed_forward_length(INTERMEDIATE)
+        writer.add_expert_shared_feed_forward_length(SHARED)
     writer.add_expert_count(EXPERTS)
     writer.add_expert_used_count(TOP_K)
     writer.add_head_count(HEADS)

@@ -3,15 +3,15 @@ Qwen3-MoE and Qwen2-MoE (gguf_moe_writer.py) converted as an embedded model is (
 then models/convert_int4.py), each expert's slice of the stacked `ffn_*_exps` tensors an
 Int4Weight (Q4_K) or Q6Weight (Q6_K) under the split model's names; loaded with every expert's
 linears as Int4Linears or Q6Linears, giving the dense conversion's logits, streamed by expert as in
-memory, and SpecExec over them exact. A Mixtral GGUF (architecture `llama`), which transformers
-reads as a dense Llama with random MLPs, is refused in one line."""
+memory, and SpecExec over them exact. A Mixtral GGUF (architecture `llama`) is one more family here;
+test_moe_gguf_mixtral.py checks what is its own (its config, its dense conversion's logits)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor, quants
-from gguf_moe_writer import EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, SHARED, write_moe_gguf
+from gguf_moe_writer import ARCHITECTURES, EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, SHARED, write_moe_gguf
 from planned import streamed
 from safetensors import safe_open
 from test_int4_gguf import random_blocks
@@ -23,12 +23,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.forward import CausalLM
-from specchat.errors import SpecchatError
 from specchat.models.configs import read_config
 from specchat.models.convert import convert
 from specchat.models.convert_experts import expert_slice, stored_forms
 from specchat.models.convert_int4 import convert_int4, hf_names
-from specchat.models.loading import load
 from specchat.offload.build import offload_model
 from specchat.progress import Reporter
 from specchat.quant.gguf_int4 import q4k_to_int4
@@ -43,7 +41,7 @@ QUIET = Reporter(bars=False)
 CPU = torch.device("cpu")
 Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0
 # (family, the type of ffn_down_exps): Q4_K_M mixes Q4_K and Q6_K; Q8_0 has no stored form kept
-VARIANTS = [("qwen3_moe", Q4_K), ("qwen3_moe", Q6_K), ("qwen2_moe", Q4_K)]
+VARIANTS = [("qwen3_moe", Q4_K), ("qwen3_moe", Q6_K), ("qwen2_moe", Q4_K), ("mixtral", Q4_K)]
 LINEAR_OF = {Q4_K: Int4Linear, Q6_K: Q6Linear, Q8_0: nn.Linear}
 PARTS = (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj"))
 
@@ -87,8 +85,9 @@ def dequantized(reader: GGUFReader, layer: int, part: str) -> torch.Tensor:
 
 
 def test_transformers_fuses_gate_then_up_of_ggml_stacked_experts(moe):
-    """The order the conversion relies on, read from transformers' own load: gate_up_proj[e] is
-    gguf's dequantized ffn_gate_exps[e] rows, then ffn_up_exps[e]; down_proj[e] is ffn_down_exps[e]."""
+    """The order the conversion relies on, read from transformers' own load (a Mixtral's through the
+    processors models/gguf_mixtral.py reuses): gate_up_proj[e] is gguf's dequantized
+    ffn_gate_exps[e] rows, then ffn_up_exps[e]; down_proj[e] is ffn_down_exps[e]."""
     reader, dense = GGUFReader(moe.gguf), moe.dense_model()
     for layer in range(LAYERS):
         experts = dense.model.layers[layer].mlp.experts
@@ -232,36 +231,10 @@ def test_the_experts_widths_are_read_from_the_file(tmp_path, family):
 def test_stacked_gate_and_up_map_to_the_fused_gate_up_proj(moe):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(moe.dense))
-    names = hf_names(model, "qwen3moe" if moe.family == "qwen3_moe" else "qwen2moe")
+    names = hf_names(model, ARCHITECTURES[moe.family])
     fused = "model.layers.1.mlp.experts"
     assert (names["blk.1.ffn_gate_exps"], names["blk.1.ffn_up_exps"], names["blk.1.ffn_down_exps"]) == \
         (f"{fused}.gate_up_proj", f"{fused}.gate_up_proj", f"{fused}.down_proj")
-
-
-@pytest.fixture(scope="module")
-def mixtral(tmp_path_factory) -> Path:
-    return write_moe_gguf(tmp_path_factory.mktemp("mixtral") / "mixtral.gguf", "mixtral")
-
-
-def test_transformers_reads_a_mixtral_gguf_as_a_dense_llama_with_random_mlps(mixtral):
-    """Why such a file is refused: should transformers ever load its experts, this fails."""
-    model, info = AutoModelForCausalLM.from_pretrained(mixtral.parent, gguf_file=mixtral.name, output_loading_info=True)
-    assert type(model).__name__ == "LlamaForCausalLM"
-    assert {f"model.layers.0.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")} <= info["missing_keys"]
-
-
-@pytest.mark.parametrize("step", ["config", "load", "convert"])
-def test_a_mixtral_gguf_is_refused_in_one_line(mixtral, tmp_path, step):
-    with pytest.raises(SpecchatError, match=r"mixtral\.gguf stores MoE experts \(blk\.0\.ffn_gate_exps\.weight\) under "
-                                            r"the architecture 'llama'") as refused:
-        if step == "config":
-            read_config(str(mixtral))
-        elif step == "load":
-            load(str(mixtral), torch.float32, progress=False)
-        else:
-            convert(mixtral, tmp_path / "dense", "0" * 64, QUIET)
-    assert "\n" not in str(refused.value)
-    assert not (tmp_path / "dense").exists()
 
 
 def test_a_dense_gguf_reads_the_config_transformers_reads(tmp_path):

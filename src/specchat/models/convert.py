@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
 from specchat.diskspace import check_free_space, disk_full_is_one_line
-from specchat.models.gguf_config import gguf_config
+from specchat.models.gguf_model import gguf_model
 from specchat.models.marker import write_marker
 from specchat.models.staging import new_temp_dir
 from specchat.progress import Reporter, transformers_bars
@@ -38,8 +38,7 @@ def write_converted(gguf: Path, directory: Path, reporter: Reporter) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str("dequantizing")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=gguf_config(gguf),
-                                                     dtype=torch.float32)
+        model = gguf_model(gguf, torch.float32)
         bar.update()
         bar.set_postfix_str("saving weights")
         make_serializable(model)
@@ -56,8 +55,10 @@ def write_converted(gguf: Path, directory: Path, reporter: Reporter) -> None:
 
 def make_serializable(model: PreTrainedModel) -> None:
     """transformers refuses to save a GGUF-loaded model; its weights are already plain tensors, so
-    dropping the GGUF quantization record is all it takes (design.md section 3)."""
-    del model.config.quantization_config
+    dropping the GGUF quantization record is all it takes (design.md section 3). A Mixtral, built
+    from its state dict (models/gguf_model.py), has none."""
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.hf_quantizer = None
 
 

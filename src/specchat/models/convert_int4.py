@@ -37,6 +37,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.models.convert_experts import expert_tensors
+from specchat.models.gguf_mixtral import mixtral_names
 from specchat.models.marker import INT4_FORMAT, write_marker
 from specchat.models.staging import new_temp_dir
 from specchat.offload.skeleton import module_name
@@ -127,7 +128,10 @@ def hf_names(model: PreTrainedModel, architecture: str) -> dict[str, str]:
     """GGUF tensor name -> the model's state_dict name, as transformers maps them when it loads a
     file of that `architecture` (general.architecture: its processor, which maps a MoE model's
     stacked `blk.N.ffn_gate_exps` and `ffn_up_exps`, with no suffix, to its fused gate_up_proj,
-    is looked up by it, not by the model type)."""
+    is looked up by it, not by the model type; llama.cpp's Mixtral, a `llama` file, as
+    models/gguf_mixtral.py maps it)."""
+    if model.config.model_type == "mixtral":
+        return mixtral_names(model)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
     return get_gguf_hf_weights_map(model, processor)
 

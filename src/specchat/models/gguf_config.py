@@ -9,7 +9,10 @@ the file, and the model is built with them.
 
 llama.cpp writes Mixtral under the architecture `llama`, its experts stacked as `ffn_gate_exps`,
 `ffn_up_exps` and `ffn_down_exps`; transformers reads such a file as a dense Llama whose MLPs it
-initializes at random (they are "missing" from the file). Such a file is refused in one line.
+initializes at random (they are "missing" from the file). Its config here is a MixtralConfig of
+transformers' llama fields and the file's expert counts, and its weights are read by
+models/gguf_mixtral.py (models/gguf_model.py loads either kind). Any other file storing stacked
+experts under an architecture that transformers reads without them is refused in one line.
 """
 
 import re
@@ -19,6 +22,7 @@ from gguf import GGUFReader
 from transformers import AutoConfig, PretrainedConfig
 
 from specchat.errors import SpecchatError
+from specchat.models.gguf_mixtral import is_mixtral, mixtral_config
 
 # config attribute -> the GGUF key (after "<architecture>.") that llama.cpp writes it under
 MOE_WIDTHS = {"moe_intermediate_size": "expert_feed_forward_length",
@@ -33,6 +37,8 @@ def gguf_config(path: Path) -> PretrainedConfig:
     file whose experts transformers would not load."""
     reader = GGUFReader(path)
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if is_mixtral(reader):
+        return mixtral_config(path.name, reader, config)
     architecture = str(reader.fields["general.architecture"].contents())
     check_experts_load(path.name, reader, config, architecture)
     for attribute, key in MOE_WIDTHS.items():
@@ -47,5 +53,5 @@ def check_experts_load(name: str, reader: GGUFReader, config: PretrainedConfig, 
     stacked = next((tensor.name for tensor in reader.tensors if STACKED_EXPERTS.search(tensor.name)), None)
     if stacked is not None and not any(hasattr(config, count) for count in EXPERT_COUNTS):
         raise SpecchatError(f"{name} stores MoE experts ({stacked}) under the architecture '{architecture}', which "
-                            f"transformers' GGUF loader reads as a dense {config.model_type} without them (llama.cpp "
-                            "writes Mixtral so): use the model's safetensors, GPTQ or AWQ checkpoint")
+                            f"transformers' GGUF loader reads as a dense {config.model_type} without them: use the "
+                            "model's safetensors, GPTQ or AWQ checkpoint")

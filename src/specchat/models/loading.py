@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specchat.errors import SpecchatError
 from specchat.models.compat import same_tokenizer_files
 from specchat.models.embedded import ensure_embedded
-from specchat.models.gguf_config import gguf_config
+from specchat.models.gguf_model import gguf_model
 from specchat.models.hub import download
 from specchat.models.layerwise import Preparation, load_layer_by_layer, prepare_loaded
 from specchat.models.registry import find_alias
@@ -117,12 +117,11 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
         model = load_layer_by_layer(directory, tokenizer, dtype, device or torch.device("cpu"), preparation, reporter)
         return LoadedModel(model.eval(), tokenizer, source.name, source, directory)
     options = {} if quantization is None else {"quantization_config": quantization, "device_map": {"": device}}
-    if gguf_file is not None:  # with the experts' widths the file declares (models/gguf_config.py)
-        options["config"] = gguf_config(directory / gguf_file)
     with transformers_bars(reporter, lambda desc: f"loading {source.name} weights"):
-        model = AutoModelForCausalLM.from_pretrained(
-            directory, gguf_file=gguf_file, dtype=dtype, attn_implementation="sdpa", **options
-        )
+        if gguf_file is not None:  # with the config the file declares (models/gguf_model.py)
+            model = gguf_model(directory / gguf_file, dtype, attn_implementation="sdpa", **options)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa", **options)
     model.eval()
     model.requires_grad_(False)
     own_aligned_weights(model)
