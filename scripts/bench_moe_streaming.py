@@ -8,8 +8,8 @@ No MoE model ships on PyPI, so the target is the alias's config with random 4-bi
 (tests/gpu_checks/scale_models.py: every expert's linears written one by one, as AutoGPTQ stores
 them), all its layers on the disk tier (the layer file read with O_DIRECT, nothing resident,
 a 2-slot ring). In one run, on one layer file, for each way of streaming (by expert, every call
-fetching; whole layers; the default: by expert, whole layers for passes wide enough to route to
-90% of the experts):
+fetching; whole layers; by expert with whole layers for passes wide enough to route to 90% of the
+experts; the default: that, with the expert cache the plan gives the RAM left):
 - a pass over n tokens after a 64-token prefix, for each n of --widths: its seconds and the bytes
   it streamed (the ring's loads and the experts fetched), the fastest and the mean of --repeats;
 - autoregressive greedy decoding of --tokens tokens: tokens/s.
@@ -22,6 +22,7 @@ what a tree of that width costs the target, and the tokens/s a gen rate g would 
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -53,9 +54,11 @@ PREFIX = 64  # tokens cached before a timed pass
 GEN_RATES = (2.8, 12.38)  # this machine's dense pair at --budget auto (docs/benchmarks.md); the paper's Mixtral rate
 DTYPE = torch.bfloat16
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-# mode -> (by_expert, whole_from): every call fetching; whole layers; the default, by expert with
-# whole layers for passes from offload/experts.whole_layer_tokens on
-MODES = {"by expert": (True, math.inf), "whole layers": (False, None), "default": (True, None)}
+# mode -> (by_expert, whole_from, the plan's expert cache kept): every call fetching from the disk;
+# whole layers; by expert with whole layers for passes from offload/experts.whole_layer_tokens on,
+# without the cache; the default: that, with the cache the plan gives the RAM left
+MODES = {"by expert": (True, math.inf, False), "whole layers": (False, None, False),
+         "wide passes whole": (True, None, False), "default": (True, None, True)}
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def offloaded(directory: Path, workdir: Path, by_expert: bool, whole_from: float | None):
-    """The target with every layer on the disk tier through a 2-slot ring, as `offload_model` builds it."""
+def offloaded(directory: Path, workdir: Path, by_expert: bool, whole_from: float | None, cached: bool):
+    """The target with every layer on the disk tier through a 2-slot ring, as `offload_model` builds
+    it; the plan's expert cache in RAM if `cached`."""
     request = PlanRequest(tier="disk", offload_dir=workdir / "offload", resident_layers=0, slots=2)
-    placement = plan_checkpoint(directory, directory.name, DTYPE, Machine(kind="cpu"), request).placement
+    planned = plan_checkpoint(directory, directory.name, DTYPE, Machine(kind="cpu"), request).placement
+    placement = planned if cached else dataclasses.replace(planned, expert_cache=0)
     model, offload = offload_model(directory, directory.name, DTYPE, torch.device("cpu"), placement,
                                    request.offload_dir, Reporter(bars=True), by_expert=by_expert,
                                    whole_from=whole_from)
@@ -151,8 +156,8 @@ def main() -> None:
     print(f"writing a random 4-bit {args.alias} of {args.layers} layers in {args.workdir} ...", flush=True)
     directory = write_random_gptq(config, settings, args.workdir / f"{args.alias}-{args.layers}")
     rows: list[Row] = []
-    for mode, (by_expert, whole_from) in MODES.items():
-        lm, offload = offloaded(directory, args.workdir, by_expert, whole_from)
+    for mode, (by_expert, whole_from, cached) in MODES.items():
+        lm, offload = offloaded(directory, args.workdir, by_expert, whole_from, cached)
         try:
             rows += time_passes(lm, mode, widths, args.repeats)
             rows.append(time_decode(lm, mode, args.tokens))

@@ -65,6 +65,18 @@ def test_a_ring_that_stages_the_whole_pass_never_moves_whole_layers(moe, tmp_pat
         assert offload.whole_from == float("inf") and loads and not any(loads)
 
 
+def test_with_the_experts_cached_a_wide_pass_still_fetches_only_what_the_cache_lacks(moe, tmp_path):
+    """A whole load would move again what the cache holds (over 1 - WHOLE_SHARE of the experts)."""
+    _, directory = moe
+    room = sum(map(sum, expert_bytes(loaded(directory)))) * 2  # every expert's unit, and more
+    with streamed(directory, "disk", tmp_path, slots=1, expert_cache=room, whole_from=None) as (lm, offload):
+        loads = []
+        begin = offload.transport.begin
+        offload.transport.begin = lambda layer, slot, whole: loads.append(whole) or begin(layer, slot, whole)
+        list(fetched_per_pass(lm, offload, record_routes(lm)))
+        assert offload.whole_from == float("inf") and loads and not any(loads)
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
 def test_specexec_with_whole_layers_for_wide_passes_emits_the_in_memory_tokens(moe, tmp_path, sampling):
     family, directory = moe
