@@ -14,7 +14,8 @@ one token, but 14.5-18.7 by expert against 12.6-17.2 whole from 64 tokens; on th
 (disk tier) a Qwen3-30B-A3B-shaped target's 64-token pass took 6.97 s against 4.52. So once a pass is
 expected to route to WHOLE_SHARE of a layer's experts, the ring loads it starts move whole layers
 (`whole_layer_tokens`), and a slot loaded so holds every expert; not where the ring stages a whole
-pass, whose slots keep their layers' experts from pass to pass (offload/build.py).
+pass, whose slots keep their layers' experts from pass to pass, nor where the expert cache holds
+a good share of them (offload/build.py).
 """
 
 import math
