@@ -8,7 +8,7 @@ No MoE model ships on PyPI, so the target is the alias's config with random 4-bi
 (tests/gpu_checks/scale_models.py: every expert's linears written one by one, as AutoGPTQ stores
 them), all its layers on the disk tier (the layer file read with O_DIRECT, nothing resident,
 a 2-slot ring). In one run, on one layer file, for each way of streaming (by expert, every call
-fetching; whole layers; by expert with whole layers for passes wide enough to route to 90% of the
+fetching; whole layers; by expert with whole layers after calls that routed to 90% of their
 experts; the default: that, with the expert cache the plan gives the RAM left):
 - a pass over n tokens after a 64-token prefix, for each n of --widths: its seconds and the bytes
   it streamed (the ring's loads and the experts fetched), the fastest and the mean of --repeats;
@@ -24,7 +24,6 @@ what a tree of that width costs the target, and the tokens/s a gen rate g would 
 import argparse
 import dataclasses
 import json
-import math
 import shlex
 import sys
 from dataclasses import dataclass
@@ -54,11 +53,11 @@ PREFIX = 64  # tokens cached before a timed pass
 GEN_RATES = (2.8, 12.38)  # this machine's dense pair at --budget auto (docs/benchmarks.md); the paper's Mixtral rate
 DTYPE = torch.bfloat16
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-# mode -> (by_expert, whole_from, the plan's expert cache kept): every call fetching from the disk;
-# whole layers; by expert with whole layers for passes from offload/experts.whole_layer_tokens on,
-# without the cache; the default: that, with the cache the plan gives the RAM left
-MODES = {"by expert": (True, math.inf, False), "whole layers": (False, None, False),
-         "wide passes whole": (True, None, False), "default": (True, None, True)}
+# mode -> (by_expert, whole_loads, the plan's expert cache kept): every call fetching from the disk;
+# whole layers; by expert with whole layers after calls that routed to 90% of their experts
+# (offload/experts.py), without the cache; the default: that, with the cache the plan gives the RAM left
+MODES = {"by expert": (True, False, False), "whole layers": (False, False, False),
+         "wide calls whole": (True, True, False), "default": (True, True, True)}
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def offloaded(directory: Path, workdir: Path, by_expert: bool, whole_from: float | None, cached: bool):
+def offloaded(directory: Path, workdir: Path, by_expert: bool, whole_loads: bool, cached: bool):
     """The target with every layer on the disk tier through a 2-slot ring, as `offload_model` builds
     it; the plan's expert cache in RAM if `cached`."""
     request = PlanRequest(tier="disk", offload_dir=workdir / "offload", resident_layers=0, slots=2)
@@ -93,7 +92,7 @@ def offloaded(directory: Path, workdir: Path, by_expert: bool, whole_from: float
     placement = planned if cached else dataclasses.replace(planned, expert_cache=0)
     model, offload = offload_model(directory, directory.name, DTYPE, torch.device("cpu"), placement,
                                    request.offload_dir, Reporter(bars=True), by_expert=by_expert,
-                                   whole_from=whole_from)
+                                   whole_loads=whole_loads)
     return CausalLM(model, offload), offload
 
 
@@ -156,8 +155,8 @@ def main() -> None:
     print(f"writing a random 4-bit {args.alias} of {args.layers} layers in {args.workdir} ...", flush=True)
     directory = write_random_gptq(config, settings, args.workdir / f"{args.alias}-{args.layers}")
     rows: list[Row] = []
-    for mode, (by_expert, whole_from, cached) in MODES.items():
-        lm, offload = offloaded(directory, args.workdir, by_expert, whole_from, cached)
+    for mode, (by_expert, whole_loads, cached) in MODES.items():
+        lm, offload = offloaded(directory, args.workdir, by_expert, whole_loads, cached)
         try:
             rows += time_passes(lm, mode, widths, args.repeats)
             rows.append(time_decode(lm, mode, args.tokens))

@@ -2,7 +2,6 @@
 `plan_checkpoint` (specchat.plan) makes the placement, `offload_model` (specchat.offload) builds it."""
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,20 +44,20 @@ def streamed_from(directory: Path, name: str, tier: str,
 
 @contextmanager
 def streamed(directory: Path, tier: str, offload_dir: Path, slots: int, by_expert: bool = True,
-             expert_cache: int = 0, whole_from: float | None = math.inf) -> Iterator[tuple[CausalLM, Offload]]:
+             expert_cache: int = 0, whole_loads: bool = False) -> Iterator[tuple[CausalLM, Offload]]:
     """The checkpoint in float32 on the CPU with every layer streamed from `tier` through a ring of
     `slots` (1: every call of a 2-layer model's layer finds its slot last held by the other layer),
     in the form the plan chose (a GGUF's Q6_K linears and Q4_K scales as stored, where they stream
     fewer bytes); `by_expert`: a MoE layer's experts fetched as its router picks them, none of them
     waiting on the device but in `expert_cache` bytes (the plan's room left aside), and every call
-    fetching whatever the pass's width (`whole_from` inf; None: the model's own threshold, from
-    which a wide pass's ring loads move whole layers)."""
+    fetching however widely it routed (`whole_loads`: the ring loads whole layers after a call
+    that routed to nearly all its experts, as by default)."""
     request = PlanRequest(tier=tier, offload_dir=offload_dir, resident_layers=0, slots=2)
     memory = plan_checkpoint(directory, "tiny-moe", torch.float32, Machine(kind="cpu"), request)
     model, offload = offload_model(directory, "tiny-moe", torch.float32, torch.device("cpu"),
                                    dataclasses.replace(memory.placement, slots=slots, expert_cache=expert_cache),
                                    offload_dir, Reporter(bars=False),
-                                   compact_layers=memory.compact_layers, by_expert=by_expert, whole_from=whole_from)
+                                   compact_layers=memory.compact_layers, by_expert=by_expert, whole_loads=whole_loads)
     try:
         yield CausalLM(model, offload), offload
     finally:

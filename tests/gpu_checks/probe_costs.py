@@ -58,7 +58,7 @@ def probe_verdict(check: str, sizes: tuple[int, ...], probed: tuple[float, ...],
 
 
 def check_probe(lm: CausalLM, cap: int) -> Verdict:
-    sizes, probed, _ = measure(lm, cap, run_head=False)
+    sizes, probed, _, _ = measure(lm, cap, run_head=False)
     measured = [measured_seconds(lm, n) for n in sizes]
     return probe_verdict(f"probe vs measured passes ({lm.device.type})", sizes, probed, measured)
 

@@ -1,13 +1,12 @@
 """The scale check's MoE target: a Mixtral-8x7B-GPTQ-shaped one (the alias's config, random 4-bit
 experts written one by one) streamed from pinned RAM through a ring smaller than a pass, by expert,
-as whole layers, and as the default does (by expert, whole layers for passes from
-experts.whole_layer_tokens on: 9 tokens here). Per tree size: the pass's time and the bytes it
+as whole layers, and as the default does (by expert, the ring loading whole layers after calls
+that routed to 90% of their experts: offload/experts.py). Per tree size: the pass's time and the bytes it
 streamed, a layer. By expert, a one-token pass moves a layer's head and its 2 experts of 8; a tree
 of 16 tokens already routes to nearly all 8 (E(1 - (1 - k/E)^n)), and then both ways move the same
 bytes."""
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from gpu_checks.timing import fastest_ms
 from gpu_checks.tree_passes import Tree, prefilled, random_tree, tree_pass
 
 from specchat.decoding.forward import CausalLM
-from specchat.offload.build import offload_model, wide_pass
+from specchat.offload.build import offload_model
 from specchat.plan.machine import Machine
 from specchat.plan.model import plan_checkpoint
 from specchat.plan.request import PlanRequest
@@ -38,12 +37,12 @@ class MoeRow:
     by_expert_mb: float  # streamed a layer
     whole_ms: float
     whole_mb: float
-    default_ms: float  # by expert, the ring moving whole layers for passes from whole_layer_tokens on
+    default_ms: float  # by expert, the ring loading whole layers after calls that routed to 90% of their experts
     default_mb: float
 
 
 def streamed_rows(directory: Path, device: torch.device, workdir: Path, sizes: ScaleSizes, trees: list[Tree],
-                  by_expert: bool, whole_from: float | None = math.inf) -> list[tuple[float, float]]:
+                  by_expert: bool, whole_loads: bool = False) -> list[tuple[float, float]]:
     """Per tree: ms and MB a layer of a pass with every layer streamed from (pinned) RAM."""
     request = PlanRequest(tier="ram", offload_dir=workdir, resident_layers=0, slots=SLOTS, tree_tokens=max(sizes.trees))
     planned = plan_checkpoint(directory, directory.name, DTYPE, Machine(kind=device.type), request).placement
@@ -51,7 +50,7 @@ def streamed_rows(directory: Path, device: torch.device, workdir: Path, sizes: S
     # table would time the heads alone (an H200's first run read 21.8 MB a layer at every width)
     placement = dataclasses.replace(planned, expert_cache=0)
     model, offload = offload_model(directory, directory.name, DTYPE, device, placement, workdir,
-                                   Reporter(bars=False), by_expert=by_expert, whole_from=whole_from)
+                                   Reporter(bars=False), by_expert=by_expert, whole_loads=whole_loads)
     lm = CausalLM(model, offload)
     try:
         cache = prefilled(lm, sizes.cached)
@@ -81,11 +80,11 @@ def moe_rows(sizes: ScaleSizes, device: torch.device, workdir: Path, say: Callab
     say(f"writing a random 4-bit {MOE_ALIAS} of {sizes.layers} layers ...")
     directory = write_random_gptq(config, settings, workdir / "moe-target")
     trees = [random_tree(n, sizes.cached, config.vocab_size, seed=n) for n in sizes.trees]
-    say(f"timing its passes streamed by expert, as whole layers, then by expert with whole layers from "
-        f"{wide_pass(config)} tokens (the default), through {SLOTS} slots ...")
+    say(f"timing its passes streamed by expert, as whole layers, then by expert with whole layers after "
+        f"widely routed calls (the default), through {SLOTS} slots ...")
     by_expert = streamed_rows(directory, device, workdir, sizes, trees, by_expert=True)
     whole = streamed_rows(directory, device, workdir, sizes, trees, by_expert=False)
-    default = streamed_rows(directory, device, workdir, sizes, trees, by_expert=True, whole_from=None)
+    default = streamed_rows(directory, device, workdir, sizes, trees, by_expert=True, whole_loads=True)
     return [MoeRow(n, *e, *w, *d) for n, e, w, d in zip(sizes.trees, by_expert, whole, default, strict=True)]
 
 

@@ -18,17 +18,19 @@ from specchat.transfer import TransferStats
 
 class WeightStream(Protocol):
     """What an offloaded model exposes: cumulative transfer statistics, the bytes one pass
-    streams (by its tokens, from `whole_from` on, where a MoE's ring moves whole layers for wide
-    passes) and the share of a pass its staging area holds."""
-
-    whole_from: float
+    streams (and a pass of whole layers, which a MoE's ring moves after calls that routed widely,
+    and whether it is doing so now) and the share of a pass its staging area holds."""
 
     def stats(self) -> TransferStats: ...
 
     @property
     def pass_bytes(self) -> int: ...
 
-    def pass_bytes_for(self, tokens: int) -> int: ...
+    @property
+    def whole_pass_bytes(self) -> int: ...
+
+    @property
+    def loading_whole(self) -> bool: ...
 
     @property
     def staged_share(self) -> float: ...

@@ -16,8 +16,8 @@ the probe, is measured beside it (`Costs.iteration` puts the two together). For 
 streamed by expert that is the layers' heads; the experts a pass fetches once its routers have
 picked them cost it the time its compute waited for them, measured per size: what a tree of that
 size costs on top (scattered reads the compute waits for, not bytes at the link's mean speed).
-From the width where the ring moves whole layers instead (offload/experts.py), a pass costs the
-link the whole layers' bytes.
+From the probed width whose calls routed so widely that the ring went on to load whole layers
+(offload/experts.py), a pass costs the link the whole layers' bytes instead.
 """
 
 import math
@@ -44,10 +44,11 @@ def doubling(cap: int) -> list[int]:
     return sizes + [cap]
 
 
-def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float]:
+def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float, bool]:
     """Seconds of one forward over n tokens after CONTEXT cached ones (plus the head work a tree
     step or pass does), the fastest of REPEATS, less the time spent waiting for streamed layers;
-    and the seconds such a pass waited for the experts it fetched, the mean of the REPEATS."""
+    the seconds such a pass waited for the experts it fetched, the mean of the REPEATS; and
+    whether its calls had the ring load whole layers after them."""
     best, fetched, vocab = float("inf"), 0.0, lm.model.config.vocab_size
     for _ in range(REPEATS):
         cache = new_cache()
@@ -55,6 +56,7 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float]:
         start = now(lm.device)  # the context's pass has finished, its waits are counted
         before = lm.transfer_stats()
         hidden = lm.hidden(torch.arange(n) % vocab, torch.arange(CONTEXT, CONTEXT + n), cache)
+        whole = lm.stream is not None and lm.stream.loading_whole
         if run_head:
             lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
         else:
@@ -62,20 +64,25 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float]:
         elapsed = now(lm.device) - start
         moved = lm.transfer_stats() - before
         best, fetched = min(best, elapsed - moved.stall_s), fetched + moved.fetch_wait_s
-    return best, fetched / REPEATS
+    return best, fetched / REPEATS, whole
 
 
-def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
-    """Sizes, their seconds and their passes' waits for fetched experts."""
-    sizes, seconds, fetched = [], [], []
+def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...],
+                                                               float]:
+    """Sizes, their seconds and their passes' waits for fetched experts; and the smallest size from
+    which every pass had the ring load whole layers after it (inf: none)."""
+    sizes, seconds, fetched, wholes = [], [], [], []
     for n in doubling(cap):
         sizes.append(n)
-        cost, waited = time_pass(lm, n, run_head)
+        cost, waited, whole = time_pass(lm, n, run_head)
         seconds.append(cost)
         fetched.append(waited)
+        wholes.append(whole)
         if seconds[-1] > STOP_RATIO * seconds[0]:
             break
-    return tuple(sizes), tuple(seconds), tuple(fetched)
+    narrow = [n for n, whole in zip(sizes, wholes) if not whole]
+    wide_from = next((n for n in sizes if not narrow or n > narrow[-1]), math.inf)
+    return tuple(sizes), tuple(seconds), tuple(fetched), wide_from
 
 
 def link_seconds(nbytes: float, moved: TransferStats) -> float:
@@ -88,14 +95,14 @@ def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
     """Target passes over 1 .. cap + 1 tokens and draft steps over 1 .. cap nodes, and for an
     offloaded target the link's seconds per pass and the share of a pass it stages."""
     before = target.transfer_stats()
-    target_n, target_s, fetched = measure(target, cap + 1, run_head=False)
+    target_n, target_s, fetched, wide_from = measure(target, cap + 1, run_head=False)
     moved = target.transfer_stats() - before
     stream = target.stream
     stream_s = link_seconds(stream.pass_bytes, moved) if stream is not None else 0.0
     fetch_s = fetched if stream is not None and moved.fetched_bytes else ()
-    draft_b, draft_s, _ = measure(draft, cap, run_head=True)
+    draft_b, draft_s, _, _ = measure(draft, cap, run_head=True)
     staged = stream.staged_share if stream is not None else 1.0
-    if stream is None or stream.whole_from == math.inf:
+    if stream is None or wide_from == math.inf:
         return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s)
-    wide_s = link_seconds(stream.pass_bytes_for(int(stream.whole_from)), moved)
-    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s, stream.whole_from, wide_s)
+    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s, wide_from,
+                 link_seconds(stream.whole_pass_bytes, moved))

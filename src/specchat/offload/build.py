@@ -1,18 +1,17 @@
 """Building an offloaded model as the memory plan (specchat.plan) placed it: resident parts on the
 device, the other layers streamed from a `LayerStore` through the ring. Nothing here plans."""
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
 from specchat.offload.cuda import CudaMover, CudaStallMeter
 from specchat.offload.direct_io import aligned_empty
 from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
-from specchat.offload.experts import WHOLE_SHARE, SlotExperts, expert_units, whole_layer_tokens
+from specchat.offload.experts import WHOLE_SHARE, SlotExperts, expert_units
 from specchat.offload.layout import LayerLayout, lay_out
 from specchat.offload.placement import Placement
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
@@ -40,14 +39,16 @@ class Offload:
     placement: Placement | None = None
     cache: ExpertCache | None = None  # the most-routed experts on the device, where the plan made room
     counts_file: Path | None = None  # where the cache's routing counts are kept between runs
-    whole_from: float = math.inf  # the tokens of a pass from which the ring moves whole layers
 
-    def pass_bytes_for(self, tokens: int) -> int:
-        """Bytes the ring moves a pass over `tokens` tokens: `pass_bytes`, or whole layers from
-        `whole_from` tokens on."""
-        if tokens < self.whole_from:
-            return self.pass_bytes
+    @property
+    def whole_pass_bytes(self) -> int:
+        """Bytes the ring moves a pass of whole layers (a MoE's, after calls that routed widely)."""
         return sum(self.store.nbytes(layer) for layer in self.streamed)
+
+    @property
+    def loading_whole(self) -> bool:
+        """Whether the ring's next loads move whole layers: the last call routed to nearly all its experts."""
+        return self.streamer is not None and self.streamer.whole
 
     @property
     def pass_bytes(self) -> int:
@@ -77,17 +78,16 @@ class Offload:
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device,
                   placement: Placement | None, offload_dir: Path | None, reporter: Reporter,
                   compact_head: bool = False, compact_layers: bool = False,
-                  by_expert: bool = True, whole_from: float | None = None) -> tuple[PreTrainedModel, Offload]:
+                  by_expert: bool = True, whole_loads: bool = True) -> tuple[PreTrainedModel, Offload]:
     """Load the model in `directory` (safetensors) with its decoder layers where `placement` (made
     by the plan before anything loads) puts them, the disk tier's layer file in `offload_dir`; no
     placement keeps every layer on the device (how GPTQ checkpoints load without offloading).
     `compact_head`, `compact_layers`: the LM head, the layers' Q6_K linears and Q4_K scales as the
     GGUF stores them (quant/q6k_linear.py, q4k_scales.py), as the plan chose; such layers have a
     layer file of their own. `by_expert`: a streamed MoE layer moves its head with the ring and
-    only the experts its tokens route to (offload/experts.py); False moves it whole. `whole_from`:
-    the tokens of a pass from which its ring loads move whole layers (None: where the pass is
-    expected to route to experts.WHOLE_SHARE of a layer's experts; math.inf: never; never either
-    where the ring stages a whole pass)."""
+    only the experts its tokens route to (offload/experts.py); False moves it whole. `whole_loads`:
+    a call that routed to experts.WHOLE_SHARE of its experts has the ring load whole layers (where
+    `allows_whole_loads`)."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
                            compact_head=compact_head, compact_layers=compact_layers)
@@ -122,29 +122,18 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device),
                         fetch_meter=stall_meter(device))
     experts = sum(len(layouts[index].units) for index in heads)
-    held = SlotExperts(whole_loads_from(model.config, streamer, cache, experts, whole_from)) if heads else None
+    held = SlotExperts(whole_loads and allows_whole_loads(streamer, cache, experts)) if heads else None
     for index in placement.streamed:
         layers[index] = StreamedLayer(layers[index], index, layouts[index], streamer, slots, held, cache)
-    return model, Offload(streamer, transport, store, placement.streamed, placement, cache, counts_file,
-                          held.whole_from if held is not None else math.inf)
+    return model, Offload(streamer, transport, store, placement.streamed, placement, cache, counts_file)
 
 
-def whole_loads_from(config: PretrainedConfig, streamer: Streamer, cache: ExpertCache | None, experts: int,
-                     asked: float | None) -> float:
-    """The tokens from which a pass's ring loads move whole layers: `asked`, else the model's own
-    (`wide_pass`). Never where the ring stages a whole pass, as each slot then keeps one layer and
-    the experts it fetched once, which a whole load would move again every pass; nor where the
-    expert cache holds more than 1 - WHOLE_SHARE of the streamed `experts`, as a whole load would
-    move again those it holds (measured on the disk tier with every expert cached in RAM: a
-    64-token pass 4.35 s whole against 1.32 by expert)."""
-    if streamer.stages_a_pass or (cache is not None and cache.capacity > (1 - WHOLE_SHARE) * experts):
-        return math.inf
-    return asked if asked is not None else wide_pass(config)
-
-
-def wide_pass(config: PretrainedConfig) -> int:
-    """The tokens from which a pass of this MoE model loads its layers whole (experts.whole_layer_tokens)."""
-    return whole_layer_tokens(config.num_experts, config.num_experts_per_tok)  # Mixtral's num_local_experts too
+def allows_whole_loads(streamer: Streamer, cache: ExpertCache | None, experts: int) -> bool:
+    """Whether calls that route widely may have the ring load whole layers: not where the ring
+    stages a whole pass, as each slot then keeps one layer and the experts it fetched once, which a
+    whole load would move again every pass; nor where the expert cache holds more than
+    1 - WHOLE_SHARE of the streamed `experts`, as a whole load would move again those it holds."""
+    return not streamer.stages_a_pass and (cache is None or cache.capacity <= (1 - WHOLE_SHARE) * experts)
 
 
 def warm_cache(placement: Placement, layouts: list[LayerLayout], device: torch.device, store: LayerStore,

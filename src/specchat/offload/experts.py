@@ -7,18 +7,19 @@ writes only the head: a ring that stages a whole pass fetches each expert of a l
 smaller ring fetches what each call routes to. Where the plan left room, the most-routed experts
 also wait on the device (offload/expert_cache.py) and are copied into the slot from there.
 
-A wide pass routes to nearly every expert, and fetching them once its routers have run keeps
+A wide pass can route to nearly every expert, and fetching them once its routers have run keeps
 compute waiting, where a ring load of the whole layer would have arrived while earlier layers
-computed: on an H200 (pinned RAM) a Mixtral-shaped layer took 6.0 ms by expert and 11.6 whole at
-one token, but 14.5-18.7 by expert against 12.6-17.2 whole from 64 tokens; on this project's CPU
-(disk tier) a Qwen3-30B-A3B-shaped target's 64-token pass took 6.97 s against 4.52. So once a pass is
-expected to route to WHOLE_SHARE of a layer's experts, the ring loads it starts move whole layers
-(`whole_layer_tokens`), and a slot loaded so holds every expert; not where the ring stages a whole
-pass, whose slots keep their layers' experts from pass to pass, nor where the expert cache holds
-a good share of them (offload/build.py).
+computed: on an H200 (pinned RAM) a Mixtral-shaped layer took 14.5-18.7 ms by expert against
+12.6-17.2 whole from 64 tokens (6.0 against 11.6 at one token). So a call that routed to
+WHOLE_SHARE of its layer's experts has the ring loads its release starts move whole layers, at most
+1/WHOLE_SHARE of the bytes fetching would move, and a slot loaded so holds every expert. The rule
+reads the routing itself, not an expectation: random weights route far from uniformly (a
+Qwen3-30B-A3B-shaped 64-token pass reached ~22 of 128 experts a layer, where uniform routing
+reaches 126), and there whole loads made the CPU's disk-tier pass 1.8x slower. Not where the ring
+stages a whole pass, whose slots keep their layers' experts from pass to pass, nor where the
+expert cache holds a good share of them (offload/build.py).
 """
 
-import math
 from typing import Any
 
 import torch
@@ -30,19 +31,9 @@ from specchat.quant.split_experts import SplitExperts
 # Experts whose units lie next to each other are read in one request up to this size: fewer
 # requests, while the first experts of a call still arrive early enough for compute to start.
 FETCH_RUN_BYTES = 16 * 2**20
-# The expected share of a layer's experts from which a pass's ring loads move whole layers: they
-# move at most 1/0.9 of the bytes fetching would, ahead of compute instead of while it waits.
+# The share of a layer's experts a call routed to from which the ring loads it starts move whole
+# layers: at most 1/0.9 of the bytes fetching would move, ahead of compute instead of while it waits.
 WHOLE_SHARE = 0.9
-
-
-def whole_layer_tokens(experts: int, routed: int) -> int:
-    """The fewest tokens a pass is expected to route to WHOLE_SHARE of `experts` with (each token to
-    `routed` of them, uniformly: 1 - (1 - k/E)^n of them): n >= log(1 - s) / log(1 - k/E)."""
-    if routed >= experts:
-        return 1
-    missed = 1 - routed / experts  # by one token, a given expert
-    tokens = max(1, math.ceil(math.log(1 - WHOLE_SHARE) / math.log(missed)))
-    return tokens if 1 - missed ** tokens >= WHOLE_SHARE else tokens + 1  # the logarithms' rounding at the edge
 
 
 def expert_units(layer: nn.Module) -> dict[str, int]:
@@ -59,12 +50,16 @@ def split_experts_of(layer: nn.Module) -> SplitExperts | None:
 
 
 class SlotExperts:
-    """Which experts each ring slot holds, and for which layer; and from how many tokens a pass's
-    ring loads move whole layers (`whole_from`; inf: never)."""
+    """Which experts each ring slot holds, and for which layer; and whether a call that routed to
+    WHOLE_SHARE of its experts has the ring load whole layers (`whole_loads`)."""
 
-    def __init__(self, whole_from: float = math.inf) -> None:
+    def __init__(self, whole_loads: bool = False) -> None:
         self.held: dict[int, tuple[int, set[int]]] = {}
-        self.whole_from = whole_from
+        self.whole_loads = whole_loads
+
+    def loads_whole(self, routed: int, experts: int) -> bool:
+        """Whether the ring loads that follow a call routed to `routed` of `experts` move whole layers."""
+        return self.whole_loads and routed >= WHOLE_SHARE * experts
 
     def enter(self, slot: int, layer: int, experts: int = 0) -> set[int]:
         """The experts `slot` holds for `layer`, now that compute holds it for that layer: all
@@ -90,8 +85,10 @@ class ExpertLoads:
         self.held = held
         self.cache = cache
         self.tickets: dict[int, Any] = {}
+        self.routed = 0  # the experts the call routed to
 
     def start(self, experts: list[int]) -> None:
+        self.routed = len(experts)
         if self.cache is not None:
             self.cache.count(self.layer, experts)
         missing = [expert for expert in experts if expert not in self.held and not self.copy_cached(expert)]

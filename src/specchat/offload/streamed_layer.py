@@ -25,7 +25,7 @@ class StreamedLayer(nn.Module):
 
     Streamed by expert (`held` given, and the layout has expert units), the layer's experts are
     fetched as its router picks them (offload/experts.py), from `cache` where it holds them; a
-    call over `held.whole_from` tokens or more has the ring loads it starts move whole layers.
+    call that routed to nearly all of them has the ring loads it starts move whole layers.
     """
 
     def __init__(self, skeleton: nn.Module, index: int, layout: LayerLayout, streamer: Streamer,
@@ -44,20 +44,21 @@ class StreamedLayer(nn.Module):
         self.cache = cache
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        slot = self.streamer.acquire(self.index)
+        slot, loads = self.streamer.acquire(self.index), None
         try:
             self.bind(slot)
             if self.experts is not None:
                 whole = len(self.layout.units) if self.streamer.arrived_whole.get(slot) else 0
-                self.experts.feed = ExpertLoads(self.streamer, self.index, slot, self.slots[slot], self.layout.units,
-                                                self.held.enter(slot, self.index, whole), self.cache)
+                loads = ExpertLoads(self.streamer, self.index, slot, self.slots[slot], self.layout.units,
+                                    self.held.enter(slot, self.index, whole), self.cache)
+                self.experts.feed = loads
             return self.skeleton(*args, **kwargs)
         finally:
             if self.experts is not None:
-                self.experts.feed = Resident()
                 # the ring load this release starts is a later layer's in this pass (or the next
-                # pass's first): as wide as this one, most likely
-                self.streamer.whole = tokens_of(args, kwargs) >= self.held.whole_from
+                # pass's first): routed as widely as this one, most likely
+                self.streamer.whole = loads is not None and self.held.loads_whole(loads.routed, len(self.layout.units))
+                self.experts.feed = Resident()
             self.streamer.release(slot)
 
     def bind(self, slot: int) -> None:
@@ -73,12 +74,6 @@ class StreamedLayer(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(object.__getattribute__(self, "skeleton"), name)
-
-
-def tokens_of(args: tuple, kwargs: dict) -> int:
-    """The tokens of a decoder layer's call: its hidden states' second-to-last dimension."""
-    hidden = args[0] if args else kwargs["hidden_states"]
-    return hidden.shape[-2]
 
 
 def owner_of(module: nn.Module, dotted: str) -> tuple[dict, str]:
