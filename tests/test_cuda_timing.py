@@ -76,8 +76,8 @@ def test_now_on_cpu_only_reads_the_clock(log):
 
 
 def test_the_probe_synchronizes_before_each_clock_read_and_reads_the_counters_after(log, tiny_target):
-    seconds, _ = time_pass(OnFakeCuda(tiny_target, log), 4, run_head=False)
-    assert seconds == 1.0  # two adjacent ticks: the synchronized clock, nothing else
+    seconds, _, whole = time_pass(OnFakeCuda(tiny_target, log), 4, run_head=False)
+    assert seconds == 1.0 and not whole  # two adjacent ticks: the synchronized clock, nothing else; nothing streams
     assert log.count("clock") == 2 * REPEATS and clock_reads_follow_a_sync(log) and stats_follow_a_clock_read(log)
 
 

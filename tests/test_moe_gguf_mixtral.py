@@ -29,7 +29,7 @@ def mixtral(tmp_path_factory) -> Converted:
 
 def dequantized(reader: GGUFReader, name: str) -> torch.Tensor:
     tensor = next(t for t in reader.tensors if t.name == name)
-    return torch.from_numpy(quants.dequantize(tensor.data, tensor.tensor_type))
+    return torch.from_numpy(quants.dequantize(tensor.data, tensor.tensor_type).copy())  # gguf maps the file read-only
 
 
 def reference(path: Path, swap_gate_and_up: bool = False) -> PreTrainedModel:
