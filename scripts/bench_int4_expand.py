@@ -50,13 +50,9 @@ def random_weight(in_features: int, out_features: int, device: torch.device):
 
 
 def launch(packed, scales_and_zeros, layout, out, block_o: int, block_i: int, warps: int) -> None:
-    out_features, in_features = out.shape
-    block_cols = math.gcd(block_i, GROUP)
-    grid = (triton.cdiv(out_features, block_o), in_features // block_cols)
-    int4_expand._kernel(False)[grid](
-        packed.reshape(-1).view(torch.uint8), layout.natural, scales_and_zeros, out, out_features, in_features,
-        GROUP, TILE_ROWS=layout.rows, TILE_COLS=layout.cols, BLOCK_ROWS=block_o, BLOCK_COLS=block_cols,
-        ROUND_BF16=True, enable_fp_fusion=False, num_warps=warps)
+    """expand_int4 into `out` with the kernel's blocks and warps set to these (module settings)."""
+    int4_expand.BLOCK_O, int4_expand.BLOCK_I, int4_expand.WARPS = block_o, block_i, warps
+    int4_expand.expand_int4(packed, scales_and_zeros, GROUP, layout, torch.bfloat16, out=out)
 
 
 def check_bitwise(device: torch.device) -> None:
@@ -72,6 +68,15 @@ def check_bitwise(device: torch.device) -> None:
 
 
 def sweep_kernel(device: torch.device, shapes: tuple[tuple[int, int], ...]) -> None:
+    """The kernel's time per block and warps; the module's settings restored after (the products use them)."""
+    settings = int4_expand.BLOCK_O, int4_expand.BLOCK_I, int4_expand.WARPS
+    try:
+        sweep_blocks(device, shapes)
+    finally:
+        int4_expand.BLOCK_O, int4_expand.BLOCK_I, int4_expand.WARPS = settings
+
+
+def sweep_blocks(device: torch.device, shapes: tuple[tuple[int, int], ...]) -> None:
     print("| in x out | BLOCK_O | BLOCK_I | warps | expand ms | GB/s written |", flush=True)
     for in_features, out_features in shapes:
         packed, scales_and_zeros, layout = random_weight(in_features, out_features, device)

@@ -244,7 +244,7 @@ def test_the_link_is_not_busy_while_the_loader_waits_for_compute_to_free_a_slot(
             pass
 
     transport = ThreadTransport(Store(), [None], Mover(), clock=lambda: now[0])
-    transport.finish(transport.begin(0, 0))
+    transport.finish(transport.begin(0, 0, whole=False))
     transport.close()
     assert transport.stats() == TransferStats(4, 3.0)  # read + copy, not the 10 s wait
 

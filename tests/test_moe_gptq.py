@@ -11,6 +11,7 @@ import torch
 from exactness import ExactnessCheck
 from gptq_moe_writer import EXPERTS, HIDDEN, PROJECTIONS, dense_model, tiny_moe, write_moe_gptq_checkpoint
 from gptq_writer import load_checkpoint
+from perturbed import perturbed
 from test_memory_plan import BF16, gpu_plan, int4_linear
 from torch import nn
 from transformers import AutoConfig, MixtralConfig, PreTrainedModel
@@ -192,11 +193,7 @@ def assert_streams_the_in_memory_logits(directory: Path, tier: str, offload_dir:
 
 def draft_of(model: PreTrainedModel) -> CausalLM:
     """A draft that mostly agrees with the target: the dense model of its weights, perturbed."""
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator) * parameter.std())
-    return CausalLM(model)
+    return CausalLM(perturbed(model))
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])

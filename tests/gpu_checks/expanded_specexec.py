@@ -17,6 +17,7 @@ from exactness import Comparison, ExactnessCheck
 from gptq_writer import write_gptq_checkpoint
 from gpu_checks.tiny_models import random_model
 from gpu_checks.verdict import Verdict, judged
+from perturbed import perturbed
 from transformers import LlamaConfig
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -53,12 +54,7 @@ def small_llama() -> LlamaConfig:
 
 def draft_of(config: LlamaConfig, device: torch.device) -> CausalLM:
     """The target's own float weights, perturbed: a draft that mostly agrees with it."""
-    model = random_model(config)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator) * parameter.std())
-    return CausalLM(model.to(device, DTYPE))
+    return CausalLM(perturbed(random_model(config)).to(device, DTYPE))
 
 
 @contextmanager

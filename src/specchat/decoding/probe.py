@@ -102,7 +102,5 @@ def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
     fetch_s = fetched if stream is not None and moved.fetched_bytes else ()
     draft_b, draft_s, _, _ = measure(draft, cap, run_head=True)
     staged = stream.staged_share if stream is not None else 1.0
-    if stream is None or wide_from == math.inf:
-        return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s)
-    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s, wide_from,
-                 link_seconds(stream.whole_pass_bytes, moved))
+    wide_s = link_seconds(stream.whole_pass_bytes, moved) if wide_from < math.inf else 0.0  # inf without a stream
+    return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s, wide_from, wide_s)

@@ -112,7 +112,7 @@ class ThreadTransport:
         self.thread = threading.Thread(target=self.run, name="specchat-loader", daemon=True)
         self.thread.start()
 
-    def begin(self, layer: int, slot: int, whole: bool = False) -> _Job:
+    def begin(self, layer: int, slot: int, whole: bool) -> _Job:
         ranges = [(0, self.heads[layer])] if layer in self.heads and not whole else None
         return self.queue(_Job(layer, slot, Future(), ranges))
 

@@ -40,6 +40,7 @@ from specchat.quant.timing import crossover
 # 64 x 256 in 0.89-1.07 ms.
 BLOCK_O = 16
 BLOCK_I = 128
+WARPS = 4  # Triton's default; 2 and 8 were no faster
 EXPAND_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Weights expanded per chunk of a wide product: 128 MB in bf16. On the H200 a 8192 x 28672 product
 # at 1024 rows took 1.52 ms in chunks of 2^25 weights, 1.47 in 2^26, 1.44 in 2^27, 1.38 whole; 2^26
@@ -137,7 +138,8 @@ def expand_int4(packed: Tensor, scales_and_zeros: Tensor, group_size: int, layou
     _kernel(bool(triton.knobs.runtime.interpret))[grid](
         packed.reshape(-1).view(torch.uint8), layout.natural, scales_and_zeros, out, out_features, in_features,
         group_size, TILE_ROWS=layout.rows, TILE_COLS=layout.cols, BLOCK_ROWS=BLOCK_O, BLOCK_COLS=block_cols,
-        ROUND_BF16=dtype == torch.bfloat16, enable_fp_fusion=False)  # the one fusion is the kernel's own fma
+        ROUND_BF16=dtype == torch.bfloat16, num_warps=WARPS,
+        enable_fp_fusion=False)  # the one fusion is the kernel's own fma
     return out
 
 
