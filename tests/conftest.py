@@ -98,9 +98,16 @@ def ram_turn(request, tmp_path_factory) -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def session_probe_dir(tmp_path_factory) -> Iterator[Path]:
-    """One directory of machine measurements for the whole session, set before any fixture of a
-    wider scope loads models (a --budget auto probe made once is reused)."""
-    directory = tmp_path_factory.mktemp("probes")
+    """One directory of machine measurements for the whole run, set before any fixture of a wider
+    scope loads models: a --budget auto probe (~26 s for the default pair on the AMX Xeon) or a
+    startup choice (machine_choices.py) made once is reused, under xdist by every worker (the
+    folder beside the workers' temporary folders: their facts are alike, one torch thread each;
+    the files are written atomically, so a worker reads a whole file or probes itself)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        directory = tmp_path_factory.getbasetemp().parent / "probes"
+        directory.mkdir(exist_ok=True)
+    else:
+        directory = tmp_path_factory.mktemp("probes")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECCHAT_PROBE_DIR", str(directory))
         yield directory

@@ -210,10 +210,23 @@ def test_an_explicit_draft_quant_is_kept(kind):
 
 @pytest.mark.parametrize("rows, expected", [(0, DraftQuant("none")), (4, DraftQuant("int8", 4)),
                                             (PROBE_ROWS[-1], DraftQuant("int8"))])
-def test_auto_draft_quant_is_int8_on_a_cpu_for_the_widths_where_it_pays(monkeypatch, rows, expected):
+def test_auto_draft_quant_is_int8_on_a_cpu_for_the_widths_where_it_pays(monkeypatch, tmp_path, rows, expected):
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))  # a machine that has measured nothing yet
     monkeypatch.setattr("specchat.models.draft.int8_rows", lambda dtype: rows)
     assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == expected
     assert resolve_draft_quant("auto", torch.device("cuda"), torch.bfloat16) == DraftQuant("none")
+
+
+def test_auto_draft_quant_is_measured_once_per_machine(monkeypatch, tmp_path):
+    """Measured at every startup, the crossover flipped between runs (machine_choices.py): the
+    second startup keeps the first's choice, whatever a new measurement would say."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    measurements = iter([32, PROBE_ROWS[-1]])
+    monkeypatch.setattr("specchat.models.draft.int8_rows", lambda dtype: next(measurements))
+    first = resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16)
+    assert first == DraftQuant("int8", 32)
+    assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == first
+    assert next(measurements) == PROBE_ROWS[-1]  # the second was never measured
 
 
 def test_int8_never_pays_without_a_kernel_for_the_dtype():

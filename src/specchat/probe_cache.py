@@ -3,16 +3,13 @@ user cache; anything that changes the costs (another CPU, torch, thread count, d
 approximation, offload tier) changes the key and so triggers a new probe."""
 
 import json
-import hashlib
-import os
-import platform
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from specchat.decoding.autosize import Costs
-from specchat.paths import probe_dir
+from specchat.machine_choices import keyed_path, machine_facts, write_atomically
 
 # Bumped whenever what a probe measures changes, so older files are not read as today's: 2 times
 # an offloaded pass's compute apart from its streaming (which version 1 counted in); 3 times an int8
@@ -22,21 +19,9 @@ from specchat.paths import probe_dir
 PROBE_FORMAT = 5
 
 
-def machine_facts(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__}
-
-
 def probe_path(device: torch.device, models: dict) -> Path:
     """The cache file for `models` (what was loaded and how) on this machine."""
-    key = json.dumps({"machine": machine_facts(device), "models": models, "format": PROBE_FORMAT}, sort_keys=True)
-    return probe_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return keyed_path("", {"machine": machine_facts(device), "models": models, "format": PROBE_FORMAT})
 
 
 def read_costs(path: Path) -> Costs | None:
@@ -47,7 +32,4 @@ def read_costs(path: Path) -> Costs | None:
 
 
 def write_costs(path: Path, costs: Costs) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(asdict(costs)))
-    partial.replace(path)  # atomic: a concurrent reader sees no half-written file
+    write_atomically(path, json.dumps(asdict(costs)))

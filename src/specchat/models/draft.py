@@ -6,6 +6,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.forward import CausalLM
+from specchat.machine_choices import remembered
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.draft_approx import DraftApprox
 from specchat.models.loading import load
@@ -45,11 +46,12 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
     """`auto` is int8 on a CPU for the input widths where its kernel beats the dense `dtype`
     matmul there (measured: at every width with x86's dynamic kernel or without bf16 hardware;
     with avx512_bf16 and the weight-only kernel only up to a few rows, so wider draft steps keep
-    the dense weights), and no quantization elsewhere (the kernels are CPU-only). An explicit
-    kind is taken as it is: int8 at every width."""
+    the dense weights), and no quantization elsewhere (the kernels are CPU-only). Measured once
+    per machine (machine_choices.py: measured at every startup, it flipped). An explicit kind is
+    taken as it is: int8 at every width."""
     if kind != "auto":
         return DraftQuant(kind)
-    rows = int8_rows(dtype) if device.type == "cpu" else 0
+    rows = remembered(f"int8 rows, {dtype}", device, lambda: int8_rows(dtype)) if device.type == "cpu" else 0
     if rows == 0:
         return DraftQuant("none")
     return DraftQuant("int8", None if rows == PROBE_ROWS[-1] else rows)
