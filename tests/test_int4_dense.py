@@ -77,8 +77,10 @@ def test_copies_are_kept_in_order_while_they_fit_the_room(every_shape_gains):
     assert [linear.dense is not None for linear in model] == [True, True, False]
 
 
-def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypatch):
-    """The choice, not the clock: a stand-in for `faster` that lets the copy win from 8 rows on."""
+def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypatch, tmp_path):
+    """The choice, not the clock: a stand-in for `faster` that lets the copy win from 8 rows on, on a
+    machine that has measured nothing yet; the next process there reads the choice."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     calls = []
 
     def stand_in(first, second, device) -> bool:
@@ -92,6 +94,8 @@ def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypat
         assert calls == [CPU] * PROBE_ROWS.index(8) + [CPU]
         monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
         assert dense_rows(512, 128, torch.bfloat16) is None
+        dense_rows.cache_clear()  # another process on the same machine
+        assert dense_rows(256, 128, torch.bfloat16) == 8
     finally:
         dense_rows.cache_clear()
 

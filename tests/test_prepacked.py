@@ -100,9 +100,12 @@ def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(pays):
 
 @ONEDNN_BF16
 @pytest.mark.parametrize("plain_wins_at, pays", [(None, True), (PROBE_ROWS[0], False), (PROBE_ROWS[-1], False)])
-def test_prepacking_pays_where_the_timer_finds_f_linear_faster_at_no_width(monkeypatch, plain_wins_at, pays):
+def test_prepacking_pays_where_the_timer_finds_f_linear_faster_at_no_width(monkeypatch, tmp_path, plain_wins_at,
+                                                                          pays):
     """The choice, not the clock: a stand-in for the timer that lets F.linear (the first product
-    timed) win at one width of PROBE_ROWS, or at none."""
+    timed) win at one width of PROBE_ROWS, or at none; on a machine that has measured nothing yet,
+    and the next process there reads the choice instead of timing again."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     timed = []
 
     def stand_in(first, second, device) -> bool:
@@ -116,6 +119,9 @@ def test_prepacking_pays_where_the_timer_finds_f_linear_faster_at_no_width(monke
     try:
         assert prepack_pays(torch.bfloat16) is pays
         assert timed == list(PROBE_ROWS[:PROBE_ROWS.index(plain_wins_at) + 1] if plain_wins_at else PROBE_ROWS)
+        prepack_pays.cache_clear()  # another process on the same machine
+        monkeypatch.setattr(timing, "faster", lambda first, second, device: not pays)
+        assert prepack_pays(torch.bfloat16) is pays
     finally:
         prepack_pays.cache_clear()
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
+from specchat.machine_choices import remembered
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import chunk_buffers, chunk_rows, dequantize_chunk
 from specchat.quant.int4_layout import layout_for
@@ -74,10 +75,16 @@ def dense_linear(weight: Tensor) -> nn.Module:
 def dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int | None:
     """The fewest input rows (of PROBE_ROWS) from which a dense copy of an `out_features` x
     `in_features` weight multiplies faster than the fused int4 kernel on this CPU, measured once per
-    process and shape (quant.timing.crossover); None where it never does, or where the layout
+    machine and shape (quant.timing.crossover) and kept (machine_choices.py: measured at every
+    startup it moved, here between 2, 4 and 8 rows); None where it never does, or where the layout
     cannot be read back to make the copy."""
     if layout_for(CPU, in_features) is None:
         return None
+    return remembered(f"dense copy rows, {in_features}x{out_features}, {dtype}", CPU,
+                      lambda: measure_dense_rows(in_features, out_features, dtype))
+
+
+def measure_dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int | None:
     generator = torch.Generator().manual_seed(0)
     nibbles = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator)
     packed = Int4Linear(in_features, out_features, PROBE_GROUP, False, False, dtype, CPU)

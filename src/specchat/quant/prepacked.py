@@ -6,7 +6,7 @@ faster at the widths decoding runs: on the project's machine (2 cores with avx51
 through the 1.5B's LM head took 11 ms against 15.5 ms, through an 8960 -> 1536 down_proj 0.32 ms
 against 0.81 ms, and a one-token pass of the packed target 50 ms against 60. The outputs were
 bitwise F.linear's at every width measured there (1 to 257 rows). Whether it pays is measured
-once per process on the CPU at hand (`prepack_pays`); where oneDNN has no kernel for the dtype,
+once per machine (`prepack_pays`); where oneDNN has no kernel for the dtype,
 nn.Linear stays.
 
 The prepacked weight is an opaque oneDNN tensor: same bytes as the plain one (`nbytes`), no data
@@ -20,6 +20,7 @@ from functools import cache
 import torch
 from torch import Tensor, nn
 
+from specchat.machine_choices import remembered
 from specchat.quant import timing
 from specchat.quant.timing import LinearShape
 
@@ -86,9 +87,14 @@ def prepack_linears(model: nn.Module, room: int | None = None) -> int:
 def prepack_pays(dtype: torch.dtype) -> bool:
     """Whether a prepacked product of `dtype` is no slower than F.linear at every PROBE_ROWS width
     on this CPU (quant.timing: the fastest of a few runs each, in turns); False where oneDNN has
-    no kernel for it. Probed once per process: ~0.1 s."""
+    no kernel for it. Measured once per machine (~0.1 s) and kept (machine_choices.py): measured
+    at every startup it flipped (here: pays in 1 of 5 runs), and the cost probe's key with it."""
     if dtype not in PREPACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return False
+    return remembered(f"prepacked products pay, {dtype}", CPU, lambda: measure_prepack_pays(dtype))
+
+
+def measure_prepack_pays(dtype: torch.dtype) -> bool:
     weight = torch.ones(PROBE_SHAPE.out_features, PROBE_SHAPE.in_features, dtype=dtype)
     x = torch.ones(max(PROBE_ROWS), PROBE_SHAPE.in_features, dtype=dtype)
     try:
