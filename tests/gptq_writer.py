@@ -35,14 +35,27 @@ def quantize_rtn(weight: Tensor, group_size: int, sym: bool, act_order: bool) ->
     scale * (q - zero), q in 0..15; every element lands within scale / 2 of its value."""
     w = weight.detach().float()
     g_idx = group_index(w, group_size, act_order)
-    groups = g_idx.long().expand_as(w)
-    empty = torch.zeros(w.shape[0], group_count(w.shape[1], group_size), device=w.device)
+    count = group_count(w.shape[1], group_size)
+    # Without act-order a group is a run of columns: a view of the weight, reduced and broadcast
+    # (the gathers and scatters act-order needs took 0.9 s for a 8960 x 1536 weight; this, 0.1 s).
+    grouped = None if act_order else w.view(w.shape[0], count, -1)
+    groups = g_idx.long().expand_as(w) if act_order else None
     # Every grid contains 0, so the range is widened to include it (as GPTQ does).
-    low = empty.scatter_reduce(1, groups, w, "amin", include_self=False).clamp(max=0)
-    high = empty.scatter_reduce(1, groups, w, "amax", include_self=False).clamp(min=0)
+    low, high = group_range(w, groups, count) if act_order else (grouped.amin(-1), grouped.amax(-1))
+    low, high = low.clamp(max=0), high.clamp(min=0)
     scales, zeros = symmetric_grid(low, high) if sym else asymmetric_grid(low, high)
-    q = torch.round(w / scales.float().gather(1, groups) + zeros.gather(1, groups)).clamp(0, MAX_Q)
-    return QuantizedLinear(q.to(torch.uint8), zeros.t().to(torch.uint8), scales.t().contiguous(), g_idx)
+    if act_order:
+        q = torch.round(w / scales.float().gather(1, groups) + zeros.gather(1, groups))
+    else:
+        q = torch.round(grouped / scales.float()[..., None] + zeros[..., None]).view_as(w)
+    return QuantizedLinear(q.clamp(0, MAX_Q).to(torch.uint8), zeros.t().to(torch.uint8), scales.t().contiguous(), g_idx)
+
+
+def group_range(w: Tensor, groups: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """Each (output, group)'s smallest and largest weight, groups given per element."""
+    empty = torch.zeros(w.shape[0], count, device=w.device)
+    return (empty.scatter_reduce(1, groups, w, "amin", include_self=False),
+            empty.scatter_reduce(1, groups, w, "amax", include_self=False))
 
 
 def group_index(w: Tensor, group_size: int, act_order: bool) -> Tensor:

@@ -1,0 +1,112 @@
+"""The embedded 1.5B target upcycled into a Qwen2-MoE, written as a GPTQ checkpoint: a MoE target of
+real weights, which no package on PyPI ships.
+
+Sparse upcycling (Komatsuzaki et al., 2022) starts a MoE from a dense model by copying its MLP into
+every expert. With the router's top-k weights normalized (`norm_topk_prob`), a token's MoE output is
+sum_i w_i MLP(x) with sum_i w_i = 1: the dense MLP's output up to rounding (exactly it at top-1, where
+the one weight is 1). The router here is random, so tokens spread over the experts while the model
+still writes as the 1.5B does, and the 0.5B draft predicts it: SpecExec over a MoE target streamed
+by expert can be measured end to end, acceptance included.
+
+Qwen2-MoE always has a shared expert; it is written with zero weights, so its output is exactly 0
+(the smallest width the int4 kernels take). Each linear is RTN-quantized (tests/gptq_writer.py) once
+and its packed tensors written under every expert's name; the checkpoint is written a decoder layer
+a shard, from the dense float32 safetensors read a tensor at a time, so that no more than a layer is
+held at once (8 experts: 4.7 GB of checkpoint from 1.5B weights).
+"""
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from gptq_writer import pack_gptq, quantize_rtn
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+from transformers import Qwen2MoeConfig
+
+from specchat.quant.gptq import GPTQSpec
+
+SPEC = GPTQSpec(group_size=128, desc_act=False, sym=False)
+SHARED = 128  # the shared expert's width: one group, every weight 0
+ROUTER_STD = 0.02  # the router's random weights; the post-attention norm gives hidden states of unit scale
+MLP = ("gate_proj", "up_proj", "down_proj")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def upcycled_config(dense: dict, experts: int, top_k: int, moe_layers: list[int]) -> dict:
+    """The Qwen2-MoE config of the dense Qwen2 config `dense` with `experts` copies of the MLP,
+    `top_k` routed a token, in the layers `moe_layers` (the others keep their dense MLP)."""
+    layers = dense["num_hidden_layers"]
+    keep = {key: dense[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                        "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+                                        "rms_norm_eps", "rope_parameters", "bos_token_id", "eos_token_id",
+                                        "pad_token_id", "tie_word_embeddings", "hidden_act")}
+    config = Qwen2MoeConfig(**keep, moe_intermediate_size=dense["intermediate_size"],
+                            shared_expert_intermediate_size=SHARED, num_experts=experts, num_experts_per_tok=top_k,
+                            norm_topk_prob=True, qkv_bias=True, use_sliding_window=False,
+                            mlp_only_layers=[i for i in range(layers) if i not in moe_layers])
+    return config.to_dict() | {"architectures": ["Qwen2MoeForCausalLM"], "dtype": "float16"}
+
+
+def write_upcycled(dense_dir: Path, out_dir: Path, experts: int, top_k: int, moe_layers: list[int] | None = None,
+                   seed: int = 0) -> Path:
+    """The upcycled checkpoint of the dense Qwen2 directory `dense_dir` in `out_dir` (written once:
+    a directory with a config is taken as written); `moe_layers` None: every layer."""
+    if (out_dir / "config.json").exists():
+        return out_dir
+    dense = json.loads((dense_dir / "config.json").read_text())
+    layers = list(range(dense["num_hidden_layers"])) if moe_layers is None else moe_layers
+    generator = torch.Generator().manual_seed(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with safe_open(str(dense_dir / "model.safetensors"), framework="pt") as source:
+        for layer in range(dense["num_hidden_layers"]):
+            tensors = layer_tensors(source, layer, experts if layer in layers else 0, generator)
+            save_file(tensors, out_dir / f"model-{layer:05d}.safetensors", metadata={"format": "pt"})
+        rest = {name: half(source.get_tensor(name)) for name in source.keys() if not name.startswith("model.layers.")}
+        save_file(rest, out_dir / "model-rest.safetensors", metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if (dense_dir / name).exists():
+            shutil.copy(dense_dir / name, out_dir / name)
+    settings = {"quant_method": "gptq", "checkpoint_format": "gptq", **asdict(SPEC)}
+    config = upcycled_config(dense, experts, top_k, layers) | {"quantization_config": settings}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def layer_tensors(source, layer: int, experts: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """Decoder layer `layer`'s checkpoint tensors: attention and norms as the dense model's, and its
+    MLP copied into `experts` experts with a random router and a zero shared expert (0: kept dense)."""
+    prefix = f"model.layers.{layer}."
+    tensors = {prefix + name: half(source.get_tensor(prefix + name))
+               for name in ("input_layernorm.weight", "post_attention_layernorm.weight")}
+    for name in ATTENTION:
+        bias = f"{prefix}self_attn.{name}.bias"
+        tensors |= packed(f"{prefix}self_attn.{name}", source.get_tensor(f"{prefix}self_attn.{name}.weight"),
+                          source.get_tensor(bias) if bias in source.keys() else None)
+    mlp = {name: packed("", source.get_tensor(f"{prefix}mlp.{name}.weight")) for name in MLP}
+    if not experts:
+        return tensors | {f"{prefix}mlp.{name}{key}": t for name, parts in mlp.items() for key, t in parts.items()}
+    hidden = source.get_tensor(f"{prefix}mlp.down_proj.weight").shape[0]
+    for expert in range(experts):
+        tensors |= {f"{prefix}mlp.experts.{expert}.{name}{key}": t.clone() for name, parts in mlp.items()
+                    for key, t in parts.items()}  # cloned: safetensors stores no two names on one storage
+    shared = {"gate_proj": (SHARED, hidden), "up_proj": (SHARED, hidden), "down_proj": (hidden, SHARED)}
+    for name, shape in shared.items():
+        tensors |= packed(f"{prefix}mlp.shared_expert.{name}", torch.zeros(shape))
+    tensors[f"{prefix}mlp.shared_expert_gate.weight"] = torch.zeros(1, hidden, dtype=torch.float16)
+    tensors[f"{prefix}mlp.gate.weight"] = half(torch.randn(experts, hidden, generator=generator) * ROUTER_STD)
+    return tensors
+
+
+def packed(module: str, weight: Tensor, bias: Tensor | None = None) -> dict[str, Tensor]:
+    """A linear's GPTQ tensors under `module` ("" gives the bare suffixes '.qweight', ...)."""
+    parts = pack_gptq(quantize_rtn(weight, SPEC.group_size, SPEC.sym, SPEC.desc_act), bias)
+    return {f"{module}.{key}": tensor for key, tensor in parts.items()}
+
+
+def half(tensor: Tensor) -> Tensor:
+    return tensor.to(torch.float16).contiguous()
