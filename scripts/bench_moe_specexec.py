@@ -3,7 +3,7 @@
 
 Usage: python scripts/bench_moe_specexec.py [--experts 8] [--top-k 2] [--workdir DIR] [--prompts 3]
            [--max-new-tokens 32] [--budgets auto] [--ram-budget 3] [--resident-layers N] [--temperature 0]
-           [--modes "by expert,whole layers"] [--widths 1,4,16,64]
+           [--modes "by expert,whole layers,by expert at share 0.9"] [--widths 1,4,16,64]
            [--rows-dir docs/bench/moe-specexec-DATE] [--record docs/benchmarks.md]
 
 No MoE model ships on PyPI, and a random one defeats any draft. The target here is the 1.5B with
@@ -13,7 +13,8 @@ the draft predicts it as it predicts the 1.5B, while routing spreads tokens over
 models load as the app loads them (`runtime.load_models`, `--offload disk`) under --ram-budget,
 which by default keeps the experts from fitting in RAM; --resident-layers as given or as the plan
 gives (with --resident-layers 0 and room, the plan's expert cache holds the experts). For each mode
-of streaming (by expert, the app's; whole layers, as before MoE streaming):
+of streaming (by expert, the app's; whole layers, as before MoE streaming; by expert with whole
+loads from 90% of a layer's experts routed, as before 2026-11-27):
 - a pass over n tokens after a 64-token prefix for each n of --widths: seconds and bytes streamed
   (scripts/bench_moe_streaming.py's `time_passes`);
 - autoregressive decoding and SpecExec at each budget over the same MT-Bench first turns: decode
@@ -48,6 +49,7 @@ from specchat.loader import load_models
 from specchat.models import loading
 from specchat.models.embedded import ensure_embedded
 from specchat.models.registry import DEFAULT_TARGET
+from specchat.offload import experts
 from specchat.offload.build import offload_model
 from specchat.runtime import EngineOptions, Models, encode_prompt
 
@@ -55,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the up
 from exactness import ExactnessCheck  # noqa: E402
 from moe_upcycle import write_upcycled  # noqa: E402
 
-MODES = ("by expert", "whole layers")
+MODES = ("by expert", "whole layers")  # and "by expert at share 0.9": the wide-call rule before 2026-11-27
 BF16_NEAR_TIE = 0.125  # README, "Exactness": one bf16 step at logits 16-32 (tests/test_real_defaults.py)
 
 
@@ -81,13 +83,15 @@ def parse_args() -> argparse.Namespace:
 
 @contextmanager
 def streaming(mode: str, workdir: Path) -> Iterator[None]:
-    """The app streams a MoE layer by expert; it has no switch for whole layers, so the bench
-    patches the loader's call to `offload_model` for that mode. Each mode probes --budget auto's
-    costs into a directory of its own: the probe's key does not tell the two apart."""
+    """The app streams a MoE layer by expert; it has no switch for whole layers, nor for the share
+    of its experts from which a call has the ring load whole layers (offload/experts.py), so the
+    bench patches the loader's call to `offload_model`, or that share, for those modes. Each mode
+    probes --budget auto's costs into a directory of its own: the probe's key does not tell them apart."""
     probes = {"SPECCHAT_PROBE_DIR": str(workdir / "probes" / mode.replace(" ", "-"))}
-    whole = partial(offload_model, by_expert=False)
-    with mock.patch.dict(os.environ, probes), \
-            (nullcontext() if mode == "by expert" else mock.patch.object(loading, "offload_model", whole)):
+    patch = {"by expert": nullcontext(),
+             "whole layers": mock.patch.object(loading, "offload_model", partial(offload_model, by_expert=False)),
+             "by expert at share 0.9": mock.patch.object(experts, "WHOLE_SHARE", 0.9)}[mode]
+    with mock.patch.dict(os.environ, probes), patch:
         yield
 
 

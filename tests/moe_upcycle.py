@@ -9,14 +9,15 @@ still writes as the 1.5B does, and the 0.5B draft predicts it: SpecExec over a M
 by expert can be measured end to end, acceptance included.
 
 Qwen2-MoE always has a shared expert; it is written with zero weights, so its output is exactly 0
-(the smallest width the int4 kernels take). Each linear is RTN-quantized (tests/gptq_writer.py) once
-and its packed tensors written under every expert's name; the checkpoint is written a decoder layer
-a shard, from the dense float32 safetensors read a tensor at a time, so that no more than a layer is
-held at once (8 experts: 4.7 GB of checkpoint from 1.5B weights).
+(the smallest width the int4 kernels take). The MLP's linears are RTN-quantized (tests/gptq_writer.py)
+once and their packed tensors written under every expert's name; the checkpoint is written a decoder
+layer a shard, from the dense float32 safetensors read a tensor at a time, so that no more than a layer is
+held at once (8 experts in every layer: 5.5 GB of checkpoint from 1.5B weights).
 """
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -53,18 +54,22 @@ def upcycled_config(dense: dict, experts: int, top_k: int, moe_layers: list[int]
 
 
 def write_upcycled(dense_dir: Path, out_dir: Path, experts: int, top_k: int, moe_layers: list[int] | None = None,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, quantize_dense: bool = True) -> Path:
     """The upcycled checkpoint of the dense Qwen2 directory `dense_dir` in `out_dir` (written once:
-    a directory with a config is taken as written); `moe_layers` None: every layer."""
+    a directory with a config is taken as written); `moe_layers` None: every layer. The experts are
+    4-bit; the other linears too unless `quantize_dense` is False, which writes them in float16 (a
+    checkpoint may leave modules unquantized, as GPTQModel's dynamic exclusions do) and spares their
+    rounding: a minute on one thread for the 1.5B's 196 linears."""
     if (out_dir / "config.json").exists():
         return out_dir
     dense = json.loads((dense_dir / "config.json").read_text())
     layers = list(range(dense["num_hidden_layers"])) if moe_layers is None else moe_layers
     generator = torch.Generator().manual_seed(seed)
+    linear = packed if quantize_dense else unquantized
     out_dir.mkdir(parents=True, exist_ok=True)
     with safe_open(str(dense_dir / "model.safetensors"), framework="pt") as source:
         for layer in range(dense["num_hidden_layers"]):
-            tensors = layer_tensors(source, layer, experts if layer in layers else 0, generator)
+            tensors = layer_tensors(source, layer, experts if layer in layers else 0, generator, linear)
             save_file(tensors, out_dir / f"model-{layer:05d}.safetensors", metadata={"format": "pt"})
         rest = {name: half(source.get_tensor(name)) for name in source.keys() if not name.startswith("model.layers.")}
         save_file(rest, out_dir / "model-rest.safetensors", metadata={"format": "pt"})
@@ -77,20 +82,26 @@ def write_upcycled(dense_dir: Path, out_dir: Path, experts: int, top_k: int, moe
     return out_dir
 
 
-def layer_tensors(source, layer: int, experts: int, generator: torch.Generator) -> dict[str, Tensor]:
+Linear = Callable[[str, Tensor, Tensor | None], dict[str, Tensor]]
+
+
+def layer_tensors(source, layer: int, experts: int, generator: torch.Generator, linear: Linear) -> dict[str, Tensor]:
     """Decoder layer `layer`'s checkpoint tensors: attention and norms as the dense model's, and its
-    MLP copied into `experts` experts with a random router and a zero shared expert (0: kept dense)."""
+    MLP copied into `experts` 4-bit experts with a random router and a zero shared expert (0: kept
+    dense); its other linears written by `linear`."""
     prefix = f"model.layers.{layer}."
     tensors = {prefix + name: half(source.get_tensor(prefix + name))
                for name in ("input_layernorm.weight", "post_attention_layernorm.weight")}
     for name in ATTENTION:
         bias = f"{prefix}self_attn.{name}.bias"
-        tensors |= packed(f"{prefix}self_attn.{name}", source.get_tensor(f"{prefix}self_attn.{name}.weight"),
+        tensors |= linear(f"{prefix}self_attn.{name}", source.get_tensor(f"{prefix}self_attn.{name}.weight"),
                           source.get_tensor(bias) if bias in source.keys() else None)
-    mlp = {name: packed("", source.get_tensor(f"{prefix}mlp.{name}.weight")) for name in MLP}
+    weights = {name: source.get_tensor(f"{prefix}mlp.{name}.weight") for name in MLP}
     if not experts:
-        return tensors | {f"{prefix}mlp.{name}{key}": t for name, parts in mlp.items() for key, t in parts.items()}
-    hidden = source.get_tensor(f"{prefix}mlp.down_proj.weight").shape[0]
+        return tensors | {key: t for name, weight in weights.items()
+                          for key, t in linear(f"{prefix}mlp.{name}", weight).items()}
+    mlp = {name: packed("", weight) for name, weight in weights.items()}
+    hidden = weights["down_proj"].shape[0]
     for expert in range(experts):
         tensors |= {f"{prefix}mlp.experts.{expert}.{name}{key}": t.clone() for name, parts in mlp.items()
                     for key, t in parts.items()}  # cloned: safetensors stores no two names on one storage
@@ -106,6 +117,11 @@ def packed(module: str, weight: Tensor, bias: Tensor | None = None) -> dict[str,
     """A linear's GPTQ tensors under `module` ("" gives the bare suffixes '.qweight', ...)."""
     parts = pack_gptq(quantize_rtn(weight, SPEC.group_size, SPEC.sym, SPEC.desc_act), bias)
     return {f"{module}.{key}": tensor for key, tensor in parts.items()}
+
+
+def unquantized(module: str, weight: Tensor, bias: Tensor | None = None) -> dict[str, Tensor]:
+    """A linear's float16 weight (and bias) under `module`."""
+    return {f"{module}.weight": half(weight)} | ({} if bias is None else {f"{module}.bias": half(bias)})
 
 
 def half(tensor: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
 """SpecExec over a MoE target of real weights: the embedded 1.5B upcycled into a Qwen2-MoE
 (tests/moe_upcycle.py: its MLP copied into 4 experts, one routed a token by a random router, in its
-last three layers), RTN 4-bit GPTQ, bf16, with the app's embedded 0.5B draft. Its first 25 layers stay
+last three layers), the experts RTN 4-bit GPTQ and the other linears float16, run in bf16, with the
+app's embedded 0.5B draft. Its first 25 layers stay
 resident; the three MoE layers stream from the disk through a 2-slot ring, by expert, with no expert
 waiting on the device, so a call fetches the experts its router picked that its slot lacks.
 
@@ -60,7 +61,8 @@ class MoePair:
 @pytest.fixture(scope="module")
 def moe_pair(tmp_path_factory, mtbench_prompts) -> Iterator[MoePair]:
     dense = ensure_embedded(DEFAULT_TARGET, progress=False)
-    directory = write_upcycled(dense, tmp_path_factory.mktemp("upcycled") / "moe", EXPERTS, TOP_K, MOE_LAYERS)
+    directory = write_upcycled(dense, tmp_path_factory.mktemp("upcycled") / "moe", EXPERTS, TOP_K, MOE_LAYERS,
+                               quantize_dense=False)
     offload_dir = tmp_path_factory.mktemp("offload")
     request = PlanRequest(tier="disk", offload_dir=offload_dir, resident_layers=LAYERS - len(MOE_LAYERS), slots=2)
     placement = plan_checkpoint(directory, "upcycled", torch.bfloat16, Machine(kind="cpu"), request).placement
