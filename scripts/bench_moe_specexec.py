@@ -28,7 +28,6 @@ not exist yet) as it is measured; the tables to stdout (and --record).
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 import os
 from collections.abc import Iterator
@@ -39,11 +38,9 @@ from pathlib import Path
 from time import perf_counter
 from unittest import mock
 
-from bench_moe_streaming import time_passes
+from bench_moe_streaming import publish, time_passes
 
 from specchat.bench.datasets import mtbench_first_turns
-from specchat.bench.machine import describe_machine
-from specchat.bench.provenance import code_version
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.loader import load_models
 from specchat.models import loading
@@ -130,8 +127,7 @@ def keep(rows: list[dict], row: dict, args) -> None:
         out.write(json.dumps(row) + "\n")
 
 
-def run_mode(mode: str, directory: Path, args, rows: list[dict]) -> None:
-    budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
+def run_mode(mode: str, directory: Path, budgets: list, args, rows: list[dict]) -> None:
     options = EngineOptions(target=str(directory), offload="disk", offload_dir=str(args.workdir / "offload"),
                             ram_budget=args.ram_budget, resident_layers=args.resident_layers, budget=budgets[0])
     with streaming(mode, args.workdir):
@@ -197,7 +193,8 @@ def main() -> None:
     args = parse_args()
     rows_file = args.rows_dir / "rows.jsonl"
     if rows_file.exists():
-        sys.exit(f"{rows_file} exists: kept rows are never replaced; pass another --rows-dir")
+        sys.exit(f"error: {rows_file} exists: kept rows are never replaced; measure into a fresh --rows-dir")
+    budgets = parse_budgets(args.budgets)
     dense = ensure_embedded(DEFAULT_TARGET, progress=True)
     name = f"qwen2.5-coder-1.5b-moe-{args.experts}x-top{args.top_k}"
     print(f"writing {name} (upcycled from {dense.name}) in {args.workdir} ...", flush=True)
@@ -205,14 +202,16 @@ def main() -> None:
     rows: list[dict] = []
     args.rows_dir.mkdir(parents=True, exist_ok=True)
     for mode in args.modes.split(","):
-        run_mode(mode, directory, args, rows)
-    header = (f"{date.today().isoformat()}, {describe_machine()}, code {code_version()}\n"
-              f"command: python scripts/bench_moe_specexec.py {shlex.join(sys.argv[1:])}\n")
-    report = header + "\n" + tables(rows)
-    print(report)
-    if args.record:
-        with open(args.record, "a") as out:
-            out.write("\n" + report + "\n")
+        run_mode(mode, directory, budgets, args, rows)
+    publish(tables(rows), args.record)
+
+
+def parse_budgets(text: str) -> list:
+    """--budgets' tree sizes (or auto), checked before anything loads."""
+    try:
+        return [b if b == "auto" else int(b) for b in text.split(",")]
+    except ValueError:
+        sys.exit(f"error: --budgets takes tree sizes or auto, comma-separated, not {text!r}")
 
 
 if __name__ == "__main__":

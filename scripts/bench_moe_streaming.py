@@ -149,7 +149,7 @@ def main() -> None:
     args = parse_args()
     rows_file = args.rows_dir / "rows.jsonl"
     if rows_file.exists():
-        sys.exit(f"{rows_file} exists: kept rows are never replaced; pass another --rows-dir")
+        sys.exit(f"error: {rows_file} exists: kept rows are never replaced; measure into a fresh --rows-dir")
     widths = [int(w) for w in args.widths.split(",")]
     config, settings = alias_config(args.alias, args.layers, {})
     print(f"writing a random 4-bit {args.alias} of {args.layers} layers in {args.workdir} ...", flush=True)
@@ -164,12 +164,17 @@ def main() -> None:
             offload.close()
     args.rows_dir.mkdir(parents=True, exist_ok=True)
     rows_file.write_text("".join(json.dumps(row.__dict__) + "\n" for row in rows))
-    header = (f"{date.today().isoformat()}, {describe_machine()}, code {code_version()}\n"
-              f"command: python scripts/bench_moe_streaming.py {shlex.join(sys.argv[1:])}\n")
-    report = header + "\n" + table(rows)
+    publish(table(rows), args.record)
+
+
+def publish(tables: str, record: str | None) -> None:
+    """Print `tables` under the date, the machine, the code and the command; append them to the
+    markdown file `record` if given."""
+    report = (f"{date.today().isoformat()}, {describe_machine()}, code {code_version()}\n"
+              f"command: python {shlex.join(sys.argv)}\n\n{tables}")
     print(report)
-    if args.record:
-        with open(args.record, "a") as out:
+    if record:
+        with open(record, "a") as out:
             out.write("\n" + report + "\n")
 
 

@@ -37,7 +37,7 @@ def quantize_rtn(weight: Tensor, group_size: int, sym: bool, act_order: bool) ->
     g_idx = group_index(w, group_size, act_order)
     count = group_count(w.shape[1], group_size)
     # Without act-order a group is a run of columns: a view of the weight, reduced and broadcast
-    # (the gathers and scatters act-order needs took 0.9 s for a 8960 x 1536 weight; this, 0.1 s).
+    # (with the gathers and scatters act-order needs, an 8960 x 1536 weight took 0.93 s; so, 0.38 s).
     grouped = None if act_order else w.view(w.shape[0], count, -1)
     groups = g_idx.long().expand_as(w) if act_order else None
     # Every grid contains 0, so the range is widened to include it (as GPTQ does).
@@ -48,7 +48,8 @@ def quantize_rtn(weight: Tensor, group_size: int, sym: bool, act_order: bool) ->
         q = torch.round(w / scales.float().gather(1, groups) + zeros.gather(1, groups))
     else:
         q = torch.round(grouped / scales.float()[..., None] + zeros[..., None]).view_as(w)
-    return QuantizedLinear(q.clamp(0, MAX_Q).to(torch.uint8), zeros.t().to(torch.uint8), scales.t().contiguous(), g_idx)
+    return QuantizedLinear(q.clamp(0, MAX_Q).to(torch.uint8), zeros.t().to(torch.uint8), scales.t().contiguous(),
+                           g_idx)
 
 
 def group_range(w: Tensor, groups: Tensor, count: int) -> tuple[Tensor, Tensor]:

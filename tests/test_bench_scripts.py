@@ -18,6 +18,8 @@ KEPT = '{"kept": true}\n'
     ("bench_serve.py", "--out", "rows.jsonl", ["--", "--target", "/nonexistent/model"]),
     ("bench_conversation.py", "--out", "rows.jsonl", ["--tiers", "x"]),
     ("bench_peers.py", "--out", "results.jsonl", ["--temperatures", "x"]),
+    ("bench_moe_streaming.py", "--rows-dir", "rows.jsonl", ["--widths", "x"]),
+    ("bench_moe_specexec.py", "--rows-dir", "rows.jsonl", ["--budgets", "x"]),
 ])
 def test_a_folder_with_rows_is_refused_and_left_as_it_was(tmp_path, script, flag, rows, unusable):
     (tmp_path / rows).write_text(KEPT)
