@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the up
 from exactness import ExactnessCheck  # noqa: E402
 from moe_upcycle import write_upcycled  # noqa: E402
 
-MODES = ("by expert", "whole layers")  # and "by expert at share 0.9": the wide-call rule before 2026-11-27
+MODES = ("by expert", "whole layers")  # the default --modes
+SHARE_BEFORE = "by expert at share 0.9"  # the wide-call rule before 2026-11-27
 BF16_NEAR_TIE = 0.125  # README, "Exactness": one bf16 step at logits 16-32 (tests/test_real_defaults.py)
 
 
@@ -87,7 +88,7 @@ def streaming(mode: str, workdir: Path) -> Iterator[None]:
     probes = {"SPECCHAT_PROBE_DIR": str(workdir / "probes" / mode.replace(" ", "-"))}
     patch = {"by expert": nullcontext(),
              "whole layers": mock.patch.object(loading, "offload_model", partial(offload_model, by_expert=False)),
-             "by expert at share 0.9": mock.patch.object(experts, "WHOLE_SHARE", 0.9)}[mode]
+             SHARE_BEFORE: mock.patch.object(experts, "WHOLE_SHARE", 0.9)}[mode]
     with mock.patch.dict(os.environ, probes), patch:
         yield
 
@@ -195,13 +196,16 @@ def main() -> None:
     if rows_file.exists():
         sys.exit(f"error: {rows_file} exists: kept rows are never replaced; measure into a fresh --rows-dir")
     budgets = parse_budgets(args.budgets)
+    modes = args.modes.split(",")
+    if unknown := [mode for mode in modes if mode not in (*MODES, SHARE_BEFORE)]:
+        sys.exit(f"error: no mode {unknown[0]!r}: --modes takes {', '.join((*MODES, SHARE_BEFORE))}")
     dense = ensure_embedded(DEFAULT_TARGET, progress=True)
     name = f"qwen2.5-coder-1.5b-moe-{args.experts}x-top{args.top_k}"
     print(f"writing {name} (upcycled from {dense.name}) in {args.workdir} ...", flush=True)
     directory = write_upcycled(dense, args.workdir / name, args.experts, args.top_k)
     rows: list[dict] = []
     args.rows_dir.mkdir(parents=True, exist_ok=True)
-    for mode in args.modes.split(","):
+    for mode in modes:
         run_mode(mode, directory, budgets, args, rows)
     publish(tables(rows), args.record)
 
