@@ -3,7 +3,7 @@ and each call fetches the experts its router picked, and only those. The bytes f
 counted here from the routers' own choices, and the model's logits and SpecExec's tokens are
 those of the model in memory."""
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,10 +39,12 @@ def expert_bytes(model: PreTrainedModel) -> list[list[int]]:
             for layer in layers]
 
 
-def record_routes(lm: CausalLM) -> list[list[set[int]]]:
-    """Per layer, the experts each call of its router picked (appended as calls happen)."""
+def record_routes(lm: CausalLM, indices: Iterable[int] | None = None) -> list[list[set[int]]]:
+    """Per layer (those of `indices`; None: every one), the experts each call of its router picked
+    (appended as calls happen)."""
+    layers = lm.model.model.layers
     routes: list[list[set[int]]] = []
-    for layer in lm.model.model.layers:
+    for layer in layers if indices is None else [layers[i] for i in indices]:
         calls: list[set[int]] = []
         routes.append(calls)
         layer.skeleton.mlp.gate.register_forward_hook(

@@ -13,6 +13,7 @@ waiting on the device, so a call fetches the experts its router picked that its 
 """
 
 import dataclasses
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +23,7 @@ from conftest import real_draft
 from exactness import ExactnessCheck
 from moe_upcycle import write_upcycled
 from test_engines import GREEDY
+from test_moe_streaming import record_routes
 from test_real_defaults import BF16_MAX_TIES, BF16_MAX_TIES_WITH_COPIES, BF16_NEAR_TIES, DEFAULT_SAMPLING
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -44,8 +46,7 @@ from specchat.runtime import encode_prompt
 pytestmark = pytest.mark.real
 
 EXPERTS, TOP_K = 4, 1
-LAYERS = 28  # the 1.5B's
-MOE_LAYERS = [25, 26, 27]  # three layers through a 2-slot ring: no slot keeps its layer from pass to pass
+MOE_LAYERS = 3  # the last three, through a 2-slot ring: no slot keeps its layer from pass to pass
 SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 
 
@@ -56,23 +57,26 @@ class MoePair:
     stop_ids: frozenset[int]
     prompt: list[int]
     offload: Offload
+    moe_layers: list[int]
 
 
 @pytest.fixture(scope="module")
 def moe_pair(tmp_path_factory, mtbench_prompts) -> Iterator[MoePair]:
     dense = ensure_embedded(DEFAULT_TARGET, progress=False)
-    directory = write_upcycled(dense, tmp_path_factory.mktemp("upcycled") / "moe", EXPERTS, TOP_K, MOE_LAYERS,
+    layers = json.loads((dense / "config.json").read_text())["num_hidden_layers"]
+    moe_layers = list(range(layers - MOE_LAYERS, layers))
+    directory = write_upcycled(dense, tmp_path_factory.mktemp("upcycled") / "moe", EXPERTS, TOP_K, moe_layers,
                                quantize_dense=False)
     offload_dir = tmp_path_factory.mktemp("offload")
-    request = PlanRequest(tier="disk", offload_dir=offload_dir, resident_layers=LAYERS - len(MOE_LAYERS), slots=2)
+    request = PlanRequest(tier="disk", offload_dir=offload_dir, resident_layers=layers - MOE_LAYERS, slots=2)
     placement = plan_checkpoint(directory, "upcycled", torch.bfloat16, Machine(kind="cpu"), request).placement
-    assert placement.streamed == MOE_LAYERS
+    assert placement.streamed == moe_layers
     model, offload = offload_model(directory, "upcycled", torch.bfloat16, torch.device("cpu"),
                                    dataclasses.replace(placement, expert_cache=0), offload_dir, Reporter(bars=False))
     tokenizer = load_tokenizer(str(directory), progress=False)
     try:
         yield MoePair(CausalLM(model, offload), real_draft(), stop_token_ids(model, tokenizer),
-                      encode_prompt(tokenizer, mtbench_prompts[0], raw=False), offload)
+                      encode_prompt(tokenizer, mtbench_prompts[0], raw=False), offload, moe_layers)
     finally:
         offload.close()
 
@@ -100,23 +104,16 @@ def test_a_one_token_pass_fetches_the_experts_its_router_picked(moe_pair):
     """Measured on the second one-token pass after the prompt's: the prompt's wide calls had the ring
     load the first one's layers whole (offload/experts.py, WHOLE_SHARE), the narrow calls then
     have it load heads, so the second one fetches every expert it computes with."""
-    layers = [moe_pair.target.model.model.layers[i] for i in MOE_LAYERS]
-    routes: list[list[set[int]]] = [[] for _ in layers]
-    hooks = [layer.skeleton.mlp.gate.register_forward_hook(
-        lambda module, args, out, calls=calls: calls.append(set(out[2].flatten().tolist())))
-        for layer, calls in zip(layers, routes)]
-    expert = sum(t.nbytes for t in layers[0].skeleton.mlp.experts.get_submodule("0").state_dict().values())
+    routes = record_routes(moe_pair.target, moe_pair.moe_layers)  # hooks left on: they only record
+    skeleton = moe_pair.target.model.model.layers[moe_pair.moe_layers[0]].skeleton
+    expert = sum(t.nbytes for t in skeleton.mlp.experts.get_submodule("0").state_dict().values())
     tokens = moe_pair.prompt + moe_pair.prompt[-2:]  # the prompt, then two tokens one at a time
-    try:
-        cache = new_cache()
-        for start, end in ((0, len(moe_pair.prompt)), (len(moe_pair.prompt), len(tokens) - 1)):
-            moe_pair.target.hidden(torch.tensor(tokens[start:end]), torch.arange(start, end), cache)
-        before, seen = moe_pair.offload.stats().fetched_bytes, [len(calls) for calls in routes]
-        moe_pair.target.hidden(torch.tensor(tokens[-1:]), torch.tensor([len(tokens) - 1]), cache)
-        fetched = moe_pair.offload.stats().fetched_bytes - before
-    finally:
-        for hook in hooks:
-            hook.remove()
+    cache = new_cache()
+    for start, end in ((0, len(moe_pair.prompt)), (len(moe_pair.prompt), len(tokens) - 1)):
+        moe_pair.target.hidden(torch.tensor(tokens[start:end]), torch.arange(start, end), cache)
+    before, seen = moe_pair.offload.stats().fetched_bytes, [len(calls) for calls in routes]
+    moe_pair.target.hidden(torch.tensor(tokens[-1:]), torch.tensor([len(tokens) - 1]), cache)
+    fetched = moe_pair.offload.stats().fetched_bytes - before
     picked = [set().union(*calls[count:]) for calls, count in zip(routes, seen)]
-    assert [len(experts) for experts in picked] == [TOP_K] * len(MOE_LAYERS)
-    assert fetched == len(MOE_LAYERS) * TOP_K * expert
+    assert [len(experts) for experts in picked] == [TOP_K] * len(moe_pair.moe_layers)
+    assert fetched == len(moe_pair.moe_layers) * TOP_K * expert
