@@ -79,8 +79,10 @@ CAP = 32
 @pytest.mark.parametrize("sampling", [GREEDY, PAPER_SAMPLING], ids=["greedy", "seeded"])
 def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_references, sampling):
     """--budget auto over fixed costs of an offloaded target (a pass costs about the same whatever
-    the tree) and a cheap draft: trees grow to the cap, and every emitted token is the target's.
-    The cap is 32 (trees of 64 are test_greedy_specexec_equals_hf_generate's)."""
+    the tree) and a cheap draft: every tree grows to the cap, 32, and every emitted token is the
+    target's. With its trees all at the cap, the seeded case is also seeded SpecExec at a fixed
+    budget of 32 (a test of that alone emitted the same tokens, tree for tree: it was dropped);
+    trees of 64 are test_greedy_specexec_equals_hf_generate's."""
     costs = Costs(target_n=(1, 1025), target_s=(2.0, 2.2), draft_b=(1, 64, 128), draft_s=(0.05, 0.1, 0.2))
     sizer = AutoSizer(costs, cap=CAP)
     engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids,
@@ -91,16 +93,8 @@ def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_r
         comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
         assert comparison.acceptable, comparison.describe()
         trees = events[1:]  # events[0] is the prompt's pass, which drafts no tree
-        assert all(e.tree_size <= CAP for e in trees) and all(e.predicted_accepted > 0 for e in trees)
-
-
-def test_seeded_specexec_equals_seeded_autoregressive(real_pair, real_check, seeded_references):
-    specexec = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    for prompt_ids, reference in seeded_references:
-        tokens, events = emitted(specexec, prompt_ids, PAPER_SAMPLING)
-        comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
-        assert comparison.acceptable, comparison.describe()
-        assert len(events) < len(tokens)
+        assert all(e.tree_size == CAP for e in trees) and all(e.predicted_accepted > 0 for e in trees)
+        assert len(events) < len(tokens)  # drafted tokens were accepted
 
 
 def int8_copy(pair) -> CausalLM:
