@@ -1,6 +1,7 @@
 """The benchmark scripts that write rows into a folder refuse one that already holds their rows,
 before loading anything: a rerun measures into a fresh folder and never replaces rows kept."""
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,21 @@ import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 KEPT = '{"kept": true}\n'
+
+
+def run_script(script: str, args: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """`python scripts/<script> args`, run in this process: its imports (torch, transformers) are
+    this process's, already loaded, where a new interpreter took ~8 s to load them here. Returns the
+    exit status and stderr as the interpreter would give them: a `sys.exit(message)` prints the
+    message and exits 1. As there, the script's folder leads sys.path (a script imports its siblings)."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPTS / script), *args])
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(SCRIPTS / script), run_name="__main__")
+    code, stderr = stopped.value.code, capsys.readouterr().err
+    if isinstance(code, str):
+        return 1, stderr + code + "\n"
+    return code or 0, stderr
 
 
 # Each script also gets an argument it would fail on before loading any model, so that if its
@@ -21,20 +37,19 @@ KEPT = '{"kept": true}\n'
     ("bench_moe_streaming.py", "--rows-dir", "rows.jsonl", ["--widths", "x"]),
     ("bench_moe_specexec.py", "--rows-dir", "rows.jsonl", ["--budgets", "x"]),
 ])
-def test_a_folder_with_rows_is_refused_and_left_as_it_was(tmp_path, script, flag, rows, unusable):
+def test_a_folder_with_rows_is_refused_and_left_as_it_was(tmp_path, monkeypatch, capsys, script, flag, rows, unusable):
     (tmp_path / rows).write_text(KEPT)
-    result = subprocess.run([sys.executable, str(SCRIPTS / script), flag, str(tmp_path), *unusable],
-                            capture_output=True, text=True, timeout=120)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    status, stderr = run_script(script, [flag, str(tmp_path), *unusable], monkeypatch, capsys)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert status != 0 and len(lines) == 1, stderr
     assert lines[0].startswith("error: ") and str(tmp_path) in lines[0] and "fresh" in lines[0]
     assert [path.name for path in tmp_path.iterdir()] == [rows] and (tmp_path / rows).read_text() == KEPT
 
 
-def test_the_conversation_bench_refuses_an_unknown_mode_before_loading(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_conversation.py"), "--out", str(tmp_path),
-                             "--modes", "after,later"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "--modes takes before, after or both" in result.stderr
+def test_the_conversation_bench_refuses_an_unknown_mode_before_loading(tmp_path, monkeypatch, capsys):
+    status, stderr = run_script("bench_conversation.py", ["--out", str(tmp_path), "--modes", "after,later"],
+                                monkeypatch, capsys)
+    assert status == 2 and "--modes takes before, after or both" in stderr
     assert list(tmp_path.iterdir()) == []
 
 
