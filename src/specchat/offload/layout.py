@@ -58,8 +58,11 @@ def lay_out(specs: list[Spec], unit_of: dict[str, int] | None = None) -> LayerLa
     `unit_of` gives an expert (0 .. E-1, every one at least a tensor) after the others, expert by
     expert, each expert's unit starting on an ALIGN boundary."""
     unit_of = unit_of or {}
-    groups = [[spec for spec in specs if spec[0] not in unit_of]]
-    groups += [[spec for spec in specs if unit_of.get(spec[0]) == unit] for unit in range(len(set(unit_of.values())))]
+    # one pass over the specs (a 128-expert layer holds ~1500 tensors: a pass per unit took 2.4 s
+    # for Qwen3-235B's 94 layers); group 0 holds the tensors of no unit, group u + 1 unit u's
+    groups: list[list[Spec]] = [[] for _ in range(len(set(unit_of.values())) + 1)]
+    for spec in specs:
+        groups[unit_of.get(spec[0], -1) + 1].append(spec)
     places, units, offset = [], [], 0
     for number, group in enumerate(groups):
         if number:  # an expert's unit
