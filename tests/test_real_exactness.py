@@ -79,10 +79,12 @@ CAP = 32
 @pytest.mark.parametrize("sampling", [GREEDY, PAPER_SAMPLING], ids=["greedy", "seeded"])
 def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_references, sampling):
     """--budget auto over fixed costs of an offloaded target (a pass costs about the same whatever
-    the tree) and a cheap draft: every tree grows to the cap, 32, and every emitted token is the
-    target's. With its trees all at the cap, the seeded case is also seeded SpecExec at a fixed
-    budget of 32 (a test of that alone emitted the same tokens, tree for tree: it was dropped);
-    trees of 64 are test_greedy_specexec_equals_hf_generate's."""
+    the tree) and a cheap draft: trees grow to the cap, 32, and every emitted token is the target's.
+    On the AMX Xeon every tree reached the cap, so the seeded case is also seeded SpecExec at a fixed
+    budget of 32 (a test of that alone emitted the same tokens, tree for tree: it was dropped). A
+    tree may stop a node or two short where the draft's last nodes are too unlikely to pay for their
+    step (another CPU's draft form), so the test asserts the cap is reached, not that every tree
+    reaches it; trees of 64 are test_greedy_specexec_equals_hf_generate's."""
     costs = Costs(target_n=(1, 1025), target_s=(2.0, 2.2), draft_b=(1, 64, 128), draft_s=(0.05, 0.1, 0.2))
     sizer = AutoSizer(costs, cap=CAP)
     engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids,
@@ -93,7 +95,8 @@ def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_r
         comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
         assert comparison.acceptable, comparison.describe()
         trees = events[1:]  # events[0] is the prompt's pass, which drafts no tree
-        assert all(e.tree_size == CAP for e in trees) and all(e.predicted_accepted > 0 for e in trees)
+        assert all(e.tree_size <= CAP for e in trees) and all(e.predicted_accepted > 0 for e in trees)
+        assert max(e.tree_size for e in trees) == CAP
         assert len(events) < len(tokens)  # drafted tokens were accepted
 
 
