@@ -40,8 +40,10 @@ from unittest import mock
 
 from bench_moe_streaming import publish, time_passes
 
+from specchat.bench.command import parse_budget_item, parse_list
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.decoding.events import LiveSettings, SamplingParams
+from specchat.errors import SpecchatError
 from specchat.loader import load_models
 from specchat.models import loading
 from specchat.models.embedded import ensure_embedded
@@ -210,12 +212,12 @@ def main() -> None:
     publish(tables(rows), args.record)
 
 
-def parse_budgets(text: str) -> list:
-    """--budgets' tree sizes (or auto), checked before anything loads."""
+def parse_budgets(text: str) -> list[int | str]:
+    """--budgets' tree sizes (or auto) as `specchat bench` reads them, checked before anything loads."""
     try:
-        return [b if b == "auto" else int(b) for b in text.split(",")]
-    except ValueError:
-        sys.exit(f"error: --budgets takes tree sizes or auto, comma-separated, not {text!r}")
+        return parse_list(text, "--budgets", parse_budget_item)
+    except SpecchatError as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":
