@@ -1,21 +1,24 @@
 """The smallest memory limit a pair plans to run in on a CPU: what `docker run --memory` (or a
 Kubernetes or systemd limit) must give specchat, with every layer that does not fit streamed from
-the disk. Found by bisection over the same plan `run` makes (`plan_pair`), on a machine whose
+the disk. Found by bisection over the same plan `run` makes (`plan_pair`'s, measured once), on a machine whose
 room is what `run` would measure under that limit: the limit less what the process already holds
 before it loads any weights (python, torch, transformers and the target's tokenizer: the runtime,
 measured in the doctor's own process with the tokenizer loaded, as `run` loads it before it plans)
 and less the share of the limit kept for the page cache (plan/machine.py)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.doctor.plan import doctor_plan
+from specchat.doctor.plan import doctor_request
 from specchat.errors import PlanRefusal
 from specchat.memory_room import process_rss
 from specchat.models.loading import has_int4, resolve
 from specchat.memory_room import Room
 from specchat.models.local import local_tokenizer
 from specchat.plan.machine import Machine, kept_for_page_cache
+from specchat.plan.model import MeasuredModel, plan_measured
+from specchat.plan.pair import measure_pair
 from specchat.plan.placement import Rooms
 from specchat.transfer import gb
 
@@ -30,35 +33,44 @@ class Limit:
 
 
 def measure_limit(target: str, draft: str | None, context: int | None, offload_dir: Path) -> Limit:
-    """The smallest limit with this process's resident set, the target's tokenizer loaded, as the runtime."""
+    """The smallest limit with this process's resident set, the target's tokenizer loaded, as the
+    runtime. The pair is measured once (its skeletons are what a plan costs: ~30 s for a 235B MoE
+    on a slow CPU), then planned under each limit the bisection tries."""
     tokenizer = local_tokenizer(target, has_int4(resolve(target)))  # held while the runtime is read
     runtime = process_rss()
     del tokenizer
-    return Limit(smallest_limit(target, draft, context, offload_dir, runtime), runtime)
+    measured = measure_for_limits(target, draft, context, offload_dir)
+    return Limit(smallest_limit(lambda limit: fits(measured, limit, runtime), runtime), runtime)
 
 
-def smallest_limit(target: str, draft: str | None, context: int | None, offload_dir: Path, runtime: int) -> int | None:
-    """The smallest limit, in bytes (a multiple of LIMIT_STEP), at which the pair's plan fits with
-    `runtime` bytes already held; None when it fits under no limit (a disk too small, say)."""
-    if not fits(target, draft, context, offload_dir, LARGEST_LIMIT, runtime):
+def measure_for_limits(target: str, draft: str | None, context: int | None, offload_dir: Path) -> MeasuredModel:
+    """The pair as `run` would plan it on this machine's CPU, whatever memory limit it runs under."""
+    machine = Machine(kind="cpu")
+    return measure_pair(*doctor_request(target, draft, context, machine, offload_dir), machine.device())
+
+
+def smallest_limit(fits_under: Callable[[int], bool], runtime: int) -> int | None:
+    """The smallest limit, in bytes (a multiple of LIMIT_STEP), under which `fits_under` holds
+    with `runtime` bytes already held; None when it holds under no limit (a disk too small, say)."""
+    if not fits_under(LARGEST_LIMIT):
         return None
     low, high = runtime // LIMIT_STEP, LARGEST_LIMIT // LIMIT_STEP  # in steps: low fails, high fits
     while high - low > 1:
         middle = (low + high) // 2
-        if fits(target, draft, context, offload_dir, middle * LIMIT_STEP, runtime):
+        if fits_under(middle * LIMIT_STEP):
             high = middle
         else:
             low = middle
     return high * LIMIT_STEP
 
 
-def fits(target: str, draft: str | None, context: int | None, offload_dir: Path, limit: int, runtime: int) -> bool:
-    """Whether the pair plans under a `limit` of which `runtime` bytes are held, as `run` measures
-    a cgroup limit (the page cache's share kept)."""
+def fits(measured: MeasuredModel, limit: int, runtime: int) -> bool:
+    """Whether the measured pair plans under a `limit` of which `runtime` bytes are held, as `run`
+    measures a cgroup limit (the page cache's share kept)."""
     room = kept_for_page_cache(Room(limit - runtime, f"a memory limit of {gb(limit)}", limit))
     rooms = Rooms(room.bytes, None, 2**62, room.bound, disk_name="the disk")
     try:
-        doctor_plan(target, draft, context, Machine(rooms=rooms), offload_dir)
+        plan_measured(measured, Machine(rooms=rooms))
     except PlanRefusal:
         return False
     return True

@@ -67,15 +67,8 @@ def doctor_plan(target: str, draft: str | None, context: int | None, machine: Ma
     its streaming takes a pass and the speed the paper's generation rates give it."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
-    device = machine.device()
-    cuda = device.type == "cuda"
-    kinds = draft_kinds("auto", device, None if cuda else "int8", described=machine.described)
-    pair = Pair(target, torch.bfloat16, has_int4(resolve(target)), draft, kinds, None,
-                DEFAULT_DRAFT_VOCAB or None, context)
-    tree_tokens, smaller_trees = tree_sizes(cuda)
-    request = PlanRequest(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
-                          tree_tokens=tree_tokens, smaller_trees=smaller_trees,
-                          dense_copies=not cuda and not machine.described)
+    cuda = machine.device().type == "cuda"
+    pair, request = doctor_request(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
     memory = plan_pair(pair, request, machine)
     placement = memory.placement
     routing = routing_of(target, placement)
@@ -85,6 +78,22 @@ def doctor_plan(target: str, draft: str | None, context: int | None, machine: Ma
     pass_s = placement.expected_pass_s(link, machine.disk_gbps, share) if placement.streamed else None
     speeds = None if pass_s is None else tuple(rate / pass_s for rate in gen.rates)
     return PairPlan(memory, pass_s, speeds, routing, gen)
+
+
+def doctor_request(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
+                   ram_budget: int | None = None, vram_budget: int | None = None) -> tuple[Pair, PlanRequest]:
+    """What `run` would ask of `machine` for the pair with its defaults: bfloat16, --offload auto,
+    --weights auto, the draft's default sub-vocabulary and the quantizations auto weighs."""
+    device = machine.device()
+    cuda = device.type == "cuda"
+    kinds = draft_kinds("auto", device, None if cuda else "int8", described=machine.described)
+    pair = Pair(target, torch.bfloat16, has_int4(resolve(target)), draft, kinds, None,
+                DEFAULT_DRAFT_VOCAB or None, context)
+    tree_tokens, smaller_trees = tree_sizes(cuda)
+    request = PlanRequest(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
+                          tree_tokens=tree_tokens, smaller_trees=smaller_trees,
+                          dense_copies=not cuda and not machine.described)
+    return pair, request
 
 
 def routing_of(target: str, placement: Placement) -> Routing | None:

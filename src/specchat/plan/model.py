@@ -2,7 +2,8 @@
 skeleton built on the meta device, its layers' bytes as the layer file lays them out, its fixed
 parts in each stored form, and what the machine's tiers offer; nothing loaded or written."""
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +39,29 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
                machine: Machine, request: PlanRequest) -> MemoryPlan:
     """The whole memory plan of `request` for the model of `config` on `machine`, without loading
     anything (`source` None: sized from the config alone)."""
-    device = machine.device()
+    return plan_measured(measure_model(config, source, name, dtype, machine.device(), request), machine)
+
+
+@dataclass(frozen=True)
+class MeasuredModel:
+    """What the plan needs of one model under one request on one kind of device, measured once from
+    its skeleton: none of it depends on the machine's rooms, so many machines (doctor's bisection
+    over memory limits) are planned from one measurement."""
+
+    target: Target
+    ask: Ask
+    request: PlanRequest
+    device: torch.device
+    reusable_file: int  # bytes of a layer file that holds these bytes already (0: none to reuse)
+    dense_copies: int  # bytes of the 4-bit linears' dense copies the plan may add (0: none)
+    layouts: list[LayerLayout]  # the layers as the layer file lays them out
+    compact_layouts: list[LayerLayout] | None  # the same with the stored Q6_K linears and Q4_K scales
+
+
+def measure_model(config: PretrainedConfig, source: SafetensorsSource | None, name: str, dtype: torch.dtype,
+                  device: torch.device, request: PlanRequest) -> MeasuredModel:
+    """The skeleton of `config` built on the meta device for `device`, and everything the plan
+    reads of it (`source` None: sized from the config alone)."""
     model = build_skeleton(config, source, dtype, kernel=device)
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
@@ -49,31 +72,40 @@ def plan_model(config: PretrainedConfig, source: SafetensorsSource | None, name:
     if source is not None and has_compact_layers(model, source):
         compact_the_layers(model, source, dtype)  # the skeleton serves the plan only: its dense layouts are taken
         compact_layouts = [layout_of(layer) for layer in layers]
-    return plan_layers(model, layers_name, layouts, dtype, machine, request, reuse, compact, compact_layouts)
+    return measure_layers(model, layers_name, layouts, dtype, device, request, reuse, compact, compact_layouts)
 
 
-def plan_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
-                machine: Machine, request: PlanRequest, disk_store: DiskStore | None, compact_head: bool = False,
-                compact_layouts: list[LayerLayout] | None = None) -> MemoryPlan:
+def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
+                   device: torch.device, request: PlanRequest, disk_store: DiskStore | None,
+                   compact_head: bool = False, compact_layouts: list[LayerLayout] | None = None) -> MeasuredModel:
     """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose;
     `compact_layouts`: the layers' layouts with their Q6_K linears and Q4_K scales as stored, which
     it may choose too (`model`'s layers are then in that form; `layouts` are the dense ones)."""
-    device = machine.device()
     sizes = measure_sizes(model, layers_name, layouts, dtype)
     compact_layers = None if compact_layouts is None else measure_sizes(model, layers_name, compact_layouts, dtype)
     reusable = disk_store is not None and disk_store.reusable
-    rooms = machine.tiers(request, sizes.file_bytes if reusable else 0)
     contexts = request.contexts or (model.config.max_position_embeddings,)
     resident = len(layouts) if request.tier == "none" else request.resident_layers
     tier = "auto" if request.tier == "none" else request.tier
-    ask = Ask(contexts, request.drafts, request.tree_tokens, quantized_workspace(model, request.tree_tokens, dtype),
+    workspace = quantized_workspaces(model, dtype)
+    ask = Ask(contexts, request.drafts, request.tree_tokens, workspace(request.tree_tokens),
               Request(tier, resident, request.slots), cuda=device.type == "cuda",
-              smaller_trees=tuple((tree, quantized_workspace(model, tree, dtype)) for tree in request.smaller_trees))
+              smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees))
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
-    memory = plan_memory(Target(sizes, shape_of(model.config, dtype), compact, compact_layers), ask, rooms)
-    copies = request.dense_copies and device.type == "cpu"
-    memory = with_dense_copies(memory, dense_copy_bytes(model) if copies else 0)
-    return with_expert_cache(memory, layouts if not memory.compact_layers else compact_layouts, device)
+    target = Target(sizes, shape_of(model.config, dtype), compact, compact_layers)
+    copies = dense_copy_bytes(model) if request.dense_copies and device.type == "cpu" else 0
+    return MeasuredModel(target, ask, request, device, sizes.file_bytes if reusable else 0, copies, layouts,
+                         compact_layouts)
+
+
+def plan_measured(measured: MeasuredModel, machine: Machine) -> MemoryPlan:
+    """The plan of a measured model on `machine`, whose compute device is the measurement's."""
+    if machine.device() != measured.device:
+        raise ValueError(f"a model measured for {measured.device} planned on a {machine.device()} machine")
+    memory = plan_memory(measured.target, measured.ask, machine.tiers(measured.request, measured.reusable_file))
+    memory = with_dense_copies(memory, measured.dense_copies)
+    layouts = measured.layouts if not memory.compact_layers else measured.compact_layouts
+    return with_expert_cache(memory, layouts, measured.device)
 
 
 def with_expert_cache(plan: MemoryPlan, layouts: list[LayerLayout], device: torch.device) -> MemoryPlan:
@@ -111,12 +143,16 @@ def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int
     return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, vocab, dtype)
 
 
-def quantized_workspace(model: PreTrainedModel, rows: int, dtype: torch.dtype) -> int:
-    """The largest temporary a 4-bit linear (quant.int4's bound, over `rows` input rows) or a
-    layer's Q6_K one (its chunk buffers) allocates; linears run one at a time, so the largest one's.
-    A model whose layers are compact bounds its dense form too: the same 4-bit linears, and dense
-    linears allocate nothing."""
-    int4 = (workspace_bytes(m.in_features, m.out_features, rows, dtype, m.group_size, m.kernel)
-            for m in model.modules() if isinstance(m, Int4Linear))
-    q6 = (m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear))
-    return max((*int4, *q6), default=0)
+def quantized_workspaces(model: PreTrainedModel, dtype: torch.dtype) -> Callable[[int], int]:
+    """rows -> the largest temporary a 4-bit linear (quant.int4's bound, over that many input
+    rows) or a layer's Q6_K one (its chunk buffers) allocates; linears run one at a time, so the
+    largest one's. A model whose layers are compact bounds its dense form too: the same 4-bit
+    linears, and dense linears allocate nothing. The model is walked once: a MoE has hundreds of
+    thousands of linears in a few shapes."""
+    int4 = {(m.in_features, m.out_features, m.group_size, m.kernel)
+            for m in model.modules() if isinstance(m, Int4Linear)}
+    q6 = max((m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear)), default=0)
+
+    def at(rows: int) -> int:
+        return max((q6, *(workspace_bytes(i, o, rows, dtype, group, kernel) for i, o, group, kernel in int4)))
+    return at

@@ -19,7 +19,7 @@ from specchat.offload.sources import SafetensorsSource
 from specchat.plan.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
 from specchat.plan.demand import draft_weight_bytes, preparing_bytes, shape_of
 from specchat.plan.machine import Machine
-from specchat.plan.model import plan_model
+from specchat.plan.model import MeasuredModel, measure_model, plan_measured
 from specchat.plan.request import Pair, PlanRequest
 
 
@@ -28,13 +28,19 @@ def plan_pair(pair: Pair, request: PlanRequest, machine: Machine) -> MemoryPlan:
     is (and its layer file reused), anything else is sized from its config, before any download
     or conversion (dense: an embedded model's 4-bit form takes less). One-line PlanRefusal when
     nothing fits; SpecchatError for a --context past the target's maximum."""
+    return plan_measured(measure_pair(pair, request, machine.device()), machine)
+
+
+def measure_pair(pair: Pair, request: PlanRequest, device: torch.device) -> MeasuredModel:
+    """What `plan_pair` plans `pair` from on a machine with `device`, whatever its rooms: the
+    target's skeleton and the draft's candidate forms, with the contexts auto may choose among."""
     source = resolve(pair.target)
     local = local_safetensors(source, pair.int4)
     config = config_from_file(local / "config.json") if local is not None else read_config(pair.target)
     tensors = SafetensorsSource(local) if local is not None else None
-    drafts = (None,) if pair.draft is None else draft_candidates(pair, machine.device())
+    drafts = (None,) if pair.draft is None else draft_candidates(pair, device)
     request = replace(request, contexts=contexts_for(pair.context, config.max_position_embeddings), drafts=drafts)
-    return plan_model(config, tensors, stored_name(source, pair.int4), pair.dtype, machine, request)
+    return measure_model(config, tensors, stored_name(source, pair.int4), pair.dtype, device, request)
 
 
 def contexts_for(requested: int | None, model_max: int) -> tuple[int, ...]:
