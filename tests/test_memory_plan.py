@@ -11,7 +11,8 @@ from specchat.errors import PlanRefusal, SpecchatError
 from specchat.offload.direct_io import ALIGN
 from specchat.plan.budget import CUDA_MARGIN, OS_RESERVE
 from specchat.plan.machine import RUNTIME_BYTES, Machine, described_rooms
-from specchat.plan.pair import contexts_for, draft_candidates, plan_pair
+from specchat.plan.model import plan_measured
+from specchat.plan.pair import contexts_for, draft_candidates, measure_pair, plan_pair
 from specchat.plan.request import Pair, PlanRequest
 
 GB = 10**9
@@ -271,3 +272,13 @@ def test_a_refusal_carries_its_room_the_bytes_missing_and_the_option_that_would_
     with pytest.raises(SpecchatError) as bad_option:  # a bad option is no refusal, whatever its words
         cpu_plan(pair, replace(ask, tier="auto", resident_layers=99), ample)
     assert not isinstance(bad_option.value, PlanRefusal)
+
+
+def test_a_measurement_is_planned_only_on_its_own_kind_of_device():
+    """plan_pair in two steps: what is measured for a GPU (its kernels' layouts, no dense copies)
+    is no CPU's plan, so planning it on a CPU machine is refused instead of silently made."""
+    request = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=TREE)
+    measured = measure_pair(Pair("llama-2-70b-gptq", torch.bfloat16, context=4096), request, torch.device("cuda"))
+    assert plan_measured(measured, Machine(vram_gb=80, ram_gb=256)).placement is not None
+    with pytest.raises(ValueError, match="measured for cuda planned on a cpu machine"):
+        plan_measured(measured, Machine(ram_gb=256))
