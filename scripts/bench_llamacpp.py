@@ -132,6 +132,7 @@ class Decode:
     prompt_tokens: int
     acceptance: float | None = None  # llama.cpp speculative: drafted tokens accepted / drafted
     gen_rate: float | None = None  # specchat: new tokens per target pass
+    wall_s: float | None = None  # specchat: the whole reply's seconds, the prompt's pass included
 
     @property
     def tokens_per_s(self) -> float:
@@ -406,7 +407,7 @@ def parse_specchat(stdout: str) -> Decode:
     summary, first = record["summary"], record["iterations"][0]
     return Decode(new_tokens=summary["new_tokens"], decode_tokens=summary["new_tokens"] - len(first["token_ids"]),
                   decode_s=summary["wall_s"] - summary["prefill_s"], prompt_tokens=summary["prefill_tokens"],
-                  gen_rate=summary["gen_rate"])
+                  gen_rate=summary["gen_rate"], wall_s=summary["wall_s"])
 
 
 def parse_run(key: str, stdout: str, stderr: str) -> Decode:
@@ -489,25 +490,36 @@ def measure(system: System, text: str, max_new_tokens: int, log: Path, limit_gb:
 
 # ---- the table ----
 
-def pooled_rate(rows: list[dict]) -> float | None:
-    """Decode tokens/s over all completed runs of a system: all decode tokens / all decode seconds."""
+def pooled_rate(rows: list[dict], tokens: str = "decode_tokens", seconds: str = "decode_s") -> float | None:
+    """Tokens/s over all completed runs of a system: all decode tokens / all decode seconds (or,
+    named, all new tokens / all wall seconds: None unless every run has them)."""
     done = [row for row in rows if row["outcome"] == "completed"]
-    seconds = sum(row["decode_s"] for row in done)
-    return sum(row["decode_tokens"] for row in done) / seconds if seconds > 0 else None
+    if any(row.get(seconds) is None for row in done):
+        return None
+    total = sum(row[seconds] for row in done)
+    return sum(row[tokens] for row in done) / total if total > 0 else None
+
+
+def rate_and_ratio(rate: float | None, base: float | None) -> str:
+    return f"{'-' if rate is None else f'{rate:.2f}'} | {f'{rate / base:.2f}x' if rate is not None and base else '-'}"
 
 
 def table(rows: list[dict], names: list[str], limited: bool) -> str:
-    """One line per system: pooled decode tokens/s, its ratio to llama.cpp plain, the new tokens
-    and how many runs completed (and the highest peak memory under a limit)."""
-    header = "| system | tokens/s (decode) | vs llama.cpp plain | new tokens | runs completed |"
-    lines = [header + (" peak memory |" if limited else ""), "|---" * (6 if limited else 5) + "|"]
-    base = pooled_rate([row for row in rows if row["system"] == PLAIN])
+    """One line per system: pooled decode tokens/s and its ratio to the base (llama.cpp plain, or
+    the first system without it), the same with the prompt's pass included (specchat's), the new
+    tokens and how many runs completed (and the highest peak memory under a limit)."""
+    base_name = PLAIN if PLAIN in names else names[0]
+    header = (f"| system | tokens/s (decode) | vs {base_name} | tokens/s (prompt included) | vs {base_name} | "
+              "new tokens | runs completed |")
+    lines = [header + (" peak memory |" if limited else ""), "|---" * (8 if limited else 7) + "|"]
+    own_rows = {name: [row for row in rows if row["system"] == name] for name in names}
+    base = pooled_rate(own_rows[base_name])
+    base_whole = pooled_rate(own_rows[base_name], "new_tokens", "wall_s")
     for name in names:
-        own = [row for row in rows if row["system"] == name]
-        rate = pooled_rate(own)
+        own = own_rows[name]
         done = [row for row in own if row["outcome"] == "completed"]
-        ratio = f"{rate / base:.2f}x" if rate is not None and base else "-"
-        line = (f"| {name} | {'-' if rate is None else f'{rate:.2f}'} | {ratio} | "
+        line = (f"| {name} | {rate_and_ratio(pooled_rate(own), base)} | "
+                f"{rate_and_ratio(pooled_rate(own, 'new_tokens', 'wall_s'), base_whole)} | "
                 f"{sum(row['new_tokens'] for row in done)} | {len(done)}/{len(own)} |")
         if limited:
             peaks = [row["peak_gb"] for row in own if row["peak_gb"] is not None]

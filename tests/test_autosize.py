@@ -2,11 +2,13 @@
 when the next draft step cannot pay for itself, and the online calibration."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
-from specchat.decoding.autosize import AutoSizer, Calibration, Costs, interpolate
+from specchat.decoding.autosize import LOOK_SHARE, AutoSizer, Costs, Observed, interpolate
+from specchat.decoding.calibration import Calibration
 
 FLAT = Costs(target_n=(1, 1024), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.01))
 
@@ -120,3 +122,73 @@ def test_a_pessimistic_calibration_cuts_smaller_trees():
     for _ in range(100):
         sizer.calibration.record(predicted=1.0, observed=0)
     assert sizer.best_cut(tree, 0.0).size < optimistic
+
+
+# tau(n) = 0.1 + 0.01 (n - 1) s; a draft step, or a catch-up of any length, 0.02 s
+LINEAR = Costs(target_n=(1, 65), target_s=(0.1, 0.74), draft_b=(1, 64), draft_s=(0.02, 0.02))
+# a tree of 4 nodes predicted to yield 2 tokens, grown by the root's step and two more of one node
+TREE = dict(catch_up=2, widths=(1, 1), size=4, predicted=2.0)
+
+
+def drafted(accepted: int) -> Observed:
+    return Observed(tokens=accepted + 1, target_s=0.14, draft_s=0.06, accepted=accepted, **TREE)
+
+
+def test_without_a_tree_yet_it_drafts_to_learn():
+    choice = AutoSizer(LINEAR, cap=64, learns_costs=False).choose(pending=40)
+    assert choice.draft and not choice.look and choice.with_tree == 0.0
+
+
+def test_drafting_turns_off_when_the_draft_costs_more_than_it_saves_and_on_again_when_acceptance_rises():
+    sizer = AutoSizer(LINEAR, cap=64, learns_costs=False)
+    alone_s = 0.1  # tau(1): the target alone's pass over the root
+    tree_s = 0.02 + 2 * 0.02 + (0.1 + 0.01 * 4)  # catch-up (the root's step), two steps, a pass over 5 tokens
+    alone = 1 / (alone_s * (1 + LOOK_SHARE))
+
+    def with_tree() -> float:
+        return (sizer.calibration.acceptance * TREE["predicted"] + 1) / tree_s
+
+    sizer.record(drafted(accepted=2))
+    choice = sizer.choose(pending=2)
+    assert choice.with_tree == pytest.approx(with_tree()) and choice.alone == pytest.approx(alone)
+    assert choice.draft and with_tree() == pytest.approx(15.0)  # c = 1: 3 tokens in 0.2 s beat 9.9 tokens/s
+
+    while sizer.calibration.acceptance > 0.3:  # the draft stops being right
+        sizer.record(drafted(accepted=0))
+    choice = sizer.choose(pending=2)
+    assert with_tree() < alone and not choice.draft  # (2c + 1) / 0.2 < 9.9 once c < 0.49
+
+    # a look costs 0.2 s against the (2c + 1) tokens the target alone makes in that time
+    loss = tree_s - (sizer.calibration.acceptance * TREE["predicted"] + 1) * alone_s
+    look_after = math.ceil(loss / (LOOK_SHARE * alone_s))
+    for _ in range(look_after - 1):
+        sizer.record(Observed(tokens=1, target_s=alone_s))
+    assert not sizer.choose(pending=look_after).draft
+    sizer.record(Observed(tokens=1, target_s=alone_s))
+    look = sizer.choose(pending=look_after + 1)
+    assert look.draft and look.look
+
+    sizer.record(drafted(accepted=4))  # the look finds the draft right again
+    assert sizer.undrafted == 0
+    while not sizer.choose(pending=2).draft:  # as do later looks
+        sizer.record(drafted(accepted=4))
+    assert sizer.calibration.acceptance > (alone * tree_s - 1) / TREE["predicted"]
+    assert not sizer.choose(pending=2).look
+
+
+def test_costs_follow_what_iterations_take():
+    sizer = AutoSizer(LINEAR, cap=64)
+    for _ in range(200):  # drafting takes twice what the probe said, the target's pass half
+        sizer.record(Observed(tokens=2, target_s=0.07, draft_s=0.12, accepted=1, **TREE))
+    assert sizer.draft_s(1) == pytest.approx(0.04, rel=1e-3)
+    assert sizer.iteration_s(0.1, 5) == pytest.approx(0.1 + 0.07, rel=1e-3)
+    for _ in range(200):  # the target alone takes what the probe said
+        sizer.record(Observed(tokens=1, target_s=0.1))
+    assert sizer.iteration_s(0.0, 1) == pytest.approx(0.1, rel=1e-3)
+
+
+def test_stand_in_costs_hold_as_given_when_not_learned():
+    sizer = AutoSizer(LINEAR, cap=64, learns_costs=False)
+    for _ in range(20):
+        sizer.record(Observed(tokens=2, target_s=0.07, draft_s=0.12, accepted=1, **TREE))
+    assert sizer.draft_s(1) == 0.02 and sizer.iteration_s(0.1, 5) == pytest.approx(0.24)

@@ -215,11 +215,12 @@ def test_a_runs_outcome_names_the_signal_that_ended_it(status, outcome):
     assert bench.outcome(status) == outcome
 
 
-def row(system: str, decode_tokens: int, decode_s: float, outcome: str = "completed", peak_gb: float | None = None):
+def row(system: str, decode_tokens: int, decode_s: float, outcome: str = "completed", peak_gb: float | None = None,
+        wall_s: float | None = None):
     if outcome != "completed":
         return {"system": system, "outcome": outcome, "peak_gb": peak_gb}
     return {"system": system, "outcome": outcome, "peak_gb": peak_gb, "new_tokens": decode_tokens + 1,
-            "decode_tokens": decode_tokens, "decode_s": decode_s}
+            "decode_tokens": decode_tokens, "decode_s": decode_s, "wall_s": wall_s}
 
 
 def test_the_table_pools_each_systems_runs_and_divides_by_llama_plain():
@@ -228,19 +229,29 @@ def test_the_table_pools_each_systems_runs_and_divides_by_llama_plain():
             row("specchat autoregressive", 0, 0.0, outcome="failed")]
     lines = bench.table(rows, [bench.PLAIN, "specchat defaults", "specchat autoregressive"], limited=False)
     assert lines.splitlines()[2:] == [
-        "| llama.cpp plain | 23.50 | 1.00x | 96 | 2/2 |",
-        "| specchat defaults | 15.00 | 0.64x | 31 | 1/2 |",
-        "| specchat autoregressive | - | - | 0 | 0/1 |",
+        "| llama.cpp plain | 23.50 | 1.00x | - | - | 96 | 2/2 |",
+        "| specchat defaults | 15.00 | 0.64x | - | - | 31 | 1/2 |",
+        "| specchat autoregressive | - | - | - | - | 0 | 0/1 |",
     ]
+
+
+def test_without_llama_the_first_system_is_the_base_and_the_prompts_pass_counts_where_known():
+    rows = [row("specchat autoregressive", 31, 2.0, wall_s=2.5), row("specchat autoregressive", 63, 4.0, wall_s=5.5),
+            row("specchat defaults", 31, 1.0, wall_s=1.5), row("specchat defaults", 63, 3.0, wall_s=4.5)]
+    lines = bench.table(rows, ["specchat autoregressive", "specchat defaults"], limited=False).splitlines()
+    assert lines[0] == ("| system | tokens/s (decode) | vs specchat autoregressive | tokens/s (prompt included) | "
+                        "vs specchat autoregressive | new tokens | runs completed |")
+    assert lines[2:] == ["| specchat autoregressive | 15.67 | 1.00x | 12.00 | 1.00x | 96 | 2/2 |",  # 94/6, 96/8
+                         "| specchat defaults | 23.50 | 1.50x | 16.00 | 1.33x | 96 | 2/2 |"]  # 94/4, 96/6
 
 
 def test_under_a_memory_limit_the_table_adds_the_highest_peak():
     rows = [row(bench.PLAIN, 31, 31.0, peak_gb=0.8), row(bench.PLAIN, 31, 31.0, peak_gb=0.79),
             row("specchat defaults --offload disk", 0, 0.0, outcome="killed", peak_gb=0.8)]
     lines = bench.table(rows, [bench.PLAIN, "specchat defaults --offload disk"], limited=True).splitlines()
-    assert lines[0].endswith("| runs completed | peak memory |") and lines[1] == "|---|---|---|---|---|---|"
-    assert lines[2:] == ["| llama.cpp plain | 1.00 | 1.00x | 64 | 2/2 | 0.80 GB |",
-                         "| specchat defaults --offload disk | - | - | 0 | 0/1 | 0.80 GB |"]
+    assert lines[0].endswith("| runs completed | peak memory |") and lines[1] == "|---|---|---|---|---|---|---|---|"
+    assert lines[2:] == ["| llama.cpp plain | 1.00 | 1.00x | - | - | 64 | 2/2 | 0.80 GB |",
+                         "| specchat defaults --offload disk | - | - | - | - | 0 | 0/1 | 0.80 GB |"]
 
 
 def test_a_folder_with_rows_is_refused_and_a_missing_build_is_one_line(tmp_path):

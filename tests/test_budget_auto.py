@@ -8,8 +8,10 @@ import torch
 from test_engines import run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.autosize import Costs
-from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
+from specchat.decoding.autosize import AutoSizer, Choice, Costs
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import ALONE, AUTO, DRAFTED, LiveSettings, SamplingParams
+from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.probe import doubling, probe_costs
 from specchat.probe_cache import probe_path, read_costs, write_costs
 from specchat.runtime import Models
@@ -34,13 +36,55 @@ def test_auto_emits_the_target_tokens(tiny_target, tiny_draft, sampling):
     assert all(0 <= e.tree_size <= 128 for e in events) and any(e.predicted_accepted > 0 for e in events)
 
 
+def auto_engine(target, draft, sizer: AutoSizer) -> SpecExecEngine:
+    return SpecExecEngine(target, draft, [], TreeShape(budget=sizer.cap, sizer=sizer), sizer)
+
+
 def test_cheap_drafting_grows_bigger_trees_than_costly_drafting(tiny_target, tiny_draft):
+    """The stand-in costs hold as given: learned from the tiny models' times, both would become those."""
     sizes = {}
     for label, costs in (("cheap", CHEAP_DRAFT), ("costly", COSTLY_DRAFT)):
-        engine = tiny_models(tiny_target, tiny_draft, costs).engine("specexec", LiveSettings(budget=AUTO))
+        engine = auto_engine(tiny_target, tiny_draft, AutoSizer(costs, cap=128, learns_costs=False))
         _, events = run(engine, GREEDY)
         sizes[label] = sum(e.tree_size for e in events) / len(events)
     assert sizes["cheap"] > 2 * sizes["costly"]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_draft_dearer_than_what_it_saves_leaves_the_target_alone(tiny_target, tiny_draft, sampling):
+    """A draft step costs 1 s against a 0.1 s pass: after the first tree (drafted to learn), every
+    iteration is the target alone's, 1/(0.1 * 1.01) = 9.9 tokens/s against at most (K + 1) / (1 s +
+    ...) for a tree; a look would cost over 1.9 s, 1% of ~1900 tokens' time: none in 40 tokens."""
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    dear = Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(1.0, 1.0))
+    tokens, events = run(auto_engine(tiny_target, tiny_draft, AutoSizer(dear, cap=128, learns_costs=False)), sampling)
+    assert tokens == reference
+    assert events[1].drafting == DRAFTED and {e.drafting for e in events[2:]} == {ALONE}
+    assert all(e.tree_size == 0 and e.draft_s == 0 and e.draft_steps == 0 for e in events[2:])
+    assert events[2].rate_alone == pytest.approx(1 / 0.101) and 0 < events[2].rate_with_tree < 1 / 0.101
+
+
+class Alternating(AutoSizer):
+    """The sizer's trees, but drafting on for two iterations, then off for three, and so on."""
+
+    def __init__(self, costs: Costs, cap: int) -> None:
+        super().__init__(costs, cap, learns_costs=False)
+        self.chosen = 0
+
+    def choose(self, pending: int) -> Choice:
+        self.chosen += 1
+        return Choice(draft=self.chosen % 5 in (1, 2), look=False, with_tree=1.0, alone=1.0)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_drafting_off_and_on_within_a_reply_keeps_the_target_tokens(tiny_target, tiny_draft, sampling):
+    """The draft cache falls behind while the target is alone and catches up in the next tree."""
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    tokens, events = run(auto_engine(tiny_target, tiny_draft, Alternating(CHEAP_DRAFT, cap=16)), sampling)
+    assert tokens == reference
+    kinds = [e.drafting for e in events[1:]]
+    assert kinds[:5] == [DRAFTED, DRAFTED, ALONE, ALONE, ALONE]
+    assert sum(e.accepted for e in events) > 0  # trees after the target-alone runs were used
 
 
 def test_budget_switches_between_fixed_and_auto_live(tiny_target, tiny_draft):

@@ -5,18 +5,19 @@ import threading
 
 import pytest
 
-from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.events import ALONE, DRAFTED, LOOK, IterationEvent, LiveSettings, SamplingParams
 from specchat.errors import ContextOverflow
 from specchat.tui.clipboard import last_code_block
 from specchat.tui.context import fit_prompt
 from specchat.tui.decoder import decode_reply, run_events
 from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, FakeTokenizer
 from specchat.tui.history import InputHistory
-from specchat.tui.livestats import WINDOW, LiveStats
+from specchat.tui.livestats import WINDOW, LiveStats, stats_report
 from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
-from specchat.tui.panels import jobs_text, settings_text
+from specchat.tui.panels import jobs_text, settings_text, tree_text
 from specchat.tui.reply import ReplyJob
 from specchat.tui.settings import DecodingSettings
+from specchat.summary import summarize
 from specchat.textstream import TextStream
 
 HANG_S = 30  # bound on a wait that only guards against a hang
@@ -125,6 +126,28 @@ def test_the_prompts_pass_counts_in_the_reply_but_not_in_the_tree_figures():
     stats.record(IterationEvent(token_ids=[1], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=0.5))
     assert list(stats.accepted) == [3] and list(stats.tree_sizes) == [event(3).tree_size]
     assert stats.iterations == 2 and stats.reply_tokens == 5
+
+
+def auto_event(drafting, tree_size):
+    return IterationEvent(token_ids=[1], accepted=0, tree_size=tree_size, depth=min(tree_size, 1), draft_s=0.0,
+                          target_s=0.08, drafting=drafting, rate_with_tree=10.4, rate_alone=11.7)
+
+
+def test_the_panel_and_stats_say_when_drafting_is_off_and_why():
+    stats = LiveStats()
+    stats.record(auto_event(DRAFTED, 3))
+    assert tree_text(stats) == "size 3 · depth 1"
+    assert "drafting off" not in stats_report(summarize([stats.last], 1.0), stats)
+    stats.start_reply()
+    events = [auto_event(ALONE, 0), auto_event(LOOK, 2), auto_event(ALONE, 0)]
+    for e in events:
+        stats.record(e)
+    assert tree_text(stats) == "drafting off: target alone\n11.7 tok/s vs 10.4 with a tree"
+    assert stats_report(summarize(events, 1.0), stats).endswith(
+        "drafting off in 2 of 3 iterations of the last reply (1 looks): predicted 11.7 tokens/s for the target "
+        "alone against 10.4 with a tree")
+    stats.record(auto_event(LOOK, 2))
+    assert tree_text(stats) == "size 2 · depth 1 · a look"
 
 
 def jobs_event(submitted, preempted, in_flight):

@@ -29,6 +29,19 @@ m * (sum of their P) of mass with (at least) b new nodes. Because r(K) is a rati
 raises it is exactly one whose marginal tokens per second beat the current average: growth stops
 where the next expansion can no longer pay for itself, which is where a fixed budget would keep
 spending.
+
+Costs as iterations take them. The probe times bare forwards; an iteration also catches up,
+keeps its tree's books, samples and prunes. The draft's and the target's probed seconds are scaled
+by running ratios of what iterations took to what the probe predicted for them (calibration.py).
+
+Drafting nothing. Before an iteration, the target alone (one pass over the root: the
+autoregressive step) is weighed against a drafting iteration predicted from the recent trees:
+    r_alone = 1 / (T(0, 1) (1 + L)),   r_tree = (c * A + 1) / T(d, K),
+A, K and the draft steps' seconds being the recent trees' means and the catch-up a steady one's
+(2 tokens). The iteration drafts only when r_tree is higher. While it does not, the acceptance
+would go stale, so a tree is drafted anyway (a look) once what looks cost beyond the target
+alone stays within a share L of the time spent without drafting; that share is charged to
+r_alone above.
 """
 
 import bisect
@@ -37,9 +50,14 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.decoding.calibration import Calibration, TypicalTree
+
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # expansion widths the growth rule considers
-PRIOR_ITERATIONS = 2.0  # weight of the starting calibration (c = 1, m = 0.9), in iterations
-DECAY = 0.95  # per iteration: the calibration follows roughly the last 20 iterations
+# Tokens a drafting iteration's catch-up runs once drafting is steady: the accepted leaf, which the
+# draft never ran, and the token the target supplied after it.
+STEADY_CATCH_UP = 2
+# The share of the time spent without drafting that looks (trees drafted anyway) may cost.
+LOOK_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -90,34 +108,6 @@ def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
-@dataclass
-class Calibration:
-    """Running ratios, decayed per iteration: c = observed / predicted accepted tokens, and m =
-    children's kept mass / expanded parents' mass."""
-
-    observed: float = PRIOR_ITERATIONS
-    predicted: float = PRIOR_ITERATIONS
-    child_mass: float = 0.9 * PRIOR_ITERATIONS
-    parent_mass: float = PRIOR_ITERATIONS
-
-    @property
-    def acceptance(self) -> float:
-        return self.observed / self.predicted
-
-    @property
-    def branching(self) -> float:
-        return self.child_mass / self.parent_mass
-
-    def record(self, predicted: float, observed: int) -> None:
-        """One iteration's uncalibrated prediction A and the tokens verification accepted."""
-        self.observed = DECAY * self.observed + observed
-        self.predicted = DECAY * self.predicted + predicted
-
-    def record_expansion(self, parent_mass: float, child_mass: float) -> None:
-        self.parent_mass = DECAY * self.parent_mass + parent_mass
-        self.child_mass = DECAY * self.child_mass + child_mass
-
-
 @dataclass(frozen=True)
 class Cut:
     size: int  # K: drafted nodes scored by the target
@@ -125,20 +115,97 @@ class Cut:
     predicted: float  # uncalibrated A_K
 
 
-class AutoSizer:
-    """Decides, for one engine, how wide each draft step is, when growth stops and where the tree
-    is cut; `cap` bounds the tree (and so the target pass) whatever the estimates say."""
+@dataclass(frozen=True)
+class Choice:
+    """Whether the next iteration drafts, and the rates that decided it (tokens per second)."""
 
-    def __init__(self, costs: Costs, cap: int) -> None:
+    draft: bool
+    look: bool  # a tree drafted though the target alone is predicted faster, to measure acceptance again
+    with_tree: float  # a drafting iteration's, predicted from the recent trees (0: none yet)
+    alone: float  # the target alone's, the looks' share of its time taken off
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one iteration did and took, for the online calibration."""
+
+    tokens: int  # emitted
+    target_s: float  # the pass, the walk and the bookkeeping after it
+    draft_s: float = 0.0  # the catch-up and the tree's growth
+    catch_up: int = 0  # tokens the catch-up ran; 0: the iteration drafted nothing
+    widths: tuple[int, ...] = ()  # nodes each draft step after the root's expanded
+    size: int = 0  # K
+    predicted: float = 0.0  # uncalibrated A of the cut
+    accepted: int = 0
+
+
+class AutoSizer:
+    """Decides, for one engine, whether an iteration drafts at all, how wide each draft step is,
+    when growth stops and where the tree is cut; `cap` bounds the tree (and so the target pass)
+    whatever the estimates say. The probed `costs` are scaled by what iterations take, unless
+    `learns_costs` is off (stand-in costs that must hold as given)."""
+
+    def __init__(self, costs: Costs, cap: int, learns_costs: bool = True) -> None:
         self.costs = costs
         self.cap = cap
+        self.learns_costs = learns_costs
         self.calibration = Calibration()
+        self.undrafted = 0  # tokens emitted since the last iteration that drafted
+
+    def draft_s(self, width: int) -> float:
+        """Calibrated seconds of a draft step over `width` nodes (or a catch-up of that many tokens)."""
+        return self.calibration.draft_time.value * self.costs.draft(width)
+
+    def iteration_s(self, draft_spent: float, n: int) -> float:
+        """Calibrated T(d, K): drafting for `draft_spent` seconds, then the target's pass over n tokens."""
+        return draft_spent + self.calibration.target_time.value * (self.costs.iteration(draft_spent, n) - draft_spent)
+
+    def tree_iteration_s(self, tree: TypicalTree, catch_up: int) -> float:
+        spent = self.draft_s(catch_up) + self.calibration.draft_time.value * tree.steps_s
+        return self.iteration_s(spent, round(tree.size) + 1)
+
+    def choose(self, pending: int) -> Choice:
+        """Draft the next iteration (its catch-up runs `pending` tokens) or let the target alone
+        emit one token. A steady drafting iteration is predicted from the recent trees; without
+        them (the first iteration) it drafts, to learn. While the target alone is faster, a look
+        is drafted once the looks' cost, what a tree of `pending` tokens' catch-up takes beyond the
+        target alone making its expected tokens, fits in LOOK_SHARE of the time spent since the last
+        tree."""
+        alone_s = self.iteration_s(0.0, 1)
+        alone = 1 / (alone_s * (1 + LOOK_SHARE))
+        tree = self.calibration.trees.typical()
+        if tree is None:
+            return Choice(draft=True, look=False, with_tree=0.0, alone=alone)
+        tokens = self.calibration.acceptance * tree.predicted + 1
+        with_tree = tokens / self.tree_iteration_s(tree, STEADY_CATCH_UP)
+        if with_tree > alone:
+            return Choice(draft=True, look=False, with_tree=with_tree, alone=alone)
+        loss = self.tree_iteration_s(tree, pending) - tokens * alone_s
+        look = LOOK_SHARE * self.undrafted * alone_s >= loss
+        return Choice(draft=look, look=look, with_tree=with_tree, alone=alone)
+
+    def record(self, seen: Observed) -> None:
+        """Calibrate by what an iteration took: acceptance, the typical tree and the draft's time
+        from drafting iterations, the target's time from every one."""
+        if seen.catch_up == 0:
+            self.undrafted += seen.tokens
+            if self.learns_costs:
+                self.calibration.target_time.record(self.costs.iteration(0.0, 1), seen.target_s)
+            return
+        self.undrafted = 0
+        steps_s = sum(self.costs.draft(width) for width in seen.widths)
+        if self.learns_costs:
+            self.calibration.draft_time.record(self.costs.draft(seen.catch_up) + steps_s, seen.draft_s)
+            pass_s = self.costs.iteration(seen.draft_s, seen.size + 1) - seen.draft_s
+            self.calibration.target_time.record(pass_s, seen.target_s)
+        self.calibration.record(seen.predicted, seen.accepted)
+        self.calibration.trees.record(TypicalTree(seen.predicted, seen.size, steps_s))
 
     def best_cut(self, probs: torch.Tensor, draft_spent: float) -> Cut:
         """The K maximizing r(K) over drafted node probabilities `probs`, sorted descending."""
         masses = torch.cat([torch.zeros(1, dtype=torch.float64), probs.double().cumsum(0)])[: self.cap + 1]
         sizes = torch.arange(masses.numel())
-        times = torch.tensor([self.costs.iteration(draft_spent, int(k) + 1) for k in sizes], dtype=torch.float64)
+        times = torch.tensor([self.iteration_s(draft_spent, int(k) + 1) for k in sizes], dtype=torch.float64)
         rates = (self.calibration.acceptance * masses + 1) / times
         best = int(rates.argmax())
         return Cut(size=best, rate=float(rates[best]), predicted=float(masses[best]))
@@ -156,7 +223,7 @@ class AutoSizer:
                 break
             size = min(now.size + width, self.cap)
             tokens = self.calibration.acceptance * now.predicted + float(gained[width - 1]) + 1
-            rate = tokens / self.costs.iteration(draft_spent + self.costs.draft(width), size + 1)
+            rate = tokens / self.iteration_s(draft_spent + self.draft_s(width), size + 1)
             if rate > best_rate:
                 best_width, best_rate = width, rate
         return best_width

@@ -44,6 +44,7 @@ class GrownTree:
     draft_slots: torch.Tensor  # [n] draft-cache slot of each node, -1 if never run by the draft
     steps: int  # draft forwards spent growing it from the root
     predicted: float = 0.0  # --budget auto: accepted tokens predicted by the draft (uncalibrated)
+    widths: tuple[int, ...] = ()  # nodes each of those forwards expanded (SpecExec's trees)
 
 
 class NodeStore:
@@ -157,22 +158,22 @@ def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape
     committed = root.slot + 1
     store = NodeStore(root.token, root.slot)
     add_children(store, torch.tensor([0]), draft.top_logprobs(root.hidden, shape.max_children, temperature), shape)
-    steps, spent = 0, shape.sizer.costs.draft(1) if shape.sizer else 0.0  # the root's step
+    widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
     while (nodes := next_expansion(store, shape, spent)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
         hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
         add_children(store, nodes, draft.top_logprobs(hidden, shape.max_children, temperature), shape)
-        steps += 1
+        widths.append(nodes.numel())
         if shape.sizer:
-            spent += shape.sizer.costs.draft(nodes.numel())
+            spent += shape.sizer.draft_s(nodes.numel())
             record_branching(shape.sizer, store, nodes)
     if shape.sizer is None:
-        return assemble(store, steps)
+        return replace(assemble(store, len(widths)), widths=tuple(widths))
     cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
     store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
-    return replace(assemble(store, steps), predicted=cut.predicted)
+    return replace(assemble(store, len(widths)), predicted=cut.predicted, widths=tuple(widths))
 
 
 def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> torch.Tensor:

@@ -38,6 +38,11 @@ class IterationEvent:
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
     predicted_accepted: float = 0.0  # --budget auto: accepted tokens the tree predicted (calibrated)
+    # --budget auto: DRAFTED, ALONE (the target alone emitted one token: predicted faster) or LOOK
+    # (a tree drafted while the target alone is faster, to measure acceptance again); "" otherwise.
+    drafting: str = ""
+    rate_with_tree: float = 0.0  # --budget auto: the tokens/s it predicted for drafting (0: nothing known yet)
+    rate_alone: float = 0.0  # and for the target alone
     # First event of a reply only: prompt tokens run this reply (those past the prefix the
     # engine's caches reused) and the seconds that took (dsi: its drafter's prefill).
     prefill_tokens: int = 0
@@ -45,6 +50,7 @@ class IterationEvent:
 
 
 AUTO = "auto"  # a budget chosen per iteration by the tree's predicted acceptance and measured costs
+DRAFTED, ALONE, LOOK = "drafted", "alone", "look"  # IterationEvent.drafting under --budget auto
 
 
 @dataclass(frozen=True)

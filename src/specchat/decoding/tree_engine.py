@@ -21,9 +21,9 @@ import torch
 from transformers import DynamicCache
 
 from specchat.decoding.autoregressive import next_token
-from specchat.decoding.autosize import AutoSizer
+from specchat.decoding.autosize import AutoSizer, Observed
 from specchat.decoding.drafter import GrownTree, Root, TreeShape, catch_up
-from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.events import ALONE, AUTO, DRAFTED, LOOK, IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
@@ -131,7 +131,7 @@ class TreeEngine:
             return
         seq, (target_cache, draft_cache) = reuse.tokens, reuse.caches
         self.transfer_mark = self.target.transfer_stats()
-        event = self.first_token(seq, target_cache, sampling, max_new_tokens)
+        event = self.target_alone(seq, target_cache, sampling, max_new_tokens)  # the prompt's pass
         produced = 1
         yield with_prefill(event, reuse, event.target_s)
         while not event.finished:
@@ -139,10 +139,11 @@ class TreeEngine:
             produced += len(event.token_ids)
             yield event
 
-    def first_token(self, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
-                    max_new_tokens: int) -> IterationEvent:
-        """Run the prompt past `cache` through the target and sample the token after it; the
-        cache then holds the whole prompt, so `seq` (with the token) keeps the loop's invariant."""
+    def target_alone(self, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
+                     max_tokens: int) -> IterationEvent:
+        """The autoregressive step: the target runs what `cache` lacks of `seq` (the prompt, for the
+        first token; else the root) and samples the next token, which `seq` gains, so the loop's
+        invariant holds after it; the draft runs nothing."""
         start = now(self.target.device)
         token = next_token(self.target, seq, cache, sampling)
         seq.append(token)
@@ -152,35 +153,55 @@ class TreeEngine:
             token_ids=[token], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=elapsed,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
             link_idle=moved.idle_s / elapsed if elapsed > 0 else 0.0,
-            finished=token in self.stop_ids or max_new_tokens == 1,
+            finished=token in self.stop_ids or max_tokens == 1,
         )
 
     def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
                 sampling: SamplingParams, max_tokens: int) -> IterationEvent:
+        """One iteration: under --budget auto the sizer first chooses between drafting and the
+        target alone; `seq` grows by the emitted tokens."""
+        sizer = self.shape.sizer
+        if sizer is None:
+            return self.draft_and_verify(seq, target_cache, draft_cache, sampling, max_tokens)[0]
+        choice = sizer.choose(len(seq) - cache_length(draft_cache))
+        if choice.draft:
+            event, grown, catch_up = self.draft_and_verify(seq, target_cache, draft_cache, sampling, max_tokens)
+            sizer.record(Observed(
+                tokens=len(event.token_ids), target_s=event.target_s, draft_s=event.draft_s, catch_up=catch_up,
+                widths=grown.widths, size=grown.tree.size, predicted=grown.predicted, accepted=event.accepted))
+        else:
+            event = self.target_alone(seq, target_cache, sampling, max_tokens)
+            sizer.record(Observed(tokens=1, target_s=event.target_s))
+        drafting = LOOK if choice.look else DRAFTED if choice.draft else ALONE
+        return replace(event, drafting=drafting, rate_with_tree=choice.with_tree, rate_alone=choice.alone)
+
+    def draft_and_verify(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
+                         sampling: SamplingParams, max_tokens: int) -> tuple[IterationEvent, GrownTree, int]:
         """Draft, score and walk once; `seq` grows by the emitted tokens, both caches are
-        pruned to the accepted path."""
+        pruned to the accepted path. Also the tree and how many tokens the catch-up ran."""
         devices = (self.target.device, self.draft.device)
         start, cached = now(*devices), cache_length(draft_cache)
+        pending = len(seq) - cached
         root = catch_up(self.draft, draft_cache, torch.tensor(seq[cached:]), cached)
         drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
         drafted_at = now(*devices)
         verdict = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
-        walked_at = now(*devices)
         prune_draft_cache(draft_cache, drafted, verdict, len(seq))
         seq.extend(verdict.tokens)
-        predicted = self.calibrate(drafted.predicted, verdict.accepted)
         wall = now(*devices) - start
         moved = self.take_transfer()  # after the synchronize: every wait of the pass is counted
-        return IterationEvent(
+        calibrated = self.shape.sizer.calibration.acceptance * drafted.predicted if self.shape.sizer else 0.0
+        event = IterationEvent(
             token_ids=verdict.tokens, accepted=verdict.accepted,
             tree_size=drafted.tree.size, depth=drafted.tree.depth,
-            draft_s=drafted_at - start, target_s=walked_at - drafted_at,
+            draft_s=drafted_at - start, target_s=wall - (drafted_at - start),  # the pass, the walk, the pruning
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
             link_idle=moved.idle_s / wall if wall > 0 else 0.0,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
             draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits
-            predicted_accepted=predicted,
+            predicted_accepted=calibrated,
         )
+        return event, drafted, pending
 
     def take_transfer(self) -> TransferStats:
         """What the link did since the last event took its share: the events of a reply add up
@@ -188,15 +209,6 @@ class TreeEngine:
         now = self.target.transfer_stats()
         moved, self.transfer_mark = now - self.transfer_mark, now
         return moved
-
-    def calibrate(self, predicted: float, accepted: int) -> float:
-        """Under --budget auto: the calibrated prediction of this iteration, then the calibration
-        updated by what verification accepted; 0 otherwise."""
-        if self.shape.sizer is None:
-            return 0.0
-        calibrated = self.shape.sizer.calibration.acceptance * predicted
-        self.shape.sizer.calibration.record(predicted, accepted)
-        return calibrated
 
     def score_and_walk(self, drafted: GrownTree, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
                        max_tokens: int) -> Verdict:

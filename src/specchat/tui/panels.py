@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Sparkline, Static
 
-from specchat.decoding.events import IterationEvent
+from specchat.decoding.events import ALONE, LOOK, IterationEvent
 from specchat.tui.livestats import WINDOW, LiveStats
 from specchat.tui.settings import DecodingSettings
 
@@ -26,7 +26,12 @@ def acceptance_text(stats: LiveStats) -> str:
 
 def tree_text(stats: LiveStats) -> str:
     last = stats.last
-    return f"size {last.tree_size} · depth {last.depth}" if last else "size – · depth –"
+    if last is None:
+        return "size – · depth –"
+    if last.drafting == ALONE:  # --budget auto predicted the target alone faster
+        return f"drafting off: target alone\n{last.rate_alone:.1f} tok/s vs {last.rate_with_tree:.1f} with a tree"
+    look = " · a look" if last.drafting == LOOK else ""
+    return f"size {last.tree_size} · depth {last.depth}{look}"
 
 
 def jobs_text(stats: LiveStats) -> str:

@@ -1,0 +1,85 @@
+"""The online estimates of `--budget auto` (autosize.py), each a running ratio decayed per record:
+- acceptance c = accepted tokens / the draft's uncalibrated prediction A of them;
+- branching m = the kept children's probability mass / their expanded parents' mass;
+- draft and target time = what iterations took / what the probed costs predicted for them (the
+  probe times bare forwards; an iteration also catches up, keeps its tree's books and samples);
+- and what recent trees were like (their predicted A, size and draft steps' probed seconds), from
+  which the rate of drafting is predicted before a tree is grown.
+"""
+
+from dataclasses import dataclass, field
+
+PRIOR_ITERATIONS = 2.0  # weight of each starting value, in iterations
+DECAY = 0.95  # per record: an estimate follows roughly the last 20 records
+
+
+@dataclass
+class Ratio:
+    """observed / predicted, both sums decayed per record; it starts at `prior`."""
+
+    observed: float
+    predicted: float = PRIOR_ITERATIONS
+
+    @classmethod
+    def starting_at(cls, prior: float) -> "Ratio":
+        return cls(observed=prior * PRIOR_ITERATIONS)
+
+    @property
+    def value(self) -> float:
+        return self.observed / self.predicted
+
+    def record(self, predicted: float, observed: float) -> None:
+        self.observed = DECAY * self.observed + observed
+        self.predicted = DECAY * self.predicted + predicted
+
+
+@dataclass(frozen=True)
+class TypicalTree:
+    predicted: float  # uncalibrated A: the tree's predicted accepted tokens
+    size: float  # K: drafted nodes scored
+    steps_s: float  # probed seconds of its draft steps after the root's
+
+
+@dataclass
+class TreeMemory:
+    """Decayed means of the recent trees' figures; empty until the first tree."""
+
+    weight: float = 0.0
+    predicted: float = 0.0
+    size: float = 0.0
+    steps_s: float = 0.0
+
+    def record(self, tree: TypicalTree) -> None:
+        self.weight = DECAY * self.weight + 1
+        self.predicted = DECAY * self.predicted + tree.predicted
+        self.size = DECAY * self.size + tree.size
+        self.steps_s = DECAY * self.steps_s + tree.steps_s
+
+    def typical(self) -> TypicalTree | None:
+        if self.weight == 0:
+            return None
+        return TypicalTree(self.predicted / self.weight, self.size / self.weight, self.steps_s / self.weight)
+
+
+@dataclass
+class Calibration:
+    accepted: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
+    kept_mass: Ratio = field(default_factory=lambda: Ratio.starting_at(0.9))
+    draft_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
+    target_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
+    trees: TreeMemory = field(default_factory=TreeMemory)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted.value
+
+    @property
+    def branching(self) -> float:
+        return self.kept_mass.value
+
+    def record(self, predicted: float, observed: int) -> None:
+        """One iteration's uncalibrated prediction A and the tokens verification accepted."""
+        self.accepted.record(predicted, observed)
+
+    def record_expansion(self, parent_mass: float, child_mass: float) -> None:
+        self.kept_mass.record(parent_mass, child_mass)
