@@ -19,6 +19,9 @@ device.
 9. Greedy and seeded SpecExec over a small bfloat16 GPTQ target whose tree passes expand (the Triton
    expansion forced from 2 rows) against its autoregressive decoding through the fused kernel:
    tokens equal under the bfloat16 near-tie rule, every tie listed with its gap.
+10. The draft's step captured in CUDA graphs (decoding/static_step.py): greedy and seeded SpecExec
+   over a small float32 pair grows the trees its static shapes grow eagerly, and emits the target's
+   autoregressive tokens.
 The checks that run the embedded pair (3, 5) fail at once where its weights are not installed.
 The checks live in tests/gpu_checks/, shared with tests/test_cuda.py (pytest -m cuda).
 

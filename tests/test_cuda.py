@@ -6,6 +6,7 @@ import pytest
 import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.captured_draft import check_captured_draft
 from gpu_checks.drafts import check_draft
 from gpu_checks.expanded_specexec import check_expanded_specexec
 from gpu_checks.int4_reference import check_int4_reference
@@ -72,3 +73,7 @@ def test_a_moe_target_streamed_by_expert_matches_the_model_in_memory(offload_dir
 
 def test_bf16_specexec_with_wide_passes_expanded_emits_the_autoregressive_tokens(tmp_path):
     assert_holds(check_expanded_specexec(CUDA, tmp_path))
+
+
+def test_the_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
+    assert_holds(check_captured_draft(CUDA))

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from specchat.decoding.events import AUTO
 from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.static_step import BUCKETS, static_draft
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
@@ -71,6 +72,9 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
             quantization = draft_quantization(draft_quant.kind, device, dtype)
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
+            if device.type == "cuda":  # a launch-bound step: captured in CUDA graphs per width bucket
+                models.draft = static_draft(models.draft, models.context + models.max_budget() + BUCKETS[-1],
+                                            capture=True)
         models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:

@@ -1,6 +1,8 @@
 """The scale check's draft: a Llama-2-7B-shaped bf16 model of a few layers, its step over n tree
 tokens after the cached prefix (its decoder layers, then the LM head over every row, as a draft
-scores each new node), timed per layer and scaled to the whole model's DRAFT_SCALED_LAYERS."""
+scores each new node), timed per layer and scaled to the whole model's DRAFT_SCALED_LAYERS; eager,
+and at a width bucket's static shapes (decoding/static_step.py), captured in CUDA graphs on a GPU
+(run eagerly elsewhere). Steps wider than the largest bucket run eagerly either way."""
 
 from dataclasses import dataclass
 
@@ -13,6 +15,7 @@ from gpu_checks.timing import fastest_ms
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.static_step import BUCKETS, static_draft
 
 
 @dataclass(frozen=True)
@@ -20,30 +23,40 @@ class DraftRow:
     tokens: int
     layer_ms: float
     head_ms: float
+    static_layer_ms: float  # the same step at its bucket's static shapes
 
     @property
     def step_ms(self) -> float:
         return self.layer_ms * DRAFT_SCALED_LAYERS + self.head_ms
 
+    @property
+    def static_step_ms(self) -> float:
+        return self.static_layer_ms * DRAFT_SCALED_LAYERS + self.head_ms
+
 
 def draft_rows(sizes: ScaleSizes, device: torch.device) -> list[DraftRow]:
     config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
     lm = CausalLM(random_draft(config, device))
+    static = static_draft(lm, sizes.cached + max(sizes.draft_widths) + BUCKETS[-1], capture=device.type == "cuda")
     try:
-        cache = prefilled(lm, sizes.cached)
+        cache, static_cache = prefilled(lm, sizes.cached), prefilled(static, sizes.cached)
         rows = []
         for n in sizes.draft_widths:
             tree = random_tree(n, sizes.cached, config.vocab_size, seed=n)
             layers_ms = fastest_ms(lambda: tree_pass(lm, cache, sizes.cached, tree), device)
+            static_ms = fastest_ms(lambda: tree_pass(static, static_cache, sizes.cached, tree), device)
             hidden = tree_pass(lm, cache, sizes.cached, tree)
-            rows.append(DraftRow(n, layers_ms / sizes.draft_layers, fastest_ms(lambda: lm.logits(hidden), device)))
+            rows.append(DraftRow(n, layers_ms / sizes.draft_layers, fastest_ms(lambda: lm.logits(hidden), device),
+                                 static_ms / sizes.draft_layers))
         return rows
     finally:
-        del lm
+        del lm, static
         release_memory()
 
 
 def draft_table(rows: list[DraftRow]) -> str:
     return markdown_table(
-        ["tree tokens n", "ms a layer", "LM head, ms", f"step, {DRAFT_SCALED_LAYERS} layers (scaled), ms"],
-        [[str(row.tokens), ms(row.layer_ms), ms(row.head_ms), ms(row.step_ms)] for row in rows])
+        ["tree tokens n", "ms a layer", "LM head, ms", f"step, {DRAFT_SCALED_LAYERS} layers (scaled), ms",
+         "static step (captured on CUDA), ms"],
+        [[str(row.tokens), ms(row.layer_ms), ms(row.head_ms), ms(row.step_ms), ms(row.static_step_ms)]
+         for row in rows])

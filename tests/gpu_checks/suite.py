@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.captured_draft import check_captured_draft
 from gpu_checks.drafts import check_draft
 from gpu_checks.expanded_specexec import check_expanded_specexec
 from gpu_checks.moe_streamed import check_moe_streamed
@@ -31,6 +32,7 @@ def all_checks(device: torch.device, workdir: Path) -> list[Check]:
         ("MoE streamed by expert from RAM", lambda: check_moe_streamed("ram", device, workdir)),
         ("MoE streamed by expert from disk", lambda: check_moe_streamed("disk", device, workdir)),
         ("bf16 GPTQ SpecExec, wide passes expanded", lambda: check_expanded_specexec(device, workdir)),
+        ("captured draft step", lambda: check_captured_draft(device)),
         ("nf4 draft", lambda: check_draft("nf4", judge, device)),
         ("int8 draft", lambda: check_draft("int8", judge, device)),
         ("probe vs measured passes", lambda: check_probe(wide_target(device, workdir), CAP)),

@@ -47,7 +47,9 @@ class SlotLayer(DynamicLayer):
         capacity = math.ceil(slots / CHUNK) * CHUNK
         for name in ("key_slots", "value_slots"):
             old = getattr(self, name)
-            grown = old.new_empty((*old.shape[:-2], capacity, old.shape[-1]))
+            # zeros, not garbage: a static-shape step attends over every slot, the unused ones masked,
+            # and a masked NaN would still poison its row (0 * NaN)
+            grown = old.new_zeros((*old.shape[:-2], capacity, old.shape[-1]))
             grown[..., :self.length, :] = old[..., :self.length, :]
             setattr(self, name, grown)
 
@@ -61,6 +63,15 @@ class SlotLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`update`'s static-shape form: the new rows go to `slots` (a tensor on the device) of
+        buffers reserved beforehand, and every slot of the capacity comes back, so no shape depends
+        on the length; the caller advances the length (`advance`)."""
+        self.key_slots.index_copy_(-2, slots, key_states)
+        self.value_slots.index_copy_(-2, slots, value_states)
+        return self.key_slots, self.value_slots
 
     @torch.inference_mode()  # the buffers a forward made are inference tensors
     def keep(self, index: torch.Tensor) -> None:
@@ -95,11 +106,34 @@ class SlotLayer(DynamicLayer):
 
 class SlotCache(DynamicCache):
     """A DynamicCache (the type the models accept) whose layers are `SlotLayer`s, created as
-    the first forward reaches them."""
+    the first forward reaches them. While `write_slots` is set (a static-shape step,
+    static_step.py), every layer writes there and returns its whole capacity."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layer_class_to_replicate = SlotLayer
+        self.write_slots: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.write_slots is None:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return self.layers[layer_idx].write(key_states, value_states, self.write_slots)
+
+    def capacity(self) -> int:
+        """Slots every layer holds room for (0 before the first forward)."""
+        return min((layer.capacity for layer in self.layers if layer.is_initialized), default=0)
+
+    def reserve(self, slots: int) -> None:
+        """Room for `slots` slots in every layer (buffers are then kept: a captured step reads them)."""
+        for layer in self.layers:
+            layer.reserve(slots)
+
+    def advance(self, count: int) -> None:
+        """Count `count` more slots as held in every layer, after a static-shape step wrote them."""
+        for layer in self.layers:
+            layer.length += count
+            layer.expose()
 
 
 def new_cache() -> SlotCache:

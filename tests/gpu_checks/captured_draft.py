@@ -1,0 +1,45 @@
+"""The draft's step captured in CUDA graphs (decoding/static_step.py): greedy and seeded SpecExec
+over a small float32 Qwen2 pair grows, tree for tree, what the same static shapes grow run
+eagerly (the same kernels, replayed), and emits the target's autoregressive tokens. That the
+static shapes grow the eager step's trees is tests/test_static_step.py's, on any device."""
+
+import torch
+from gpu_checks.tiny_models import random_model, small_config
+from gpu_checks.verdict import Verdict, judged, skipped
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.static_step import static_draft
+
+CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
+PROMPT = [7, 3, 9, 2, 11, 5]
+NEW_TOKENS = 40
+SAMPLINGS = (SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 3))
+
+
+def replies(engine, sampling: SamplingParams) -> tuple[list[int], list[tuple]]:
+    events = list(engine.generate(PROMPT, NEW_TOKENS, sampling))
+    return [t for e in events for t in e.token_ids], [(e.tree_size, e.depth, e.accepted) for e in events]
+
+
+def check_captured_draft(device: torch.device) -> Verdict:
+    if device.type != "cuda":
+        return skipped(CHECK, "CUDA graphs need a CUDA device")
+    config = small_config("qwen2")
+    target = CausalLM(random_model(config, seed=0).to(device))
+    draft = CausalLM(random_model(config, seed=0).to(device))  # the target's weights: its trees are accepted
+    capacity = len(PROMPT) + NEW_TOKENS + 64
+    details, passed = [], True
+    for sampling in SAMPLINGS:
+        reference, _ = replies(AutoregressiveEngine(target, []), sampling)
+        outcomes = [replies(SpecExecEngine(target, static_draft(draft, capacity, capture), [],
+                                           TreeShape(budget=12, max_depth=6)), sampling) for capture in (False, True)]
+        same_trees = outcomes[0][1] == outcomes[1][1]
+        tokens_ok = outcomes[0][0] == outcomes[1][0] == reference
+        passed = passed and same_trees and tokens_ok
+        details.append(f"t={sampling.temperature:g}: trees {'equal' if same_trees else 'DIFFER'}, "
+                       f"tokens {'= autoregressive' if tokens_ok else 'DIFFER'}")
+    return judged(CHECK, passed, "; ".join(details))

@@ -1,0 +1,75 @@
+"""The draft's static-shape step (decoding/static_step.py), run eagerly on the CPU: the shapes,
+padding, masks and slot writes a CUDA graph captures give the rows the eager step gives, and a
+SpecExec engine with it grows the same trees and emits the same tokens."""
+
+import pytest
+import torch
+from test_engines import GREEDY, PROMPT, run
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.static_step import BUCKETS, static_draft
+
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+CAPACITY = 128
+
+
+def prefilled(lm, tokens):
+    cache = new_cache()
+    lm.hidden(torch.tensor(tokens), torch.arange(len(tokens)), cache)
+    return cache
+
+
+def tree_mask(cached: int) -> torch.Tensor:
+    """Three nodes after `cached` slots: node 0 and node 1 its child see the prefix; node 2 sees
+    node 0 but not node 1 (siblings)."""
+    mask = torch.zeros(3, cached + 3, dtype=torch.bool)
+    mask[:, :cached] = True
+    mask[0, cached] = mask[1, cached] = mask[1, cached + 1] = mask[2, cached] = mask[2, cached + 2] = True
+    return mask
+
+
+def test_a_padded_step_gives_the_eager_rows_and_slots(tiny_draft):
+    static = static_draft(tiny_draft, CAPACITY, capture=False)
+    eager_cache, static_cache = prefilled(tiny_draft, PROMPT), prefilled(static, PROMPT)  # the first pass: eager
+    cached = len(PROMPT)
+    tokens, positions = torch.tensor([4, 8, 1]), torch.tensor([cached, cached + 1, cached + 1])
+    eager = tiny_draft.hidden(tokens, positions, eager_cache, tree_mask(cached))
+    padded = static.hidden(tokens, positions, static_cache, tree_mask(cached))  # padded to 4 rows
+    # bitwise on the AMD EPYC (2026-11-28): masked slots add exact zeros, and these float64 products
+    # sum in the same order at 4 rows as at 3
+    assert torch.equal(padded, eager)
+    assert cache_length(static_cache) == cache_length(eager_cache) == cached + 3  # the pad row is not held
+    keep = torch.tensor([*range(cached), cached, cached + 1])  # node 0 and its child accepted
+    for cache in (eager_cache, static_cache):
+        keep_slots(cache, keep)
+    after = [lm.hidden(torch.tensor([5]), torch.tensor([cached + 2]), cache)
+             for lm, cache in ((tiny_draft, eager_cache), (static, static_cache))]
+    assert torch.equal(after[0], after[1])  # one row, no mask: causal over the rest
+
+
+def test_steps_wider_than_a_bucket_or_past_the_capacity_run_eagerly(tiny_draft):
+    static = static_draft(tiny_draft, capacity=len(PROMPT) + 4, capture=False)
+    cache = prefilled(static, PROMPT)
+    wide = torch.arange(BUCKETS[-1] + 1) % 50
+    assert static.hidden(wide[:8], torch.arange(6, 14), prefilled(static, PROMPT)).shape == (8, 32)  # past capacity
+    assert not static.inputs  # no bucket was filled: both ran eagerly
+    static.capacity = 1024
+    static.hidden(wide, torch.arange(6, 6 + wide.numel()), cache)
+    assert not static.inputs
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_specexec_with_the_static_step_grows_the_eager_trees(tiny_target, tiny_draft, sampling):
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    outcomes = []
+    for draft in (tiny_draft, static_draft(tiny_draft, CAPACITY, capture=False)):
+        engine = SpecExecEngine(tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
+        tokens, events = run(engine, sampling)
+        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    assert outcomes[0][0] == outcomes[1][0] == reference
+    assert outcomes[0][1] == outcomes[1][1]  # tree for tree
+    assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
