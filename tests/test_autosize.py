@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specchat.decoding.autosize import LOOK_SHARE, AutoSizer, Costs, Observed, interpolate
-from specchat.decoding.calibration import Calibration
+from specchat.decoding.calibration import MIN_TREES, Calibration
 
 FLAT = Costs(target_n=(1, 1024), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.01))
 
@@ -134,9 +134,13 @@ def drafted(accepted: int) -> Observed:
     return Observed(tokens=accepted + 1, target_s=0.14, draft_s=0.06, accepted=accepted, **TREE)
 
 
-def test_without_a_tree_yet_it_drafts_to_learn():
-    choice = AutoSizer(LINEAR, cap=64, learns_costs=False).choose(pending=40)
-    assert choice.draft and not choice.look and choice.with_tree == 0.0
+def test_until_a_few_trees_were_grown_it_drafts_to_learn():
+    sizer = AutoSizer(LINEAR, cap=64, learns_costs=False)
+    for _ in range(MIN_TREES):
+        choice = sizer.choose(pending=40)
+        assert choice.draft and not choice.look and choice.with_tree == 0.0
+        sizer.record(drafted(accepted=0))  # trees that would turn drafting off once judged
+    assert not sizer.choose(pending=2).draft
 
 
 def test_drafting_turns_off_when_the_draft_costs_more_than_it_saves_and_on_again_when_acceptance_rises():
@@ -148,15 +152,16 @@ def test_drafting_turns_off_when_the_draft_costs_more_than_it_saves_and_on_again
     def with_tree() -> float:
         return (sizer.calibration.acceptance * TREE["predicted"] + 1) / tree_s
 
-    sizer.record(drafted(accepted=2))
+    for _ in range(MIN_TREES):
+        sizer.record(drafted(accepted=2))
     choice = sizer.choose(pending=2)
     assert choice.with_tree == pytest.approx(with_tree()) and choice.alone == pytest.approx(alone)
-    assert choice.draft and with_tree() == pytest.approx(15.0)  # c = 1: 3 tokens in 0.2 s beat 9.9 tokens/s
+    assert choice.draft and with_tree() == pytest.approx(15.0)  # c = 1: 3 tokens in 0.2 s beat 9.8 tokens/s
 
     while sizer.calibration.acceptance > 0.3:  # the draft stops being right
         sizer.record(drafted(accepted=0))
     choice = sizer.choose(pending=2)
-    assert with_tree() < alone and not choice.draft  # (2c + 1) / 0.2 < 9.9 once c < 0.49
+    assert with_tree() < alone and not choice.draft  # (2c + 1) / 0.2 < 9.8 once c < 0.49
 
     # a look costs 0.2 s against the (2c + 1) tokens the target alone makes in that time
     loss = tree_s - (sizer.calibration.acceptance * TREE["predicted"] + 1) * alone_s

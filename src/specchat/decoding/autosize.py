@@ -57,7 +57,7 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # expansion widths the growth rule consi
 # draft never ran, and the token the target supplied after it.
 STEADY_CATCH_UP = 2
 # The share of the time spent without drafting that looks (trees drafted anyway) may cost.
-LOOK_SHARE = 0.01
+LOOK_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,8 @@ class AutoSizer:
 
     def choose(self, pending: int) -> Choice:
         """Draft the next iteration (its catch-up runs `pending` tokens) or let the target alone
-        emit one token. A steady drafting iteration is predicted from the recent trees; without
-        them (the first iteration) it drafts, to learn. While the target alone is faster, a look
+        emit one token. A steady drafting iteration is predicted from the recent trees; until
+        there are a few (calibration.MIN_TREES) it drafts, to learn. While the target alone is faster, a look
         is drafted once the looks' cost, what a tree of `pending` tokens' catch-up takes beyond the
         target alone making its expected tokens, fits in LOOK_SHARE of the time spent since the last
         tree."""

@@ -3,14 +3,18 @@
 - branching m = the kept children's probability mass / their expanded parents' mass;
 - draft and target time = what iterations took / what the probed costs predicted for them (the
   probe times bare forwards; an iteration also catches up, keeps its tree's books and samples);
-- and what recent trees were like (their predicted A, size and draft steps' probed seconds), from
-  which the rate of drafting is predicted before a tree is grown.
+- and what the last few trees were like (their predicted A, size and draft steps' probed seconds),
+  from which the rate of drafting is predicted before a tree is grown. These follow fewer trees:
+  the first trees of a run are grown under the starting calibration (c = 1, optimistic: larger
+  trees than the calibrated sizer grows), and a mean over them would misjudge the trees to come.
 """
 
 from dataclasses import dataclass, field
 
 PRIOR_ITERATIONS = 2.0  # weight of each starting value, in iterations
 DECAY = 0.95  # per record: an estimate follows roughly the last 20 records
+TREE_DECAY = 0.7  # per tree: the typical tree follows roughly the last 3
+MIN_TREES = 3  # trees recorded before the typical tree is judged at all
 
 
 @dataclass
@@ -42,21 +46,23 @@ class TypicalTree:
 
 @dataclass
 class TreeMemory:
-    """Decayed means of the recent trees' figures; empty until the first tree."""
+    """Decayed means of the recent trees' figures; none until MIN_TREES trees were recorded."""
 
+    count: int = 0
     weight: float = 0.0
     predicted: float = 0.0
     size: float = 0.0
     steps_s: float = 0.0
 
     def record(self, tree: TypicalTree) -> None:
-        self.weight = DECAY * self.weight + 1
-        self.predicted = DECAY * self.predicted + tree.predicted
-        self.size = DECAY * self.size + tree.size
-        self.steps_s = DECAY * self.steps_s + tree.steps_s
+        self.count += 1
+        self.weight = TREE_DECAY * self.weight + 1
+        self.predicted = TREE_DECAY * self.predicted + tree.predicted
+        self.size = TREE_DECAY * self.size + tree.size
+        self.steps_s = TREE_DECAY * self.steps_s + tree.steps_s
 
     def typical(self) -> TypicalTree | None:
-        if self.weight == 0:
+        if self.count < MIN_TREES:
             return None
         return TypicalTree(self.predicted / self.weight, self.size / self.weight, self.steps_s / self.weight)
 
