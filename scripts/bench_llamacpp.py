@@ -330,7 +330,7 @@ def specchat_systems(keys: list[str], python: str, checkouts: list[Path] | None,
         if checkout is not None:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout / "src"), env.get("PYTHONPATH")]))
         cwd = checkout or REPO
-        version = checkout_version(cwd)
+        version = code_version() if checkout is None else checkout_version(checkout)
         where = f" @{version} ({cwd})" if checkouts and len(checkouts) > 1 else ""
         for variant in variants:
             extra = shlex.split(variant) + (["--offload", "disk"] if offload else [])
@@ -344,9 +344,8 @@ def specchat_systems(keys: list[str], python: str, checkouts: list[Path] | None,
 
 
 def checkout_version(checkout: Path) -> str:
-    """A checkout's commit, with "+dirty" as code_version writes it for this one."""
-    if checkout == REPO:
-        return code_version()
+    """A checkout's commit, with "+dirty" as code_version writes it (code_version itself names the
+    checkout the installed specchat runs from, which need not be this one)."""
     dirty = git(checkout, "status", "--porcelain", "--untracked-files=no")
     return git(checkout, "rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 

@@ -271,3 +271,19 @@ def test_specchat_decodes_greedily_unless_its_variant_samples():
     assert bench.full_command(greedy, "text", 8)[-2:] == ["--temperature", "0"]
     command = bench.full_command(sampled, "text", 8)
     assert command.count("--temperature") == 1 and command[command.index("--temperature") + 1] == "0.6"
+
+
+def test_a_checkout_is_named_by_its_own_commit_not_the_installed_ones(tmp_path):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "file").write_text("a")
+    git("add", "file")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "--short", "HEAD")
+    assert bench.checkout_version(tmp_path) == head
+    (tmp_path / "file").write_text("b")
+    assert bench.checkout_version(tmp_path) == head + "+dirty"
+    system = bench.specchat_systems(["specchat-defaults"], "python3", [tmp_path], [""], False)[0]
+    assert system.code == head + "+dirty"
