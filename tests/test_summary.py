@@ -17,7 +17,7 @@ def event(tokens: list[int], draft_s: float = 0.0, target_s: float = 0.0, transf
 
 EVENTS = [
     event([1, 2, 3], draft_s=0.1, target_s=0.5, transfer_s=0.25, prefill_tokens=40, prefill_s=0.3),
-    event([4], draft_s=0.2, target_s=0.25),
+    event([4], draft_s=0.2, target_s=0.25, pass_s=0.2),
     event([5, 6], draft_s=0.3, target_s=0.25, transfer_s=0.5, finished=True),
 ]
 
@@ -33,6 +33,7 @@ def test_summarize_figures() -> None:
     assert summary.transfer_s == pytest.approx(0.75)
     assert summary.wall_s == 2.0
     assert (summary.prefill_tokens, summary.prefill_s) == (40, 0.3)  # the first event's
+    assert summary.pass_s == pytest.approx(0.2)
 
 
 def test_summarize_zero_iterations() -> None:

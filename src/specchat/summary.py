@@ -21,6 +21,7 @@ class Summary:
     prefill_tokens: int = 0  # prompt tokens run (those past the prefix the engine's caches reused)
     prefill_s: float = 0.0
     link_idle: float = 0.0  # share of the iterations' time the weight link moved nothing while it had more to move
+    pass_s: float = 0.0  # tree engines: the target's forwards over the trees (target_s less verification)
 
     @property
     def transfer_gbps(self) -> float:
@@ -46,6 +47,7 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
         prefill_tokens=sum(e.prefill_tokens for e in events),
         prefill_s=sum(e.prefill_s for e in events),
         link_idle=sum(e.link_idle * (e.draft_s + e.target_s) for e in events) / busy if busy > 0 else 0.0,
+        pass_s=sum(e.pass_s for e in events),
     )
 
 

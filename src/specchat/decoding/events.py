@@ -37,6 +37,9 @@ class IterationEvent:
     jobs_in_flight: int = 0
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
+    # Tree engines: the target's forward over the tree; the rest of target_s is verification (the
+    # head's rows, the walk) and both caches' pruning. 0 where no tree was scored.
+    pass_s: float = 0.0
     predicted_accepted: float = 0.0  # --budget auto: accepted tokens the tree predicted (calibrated)
     # --budget auto: DRAFTED, ALONE (the target alone emitted one token: predicted faster) or LOOK
     # (a tree drafted while the target alone is faster, to measure acceptance again); "" otherwise.

@@ -185,7 +185,7 @@ class TreeEngine:
         root = catch_up(self.draft, draft_cache, torch.tensor(seq[cached:]), cached)
         drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
         drafted_at = now(*devices)
-        verdict = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
+        verdict, pass_s = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
         prune_draft_cache(draft_cache, drafted, verdict, len(seq))
         seq.extend(verdict.tokens)
         wall = now(*devices) - start
@@ -195,6 +195,7 @@ class TreeEngine:
             token_ids=verdict.tokens, accepted=verdict.accepted,
             tree_size=drafted.tree.size, depth=drafted.tree.depth,
             draft_s=drafted_at - start, target_s=wall - (drafted_at - start),  # the pass, the walk, the pruning
+            pass_s=pass_s,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
             link_idle=moved.idle_s / wall if wall > 0 else 0.0,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
@@ -211,18 +212,21 @@ class TreeEngine:
         return moved
 
     def score_and_walk(self, drafted: GrownTree, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
-                       max_tokens: int) -> Verdict:
+                       max_tokens: int) -> tuple[Verdict, float]:
         """One target pass over the whole tree (each node sees the committed prefix and its
         ancestors, at position prefix + depth), then the strategy's walk with lazily computed
-        logits; the target cache keeps the prefix and the walked path."""
+        logits; the target cache keeps the prefix and the walked path. Also the pass's seconds."""
         tree = drafted.tree
         prefix = len(seq) - 1
         mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
-        logits = NodeLogits(self.target, tree, self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask))
+        start = now(self.target.device)
+        hidden = self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
+        pass_s = now(self.target.device) - start  # the forward alone: the rest of target_s is verification
+        logits = NodeLogits(self.target, tree, hidden)
         logits.compute(upfront_nodes(tree, UPFRONT_ROWS))
         verdict = self.strategy.walk(drafted, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
         keep_slots(cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
-        return verdict
+        return verdict, pass_s
 
 
 def upfront_nodes(tree: DraftTree, rows: int) -> list[int]:
