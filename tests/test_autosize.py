@@ -187,13 +187,16 @@ def test_costs_follow_what_iterations_take():
         sizer.record(Observed(tokens=2, target_s=0.07, draft_s=0.12, accepted=1, **TREE))
     assert sizer.draft_s(1) == pytest.approx(0.04, rel=1e-3)
     assert sizer.iteration_s(0.1, 5) == pytest.approx(0.1 + 0.07, rel=1e-3)
-    for _ in range(200):  # the target alone takes what the probe said
-        sizer.record(Observed(tokens=1, target_s=0.1))
-    assert sizer.iteration_s(0.0, 1) == pytest.approx(0.1, rel=1e-3)
+    assert sizer.alone_s() == pytest.approx(0.1)  # the target alone's step is learned apart
+    for _ in range(200):  # which takes 1.3 times what the probe said
+        sizer.record(Observed(tokens=1, target_s=0.13))
+    assert sizer.alone_s() == pytest.approx(0.13, rel=1e-3)
+    assert sizer.iteration_s(0.1, 5) == pytest.approx(0.1 + 0.07, rel=1e-3)  # the tree passes' stays
 
 
 def test_stand_in_costs_hold_as_given_when_not_learned():
     sizer = AutoSizer(LINEAR, cap=64, learns_costs=False)
     for _ in range(20):
         sizer.record(Observed(tokens=2, target_s=0.07, draft_s=0.12, accepted=1, **TREE))
-    assert sizer.draft_s(1) == 0.02 and sizer.iteration_s(0.1, 5) == pytest.approx(0.24)
+        sizer.record(Observed(tokens=1, target_s=0.3))
+    assert sizer.draft_s(1) == 0.02 and sizer.iteration_s(0.1, 5) == pytest.approx(0.24) and sizer.alone_s() == 0.1

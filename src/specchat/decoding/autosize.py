@@ -160,6 +160,10 @@ class AutoSizer:
         """Calibrated T(d, K): drafting for `draft_spent` seconds, then the target's pass over n tokens."""
         return draft_spent + self.calibration.target_time.value * (self.costs.iteration(draft_spent, n) - draft_spent)
 
+    def alone_s(self) -> float:
+        """Calibrated seconds of the target alone's step (drafting nothing: a pass over the root)."""
+        return self.calibration.alone_time.value * self.costs.iteration(0.0, 1)
+
     def tree_iteration_s(self, tree: TypicalTree, catch_up: int) -> float:
         spent = self.draft_s(catch_up) + self.calibration.draft_time.value * tree.steps_s
         return self.iteration_s(spent, round(tree.size) + 1)
@@ -171,7 +175,7 @@ class AutoSizer:
         is drafted once the looks' cost, what a tree of `pending` tokens' catch-up takes beyond the
         target alone making its expected tokens, fits in LOOK_SHARE of the time spent since the last
         tree."""
-        alone_s = self.iteration_s(0.0, 1)
+        alone_s = self.alone_s()
         alone = 1 / (alone_s * (1 + LOOK_SHARE))
         tree = self.calibration.trees.typical()
         if tree is None:
@@ -185,12 +189,12 @@ class AutoSizer:
         return Choice(draft=look, look=look, with_tree=with_tree, alone=alone)
 
     def record(self, seen: Observed) -> None:
-        """Calibrate by what an iteration took: acceptance, the typical tree and the draft's time
-        from drafting iterations, the target's time from every one."""
+        """Calibrate by what an iteration took: acceptance, the typical tree and the draft's and
+        target's times from drafting iterations, the target alone's time from the others."""
         if seen.catch_up == 0:
             self.undrafted += seen.tokens
             if self.learns_costs:
-                self.calibration.target_time.record(self.costs.iteration(0.0, 1), seen.target_s)
+                self.calibration.alone_time.record(self.costs.iteration(0.0, 1), seen.target_s)
             return
         self.undrafted = 0
         steps_s = sum(self.costs.draft(width) for width in seen.widths)

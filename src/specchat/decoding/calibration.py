@@ -3,6 +3,9 @@
 - branching m = the kept children's probability mass / their expanded parents' mass;
 - draft and target time = what iterations took / what the probed costs predicted for them (the
   probe times bare forwards; an iteration also catches up, keeps its tree's books and samples);
+  the target alone's one-token step apart from the tree passes: the probe's curve can misjudge
+  one width against the others (on a CPU one row runs the fused int4 kernel, a tree the dense
+  copies), and that step is what drafting is weighed against;
 - and what the last few trees were like (their predicted A, size and draft steps' probed seconds),
   from which the rate of drafting is predicted before a tree is grown. These follow fewer trees:
   the first trees of a run are grown under the starting calibration (c = 1, optimistic: larger
@@ -73,6 +76,7 @@ class Calibration:
     kept_mass: Ratio = field(default_factory=lambda: Ratio.starting_at(0.9))
     draft_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
     target_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
+    alone_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
     trees: TreeMemory = field(default_factory=TreeMemory)
 
     @property
