@@ -36,9 +36,9 @@ by running ratios of what iterations took to what the probe predicted for them (
 
 Drafting nothing. Before an iteration, the target alone (one pass over the root: the
 autoregressive step) is weighed against a drafting iteration predicted from the recent trees:
-    r_alone = 1 / (T(0, 1) (1 + L)),   r_tree = (c * A + 1) / T(d, K),
-A, K and the draft steps' seconds being the recent trees' means and the catch-up a steady one's
-(2 tokens). The iteration drafts only when r_tree is higher. While it does not, the acceptance
+    r_alone = 1 / (T_alone (1 + L)),   r_tree = (c * A + 1) / T(d, K),
+T_alone being the probe's one-token pass scaled by what the target alone's steps took, A, K and
+the draft steps' seconds the recent trees' means, and the catch-up a steady one's (2 tokens). The iteration drafts only when r_tree is higher. While it does not, the acceptance
 would go stale, so a tree is drafted anyway (a look) once what looks cost beyond the target
 alone stays within a share L of the time spent without drafting; that share is charged to
 r_alone above.
@@ -171,10 +171,10 @@ class AutoSizer:
     def choose(self, pending: int) -> Choice:
         """Draft the next iteration (its catch-up runs `pending` tokens) or let the target alone
         emit one token. A steady drafting iteration is predicted from the recent trees; until
-        there are a few (calibration.MIN_TREES) it drafts, to learn. While the target alone is faster, a look
-        is drafted once the looks' cost, what a tree of `pending` tokens' catch-up takes beyond the
-        target alone making its expected tokens, fits in LOOK_SHARE of the time spent since the last
-        tree."""
+        there are a few (calibration.MIN_TREES) it drafts, to learn. While the target alone is
+        faster, a look is drafted once its cost, what a tree after a catch-up of `pending` tokens
+        takes beyond the target alone making its expected tokens, fits in LOOK_SHARE of the time
+        spent since the last tree."""
         alone_s = self.alone_s()
         alone = 1 / (alone_s * (1 + LOOK_SHARE))
         tree = self.calibration.trees.typical()

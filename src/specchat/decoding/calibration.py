@@ -72,6 +72,8 @@ class TreeMemory:
 
 @dataclass
 class Calibration:
+    """Every running estimate of one sizer."""
+
     accepted: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
     kept_mass: Ratio = field(default_factory=lambda: Ratio.starting_at(0.9))
     draft_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
