@@ -187,8 +187,8 @@ def test_costs_follow_what_iterations_take():
         sizer.record(Observed(tokens=2, target_s=0.07, draft_s=0.12, accepted=1, **TREE))
     assert sizer.draft_s(1) == pytest.approx(0.04, rel=1e-3)
     assert sizer.iteration_s(0.1, 5) == pytest.approx(0.1 + 0.07, rel=1e-3)
-    assert sizer.alone_s() == pytest.approx(0.1)  # the target alone's step is learned apart
-    for _ in range(200):  # which takes 1.3 times what the probe said
+    assert sizer.alone_s() == pytest.approx(0.05, rel=1e-3)  # the target alone starts from the passes' ratio
+    for _ in range(200):  # and is learned apart: it takes 1.3 times what the probe said
         sizer.record(Observed(tokens=1, target_s=0.13))
     assert sizer.alone_s() == pytest.approx(0.13, rel=1e-3)
     assert sizer.iteration_s(0.1, 5) == pytest.approx(0.1 + 0.07, rel=1e-3)  # the tree passes' stays
@@ -200,3 +200,12 @@ def test_stand_in_costs_hold_as_given_when_not_learned():
         sizer.record(Observed(tokens=2, target_s=0.07, draft_s=0.12, accepted=1, **TREE))
         sizer.record(Observed(tokens=1, target_s=0.3))
     assert sizer.draft_s(1) == 0.02 and sizer.iteration_s(0.1, 5) == pytest.approx(0.24) and sizer.alone_s() == 0.1
+
+
+def test_a_short_and_a_long_iteration_move_a_time_ratio_alike():
+    """Each iteration is one record, whatever its length: 40 ms taking twice the prediction moves
+    the ratio as far as 10 s taking twice it (summed seconds would weigh the long one 250 times)."""
+    short, long = Calibration(), Calibration()
+    short.draft_time.record_time(0.04, 0.08)
+    long.draft_time.record_time(10.0, 20.0)
+    assert short.draft_time.value == long.draft_time.value == pytest.approx((0.95 * 2 + 2) / (0.95 * 2 + 1))

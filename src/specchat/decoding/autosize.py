@@ -162,7 +162,7 @@ class AutoSizer:
 
     def alone_s(self) -> float:
         """Calibrated seconds of the target alone's step (drafting nothing: a pass over the root)."""
-        return self.calibration.alone_time.value * self.costs.iteration(0.0, 1)
+        return self.calibration.alone * self.costs.iteration(0.0, 1)
 
     def tree_iteration_s(self, tree: TypicalTree, catch_up: int) -> float:
         spent = self.draft_s(catch_up) + self.calibration.draft_time.value * tree.steps_s
@@ -194,14 +194,15 @@ class AutoSizer:
         if seen.catch_up == 0:
             self.undrafted += seen.tokens
             if self.learns_costs:
-                self.calibration.alone_time.record(self.costs.iteration(0.0, 1), seen.target_s)
+                passes = self.calibration.target_time.value
+                self.calibration.alone_time.record_time(passes * self.costs.iteration(0.0, 1), seen.target_s)
             return
         self.undrafted = 0
         steps_s = sum(self.costs.draft(width) for width in seen.widths)
         if self.learns_costs:
-            self.calibration.draft_time.record(self.costs.draft(seen.catch_up) + steps_s, seen.draft_s)
+            self.calibration.draft_time.record_time(self.costs.draft(seen.catch_up) + steps_s, seen.draft_s)
             pass_s = self.costs.iteration(seen.draft_s, seen.size + 1) - seen.draft_s
-            self.calibration.target_time.record(pass_s, seen.target_s)
+            self.calibration.target_time.record_time(pass_s, seen.target_s)
         self.calibration.record(seen.predicted, seen.accepted)
         self.calibration.trees.record(TypicalTree(seen.predicted, seen.size, steps_s))
 

@@ -1,11 +1,12 @@
 """The online estimates of `--budget auto` (autosize.py), each a running ratio decayed per record:
 - acceptance c = accepted tokens / the draft's uncalibrated prediction A of them;
 - branching m = the kept children's probability mass / their expanded parents' mass;
-- draft and target time = what iterations took / what the probed costs predicted for them (the
-  probe times bare forwards; an iteration also catches up, keeps its tree's books and samples);
-  the target alone's one-token step apart from the tree passes: the probe's curve can misjudge
-  one width against the others (on a CPU one row runs the fused int4 kernel, a tree the dense
-  copies), and that step is what drafting is weighed against;
+- draft and target time = the mean, over iterations, of what one took / what the probed costs
+  predicted for it (the probe times bare forwards; an iteration also catches up, keeps its tree's
+  books and samples); the target alone's one-token step apart from the tree passes, starting
+  from their ratio: the probe's curve can misjudge one width against the others (on a CPU one
+  row runs the fused int4 kernel, a tree the dense copies), and that step is what drafting is
+  weighed against;
 - and what the last few trees were like (their predicted A, size and draft steps' probed seconds),
   from which the rate of drafting is predicted before a tree is grown. These follow fewer trees:
   the first trees of a run are grown under the starting calibration (c = 1, optimistic: larger
@@ -38,6 +39,13 @@ class Ratio:
     def record(self, predicted: float, observed: float) -> None:
         self.observed = DECAY * self.observed + observed
         self.predicted = DECAY * self.predicted + predicted
+
+    def record_time(self, predicted_s: float, observed_s: float) -> None:
+        """One iteration's observed / predicted seconds, weighing as one record whatever the
+        iteration's length (the prior's weight is in records: summed seconds would make it weigh
+        as much as 50 iterations of 40 ms, or a fraction of one of 10 s)."""
+        if predicted_s > 0:
+            self.record(1.0, observed_s / predicted_s)
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class Calibration:
     kept_mass: Ratio = field(default_factory=lambda: Ratio.starting_at(0.9))
     draft_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
     target_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
-    alone_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
+    alone_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))  # relative to target_time's
     trees: TreeMemory = field(default_factory=TreeMemory)
 
     @property
@@ -88,6 +96,12 @@ class Calibration:
     @property
     def branching(self) -> float:
         return self.kept_mass.value
+
+    @property
+    def alone(self) -> float:
+        """The target alone's time ratio: the tree passes' (the same machine's sampling, context
+        and host work, which the probe left out), times what the alone steps showed beside it."""
+        return self.target_time.value * self.alone_time.value
 
     def record(self, predicted: float, observed: int) -> None:
         """One iteration's uncalibrated prediction A and the tokens verification accepted."""
