@@ -126,8 +126,11 @@ def test_a_pessimistic_calibration_cuts_smaller_trees():
 
 # tau(n) = 0.1 + 0.01 (n - 1) s; a draft step, or a catch-up of any length, 0.02 s
 LINEAR = Costs(target_n=(1, 65), target_s=(0.1, 0.74), draft_b=(1, 64), draft_s=(0.02, 0.02))
-# a tree of 4 nodes predicted to yield 2 tokens, grown by the root's step and two more of one node
+# a tree of 4 nodes grown by the root's step and two more of one node: under LINEAR a drafting
+# iteration takes 0.02 + 2 * 0.02 + (0.1 + 0.01 * 4) = 0.2 s, whatever its catch-up
 TREE = dict(catch_up=2, widths=(1, 1), size=4, predicted=2.0)
+TREE_S = 0.2
+ALONE_S = 0.1  # tau(1): the target alone's pass over the root
 
 
 def drafted(accepted: int) -> Observed:
@@ -135,50 +138,88 @@ def drafted(accepted: int) -> Observed:
 
 
 def test_until_a_few_trees_were_grown_it_drafts_to_learn():
+    """The first tree (its times are the kernels' first use) does not count; the next MIN_TREES do."""
     sizer = AutoSizer(LINEAR, cap=64, learns_costs=False)
-    for _ in range(MIN_TREES):
+    for _ in range(1 + MIN_TREES):
         choice = sizer.choose(pending=40)
         assert choice.draft and not choice.look and choice.with_tree == 0.0
-        sizer.record(drafted(accepted=0))  # trees that would turn drafting off once judged
+        sizer.record(drafted(accepted=0))  # trees that would turn drafting off once judged: 5 tokens/s
     assert not sizer.choose(pending=2).draft
 
 
 def test_drafting_turns_off_when_the_draft_costs_more_than_it_saves_and_on_again_when_acceptance_rises():
     sizer = AutoSizer(LINEAR, cap=64, learns_costs=False)
-    alone_s = 0.1  # tau(1): the target alone's pass over the root
-    tree_s = 0.02 + 2 * 0.02 + (0.1 + 0.01 * 4)  # catch-up (the root's step), two steps, a pass over 5 tokens
-    alone = 1 / (alone_s * (1 + LOOK_SHARE))
-
-    def with_tree() -> float:
-        return (sizer.calibration.acceptance * TREE["predicted"] + 1) / tree_s
-
-    for _ in range(MIN_TREES):
+    alone = 1 / (ALONE_S * (1 + LOOK_SHARE))  # 9.8 tokens/s
+    rate = DraftingRate()
+    sizer.record(drafted(accepted=0))  # the first tree: it counts for acceptance only
+    for _ in range(MIN_TREES):  # 3 tokens in 0.2 s
         sizer.record(drafted(accepted=2))
+        rate.add(3)
     choice = sizer.choose(pending=2)
-    assert choice.with_tree == pytest.approx(with_tree()) and choice.alone == pytest.approx(alone)
-    assert choice.draft and with_tree() == pytest.approx(15.0)  # c = 1: 3 tokens in 0.2 s beat 9.8 tokens/s
+    assert choice.draft and choice.with_tree == pytest.approx(rate.value) == pytest.approx(15.0)
+    assert choice.alone == pytest.approx(alone)
 
-    while sizer.calibration.acceptance > 0.3:  # the draft stops being right
+    while rate.value > alone:  # the draft stops being right: 1 token in 0.2 s
         sizer.record(drafted(accepted=0))
+        rate.add(1)
     choice = sizer.choose(pending=2)
-    assert with_tree() < alone and not choice.draft  # (2c + 1) / 0.2 < 9.8 once c < 0.49
+    assert not choice.draft and choice.with_tree == pytest.approx(rate.value)
 
-    # a look costs 0.2 s against the (2c + 1) tokens the target alone makes in that time
-    loss = tree_s - (sizer.calibration.acceptance * TREE["predicted"] + 1) * alone_s
-    look_after = math.ceil(loss / (LOOK_SHARE * alone_s))
+    # a look costs its 0.2 s less the time the target alone takes for its tokens
+    look_after = math.ceil((TREE_S - rate.mean_tokens * ALONE_S) / (LOOK_SHARE * ALONE_S))
     for _ in range(look_after - 1):
-        sizer.record(Observed(tokens=1, target_s=alone_s))
+        sizer.record(Observed(tokens=1, target_s=ALONE_S))
     assert not sizer.choose(pending=look_after).draft
-    sizer.record(Observed(tokens=1, target_s=alone_s))
+    sizer.record(Observed(tokens=1, target_s=ALONE_S))
     look = sizer.choose(pending=look_after + 1)
     assert look.draft and look.look
 
-    sizer.record(drafted(accepted=4))  # the look finds the draft right again
+    sizer.record(drafted(accepted=4))  # the look finds the draft right again: 5 tokens in 0.2 s
+    rate.add(5)
     assert sizer.undrafted == 0
-    while not sizer.choose(pending=2).draft:  # as do later looks
+    while rate.value <= alone:  # as do later looks
+        assert not sizer.choose(pending=2).draft
         sizer.record(drafted(accepted=4))
-    assert sizer.calibration.acceptance > (alone * tree_s - 1) / TREE["predicted"]
-    assert not sizer.choose(pending=2).look
+        rate.add(5)
+    choice = sizer.choose(pending=2)
+    assert choice.draft and not choice.look and choice.with_tree == pytest.approx(rate.value)
+
+
+class DraftingRate:
+    """The test's own account of the rate: tokens and TREE_S seconds an iteration, decayed by 0.8."""
+
+    def __init__(self) -> None:
+        self.tokens = self.weight = 0.0
+
+    def add(self, tokens: int) -> None:
+        self.tokens = 0.8 * self.tokens + tokens
+        self.weight = 0.8 * self.weight + 1
+
+    @property
+    def value(self) -> float:
+        return self.tokens / (self.weight * TREE_S)
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.tokens / self.weight
+
+
+def test_a_catch_up_past_a_steady_ones_does_not_count_against_drafting():
+    # a draft step 0.02 s up to 2 rows, a 40-token catch-up 0.5 s
+    costs = Costs(target_n=(1, 65), target_s=(0.1, 0.74), draft_b=(1, 2, 40, 64), draft_s=(0.02, 0.02, 0.5, 0.74))
+    sizer = AutoSizer(costs, cap=64)
+    sizer.record(Observed(tokens=1, target_s=1.0, draft_s=1.0, catch_up=2, widths=(1,), size=1))  # cold: left out
+    for catch_up in (40, 2, 2):  # times as the probe says: a tree after a 40-token catch-up, then two steady ones
+        catch_up_s = costs.draft(catch_up)
+        sizer.record(Observed(tokens=3, target_s=0.14, draft_s=catch_up_s + 0.04, catch_up=catch_up,
+                              catch_up_s=catch_up_s, widths=(1, 1), size=4, predicted=2.0, accepted=2))
+    assert sizer.choose(pending=2).with_tree == pytest.approx(9 / (3 * (0.02 + 0.04 + 0.14)))  # each counts as steady
+    assert sizer.excess_catch_up_s(40) == pytest.approx(0.5 - 0.02)
+    sizer.record(Observed(tokens=3, target_s=0.14, draft_s=0.64, catch_up=40, catch_up_s=0.6, widths=(1, 1), size=4,
+                          predicted=2.0, accepted=2))  # a long catch-up 1.2 times the probe's
+    long_ones = (0.95 * (0.95 * 2 + 1) + 1.2) / (0.95 * (0.95 * 2 + 1) + 1)
+    assert sizer.calibration.catch_up_time.value == pytest.approx(long_ones)
+    assert sizer.excess_catch_up_s(40) == pytest.approx(long_ones * 0.5 - sizer.draft_s(2))
 
 
 def test_costs_follow_what_iterations_take():

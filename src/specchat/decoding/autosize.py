@@ -35,13 +35,16 @@ keeps its tree's books, samples and prunes. The draft's and the target's probed 
 by running ratios of what iterations took to what the probe predicted for them (calibration.py).
 
 Drafting nothing. Before an iteration, the target alone (one pass over the root: the
-autoregressive step) is weighed against a drafting iteration predicted from the recent trees:
-    r_alone = 1 / (T_alone (1 + L)),   r_tree = (c * A + 1) / T(d, K),
-T_alone being the probe's one-token pass scaled by what the target alone's steps took, A, K and
-the draft steps' seconds the recent trees' means, and the catch-up a steady one's (2 tokens). The iteration drafts only when r_tree is higher. While it does not, the acceptance
-would go stale, so a tree is drafted anyway (a look) once what looks cost beyond the target
-alone stays within a share L of the time spent without drafting; that share is charged to
-r_alone above.
+autoregressive step) is weighed against the rate the last drafting iterations achieved:
+    r_alone = 1 / (T_alone (1 + L)),   r_tree = sum of their tokens / sum of their seconds,
+T_alone being the probe's one-token pass scaled by what the target alone's steps took, and each
+drafting iteration's seconds with its catch-up counted as a steady one's (2 tokens: the accepted
+leaf and the token after it; the first tree of a reply catches up the prompt, a tree after the
+target alone what it emitted). The first drafting iteration of an engine is left out: it pays
+the kernels' first use (a 5-node pass took 150 ms where later ones took 55). The iteration
+drafts only when r_tree is higher. While it does not, r_tree would go stale, so a
+tree is drafted anyway (a look) once what looks cost beyond the target alone stays within a share
+L of the time spent without drafting; that share is charged to r_alone above.
 """
 
 import bisect
@@ -50,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.decoding.calibration import Calibration, TypicalTree
+from specchat.decoding.calibration import Calibration
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # expansion widths the growth rule considers
 # Tokens a drafting iteration's catch-up runs once drafting is steady: the accepted leaf, which the
@@ -133,6 +136,7 @@ class Observed:
     target_s: float  # the pass, the walk and the bookkeeping after it
     draft_s: float = 0.0  # the catch-up and the tree's growth
     catch_up: int = 0  # tokens the catch-up ran; 0: the iteration drafted nothing
+    catch_up_s: float = 0.0  # of draft_s, the catch-up's
     widths: tuple[int, ...] = ()  # nodes each draft step after the root's expanded
     size: int = 0  # K
     predicted: float = 0.0  # uncalibrated A of the cut
@@ -151,6 +155,7 @@ class AutoSizer:
         self.learns_costs = learns_costs
         self.calibration = Calibration()
         self.undrafted = 0  # tokens emitted since the last iteration that drafted
+        self.warm = False  # a drafting iteration has run: the first pays one-time costs (kernels' first use)
 
     def draft_s(self, width: int) -> float:
         """Calibrated seconds of a draft step over `width` nodes (or a catch-up of that many tokens)."""
@@ -164,33 +169,34 @@ class AutoSizer:
         """Calibrated seconds of the target alone's step (drafting nothing: a pass over the root)."""
         return self.calibration.alone * self.costs.iteration(0.0, 1)
 
-    def tree_iteration_s(self, tree: TypicalTree, catch_up: int) -> float:
-        spent = self.draft_s(catch_up) + self.calibration.draft_time.value * tree.steps_s
-        return self.iteration_s(spent, round(tree.size) + 1)
+    def excess_catch_up_s(self, pending: int) -> float:
+        """Seconds a catch-up of `pending` tokens is expected to take beyond a steady one's: the
+        probe's draft step over that many rows, scaled by what long catch-ups took (the probe's
+        step also runs the head on every row, which a catch-up runs on its last one only)."""
+        long_ones = self.calibration.catch_up_time.value * self.costs.draft(pending)
+        return max(0.0, long_ones - self.draft_s(STEADY_CATCH_UP))
 
     def choose(self, pending: int) -> Choice:
         """Draft the next iteration (its catch-up runs `pending` tokens) or let the target alone
-        emit one token. A steady drafting iteration is predicted from the recent trees; until
-        there are a few (calibration.MIN_TREES) it drafts, to learn. While the target alone is
-        faster, a look is drafted once its cost, what a tree after a catch-up of `pending` tokens
-        takes beyond the target alone making its expected tokens, fits in LOOK_SHARE of the time
-        spent since the last tree."""
+        emit one token, by the rate the last drafting iterations achieved; until there are a few
+        (calibration.MIN_TREES) it drafts, to learn. While the target alone is faster, a look is
+        drafted once its cost, what a drafting iteration after this catch-up takes beyond the
+        target alone making its tokens, fits in LOOK_SHARE of the time spent since the last tree."""
         alone_s = self.alone_s()
         alone = 1 / (alone_s * (1 + LOOK_SHARE))
-        tree = self.calibration.trees.typical()
-        if tree is None:
+        drafting = self.calibration.drafting
+        if not drafting.known:
             return Choice(draft=True, look=False, with_tree=0.0, alone=alone)
-        tokens = self.calibration.acceptance * tree.predicted + 1
-        with_tree = tokens / self.tree_iteration_s(tree, STEADY_CATCH_UP)
-        if with_tree > alone:
-            return Choice(draft=True, look=False, with_tree=with_tree, alone=alone)
-        loss = self.tree_iteration_s(tree, pending) - tokens * alone_s
+        if drafting.rate > alone:
+            return Choice(draft=True, look=False, with_tree=drafting.rate, alone=alone)
+        loss = drafting.mean_seconds + self.excess_catch_up_s(pending) - drafting.mean_tokens * alone_s
         look = LOOK_SHARE * self.undrafted * alone_s >= loss
-        return Choice(draft=look, look=look, with_tree=with_tree, alone=alone)
+        return Choice(draft=look, look=look, with_tree=drafting.rate, alone=alone)
 
     def record(self, seen: Observed) -> None:
-        """Calibrate by what an iteration took: acceptance, the typical tree and the draft's and
-        target's times from drafting iterations, the target alone's time from the others."""
+        """Calibrate by what an iteration took: acceptance, the rate of drafting and the draft's
+        and target's times from drafting iterations, the target alone's time from the others.
+        Stand-in costs (`learns_costs` off) stand in for the times too."""
         if seen.catch_up == 0:
             self.undrafted += seen.tokens
             if self.learns_costs:
@@ -198,13 +204,28 @@ class AutoSizer:
                 self.calibration.alone_time.record_time(passes * self.costs.iteration(0.0, 1), seen.target_s)
             return
         self.undrafted = 0
-        steps_s = sum(self.costs.draft(width) for width in seen.widths)
-        if self.learns_costs:
-            self.calibration.draft_time.record_time(self.costs.draft(seen.catch_up) + steps_s, seen.draft_s)
-            pass_s = self.costs.iteration(seen.draft_s, seen.size + 1) - seen.draft_s
-            self.calibration.target_time.record_time(pass_s, seen.target_s)
         self.calibration.record(seen.predicted, seen.accepted)
-        self.calibration.trees.record(TypicalTree(seen.predicted, seen.size, steps_s))
+        if not self.warm:  # its times are not those of the iterations to come
+            self.warm = True
+            return
+        steady_s = self.costs.draft(STEADY_CATCH_UP)  # what a steady catch-up takes, by the probe
+        draft_s = steady_s + sum(self.costs.draft(width) for width in seen.widths)
+        target_s = self.costs.iteration(draft_s, seen.size + 1) - draft_s
+        if self.learns_costs:
+            self.learn_costs(seen)
+            steady_s = self.draft_s(STEADY_CATCH_UP)
+            draft_s, target_s = seen.draft_s - seen.catch_up_s + steady_s, seen.target_s
+        self.calibration.drafting.record(seen.tokens, draft_s + target_s)
+
+    def learn_costs(self, seen: Observed) -> None:
+        """A drafting iteration's times against the probe's: the draft's, the target's and, for a
+        catch-up longer than a steady one, the catch-up's."""
+        steps_s = sum(self.costs.draft(width) for width in seen.widths)
+        self.calibration.draft_time.record_time(self.costs.draft(seen.catch_up) + steps_s, seen.draft_s)
+        pass_s = self.costs.iteration(seen.draft_s, seen.size + 1) - seen.draft_s
+        self.calibration.target_time.record_time(pass_s, seen.target_s)
+        if seen.catch_up > STEADY_CATCH_UP:
+            self.calibration.catch_up_time.record_time(self.costs.draft(seen.catch_up), seen.catch_up_s)
 
     def best_cut(self, probs: torch.Tensor, draft_spent: float) -> Cut:
         """The K maximizing r(K) over drafted node probabilities `probs`, sorted descending."""

@@ -7,18 +7,18 @@
   from their ratio: the probe's curve can misjudge one width against the others (on a CPU one
   row runs the fused int4 kernel, a tree the dense copies), and that step is what drafting is
   weighed against;
-- and what the last few trees were like (their predicted A, size and draft steps' probed seconds),
-  from which the rate of drafting is predicted before a tree is grown. These follow fewer trees:
-  the first trees of a run are grown under the starting calibration (c = 1, optimistic: larger
-  trees than the calibrated sizer grows), and a mean over them would misjudge the trees to come.
+- and the tokens per second the last few drafting iterations achieved, against which the target
+  alone's step is weighed before a tree is grown. A rate observed, not predicted from a typical
+  tree: the rate of a mean tree is not the mean rate (a 20-node tree among 1-node ones made a
+  prediction that drafting lost where it paid 1.2x).
 """
 
 from dataclasses import dataclass, field
 
 PRIOR_ITERATIONS = 2.0  # weight of each starting value, in iterations
 DECAY = 0.95  # per record: an estimate follows roughly the last 20 records
-TREE_DECAY = 0.7  # per tree: the typical tree follows roughly the last 3
-MIN_TREES = 3  # trees recorded before the typical tree is judged at all
+TREE_DECAY = 0.8  # per drafting iteration: the rate of drafting follows roughly the last 5
+MIN_TREES = 3  # drafting iterations recorded before that rate is judged at all
 
 
 @dataclass
@@ -48,34 +48,38 @@ class Ratio:
             self.record(1.0, observed_s / predicted_s)
 
 
-@dataclass(frozen=True)
-class TypicalTree:
-    predicted: float  # uncalibrated A: the tree's predicted accepted tokens
-    size: float  # K: drafted nodes scored
-    steps_s: float  # probed seconds of its draft steps after the root's
-
-
 @dataclass
-class TreeMemory:
-    """Decayed means of the recent trees' figures; none until MIN_TREES trees were recorded."""
+class DraftingMemory:
+    """Decayed sums of the recent drafting iterations' tokens and seconds (a catch-up's excess
+    over a steady one's taken off): the rate drafting achieves, as the sizer grows its trees.
+    None is judged until MIN_TREES iterations drafted."""
 
     count: int = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
     weight: float = 0.0
-    predicted: float = 0.0
-    size: float = 0.0
-    steps_s: float = 0.0
 
-    def record(self, tree: TypicalTree) -> None:
+    def record(self, tokens: int, seconds: float) -> None:
         self.count += 1
+        self.tokens = TREE_DECAY * self.tokens + tokens
+        self.seconds = TREE_DECAY * self.seconds + seconds
         self.weight = TREE_DECAY * self.weight + 1
-        self.predicted = TREE_DECAY * self.predicted + tree.predicted
-        self.size = TREE_DECAY * self.size + tree.size
-        self.steps_s = TREE_DECAY * self.steps_s + tree.steps_s
 
-    def typical(self) -> TypicalTree | None:
-        if self.count < MIN_TREES:
-            return None
-        return TypicalTree(self.predicted / self.weight, self.size / self.weight, self.steps_s / self.weight)
+    @property
+    def known(self) -> bool:
+        return self.count >= MIN_TREES
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.tokens / self.weight
+
+    @property
+    def mean_seconds(self) -> float:
+        return self.seconds / self.weight
 
 
 @dataclass
@@ -87,7 +91,8 @@ class Calibration:
     draft_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
     target_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))
     alone_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))  # relative to target_time's
-    trees: TreeMemory = field(default_factory=TreeMemory)
+    catch_up_time: Ratio = field(default_factory=lambda: Ratio.starting_at(1.0))  # of catch-ups past a steady one
+    drafting: DraftingMemory = field(default_factory=DraftingMemory)
 
     @property
     def acceptance(self) -> float:

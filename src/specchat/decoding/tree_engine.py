@@ -14,7 +14,7 @@ Both are pruned to the accepted path after the walk; the prefix is never recompu
 """
 
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 import torch
@@ -54,6 +54,12 @@ class TreeStrategy(Protocol[Drafted]):
 # matrix (V x H) whatever the row count, so while the product is memory-bound a batch of a few
 # rows costs about one row, and every node computed later costs another full read.
 UPFRONT_ROWS = 8
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    tokens: int  # committed tokens the draft ran before growing the tree
+    seconds: float
 
 
 class NodeLogits:
@@ -165,10 +171,11 @@ class TreeEngine:
             return self.draft_and_verify(seq, target_cache, draft_cache, sampling, max_tokens)[0]
         choice = sizer.choose(len(seq) - cache_length(draft_cache))
         if choice.draft:
-            event, grown, catch_up = self.draft_and_verify(seq, target_cache, draft_cache, sampling, max_tokens)
+            event, grown, caught = self.draft_and_verify(seq, target_cache, draft_cache, sampling, max_tokens)
             sizer.record(Observed(
-                tokens=len(event.token_ids), target_s=event.target_s, draft_s=event.draft_s, catch_up=catch_up,
-                widths=grown.widths, size=grown.tree.size, predicted=grown.predicted, accepted=event.accepted))
+                tokens=len(event.token_ids), target_s=event.target_s, draft_s=event.draft_s, catch_up=caught.tokens,
+                catch_up_s=caught.seconds, widths=grown.widths, size=grown.tree.size, predicted=grown.predicted,
+                accepted=event.accepted))
         else:
             event = self.target_alone(seq, target_cache, sampling, max_tokens)
             sizer.record(Observed(tokens=1, target_s=event.target_s))
@@ -176,13 +183,14 @@ class TreeEngine:
         return replace(event, drafting=drafting, rate_with_tree=choice.with_tree, rate_alone=choice.alone)
 
     def draft_and_verify(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
-                         sampling: SamplingParams, max_tokens: int) -> tuple[IterationEvent, GrownTree, int]:
+                         sampling: SamplingParams, max_tokens: int) -> tuple[IterationEvent, GrownTree, CatchUp]:
         """Draft, score and walk once; `seq` grows by the emitted tokens, both caches are
-        pruned to the accepted path. Also the tree and how many tokens the catch-up ran."""
+        pruned to the accepted path. Also the tree and what the catch-up ran and took."""
         devices = (self.target.device, self.draft.device)
         start, cached = now(*devices), cache_length(draft_cache)
         pending = len(seq) - cached
         root = catch_up(self.draft, draft_cache, torch.tensor(seq[cached:]), cached)
+        caught_up_at = now(self.draft.device)
         drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
         drafted_at = now(*devices)
         verdict, pass_s = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
@@ -202,7 +210,7 @@ class TreeEngine:
             draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits
             predicted_accepted=calibrated,
         )
-        return event, drafted, pending
+        return event, drafted, CatchUp(pending, caught_up_at - start)
 
     def take_transfer(self) -> TransferStats:
         """What the link did since the last event took its share: the events of a reply add up
