@@ -186,14 +186,14 @@ def test_drafting_turns_off_when_the_draft_costs_more_than_it_saves_and_on_again
 
 
 class DraftingRate:
-    """The test's own account of the rate: tokens and TREE_S seconds an iteration, decayed by 0.8."""
+    """The test's own account of the rate: tokens and TREE_S seconds an iteration, decayed by 0.95."""
 
     def __init__(self) -> None:
         self.tokens = self.weight = 0.0
 
     def add(self, tokens: int) -> None:
-        self.tokens = 0.8 * self.tokens + tokens
-        self.weight = 0.8 * self.weight + 1
+        self.tokens = 0.95 * self.tokens + tokens
+        self.weight = 0.95 * self.weight + 1
 
     @property
     def value(self) -> float:
@@ -209,15 +209,15 @@ def test_a_catch_up_past_a_steady_ones_does_not_count_against_drafting():
     costs = Costs(target_n=(1, 65), target_s=(0.1, 0.74), draft_b=(1, 2, 40, 64), draft_s=(0.02, 0.02, 0.5, 0.74))
     sizer = AutoSizer(costs, cap=64)
     sizer.record(Observed(tokens=1, target_s=1.0, draft_s=1.0, catch_up=2, widths=(1,), size=1))  # cold: left out
-    for catch_up in (40, 2, 2):  # times as the probe says: a tree after a 40-token catch-up, then two steady ones
+    for catch_up in (40,) + (2,) * (MIN_TREES - 1):  # times as the probe says: after a 40-token catch-up, steady ones
         catch_up_s = costs.draft(catch_up)
         sizer.record(Observed(tokens=3, target_s=0.14, draft_s=catch_up_s + 0.04, catch_up=catch_up,
                               catch_up_s=catch_up_s, widths=(1, 1), size=4, predicted=2.0, accepted=2))
-    assert sizer.choose(pending=2).with_tree == pytest.approx(9 / (3 * (0.02 + 0.04 + 0.14)))  # each counts as steady
+    assert sizer.choose(pending=2).with_tree == pytest.approx(3 / (0.02 + 0.04 + 0.14))  # each counts as steady
     assert sizer.excess_catch_up_s(40) == pytest.approx(0.5 - 0.02)
     sizer.record(Observed(tokens=3, target_s=0.14, draft_s=0.64, catch_up=40, catch_up_s=0.6, widths=(1, 1), size=4,
                           predicted=2.0, accepted=2))  # a long catch-up 1.2 times the probe's
-    long_ones = (0.95 * (0.95 * 2 + 1) + 1.2) / (0.95 * (0.95 * 2 + 1) + 1)
+    long_ones = (0.95 * (0.95 * 2 + 1) + 1.2) / (0.95 * (0.95 * 2 + 1) + 1)  # long catch-ups: 1.0, then 1.2 the probe's
     assert sizer.calibration.catch_up_time.value == pytest.approx(long_ones)
     assert sizer.excess_catch_up_s(40) == pytest.approx(long_ones * 0.5 - sizer.draft_s(2))
 
