@@ -92,7 +92,8 @@ def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock
                             TreeShape(budget=4, max_depth=2))
     first, *later = list(engine.generate([1, 2, 3], 6, GREEDY))
     assert first.target_s == 1.0 and later
-    assert all((event.draft_s, event.target_s) == (1.0, 1.0) for event in later)
+    # one synchronized reading inside each: drafting's after the catch-up, the target's after the pass
+    assert all((event.draft_s, event.target_s, event.pass_s) == (2.0, 2.0, 1.0) for event in later)
     # target and draft both say cuda: one synchronize of that device per reading; the counters'
     # first reading is the reply's starting mark, before any pass
     assert log[0] == "stats" and clock_reads_follow_a_sync(log) and stats_follow_a_clock_read(log[1:])

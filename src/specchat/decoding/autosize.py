@@ -124,7 +124,7 @@ class Choice:
 
     draft: bool
     look: bool  # a tree drafted though the target alone is predicted faster, to measure acceptance again
-    with_tree: float  # a drafting iteration's, predicted from the recent trees (0: none yet)
+    with_tree: float  # what the last drafting iterations achieved (0: not judged yet)
     alone: float  # the target alone's, the looks' share of its time taken off
 
 

@@ -44,8 +44,8 @@ class IterationEvent:
     # --budget auto: DRAFTED, ALONE (the target alone emitted one token: predicted faster) or LOOK
     # (a tree drafted while the target alone is faster, to measure acceptance again); "" otherwise.
     drafting: str = ""
-    rate_with_tree: float = 0.0  # --budget auto: the tokens/s it predicted for drafting (0: nothing known yet)
-    rate_alone: float = 0.0  # and for the target alone
+    rate_with_tree: float = 0.0  # --budget auto: the tokens/s the last drafting iterations achieved (0: not judged yet)
+    rate_alone: float = 0.0  # and the tokens/s it predicted for the target alone
     # First event of a reply only: prompt tokens run this reply (those past the prefix the
     # engine's caches reused) and the seconds that took (dsi: its drafter's prefill).
     prefill_tokens: int = 0

@@ -193,7 +193,7 @@ class TreeEngine:
         caught_up_at = now(self.draft.device)
         drafted = self.strategy.draft(self.draft, draft_cache, root, self.shape, sampling)
         drafted_at = now(*devices)
-        verdict, pass_s = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens)
+        verdict, pass_s = self.score_and_walk(drafted, seq, target_cache, sampling, max_tokens, drafted_at)
         prune_draft_cache(draft_cache, drafted, verdict, len(seq))
         seq.extend(verdict.tokens)
         wall = now(*devices) - start
@@ -220,16 +220,16 @@ class TreeEngine:
         return moved
 
     def score_and_walk(self, drafted: GrownTree, seq: list[int], cache: DynamicCache, sampling: SamplingParams,
-                       max_tokens: int) -> tuple[Verdict, float]:
+                       max_tokens: int, started: float) -> tuple[Verdict, float]:
         """One target pass over the whole tree (each node sees the committed prefix and its
         ancestors, at position prefix + depth), then the strategy's walk with lazily computed
-        logits; the target cache keeps the prefix and the walked path. Also the pass's seconds."""
+        logits; the target cache keeps the prefix and the walked path. Also the pass's seconds since
+        `started` (the clock's synchronized reading when drafting ended: no second synchronize)."""
         tree = drafted.tree
         prefix = len(seq) - 1
         mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
-        start = now(self.target.device)
         hidden = self.target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
-        pass_s = now(self.target.device) - start  # the forward alone: the rest of target_s is verification
+        pass_s = now(self.target.device) - started  # the forward (and its mask): the rest of target_s is verification
         logits = NodeLogits(self.target, tree, hidden)
         logits.compute(upfront_nodes(tree, UPFRONT_ROWS))
         verdict = self.strategy.walk(drafted, logits.of, sampling, len(seq), max_tokens, self.stop_ids)
