@@ -20,16 +20,15 @@ class LiveStats:
     reply_engine_s: float = 0.0
     reply_jobs_submitted: int = 0  # dsi's verification jobs; engines without jobs report none
     reply_jobs_preempted: int = 0
-    reply_iterations: int = 0
     reply_alone: int = 0  # --budget auto: iterations the target ran alone, drafting predicted slower
-    reply_looks: int = 0  # and trees drafted while it did, to measure acceptance again
+    reply_looks: int = 0  # and trees drafted while it did, to measure drafting's rate again
 
     def start_reply(self) -> None:
         self.reply_tokens = 0
         self.reply_engine_s = 0.0
         self.reply_jobs_submitted = 0
         self.reply_jobs_preempted = 0
-        self.reply_iterations = self.reply_alone = self.reply_looks = 0
+        self.reply_alone = self.reply_looks = 0
 
     def record(self, event: IterationEvent) -> None:
         if event.tree_size > 0:  # the sparklines and the mean are per drafted tree, not the prompt's pass
@@ -42,7 +41,6 @@ class LiveStats:
         self.reply_engine_s += event.draft_s + event.target_s
         self.reply_jobs_submitted += event.jobs_submitted
         self.reply_jobs_preempted += event.jobs_preempted
-        self.reply_iterations += 1
         self.reply_alone += event.drafting == ALONE
         self.reply_looks += event.drafting == LOOK
 
@@ -73,15 +71,15 @@ def stats_report(last: Summary | None, stats: LiveStats) -> str:
         f"prefill {last.prefill_tokens} tokens in {last.prefill_s:.2f} s\n"
         f"session: {stats.iterations} iterations, mean accepted {stats.mean_accepted:.2f} "
         f"over the last {len(stats.accepted)}"
-        f"{drafting_report(stats)}"
+        f"{drafting_report(last, stats)}"
     )
 
 
-def drafting_report(stats: LiveStats) -> str:
+def drafting_report(reply: Summary, stats: LiveStats) -> str:
     """Under --budget auto, when the last reply left the target alone and why; else nothing."""
-    last = stats.last
-    if not stats.reply_alone or last is None:
+    event = stats.last
+    if not stats.reply_alone or event is None:
         return ""
-    return (f"\ndrafting off in {stats.reply_alone} of {stats.reply_iterations} iterations of the last reply "
-            f"({stats.reply_looks} looks): predicted {last.rate_alone:.1f} tokens/s for the target alone "
-            f"against {last.rate_with_tree:.1f} with a tree")
+    return (f"\ndrafting off in {stats.reply_alone} of {reply.iterations} iterations of the last reply "
+            f"({stats.reply_looks} looks): predicted {event.rate_alone:.1f} tokens/s for the target alone "
+            f"against {event.rate_with_tree:.1f} with a tree")
