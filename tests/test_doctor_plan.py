@@ -81,3 +81,51 @@ def test_generate_refuses_a_context_past_the_models_maximum_before_loading(monke
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--context", "40000")
     assert_one_line_error(code, err, "--context 40000 is past the target's maximum of 32768 tokens")
     assert "loading" not in err
+
+
+def gb(count: float) -> str:
+    return f"{count / 1e9:.2f} GB"
+
+
+def planned_item(out: str, label: str) -> float:
+    """The bytes of the GPU plan's item `label`, as the report prints them (two decimals of GB)."""
+    return float(re.search(rf"^    {re.escape(label)} +([\d.]+) GB$", out, re.M).group(1)) * 1e9
+
+
+def awq_layer_bytes(hidden: int, mlp: int, kv_heads: int, head_dim: int) -> int:
+    """A Llama decoder layer in specchat's packed 4-bit form at group 128: half a byte a weight, a
+    bf16 scale and zero per group of 128 inputs and output, two bf16 norms."""
+    kv = kv_heads * head_dim
+    weights = hidden * (hidden + 2 * kv + hidden + 2 * mlp) + mlp * hidden
+    return weights // 2 + weights // 128 * 4 + 2 * hidden * 2
+
+
+def test_llama_3_1_70b_awq_fills_a_24_gb_card_with_resident_layers(monkeypatch, capsys):
+    """Every GB the rest of the plan leaves on a 24 GB card holds target layers: the resident count
+    is the most layers that fit beside the items, each item worked out from the configs' sizes here
+    (those the configs do not give, the pass's activations, the kernels' workspace and the CUDA
+    margin, are taken from the report)."""
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-3.1-70b-awq", "--draft",
+                           "llama-3.1-8b-awq", "--vram-gb", "24", "--ram-gb", "64", "--pcie-gbps", "25")
+    assert code == 0
+    vocab, tokens = 128256, 4096 + 2049  # context and the largest tree's pass
+    layer = awq_layer_bytes(8192, 28672, 8, 128)  # 0.4545 GB
+    draft_layer = awq_layer_bytes(4096, 14336, 8, 128)
+    # the draft: 32 packed layers, bf16 embeddings, an LM head over the 32768-token sub-vocabulary, a norm
+    items = {
+        "fixed parts (embeddings, final norm, LM head)": 2 * vocab * 8192 * 2 + 8192 * 2,
+        f"target KV cache ({tokens} tokens)": 80 * 2 * 8 * 128 * 2 * tokens,
+        "draft weights (none)": 32 * draft_layer + vocab * 4096 * 2 + 32768 * 4096 * 2 + 4096 * 2,
+        f"draft KV cache ({tokens} tokens)": 32 * 2 * 8 * 128 * 2 * tokens,
+        "ring of 2 slots": 2 * layer,
+    }
+    for label, size in items.items():
+        assert re.search(rf"^    {re.escape(label)} +{gb(size)}$", out, re.M), label
+    others = sum(planned_item(out, label) for label in ("largest pass (2049-token tree)",
+                                                        "quantized kernels' workspace",
+                                                        "CUDA context and allocator margin"))
+    spare = 24e9 - sum(items.values()) - others
+    resident = int(spare // layer)  # 16 of 80
+    assert f"  layers         {resident} resident, {80 - resident} in RAM, 0 on disk" in out
+    assert re.search(rf"^    {resident} resident decoder layers +{gb(resident * layer)}$", out, re.M)
+    assert f"  per pass       {gb((80 - resident) * layer).removesuffix(' GB')} GB streamed;" in out
