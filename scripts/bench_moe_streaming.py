@@ -47,7 +47,7 @@ from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random GPTQ writer lives with the checks
-from gpu_checks.scale_models import alias_config, write_random_gptq  # noqa: E402
+from gpu_checks.scale_models import alias_config, write_random_4bit  # noqa: E402
 
 PREFIX = 64  # tokens cached before a timed pass
 GEN_RATES = (2.8, 12.38)  # this machine's dense pair at --budget auto (docs/benchmarks.md); the paper's Mixtral rate
@@ -153,7 +153,7 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     config, settings = alias_config(args.alias, args.layers, {})
     print(f"writing a random 4-bit {args.alias} of {args.layers} layers in {args.workdir} ...", flush=True)
-    directory = write_random_gptq(config, settings, args.workdir / f"{args.alias}-{args.layers}")
+    directory = write_random_4bit(config, settings, args.workdir / f"{args.alias}-{args.layers}")
     rows: list[Row] = []
     for mode, (by_expert, whole_loads, cached) in MODES.items():
         lm, offload = offloaded(directory, args.workdir, by_expert, whole_loads, cached)

@@ -76,7 +76,12 @@ def test_generate_json_contract(monkeypatch, capsys, tiny_dirs):
     )
     assert code == 0
     record = json.loads(out)
-    assert set(record) == {"text", "token_ids", "iterations", "summary"}
+    assert set(record) == {"text", "token_ids", "iterations", "summary", "plan"}
+    # the tiny target's 2 layers all on the device (no offload); the draft as stored or int8 (CPU auto)
+    plan = record["plan"]
+    assert {key: plan[key] for key in ("resident_layers", "ram_layers", "disk_layers", "pass_bytes")} == \
+        {"resident_layers": 2, "ram_layers": 0, "disk_layers": 0, "pass_bytes": 0}
+    assert plan["draft_quant"] in ("none", "int8") and plan["context"] >= 12
     summary = record["summary"]
     assert summary["new_tokens"] == len(record["token_ids"]) == sum(len(e["token_ids"]) for e in record["iterations"])
     assert summary["iterations"] == len(record["iterations"])
@@ -226,6 +231,12 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
     assert summary["transfer_bytes"] > 0 and summary["transfer_gbps"] > 0 and summary["stall_s"] >= 0
     # the 8 streamed layers fit in the ring, so a whole pass is staged and the link never idles
     assert summary["link_idle"] == 0.0 and all(i["link_idle"] == 0.0 for i in record["iterations"])
+    plan = record["plan"]  # the 1.5B target's 28 layers: 20 resident, 8 streamed from the layer file
+    assert (plan["resident_layers"], plan["ram_layers"], plan["disk_layers"]) == (20, 0, 8)
+    # every pass streams the 8 layers; the ring may have staged the next pass's first ones inside
+    # the previous event (the bytes count where they moved), and a reply's last prefetch is nobody's
+    passes = len(record["iterations"])
+    assert (passes - 1) * plan["pass_bytes"] < summary["transfer_bytes"] <= passes * plan["pass_bytes"]
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,11 @@ EVERY_OPTION = ["--target", "t", "--draft", "d", "--engine", "sd", "--budget", "
                 "--dtype", "float32", "--weights", "dense", "--offload", "disk", "--offload-dir", "/x",
                 "--resident-layers", "2", "--ram-budget", "1.5", "--vram-budget", "2.5", "--context", "2048",
                 "--draft-quant", "int8", "--draft-vocab", "0", "--lookahead", "7", "--workers", "cpu,cpu",
-                "--ray-address", "auto", "--allow-pickle"]
+                "--ray-address", "auto", "--allow-pickle", "--ranked-tree"]
 EXPECTED = EngineOptions(target="t", draft="d", engine="sd", budget=9, max_depth=3, dtype="float32", weights="dense",
                          offload="disk", offload_dir="/x", resident_layers=2, ram_budget=1.5, vram_budget=2.5,
                          context=2048, draft_quant="int8", draft_vocab=0, lookahead=7, workers="cpu,cpu",
-                         ray_address="auto", allow_pickle=True)
+                         ray_address="auto", allow_pickle=True, ranked_tree=True)
 
 
 def declared(command: str) -> dict[str, tuple[str | None, object]]:

@@ -129,3 +129,18 @@ def test_llama_3_1_70b_awq_fills_a_24_gb_card_with_resident_layers(monkeypatch, 
     assert f"  layers         {resident} resident, {80 - resident} in RAM, 0 on disk" in out
     assert re.search(rf"^    {resident} resident decoder layers +{gb(resident * layer)}$", out, re.M)
     assert f"  per pass       {gb((80 - resident) * layer).removesuffix(' GB')} GB streamed;" in out
+
+
+def test_a_4_bit_draft_is_planned_packed_on_a_cpu(monkeypatch, capsys):
+    """An AWQ draft's stored weights are its smallest form: a CPU's auto does not plan it in int8
+    (its linears are packed; planning int8 for them crashed)."""
+    code, out, _ = run_cli(monkeypatch, capsys, "doctor", "--target", "llama-3.1-70b-awq", "--draft",
+                           "llama-3.1-8b-awq", "--ram-gb", "64")
+    assert code == 0
+    assert "  context        4096 tokens, draft in none" in out and "draft weights (none)" in out
+
+
+def test_quantizing_a_4_bit_draft_again_is_one_line(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", "llama-3.1-70b-awq", "--draft",
+                           "llama-3.1-8b-awq", "--draft-quant", "int8")
+    assert_one_line_error(code, err, "--draft-quant int8: llama-3.1-8b-awq stores 4-bit GPTQ or AWQ weights")

@@ -98,3 +98,18 @@ def test_ancestor_mask_matches_paths(tiny_draft):
         expected = torch.zeros_like(mask[node])
         expected[path_to(grown.tree, node)] = True
         assert torch.equal(mask[node], expected)
+
+
+@pytest.mark.parametrize("budget,depth", [(64, 6), (200, 12), (33, 24)])
+def test_a_ranked_tree_fills_its_budget_and_depth_whatever_the_draft(tiny_draft, budget, depth):
+    """gpu_check --pair's trees: scored by rank, the first children's chain reaches max_depth in
+    max_depth - 1 expansions after the root's, and the tree holds the whole budget, the first
+    children's path included; the draft's own (flat, random) trees stop shallower."""
+    shape = TreeShape(budget=budget, max_depth=depth, ranked_tree=True)
+    grown = grow_after_prompt(tiny_draft, shape, 0.6)
+    assert grown.tree.tokens.numel() - 1 == budget
+    assert int(grown.tree.depths.max()) == depth and grown.steps == depth - 1
+    first = next_logprobs(tiny_draft, PROMPT, 0.6).argmax().item()
+    assert first in grown.tree.tokens[grown.tree.depths == 1].tolist()
+    drafted = grow_after_prompt(tiny_draft, TreeShape(budget=budget, max_depth=depth), 0.6)
+    assert int(drafted.tree.depths.max()) < depth

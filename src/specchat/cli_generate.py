@@ -37,6 +37,7 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
             "token_ids": text.token_ids,
             "iterations": [event_record(e) for e in events],
             "summary": {**vars(summary), "transfer_gbps": summary.transfer_gbps},
+            "plan": plan_record(models),
         }
         print(json.dumps(record))
     else:
@@ -46,6 +47,17 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
             f"{summary.tokens_per_s:.2f} tok/s{streaming_note(summary)}]",
             file=sys.stderr,
         )
+
+
+def plan_record(models: Models) -> dict:
+    """Where the memory plan put the target's layers and which form of the draft it chose
+    (empty where nothing was planned: dsi's Ray actors plan their own)."""
+    if models.memory is None:
+        return {}
+    placement = models.memory.placement
+    return {"resident_layers": placement.resident, "ram_layers": placement.ram, "disk_layers": placement.disk,
+            "pass_bytes": placement.pass_bytes, "context": models.memory.context,
+            "draft_quant": models.memory.draft.quant if models.memory.draft is not None else None}
 
 
 def streaming_note(summary: Summary) -> str:

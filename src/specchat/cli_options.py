@@ -56,6 +56,8 @@ WorkersOpt = Annotated[str | None, typer.Option(
     help="dsi: the target workers' devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: two on this machine's device).")]
 RayOpt = Annotated[str | None, typer.Option(
     help="dsi: run the target workers as actors of this Ray cluster (auto or HOST:PORT; needs specchat[ray]).")]
+RankedTreeOpt = Annotated[bool, typer.Option(
+    hidden=True, help="Measurement: grow every tree by rank to its budget and depth, whatever the draft predicts.")]
 
 # Every EngineOptions field as an option, in the field's order (a test holds the two together);
 # the defaults are the fields' own.
@@ -67,7 +69,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
     "dtype": DtypeOpt, "weights": WeightsOpt, "offload": OffloadOpt, "offload_dir": OffloadDirOpt,
     "resident_layers": ResidentOpt, "ram_budget": RamBudgetOpt, "vram_budget": VramBudgetOpt, "context": ContextOpt,
     "draft_quant": DraftQuantOpt, "draft_vocab": DraftVocabOpt, "lookahead": LookaheadOpt, "workers": WorkersOpt,
-    "ray_address": RayOpt, "allow_pickle": AllowPickleOpt,
+    "ray_address": RayOpt, "allow_pickle": AllowPickleOpt, "ranked_tree": RankedTreeOpt,
 }
 
 Command = Callable[..., None]

@@ -16,6 +16,7 @@ from specchat.decoding.static_step import BUCKETS, static_draft
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
+from specchat.models.configs import read_config
 from specchat.heap_trim import release_free_heap
 from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
 from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
@@ -26,7 +27,7 @@ from specchat.offload.links import read_links
 from specchat.offload.placement import Placement
 from specchat.plan.budget import MemoryPlan
 from specchat.plan.machine import Machine
-from specchat.plan.pair import contexts_for, draft_kinds, plan_pair
+from specchat.plan.pair import contexts_for, draft_kinds, plan_pair, stores_4bit
 from specchat.plan.request import Pair, PlanRequest, tree_sizes
 from specchat.plan.text import describe_plan
 from specchat.paths import offload_dir as default_offload_dir
@@ -57,6 +58,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     drafted = any(name in DRAFTED_ENGINES for name in names)
     if drafted:
         draft_quantization(options.draft_quant, device, dtype)  # nf4 without CUDA or bitsandbytes: one line, now
+        check_draft_quant(options)
     measured = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else None
     if "dsi" in names and options.ray_address is not None:
         models, draft_quant = load_ray_models(options, device, dtype, reporter), measured
@@ -85,6 +87,14 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         raise
     reporter.step("ready", 1.0)
     return models
+
+
+def check_draft_quant(options: EngineOptions) -> None:
+    """A draft that stores GPTQ or AWQ weights runs them packed: quantizing it again is refused."""
+    if options.draft_quant in ("auto", "none") or not stores_4bit(read_config(options.draft)):
+        return
+    raise SpecchatError(f"--draft-quant {options.draft_quant}: {options.draft} stores 4-bit GPTQ or AWQ weights, "
+                        "which run packed: use --draft-quant auto or none")
 
 
 def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, measured: DraftQuant | None,

@@ -59,6 +59,7 @@ class EngineOptions:
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
     ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
     allow_pickle: bool = False  # load local checkpoints whose weights are pickles (.bin, .pt)
+    ranked_tree: bool = False  # measurement only: trees by rank, full whatever the draft (drafter.TreeShape)
 
 
 @dataclass
@@ -99,12 +100,14 @@ class Models:
         cuda, offloaded = self.device.type == "cuda", self.offload is not None
         depth = settings.depth if settings.depth is not None else DEFAULT_MAX_DEPTH
         budget = AUTO if settings.budget is None else settings.budget  # SpecExec sizes its trees by default
+        ranked = bool(settings.ranked_tree)
         if name != "specexec":  # only SpecExec sizes its own trees: the others take the device's default
             budget = default_budget(cuda, offloaded) if budget == AUTO else budget
-            return TREE_ENGINES[name](self.target, self.draft, self.stop_ids, TreeShape(budget=budget, max_depth=depth))
+            return TREE_ENGINES[name](self.target, self.draft, self.stop_ids,
+                                      TreeShape(budget=budget, max_depth=depth, ranked_tree=ranked))
         sizer = self.sizer() if budget == AUTO or self.costs is not None else None
-        shape = TreeShape(budget=sizer.cap, max_depth=depth, sizer=sizer) if budget == AUTO else \
-            TreeShape(budget=budget, max_depth=depth)
+        shape = TreeShape(budget=sizer.cap, max_depth=depth, sizer=sizer, ranked_tree=ranked) if budget == AUTO else \
+            TreeShape(budget=budget, max_depth=depth, ranked_tree=ranked)
         return SpecExecEngine(self.target, self.draft, self.stop_ids, shape, sizer)
 
     def sizer(self) -> AutoSizer:
@@ -212,7 +215,8 @@ def validate_dsi(options: EngineOptions) -> None:
 
 def live_settings_of(options: EngineOptions) -> LiveSettings:
     """The engine settings named on the command line (a None budget: suited to the device)."""
-    return LiveSettings(budget=options.budget, depth=options.max_depth, lookahead=options.lookahead)
+    return LiveSettings(budget=options.budget, depth=options.max_depth, lookahead=options.lookahead,
+                        ranked_tree=options.ranked_tree)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) -> list[int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from gpu_checks.scale_draft import draft_rows, draft_table
 from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
-from gpu_checks.scale_models import alias_config, write_random_gptq
+from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_moe import MOE_ALIAS, moe_rows, moe_table
 from gpu_checks.scale_passes import pass_rows, pass_table, pass_verdict
 from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
@@ -38,7 +38,7 @@ def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
     say(describe(sizes, device))
     config, settings = alias_config(TARGET_ALIAS, sizes.layers, sizes.target_shrink)
     say(f"writing a random 4-bit GPTQ checkpoint of {sizes.layers} layers ...")
-    directory = write_random_gptq(config, settings, workdir / "target")
+    directory = write_random_4bit(config, settings, workdir / "target")
     passes = pass_rows(directory, device, workdir, sizes, config.vocab_size, say)
     say(pass_table(passes))
     verdicts = [pass_verdict(passes, sizes.dry_run)]

@@ -1,5 +1,5 @@
 """The scale check's models, from the shipped alias configs with random weights (nothing is
-downloaded): the target as a GPTQ checkpoint of random 4-bit weights, written straight in the
+downloaded): the target as a GPTQ or AWQ checkpoint of random 4-bit weights, written straight in the
 format (random packed words, one scale per group and output) without a float model to quantize,
 which at 70B shapes would take minutes and tens of GB; the draft as a bf16 model in memory. A MoE
 target's experts are written one by one, as AutoGPTQ stores them; the checkpoint is written a
@@ -16,7 +16,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from specchat.models.configs import shipped_config_path
-from specchat.quant.gptq import GPTQSpec, group_count, pack_int4_cols, read_gptq_spec
+from specchat.quant.gptq import group_count, pack_int4_cols, read_gptq_spec
 from specchat.quant.split_experts import split_experts
 
 Q_STD = 4.6  # the standard deviation of q - 8 for q uniform in 0..15: scales keep a layer's outputs near unit size
@@ -31,13 +31,13 @@ def alias_config(alias: str, layers: int, shrink: dict) -> tuple[PretrainedConfi
     return AutoConfig.for_model(**values), settings
 
 
-def write_random_gptq(config: PretrainedConfig, settings: dict, directory: Path, seed: int = 0) -> Path:
-    """A GPTQ checkpoint of `config` in `directory` (written once): every decoder linear (each
+def write_random_4bit(config: PretrainedConfig, settings: dict, directory: Path, seed: int = 0) -> Path:
+    """A GPTQ or AWQ checkpoint of `config` in `directory` (written once): every decoder linear (each
     expert's too) random 4-bit weights under `settings` (the alias's quantization_config), every
-    other tensor random (norms 1) in float16, as GPTQ checkpoints store them; one shard a layer."""
+    other tensor random (norms 1) in float16, as those checkpoints store them; one shard a layer."""
     if (directory / "config.json").exists():
         return directory
-    spec = read_gptq_spec({"quantization_config": settings})
+    random_linear = random_awq_linear if settings["quant_method"] == "awq" else random_gptq_linear
     with torch.device("meta"):  # names and shapes only
         skeleton = AutoModelForCausalLM.from_config(config)
     split_experts(skeleton, None)  # a MoE's experts as three linears each (nothing for a dense model)
@@ -51,7 +51,7 @@ def write_random_gptq(config: PretrainedConfig, settings: dict, directory: Path,
         for name in names:
             if name in replaced:
                 linear = linears[name.removesuffix(".weight")]
-                parts = random_gptq_linear(linear.in_features, linear.out_features, spec, generator)
+                parts = random_linear(linear.in_features, linear.out_features, settings, generator)
                 tensors |= {f"{name.removesuffix('.weight')}.{key}": tensor for key, tensor in parts.items()}
             else:
                 tensors[name] = random_dense(name, state[name].shape, generator)
@@ -70,10 +70,11 @@ def shards(state: dict[str, Tensor], layers: int) -> list[list[str]]:
     return by_layer
 
 
-def random_gptq_linear(in_features: int, out_features: int, spec: GPTQSpec, generator: torch.Generator
+def random_gptq_linear(in_features: int, out_features: int, settings: dict, generator: torch.Generator
                        ) -> dict[str, Tensor]:
     """qweight, qzeros, scales and g_idx (quant/gptq.py's v1 format) of a random 4-bit weight:
     every bit pattern of qweight is 8 valid nibbles, so random words are random weights."""
+    spec = read_gptq_spec({"quantization_config": settings})
     groups = group_count(in_features, spec.group_size)
     size = in_features if spec.group_size == -1 else spec.group_size
     words = torch.randint(0, 256, (in_features // 8 * out_features * 4,), dtype=torch.uint8, generator=generator)
@@ -86,6 +87,20 @@ def random_gptq_linear(in_features: int, out_features: int, spec: GPTQSpec, gene
     return {"qweight": words.view(torch.int32).view(in_features // 8, out_features),
             "qzeros": pack_int4_cols(zeros - 1),  # v1 stores zero - 1
             "scales": scales.to(torch.float16), "g_idx": g_idx}
+
+
+def random_awq_linear(in_features: int, out_features: int, settings: dict, generator: torch.Generator
+                      ) -> dict[str, Tensor]:
+    """qweight [I, O/8], qzeros and scales (AutoAWQ's GEMM format, quant/awq.py) of a random 4-bit
+    weight. Nibbles pack along outputs in AWQ's interleaved order, which random values need not
+    follow: any 8 values in a word are 8 valid nibbles. Zeros near the grid's middle keep q - z centred."""
+    size = settings["group_size"]
+    groups = in_features // size
+    words = torch.randint(0, 256, (in_features * out_features // 2,), dtype=torch.uint8, generator=generator)
+    zeros = torch.randint(7, 10, (groups, out_features), generator=generator)
+    scales = (0.5 + torch.rand(groups, out_features, generator=generator)) / (Q_STD * math.sqrt(in_features))
+    return {"qweight": words.view(torch.int32).view(in_features, out_features // 8),
+            "qzeros": pack_int4_cols(zeros), "scales": scales.to(torch.float16)}
 
 
 def random_dense(key: str, shape: torch.Size, generator: torch.Generator) -> Tensor:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from gpu_checks.markdown import markdown_table, ms
-from gpu_checks.scale_models import alias_config, write_random_gptq
+from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_sizes import SLOTS, ScaleSizes
 from gpu_checks.suite import release_memory
 from gpu_checks.timing import fastest_ms
@@ -78,7 +78,7 @@ def streamed_rows(directory: Path, device: torch.device, workdir: Path, sizes: S
 def moe_rows(sizes: ScaleSizes, device: torch.device, workdir: Path, say: Callable[[str], None]) -> list[MoeRow]:
     config, settings = alias_config(MOE_ALIAS, sizes.layers, sizes.moe_shrink)
     say(f"writing a random 4-bit {MOE_ALIAS} of {sizes.layers} layers ...")
-    directory = write_random_gptq(config, settings, workdir / "moe-target")
+    directory = write_random_4bit(config, settings, workdir / "moe-target")
     trees = [random_tree(n, sizes.cached, config.vocab_size, seed=n) for n in sizes.trees]
     say(f"timing its passes streamed by expert, as whole layers, then by expert with whole layers after "
         f"widely routed calls (the default), through {SLOTS} slots ...")

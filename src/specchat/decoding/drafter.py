@@ -30,6 +30,10 @@ class TreeShape:
     batch: int | None = None  # B: nodes expanded per draft forward; None = max(16, K // 4)
     max_children: int = 16  # children taken from one expansion
     sizer: AutoSizer | None = None  # --budget auto: it sizes steps and cuts the tree; budget caps it
+    # Measurement only (gpu_check --pair): score the j-th likeliest child of an expansion -j instead
+    # of its draft log-prob, so that the first children's chain reaches max_depth and the tree fills
+    # its budget whatever the draft's weights (random weights give flat, shallow trees).
+    ranked_tree: bool = False
 
     @property
     def expansion_batch(self) -> int:
@@ -157,14 +161,14 @@ def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape
     """Build the draft tree from `root`, whose hidden state gives the first level."""
     committed = root.slot + 1
     store = NodeStore(root.token, root.slot)
-    add_children(store, torch.tensor([0]), draft.top_logprobs(root.hidden, shape.max_children, temperature), shape)
+    add_children(store, torch.tensor([0]), children(draft, root.hidden, shape, temperature), shape)
     widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
     while (nodes := next_expansion(store, shape, spent)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
         hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
-        add_children(store, nodes, draft.top_logprobs(hidden, shape.max_children, temperature), shape)
+        add_children(store, nodes, children(draft, hidden, shape, temperature), shape)
         widths.append(nodes.numel())
         if shape.sizer:
             spent += shape.sizer.draft_s(nodes.numel())
@@ -174,6 +178,16 @@ def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape
     cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
     store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
     return replace(assemble(store, len(widths)), predicted=cut.predicted, widths=tuple(widths))
+
+
+def children(draft: CausalLM, hidden: torch.Tensor, shape: TreeShape, temperature: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `max_children` likeliest next tokens with their scores: draft log-probs, or
+    their ranks negated (0, -1, -2, ...) for a ranked tree."""
+    values, tokens = draft.top_logprobs(hidden, shape.max_children, temperature)
+    if shape.ranked_tree:
+        values = -torch.arange(values.shape[1], dtype=values.dtype).expand_as(values)
+    return values, tokens
 
 
 def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> torch.Tensor:

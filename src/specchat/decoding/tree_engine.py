@@ -111,7 +111,8 @@ class TreeEngine:
 
     def apply(self, settings: LiveSettings) -> None:
         depth = settings.depth if settings.depth is not None else self.shape.max_depth
-        self.shape = replace(self.shape, max_depth=depth)
+        ranked = settings.ranked_tree if settings.ranked_tree is not None else self.shape.ranked_tree
+        self.shape = replace(self.shape, max_depth=depth, ranked_tree=ranked)
         if settings.budget == AUTO:
             if self.sizer is not None:  # an engine without one does not honour auto: it keeps its size
                 self.shape = replace(self.shape, sizer=self.sizer, budget=self.sizer.cap)

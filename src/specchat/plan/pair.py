@@ -8,6 +8,7 @@ import importlib.util
 from dataclasses import replace
 
 import torch
+from transformers import PretrainedConfig
 
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_CONTEXT
@@ -21,6 +22,8 @@ from specchat.plan.demand import draft_weight_bytes, preparing_bytes, shape_of
 from specchat.plan.machine import Machine
 from specchat.plan.model import MeasuredModel, measure_model, plan_measured
 from specchat.plan.request import Pair, PlanRequest
+from specchat.quant.awq import read_awq_spec
+from specchat.quant.gptq import read_gptq_spec
 
 
 def plan_pair(pair: Pair, request: PlanRequest, machine: Machine) -> MemoryPlan:
@@ -68,11 +71,21 @@ def draft_kinds(kind: str, device: torch.device, resolved: str | None, described
     return ("none", "nf4") if described or importlib.util.find_spec("bitsandbytes") else ("none",)
 
 
+def stores_4bit(config: PretrainedConfig) -> bool:
+    """Whether a checkpoint of `config` holds GPTQ or AWQ packed 4-bit weights, which run packed."""
+    settings = getattr(config, "quantization_config", None)
+    if settings is None:
+        return False
+    stored = {"quantization_config": settings if isinstance(settings, dict) else settings.to_dict()}
+    return read_gptq_spec(stored) is not None or read_awq_spec(stored) is not None
+
+
 def draft_candidates(pair: Pair, device: torch.device) -> tuple[Draft, ...]:
     """`pair`'s draft in each of its kinds on `device`, sized from its config, preferred first. An
     int8 draft that keeps dense copies for steps wider than `pair.dense_above` rows comes with its
     int8-only form after it, which the plan takes where the copies do not fit."""
     config = read_config(pair.draft)
+    kinds = ("none",) if stores_4bit(config) else pair.draft_kinds  # its packed weights are its smallest form
     dtype = pair.dtype
     model = build_skeleton(config, None, dtype, kernel=device)
     shape = shape_of(config, dtype)
@@ -83,6 +96,6 @@ def draft_candidates(pair: Pair, device: torch.device) -> tuple[Draft, ...]:
         return Draft(kind, weights, shape, 0 if kind == "nf4" else full,
                      preparing_bytes(model, dtype) if kind == "int8" else 0, above)
 
-    forms = [(kind, pair.dense_above if kind == "int8" else None) for kind in pair.draft_kinds]
+    forms = [(kind, pair.dense_above if kind == "int8" else None) for kind in kinds]
     forms += [("int8", None) for kind, above in forms if kind == "int8" and above is not None]
     return tuple(candidate(kind, above) for kind, above in forms)
