@@ -25,6 +25,13 @@ device.
 The checks that run the embedded pair (3, 5) fail at once where its weights are not installed.
 The checks live in tests/gpu_checks/, shared with tests/test_cuda.py (pytest -m cuda).
 
+--pair runs the paper's pairs end to end instead (tests/gpu_checks/pair.py): llama-2-70b-gptq with
+llama-2-7b, then llama-3.1-70b-awq with llama-3.1-8b-awq, written whole with random weights and run
+through `specchat generate --json` at budgets 128, 1024 and 2048 under a 24 GB --vram-budget; per budget the
+draft, the pass, its stall, the bytes streamed, verification and host time, and tokens/s projected
+at the paper's generation rates here and on a 24 GB PCIe 4.0 card (it writes ~50 GB of disk; not yet
+timed on a GPU); --pair --dry-run runs it over shrunk models on any device.
+
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
 target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft;
 --scale --dry-run runs it over shrunk widths on any device, the CPU included.
@@ -42,6 +49,7 @@ from gpu_checks.closing import closing_line  # noqa: E402
 from gpu_checks.embedded_weights import missing_weights, needing_weights  # noqa: E402
 from gpu_checks.int4_reference import CHECK as INT4_REFERENCE  # noqa: E402
 from gpu_checks.int4_reference import check_int4_reference  # noqa: E402
+from gpu_checks.pair import DRY_PAIR, FULL_PAIR, run_pair  # noqa: E402
 from gpu_checks.scale import run_scale  # noqa: E402
 from gpu_checks.scale_sizes import SLOTS, scale_sizes  # noqa: E402
 from gpu_checks.suite import Check, all_checks, run_all  # noqa: E402
@@ -58,11 +66,16 @@ class OneLineParser(argparse.ArgumentParser):
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = OneLineParser(prog="gpu_check", description="Check specchat on a CUDA machine.")
     parser.add_argument("--scale", action="store_true", help="the paper-scale check instead of the checks")
-    parser.add_argument("--dry-run", action="store_true", help="with --scale: shrunk widths, on any device")
+    parser.add_argument("--pair", action="store_true", help="the paper's pairs end to end instead of the checks")
+    parser.add_argument("--dry-run", action="store_true", help="with --scale or --pair: shrunk widths, on any device")
     parser.add_argument("--layers", type=int, help=f"with --scale: target layers to build (more than {SLOTS})")
     options = parser.parse_args(argv)
-    if (options.dry_run or options.layers is not None) and not options.scale:
-        parser.error("--dry-run and --layers go with --scale")
+    if options.scale and options.pair:
+        parser.error("--scale and --pair are two checks: run one at a time")
+    if options.dry_run and not (options.scale or options.pair):
+        parser.error("--dry-run goes with --scale or --pair")
+    if options.layers is not None and not options.scale:
+        parser.error("--layers goes with --scale")
     if options.layers is not None and options.layers <= SLOTS:
         parser.error(f"--layers must be more than the ring's {SLOTS} slots; got {options.layers}")
     return options
@@ -99,6 +112,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=cache_dir()) as scratch:
         if options.scale:
             return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch))
+        if options.pair:
+            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch))
         return run_checks(device, Path(scratch))
 
 

@@ -228,7 +228,9 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
     assert output[0].startswith("nvidia-smi is here but torch cannot use a GPU: torch ")
 
 
-@pytest.mark.parametrize(("arguments", "error"), [(["--dry-run"], "--dry-run and --layers go with --scale"),
+@pytest.mark.parametrize(("arguments", "error"), [(["--dry-run"], "--dry-run goes with --scale or --pair"),
+                                                  (["--pair", "--layers", "90"], "--layers goes with --scale"),
+                                                  (["--scale", "--pair"], "--scale and --pair are two checks"),
                                                   (["--scale", "--layers", "2"], "more than the ring's 2 slots")])
 def test_bad_options_are_one_line(arguments, error):
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,

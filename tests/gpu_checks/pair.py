@@ -1,0 +1,100 @@
+"""`gpu_check.sh --pair`: the mission's command at the paper's scale, end to end through the CLI.
+Each alias pair (gpu_checks/pair_models.py) is written with random weights, all of its layers, then
+`specchat generate --json` runs it (plan, load, pin, stream, draft, verify) at each budget with
+ranked trees (random weights accept nothing: a ranked tree fills its budget and depth whatever the
+draft predicts), under a 24 GB --vram-budget so that the target streams as on a consumer card; the
+pair is removed before the next one is written, so that a 64 GB disk holds it. `--dry-run` shrinks
+layers and widths and runs the same code on the CPU (the suite runs it), with no verdicts."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from gpu_checks.pair_models import PAIRS, PairAliases, prompt_words, write_model
+from gpu_checks.pair_rows import budget_row, pair_table, plan_line
+from gpu_checks.pair_verdicts import pair_verdicts
+from gpu_checks.verdict import Verdict, exit_code, judged, table
+
+from specchat.doctor.plan import doctor_plan
+from specchat.plan.machine import Machine
+
+CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
+PROMPT_WORDS = 64
+
+
+@dataclass(frozen=True)
+class PairSizes:
+    budgets: tuple[int, ...]
+    new_tokens: int  # a reply's: the prompt's pass, then trees
+    max_depth: int
+    offload: tuple[str, ...]  # generate's placement options
+    target_layers: int | None = None  # None: the alias's own
+    draft_layers: int | None = None
+    shrink: dict = field(default_factory=dict)  # config overrides of both models: empty at the paper's sizes
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.shrink)
+
+
+FULL_PAIR = PairSizes(budgets=(128, 1024, 2048), new_tokens=6, max_depth=24,
+                      offload=("--offload", "auto", "--vram-budget", "24"))
+# groups of 128 inputs (AWQ's) fit hidden 256 and MLP 512; begin and end ids inside the 512 words
+DRY_PAIR = PairSizes(budgets=(16,), new_tokens=4, max_depth=4, offload=("--offload", "disk", "--resident-layers", "1"),
+                     target_layers=3, draft_layers=2,
+                     shrink={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+                             "num_key_value_heads": 1, "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2})
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run_pair(sizes: PairSizes, device: torch.device, workdir: Path) -> int:
+    """Every pair's table, placement and verdicts, then the verdicts' table; 1 when one failed."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
+    say(f"pair check on {where}, torch {torch.__version__}" + (f" (dry run, shrunk: {sizes.shrink})" if sizes.dry_run
+                                                              else ""))
+    verdicts = []
+    for aliases in PAIRS:
+        verdicts += check_pair(aliases, sizes, device, workdir)
+    say(table(verdicts))
+    return exit_code(verdicts)
+
+
+def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, workdir: Path) -> list[Verdict]:
+    say(f"writing {aliases.target} and {aliases.draft} with random weights ...")
+    target = write_model(aliases.target, sizes.target_layers, sizes.shrink, workdir / "target", device)
+    draft = write_model(aliases.draft, sizes.draft_layers, sizes.shrink, workdir / "draft", device)
+    try:
+        rows = [budget_row(budget, generate(target, draft, budget, sizes, workdir)) for budget in sizes.budgets]
+    except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
+        return [judged(f"{aliases.target}: generate", False, str(failure))]
+    finally:
+        shutil.rmtree(target)
+        shutil.rmtree(draft)
+    card = doctor_plan(aliases.target, aliases.draft, None, CARD, workdir).memory.placement
+    say(pair_table(rows, card.pass_bytes))
+    say(plan_line(rows[-1], card.resident, card.pass_bytes))
+    return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: Path) -> dict:
+    """`specchat generate --json`'s record of one greedy reply at `budget`; RuntimeError with its
+    last line of stderr when it fails."""
+    command = [sys.executable, "-m", "specchat", "generate", prompt_words(PROMPT_WORDS), "--raw", "--json",
+               "--temperature", "0", "--max-new-tokens", str(sizes.new_tokens), "--target", str(target),
+               "--draft", str(draft), "--budget", str(budget), "--max-depth", str(sizes.max_depth), "--ranked-tree",
+               "--offload-dir", str(workdir / "layers"), *sizes.offload]
+    say(f"budget {budget}: specchat generate ...")
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise RuntimeError(f"budget {budget}: generate exited {done.returncode}: {lines[-1] if lines else ''}")
+    return json.loads(done.stdout)
+

@@ -1,0 +1,103 @@
+"""The --pair check's figures per budget, read from `specchat generate --json` (its iterations, its
+summary and the plan it ran under), and what they give a user: tokens/s projected at the paper's
+generation rates on this card and on a described 24 GB PCIe 4.0 card, every input measured but the
+link's speed and the generation rate, both labelled."""
+
+from dataclasses import dataclass
+
+from specchat.doctor.plan import PAPER_GEN_RATES
+
+CARD_LINK_GBPS = 25.0  # a consumer PCIe 4.0 x16 link, pinned (design notes, section 13)
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """Means over one reply's tree iterations (the prompt's pass drafts none), in seconds."""
+
+    budget: int
+    trees: int
+    tree_size: float
+    depth: float
+    draft_steps: float
+    draft_s: float  # the draft's catch-up and its tree steps
+    pass_s: float  # the target's forward over the tree, streaming included
+    stall_s: float  # of which the compute waited for streamed weights
+    streamed: float  # bytes the link moved an iteration
+    verify_s: float  # the rest of the target's share: the walk, both caches' pruning
+    host_s: float  # the reply's seconds outside drafting and the target, per iteration
+    link_gbps: float  # the reply's bytes over the seconds the link was busy
+    plan: dict  # generate's: layers by tier, bytes a pass, the draft's form
+
+    @property
+    def iteration_s(self) -> float:
+        return self.draft_s + self.pass_s + self.verify_s + self.host_s
+
+    @property
+    def step_ms(self) -> float:
+        return 1e3 * self.draft_s / self.draft_steps if self.draft_steps else 0.0
+
+    @property
+    def stream_s(self) -> float:
+        """The pass's streaming time at this card's measured link speed."""
+        return self.plan["pass_bytes"] / (self.link_gbps * 1e9) if self.link_gbps else 0.0
+
+    @property
+    def host_share(self) -> float:
+        return self.host_s / self.iteration_s
+
+
+def budget_row(budget: int, record: dict) -> BudgetRow:
+    """One budget's row from generate's JSON record."""
+    events = record["iterations"]
+    trees = [e for e in events if e["tree_size"] > 0]
+    if not trees:
+        raise ValueError(f"budget {budget}: the reply drafted no tree (it ended after the prompt's pass)")
+    summary = record["summary"]
+    busy = sum(e["draft_s"] + e["target_s"] for e in events)
+
+    def mean(key: str) -> float:
+        return sum(e[key] for e in trees) / len(trees)
+
+    return BudgetRow(budget, len(trees), mean("tree_size"), mean("depth"), mean("draft_steps"), mean("draft_s"),
+                     mean("pass_s"), mean("stall_s"), mean("transfer_bytes"), mean("target_s") - mean("pass_s"),
+                     (summary["wall_s"] - busy) / len(events), summary["transfer_gbps"], record["plan"])
+
+
+def projected_s(row: BudgetRow, card_pass_bytes: float, link_gbps: float) -> float:
+    """An iteration on a card whose pass streams `card_pass_bytes` at `link_gbps`: the draft, the
+    tree pass bounded by the slower of its compute (measured here) and its streaming there, then
+    verification and host work as measured here."""
+    compute = row.pass_s - row.stall_s
+    return row.draft_s + max(compute, card_pass_bytes / (link_gbps * 1e9)) + row.verify_s + row.host_s
+
+
+def rates_over(seconds: float) -> str:
+    """Tokens/s at the paper's generation rates over iterations of `seconds`."""
+    low, high = (rate / seconds for rate in PAPER_GEN_RATES.rates)
+    return f"{low:.1f}-{high:.1f}"
+
+
+def pair_table(rows: list[BudgetRow], card_pass_bytes: float) -> str:
+    header = ("| budget | tree (nodes, depth) | draft steps | draft s | ms a step | pass s | stall s | GB streamed "
+              "| verify s | host s | iteration s | pass streaming s | tok/s here (projection) "
+              f"| tok/s 24 GB PCIe 4 (projection, {CARD_LINK_GBPS:g} GB/s) |")
+    lines = [header, "|" + "---|" * 14]
+    for r in rows:
+        card_s = projected_s(r, card_pass_bytes, CARD_LINK_GBPS)
+        lines.append(f"| {r.budget} | {r.tree_size:.0f}, {r.depth:.0f} | {r.draft_steps:.1f} | {r.draft_s:.3f} "
+                     f"| {r.step_ms:.1f} | {r.pass_s:.3f} | {r.stall_s:.3f} | {r.streamed / 1e9:.3f} "
+                     f"| {r.verify_s:.3f} | {r.host_s:.3f} | {r.iteration_s:.3f} | {r.stream_s:.3f} "
+                     f"| {rates_over(r.iteration_s)} | {rates_over(card_s)} |")
+    gen = PAPER_GEN_RATES
+    lines.append(f"projections: {gen.rates[0]:g}-{gen.rates[1]:g} tokens a pass ({gen.source}, budgets of 1-2k) "
+                 "over the iteration; the 24 GB card's pass streams what doctor plans for it")
+    return "\n".join(lines)
+
+
+def plan_line(row: BudgetRow, card_resident: int, card_pass_bytes: float) -> str:
+    """The run's placement beside the described card's plan."""
+    plan = row.plan
+    return (f"placement: {plan['resident_layers']} resident, {plan['ram_layers']} in RAM, {plan['disk_layers']} on "
+            f"disk, {plan['pass_bytes'] / 1e9:.3f} GB a pass planned, {row.streamed / 1e9:.3f} GB streamed an "
+            f"iteration, draft in {plan['draft_quant']}; the 24 GB card's plan: {card_resident} resident, "
+            f"{card_pass_bytes / 1e9:.2f} GB a pass")

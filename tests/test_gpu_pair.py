@@ -1,0 +1,82 @@
+"""`gpu_check.sh --pair` on this CPU: its --dry-run writes both alias pairs shrunk, with random
+weights, and runs `specchat generate --json` on them end to end; its rows, projections and
+verdicts are worked out here from figures given by hand."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gpu_checks.pair_rows import BudgetRow, budget_row, projected_s
+from gpu_checks.pair_verdicts import pair_verdicts
+
+ROOT = Path(__file__).resolve().parents[1]
+DRY_RUN_TIMEOUT_S = 300
+PLAN = {"resident_layers": 16, "ram_layers": 64, "disk_layers": 0, "pass_bytes": 29.09e9, "context": 4096,
+        "draft_quant": "none"}
+
+
+def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--pair", "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("pair check on the CPU")
+    rows = [line.strip("| ").split(" | ") for line in lines if line.startswith("| 16 | ")]
+    assert len(rows) == 2, done.stdout  # one budget, each pair
+    for cells in rows:
+        assert cells[1] == "16, 4" and float(cells[2]) == 4.0  # ranked: the whole budget, max_depth deep
+        assert float(cells[7]) > 0  # the shrunk target's 2 streamed layers moved
+    placements = [line for line in lines if line.startswith("placement: ")]
+    assert placements[0].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
+    assert "draft in none; the 24 GB card's plan: 16 resident, 29.09 GB a pass" in placements[1]  # the AWQ draft packed
+    assert sum("dry run: no verdict" in line for line in lines) == 7
+    assert "Traceback" not in done.stderr
+
+
+def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: float = 1.0, stall_s: float = 0.2,
+        host_s: float = 0.02, gbps: float = 29.09) -> BudgetRow:
+    return BudgetRow(budget, 5, budget, 24, steps, draft_s, pass_s, stall_s, 29.09e9, 0.05, host_s, gbps, PLAN)
+
+
+def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event_holds():
+    events = [{"tree_size": 0, "depth": 0, "draft_steps": 0, "draft_s": 0.0, "pass_s": 0.0, "stall_s": 0.0,
+               "transfer_bytes": 10, "target_s": 2.0},
+              {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 0.4, "pass_s": 0.8, "stall_s": 0.1,
+               "transfer_bytes": 30, "target_s": 0.9},
+              {"tree_size": 8, "depth": 2, "draft_steps": 2, "draft_s": 0.2, "pass_s": 0.6, "stall_s": 0.3,
+               "transfer_bytes": 10, "target_s": 0.8}]
+    record = {"iterations": events, "summary": {"wall_s": 5.6, "transfer_gbps": 2.0}, "plan": PLAN}
+    made = budget_row(8, record)
+    assert (made.trees, made.tree_size, made.depth, made.draft_steps) == (2, 8, 3, 3)
+    assert made.draft_s == pytest.approx(0.3) and made.pass_s == pytest.approx(0.7)
+    assert made.stall_s == pytest.approx(0.2) and made.streamed == 20
+    assert made.verify_s == pytest.approx(0.15)  # 0.85 of target time less 0.7 of pass
+    assert made.host_s == pytest.approx((5.6 - 4.3) / 3)  # wall less the events' 4.3 s, over 3 iterations
+    assert made.step_ms == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="drafted no tree"):
+        budget_row(8, record | {"iterations": events[:1]})
+
+
+def test_the_24_gb_card_pass_is_bounded_by_the_slower_of_compute_and_its_link():
+    # 29.09 GB at 25 GB/s streams 1.1636 s, above the 0.8 s of compute (1.0 pass less 0.2 stall)
+    assert projected_s(row(), 29.09e9, 25.0) == pytest.approx(0.3 + 1.1636 + 0.05 + 0.02)
+    assert projected_s(row(), 10e9, 25.0) == pytest.approx(0.3 + 0.8 + 0.05 + 0.02)  # 0.4 s of streaming: compute
+
+
+def statuses(rows: list[BudgetRow], target: str = "llama-3.1-70b-awq") -> list[str]:
+    return [v.status for v in pair_verdicts(target, rows, 29.09e9, dry_run=False)]
+
+
+def test_the_verdicts_hold_up_to_their_bounds():
+    # a step 0.3 s / 24 = 12.5 ms; host 0.02 of 1.37 s; 1.37 s over 1.0 s of streaming; 20 / 1.5336 = 13.0 tokens/s
+    assert statuses([row(draft_s=0.24)]) == ["PASS", "PASS", "FAIL", "PASS"]  # 10 ms a step; 1.31x
+    assert statuses([row(draft_s=0.2)]) == ["PASS", "PASS", "PASS", "PASS"]  # 1.27x
+    assert statuses([row()])[0] == "FAIL"  # 12.5 ms a step
+    assert statuses([row(draft_s=0.2, host_s=0.07)])[1] == "FAIL"  # 5.1% of 1.32 s
+    assert statuses([row(draft_s=0.2, gbps=40.0)])[2] == "FAIL"  # a faster link: 1.27 s over 0.727 s of streaming
+    assert statuses([row(draft_s=2.0)])[3] == "FAIL"  # 20 / 3.23 s = 6.2 tokens/s
+    assert statuses([row(draft_s=0.2)], "llama-2-70b-gptq") == ["PASS", "PASS", "PASS"]  # no projection verdict
+    assert statuses([row(budget=512)]) == ["SKIP"] * 4  # budget 1024 not run
