@@ -20,7 +20,7 @@ loads from 90% of a layer's experts routed, as before 2026-11-27):
 - autoregressive decoding and SpecExec at each budget over the same MT-Bench first turns: decode
   tokens/s (the prompt's pass excluded), gen rate, GB streamed an iteration; and, greedy, whether
   SpecExec's tokens are autoregressive decoding's, a difference judged by tests/exactness.py's
-  near-tie rule under the README's bf16 bound (one bf16 step, 0.125 logits).
+  near-tie rule under docs/exactness.md's bf16 bound (one bf16 step, 0.125 logits).
 One raw row per (mode, engine, budget, prompt) or pass goes to --rows-dir/rows.jsonl (which must
 not exist yet) as it is measured; the tables to stdout (and --record).
 """
@@ -58,7 +58,7 @@ from moe_upcycle import write_upcycled  # noqa: E402
 
 MODES = ("by expert", "whole layers")  # the default --modes
 SHARE_BEFORE = "by expert at share 0.9"  # the wide-call rule before 2026-11-27
-BF16_NEAR_TIE = 0.125  # README, "Exactness": one bf16 step at logits 16-32 (tests/test_real_defaults.py)
+BF16_NEAR_TIE = 0.125  # docs/exactness.md: one bf16 step at logits 16-32 (tests/test_real_defaults.py)
 
 
 def parse_args() -> argparse.Namespace:

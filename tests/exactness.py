@@ -138,7 +138,7 @@ class ExactnessCheck:
     target: CausalLM
     stop_ids: frozenset[int]
     max_new_tokens: int
-    near_tie: float = NEAR_TIE  # float32's; bf16 comparisons pass the README's bf16 bound
+    near_tie: float = NEAR_TIE  # float32's; bf16 comparisons pass docs/exactness.md's bf16 bound
     max_ties: int = MAX_TIES  # per prompt; float32's, bf16 seeded comparisons pass their own
 
     def compare(self, prompt_ids: list[int], reference: list[int], tokens: list[int],

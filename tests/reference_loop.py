@@ -7,7 +7,7 @@ prefix each step, or with transformers' own `DynamicCache`), transformers' own
 `TemperatureLogitsWarper` and `TopPLogitsWarper`, and an inverse CDF written here.
 
 The one thing taken from the project is `uniform(seed, n)`, the counter-based draw for the token
-at absolute position n: its definition *is* the contract (README "Exactness": the number for
+at absolute position n: its definition *is* the contract (docs/exactness.md: the number for
 position n is keyed by (seed, n)), so there is nothing independent to write in its place.
 """
 

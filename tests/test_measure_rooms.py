@@ -26,7 +26,7 @@ def test_the_os_reserve_applies_to_the_hosts_ram_and_the_page_cache_share_to_a_l
     monkeypatch.setattr(machine, "ram_room", lambda: room)
     rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path), CPU, 0)
     assert rooms.device == expected and room.bound in rooms.device_name
-    assert PAGE_CACHE_SHARE == 0.15  # the share stated in README and docs/architecture.md
+    assert PAGE_CACHE_SHARE == 0.15  # the share stated in docs/memory.md and docs/architecture.md
 
 
 def test_a_planned_run_takes_at_most_85_percent_of_its_limit(monkeypatch, tmp_path: Path):

@@ -3,9 +3,9 @@ bfloat16, engine specexec, --budget auto, the draft as --draft-quant auto resolv
 machine with its 32768-token sub-vocabulary head), give bf16 autoregressive decoding's tokens,
 greedy and at the default t=0.6, top-p 0.9, seed 0.
 
-bf16 only holds this up to rounding (README, "Exactness"): a tree pass adds the same products
+bf16 only holds this up to rounding (docs/exactness.md): a tree pass adds the same products
 in another order than a one-token pass, so where two tokens nearly tie the two may pick
-differently. The comparison is tests/exactness.py's, with the README's bf16 bound in place of
+differently. The comparison is tests/exactness.py's, with docs/exactness.md's bf16 bound in place of
 float32's: a difference passes only where the default engine's token is at most BF16_NEAR_TIES
 logits of being the target's pick at that prefix (greedy: one bf16 step; seeded: the measured
 largest gap with a margin), the reference then re-anchors on the engine's prefix and the comparison
@@ -45,7 +45,7 @@ from specchat.runtime import EngineOptions, encode_prompt
 pytestmark = pytest.mark.real
 
 PROMPTS = 3
-# README, "Exactness": bf16 keeps 8 significant bits (logits from 16 to 32 are 0.125 apart), so
+# docs/exactness.md: bf16 keeps 8 significant bits (logits from 16 to 32 are 0.125 apart), so
 # a near-tie is a gap of at most one such step: every first difference measured on 20 MT-Bench
 # prompts was one, and a greedy reply held a gap of exactly 0.125 (one step at logit ~20).
 BF16_NEAR_TIE = 0.125

@@ -4,7 +4,7 @@ CDF written apart, the (seed, n) draw. Token for token, no tie allowed (none occ
 
 autoregressive, specexec and dsi must equal it seeded and greedy. sd and specinfer must equal
 it greedy only: with a seed they are lossless in distribution and reproducible, but their
-rejection sampling draws other numbers than sequential sampling (README, "Exactness").
+rejection sampling draws other numbers than sequential sampling (docs/exactness.md).
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""The README's "binding an address other than loopback without a key prints a warning", through
+"""docs/serve.md's "binding an address other than loopback without a key prints a warning", through
 `specchat serve` itself. The socket is never opened: the command's bind is replaced by one that
 records the address and stops the command there, before anything loads or listens."""
 

@@ -1,7 +1,7 @@
 """The embedded pair behind `specchat serve`: at temperature 0 the server's text is exactly what
 `specchat generate --temperature 0` prints for the same message, streamed or not. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
-score different trees, and bf16 tree passes round differently (see the README's exactness)."""
+score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
 import signal
 import subprocess

@@ -3,7 +3,7 @@ path, against the target's autoregressive decoding, whose one-token passes run t
 kernel. On CUDA the wide path is the Triton expansion and a cuBLAS matmul, forced here from
 EXPAND_FROM rows (the crossover measured at a 70B model's shapes is 256 rows; at this model's
 it may never be): the two products round differently, so a tree row's logits are not the
-one-token pass's bits, and the tokens are judged by the bfloat16 near-tie rule (README: what exact
+one-token pass's bits, and the tokens are judged by the bfloat16 near-tie rule (docs/exactness.md: what exact
 means in bfloat16). The verdict says how many products expanded and every tie with its gap: this
 is how the GPU finds out what the expansion does to exactness. On a CPU the same code runs with
 the fused kernel at every width (its in-memory GPTQ model keeps no dense copies)."""
@@ -37,7 +37,7 @@ EXPAND_FROM = 2  # rows: every tree pass expands, every one-token pass runs the 
 PROMPT = [3, 14, 15, 9, 26, 5, 40, 41, 77]
 NEW_TOKENS = 32
 SAMPLINGS = {"greedy": SamplingParams(0.0, 1.0, 0), "seeded": SamplingParams(0.6, 0.9, 11)}
-# the README's bfloat16 rule (tests/test_real_defaults.py): a difference passes where the engine's
+# docs/exactness.md's bfloat16 rule (tests/test_real_defaults.py): a difference passes where the engine's
 # token is within 0.125 logits of the top (greedy) or of its draw's slot (seeded); ties a reply as
 # where the CPU's tree passes take another product (its dense copies)
 NEAR_TIE = 0.125

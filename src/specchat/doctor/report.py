@@ -49,7 +49,7 @@ def limit_lines(limit: Limit | None) -> list[str]:
     return ["memory limit",
             f"  smallest       {gb(limit.smallest)}: the smallest memory limit (docker run --memory) the plan fits, "
             f"every layer that does not fit streamed from the disk, specchat's runtime ({gb(limit.runtime)}: "
-            "python, torch, transformers, the tokenizer) included (README, Memory and containers)"]
+            "python, torch, transformers, the tokenizer) included (docs/memory.md)"]
 
 
 def plan_lines(pair: PairPlan | str, ram_gbps: float | None, disk_gbps: float | None) -> list[str]:

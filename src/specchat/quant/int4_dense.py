@@ -11,7 +11,7 @@ crossover measured at its own shape (`dense_rows`) multiply the copy; one token 
 The copy is the packed weight expanded once, w = (q - 8) * scale + zero in float32 (bitwise the
 fused kernel's weights, int4_chunks) and rounded once to the compute dtype. A row of a tree pass is
 therefore not the bits of the same row in a one-token pass: the rounded weights move a bf16 logit by
-a few hundredths at most (README, "Exactness"), and tree-versus-sequential comparisons follow the
+a few hundredths at most (docs/exactness.md), and tree-versus-sequential comparisons follow the
 bf16 near-tie rule. The copy is held as a plain attribute, not a buffer: state_dict, layer files and
 streamed bytes stay the packed form alone.
 """
