@@ -64,6 +64,36 @@ def default_pair(kinds: tuple[str, ...] = ("int8",), dense_above: int | None = N
                 dense_above=dense_above, draft_vocab=vocab, context=context)
 
 
+# The embedded pair's configs: qwen2.5-coder-1.5b (28 layers of 1536, MLP 8960, 12 heads and 2 KV
+# heads of 128) and qwen2.5-coder-0.5b (24 layers of 896, MLP 4864, 14 heads and 2 KV heads of 64),
+# each with an untied LM head over 151936 tokens and q/k/v biases.
+QWEN_VOCAB = 151936
+TARGET_LINEARS = llama_layer_linears(1536, 8960, 2)  # q, k, v, o, gate, up, down
+DRAFT_LINEARS = llama_layer_linears(896, 4864, 2, head_dim=64)
+# the target in bf16: its embeddings, head and final norm; a layer's linears, q/k/v biases and two norms (93.6 MB)
+TARGET_FIXED = 2 * QWEN_VOCAB * 1536 * BF16 + 1536 * BF16 + ROTARY_BYTES
+TARGET_LAYER = (sum(i * o for i, o in TARGET_LINEARS) + (1536 + 2 * 256) + 2 * 1536) * BF16
+TARGET_SLOT = -(-TARGET_LAYER // ALIGN) * ALIGN  # a ring slot: a layer, aligned for O_DIRECT
+DRAFT_LINEAR_WEIGHTS = 24 * sum(i * o for i, o in DRAFT_LINEARS)
+# The draft's layer while it turns int8 (models/layerwise.py): one layer's bf16 weights and the
+# stacked copy of gate and up, that stack's int8 rows twice (quantized, then packed) and three
+# float32 temporaries of 256 rows of the widest input (down's 4864).
+DRAFT_STACK = 2 * 896 * 4864  # gate and up
+DRAFT_PREPARING = (DRAFT_LINEAR_WEIGHTS // 24 + DRAFT_STACK) * BF16 + 2 * DRAFT_STACK + 3 * 256 * 4864 * FP32
+
+
+def int8_draft(head_rows: int, dense_copies: bool = False) -> int:
+    """The 0.5B draft as quant/int8.py holds it: every linear's weights int8 with a float32 scale
+    per output row (and their bf16 copies beside with `dense_copies`), the embedding int8 with a
+    scale per token and the head's `head_rows` rows likewise; the q/k/v biases, two norms a layer
+    and the final norm in bf16, the rotary frequencies (head_dim 64) in float32."""
+    scales = 24 * sum(outputs for _, outputs in DRAFT_LINEARS) * FP32
+    copies = DRAFT_LINEAR_WEIGHTS * BF16 if dense_copies else 0
+    tables = (QWEN_VOCAB + head_rows) * (896 + FP32)
+    other = (24 * (896 + 2 * 128) + 24 * 2 * 896 + 896) * BF16 + 2 * 32 * FP32
+    return DRAFT_LINEAR_WEIGHTS + scales + copies + tables + other
+
+
 def cpu_plan(pair: Pair, request: PlanRequest, rooms):
     return plan_pair(pair, request, Machine(rooms=rooms))
 
@@ -180,6 +210,16 @@ def math_pass(heads: int, hidden: int, mlp: int, context: int, tree: int, size: 
     return heads * tree * keys * size + tree * keys * (size + 1) + 3 * tree * mlp * size + 4 * tree * hidden * size
 
 
+def pair_on_a_cpu(context: int, tree: int, draft: int, layers: int) -> int:
+    """The device bytes of the embedded pair's plan on a CPU, its target sized from the config
+    (dense bf16: no kernels' workspace), its int8 draft's weights `draft` bytes: the target's fixed
+    parts and `layers` bytes of its decoder layers (resident ones and the ring's slots), both KV
+    caches over the context and the tree, the draft's layer while it turns int8, and the largest
+    pass (the target's, wider than the draft's)."""
+    caches = (kv_per_token(28, 2) + kv_per_token(24, 2, head_dim=64)) * (context + tree)
+    return TARGET_FIXED + layers + caches + draft + DRAFT_PREPARING + math_pass(12, 1536, 8960, context, tree)
+
+
 def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs():
     memory = cpu_plan(default_pair(("none",), vocab=None), PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=1025),
                       described_rooms(None, 24 * GB))
@@ -205,14 +245,11 @@ def test_an_int8_draft_on_a_cpu_counts_the_layer_it_prepares_as_it_loads():
     leaves it), and nothing for a dense draft."""
     dense, int8 = draft_candidates(default_pair(("none", "int8")), CPU)
     rooms = described_rooms(None, 24 * GB)
-    layer = 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3  # q, o; k, v; gate, up, down
-    stack = 2 * 896 * 4864  # gate and up
-    expected = (layer + stack) * BF16 + 2 * stack + 3 * 256 * 4864 * 4
     for kind, draft in (("none", dense), ("int8", int8)):
         memory = cpu_plan(default_pair((kind,)), PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=1025), rooms)
         excess = [entry.nbytes for entry in memory.items if entry.what.startswith("the draft's layer while")]
-        assert memory.draft == draft and excess == ([expected] if draft is int8 else [])
-    assert int8.prepare_bytes == expected and dense.prepare_bytes == 0
+        assert memory.draft == draft and excess == ([DRAFT_PREPARING] if draft is int8 else [])
+    assert int8.prepare_bytes == DRAFT_PREPARING and dense.prepare_bytes == 0
 
 
 def test_auto_shrinks_the_largest_tree_before_the_context_and_says_so():
@@ -224,8 +261,8 @@ def test_auto_shrinks_the_largest_tree_before_the_context_and_says_so():
         return cpu_plan(default_pair(), ask, rooms)
 
     ample = described_rooms(None, 24 * GB)
-    need = {tree: plan(ample, tree).total("device") for tree in (1025, 513, 257, 129)}
-    assert need[1025] > need[513] > need[257] > need[129]
+    need = {tree: pair_on_a_cpu(4096, tree, int8_draft(32768), 2 * TARGET_SLOT) for tree in (1025, 513, 257, 129)}
+    assert {tree: plan(ample, tree).total("device") for tree in need} == need
     room = (need[513] + need[257]) // 2  # a 256-token tree fits, a 512-token one does not
     rooms = replace(ample, device=room)
     memory = plan(rooms, 1025, (513, 257, 129))
@@ -241,19 +278,20 @@ def test_an_int8_draft_gives_up_its_dense_copies_before_the_plan_refuses():
     that fits, and the refusal, where neither does, weighs the int8-only form."""
     kept, alone = draft_candidates(default_pair(dense_above=16), CPU)
     assert (kept.quant, kept.dense_above, alone.quant, alone.dense_above) == ("int8", 16, "int8", None)
-    linears = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3)  # q, o; k, v; gate, up, down
-    assert kept.weights - alone.weights == linears * BF16
+    assert (kept.weights, alone.weights) == (int8_draft(32768, dense_copies=True), int8_draft(32768))
 
     def plan(room: int):
         ask = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=1025)
         return cpu_plan(default_pair(dense_above=16, context=4096), ask, replace(ample, device=room))
 
     ample = described_rooms(None, 24 * GB)
-    assert plan(ample.device).draft == kept
-    need = plan(ample.device).total("device")
-    tight = plan(need - linears * BF16 // 2)  # the copies' half is missing: only the int8-only form keeps every layer
+    need = pair_on_a_cpu(4096, 1025, int8_draft(32768, dense_copies=True), 28 * TARGET_LAYER)
+    roomy = plan(ample.device)
+    assert roomy.draft == kept and roomy.total("device") == need
+    copies = DRAFT_LINEAR_WEIGHTS * BF16
+    tight = plan(need - copies // 2)  # the copies' half is missing: only the int8-only form keeps every layer
     assert tight.draft == alone and not tight.placement.streamed
-    assert tight.total("device") == need - linears * BF16
+    assert tight.total("device") == need - copies
     assert any(note.startswith("draft in int8: ") for note in tight.notes)
 
 
@@ -264,7 +302,8 @@ def test_a_refusal_carries_its_room_the_bytes_missing_and_the_option_that_would_
     ask = PlanRequest(tier="none", offload_dir=NOWHERE, tree_tokens=1025)
     pair = default_pair(context=4096)
     ample = described_rooms(None, 24 * GB)
-    need = cpu_plan(pair, ask, ample).total("device")
+    need = pair_on_a_cpu(4096, 1025, int8_draft(32768), 28 * TARGET_LAYER)
+    assert cpu_plan(pair, ask, ample).total("device") == need
     with pytest.raises(PlanRefusal) as refused:
         cpu_plan(pair, ask, replace(ample, device=need - 1000))
     assert (refused.value.tier, refused.value.missing) == ("device", 1000)
