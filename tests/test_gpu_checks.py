@@ -5,7 +5,6 @@ nothing to check without a GPU, and fail in one line with a GPU that torch canno
 
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_checks import auto_offload, drafts, embedded_weights, int4_reference, replies, verdict
+from gpu_checks import auto_offload, drafts, embedded_weights, expanded_specexec, int4_reference, probe_costs, replies, \
+    verdict
 from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.closing import closing_line
@@ -28,6 +28,7 @@ from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.suite import all_checks, run_all
 from gpu_checks.verdict import Verdict, exit_code, table
 
+from specchat.quant import int4
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
@@ -55,17 +56,43 @@ def test_the_moe_check_passes_on_the_cpu(offload_dir, tier):
     assert " 0.00 MB of experts fetched" not in result.detail and ", 0 experts cached" not in result.detail
 
 
-def test_the_expanded_specexec_check_passes_on_the_cpu(tmp_path):
-    """The fused kernel at every width here: its tokens and ties are judged as on CUDA."""
+def test_on_the_cpu_the_gptq_specexec_check_runs_every_pass_through_the_fused_kernel(tmp_path, monkeypatch):
+    """A CPU never expands (the check's CUDA form forces the expansion; here Triton could run it
+    only under its interpreter, for many minutes): the CPU form, named for what it runs, takes
+    every product, the tree passes' wider than the prompt too, through the fused kernel, and judges
+    its tokens and ties as on CUDA."""
+    widths = []
+    fused = int4.fused_linear
+    monkeypatch.setattr(int4, "fused_linear", lambda x, *rest: widths.append(x.shape[0]) or fused(x, *rest))
+    monkeypatch.setattr(int4, "chunked_linear", lambda *args: pytest.fail("a chunked product ran"))
+    monkeypatch.setattr(int4, "expanded_linear", lambda *args: pytest.fail("an expansion ran on the CPU"))
     result = check_expanded_specexec(CPU, tmp_path)
-    assert result.status == "PASS" and "fused kernel at every width" in result.detail, result.detail
+    assert (result.check, result.status) == (f"{expanded_specexec.CPU_CHECK} (cpu)", "PASS"), result.detail
+    assert result.detail.startswith("the fused kernel at every width (CPU); ")
+    assert max(widths) > len(expanded_specexec.PROMPT)
 
 
-def test_the_probe_check_times_every_size_the_probe_measures(tiny_target):
-    result = check_probe(tiny_target, 4)  # PASS or FAIL: a verdict on timings, which a busy CPU may skew
-    timed = re.findall(r"n=(\d+): ([\d.]+)/([\d.]+) ms", result.detail)
-    assert [int(n) for n, _, _ in timed] == [1, 2, 4], result.detail
-    assert all(float(probed) > 0 and float(measured) > 0 for _, probed, measured in timed), result.detail
+def test_the_probe_check_reports_every_size_it_timed_and_passes_only_within_a_factor_of_2(tiny_target,
+                                                                                         monkeypatch):
+    """A verdict on this CPU's timings, which a busy CPU may skew: PASS where the probe's cost of
+    every pass is within a factor of 2 of the pass timed by the clock, FAIL where one is not; every
+    size the probe measured is reported with both times."""
+    probed, timed = {}, {}
+    measure, seconds = probe_costs.measure, probe_costs.measured_seconds
+
+    def probing(lm, cap: int, run_head: bool):
+        sizes, costs, *rest = measure(lm, cap, run_head)
+        probed.update(zip(sizes, costs))
+        return sizes, costs, *rest
+
+    monkeypatch.setattr(probe_costs, "measure", probing)
+    monkeypatch.setattr(probe_costs, "measured_seconds", lambda lm, n: timed.setdefault(n, seconds(lm, n)))
+    result = check_probe(tiny_target, 4)
+    assert list(probed) == list(timed) == [1, 2, 4] and all(timed.values()), result.detail
+    rows = ", ".join(f"n={n}: {probed[n] * 1e3:.2f}/{timed[n] * 1e3:.2f} ms" for n in probed)
+    assert result.detail.startswith(f"probe/measured {rows}; ratios "), result.detail
+    within = all(1 / 2 <= probed[n] / timed[n] <= 2 for n in probed)
+    assert result.status == ("PASS" if within else "FAIL"), result.detail
 
 
 def test_the_probe_verdict_holds_within_the_factor_and_fails_outside_it():
