@@ -11,12 +11,12 @@ import pytest
 import torch
 from test_cli import run_cli
 from test_memory_plan import BF16, FP32, GB, NOWHERE, ROTARY_BYTES, assert_fits, int4_linear, item, kv_per_token, \
-    math_pass
+    llama_layer_linears, math_pass
 from transformers import Qwen2MoeConfig
 
 from specchat.errors import SpecchatError
 from specchat.models.configs import read_config
-from specchat.plan.budget import OS_RESERVE
+from specchat.plan.budget import CUDA_MARGIN, OS_RESERVE
 from specchat.plan.demand import shape_of
 from specchat.plan.experts import experts_touched
 from specchat.plan.machine import RUNTIME_BYTES, Machine
@@ -61,6 +61,40 @@ QWEN3_30B_LAYER = moe_layer(QWEN3_30B_HEAD, experts(1, 2048, 768, 128, False), 1
 QWEN3_235B_HEAD = attention(4096, 64, 4, 128, False) + (128 + 2) * 4096 * BF16 + 2 * 128 * BF16
 QWEN3_235B_LAYER = moe_layer(QWEN3_235B_HEAD, experts(1, 4096, 1536, 128, False), 128)
 WIDTHS = (1, 16, 64, 1024)  # the tree tokens a pass's bytes are asserted at
+NF4 = 0.5 + 4 / 64  # bitsandbytes: 4 bits a weight and a float32 absmax per block of 64
+
+
+def nf4_draft(linears: list[tuple[int, int]], layers: int, other: int) -> int:
+    """A draft in nf4: its decoder's `linears` in each of its `layers` at NF4 bytes a weight (each
+    linear's rounded down), its `other` weights (embeddings, an untied head, norms) in bf16, and the
+    rotary frequencies (head_dim 128)."""
+    return layers * sum(int(i * o * NF4) for i, o in linears) + other * BF16 + ROTARY_BYTES
+
+
+# mistral-7b: 32 layers as Llama's, an untied head over 32000 tokens; the Qwen3 drafts' heads are
+# tied to their embeddings over 151936 (counted once), a layer's norms with q/k norms of 128.
+MISTRAL_7B_NF4 = nf4_draft(llama_layer_linears(4096, 14336, 8), 32, 2 * 32000 * 4096 + (2 * 32 + 1) * 4096)
+QWEN3_1_7B_NF4 = nf4_draft(llama_layer_linears(2048, 6144, 8), 28, 151936 * 2048 + 28 * (2 * 2048 + 2 * 128) + 2048)
+QWEN3_0_6B_NF4 = nf4_draft([(1024, 2048), (1024, 1024), (1024, 1024), (2048, 1024), (1024, 3072), (1024, 3072),
+                            (3072, 1024)], 28, 151936 * 1024 + 28 * (2 * 1024 + 2 * 128) + 1024)
+
+
+def expansion(inputs: int, outputs: int) -> int:
+    """CUDA's expansion of a 4-bit weight for a TREE-row input (quant/int4_expand.py): the weight in
+    bf16, whole (a chunk holds 2**26 weights, more than these), and the product's TREE x outputs."""
+    return (outputs * inputs + TREE * outputs) * BF16
+
+
+# The 4-bit linears' largest temporary at TREE rows (quant/int4.py's bound, the largest of its
+# products' here), and with act-order the input permuted in bf16. Mixtral: an expert's gate or up
+# (4096 -> 14336) expanded, its input permuted (down's 14336 -> 4096 comes to as much). Qwen3-235B:
+# q (4096 -> 8192) expanded, no act-order. Qwen3-30B: o's (4096 -> 2048) chunked float32 product:
+# chunks of 2**20 // 4096 = 256 output rows, two nibble planes and the float32 chunk (6 bytes a
+# weight), float32 scales and zeros per group of 128, the input widened to float32 and a chunk of
+# output in float32 (its expansions take less).
+MIXTRAL_WORKSPACE = TREE * 4096 * BF16 + expansion(4096, 14336)
+QWEN3_235B_WORKSPACE = expansion(4096, 8192)
+QWEN3_30B_WORKSPACE = 6 * 256 * 4096 + 2 * FP32 * 256 * (4096 // 128) + TREE * (4096 + 256) * FP32
 
 
 def plan(target: str, draft: str, vram_gb: float, ram_gb: float, tree: int = TREE):
@@ -82,24 +116,27 @@ def assert_streams_by_expert(memory, head: int, layer: int, experts: int, routed
     placement = memory.placement
     streamed = len(placement.streamed)
     for n in WIDTHS:
-        share = experts_touched(experts, routed, n) / experts
+        share = 1 - (1 - routed / experts) ** n
         expected = streamed * (aligned(head) + share * (layer - aligned(head)))
         assert placement.streamed_bytes(placement.streamed, share) == pytest.approx(expected, rel=1e-12)
     assert placement.pass_bytes == streamed * layer  # every expert routed to: whole layers
 
 
-def assert_cache_fills_the_room_left(memory, vram_gb: float, expert: int, experts: int) -> None:
-    """The room the plan leaves on the card holds as many of the streamed layers' experts as fit
+def room_for_layers(memory, vram_gb: float, others: int, layer: int) -> int:
+    """The card's room beside `others` (the plan's every other device item, worked out by the test)
+    and the smallest ring (two slots of a layer, each aligned for O_DIRECT), after checking that the
+    plan fills it with as many resident layers as it holds, and that ring; returns the room left."""
+    room = int(vram_gb * GB) - others - 2 * aligned(layer)
+    placement = memory.placement
+    assert (placement.resident, placement.slots) == (room // layer, 2)
+    return room % layer
+
+
+def assert_cache_fills_the_room_left(memory, room: int, expert: int, experts: int) -> None:
+    """The `room` the plan leaves on the card holds as many of the streamed layers' experts as fit
     (each unit an expert's three linears), there for the most-routed ones."""
-    cache = item(memory, "the most-routed experts")
-    others = memory.total("device") - cache
-    places = min(experts * len(memory.placement.streamed), (vram_gb * GB - others) // expert)
-    assert cache == places * expert == memory.placement.expert_cache and places > 0
-
-
-def assert_no_other_layer_fits(memory, vram_gb: float, layer: int) -> None:
-    """The device holds as many resident layers as it has room for: one more would not fit."""
-    assert memory.total("device") + layer > vram_gb * GB
+    places = min(experts * len(memory.placement.streamed), room // expert)
+    assert item(memory, "the most-routed experts") == places * expert == memory.placement.expert_cache and places > 0
 
 
 def test_a_moe_pass_holds_its_routed_experts_products_and_its_routers_scores():
@@ -138,6 +175,12 @@ def test_experts_touched_refuses_impossible_routes_in_one_line(experts, routed, 
     assert "\n" not in str(refused.value)
 
 
+# Mixtral's plan's device items besides its layers: fixed parts, both KV caches (the same per
+# token), the nf4 draft, the largest pass, the kernels' workspace and the CUDA margin
+MIXTRAL_OTHERS = (2 * 32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + 2 * kv_per_token(32, 8) * (CONTEXT + TREE)
+                  + MISTRAL_7B_NF4 + moe_pass(32, 4096, 8, 2, 14336, TREE) + MIXTRAL_WORKSPACE + CUDA_MARGIN)
+
+
 def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     memory = plan("mixtral-8x7b-gptq", "mistral-7b", 24, 64)
     assert 0.74 * GB < MIXTRAL_LAYER <= 0.85 * GB and memory.placement.layers == (MIXTRAL_LAYER,) * 32
@@ -145,11 +188,13 @@ def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == item(memory, "draft KV cache") == kv_per_token(32, 8) * tokens
     assert item(memory, "largest pass") == moe_pass(32, 4096, 8, 2, 14336, TREE)  # the draft's dense one is less
+    assert item(memory, "draft weights (nf4)") == MISTRAL_7B_NF4
+    assert item(memory, "quantized kernels' workspace") == MIXTRAL_WORKSPACE
     placement = memory.placement
     assert placement.disk == 0 and placement.resident + placement.ram == 32
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**30  # a 0.75 GB layer pins 1 GiB
-    assert_no_other_layer_fits(memory, 24, MIXTRAL_LAYER)
-    assert_cache_fills_the_room_left(memory, 24, MIXTRAL_EXPERT, 8)
+    left = room_for_layers(memory, 24, MIXTRAL_OTHERS, MIXTRAL_LAYER)  # 17 resident
+    assert_cache_fills_the_room_left(memory, left, MIXTRAL_EXPERT, 8)
     assert_streams_by_expert(memory, MIXTRAL_HEAD, MIXTRAL_LAYER, 8, 2)
     assert_fits(memory, 24, 64)
 
@@ -161,7 +206,7 @@ def test_mixtral_on_a_16_gb_card_with_32_gb_of_ram_fits_without_its_nvme_disk():
     assert placement.disk == 0 and placement.resident + placement.ram == 32
     assert placement.ram * 2**30 <= 32 * GB - RUNTIME_BYTES - OS_RESERVE
     assert placement.slot_bytes <= 0.85 * GB and memory.draft.quant == "nf4"  # bf16's 14.5 GB leaves no ring
-    assert_no_other_layer_fits(memory, 16, MIXTRAL_LAYER)
+    room_for_layers(memory, 16, MIXTRAL_OTHERS, MIXTRAL_LAYER)  # 7 resident
     assert_streams_by_expert(memory, MIXTRAL_HEAD, MIXTRAL_LAYER, 8, 2)
     assert_fits(memory, 16, 32)
 
@@ -184,10 +229,14 @@ def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
     assert item(memory, "target KV cache") == kv_per_token(48, 4) * tokens  # 96 KiB a token
     assert item(memory, "draft KV cache") == kv_per_token(28, 8) * tokens  # 112 KiB: the draft's is larger
     assert item(memory, "largest pass") == moe_pass(32, 2048, 128, 8, 768, TREE)
+    assert item(memory, "draft weights (nf4)") == QWEN3_0_6B_NF4
+    assert item(memory, "quantized kernels' workspace") == QWEN3_30B_WORKSPACE
     placement = memory.placement
     assert placement.disk == 0 and placement.resident + placement.ram == 48
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**29  # a 0.33 GB layer pins 512 MiB
-    assert_no_other_layer_fits(memory, 8, QWEN3_30B_LAYER)
+    others = (2 * 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES + (kv_per_token(48, 4) + kv_per_token(28, 8)) * tokens
+              + QWEN3_0_6B_NF4 + moe_pass(32, 2048, 128, 8, 768, TREE) + QWEN3_30B_WORKSPACE + CUDA_MARGIN)
+    room_for_layers(memory, 8, others, QWEN3_30B_LAYER)  # 6 resident
     assert_streams_by_expert(memory, QWEN3_30B_HEAD, QWEN3_30B_LAYER, 128, 8)
     assert_fits(memory, 8, 32)
 
@@ -199,13 +248,17 @@ def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_128_gb_stream_the_rest
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == kv_per_token(94, 4) * tokens
     assert item(memory, "largest pass") == moe_pass(64, 4096, 128, 8, 1536, TREE)
+    assert item(memory, "draft weights (nf4)") == QWEN3_1_7B_NF4
+    assert item(memory, "quantized kernels' workspace") == QWEN3_235B_WORKSPACE
     placement, pinned = memory.placement, 2**31  # a 1.32 GB layer (and a staging buffer of one) pins 2 GiB
     assert placement.disk > 0 and placement.slots == 2
     assert item(memory, "2 pinned staging buffers") == 2 * pinned
     assert placement.ram == (128 * GB - RUNTIME_BYTES - OS_RESERVE - 2 * pinned) // pinned  # 56
     assert placement.resident + placement.ram + placement.disk == 94
-    assert_no_other_layer_fits(memory, 24, QWEN3_235B_LAYER)
-    assert_cache_fills_the_room_left(memory, 24, experts(1, 4096, 1536, 128, False), 128)
+    others = (2 * 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + (kv_per_token(94, 4) + kv_per_token(28, 8)) * tokens
+              + QWEN3_1_7B_NF4 + moe_pass(64, 4096, 128, 8, 1536, TREE) + QWEN3_235B_WORKSPACE + CUDA_MARGIN)
+    left = room_for_layers(memory, 24, others, QWEN3_235B_LAYER)  # 9 resident
+    assert_cache_fills_the_room_left(memory, left, experts(1, 4096, 1536, 128, False), 128)
     assert_streams_by_expert(memory, QWEN3_235B_HEAD, QWEN3_235B_LAYER, 128, 8)
     assert_fits(memory, 24, 128)
 
@@ -228,7 +281,7 @@ def test_doctor_plans_the_papers_moe_pair_at_4_bits_and_prints_its_expected_spee
     # 8 experts, 2 a token: 8(1 - (3/4)^n) a layer at 1, 16, 64 and 1024 tree tokens, and their bytes
     assert "  experts        2 of 8 a token; a pass over n tree tokens routes to ~(1: 2.0, 16: 7.9, 64: 8.0, " \
            "1024: 8.0) of them a layer" in out
-    widths = ", ".join(f"{n}: {streamed * (aligned(MIXTRAL_HEAD) + experts_touched(8, 2, n) / 8 * (MIXTRAL_LAYER - aligned(MIXTRAL_HEAD))) / 1e9:.2f}"
+    widths = ", ".join(f"{n}: {streamed * (aligned(MIXTRAL_HEAD) + (1 - 0.75 ** n) * (MIXTRAL_LAYER - aligned(MIXTRAL_HEAD))) / 1e9:.2f}"
                        for n in WIDTHS)
     assert f"  by expert      a streamed layer moves its head and the experts routed to: ~({widths}) GB a pass" in out
 

@@ -149,10 +149,11 @@ def quantized_workspaces(model: PreTrainedModel, dtype: torch.dtype) -> Callable
     largest one's. A model whose layers are compact bounds its dense form too: the same 4-bit
     linears, and dense linears allocate nothing. The model is walked once: a MoE has hundreds of
     thousands of linears in a few shapes."""
-    int4 = {(m.in_features, m.out_features, m.group_size, m.kernel)
+    int4 = {(m.in_features, m.out_features, m.group_size, m.kernel, m.perm is not None)
             for m in model.modules() if isinstance(m, Int4Linear)}
     q6 = max((m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear)), default=0)
 
     def at(rows: int) -> int:
-        return max((q6, *(workspace_bytes(i, o, rows, dtype, group, kernel) for i, o, group, kernel in int4)))
+        return max((q6, *(workspace_bytes(i, o, rows, dtype, group, kernel, act_order)
+                          for i, o, group, kernel, act_order in int4)))
     return at

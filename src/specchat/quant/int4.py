@@ -142,12 +142,13 @@ def int4_linear(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, dev
 
 
 def workspace_bytes(in_features: int, out_features: int, rows: int, dtype: torch.dtype, group_size: int = 32,
-                    kernel: str = "cpu") -> int:
+                    kernel: str = "cpu", act_order: bool = False) -> int:
     """The most memory an Int4Linear's forward allocates beyond its output, for `rows` input rows
-    in `dtype`, whichever product the probes pick: the input permuted (act-order) plus the chunked
-    product's buffers or, on CUDA, the expansion's (the fused kernels allocate nothing; a CPU's
-    dense copies are planned apart, and their product allocates only its output)."""
-    permuted = rows * in_features * dtype.itemsize
+    in `dtype`, whichever product the probes pick: with `act_order` the input permuted (`forward`'s
+    index_select; without it the input goes in as it is), plus the chunked product's buffers or, on
+    CUDA, the expansion's (the fused kernels allocate nothing; a CPU's dense copies are planned
+    apart, and their product allocates only its output)."""
+    permuted = rows * in_features * dtype.itemsize if act_order else 0
     products = [chunked_workspace(in_features, out_features, rows, dtype, product, group_size)
                 for product in (torch.float32, dtype)]
     if kernel == "cuda":
