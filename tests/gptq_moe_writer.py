@@ -14,13 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from gptq_writer import checkpoint_tensors, pack_gptq, quantize_rtn
+from gptq_writer import autogptq_weight, checkpoint_tensors, pack_gptq, quantize_rtn
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import (MixtralConfig, MixtralForCausalLM, PreTrainedModel, Qwen2MoeConfig, Qwen2MoeForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
-from specchat.quant.gptq import GPTQSpec, check_supported, dequantize
+from specchat.quant.gptq import GPTQSpec, check_supported
 
 EXPERTS = 4
 HIDDEN = 64
@@ -102,8 +102,8 @@ def write_moe_gptq_checkpoint(family: str, model: PreTrainedModel, out_dir: Path
 
 
 def dequantized(tensors: dict[str, Tensor], module: str, dtype: torch.dtype) -> Tensor:
-    """The [O, I] weight a GPTQ module of the checkpoint holds."""
-    return dequantize(*(tensors[f"{module}.{key}"] for key in ("qweight", "qzeros", "scales", "g_idx")), dtype)
+    """The [O, I] weight a GPTQ module of the checkpoint holds, as AutoGPTQ reads it (not specchat)."""
+    return autogptq_weight(*(tensors[f"{module}.{key}"] for key in ("qweight", "qzeros", "scales", "g_idx"))).to(dtype)
 
 
 def dense_weight(family: str, tensors: dict[str, Tensor], name: str, dtype: torch.dtype) -> Tensor:

@@ -2,6 +2,14 @@
 TheBloke-style GPTQ model directories: tiny checkpoints for tests, and 4-bit copies of real
 models for comparing bytes moved. RTN is not GPTQ's error-compensating solver; the file format,
 which is all a loader sees, is the same.
+
+The words are packed, and read back for the tests' references, as AutoGPTQ's QuantLinear writes
+and reads its v1 format, written out here apart from specchat's own packer and reader
+(src/specchat/quant/gptq.py), so that a mistake there cannot hide behind the same one here:
+  qweight int32 [I/8, O]  word r of column o holds inputs 8r .. 8r + 7, input 8r + j at bits 4j .. 4j + 3
+  qzeros  int32 [G, O/8]  word c of group g holds outputs 8c .. 8c + 7 the same way, each zero less one
+  scales  fp16  [G, O]    and g_idx int32 [I], each input's group
+and the weight is W[o, i] = scales[g, o] * (q[i, o] - zero[g, o]) with g = g_idx[i].
 """
 
 import json
@@ -9,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
@@ -16,10 +25,11 @@ from transformers import AutoConfig, PreTrainedModel
 
 from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
 from specchat.offload.sources import SafetensorsSource
-from specchat.quant.gptq import (GPTQLinear, GPTQSpec, check_supported, dequantize, group_count, pack_int4_cols,
-                                 pack_int4_rows)
+from specchat.quant.gptq import GPTQLinear, GPTQSpec, check_supported, group_count
 
 MAX_Q = 15
+BITS = 4
+PER_WORD = 32 // BITS  # nibbles in an int32 word
 
 
 @dataclass(frozen=True)
@@ -92,13 +102,43 @@ def asymmetric_grid(low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
     return scales, zeros.clamp(min=1)
 
 
+def autogptq_pack(values: np.ndarray) -> np.ndarray:
+    """AutoGPTQ's pack loop along the first axis (`qweight[row] |= intweight[j] << (bits * (j - i))`
+    for j in i .. i + 7, i = 8 row): word r holds values 8r .. 8r + 7, the j-th at bits 4j .. 4j + 3,
+    as uint32 stored as the int32 of the same bits."""
+    values = values.astype(np.uint32)
+    words = np.zeros((values.shape[0] // PER_WORD, *values.shape[1:]), dtype=np.uint32)
+    for j in range(PER_WORD):
+        words |= values[j::PER_WORD] << np.uint32(BITS * j)
+    return words.view(np.int32)
+
+
+def autogptq_unpack(words: np.ndarray) -> np.ndarray:
+    """AutoGPTQ's reading of packed words along the first axis, `(word >> 4j) & 0xF` for j in
+    0 .. 7: value 8r + j from word r."""
+    bits = words.view(np.uint32)
+    nibbles = np.stack([(bits >> np.uint32(BITS * j)) & np.uint32(0xF) for j in range(PER_WORD)], axis=1)
+    return nibbles.reshape(-1, *words.shape[1:]).astype(np.int64)
+
+
+def autogptq_weight(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor) -> Tensor:
+    """The float32 [O, I] weight of a GPTQ v1 module as AutoGPTQ dequantizes it: qweight's nibbles
+    [I, O], qzeros' (packed along outputs) plus one, W[o, i] = scales[g, o] * (q[i, o] - zero[g, o])."""
+    q = torch.from_numpy(autogptq_unpack(qweight.numpy()))
+    zeros = torch.from_numpy(autogptq_unpack(qzeros.numpy().T).T.copy()) + 1
+    groups = g_idx.long()
+    return (scales.float()[groups] * (q - zeros[groups]).float()).t().contiguous()
+
+
 def pack_gptq(q: QuantizedLinear, bias: Tensor | None) -> dict[str, Tensor]:
-    """The tensors one module contributes to a GPTQ v1 checkpoint."""
+    """The tensors one module contributes to a GPTQ v1 checkpoint, packed as AutoGPTQ packs them:
+    q [O, I] as qweight by inputs, zero - 1 [G, O] as qzeros by outputs."""
     if (q.zeros < 1).any():
         raise ValueError("GPTQ v1 checkpoints cannot store a zero point of 0")
+    zeros = q.zeros.to(torch.int64).numpy() - 1
     packed = {
-        "qweight": pack_int4_rows(q.weight.t()),
-        "qzeros": pack_int4_cols(q.zeros.to(torch.int64) - 1),
+        "qweight": torch.from_numpy(autogptq_pack(q.weight.t().numpy())),
+        "qzeros": torch.from_numpy(np.ascontiguousarray(autogptq_pack(zeros.T).T)),
         "scales": q.scales.to(torch.float16).contiguous(),
         "g_idx": q.g_idx.to(torch.int32),
     }
@@ -150,12 +190,11 @@ def write_gptq_checkpoint(model: PreTrainedModel, out_dir: Path, spec: GPTQSpec)
 
 
 def dequantized_linears(model: nn.Module) -> nn.Module:
-    """Each GPTQLinear replaced by an nn.Linear holding its dequantized weight."""
+    """Each GPTQLinear replaced by an nn.Linear holding its weight as AutoGPTQ dequantizes it."""
     for name, module in list(model.named_modules()):
         if isinstance(module, GPTQLinear):
             linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
-            linear.weight.data = dequantize(module.qweight, module.qzeros, module.scales, module.g_idx,
-                                            torch.float32).contiguous()
+            linear.weight.data = autogptq_weight(module.qweight, module.qzeros, module.scales, module.g_idx)
             if module.bias is not None:
                 linear.bias.data = module.bias.float()
             parent, _, child = name.rpartition(".")
