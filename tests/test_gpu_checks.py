@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_checks import auto_offload, drafts, embedded_weights, expanded_specexec, int4_reference, probe_costs, replies, \
-    verdict
+from gpu_checks import (auto_offload, drafts, embedded_weights, expanded_specexec, int4_reference, probe_costs, replies,
+                        verdict)
 from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.closing import closing_line

@@ -234,7 +234,8 @@ def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
     placement = memory.placement
     assert placement.disk == 0 and placement.resident + placement.ram == 48
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**29  # a 0.33 GB layer pins 512 MiB
-    others = (2 * 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES + (kv_per_token(48, 4) + kv_per_token(28, 8)) * tokens
+    caches = (kv_per_token(48, 4) + kv_per_token(28, 8)) * tokens
+    others = (2 * 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES + caches
               + QWEN3_0_6B_NF4 + moe_pass(32, 2048, 128, 8, 768, TREE) + QWEN3_30B_WORKSPACE + CUDA_MARGIN)
     room_for_layers(memory, 8, others, QWEN3_30B_LAYER)  # 6 resident
     assert_streams_by_expert(memory, QWEN3_30B_HEAD, QWEN3_30B_LAYER, 128, 8)
@@ -255,7 +256,8 @@ def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_128_gb_stream_the_rest
     assert item(memory, "2 pinned staging buffers") == 2 * pinned
     assert placement.ram == (128 * GB - RUNTIME_BYTES - OS_RESERVE - 2 * pinned) // pinned  # 56
     assert placement.resident + placement.ram + placement.disk == 94
-    others = (2 * 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + (kv_per_token(94, 4) + kv_per_token(28, 8)) * tokens
+    caches = (kv_per_token(94, 4) + kv_per_token(28, 8)) * tokens
+    others = (2 * 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + caches
               + QWEN3_1_7B_NF4 + moe_pass(64, 4096, 128, 8, 1536, TREE) + QWEN3_235B_WORKSPACE + CUDA_MARGIN)
     left = room_for_layers(memory, 24, others, QWEN3_235B_LAYER)  # 9 resident
     assert_cache_fills_the_room_left(memory, left, experts(1, 4096, 1536, 128, False), 128)
@@ -281,8 +283,8 @@ def test_doctor_plans_the_papers_moe_pair_at_4_bits_and_prints_its_expected_spee
     # 8 experts, 2 a token: 8(1 - (3/4)^n) a layer at 1, 16, 64 and 1024 tree tokens, and their bytes
     assert "  experts        2 of 8 a token; a pass over n tree tokens routes to ~(1: 2.0, 16: 7.9, 64: 8.0, " \
            "1024: 8.0) of them a layer" in out
-    widths = ", ".join(f"{n}: {streamed * (aligned(MIXTRAL_HEAD) + (1 - 0.75 ** n) * (MIXTRAL_LAYER - aligned(MIXTRAL_HEAD))) / 1e9:.2f}"
-                       for n in WIDTHS)
+    head, routed = aligned(MIXTRAL_HEAD), MIXTRAL_LAYER - aligned(MIXTRAL_HEAD)
+    widths = ", ".join(f"{n}: {streamed * (head + (1 - 0.75 ** n) * routed) / 1e9:.2f}" for n in WIDTHS)
     assert f"  by expert      a streamed layer moves its head and the experts routed to: ~({widths}) GB a pass" in out
 
 
