@@ -8,7 +8,7 @@ from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParam
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
-from specchat.decoding.sampling import sample_token
+from specchat.decoding.sampling import emit_token
 from specchat.device_clock import now
 
 
@@ -17,7 +17,7 @@ def next_token(target: CausalLM, seq: list[int], cache: DynamicCache, sampling: 
     position len(seq), as sequential decoding does (the cache then holds all of `seq`)."""
     cached, position = cache_length(cache), len(seq)
     hidden = target.hidden(torch.tensor(seq[cached:]), torch.arange(cached, position), cache)
-    return sample_token(target.logits(hidden[-1:])[0], sampling, position)
+    return emit_token(target.logits(hidden[-1:])[0], sampling, position)
 
 
 class AutoregressiveEngine:

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.guide import Guide
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.tree import DraftTree
 
@@ -157,18 +158,22 @@ def catch_up(draft: CausalLM, cache: DynamicCache, pending: torch.Tensor, start_
     return Root(int(pending[-1]), cache_length(cache) - 1, position, hidden[-1:])
 
 
-def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, temperature: float) -> GrownTree:
-    """Build the draft tree from `root`, whose hidden state gives the first level."""
+def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, temperature: float,
+              guide: Guide | None = None) -> GrownTree:
+    """Build the draft tree from `root`, whose hidden state gives the first level; under a
+    reply's `guide`, only through tokens its grammar allows."""
     committed = root.slot + 1
     store = NodeStore(root.token, root.slot)
-    add_children(store, torch.tensor([0]), children(draft, root.hidden, shape, temperature), shape)
+    root_allowed = None if guide is None else guide.allowed()
+    add_children(store, torch.tensor([0]), children(draft, root.hidden, shape, temperature, root_allowed), shape)
     widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
     while (nodes := next_expansion(store, shape, spent)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
         hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
-        add_children(store, nodes, children(draft, hidden, shape, temperature), shape)
+        allowed = None if guide is None else guide.allowed(node_paths(store, nodes))
+        add_children(store, nodes, children(draft, hidden, shape, temperature, allowed), shape)
         widths.append(nodes.numel())
         if shape.sizer:
             spent += shape.sizer.draft_s(nodes.numel())
@@ -180,14 +185,27 @@ def grow_tree(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape
     return replace(assemble(store, len(widths)), predicted=cut.predicted, widths=tuple(widths))
 
 
-def children(draft: CausalLM, hidden: torch.Tensor, shape: TreeShape, temperature: float
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's `max_children` likeliest next tokens with their scores: draft log-probs, or
-    their ranks negated (0, -1, -2, ...) for a ranked tree."""
-    values, tokens = draft.top_logprobs(hidden, shape.max_children, temperature)
-    if shape.ranked_tree:
-        values = -torch.arange(values.shape[1], dtype=values.dtype).expand_as(values)
+def children(draft: CausalLM, hidden: torch.Tensor, shape: TreeShape, temperature: float,
+             allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `max_children` likeliest next tokens (among those `allowed`, when given) with
+    their scores: draft log-probs, or their ranks negated (0, -1, -2, ...) for a ranked tree."""
+    values, tokens = draft.top_logprobs(hidden, shape.max_children, temperature, allowed)
+    if shape.ranked_tree:  # a child the guide forbids keeps its -inf
+        ranks = -torch.arange(values.shape[1], dtype=values.dtype).expand_as(values)
+        values = torch.where(torch.isfinite(values), ranks, values)
     return values, tokens
+
+
+def node_paths(store: NodeStore, nodes: torch.Tensor) -> list[list[int]]:
+    """Each node's tokens below the root, the root's child first (what a guide consumes to reach it)."""
+    paths = []
+    for node in nodes.tolist():
+        path = []
+        while node > 0:
+            path.append(int(store.tokens[node]))
+            node = int(store.parents[node])
+        paths.append(path[::-1])
+    return paths
 
 
 def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> torch.Tensor:

@@ -3,7 +3,10 @@ live settings it honours so that front ends never need to know which engine they
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
+    from specchat.decoding.guide import Guide
 
 
 @dataclass(frozen=True)
@@ -13,6 +16,7 @@ class SamplingParams:
     temperature: float = 0.6
     top_p: float = 0.9
     seed: int = 0
+    guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
 
 
 @dataclass(frozen=True)

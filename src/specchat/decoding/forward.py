@@ -93,13 +93,18 @@ class CausalLM:
         return full
 
     @torch.inference_mode()
-    def top_logprobs(self, hidden: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def top_logprobs(self, hidden: torch.Tensor, k: int, temperature: float,
+                     allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The k likeliest next tokens per row of `hidden` [m, H]: (log-probs [m, k], token ids
         [m, k]) under the temperature-scaled distribution (scale 1 at temperature 0), scoring
-        only `vocab` when set."""
+        only `vocab` when set, and only the tokens `allowed` [m, V] (a reply's grammar) when
+        given: a row that allows none of the scored tokens gives no finite log-prob."""
         scale = temperature if temperature > 0 else 1.0
         head = self.head if self.vocab is not None else self.model.get_output_embeddings()
         logits = head(hidden).float() / scale
+        if allowed is not None:
+            scored = allowed if self.vocab is None else allowed[:, self.vocab.to(allowed.device)]
+            logits = logits.masked_fill(~scored.to(logits.device), -float("inf"))
         # log p = logit - logsumexp(logits): taking the top k first spares writing a whole
         # [m, V] log-softmax for the k entries read.
         top = logits.topk(min(k, logits.shape[-1]), dim=-1)

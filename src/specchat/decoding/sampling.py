@@ -22,6 +22,7 @@ the target's logits at a tree node equal the sequential ones, e.g. in float32).
 import torch
 
 from specchat.decoding.events import SamplingParams
+from specchat.decoding.guide import masked
 
 _MASK64 = (1 << 64) - 1
 # SplitMix64's increment: 2**64 / golden ratio, odd, so the state visits all 2**64 values.
@@ -148,6 +149,17 @@ def invert_cdf(probs: torch.Tensor, u: float) -> int:
     passes = cdf > u * cdf[-1]
     # argmax returns the first maximum, i.e. the first passing id.
     return int(passes.to(torch.uint8).argmax())
+
+
+def emit_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The token an engine emits at ``position``: ``sample_token`` over the target's logits masked
+    to what the reply's guide allows (the mask first, then temperature and top-p, so a constrained
+    reply samples the renormalised allowed distribution); the guide then moves past it."""
+    if params.guide is None:
+        return sample_token(logits, params, position)
+    token = sample_token(masked(logits, params.guide.allowed()[0]), params, position)
+    params.guide.accept(token)
+    return token
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:

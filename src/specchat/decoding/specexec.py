@@ -18,9 +18,11 @@ from specchat.decoding.verifier import Verdict, verify
 class SpecExecStrategy:
     """A top-K tree (shaped by the temperature actually sampled) and Algorithm 1."""
 
+    guided = True  # verification samples through emit_token; the tree grows through allowed tokens
+
     def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
               sampling: SamplingParams) -> GrownTree:
-        return grow_tree(draft, cache, root, shape, sampling.temperature)
+        return grow_tree(draft, cache, root, shape, sampling.temperature, sampling.guide)
 
     def walk(self, drafted: GrownTree, node_logits: Callable[[int], torch.Tensor], sampling: SamplingParams,
              first_position: int, max_tokens: int, stop_ids: Collection[int]) -> Verdict:

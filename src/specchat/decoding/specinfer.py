@@ -42,6 +42,8 @@ class SpecInferStrategy:
     """Stems laid out by `layout`, walked by multi-step speculative sampling."""
 
     layout: Layout = specinfer_layout
+    # its acceptance weighs the draft's probabilities, which a grammar would have to mask alike
+    guided = False
 
     def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
               sampling: SamplingParams) -> Stems:

@@ -30,6 +30,7 @@ from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.tree import DraftTree
 from specchat.decoding.verifier import Verdict
 from specchat.device_clock import now
+from specchat.errors import SpecchatError
 from specchat.transfer import TransferStats
 
 Drafted = TypeVar("Drafted", bound=GrownTree)
@@ -37,6 +38,8 @@ Drafted = TypeVar("Drafted", bound=GrownTree)
 
 class TreeStrategy(Protocol[Drafted]):
     """How one tree engine drafts and walks; the loop around them is `TreeEngine`'s."""
+
+    guided: bool  # keeps a reply to its grammar (SamplingParams.guide) exactly
 
     def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
               sampling: SamplingParams) -> Drafted:
@@ -124,6 +127,8 @@ class TreeEngine:
     ) -> Iterator[IterationEvent]:
         """Decode a reply; both caches are kept afterwards, and the next prompt reuses its common
         prefix with the sequence this reply ends (prefix.py)."""
+        if sampling.guide is not None and not self.strategy.guided:
+            raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def forget(self) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.sampling import sample_token
+from specchat.decoding.sampling import emit_token
 from specchat.decoding.tree import DraftTree
 
 
@@ -38,7 +38,7 @@ def verify(
 ) -> Verdict:
     """Emit up to `max_tokens` tokens; the first one is at absolute position `first_position`."""
     def step(node: int, position: int) -> tuple[int, int | None]:
-        token = sample_token(node_logits(node), sampling, position)
+        token = emit_token(node_logits(node), sampling, position)
         return token, tree.children[node].get(token)
 
     return descend(step, first_position, max_tokens, stop_ids)

@@ -33,6 +33,7 @@ from specchat.decoding.kvcache import cache_length, truncate
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
 from specchat.device_clock import now
+from specchat.errors import SpecchatError
 from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
 from specchat.dsi.workers import WorkerPool
 
@@ -103,6 +104,8 @@ class DSIEngine:
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
+        if sampling.guide is not None:
+            raise SpecchatError("--engine dsi cannot keep a reply to a grammar: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:

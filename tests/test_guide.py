@@ -1,0 +1,123 @@
+"""Constrained decoding (decoding/guide.py) on the tiny random pair: a tokenizer of single
+characters, so that a JSON schema's grammar decides every token. Every emitted token is one the
+grammar allowed, the draft's tree grows only through allowed tokens, and SpecExec emits exactly
+what constrained autoregressive decoding emits, greedy and seeded."""
+
+import json
+from dataclasses import replace
+
+import llguidance
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.guide import Grammars
+from specchat.decoding.kvcache import new_cache
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specinfer import SpecInferEngine
+from specchat.errors import SpecchatError
+
+# the tiny models' 50 ids: 0 unknown, 1 the end of a reply, then characters
+CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789{}[],:\" -._\n"
+STOP = 1
+BYTE_LEVEL = {" ": "Ġ", "\n": "Ċ"}
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"type": "string", "maxLength": 6}},
+          "required": ["id", "tag"], "additionalProperties": False}
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def characters() -> PreTrainedTokenizerFast:
+    # byte-level words (GPT-2's alphabet: a space is "Ġ", a newline "Ċ"), as llguidance reads them
+    vocab = {"<unk>": 0, "</s>": STOP} | {BYTE_LEVEL.get(c, c): i + 2 for i, c in enumerate(CHARACTERS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                                                       pre_tokenizers.Split("", behavior="isolated")])
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def grammars(characters) -> Grammars:
+    return Grammars(characters, 50, {STOP})
+
+
+def text_of(ids: list[int]) -> str:
+    return "".join(CHARACTERS[i - 2] for i in ids if i != STOP)
+
+
+def allowed_text(allowed: torch.Tensor) -> str:
+    return "".join(sorted(text_of(allowed.nonzero().flatten().tolist()), key=CHARACTERS.index))
+
+
+def test_the_mask_allows_what_the_grammar_allows_and_paths_leave_the_state_as_it_was(grammars):
+    guide = grammars.json_schema(SCHEMA).start()
+    first = guide.allowed()[0]
+    assert allowed_text(first) == "{"
+    brace, quote = 2 + CHARACTERS.index("{"), 2 + CHARACTERS.index('"')
+    after = guide.allowed([[brace], [brace, quote]])
+    assert allowed_text(after[0]) == '" \n'  # a key comes next, or whitespace
+    assert allowed_text(after[1]) == "i"  # the properties in the schema's order: "id" first
+    assert torch.equal(guide.allowed()[0], first)  # both paths were rolled back
+    with pytest.raises(ValueError, match="forbids"):
+        guide.allowed([[2 + CHARACTERS.index("a")]])
+
+
+def test_a_schema_the_grammar_engine_refuses_is_one_line(grammars):
+    with pytest.raises(SpecchatError, match="^the JSON schema cannot be compiled: ") as refused:
+        grammars.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
+    assert "\n" not in str(refused.value)
+
+
+def test_the_draft_tree_grows_only_through_allowed_tokens(tiny_draft, grammars):
+    guide = grammars.json_schema(SCHEMA).start()
+    brace = 2 + CHARACTERS.index("{")
+    guide.accept(brace)  # the reply so far: "{"
+    cache = new_cache()
+    grown = grow_tree(tiny_draft, cache, catch_up(tiny_draft, cache, torch.tensor(PROMPT + [brace]), 0),
+                      TreeShape(budget=24, max_depth=4), 1.0, guide)
+    tree = grown.tree
+    assert tree.size == 24
+    for node in range(1, tree.tokens.numel()):
+        path, at = [], node
+        while at > 0:
+            path.append(int(tree.tokens[at]))
+            at = int(tree.parents[at])
+        assert reference_allows(grammars, [brace] + path[::-1]), text_of(path[::-1])
+
+
+def reference_allows(grammars: Grammars, tokens: list[int]) -> bool:
+    """llguidance's own matcher, fresh, takes `tokens` one by one."""
+    matcher = llguidance.LLMatcher(grammars.tokenizer, grammars.json_schema(SCHEMA).text)
+    return all(matcher.consume_token(t) for t in tokens)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0, top_p=1.0),
+                                      SamplingParams(temperature=1.0, top_p=0.95, seed=7),
+                                      SamplingParams(temperature=0.6, top_p=0.9, seed=3)])
+@pytest.mark.parametrize("budget", [4, 32])
+def test_specexec_under_a_grammar_emits_constrained_autoregressive_decoding(tiny_target, tiny_draft, grammars,
+                                                                             sampling, budget):
+    grammar = grammars.json_schema(SCHEMA)
+
+    def reply(engine) -> list[int]:
+        events = engine.generate(PROMPT, 40, replace(sampling, guide=grammar.start()))
+        return [t for e in events for t in e.token_ids]
+
+    reference = reply(AutoregressiveEngine(tiny_target, {STOP}))
+    tokens = reply(SpecExecEngine(tiny_target, tiny_draft, {STOP}, TreeShape(budget=budget, max_depth=6)))
+    assert tokens == reference
+    assert reference_allows(grammars, reference)
+    if reference[-1] == STOP:  # finished: a whole document of the schema
+        document = json.loads(text_of(reference))
+        assert set(document) == {"id", "tag"} and isinstance(document["id"], int)
+
+
+def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, grammars):
+    engine = SpecInferEngine(tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
+    with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar"):
+        list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))
