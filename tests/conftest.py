@@ -18,6 +18,7 @@ from run_dirs import make_run_dir
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.bench.datasets import mtbench_first_turns
+from specchat.chat_template import encode_chat
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -210,6 +211,10 @@ class RealPair:
 
     def chat(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, raw=False)
+
+    def chat_with_tools(self, prompt: str, tools: list[dict]) -> list[int]:
+        """A user message with `tools` declared as the chat template declares them."""
+        return encode_chat(self.tokenizer, [{"role": "user", "content": prompt}], tools)
 
 
 def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None) -> CausalLM:

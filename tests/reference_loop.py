@@ -12,7 +12,7 @@ position n is keyed by (seed, n)), so there is nothing independent to write in i
 """
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, TemperatureLogitsWarper, TopPLogitsWarper
@@ -52,10 +52,13 @@ def choose(logits: torch.Tensor, temperature: float, top_p: float, seed: int, po
 
 @torch.inference_mode()
 def reference_decode(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                     top_p: float, seed: int, stop_ids: Collection[int] = (), use_cache: bool = False) -> list[int]:
+                     top_p: float, seed: int, stop_ids: Collection[int] = (), use_cache: bool = False,
+                     allowed: Callable[[list[int]], torch.Tensor] | None = None) -> list[int]:
     """Decode `max_new_tokens` after `prompt_ids` (ending after a stop token) with a plain
     transformers causal LM. Without `use_cache` every step runs the whole prefix
-    (`model(ids).logits[0, -1]`); with it, transformers' own `DynamicCache` holds the prefix."""
+    (`model(ids).logits[0, -1]`); with it, transformers' own `DynamicCache` holds the prefix.
+    `allowed(new tokens so far)`: a constraint's tokens (bool [V]); the rest are cut to -inf
+    before the warpers, as constrained decoding renormalises over what the grammar allows."""
     ids = list(prompt_ids)
     cache = DynamicCache(config=model.config) if use_cache else None
     fed = 0  # tokens of `ids` the cache holds
@@ -67,7 +70,10 @@ def reference_decode(model: PreTrainedModel, prompt_ids: list[int], max_new_toke
             step = torch.tensor([ids[fed:]], device=model.device)
             logits = model(step, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
             fed = len(ids)
-        token = choose(logits.float().cpu(), temperature, top_p, seed, position=len(ids))
+        logits = logits.float().cpu()
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed(new), -math.inf)
+        token = choose(logits, temperature, top_p, seed, position=len(ids))
         ids.append(token)
         new.append(token)
         if token in stop_ids:

@@ -119,5 +119,5 @@ def test_specexec_under_a_grammar_emits_constrained_autoregressive_decoding(tiny
 
 def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, grammars):
     engine = SpecInferEngine(tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
-    with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar"):
+    with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar or log"):
         list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))

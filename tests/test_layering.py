@@ -26,7 +26,9 @@ LAYERS: list[set[str]] = [
 MAX_MODULE_LINES = 300  # the house rule: past it, a module is split by what it does
 SIBLINGS = [("decoding", "offload")]  # rooms of one layer that must not import each other
 FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL = ("tui", "serve")
-TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events"}  # the Engine protocol and event types
+# The Engine protocol and event types, and what SamplingParams carries for one reply: its grammar
+# (guide.py: compiled from a schema, started per reply) and its token log (token_log.py).
+TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events", "specchat.decoding.guide", "specchat.decoding.token_log"}
 
 LAYER_OF = {room: index for index, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -169,7 +171,17 @@ def test_the_plan_has_one_room_that_loader_and_doctor_enter_through_plan_pair():
                 if isinstance(node, ast.FunctionDef) and node.name.startswith(("plan", "place", "measure_rooms"))]
     assert not planning, "planning belongs in plan/:\n" + "\n".join(planning)
     for caller in ("loader", "doctor.plan"):
-        assert (f"specchat.{caller}", "specchat.plan.pair.plan_pair") in {(e[1], e[2]) for e in EDGES}, caller
+        assert (f"specchat.{caller}", "specchat.plan.plan_pair") in {(e[1], e[2]) for e in EDGES}, caller
+
+
+def test_the_plan_is_entered_through_its_front_door():
+    """Outside plan/, its names come from `specchat.plan` (plan/__init__.py), never a module inside it."""
+    modules = {path.stem for path in (PACKAGE / "plan").glob("*.py")} - {"__init__"}
+    inside = [f"{where}: {importer} imports {imported}" for where, importer, imported in EDGES
+              if room_of(importer) != "plan" and imported.split(".")[:2] == ["specchat", "plan"]
+              and len(imported.split(".")) > 2 and imported.split(".")[2] in modules]
+    assert not inside, "\n".join(inside)
+    assert {edge[2] for edge in EDGES} >= {"specchat.plan.plan_pair"}  # the walk sees the door's imports
 
 
 def text_tests(handler: ast.ExceptHandler) -> list[ast.Compare]:

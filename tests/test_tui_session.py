@@ -323,3 +323,35 @@ def test_close_keeps_the_reply_as_cut_and_closes_the_backend_once_the_engine_is_
     assert order == ["iteration ended", "backend closed"] and session.backend.closes == 1
     assert session.job is None and job.cancel.is_set()
     assert stored(session)[-1] == ("assistant", "", True)
+
+
+def test_json_and_schema_give_the_next_replies_a_guide_and_off_takes_it_away(store, tmp_path):
+    session = session_on(store)
+    said = session.execute(commands.parse("/json on"))
+    assert said.notes[0].text == "replies: JSON objects" and not said.notes[0].error
+    outcome = session.send("hi")
+    assert outcome.job.sampling.guide.schema == {"type": "object"}
+    write_reply(session, outcome.job)
+    schema = tmp_path / "person.json"
+    schema.write_text('{"type": "object", "properties": {"name": {"type": "string"}}}')
+    assert session.execute(commands.parse(f"/schema {schema}")).notes[0].text == "replies: JSON valid under the schema"
+    outcome = session.send("again")
+    assert outcome.job.sampling.guide.schema["properties"] == {"name": {"type": "string"}}
+    write_reply(session, outcome.job)
+    assert session.execute(commands.parse("/json off")).notes[0].text == "replies: free text"
+    assert session.send("free").job.sampling.guide is None
+
+
+def test_a_schema_the_grammar_engine_refuses_is_one_line_and_changes_nothing(store, tmp_path):
+    session = session_on(store)
+    refused = session.execute(commands.SetSetting("reply_schema", {"uncompilable": True}))
+    assert refused.notes[0].error and refused.notes[0].text == "the JSON schema cannot be compiled: uncompilable"
+    assert session.settings.reply_schema is None
+    for text, message in (("/schema /nowhere.json", "/schema /nowhere.json: No such file or directory"),
+                          ("/json maybe", "/json takes on or off (got 'maybe')")):
+        with pytest.raises(commands.CommandError, match=message):
+            commands.parse(text)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(commands.CommandError, match="a JSON schema is an object"):
+        commands.parse(f"/schema {bad}")

@@ -4,7 +4,11 @@ chat app and the server, so the three send a model the same tokens for the same 
 from transformers import PreTrainedTokenizerBase
 
 
-def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> list[int]:
-    """Prompt ids for chat `messages` ({"role", "content"}), ready for the assistant's turn."""
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Prompt ids for chat `messages` ({"role", "content"}, and an assistant's "tool_calls"), ready
+    for the assistant's turn; `tools` (OpenAI's {"type": "function", "function": ...}) go where
+    the model's template declares them."""
+    extra = {"tools": tools} if tools else {}
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                            **extra)
     return list(encoded["input_ids"])

@@ -1,6 +1,7 @@
 """The `specchat` command line. User errors print one line and exit with code 2."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -9,7 +10,7 @@ from specchat.bench.command import check_bench, parse_budget_item, parse_list, r
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.cli_generate import run_generation
+from specchat.cli_generate import read_schema, run_generation
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
 from specchat.doctor.command import run_doctor
@@ -17,7 +18,7 @@ from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from specchat.models.listing import list_models
-from specchat.plan.machine import Machine
+from specchat.plan import Machine
 from specchat.loader import load_models
 from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device
 from specchat.simulate.app import simulate_app
@@ -43,6 +44,8 @@ def generate(
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    json_schema: Path | None = typer.Option(None, "--json-schema", help="Reply with a JSON document valid under "
+                                            "the JSON schema in this file (specexec and autoregressive)."),
     *,
     options: EngineOptions,
 ) -> None:
@@ -50,8 +53,11 @@ def generate(
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
+    schema = read_schema(json_schema) if json_schema is not None else None
     models = load_models(options)
     try:
+        if schema is not None:
+            sampling = replace(sampling, guide=models.grammars().json_schema(schema).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
                        sampling, as_json)
     finally:

@@ -25,11 +25,8 @@ from specchat.models.local import local_tokenizer
 from specchat.offload.build import Offload
 from specchat.offload.links import read_links
 from specchat.offload.placement import Placement
-from specchat.plan.budget import MemoryPlan
-from specchat.plan.machine import Machine
-from specchat.plan.pair import contexts_for, draft_kinds, plan_pair, stores_4bit
-from specchat.plan.request import Pair, PlanRequest, tree_sizes
-from specchat.plan.text import describe_plan
+from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, contexts_for, describe_plan, draft_kinds, plan_pair,
+                          stores_4bit, tree_sizes)
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.progress import Report, Reporter
 from specchat.quant.int4_dense import keep_dense_copies

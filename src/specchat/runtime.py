@@ -15,6 +15,7 @@ from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.events import AUTO, Engine, LiveSettings
 from specchat.decoding.probe import probe_costs
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.guide import Grammars
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
 from specchat.dsi.engine import DSIEngine
@@ -26,7 +27,7 @@ from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE
                              default_budget)
 from specchat.models.loading import check_not_pickled, has_int4, resolve
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.plan.budget import MemoryPlan
+from specchat.plan import MemoryPlan
 from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
 from specchat.probe_cache import probe_path, read_costs, write_costs
@@ -79,6 +80,14 @@ class Models:
     identity: dict = field(default_factory=dict)  # what was loaded and how: the cost probe's key
     costs: Costs | None = None  # --budget auto's measured costs, once probed
     memory: MemoryPlan | None = None  # every byte the run holds (None: dsi's Ray actors plan their own)
+    compiler: Grammars | None = None  # grammars(): built once, when a reply first asks for a form
+
+    def grammars(self) -> Grammars:
+        """The compiler of grammars over this target's tokenizer and vocabulary (built at first use: ~1 s)."""
+        if self.compiler is None:
+            vocab = self.target.model.config.vocab_size if self.target is not None else len(self.tokenizer)
+            self.compiler = Grammars(self.tokenizer, vocab, self.stop_ids)
+        return self.compiler
 
     def engine_names(self) -> tuple[str, ...]:
         """The engines these models can run."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
     from specchat.decoding.guide import Guide
+    from specchat.decoding.token_log import TokenLog
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class SamplingParams:
     top_p: float = 0.9
     seed: int = 0
     guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
+    token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
 
 
 @dataclass(frozen=True)

@@ -154,11 +154,15 @@ def invert_cdf(probs: torch.Tensor, u: float) -> int:
 def emit_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     """The token an engine emits at ``position``: ``sample_token`` over the target's logits masked
     to what the reply's guide allows (the mask first, then temperature and top-p, so a constrained
-    reply samples the renormalised allowed distribution); the guide then moves past it."""
+    reply samples the renormalised allowed distribution); the guide then moves past it, and the
+    reply's token log records it."""
     if params.guide is None:
-        return sample_token(logits, params, position)
-    token = sample_token(masked(logits, params.guide.allowed()[0]), params, position)
-    params.guide.accept(token)
+        token = sample_token(logits, params, position)
+    else:
+        token = sample_token(masked(logits, params.guide.allowed()[0]), params, position)
+        params.guide.accept(token)
+    if params.token_log is not None:
+        params.token_log.record(logits, token)
     return token
 
 

@@ -39,7 +39,7 @@ Drafted = TypeVar("Drafted", bound=GrownTree)
 class TreeStrategy(Protocol[Drafted]):
     """How one tree engine drafts and walks; the loop around them is `TreeEngine`'s."""
 
-    guided: bool  # keeps a reply to its grammar (SamplingParams.guide) exactly
+    guided: bool  # emits every token through emit_token: keeps a reply's grammar and token log
 
     def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
               sampling: SamplingParams) -> Drafted:
@@ -127,8 +127,9 @@ class TreeEngine:
     ) -> Iterator[IterationEvent]:
         """Decode a reply; both caches are kept afterwards, and the next prompt reuses its common
         prefix with the sequence this reply ends (prefix.py)."""
-        if sampling.guide is not None and not self.strategy.guided:
-            raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar: use specexec or autoregressive")
+        if (sampling.guide is not None or sampling.token_log is not None) and not self.strategy.guided:
+            raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar or log its tokens' "
+                                "probabilities: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def forget(self) -> None:

@@ -14,7 +14,7 @@ from specchat.errors import PlanRefusal, SpecchatError
 from specchat.limits import CONTEXT, check_memory_budgets
 from specchat.offload.links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
-from specchat.plan.machine import Machine
+from specchat.plan import Machine
 from specchat.transfer import gb_to_bytes
 
 

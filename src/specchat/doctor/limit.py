@@ -16,10 +16,7 @@ from specchat.memory_room import process_rss
 from specchat.models.loading import has_int4, resolve
 from specchat.memory_room import Room
 from specchat.models.local import local_tokenizer
-from specchat.plan.machine import Machine, kept_for_page_cache
-from specchat.plan.model import MeasuredModel, plan_measured
-from specchat.plan.pair import measure_pair
-from specchat.plan.placement import Rooms
+from specchat.plan import Machine, MeasuredModel, Rooms, kept_for_page_cache, measure_pair, plan_measured
 from specchat.transfer import gb
 
 LIMIT_STEP = 5 * 10**7  # the answer's precision: 0.05 GB

@@ -12,12 +12,8 @@ from specchat.limits import DEFAULT_DRAFT_VOCAB
 from specchat.models.loading import has_int4, resolve
 from specchat.offload.placement import Placement, link_speeds
 from specchat.models.configs import read_config
-from specchat.plan.budget import MemoryPlan
-from specchat.plan.demand import shape_of
-from specchat.plan.experts import expert_share, experts_touched
-from specchat.plan.machine import Machine
-from specchat.plan.pair import draft_kinds, plan_pair
-from specchat.plan.request import Pair, PlanRequest, tree_sizes
+from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, draft_kinds, expert_share, experts_touched,
+                          plan_pair, shape_of, tree_sizes)
 
 
 

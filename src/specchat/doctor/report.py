@@ -4,7 +4,7 @@ from specchat.doctor.advice import Recommendation
 from specchat.doctor.facts import CudaDevice, Facts
 from specchat.doctor.limit import Limit
 from specchat.doctor.plan import TREE_SIZES, PairPlan, Routing, pass_timing
-from specchat.plan.machine import Machine
+from specchat.plan import Machine
 from specchat.transfer import gb
 
 

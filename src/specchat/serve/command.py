@@ -67,7 +67,7 @@ def run_server(options: EngineOptions, serving: Serving, sampling: SamplingParam
             engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(serving.slots)]
             config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
                                  context=models.context, sampling=sampling, api_key=serving.api_key,
-                                 log_prompts=serving.log_prompts)
+                                 log_prompts=serving.log_prompts, grammars=models.grammars)
             app = build_app(config, Scheduler(engines, serving.max_queue))
             show_request_log()
             print(f"serving {options.target} ({options.engine}) at {url_of(sock)}/v1 ; Ctrl+C stops", flush=True)

@@ -3,8 +3,8 @@ turned into OpenAI's reply, whole or streamed as server-sent events."""
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 
 from jinja2 import TemplateError
 from starlette.requests import Request
@@ -13,6 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import SamplingParams
+from specchat.decoding.guide import Grammar, Grammars
+from specchat.decoding.token_log import TokenLog
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.limits import reply_limit
 from specchat.serve.errors import APIError, bad_request
@@ -21,6 +23,7 @@ from specchat.serve.scheduler import Job, QueueFull, Scheduler
 from specchat.serve.schema import (ChatRequest, chat_messages, check_model, parse_request, requested_tokens,
                                    sampling_of, stop_strings)
 from specchat.serve.stops import StopScan
+from specchat.serve.structured import CallHold, call_grammar, forced_functions, functions_of, response_schema
 from specchat.textstream import TextStream
 
 
@@ -33,6 +36,7 @@ class ServeConfig:
     sampling: SamplingParams  # what a request leaves out
     api_key: str | None = None
     log_prompts: bool = False
+    grammars: Callable[[], Grammars] | None = None  # the grammar compiler (None: response forms are refused)
 
 
 class Completions:
@@ -59,18 +63,41 @@ class Completions:
         messages = chat_messages(chat)
         if self.config.log_prompts:
             request.state.messages = messages
-        sampling, stops, wanted = sampling_of(chat, self.config.sampling), stop_strings(chat), requested_tokens(chat)
-        prompt_ids = self.encode(messages)
+        functions = [] if chat.tool_choice == "none" else functions_of(chat.tools)
+        form = self.form(chat, functions)
+        sampling = replace(sampling_of(chat, self.config.sampling), guide=None if form is None else form.start(),
+                           token_log=TokenLog(chat.top_logprobs or 0) if chat.logprobs else None)
+        stops, wanted = stop_strings(chat), requested_tokens(chat)
+        prompt_ids = self.encode(messages, chat.tools if functions else None)
         try:
             max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context)
         except ContextOverflow as error:
             raise bad_request(str(error), "context_length_exceeded", "messages") from None
         job = Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())
-        return job, Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids)
+        return job, Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids,
+                          token_log=sampling.token_log, may_call=bool(functions))
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def form(self, chat: ChatRequest, functions: list[dict]) -> Grammar | None:
+        """The grammar the reply keeps to: the response format's schema, or calls of the forced
+        tools; None for free text. What the grammar engine cannot compile is a 400."""
+        schema, forced = response_schema(chat.response_format), forced_functions(functions, chat.tool_choice)
+        if schema is None and not forced:
+            return None
+        field = "response_format" if schema is not None else "tools"
+        if schema is not None and forced:
+            raise bad_request("response_format and a tool_choice that forces a call ask two forms of one reply: "
+                              "send one", "invalid_value", "tool_choice")
+        if self.config.grammars is None:
+            raise bad_request(f"{field}: this server's tokenizer takes no grammar", "unsupported_parameter", field)
         try:
-            ids = encode_chat(self.config.tokenizer, messages)
+            compiler = self.config.grammars()
+            return compiler.json_schema(schema) if schema is not None else compiler.lark(call_grammar(forced))
+        except SpecchatError as error:
+            raise bad_request(str(error), "invalid_value", field) from None
+
+    def encode(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        try:
+            ids = encode_chat(self.config.tokenizer, messages, tools)
         except TemplateError as error:  # the model's template refuses this conversation's shape
             raise bad_request(f"the model's chat template refuses these messages: {error}", "invalid_messages",
                               "messages") from None
@@ -111,13 +138,21 @@ class Completions:
 
     async def stream(self, request: Request, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
         chunks = Chunks(self.config.model)
+        hold = CallHold() if reply.may_call else None
         try:
             yield sse(chunks.delta({"role": "assistant", "content": ""}))
             async for text in self.pieces(job, reply):
-                yield sse(chunks.delta({"content": text}))
-            if tail := reply.finish():
-                yield sse(chunks.delta({"content": tail}))
-            yield sse(chunks.last(reply, job))
+                yield sse(chunks.delta({"content": hold.push(text) if hold else text}, logprobs=reply.new_logprobs()))
+            tail, calls = reply.finish(), []
+            if hold:
+                tail = hold.push(tail)
+                rest, calls = hold.finish()
+                tail += rest
+            if tail or reply.token_log is not None and reply.logged < len(reply.token_log.entries):
+                yield sse(chunks.delta({"content": tail}, logprobs=reply.new_logprobs()))
+            if calls:
+                yield sse(chunks.calls(calls))
+            yield sse(chunks.last(reply, job, bool(calls)))
             if include_usage:
                 yield sse(chunks.usage(reply, job))
             yield "data: [DONE]\n\n"

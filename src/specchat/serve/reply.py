@@ -8,8 +8,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from specchat.decoding.events import IterationEvent
+from specchat.decoding.token_log import TokenLog, TokenLogprobs
 from specchat.serve.scheduler import Job
 from specchat.serve.stops import StopScan
+from specchat.serve.structured import split_calls
 from specchat.summary import summarize, tree_means
 from specchat.textstream import TextStream
 
@@ -20,6 +22,9 @@ class Reply:
     scan: StopScan
     stop_ids: Collection[int]
     events: list[IterationEvent] = field(default_factory=list)
+    token_log: TokenLog | None = None  # logprobs asked for: the target's, token by token
+    may_call: bool = False  # the request offers tools: the reply's <tool_call> blocks are calls
+    logged: int = 0  # token_log entries already sent (streaming)
 
     def push(self, event: IterationEvent) -> str:
         """The event's tokens; returns the text now safe to send."""
@@ -39,9 +44,31 @@ class Reply:
     def completion_tokens(self) -> int:
         return sum(len(event.token_ids) for event in self.events)
 
-    def finish_reason(self) -> str:
+    def finish_reason(self, called: bool = False) -> str:
+        if called:
+            return "tool_calls"
         ended = self.events and self.events[-1].token_ids and self.events[-1].token_ids[-1] in self.stop_ids
         return "stop" if self.stopped or ended else "length"
+
+    def logprobs(self, since: int = 0) -> dict | None:
+        """OpenAI's logprobs object for the logged tokens from `since` on (None: not asked for)."""
+        if self.token_log is None:
+            return None
+        return {"content": [logprob_entry(self.stream.tokenizer, entry) for entry in self.token_log.entries[since:]]}
+
+    def new_logprobs(self) -> dict | None:
+        """The logprobs of the tokens logged since the last call (a streamed chunk's)."""
+        if self.token_log is None:
+            return None
+        since, self.logged = self.logged, len(self.token_log.entries)
+        return self.logprobs(since)
+
+
+def logprob_entry(tokenizer, entry: TokenLogprobs) -> dict:
+    def described(token: int, logprob: float) -> dict:
+        text = tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return described(entry.token, entry.logprob) | {"top_logprobs": [described(t, p) for t, p in entry.top]}
 
 
 def completion_id() -> str:
@@ -83,10 +110,12 @@ def extension(job: Job, reply: Reply) -> dict:
 
 
 def completion(model: str, text: str, reply: Reply, job: Job) -> dict:
+    content, calls = split_calls(text) if reply.may_call else (text, [])
+    message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
     return {
         "id": completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                     "finish_reason": reply.finish_reason()}],
+        "choices": [{"index": 0, "message": message, "logprobs": reply.logprobs(),
+                     "finish_reason": reply.finish_reason(bool(calls))}],
         "usage": usage(len(job.prompt_ids), reply),
         "specchat": extension(job, reply),
     }
@@ -104,11 +133,17 @@ class Chunks:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": choices, **extra}
 
-    def delta(self, delta: dict, finish_reason: str | None = None, **extra: object) -> dict:
-        return self.chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}], **extra)
+    def delta(self, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None,
+              **extra: object) -> dict:
+        return self.chunk([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+                          **extra)
 
-    def last(self, reply: Reply, job: Job) -> dict:
-        return self.delta({}, reply.finish_reason(), specchat=extension(job, reply))
+    def calls(self, calls: list[dict]) -> dict:
+        """The reply's tool calls, whole, in one delta (clients join a call's deltas by index)."""
+        return self.delta({"tool_calls": [{"index": index, **call} for index, call in enumerate(calls)]})
+
+    def last(self, reply: Reply, job: Job, called: bool = False) -> dict:
+        return self.delta({}, reply.finish_reason(called), specchat=extension(job, reply))
 
     def usage(self, reply: Reply, job: Job) -> dict:
         return self.chunk([], usage=usage(len(job.prompt_ids), reply))

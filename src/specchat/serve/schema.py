@@ -1,5 +1,6 @@
 """The chat-completions request: its JSON types checked by pydantic (strictly: "10" is not a
-number), its values and the features specchat does not offer checked here, each refusal one line."""
+number), its values and the features specchat does not offer checked here, each refusal one line.
+Tools, tool calls and response formats are serve/structured.py's."""
 
 from typing import Any
 
@@ -8,10 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specchat.decoding.events import SamplingParams
 from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
 from specchat.serve.errors import APIError, bad_request, unsupported
+from specchat.serve.structured import template_calls
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-TOOL_ROLES = ("tool", "function")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOPS = 4  # as OpenAI
+MAX_TOP_LOGPROBS = 20  # as OpenAI
 
 
 class Strict(BaseModel):
@@ -46,6 +48,7 @@ class ChatRequest(Strict):
     functions: list[Any] | None = None
     function_call: Any = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
 
 
@@ -89,13 +92,15 @@ UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict", "none"}
 def check_features(request: ChatRequest) -> None:
     if request.n is not None and request.n != 1:
         raise unsupported(f"n = {request.n}: one choice per request (n > 1) is", "n")
-    for field in ("tools", "tool_choice", "functions", "function_call"):
+    for field in ("functions", "function_call"):
         if getattr(request, field) is not None:
-            raise unsupported("tools and function calling are", field)
-    if request.logprobs:
-        raise unsupported("logprobs are", "logprobs")
-    if request.response_format is not None and request.response_format.get("type") != "text":
-        raise unsupported("response_format other than text is", "response_format")
+            raise unsupported(f"{field} (the API's older form of tools: send tools and tool_choice) is", field)
+    if request.top_logprobs is not None:
+        if not request.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "invalid_value", "top_logprobs")
+        if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {request.top_logprobs})",
+                              "invalid_value", "top_logprobs")
 
 
 def chat_messages(request: ChatRequest) -> list[dict]:
@@ -105,11 +110,12 @@ def chat_messages(request: ChatRequest) -> list[dict]:
 
 def template_message(index: int, message: Message) -> dict:
     where = f"messages[{index}]"
-    if message.role in TOOL_ROLES or message.tool_calls:
-        raise unsupported("tools and function calling are", f"{where}.role")
     if message.role not in ROLES:
-        raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user or assistant",
+        raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user, assistant or tool",
                           "invalid_value", f"{where}.role")
+    if message.tool_calls and message.role == "assistant":  # a call the model made: its text may be absent
+        content = "" if message.content is None else text_of(where, message.content)
+        return {"role": "assistant", "content": content, "tool_calls": template_calls(message.tool_calls, where)}
     return {"role": ROLES[message.role], "content": text_of(where, message.content)}
 
 

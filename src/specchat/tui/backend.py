@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from specchat.decoding.events import Engine
+from specchat.decoding.guide import Guide
 from specchat.tui.settings import DecodingSettings
 
 
@@ -33,6 +34,11 @@ class ChatBackend(Protocol):
         ...
 
     def new_text_stream(self) -> ReplyStream: ...
+
+    def guide(self, schema: dict) -> Guide:
+        """A reply's guide to JSON valid under `schema`; SpecchatError in one line when the schema
+        cannot be compiled."""
+        ...
 
     def use_engine(self, name: str) -> Engine:
         """Switch `engine` to the one called `name` (one of `engine_names`) and return it."""

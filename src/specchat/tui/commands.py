@@ -4,12 +4,16 @@ Parsing checks argument types and ranges, so an invalid command is rejected befo
 changes; only the engine name is checked later, against what the backend offers.
 """
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from os.path import commonprefix
+from pathlib import Path
 
 from specchat.decoding.events import AUTO
 from specchat.tui.settings import problem
+
+ANY_OBJECT = {"type": "object"}  # /json on: any JSON object
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,28 @@ def parse_load(text: str) -> Command:
     return Load(parse_int("load", text) if text else None)
 
 
+def parse_json(text: str) -> Command:
+    if text not in ("on", "off"):
+        raise CommandError(f"/json takes on or off (got {text!r})")
+    return SetSetting("reply_schema", ANY_OBJECT if text == "on" else None)
+
+
+def parse_schema(text: str) -> Command:
+    """/schema FILE: the file's JSON schema; off: free text again."""
+    if text == "off":
+        return SetSetting("reply_schema", None)
+    path = Path(text).expanduser()
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as error:
+        raise CommandError(f"/schema {text}: {error.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CommandError(f"/schema {text} is not JSON: {error}") from None
+    if not isinstance(schema, dict):
+        raise CommandError(f"/schema {text}: a JSON schema is an object")
+    return SetSetting("reply_schema", schema)
+
+
 def int_setting(command: str, field: str) -> Callable[[str], Command]:
     return required(command, lambda text: checked(field, parse_int(command, text)))
 
@@ -154,6 +180,9 @@ SPECS = [
     CommandSpec("max-tokens", "N", "longest reply in tokens", int_setting("max-tokens", "max_tokens")),
     CommandSpec("engine", "NAME", "decoding engine (from the next reply)", text_setting("engine", "engine")),
     CommandSpec("system", "TEXT", "set the system prompt", text_setting("system", "system_prompt")),
+    CommandSpec("json", "on|off", "replies as JSON objects (from the next reply)", required("json", parse_json)),
+    CommandSpec("schema", "FILE|off", "replies as JSON valid under the schema in FILE (from the next reply)",
+                required("schema", parse_schema)),
     CommandSpec("clear", "", "start a new conversation", no_args(Clear())),
     CommandSpec("retry", "", "regenerate the last reply", no_args(Retry())),
     CommandSpec("save", "[FILE]", "export the conversation as markdown", lambda text: Save(text or None)),

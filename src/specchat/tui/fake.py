@@ -14,6 +14,7 @@ from itertools import cycle
 from time import sleep
 
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
+from specchat.errors import SpecchatError
 from specchat.textstream import TextStream
 from specchat.tui.backend import settings_for
 from specchat.tui.settings import DecodingSettings
@@ -175,6 +176,11 @@ class FakeDSIEngine:
         return WORKER_NOTICE
 
 
+@dataclass(frozen=True)
+class FakeGuide:
+    schema: dict
+
+
 class FakeBackend:
     name = "fake pair"
     transfer_label = ""
@@ -196,6 +202,13 @@ class FakeBackend:
 
     def new_text_stream(self) -> TextStream:
         return TextStream(self.tokenizer)
+
+    def guide(self, schema: dict) -> FakeGuide:
+        """A stand-in guide naming its schema (the fake engines read none); a schema holding
+        "uncompilable" is refused as the grammar engine refuses one."""
+        if "uncompilable" in schema:
+            raise SpecchatError("the JSON schema cannot be compiled: uncompilable")
+        return FakeGuide(schema)
 
     def use_engine(self, name: str) -> FakeEngine:
         self.engine = self.engines[name]

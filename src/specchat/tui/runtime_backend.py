@@ -4,6 +4,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import Engine
+from specchat.decoding.guide import Guide
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
 from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of
@@ -36,6 +37,9 @@ class RuntimeBackend:
 
     def new_text_stream(self) -> TextStream:
         return TextStream(self.tokenizer)
+
+    def guide(self, schema: dict) -> Guide:
+        return self.models.grammars().json_schema(schema).start()
 
     def use_engine(self, name: str) -> Engine:
         self.engine = self.engines[name]

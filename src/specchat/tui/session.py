@@ -13,7 +13,7 @@ from pathlib import Path
 from time import perf_counter
 
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings
-from specchat.errors import ContextOverflow
+from specchat.errors import ContextOverflow, SpecchatError
 from specchat.summary import Summary, summarize
 from specchat.tui import commands
 from specchat.tui.backend import ChatBackend, settings_for
@@ -96,8 +96,11 @@ class Session:
         dropped = f"context full: the oldest {prompt.dropped} messages are left out (system prompt kept)"
         notes = (Note(dropped),) if prompt.dropped > self.dropped else ()
         self.dropped = prompt.dropped
+        sampling = self.settings.sampling()
+        if self.settings.reply_schema is not None:
+            sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_schema))
         self.job = ReplyJob(next(self.reply_ids), self.backend.engine, prompt.ids, prompt.max_new_tokens,
-                            self.settings.sampling(), self.backend.new_text_stream())
+                            sampling, self.backend.new_text_stream())
         self.reply_text, self.reply_events, self.reply_started = "", [], perf_counter()
         # Stored from its start as a cut reply and kept up to date, so that a crash (kill -9, power)
         # leaves the text written so far, marked cut.
@@ -170,6 +173,8 @@ class Session:
             case "budget" if isinstance(value, int) and value > self.backend.max_budget:
                 return says(f"/budget {value} is past the {self.backend.max_budget}-token tree this run's memory plan "
                             f"made room for: restart with --budget {value} to plan for it", error=True)
+            case "reply_schema" if value is not None and (refusal := self.schema_refusal(value)):
+                return says(refusal, error=True)
             case "budget" if value == AUTO and not self.sizes_trees():
                 return says(f"/budget auto is not available for {engine.name} in this run: only specexec sizes "
                             "its own trees, when `specchat run` starts with --budget auto", error=True)
@@ -177,8 +182,20 @@ class Session:
         if field in LIVE_FROM:
             self.apply_live_settings()
         when = f"from {LIVE_FROM.get(field, 'the next reply')}" if self.job else ""
+        if field == "reply_schema":
+            form = "free text" if value is None else "JSON objects" if value == commands.ANY_OBJECT else \
+                "JSON valid under the schema"
+            return says(f"replies: {form} {when}".rstrip())
         shown = "off" if value is None else value
         return says(f"{field.replace('_', '-')} set to {shown} {when}".rstrip())
+
+    def schema_refusal(self, schema: dict) -> str | None:
+        """Why replies cannot keep to `schema` here (it does not compile), in one line; None if they can."""
+        try:
+            self.backend.guide(schema)
+        except SpecchatError as error:
+            return str(error)
+        return None
 
     def apply_live_settings(self) -> None:
         # An engine takes only what it reads (autoregressive nothing): the other values wait in

@@ -24,6 +24,7 @@ class DecodingSettings:
     max_tokens: int = 1024
     engine: str = "specexec"
     system_prompt: str = ""
+    reply_schema: dict | None = None  # /json, /schema: the JSON schema replies keep to; None: free text
 
     def sampling(self) -> SamplingParams:
         seed = self.seed if self.seed is not None else random.randrange(2**31)

@@ -1,0 +1,109 @@
+"""Constrained decoding on the real embedded pair in float32 (issue 51): under a JSON schema and
+under a tool call's grammar, greedy and seeded SpecExec emit exactly what constrained
+autoregressive decoding emits, and both equal an independent reference (tests/reference_loop.py:
+transformers' forward and warpers) masked by llguidance's own matcher, fed token by token apart
+from the project's guide. The replies that end parse, and validate against the schema."""
+
+import json
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import pytest
+import torch
+from conftest import PAPER_SAMPLING
+from reference_loop import reference_decode
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.drafter import TreeShape
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.guide import Grammars
+from specchat.decoding.specexec import SpecExecEngine
+from specchat.serve.structured import call_grammar, split_calls
+
+pytestmark = pytest.mark.real
+
+NEW_TOKENS = 40
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0)
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                           "born": {"type": "integer"},
+                                           "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+          "required": ["name", "born", "languages"], "additionalProperties": False}
+WEATHER = {"name": "get_weather", "description": "The weather in a city now",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+                          "required": ["city", "unit"], "additionalProperties": False}}
+PERSON_PROMPT = "Describe Guido van Rossum as JSON: his name, the year he was born and the languages he created."
+WEATHER_PROMPT = "What is the weather in Paris in celsius?"
+
+
+class MatcherMask:
+    """llguidance's own matcher and torch helpers, fed the reply's tokens as they come: the allowed
+    tokens after them, bool [V]."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, vocab: int) -> None:
+        self.matcher = llguidance.LLMatcher(tokenizer, grammar)
+        self.vocab, self.fed = vocab, 0
+
+    def __call__(self, new: list[int]) -> torch.Tensor:
+        assert self.matcher.consume_tokens(new[self.fed:]), self.matcher.get_error()
+        self.fed = len(new)
+        bitmask = llguidance.torch.allocate_token_bitmask(1, self.vocab)
+        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask)
+        scores = torch.zeros(1, self.vocab)
+        llguidance.torch.apply_token_bitmask_inplace(scores, bitmask)
+        return torch.isfinite(scores[0])
+
+
+@pytest.fixture(scope="module")
+def grammars(real_pair) -> Grammars:
+    return Grammars(real_pair.tokenizer, real_pair.target.model.config.vocab_size, real_pair.stop_ids)
+
+
+def form(grammars: Grammars, kind: str):
+    if kind == "schema":
+        return grammars.json_schema(PERSON), PERSON_PROMPT, []
+    tools = [{"type": "function", "function": WEATHER}]
+    return grammars.lark(call_grammar([WEATHER])), WEATHER_PROMPT, tools
+
+
+def reply(engine, prompt_ids: list[int], sampling: SamplingParams, grammar) -> list[int]:
+    events = engine.generate(prompt_ids, NEW_TOKENS, SamplingParams(sampling.temperature, sampling.top_p,
+                                                                    sampling.seed, guide=grammar.start()))
+    return [t for e in events for t in e.token_ids]
+
+
+@pytest.mark.parametrize("kind", ["schema", "tool"])
+@pytest.mark.parametrize("sampling", [GREEDY, PAPER_SAMPLING], ids=["greedy", "seeded"])
+def test_specexec_under_a_grammar_equals_constrained_decoding_and_the_independent_loop(real_pair, grammars, kind,
+                                                                                       sampling):
+    grammar, prompt, tools = form(grammars, kind)
+    prompt_ids = real_pair.chat_with_tools(prompt, tools)
+    vocab = real_pair.target.model.config.vocab_size
+    independent = llguidance.hf.from_tokenizer(real_pair.tokenizer, n_vocab=vocab, eos_token=sorted(real_pair.stop_ids))
+    reference = reference_decode(real_pair.target.model, prompt_ids, NEW_TOKENS, sampling.temperature, sampling.top_p,
+                                 sampling.seed, real_pair.stop_ids, use_cache=True,
+                                 allowed=MatcherMask(independent, grammar.text, vocab))
+    autoregressive = reply(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling, grammar)
+    specexec = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+    events = list(specexec.generate(prompt_ids, NEW_TOKENS, SamplingParams(
+        sampling.temperature, sampling.top_p, sampling.seed, guide=grammar.start())))
+    tokens = [t for e in events for t in e.token_ids]
+    assert autoregressive == reference
+    assert tokens == reference
+    assert sum(e.accepted for e in events) > 0  # the draft's constrained trees were accepted
+    text = real_pair.tokenizer.decode(tokens, skip_special_tokens=True)
+    if tokens[-1] in real_pair.stop_ids:
+        assert_valid(kind, text)
+
+
+def assert_valid(kind: str, text: str) -> None:
+    if kind == "schema":
+        document = json.loads(text)
+        assert set(document) == {"name", "born", "languages"} and isinstance(document["born"], int)
+        assert all(isinstance(language, str) for language in document["languages"])
+    else:
+        content, calls = split_calls(text)
+        assert content is None and [call["function"]["name"] for call in calls] == ["get_weather"]
+        arguments = json.loads(calls[0]["function"]["arguments"])
+        assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")

@@ -1,0 +1,97 @@
+"""The embedded pair behind `specchat serve`, driven by the official `openai` client as agents and
+scripts drive it: `chat.completions.parse` with a pydantic model returns the parsed object; a tool
+round trip (the call, the tool's result, the final answer) works whole and streamed; logprobs come
+with every token. Greedy, bf16 and --budget auto: the exactness of constrained decoding is
+test_real_guided.py's, on float32."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+pytestmark = pytest.mark.real
+
+STOP_S = 120
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+class Person(BaseModel):
+    name: str
+    born: int
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with log.open("w") as err:
+        server = subprocess.Popen([sys.executable, "-m", "specchat", "serve", "--port", "0", "--temperature", "0"],
+                                  text=True, stdout=subprocess.PIPE, stderr=err)
+    try:
+        line = server.stdout.readline()
+        assert " at http://127.0.0.1:" in line, line
+        client = openai.OpenAI(base_url=line.split(" at ")[1].split(" ;")[0], api_key="unused", max_retries=0,
+                               timeout=600)
+        yield client, client.models.list().data[0].id
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=STOP_S)
+    assert server.returncode == 0 and "Traceback" not in log.read_text()
+
+
+def test_parse_returns_the_pydantic_object(chat):
+    client, model = chat
+    reply = client.chat.completions.parse(
+        model=model, response_format=Person, max_tokens=48,
+        messages=[{"role": "user", "content": "Who created Python, and in which year was he born?"}])
+    person = reply.choices[0].message.parsed
+    assert isinstance(person, Person) and person.name and reply.choices[0].finish_reason == "stop"
+
+
+def test_a_tool_round_trip_whole(chat):
+    client, model = chat
+    first = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=48)
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    result = {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}
+    final = client.chat.completions.create(model=model, messages=[*ASK, first.choices[0].message.model_dump(), result],
+                                           tools=[WEATHER], tool_choice="none", max_tokens=32)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+def test_a_tool_call_streamed_arrives_as_deltas_the_client_joins(chat):
+    client, model = chat
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                                max_tokens=48, stream=True):
+        if not chunk.choices:
+            continue
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"name": "", "arguments": "", "id": None})
+            call["id"] = delta.id or call["id"]
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and calls[0]["name"] == "get_weather" and calls[0]["id"]
+    assert "city" in json.loads(calls[0]["arguments"])
+
+
+def test_logprobs_come_with_every_token(chat):
+    client, model = chat
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                           max_tokens=12, logprobs=True, top_logprobs=3)
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    for entry in entries:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob == entry.logprob  # greedy: the likeliest token was emitted
+    assert "".join(entry.token for entry in entries).startswith(reply.choices[0].message.content[:3])
