@@ -5,7 +5,10 @@ reply's text held once a call begins; each bad form one 400 line."""
 import json
 
 import llguidance
+import llguidance.hf
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from specchat.serve.errors import APIError
 from specchat.serve.structured import (CallHold, call_grammar, forced_functions, functions_of, response_schema,
@@ -52,16 +55,32 @@ def test_tool_choice_picks_the_functions_a_reply_must_call():
         functions_of([{"type": "retrieval"}])
 
 
-def test_the_call_grammar_takes_calls_as_the_template_writes_them_and_nothing_else():
+@pytest.fixture(scope="module")
+def calls_tokenizer() -> llguidance.LLTokenizer:
+    """Byte-level characters, and <tool_call> and </tool_call> as special tokens, as Qwen2.5 has them."""
+    alphabet = [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ"]  # GPT-2's bytes for space and newline
+    vocab = {"<unk>": 0, "</s>": 1} | {c: i + 2 for i, c in enumerate(alphabet)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                use_regex=False),
+                                                       pre_tokenizers.Split("", behavior="isolated")])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<tool_call>", "</tool_call>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="</s>")
+    return llguidance.hf.from_tokenizer(fast, eos_token=1), fast
+
+
+def test_the_call_grammar_takes_calls_as_the_template_writes_them_and_nothing_else(calls_tokenizer):
+    tokenizer, fast = calls_tokenizer
     grammar = call_grammar([WEATHER, TIME])
-    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
-    bytes_of = llguidance.LLTokenizer("byte")  # one token per byte: the grammar judges the text itself
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar), tokenizer) == ""
     good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     two = good + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    for text, accepted in ((good, True), (two, True), (good.replace("Paris", "3").replace('"3"', "3"), False),
-                           (good.replace("get_weather", "get_wether"), False), ("Sure! " + good, False)):
-        matcher = llguidance.LLMatcher(bytes_of, grammar)
-        consumed = matcher.consume_tokens(list(text.encode()))
+    for text, accepted in ((good, True), (two, True), (good.replace('"Paris"', "3"), False),
+                           (good.replace("get_weather", "get_wether"), False), ("Sure! " + good, False),
+                           (good.replace("<tool_call>", "<tool_cal>"), False)):
+        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        consumed = matcher.consume_tokens(fast(text, add_special_tokens=False)["input_ids"])
         assert (consumed and matcher.is_accepting()) == accepted, text
 
 

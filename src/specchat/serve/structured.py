@@ -63,14 +63,14 @@ def forced_functions(functions: list[dict], tool_choice: Any) -> list[dict]:
 
 
 def call_grammar(functions: list[dict]) -> str:
-    """A Lark grammar (llguidance's dialect, `%json` embedding a schema) of one or more calls of
+    """A Lark grammar (llguidance's dialect: `%json` embeds a schema, a bare <name> is the special
+    token of that name, as Qwen2.5's tokenizer holds <tool_call>) of one or more calls of
     `functions`, each a <tool_call> block as the template writes them."""
     options = [{"type": "object", "properties": {"name": {"const": function["name"]},
                                                   "arguments": function.get("parameters") or {"type": "object"}},
                 "required": ["name", "arguments"], "additionalProperties": False} for function in functions]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return (f'start: call ("\\n" call)*\ncall: {json.dumps(TOOL_OPEN + chr(10))} %json {json.dumps(schema)} '
-            f'{json.dumps(chr(10) + TOOL_CLOSE)}\n')
+    return f'start: call ("\\n" call)*\ncall: {TOOL_OPEN} "\\n" %json {json.dumps(schema)} "\\n" {TOOL_CLOSE}\n'
 
 
 def split_calls(text: str) -> tuple[str | None, list[dict]]:
