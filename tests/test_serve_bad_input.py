@@ -84,6 +84,9 @@ CASES = [
                                                                                           "arguments": "{"}}]},
         {"role": "tool", "content": "42", "tool_call_id": "c"}]), AUTH, 400, "invalid_value",
      "messages[1].tool_calls[0].function.arguments is not JSON"),
+    ("tool message without its call", "POST", "/v1/chat/completions",
+     body(messages=[{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]), AUTH, 400,
+     "missing_field", "messages[1].tool_call_id is required: the id of the call this message answers"),
     ("unknown response format", "POST", "/v1/chat/completions", body(response_format={"type": "xml"}), AUTH, 400,
      "invalid_value", "response_format.type: 'xml' is not one of text, json_object, json_schema"),
     ("image", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": [

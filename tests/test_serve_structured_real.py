@@ -67,7 +67,8 @@ def test_a_tool_round_trip_whole(chat):
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 
 
-def test_a_tool_call_streamed_arrives_as_deltas_the_client_joins(chat):
+def test_a_tool_round_trip_streamed(chat):
+    """The call arrives as deltas the client joins; the answer to its result streams as text."""
     client, model = chat
     calls: dict[int, dict] = {}
     finish = None
@@ -83,6 +84,14 @@ def test_a_tool_call_streamed_arrives_as_deltas_the_client_joins(chat):
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and calls[0]["name"] == "get_weather" and calls[0]["id"]
     assert "city" in json.loads(calls[0]["arguments"])
+    called = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0]["id"], "type": "function",
+         "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}]}
+    result = {"role": "tool", "tool_call_id": calls[0]["id"], "content": "18 C and sunny"}
+    answer = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        model=model, messages=[*ASK, called, result], tools=[WEATHER], tool_choice="none", max_tokens=32,
+        stream=True) if chunk.choices)
+    assert answer.strip()
 
 
 def test_logprobs_come_with_every_token(chat):
@@ -95,3 +104,14 @@ def test_logprobs_come_with_every_token(chat):
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
         assert entry.top_logprobs[0].logprob == entry.logprob  # greedy: the likeliest token was emitted
     assert "".join(entry.token for entry in entries).startswith(reply.choices[0].message.content[:3])
+
+
+def test_a_schema_the_grammar_engine_refuses_is_a_400_naming_the_field(chat):
+    client, model = chat
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/definitions/nowhere"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=ASK, max_tokens=8, response_format={
+            "type": "json_schema", "json_schema": {"name": "broken", "schema": schema}})
+    error = refused.value.body
+    assert error["param"] == "response_format" and error["message"].startswith("the JSON schema cannot be compiled")
+    assert client.chat.completions.create(model=model, messages=ASK, max_tokens=4).choices  # still serving

@@ -25,6 +25,7 @@ class Message(Strict):
     role: str
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(Strict):
@@ -113,6 +114,9 @@ def template_message(index: int, message: Message) -> dict:
     if message.role not in ROLES:
         raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user, assistant or tool",
                           "invalid_value", f"{where}.role")
+    if message.role == "tool" and not message.tool_call_id:
+        raise bad_request(f"{where}.tool_call_id is required: the id of the call this message answers",
+                          "missing_field", f"{where}.tool_call_id")
     if message.tool_calls and message.role == "assistant":  # a call the model made: its text may be absent
         content = "" if message.content is None else text_of(where, message.content)
         return {"role": "assistant", "content": content, "tool_calls": template_calls(message.tool_calls, where)}
