@@ -130,6 +130,18 @@ def autogptq_weight(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tens
     return (scales.float()[groups] * (q - zeros[groups]).float()).t().contiguous()
 
 
+GPTQ_KEYS = ("qweight", "qzeros", "scales", "g_idx")  # a GPTQ module's tensors, in autogptq_weight's order
+
+
+def dequantized_tensors(stored: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A GPTQ checkpoint's tensors with each module's GPTQ tensors replaced by its `.weight` as
+    AutoGPTQ dequantizes it (float32); every other tensor (biases, norms, routers) as stored."""
+    modules = {name.removesuffix(".qweight") for name in stored if name.endswith(".qweight")}
+    quantized = {f"{module}.{key}" for module in modules for key in GPTQ_KEYS}
+    return {name: t for name, t in stored.items() if name not in quantized} | {
+        f"{module}.weight": autogptq_weight(*(stored[f"{module}.{key}"] for key in GPTQ_KEYS)) for module in modules}
+
+
 def pack_gptq(q: QuantizedLinear, bias: Tensor | None) -> dict[str, Tensor]:
     """The tensors one module contributes to a GPTQ v1 checkpoint, packed as AutoGPTQ packs them:
     q [O, I] as qweight by inputs, zero - 1 [G, O] as qzeros by outputs."""

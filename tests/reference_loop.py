@@ -9,14 +9,20 @@ prefix each step, or with transformers' own `DynamicCache`), transformers' own
 The one thing taken from the project is `uniform(seed, n)`, the counter-based draw for the token
 at absolute position n: its definition *is* the contract (docs/exactness.md: the number for
 position n is keyed by (seed, n)), so there is nothing independent to write in its place.
+
+`assert_transformers_tokens` judges an engine's reply against transformers' own reply on a model of
+the same weights: greedy `generate(do_sample=False)`, seeded this loop.
 """
 
 import math
 from collections.abc import Callable, Collection
 
 import torch
+from exactness import hf_greedy
 from transformers import DynamicCache, PreTrainedModel, TemperatureLogitsWarper, TopPLogitsWarper
 
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.forward import CausalLM  # hf_greedy's holder of the model: no forward of its own runs
 from specchat.decoding.sampling import uniform  # the contract itself: see the module docstring
 
 NO_INPUT = torch.zeros(1, 1, dtype=torch.long)  # the warpers read no input ids
@@ -130,3 +136,29 @@ def ties_against_reference(model: PreTrainedModel, prompt_ids: list[int], tokens
             use_cache=True)
         reference = tokens[: index + 1] + rest
         start = index + 1
+
+
+@torch.inference_mode()
+def transformers_reply(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+                       stop_ids: Collection[int]) -> list[int]:
+    """transformers' own reply to `prompt_ids`: greedy, its `generate(do_sample=False)` (no stop
+    but `stop_ids`); seeded, the loop above with transformers' DynamicCache."""
+    if sampling.temperature == 0:
+        # one sequence: nothing is padded, but generate takes a stop token for padding without a pad id
+        return hf_greedy(CausalLM(model), prompt_ids, max_new_tokens, stop_ids, pad_id=0)
+    return reference_decode(model, prompt_ids, max_new_tokens, sampling.temperature, sampling.top_p, sampling.seed,
+                            stop_ids, use_cache=True)
+
+
+def assert_transformers_tokens(model: PreTrainedModel, prompt_ids: list[int], tokens: list[int], max_new_tokens: int,
+                               sampling: SamplingParams, stop_ids: Collection[int], near_tie: float,
+                               max_ties: int) -> list[tuple[int, float]]:
+    """An engine's `tokens` are `model`'s own reply (transformers_reply) but at most `max_ties`
+    near-ties within `near_tie` under `model`'s logits, each re-anchored (ties_against_reference).
+    `model`: transformers' model of the engine's weights, read apart from the engine's loader, so
+    that a bug the engines share (routing, expert order, sampling) shows. Returns the ties."""
+    reference = transformers_reply(model, prompt_ids, max_new_tokens, sampling, stop_ids)
+    ties = ties_against_reference(model, prompt_ids, tokens, max_new_tokens, sampling.temperature, sampling.top_p,
+                                  sampling.seed, stop_ids, near_tie, reference)
+    assert len(ties) <= max_ties, f"{len(ties)} near-ties, at most {max_ties}: {ties}"
+    return ties

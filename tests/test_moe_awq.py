@@ -1,7 +1,8 @@
 """MoE targets from AutoAWQ GEMM checkpoints in its per-expert layout (Mixtral's
 `block_sparse_moe.experts.E.w1|w2|w3`, Qwen3-MoE's `mlp.experts.E.gate_proj|up_proj|down_proj`,
 the routers left dense): every expert's linears load as Int4Linears, equal to transformers' own
-fused experts holding the same 4-bit weights, streamed as in memory, and SpecExec over them exact."""
+fused experts holding the same 4-bit weights, streamed as in memory, and SpecExec over them exact
+(transformers' own reply on those weights)."""
 
 import copy
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from awq_moe_writer import dense_moe_model, write_moe_awq_checkpoint
 from gptq_moe_writer import tiny_moe
 from test_moe_gptq import (SAMPLINGS, assert_experts_equal, assert_routers_kept,
-                           assert_specexec_emits_autoregressive_tokens, assert_streams_the_in_memory_logits, draft_of,
+                           assert_specexec_emits_transformers_tokens, assert_streams_the_in_memory_logits, draft_of,
                            loaded, logits, split_linears)
 from torch import nn
 from transformers import PreTrainedModel
@@ -61,7 +62,7 @@ def test_a_streamed_moe_gives_the_in_memory_logits(moe, tmp_path, tier):
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
-def test_specexec_over_an_int4_moe_target_emits_its_autoregressive_tokens(moe, sampling):
+def test_specexec_over_an_int4_moe_target_emits_transformers_tokens_for_its_weights(moe, sampling):
     directory, dense = moe
     draft = draft_of(copy.deepcopy(dense))  # perturbed in place: the fixture's model stays the checkpoint's
-    assert_specexec_emits_autoregressive_tokens(CausalLM(loaded(directory)), draft, sampling)
+    assert_specexec_emits_transformers_tokens(CausalLM(loaded(directory)), draft, dense, sampling)

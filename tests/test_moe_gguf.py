@@ -3,8 +3,11 @@ Qwen3-MoE and Qwen2-MoE (gguf_moe_writer.py) converted as an embedded model is (
 then models/convert_int4.py), each expert's slice of the stacked `ffn_*_exps` tensors an
 Int4Weight (Q4_K) or Q6Weight (Q6_K) under the split model's names; loaded with every expert's
 linears as Int4Linears or Q6Linears, giving the dense conversion's logits, streamed by expert as in
-memory, and SpecExec over them exact. A Mixtral GGUF (architecture `llama`) is one more family here;
-test_moe_gguf_mixtral.py checks what is its own (its config, its dense conversion's logits)."""
+memory, and SpecExec over them exact: its tokens are transformers' own reply (greedy `generate`,
+seeded tests/reference_loop.py) on the dense conversion, whose experts are gguf's own
+dequantization (checked below), not the project's autoregressive engine's. A Mixtral GGUF
+(architecture `llama`) is one more family here; test_moe_gguf_mixtral.py checks what is its own
+(its config, its dense conversion's logits)."""
 
 from pathlib import Path
 
@@ -16,12 +19,11 @@ from planned import streamed
 from safetensors import safe_open
 from test_int4_gguf import random_blocks
 from test_models_gguf import write_tiny_gguf
-from test_moe_gptq import PROMPT, SAMPLINGS, assert_specexec_emits_autoregressive_tokens, draft_of, logits
+from test_moe_gptq import SAMPLINGS, assert_specexec_emits_transformers_tokens, draft_of, logits
 from test_moe_streaming import expert_bytes, fetched_per_pass, record_routes
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.forward import CausalLM
 from specchat.models.configs import read_config
 from specchat.models.convert import convert
@@ -152,18 +154,17 @@ def test_experts_streamed_compact_make_their_scales_from_q4k_parts_and_give_the_
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
-def test_specexec_over_the_4bit_moe_emits_its_autoregressive_tokens(moe, sampling):
-    assert_specexec_emits_autoregressive_tokens(CausalLM(moe.loaded()), draft_of(moe.dense_model()), sampling)
+def test_specexec_over_the_4bit_moe_emits_transformers_tokens_for_its_weights(moe, sampling):
+    assert_specexec_emits_transformers_tokens(CausalLM(moe.loaded()), draft_of(moe.dense_model()), moe.dense_model(),
+                                              sampling)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
 @pytest.mark.parametrize("tier", ["ram", "disk"])
-def test_specexec_over_the_4bit_moe_streamed_by_expert_emits_the_in_memory_tokens(moe, tmp_path, tier, sampling):
-    memory = CausalLM(moe.loaded())
-    reference = [t for e in AutoregressiveEngine(memory, []).generate(PROMPT, 24, sampling) for t in e.token_ids]
+def test_specexec_over_the_4bit_moe_streamed_by_expert_emits_transformers_tokens(moe, tmp_path, tier, sampling):
     with streamed(moe.int4, tier, tmp_path, slots=1) as (lm, offload):
-        assert torch.equal(logits(lm), logits(memory))
-        assert_specexec_emits_autoregressive_tokens(lm, draft_of(moe.dense_model()), sampling, reference)
+        assert torch.equal(logits(lm), logits(CausalLM(moe.loaded())))
+        assert_specexec_emits_transformers_tokens(lm, draft_of(moe.dense_model()), moe.dense_model(), sampling)
         assert offload.stats().fetched_bytes > 0
 
 

@@ -2,7 +2,7 @@
 ring loads its release starts move whole layers, and the calls that find a whole layer in their
 slot fetch nothing; not where the ring stages a whole pass or the expert cache holds the experts.
 The cost model prices passes from the probed width whose calls did so at the whole layers' bytes.
-The tokens and logits stay the in-memory model's."""
+The logits stay the in-memory model's, the tokens transformers' own reply on the dequantized weights."""
 
 import math
 
@@ -10,10 +10,9 @@ import pytest
 import torch
 from gptq_moe_writer import EXPERTS, dense_model
 from planned import streamed
-from test_moe_gptq import NEW_TOKENS, PROMPT, SAMPLINGS, assert_specexec_emits_autoregressive_tokens, draft_of, loaded
+from test_moe_gptq import PROMPT, SAMPLINGS, assert_specexec_emits_transformers_tokens, draft_of, loaded
 from test_moe_streaming import expert_bytes, fetched_per_pass, moe, record_routes  # noqa: F401 (moe: a fixture)
 
-from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import Costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -76,16 +75,16 @@ def test_with_the_experts_cached_a_wide_call_still_fetches_only_what_the_cache_l
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "seeded"])
-def test_specexec_with_whole_layers_after_wide_calls_emits_the_in_memory_tokens(moe, tmp_path, sampling):
+def test_specexec_with_whole_layers_after_wide_calls_emits_transformers_tokens(moe, tmp_path, sampling):
     family, directory = moe
     memory = CausalLM(loaded(directory))
-    reference = [t for e in AutoregressiveEngine(memory, []).generate(PROMPT, NEW_TOKENS, sampling) for t in e.token_ids]
     with streamed(directory, "disk", tmp_path, slots=1, whole_loads=True) as (lm, offload):
         loads = ring_loads(offload)
         prompt = torch.tensor(PROMPT)
         got = lm.logits(lm.hidden(prompt, torch.arange(prompt.numel()), new_cache()))
         assert torch.equal(got, memory.logits(memory.hidden(prompt, torch.arange(prompt.numel()), new_cache())))
-        assert_specexec_emits_autoregressive_tokens(lm, draft_of(dense_model(family, directory)), sampling, reference)
+        assert_specexec_emits_transformers_tokens(lm, draft_of(dense_model(family, directory)),
+                                                  dense_model(family, directory), sampling)
         assert any(whole for _, whole in loads)
 
 

@@ -8,19 +8,26 @@ means in bfloat16). The verdict says how many products expanded and every tie wi
 is how the GPU finds out what the expansion does to exactness. A CPU never expands (Triton runs
 there only under its interpreter: this check would take many minutes), so on a CPU the same code
 runs every pass through the fused kernel, pinned to it (its in-memory GPTQ model keeps no dense
-copies), and the verdict is named for that."""
+copies), and the verdict is named for that. SpecExec's tokens are also judged, by the same rule,
+against transformers' own reply (greedy `generate`, seeded tests/reference_loop.py) on its float32
+Llama holding the checkpoint's weights as AutoGPTQ dequantizes them: the autoregressive engine
+shares the sampling and the int4 linears under test, transformers shares neither. The random
+model's LM head is sharpened (SHARPNESS): with a random head's flat distributions, a bf16 target
+against a float32 reference flipped 7 seeded draws in 32 tokens, each at a gap under 0.001."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from exactness import Comparison, ExactnessCheck
-from gptq_writer import write_gptq_checkpoint
+from exactness import ExactnessCheck
+from gptq_writer import dequantized_tensors, write_gptq_checkpoint
 from gpu_checks.tiny_models import random_model
 from gpu_checks.verdict import Verdict, judged
 from perturbed import perturbed
-from transformers import LlamaConfig
+from reference_loop import assert_transformers_tokens
+from safetensors.torch import load_file
+from transformers import LlamaConfig, PreTrainedModel
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape
@@ -33,8 +40,8 @@ from specchat.quant import int4
 from specchat.quant.gptq import GPTQSpec
 from specchat.quant.int4 import use_fused_only
 
-CHECK = "bf16 GPTQ SpecExec, wide passes expanded: tokens == autoregressive"
-CPU_CHECK = "bf16 GPTQ SpecExec, every pass through the fused kernel: tokens == autoregressive"
+CHECK = "bf16 GPTQ SpecExec, wide passes expanded: tokens == autoregressive == transformers"
+CPU_CHECK = "bf16 GPTQ SpecExec, every pass through the fused kernel: tokens == autoregressive == transformers"
 DTYPE = torch.bfloat16
 SPEC = GPTQSpec(group_size=32, desc_act=True, sym=False)  # CUDA's fused kernel takes groups of 32-256
 EXPAND_FROM = 2  # rows: every tree pass expands, every one-token pass runs the fused kernel
@@ -47,6 +54,7 @@ SAMPLINGS = {"greedy": SamplingParams(0.0, 1.0, 0), "seeded": SamplingParams(0.6
 NEAR_TIE = 0.125
 MAX_TIES = {"greedy": 2, "seeded": 4}
 QUIET = Reporter(bars=False)
+SHARPNESS = 8  # the LM head's scale (tests/gptq_moe_writer.py's too)
 
 
 def small_llama() -> LlamaConfig:
@@ -56,9 +64,18 @@ def small_llama() -> LlamaConfig:
                        tie_word_embeddings=False)
 
 
+def sharp_model(config: LlamaConfig) -> PreTrainedModel:
+    """The random Llama with its LM head scaled by SHARPNESS: peaked next-token distributions, as a
+    trained model's, where a random head's are so flat that bf16 rounding flips seeded draws at will."""
+    model = random_model(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(SHARPNESS)
+    return model
+
+
 def draft_of(config: LlamaConfig, device: torch.device) -> CausalLM:
     """The target's own float weights, perturbed: a draft that mostly agrees with it."""
-    return CausalLM(perturbed(random_model(config)).to(device, DTYPE))
+    return CausalLM(perturbed(sharp_model(config)).to(device, DTYPE))
 
 
 @contextmanager
@@ -79,30 +96,54 @@ def expanding_from(rows: int) -> Iterator[list[int]]:
         int4.expand_rows, int4.expanded_linear = measured, product
 
 
-def compare(target: CausalLM, draft: CausalLM, name: str) -> tuple[Comparison, float]:
-    """SpecExec's tokens against the target's autoregressive ones, and the gen rate."""
+def transformers_model(config: LlamaConfig, directory: Path, device: torch.device) -> PreTrainedModel:
+    """transformers' float32 Llama of the checkpoint's weights, each GPTQ linear as AutoGPTQ
+    dequantizes it (read apart from specchat's loader)."""
+    model = sharp_model(config)
+    state = dequantized_tensors(load_file(directory / "model.safetensors"))
+    model.load_state_dict({name: tensor.float() for name, tensor in state.items()})
+    return model.to(device).requires_grad_(False)
+
+
+def against_transformers(reference: PreTrainedModel, tokens: list[int], name: str) -> tuple[bool, str]:
+    """SpecExec's `tokens` against transformers' own reply on `reference` by the bf16 rule: (passed, what was found)."""
+    try:
+        ties = assert_transformers_tokens(reference, PROMPT, tokens, NEW_TOKENS, SAMPLINGS[name], (), NEAR_TIE,
+                                          MAX_TIES[name])
+    except AssertionError as failed:  # a verdict of FAIL, with what differed
+        return False, f"against transformers: FAIL ({failed})"
+    return True, f"against transformers: ties {ties}"
+
+
+def compare(target: CausalLM, draft: CausalLM, reference: PreTrainedModel, name: str) -> tuple[bool, str, float]:
+    """SpecExec's tokens against the target's autoregressive ones and against transformers' reply:
+    (both passed, what was found, the gen rate)."""
     sampling = SAMPLINGS[name]
-    reference = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling) for t in e.token_ids]
+    autoregressive = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling)
+                      for t in e.token_ids]
     events = list(SpecExecEngine(target, draft, [], TreeShape(budget=64, max_depth=8)).generate(PROMPT, NEW_TOKENS,
                                                                                               sampling))
     tokens = [t for e in events for t in e.token_ids]
     judge = ExactnessCheck(target, frozenset(), NEW_TOKENS, near_tie=NEAR_TIE, max_ties=MAX_TIES[name])
-    return judge.compare(PROMPT, reference, tokens, sampling), len(tokens) / len(events)
+    comparison = judge.compare(PROMPT, autoregressive, tokens, sampling)
+    passed, found = against_transformers(reference, tokens, name)
+    return comparison.acceptable and passed, f"{comparison.describe()}; {found}", len(tokens) / len(events)
 
 
 def check_expanded_specexec(device: torch.device, workdir: Path) -> Verdict:
     config = small_llama()
-    directory = workdir / "small-llama-gptq-g32"
+    directory = workdir / "small-llama-gptq-g32-sharp"
     if not (directory / "config.json").exists():
-        write_gptq_checkpoint(random_model(config), directory, SPEC)
+        write_gptq_checkpoint(sharp_model(config), directory, SPEC)
     model, _ = offload_model(directory, directory.name, DTYPE, device, None, None, QUIET)
     cuda = device.type == "cuda"
     if not cuda:
         use_fused_only(model)  # whatever product this CPU's probe would pick for wide inputs
     target, draft = CausalLM(model), draft_of(config, device)
+    reference = transformers_model(config, directory, device)
     with expanding_from(EXPAND_FROM) as expanded:
-        results = {name: compare(target, draft, name) for name in SAMPLINGS}
+        results = {name: compare(target, draft, reference, name) for name in SAMPLINGS}
     wide = f"{len(expanded)} products expanded" if cuda else "the fused kernel at every width (CPU)"
-    ok = all(comparison.acceptable for comparison, _ in results.values()) and (not cuda or expanded)
+    ok = all(passed for passed, _, _ in results.values()) and (not cuda or expanded)
     return judged(f"{CHECK if cuda else CPU_CHECK} ({device.type})", ok, f"{wide}; " + "; ".join(
-        f"{name}: gen rate {rate:.2f}, {comparison.describe()}" for name, (comparison, rate) in results.items()))
+        f"{name}: gen rate {rate:.2f}, {found}" for name, (_, found, rate) in results.items()))
