@@ -63,8 +63,8 @@ def test_the_mask_allows_what_the_grammar_allows_and_paths_leave_the_state_as_it
     assert allowed_text(after[0]) == '" \n'  # a key comes next, or whitespace
     assert allowed_text(after[1]) == "i"  # the properties in the schema's order: "id" first
     assert torch.equal(guide.allowed()[0], first)  # both paths were rolled back
-    with pytest.raises(ValueError, match="forbids"):
-        guide.allowed([[2 + CHARACTERS.index("a")]])
+    assert not guide.allowed([[2 + CHARACTERS.index("a")]]).any()  # a path the grammar forbids: nothing after it
+    assert torch.equal(guide.allowed()[0], first)  # and the guide is not left in error
 
 
 def test_a_schema_the_grammar_engine_refuses_is_one_line(grammars):
@@ -121,3 +121,16 @@ def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, gram
     engine = SpecInferEngine(tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
     with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar or log"):
         list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))
+
+
+def test_after_a_whole_document_only_the_end_follows_and_nothing_after_it(grammars):
+    """A grammar that cannot be extended stops at its last character: the end token is allowed,
+    a tree node past the end allows nothing, and emitting the end leaves the guide whole (a
+    drafted end token was once expanded, and the matcher refused the path in error)."""
+    guide = grammars.json_schema({"type": "object", "properties": {}, "additionalProperties": False}).start()
+    for character in "{}":
+        guide.accept(2 + CHARACTERS.index(character))
+    assert guide.allowed()[0].nonzero().flatten().tolist() == [STOP]
+    assert not guide.allowed([[STOP]]).any() and not guide.allowed([[STOP, 5]]).any()
+    guide.accept(STOP)
+    assert not guide.matcher.is_error()

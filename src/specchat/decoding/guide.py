@@ -81,19 +81,28 @@ class Guide:
         self.words = (vocab_size + 31) // 32
 
     def allowed(self, paths: Sequence[Sequence[int]] = ((),)) -> torch.Tensor:
-        """bool [len(paths), V]: the tokens allowed after the emitted ones and then each path
-        (a tree node's tokens below the root); every path's tokens must be allowed in turn."""
+        """bool [len(paths), V]: the tokens allowed after the emitted ones and then each path (a
+        tree node's tokens below the root). A path the grammar does not take whole (one through the
+        end token, after which the grammar has stopped) allows nothing: no child of it can be
+        emitted. Paths are checked before they are consumed: a matcher that consumed a token it
+        forbids stays in error for good."""
         bitmask = torch.zeros(len(paths), self.words, dtype=torch.int32)
         for row, path in enumerate(paths):
-            if path and not self.matcher.consume_tokens(list(path)):
-                raise ValueError(f"a path the grammar forbids: {list(path)} ({self.matcher.get_error()})")
+            path = list(path)
+            if self.matcher.validate_tokens(path) < len(path):
+                continue
+            if path and not self.matcher.consume_tokens(path):
+                raise ValueError(f"llguidance refused a path it validated: {path} ({self.matcher.get_error()})")
             fill_row(self.matcher, bitmask[row])
             if path:
                 self.matcher.rollback(len(path))
         return ((bitmask.unsqueeze(-1) >> BITS) & 1).bool().flatten(1)[:, : self.vocab_size]
 
     def accept(self, token: int) -> None:
-        """Move past an emitted token (one the mask allowed)."""
+        """Move past an emitted token (one the mask allowed). The end token after the grammar has
+        stopped (a whole document: nothing may follow) ends the reply, leaving nothing to move past."""
+        if self.matcher.is_stopped() and self.matcher.validate_tokens([token]) == 0:
+            return
         if not self.matcher.consume_token(token):
             raise ValueError(f"token {token} is not allowed here: {self.matcher.get_error()}")
 
