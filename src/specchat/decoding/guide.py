@@ -106,11 +106,6 @@ class Guide:
         if not self.matcher.consume_token(token):
             raise ValueError(f"token {token} is not allowed here: {self.matcher.get_error()}")
 
-    @property
-    def finished(self) -> bool:
-        """The grammar is complete and takes nothing more (a stop token ends the reply)."""
-        return self.matcher.is_stopped()
-
 
 def fill_row(matcher: llguidance.LLMatcher, row: torch.Tensor) -> None:
     """The matcher's allowed-token bits into a contiguous int32 row of a CPU bitmask (what
