@@ -48,7 +48,7 @@ def test_a_character_cut_by_the_limit_is_printed_as_the_json_text_holds_it(capsy
     # "é" is C3 A9 in UTF-8; byte-level BPE writes a byte from A1 to FF (but AD) as that code point
     first_byte = tokenizer.convert_tokens_to_ids(chr(0xC3))
     chunks = [tokenizer.encode("hello", add_special_tokens=False), [first_byte]]
-    models = SimpleNamespace(tokenizer=tokenizer, context=256)
+    models = SimpleNamespace(tokenizer=tokenizer, context=256, memory=None)  # no plan: an empty plan record
     outputs = []
     for as_json in (False, True):
         run_generation(models, ScriptedEngine(chunks), "hi", True, 16, GREEDY, as_json)

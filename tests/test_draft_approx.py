@@ -191,7 +191,8 @@ class RandomDraft(CausalLM):
     def logits(self, hidden):
         return torch.randn(hidden.shape[0], self.model.config.vocab_size)
 
-    def top_logprobs(self, hidden, k, temperature):
+    def top_logprobs(self, hidden, k, temperature, allowed=None):  # no grammar in these replies
+        assert allowed is None
         return torch.log_softmax(self.logits(hidden), -1).topk(k, dim=-1)
 
 
