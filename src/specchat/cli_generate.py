@@ -73,10 +73,14 @@ def streaming_note(summary: Summary) -> str:
 def read_schema(path: Path) -> dict:
     """--json-schema's file as a JSON object; one line when it cannot be read or is not one."""
     try:
-        schema = json.loads(path.read_text())
+        content = path.read_text()
     except OSError as error:
         raise SpecchatError(f"--json-schema {path}: {error.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except ValueError:  # a name no file can have (a NUL byte)
+        raise SpecchatError(f"--json-schema {str(path)!r}: not a file name") from None
+    try:
+        schema = json.loads(content)
+    except ValueError as error:  # JSON's errors, and a file that is not UTF-8 text
         raise SpecchatError(f"--json-schema {path} is not JSON: {error}") from None
     if not isinstance(schema, dict):
         raise SpecchatError(f"--json-schema {path}: a JSON schema is an object")

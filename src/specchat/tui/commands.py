@@ -143,12 +143,15 @@ def parse_schema(text: str) -> Command:
     """/schema FILE: the file's JSON schema; off: free text again."""
     if text == "off":
         return SetSetting("reply_schema", None)
-    path = Path(text).expanduser()
     try:
-        schema = json.loads(path.read_text())
+        content = Path(text).expanduser().read_text()
     except OSError as error:
         raise CommandError(f"/schema {text}: {error.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except ValueError:  # a name no file can have (a NUL byte)
+        raise CommandError(f"/schema {text!r}: not a file name") from None
+    try:
+        schema = json.loads(content)
+    except ValueError as error:  # JSON's errors, and a file that is not UTF-8 text
         raise CommandError(f"/schema {text} is not JSON: {error}") from None
     if not isinstance(schema, dict):
         raise CommandError(f"/schema {text}: a JSON schema is an object")
