@@ -28,7 +28,6 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert len(rows) == 2, done.stdout  # one budget, each pair
     for cells in rows:
         assert cells[1] == "16, 4" and float(cells[2]) == 4.0  # ranked: the whole budget, max_depth deep
-        assert float(cells[7]) > 0  # the shrunk target's 2 streamed layers moved
     placements = [line for line in lines if line.startswith("placement: ")]
     assert placements[0].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
     assert "draft in none; the 24 GB card's plan: 16 resident, 29.09 GB a pass" in placements[1]  # the AWQ draft packed
