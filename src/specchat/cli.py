@@ -10,7 +10,7 @@ from specchat.bench.command import check_bench, parse_budget_item, parse_list, r
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
 from specchat.bench.runner import Setup, plan_points
-from specchat.cli_generate import read_schema, run_generation
+from specchat.cli_generate import run_generation
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
 from specchat.doctor.command import run_doctor
@@ -20,6 +20,7 @@ from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFA
 from specchat.models.listing import list_models
 from specchat.plan import Machine
 from specchat.loader import load_models
+from specchat.schema_file import read_schema_file
 from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device
 from specchat.simulate.app import simulate_app
 
@@ -53,7 +54,7 @@ def generate(
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
-    schema = read_schema(json_schema) if json_schema is not None else None
+    schema = read_schema_file(json_schema, "--json-schema") if json_schema is not None else None
     models = load_models(options)
     try:
         if schema is not None:

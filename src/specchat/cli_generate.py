@@ -3,11 +3,9 @@ one JSON object of the text, the token ids, every iteration and the summary."""
 
 import json
 import sys
-from pathlib import Path
 from time import perf_counter
 
 from specchat.decoding.events import Engine, SamplingParams
-from specchat.errors import SpecchatError
 from specchat.limits import reply_limit
 from specchat.runtime import Models, encode_prompt
 from specchat.summary import Summary, event_record, summarize
@@ -69,19 +67,3 @@ def streaming_note(summary: Summary) -> str:
     return (f", streamed {summary.transfer_bytes / 1e9:.1f} GB at {summary.transfer_gbps:.2f} GB/s, "
             f"stalled {summary.stall_s:.1f} s, link idle {summary.link_idle:.0%}")
 
-
-def read_schema(path: Path) -> dict:
-    """--json-schema's file as a JSON object; one line when it cannot be read or is not one."""
-    try:
-        content = path.read_text()
-    except OSError as error:
-        raise SpecchatError(f"--json-schema {path}: {error.strerror}") from None
-    except ValueError:  # a name no file can have (a NUL byte)
-        raise SpecchatError(f"--json-schema {str(path)!r}: not a file name") from None
-    try:
-        schema = json.loads(content)
-    except ValueError as error:  # JSON's errors, and a file that is not UTF-8 text
-        raise SpecchatError(f"--json-schema {path} is not JSON: {error}") from None
-    if not isinstance(schema, dict):
-        raise SpecchatError(f"--json-schema {path}: a JSON schema is an object")
-    return schema

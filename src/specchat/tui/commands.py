@@ -4,13 +4,14 @@ Parsing checks argument types and ranges, so an invalid command is rejected befo
 changes; only the engine name is checked later, against what the backend offers.
 """
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from os.path import commonprefix
 from pathlib import Path
 
 from specchat.decoding.events import AUTO
+from specchat.errors import SpecchatError
+from specchat.schema_file import read_schema_file
 from specchat.tui.settings import problem
 
 ANY_OBJECT = {"type": "object"}  # /json on: any JSON object
@@ -144,17 +145,9 @@ def parse_schema(text: str) -> Command:
     if text == "off":
         return SetSetting("reply_schema", None)
     try:
-        content = Path(text).expanduser().read_text()
-    except OSError as error:
-        raise CommandError(f"/schema {text}: {error.strerror}") from None
-    except ValueError:  # a name no file can have (a NUL byte)
-        raise CommandError(f"/schema {text!r}: not a file name") from None
-    try:
-        schema = json.loads(content)
-    except ValueError as error:  # JSON's errors, and a file that is not UTF-8 text
-        raise CommandError(f"/schema {text} is not JSON: {error}") from None
-    if not isinstance(schema, dict):
-        raise CommandError(f"/schema {text}: a JSON schema is an object")
+        schema = read_schema_file(Path(text), "/schema")
+    except SpecchatError as error:
+        raise CommandError(str(error)) from None
     return SetSetting("reply_schema", schema)
 
 
