@@ -1,8 +1,9 @@
 """The embedded pair behind `specchat serve`, driven by the official `openai` client as agents and
 scripts drive it: `chat.completions.parse` with a pydantic model returns the parsed object; a tool
 round trip (the call, the tool's result, the final answer) works whole and streamed; logprobs come
-with every token. Greedy, bf16 and --budget auto: the exactness of constrained decoding is
-test_real_guided.py's, on float32."""
+with every token; a pydantic-ai agent (a third-party client users run) calls a tool and returns its
+structured output through it. Greedy, bf16 and --budget auto: the exactness of constrained decoding
+is test_real_guided.py's, on float32."""
 
 import json
 import signal
@@ -12,6 +13,10 @@ import sys
 import openai
 import pytest
 from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 pytestmark = pytest.mark.real
 
@@ -25,6 +30,11 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 class Person(BaseModel):
     name: str
     born: int
+
+
+class Weather(BaseModel):
+    city: str
+    summary: str
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +125,25 @@ def test_a_schema_the_grammar_engine_refuses_is_a_400_naming_the_field(chat):
     error = refused.value.body
     assert error["param"] == "response_format" and error["message"].startswith("the JSON schema cannot be compiled")
     assert client.chat.completions.create(model=model, messages=ASK, max_tokens=4).choices  # still serving
+
+
+def test_a_pydantic_ai_agent_calls_a_tool_and_returns_its_output_type(chat):
+    """pydantic-ai sends its function tools beside an output tool (`final_result`) with
+    tool_choice `required`: the reply must be calls it parses, the function tool runs, and the
+    output tool's arguments validate as the agent's output type."""
+    client, model = chat
+    asked: list[str] = []
+
+    def get_weather(city: str) -> str:
+        """The weather in a city now."""
+        asked.append(city)
+        return "18 C and sunny"
+
+    provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=str(client.base_url), api_key="unused",
+                                                               max_retries=0, timeout=600))
+    agent = Agent(OpenAIChatModel(model, provider=provider), output_type=Weather, tools=[get_weather], retries=0)
+    result = agent.run_sync(ASK[0]["content"], model_settings={"max_tokens": 64, "temperature": 0})
+    called = [part.tool_name for message in result.all_messages() if isinstance(message, ModelResponse)
+              for part in message.parts if isinstance(part, ToolCallPart)]
+    assert "get_weather" in called and asked and "Paris" in asked[0]
+    assert isinstance(result.output, Weather) and "Paris" in result.output.city
