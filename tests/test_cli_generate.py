@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from test_cli import CORPUS, run_cli, tiny_dirs, train_tokenizer  # noqa: F401  (tiny_dirs: model directories)
+from test_cli import CORPUS, assert_one_line_error, run_cli, tiny_dirs, train_tokenizer  # noqa: F401  (tiny_dirs: model directories)
 from test_engines import GREEDY
 from transformers import AutoTokenizer
 
@@ -56,3 +56,31 @@ def test_a_character_cut_by_the_limit_is_printed_as_the_json_text_holds_it(capsy
     streamed, record = outputs[0], json.loads(outputs[1])
     assert record["text"] == tokenizer.decode(chunks[0] + chunks[1]) == "hello\ufffd"
     assert streamed == record["text"] + "\n"
+
+
+def test_a_reply_keeps_to_the_lark_grammar_in_a_file(monkeypatch, capsys, tmp_path, tiny_dirs):  # noqa: F811
+    """The tiny random target would write anything; under `--grammar` its only reply is the one
+    the grammar allows, at temperature 0.9 (the grammar masks the target before sampling)."""
+    target, draft, _ = tiny_dirs
+    grammar = tmp_path / "g.lark"
+    grammar.write_text('start: "hello world"\n')
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(target), "--draft", str(draft),
+                             "--raw", "--budget", "4", "--max-new-tokens", "24", "--temperature", "0.9",
+                             "--dtype", "float32", "--grammar", str(grammar))
+    assert code == 0, err
+    assert out == "hello world\n"
+
+
+def test_a_grammar_that_does_not_compile_is_one_line(monkeypatch, capsys, tmp_path, tiny_dirs):  # noqa: F811
+    target, draft, _ = tiny_dirs
+    grammar = tmp_path / "g.lark"
+    grammar.write_text("start: nowhere\n")
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(target), "--draft", str(draft),
+                           "--raw", "--dtype", "float32", "--grammar", str(grammar))
+    assert_one_line_error(code, err, "the grammar cannot be compiled")
+
+
+def test_a_schema_and_a_grammar_together_are_one_line(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--json-schema", str(tmp_path / "s.json"),
+                           "--grammar", str(tmp_path / "g.lark"))
+    assert_one_line_error(code, err, "give --json-schema or --grammar, not both")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specchat.errors import SpecchatError
-from specchat.schema_file import read_schema_file
+from specchat.schema_file import read_schema_file, read_user_file
 
 
 def test_a_schema_file_gives_its_object(tmp_path):
@@ -32,3 +32,12 @@ def test_a_bad_schema_file_is_one_line(tmp_path, content, message):
 def test_a_name_no_file_can_have_is_one_line():
     with pytest.raises(SpecchatError, match="not a file name"):
         read_schema_file(Path("\x00"), "/schema")
+
+
+def test_a_grammar_file_gives_its_text_and_bytes_that_are_not_text_are_one_line(tmp_path):
+    path = tmp_path / "g.lark"
+    path.write_text('start: "a"\n')
+    assert read_user_file(path, "--grammar") == 'start: "a"\n'
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(SpecchatError, match=r"^--grammar .*: not UTF-8 text$"):
+        read_user_file(path, "--grammar")

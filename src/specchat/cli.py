@@ -20,7 +20,7 @@ from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFA
 from specchat.models.listing import list_models
 from specchat.plan import Machine
 from specchat.loader import load_models
-from specchat.schema_file import read_schema_file
+from specchat.schema_file import read_schema_file, read_user_file
 from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device
 from specchat.simulate.app import simulate_app
 
@@ -47,6 +47,8 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     json_schema: Path | None = typer.Option(None, "--json-schema", help="Reply with a JSON document valid under "
                                             "the JSON schema in this file (specexec and autoregressive)."),
+    grammar: Path | None = typer.Option(None, "--grammar", help="Reply in the language of the Lark grammar in this "
+                                        "file (llguidance's dialect; specexec and autoregressive)."),
     *,
     options: EngineOptions,
 ) -> None:
@@ -54,11 +56,16 @@ def generate(
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
+    if json_schema is not None and grammar is not None:
+        raise SpecchatError("give --json-schema or --grammar, not both")
     schema = read_schema_file(json_schema, "--json-schema") if json_schema is not None else None
+    lark = read_user_file(grammar, "--grammar") if grammar is not None else None
     models = load_models(options)
     try:
         if schema is not None:
             sampling = replace(sampling, guide=models.grammars().json_schema(schema).start())
+        if lark is not None:
+            sampling = replace(sampling, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
                        sampling, as_json)
     finally:

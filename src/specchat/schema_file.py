@@ -1,5 +1,6 @@
-"""A JSON schema read from a file the user named (`generate --json-schema`, the chat's /schema):
-its problems as one line each, the option or command that named it first."""
+"""A JSON schema or a grammar read from a file the user named (`generate --json-schema` and
+`--grammar`, the chat's /schema): its problems as one line each, the option or command that named
+it first."""
 
 import json
 from pathlib import Path
@@ -10,15 +11,21 @@ from specchat.errors import SpecchatError
 def read_schema_file(path: Path, named_by: str) -> dict:
     """The file's JSON object; SpecchatError "`named_by` PATH: why" when it cannot be read or is not one."""
     try:
-        content = path.expanduser().read_text()
-    except OSError as error:
-        raise SpecchatError(f"{named_by} {path}: {error.strerror}") from None
-    except ValueError:  # a name no file can have (a NUL byte)
-        raise SpecchatError(f"{named_by} {str(path)!r}: not a file name") from None
-    try:
-        schema = json.loads(content)
-    except ValueError as error:  # JSON's errors, and a file that is not UTF-8 text
+        schema = json.loads(read_user_file(path, named_by))
+    except ValueError as error:  # JSON's errors
         raise SpecchatError(f"{named_by} {path} is not JSON: {error}") from None
     if not isinstance(schema, dict):
         raise SpecchatError(f"{named_by} {path}: a JSON schema is an object")
     return schema
+
+
+def read_user_file(path: Path, named_by: str) -> str:
+    """The file's text; SpecchatError "`named_by` PATH: why" when it cannot be read as text."""
+    try:
+        return path.expanduser().read_text()
+    except OSError as error:
+        raise SpecchatError(f"{named_by} {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecchatError(f"{named_by} {path}: not UTF-8 text") from None
+    except ValueError:  # a name no file can have (a NUL byte)
+        raise SpecchatError(f"{named_by} {str(path)!r}: not a file name") from None

@@ -30,8 +30,11 @@ class Grammars:
     """Compiles grammars over one tokenizer, whose llguidance form is built once (~1 s)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_ids: Collection[int]) -> None:
-        # the model's rows may outnumber the tokenizer's words (padding): those are never allowed
-        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(stop_ids))
+        # The model's rows may outnumber the tokenizer's words (padding): those are never allowed.
+        # The tokenizer may hold words past the model's rows (a token added at load): llguidance
+        # needs room for every word, and the masks keep the model's rows only (it cannot emit the rest).
+        words = max(vocab_size, len(tokenizer))
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=words, eos_token=sorted(stop_ids))
         self.vocab_size = vocab_size
 
     def json_schema(self, schema: dict) -> "Grammar":
@@ -69,16 +72,16 @@ class Grammar:
         matcher = llguidance.LLMatcher(self.tokenizer, self.text, log_level=0)
         if matcher.is_error():
             raise SpecchatError(f"the grammar cannot start: {one_line(matcher.get_error())}")
-        return Guide(matcher, self.vocab_size)
+        return Guide(matcher, self.tokenizer.vocab_size, self.vocab_size)
 
 
 class Guide:
     """One reply's grammar state, at the tokens it has emitted so far."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, words: int, vocab_size: int) -> None:
         self.matcher = matcher
-        self.vocab_size = vocab_size
-        self.words = (vocab_size + 31) // 32
+        self.vocab_size = vocab_size  # the model's rows: the mask's width
+        self.words = (words + 31) // 32  # the bitmask's int32s, one bit for each of the tokenizer's `words`
 
     def allowed(self, paths: Sequence[Sequence[int]] = ((),)) -> torch.Tensor:
         """bool [len(paths), V]: the tokens allowed after the emitted ones and then each path (a
