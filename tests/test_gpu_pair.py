@@ -37,21 +37,21 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
 
 def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: float = 1.0, stall_s: float = 0.2,
         host_s: float = 0.02, gbps: float = 29.09) -> BudgetRow:
-    return BudgetRow(budget, 5, budget, 24, steps, draft_s, pass_s, stall_s, 29.09e9, 0.05, host_s, gbps, PLAN)
+    return BudgetRow(budget, 5, budget, 24, steps, draft_s, pass_s, stall_s, 0.0, 29.09e9, 0.05, host_s, gbps, PLAN)
 
 
 def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event_holds():
     events = [{"tree_size": 0, "depth": 0, "draft_steps": 0, "draft_s": 0.0, "pass_s": 0.0, "stall_s": 0.0,
-               "transfer_bytes": 10, "target_s": 2.0},
+               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 2.0},
               {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 0.4, "pass_s": 0.8, "stall_s": 0.1,
-               "transfer_bytes": 30, "target_s": 0.9},
+               "start_stall_s": 0.04, "transfer_bytes": 30, "target_s": 0.9},
               {"tree_size": 8, "depth": 2, "draft_steps": 2, "draft_s": 0.2, "pass_s": 0.6, "stall_s": 0.3,
-               "transfer_bytes": 10, "target_s": 0.8}]
+               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 0.8}]
     record = {"iterations": events, "summary": {"wall_s": 5.6, "transfer_gbps": 2.0}, "plan": PLAN}
     made = budget_row(8, record)
     assert (made.trees, made.tree_size, made.depth, made.draft_steps) == (2, 8, 3, 3)
     assert made.draft_s == pytest.approx(0.3) and made.pass_s == pytest.approx(0.7)
-    assert made.stall_s == pytest.approx(0.2) and made.streamed == 20
+    assert made.stall_s == pytest.approx(0.2) and made.start_stall_s == pytest.approx(0.02) and made.streamed == 20
     assert made.verify_s == pytest.approx(0.15)  # 0.85 of target time less 0.7 of pass
     assert made.host_s == pytest.approx((5.6 - 4.3) / 3)  # wall less the events' 4.3 s, over 3 iterations
     assert made.step_ms == pytest.approx(100.0)

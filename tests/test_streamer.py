@@ -239,9 +239,9 @@ class MeteredLink(VirtualLink):
 
 
 def decode(streamer: Streamer, link: MeteredLink, layers: int, iterations: int, draft_s: float,
-           compute_s: float) -> list[tuple[float, float]]:
+           compute_s: float, starts: list[float] | None = None) -> list[tuple[float, float]]:
     """Iterations of drafting then one target pass; per pass: (its stall, the link's idle
-    share of the iteration)."""
+    share of the iteration); each pass's stall at its first layer appended to `starts`."""
     passes = []
     for _ in range(iterations):
         before, start = streamer.stats(), link.now
@@ -252,6 +252,8 @@ def decode(streamer: Streamer, link: MeteredLink, layers: int, iterations: int, 
             streamer.release(slot)
         moved = streamer.stats() - before
         passes.append((moved.stall_s, moved.idle_s / (link.now - start)))
+        if starts is not None:
+            starts.append(moved.start_stall_s)
     return passes
 
 
@@ -274,6 +276,21 @@ def test_a_small_ring_stalls_the_pass_and_idles_the_link_while_drafting():
         assert stall > (layers - slots - 1) * copy_s
         # drafting 10 s with room for 4 layers: the link rests ~6 s of an iteration of ~16 s
         assert 0.3 < idle < 0.45
+
+
+def test_the_stall_at_a_pass_start_is_what_drafting_left_the_link_to_load():
+    """The wait for a pass's first streamed layer is metered apart: none where drafting lasted
+    long enough to load it (a small ring still stalls later in the pass), the whole copy where
+    nothing drafted and the link was still busy with the previous pass's loads."""
+    layers, copy_s, slots = 10, 1.0, 4
+    for draft_s, waits_at_start in ((layers * copy_s, False), (0.0, True)):
+        link = MeteredLink(copy_s)
+        streamer = Streamer(list(range(layers)), slots=slots, transport=link, clock=lambda: link.now)
+        starts: list[float] = []
+        passes = decode(streamer, link, layers, iterations=3, draft_s=draft_s, compute_s=0.1, starts=starts)
+        for (stall, _), start in zip(passes[1:], starts[1:], strict=True):
+            assert stall > (layers - slots - 1) * copy_s and 0.0 <= start <= stall
+            assert (start > 0.5 * copy_s) == waits_at_start
 
 
 def test_staging_helps_only_as_far_as_drafting_lasts():

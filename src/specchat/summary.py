@@ -22,6 +22,7 @@ class Summary:
     prefill_s: float = 0.0
     link_idle: float = 0.0  # share of the iterations' time the weight link moved nothing while it had more to move
     pass_s: float = 0.0  # tree engines: the target's forwards over the trees (target_s less verification)
+    start_stall_s: float = 0.0  # of stall_s, the waits for a pass's first streamed layer
 
     @property
     def transfer_gbps(self) -> float:
@@ -48,6 +49,7 @@ def summarize(events: list[IterationEvent], wall_s: float) -> Summary:
         prefill_s=sum(e.prefill_s for e in events),
         link_idle=sum(e.link_idle * (e.draft_s + e.target_s) for e in events) / busy if busy > 0 else 0.0,
         pass_s=sum(e.pass_s for e in events),
+        start_stall_s=sum(e.start_stall_s for e in events),
     )
 
 

@@ -29,11 +29,13 @@ class TransferStats:
     idle_s: float = 0.0  # time the link moved nothing while a layer still had to be moved
     fetched_bytes: int = 0  # of `bytes`, those compute asked for as it went (a MoE layer's routed experts)
     fetch_wait_s: float = 0.0  # of `stall_s`, the time compute waited for those
+    start_stall_s: float = 0.0  # of `stall_s`, the time compute waited for a pass's first streamed layer
 
     def __sub__(self, other: "TransferStats") -> "TransferStats":
         return TransferStats(self.bytes - other.bytes, self.transfer_s - other.transfer_s,
                              self.stall_s - other.stall_s, self.idle_s - other.idle_s,
-                             self.fetched_bytes - other.fetched_bytes, self.fetch_wait_s - other.fetch_wait_s)
+                             self.fetched_bytes - other.fetched_bytes, self.fetch_wait_s - other.fetch_wait_s,
+                             self.start_stall_s - other.start_stall_s)
 
     @property
     def gbps(self) -> float:

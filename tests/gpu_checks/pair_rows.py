@@ -22,6 +22,7 @@ class BudgetRow:
     draft_s: float  # the draft's catch-up and its tree steps
     pass_s: float  # the target's forward over the tree, streaming included
     stall_s: float  # of which the compute waited for streamed weights
+    start_stall_s: float  # of which for the pass's first streamed layer (what drafting left to load)
     streamed: float  # bytes the link moved an iteration
     verify_s: float  # the rest of the target's share: the walk, both caches' pruning
     host_s: float  # the reply's seconds outside drafting and the target, per iteration
@@ -59,7 +60,7 @@ def budget_row(budget: int, record: dict) -> BudgetRow:
         return sum(e[key] for e in trees) / len(trees)
 
     return BudgetRow(budget, len(trees), mean("tree_size"), mean("depth"), mean("draft_steps"), mean("draft_s"),
-                     mean("pass_s"), mean("stall_s"), mean("transfer_bytes"), mean("target_s") - mean("pass_s"),
+                     mean("pass_s"), mean("stall_s"), mean("start_stall_s"), mean("transfer_bytes"), mean("target_s") - mean("pass_s"),
                      (summary["wall_s"] - busy) / len(events), summary["transfer_gbps"], record["plan"])
 
 
@@ -78,14 +79,16 @@ def rates_over(seconds: float) -> str:
 
 
 def pair_table(rows: list[BudgetRow], card_pass_bytes: float) -> str:
-    header = ("| budget | tree (nodes, depth) | draft steps | draft s | ms a step | pass s | stall s | GB streamed "
+    header = ("| budget | tree (nodes, depth) | draft steps | draft s | ms a step | pass s | stall s | at start s "
+              "| GB streamed "
               "| verify s | host s | iteration s | pass streaming s | tok/s here (projection) "
               f"| tok/s 24 GB PCIe 4 (projection, {CARD_LINK_GBPS:g} GB/s) |")
-    lines = [header, "|" + "---|" * 14]
+    lines = [header, "|" + "---|" * 15]
     for r in rows:
         card_s = projected_s(r, card_pass_bytes, CARD_LINK_GBPS)
         lines.append(f"| {r.budget} | {r.tree_size:.0f}, {r.depth:.0f} | {r.draft_steps:.1f} | {r.draft_s:.3f} "
-                     f"| {r.step_ms:.1f} | {r.pass_s:.3f} | {r.stall_s:.3f} | {r.streamed / 1e9:.3f} "
+                     f"| {r.step_ms:.1f} | {r.pass_s:.3f} | {r.stall_s:.3f} | {r.start_stall_s:.3f} "
+                     f"| {r.streamed / 1e9:.3f} "
                      f"| {r.verify_s:.3f} | {r.host_s:.3f} | {r.iteration_s:.3f} | {r.stream_s:.3f} "
                      f"| {rates_over(r.iteration_s)} | {rates_over(card_s)} |")
     gen = PAPER_GEN_RATES

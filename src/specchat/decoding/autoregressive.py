@@ -57,7 +57,8 @@ class AutoregressiveEngine:
             event = IterationEvent(
                 token_ids=[token], accepted=0, tree_size=0, depth=0,
                 draft_s=0.0, target_s=elapsed, transfer_s=moved.transfer_s, transfer_bytes=moved.bytes,
-                stall_s=moved.stall_s, link_idle=moved.idle_s / elapsed if elapsed > 0 else 0.0, finished=finished,
+                stall_s=moved.stall_s, start_stall_s=moved.start_stall_s,
+                link_idle=moved.idle_s / elapsed if elapsed > 0 else 0.0, finished=finished,
             )
             yield with_prefill(event, reuse, elapsed) if produced == 1 else event
             if finished:

@@ -34,6 +34,7 @@ class IterationEvent:
     transfer_s: float = 0.0  # time the target's weight streaming was busy (offload)
     transfer_bytes: int = 0  # target weight bytes streamed during the iteration
     stall_s: float = 0.0  # time the target's compute waited for streamed weights
+    start_stall_s: float = 0.0  # of `stall_s`, the wait for the pass's first streamed layer (drafting did not cover it)
     link_idle: float = 0.0  # share of the iteration's wall time the weight link moved nothing while it had more to move
     finished: bool = False  # True on the last event (EOS or token limit)
     # DSI only: verification jobs sent to target workers, cancelled because a draft they

@@ -165,6 +165,7 @@ class TreeEngine:
         return IterationEvent(
             token_ids=[token], accepted=0, tree_size=0, depth=0, draft_s=0.0, target_s=elapsed,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
+            start_stall_s=moved.start_stall_s,
             link_idle=moved.idle_s / elapsed if elapsed > 0 else 0.0,
             finished=token in self.stop_ids or max_tokens == 1,
         )
@@ -212,6 +213,7 @@ class TreeEngine:
             draft_s=drafted_at - start, target_s=wall - (drafted_at - start),  # the pass, the walk, the pruning
             pass_s=pass_s,
             transfer_s=moved.transfer_s, transfer_bytes=moved.bytes, stall_s=moved.stall_s,
+            start_stall_s=moved.start_stall_s,
             link_idle=moved.idle_s / wall if wall > 0 else 0.0,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
             draft_steps=1 + drafted.steps,  # the catch-up forward gave the root's logits

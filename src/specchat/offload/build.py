@@ -120,7 +120,7 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
         store.close()
         raise
     streamer = Streamer(placement.streamed, placement.slots, transport, meter=stall_meter(device),
-                        fetch_meter=stall_meter(device))
+                        fetch_meter=stall_meter(device), start_meter=stall_meter(device))
     experts = sum(len(layouts[index].units) for index in heads)
     held = SlotExperts(whole_loads and allows_whole_loads(streamer, cache, experts)) if heads else None
     for index in placement.streamed:

@@ -11,7 +11,9 @@ lasted long enough never waits on the link.
 
 The stall is the time compute waited for a layer, measured by a `StallMeter`: the host clock on
 a CPU, the compute stream's events on CUDA (where the host blocking in a wait may overlap the
-device still computing earlier layers, which is no stall).
+device still computing earlier layers, which is no stall). The wait for a pass's first streamed
+layer is metered apart (`start_stall_s`): it is what drafting left the link to do, the part of the
+stall that staging during the tree's growth is meant to remove.
 
 The link is idle when it moves nothing while a layer still has to be moved. With a slot per
 streamed layer, the loader stops only once the whole next pass is staged (nothing left to move);
@@ -64,7 +66,8 @@ class Streamer:
     """Hands out slots holding the layers `order` in turn, keeping the other slots loading."""
 
     def __init__(self, order: list[int], slots: int, transport: Transport, clock: Callable[[], float] = perf_counter,
-                 meter: StallMeter | None = None, fetch_meter: StallMeter | None = None):
+                 meter: StallMeter | None = None, fetch_meter: StallMeter | None = None,
+                 start_meter: StallMeter | None = None):
         if slots < 1:
             raise ValueError("the ring needs at least one slot")
         self.order = order
@@ -76,6 +79,7 @@ class Streamer:
         self.cursor = 0  # index in `order` of the next layer to load
         self.meter = meter if meter is not None else HostStallMeter(clock)  # waits for a layer's ring load
         self.fetch_meter = fetch_meter if fetch_meter is not None else HostStallMeter(clock)  # for fetched experts
+        self.start_meter = start_meter if start_meter is not None else HostStallMeter(clock)  # for a pass's first layer
         self.started = clock()
         self.whole = False  # the loads submitted from now on move whole layers (a wide pass's)
         self.arrived_whole: dict[int, bool] = {}  # per slot: its last ring load moved the whole layer
@@ -97,9 +101,10 @@ class Streamer:
         if not self.pending or self.pending[0].layer != layer:
             self.resync(layer)
         load = self.pending.popleft()
-        mark = self.meter.start()
+        meter = self.start_meter if layer == self.order[0] else self.meter
+        mark = meter.start()
         self.transport.finish(load.ticket)
-        self.meter.stop(mark)
+        meter.stop(mark)
         self.arrived_whole[load.slot] = load.whole
         return load.slot
 
@@ -137,9 +142,9 @@ class Streamer:
     def stats(self) -> TransferStats:
         moved = self.transport.stats()
         idle = 0.0 if self.stages_a_pass else max(0.0, self.clock() - self.started - moved.transfer_s)
-        fetch_wait = self.fetch_meter.seconds()
-        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds() + fetch_wait, idle, moved.fetched_bytes,
-                             fetch_wait)
+        fetch_wait, start_stall = self.fetch_meter.seconds(), self.start_meter.seconds()
+        return TransferStats(moved.bytes, moved.transfer_s, self.meter.seconds() + start_stall + fetch_wait, idle,
+                             moved.fetched_bytes, fetch_wait, start_stall)
 
     def drain(self) -> None:
         """Wait for every load in flight (before freeing the slots)."""
