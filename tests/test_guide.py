@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.guide import Grammars
+from specchat.decoding.guide import Grammars, unpack
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
@@ -134,3 +134,11 @@ def test_after_a_whole_document_only_the_end_follows_and_nothing_after_it(gramma
     assert not guide.allowed([[STOP]]).any() and not guide.allowed([[STOP, 5]]).any()
     guide.accept(STOP)
     assert not guide.matcher.is_error()
+
+
+def test_the_bitmask_unpacks_token_by_token_as_its_words_bits():
+    """Token 32 w + b is allowed iff bit b of int32 word w is set: checked against each bit read
+    with Python's integers, for words with the sign bit set too."""
+    words = torch.tensor([[0, -1, 1, -2**31], [2**31 - 1, 5, -6, 0x40000000]], dtype=torch.int32)
+    expected = [[bool((int(word) & 0xFFFFFFFF) >> bit & 1) for word in row for bit in range(32)] for row in words]
+    assert unpack(words).tolist() == expected

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import llguidance
 import llguidance.hf
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from specchat.errors import SpecchatError
 
-BITS = torch.arange(32, dtype=torch.int32)  # a bitmask word's bits, low first: token 32 w + b is bit b of word w
 
 
 class Grammars:
@@ -99,7 +99,7 @@ class Guide:
             fill_row(self.matcher, bitmask[row])
             if path:
                 self.matcher.rollback(len(path))
-        return ((bitmask.unsqueeze(-1) >> BITS) & 1).bool().flatten(1)[:, : self.vocab_size]
+        return unpack(bitmask)[:, : self.vocab_size]
 
     def accept(self, token: int) -> None:
         """Move past an emitted token (one the mask allowed). The end token after the grammar has
@@ -114,6 +114,16 @@ def fill_row(matcher: llguidance.LLMatcher, row: torch.Tensor) -> None:
     """The matcher's allowed-token bits into a contiguous int32 row of a CPU bitmask (what
     llguidance.torch does, without importing torch's compiler with it)."""
     matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+
+def unpack(bitmask: torch.Tensor) -> torch.Tensor:
+    """bool [rows, 32 words]: the int32 bitmask [rows, words]'s bits, token by token. Token 32 w + b
+    is bit b of word w: written little-endian, a word's bytes lie low first, so the tokens are its
+    bytes' bits unpacked low bit first (numpy's unpackbits: ~25 us a row at a 151,936-token
+    vocabulary, against ~1.3 ms shifting the words in torch)."""
+    little = bitmask.numpy().astype("<i4", copy=False)  # a view on a little-endian host
+    bits = np.unpackbits(little.view(np.uint8), axis=-1, bitorder="little")
+    return torch.from_numpy(bits.view(np.bool_))
 
 
 def masked(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
