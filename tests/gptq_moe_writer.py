@@ -6,7 +6,7 @@ dense) and expert e's linears `experts.e.w1` (gate), `w3` (up), `w2` (down); a Q
 Qwen3-MoE one keeps the model's `mlp` and names them `experts.e.gate_proj`, `up_proj`, `down_proj`
 (a Qwen2-MoE's shared expert quantized too, its one-output shared_expert_gate dense, as AutoGPTQ
 leaves it). The names are spelled out here, apart from the loader's own table
-(src/specchat/offload/checkpoint_names.py).
+(src/specchat/checkpoint/names.py).
 """
 
 import json

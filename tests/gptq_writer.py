@@ -23,8 +23,8 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformers import AutoConfig, PreTrainedModel
 
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
-from specchat.offload.sources import SafetensorsSource
+from specchat.checkpoint.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, check_supported, group_count
 
 MAX_Q = 15

@@ -9,11 +9,11 @@ from test_cli import run_cli
 
 from specchat.doctor.advice import Recommendation, advise
 from specchat.doctor.facts import CudaDevice, Facts
-from specchat.doctor.report import render
-from specchat.offload.links import read_links
 from specchat.doctor.plan import PairPlan
-from specchat.plan.budget import Item, MemoryPlan
+from specchat.doctor.report import render
+from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
+from specchat.plan.budget import Item, MemoryPlan
 from specchat.plan.placement import Rooms
 
 GB = 10**9

@@ -7,10 +7,10 @@ from collections import Counter
 import torch
 from test_streamer import VirtualLink
 
+from specchat.checkpoint.layout import lay_out
 from specchat.offload.direct_io import ALIGN, aligned_empty
 from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
 from specchat.offload.experts import FETCH_RUN_BYTES, ExpertLoads, SlotExperts, runs
-from specchat.offload.layout import lay_out
 from specchat.offload.storage import DiskStore, RamStore, spans
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport

@@ -9,19 +9,19 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-import specchat.offload.skeleton as skeleton
+import specchat.checkpoint.skeleton as skeleton
 from planned import offload_planned
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.loading import is_int4, load
 from specchat.plan.request import PlanRequest
-from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.gguf_int4 import matches
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_cache import cache_path
-from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.int4_checkpoint import INT4_FILE, INT4_SUFFIXES, int4_entries, int4_modules
+from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.int4_weight import Int4Weight
 
 QUIET = Reporter(False)

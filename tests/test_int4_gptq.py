@@ -10,11 +10,11 @@ from gptq_writer import dequantized_linears, load_checkpoint, pack_gptq, quantiz
 from torch import nn
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
+from specchat.checkpoint.skeleton import build_skeleton
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
-from specchat.offload.skeleton import build_skeleton
-from specchat.offload.sources import SafetensorsSource
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_gptq import gptq_to_int4, spec_group_size

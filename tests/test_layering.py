@@ -13,8 +13,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "specchat"
 # placed here before the test passes.
 LAYERS: list[set[str]] = [
     {"__init__", "errors", "paths", "progress", "textstream", "transfer", "limits", "diskspace", "memory_room",
-     "corpora", "chat_template", "device_clock", "heap_trim", "machine_choices", "schema_file"},  # base
+     "corpora", "chat_template", "device_clock", "heap_trim", "machine_choices", "machine_links", "schema_file",
+     "alignment"},  # base
     {"quant"},
+    {"checkpoint"},  # model assembly: skeletons, checkpoint sources, tensor names, layer layouts
     {"decoding", "offload"},  # siblings: neither imports the other
     {"models"},  # may import offload and quant
     {"plan"},  # the memory plan: may import models, offload and quant; offload never imports it
@@ -29,6 +31,11 @@ FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL = ("tui", "serve")
 # The Engine protocol and event types, and what SamplingParams carries for one reply: its grammar
 # (guide.py: compiled from a schema, started per reply) and its token log (token_log.py).
 TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events", "specchat.decoding.guide", "specchat.decoding.token_log"}
+# What the plan reads of the streaming: the alignment of what it stores, the Placement it hands over,
+# whether a layer file already holds its bytes, the GPU's free memory. Model assembly (skeletons,
+# sources, tensor names, layouts, the layer file's name) it takes from checkpoint/.
+PLAN_MAY_IMPORT_FROM_OFFLOAD = {"specchat.offload.direct_io", "specchat.offload.placement", "specchat.offload.storage",
+                                "specchat.offload.cuda"}
 
 LAYER_OF = {room: index for index, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -126,6 +133,14 @@ def test_front_end_reaches_models_and_offload_only_through_runtime(front_end):
     reaching = [f"{where}: {importer} imports {imported}" for where, importer, imported in EDGES
                 if room_of(importer) == front_end and room_of(imported) in ("offload", "quant")]
     assert not reaching, "\n".join(reaching)
+
+
+def test_plan_imports_no_model_assembly_from_offload():
+    reaching = [f"{where}: {importer} imports {imported}" for where, importer, imported in EDGES
+                if room_of(importer) == "plan" and room_of(imported) == "offload"
+                and not any(imported.startswith(allowed + ".") for allowed in PLAN_MAY_IMPORT_FROM_OFFLOAD)]
+    assert not reaching, "\n".join(reaching)
+    assert any(room_of(importer) == "plan" and room_of(imported) == "checkpoint" for _, importer, imported in EDGES)
 
 
 def classes() -> dict[str, tuple[str, list[str], bool]]:

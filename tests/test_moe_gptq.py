@@ -21,6 +21,10 @@ from transformers import AutoConfig, MixtralConfig, PreTrainedModel
 from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
 from planned import streamed_from
+from specchat.checkpoint.layout import layout_of
+from specchat.checkpoint.names import model_names
+from specchat.checkpoint.skeleton import build_skeleton, decoder_layers
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -28,10 +32,7 @@ from specchat.decoding.kvcache import new_cache
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.errors import SpecchatError
 from specchat.models.configs import read_config
-from specchat.offload.build import layout_of, offload_model
-from specchat.offload.checkpoint_names import model_names
-from specchat.offload.skeleton import build_skeleton, decoder_layers
-from specchat.offload.sources import SafetensorsSource
+from specchat.offload.build import offload_model
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQLinear, GPTQSpec
 from specchat.quant.int4 import Int4Linear

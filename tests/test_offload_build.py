@@ -10,18 +10,19 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from planned import offload_planned
+from specchat.checkpoint.layout import layout_of
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.probe import probe_costs
 from specchat.decoding.tree import DraftTree
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
-from specchat.offload.build import layout_of, offload_model
-from specchat.plan.request import PlanRequest
+from specchat.offload.build import offload_model
 from specchat.offload.direct_io import align_up, write_blob
 from specchat.offload.placement import Placement
 from specchat.offload.storage import TieredStore
 from specchat.offload.streamed_layer import StreamedLayer
+from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 
 QUIET = Reporter(bars=False)

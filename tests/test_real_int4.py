@@ -16,13 +16,13 @@ import gc
 import pytest
 import torch
 
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.dsi.remote import RemoteVerifier
 from specchat.models.embedded import ensure_embedded
 from specchat.models.loading import load
 from specchat.models.marker import is_current_int4
-from specchat.offload.sources import SafetensorsSource
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_embedding import Int4Embedding

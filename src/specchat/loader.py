@@ -23,7 +23,7 @@ from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded,
 from specchat.models.nf4 import draft_quantization
 from specchat.models.local import local_tokenizer
 from specchat.offload.build import Offload
-from specchat.offload.links import read_links
+from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
 from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, contexts_for, describe_plan, draft_kinds, plan_pair,
                           stores_4bit, tree_sizes)

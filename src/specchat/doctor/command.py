@@ -12,7 +12,7 @@ from specchat.doctor.plan import PairPlan, doctor_plan
 from specchat.doctor.report import render, render_described
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.limits import CONTEXT, check_memory_budgets
-from specchat.offload.links import Links, save_links
+from specchat.machine_links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.plan import Machine
 from specchat.transfer import gb_to_bytes

@@ -22,7 +22,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from torch import Tensor
 
-from specchat.offload.sources import SafetensorsSource
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.quant.gguf_int4 import matches, q4k_to_int4
 from specchat.quant.int4 import int4_fits
 from specchat.quant.int4_checkpoint import int4_entries

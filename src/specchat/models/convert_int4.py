@@ -35,13 +35,13 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
+from specchat.checkpoint.skeleton import module_name
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.models.convert_experts import expert_tensors
 from specchat.models.gguf_mixtral import mixtral_names
 from specchat.models.marker import INT4_FORMAT, write_marker
 from specchat.models.staging import new_temp_dir
-from specchat.offload.skeleton import module_name
-from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 from specchat.quant.gguf_int4 import matches, q4k_to_int4
 from specchat.quant.int4 import int4_fits

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specchat.checkpoint.skeleton import module_name
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
-from specchat.offload.skeleton import module_name
 from specchat.quant.int8 import Int8Embedding, Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
 

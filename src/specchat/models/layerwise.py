@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from specchat.checkpoint.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, set_tensor
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.heap_trim import release_free_heap
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors, set_tensor
-from specchat.offload.sources import SafetensorsSource
 from specchat.progress import Reporter
 
 GENERATION_FILE = "generation_config.json"

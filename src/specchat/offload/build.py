@@ -1,30 +1,28 @@
-"""Building an offloaded model as the memory plan (specchat.plan) placed it: resident parts on the
-device, the other layers streamed from a `LayerStore` through the ring. Nothing here plans."""
+"""Building an offloaded model as the memory plan (specchat.plan) placed it: the model assembled
+from its checkpoint (specchat.checkpoint), its resident parts on the device, the other layers
+streamed from a `LayerStore` through the ring. Nothing here plans."""
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
+from specchat.checkpoint.layer_file import fingerprint, layer_file
+from specchat.checkpoint.layout import LayerLayout, layout_of
+from specchat.checkpoint.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
+from specchat.checkpoint.sources import SafetensorsSource, keep_packed, pack_cache
 from specchat.offload.cuda import CudaMover, CudaStallMeter
 from specchat.offload.direct_io import aligned_empty
 from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
-from specchat.offload.experts import WHOLE_SHARE, SlotExperts, expert_units
-from specchat.offload.layout import LayerLayout, lay_out
+from specchat.offload.experts import WHOLE_SHARE, SlotExperts
 from specchat.offload.placement import Placement
-from specchat.offload.skeleton import build_skeleton, decoder_layers, fill, fill_resident, layer_tensors
-from specchat.offload.sources import SafetensorsSource
 from specchat.offload.stall import StallMeter
 from specchat.offload.storage import DiskStore, LayerStore, RamStore, TieredStore
 from specchat.offload.streamed_layer import StreamedLayer
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.progress import Reporter
-from specchat.quant.int4_cache import PackCache, cache_path
-from specchat.quant.int4_checkpoint import INT4_FILE
-from specchat.quant.int4_pack import layout_key
 from specchat.transfer import TransferStats
 
 
@@ -148,34 +146,6 @@ def warm_cache(placement: Placement, layouts: list[LayerLayout], device: torch.d
             host, = store.read_ranges(layer, [layouts[layer].units[expert]], staging)
             cache.offer(layer, expert, host)
     return cache
-
-
-def pack_cache(directory: Path, device: torch.device) -> PackCache | None:
-    """Where a checkpoint of Int4Weights (an embedded model's 4-bit conversion) keeps them packed
-    for this device's kernel; None for other checkpoints (GPTQ's are packed as a layer file
-    is written, or at load)."""
-    return PackCache(cache_path(directory, device.type)) if (directory / INT4_FILE).is_file() else None
-
-
-def keep_packed(source: SafetensorsSource) -> None:
-    if source.pack_cache is not None:
-        source.pack_cache.save()
-
-
-def layer_file(offload_dir: Path, name: str, dtype: torch.dtype) -> Path:
-    stem = re.sub(r"[^\w.-]+", "_", name) + "-" + str(dtype).removeprefix("torch.")
-    return offload_dir / f"{stem}.layers"
-
-
-def fingerprint(source: SafetensorsSource, dtype: torch.dtype, device: torch.device) -> dict:
-    """What the layer file's bytes depend on: the checkpoint, the dtype, and the layout the
-    device's int4 kernel packs its 4-bit weights in."""
-    return {**source.fingerprint(), "dtype": str(dtype), "int4 layout": layout_key(device.type)}
-
-
-def layout_of(layer) -> LayerLayout:
-    """The layer's tensors in one buffer, a MoE layer's experts each in a unit of its own."""
-    return lay_out([(name, t.dtype, tuple(t.shape)) for name, t in layer.state_dict().items()], expert_units(layer))
 
 
 def build_store(placement: Placement, layouts: list[LayerLayout], device: torch.device,

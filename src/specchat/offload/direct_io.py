@@ -16,9 +16,9 @@ from time import perf_counter
 
 import torch
 
+from specchat.alignment import ALIGN, align_up
 from specchat.errors import SpecchatError
 
-ALIGN = 4096  # O_DIRECT needs offsets, lengths and buffer addresses aligned to the logical block size
 MiB = 1 << 20
 # Measured on ext4 over virtio (2 GiB file, 256-512 MiB buffers, 10 interleaved runs): 64 MiB x 1
 # thread, 64 x 2, 16 x 4, 32 x 4, 8 x 8 and 4 x 16 all read 0.9-1.3 GB/s, within +-8% of each
@@ -27,10 +27,6 @@ MiB = 1 << 20
 # so the disk does not idle between two.
 CHUNK_BYTES = 64 * MiB
 THREADS = 2
-
-
-def align_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 def aligned_empty(nbytes: int, pin: bool = False) -> torch.Tensor:

@@ -40,15 +40,6 @@ FETCH_RUN_BYTES = 16 * 2**20
 WHOLE_SHARE = 0.85
 
 
-def expert_units(layer: nn.Module) -> dict[str, int]:
-    """The state_dict names of `layer`'s per-expert tensors, each with its expert."""
-    units = {}
-    for prefix, module in layer.named_modules():
-        if isinstance(module, SplitExperts):
-            units |= {f"{prefix}.{name}": int(name.split(".")[0]) for name in module.state_dict()}
-    return units
-
-
 def split_experts_of(layer: nn.Module) -> SplitExperts | None:
     return next((module for module in layer.modules() if isinstance(module, SplitExperts)), None)
 

@@ -10,9 +10,9 @@ from typing import Protocol
 
 import torch
 
+from specchat.checkpoint.layout import LayerLayout, pack_into
 from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict, write_blob
-from specchat.offload.layout import LayerLayout, pack_into
 
 
 class LayerStore(Protocol):

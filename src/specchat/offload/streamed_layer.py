@@ -5,9 +5,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from specchat.checkpoint.layout import LayerLayout
 from specchat.offload.expert_cache import ExpertCache
 from specchat.offload.experts import ExpertLoads, SlotExperts, split_experts_of
-from specchat.offload.layout import LayerLayout
 from specchat.offload.streamer import Streamer
 from specchat.quant.split_experts import Resident
 

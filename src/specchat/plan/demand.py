@@ -144,7 +144,7 @@ def unique_tensors(model: nn.Module) -> list[torch.Tensor]:
 def tensor_bytes(tensor: torch.Tensor, dtype: torch.dtype) -> int:
     """Floating parameters load in `dtype`; buffers (GPTQ's packed words and scales, an int4
     embedding's float32 scales, rotary frequencies) keep the dtype the model declares them in, as
-    offload/skeleton.py loads them."""
+    checkpoint/skeleton.py loads them."""
     itemsize = dtype.itemsize if isinstance(tensor, nn.Parameter) and tensor.is_floating_point() \
         else tensor.dtype.itemsize
     return tensor.numel() * itemsize

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from specchat.offload.build import fingerprint, layer_file, layout_of
-from specchat.offload.layout import LayerLayout
-from specchat.offload.skeleton import build_skeleton, compact_the_layers, decoder_layers, has_compact_layers, q6_head
-from specchat.offload.sources import SafetensorsSource
+from specchat.checkpoint.layer_file import fingerprint, layer_file
+from specchat.checkpoint.layout import LayerLayout, layout_of
+from specchat.checkpoint.skeleton import build_skeleton, compact_the_layers, decoder_layers, has_compact_layers, q6_head
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.offload.storage import DiskStore
 from specchat.plan.budget import DENSE_COPIES, EXPERT_CACHE, Ask, Item, MemoryPlan, Target, plan_memory
 from specchat.plan.demand import shape_of

@@ -15,8 +15,8 @@ from specchat.limits import DEFAULT_CONTEXT
 from specchat.models.configs import config_from_file, read_config
 from specchat.models.loading import resolve, stored_name
 from specchat.models.local import local_safetensors
-from specchat.offload.skeleton import build_skeleton
-from specchat.offload.sources import SafetensorsSource
+from specchat.checkpoint.skeleton import build_skeleton
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.plan.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
 from specchat.plan.demand import draft_weight_bytes, preparing_bytes, shape_of
 from specchat.plan.machine import Machine

@@ -6,7 +6,7 @@ from transformers import PreTrainedModel
 
 from specchat.plan.demand import tensor_bytes
 from specchat.offload.direct_io import align_up
-from specchat.offload.layout import LayerLayout
+from specchat.checkpoint.layout import LayerLayout
 from specchat.plan.placement import ModelSizes
 
 

@@ -1,5 +1,7 @@
 """The offload links' speeds as `specchat doctor` last measured them on this machine, kept in the
-user cache so the loading screen can tell how long a streamed pass will take."""
+user cache so the loading screen can tell how long a streamed pass will take. A fact of the
+machine, beside its memory (memory_room.py) and its kept choices (machine_choices.py): any room
+may read it."""
 
 import json
 from dataclasses import asdict, dataclass

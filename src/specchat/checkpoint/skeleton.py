@@ -11,20 +11,20 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.errors import SpecchatError
-from specchat.offload.sources import SafetensorsSource
 from specchat.quant.awq import awq_int4_tensors, is_awq_packed, read_awq_spec, replace_linears_with_awq
 from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 from specchat.quant.int4 import Int4Linear, int4_tensors
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
 from specchat.quant.int4_embedding import Int4Embedding
+from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
+from specchat.quant.int4_pack import pack
+from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.q4k_scales import Q4K_SUFFIXES, Q4KScalesLinear
 from specchat.quant.q6k import q6_modules
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.split_experts import split_experts, split_stored_experts
-from specchat.quant.int4_pack import pack
-from specchat.quant.int4_weight import Int4Weight
-from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
 
 _QWEIGHT = ".qweight"
 

@@ -6,14 +6,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from specchat.checkpoint.names import model_names, model_type
 from specchat.errors import SpecchatError
-from specchat.offload.checkpoint_names import model_names, model_type
-from specchat.quant.int4_cache import PackCache
+from specchat.quant.int4_cache import PackCache, cache_path
+from specchat.quant.int4_checkpoint import INT4_FILE
 
 
 class SafetensorsSource:
     """The tensors of a model directory's *.safetensors files (sharded or not), by the names the
-    model gives them (offload/checkpoint_names.py: a Mixtral's experts, say)."""
+    model gives them (checkpoint/names.py: a Mixtral's experts, say)."""
 
     def __init__(self, directory: Path, pack_cache: PackCache | None = None) -> None:
         self.directory = directory
@@ -48,3 +49,15 @@ class SafetensorsSource:
             "files": [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in self.files],
             "config": json.loads((self.directory / "config.json").read_text()),
         }
+
+
+def pack_cache(directory: Path, device: torch.device) -> PackCache | None:
+    """Where a checkpoint of Int4Weights (an embedded model's 4-bit conversion) keeps them packed
+    for this device's kernel; None for other checkpoints (GPTQ's are packed as a layer file
+    is written, or at load)."""
+    return PackCache(cache_path(directory, device.type)) if (directory / INT4_FILE).is_file() else None
+
+
+def keep_packed(source: SafetensorsSource) -> None:
+    if source.pack_cache is not None:
+        source.pack_cache.save()

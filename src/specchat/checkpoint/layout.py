@@ -12,8 +12,10 @@ in one aligned read that cannot spill into the next unit.
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from specchat.offload.direct_io import ALIGN
+from specchat.alignment import ALIGN
+from specchat.quant.split_experts import SplitExperts
 
 # Every tensor starts on a 64-byte boundary: a multiple of every element size, and of a cache line.
 _TENSOR_ALIGN = 64
@@ -76,6 +78,20 @@ def lay_out(specs: list[Spec], unit_of: dict[str, int] | None = None) -> LayerLa
         if number:
             units.append((start, offset))
     return LayerLayout(tuple(places), offset, tuple(units))
+
+
+def layout_of(layer: nn.Module) -> LayerLayout:
+    """The layer's tensors in one buffer, a MoE layer's experts each in a unit of its own."""
+    return lay_out([(name, t.dtype, tuple(t.shape)) for name, t in layer.state_dict().items()], expert_units(layer))
+
+
+def expert_units(layer: nn.Module) -> dict[str, int]:
+    """The state_dict names of `layer`'s per-expert tensors, each with its expert."""
+    units = {}
+    for prefix, module in layer.named_modules():
+        if isinstance(module, SplitExperts):
+            units |= {f"{prefix}.{name}": int(name.split(".")[0]) for name in module.state_dict()}
+    return units
 
 
 def align(offset: int, boundary: int) -> int:
