@@ -36,6 +36,7 @@ TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events", "specchat.decoding.g
 # sources, tensor names, layouts, the layer file's name) it takes from checkpoint/.
 PLAN_MAY_IMPORT_FROM_OFFLOAD = {"specchat.offload.direct_io", "specchat.offload.placement", "specchat.offload.storage",
                                 "specchat.offload.cuda"}
+CLI = ("cli", "cli_options", "cli_generate", "__main__")
 
 LAYER_OF = {room: index for index, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -141,6 +142,17 @@ def test_plan_imports_no_model_assembly_from_offload():
                 and not any(imported.startswith(allowed + ".") for allowed in PLAN_MAY_IMPORT_FROM_OFFLOAD)]
     assert not reaching, "\n".join(reaching)
     assert any(room_of(importer) == "plan" and room_of(imported) == "checkpoint" for _, importer, imported in EDGES)
+
+
+def test_the_cli_meets_only_the_runtime_and_the_front_ends_it_fronts():
+    """The CLI's modules import the runtime's layer (runtime, loader), the front ends it fronts
+    (doctor, bench, the chat's screen, the server, simulate, summary) and base modules: what they
+    need of decoding, dsi, models or the plan comes through the runtime's surface."""
+    below_the_runtime = set().union(*LAYERS[1:LAYER_OF["runtime"]])
+    reaching = [f"{where}: {importer} imports {imported}" for where, importer, imported in EDGES
+                if room_of(importer) in CLI and room_of(imported) in below_the_runtime]
+    assert not reaching, "\n".join(reaching)
+    assert any(room_of(importer) == "cli" and room_of(imported) == "runtime" for _, importer, imported in EDGES)
 
 
 def classes() -> dict[str, tuple[str, list[str], bool]]:

@@ -14,14 +14,12 @@ from specchat.cli_generate import run_generation
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
 from specchat.doctor.command import run_doctor
-from specchat.dsi.build import default_workers
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
-from specchat.models.listing import list_models
-from specchat.plan import Machine
 from specchat.loader import load_models
 from specchat.schema_file import read_schema_file, read_user_file
-from specchat.runtime import ENGINES, EngineOptions, live_settings_of, pick_device
+from specchat.runtime import (ENGINES, EngineOptions, Machine, default_workers, list_models, live_settings_of,
+                              pick_device)
 from specchat.simulate.app import simulate_app
 
 BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead

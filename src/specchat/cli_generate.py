@@ -5,9 +5,8 @@ import json
 import sys
 from time import perf_counter
 
-from specchat.decoding.events import Engine, SamplingParams
 from specchat.limits import reply_limit
-from specchat.runtime import Models, encode_prompt
+from specchat.runtime import Engine, Models, SamplingParams, encode_prompt
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
 

@@ -11,10 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from specchat.decoding.events import AUTO, SamplingParams
 from specchat.errors import SpecchatError
 from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
-from specchat.runtime import ENGINES, EngineOptions, validate
+from specchat.runtime import AUTO, ENGINES, EngineOptions, SamplingParams, validate
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
 DraftOpt = Annotated[str, typer.Option(help="Draft model: alias, hub id, directory or .gguf.")]

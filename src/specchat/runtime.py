@@ -1,5 +1,6 @@
 """User-facing options and their checks, and the loaded models (one `Models` bundle, made by
-`loader.load_models`) -> engines over them."""
+`loader.load_models`) -> engines over them. The CLI's surface: what it needs of decoding, dsi,
+models or the plan it imports from here (marked "for the CLI"), never from those rooms."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,12 +13,13 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import ChainSDEngine
 from specchat.decoding.drafter import TreeShape
 from specchat.decoding.autosize import AutoSizer, Costs
-from specchat.decoding.events import AUTO, Engine, LiveSettings
+from specchat.decoding.events import AUTO, Engine, LiveSettings, SamplingParams  # SamplingParams: for the CLI
 from specchat.decoding.probe import probe_costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.guide import Grammars
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.specinfer import SpecInferEngine
+from specchat.dsi.build import default_workers  # for the CLI
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices
@@ -26,8 +28,9 @@ from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE
                              DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, OFFLOAD_TIERS, auto_cap, check_memory_budgets,
                              default_budget)
 from specchat.models.loading import check_not_pickled, has_int4, resolve
+from specchat.models.listing import list_models  # for the CLI
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.plan import MemoryPlan
+from specchat.plan import Machine, MemoryPlan  # Machine: for the CLI
 from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
 from specchat.probe_cache import probe_path, read_costs, write_costs
