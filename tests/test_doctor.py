@@ -118,7 +118,10 @@ def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):
     assert re.search(r"disk read +\d+\.\d\d GB/s \(", out)
     assert re.search(r"offload +(none|ram|disk)\n +budget +\d+", out)
     assert offload.is_dir() and not any(offload.iterdir())  # the probe file is gone
-    assert re.search(r"plan \(--offload auto\)\n +context +4096 tokens, draft in \w+\n", out)
+    # the draft's form as run would plan it here: int8 keeps dense copies for wide steps above the crossover
+    # this machine measured (Draft.form), where it measured one
+    form = r"\w+( with dense copies for wide steps)?"
+    assert re.search(rf"plan \(--offload auto\)\n +context +4096 tokens, draft in {form}\n", out)
     assert re.search(r"^  layers +\d+ resident, \d+ in RAM, \d+ on disk$", out, re.M)
     measured = float(re.search(r"disk read +(\d+\.\d\d) GB/s", out).group(1))
     assert round(read_links().disk_gbps, 2) == measured  # the loading screen's expected pass time uses it

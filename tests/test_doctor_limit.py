@@ -10,7 +10,7 @@ from test_memory_plan import TARGET_SLOT, int8_draft, pair_on_a_cpu
 import specchat.doctor.limit as limit_module
 import specchat.plan.pair as pair_module
 from specchat.doctor.limit import LIMIT_STEP, Limit, fits, measure_for_limits, measure_limit, smallest_limit
-from specchat.doctor.plan import doctor_request
+from specchat.doctor.plan import doctor_options, doctor_request
 from specchat.doctor.report import limit_lines
 from specchat.errors import PlanRefusal
 from specchat.limits import DEFAULT_DRAFT_VOCAB, SMALLEST_AUTO_TREE
@@ -57,7 +57,7 @@ def plan_afresh(limit: int, runtime: int, directory: Path) -> MemoryPlan:
     """The default pair planned from its names, as doctor asks `run` to plan it, on a CPU with
     `room_under` the limit (and a disk with room for any layer file)."""
     machine = Machine(rooms=Rooms(room_under(limit, runtime), None, 2**62, f"RAM under {limit}", disk_name="the disk"))
-    return plan_pair(*doctor_request(DEFAULT_TARGET, DEFAULT_DRAFT, None, machine, directory), machine)
+    return plan_pair(*doctor_request(doctor_options(DEFAULT_TARGET, DEFAULT_DRAFT, None, directory), machine), machine)
 
 
 def test_the_default_pair_plans_afresh_at_its_limit_and_not_a_step_below(tmp_path: Path):
@@ -77,7 +77,7 @@ def test_the_limit_of_the_pair_sized_from_its_configs_is_the_first_step_holding_
     the smallest context (1024 tokens), the smallest tree (128 tokens and the root), the int8 draft
     with its head over the default sub-vocabulary, no resident layer and a ring of two; the limit
     is the first step whose room holds that, and the step below's does not."""
-    monkeypatch.setattr(pair_module, "local_safetensors", lambda source, int4: None)
+    monkeypatch.setattr(pair_module, "local_safetensors", lambda source, weights: None)
     least = pair_on_a_cpu(SMALLEST_CONTEXT, SMALLEST_AUTO_TREE + 1, int8_draft(DEFAULT_DRAFT_VOCAB), 2 * TARGET_SLOT)
     found = default_pair_limit(None, tmp_path)  # 2.85 GB: (1.79 GB + the runtime's 0.6 GB) / 0.85, in steps
     assert room_under(found - LIMIT_STEP, RUNTIME) < least <= room_under(found, RUNTIME)
@@ -88,7 +88,7 @@ def test_a_smaller_context_needs_a_smaller_limit(tmp_path: Path):
 
 
 def default_pair_limit(context: int | None, directory: Path) -> int | None:
-    measured = measure_for_limits(DEFAULT_TARGET, DEFAULT_DRAFT, context, directory)
+    measured = measure_for_limits(doctor_options(DEFAULT_TARGET, DEFAULT_DRAFT, context, directory))
     return smallest_limit(lambda limit: fits(measured, limit, RUNTIME), RUNTIME)
 
 
@@ -101,7 +101,7 @@ def test_the_pair_is_measured_once_and_planned_under_every_limit_tried(monkeypat
     measure, plan = limit_module.measure_pair, limit_module.plan_measured
     monkeypatch.setattr(limit_module, "measure_pair", lambda *args: measured.append(args) or measure(*args))
     monkeypatch.setattr(limit_module, "plan_measured", lambda *args: planned.append(args) or plan(*args))
-    limit = measure_limit(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path)
+    limit = measure_limit(doctor_options(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path))
     assert len(measured) == 1 and len(planned) >= 10
     assert plan_afresh(limit.smallest, limit.runtime, tmp_path).placement.streamed
     with pytest.raises(PlanRefusal):

@@ -40,7 +40,7 @@ def test_a_planned_run_takes_at_most_85_percent_of_its_limit(monkeypatch, tmp_pa
 
 def test_a_smaller_ram_budget_wins(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(machine, "ram_room", lambda: Room(2 * GB, "the cgroup v1 limit", 3 * GB))
-    rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget=GB), CPU, 0)
+    rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget_bytes=GB), CPU, 0)
     assert rooms.device == GB and "--ram-budget 1" in rooms.device_name
 
 
@@ -55,11 +55,11 @@ def test_a_described_machine_is_planned_from_its_sizes_alone(tmp_path: Path):
 def test_a_described_machine_honours_the_budgets_too(tmp_path: Path):
     """`doctor --vram-gb 24 --ram-gb 64 --vram-budget 10 --ram-budget 20` plans 10 GB of GPU and
     20 GB of RAM: a budget is never silently ignored."""
-    request = PlanRequest(tier="auto", offload_dir=tmp_path, vram_budget=10 * GB, ram_budget=20 * GB)
+    request = PlanRequest(tier="auto", offload_dir=tmp_path, vram_budget_bytes=10 * GB, ram_budget_bytes=20 * GB)
     rooms = Machine(vram_gb=24, ram_gb=64).tiers(request, 0)
     assert (rooms.device, rooms.host) == (10 * GB, 20 * GB)
     assert "--vram-budget 10" in rooms.device_name and "--ram-budget 20" in rooms.host_name
-    cpu = Machine(ram_gb=32).tiers(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget=4 * GB), 0)
+    cpu = Machine(ram_gb=32).tiers(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget_bytes=4 * GB), 0)
     assert cpu.device == 4 * GB and "--ram-budget 4" in cpu.device_name
-    roomy = Machine(ram_gb=32).tiers(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget=64 * GB), 0)
+    roomy = Machine(ram_gb=32).tiers(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget_bytes=64 * GB), 0)
     assert roomy.device < 32 * GB and "--ram-budget" not in roomy.device_name  # a budget above the room: the room

@@ -19,9 +19,9 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
 from specchat.limits import auto_cap
-from specchat.models.draft import resolve_draft_quant
 from specchat.progress import Reporter
-from specchat.loader import load_models, plan_run, resolve_weights
+from specchat.loader import load_models, plan_run
+from specchat.plan import resolve_weights
 from specchat.runtime import EngineOptions, Models
 from test_cli import CORPUS, train_tokenizer
 
@@ -67,8 +67,7 @@ def budgets(pair, tmp_path: Path) -> dict[str, float]:
     each threshold, so no rounding decides the split."""
     run = options(pair, tmp_path, offload="auto")  # the run's own plan: the draft and both caches counted
     cpu = torch.device("cpu")
-    whole = plan_run(resolve_weights(run), cpu, torch.float32, resolve_draft_quant(run.draft_quant, cpu, torch.float32),
-                     Reporter(bars=False)).placement
+    whole = plan_run(resolve_weights(run), cpu, True, Reporter(bars=False)).placement
     layer, slot = whole.layers[0], whole.slot_bytes
     reserved = whole.needed - sum(whole.layers)
     return {

@@ -15,7 +15,8 @@ from specchat.decoding.stopping import stop_token_ids
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.progress import Reporter
-from specchat.loader import load_target, plan_run, resolve_weights
+from specchat.loader import load_target, plan_run
+from specchat.plan import resolve_weights
 from specchat.plan.budget import MemoryPlan
 from specchat.runtime import EngineOptions, encode_prompt
 
@@ -58,7 +59,7 @@ def options(offload_dir, budget_bytes: int) -> EngineOptions:
 
 
 def plan(options: EngineOptions) -> MemoryPlan:
-    return plan_run(options, CPU, torch.float32, None, Reporter(bars=False))
+    return plan_run(options, CPU, False, Reporter(bars=False))
 
 
 def test_auto_places_the_real_target_as_each_budget_forces_and_computes_as_in_memory(reference, offload_dir):

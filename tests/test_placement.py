@@ -64,31 +64,31 @@ def test_a_model_that_fits_nowhere_is_an_error_naming_the_disk():
 
 
 def test_an_explicit_disk_tier_stages_a_whole_pass_when_ram_allows():
-    placement = place(SIZES, cpu(10**12), Request(tier="disk", resident=0))
+    placement = place(SIZES, cpu(10**12), Request(tier="disk", resident_layers=0))
     assert tiers(placement) == (0, 0, COUNT, COUNT)
     assert "stages a whole pass" in placement.describe()
 
 
 def test_an_explicit_disk_tier_stages_what_the_budget_leaves():
-    placement = place(SIZES, cpu(RESERVED + 2 * LAYER + 5 * LAYER + 7), Request(tier="disk", resident=2))
+    placement = place(SIZES, cpu(RESERVED + 2 * LAYER + 5 * LAYER + 7), Request(tier="disk", resident_layers=2))
     assert tiers(placement) == (2, 0, 6, 5)
     assert "stages 5 of 6 layers" in placement.describe()
 
 
 def test_explicit_slots_and_resident_layers_are_honoured_and_checked():
-    assert tiers(place(SIZES, cpu(10**12), Request(tier="disk", resident=5, slots=2))) == (5, 0, 3, 2)
-    assert tiers(place(SIZES, cpu(10**12), Request(tier="auto", resident=6))) == (6, 0, 2, 2)
+    assert tiers(place(SIZES, cpu(10**12), Request(tier="disk", resident_layers=5, slots=2))) == (5, 0, 3, 2)
+    assert tiers(place(SIZES, cpu(10**12), Request(tier="auto", resident_layers=6))) == (6, 0, 2, 2)
     with pytest.raises(SpecchatError, match=r"^--resident-layers must be between 0 and 8 \(got 9\)$"):
-        place(SIZES, cpu(10**12), Request(resident=9))
+        place(SIZES, cpu(10**12), Request(resident_layers=9))
     with pytest.raises(SpecchatError, match="too small for the streaming ring: 4 slots"):
-        place(SIZES, cpu(RESERVED + 3 * LAYER), Request(tier="disk", resident=0, slots=4))
+        place(SIZES, cpu(RESERVED + 3 * LAYER), Request(tier="disk", resident_layers=0, slots=4))
 
 
 def test_the_ram_tier_on_a_cpu_counts_its_layers_in_the_same_ram():
-    placement = place(SIZES, cpu(RESERVED + 10 * LAYER), Request(tier="ram", resident=2))
+    placement = place(SIZES, cpu(RESERVED + 10 * LAYER), Request(tier="ram", resident_layers=2))
     assert tiers(placement) == (2, 6, 0, 2) and placement.needed == RESERVED + 10 * LAYER
     with pytest.raises(SpecchatError, match=r"^--offload ram: the 6 streamed layers need 0\.00 GB, and RAM has "):
-        place(SIZES, cpu(RESERVED + 8 * LAYER), Request(tier="ram", resident=2))  # no room left for the ring
+        place(SIZES, cpu(RESERVED + 8 * LAYER), Request(tier="ram", resident_layers=2))  # no room left for the ring
 
 def test_a_gpu_fills_its_memory_then_pinned_ram_then_disk():
     rooms = Rooms(device=RESERVED + 4 * LAYER, host=3 * PINNED + PINNED // 2, disk=DISK)
@@ -113,7 +113,7 @@ def test_pinned_allocations_round_up_to_a_power_of_two():
 
 def test_resident_layers_asked_for_must_fit():
     with pytest.raises(SpecchatError, match=r"^RAM under --ram-budget is too small for 5 resident layers"):
-        place(SIZES, cpu(RESERVED + 6 * LAYER), Request(tier="disk", resident=5))
+        place(SIZES, cpu(RESERVED + 6 * LAYER), Request(tier="disk", resident_layers=5))
 
 
 def test_the_expected_pass_time_comes_from_the_link_speeds():

@@ -47,7 +47,7 @@ def test_the_packed_target_scores_prompts_as_the_dense_target(mtbench_prompts):
     expected = [prompt_logits(dense.model, ids) for ids in prompts]
     del dense
     gc.collect()
-    packed = load(DEFAULT_TARGET, torch.float32, progress=False, int4=True).model
+    packed = load(DEFAULT_TARGET, torch.float32, progress=False, weights="quantized").model
     linears = [m for m in packed.modules() if isinstance(m, Int4Linear)]
     assert len(linears) == LINEARS and isinstance(packed.get_input_embeddings(), Int4Embedding)
     for linear in linears:
@@ -76,7 +76,7 @@ def test_the_4_bit_conversion_holds_the_q6k_head_as_the_dense_weights():
     """The conversion keeps the target's Q6_K LM head as a Q6Weight (for plans short of memory),
     written only because it dequantizes to the dense conversion's float32 head bitwise; checked
     here again on a few slices of rows."""
-    directory = ensure_embedded(DEFAULT_TARGET, progress=False, int4=True)
+    directory = ensure_embedded(DEFAULT_TARGET, progress=False, weights="quantized")
     assert is_current_int4(directory)
     source = SafetensorsSource(directory)
     head = read_q6(source.get, "lm_head")

@@ -4,7 +4,6 @@ quantizes it, into one `Models` bundle."""
 
 from collections.abc import Collection
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -16,23 +15,22 @@ from specchat.decoding.static_step import BUCKETS, static_draft
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
+from specchat.limits import DTYPES
 from specchat.models.configs import read_config
 from specchat.heap_trim import release_free_heap
-from specchat.models.draft import DraftQuant, load_draft, resolve_draft_quant
-from specchat.models.loading import LoadedModel, has_int4, load, load_offloaded, resolve
+from specchat.models.draft import DraftQuant, load_draft
+from specchat.models.loading import LoadedModel, load, load_offloaded
 from specchat.models.nf4 import draft_quantization
 from specchat.models.local import local_tokenizer
 from specchat.offload.build import Offload
 from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
-from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, contexts_for, describe_plan, draft_kinds, plan_pair,
-                          stores_4bit, tree_sizes)
-from specchat.paths import offload_dir as default_offload_dir
+from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, draft_quant_for, offload_directory,
+                          plan_pair, request_for, resolve_weights, stores_4bit)
 from specchat.progress import Report, Reporter
 from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears
-from specchat.runtime import DRAFTED_ENGINES, DTYPES, EngineOptions, Models, pick_device, validate
-from specchat.transfer import gb_to_bytes
+from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, pick_device, validate
 
 
 def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,
@@ -56,12 +54,12 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     if drafted:
         draft_quantization(options.draft_quant, device, dtype)  # nf4 without CUDA or bitsandbytes: one line, now
         check_draft_quant(options)
-    measured = resolve_draft_quant(options.draft_quant, device, dtype) if drafted else None
     if "dsi" in names and options.ray_address is not None:
-        models, draft_quant = load_ray_models(options, device, dtype, reporter), measured
+        models = load_ray_models(options, device, dtype, reporter)
+        draft_quant = draft_quant_for(options, Machine(kind=device.type)) if drafted else None
     else:
-        tokenizer = local_tokenizer(options.target, int4_target(options))  # held before the plan measures
-        memory = plan_run(options, device, dtype, measured, reporter)
+        tokenizer = local_tokenizer(options.target, options.weights)  # held before the plan measures
+        memory = plan_run(options, device, drafted, reporter)
         draft_quant = chosen_draft_quant(memory)
         models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter,
                                    tokenizer=tokenizer)
@@ -94,23 +92,14 @@ def check_draft_quant(options: EngineOptions) -> None:
                         "which run packed: use --draft-quant auto or none")
 
 
-def plan_run(options: EngineOptions, device: torch.device, dtype: torch.dtype, measured: DraftQuant | None,
-             reporter: Reporter) -> MemoryPlan:
-    """The whole machine's memory plan for `options`, announced before anything loads; `measured`:
-    the draft's quantization as `auto` resolved it on this device (None: no draft)."""
+def plan_run(options: EngineOptions, device: torch.device, drafted: bool, reporter: Reporter) -> MemoryPlan:
+    """The whole machine's memory plan for `options` on `device` (`drafted`: with the draft),
+    announced before anything loads."""
     reporter.step("planning memory")
-    memory = plan_pair(pair_of(options, dtype, device, measured), plan_request(options, device),
-                        Machine(kind=device.type))
+    machine = Machine(kind=device.type)
+    memory = plan_pair(*request_for(options, machine, drafted), machine)
     announce(memory, reporter)
     return memory
-
-
-def pair_of(options: EngineOptions, dtype: torch.dtype, device: torch.device, measured: DraftQuant | None) -> Pair:
-    """The target and draft `options` name, as the plan weighs them (no draft when `measured` is None)."""
-    draft = {} if measured is None else {
-        "draft": options.draft, "draft_kinds": draft_kinds(options.draft_quant, device, measured.kind),
-        "dense_above": measured.dense_above, "draft_vocab": options.draft_vocab or None}
-    return Pair(options.target, dtype, int4_target(options), context=options.context, **draft)
 
 
 def chosen_draft_quant(memory: MemoryPlan) -> DraftQuant | None:
@@ -187,7 +176,7 @@ def repacking_room(memory: MemoryPlan) -> int:
 def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.dtype, reporter: Reporter) -> Models:
     """dsi over Ray actors that each load the target: no target here."""
     workers = build_ray_workers(options.target, dtype, options.workers or default_workers(device), options.ray_address,
-                                reporter, int4_target(options))
+                                reporter, options.weights)
     context = contexts_for(options.context, workers.max_context)[0]
     return Models(tokenizer=workers.tokenizer, stop_ids=workers.stop_ids, device=device,
                   context=context, target=None, workers=workers.pool)
@@ -198,48 +187,14 @@ def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype
     """The target in device memory when the plan streams nothing, else with its decoder layers
     placed as the plan says (its LM head in Q6_K where the plan chose it); its `tokenizer` when
     already loaded."""
-    int4 = int4_target(options)
     if not memory.placement.streamed:
-        target = load(options.target, dtype, reporter.bars, reporter.report, device=device, int4=int4,
+        target = load(options.target, dtype, reporter.bars, reporter.report, device=device, weights=options.weights,
                       tokenizer=tokenizer, compact_head=memory.compact_head, compact_layers=memory.compact_layers)
         reporter.step(f"moving {target.name} to {device.type}")
         target.model.to(device)
         return target, None
     return load_offloaded(options.target, dtype, device, memory.placement, offload_directory(options), reporter,
-                          int4, tokenizer, memory.compact_head, memory.compact_layers)
-
-
-def resolve_weights(options: EngineOptions) -> EngineOptions:
-    """`options` with --weights decided, once, before anything loads: `auto` runs the target from
-    the 4-bit weights it stores ("quantized") whenever it has them, except in float32, which keeps
-    the dense path that the exactness tests compare with transformers. Below this the choice is
-    `options.weights == "quantized"`, and the `int4` flag of the plan and the loaders."""
-    if options.weights != "auto":
-        return options
-    int4 = options.dtype != "float32" and has_int4(resolve(options.target))
-    return replace(options, weights="quantized" if int4 else "dense")
-
-
-def int4_target(options: EngineOptions) -> bool:
-    """Whether `options` (their --weights decided by `resolve_weights`) run the target's 4-bit weights."""
-    if options.weights == "auto":
-        raise ValueError("--weights auto is decided once by resolve_weights before it is read")
-    return options.weights == "quantized"
-
-
-def plan_request(options: EngineOptions, device: torch.device) -> PlanRequest:
-    """The offload options and the largest tree: the auto cap, or an explicit --budget past it."""
-    cuda = device.type == "cuda"
-    tree_tokens, smaller_trees = tree_sizes(cuda, options.budget if isinstance(options.budget, int) else 0)
-    return PlanRequest(tier=options.offload, offload_dir=offload_directory(options),
-                       resident_layers=options.resident_layers, ram_budget=gb_to_bytes(options.ram_budget),
-                       vram_budget=gb_to_bytes(options.vram_budget), tree_tokens=tree_tokens,
-                       smaller_trees=smaller_trees, dense_copies=int4_target(options) and not cuda)
-
-
-def offload_directory(options: EngineOptions) -> Path:
-    """--offload-dir, or the default in the user's cache."""
-    return Path(options.offload_dir).expanduser() if options.offload_dir else default_offload_dir()
+                          options.weights, tokenizer, memory.compact_head, memory.compact_layers)
 
 
 def announce(memory: MemoryPlan, reporter: Reporter) -> None:

@@ -25,7 +25,7 @@ from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices
 from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
-                             DEFAULT_OFFLOAD, DEPTH, LOOKAHEAD, OFFLOAD_TIERS, auto_cap, check_memory_budgets,
+                             DEFAULT_OFFLOAD, DEPTH, DTYPES, LOOKAHEAD, OFFLOAD_TIERS, auto_cap, check_memory_budgets,
                              default_budget)
 from specchat.models.loading import check_not_pickled, has_int4, resolve
 from specchat.models.listing import list_models  # for the CLI
@@ -37,7 +37,6 @@ from specchat.probe_cache import probe_path, read_costs, write_costs
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DRAFT_QUANTS = ("auto", "none", "int8", "nf4")
 WEIGHTS = ("auto", "quantized", "dense")
 
@@ -54,7 +53,7 @@ class EngineOptions:
     offload: str = DEFAULT_OFFLOAD  # where the target's decoder layers live: auto, none (on the device), ram, disk
     offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
     resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
-    ram_budget: float | None = None  # GB of RAM the target may take; None: what is available
+    ram_budget: float | None = None  # GB of RAM specchat may take; None: what is available
     vram_budget: float | None = None  # GB of GPU memory specchat may take (all of it); None: what is free
     context: int | None = None  # tokens of KV room; None: limits.DEFAULT_CONTEXT, which auto may shrink
     draft_quant: str = "auto"  # auto: int8 on a CPU for the widths where it pays, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)

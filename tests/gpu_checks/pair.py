@@ -20,7 +20,7 @@ from gpu_checks.pair_rows import budget_row, pair_table, plan_line
 from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
-from specchat.doctor.plan import doctor_plan
+from specchat.doctor.plan import doctor_options, doctor_plan
 from specchat.plan.machine import Machine
 
 CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
@@ -78,7 +78,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     finally:
         shutil.rmtree(target)
         shutil.rmtree(draft)
-    card = doctor_plan(aliases.target, aliases.draft, None, CARD, workdir).memory.placement
+    card = doctor_plan(doctor_options(aliases.target, aliases.draft, None, workdir), CARD).memory.placement
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)

@@ -8,14 +8,14 @@ from pathlib import Path
 from specchat.doctor.advice import advise
 from specchat.doctor.facts import gather
 from specchat.doctor.limit import measure_limit
-from specchat.doctor.plan import PairPlan, doctor_plan
+from specchat.doctor.plan import PairPlan, doctor_options, doctor_plan
 from specchat.doctor.report import render, render_described
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.limits import CONTEXT, check_memory_budgets
 from specchat.machine_links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.plan import Machine
-from specchat.transfer import gb_to_bytes
+from specchat.runtime import EngineOptions
 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
@@ -25,24 +25,23 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     check_numbers(machine, ram_budget, vram_budget, context)
     directory = offload_dir or default_offload_dir()
     if machine.described:
-        return render_described(machine, plan_or_reason(target, draft, context, machine, directory,
-                                                        gb_to_bytes(ram_budget), gb_to_bytes(vram_budget)))
+        options = doctor_options(target, draft, context, directory, ram_budget, vram_budget)
+        return render_described(machine, plan_or_reason(options, machine))
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
     facts = gather(directory, probe_gb)
     save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
     measured = Machine(disk_gbps=facts.disk_gbps, pcie_gbps=facts.h2d_gbps)
-    pair = plan_or_reason(target, draft, context, measured, facts.offload_dir, gb_to_bytes(ram_budget),
-                          gb_to_bytes(vram_budget))
-    limit = None if facts.cuda else measure_limit(target, draft, context, facts.offload_dir)
+    options = doctor_options(target, draft, context, facts.offload_dir, ram_budget, vram_budget)
+    pair = plan_or_reason(options, measured)
+    limit = None if facts.cuda else measure_limit(options)
     rec = advise(pair, bool(facts.cuda), facts.h2d_gbps, facts.disk_gbps) if isinstance(pair, PairPlan) else None
     return render(facts, target, rec, pair, limit)
 
 
-def plan_or_reason(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
-                   ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan | str:
+def plan_or_reason(options: EngineOptions, machine: Machine) -> PairPlan | str:
     """The plan, or the one line saying why the pair fits nowhere (bad options still raise)."""
     try:
-        return doctor_plan(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
+        return doctor_plan(options, machine)
     except PlanRefusal as error:
         return str(error)
 

@@ -8,15 +8,14 @@ and less the share of the limit kept for the page cache (plan/machine.py)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from specchat.doctor.plan import doctor_request
 from specchat.errors import PlanRefusal
-from specchat.memory_room import process_rss
-from specchat.models.loading import has_int4, resolve
-from specchat.memory_room import Room
+from specchat.memory_room import Room, process_rss
 from specchat.models.local import local_tokenizer
-from specchat.plan import Machine, MeasuredModel, Rooms, kept_for_page_cache, measure_pair, plan_measured
+from specchat.plan import (Machine, MeasuredModel, Rooms, kept_for_page_cache, measure_pair, plan_measured,
+                          resolve_weights)
+from specchat.runtime import EngineOptions
 from specchat.transfer import gb
 
 LIMIT_STEP = 5 * 10**7  # the answer's precision: 0.05 GB
@@ -29,21 +28,24 @@ class Limit:
     runtime: int  # what the process held when planning, included in `smallest`
 
 
-def measure_limit(target: str, draft: str | None, context: int | None, offload_dir: Path) -> Limit:
+def measure_limit(options: EngineOptions) -> Limit:
     """The smallest limit with this process's resident set, the target's tokenizer loaded, as the
     runtime. The pair is measured once (its skeletons are what a plan costs: ~30 s for a 235B MoE
     on a slow CPU), then planned under each limit the bisection tries."""
-    tokenizer = local_tokenizer(target, has_int4(resolve(target)))  # held while the runtime is read
+    options = resolve_weights(options)
+    tokenizer = local_tokenizer(options.target, options.weights)  # held while the runtime is read
     runtime = process_rss()
     del tokenizer
-    measured = measure_for_limits(target, draft, context, offload_dir)
+    measured = measure_for_limits(options)
     return Limit(smallest_limit(lambda limit: fits(measured, limit, runtime), runtime), runtime)
 
 
-def measure_for_limits(target: str, draft: str | None, context: int | None, offload_dir: Path) -> MeasuredModel:
-    """The pair as `run` would plan it on this machine's CPU, whatever memory limit it runs under."""
+def measure_for_limits(options: EngineOptions) -> MeasuredModel:
+    """The pair as `run` with `options` would plan it on this machine's CPU, whatever memory limit
+    it runs under: the request `run` makes, measured once (plan.measure_pair) to be planned under
+    each limit (plan.plan_measured)."""
     machine = Machine(kind="cpu")
-    return measure_pair(*doctor_request(target, draft, context, machine, offload_dir), machine.device())
+    return measure_pair(*doctor_request(options, machine), machine.device())
 
 
 def smallest_limit(fits_under: Callable[[int], bool], runtime: int) -> int | None:

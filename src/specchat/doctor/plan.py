@@ -8,13 +8,11 @@ from pathlib import Path
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.limits import DEFAULT_DRAFT_VOCAB
-from specchat.models.loading import has_int4, resolve
 from specchat.offload.placement import Placement, link_speeds
 from specchat.models.configs import read_config
-from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, draft_kinds, expert_share, experts_touched,
-                          plan_pair, shape_of, tree_sizes)
-
+from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, expert_share, experts_touched, plan_pair,
+                          request_for, shape_of)
+from specchat.runtime import DRAFTED_ENGINES, EngineOptions
 
 
 @dataclass(frozen=True)
@@ -56,40 +54,36 @@ class Routing:
     streamed: tuple[float, ...]  # bytes a pass over each of TREE_SIZES streams (0 when nothing streams)
 
 
-def doctor_plan(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
-                ram_budget: int | None = None, vram_budget: int | None = None) -> PairPlan:
-    """The plan of `target` (and `draft`, its head scoring the default sub-vocabulary) in bfloat16
-    with --offload auto and --weights auto, as `run` would make it, on `machine`; with the time
-    its streaming takes a pass and the speed the paper's generation rates give it."""
+def doctor_options(target: str, draft: str | None, context: int | None, offload_dir: Path,
+                   ram_budget: float | None = None, vram_budget: float | None = None) -> EngineOptions:
+    """What `run` would be given for the pair: its defaults (bfloat16, --offload auto, --weights
+    auto, --draft-quant auto, the draft's head over the default sub-vocabulary) with doctor's
+    --context, --offload-dir and budgets (GB); no draft: the autoregressive engine."""
+    drafted = {"draft": draft} if draft is not None else {"engine": "autoregressive"}
+    return EngineOptions(target=target, context=context, offload_dir=str(offload_dir), ram_budget=ram_budget,
+                         vram_budget=vram_budget, **drafted)
+
+
+def doctor_request(options: EngineOptions, machine: Machine) -> tuple[Pair, PlanRequest]:
+    """What `run` with `options` would ask of `machine`: the request `run` makes (plan.request_for)."""
+    return request_for(options, machine, drafted=options.engine in DRAFTED_ENGINES)
+
+
+def doctor_plan(options: EngineOptions, machine: Machine) -> PairPlan:
+    """The plan of `options`' pair as `run` would make it on `machine`; with the time its
+    streaming takes a pass and the speed the paper's generation rates give it."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
     cuda = machine.device().type == "cuda"
-    pair, request = doctor_request(target, draft, context, machine, offload_dir, ram_budget, vram_budget)
-    memory = plan_pair(pair, request, machine)
+    memory = plan_pair(*doctor_request(options, machine), machine)
     placement = memory.placement
-    routing = routing_of(target, placement)
+    routing = routing_of(options.target, placement)
     gen = PAPER_GEN_RATES if routing is None else PAPER_MOE_GEN_RATES
     share = 1.0 if routing is None else expert_share(routing.experts, routing.routed, gen.tree)
     link = machine.pcie_gbps if cuda else None
     pass_s = placement.expected_pass_s(link, machine.disk_gbps, share) if placement.streamed else None
     speeds = None if pass_s is None else tuple(rate / pass_s for rate in gen.rates)
     return PairPlan(memory, pass_s, speeds, routing, gen)
-
-
-def doctor_request(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path,
-                   ram_budget: int | None = None, vram_budget: int | None = None) -> tuple[Pair, PlanRequest]:
-    """What `run` would ask of `machine` for the pair with its defaults: bfloat16, --offload auto,
-    --weights auto, the draft's default sub-vocabulary and the quantizations auto weighs."""
-    device = machine.device()
-    cuda = device.type == "cuda"
-    kinds = draft_kinds("auto", device, None if cuda else "int8", described=machine.described)
-    pair = Pair(target, torch.bfloat16, has_int4(resolve(target)), draft, kinds, None,
-                DEFAULT_DRAFT_VOCAB or None, context)
-    tree_tokens, smaller_trees = tree_sizes(cuda)
-    request = PlanRequest(tier="auto", offload_dir=offload_dir, ram_budget=ram_budget, vram_budget=vram_budget,
-                          tree_tokens=tree_tokens, smaller_trees=smaller_trees,
-                          dense_copies=not cuda and not machine.described)
-    return pair, request
 
 
 def routing_of(target: str, placement: Placement) -> Routing | None:

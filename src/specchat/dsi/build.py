@@ -26,11 +26,11 @@ def default_workers(device: torch.device) -> str:
 
 
 def build_ray_workers(target: str, dtype: torch.dtype, workers: str, ray_address: str, reporter: Reporter,
-                      int4: bool) -> TargetWorkers:
-    """Ray actors that each load `target` (from its 4-bit weights if `int4`)."""
+                      weights: str) -> TargetWorkers:
+    """Ray actors that each load `target` (from its 4-bit weights when `weights` is quantized)."""
     devices = parse_devices(workers)
     reporter.step(f"starting {len(devices)} Ray workers, each loading {target}")
-    remote = ray_workers(ray_address, devices, target, dtype, int4)
+    remote = ray_workers(ray_address, devices, target, dtype, weights)
     tokenizer = load_tokenizer(target, reporter.bars, reporter.report)
     stop_ids, max_context = describe_target(remote[0])
     return TargetWorkers(WorkerPool(remote), tokenizer, stop_ids, max_context)

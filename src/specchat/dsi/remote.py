@@ -30,9 +30,9 @@ def import_ray():
 class RemoteVerifier:
     """Runs inside a Ray actor: the target on the actor's device and its verifier."""
 
-    def __init__(self, target: str, dtype: torch.dtype, device: str, int4: bool) -> None:
-        # `int4`: from the target's stored 4-bit weights, packed for this actor's device (--weights)
-        loaded = load(target, dtype, progress=False, device=torch.device(device), int4=int4)
+    def __init__(self, target: str, dtype: torch.dtype, device: str, weights: str) -> None:
+        # --weights quantized: from the target's stored 4-bit weights, packed for this actor's device
+        loaded = load(target, dtype, progress=False, device=torch.device(device), weights=weights)
         loaded.model.to(device)
         self.verifier = TargetVerifier(CausalLM(loaded.model))
         self.stop_ids = stop_token_ids(loaded.model, loaded.tokenizer)
@@ -99,9 +99,9 @@ def check_capacity(devices: list[torch.device], resources: dict[str, float]) -> 
 
 
 def ray_workers(address: str, devices: list[torch.device], target: str, dtype: torch.dtype,
-                int4: bool) -> list[RayWorker]:
+                weights: str) -> list[RayWorker]:
     """One actor per device, each holding one CPU or one GPU of the cluster, each loading `target`
-    (from its 4-bit weights if `int4`)."""
+    (from its 4-bit weights when `weights` is quantized)."""
     ray = import_ray()
     connect(address)
     check_capacity(devices, ray.cluster_resources())
@@ -111,7 +111,7 @@ def ray_workers(address: str, devices: list[torch.device], target: str, dtype: t
         on_gpu = device.type == "cuda"
         # Ray gives a GPU actor its own device, visible inside it as cuda (index 0).
         actor = actor_class.options(num_cpus=0 if on_gpu else 1, num_gpus=1 if on_gpu else 0).remote(
-            target, dtype, device.type, int4
+            target, dtype, device.type, weights
         )
         workers.append(RayWorker(f"ray-{device.type}#{i}", actor))
     return workers

@@ -75,22 +75,23 @@ def int4_path(model: EmbeddedModel) -> Path:
     return cache_dir() / "converted" / f"{model.name}-int4"
 
 
-def ensure_embedded(alias: str, progress: bool, report: Report | None = None, int4: bool = False) -> Path:
-    """The converted directory of an embedded model (its 4-bit one when `int4`), assembling and
-    converting it on first use.
+def ensure_embedded(alias: str, progress: bool, report: Report | None = None, weights: str = "dense") -> Path:
+    """The converted directory of an embedded model (its 4-bit one when `weights` is quantized),
+    assembling and converting it on first use.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
     """
     model = embedded_model(alias)
-    directory = int4_path(model) if int4 else converted_path(model)
-    ready = is_current_int4 if int4 else is_converted
+    quantized = weights == "quantized"
+    directory = int4_path(model) if quantized else converted_path(model)
+    ready = is_current_int4 if quantized else is_converted
     if ready(directory):
         return directory
     reporter = Reporter(progress, report)
     with exclusive(model, reporter):
         if not is_converted(converted_path(model)):  # another process may have finished it while we waited
             build(model, reporter)
-        if int4 and not is_current_int4(directory):
+        if quantized and not is_current_int4(directory):
             build_int4(model, reporter)
     return directory
 

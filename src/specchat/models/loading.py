@@ -85,14 +85,15 @@ def check_not_pickled(spec: str) -> None:
 
 
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,
-         quantization: object | None = None, device: torch.device | None = None, int4: bool = False,
+         quantization: object | None = None, device: torch.device | None = None, weights: str = "dense",
          preparation: Preparation | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
          compact_head: bool = False, compact_layers: bool = False) -> LoadedModel:
     """Load `spec` for inference: eval mode, gradients off, SDPA attention.
 
     `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
     A `quantization` config (bitsandbytes) loads the weights quantized, straight onto `device`.
-    `int4` loads an embedded model from its 4-bit weights (`has_int4`), packed for `device`.
+    `weights` quantized (--weights, decided) loads an embedded model from its 4-bit weights
+    (`has_int4`), packed for `device`; dense, from their dense conversion.
     A `preparation` (the draft's approximations) is applied as the model loads: a safetensors
     checkpoint is then read one decoder layer at a time, straight onto `device`.
     A `tokenizer` already loaded from byte-identical files (models/compat.py) is used again.
@@ -102,7 +103,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     source = resolve(spec)
     reporter = Reporter(progress, report)
     reporter.step(f"loading {source.name}")
-    directory, gguf_file = materialize(source, reporter, int4)
+    directory, gguf_file = materialize(source, reporter, weights)
     if gguf_file is not None or reused_tokenizer(tokenizer, directory) is None:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     if gguf_file is None and (is_packed_4bit(directory) or is_int4(directory)):
@@ -158,29 +159,30 @@ def own_aligned_weights(model: PreTrainedModel) -> None:
 
 
 def load_offloaded(spec: str, dtype: torch.dtype, device: torch.device, placement: Placement, offload_dir: Path,
-                   reporter: Reporter, int4: bool = False, tokenizer: PreTrainedTokenizerBase | None = None,
+                   reporter: Reporter, weights: str = "dense", tokenizer: PreTrainedTokenizerBase | None = None,
                    compact_head: bool = False, compact_layers: bool = False) -> tuple[LoadedModel, Offload]:
     """Load `spec` with its decoder layers where `placement` (the memory plan's) puts them, the
-    layer file in `offload_dir` (see specchat.offload); `int4`, `tokenizer`, `compact_head` and
+    layer file in `offload_dir` (see specchat.offload); `weights`, `tokenizer`, `compact_head` and
     `compact_layers`: as `load`."""
     source = resolve(spec)
     tiers = f"{placement.resident} resident, {placement.ram} in RAM, {placement.disk} on disk"
     reporter.step(f"loading {source.name}, decoder layers offloaded ({tiers})")
-    directory, gguf_file = materialize(source, reporter, int4)
+    directory, gguf_file = materialize(source, reporter, weights)
     if gguf_file is not None:
         raise SpecchatError(
             f"offloading reads safetensors checkpoints, and {source.name} is a .gguf file: "
             "use a model directory or hub id (the embedded models are converted automatically)"
         )
     tokenizer = reused_tokenizer(tokenizer, directory) or AutoTokenizer.from_pretrained(directory)
-    model, offload = offload_model(directory, stored_name(source, int4), dtype, device, placement, offload_dir,
+    model, offload = offload_model(directory, stored_name(source, weights), dtype, device, placement, offload_dir,
                                    reporter, compact_head, compact_layers)
     return LoadedModel(model, tokenizer, source.name, source, directory), offload
 
 
-def stored_name(source: ModelSource, int4: bool) -> str:
-    """The name `source`'s layer file goes by: its 4-bit and dense forms each have their own."""
-    return f"{source.name}-int4" if int4 else source.name
+def stored_name(source: ModelSource, weights: str) -> str:
+    """The name `source`'s layer file goes by: its 4-bit (`weights` quantized) and dense forms each
+    have their own."""
+    return f"{source.name}-int4" if weights == "quantized" else source.name
 
 
 def is_int4(directory: Path) -> bool:
@@ -201,14 +203,14 @@ def is_packed_4bit(directory: Path) -> bool:
     return read_gptq_spec(config) is not None or read_awq_spec(config) is not None
 
 
-def materialize(source: ModelSource, reporter: Reporter, int4: bool = False) -> tuple[Path, str | None]:
-    """A local directory to load from (the 4-bit one when `int4`), and the GGUF file name inside it
-    (None for safetensors)."""
-    if int4 and not has_int4(source):
+def materialize(source: ModelSource, reporter: Reporter, weights: str = "dense") -> tuple[Path, str | None]:
+    """A local directory to load from (the 4-bit one when `weights` is quantized), and the GGUF
+    file name inside it (None for safetensors)."""
+    if weights == "quantized" and not has_int4(source):
         raise SpecchatError(f"--weights quantized runs a model from the 4-bit weights it stores, and {source.name} "
                             "stores none that specchat multiplies packed: use --weights dense")
     if source.kind == "embedded":
-        return ensure_embedded(source.location, reporter.bars, reporter.report, int4), None
+        return ensure_embedded(source.location, reporter.bars, reporter.report, weights), None
     if source.kind == "hub":
         return download(source.location, reporter.bars), None
     path = Path(source.location)

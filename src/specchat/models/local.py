@@ -10,21 +10,22 @@ from specchat.models.loading import ModelSource, resolve
 from specchat.models.marker import is_converted, is_current_int4
 
 
-def local_tokenizer(spec: str, int4: bool = False) -> PreTrainedTokenizerBase | None:
+def local_tokenizer(spec: str, weights: str = "dense") -> PreTrainedTokenizerBase | None:
     """The tokenizer of `spec` when its safetensors directory is already here, loaded before the
     memory plan so that what the plan measures the process holding includes it (Qwen2.5's takes
     0.13 GB); None when the model is still to be fetched or converted (it loads with the weights)."""
-    directory = local_safetensors(resolve(spec), int4)
+    directory = local_safetensors(resolve(spec), weights)
     return None if directory is None else AutoTokenizer.from_pretrained(directory)
 
 
-def local_safetensors(source: ModelSource, int4: bool = False) -> Path | None:
-    """The directory of `source`'s safetensors (its 4-bit ones when `int4`) when they are already
-    here, else None."""
+def local_safetensors(source: ModelSource, weights: str = "dense") -> Path | None:
+    """The directory of `source`'s safetensors (its 4-bit ones when `weights` is quantized: --weights
+    as decided) when they are already here, else None."""
     if source.kind == "dir" and any(Path(source.location).glob("*.safetensors")):
         return Path(source.location)
     if source.kind == "embedded":
         model = EMBEDDED[source.location]
-        directory = int4_path(model) if int4 else converted_path(model)
-        return directory if (is_current_int4 if int4 else is_converted)(directory) else None
+        quantized = weights == "quantized"
+        directory = int4_path(model) if quantized else converted_path(model)
+        return directory if (is_current_int4 if quantized else is_converted)(directory) else None
     return None

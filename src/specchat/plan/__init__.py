@@ -1,17 +1,24 @@
 """The memory plan: where a target, its draft and their caches go on a machine, from the models'
 configs (or a local checkpoint's sizes) before anything loads. Its front door: the rest of specchat
-imports these names from `specchat.plan`, never a module inside it."""
+imports these names from `specchat.plan`, never a module inside it.
+
+A run's options become the plan's request in one place, `request_for(options, machine)`, for
+`run` and `doctor` alike; `plan_pair` plans that request on a machine, and the same request is
+`measure_pair`ed once and `plan_measured` under many machines' rooms (doctor's smallest memory limit)."""
 
 from specchat.plan.budget import MemoryPlan
 from specchat.plan.demand import shape_of
 from specchat.plan.experts import expert_share, experts_touched
 from specchat.plan.machine import Machine, kept_for_page_cache
 from specchat.plan.model import MeasuredModel, plan_measured
-from specchat.plan.pair import contexts_for, draft_kinds, measure_pair, plan_pair, stores_4bit
+from specchat.plan.options import (draft_quant_for, offload_directory, quantized_weights, request_for,
+                                   resolve_weights)
+from specchat.plan.pair import contexts_for, measure_pair, plan_pair, stores_4bit
 from specchat.plan.placement import Rooms
-from specchat.plan.request import Pair, PlanRequest, tree_sizes
+from specchat.plan.request import Pair, PlanRequest
 from specchat.plan.text import describe_plan
 
-__all__ = ["Machine", "MeasuredModel", "MemoryPlan", "Pair", "PlanRequest", "Rooms", "contexts_for", "describe_plan",
-           "draft_kinds", "expert_share", "experts_touched", "kept_for_page_cache", "measure_pair", "plan_measured",
-           "plan_pair", "shape_of", "stores_4bit", "tree_sizes"]
+__all__ = ["Machine", "MeasuredModel", "MemoryPlan", "Pair", "PlanRequest", "Rooms", "contexts_for",
+           "describe_plan", "draft_quant_for", "expert_share", "experts_touched", "kept_for_page_cache",
+           "measure_pair", "offload_directory", "plan_measured", "plan_pair", "quantized_weights", "request_for",
+           "resolve_weights", "shape_of", "stores_4bit"]

@@ -88,8 +88,10 @@ class Target:
 
 @dataclass(frozen=True)
 class Ask:
-    """What the run asks for; `contexts` and `drafts` are in order of preference (one each when
-    the user fixed it, several when auto may choose)."""
+    """What the run asks for (a `PlanRequest`, plan/request.py) as the arithmetic takes it once the
+    model is measured: each tree with its kernels' workspace, the placement's share of the options
+    (`request`). `contexts` and `drafts` are in order of preference (one each when the user fixed
+    it, several when auto may choose)."""
 
     contexts: tuple[int, ...]
     drafts: tuple[Draft | None, ...]  # (None,): no draft
@@ -173,7 +175,7 @@ def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> 
     """The device must hold everything but the layers, and the smallest ring beside it (or every
     layer, when all are asked to be resident); else one line: how much is missing, and for what."""
     layers = target.sizes.layers
-    resident = ask.request.resident or 0
+    resident = ask.request.resident_layers or 0
     ring = 0 if resident >= len(layers) else MIN_SLOTS * align_up(max(layers))
     need = sum(item.nbytes for item in device) + sum(layers[:resident]) + ring
     if need > rooms.device:

@@ -91,17 +91,18 @@ def within_budgets(rooms: Rooms, request: PlanRequest) -> Rooms:
     """`rooms` (measured or described) under --vram-budget (the GPU's) and --ram-budget (the RAM:
     on a CPU its device, beside a GPU its host), where a budget is the smaller."""
     if rooms.host is None:
-        device, device_name = capped(rooms.device, rooms.device_name, request.ram_budget, "RAM", "--ram-budget")
+        device, device_name = capped(rooms.device, rooms.device_name, request.ram_budget_bytes, "RAM", "--ram-budget")
         return replace(rooms, device=device, device_name=device_name, host_name=device_name)
-    device, device_name = capped(rooms.device, rooms.device_name, request.vram_budget, "GPU memory", "--vram-budget")
-    host, host_name = capped(rooms.host, rooms.host_name, request.ram_budget, "RAM", "--ram-budget")
+    device, device_name = capped(rooms.device, rooms.device_name, request.vram_budget_bytes, "GPU memory",
+                                 "--vram-budget")
+    host, host_name = capped(rooms.host, rooms.host_name, request.ram_budget_bytes, "RAM", "--ram-budget")
     return replace(rooms, device=device, device_name=device_name, host=host, host_name=host_name)
 
 
-def capped(room: int, name: str, budget: int | None, what: str, option: str) -> tuple[int, str]:
-    """min(room, budget), named as an error should name it."""
-    if budget is not None and budget <= room:
-        return budget, f"{what} under {option} {budget / 1e9:g} GB"
+def capped(room: int, name: str, budget_bytes: int | None, what: str, option: str) -> tuple[int, str]:
+    """min(room, budget_bytes), named as an error should name it."""
+    if budget_bytes is not None and budget_bytes <= room:
+        return budget_bytes, f"{what} under {option} {budget_bytes / 1e9:g} GB"
     return room, name
 
 

@@ -17,7 +17,6 @@ from specchat.offload.storage import DiskStore
 from specchat.plan.budget import DENSE_COPIES, EXPERT_CACHE, Ask, Item, MemoryPlan, Target, plan_memory
 from specchat.plan.demand import shape_of
 from specchat.plan.machine import Machine
-from specchat.plan.placement import Request
 from specchat.plan.request import PlanRequest
 from specchat.plan.sizes import measure_sizes
 from specchat.quant.int4 import Int4Linear, workspace_bytes
@@ -85,11 +84,9 @@ def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[Layer
     compact_layers = None if compact_layouts is None else measure_sizes(model, layers_name, compact_layouts, dtype)
     reusable = disk_store is not None and disk_store.reusable
     contexts = request.contexts or (model.config.max_position_embeddings,)
-    resident = len(layouts) if request.tier == "none" else request.resident_layers
-    tier = "auto" if request.tier == "none" else request.tier
     workspace = quantized_workspaces(model, dtype)
     ask = Ask(contexts, request.drafts, request.tree_tokens, workspace(request.tree_tokens),
-              Request(tier, resident, request.slots), cuda=device.type == "cuda",
+              request.placement_request(len(layouts)), cuda=device.type == "cuda",
               smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees))
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     target = Target(sizes, shape_of(model.config, dtype), compact, compact_layers)

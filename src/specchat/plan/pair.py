@@ -1,6 +1,8 @@
 """The one entry to the memory plan: a target and its draft (`Pair`) with the run's offload
 options (`PlanRequest`) on a machine (this one, or one described), made from their configs before
-anything is downloaded or loaded. `loader` and `doctor` both call `plan_pair`; the arithmetic is
+anything is downloaded or loaded. `loader` and `doctor` both call `plan_pair` (doctor's search for
+the smallest memory limit `measure_pair` once, then `plan_measured` under each limit) with what
+`options.request_for` makes of their options; the arithmetic is
 `budget.py`'s, the model's sizes `model.py`'s. Here: the contexts and the draft forms auto may
 choose among, and where the target's sizes come from."""
 
@@ -38,23 +40,23 @@ def measure_pair(pair: Pair, request: PlanRequest, device: torch.device) -> Meas
     """What `plan_pair` plans `pair` from on a machine with `device`, whatever its rooms: the
     target's skeleton and the draft's candidate forms, with the contexts auto may choose among."""
     source = resolve(pair.target)
-    local = local_safetensors(source, pair.int4)
+    local = local_safetensors(source, pair.weights)
     config = config_from_file(local / "config.json") if local is not None else read_config(pair.target)
     tensors = SafetensorsSource(local) if local is not None else None
     drafts = (None,) if pair.draft is None else draft_candidates(pair, device)
     request = replace(request, contexts=contexts_for(pair.context, config.max_position_embeddings), drafts=drafts)
-    return measure_model(config, tensors, stored_name(source, pair.int4), pair.dtype, device, request)
+    return measure_model(config, tensors, stored_name(source, pair.weights), pair.dtype, device, request)
 
 
-def contexts_for(requested: int | None, model_max: int) -> tuple[int, ...]:
+def contexts_for(context: int | None, model_max: int) -> tuple[int, ...]:
     """The KV room's lengths in order of preference: the one asked for (its range checked with the
     other options, before anything loads: runtime.validate, doctor's check_numbers), checked
     against the model's maximum; by default DEFAULT_CONTEXT (or the model's maximum when smaller),
     then halves down to SMALLEST_CONTEXT that auto may fall back to."""
-    if requested is not None:
-        if requested > model_max:
-            raise SpecchatError(f"--context {requested} is past the target's maximum of {model_max} tokens")
-        return (requested,)
+    if context is not None:
+        if context > model_max:
+            raise SpecchatError(f"--context {context} is past the target's maximum of {model_max} tokens")
+        return (context,)
     first = min(DEFAULT_CONTEXT, model_max)
     contexts = [first]
     while contexts[-1] // 2 >= SMALLEST_CONTEXT:
@@ -68,7 +70,12 @@ def draft_kinds(kind: str, device: torch.device, resolved: str | None, described
     bitsandbytes is installed here, or on any `described` machine)."""
     if kind != "auto" or device.type != "cuda":
         return (resolved or kind,)
-    return ("none", "nf4") if described or importlib.util.find_spec("bitsandbytes") else ("none",)
+    return ("none", "nf4") if described or has_bitsandbytes() else ("none",)
+
+
+def has_bitsandbytes() -> bool:
+    """Whether bitsandbytes, which nf4 runs on, is installed here."""
+    return importlib.util.find_spec("bitsandbytes") is not None
 
 
 def stores_4bit(config: PretrainedConfig) -> bool:

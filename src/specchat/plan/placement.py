@@ -55,8 +55,11 @@ class Rooms:
 
 @dataclass(frozen=True)
 class Request:
-    tier: TierRequest = "auto"
-    resident: int | None = None  # --resident-layers; None: as many as fit
+    """The placement's share of a run's options (plan/request.PlanRequest.placement_request makes
+    it): where streamed layers go, how many stay on the device, the ring."""
+
+    tier: TierRequest = "auto"  # --offload, but none, which is every layer resident
+    resident_layers: int | None = None  # --resident-layers; None: as many as fit
     slots: int | None = None  # ring slots; None: sized by the room left
 
 
@@ -110,10 +113,10 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
 
 def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Request) -> int:
     count = len(sizes.layers)
-    if request.resident is not None:
-        if not 0 <= request.resident <= count:
-            raise SpecchatError(f"--resident-layers must be between 0 and {count} (got {request.resident})")
-        return request.resident
+    if request.resident_layers is not None:
+        if not 0 <= request.resident_layers <= count:
+            raise SpecchatError(f"--resident-layers must be between 0 and {count} (got {request.resident_layers})")
+        return request.resident_layers
     if request.tier == "auto" and sum(sizes.layers) <= device_room:
         return count
     return fit(sizes.layers, device_room - MIN_SLOTS * slot)

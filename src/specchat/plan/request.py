@@ -1,5 +1,6 @@
 """What a run asks of the machine, in the plan's terms: the options that shape the memory plan,
-from `run`'s command line (loader.py) or `doctor`'s, named once from the CLI down."""
+from `run`'s command line or `doctor`'s (both through plan/options.request_for), named as the
+command line names them, with the unit in the name where it is not the command line's."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ import torch
 
 from specchat.limits import auto_cap, auto_trees
 from specchat.plan.budget import Draft
+from specchat.plan.placement import Request
 
 Tier = Literal["auto", "none", "ram", "disk"]  # --offload
 DEFAULT_TREE_TOKENS = 1024  # the largest tree a CPU's --budget auto builds (limits.auto_cap)
@@ -23,14 +25,23 @@ class PlanRequest:
     offload_dir: Path  # --offload-dir: where the disk tier's layer file lives
     resident_layers: int | None = None  # --resident-layers; None: as many as fit
     slots: int | None = None  # ring size; None: what the room left holds, up to a whole pass
-    ram_budget: int | None = None  # --ram-budget in bytes: RAM specchat may take; None: what the process may take
-    vram_budget: int | None = None  # --vram-budget in bytes: the whole GPU's share (every device item); None: what is free
+    ram_budget_bytes: int | None = None  # --ram-budget: RAM specchat may take; None: what the process may take
+    vram_budget_bytes: int | None = None  # --vram-budget: the whole GPU's share (every device item); None: what is free
     tree_tokens: int = DEFAULT_TREE_TOKENS  # the largest tree a pass scores (activation headroom)
     smaller_trees: tuple[int, ...] = ()  # smaller largest trees auto may fall back to, in order
     contexts: tuple[int, ...] = ()  # the KV room's length, in order of preference; (): the model's own
     drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate forms, preferred first
     # a CPU's 4-bit linears may keep dense copies for wide inputs where room is left (quant/int4_dense.py)
     dense_copies: bool = False
+
+    def placement_request(self, layers: int) -> Request:
+        """--offload, --resident-layers and the ring as the placement of a model of `layers`
+        decoder layers takes them. --offload none keeps every layer on the device: all `layers`
+        resident, so none streams and the placement's tier, which says only where streamed layers
+        go, places nothing (auto stands in for it)."""
+        if self.tier == "none":
+            return Request("auto", resident_layers=layers, slots=self.slots)
+        return Request(self.tier, self.resident_layers, self.slots)
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,7 @@ class Pair:
 
     target: str
     dtype: torch.dtype
-    int4: bool = False  # the target from its 4-bit weights (--weights, as loader.resolve_weights decides it)
+    weights: str = "dense"  # --weights as resolve_weights decides it: quantized (its 4-bit weights) or dense
     draft: str | None = None  # None: no draft
     draft_kinds: tuple[str, ...] = ("none",)  # the draft quantizations the plan may choose among, preferred first
     dense_above: int | None = None  # int8: steps wider than this many rows multiply dense copies (None: none)

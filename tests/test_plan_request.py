@@ -1,0 +1,94 @@
+"""`run` and `doctor` ask the plan the same thing for the same options: the pair (the target's
+weights, the draft's forms, the int8 draft's dense copies) and the request (tier, budgets, trees,
+the target's dense copies) that reach `plan_pair` from `loader.load_models` and from doctor's plan
+are equal, on this machine's CPU and on a described GPU machine."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specchat.doctor.plan as doctor_module
+import specchat.loader as loader
+import specchat.models.draft as draft_module
+import specchat.plan.pair as pair_module
+from specchat.doctor.plan import doctor_options, doctor_plan
+from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.plan import Machine
+from specchat.runtime import EngineOptions
+
+INT8_ROWS = 4  # the int8 draft's crossover this machine is taken to have measured: dense copies above it
+
+
+class Recorded(Exception):
+    """Stops a plan once its arguments have been seen."""
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch) -> None:
+    """From the shipped configs; the int8 crossover as if measured here (machine_choices keeps one
+    per machine: the test must not depend on which)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(draft_module, "remembered", lambda key, device, measure: INT8_ROWS)
+
+
+def asked(module, monkeypatch, call) -> tuple:
+    """The (pair, request) `call` hands `module.plan_pair`."""
+    seen = []
+
+    def record(pair, request, machine):
+        seen.append((pair, request))
+        raise Recorded
+
+    monkeypatch.setattr(module, "plan_pair", record)
+    with pytest.raises(Recorded):
+        call()
+    return seen[0]
+
+
+def run_asks(monkeypatch, options: EngineOptions) -> tuple:
+    return asked(loader, monkeypatch, lambda: loader.load_models(options, progress=False))
+
+
+def doctor_asks(monkeypatch, options: EngineOptions, machine: Machine) -> tuple:
+    return asked(doctor_module, monkeypatch, lambda: doctor_plan(options, machine))
+
+
+CPU_CASES = {  # doctor's options: target, draft, context, --ram-budget
+    "a dense target in memory": ("qwen3-1.7b", "qwen3-0.6b", None, None),
+    "a 4-bit target and the int8 draft": (DEFAULT_TARGET, DEFAULT_DRAFT, None, None),
+    "the disk tier under --ram-budget": (DEFAULT_TARGET, DEFAULT_DRAFT, 2048, 1.5),
+    "no draft": (DEFAULT_TARGET, None, None, None),
+}
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_run_and_doctor_ask_the_same_of_this_cpu(monkeypatch, tmp_path: Path, case):
+    target, draft, context, ram_budget = CPU_CASES[case]
+    options = doctor_options(target, draft, context, tmp_path, ram_budget)
+    run_pair, run_request = run_asks(monkeypatch, options)
+    pair, request = doctor_asks(monkeypatch, options, Machine())
+    assert (pair.weights, pair.draft_kinds, pair.dense_above) == (run_pair.weights, run_pair.draft_kinds,
+                                                                  run_pair.dense_above)
+    assert request.dense_copies == run_request.dense_copies
+    assert (pair, request) == (run_pair, run_request)
+    quantized = target == DEFAULT_TARGET
+    assert pair.weights == ("quantized" if quantized else "dense") and request.dense_copies is quantized
+    assert pair.draft_kinds == (("none",) if draft is None else ("int8",))
+    assert pair.dense_above == (None if draft is None else INT8_ROWS)  # the copies run keeps, doctor plans too
+    assert request.ram_budget_bytes == (None if ram_budget is None else int(ram_budget * 1e9))
+
+
+def test_run_on_a_gpu_asks_what_doctor_asks_of_a_described_one(monkeypatch, tmp_path: Path):
+    """A described GPU machine is taken to have bitsandbytes: run there weighs nf4 beside full
+    weights, and a GPU keeps no dense copies."""
+    monkeypatch.setattr(pair_module, "has_bitsandbytes", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # run checks --vram-budget has a GPU
+    monkeypatch.setattr(loader, "pick_device", lambda: torch.device("cuda"))
+    options = doctor_options("llama-2-70b-gptq", "llama-2-7b", None, tmp_path, 60.0, 20.0)
+    run = run_asks(monkeypatch, options)
+    pair, request = doctor_asks(monkeypatch, options, Machine(vram_gb=24, ram_gb=64))
+    assert (pair, request) == run
+    assert pair.draft_kinds == ("none", "nf4") and pair.dense_above is None and not request.dense_copies
+    assert request.vram_budget_bytes == 20 * 10**9
