@@ -24,11 +24,11 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
-from specchat.limits import FR_SPEC_VOCAB
+from specchat.limits import DTYPES, FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.runtime import DTYPES, encode_prompt
+from specchat.runtime import encode_prompt
 from specchat.summary import summarize
 
 CONFIGURATIONS = {  # label: (int8 weights, head vocabulary or None for all)

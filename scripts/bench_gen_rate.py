@@ -25,9 +25,10 @@ from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
+from specchat.limits import DTYPES
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.runtime import DTYPES, encode_prompt
+from specchat.runtime import encode_prompt
 
 
 def parse_args() -> argparse.Namespace:

@@ -28,10 +28,10 @@ from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.paths import cache_dir
-from specchat.limits import DEFAULT_DTYPE
+from specchat.limits import DEFAULT_DTYPE, DTYPES
 from specchat.heap_trim import release_free_heap
 from specchat.memory_room import ram_room
-from specchat.runtime import DTYPES, EngineOptions, encode_prompt, pick_device
+from specchat.runtime import EngineOptions, encode_prompt, pick_device
 
 REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
 # What one xdist worker holds at most: a module of the real pair, which holds the float32 pair
