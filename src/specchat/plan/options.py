@@ -46,19 +46,18 @@ def request_for(options: RunOptions, machine: Machine, drafted: bool = True) -> 
     device = machine.device()
     cuda = device.type == "cuda"
     dtype = DTYPES[options.dtype]
-    quantized = quantized_weights(options)
     draft = {}
     if drafted:
         quant = draft_quant_for(options, machine)
         draft = {"draft": options.draft, "dense_above": quant.dense_above, "draft_vocab": options.draft_vocab or None,
                  "draft_kinds": draft_kinds(options.draft_quant, device, quant.kind, described=machine.described)}
-    pair = Pair(options.target, dtype, "quantized" if quantized else "dense", context=options.context, **draft)
+    pair = Pair(options.target, dtype, options.weights, context=options.context, **draft)
     tree_tokens, smaller_trees = tree_sizes(cuda, options.budget if isinstance(options.budget, int) else 0)
     # A CPU's 4-bit linears keep dense copies for tree passes where the room left holds them. Which
     # shapes gain is measured on this CPU (quant/int4_dense.py), so a described machine, whose CPU
     # is not this one, is planned without them: they are only ever added to room left over, so the
     # plan's placement, context and draft are the same either way.
-    dense_copies = quantized and not cuda and not machine.described
+    dense_copies = quantized_weights(options) and not cuda and not machine.described
     request = PlanRequest(tier=options.offload, offload_dir=offload_directory(options),
                           resident_layers=options.resident_layers, ram_budget_bytes=gb_to_bytes(options.ram_budget),
                           vram_budget_bytes=gb_to_bytes(options.vram_budget), tree_tokens=tree_tokens,
