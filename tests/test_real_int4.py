@@ -63,13 +63,13 @@ def test_the_packed_target_scores_prompts_as_the_dense_target(mtbench_prompts):
         assert decided.float().mean() > 0.95
 
 
-@pytest.mark.parametrize("int4", [True, False], ids=["quantized", "dense"])
-def test_a_ray_actor_loads_the_target_as_weights_says(int4):
+@pytest.mark.parametrize("weights", ["quantized", "dense"])
+def test_a_ray_actor_loads_the_target_as_weights_says(weights):
     """dsi's Ray actors load the target themselves (the verifier inside each, run here without
     Ray): from its 4-bit weights when the run's `--weights` resolves to quantized."""
-    verifier = RemoteVerifier(DEFAULT_TARGET, torch.bfloat16, "cpu", int4)
+    verifier = RemoteVerifier(DEFAULT_TARGET, torch.bfloat16, "cpu", weights)
     model = verifier.verifier.target.model
-    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == (LINEARS if int4 else 0)
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == (LINEARS if weights == "quantized" else 0)
 
 
 def test_the_4_bit_conversion_holds_the_q6k_head_as_the_dense_weights():
