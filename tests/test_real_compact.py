@@ -25,11 +25,15 @@ RAM_BUDGET_GB = 1.4  # what a 2 GB container leaves beside specchat's runtime
 # passes and first trees (where a misplaced stored form would show at once) are checked 3 times.
 PROMPTS = 3
 NEW_TOKENS = 12
-# Near-ties per 12-token reply. Measured 2026-11-26 on the AMX Xeon, one torch thread
-# (scripts/bench_bf16_gaps.py --target compact, docs/benchmarks.md "bf16 seeded gaps"): MT-Bench first
-# turns 0-3 x 16 tokens, greedy and seeds 0 and 1: greedy none; seeded 1 tie in 8 replies (gap 2.7e-3),
-# within the in-memory defaults' gap bound (BF16_NEAR_TIES, measured on 144 replies). Bounds: the largest
-# count plus one; greedy, float32's one.
+# Near-ties of the compact target (its tree rows and one-token rows multiply the same weights: no
+# dense copies for streamed layers). Measured 2026-11-26 on the AMX Xeon, one torch thread
+# (scripts/bench_bf16_gaps.py --target compact, docs/bench/bf16-gaps-2026-11-26-compact/): MT-Bench
+# first turns 0-3 x 16 tokens, greedy and seeds 0 and 1: greedy none; seeded 1 tie in 8 replies
+# (prompt 0, seed 0: gap 0.0027). 2026-11-28 on the project's AMD EPYC (this module's printout, code
+# e8d4690): none, greedy or seeded. Seeded: the gap bound 2x the largest, the count the largest plus
+# one. Greedy has never tied here: test_real_defaults' greedy gap bound (measured in memory) and
+# float32's one tie, the floor of the rule (design.md section 8), not a measurement.
+COMPACT_NEAR_TIES = {GREEDY: BF16_NEAR_TIES[GREEDY], DEFAULT_SAMPLING: 0.0054}
 COMPACT_MAX_TIES = {GREEDY: 1, DEFAULT_SAMPLING: 1 + 1}
 
 
@@ -56,8 +60,8 @@ def test_a_tight_budget_streams_the_stored_forms_and_keeps_the_head_compact(comp
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 def test_specexec_over_the_compact_target_gives_its_autoregressive_tokens(compact_models, mtbench_prompts, sampling):
-    check = ExactnessCheck(compact_models.target, compact_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIES[sampling],
-                           max_ties=COMPACT_MAX_TIES[sampling])
+    check = ExactnessCheck(compact_models.target, compact_models.stop_ids, NEW_TOKENS,
+                           near_tie=COMPACT_NEAR_TIES[sampling], max_ties=COMPACT_MAX_TIES[sampling])
     engine = compact_models.engine("specexec", LiveSettings(budget=16))
     for prompt in mtbench_prompts[:PROMPTS]:
         prompt_ids = encode_prompt(compact_models.tokenizer, prompt, raw=False)
@@ -67,4 +71,4 @@ def test_specexec_over_the_compact_target_gives_its_autoregressive_tokens(compac
         comparison = check.compare(prompt_ids, reference, tokens, sampling)
         print(f"{len(prompt_ids)}-token prompt, {len(tokens)} tokens: {comparison.describe()}")
         assert comparison.acceptable, comparison.describe()
-        assert all(tie.gap <= BF16_NEAR_TIES[sampling] for tie in comparison.ties)
+        assert all(tie.gap <= COMPACT_NEAR_TIES[sampling] for tie in comparison.ties)

@@ -52,16 +52,18 @@ BF16_NEAR_TIE = 0.125
 DEFAULT_SAMPLING = SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_SEED)
 SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 # A seeded draw flips wherever rounding moves a boundary of the cumulative distribution across it;
-# its gap is T log(1 + r) (tests/exactness.py), r the draw's distance from the token's slot. Measured
-# 2026-11-26 on the AMX Xeon (2 cores, one torch thread as an xdist worker runs; scripts/bench_bf16_gaps.py,
-# docs/benchmarks.md "bf16 seeded gaps"): MT-Bench first turns 0-7 x 32 tokens, seeds 0, 1, 2, three
-# tree shapes (auto as probed, the grown trees below, a fixed budget of 64), each reply judged by
-# bf16 autoregressive decoding and by the independent loop: 144 judged replies, 53 seeded ties, the
-# largest gap 0.042 logits (r = 0.073), at most 3 ties in a reply (102 replies with none, 34 with 1,
-# 5 with 2, 3 with 3). The gap bound is 3x the largest gap (0.125 = 2.96x; a draw at most
-# e^(0.125/0.6) - 1 = 0.23 from the token's slot), the count the largest count plus one. (An earlier
-# note put the largest gap at 6.4e-3 from one prompt: 8 prompts and 3 seeds found 6.6x that.)
-BF16_SEEDED_NEAR_TIE = 0.125
+# its gap is T log(1 + r) (tests/exactness.py), r the draw's distance from the token's slot. What this
+# module runs (MT-Bench first turns 0-2 x 32 tokens, seed 0, auto's trees and the grown ones, each
+# reply judged by bf16 autoregressive decoding and by the independent loop), measured twice at one
+# torch thread: 2026-11-26 on the AMX Xeon (scripts/bench_bf16_gaps.py, its rows in
+# docs/bench/bf16-gaps-2026-11-26/), largest gap 0.015 logits, at most 2 ties a reply; 2026-11-28 on
+# the project's AMD EPYC, twice (this module's printout, code e8d4690), largest gap 0.0211 (prompt 2),
+# at most 3 ties a reply (auto's trees, which differ from run to run, prompt 0: gaps 0.0020, 0 and
+# 0.0205 in one run, 0, 0 and 0.0072 in the other). The gap bound is 2x the largest (a draw at most
+# e^(0.042/0.6) - 1 = 0.073 from the token's slot), the count the largest plus one. (Prompts 0-7 x
+# seeds 0-2 x three tree shapes on the Xeon found gaps up to 0.0423 and 3 ties a reply,
+# docs/benchmarks.md "bf16 seeded gaps": prompts and seeds not run here.)
+BF16_SEEDED_NEAR_TIE = 0.042
 BF16_NEAR_TIES = {GREEDY: BF16_NEAR_TIE, DEFAULT_SAMPLING: BF16_SEEDED_NEAR_TIE}
 # Near-ties per 32-token reply. Greedy flips need two logits within rounding of each other: as
 # rare as in float32 (the same run: none in the 8 replies of auto's trees). Seeded: above.

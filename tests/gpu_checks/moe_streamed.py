@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 from gpu_checks import passes
-from gpu_checks.streamed_logits import TOLERANCE
 from gpu_checks.tiny_models import LAYERS
 from gpu_checks.verdict import Verdict, judged
 from gptq_moe_writer import tiny_moe, write_moe_gptq_checkpoint
@@ -24,6 +23,11 @@ from specchat.quant.gptq import GPTQSpec
 
 QUIET = Reporter(bars=False)
 SPEC = GPTQSpec(group_size=32, desc_act=True, sym=False)
+# Largest logit difference measured: 0 on the project's AMD EPYC, 2026-11-28 (RAM and disk, one and
+# two torch threads), so a CPU's logits must be equal (the streamed norms one float32 step off fail
+# it, and passed the earlier 1e-4). On CUDA the check has never got as far as a comparison
+# (docs/benchmarks.md, the H200 run): with no figure there, 1e-4 stays until one is measured.
+TOLERANCES = {"cpu": 0.0, "cuda": 1e-4}
 
 
 def moe_checkpoint(workdir: Path) -> Path:
@@ -47,10 +51,10 @@ def check_moe_streamed(tier: str, device: torch.device, workdir: Path) -> Verdic
         fetched, cached = offload.stats().fetched_bytes, len(offload.cache.places)
     finally:
         offload.close()
-    error = passes.max_difference(got, expected)
+    error, tolerance = passes.max_difference(got, expected), TOLERANCES[device.type]
     source = {"ram": "pinned RAM" if device.type == "cuda" else "RAM", "disk": "the disk file"}[tier]
     return judged(f"MoE streamed by expert from {source} ({device.type})",
-                  error <= TOLERANCE and fetched > 0 and cached > 0,
+                  error <= tolerance and fetched > 0 and cached > 0,
                   f"{LAYERS} layers through 2 slots, {passes.COUNT} passes; {fetched / 1e6:.2f} MB of experts "
                   f"fetched, {cached} experts cached on the device; largest logit difference {error:.1e} "
-                  f"(bound {TOLERANCE:g})")
+                  f"(bound {tolerance:g})")
