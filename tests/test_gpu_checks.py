@@ -229,6 +229,30 @@ def test_the_int4_products_match_a_float64_reference_and_a_wrong_weight_fails(mo
     assert failed.status == "FAIL" and failed.detail.startswith("largest relative error"), failed.detail
 
 
+def test_on_cuda_a_missing_expansion_is_a_skip_that_names_why_not_a_pass():
+    """The check claims CUDA's expansion too: where it could not run, the verdict says so (the
+    other products' errors beside the reason); past the bound it fails all the same."""
+    cuda = torch.device("cuda")
+    within = {(256, 128): {"its own": 0.0018, "fused": 0.0018}}
+    why = {"Triton is not installed, or has no device to run on"}
+    skip = int4_reference.verdict_of(cuda, within, why)
+    assert skip.status == "SKIP" and skip.detail.startswith("the expansion did not run: Triton is not"), skip.detail
+    assert "256x128: its own 0.0018, fused 0.0018" in skip.detail
+    assert int4_reference.verdict_of(cuda, within, set()).status == "PASS"
+    assert int4_reference.verdict_of(cuda, {(256, 128): {"its own": 0.5, "fused": 0.0018}}, why).status == "FAIL"
+
+
+def test_the_expansion_is_named_missing_without_triton_or_a_tile_layout(monkeypatch):
+    weight = int4_reference.random_weight(256, 128, CPU, torch.Generator().manual_seed(0))
+    linear = int4.int4_linear(weight, None, torch.bfloat16, CPU)
+    monkeypatch.setattr(int4_reference, "triton_available", lambda: False)
+    assert int4_reference.expansion_missing(linear) == "Triton is not installed, or has no device to run on"
+    monkeypatch.setattr(int4_reference, "triton_available", lambda: True)
+    assert int4_reference.expansion_missing(linear) is None  # the CPU's layout is a grid of tiles
+    monkeypatch.setattr(int4_reference, "layout_for", lambda device, in_features: None)
+    assert int4_reference.expansion_missing(linear) == "torch's int4 layout at 256 inputs is no grid of tiles"
+
+
 def script_env(**values: str) -> dict[str, str]:
     """The environment the shell entry runs in: this interpreter (a venv need not be on PATH), and `values`."""
     return os.environ | {"PYTHON": sys.executable} | values
