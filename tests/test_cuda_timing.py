@@ -211,10 +211,11 @@ def test_the_streamer_meters_each_wait_for_a_layer_and_reports_the_meter():
         def stats(self):
             return TransferStats()
 
-    streamer = Streamer([0, 1], slots=2, transport=Transport(), meter=Meter())
-    streamer.acquire(0)
-    assert log == ["start", ("finish", 0), ("stop", 1)]
-    assert streamer.stats().stall_s == 7.0
+    streamer = Streamer([0, 1], slots=2, transport=Transport(), meter=Meter(), start_meter=Meter())
+    streamer.acquire(0)  # the pass's first streamed layer: the start meter's
+    streamer.acquire(1)
+    assert log == ["start", ("finish", 0), ("stop", 1), "start", ("finish", 1), ("stop", 4)]
+    assert streamer.stats().stall_s == 14.0 and streamer.stats().start_stall_s == 7.0
 
 
 def test_the_link_is_not_busy_while_the_loader_waits_for_compute_to_free_a_slot():
