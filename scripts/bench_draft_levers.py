@@ -19,11 +19,12 @@ import torch
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.machine import describe_machine
 from specchat.bench.measure import run_prompts
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import DTYPES, FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
@@ -60,7 +61,7 @@ def draft_for(label: str, dtype: torch.dtype, stop_ids: frozenset[int]) -> Causa
 
 def measure(label: str, target: CausalLM, stop_ids: frozenset[int], prompts: list[list[int]], args) -> dict:
     draft = draft_for(label, DTYPES[args.dtype], stop_ids)
-    engine = SpecExecEngine(target, draft, stop_ids, TreeShape(budget=args.budget))
+    engine = TreeEngine(SPECEXEC, target, draft, stop_ids, TreeShape(budget=args.budget))
     sampling = SamplingParams(args.temperature, args.top_p, args.seed)
     run_prompts(engine, prompts[:1], 8, sampling)  # warm-up: first-call allocations
     events, wall = run_prompts(engine, prompts, args.max_new_tokens, sampling)

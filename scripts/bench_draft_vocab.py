@@ -13,11 +13,12 @@ import torch
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.measure import run_prompts
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -45,7 +46,7 @@ def main() -> None:
         draft = approximate_draft(loaded.model, loaded.tokenizer, loaded.directory, False, vocab or None, stop_ids)
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for budget in (int(k) for k in args.budgets.split(",")):
-                engine = SpecExecEngine(CausalLM(target.model), draft, stop_ids, TreeShape(budget=budget))
+                engine = TreeEngine(SPECEXEC, CausalLM(target.model), draft, stop_ids, TreeShape(budget=budget))
                 events, _ = run_prompts(engine, prompts, args.max_new_tokens, SamplingParams(temperature, 0.9, 0))
                 tokens = sum(len(event.token_ids) for event in events)
                 steps = sum(event.draft_steps for event in events) / len(events)

@@ -20,11 +20,12 @@ from specchat.bench.machine import describe_machine
 from specchat.bench.measure import measure_engine
 from specchat.bench.report import pool
 from specchat.bench.results import read_rows
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import DTYPES
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -94,8 +95,8 @@ def main() -> None:
         return
     dtype = DTYPES[args.dtype]
     target, draft = load(DEFAULT_TARGET, dtype), load(DEFAULT_DRAFT, dtype)
-    engine = SpecExecEngine(
-        CausalLM(target.model), CausalLM(draft.model), stop_token_ids(target.model, target.tokenizer),
+    engine = TreeEngine(
+        SPECEXEC, CausalLM(target.model), CausalLM(draft.model), stop_token_ids(target.model, target.tokenizer),
         TreeShape(budget=16, max_depth=args.max_depth),
     )
     prompts = [encode_prompt(target.tokenizer, p, raw=False) for p in mtbench_first_turns(args.prompts)]

@@ -24,11 +24,12 @@ from exactness import Comparison, ExactnessCheck, hf_greedy  # noqa: E402
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.runtime import encode_prompt
@@ -68,7 +69,7 @@ def main() -> None:
 
     references = [hf_greedy(target, ids, n, stops, tokenizer.pad_token_id) for ids in prompts]
     for budget in (int(b) for b in args.budgets.split(",")):
-        engine = SpecExecEngine(target, draft, stops, TreeShape(budget=budget))
+        engine = TreeEngine(SPECEXEC, target, draft, stops, TreeShape(budget=budget))
         for index, (ids, reference) in enumerate(zip(prompts, references)):
             tokens, iterations = tokens_of(engine, ids, n, GREEDY)
             result = checker.compare(ids, reference, tokens, GREEDY)
@@ -78,7 +79,7 @@ def main() -> None:
 
     sampling = SamplingParams(0.6, 0.9, args.seed)
     autoregressive = AutoregressiveEngine(target, stops)
-    specexec = SpecExecEngine(target, draft, stops, TreeShape(budget=args.sampled_budget))
+    specexec = TreeEngine(SPECEXEC, target, draft, stops, TreeShape(budget=args.sampled_budget))
     for index, ids in enumerate(prompts):
         reference, _ = tokens_of(autoregressive, ids, n, sampling)
         tokens, iterations = tokens_of(specexec, ids, n, sampling)

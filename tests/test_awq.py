@@ -20,11 +20,12 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from planned import offload_planned
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.errors import SpecchatError
 from specchat.models.draft import DraftQuant, load_draft
 from specchat.models.loading import load
@@ -145,7 +146,7 @@ def test_greedy_specexec_over_an_awq_target_and_draft_emits_transformers_tokens_
         model, offload = offload_planned(directory, "tiny-awq", torch.float32, CPU, plan, QUIET)
         target = CausalLM(model, offload)
     try:
-        events = list(SpecExecEngine(target, draft, [], TreeShape(budget=16, max_depth=6)).generate(
+        events = list(TreeEngine(SPECEXEC, target, draft, [], TreeShape(budget=16, max_depth=6)).generate(
             PROMPT, NEW_TOKENS, GREEDY))
     finally:
         if offload is not None:

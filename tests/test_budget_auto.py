@@ -10,10 +10,11 @@ from test_engines import run
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import LOOK_SHARE, AutoSizer, Choice, Costs
 from specchat.decoding.calibration import MIN_TREES
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import ALONE, AUTO, DRAFTED, LiveSettings, SamplingParams
-from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.probe import doubling, probe_costs
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.probe_cache import probe_path, read_costs, write_costs
 from specchat.runtime import Models
 
@@ -37,8 +38,8 @@ def test_auto_emits_the_target_tokens(tiny_target, tiny_draft, sampling):
     assert all(0 <= e.tree_size <= 128 for e in events) and any(e.predicted_accepted > 0 for e in events)
 
 
-def auto_engine(target, draft, sizer: AutoSizer) -> SpecExecEngine:
-    return SpecExecEngine(target, draft, [], TreeShape(budget=sizer.cap, sizer=sizer), sizer)
+def auto_engine(target, draft, sizer: AutoSizer) -> TreeEngine:
+    return TreeEngine(SPECEXEC, target, draft, [], TreeShape(budget=sizer.cap, sizer=sizer), sizer)
 
 
 def test_cheap_drafting_grows_bigger_trees_than_costly_drafting(tiny_target, tiny_draft):

@@ -11,10 +11,11 @@ import torch
 
 from specchat import device_clock
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.probe import REPEATS, time_pass
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.offload import cuda as cuda_module
 from specchat.offload.build import stall_meter
 from specchat.offload.cuda import CudaStallMeter, free_bytes
@@ -88,7 +89,7 @@ def test_autoregressive_events_are_timed_on_the_synchronized_clock(log, tiny_tar
 
 
 def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock(log, tiny_target, tiny_draft):
-    engine = SpecExecEngine(OnFakeCuda(tiny_target, log), OnFakeCuda(tiny_draft, log), [],
+    engine = TreeEngine(SPECEXEC, OnFakeCuda(tiny_target, log), OnFakeCuda(tiny_draft, log), [],
                             TreeShape(budget=4, max_depth=2))
     first, *later = list(engine.generate([1, 2, 3], 6, GREEDY))
     assert first.target_s == 1.0 and later

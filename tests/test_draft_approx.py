@@ -10,10 +10,11 @@ from conftest import build_tiny, perturbed
 from test_engines import run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_approx import DroppedHead, approximate_draft
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
@@ -181,7 +182,7 @@ def test_a_sub_vocabulary_head_scores_only_its_tokens(tmp_path):
 def test_specexec_over_an_approximated_draft_emits_the_target_tokens(tiny_target, tmp_path, sampling, vocab_size, int8):
     draft = approximated(1, tmp_path, vocab_size, int8)
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
-    engine = SpecExecEngine(tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
+    engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
     assert run(engine, sampling)[0] == reference
 
 
@@ -200,7 +201,7 @@ class RandomDraft(CausalLM):
 def test_a_draft_with_random_logits_still_gives_exact_output(tiny_target, tiny_draft, sampling):
     torch.manual_seed(5)
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
-    engine = SpecExecEngine(tiny_target, RandomDraft(tiny_draft.model), [], TreeShape(budget=12, max_depth=6))
+    engine = TreeEngine(SPECEXEC, tiny_target, RandomDraft(tiny_draft.model), [], TreeShape(budget=12, max_depth=6))
     assert run(engine, sampling)[0] == reference
 
 

@@ -5,9 +5,11 @@ import torch
 from test_tree import path_to
 from transformers import DynamicCache
 
-from specchat.decoding.drafter import GrownTree, TreeShape, catch_up, grow_tree
+from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
+from specchat.decoding.specexec import catch_up, grow
+from specchat.decoding.tree import GrownTree, TreeShape
 
 PROMPT = [3, 1, 4, 1, 5]
 
@@ -16,7 +18,8 @@ def grow_after_prompt(draft: CausalLM, shape: TreeShape, temperature: float,
                       cache: DynamicCache | None = None) -> GrownTree:
     """The tree after PROMPT, from an empty draft cache (pass `cache` to inspect it)."""
     cache = new_cache() if cache is None else cache
-    return grow_tree(draft, cache, catch_up(draft, cache, torch.tensor(PROMPT), 0), shape, temperature)
+    root = catch_up(draft, cache, torch.tensor(PROMPT), 0)
+    return grow(draft, cache, root, shape, SamplingParams(temperature=temperature))
 
 
 def next_logprobs(model: CausalLM, prefix: list[int], temperature: float) -> torch.Tensor:

@@ -7,11 +7,12 @@ import torch
 from scipy.stats import chisquare
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.sampling import filtered_probs
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 PROMPT = [7, 3, 9, 2, 11, 5]
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
@@ -38,7 +39,7 @@ def test_autoregressive_greedy_equals_hf_generate(tiny_target):
 )
 def test_specexec_matches_autoregressive(tiny_target, tiny_draft, budget, depth, sampling):
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
-    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=budget, max_depth=depth))
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=budget, max_depth=depth))
     tokens, events = run(engine, sampling)
     assert tokens == reference
     assert all(e.tree_size <= budget and e.depth <= depth for e in events)
@@ -46,7 +47,7 @@ def test_specexec_matches_autoregressive(tiny_target, tiny_draft, budget, depth,
 
 
 def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):
-    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8))
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8))
     _, events = run(engine, GREEDY)
     assert sum(e.accepted for e in events) > 0
     assert len(events) < 40  # fewer target passes than tokens
@@ -54,7 +55,7 @@ def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):
 
 def test_self_draft_accepts_whole_greedy_chain(tiny_target):
     """With the target as its own draft and a chain-shaped tree, every draft token is accepted."""
-    engine = SpecExecEngine(tiny_target, tiny_target, [], TreeShape(budget=6, max_depth=6, max_children=1))
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_target, [], TreeShape(budget=6, max_depth=6, max_children=1))
     tokens, events = run(engine, GREEDY, max_new_tokens=22)
     assert [e.accepted for e in events] == [0, 6, 6, 6]  # the prompt's pass emits the first token
     assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 22)[0]
@@ -66,7 +67,7 @@ def test_stops_at_stop_token(tiny_target, tiny_draft):
     first = reference.index(stop)
     for engine in (
         AutoregressiveEngine(tiny_target, [stop]),
-        SpecExecEngine(tiny_target, tiny_draft, [stop], TreeShape(budget=16, max_depth=6)),
+        TreeEngine(SPECEXEC, tiny_target, tiny_draft, [stop], TreeShape(budget=16, max_depth=6)),
     ):
         tokens, events = run(engine, GREEDY)
         assert tokens == reference[: first + 1]
@@ -74,7 +75,7 @@ def test_stops_at_stop_token(tiny_target, tiny_draft):
 
 
 def test_budget_change_applies_mid_reply(tiny_target, tiny_draft):
-    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=4, max_depth=4))
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=4, max_depth=4))
     stream = engine.generate(PROMPT, 30, GREEDY)
     first = next(stream)
     engine.apply(LiveSettings(budget=20))
@@ -101,7 +102,7 @@ def test_specexec_sampled_distribution_chi_square(tiny_target, tiny_draft):
     """Across seeds, the third token (the second the trees give, after the prompt's pass gave
     the first) follows the filtered target distribution."""
     base = SamplingParams(temperature=1.3, top_p=0.95, seed=0)
-    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=6, max_depth=2))
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=6, max_depth=2))
     samples = [run(engine, SamplingParams(base.temperature, base.top_p, seed), max_new_tokens=3) for seed in range(600)]
     # both routes to the third token occur: accepted from the first tree, and drawn at a new root
     assert {len(events) for _, events in samples} == {2, 3}
@@ -126,7 +127,7 @@ def chi_square_pvalue(observed: list[int], probs: torch.Tensor) -> float:
 
 
 def test_depth_change_applies_mid_reply(tiny_target, tiny_draft):
-    engine = SpecExecEngine(tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=1))
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=1))
     stream = engine.generate(PROMPT, 30, GREEDY)
     prefilled, first = next(stream), next(stream)
     engine.apply(LiveSettings(depth=6))

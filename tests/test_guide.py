@@ -13,12 +13,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammars, unpack
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specexec import SPECEXEC, catch_up, grow
+from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.errors import SpecchatError
 
 # the tiny models' 50 ids: 0 unknown, 1 the end of a reply, then characters
@@ -78,8 +79,8 @@ def test_the_draft_tree_grows_only_through_allowed_tokens(tiny_draft, grammars):
     brace = 2 + CHARACTERS.index("{")
     guide.accept(brace)  # the reply so far: "{"
     cache = new_cache()
-    grown = grow_tree(tiny_draft, cache, catch_up(tiny_draft, cache, torch.tensor(PROMPT + [brace]), 0),
-                      TreeShape(budget=24, max_depth=4), 1.0, guide)
+    grown = grow(tiny_draft, cache, catch_up(tiny_draft, cache, torch.tensor(PROMPT + [brace]), 0),
+                 TreeShape(budget=24, max_depth=4), SamplingParams(temperature=1.0, guide=guide))
     tree = grown.tree
     assert tree.size == 24
     for node in range(1, tree.tokens.numel()):
@@ -109,7 +110,7 @@ def test_specexec_under_a_grammar_emits_constrained_autoregressive_decoding(tiny
         return [t for e in events for t in e.token_ids]
 
     reference = reply(AutoregressiveEngine(tiny_target, {STOP}))
-    tokens = reply(SpecExecEngine(tiny_target, tiny_draft, {STOP}, TreeShape(budget=budget, max_depth=6)))
+    tokens = reply(TreeEngine(SPECEXEC, tiny_target, tiny_draft, {STOP}, TreeShape(budget=budget, max_depth=6)))
     assert tokens == reference
     assert reference_allows(grammars, reference)
     if reference[-1] == STOP:  # finished: a whole document of the schema
@@ -118,7 +119,7 @@ def test_specexec_under_a_grammar_emits_constrained_autoregressive_decoding(tiny
 
 
 def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, grammars):
-    engine = SpecInferEngine(tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
+    engine = TreeEngine(SPECINFER, tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
     with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar or log"):
         list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))
 

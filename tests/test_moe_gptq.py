@@ -25,11 +25,12 @@ from specchat.checkpoint.layout import layout_of
 from specchat.checkpoint.names import model_names
 from specchat.checkpoint.skeleton import build_skeleton, decoder_layers
 from specchat.checkpoint.sources import SafetensorsSource
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.errors import SpecchatError
 from specchat.models.configs import read_config
 from specchat.offload.build import offload_model
@@ -219,7 +220,7 @@ def assert_specexec_emits_transformers_tokens(target: CausalLM, draft: CausalLM,
     from specchat's loader (fused experts, its own routing): up to float32's near-ties
     (tests/exactness.py), as the same weights summed in another order differ; some drafted tokens
     accepted."""
-    engine = SpecExecEngine(target, draft, [], TreeShape(budget=16, max_depth=6))
+    engine = TreeEngine(SPECEXEC, target, draft, [], TreeShape(budget=16, max_depth=6))
     events = list(engine.generate(PROMPT, NEW_TOKENS, sampling))
     tokens = [t for e in events for t in e.token_ids]
     assert_transformers_tokens(dense, PROMPT, tokens, NEW_TOKENS, sampling, (), NEAR_TIE, MAX_TIES)

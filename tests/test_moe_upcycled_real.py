@@ -27,11 +27,12 @@ from test_moe_streaming import record_routes
 from test_real_defaults import BF16_MAX_TIES, BF16_MAX_TIES_WITH_COPIES, BF16_NEAR_TIES, DEFAULT_SAMPLING
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.embedded import ensure_embedded
 from specchat.models.loading import load_tokenizer
 from specchat.models.registry import DEFAULT_TARGET
@@ -89,7 +90,7 @@ def tokens_and_events(engine, pair: MoePair, sampling) -> tuple[list[int], list]
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 def test_specexec_over_the_upcycled_moe_gives_its_autoregressive_tokens(moe_pair, sampling):
     reference, _ = tokens_and_events(AutoregressiveEngine(moe_pair.target, moe_pair.stop_ids), moe_pair, sampling)
-    engine = SpecExecEngine(moe_pair.target, moe_pair.draft, moe_pair.stop_ids, TreeShape(budget=32))
+    engine = TreeEngine(SPECEXEC, moe_pair.target, moe_pair.draft, moe_pair.stop_ids, TreeShape(budget=32))
     tokens, events = tokens_and_events(engine, moe_pair, sampling)
     copies = any(isinstance(m, Int4Linear) and m.dense is not None for m in moe_pair.target.model.modules())
     max_ties = (BF16_MAX_TIES_WITH_COPIES if copies else BF16_MAX_TIES)[sampling]

@@ -7,11 +7,12 @@ import pytest
 import torch
 from conftest import load_real_pair
 
-from specchat.decoding.drafter import TreeShape, catch_up, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC, catch_up, grow
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.heap_trim import release_free_heap
 from specchat.models.loading import load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
@@ -53,8 +54,8 @@ def case(mtbench_prompts):
     prompt = pair.chat(mtbench_prompts[0])
     draft_cache = new_cache()
     root = catch_up(pair.draft, draft_cache, torch.tensor(prompt), 0)
-    grown = grow_tree(pair.draft, draft_cache, root, TreeShape(budget=32), 0.0)
-    greedy = SpecExecEngine(pair.target, pair.draft, pair.stop_ids, TreeShape(budget=32))
+    grown = grow(pair.draft, draft_cache, root, TreeShape(budget=32), SamplingParams(temperature=0.0))
+    greedy = TreeEngine(SPECEXEC, pair.target, pair.draft, pair.stop_ids, TreeShape(budget=32))
     result = {
         "prompt": prompt,
         "tree": grown.tree,
@@ -82,7 +83,7 @@ def test_offloaded_target_matches_in_memory(case, offload_dir, tier):
         prompt = case["prompt"]
         torch.testing.assert_close(sequential_rows(lm, prompt, 4), case["sequential"], atol=TOLERANCE, rtol=0)
         torch.testing.assert_close(tree_rows(lm, prompt, case["tree"]), case["tree_rows"], atol=TOLERANCE, rtol=0)
-        engine = SpecExecEngine(lm, case["draft"], case["stop_ids"], TreeShape(budget=32))
+        engine = TreeEngine(SPECEXEC, lm, case["draft"], case["stop_ids"], TreeShape(budget=32))
         events = list(engine.generate(prompt, 12, GREEDY))
         assert [t for e in events for t in e.token_ids] == case["tokens"]
         # every pass streams its 8 layers; the ring's 3 slots were filled before the reply began

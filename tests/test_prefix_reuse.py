@@ -11,13 +11,14 @@ from test_dsi_engine import dsi
 from test_engines import GREEDY, PROMPT
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.chain_sd import ChainSDEngine
-from specchat.decoding.drafter import TreeShape
+from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.prefix import PrefixCache, common_prefix
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 SEEDED = SamplingParams(0.8, 0.95, seed=3)
 END, USER = [1], [2, 4]  # stand-ins for a chat template's end-of-turn and user-header tokens
@@ -34,9 +35,9 @@ def engine_named(name: str, target, draft):
         return
     yield {
         "autoregressive": lambda: AutoregressiveEngine(target, []),
-        "specexec": lambda: SpecExecEngine(target, draft, [], shape),
-        "specinfer": lambda: SpecInferEngine(target, draft, [], shape),
-        "sd": lambda: ChainSDEngine(target, draft, [], shape),
+        "specexec": lambda: TreeEngine(SPECEXEC, target, draft, [], shape),
+        "specinfer": lambda: TreeEngine(SPECINFER, target, draft, [], shape),
+        "sd": lambda: TreeEngine(CHAIN_SD, target, draft, [], shape),
     }[name]()
 
 

@@ -9,9 +9,10 @@ from exactness import ExactnessCheck
 from test_engines import GREEDY
 
 from specchat.bench.datasets import mtbench_questions
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.prefix import common_prefix
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 pytestmark = pytest.mark.real
 
@@ -41,7 +42,7 @@ def test_three_turns_with_reuse_equal_fresh_prefills(real_pair, sampling):
     real_check = ExactnessCheck(real_pair.target, real_pair.stop_ids, NEW_TOKENS)
 
     def make():
-        return SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+        return TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
 
     kept, messages, previous = make(), [], []
     for turn, question in enumerate(three_questions()):

@@ -19,13 +19,14 @@ from test_engines import GREEDY
 from test_sampling import hf_filter
 
 from specchat.decoding.autosize import Costs
-from specchat.decoding.chain_sd import ChainSDEngine
-from specchat.decoding.drafter import TreeShape
+from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import ALONE, DRAFTED
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.sampling import filter_logits, nucleus_floor
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
 from specchat.quant.int8 import Int8Linear
@@ -49,7 +50,7 @@ def assert_equals_hf_greedy(real_check, engine, references) -> None:
 
 def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_references):
     """K=64; smaller and changing trees: the sub-vocabulary test (K=16) and --budget auto below."""
-    engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=64))
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=64))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
@@ -57,12 +58,12 @@ def test_greedy_specexec_equals_hf_generate(real_pair, real_check, greedy_refere
 # the module that holds the pair and HF's greedy references: in a module of their own each loaded the
 # pair again (~15 s on the AMX Xeon), and under xdist computed the references again on its worker.
 def test_greedy_sd_equals_hf_generate(real_pair, real_check, greedy_references):
-    engine = ChainSDEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=8))
+    engine = TreeEngine(CHAIN_SD, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=8))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
 def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_references):
-    engine = SpecInferEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+    engine = TreeEngine(SPECINFER, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
@@ -71,7 +72,7 @@ def test_an_int8_sub_vocabulary_draft_keeps_greedy_exact(real_pair, real_check, 
     picks int8 only where it is faster; the sub-vocabulary head is an option): every
     approximation the app offers is tested."""
     draft = real_draft(int8=True, vocab_size=FR_SPEC_VOCAB)
-    engine = SpecExecEngine(real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
+    engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
@@ -93,7 +94,7 @@ def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_r
     test_greedy_specexec_equals_hf_generate's."""
     costs = Costs(target_n=(1, 1025), target_s=(2.0, 2.2), draft_b=(1, 64, 128), draft_s=(0.05, 0.1, 0.2))
     sizer = Alternating(costs, cap=CAP)
-    engine = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids,
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids,
                             TreeShape(budget=sizer.cap, sizer=sizer), sizer)
     references = greedy_references if sampling is GREEDY else seeded_references
     for prompt_ids, reference in references:
@@ -123,7 +124,7 @@ def test_an_int8_copy_of_the_target_as_draft_keeps_sampling_exact(real_pair, rea
     whole branches are accepted, and every emitted token is still the seeded target's."""
     draft = int8_copy(real_pair)
     assert not any(isinstance(module, Int8Linear) for module in real_pair.target.model.modules())
-    engine = SpecExecEngine(real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=32))
+    engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=32))
     for prompt_ids, reference in seeded_references:
         tokens, events = emitted(engine, prompt_ids, PAPER_SAMPLING)
         comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)

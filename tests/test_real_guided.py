@@ -14,10 +14,11 @@ import torch
 from conftest import PAPER_SAMPLING
 from reference_loop import reference_decode
 
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammars
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.structured import call_grammar, split_calls
 
 pytestmark = pytest.mark.real
@@ -73,7 +74,7 @@ def test_specexec_under_a_grammar_equals_constrained_decoding_and_the_independen
     reference = reference_decode(real_pair.target.model, prompt_ids, NEW_TOKENS, sampling.temperature, sampling.top_p,
                                  sampling.seed, real_pair.stop_ids, use_cache=True,
                                  allowed=MatcherMask(independent, grammar.text))
-    specexec = SpecExecEngine(real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+    specexec = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
     events = list(specexec.generate(prompt_ids, NEW_TOKENS, SamplingParams(
         sampling.temperature, sampling.top_p, sampling.seed, guide=grammar.start())))
     tokens = [t for e in events for t in e.token_ids]

@@ -16,11 +16,12 @@ from test_dsi_engine import dsi
 from test_engines import GREEDY
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.chain_sd import ChainSDEngine
-from specchat.decoding.drafter import TreeShape
+from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 NEW_TOKENS = 40
 PROMPTS = ([7, 3, 9, 2, 11, 5], [1], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41])
@@ -94,7 +95,7 @@ def test_autoregressive_equals_the_reference(target, sampling, reference):
 @pytest.mark.parametrize("budget,depth", [(1, 1), (8, 4), (100, 12)])
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 def test_specexec_equals_the_reference(target, drafts, draft, budget, depth, sampling, reference):
-    engine = SpecExecEngine(target, drafts[draft], [], TreeShape(budget=budget, max_depth=depth))
+    engine = TreeEngine(SPECEXEC, target, drafts[draft], [], TreeShape(budget=budget, max_depth=depth))
     for prompt in PROMPTS:
         tokens, events = emitted(engine, prompt, sampling)
         assert tokens == reference(prompt, sampling)
@@ -111,10 +112,10 @@ def test_dsi_equals_the_reference(target, drafts, workers, lookahead, sampling, 
             assert tokens == reference(prompt, sampling)
 
 
-@pytest.mark.parametrize("factory", [ChainSDEngine, SpecInferEngine], ids=["sd", "specinfer"])
+@pytest.mark.parametrize("strategy", [CHAIN_SD, SPECINFER], ids=["sd", "specinfer"])
 @pytest.mark.parametrize("draft", ["close", "rough"])
-def test_sd_and_specinfer_equal_the_greedy_reference(target, drafts, factory, draft, reference):
-    engine = factory(target, drafts[draft], [], TreeShape(budget=8, max_depth=4))
+def test_sd_and_specinfer_equal_the_greedy_reference(target, drafts, strategy, draft, reference):
+    engine = TreeEngine(strategy, target, drafts[draft], [], TreeShape(budget=8, max_depth=4))
     for prompt in PROMPTS:
         tokens, _ = emitted(engine, prompt, GREEDY)
         assert tokens == reference(prompt, GREEDY)
@@ -128,7 +129,7 @@ def test_a_stop_token_ends_every_exact_engine_where_it_ends_the_reference(target
     expected = reference(prompt, sampling, stop_ids=(stop,))
     assert expected[-1] == stop and len(expected) <= 8
     engines = [AutoregressiveEngine(target, [stop]),
-               SpecExecEngine(target, drafts["close"], [stop], TreeShape(budget=32, max_depth=8))]
+               TreeEngine(SPECEXEC, target, drafts["close"], [stop], TreeShape(budget=32, max_depth=8))]
     for engine in engines:
         tokens, events = emitted(engine, prompt, sampling)
         assert tokens == expected and events[-1].finished

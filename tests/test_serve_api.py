@@ -12,9 +12,10 @@ import pytest
 from serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, serving, user
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.scheduler import Scheduler
 from specchat.tui.fake import REPLY, FakeEngine
 
@@ -203,7 +204,7 @@ def test_an_engine_failure_is_one_line_500_and_the_server_goes_on(caplog):
 
 
 def tiny_engine(tiny_target, tiny_draft):
-    return SpecExecEngine(tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    return TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
 
 
 def greedy_text(tiny_target, prompt_ids: list[int], max_new_tokens: int) -> str:

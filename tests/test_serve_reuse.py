@@ -9,9 +9,10 @@ import pytest
 from serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, serving
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 REPLY_TOKENS = 12
 # Recomputed besides the new messages: at most the reply's last token (sampled, never run through
@@ -35,7 +36,7 @@ def greedy_text(target, prompt_ids: list[int]) -> str:
 
 @pytest.mark.parametrize("slots", [1, 2])
 def test_a_second_turn_prefills_only_the_new_messages(tiny_target, tiny_draft, slots):
-    engines = [SpecExecEngine(tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    engines = [TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
                for _ in range(slots)]
     app, _ = make_app(engines, tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
     first = [{"role": "user", "content": "hello there"}]

@@ -10,15 +10,17 @@ from test_sd import (
     assert_reproducible, assert_stops_at_stop_token, assert_token_limit,
 )
 
-from specchat.decoding.drafter import TreeShape, catch_up
 from specchat.decoding.events import LiveSettings
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specinfer import SpecInferEngine, specinfer_layout
+from specchat.decoding.specexec import catch_up
+from specchat.decoding.specinfer import SPECINFER, specinfer_layout
 from specchat.decoding.stems import StemLayout, draft_stems
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 
 def specinfer(target, draft):
-    return lambda stop_ids, shape: SpecInferEngine(target, draft, stop_ids, shape)
+    return lambda stop_ids, shape: TreeEngine(SPECINFER, target, draft, stop_ids, shape)
 
 
 @pytest.mark.parametrize(
@@ -57,20 +59,20 @@ def test_stem_tree_merges_prefixes_and_keeps_one_candidate_per_stem(tiny_target,
 @pytest.mark.parametrize("budget,depth", [(1, 1), (4, 24), (16, 8), (40, 12)])
 def test_greedy_specinfer_equals_autoregressive(tiny_target, tiny_draft, budget, depth):
     """120 tokens over many iterations, so the pruned caches are exercised too."""
-    engine = SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget, depth))
+    engine = TreeEngine(SPECINFER, tiny_target, tiny_draft, [], TreeShape(budget, depth))
     events = assert_greedy_equals_autoregressive(tiny_target, engine, max_new_tokens=120)
     assert all(e.tree_size <= budget and e.depth <= depth for e in events) and len(events) > 20
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_specinfer_same_seed_same_tokens_and_iterations(tiny_target, tiny_draft, sampling):
-    assert_reproducible(SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget=16, max_depth=8)), sampling)
+    assert_reproducible(TreeEngine(SPECINFER, tiny_target, tiny_draft, [], TreeShape(budget=16, max_depth=8)), sampling)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_specinfer_sampled_trees_stay_within_budget(tiny_target, rough_draft, sampling):
     for budget in (2, 5, 16, 30):
-        _, events = run(SpecInferEngine(tiny_target, rough_draft, [], TreeShape(budget, 8)), sampling)
+        _, events = run(TreeEngine(SPECINFER, tiny_target, rough_draft, [], TreeShape(budget, 8)), sampling)
         assert all(e.tree_size <= budget and e.depth <= 8 for e in events)
 
 
@@ -78,7 +80,7 @@ def test_specinfer_sampled_trees_stay_within_budget(tiny_target, rough_draft, sa
 def test_specinfer_first_and_second_tokens_follow_the_target(tiny_target, rough_draft, sampling):
     """Budget 4: two stems of two tokens, so the first token may be the first or the second
     candidate or a residual sample after both were rejected, and likewise at depth two."""
-    engine = SpecInferEngine(tiny_target, rough_draft, [], TreeShape(budget=4, max_depth=4))
+    engine = TreeEngine(SPECINFER, tiny_target, rough_draft, [], TreeShape(budget=4, max_depth=4))
     routes = assert_follows_target(tiny_target, engine, sampling)
     assert routes[(2,)] > 0 and routes[(1,)] > 0 and routes[(0, 1)] + routes[(0, 0)] > 0
 
@@ -87,7 +89,7 @@ def test_specinfer_first_and_second_tokens_follow_the_target(tiny_target, rough_
 def test_self_drafted_specinfer_accepts_a_whole_stem_every_iteration(tiny_target, sampling):
     """p == q (up to float64 rounding), so the first candidate at every node is accepted; a
     misaligned slot or position in either cache would break that across iterations."""
-    _, events = run(SpecInferEngine(tiny_target, tiny_target, [], TreeShape(budget=9, max_depth=8)), sampling, 33)
+    _, events = run(TreeEngine(SPECINFER, tiny_target, tiny_target, [], TreeShape(budget=9, max_depth=8)), sampling, 33)
     assert [e.accepted for e in events] == [0] + [3] * 8  # the prompt's pass emits the first token
 
 
@@ -97,7 +99,7 @@ def test_specinfer_respects_stop_tokens_and_the_token_limit(tiny_target, tiny_dr
 
 
 def test_specinfer_budget_change_applies_mid_reply(tiny_target, tiny_draft):
-    engine = SpecInferEngine(tiny_target, tiny_draft, [], TreeShape(budget=1, max_depth=8))
+    engine = TreeEngine(SPECINFER, tiny_target, tiny_draft, [], TreeShape(budget=1, max_depth=8))
     stream = engine.generate(PROMPT, 30, SAMPLINGS[1])
     next(stream)  # the prompt's pass
     first = next(stream)

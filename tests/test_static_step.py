@@ -7,11 +7,12 @@ import torch
 from test_engines import GREEDY, PROMPT, run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
 CAPACITY = 128
@@ -67,7 +68,7 @@ def test_specexec_with_the_static_step_grows_the_eager_trees(tiny_target, tiny_d
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     outcomes = []
     for draft in (tiny_draft, static_draft(tiny_draft, CAPACITY, capture=False)):
-        engine = SpecExecEngine(tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
+        engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
         tokens, events = run(engine, sampling)
         outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
     assert outcomes[0][0] == outcomes[1][0] == reference

@@ -8,17 +8,18 @@ import torch
 from test_engines import GREEDY, PROMPT
 
 from specchat import device_clock
-from specchat.decoding import tree_engine
-from specchat.decoding.chain_sd import ChainSDEngine
-from specchat.decoding.drafter import TreeShape
+from specchat.decoding import node_logits
+from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.transfer import TransferStats
 
-FACTORIES = [SpecExecEngine, SpecInferEngine, ChainSDEngine]
+STRATEGIES = [SPECEXEC, SPECINFER, CHAIN_SD]
 SAMPLINGS = [GREEDY, SamplingParams(1.0, 1.0, seed=5)]
 TARGET_PASS_S, DRAFT_FORWARD_S = 1000.0, 1.0
 
@@ -33,10 +34,10 @@ def assert_holds(cache, model: CausalLM, tokens: list[int]) -> None:
         torch.testing.assert_close(layer.values, expected.values, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("make", FACTORIES)
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_both_caches_hold_the_committed_sequence_after_every_iteration(tiny_target, tiny_draft, make, sampling):
-    engine = make(tiny_target, tiny_draft, [], TreeShape(budget=12, max_depth=5))
+def test_both_caches_hold_the_committed_sequence_after_every_iteration(tiny_target, tiny_draft, strategy, sampling):
+    engine = TreeEngine(strategy, tiny_target, tiny_draft, [], TreeShape(budget=12, max_depth=5))
     seq, target_cache, draft_cache = list(PROMPT), new_cache(), new_cache()
     tiny_target.hidden(torch.tensor(seq[:-1]), torch.arange(len(seq) - 1), target_cache)
     for _ in range(8):
@@ -83,9 +84,9 @@ class Metered(CausalLM):
         return super().hidden(tokens, positions, cache, mask)
 
 
-@pytest.mark.parametrize("make", FACTORIES)
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:1]])
-def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draft, monkeypatch, make, prompt):
+def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draft, monkeypatch, strategy, prompt):
     """The prompt is one target pass that emits the first token (the prefill's event: no draft,
     no tree); then each event's draft time is its draft forwards (draft_steps of them, the
     draft's own prompt pass the first one's catch-up) and its target time the one pass over the
@@ -95,7 +96,7 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     monkeypatch.setattr(device_clock, "perf_counter", clock)  # the engine reads the clock through now()
     target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
     draft = Metered(tiny_draft.model, None, clock=clock, cost=DRAFT_FORWARD_S)
-    first, *trees = make(target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1])
+    first, *trees = TreeEngine(strategy, target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1])
     assert len(trees) > 3
     assert len(first.token_ids) == 1 and first.tree_size == 0 and first.draft_s == 0
     assert first.target_s == first.prefill_s == TARGET_PASS_S
@@ -113,9 +114,9 @@ def test_upfront_nodes_are_the_likeliest_path_then_the_likeliest_others():
     #     -> 2 (-0.2) -> 4 (-0.25)
     tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
                       (5, 3, 3, -0.9)])
-    assert tree_engine.upfront_nodes(tree, 5) == [0, 1, 3, 5, 2]
-    assert tree_engine.upfront_nodes(tree, 6) == [0, 1, 3, 5, 2, 4]
-    assert tree_engine.upfront_nodes(tree, 2) == [0, 1, 3, 5]  # the path whole, however long
+    assert node_logits.upfront_nodes(tree, 5) == [0, 1, 3, 5, 2]
+    assert node_logits.upfront_nodes(tree, 6) == [0, 1, 3, 5, 2, 4]
+    assert node_logits.upfront_nodes(tree, 2) == [0, 1, 3, 5]  # the path whole, however long
 
 
 class CountingHead:
@@ -137,8 +138,8 @@ def test_a_node_off_the_upfront_rows_is_computed_with_the_likeliest_path_below_i
     tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
                       (5, 4, 3, -0.4), (6, 2, 2, -0.9)])
     head = CountingHead()
-    logits = tree_engine.NodeLogits(head, tree, torch.arange(7, dtype=torch.float32).unsqueeze(1))
-    logits.compute(tree_engine.upfront_nodes(tree, 3))
+    logits = node_logits.NodeLogits(head, tree, torch.arange(7, dtype=torch.float32).unsqueeze(1))
+    logits.compute(node_logits.upfront_nodes(tree, 3))
     assert head.calls == [[0, 1, 3]]
     assert logits.of(2).tolist() == [2.0]  # the walk left the likeliest path at the root
     assert head.calls[1] == [2, 4, 5]  # one batch: the node and the likeliest path below it

@@ -9,8 +9,8 @@ from test_tree import path_to
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.sampling import sample_token
-from specchat.decoding.tree import DraftTree
-from specchat.decoding.verifier import Verdict, verify
+from specchat.decoding.specexec import Verdict, walk
+from specchat.decoding.tree import DraftTree, GrownTree
 
 VOCAB = 8
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
@@ -33,6 +33,11 @@ def make_tree(rows: list[tuple[int, int, int]]) -> DraftTree:
         depths=torch.tensor(depths, dtype=torch.long),
         logprobs=-torch.tensor(depths, dtype=torch.float32),
     )
+
+
+def verify(tree: DraftTree, *args, **kwargs) -> Verdict:
+    """SpecExec's walk (Algorithm 1) down a hand-built tree, one the draft never ran."""
+    return walk(GrownTree(tree, draft_slots=torch.full_like(tree.tokens, -1), steps=0), *args, **kwargs)
 
 
 @pytest.fixture

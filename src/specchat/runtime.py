@@ -10,15 +10,16 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.chain_sd import ChainSDEngine
-from specchat.decoding.drafter import TreeShape
+from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.events import AUTO, Engine, LiveSettings, SamplingParams  # SamplingParams: for the CLI
 from specchat.decoding.probe import probe_costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.guide import Grammars
-from specchat.decoding.specexec import SpecExecEngine
-from specchat.decoding.specinfer import SpecInferEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.dsi.build import default_workers  # for the CLI
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
@@ -114,12 +115,12 @@ class Models:
         ranked = bool(settings.ranked_tree)
         if name != "specexec":  # only SpecExec sizes its own trees: the others take the device's default
             budget = default_budget(cuda, offloaded) if budget == AUTO else budget
-            return TREE_ENGINES[name](self.target, self.draft, self.stop_ids,
-                                      TreeShape(budget=budget, max_depth=depth, ranked_tree=ranked))
+            return TreeEngine(TREE_STRATEGIES[name], self.target, self.draft, self.stop_ids,
+                              TreeShape(budget=budget, max_depth=depth, ranked_tree=ranked))
         sizer = self.sizer() if budget == AUTO or self.costs is not None else None
         shape = TreeShape(budget=sizer.cap, max_depth=depth, sizer=sizer, ranked_tree=ranked) if budget == AUTO else \
             TreeShape(budget=budget, max_depth=depth, ranked_tree=ranked)
-        return SpecExecEngine(self.target, self.draft, self.stop_ids, shape, sizer)
+        return TreeEngine(SPECEXEC, self.target, self.draft, self.stop_ids, shape, sizer)
 
     def sizer(self) -> AutoSizer:
         """A fresh --budget auto sizer over this pair's costs, probed on first use (and kept in
@@ -151,7 +152,7 @@ class Models:
             self.workers.close()
 
 
-TREE_ENGINES = {"specexec": SpecExecEngine, "sd": ChainSDEngine, "specinfer": SpecInferEngine}
+TREE_STRATEGIES = {strategy.name: strategy for strategy in (SPECEXEC, CHAIN_SD, SPECINFER)}
 
 
 def transfer_label(device_type: str, placement: Placement | None) -> str:

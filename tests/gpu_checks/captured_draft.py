@@ -8,11 +8,12 @@ from gpu_checks.tiny_models import random_model, small_config
 from gpu_checks.verdict import Verdict, judged, skipped
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import static_draft
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
 PROMPT = [7, 3, 9, 2, 11, 5]
@@ -35,7 +36,7 @@ def check_captured_draft(device: torch.device) -> Verdict:
     details, passed = [], True
     for sampling in SAMPLINGS:
         reference, _ = replies(AutoregressiveEngine(target, []), sampling)
-        outcomes = [replies(SpecExecEngine(target, static_draft(draft, capacity, capture), [],
+        outcomes = [replies(TreeEngine(SPECEXEC, target, static_draft(draft, capacity, capture), [],
                                            TreeShape(budget=12, max_depth=6)), sampling) for capture in (False, True)]
         same_trees = outcomes[0][1] == outcomes[1][1]
         tokens_ok = outcomes[0][0] == outcomes[1][0] == reference

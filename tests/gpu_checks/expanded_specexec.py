@@ -30,10 +30,11 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, PreTrainedModel
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.offload.build import offload_model
 from specchat.progress import Reporter
 from specchat.quant import int4
@@ -121,7 +122,7 @@ def compare(target: CausalLM, draft: CausalLM, reference: PreTrainedModel, name:
     sampling = SAMPLINGS[name]
     autoregressive = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling)
                       for t in e.token_ids]
-    events = list(SpecExecEngine(target, draft, [], TreeShape(budget=64, max_depth=8)).generate(PROMPT, NEW_TOKENS,
+    events = list(TreeEngine(SPECEXEC, target, draft, [], TreeShape(budget=64, max_depth=8)).generate(PROMPT, NEW_TOKENS,
                                                                                               sampling))
     tokens = [t for e in events for t in e.token_ids]
     judge = ExactnessCheck(target, frozenset(), NEW_TOKENS, near_tie=NEAR_TIE, max_ties=MAX_TIES[name])

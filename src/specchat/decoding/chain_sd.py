@@ -3,17 +3,14 @@
 The draft samples one chain of k = min(K, D) tokens, one target pass scores it, and each token
 is accepted with probability min(1, p / q); the first rejection emits a sample of the residual
 norm(max(p - q, 0)), a fully accepted chain a bonus token from p. That is SpecInfer's multi-step
-speculative sampling with a single stem (one candidate per node), so the engine is SpecInfer's
-strategy with a one-stem layout; the math lives in speculative_sampling.py.
+speculative sampling with a single stem (one candidate per node), so the strategy is SpecInfer's
+walk over a one-stem layout; the math lives in speculative_sampling.py.
 """
 
-from collections.abc import Collection
-
-from specchat.decoding.drafter import TreeShape
-from specchat.decoding.forward import CausalLM
-from specchat.decoding.specinfer import SpecInferStrategy
-from specchat.decoding.stems import StemLayout
-from specchat.decoding.tree_engine import TreeEngine
+from specchat.decoding.specexec import TreeStrategy
+from specchat.decoding.specinfer import walk_stems
+from specchat.decoding.stems import StemLayout, stem_growth
+from specchat.decoding.tree import TreeShape
 
 
 def chain_layout(shape: TreeShape, temperature: float) -> StemLayout:
@@ -21,6 +18,4 @@ def chain_layout(shape: TreeShape, temperature: float) -> StemLayout:
     return StemLayout(stems=1, length=min(shape.max_depth, shape.budget))
 
 
-def ChainSDEngine(target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape) -> TreeEngine:
-    """The chain SD engine: a `TreeEngine` with SpecInfer's strategy over one stem."""
-    return TreeEngine("sd", SpecInferStrategy(chain_layout), target, draft, stop_ids, shape)
+CHAIN_SD = TreeStrategy("sd", grow=stem_growth(chain_layout), walk=walk_stems, guided=False)

@@ -1,36 +1,264 @@
-"""SpecExec (Svirschevski et al. 2024): draft the K likeliest continuations as a token tree
-(Algorithm 2, drafter.py), score it with one target pass, and walk it by sampling the target at
-each node (Algorithm 1, verifier.py). The loop and cache handling are `TreeEngine`'s."""
+"""One SpecExec iteration (Svirschevski et al. 2024), read top to bottom in `iterate`:
+
+1. catch_up: the draft runs the committed tokens its cache lacks; the last one is the tree's root.
+2. grow (Algorithm 2, "parallel SSSP"): the K likeliest continuations as a token tree.
+3. score: one target pass over the whole tree.
+4. walk (Algorithm 1): sample the target at each node, down the tree while it holds the token.
+5. prune: both caches keep the committed prefix and the accepted path.
+
+Cache invariant between iterations, for the committed sequence `seq` of length L:
+- the target cache holds exactly seq[:L-1]; the tree's root is seq[L-1], so one pass over the
+  tree yields the target distribution for position L and for every drafted continuation;
+- the draft cache holds some prefix of seq (what it computed on the accepted path); catch_up runs
+  the rest before the next tree grows. The prefix is never recomputed.
+
+SpecInfer and chain SD (specinfer.py, chain_sd.py) run this same iteration with their own grow and
+walk (a `TreeStrategy`); `TreeEngine` (tree_engine.py) runs iterations into a reply. The shared
+pieces are imported: the tree's tensors (tree.py), the target's rows on demand (node_logits.py),
+sampling (sampling.py), the caches (kvcache.py) and the models (forward.py).
+"""
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 import torch
 from transformers import DynamicCache
 
 from specchat.decoding.autosize import AutoSizer
-from specchat.decoding.drafter import GrownTree, Root, TreeShape, grow_tree
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.tree_engine import TreeEngine
-from specchat.decoding.verifier import Verdict, verify
+from specchat.decoding.kvcache import cache_length, keep_slots
+from specchat.decoding.node_logits import UPFRONT_ROWS, NodeLogits, upfront_nodes
+from specchat.decoding.sampling import emit_token
+from specchat.decoding.tree import (DraftTree, GrownTree, NodeStore, TreeShape, assemble, expansion_mask, node_paths,
+                                    rank)
+from specchat.device_clock import now
+
+Grown = TypeVar("Grown", bound=GrownTree)
+NodeRows = Callable[[int], torch.Tensor]  # a tree node -> the target's logits there [V]
 
 
-class SpecExecStrategy:
-    """A top-K tree (shaped by the temperature actually sampled) and Algorithm 1."""
+@dataclass(frozen=True)
+class Root:
+    """The last committed token, where a draft tree grows from, once the draft cache holds the
+    whole committed sequence."""
 
-    guided = True  # verification samples through emit_token; the tree grows through allowed tokens
-
-    def draft(self, draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape,
-              sampling: SamplingParams) -> GrownTree:
-        return grow_tree(draft, cache, root, shape, sampling.temperature, sampling.guide)
-
-    def walk(self, drafted: GrownTree, node_logits: Callable[[int], torch.Tensor], sampling: SamplingParams,
-             first_position: int, max_tokens: int, stop_ids: Collection[int]) -> Verdict:
-        return verify(drafted.tree, node_logits, sampling, first_position, max_tokens, stop_ids)
+    token: int
+    slot: int  # its draft-cache slot: the committed sequence fills slots [0, slot]
+    position: int  # its absolute position
+    hidden: torch.Tensor  # [1, H] the draft's final hidden state at it (its LM head gives the first level)
 
 
-def SpecExecEngine(target: CausalLM, draft: CausalLM, stop_ids: Collection[int], shape: TreeShape,
-                   sizer: AutoSizer | None = None) -> TreeEngine:
-    """The SpecExec engine: a `TreeEngine` with this strategy; with a `sizer` it can size its
-    trees itself (--budget auto)."""
-    return TreeEngine("specexec", SpecExecStrategy(), target, draft, stop_ids, shape, sizer)
+@dataclass
+class Verdict:
+    path: list[int]  # tree nodes whose tokens are now committed with a target KV slot, root first
+    tokens: list[int]  # tokens emitted this iteration
+    accepted: int  # how many emitted tokens were draft tokens found in the tree
+    stopped: bool  # a stop token was emitted
+
+
+@dataclass(frozen=True)
+class TreeStrategy(Generic[Grown]):
+    """What tells a tree method apart: how its tree grows and how the walk down it decides."""
+
+    name: str  # the engine's name (--engine)
+    grow: Callable[[CausalLM, DynamicCache, Root, TreeShape, SamplingParams], Grown]
+    walk: Callable[[Grown, NodeRows, SamplingParams, int, int, Collection[int]], Verdict]
+    guided: bool  # emits every token through emit_token: keeps a reply's grammar and token log
+
+
+@dataclass(frozen=True)
+class Iteration:
+    grown: GrownTree
+    verdict: Verdict
+    catch_up: int  # committed tokens the draft ran before growing the tree
+    catch_up_s: float
+    draft_s: float  # the catch-up and the growth
+    pass_s: float  # the target's forward over the tree (and its mask)
+    wall_s: float  # all of it: the rest after draft_s is the pass, the walk and the pruning
+
+
+def iterate(strategy: TreeStrategy, target: CausalLM, draft: CausalLM, caches: tuple[DynamicCache, DynamicCache],
+            seq: list[int], shape: TreeShape, sampling: SamplingParams, max_tokens: int,
+            stop_ids: Collection[int]) -> Iteration:
+    """Emit up to `max_tokens` tokens: `seq` grows by them, and the caches (target's, draft's)
+    hold the invariant again. Times are the synchronized clock's: one reading per boundary."""
+    target_cache, draft_cache = caches
+    devices = (target.device, draft.device)
+    start, cached, committed = now(*devices), cache_length(draft_cache), len(seq)
+    root = catch_up(draft, draft_cache, torch.tensor(seq[cached:]), cached)  # 1. the root is seq[L-1]
+    caught_up_at = now(draft.device)
+    grown = strategy.grow(draft, draft_cache, root, shape, sampling)  # 2. SpecExec's: `grow` below
+    drafted_at = now(*devices)
+    hidden = score(target, target_cache, grown.tree, prefix=committed - 1)  # 3. every node's hidden state
+    pass_s = now(target.device) - drafted_at  # the forward (and its mask): the rest is verification
+    logits = NodeLogits(target, grown.tree, hidden)  # the LM head's rows, as the walk asks for them
+    logits.compute(upfront_nodes(grown.tree, UPFRONT_ROWS))
+    verdict = strategy.walk(grown, logits.of, sampling, committed, max_tokens, stop_ids)  # 4. from position L
+    prune(caches, grown, verdict, committed)  # 5.
+    seq.extend(verdict.tokens)
+    return Iteration(grown, verdict, catch_up=committed - cached, catch_up_s=caught_up_at - start,
+                     draft_s=drafted_at - start, pass_s=pass_s, wall_s=now(*devices) - start)
+
+
+def catch_up(draft: CausalLM, cache: DynamicCache, pending: torch.Tensor, start_position: int) -> Root:
+    """Run the committed tokens the draft cache lacks, `pending` (at least the root, the last
+    committed token), from absolute position `start_position`."""
+    hidden = draft.hidden(pending, torch.arange(start_position, start_position + pending.numel()), cache)
+    position = start_position + pending.numel() - 1
+    return Root(int(pending[-1]), cache_length(cache) - 1, position, hidden[-1:])
+
+
+def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sampling: SamplingParams) -> GrownTree:
+    """Algorithm 2: the tree grows best-first by cumulative draft log-probability (under the
+    temperature actually sampled, and through the tokens a reply's guide allows). Each step runs
+    the draft on the B best kept nodes not yet expanded, offers their `max_children` likeliest
+    children, and keeps the K (`budget`) best nodes overall. Ties break toward shallower nodes, so
+    a parent (log-prob >= its child's) always outranks its child and the kept set is a tree. Growth
+    ends when no open kept node beats the threshold T (the K-th best log-prob): its children could
+    only score lower. The result: the K best prefixes of depth <= D under the draft, each node
+    limited to its `max_children` best children. Under --budget auto the sizer widens each step
+    and cuts the tree where its predicted rate peaks (autosize.py)."""
+    temperature, guide = sampling.temperature, sampling.guide
+    committed = root.slot + 1
+    store = NodeStore(root.token, root.slot)
+    root_allowed = None if guide is None else guide.allowed()
+    add_children(store, torch.tensor([0]), children(draft, root.hidden, shape, temperature, root_allowed), shape)
+    widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
+    while (nodes := next_expansion(store, shape, spent)).numel() > 0:
+        cached = cache_length(cache)
+        mask = expansion_mask(store, nodes, committed, cached)
+        hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
+        store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
+        allowed = None if guide is None else guide.allowed(node_paths(store, nodes))
+        add_children(store, nodes, children(draft, hidden, shape, temperature, allowed), shape)
+        widths.append(nodes.numel())
+        if shape.sizer:
+            spent += shape.sizer.draft_s(nodes.numel())
+            record_branching(shape.sizer, store, nodes)
+    if shape.sizer is None:
+        return replace(assemble(store, len(widths)), widths=tuple(widths))
+    cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
+    store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
+    return replace(assemble(store, len(widths)), predicted=cut.predicted, widths=tuple(widths))
+
+
+def children(draft: CausalLM, hidden: torch.Tensor, shape: TreeShape, temperature: float,
+             allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `max_children` likeliest next tokens (among those `allowed`, when given) with
+    their scores: draft log-probs, or their ranks negated (0, -1, -2, ...) for a ranked tree."""
+    values, tokens = draft.top_logprobs(hidden, shape.max_children, temperature, allowed)
+    if shape.ranked_tree:  # a child the guide forbids keeps its -inf
+        ranks = -torch.arange(values.shape[1], dtype=values.dtype).expand_as(values)
+        values = torch.where(torch.isfinite(values), ranks, values)
+    return values, tokens
+
+
+def add_children(store: NodeStore, parents: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor],
+                 shape: TreeShape) -> None:
+    """Offer each parent's best children, `top` = (their log-probs, their tokens) [b, k] under
+    the (temperature-scaled) distribution actually sampled, and keep the `budget` best nodes."""
+    values, tokens = top
+    cand_logprobs = (store.logprobs[parents].unsqueeze(1) + values).flatten()  # log P(child) = log P(parent) + log q
+    cand_tokens = tokens.flatten()
+    cand_parents = parents.repeat_interleave(tokens.shape[1])
+    cand_depths = store.depths[cand_parents] + 1
+    finite = torch.isfinite(cand_logprobs)
+    cand_logprobs, cand_tokens = cand_logprobs[finite], cand_tokens[finite]
+    cand_parents, cand_depths = cand_parents[finite], cand_depths[finite]
+
+    kept = store.kept
+    pool_logprobs = torch.cat([store.logprobs[kept], cand_logprobs])
+    pool_depths = torch.cat([store.depths[kept], cand_depths])
+    best = rank(pool_logprobs, pool_depths)[: shape.budget]
+    from_kept = best[best < kept.numel()]
+    from_cand = best[best >= kept.numel()] - kept.numel()
+    added = store.append(
+        cand_tokens[from_cand], cand_parents[from_cand], cand_depths[from_cand], cand_logprobs[from_cand]
+    )
+    store.kept = torch.cat([kept[from_kept], added])
+
+
+def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> torch.Tensor:
+    """The nodes the next draft step expands: a fixed batch, or as many as the sizer finds pay."""
+    nodes = pick_expansion(store, shape)
+    if shape.sizer is None or nodes.numel() == 0:
+        return nodes
+    kept = store.logprobs[store.kept].exp().sort(descending=True).values
+    return nodes[: shape.sizer.step_width(store.logprobs[nodes].exp(), kept, spent)]
+
+
+def pick_expansion(store: NodeStore, shape: TreeShape) -> torch.Tensor:
+    """The B best kept nodes not yet expanded that could still add a node to the top K."""
+    kept = store.kept
+    open_nodes = kept[(store.slots[kept] < 0) & (store.depths[kept] < shape.max_depth)]
+    if open_nodes.numel() == 0:
+        return open_nodes
+    if kept.numel() >= shape.budget:
+        # T: the K-th best log-prob; a child never beats its parent, so nodes at or below T
+        # cannot contribute.
+        threshold = store.logprobs[kept].min()
+        open_nodes = open_nodes[store.logprobs[open_nodes] > threshold]
+    order = rank(store.logprobs[open_nodes], store.depths[open_nodes])
+    return open_nodes[order[: shape.expansion_batch]]
+
+
+def record_branching(sizer: AutoSizer, store: NodeStore, parents: torch.Tensor) -> None:
+    """How much of the expanded parents' probability mass their kept children carry."""
+    kept_children = store.kept[torch.isin(store.parents[store.kept], parents)]
+    sizer.calibration.record_expansion(float(store.logprobs[parents].exp().sum()),
+                                       float(store.logprobs[kept_children].exp().sum()))
+
+
+def score(target: CausalLM, cache: DynamicCache, tree: DraftTree, prefix: int) -> torch.Tensor:
+    """One target pass over every tree node, each seeing the `prefix` committed tokens the cache
+    holds and its own ancestors, at position prefix + depth: the hidden states [n, H]."""
+    mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
+    return target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
+
+
+def walk(grown: GrownTree, node_logits: NodeRows, sampling: SamplingParams, first_position: int,
+         max_tokens: int, stop_ids: Collection[int]) -> Verdict:
+    """Algorithm 1: at each node emit a sample of the target's distribution there, with the
+    uniform of its absolute position (sampling.py), so every token is the one sequential sampling
+    emits there; a token the tree holds as a child moves the walk on, any other ends it."""
+    tree = grown.tree
+
+    def step(node: int, position: int) -> tuple[int, int | None]:
+        token = emit_token(node_logits(node), sampling, position)  # u_n keyed by (seed, n): the tree cannot move it
+        return token, tree.children[node].get(token)  # None: a miss, the target's own token
+
+    return descend(step, first_position, max_tokens, stop_ids)
+
+
+Step = Callable[[int, int], tuple[int, int | None]]  # (node, position) -> (token, child or None)
+
+
+def descend(step: Step, first_position: int, max_tokens: int, stop_ids: Collection[int]) -> Verdict:
+    """The walk every tree method shares: from the root, emit the token `step` gives for each
+    node at its absolute position and move to the child it names. The walk ends at a miss (no
+    child: the token came from the target alone), at a stop token, or after `max_tokens`
+    tokens; every token that names a child is a drafted one, so all but a final miss count as
+    accepted."""
+    path, tokens = [0], []
+    while True:
+        token, child = step(path[-1], first_position + len(tokens))
+        tokens.append(token)
+        stopped = token in stop_ids
+        if child is None or stopped or len(tokens) >= max_tokens:
+            return Verdict(path=path, tokens=tokens, accepted=len(tokens) - (child is None), stopped=stopped)
+        path.append(child)
+
+
+def prune(caches: tuple[DynamicCache, DynamicCache], grown: GrownTree, verdict: Verdict, committed: int) -> None:
+    """The target cache keeps the prefix before the root and the walked path (root first); the
+    draft cache the `committed` prefix and the slots of accepted nodes the draft has run."""
+    target_cache, draft_cache = caches
+    prefix = committed - 1
+    keep_slots(target_cache, torch.cat([torch.arange(prefix), prefix + torch.tensor(verdict.path)]))
+    slots = grown.draft_slots[torch.tensor(verdict.path[1:], dtype=torch.long)]
+    keep_slots(draft_cache, torch.cat([torch.arange(committed), slots[slots >= 0]]))
+
+
+SPECEXEC = TreeStrategy("specexec", grow=grow, walk=walk, guided=True)  # the tree grows through allowed tokens

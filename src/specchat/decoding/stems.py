@@ -14,17 +14,18 @@ sampling requires.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
-from specchat.decoding.drafter import GrownTree, NodeStore, Root, expansion_mask
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
+from specchat.decoding.specexec import Root
 from specchat.decoding.speculative_sampling import distribution, draw_draft
-from specchat.decoding.tree import DraftTree
+from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape, expansion_mask
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,15 @@ def draft_stems(draft: CausalLM, cache: DynamicCache, root: Root, layout: StemLa
         if depth < layout.length:
             grower.run_draft(draft, cache, nodes, root.slot + 1, root.position + depth)
     return grower.stems(steps=layout.length - 1)
+
+
+Layout = Callable[[TreeShape, float], StemLayout]  # (live tree shape, temperature) -> stems
+
+
+def stem_growth(layout: Layout) -> Callable[[CausalLM, DynamicCache, Root, TreeShape, SamplingParams], Stems]:
+    """A strategy's grow step: stems laid out by `layout` from the tree shape of the iteration
+    (live settings apply from the next one) and the temperature sampled."""
+    def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sampling: SamplingParams) -> Stems:
+        return draft_stems(draft, cache, root, layout(shape, sampling.temperature), sampling)
+
+    return grow
