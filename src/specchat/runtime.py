@@ -63,7 +63,7 @@ class EngineOptions:
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
     ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
     allow_pickle: bool = False  # load local checkpoints whose weights are pickles (.bin, .pt)
-    ranked_tree: bool = False  # measurement only: trees by rank, full whatever the draft (drafter.TreeShape)
+    ranked_tree: bool = False  # measurement only: trees by rank, full whatever the draft (tree.TreeShape)
 
 
 @dataclass

@@ -72,7 +72,7 @@ class LiveSettings:
     depth: int | None = None  # D: deepest draft tree node (tree engines)
     lookahead: int | None = None  # dsi: drafts per verification job
     workers: int | None = None  # dsi: target workers (shown, never changed live)
-    ranked_tree: bool | None = None  # tree engines, measurement only: trees by rank (drafter.TreeShape)
+    ranked_tree: bool | None = None  # tree engines, measurement only: trees by rank (tree.TreeShape)
 
 
 class Engine(Protocol):
