@@ -90,7 +90,7 @@ def test_autoregressive_events_are_timed_on_the_synchronized_clock(log, tiny_tar
 
 def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock(log, tiny_target, tiny_draft):
     engine = TreeEngine(SPECEXEC, OnFakeCuda(tiny_target, log), OnFakeCuda(tiny_draft, log), [],
-                            TreeShape(budget=4, max_depth=2))
+                        TreeShape(budget=4, max_depth=2))
     first, *later = list(engine.generate([1, 2, 3], 6, GREEDY))
     assert first.target_s == 1.0 and later
     # one synchronized reading inside each: drafting's after the catch-up, the target's after the pass

@@ -95,7 +95,7 @@ def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_r
     costs = Costs(target_n=(1, 1025), target_s=(2.0, 2.2), draft_b=(1, 64, 128), draft_s=(0.05, 0.1, 0.2))
     sizer = Alternating(costs, cap=CAP)
     engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids,
-                            TreeShape(budget=sizer.cap, sizer=sizer), sizer)
+                        TreeShape(budget=sizer.cap, sizer=sizer), sizer)
     references = greedy_references if sampling is GREEDY else seeded_references
     for prompt_ids, reference in references:
         tokens, events = emitted(engine, prompt_ids, sampling)

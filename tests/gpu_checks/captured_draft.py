@@ -37,7 +37,7 @@ def check_captured_draft(device: torch.device) -> Verdict:
     for sampling in SAMPLINGS:
         reference, _ = replies(AutoregressiveEngine(target, []), sampling)
         outcomes = [replies(TreeEngine(SPECEXEC, target, static_draft(draft, capacity, capture), [],
-                                           TreeShape(budget=12, max_depth=6)), sampling) for capture in (False, True)]
+                                       TreeShape(budget=12, max_depth=6)), sampling) for capture in (False, True)]
         same_trees = outcomes[0][1] == outcomes[1][1]
         tokens_ok = outcomes[0][0] == outcomes[1][0] == reference
         passed = passed and same_trees and tokens_ok

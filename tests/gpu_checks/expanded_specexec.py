@@ -123,7 +123,7 @@ def compare(target: CausalLM, draft: CausalLM, reference: PreTrainedModel, name:
     autoregressive = [t for e in AutoregressiveEngine(target, []).generate(PROMPT, NEW_TOKENS, sampling)
                       for t in e.token_ids]
     events = list(TreeEngine(SPECEXEC, target, draft, [], TreeShape(budget=64, max_depth=8)).generate(PROMPT, NEW_TOKENS,
-                                                                                              sampling))
+                                                                                          sampling))
     tokens = [t for e in events for t in e.token_ids]
     judge = ExactnessCheck(target, frozenset(), NEW_TOKENS, near_tie=NEAR_TIE, max_ties=MAX_TIES[name])
     comparison = judge.compare(PROMPT, autoregressive, tokens, sampling)
