@@ -7,12 +7,13 @@ Usage: python scripts/bench_moe_specexec.py [--experts 8] [--top-k 2] [--workdir
            [--rows-dir docs/bench/moe-specexec-DATE] [--record docs/benchmarks.md]
 
 No MoE model ships on PyPI, and a random one defeats any draft. The target here is the 1.5B with
-its MLP copied into --experts experts, --top-k routed a token by a random router, normalized, so a
-token's output is the dense MLP's up to rounding (tests/moe_upcycle.py; RTN 4-bit GPTQ, group 128):
-the draft predicts it as it predicts the 1.5B, while routing spreads tokens over the experts. The
-models load as the app loads them (`runtime.load_models`, `--offload disk`) under --ram-budget,
-which by default keeps the experts from fitting in RAM; --resident-layers as given or as the plan
-gives (with --resident-layers 0 and room, the plan's expert cache holds the experts). For each mode
+its MLP upcycled into --experts experts E, each the MLP less its own E-th of the channels, the rest
+scaled by E / (E - 1), --top-k routed a token by a random router, normalized (tests/moe_upcycle.py;
+RTN 4-bit GPTQ, group 128): the draft predicts it as it predicts the 1.5B, while routing spreads
+tokens over experts that differ. The models load as the app loads them (`runtime.load_models`,
+`--offload disk`) under --ram-budget, which by default keeps the experts from fitting in RAM;
+--resident-layers as given or as the plan gives (with --resident-layers 0 and room, the plan's
+expert cache holds the experts). For each mode
 of streaming (by expert, the app's; whole layers, as before MoE streaming; by expert with whole
 loads from 90% of a layer's experts routed, as before 2026-11-27):
 - a pass over n tokens after a 64-token prefix for each n of --widths: seconds and bytes streamed

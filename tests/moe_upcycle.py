@@ -2,31 +2,43 @@
 real weights, which no package on PyPI ships.
 
 Sparse upcycling (Komatsuzaki et al., 2022) starts a MoE from a dense model by copying its MLP into
-every expert. With the router's top-k weights normalized (`norm_topk_prob`), a token's MoE output is
-sum_i w_i MLP(x) with sum_i w_i = 1: the dense MLP's output up to rounding (exactly it at top-1, where
-the one weight is 1). The router here is random, so tokens spread over the experts while the model
-still writes as the 1.5B does, and the 0.5B draft predicts it: SpecExec over a MoE target streamed
-by expert can be measured end to end, acceptance included.
+every expert; copies would hide a routing error, since any expert's output is then the same. So
+here expert e of E is the MLP less its e-th E-th of intermediate channels, the rest scaled by
+E / (E - 1):
+
+    expert_e(x) = E / (E - 1) * (MLP(x) - MLP_e(x)),   MLP_e: the MLP over channels [e I / E, (e + 1) I / E)
+
+(its gate's rows of those channels are 0, and silu(0) * up = 0; the factor is on the down
+projection). With the router's top-k weights normalized (`norm_topk_prob`, sum_i w_i = 1) a token's
+output is E / (E - 1) * (MLP(x) - sum_i w_i MLP_(e_i)(x)): the dense MLP where the dropped groups
+carry an E-th of it, as they do on average, so the model still writes as the 1.5B does and the
+0.5B draft predicts it; yet every expert differs from every other by a group of channels, so a
+token sent to the wrong expert, or experts taken in another order, changes the output. The router
+is random, so tokens spread over the experts, and SpecExec over a MoE target streamed by expert can
+be measured end to end, acceptance included.
 
 Qwen2-MoE always has a shared expert; it is written with zero weights, so its output is exactly 0
-(the smallest width the int4 kernels take). The MLP's linears are RTN-quantized (tests/gptq_writer.py)
-once and their packed tensors written under every expert's name; the checkpoint is written a decoder
-layer a shard, from the dense float32 safetensors read a tensor at a time, so that no more than a layer is
-held at once (8 experts in every layer: 5.5 GB of checkpoint from 1.5B weights).
+(the smallest width the int4 kernels take). The MLP's linears are RTN-quantized (tests/gptq_writer.py):
+the up and down projections once a layer, their packed tensors written under every expert's name,
+each expert's gate on its own; the checkpoint is written a decoder layer a shard, from the dense
+float32 safetensors read a tensor at a time, so that no more than a layer is held at once (8
+experts in every layer: 5.5 GB of checkpoint from 1.5B weights). `dense_reference` reads it back
+apart from specchat's loader, as transformers' own model.
 """
 
 import json
 import shutil
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from gptq_writer import pack_gptq, quantize_rtn
+from gptq_writer import dequantized_tensors, pack_gptq, quantize_rtn
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
-from transformers import Qwen2MoeConfig
+from transformers import PreTrainedModel, Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 from specchat.quant.gptq import GPTQSpec
 
@@ -39,7 +51,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def upcycled_config(dense: dict, experts: int, top_k: int, moe_layers: list[int]) -> dict:
-    """The Qwen2-MoE config of the dense Qwen2 config `dense` with `experts` copies of the MLP,
+    """The Qwen2-MoE config of the dense Qwen2 config `dense` with `experts` experts of the MLP's width,
     `top_k` routed a token, in the layers `moe_layers` (the others keep their dense MLP)."""
     layers = dense["num_hidden_layers"]
     keep = {key: dense[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -87,8 +99,8 @@ Linear = Callable[[str, Tensor, Tensor | None], dict[str, Tensor]]
 
 def layer_tensors(source, layer: int, experts: int, generator: torch.Generator, linear: Linear) -> dict[str, Tensor]:
     """Decoder layer `layer`'s checkpoint tensors: attention and norms as the dense model's, and its
-    MLP copied into `experts` 4-bit experts with a random router and a zero shared expert (0: kept
-    dense); its other linears written by `linear`."""
+    MLP upcycled into `experts` 4-bit experts (the module docstring) with a random router and a zero
+    shared expert (0: kept dense); its other linears written by `linear`."""
     prefix = f"model.layers.{layer}."
     tensors = {prefix + name: half(source.get_tensor(prefix + name))
                for name in ("input_layernorm.weight", "post_attention_layernorm.weight")}
@@ -100,17 +112,28 @@ def layer_tensors(source, layer: int, experts: int, generator: torch.Generator, 
     if not experts:
         return tensors | {key: t for name, weight in weights.items()
                           for key, t in linear(f"{prefix}mlp.{name}", weight).items()}
-    mlp = {name: packed("", weight) for name, weight in weights.items()}
     hidden = weights["down_proj"].shape[0]
+    shared_parts = {"up_proj": packed("", weights["up_proj"]),
+                    "down_proj": packed("", weights["down_proj"] * (experts / (experts - 1)))}
     for expert in range(experts):
-        tensors |= {f"{prefix}mlp.experts.{expert}.{name}{key}": t.clone() for name, parts in mlp.items()
-                    for key, t in parts.items()}  # cloned: safetensors stores no two names on one storage
+        parts = shared_parts | {"gate_proj": packed("", without_group(weights["gate_proj"], expert, experts))}
+        tensors |= {f"{prefix}mlp.experts.{expert}.{name}{key}": t.clone() for name, linear in parts.items()
+                    for key, t in linear.items()}  # cloned: safetensors stores no two names on one storage
     shared = {"gate_proj": (SHARED, hidden), "up_proj": (SHARED, hidden), "down_proj": (hidden, SHARED)}
     for name, shape in shared.items():
         tensors |= packed(f"{prefix}mlp.shared_expert.{name}", torch.zeros(shape))
     tensors[f"{prefix}mlp.shared_expert_gate.weight"] = torch.zeros(1, hidden, dtype=torch.float16)
     tensors[f"{prefix}mlp.gate.weight"] = half(torch.randn(experts, hidden, generator=generator) * ROUTER_STD)
     return tensors
+
+
+def without_group(gate: Tensor, expert: int, experts: int) -> Tensor:
+    """The gate projection [I, H] with its rows of channel group `expert` (of `experts` equal groups) 0."""
+    assert gate.shape[0] % experts == 0, f"{gate.shape[0]} channels do not split into {experts} experts"
+    width = gate.shape[0] // experts
+    kept = gate.clone()
+    kept[expert * width:(expert + 1) * width] = 0
+    return kept
 
 
 def packed(module: str, weight: Tensor, bias: Tensor | None = None) -> dict[str, Tensor]:
@@ -122,6 +145,40 @@ def packed(module: str, weight: Tensor, bias: Tensor | None = None) -> dict[str,
 def unquantized(module: str, weight: Tensor, bias: Tensor | None = None) -> dict[str, Tensor]:
     """A linear's float16 weight (and bias) under `module`."""
     return {f"{module}.weight": half(weight)} | ({} if bias is None else {f"{module}.bias": half(bias)})
+
+
+def dense_reference(directory: Path, dtype: torch.dtype) -> PreTrainedModel:
+    """transformers' own Qwen2-MoE (fused experts, eager) holding the checkpoint's weights in `dtype`,
+    read apart from specchat's loader: each GPTQ linear as AutoGPTQ dequantizes it
+    (gptq_writer.autogptq_weight), expert e's gate and up stacked into gate_up_proj[e] and its down
+    into down_proj[e], as transformers fuses them, every other tensor as stored."""
+    config = Qwen2MoeConfig.from_pretrained(directory, experts_implementation="eager")
+    state: dict[str, Tensor] = {}
+    for path in sorted(directory.glob("model-*.safetensors")):
+        with safe_open(str(path), framework="pt") as shard:
+            state |= dense_tensors({name: shard.get_tensor(name) for name in shard.keys()}, config.num_experts, dtype)
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    with torch.device("meta"):
+        model = Qwen2MoeForCausalLM(config)
+    model.load_state_dict(state, assign=True)  # the tensors read become the parameters: no second copy
+    model.model.rotary_emb = type(model.model.rotary_emb)(config)  # its frequencies are no checkpoint tensor
+    model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+def dense_tensors(stored: dict[str, Tensor], experts: int, dtype: torch.dtype) -> dict[str, Tensor]:
+    """One shard's tensors under transformers' names, in `dtype`: GPTQ modules dequantized, a layer's
+    experts fused. A module at a time, so that one float32 weight is held at once, not a layer's."""
+    modules: dict[str, dict[str, Tensor]] = defaultdict(dict)
+    for name, tensor in stored.items():
+        modules[name.rpartition(".")[0]][name] = tensor
+    dense = {name: t.to(dtype) for tensors in modules.values() for name, t in dequantized_tensors(tensors).items()}
+    for block in {name.partition(".experts.")[0] for name in dense if ".experts." in name}:
+        gate, up, down = ([dense.pop(f"{block}.experts.{e}.{linear}.weight") for e in range(experts)] for linear in MLP)
+        dense[f"{block}.experts.gate_up_proj"] = torch.stack([torch.cat(pair) for pair in zip(gate, up)])
+        dense[f"{block}.experts.down_proj"] = torch.stack(down)
+    return dense
 
 
 def half(tensor: Tensor) -> Tensor:

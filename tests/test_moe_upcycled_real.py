@@ -1,13 +1,18 @@
 """SpecExec over a MoE target of real weights: the embedded 1.5B upcycled into a Qwen2-MoE
-(tests/moe_upcycle.py: its MLP copied into 4 experts, one routed a token by a random router, in its
-last three layers), the experts RTN 4-bit GPTQ and the other linears float16, run in bf16, with the
-app's embedded 0.5B draft. Its first 25 layers stay
-resident; the three MoE layers stream from the disk through a 2-slot ring, by expert, with no expert
-waiting on the device, so a call fetches the experts its router picked that its slot lacks.
+(tests/moe_upcycle.py: its MLP into 8 experts that differ, each the MLP less its own eighth of the
+channels, 2 routed a token by a random router, in its last three layers), the experts RTN 4-bit
+GPTQ and the other linears float16, run in bf16, with the app's embedded 0.5B draft. Its first 25
+layers stay resident; the three MoE layers stream from the disk through a 2-slot ring, by expert,
+with no expert waiting on the device, so a call fetches the experts its router picked that its
+slot lacks.
 
-- Greedy and seeded replies are the target's bf16 autoregressive decoding's up to near-ties, under
-  test_real_defaults' bf16 bounds; the draft's tokens are accepted (it predicts the upcycled model as
-  it predicts the 1.5B: a random MoE target accepts nothing, tests/test_moe_streaming.py).
+- Greedy and seeded replies are transformers' own (greedy `generate`, seeded tests/reference_loop.py)
+  on its Qwen2-MoE holding the checkpoint's weights in bf16, read apart from specchat's loader
+  (moe_upcycle.dense_reference), up to near-ties under test_real_defaults' bf16 bounds; the draft's
+  tokens are accepted (it predicts the upcycled model as it predicts the 1.5B: a random MoE target
+  accepts nothing, tests/test_moe_streaming.py).
+- That check catches a routing error: the greedy reply fails it against the reference with its
+  experts in reverse order, or with every token routed one expert over.
 - A one-token pass after a one-token pass fetches exactly the experts its routers picked, counted
   from the routers' outputs.
 """
@@ -15,24 +20,26 @@ waiting on the device, so a call fetches the experts its router picked that its 
 import dataclasses
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
 from conftest import real_draft
-from exactness import ExactnessCheck
-from moe_upcycle import write_upcycled
+from moe_upcycle import dense_reference, write_upcycled
+from reference_loop import assert_transformers_tokens
 from test_engines import GREEDY
 from test_moe_streaming import record_routes
 from test_real_defaults import BF16_MAX_TIES, BF16_MAX_TIES_WITH_COPIES, BF16_NEAR_TIES, DEFAULT_SAMPLING
+from transformers import PreTrainedModel
 
-from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.drafter import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specexec import SpecExecEngine
 from specchat.decoding.stopping import stop_token_ids
-from specchat.decoding.tree import TreeShape
-from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.embedded import ensure_embedded
 from specchat.models.loading import load_tokenizer
 from specchat.models.registry import DEFAULT_TARGET
@@ -46,7 +53,7 @@ from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 
-EXPERTS, TOP_K = 4, 1
+EXPERTS, TOP_K = 8, 2  # as docs/moe.md's measurements
 MOE_LAYERS = 3  # the last three, through a 2-slot ring: no slot keeps its layer from pass to pass
 SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 
@@ -59,6 +66,7 @@ class MoePair:
     prompt: list[int]
     offload: Offload
     moe_layers: list[int]
+    directory: Path  # the upcycled checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +85,21 @@ def moe_pair(tmp_path_factory, mtbench_prompts) -> Iterator[MoePair]:
     tokenizer = load_tokenizer(str(directory), progress=False)
     try:
         yield MoePair(CausalLM(model, offload), real_draft(), stop_token_ids(model, tokenizer),
-                      encode_prompt(tokenizer, mtbench_prompts[0], raw=False), offload, moe_layers)
+                      encode_prompt(tokenizer, mtbench_prompts[0], raw=False), offload, moe_layers, directory)
     finally:
         offload.close()
+
+
+@pytest.fixture(scope="module")
+def reference(moe_pair) -> PreTrainedModel:
+    """transformers' own bf16 model of the checkpoint's weights (4.8 GB: 3 layers of 8 full-width experts)."""
+    return dense_reference(moe_pair.directory, torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def replies() -> dict[SamplingParams, list[int]]:
+    """SpecExec's replies by sampling, kept for the mutation test (decoded there when run alone)."""
+    return {}
 
 
 def tokens_and_events(engine, pair: MoePair, sampling) -> tuple[list[int], list]:
@@ -87,18 +107,73 @@ def tokens_and_events(engine, pair: MoePair, sampling) -> tuple[list[int], list]
     return [t for e in events for t in e.token_ids], events
 
 
+def specexec(pair: MoePair) -> SpecExecEngine:
+    return SpecExecEngine(pair.target, pair.draft, pair.stop_ids, TreeShape(budget=32))
+
+
+def max_ties(pair: MoePair, sampling: SamplingParams) -> int:
+    """test_real_defaults' bound: more greedy ties where tree passes run dense copies of the int4 weights."""
+    copies = any(isinstance(m, Int4Linear) and m.dense is not None for m in pair.target.model.modules())
+    return (BF16_MAX_TIES_WITH_COPIES if copies else BF16_MAX_TIES)[sampling]
+
+
+def assert_reference_reply(pair: MoePair, reference: PreTrainedModel, tokens: list[int],
+                           sampling: SamplingParams) -> list[tuple[int, float]]:
+    return assert_transformers_tokens(reference, pair.prompt, tokens, NEW_TOKENS, sampling, pair.stop_ids,
+                                      BF16_NEAR_TIES[sampling], max_ties(pair, sampling))
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
-def test_specexec_over_the_upcycled_moe_gives_its_autoregressive_tokens(moe_pair, sampling):
-    reference, _ = tokens_and_events(AutoregressiveEngine(moe_pair.target, moe_pair.stop_ids), moe_pair, sampling)
-    engine = TreeEngine(SPECEXEC, moe_pair.target, moe_pair.draft, moe_pair.stop_ids, TreeShape(budget=32))
-    tokens, events = tokens_and_events(engine, moe_pair, sampling)
-    copies = any(isinstance(m, Int4Linear) and m.dense is not None for m in moe_pair.target.model.modules())
-    max_ties = (BF16_MAX_TIES_WITH_COPIES if copies else BF16_MAX_TIES)[sampling]
-    check = ExactnessCheck(moe_pair.target, moe_pair.stop_ids, NEW_TOKENS, BF16_NEAR_TIES[sampling], max_ties)
-    comparison = check.compare(moe_pair.prompt, reference, tokens, sampling)
-    print(f"{len(tokens)} tokens in {len(events)} passes, {comparison.describe()}")
-    assert comparison.acceptable, comparison.describe()
+def test_specexec_over_the_upcycled_moe_gives_transformers_tokens_for_its_weights(moe_pair, reference, replies,
+                                                                                   sampling):
+    tokens, events = tokens_and_events(specexec(moe_pair), moe_pair, sampling)
+    replies[sampling] = tokens
+    ties = assert_reference_reply(moe_pair, reference, tokens, sampling)
+    print(f"{len(tokens)} tokens in {len(events)} passes, near-ties against transformers {ties}")
     assert len(tokens) / len(events) > 2  # tokens a target pass: the draft predicts the upcycled 1.5B
+
+
+@contextmanager
+def reordered_experts(reference: PreTrainedModel, layers: list[int], order: list[int]) -> Iterator[None]:
+    """Expert e of each of `layers` holds expert order[e]'s weights (a route to another one), then back."""
+    experts = [reference.model.layers[layer].mlp.experts for layer in layers]
+
+    def permute(permutation: torch.Tensor) -> None:
+        for module in experts:
+            for weight in (module.gate_up_proj, module.down_proj):
+                weight.copy_(weight[permutation])  # indexing copies first
+
+    permute(torch.tensor(order))
+    try:
+        yield
+    finally:
+        permute(torch.argsort(torch.tensor(order)))
+
+
+@contextmanager
+def routed_one_over(reference: PreTrainedModel, layers: list[int], monkeypatch) -> Iterator[None]:
+    """Every token of `layers` sent to the experts after the ones its router picked (e -> e + 1 mod E)."""
+    with monkeypatch.context() as patch:
+        for layer in layers:
+            experts = reference.model.layers[layer].mlp.experts
+            patch.setattr(experts, "forward", lambda hidden, index, weights, run=experts.forward:
+                          run(hidden, (index + 1) % EXPERTS, weights))
+        yield
+
+
+# Measured: two experts swapped (0 and 1) left the greedy reply's 32 tokens as they were, so the
+# experts' order is reversed here, every expert then computing with another's channels.
+@pytest.mark.parametrize("mutation", ["experts in reverse order", "routed one expert over"])
+def test_the_reference_check_fails_a_reply_of_another_routing(moe_pair, reference, replies, monkeypatch, mutation):
+    """The experts differ, so routing shows in the tokens: SpecExec's greedy reply, which passes the
+    check above, fails it against the reference with a routing error, as an engine's reply with that
+    error would fail it against the true reference (with copies of one MLP, neither would show)."""
+    if GREEDY not in replies:  # run alone: decode it here
+        replies[GREEDY], _ = tokens_and_events(specexec(moe_pair), moe_pair, GREEDY)
+    routing = reordered_experts(reference, moe_pair.moe_layers, list(reversed(range(EXPERTS)))) \
+        if mutation == "experts in reverse order" else routed_one_over(reference, moe_pair.moe_layers, monkeypatch)
+    with routing, pytest.raises(AssertionError, match="token|near-ties"):
+        assert_reference_reply(moe_pair, reference, replies[GREEDY], GREEDY)
 
 
 def test_a_one_token_pass_fetches_the_experts_its_router_picked(moe_pair):
