@@ -35,11 +35,12 @@ from test_real_defaults import BF16_MAX_TIES, BF16_MAX_TIES_WITH_COPIES, BF16_NE
 from transformers import PreTrainedModel
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.drafter import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import SpecExecEngine
+from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
 from specchat.heap_trim import release_free_heap
 from specchat.models.embedded import ensure_embedded
 from specchat.models.loading import load_tokenizer
@@ -111,8 +112,8 @@ def tokens_and_events(engine, pair: MoePair, sampling) -> tuple[list[int], list]
     return [t for e in events for t in e.token_ids], events
 
 
-def specexec(pair: MoePair) -> SpecExecEngine:
-    return SpecExecEngine(pair.target, pair.draft, pair.stop_ids, TreeShape(budget=32))
+def specexec(pair: MoePair) -> TreeEngine:
+    return TreeEngine(SPECEXEC, pair.target, pair.draft, pair.stop_ids, TreeShape(budget=32))
 
 
 def max_ties(pair: MoePair, sampling: SamplingParams) -> int:
