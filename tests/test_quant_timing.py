@@ -1,13 +1,15 @@
 """quant.timing, the clock of every quant probe, checked with a fake clock: each candidate's time is
-the fastest of RUNS timed calls after one untimed warm-up call, the candidates run in turns, the
-clock is read only after a synchronize of the device, and the sweeps decide from `faster` alone."""
+the fastest of RUNS timed calls after one untimed warm-up call, the candidates run in turns (each
+round reversing the last's order), the clock is read only after a synchronize of the device, a
+candidate wins only by more than the trials' spread, load that slows every other trial decides
+nothing, and the sweeps decide from `faster` alone."""
 
 import pytest
 import torch
 
 from specchat import device_clock
 from specchat.quant import timing
-from specchat.quant.timing import LinearShape, best_seconds, crossover, faster, widest_win
+from specchat.quant.timing import MAX_RUNS, LinearShape, best_seconds, crossover, faster, widest_win
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -47,7 +49,8 @@ def test_each_time_is_the_fastest_timed_call_after_an_untimed_warm_up(clock):
     first, second = clock.run("first", [1, 5, 3, 4]), clock.run("second", [1, 6, 2, 7])
     assert best_seconds((first, second), CPU) == [3, 2]
     calls = [event for event in clock.events if event != "clock"]
-    assert calls == ["first", "second"] + ["first", "second"] * 3  # warm-ups, then the timed calls in turns
+    # warm-ups, then the timed calls in turns, every other round in reverse
+    assert calls == ["first", "second"] + ["first", "second", "second", "first", "first", "second"]
     assert clock.events[:3] == ["first", "second", "clock"]  # no clock read around a warm-up
 
 
@@ -63,10 +66,55 @@ def test_the_candidates_run_without_autograd(clock):
     assert modes == [True] * (1 + timing.RUNS)
 
 
-@pytest.mark.parametrize("times, expected", [([1.0, 2.0], True), ([2.0, 1.0], False), ([1.0, 1.0], False)])
-def test_faster_needs_the_first_to_be_strictly_faster(monkeypatch, times, expected):
-    monkeypatch.setattr(timing, "best_seconds", lambda runs, device: times)
-    assert faster(lambda: None, lambda: None, CPU) is expected
+class BusyClock(FakeClock):
+    """A machine a build shares: every other call, warm-ups counted, takes `slowdown` seconds more."""
+
+    def __init__(self, slowdown: float) -> None:
+        super().__init__()
+        self.slowdown, self.calls = slowdown, 0
+
+    def product(self, seconds: float):
+        """A candidate that takes `seconds` alone."""
+        def call() -> None:
+            self.time += seconds + (self.slowdown if self.calls % 2 else 0.0)
+            self.calls += 1
+        return call
+
+
+@pytest.mark.parametrize("slowdown", [0.0, 1.0, 5.0])
+def test_a_build_slowing_every_other_trial_does_not_decide_which_product_is_faster(monkeypatch, slowdown):
+    """Calls in first-second turns would put every slowed call on the second product (the
+    choice would then follow the load); reversing every other round gives each product unslowed
+    trials, and its fastest counts."""
+    busy = BusyClock(slowdown)
+    monkeypatch.setattr(device_clock, "perf_counter", busy.read)
+    monkeypatch.setattr(timing, "RUNS", 3)
+    slow, quick = busy.product(1.2), busy.product(1.0)
+    assert faster(quick, slow, CPU)
+    assert not faster(slow, quick, CPU)
+
+
+def scripted_faster(clock: FakeClock, first: list[float], second: list[float]) -> bool:
+    """`faster` over two candidates whose calls take these seconds (warm-up first), and how many."""
+    return faster(clock.run("first", first), clock.run("second", second), CPU)
+
+
+def test_a_margin_within_the_trials_spread_is_no_win(clock):
+    # first's fastest is 0.1 s ahead, but its next fastest trial is 0.3 s behind its fastest
+    first = [9.0, 1.0] + [1.3] * (MAX_RUNS - 1)
+    second = [9.0] + [1.1] * MAX_RUNS
+    assert not scripted_faster(clock, first, second)
+    assert clock.events.count("first") == 1 + MAX_RUNS  # more trials were taken before giving up
+
+
+def test_a_margin_past_the_spread_wins_after_the_first_rounds(clock):
+    assert scripted_faster(clock, [9.0, 1.0, 1.0, 1.0], [9.0, 2.0, 2.0, 2.0])
+    assert clock.events.count("first") == 1 + timing.RUNS
+
+
+@pytest.mark.parametrize("first, second, expected", [(1.0, 2.0, True), (2.0, 1.0, False), (1.0, 1.0, False)])
+def test_faster_needs_the_first_to_be_strictly_faster(clock, first, second, expected):
+    assert scripted_faster(clock, [first] * (1 + MAX_RUNS), [second] * (1 + MAX_RUNS)) is expected
 
 
 WIDTHS = (1, 2, 4, 8)
