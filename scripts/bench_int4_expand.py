@@ -17,8 +17,7 @@ import triton
 
 from specchat.quant import int4_expand
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_pack import fused_linear, pack
 
 RUNS = 5
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192), (8192, 1024))  # (in, out) of a Llama-2-70B layer

@@ -3,7 +3,7 @@
 Usage: python scripts/bench_int4_linear.py [--shapes 1536x8960 ...] [--rows 1 4 ...] [--threads N] [--inductor]
 Prints one markdown row per (shape, rows): ms per call for a bf16 and a float32 dense matmul,
 torch's fused int4 kernel, the chunked-dequantization product (bf16 input, groups of 32 as
-GGUF Q4_K's; the chunked product in the dtype int4_probe picks) and the dense copy an in-memory
+GGUF Q4_K's; the chunked product in the dtype quant/widths.py picks) and the dense copy an in-memory
 target keeps for tree passes (quant/int4_dense.py: prepacked for oneDNN where that pays), and with
 --inductor the fused kernel's op compiled by torch.compile under max-autotune (on a CPU with AMX,
 inductor's C++ template dequantizes weight tiles in cache and multiplies every row with AMX; it is
@@ -23,10 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from specchat.quant.int4_chunks import chunked_linear
-from specchat.quant.int4_dense import dense_linear, dense_rows
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import fused_linear, width_choice
+from specchat.quant.int4_pack import fused_linear, pack
+from specchat.quant.widths import dense_copy_linear, dense_rows, width_choice
 
 SHAPES = ((1536, 1536), (1536, 256), (1536, 8960), (8960, 1536), (1536, 151936))  # (in, out); the last: LM head
 ROWS = (1, 4, 16, 64, 256)
@@ -79,7 +78,7 @@ def bench_shape(in_features: int, out_features: int, rows_list: list[int], produ
     packed = pack(torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator), CPU)
     scales_and_zeros = (torch.rand(in_features // GROUP, out_features, 2, generator=generator) / 64).bfloat16()
     layout = layout_for(CPU, in_features)
-    copy = dense_linear(dense_bf16)
+    copy = dense_copy_linear(dense_bf16)
     compiled = inductor_linear(packed, scales_and_zeros) if inductor else None
     for rows in rows_list:
         x = torch.randn(rows, in_features, generator=generator)

@@ -3,7 +3,7 @@ number of rows: what `--draft-quant auto` decides on.
 
 Usage: python scripts/bench_int8_linear.py
 Prints one markdown row per rows count: ms per linear (the fastest of the probe's runs over
-PROBE_LINEARS distinct weights, so they are read from memory) for fp32, bf16, int8 on fbgemm's
+INT8_LINEARS distinct weights, so they are read from memory) for fp32, bf16, int8 on fbgemm's
 dynamic kernel (x86 CPUs) and weight-only int8 with bf16 activations; then up to how many rows
 `int8_rows` finds int8 faster, per dtype.
 """
@@ -12,7 +12,8 @@ from functools import partial
 
 import torch
 
-from specchat.quant.int8 import CPU, PROBE_LINEARS, PROBE_SHAPE, Bank, Int8Linear, dense_linear, int8_rows
+from specchat.quant.int8 import Bank, Int8Linear, dense_linear
+from specchat.quant.widths import CPU, INT8_LINEARS, INT8_SHAPE, int8_rows
 from specchat.quant.timing import best_seconds
 
 ROWS = (1, 4, 16, 64, 128, 256)
@@ -20,8 +21,8 @@ ROWS = (1, 4, 16, 64, 128, 256)
 
 def weights(dtype: torch.dtype) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return [torch.randn(PROBE_SHAPE.out_features, PROBE_SHAPE.in_features, generator=generator).to(dtype)
-            for _ in range(PROBE_LINEARS)]
+    return [torch.randn(INT8_SHAPE.out_features, INT8_SHAPE.in_features, generator=generator).to(dtype)
+            for _ in range(INT8_LINEARS)]
 
 
 def main() -> None:
@@ -31,9 +32,9 @@ def main() -> None:
     print("| rows | fp32 ms | bf16 ms | int8 dynamic ms | int8 weight-only (bf16 act.) ms |")
     print("|---|---|---|---|---|")
     for rows in ROWS:
-        x = torch.randn(rows, PROBE_SHAPE.in_features)
+        x = torch.randn(rows, INT8_SHAPE.in_features)
         runs = [partial(bank, x.to(dtype)) for bank, dtype in banks]  # timed in turns, as the probe times
-        cells = [1000 * seconds / PROBE_LINEARS for seconds in best_seconds(runs, CPU)]
+        cells = [1000 * seconds / INT8_LINEARS for seconds in best_seconds(runs, CPU)]
         print(f"| {rows} | " + " | ".join(f"{ms:.2f}" for ms in cells) + " |")
     print(f"int8_rows: float32 {int8_rows(torch.float32)}, bfloat16 {int8_rows(torch.bfloat16)}")
 

@@ -33,7 +33,7 @@ from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.awq import AWQSpec, awq_to_int4, kernel_group_size, unpack_awq
 from specchat.quant.int4 import Int4Linear
-from specchat.quant.int4_probe import UNLIMITED, WidthChoice
+from specchat.quant.widths import UNLIMITED, WidthChoice
 
 QUIET = Reporter(bars=False)
 CPU = torch.device("cpu")

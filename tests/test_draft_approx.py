@@ -19,8 +19,9 @@ from specchat.models.draft_approx import DroppedHead, approximate_draft
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
 from specchat.models.draft import DraftQuant, resolve_draft_quant
-from specchat.quant import int8, timing
-from specchat.quant.int8 import PROBE_ROWS, Int8Embedding, Int8Linear, dynamic_kernel, int8_rows, quantize_linears
+from specchat.quant import int8, timing, widths
+from specchat.quant.int8 import Int8Embedding, Int8Linear, dynamic_kernel, quantize_linears
+from specchat.quant.widths import INT8_ROWS, int8_rows, measure_int8_rows
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
@@ -211,24 +212,24 @@ def test_an_explicit_draft_quant_is_kept(kind):
 
 
 @pytest.mark.parametrize("rows, expected", [(0, DraftQuant("none")), (4, DraftQuant("int8", 4)),
-                                            (PROBE_ROWS[-1], DraftQuant("int8"))])
+                                            (INT8_ROWS[-1], DraftQuant("int8"))])
 def test_auto_draft_quant_is_int8_on_a_cpu_for_the_widths_where_it_pays(monkeypatch, tmp_path, rows, expected):
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))  # a machine that has measured nothing yet
-    monkeypatch.setattr("specchat.models.draft.int8_rows", lambda dtype: rows)
+    monkeypatch.setitem(widths.MEASURES, "int8 rows", lambda dtype: rows)
     assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == expected
     assert resolve_draft_quant("auto", torch.device("cuda"), torch.bfloat16) == DraftQuant("none")
 
 
 def test_auto_draft_quant_is_measured_once_per_machine(monkeypatch, tmp_path):
-    """Measured at every startup, the crossover flipped between runs (machine_choices.py): the
+    """Measured at every startup, the crossover flipped between runs (quant/widths.py): the
     second startup keeps the first's choice, whatever a new measurement would say."""
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
-    measurements = iter([32, PROBE_ROWS[-1]])
-    monkeypatch.setattr("specchat.models.draft.int8_rows", lambda dtype: next(measurements))
+    measurements = iter([32, INT8_ROWS[-1]])
+    monkeypatch.setitem(widths.MEASURES, "int8 rows", lambda dtype: next(measurements))
     first = resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16)
     assert first == DraftQuant("int8", 32)
     assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == first
-    assert next(measurements) == PROBE_ROWS[-1]  # the second was never measured
+    assert next(measurements) == INT8_ROWS[-1]  # the second was never measured
 
 
 def test_int8_never_pays_without_a_kernel_for_the_dtype():
@@ -248,16 +249,16 @@ def test_a_dense_above_linear_multiplies_wide_inputs_with_the_dense_weight():
 @pytest.mark.parametrize("wins_up_to", [0, 1, 4, 64])
 def test_int8_rows_is_the_widest_input_up_to_which_int8_always_wins(monkeypatch, wins_up_to):
     """The choice, not the clock: a stand-in for the timer that lets int8 (the first product timed)
-    win at the widths of PROBE_ROWS up to `wins_up_to`, and at 32 rows past a loss."""
+    win at the widths of INT8_ROWS up to `wins_up_to`, and at 32 rows past a loss."""
     timed = []
 
     def stand_in(first, second, device) -> bool:
         timed.append(device)
-        rows = PROBE_ROWS[len(timed) - 1]
+        rows = INT8_ROWS[len(timed) - 1]
         return rows <= wins_up_to or rows == 32  # a win past a loss does not count
 
     monkeypatch.setattr(timing, "faster", stand_in)
-    assert int8_rows(torch.bfloat16) == wins_up_to
+    assert measure_int8_rows(torch.bfloat16) == wins_up_to
     assert set(timed) == {torch.device("cpu")}  # int8's dynamic kernel is a CPU's
 
 

@@ -28,7 +28,7 @@ from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.suite import all_checks, run_all
 from gpu_checks.verdict import Verdict, exit_code, table
 
-from specchat.quant import int4
+from specchat.quant import widths as policy
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
@@ -62,10 +62,10 @@ def test_on_the_cpu_the_gptq_specexec_check_runs_every_pass_through_the_fused_ke
     every product, the tree passes' wider than the prompt too, through the fused kernel, and judges
     its tokens and ties as on CUDA."""
     widths = []
-    fused = int4.fused_linear
-    monkeypatch.setattr(int4, "fused_linear", lambda x, *rest: widths.append(x.shape[0]) or fused(x, *rest))
-    monkeypatch.setattr(int4, "chunked_linear", lambda *args: pytest.fail("a chunked product ran"))
-    monkeypatch.setattr(int4, "expanded_linear", lambda *args: pytest.fail("an expansion ran on the CPU"))
+    fused = policy.fused_linear
+    monkeypatch.setattr(policy, "fused_linear", lambda x, *rest: widths.append(x.shape[0]) or fused(x, *rest))
+    monkeypatch.setattr(policy, "chunked_linear", lambda *args: pytest.fail("a chunked product ran"))
+    monkeypatch.setattr(policy, "expanded_linear", lambda *args: pytest.fail("an expansion ran on the CPU"))
     result = check_expanded_specexec(CPU, tmp_path)
     assert (result.check, result.status) == (f"{expanded_specexec.CPU_CHECK} (cpu)", "PASS"), result.detail
     assert result.detail.startswith("the fused kernel at every width (CPU); ")

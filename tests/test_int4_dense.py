@@ -15,8 +15,9 @@ from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
 from specchat.quant import int4_dense, timing
 from specchat.quant.int4 import int4_linear, use_fused_only
-from specchat.quant.int4_dense import PROBE_ROWS, dense_copy_bytes, dense_rows, expand, keep_dense_copies
-from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_dense import dense_copy_bytes, expand, keep_dense_copies
+from specchat.quant.widths import DENSE_ROWS, dense_rows
+from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
@@ -85,13 +86,13 @@ def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypat
 
     def stand_in(first, second, device) -> bool:
         calls.append(device)
-        return PROBE_ROWS[len(calls) - 1] >= 8
+        return DENSE_ROWS[len(calls) - 1] >= 8
 
     monkeypatch.setattr(timing, "faster", stand_in)
     dense_rows.cache_clear()
     try:
         assert dense_rows(256, 128, torch.bfloat16) == 8
-        assert calls == [CPU] * PROBE_ROWS.index(8) + [CPU]
+        assert calls == [CPU] * DENSE_ROWS.index(8) + [CPU]
         monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
         assert dense_rows(512, 128, torch.bfloat16) is None
         dense_rows.cache_clear()  # another process on the same machine

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.quant import int4_expand, timing
+from specchat.quant import int4_expand, timing, widths
 from specchat.quant.int4_expand import expand_int4, expand_int4_reference, expanded_linear, triton_available
 from specchat.quant.int4_layout import TileLayout, layout_for
 from specchat.quant.int4_pack import CUDA_INNER_K_TILES, GROUP_SIZES, inner_k_tiles, pack
@@ -295,10 +295,11 @@ def test_importing_the_module_leaves_triton_unimported():
     assert result.returncode == 0, result.stderr
 
 
-def test_the_expansion_takes_over_from_the_first_width_the_timer_says_it_wins(monkeypatch):
+def test_the_expansion_takes_over_from_the_first_width_the_timer_says_it_wins(monkeypatch, tmp_path):
     """The CUDA choice with the CPU standing in for the device (the interpreter runs the kernel): a
     timer stand-in that runs both products at the model's shape, checks that they agree, and lets
     the expansion win from 256 rows; then one that never lets it win."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     timed = []
 
     def stand_in(first, second, device) -> bool:
@@ -308,31 +309,31 @@ def test_the_expansion_takes_over_from_the_first_width_the_timer_says_it_wins(mo
         return expanded.shape[0] >= 256
 
     monkeypatch.setattr(timing, "faster", stand_in)
-    int4_expand.expand_rows.cache_clear()
+    widths.expand_rows.cache_clear()
     try:
-        assert int4_expand.expand_rows("cpu", 256, 128, torch.bfloat16) == 256
+        assert widths.expand_rows("cpu", 256, 128, torch.bfloat16) == 256
         assert timed == [16, 64, 256]
         # fewer inputs than the probe's groups of 128 (a small MoE's expert): one group of them
-        assert int4_expand.expand_rows("cpu", 64, 128, torch.bfloat16) == 256
+        assert widths.expand_rows("cpu", 64, 128, torch.bfloat16) == 256
         # a dtype the fused kernel does not take (CUDA's takes bfloat16 alone): expanded at every width, untimed
         timed.clear()
-        monkeypatch.setitem(int4_expand.FUSED_DTYPES, "cpu", (torch.bfloat16,))
-        assert int4_expand.expand_rows("cpu", 256, 128, torch.float32) == 1 and timed == []
+        monkeypatch.setitem(widths.FUSED_DTYPES, "cpu", (torch.bfloat16,))
+        assert widths.expand_rows("cpu", 256, 128, torch.float32) == 1 and timed == []
         monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
-        assert int4_expand.expand_rows("cpu", 384, 128, torch.bfloat16) == float("inf")
+        assert widths.expand_rows("cpu", 384, 128, torch.bfloat16) == float("inf")
     finally:
-        int4_expand.expand_rows.cache_clear()
+        widths.expand_rows.cache_clear()
 
 
 def test_a_cuda_linear_expands_from_the_measured_width_unless_pinned_to_the_fused_kernel(monkeypatch):
-    from specchat.quant import int4
     from specchat.quant.int4 import Int4Linear, use_fused_only
 
     measured = []
-    monkeypatch.setattr(int4, "expand_rows", lambda *shape: measured.append(shape) or 256)
+    monkeypatch.setattr(widths, "expand_rows", lambda *shape: measured.append(shape) or 256)
     linear = Int4Linear(256, 128, 32, False, False, torch.bfloat16, torch.device("cuda"))  # its buffers on the CPU
-    assert [linear.expands(rows) for rows in (1, 255, 256, 2048)] == [False, False, True, True]
+    assert [widths.expands(linear, rows) for rows in (1, 255, 256, 2048)] == [False, False, True, True]
     assert measured[0] == ("cuda", 256, 128, torch.bfloat16)  # the linear's own shape, not a probe's
     use_fused_only(linear)
-    assert not linear.expands(2048)
-    assert not Int4Linear(256, 128, 32, False, False, torch.bfloat16, CPU).expands(2048)  # CPUs keep dense copies
+    assert not widths.expands(linear, 2048)
+    cpu_linear = Int4Linear(256, 128, 32, False, False, torch.bfloat16, CPU)
+    assert not widths.expands(cpu_linear, 2048)  # CPUs keep dense copies

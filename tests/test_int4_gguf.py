@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from specchat.errors import SpecchatError
 from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, q4k_to_int4
 from specchat.quant.int4 import int4_linear, int4_tensors
-from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_pack import fused_linear
 from specchat.quant.gguf_int4 import q4k_scale_parts
 from specchat.quant.q4k_scales import Q4KScalesLinear
 

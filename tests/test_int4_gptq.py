@@ -18,7 +18,7 @@ from specchat.errors import SpecchatError
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_gptq import gptq_to_int4, spec_group_size
-from specchat.quant.int4_probe import UNLIMITED, WidthChoice
+from specchat.quant.widths import UNLIMITED, WidthChoice
 
 CPU = torch.device("cpu")
 PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])

@@ -27,7 +27,7 @@ CHILD = """
 import json, re, sys
 import torch
 from specchat.quant.int4 import Int4Linear, int4_tensors
-from specchat.quant.int4_probe import UNLIMITED, WidthChoice
+from specchat.quant.widths import UNLIMITED, WidthChoice
 from specchat.quant.int4_weight import Int4Weight
 
 IN, OUT = 8192, 28672

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from specchat.machine_choices import keyed_path, machine_facts, remembered
+from specchat import machine_choices
+from specchat.machine_choices import TASKS, keyed_path, kept_choices, load_during, machine_facts, remembered
 from specchat.probe_cache import PROBE_FORMAT, probe_path
 
 CPU = torch.device("cpu")
@@ -28,29 +29,29 @@ def counting(value):
 
 def test_a_choice_is_measured_once_and_then_read():
     measure, calls = counting(32)
-    assert remembered("rows", CPU, measure) == 32
-    assert remembered("rows", CPU, counting(64)[0]) == 32
+    assert remembered("rows", {}, CPU, measure) == 32
+    assert remembered("rows", {}, CPU, counting(64)[0]) == 32
     assert calls == [32]
 
 
 def test_choices_of_other_names_are_measured_apart():
-    assert remembered("rows", CPU, lambda: 4) == 4
-    assert remembered("other rows", CPU, lambda: None) is None
-    assert remembered("rows", CPU, lambda: 8) == 4
+    assert remembered("rows", {}, CPU, lambda: 4) == 4
+    assert remembered("other rows", {}, CPU, lambda: None) is None
+    assert remembered("rows", {}, CPU, lambda: 8) == 4
 
 
 def test_another_thread_count_is_another_machine(monkeypatch):
-    assert remembered("rows", CPU, lambda: 4) == 4
+    assert remembered("rows", {}, CPU, lambda: 4) == 4
     monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
-    assert remembered("rows", CPU, lambda: 16) == 16
+    assert remembered("rows", {}, CPU, lambda: 16) == 16
 
 
 def test_a_damaged_file_is_measured_over(tmp_path):
-    remembered("rows", CPU, lambda: 4)
+    remembered("rows", {}, CPU, lambda: 4)
     [kept] = [path for path in tmp_path.iterdir() if path.name.startswith("choice-")]
     kept.write_text("{not json")
-    assert remembered("rows", CPU, lambda: 8) == 8
-    assert json.loads(kept.read_text()) == {"choice": "rows", "value": 8}
+    assert remembered("rows", {}, CPU, lambda: 8) == 8
+    assert json.loads(kept.read_text())["value"] == 8
     assert not [path for path in tmp_path.iterdir() if path.name.endswith(".partial")]
 
 
@@ -61,3 +62,57 @@ def test_the_cost_probes_file_keeps_its_name_from_before_the_shared_key():
     key = {"machine": machine_facts(CPU), "models": models, "format": PROBE_FORMAT}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     assert probe_path(CPU, models).name == f"{digest}.json" == keyed_path("", key).name
+
+
+class Startups:
+    """Stand-ins for the load readings: each measurement runs under the next of `loads`, and each
+    startup is quiet or not as `quiet` says."""
+
+    def __init__(self, monkeypatch, loads: list[float]) -> None:
+        self.loads, self.quiet = iter(loads), True
+        monkeypatch.setattr(machine_choices, "load_during", lambda measure: (measure(), next(self.loads)))
+        monkeypatch.setattr(machine_choices, "quiet_now", lambda: self.quiet)
+
+
+def test_a_choice_measured_under_load_is_measured_again_at_the_next_quiet_startup(monkeypatch):
+    startups = Startups(monkeypatch, [0.6, 0.0])
+    startups.quiet = False
+    assert remembered("rows", {}, CPU, lambda: 4) == 4  # beside a build: kept, with its load
+    assert remembered("rows", {}, CPU, lambda: 8) == 4  # the build still runs: not measured again
+    startups.quiet = True
+    assert remembered("rows", {}, CPU, lambda: 16) == 16  # quiet: measured again, and kept
+    assert remembered("rows", {}, CPU, lambda: 32) == 16  # measured quiet: kept for good
+    [kept] = kept_choices()
+    assert (kept.choice, kept.value, kept.load, kept.busy) == ("rows", 16, 0.0, False)
+
+
+def test_a_measurement_under_more_load_than_the_kept_ones_is_not_kept(monkeypatch):
+    Startups(monkeypatch, [0.4, 0.9])
+    assert remembered("rows", {}, CPU, lambda: 4) == 4
+    assert remembered("rows", {}, CPU, lambda: 8) == 4  # the quiet-looking startup was busier
+    assert kept_choices()[0].load == 0.4
+
+
+def test_the_load_is_the_share_of_the_threads_runnable_time_spent_waiting_for_a_core(monkeypatch):
+    # thread 1 ran 100 ns more and waited 100; thread 2 started during it, ran 50 and waited 50
+    readings = iter([{"1": (100, 0)}, {"1": (200, 100), "2": (50, 50)}])
+    monkeypatch.setattr(machine_choices, "thread_times", lambda: next(readings))
+    assert load_during(lambda: "value") == ("value", 0.5)
+
+
+@pytest.mark.skipif(not TASKS.is_dir(), reason="no /proc/self/task: the load average stands in")
+def test_a_real_measurement_reads_its_threads_schedstat():
+    value, load = load_during(lambda: sum(range(10**6)))
+    assert value == sum(range(10**6)) and 0.0 <= load <= 1.0
+
+
+def test_the_kept_choices_are_this_machines_by_name_and_key(monkeypatch):
+    Startups(monkeypatch, [0.0, 0.0, 0.0])
+    threads = torch.get_num_threads()
+    remembered("rows", {"dtype": "torch.bfloat16"}, CPU, lambda: 4)
+    remembered("pays", {}, CPU, lambda: True)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
+    remembered("rows", {"dtype": "torch.float32"}, CPU, lambda: 8)  # another thread count: another machine
+    assert [(kept.choice, kept.key, kept.value) for kept in kept_choices()] == [("rows", {"dtype": "torch.float32"}, 8)]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert [(kept.choice, kept.value) for kept in kept_choices()] == [("pays", True), ("rows", 4)]

@@ -10,7 +10,8 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.quant import prepacked, timing
 from specchat.quant.int8 import Int8Linear
-from specchat.quant.prepacked import PROBE_ROWS, PrepackedLinear, prepack_linears, prepack_pays, prepackable
+from specchat.quant.prepacked import PrepackedLinear, prepack_linears, prepackable
+from specchat.quant.widths import PREPACK_ROWS, prepack_pays
 
 
 def supported() -> bool:
@@ -99,11 +100,11 @@ def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(pays):
 
 
 @ONEDNN_BF16
-@pytest.mark.parametrize("plain_wins_at, pays", [(None, True), (PROBE_ROWS[0], False), (PROBE_ROWS[-1], False)])
+@pytest.mark.parametrize("plain_wins_at, pays", [(None, True), (PREPACK_ROWS[0], False), (PREPACK_ROWS[-1], False)])
 def test_prepacking_pays_where_the_timer_finds_f_linear_faster_at_no_width(monkeypatch, tmp_path, plain_wins_at,
                                                                           pays):
     """The choice, not the clock: a stand-in for the timer that lets F.linear (the first product
-    timed) win at one width of PROBE_ROWS, or at none; on a machine that has measured nothing yet,
+    timed) win at one width of PREPACK_ROWS, or at none; on a machine that has measured nothing yet,
     and the next process there reads the choice instead of timing again."""
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     timed = []
@@ -118,7 +119,7 @@ def test_prepacking_pays_where_the_timer_finds_f_linear_faster_at_no_width(monke
     prepack_pays.cache_clear()
     try:
         assert prepack_pays(torch.bfloat16) is pays
-        assert timed == list(PROBE_ROWS[:PROBE_ROWS.index(plain_wins_at) + 1] if plain_wins_at else PROBE_ROWS)
+        assert timed == list(PREPACK_ROWS[:PREPACK_ROWS.index(plain_wins_at) + 1] if plain_wins_at else PREPACK_ROWS)
         prepack_pays.cache_clear()  # another process on the same machine
         monkeypatch.setattr(timing, "faster", lambda first, second, device: pays)  # measured again: not `pays`
         assert prepack_pays(torch.bfloat16) is pays

@@ -26,7 +26,7 @@ from specchat.models.marker import is_current_int4
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_embedding import Int4Embedding
-from specchat.quant.int4_probe import WidthChoice
+from specchat.quant.widths import WidthChoice
 from specchat.quant.q6k import read_q6
 from specchat.runtime import encode_prompt
 

@@ -7,6 +7,14 @@ other two. Each flip changed the memory plan (the draft's dense weights kept bes
 ones: 1.24 GB, or not: 0.53 GB) and the key of `--budget auto`'s cached costs, which were then
 probed again (~26 s at startup). Kept in the probe directory under this machine's facts, a choice
 is what it was at the last startup, as the cost probe is; removing the directory measures again.
+
+Kept for good, a choice measured while a build shared the cores would stay as that minute found
+it (on one machine: prepacked products "did not pay" and the int8 draft won "up to 4 rows", where
+measured alone they paid and it won up to 64). So each choice keeps the load it was measured
+under (`load_during`: the share of the measurement's runnable time it spent waiting for a core),
+and one measured under load (BUSY or more) is measured again at a later quiet startup (the
+1-minute load average below QUIET of the cores), kept only if that measurement saw less load.
+`specchat doctor` lists the kept choices (`kept_choices`) and can measure them again.
 """
 
 import hashlib
@@ -14,13 +22,18 @@ import json
 import os
 import platform
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from specchat.paths import probe_dir
 
-Choice = int | float | bool | str | None  # what a JSON file holds as it was written
+Choice = int | float | bool | str | list | None  # what a JSON file holds as it was written
+FORMAT = 2  # 2 keeps the load a choice was measured under and its parameters; 1's files are measured over
+BUSY = 0.25  # a measurement that waited for a core this share of its runnable time or more was under load
+QUIET = 0.5  # a startup is quiet while the 1-minute load average is below this share of the cores
+TASKS = Path("/proc/self/task")  # Linux: each thread's schedstat, "cpu_ns wait_ns slices"
 
 
 def machine_facts(device: torch.device) -> dict:
@@ -50,13 +63,105 @@ def write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def remembered(name: str, device: torch.device, measure: Callable[[], Choice]) -> Choice:
-    """The choice `name` on this machine: as kept from an earlier startup, else `measure()`d now
-    and kept. A file that does not parse is measured over."""
-    path = keyed_path("choice-", {"machine": machine_facts(device), "choice": name})
+@dataclass(frozen=True)
+class Kept:
+    """A choice as kept: its name and parameters, its value, and the load it was measured under."""
+
+    choice: str
+    key: dict  # the choice's parameters: a shape, a dtype
+    value: Choice
+    load: float  # share of the measurement's runnable time spent waiting for a core (0: alone)
+    device: str  # the device type it was measured on
+    machine: dict  # machine_facts of that device then
+
+    @property
+    def busy(self) -> bool:
+        return self.load >= BUSY
+
+
+def choice_path(choice: str, key: dict, device: torch.device) -> Path:
+    return keyed_path("choice-", {"machine": machine_facts(device), "choice": choice, "key": key, "format": FORMAT})
+
+
+def remembered(choice: str, key: dict, device: torch.device, measure: Callable[[], Choice]) -> Choice:
+    """The choice `choice` at `key` on this machine: as kept from an earlier startup, else
+    `measure()`d now and kept. One kept from a busy measurement is measured again at a quiet
+    startup, and the less loaded of the two measurements is kept. A file that does not parse is
+    measured over."""
+    kept = read_kept(choice_path(choice, key, device))
+    if kept is None or (kept.busy and quiet_now()):
+        fresh = measured(choice, key, device, measure)
+        if kept is None or fresh.load < kept.load:
+            write_kept(fresh)
+            kept = fresh
+    return kept.value
+
+
+def measured(choice: str, key: dict, device: torch.device, measure: Callable[[], Choice]) -> Kept:
+    """`measure()` now, with the load it ran under."""
+    value, load = load_during(measure)
+    return Kept(choice, key, value, load, device.type, machine_facts(device))
+
+
+def write_kept(kept: Kept) -> None:
+    path = choice_path(kept.choice, kept.key, torch.device(kept.device))
+    write_atomically(path, json.dumps({**asdict(kept), "format": FORMAT}))
+
+
+def read_kept(path: Path) -> Kept | None:
+    """The choice kept at `path`; None where there is none, or it does not parse as this FORMAT's."""
     try:
-        return json.loads(path.read_text())["value"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        value = measure()
-        write_atomically(path, json.dumps({"choice": name, "value": value}))
-        return value
+        fields = json.loads(path.read_text())
+        if fields.pop("format") != FORMAT:
+            return None
+        return Kept(**fields)
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def kept_choices() -> list[Kept]:
+    """Every choice kept for this machine (its facts as they are now), by name."""
+    found = [read_kept(path) for path in sorted(probe_dir().glob("choice-*.json"))]
+    return sorted((kept for kept in found if kept is not None and this_machine(kept)),
+                  key=lambda kept: (kept.choice, json.dumps(kept.key, sort_keys=True)))
+
+
+def this_machine(kept: Kept) -> bool:
+    if kept.device == "cuda" and not torch.cuda.is_available():
+        return False
+    return kept.machine == machine_facts(torch.device(kept.device))
+
+
+def quiet_now() -> bool:
+    """Whether the machine looks quiet at startup: the 1-minute load average below QUIET of the cores."""
+    return os.getloadavg()[0] < QUIET * (os.cpu_count() or 1)
+
+
+def load_during(measure: Callable[[], Choice]) -> tuple[Choice, float]:
+    """`measure()` and the share of its threads' runnable time spent waiting for a core: what
+    other work took from it (Linux's per-thread schedstat; elsewhere the 1-minute load average
+    per core at its end, at most 1)."""
+    before = thread_times()
+    value = measure()
+    after = thread_times()
+    if after is None or before is None:
+        return value, min(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    ran = waited = 0
+    for thread, (cpu, wait) in after.items():
+        cpu_before, wait_before = before.get(thread, (0, 0))  # a thread started during the measurement
+        ran, waited = ran + cpu - cpu_before, waited + wait - wait_before
+    return value, waited / (ran + waited) if ran + waited else 0.0
+
+
+def thread_times() -> dict[str, tuple[int, int]] | None:
+    """Each thread's nanoseconds on a core and waiting for one; None without /proc's schedstat."""
+    if not TASKS.is_dir():
+        return None
+    times = {}
+    for task in TASKS.iterdir():
+        try:
+            cpu, wait = (task / "schedstat").read_text().split()[:2]
+        except FileNotFoundError:  # the thread ended since the listing: its time no longer counts
+            continue
+        times[task.name] = (int(cpu), int(wait))
+    return times

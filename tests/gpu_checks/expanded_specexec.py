@@ -37,7 +37,7 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.offload.build import offload_model
 from specchat.progress import Reporter
-from specchat.quant import int4
+from specchat.quant import widths
 from specchat.quant.gptq import GPTQSpec
 from specchat.quant.int4 import use_fused_only
 
@@ -83,18 +83,18 @@ def draft_of(config: LlamaConfig, device: torch.device) -> CausalLM:
 def expanding_from(rows: int) -> Iterator[list[int]]:
     """Int4Linears expand from `rows` rows (CUDA; a CPU never expands outside Triton's interpreter);
     yields the row counts of the products that expanded."""
-    measured, product = int4.expand_rows, int4.expanded_linear
+    measured, product = widths.expand_rows, widths.expanded_linear
     expanded: list[int] = []
 
     def counted(x: torch.Tensor, *rest) -> torch.Tensor:
         expanded.append(x.shape[0])
         return product(x, *rest)
 
-    int4.expand_rows, int4.expanded_linear = (lambda *shape: rows), counted
+    widths.expand_rows, widths.expanded_linear = (lambda *shape: rows), counted
     try:
         yield expanded
     finally:
-        int4.expand_rows, int4.expanded_linear = measured, product
+        widths.expand_rows, widths.expanded_linear = measured, product
 
 
 def transformers_model(config: LlamaConfig, directory: Path, device: torch.device) -> PreTrainedModel:

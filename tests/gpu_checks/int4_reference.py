@@ -17,7 +17,7 @@ from torch import Tensor
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_expand import expanded_linear, triton_available
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
 
 SHAPES_70B = ((8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192))  # (in, out)

@@ -19,8 +19,9 @@ from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_expand import expanded_linear, triton_available
 from specchat.quant.int4_gptq import spec_group_size
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_probe import fused_linear
+from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
+from specchat.quant.widths import int4_product
 
 DTYPE = torch.bfloat16
 VERDICT_SHAPE = (8192, 28672)  # (in, out): a 70B MLP's up and gate projections
@@ -67,7 +68,7 @@ def wide(linear: Int4Linear, x: Tensor) -> Tensor:
     if x.device.type == "cuda":
         return expanded_linear(x, linear.packed, linear.scales_and_zeros, linear.group_size,
                                layout_for(x.device, linear.in_features))
-    return linear.product(x, linear.scales_and_zeros)
+    return int4_product(linear, x, linear.scales_and_zeros)
 
 
 def shape_rows(shape: tuple[int, int], group_size: int, all_rows: tuple[int, ...], device: torch.device,

@@ -6,12 +6,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.forward import CausalLM
-from specchat.machine_choices import remembered
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.draft_approx import DraftApprox
 from specchat.models.loading import load
 from specchat.progress import Reporter
-from specchat.quant.int8 import PROBE_ROWS, int8_rows
+from specchat.quant.widths import INT8_ROWS, int8_rows
 
 
 @dataclass(frozen=True)
@@ -47,14 +46,14 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
     matmul there (measured: at every width with x86's dynamic kernel or without bf16 hardware;
     with avx512_bf16 and the weight-only kernel only up to a few rows, so wider draft steps keep
     the dense weights), and no quantization elsewhere (the kernels are CPU-only). Measured once
-    per machine (machine_choices.py: measured at every startup, it flipped). An explicit kind is
-    taken as it is: int8 at every width."""
+    per machine and kept (quant/widths.py: measured at every startup, it flipped). An explicit
+    kind is taken as it is: int8 at every width."""
     if kind != "auto":
         return DraftQuant(kind)
-    rows = remembered(f"int8 rows, {dtype}", device, lambda: int8_rows(dtype)) if device.type == "cpu" else 0
+    rows = int8_rows(dtype) if device.type == "cpu" else 0
     if rows == 0:
         return DraftQuant("none")
-    return DraftQuant("int8", None if rows == PROBE_ROWS[-1] else rows)
+    return DraftQuant("int8", None if rows == INT8_ROWS[-1] else rows)
 
 
 def describe(quant: DraftQuant, vocab_size: int | None) -> str:

@@ -1,5 +1,6 @@
 """A Linear whose 4-bit weight stays packed: torch's fused int4 kernel for narrow inputs, chunked
-dequantization for wide ones, on CPU and CUDA alike.
+dequantization, CUDA's expansion or a CPU's dense copy for wide ones (which one at which width on
+which device: quant/widths.py).
 
 The weight is an Int4Weight (int4_weight: w = (q - 8) * scale + zero per group of inputs) held as
 its device's kernel reads it, in buffers, so that it travels with state_dict and streams through
@@ -18,12 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.int4_chunks import chunked_linear, chunked_workspace
-from specchat.quant.int4_expand import expand_rows, expanded_linear, expanded_workspace
+from specchat.quant.int4_chunks import chunked_workspace
+from specchat.quant.int4_expand import expanded_workspace
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_pack import GROUP_SIZES, ROW_MULTIPLE, check_shape, pack, packed_shape
-from specchat.quant.int4_probe import FUSED_DTYPES, UNLIMITED, WidthChoice, fused_linear, width_choice
+from specchat.quant.int4_pack import FUSED_DTYPES, GROUP_SIZES, ROW_MULTIPLE, check_shape, pack, packed_shape
 from specchat.quant.int4_weight import Int4Weight
+from specchat.quant.widths import UNLIMITED, WidthChoice, int4_product
 
 
 class Int4Linear(nn.Module):
@@ -36,7 +37,7 @@ class Int4Linear(nn.Module):
         check_shape(out_features, in_features, group_size)
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.kernel, self.compute_dtype = kernel.type, dtype
-        self.widths: WidthChoice | None = None  # None: the probe's measured choice (`use_fused_only`)
+        self.widths: WidthChoice | None = None  # None: the measured choice (widths.py; `use_fused_only`)
         self.dense = None  # int4_dense.DenseCopy: wide inputs multiply it (a plain attribute: no state_dict entry)
         shape, packed_dtype = packed_shape(out_features, in_features, kernel.type)
         self.register_buffer("packed", torch.empty(shape, dtype=packed_dtype))
@@ -55,33 +56,10 @@ class Int4Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if self.perm is not None:
             flat = flat.index_select(1, self.perm)
-        out = self.product(flat, self.group_scales())
+        out = int4_product(self, flat, self.group_scales())
         if self.bias is not None:
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
-
-    def product(self, flat: Tensor, scales_and_zeros: Tensor) -> Tensor:
-        """flat [rows, I] @ w.T by the product that serves its width: a dense copy (CPU) or the
-        expansion (CUDA) from the width measured at this shape, else the fused kernel up to the
-        probe's width and the chunked product past it."""
-        rows = flat.shape[0]
-        if self.dense is not None and rows >= self.dense.from_rows:
-            return self.dense.linear(flat)
-        if self.expands(rows):
-            return expanded_linear(flat, self.packed, scales_and_zeros, self.group_size,
-                                   layout_for(flat.device, self.in_features))
-        choice = self.widths or width_choice(self.kernel, flat.dtype)
-        layout = None if rows <= choice.fused_rows else layout_for(flat.device, self.in_features)
-        if layout is None:  # narrow, or a layout that cannot be read back
-            return fused_linear(flat, self.packed, scales_and_zeros, self.group_size)
-        return chunked_linear(flat, self.packed, scales_and_zeros, self.group_size, layout, choice.product)
-
-    def expands(self, rows: int) -> bool:
-        """Whether `rows` input rows run int4_expand's expansion and a dense matmul (CUDA: from the
-        width measured at this shape; the CPU runs Triton only under its interpreter)."""
-        if self.kernel != "cuda" or self.widths is not None:
-            return False
-        return rows >= expand_rows(self.kernel, self.in_features, self.out_features, self.compute_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "

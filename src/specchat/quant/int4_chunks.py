@@ -1,7 +1,7 @@
 """The product of a wide input with a packed int4 weight, dequantized a chunk of output rows at a time.
 
 The fused kernels dequantize every weight once per few input rows, so their cost grows with the
-rows faster than a dense matmul's; past some width (measured at startup: int4_probe) it is faster
+rows faster than a dense matmul's; past some width (measured at startup: quant/widths.py) it is faster
 to expand the weight and run a dense matmul. Expanding all of it would take a full-size temporary
 per call (4 bytes a weight in float32: 940 MB for a 8192 x 28672 linear), so it is expanded
 CHUNK_WEIGHTS weights (whole output rows) at a time into buffers made once per call, and each
@@ -12,7 +12,7 @@ Dequantization reproduces the kernel's weights: w = (q - 8) * scale + zero in fl
 |q - 8| <= 8), so the one rounding left is that of the kernel's fused multiply-add: the float32
 weights are bitwise the fused kernel's. The product runs in `product` dtype: float32 keeps them
 (the input is widened, as the CPU kernel widens it), a half dtype rounds each once more (relative
-error at most 2**-8 in bf16); int4_probe picks whichever is faster on the machine.
+error at most 2**-8 in bf16); quant/widths.py picks whichever is faster on the machine.
 """
 
 from dataclasses import dataclass
@@ -118,3 +118,19 @@ def chunked_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_si
         else:
             columns.copy_(torch.mm(wide, weights, out=part[:, :rows]))
     return out
+
+
+def dequantized(packed: Tensor, scales_and_zeros: Tensor, group_size: int, layout: TileLayout,
+                dtype: torch.dtype) -> Tensor:
+    """The whole weight [O, I] in `dtype`, expanded in float32 a chunk of output rows at a time (so
+    that the float32 temporaries stay a few MB) and rounded once: a dense copy of it."""
+    groups, out_features = scales_and_zeros.shape[:2]
+    in_features = groups * group_size
+    step = chunk_rows(in_features, out_features, layout.rows)
+    buffers = chunk_buffers(in_features, step, groups, torch.float32, packed.device)
+    weight = torch.empty(out_features, in_features, dtype=dtype, device=packed.device)
+    for start in range(0, out_features, step):
+        rows = min(step, out_features - start)
+        weight[start:start + rows].copy_(
+            dequantize_chunk(packed, scales_and_zeros, start, rows, group_size, layout, buffers).t())
+    return weight

@@ -29,10 +29,7 @@ import torch
 from torch import Tensor
 
 from specchat.errors import SpecchatError
-from specchat.quant.int4_layout import TileLayout, layout_for, unpack_transposed
-from specchat.quant.int4_pack import pack
-from specchat.quant.int4_probe import FUSED_DTYPES, fused_linear
-from specchat.quant.timing import crossover
+from specchat.quant.int4_layout import TileLayout, unpack_transposed
 
 # Output rows and inputs per program (inputs: the largest common divisor of BLOCK_I and the group
 # size, one group a program). Swept on an H200 at a 70B layer's shapes (scripts/bench_int4_expand.py):
@@ -46,8 +43,6 @@ EXPAND_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # at 1024 rows took 1.52 ms in chunks of 2^25 weights, 1.47 in 2^26, 1.44 in 2^27, 1.38 whole; 2^26
 # keeps most of the gain in an eighth of a whole 70B MLP weight's 470 MB.
 EXPAND_WEIGHTS = 1 << 26
-PROBE_ROWS = (16, 64, 256, 1024)  # tree widths at which expanding may start to win (the fused kernel's below)
-PROBE_GROUP = 128  # GPTQ's usual groups (fewer where a weight has fewer inputs)
 
 
 def triton_available() -> bool:
@@ -174,32 +169,6 @@ def expanded_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_s
         weight = expand_int4(chunk, scales, group_size, layout, x.dtype, out=buffer)
         out[:, start:start + rows].copy_(torch.mm(x, weight.t(), out=part[:, :rows]))
     return out
-
-
-@cache
-def expand_rows(device_type: str, in_features: int, out_features: int, dtype: torch.dtype) -> float:
-    """The fewest input rows (of PROBE_ROWS) from which `expanded_linear` runs faster than the fused
-    kernel on `device_type` at this shape, measured once per process and shape (quant.timing.crossover)
-    on a random weight of that shape: launch costs hide a kernel's slope on small probes, so each
-    of the model's own shapes is timed. inf where it never does, or where the kernel cannot run; 1
-    where the fused kernel takes no `dtype` inputs (CUDA's takes bfloat16 alone), as the expansion
-    then beats the chunked product it would fall back on at every width."""
-    device = torch.device(device_type)
-    layout = layout_for(device, in_features)
-    if not triton_available() or layout is None:
-        return math.inf
-    if dtype not in FUSED_DTYPES[device_type]:
-        return 1
-    generator = torch.Generator().manual_seed(0)
-    nibbles = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator)
-    packed = pack(nibbles, device)
-    group = math.gcd(PROBE_GROUP, in_features)  # an expert's 64 inputs: one group of 64
-    groups = in_features // group
-    scales_and_zeros = (torch.rand(groups, out_features, 2, generator=generator) / 64).to(device, dtype)
-    x = torch.randn(max(PROBE_ROWS), in_features, generator=generator).to(device, dtype)
-    rows = crossover(PROBE_ROWS, lambda rows: expanded_linear(x[:rows], packed, scales_and_zeros, group, layout),
-                     lambda rows: fused_linear(x[:rows], packed, scales_and_zeros, group), device)
-    return math.inf if rows is None else rows
 
 
 def expand_int4_reference(packed: Tensor, scales_and_zeros: Tensor, group_size: int, layout: TileLayout,

@@ -24,6 +24,7 @@ CUDA_INNER_K_TILES = (8, 4, 2)  # preferred first; I must be a multiple of 16 t
 # uint8 values and their int32 copy): 7.9 MB at 1536 inputs, 147 MB at 28672. A multiple of every
 # layout's tile rows, so the chunks' layouts laid end to end are the whole one's.
 PACK_ROWS = 1024
+FUSED_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}  # their inputs
 
 
 def pack_nibbles(q: Tensor) -> Tensor:
@@ -89,3 +90,10 @@ def layout_key(device_type: str) -> str:
     on a CPU, the vector capability its kernels were picked for (AVX512 packs 64-row blocks, AVX2 32)."""
     key = f"{device_type}, torch {torch.__version__}"
     return f"{key}, {torch.backends.cpu.get_cpu_capability()}" if device_type == "cpu" else key
+
+
+def fused_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int) -> Tensor:
+    """x [rows, I] @ w.T through torch's fused int4 kernel of x's device."""
+    if x.device.type == "cuda":
+        return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group_size, scales_and_zeros)

@@ -9,7 +9,7 @@ product per output, 1.6-2.8x faster than a bf16 matmul at every width on an avx5
 (measured: docs/benchmarks.md). Elsewhere on a CPU it runs in torch's `_weight_int8pack_mm`
 (weight-only int8, activations as given), which reads a quarter of fp32's bytes but, with
 avx512_bf16, is slower than a bf16 matmul from a few rows on.
-`int8_rows` measures, on the machine at hand, up to how many rows int8 wins; an `Int8Linear` can
+quant/widths.py measures, on the machine at hand, up to how many rows int8 wins; an `Int8Linear` can
 keep the dense weight beside its int8 copy and multiply wider inputs with it, so a draft's
 narrow steps read fewer bytes and its wide steps lose nothing.
 """
@@ -19,8 +19,6 @@ import warnings
 import torch
 from torch import nn
 
-from specchat.quant import timing
-from specchat.quant.timing import LinearShape
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the kernels accept
 DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 linear is fbgemm's
@@ -29,13 +27,6 @@ DYNAMIC_ENGINES = ("x86", "fbgemm")  # quantized engines whose dynamic int8 line
 KERNEL_IN_MULTIPLE = 16
 DEQUANT_ROWS = 1024  # output rows dequantized at once where no int8 kernel runs: 1024 x in_features temporary
 QUANT_ROWS = 256  # rows quantized at once: float32 temporaries of 256 x in_features (quantize_rows)
-PROBE_SHAPE = LinearShape(896, 4864)  # the embedded 0.5B draft's MLP up projection: a typical draft linear
-# Distinct weights the probe cycles through, 70 MB in bf16: a model's forward reads its weights from
-# memory, and a single 8.7 MB weight would sit in many CPUs' last-level cache and favour the dense
-# kernel (measured here: int8 won up to 2 rows on one cached weight, at every width on eight).
-PROBE_LINEARS = 8
-PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows of a draft step: the root, a chain, then wider expansions
-CPU = torch.device("cpu")
 # The start of the UserWarning torch 2.13 raises (Quantizer.cpp) on creating a quantized tensor
 QUANTIZED_TENSOR_NOTICE = r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor"
 
@@ -175,22 +166,6 @@ class Bank(nn.Module):
     def forward(self, x: torch.Tensor) -> None:
         for layer in self.layers:
             layer(x)
-
-
-def int8_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows int8 linears of PROBE_SHAPE beat dense ones in `dtype` on this CPU:
-    the largest of PROBE_ROWS at and below which they win every time (quant.timing: the fastest
-    of a few runs each, in turns, over PROBE_LINEARS distinct weights), 0 where they never do; a
-    fraction of a second."""
-    if dtype not in KERNEL_DTYPES:
-        return 0
-    generator = torch.Generator().manual_seed(0)
-    weights = [torch.randn(PROBE_SHAPE.out_features, PROBE_SHAPE.in_features, generator=generator).to(dtype)
-               for _ in range(PROBE_LINEARS)]
-    dense = Bank([dense_linear(weight) for weight in weights])
-    int8 = Bank([Int8Linear(weight, None) for weight in weights])
-    x = torch.randn(max(PROBE_ROWS), PROBE_SHAPE.in_features, generator=generator).to(dtype)
-    return timing.widest_win(PROBE_ROWS, lambda rows: int8(x[:rows]), lambda rows: dense(x[:rows]), CPU)
 
 
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
