@@ -143,13 +143,16 @@ def doctor(
     probe_gb: float = typer.Option(1.0, help="Size in GB of the probe file for the disk read bandwidth."),
     ram_budget: RamBudgetOpt = None,
     vram_budget: VramBudgetOpt = None,
+    measure_again: bool = typer.Option(False, "--measure-again", help="Measure this machine's kept choices (which "
+                                       "product serves which width) again now, whatever the load."),
 ) -> None:
     """Report devices, memory and bandwidths (or describe a machine), and plan a target and its
-    draft on it: every byte per tier, the bytes streamed per pass and the expected speed. Reads
-    only the models' configs (the aliases' ship with specchat): works offline."""
+    draft on it: every byte per tier, the bytes streamed per pass and the expected speed; list the
+    choices this machine keeps. Reads only the models' configs (the aliases' ship with specchat):
+    works offline."""
     machine = Machine(vram_gb, ram_gb, disk_gbps, pcie_gbps)
     print(run_doctor(target, None if draft == "none" else draft, context, machine, offload_dir, probe_gb, ram_budget,
-                     vram_budget))
+                     vram_budget, measure_again))
 
 
 @app.command()

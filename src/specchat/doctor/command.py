@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from specchat.doctor.advice import advise
+from specchat.doctor.choices import choice_lines
 from specchat.doctor.facts import gather
 from specchat.doctor.limit import measure_limit
 from specchat.doctor.plan import PairPlan, doctor_options, doctor_plan
@@ -19,10 +20,14 @@ from specchat.runtime import EngineOptions
 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
-               probe_gb: float, ram_budget: float | None, vram_budget: float | None) -> str:
+               probe_gb: float, ram_budget: float | None, vram_budget: float | None,
+               measure_again: bool = False) -> str:
     """The report: for a described machine from its sizes alone; for this one after measuring its
-    links (and remembering them for the engines)."""
+    links (and remembering them for the engines), with the choices it keeps (measured again first
+    with `measure_again`)."""
     check_numbers(machine, ram_budget, vram_budget, context)
+    if measure_again and machine.described:
+        raise SpecchatError("--measure-again measures this machine's kept choices: give no described machine")
     directory = offload_dir or default_offload_dir()
     if machine.described:
         options = doctor_options(target, draft, context, directory, ram_budget, vram_budget)
@@ -35,7 +40,7 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     pair = plan_or_reason(options, measured)
     limit = None if facts.cuda else measure_limit(options)
     rec = advise(pair, bool(facts.cuda), facts.h2d_gbps, facts.disk_gbps) if isinstance(pair, PairPlan) else None
-    return render(facts, target, rec, pair, limit)
+    return "\n".join([render(facts, target, rec, pair, limit), *choice_lines(measure_again)])
 
 
 def plan_or_reason(options: EngineOptions, machine: Machine) -> PairPlan | str:
