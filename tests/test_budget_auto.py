@@ -124,8 +124,8 @@ def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):
     path = probe_path(cpu, {"target": "a", "draft": "b"})
     assert path.is_relative_to(tmp_path) and read_costs(path) is None
     streamed = Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1,), draft_s=(0.01,), stream_s=2.5, staged=0.5)
-    write_costs(path, streamed)
-    assert read_costs(path) == streamed
+    write_costs(path, streamed, 0.1)
+    assert read_costs(path) == (streamed, 0.1)
     assert probe_path(cpu, {"target": "a", "draft": "c"}) != path
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
 

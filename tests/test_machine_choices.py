@@ -8,7 +8,8 @@ import torch
 
 from specchat import machine_choices
 from specchat.machine_choices import TASKS, keyed_path, kept_choices, load_during, machine_facts, remembered
-from specchat.probe_cache import PROBE_FORMAT, probe_path
+from specchat.decoding.autosize import Costs
+from specchat.probe_cache import PROBE_FORMAT, probe_path, probed_costs, read_costs
 
 CPU = torch.device("cpu")
 
@@ -116,3 +117,21 @@ def test_the_kept_choices_are_this_machines_by_name_and_key(monkeypatch):
     assert [(kept.choice, kept.key, kept.value) for kept in kept_choices()] == [("rows", {"dtype": "torch.float32"}, 8)]
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     assert [(kept.choice, kept.value) for kept in kept_choices()] == [("pays", True), ("rows", 4)]
+
+
+def costs(one_token_s: float) -> Costs:
+    return Costs(target_n=(1, 2), target_s=(one_token_s, 2 * one_token_s), draft_b=(1,), draft_s=(0.01,))
+
+
+def test_costs_probed_under_load_are_probed_again_at_the_next_quiet_startup(monkeypatch):
+    """The --budget auto costs follow the kept choices' rule: a one-token pass probed beside a
+    build (0.58 s) is not what sizes trees once the machine is quiet."""
+    startups = Startups(monkeypatch, [0.5, 0.02])
+    path = probe_path(CPU, {"target": "t", "draft": "d"})
+    startups.quiet = False
+    assert probed_costs(path, lambda: costs(0.58)) == costs(0.58)
+    assert probed_costs(path, lambda: costs(0.06)) == costs(0.58)  # still busy: not probed again
+    startups.quiet = True
+    assert probed_costs(path, lambda: costs(0.06)) == costs(0.06)
+    assert probed_costs(path, lambda: costs(0.05)) == costs(0.06)  # probed quiet: kept
+    assert read_costs(path) == (costs(0.06), 0.02)

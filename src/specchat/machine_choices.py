@@ -24,6 +24,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -34,6 +35,7 @@ FORMAT = 2  # 2 keeps the load a choice was measured under and its parameters; 1
 BUSY = 0.25  # a measurement that waited for a core this share of its runnable time or more was under load
 QUIET = 0.5  # a startup is quiet while the 1-minute load average is below this share of the cores
 TASKS = Path("/proc/self/task")  # Linux: each thread's schedstat, "cpu_ns wait_ns slices"
+Measured = TypeVar("Measured")
 
 
 def machine_facts(device: torch.device) -> dict:
@@ -137,7 +139,7 @@ def quiet_now() -> bool:
     return os.getloadavg()[0] < QUIET * (os.cpu_count() or 1)
 
 
-def load_during(measure: Callable[[], Choice]) -> tuple[Choice, float]:
+def load_during(measure: Callable[[], Measured]) -> tuple[Measured, float]:
     """`measure()` and the share of its threads' runnable time spent waiting for a core: what
     other work took from it (Linux's per-thread schedstat; elsewhere the 1-minute load average
     per core at its end, at most 1)."""

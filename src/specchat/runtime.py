@@ -34,7 +34,7 @@ from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.plan import Machine, MemoryPlan  # Machine: for the CLI
 from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
-from specchat.probe_cache import probe_path, read_costs, write_costs
+from specchat.probe_cache import probe_path, probed_costs
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
@@ -124,13 +124,11 @@ class Models:
 
     def sizer(self) -> AutoSizer:
         """A fresh --budget auto sizer over this pair's costs, probed on first use (and kept in
-        the user cache for the next run on this machine)."""
+        the user cache for the next run on this machine; probed again at a quiet startup when
+        they were probed under load)."""
         if self.costs is None:
-            path = probe_path(self.device, self.identity)
-            self.costs = read_costs(path)
-            if self.costs is None:
-                self.costs = probe_costs(self.target, self.draft, self.auto_cap())
-                write_costs(path, self.costs)
+            self.costs = probed_costs(probe_path(self.device, self.identity),
+                                      lambda: probe_costs(self.target, self.draft, self.auto_cap()))
         return AutoSizer(self.costs, self.auto_cap())
 
     def auto_cap(self) -> int:
