@@ -53,7 +53,7 @@ def test_doctor_measures_the_kept_choices_again_and_lists_them(monkeypatch, caps
     for choice, stand_in in stand_ins.items():
         monkeypatch.setitem(widths.MEASURES, choice, stand_in)
     monkeypatch.setattr(machine_choices, "load_during", lambda measure: (measure(), 0.01))
-    monkeypatch.setattr(machine_choices, "quiet_now", lambda: False)
+    monkeypatch.setattr(machine_choices, "quiet_startup", lambda: False)
     args = ["doctor", "--probe-gb", "0.01", "--offload-dir", str(tmp_path / "offload")]
     code, out, _ = run_cli(monkeypatch, capsys, *args)
     assert code == 0 and re.search(r"^  int8 rows +dtype=bfloat16 +4 +load 0\.60; busy", out, re.M) and not measured

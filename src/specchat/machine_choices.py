@@ -23,6 +23,7 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
@@ -91,7 +92,7 @@ def remembered(choice: str, key: dict, device: torch.device, measure: Callable[[
     startup, and the less loaded of the two measurements is kept. A file that does not parse is
     measured over."""
     kept = read_kept(choice_path(choice, key, device))
-    if kept is None or (kept.busy and quiet_now()):
+    if kept is None or (kept.busy and quiet_startup()):
         fresh = measured(choice, key, device, measure)
         if kept is None or fresh.load < kept.load:
             write_kept(fresh)
@@ -134,8 +135,12 @@ def this_machine(kept: Kept) -> bool:
     return kept.machine == machine_facts(torch.device(kept.device))
 
 
-def quiet_now() -> bool:
-    """Whether the machine looks quiet at startup: the 1-minute load average below QUIET of the cores."""
+@cache
+def quiet_startup() -> bool:
+    """Whether this process started on a quiet machine: the 1-minute load average below QUIET of
+    the cores when it first asks. Read once: a startup's own loading and measuring raise the
+    average (here from 0.94 to over 1 on two cores within seconds), and read again, a startup that
+    began quiet measured its first busy choice again and not the rest."""
     return os.getloadavg()[0] < QUIET * (os.cpu_count() or 1)
 
 

@@ -33,7 +33,7 @@ def probed_costs(path: Path, probe: Callable[[], Costs]) -> Costs:
     """The costs kept at `path`, else `probe()`d now and kept; costs probed under load are probed
     again at a quiet startup, and the less loaded of the two probes kept."""
     kept = read_costs(path)
-    if kept is not None and not (kept[1] >= BUSY and machine_choices.quiet_now()):
+    if kept is not None and not (kept[1] >= BUSY and machine_choices.quiet_startup()):
         return kept[0]
     costs, load = machine_choices.load_during(probe)  # through the module: a test stands in for the readings
     if kept is not None and load >= kept[1]:
