@@ -66,7 +66,8 @@ class WidthChoice:
 
 
 def int4_product(linear: nn.Module, flat: Tensor, scales_and_zeros: Tensor) -> Tensor:
-    """flat [rows, I] @ w.T for an Int4Linear, by the product that serves its width on its device."""
+    """flat [rows, I] @ w.T for an Int4Linear (typed as a module: int4.py imports this one), by the
+    product that serves its width on its device."""
     rows = flat.shape[0]
     if linear.dense is not None and rows >= linear.dense.from_rows:
         return linear.dense.linear(flat)
