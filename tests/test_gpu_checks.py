@@ -28,6 +28,7 @@ from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.suite import all_checks, run_all
 from gpu_checks.verdict import Verdict, exit_code, table
 
+from specchat.quant import int4
 from specchat.quant import widths as policy
 from specchat.quant.int4_weight import Int4Weight
 
