@@ -16,7 +16,7 @@ measures it, on the shipped defaults (bf16, `--budget auto`, the approximated dr
 For each prompt it records the first index where the two token lists differ and the gap there:
 how far the first list's token sits below the one the reference picks, in logits of the
 reference's own sequential forward (greedy: max logit minus the token's logit; sampled: the
-logit spread that would move the seeded draw onto it, as tests/exactness.py defines).
+logit spread that would move the seeded draw onto it, as tests/helpers/exactness.py defines).
 
 Usage: python scripts/bench_bf16_agreement.py --out DIR [--prompts 20] [--max-new-tokens 64]
            [--temperature 0.6] [--top-p 0.9] [--seed 1234]
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the gap's definition lives with the checker
-from exactness import Sequential, first_difference, token_gap  # noqa: E402
+from helpers.exactness import Sequential, first_difference, token_gap  # noqa: E402
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.bench.provenance import claim_fresh_folder, code_version, table_header

@@ -5,9 +5,9 @@ The defaults (bf16, the packed int4 target with the dense copies the plan keeps,
 `--draft-quant auto` resolves it) run specexec as the tests do: `--budget auto` over this machine's
 probed costs, the grown trees (auto over the project machine's costs, the int8 sub-vocabulary
 draft), and a fixed budget of 64 (a third tree shape, as other probed costs would give). Each reply
-is compared with bf16 autoregressive decoding of the same target (tests/exactness.py's check) and
+is compared with bf16 autoregressive decoding of the same target (tests/helpers/exactness.py's check) and
 with the independent loop on the same target object's transformers forward
-(tests/reference_loop.py); both re-anchor at every difference and go on, with no bound, so every
+(tests/helpers/reference_loop.py); both re-anchor at every difference and go on, with no bound, so every
 divergence is recorded with its gap (logits: greedy, the argmax's lead; seeded, T log(1 + r), r the
 draw's distance from the token's slot of the cumulative distribution). `--target compact` runs
 test_real_compact.py's target instead (every layer streamed, Q6_K head, budget 16; the AR
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checkers live with the tests
-from exactness import ExactnessCheck  # noqa: E402
-from reference_loop import reference_decode, ties_against_reference  # noqa: E402
+from helpers.exactness import ExactnessCheck  # noqa: E402
+from helpers.reference_loop import reference_decode, ties_against_reference  # noqa: E402
 from test_real_compact import RAM_BUDGET_GB  # noqa: E402
 from test_real_defaults import grown_engine as grown_specexec  # noqa: E402
 

@@ -4,7 +4,7 @@ per-reply bounds.
 
 The defaults (bf16, `--budget auto`, the packed target, the draft as auto resolves it) run
 specexec on MT-Bench first turns, greedy and seeded (t=0.6, top-p 0.9, the default seed), against
-bf16 autoregressive decoding of the same target; tests/exactness.py's check counts every near-tie
+bf16 autoregressive decoding of the same target; tests/helpers/exactness.py's check counts every near-tie
 (within BF16_NEAR_TIE logits: the reference re-anchors on the engine's token and goes on) and fails
 on any other difference. Each reply runs twice: with the copies the plan kept, and with every copy
 dropped (tree rows then run the fused kernel, whose rows are those of a one-token pass).
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checker lives with the tests
-from exactness import ExactnessCheck  # noqa: E402
+from helpers.exactness import ExactnessCheck  # noqa: E402
 from test_real_defaults import BF16_NEAR_TIE  # noqa: E402
 
 from specchat.bench.datasets import mtbench_first_turns

@@ -8,7 +8,7 @@ Usage: python scripts/bench_moe_specexec.py [--experts 8] [--top-k 2] [--workdir
 
 No MoE model ships on PyPI, and a random one defeats any draft. The target here is the 1.5B with
 its MLP upcycled into --experts experts E, each the MLP less its own E-th of the channels, the rest
-scaled by E / (E - 1), --top-k routed a token by a random router, normalized (tests/moe_upcycle.py;
+scaled by E / (E - 1), --top-k routed a token by a random router, normalized (tests/helpers/moe_upcycle.py;
 RTN 4-bit GPTQ, group 128): the draft predicts it as it predicts the 1.5B, while routing spreads
 tokens over experts that differ. The models load as the app loads them (`runtime.load_models`,
 `--offload disk`) under --ram-budget, which by default keeps the experts from fitting in RAM;
@@ -20,7 +20,7 @@ loads from 90% of a layer's experts routed, as before 2026-11-27):
   (scripts/bench_moe_streaming.py's `time_passes`);
 - autoregressive decoding and SpecExec at each budget over the same MT-Bench first turns: decode
   tokens/s (the prompt's pass excluded), gen rate, GB streamed an iteration; and, greedy, whether
-  SpecExec's tokens are autoregressive decoding's, a difference judged by tests/exactness.py's
+  SpecExec's tokens are autoregressive decoding's, a difference judged by tests/helpers/exactness.py's
   near-tie rule under docs/exactness.md's bf16 bound (one bf16 step, 0.125 logits).
 One raw row per (mode, engine, budget, prompt) or pass goes to --rows-dir/rows.jsonl (which must
 not exist yet) as it is measured; the tables to stdout (and --record).
@@ -54,8 +54,8 @@ from specchat.offload.build import offload_model
 from specchat.runtime import EngineOptions, Models, encode_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the upcycling writer lives with the tests
-from exactness import ExactnessCheck  # noqa: E402
-from moe_upcycle import write_upcycled  # noqa: E402
+from helpers.exactness import ExactnessCheck  # noqa: E402
+from helpers.moe_upcycle import write_upcycled  # noqa: E402
 
 MODES = ("by expert", "whole layers")  # the default --modes
 SHARE_BEFORE = "by expert at share 0.9"  # the wide-call rule before 2026-11-27
@@ -114,7 +114,7 @@ def decode(models: Models, engine: str, budget, prompt: list[int], args) -> tupl
 
 def judged(models: Models, prompt: list[int], reference: list[int], tokens: list[int], args) -> dict:
     """Greedy: how SpecExec's tokens compare with autoregressive decoding's (ties of at most one
-    bf16 step, re-anchored, as tests/exactness.py judges them); sampled: nothing."""
+    bf16 step, re-anchored, as tests/helpers/exactness.py judges them); sampled: nothing."""
     if args.temperature != 0:
         return {}
     check = ExactnessCheck(models.target, models.stop_ids, args.max_new_tokens, near_tie=BF16_NEAR_TIE,

@@ -47,7 +47,7 @@ from specchat.runtime import EngineOptions, Models, encode_prompt
 from specchat.summary import Summary, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPTQ writer lives with the tests
-from gptq_writer import write_gptq_checkpoint  # noqa: E402
+from helpers.gptq_writer import write_gptq_checkpoint  # noqa: E402
 
 COLUMNS = ("engine", "budget", "gen rate", "tokens/s", "draft ms / iter", "target ms / iter",
            "streamed GB/s", "link idle", "stall fraction", "GB / iter")

@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the load driver lives with the tests
-from serve_load import figures, is_fifo, run_load  # noqa: E402
+from helpers.serve_load import figures, is_fifo, run_load  # noqa: E402
 
 from specchat.bench.datasets import mtbench_first_turns  # noqa: E402
 

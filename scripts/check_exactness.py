@@ -2,7 +2,7 @@
 
 1. Greedy SpecExec == transformers `generate(do_sample=False)` at several budgets.
 2. Seeded SpecExec (t=0.6, top-p 0.9) == seeded autoregressive sampling.
-Both are judged by tests/exactness.py: a divergence passes only when the engine's token is
+Both are judged by tests/helpers/exactness.py: a divergence passes only when the engine's token is
 itself near-tied at that prefix, then the comparison re-anchors and goes on to the end; at most
 one tie per prompt. Every row prints its tie count.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checker lives with the tests
-from exactness import Comparison, ExactnessCheck, hf_greedy  # noqa: E402
+from helpers.exactness import Comparison, ExactnessCheck, hf_greedy  # noqa: E402
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.decoding.autoregressive import AutoregressiveEngine

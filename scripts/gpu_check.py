@@ -8,7 +8,7 @@ device.
 2. A 4-bit GPTQ target streamed packed from pinned RAM and from the disk file, logits against the
    in-memory GPTQ model.
 3. nf4 and int8 drafts: a SpecExec reply of the default pair with each equals the target's
-   greedy reply (float32; a difference passes only at a near-tie, tests/exactness.py).
+   greedy reply (float32; a difference passes only at a near-tie, tests/helpers/exactness.py).
 4. The `--budget auto` probe's pass costs against the same passes timed with CUDA events.
 5. `--offload auto` with the smallest `--vram-budget` the plan accepts: the default pair streams,
    and its reply equals the target's greedy reply.

@@ -1,43 +1,34 @@
-"""Shared fixtures: tiny random models built in-process (fast, deterministic), the real pair,
-and what keeps the suite from leaving anything behind: a private history dir for every test, a
-temporary offload dir, and time limits."""
+"""Shared fixtures and hooks, nothing to import (what they build lives in tests/helpers/): tiny
+random models, the real pair, and what keeps the suite from leaving anything behind: a private
+history dir for every test, a temporary offload dir, and time limits."""
 
 import gc
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from exactness import ExactnessCheck, hf_greedy
-from ram_turns import RamTurns, give_back, slot_count
-from shared_tokens import References, SharedTokens
-from run_dirs import make_run_dir
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers.exactness import ExactnessCheck, hf_greedy
+from helpers.ram_turns import RamTurns, give_back, slot_count
+from helpers.real_pair import GREEDY_NEW_TOKENS, GREEDY_PROMPTS, PAPER_SAMPLING, RealPair, load_real_pair
+from helpers.run_dirs import make_run_dir
+from helpers.shared_tokens import References, SharedTokens
+from helpers.tiny import build_tiny, perturbed
 
 from specchat.bench.datasets import mtbench_first_turns
-from specchat.chat_template import encode_chat
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.stopping import stop_token_ids
-from specchat.models.draft import resolve_draft_quant
-from specchat.models.draft_approx import approximate_draft
-from specchat.models.loading import load
-from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.paths import cache_dir
-from specchat.limits import DEFAULT_DTYPE, DTYPES
 from specchat.heap_trim import release_free_heap
 from specchat.memory_room import ram_room
-from specchat.runtime import EngineOptions, encode_prompt, pick_device
+from specchat.paths import cache_dir
 
 REAL_TIMEOUT_S = 1800  # a `real` test may convert both embedded models and write a layer file first
 # What one xdist worker holds at most: a module of the real pair, which holds the float32 pair
 # (~7.9 GB once loaded, draft first) beside at most ~2 GB of its own; a module holding more frees
 # the pair's target first (test_offload_real.py; test_real_exactness.py's int8 copy shares its weights).
-REAL_MODULE_RAM = 10 * 2**30  # what a module with real tests reserves (tests/ram_turns.py)
+REAL_MODULE_RAM = 10 * 2**30  # what a module with real tests reserves (tests/helpers/ram_turns.py)
 RAM_ENV = "SPECCHAT_TEST_RAM"  # the RAM every worker's modules may hold at once, set by the controller
 RAM_MARGIN = 2**30  # left out of that: the OS, the controller, the files the workers read
 
@@ -83,7 +74,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module", autouse=True)
 def ram_turn(request, tmp_path_factory) -> Iterator[None]:
-    """Under xdist, a module with real tests waits for a slot at the RAM (tests/ram_turns.py);
+    """Under xdist, a module with real tests waits for a slot at the RAM (tests/helpers/ram_turns.py);
     after its teardown this worker returns the freed heap to the OS before giving the slot back."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or request.node.path not in request.config.stash[REAL_MODULES]:
@@ -163,72 +154,14 @@ def one_thread_unless_real(request):
     torch.set_num_threads(previous)
 
 
-def build_tiny(seed: int, vocab: int = 50, dtype: torch.dtype = torch.float64, sharpness: float = 8.0) -> CausalLM:
-    """A 2-layer Qwen2 with random weights; `sharpness` scales the LM head so that
-    next-token distributions are peaked enough for drafts to be accepted."""
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        attn_implementation="sdpa",
-    )
-    model = Qwen2ForCausalLM(config).to(dtype).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpness)
-    return CausalLM(model)
-
-
 @pytest.fixture(scope="session")
 def tiny_target() -> CausalLM:
     return build_tiny(0)
 
 
-def perturbed(model: CausalLM, scale: float, seed: int) -> CausalLM:
-    """A copy of `model` with Gaussian noise on every weight: a draft that mostly agrees."""
-    torch.manual_seed(seed)
-    copy = type(model.model)(model.model.config).to(model.dtype).eval()
-    with torch.no_grad():
-        for mine, theirs in zip(copy.parameters(), model.model.parameters()):
-            mine.copy_(theirs + scale * torch.randn_like(theirs) * theirs.std())
-    return CausalLM(copy)
-
-
 @pytest.fixture(scope="session")
 def tiny_draft(tiny_target) -> CausalLM:
     return perturbed(tiny_target, 0.3, seed=1)
-
-
-@dataclass
-class RealPair:
-    """The embedded Qwen2.5-Coder pair: the target in float32, where exactness is judged, and the
-    draft as the app ships it on this device."""
-
-    target: CausalLM
-    draft: CausalLM
-    tokenizer: object
-    stop_ids: frozenset[int]
-    directory: Path  # the target's converted files
-
-    def chat(self, prompt: str) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt, raw=False)
-
-    def chat_with_tools(self, prompt: str, tools: list[dict]) -> list[int]:
-        """A user message with `tools` declared as the chat template declares them."""
-        return encode_chat(self.tokenizer, [{"role": "user", "content": prompt}], tools)
-
-
-def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None) -> CausalLM:
-    """The embedded draft in the app's default dtype, its weights in
-    int8 if `int8` (None: as `--draft-quant auto` decides on this device), its head scoring the
-    `vocab_size` most frequent tokens (None: all; the default: as the app's). The verifier never
-    reads the draft's probabilities, so its dtype may differ from the target's."""
-    dtype = DTYPES[DEFAULT_DTYPE]
-    draft = load(DEFAULT_DRAFT, dtype, progress=False)
-    quant = resolve_draft_quant(EngineOptions.draft_quant if int8 is None else ("int8" if int8 else "none"),
-                                pick_device(), dtype)
-    stop_ids = stop_token_ids(draft.model, draft.tokenizer)
-    return approximate_draft(draft.model, draft.tokenizer, draft.directory, quant.kind == "int8", vocab_size, stop_ids,
-                             quant.dense_above)
 
 
 @pytest.fixture(scope="module")
@@ -244,23 +177,11 @@ def real_pair() -> Iterator[RealPair]:
     release_free_heap()
 
 
-def load_real_pair() -> RealPair:
-    """The float32 target and the app's draft, the draft first: preparing it leaves ~1.2 GB of
-    freed heap, returned before the target loads."""
-    draft = real_draft()
-    release_free_heap()
-    target = load(DEFAULT_TARGET, torch.float32, progress=False)
-    pair = RealPair(target=CausalLM(target.model), draft=draft, tokenizer=target.tokenizer,
-                    stop_ids=stop_token_ids(target.model, target.tokenizer), directory=target.directory)
-    release_free_heap()
-    return pair
-
-
 @pytest.fixture(scope="session")
 def reference_tokens(tmp_path_factory) -> SharedTokens:
     """The target's own outputs, kept across modules by kind: computed once a run, whichever module
     asks first (the models that computed them are released with their module), under xdist in the
-    folder beside the workers' temporary folders that all of them share (tests/shared_tokens.py)."""
+    folder beside the workers' temporary folders that all of them share (tests/helpers/shared_tokens.py)."""
     if "PYTEST_XDIST_WORKER" in os.environ:
         return SharedTokens(tmp_path_factory.getbasetemp().parent / "references")
     return SharedTokens(tmp_path_factory.mktemp("references"))
@@ -275,13 +196,6 @@ def mtbench_prompts() -> list[str]:
 def rough_draft(tiny_target) -> CausalLM:
     """A draft that often disagrees with the target, so rejections and residuals are common."""
     return perturbed(tiny_target, 1.0, seed=2)
-
-
-GREEDY_PROMPTS = 2  # the suite's reduced exactness runs: 2 MT-Bench prompts x 32 new tokens
-GREEDY_NEW_TOKENS = 32
-
-
-PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +215,7 @@ def seeded_references(real_pair, mtbench_prompts, reference_tokens) -> Reference
 
 @pytest.fixture(scope="module")
 def real_check(real_pair) -> ExactnessCheck:
-    """The tightened comparison (tests/exactness.py) for the suite's reduced exactness runs."""
+    """The tightened comparison (tests/helpers/exactness.py) for the suite's reduced exactness runs."""
     return ExactnessCheck(real_pair.target, real_pair.stop_ids, GREEDY_NEW_TOKENS)
 
 

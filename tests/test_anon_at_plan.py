@@ -1,4 +1,4 @@
-"""tests/anon_at_plan.py, which test_memory_peak_real.py runs specchat through: the baseline it
+"""tests/helpers/anon_at_plan.py, which test_memory_peak_real.py runs specchat through: the baseline it
 reports is read as the plan's line goes out, before the process allocates anything more."""
 
 import subprocess
@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from anon_at_plan import AT_PLAN, PLANNED
+from helpers import anon_at_plan
+from helpers.anon_at_plan import AT_PLAN, PLANNED
 
-HELPER = Path(__file__).with_name("anon_at_plan.py")
+HELPER = Path(anon_at_plan.__file__)  # run as a script, by path
 BALLAST = 256 * 2**20
 # Announces a plan as specchat does, then allocates BALLAST (written, so resident) and prints its
 # own RssAnon: a baseline read any later than the plan's line would hold the ballast.

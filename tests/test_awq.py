@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from awq_writer import AWQDraw, dequantized_model, pack_awq, write_awq_checkpoint
-from exactness import MAX_TIES, NEAR_TIE
-from reference_loop import assert_transformers_tokens
-from test_cli import assert_one_line_error, run_cli
-from test_memory_plan import BF16, ROTARY_BYTES, assert_fits, gpu_plan, int4_linear, item, llama_layer_linears
+from helpers.awq_writer import AWQDraw, dequantized_model, pack_awq, write_awq_checkpoint
+from helpers.cli import assert_one_line_error, run_cli
+from helpers.exactness import MAX_TIES, NEAR_TIE
+from helpers.plan_sizes import BF16, ROTARY_BYTES, assert_fits, gpu_plan, int4_linear, item, llama_layer_linears
+from helpers.planned import offload_planned
+from helpers.reference_loop import assert_transformers_tokens
+from helpers.tiny import tiny_qwen_config
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
-from planned import offload_planned
+from helpers.planned import offload_planned
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -71,9 +73,8 @@ def tiny_model(seed: int) -> Qwen2ForCausalLM:
     """A 2-layer Qwen2 whose every linear fits the int4 kernels (outputs in multiples of 64), its
     LM head sharpened so that a draft's tokens are accepted."""
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False)
+    config = tiny_qwen_config(vocab_size=96, hidden_size=128, intermediate_size=256, max_position_embeddings=256,
+                              tie_word_embeddings=False)
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(8)

@@ -1,14 +1,14 @@
 """`specchat bench`: the sweep and its results file, resuming, the summary table, plots, the command."""
 
 import json
-import struct
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny, perturbed
-from test_cli import assert_one_line_error, run_cli, tiny_dirs  # noqa: F401  (tiny_dirs: model directories)
+from helpers.cli import assert_one_line_error, run_cli, tiny_dirs  # noqa: F401  (tiny_dirs: model directories)
+from helpers.images import png_size
+from helpers.tiny import build_tiny, perturbed
 
 from specchat.bench.command import check_bench, parse_budget_item
 from specchat.bench.measure import FIGURES, engine_measurer, measure_hf_assisted
@@ -217,12 +217,6 @@ def test_pool_of_hand_made_rows():
     # 12 tokens over 6 passes, not the mean of 4.0 and 1.0; depth (3*2 + 6*4) / 6
     assert pool(rows) == pytest.approx({"gen_rate": 2.0, "tokens_per_s": 3.0, "draft_ms": 100.0, "target_ms": 200.0,
                                         "tree": 12.0, "depth": 5.0})
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data.startswith(b"\x89PNG\r\n\x1a\n")
-    return struct.unpack(">II", data[16:24])  # IHDR: width, height
 
 
 def test_plots_are_small_pngs(tmp_path):

@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_engines import run
+from helpers.engines import Alternating, run
+from helpers.tiny import tiny_models
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.autosize import LOOK_SHARE, AutoSizer, Choice, Costs
+from specchat.decoding.autosize import LOOK_SHARE, AutoSizer, Costs
 from specchat.decoding.calibration import MIN_TREES
 from specchat.decoding.events import ALONE, AUTO, DRAFTED, LiveSettings, SamplingParams
 from specchat.decoding.probe import doubling, probe_costs
@@ -23,15 +24,10 @@ CHEAP_DRAFT = Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1, 128), dr
 COSTLY_DRAFT = Costs(target_n=(1, 129), target_s=(0.1, 1.0), draft_b=(1, 128), draft_s=(0.2, 0.2))
 
 
-def tiny_models(target, draft, costs: Costs | None) -> Models:
-    return Models(tokenizer=None, stop_ids=frozenset(), device=torch.device("cpu"), context=1024,
-                  target=target, draft=draft, costs=costs)
-
-
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_auto_emits_the_target_tokens(tiny_target, tiny_draft, sampling):
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
-    engine = tiny_models(tiny_target, tiny_draft, CHEAP_DRAFT).engine("specexec", LiveSettings(budget=AUTO))
+    engine = tiny_models(tiny_target, tiny_draft, costs=CHEAP_DRAFT).engine("specexec", LiveSettings(budget=AUTO))
     tokens, events = run(engine, sampling)
     assert tokens == reference
     assert engine.live_settings().budget == AUTO
@@ -69,18 +65,6 @@ def test_a_draft_dearer_than_what_it_saves_leaves_the_target_alone(tiny_target, 
     assert events[learning].rate_alone == pytest.approx(alone) and 0 < events[learning].rate_with_tree < alone
 
 
-class Alternating(AutoSizer):
-    """The sizer's trees, but drafting on for two iterations, then off for three, and so on."""
-
-    def __init__(self, costs: Costs, cap: int) -> None:
-        super().__init__(costs, cap, learns_costs=False)
-        self.chosen = 0
-
-    def choose(self, pending: int) -> Choice:
-        self.chosen += 1
-        return Choice(draft=self.chosen % 5 in (1, 2), look=False, with_tree=1.0, alone=1.0)
-
-
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_drafting_off_and_on_within_a_reply_keeps_the_target_tokens(tiny_target, tiny_draft, sampling):
     """The draft cache falls behind while the target is alone and catches up in the next tree."""
@@ -93,7 +77,7 @@ def test_drafting_off_and_on_within_a_reply_keeps_the_target_tokens(tiny_target,
 
 
 def test_budget_switches_between_fixed_and_auto_live(tiny_target, tiny_draft):
-    engine = tiny_models(tiny_target, tiny_draft, CHEAP_DRAFT).engine("specexec", LiveSettings(budget=AUTO))
+    engine = tiny_models(tiny_target, tiny_draft, costs=CHEAP_DRAFT).engine("specexec", LiveSettings(budget=AUTO))
     engine.apply(LiveSettings(budget=6))
     _, events = run(engine, GREEDY, max_new_tokens=12)
     assert engine.live_settings().budget == 6 and {e.tree_size for e in events[1:]} <= {6}  # [0]: the prompt's pass
@@ -103,9 +87,9 @@ def test_budget_switches_between_fixed_and_auto_live(tiny_target, tiny_draft):
 
 
 def test_engines_that_cannot_size_their_trees_keep_a_fixed_budget(tiny_target, tiny_draft):
-    models = tiny_models(tiny_target, tiny_draft, CHEAP_DRAFT)
+    models = tiny_models(tiny_target, tiny_draft, costs=CHEAP_DRAFT)
     assert models.engine("sd", LiveSettings(budget=AUTO)).live_settings().budget == 16  # the CPU default
-    without_costs = tiny_models(tiny_target, tiny_draft, None).engine("specexec", LiveSettings(budget=8))
+    without_costs = tiny_models(tiny_target, tiny_draft).engine("specexec", LiveSettings(budget=8))
     without_costs.apply(LiveSettings(budget=AUTO))
     assert without_costs.live_settings().budget == 8
 

@@ -4,9 +4,9 @@
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
+from helpers.cli import CORPUS, assert_one_line_error, run_cli, tiny_dirs, train_tokenizer  # noqa: F401  (tiny_dirs: model directories)
+from helpers.engines import GREEDY
 
-from test_cli import CORPUS, assert_one_line_error, run_cli, tiny_dirs, train_tokenizer  # noqa: F401  (tiny_dirs: model directories)
-from test_engines import GREEDY
 from transformers import AutoTokenizer
 
 from specchat.cli_generate import run_generation

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_cli import run_cli
+from helpers.cli import run_cli
 
 from specchat.limits import DEFAULT_SEED
 from specchat.runtime import EngineOptions, Models

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from o_direct import accepts_o_direct, has_o_direct
-from run_dirs import make_run_dir
+from helpers.o_direct import accepts_o_direct, has_o_direct
+from helpers.run_dirs import make_run_dir
 
 import specchat.offload.direct_io
 from specchat.errors import SpecchatError

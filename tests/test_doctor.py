@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import run_cli
+from helpers.cli import run_cli
 
 from specchat.doctor.advice import Recommendation, advise
 from specchat.doctor.facts import CudaDevice, Facts

@@ -1,12 +1,11 @@
 """`specchat doctor` lists the choices this machine keeps (quant/widths.py) with the load each was
 measured under, and `--measure-again` measures them again."""
 
-import json
 import re
 
 import pytest
 import torch
-from test_cli import run_cli
+from helpers.cli import run_cli
 
 from specchat import machine_choices
 from specchat.doctor.choices import choice_lines

@@ -5,7 +5,7 @@ planned afresh under that limit and a step below, and against the configs' arith
 from pathlib import Path
 
 import pytest
-from test_memory_plan import TARGET_SLOT, int8_draft, pair_on_a_cpu
+from helpers.plan_sizes import TARGET_SLOT, int8_draft, pair_on_a_cpu
 
 import specchat.doctor.limit as limit_module
 import specchat.plan.pair as pair_module

@@ -4,7 +4,7 @@ configs, the plan tier by tier and the expected speed; and `--context` checked b
 import re
 
 import pytest
-from test_cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 
 from specchat.models.registry import ALIASES
 from specchat.models.configs import read_config, shipped_config_path

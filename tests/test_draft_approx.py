@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from conftest import build_tiny, perturbed
-from test_engines import run
+from helpers.engines import run
+from helpers.tiny import build_tiny, perturbed
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

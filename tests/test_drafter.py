@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_tree import path_to
+from helpers.trees import path_to
 from transformers import DynamicCache
 
 from specchat.decoding.events import SamplingParams

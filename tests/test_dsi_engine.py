@@ -3,7 +3,7 @@ for several worker counts and lookaheads, preemption, limits, the worker-count n
 reuse across replies, and cancellation when the consumer stops early.
 
 Exactness runs on the natural schedule, whatever the machine's speed makes of it; what depends
-on the schedule (preemptions, jobs in flight, the notice) runs on tests/dsi_turns.py's fixed one.
+on the schedule (preemptions, jobs in flight, the notice) runs on tests/helpers/dsi_turns.py's fixed one.
 """
 
 import time
@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-import torch
-from dsi_turns import ScriptedWorker, TurnPool, Turns
-from test_engines import GREEDY, PROMPT, run
+from helpers.dsi_turns import CPU, ScriptedWorker, TurnPool, Turns, dsi
+from helpers.engines import GREEDY, PROMPT, run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import LiveSettings, SamplingParams
@@ -21,16 +20,6 @@ from specchat.dsi.engine import DSIEngine
 from specchat.dsi.workers import WorkerPool, thread_workers
 
 SEEDED = SamplingParams(0.6, 0.9, seed=11)
-CPU = torch.device("cpu")
-
-
-@contextmanager
-def dsi(target, draft, workers: int, lookahead: int, stop_ids=()):
-    pool = WorkerPool(thread_workers(target, [CPU] * workers))
-    try:
-        yield DSIEngine(draft, pool, stop_ids, lookahead)
-    finally:
-        pool.close()
 
 
 @contextmanager

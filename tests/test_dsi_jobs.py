@@ -2,7 +2,7 @@
 a rejected draft, and which target tokens a finished job commits."""
 
 import pytest
-from test_engines import GREEDY
+from helpers.engines import GREEDY
 
 from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from test_cli import CORPUS, save_tiny_model
+from helpers.cli import CORPUS, save_tiny_model
 from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.events import SamplingParams

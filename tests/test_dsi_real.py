@@ -1,17 +1,16 @@
 """DSI on the real embedded Qwen pair in float32 with 2 thread workers: seeded equals seeded
-autoregressive, judged by tests/exactness.py (design.md section 8), and jobs were preempted
+autoregressive, judged by tests/helpers/exactness.py (design.md section 8), and jobs were preempted
 along the way. Greedy DSI is tested against autoregressive on the tiny models
 (tests/test_dsi_engine.py); the real pair checks the stronger, seeded claim.
 
-For the first prompt the workers take turns (tests/dsi_turns.py): a job runs only once the
+For the first prompt the workers take turns (tests/helpers/dsi_turns.py): a job runs only once the
 drafter has filled its window, so that reply's preemptions do not depend on the machine's speed.
 The other prompts run on the workers' natural, concurrent schedule."""
 
 import pytest
 import torch
-from conftest import PAPER_SAMPLING
-from dsi_turns import ScriptedWorker, TurnPool, Turns
-from test_real_exactness import emitted
+from helpers.dsi_turns import ScriptedWorker, TurnPool, Turns
+from helpers.real_pair import PAPER_SAMPLING, emitted
 
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.workers import thread_workers

@@ -3,8 +3,8 @@ jobs, and preemption (before a job starts and between decoder layers) with the c
 
 import pytest
 import torch
-from conftest import build_tiny
-from test_engines import GREEDY, PROMPT
+from helpers.engines import GREEDY, PROMPT
+from helpers.tiny import build_tiny
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

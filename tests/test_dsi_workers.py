@@ -8,8 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 import torch
-from conftest import build_tiny
-from test_engines import GREEDY, PROMPT
+from helpers.engines import GREEDY, PROMPT
+from helpers.tiny import build_tiny
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.dsi import workers as workers_module

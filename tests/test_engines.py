@@ -4,23 +4,13 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from helpers.engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distribution, run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import LiveSettings, SamplingParams
-from specchat.decoding.kvcache import new_cache
-from specchat.decoding.sampling import filtered_probs
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-
-PROMPT = [7, 3, 9, 2, 11, 5]
-GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-
-
-def run(engine, sampling, max_new_tokens=40, prompt=PROMPT):
-    events = list(engine.generate(prompt, max_new_tokens, sampling))
-    return [t for e in events for t in e.token_ids], events
 
 
 def test_autoregressive_greedy_equals_hf_generate(tiny_target):
@@ -85,19 +75,6 @@ def test_budget_change_applies_mid_reply(tiny_target, tiny_draft):
     assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, 30)[0]
 
 
-def exact_token_distribution(model, sampling, index: int, prefix: list[int] = PROMPT) -> torch.Tensor:
-    """The filtered target's marginal of the token `index` places after `prefix` (0: the next):
-    P(x_k) = sum over x_1..x_(k-1) of P(x_1) P(x_2 | x_1) ... P(x_k | x_1..x_(k-1))."""
-    hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
-    probs = filtered_probs(model.logits(hidden[-1:])[0], sampling.temperature, sampling.top_p)
-    if index == 0:
-        return probs
-    total = torch.zeros_like(probs)
-    for token in torch.nonzero(probs).flatten().tolist():
-        total += probs[token] * exact_token_distribution(model, sampling, index - 1, prefix + [token])
-    return total
-
-
 def test_specexec_sampled_distribution_chi_square(tiny_target, tiny_draft):
     """Across seeds, the third token (the second the trees give, after the prompt's pass gave
     the first) follows the filtered target distribution."""
@@ -111,19 +88,6 @@ def test_specexec_sampled_distribution_chi_square(tiny_target, tiny_draft):
     support = torch.nonzero(expected > 0).flatten().tolist()
     assert set(counts) <= set(support)
     assert chi_square_pvalue([counts.get(t, 0) for t in support], expected[support]) > 1e-3
-
-
-def chi_square_pvalue(observed: list[int], probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value, pooling cells expected below 5 into one."""
-    expected = (probs / probs.sum() * sum(observed)).tolist()
-    big = [i for i, e in enumerate(expected) if e >= 5]
-    small = [i for i, e in enumerate(expected) if e < 5]
-    obs = [observed[i] for i in big]
-    exp = [expected[i] for i in big]
-    if small:
-        obs.append(sum(observed[i] for i in small))
-        exp.append(sum(expected[i] for i in small))
-    return float(chisquare(obs, exp).pvalue)
 
 
 def test_depth_change_applies_mid_reply(tiny_target, tiny_draft):

@@ -1,12 +1,12 @@
-"""The real-pair exactness checker (tests/exactness.py) on tiny models built with known ties:
+"""The real-pair exactness checker (tests/helpers/exactness.py) on tiny models built with known ties:
 identical passes, a non-tied divergence fails, one near-tie passes and re-anchors, a second tie
 or a later mismatch fails; greedy and seeded."""
 
 import pytest
 import torch
-from conftest import build_tiny
-from exactness import MAX_TIES, NEAR_TIE, ExactnessCheck, Sequential
-from test_engines import GREEDY
+from helpers.engines import GREEDY
+from helpers.exactness import MAX_TIES, NEAR_TIE, ExactnessCheck, Sequential
+from helpers.tiny import build_tiny
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

@@ -5,7 +5,7 @@ import threading
 from collections import Counter
 
 import torch
-from test_streamer import VirtualLink
+from helpers.links import VirtualLink
 
 from specchat.checkpoint.layout import lay_out
 from specchat.offload.direct_io import ALIGN, aligned_empty

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gptq_writer import pack_gptq, quantize_rtn, write_gptq_checkpoint
+from helpers.gptq_writer import pack_gptq, quantize_rtn, write_gptq_checkpoint
+from helpers.tiny import tiny_qwen_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from safetensors.torch import load_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import (
@@ -278,10 +279,7 @@ def test_rtn_never_needs_zero_point_zero() -> None:
 
 def tiny_qwen(tie: bool = False) -> Qwen2ForCausalLM:
     torch.manual_seed(5)
-    config = Qwen2Config(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie,
-    )
+    config = tiny_qwen_config(tie_word_embeddings=tie)
     return Qwen2ForCausalLM(config).eval()
 
 

@@ -6,29 +6,18 @@ import math
 
 import pytest
 import torch
+from helpers.int4_weights import GROUP, IN, OUT, random_weight
 
 from specchat.errors import SpecchatError
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_linear, int4_tensors, use_fused_only
 from specchat.quant.int4_chunks import chunked_linear
 from specchat.quant.int4_layout import layout_for
-from specchat.quant.int4_pack import fused_linear, pack, pack_nibbles
+from specchat.quant.int4_pack import fused_linear, pack
 from specchat.quant import timing
 from specchat.quant.widths import FUSED_ROWS, UNLIMITED, WIDE_ROWS, WidthChoice, width_choice
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
-OUT, IN, GROUP = 128, 256, 32
-
-
-def random_weight(out_features: int = OUT, in_features: int = IN, group: int = GROUP, act_order: bool = False,
-                  seed: int = 0) -> Int4Weight:
-    """Scales as GPTQ's (float16) and zeros scale * (8 - z): what the converters produce."""
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (out_features, in_features), generator=generator)
-    scales = (torch.rand(in_features // group, out_features, generator=generator) / 32 + 1e-3).half().float()
-    zeros = scales * (8 - torch.randint(1, 17, scales.shape, generator=generator))
-    perm = torch.randperm(in_features, generator=generator) if act_order else None
-    return Int4Weight(pack_nibbles(q), scales, zeros, perm)
 
 
 def packed_parts(weight: Int4Weight, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

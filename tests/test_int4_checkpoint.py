@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.planned import offload_planned
+from helpers.tiny import tiny_qwen_config
 from safetensors.torch import save_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 import specchat.checkpoint.skeleton as skeleton
-from planned import offload_planned
+from helpers.planned import offload_planned
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -43,9 +45,8 @@ def checkpoint(tmp_path_factory) -> Path:
     int4.safetensors holds them, and the dense model.safetensors their float32 weights (the dense
     conversion's)."""
     directory = tmp_path_factory.mktemp("int4")
-    config = Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = tiny_qwen_config(vocab_size=128, hidden_size=128, intermediate_size=256, max_position_embeddings=64,
+                              tie_word_embeddings=False)
     model = Qwen2ForCausalLM(config).eval()
     generator = torch.Generator().manual_seed(3)
     tensors = {}

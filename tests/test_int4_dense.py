@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_int4 import random_weight
+from helpers.int4_weights import random_weight
 
 from specchat.plan.machine import Machine
 from specchat.plan.pair import plan_pair

@@ -4,10 +4,10 @@ and Q8_0 are dequantized exactly, to be held dense."""
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
+from helpers.gguf_files import random_blocks
 
 from specchat.errors import SpecchatError
 from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, q4k_to_int4
@@ -17,23 +17,6 @@ from specchat.quant.gguf_int4 import q4k_scale_parts
 from specchat.quant.q4k_scales import Q4KScalesLinear
 
 CPU = torch.device("cpu")
-TYPE_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210, GGMLQuantizationType.Q8_0: 34}
-BLOCK_WEIGHTS = {GGMLQuantizationType.Q4_K: 256, GGMLQuantizationType.Q6_K: 256, GGMLQuantizationType.Q8_0: 32}
-SCALE_OFFSETS = {GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q6_K: (208,), GGMLQuantizationType.Q8_0: (0,)}
-
-
-def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int = 0,
-                  scale_range: tuple[float, float] = (1e-4, 1e-3)) -> np.ndarray:
-    """Random block bytes, [rows, cols / block * bytes], with each fp16 super-scale drawn from
-    `scale_range` (random bytes there would make NaNs)."""
-    rng = np.random.default_rng(seed)
-    count = rows * cols // BLOCK_WEIGHTS[qtype]
-    blocks = rng.integers(0, 256, (count, TYPE_BYTES[qtype]), dtype=np.uint8)
-    low, high = scale_range
-    for offset in SCALE_OFFSETS[qtype]:
-        scales = np.exp(rng.uniform(np.log(low), np.log(high), (count, 1))).astype(np.float16)
-        blocks[:, offset:offset + 2] = scales.view(np.uint8)
-    return blocks.reshape(rows, -1)
 
 
 def test_q4k_blocks_convert_to_gguf_own_weights_bitwise():

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from gptq_writer import dequantized_linears, load_checkpoint, pack_gptq, quantize_rtn, write_gptq_checkpoint
+from helpers.gptq_writer import dequantized_linears, load_checkpoint, pack_gptq, quantize_rtn, write_gptq_checkpoint
+from helpers.tiny import tiny_qwen_config
 from torch import nn
-from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2ForCausalLM
 
 from specchat.checkpoint.skeleton import build_skeleton
 from specchat.checkpoint.sources import SafetensorsSource
@@ -50,10 +51,8 @@ def test_groups_the_kernel_groups_do_not_divide_are_refused():
 @pytest.fixture(scope="module")
 def gptq_dir(tmp_path_factory) -> Path:
     torch.manual_seed(7)
-    config = Qwen2Config(
-        vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
-    )
+    config = tiny_qwen_config(vocab_size=96, hidden_size=128, intermediate_size=256, max_position_embeddings=128,
+                              tie_word_embeddings=False)
     spec = GPTQSpec(group_size=32, desc_act=True, sym=False)
     return write_gptq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path_factory.mktemp("gptq"), spec)
 

@@ -3,7 +3,7 @@
 layer is ever dense beside the prepared ones."""
 
 import torch
-from conftest import build_tiny, perturbed
+from helpers.tiny import build_tiny, perturbed
 from torch import nn
 
 from specchat.decoding.kvcache import new_cache

@@ -3,7 +3,7 @@ layer streamed under a --ram-budget, in a process of its own, and its anonymous 
 container's limit cannot reclaim: mapped checkpoint pages can be dropped and read again) is
 sampled as it loads and decodes. Its peak stays within what the process held when it planned
 (python, torch, transformers, the tokenizer) plus the plan's total, and a stated margin. What it
-held is read by the process itself as it announces the plan (tests/anon_at_plan.py), before it
+held is read by the process itself as it announces the plan (tests/helpers/anon_at_plan.py), before it
 loads anything: read here once the line had arrived, it would include what loading had added."""
 
 import subprocess
@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from anon_at_plan import AT_PLAN, PLANNED, anon_bytes
+from helpers import anon_at_plan
+from helpers.anon_at_plan import AT_PLAN, PLANNED, anon_bytes
 
 pytestmark = pytest.mark.real
 
@@ -23,7 +24,7 @@ RAM_BUDGETS_GB = {2.6: "ring of", 1.4: "LM head in its stored Q6_K"}  # and what
 # tokenizer's and the engine's small objects. Measured here with the baseline read at the plan
 # (0.49-0.50 GB): peaks of 2.60 and 1.65 GB against bounds of 3.20 and 1.97 GB at 2.6 and 1.4 GB.
 MARGIN = 0.05
-HELPER = Path(__file__).with_name("anon_at_plan.py")
+HELPER = Path(anon_at_plan.__file__)  # run as a script, by path
 SAMPLE_S = 0.01  # the sampling period: a peak shorter than this can be missed, never invented
 
 

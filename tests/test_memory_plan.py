@@ -1,11 +1,14 @@
 """The paper's pairs planned on virtual machines, from the shipped configs alone. Every byte count
-asserted here is the configs' arithmetic written out below, not the plan's own output."""
+asserted here is the configs' arithmetic written out (here and in tests/helpers/plan_sizes.py),
+not the plan's own output."""
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.plan_sizes import (BF16, DRAFT_LINEAR_WEIGHTS, DRAFT_PREPARING, FP32, GB, NOWHERE, ROTARY_BYTES,
+                                TARGET_LAYER, TARGET_SLOT, TREE, assert_fits, gpu_plan, int4_linear, int8_draft, item,
+                                kv_per_token, llama_layer_linears, math_pass, pair_on_a_cpu)
 
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.offload.direct_io import ALIGN
@@ -15,29 +18,7 @@ from specchat.plan.model import plan_measured
 from specchat.plan.pair import contexts_for, draft_candidates, measure_pair, plan_pair
 from specchat.plan.request import Pair, PlanRequest
 
-GB = 10**9
-NOWHERE = Path("/nonexistent")  # no layer file is read or written: only its size is weighed
 CPU = torch.device("cpu")
-TREE = 2049  # the largest tree a GPU's --budget auto builds offloaded (2048), plus its root
-BF16 = 2
-FP32 = 4  # rotary frequencies stay float32 buffers whatever the weights' dtype
-
-
-def int4_linear(inputs: int, outputs: int, group: int, act_order: bool) -> int:
-    """A GPTQ linear as the int4 kernel holds it (quant/int4.py): nibbles [O, I/2], a bf16 scale and
-    zero per kernel group (GPTQ's group, or 256 for one group over all inputs) and output, and with
-    act-order the input permutation (int64)."""
-    kernel_group = 256 if group == -1 else group
-    return inputs * outputs // 2 + (inputs // kernel_group) * outputs * 2 * BF16 + (inputs * 8 if act_order else 0)
-
-
-def llama_layer_linears(hidden: int, mlp: int, kv_heads: int, head_dim: int = 128) -> list[tuple[int, int]]:
-    kv = kv_heads * head_dim
-    return [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, mlp), (hidden, mlp), (mlp, hidden)]
-
-
-def kv_per_token(layers: int, kv_heads: int, head_dim: int = 128) -> int:
-    return layers * 2 * kv_heads * head_dim * BF16
 
 
 LLAMA2_70B_GPTQ_LAYER = sum(int4_linear(i, o, -1, True) for i, o in llama_layer_linears(8192, 28672, 8)) + \
@@ -47,14 +28,6 @@ LAYER_BYTES = {"llama-2-70b-gptq": LLAMA2_70B_GPTQ_LAYER,  # group -1, act-order
                + 2 * 8192 * BF16}  # group 128, act-order
 LLAMA2_7B_PARAMS_LINEAR = 32 * sum(i * o for i, o in llama_layer_linears(4096, 11008, 32))
 LLAMA2_7B_OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096  # embeddings, head, norms
-ROTARY_BYTES = 2 * 64 * FP32  # a head_dim of 128: inv_freq and its original copy
-
-
-def gpu_plan(target: str, draft: str | None, vram_gb: float, ram_gb: float, context: int | None = None,
-             kinds: tuple[str, ...] = ("none", "nf4")):
-    pair = Pair(target, torch.bfloat16, draft=draft, draft_kinds=kinds, context=context)
-    return plan_pair(pair, PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=TREE),
-                     Machine(vram_gb=vram_gb, ram_gb=ram_gb))
 
 
 def default_pair(kinds: tuple[str, ...] = ("int8",), dense_above: int | None = None, vocab: int | None = 32768,
@@ -64,48 +37,8 @@ def default_pair(kinds: tuple[str, ...] = ("int8",), dense_above: int | None = N
                 dense_above=dense_above, draft_vocab=vocab, context=context)
 
 
-# The embedded pair's configs: qwen2.5-coder-1.5b (28 layers of 1536, MLP 8960, 12 heads and 2 KV
-# heads of 128) and qwen2.5-coder-0.5b (24 layers of 896, MLP 4864, 14 heads and 2 KV heads of 64),
-# each with an untied LM head over 151936 tokens and q/k/v biases.
-QWEN_VOCAB = 151936
-TARGET_LINEARS = llama_layer_linears(1536, 8960, 2)  # q, k, v, o, gate, up, down
-DRAFT_LINEARS = llama_layer_linears(896, 4864, 2, head_dim=64)
-# the target in bf16: its embeddings, head and final norm; a layer's linears, q/k/v biases and two norms (93.6 MB)
-TARGET_FIXED = 2 * QWEN_VOCAB * 1536 * BF16 + 1536 * BF16 + ROTARY_BYTES
-TARGET_LAYER = (sum(i * o for i, o in TARGET_LINEARS) + (1536 + 2 * 256) + 2 * 1536) * BF16
-TARGET_SLOT = -(-TARGET_LAYER // ALIGN) * ALIGN  # a ring slot: a layer, aligned for O_DIRECT
-DRAFT_LINEAR_WEIGHTS = 24 * sum(i * o for i, o in DRAFT_LINEARS)
-# The draft's layer while it turns int8 (models/layerwise.py): one layer's bf16 weights and the
-# stacked copy of gate and up, that stack's int8 rows twice (quantized, then packed) and three
-# float32 temporaries of 256 rows of the widest input (down's 4864).
-DRAFT_STACK = 2 * 896 * 4864  # gate and up
-DRAFT_PREPARING = (DRAFT_LINEAR_WEIGHTS // 24 + DRAFT_STACK) * BF16 + 2 * DRAFT_STACK + 3 * 256 * 4864 * FP32
-
-
-def int8_draft(head_rows: int, dense_copies: bool = False) -> int:
-    """The 0.5B draft as quant/int8.py holds it: every linear's weights int8 with a float32 scale
-    per output row (and their bf16 copies beside with `dense_copies`), the embedding int8 with a
-    scale per token and the head's `head_rows` rows likewise; the q/k/v biases, two norms a layer
-    and the final norm in bf16, the rotary frequencies (head_dim 64) in float32."""
-    scales = 24 * sum(outputs for _, outputs in DRAFT_LINEARS) * FP32
-    copies = DRAFT_LINEAR_WEIGHTS * BF16 if dense_copies else 0
-    tables = (QWEN_VOCAB + head_rows) * (896 + FP32)
-    other = (24 * (896 + 2 * 128) + 24 * 2 * 896 + 896) * BF16 + 2 * 32 * FP32
-    return DRAFT_LINEAR_WEIGHTS + scales + copies + tables + other
-
-
 def cpu_plan(pair: Pair, request: PlanRequest, rooms):
     return plan_pair(pair, request, Machine(rooms=rooms))
-
-
-def item(memory, prefix: str) -> int:
-    (found,) = [i.nbytes for i in memory.items if i.what.startswith(prefix)]
-    return found
-
-
-def assert_fits(memory, vram_gb: float, ram_gb: float) -> None:
-    assert memory.total("device") <= vram_gb * GB
-    assert memory.total("host") <= ram_gb * GB - RUNTIME_BYTES
 
 
 def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
@@ -201,23 +134,6 @@ def test_contexts_default_to_4096_and_halve_to_1024_and_a_past_maximum_context_i
     assert contexts_for(8192, 131072) == (8192,)
     with pytest.raises(SpecchatError, match=r"^--context 8192 is past the target's maximum of 4096 tokens$"):
         contexts_for(8192, 4096)
-
-
-def math_pass(heads: int, hidden: int, mlp: int, context: int, tree: int, size: int = BF16) -> int:
-    """A pass over `tree` tokens after `context`: scores, the mask (additive + boolean), the MLP's
-    three products and four hidden states."""
-    keys = context + tree
-    return heads * tree * keys * size + tree * keys * (size + 1) + 3 * tree * mlp * size + 4 * tree * hidden * size
-
-
-def pair_on_a_cpu(context: int, tree: int, draft: int, layers: int) -> int:
-    """The device bytes of the embedded pair's plan on a CPU, its target sized from the config
-    (dense bf16: no kernels' workspace), its int8 draft's weights `draft` bytes: the target's fixed
-    parts and `layers` bytes of its decoder layers (resident ones and the ring's slots), both KV
-    caches over the context and the tree, the draft's layer while it turns int8, and the largest
-    pass (the target's, wider than the draft's)."""
-    caches = (kv_per_token(28, 2) + kv_per_token(24, 2, head_dim=64)) * (context + tree)
-    return TARGET_FIXED + layers + caches + draft + DRAFT_PREPARING + math_pass(12, 1536, 8960, context, tree)
 
 
 def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs():

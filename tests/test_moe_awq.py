@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from awq_moe_writer import dense_moe_model, write_moe_awq_checkpoint
-from gptq_moe_writer import tiny_moe
-from test_moe_gptq import (SAMPLINGS, assert_experts_equal, assert_routers_kept,
-                           assert_specexec_emits_transformers_tokens, assert_streams_the_in_memory_logits, draft_of,
-                           loaded, logits, split_linears)
+from helpers.awq_moe_writer import dense_moe_model, write_moe_awq_checkpoint
+from helpers.gptq_moe_writer import tiny_moe
+from helpers.moe import (SAMPLINGS, assert_experts_equal, assert_routers_kept,
+                         assert_specexec_emits_transformers_tokens, assert_streams_the_in_memory_logits, draft_of,
+                         loaded, logits, split_linears)
 from torch import nn
 from transformers import PreTrainedModel
 

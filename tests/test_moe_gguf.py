@@ -4,33 +4,28 @@ then models/convert_int4.py), each expert's slice of the stacked `ffn_*_exps` te
 Int4Weight (Q4_K) or Q6Weight (Q6_K) under the split model's names; loaded with every expert's
 linears as Int4Linears or Q6Linears, giving the dense conversion's logits, streamed by expert as in
 memory, and SpecExec over them exact: its tokens are transformers' own reply (greedy `generate`,
-seeded tests/reference_loop.py) on the dense conversion, whose experts are gguf's own
+seeded tests/helpers/reference_loop.py) on the dense conversion, whose experts are gguf's own
 dequantization (checked below), not the project's autoregressive engine's. A Mixtral GGUF
 (architecture `llama`) is one more family here; test_moe_gguf_mixtral.py checks what is its own
 (its config, its dense conversion's logits)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor, quants
-from gguf_moe_writer import ARCHITECTURES, EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, SHARED, write_moe_gguf
-from planned import streamed
+from helpers.gguf_files import random_blocks, write_tiny_gguf
+from helpers.gguf_moe_writer import ARCHITECTURES, EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, SHARED, write_moe_gguf
+from helpers.moe import CPU, QUIET, SAMPLINGS, Converted, assert_specexec_emits_transformers_tokens, draft_of, logits
+from helpers.moe_streams import expert_bytes, fetched_per_pass, record_routes
+from helpers.planned import streamed
 from safetensors import safe_open
-from test_int4_gguf import random_blocks
-from test_models_gguf import write_tiny_gguf
-from test_moe_gptq import SAMPLINGS, assert_specexec_emits_transformers_tokens, draft_of, logits
-from test_moe_streaming import expert_bytes, fetched_per_pass, record_routes
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.models.configs import read_config
-from specchat.models.convert import convert
 from specchat.models.convert_experts import expert_slice, stored_forms
-from specchat.models.convert_int4 import convert_int4, hf_names
+from specchat.models.convert_int4 import hf_names
 from specchat.offload.build import offload_model
-from specchat.progress import Reporter
 from specchat.quant.gguf_int4 import q4k_to_int4
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_checkpoint import INT4_FILE, read_int4
@@ -39,34 +34,11 @@ from specchat.quant.q6k import read_q6
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.split_experts import SplitExperts
 
-QUIET = Reporter(bars=False)
-CPU = torch.device("cpu")
 Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0
 # (family, the type of ffn_down_exps): Q4_K_M mixes Q4_K and Q6_K; Q8_0 has no stored form kept
 VARIANTS = [("qwen3_moe", Q4_K), ("qwen3_moe", Q6_K), ("qwen2_moe", Q4_K), ("mixtral", Q4_K)]
 LINEAR_OF = {Q4_K: Int4Linear, Q6_K: Q6Linear, Q8_0: nn.Linear}
 PARTS = (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj"))
-
-
-class Converted:
-    """A tiny MoE GGUF and its two conversions: float32 (`dense`) and 4-bit (`int4`)."""
-
-    def __init__(self, root: Path, family: str, down: GGMLQuantizationType) -> None:
-        self.family, self.down = family, down
-        self.gguf = write_moe_gguf(root / f"{family}.gguf", family, down)
-        self.dense, self.int4 = root / "dense", root / "int4"
-        convert(self.gguf, self.dense, "0" * 64, QUIET)
-        convert_int4(self.gguf, self.dense, self.int4, QUIET)
-
-    def loaded(self, compact_layers: bool = False) -> PreTrainedModel:
-        """The 4-bit conversion in memory, as models.loading.load builds it."""
-        model, _ = offload_model(self.int4, "tiny-moe-gguf", torch.float32, CPU, None, None, QUIET,
-                                 compact_layers=compact_layers)
-        return model
-
-    def dense_model(self) -> PreTrainedModel:
-        """transformers' own model of the dense conversion (fused experts)."""
-        return AutoModelForCausalLM.from_pretrained(self.dense, dtype=torch.float32).eval().requires_grad_(False)
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: f"{v[0]}-down-{v[1].name}")

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader, quants
-from gguf_moe_writer import EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, TOP_K, write_metadata
-from test_moe_gguf import QUIET, Converted
-from test_moe_gptq import logits
+from helpers.gguf_moe_writer import EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, TOP_K, write_metadata
+from helpers.moe import QUIET, Converted, logits
 from transformers import AutoConfig, AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, PreTrainedModel
 
 from specchat.decoding.forward import CausalLM

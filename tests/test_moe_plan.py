@@ -9,9 +9,9 @@ import re
 
 import pytest
 import torch
-from test_cli import run_cli
-from test_memory_plan import BF16, FP32, GB, NOWHERE, ROTARY_BYTES, assert_fits, int4_linear, item, kv_per_token, \
-    llama_layer_linears, math_pass
+from helpers.cli import run_cli
+from helpers.plan_sizes import (BF16, FP32, GB, NOWHERE, ROTARY_BYTES, assert_fits, int4_linear, item, kv_per_token,
+                                llama_layer_linears, math_pass)
 from transformers import Qwen2MoeConfig
 
 from specchat.errors import SpecchatError

@@ -1,4 +1,4 @@
-"""The upcycling writer (tests/moe_upcycle.py) on a tiny dense Qwen2: its experts differ, each the
+"""The upcycling writer (tests/helpers/moe_upcycle.py) on a tiny dense Qwen2: its experts differ, each the
 MLP less its own channel group, specchat's load of the checkpoint gives the logits of transformers'
 model that `dense_reference` reads from it apart from specchat, and a routing error shows in them
 (which copies of one MLP, the writer's experts before, would hide)."""
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from moe_upcycle import dense_reference, write_upcycled
+from helpers.moe_upcycle import dense_reference, write_upcycled
 from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM

@@ -1,5 +1,5 @@
 """SpecExec over a MoE target of real weights: the embedded 0.5B upcycled into a Qwen2-MoE
-(tests/moe_upcycle.py: its MLP into 8 experts that differ, each the MLP less its own eighth of the
+(tests/helpers/moe_upcycle.py: its MLP into 8 experts that differ, each the MLP less its own eighth of the
 channels, 2 routed a token by a random router, in its last three layers), the experts RTN 4-bit
 GPTQ and the other linears float16, run in bf16, with the app's embedded draft, the dense 0.5B
 (the 1.5B upcycled took 600 s and 13.4 GB here; the 0.5B keeps what the test shows at a fraction).
@@ -7,7 +7,7 @@ Its first 21 layers stay resident; the three MoE layers stream from the disk thr
 by expert, with no expert waiting on the device, so a call fetches the experts its router picked
 that its slot lacks.
 
-- Greedy and seeded replies are transformers' own (greedy `generate`, seeded tests/reference_loop.py)
+- Greedy and seeded replies are transformers' own (greedy `generate`, seeded tests/helpers/reference_loop.py)
   on its Qwen2-MoE holding the checkpoint's weights in bf16, read apart from specchat's loader
   (moe_upcycle.dense_reference), up to near-ties under test_real_defaults' bf16 bounds; the draft's
   tokens are accepted (the upcycled model writes as the dense 0.5B does: a random MoE target
@@ -25,12 +25,12 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
-from conftest import real_draft
-from moe_upcycle import dense_reference, write_upcycled
-from reference_loop import assert_transformers_tokens
-from test_engines import GREEDY
-from test_moe_streaming import record_routes
+from helpers.real_pair import GREEDY_NEW_TOKENS as NEW_TOKENS
+from helpers.real_pair import real_draft
+from helpers.moe_upcycle import dense_reference, write_upcycled
+from helpers.reference_loop import assert_transformers_tokens
+from helpers.engines import GREEDY
+from helpers.moe_streams import record_routes
 from test_real_defaults import BF16_MAX_TIES, BF16_MAX_TIES_WITH_COPIES, BF16_NEAR_TIES, DEFAULT_SAMPLING
 from transformers import PreTrainedModel
 

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from gptq_moe_writer import EXPERTS, dense_model
-from planned import streamed
-from test_moe_gptq import PROMPT, SAMPLINGS, assert_specexec_emits_transformers_tokens, draft_of, loaded
-from test_moe_streaming import expert_bytes, fetched_per_pass, moe, record_routes  # noqa: F401 (moe: a fixture)
+from helpers.gptq_moe_writer import EXPERTS, dense_model
+from helpers.moe import PROMPT, SAMPLINGS, assert_specexec_emits_transformers_tokens, draft_of, loaded
+from helpers.moe_streams import expert_bytes, fetched_per_pass, moe, record_routes  # noqa: F401 (moe: a fixture)
+from helpers.planned import streamed
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.forward import CausalLM

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers.cli import CORPUS, train_tokenizer
+from helpers.tiny import tiny_qwen_config
+from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -23,7 +25,6 @@ from specchat.progress import Reporter
 from specchat.loader import load_models, plan_run
 from specchat.plan import resolve_weights
 from specchat.runtime import EngineOptions, Models
-from test_cli import CORPUS, train_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
 LAYERS = 6
@@ -33,9 +34,8 @@ PROMPT = [5, 9, 2, 33, 17, 4, 8]
 def save_model(directory: Path, layers: int, seed: int) -> Path:
     tokenizer = train_tokenizer(CORPUS)
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = tiny_qwen_config(vocab_size=len(tokenizer), num_hidden_layers=layers, max_position_embeddings=512,
+                              eos_token_id=tokenizer.eos_token_id)
     Qwen2ForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

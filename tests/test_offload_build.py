@@ -7,9 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from helpers.planned import offload_planned
+from helpers.tiny import tiny_qwen_config
+from transformers import Qwen2ForCausalLM
 
-from planned import offload_planned
+from helpers.planned import offload_planned
 from specchat.checkpoint.layout import layout_of
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -31,10 +33,7 @@ QUIET = Reporter(bars=False)
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
     torch.manual_seed(3)
-    config = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-    )
+    config = tiny_qwen_config(vocab_size=64, num_hidden_layers=5, max_position_embeddings=256, tie_word_embeddings=True)
     model = Qwen2ForCausalLM(config).eval()
     directory = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(directory)

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from gptq_writer import dequantized_linears, load_checkpoint, write_gptq_checkpoint
+from helpers.gptq_writer import dequantized_linears, load_checkpoint, write_gptq_checkpoint
+from helpers.planned import offload_planned
+from helpers.tiny import tiny_qwen_config
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
-from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.loading import load
@@ -28,10 +29,8 @@ PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])
                 ids=["g16-act-order-asym", "g-1-sym"])
 def gptq_dir(request, tmp_path_factory) -> Path:
     torch.manual_seed(7)
-    config = Qwen2Config(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
-    )
+    config = tiny_qwen_config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                              max_position_embeddings=128, tie_word_embeddings=False)
     return write_gptq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path_factory.mktemp("gptq"), request.param)
 
 
@@ -74,10 +73,8 @@ def test_gptq_offloaded_streams_packed_layers_and_matches(gptq_dir, tmp_path, ti
 
 def test_a_4bit_layer_moves_about_4x_fewer_bytes_than_bf16(tmp_path):
     torch.manual_seed(1)
-    config = Qwen2Config(
-        vocab_size=64, hidden_size=512, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=8,
-        num_key_value_heads=8, max_position_embeddings=128,
-    )
+    config = tiny_qwen_config(vocab_size=64, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
+                              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=128)
     model = Qwen2ForCausalLM(config).eval()
     dense_dir, gptq_dir = tmp_path / "dense", tmp_path / "gptq"
     model.save_pretrained(dense_dir)

@@ -5,7 +5,7 @@ import gc
 
 import pytest
 import torch
-from conftest import load_real_pair
+from helpers.real_pair import load_real_pair
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM

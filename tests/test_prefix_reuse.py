@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from test_dsi_engine import dsi
-from test_engines import GREEDY, PROMPT
+from helpers.dsi_turns import dsi
+from helpers.engines import GREEDY, PROMPT
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD

@@ -3,8 +3,9 @@ CPUs whose oneDNN has a bf16 inner product; nn.Linear kept everywhere else."""
 
 import pytest
 import torch
+from helpers.tiny import tiny_qwen_config
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -53,9 +54,8 @@ def test_a_prepacked_linear_gives_f_linear_bits_at_every_width(bias):
 
 def tiny_model(tie: bool, dtype: torch.dtype = torch.bfloat16) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=tie)
+    config = tiny_qwen_config(vocab_size=256, hidden_size=64, intermediate_size=128, max_position_embeddings=64,
+                              tie_word_embeddings=tie)
     return Qwen2ForCausalLM(config).to(dtype).eval().requires_grad_(False)
 
 

@@ -3,6 +3,7 @@ fake GGUF, and their way to the TUI's loading screen."""
 
 import pytest
 import torch
+from helpers.gguf_files import fake_draft, tiny_gguf  # noqa: F401  (fixtures: tiny GGUF split into fake parts)
 from transformers import modeling_gguf_pytorch_utils as gguf_loading
 from transformers.utils import logging as transformers_logging
 
@@ -13,7 +14,6 @@ from specchat.loader import load_models
 from specchat.runtime import EngineOptions, Models, pick_device
 from specchat.tui import runtime_backend
 from specchat.tui.settings import DecodingSettings
-from test_models_gguf import fake_draft, tiny_gguf  # noqa: F401  (fixtures: tiny GGUF split into fake parts)
 
 
 class Recorder:
@@ -200,4 +200,3 @@ def test_runtime_loader_forwards_the_steps_and_silences_stderr(tiny_target, monk
     # The backend drives the models loaded behind the screen, with the engine the options name.
     assert backend.models is loaded[0] and backend.engine.name == "autoregressive"
     assert backend.engine_names == ("autoregressive",) and backend.name == options.target
-

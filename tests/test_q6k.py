@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
+from helpers.gguf_files import random_blocks
+from helpers.planned import offload_planned
+from helpers.tiny import tiny_qwen_config
 from safetensors.torch import save_file
-from test_int4_gguf import random_blocks
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
-from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
@@ -69,9 +70,8 @@ def checkpoint(tmp_path_factory) -> Path:
     int4.safetensors and their float32 dequantization in the dense model.safetensors, as
     models/convert_int4.py writes."""
     directory = tmp_path_factory.mktemp("q6")
-    config = Qwen2Config(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = tiny_qwen_config(vocab_size=96, hidden_size=256, intermediate_size=512, max_position_embeddings=64,
+                              tie_word_embeddings=False)
     model = Qwen2ForCausalLM(config).eval()
     tensors = {}
     for seed, name in enumerate(Q6_MODULES):
@@ -112,8 +112,8 @@ def test_streamed_compact_layers_hold_the_stored_q6_bytes_and_score_as_the_dense
 
 
 def test_a_compact_head_the_checkpoint_lacks_is_one_line(tmp_path):
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    Qwen2ForCausalLM(tiny_qwen_config(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                      tie_word_embeddings=False)
                      ).save_pretrained(tmp_path)
     down = q6k_to_weight(random_blocks(Q6_K, 256, 512))  # a Q6Weight, but for another module
     save_file(q6_entries("model.layers.0.mlp.down_proj", down), str(tmp_path / INT4_FILE))

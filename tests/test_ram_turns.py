@@ -1,9 +1,9 @@
-"""The suite's turns at the RAM (tests/ram_turns.py): how many modules the budget holds, a full
+"""The suite's turns at the RAM (tests/helpers/ram_turns.py): how many modules the budget holds, a full
 set of slots refusing another, and a blocked worker getting its turn once the holder gives back."""
 
 import threading
 
-from ram_turns import RamTurns, give_back, slot_count
+from helpers.ram_turns import RamTurns, give_back, slot_count
 
 GB = 2**30
 

@@ -7,8 +7,8 @@ target gives its own autoregressive tokens, greedy and seeded, up to bf16's near
 import gc
 
 import pytest
-from exactness import ExactnessCheck
-from test_engines import GREEDY
+from helpers.engines import GREEDY
+from helpers.exactness import ExactnessCheck
 from test_real_defaults import BF16_NEAR_TIES, DEFAULT_SAMPLING, SAMPLING_IDS, SAMPLINGS
 
 from specchat.decoding.events import LiveSettings

@@ -1,12 +1,12 @@
 """Prefix reuse on the real embedded pair in float32: a 3-turn conversation decoded by one engine
 that keeps its caches gives, turn by turn, the tokens a fresh engine gives from a full prefill of
-the whole history (greedy and seeded), judged by tests/exactness.py (design.md section 8), and
+the whole history (greedy and seeded), judged by tests/helpers/exactness.py (design.md section 8), and
 each later turn prefills only what follows the reused prefix."""
 
 import pytest
-from conftest import PAPER_SAMPLING
-from exactness import ExactnessCheck
-from test_engines import GREEDY
+from helpers.engines import GREEDY
+from helpers.exactness import ExactnessCheck
+from helpers.real_pair import PAPER_SAMPLING
 
 from specchat.bench.datasets import mtbench_questions
 from specchat.decoding.prefix import common_prefix

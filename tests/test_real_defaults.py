@@ -5,13 +5,13 @@ greedy and at the default t=0.6, top-p 0.9, seed 0.
 
 bf16 only holds this up to rounding (docs/exactness.md): a tree pass adds the same products
 in another order than a one-token pass, so where two tokens nearly tie the two may pick
-differently. The comparison is tests/exactness.py's, with docs/exactness.md's bf16 bound in place of
+differently. The comparison is tests/helpers/exactness.py's, with docs/exactness.md's bf16 bound in place of
 float32's: a difference passes only where the default engine's token is at most BF16_NEAR_TIES
 logits of being the target's pick at that prefix (each the measured largest gap, twice: greedy's
 is one bf16 step), the reference then re-anchors on the engine's prefix and the comparison
 goes on to the end. At most BF16_MAX_TIES per prompt (greedy: more with the dense copies for tree
 passes, as measured), counted and printed. The seeded replies are also judged, within the same
-bounds, by the independent loop (tests/reference_loop.py) on the same target object, not only by the
+bounds, by the independent loop (tests/helpers/reference_loop.py) on the same target object, not only by the
 project's own autoregressive engine.
 
 Auto sizes the trees from this machine's probed costs; where a wide bf16 pass costs its width
@@ -28,10 +28,10 @@ import gc
 
 import pytest
 import torch
-from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
-from exactness import MAX_TIES, ExactnessCheck
-from reference_loop import reference_decode, ties_against_reference
-from test_engines import GREEDY
+from helpers.engines import GREEDY
+from helpers.exactness import MAX_TIES, ExactnessCheck
+from helpers.real_pair import GREEDY_NEW_TOKENS as NEW_TOKENS
+from helpers.reference_loop import reference_decode, ties_against_reference
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.events import AUTO, SamplingParams
@@ -58,7 +58,7 @@ BF16_NEAR_TIE = 0.25
 DEFAULT_SAMPLING = SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_SEED)
 SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 # A seeded draw flips wherever rounding moves a boundary of the cumulative distribution across it;
-# its gap is T log(1 + r) (tests/exactness.py), r the draw's distance from the token's slot. What this
+# its gap is T log(1 + r) (tests/helpers/exactness.py), r the draw's distance from the token's slot. What this
 # module runs (MT-Bench first turns 0-2 x 32 tokens, seed 0, auto's trees and the grown ones, each
 # reply judged by bf16 autoregressive decoding and by the independent loop), measured twice at one
 # torch thread: 2026-11-26 on the AMX Xeon (scripts/bench_bf16_gaps.py, its rows in
@@ -260,7 +260,7 @@ def test_the_defaults_with_grown_trees_give_bf16_autoregressive_tokens_up_to_nea
 
 
 def test_seeded_replies_are_the_independent_loops_up_to_near_ties(app_models, int8_draft, prompts, seeded_replies):
-    """Both engines' seeded replies above against tests/reference_loop.py run on the same packed bf16
+    """Both engines' seeded replies above against tests/helpers/reference_loop.py run on the same packed bf16
     target object (its transformers forward over transformers' DynamicCache, HF's warpers, an inverse
     CDF written apart): the autoregressive engine they were compared with shares the project's
     sampling and caches with them, the loop does not. Each difference must be a near-tie under the

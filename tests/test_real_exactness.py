@@ -1,5 +1,5 @@
 """Exactness on the real embedded Qwen pair in float32 (design.md section 8), judged by
-tests/exactness.py: a divergence passes only as a near-tie of the engine's token, then the
+tests/helpers/exactness.py: a divergence passes only as a near-tie of the engine's token, then the
 comparison re-anchors and goes on to the end; at most one tie per prompt.
 
 Judged here: specexec in each configuration, chain SD and SpecInfer greedy (DSI, seeded:
@@ -12,11 +12,8 @@ import copy
 
 import pytest
 import torch
-from conftest import GREEDY_NEW_TOKENS as NEW_TOKENS
-from conftest import PAPER_SAMPLING, real_draft
-from test_budget_auto import Alternating
-from test_engines import GREEDY
-from test_sampling import hf_filter
+from helpers.engines import GREEDY, Alternating, hf_filter
+from helpers.real_pair import PAPER_SAMPLING, emitted, real_draft
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.chain_sd import CHAIN_SD
@@ -34,13 +31,8 @@ from specchat.quant.int8 import Int8Linear
 pytestmark = pytest.mark.real
 
 
-def emitted(engine, prompt_ids, sampling) -> tuple[list[int], list]:
-    events = list(engine.generate(prompt_ids, NEW_TOKENS, sampling))
-    return [t for e in events for t in e.token_ids], events
-
-
 def assert_equals_hf_greedy(real_check, engine, references) -> None:
-    """design.md section 8 (tests/exactness.py): HF greedy's tokens, up to one near-tie."""
+    """design.md section 8 (tests/helpers/exactness.py): HF greedy's tokens, up to one near-tie."""
     outputs = [emitted(engine, prompt_ids, GREEDY) for prompt_ids, _ in references]
     for (prompt_ids, reference), (tokens, _) in zip(references, outputs):
         comparison = real_check.compare(prompt_ids, reference, tokens, GREEDY)

@@ -1,6 +1,6 @@
 """Constrained decoding on the real embedded pair in float32 (issue 51): under a JSON schema and
 under a tool call's grammar, greedy and seeded SpecExec emit exactly what constrained
-autoregressive decoding emits, written independently (tests/reference_loop.py: transformers'
+autoregressive decoding emits, written independently (tests/helpers/reference_loop.py: transformers'
 forward and warpers) and masked by llguidance's own matcher, fed token by token apart from the
 project's guide. The replies that end parse, and validate against the schema. (The project's
 autoregressive engine under a guide against SpecExec: tests/test_guide.py, on the tiny pair.)"""
@@ -11,8 +11,8 @@ import llguidance
 import llguidance.hf
 import pytest
 import torch
-from conftest import PAPER_SAMPLING
-from reference_loop import reference_decode
+from helpers.real_pair import PAPER_SAMPLING
+from helpers.reference_loop import reference_decode
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammars

@@ -1,4 +1,4 @@
-"""The autoregressive engine against the independent reference loop (tests/reference_loop.py:
+"""The autoregressive engine against the independent reference loop (tests/helpers/reference_loop.py:
 transformers' forward with its own DynamicCache, its warpers, an inverse CDF written apart, the
 (seed, n) draw) on the real target in float32, seeded at the paper's t=0.6, top-p 0.9.
 
@@ -10,9 +10,9 @@ written.
 """
 
 import pytest
-from conftest import PAPER_SAMPLING
-from exactness import MAX_TIES, NEAR_TIE
-from reference_loop import ties_against_reference
+from helpers.exactness import MAX_TIES, NEAR_TIE
+from helpers.real_pair import PAPER_SAMPLING
+from helpers.reference_loop import ties_against_reference
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

@@ -1,4 +1,4 @@
-"""Every engine against the independent reference loop (tests/reference_loop.py) on tiny random
+"""Every engine against the independent reference loop (tests/helpers/reference_loop.py) on tiny random
 models in float32: transformers' forward on the whole prefix, transformers' warpers, an inverse
 CDF written apart, the (seed, n) draw. Token for token, no tie allowed (none occurs here).
 
@@ -9,11 +9,11 @@ rejection sampling draws other numbers than sequential sampling (docs/exactness.
 
 import pytest
 import torch
-from conftest import build_tiny, perturbed
-from exactness import NEAR_TIE
-from reference_loop import choose, inverse_cdf, reference_decode, ties_against_reference, warped
-from test_dsi_engine import dsi
-from test_engines import GREEDY
+from helpers.dsi_turns import dsi
+from helpers.engines import GREEDY
+from helpers.exactness import NEAR_TIE
+from helpers.reference_loop import choose, inverse_cdf, reference_decode, ties_against_reference, warped
+from helpers.tiny import build_tiny, perturbed
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD

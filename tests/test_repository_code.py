@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.cli import CORPUS, assert_one_line_error, run_cli, save_tiny_model
 from huggingface_hub.utils import filter_repo_objects
-from test_cli import CORPUS, assert_one_line_error, run_cli, save_tiny_model
 
 MODULES = ("configuration_planted", "modeling_planted", "tokenization_planted")
 AUTO_MAP = {"AutoConfig": "configuration_planted.PlantedConfig",

@@ -2,7 +2,7 @@ import os
 import subprocess
 import sys
 
-from run_dirs import make_run_dir, owner_pid, remove_orphans, running
+from helpers.run_dirs import make_run_dir, owner_pid, remove_orphans, running
 
 
 def dead_pid() -> int:

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from helpers.engines import hf_filter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 from scipy import stats
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.sampling import (
@@ -22,17 +22,6 @@ from specchat.decoding.sampling import (
 
 TOP_PS = [0.1, 0.5, 0.9, 0.95, 1.0]
 TEMPERATURES = [0.1, 0.6, 1.0, 1.7]
-
-
-def hf_filter(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """What HF generate applies: temperature, then top-p only when top_p < 1."""
-    # HF's top-p scatters along dim 1, so it needs [B, V]; 1-D inputs get a batch dim.
-    scores = logits.reshape(-1, logits.shape[-1])
-    input_ids = torch.zeros(scores.shape[0], 1, dtype=torch.long)
-    scores = TemperatureLogitsWarper(temperature)(input_ids, scores)
-    if top_p < 1.0:
-        scores = TopPLogitsWarper(top_p)(input_ids, scores)
-    return scores.reshape(logits.shape)
 
 
 def assert_matches_hf(logits: torch.Tensor, temperature: float, top_p: float) -> None:

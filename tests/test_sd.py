@@ -5,12 +5,11 @@ is in test_real_exactness.py, which holds the pair and its references for every 
 The checks shared with SpecInfer are the helpers below; test_specinfer.py imports them.
 """
 
-from collections import Counter
-from collections.abc import Callable
-
 import pytest
 import torch
-from test_engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distribution, run
+from helpers.engines import (GREEDY, PROMPT, SAMPLINGS, EngineFactory, assert_follows_target,
+                             assert_greedy_equals_autoregressive, assert_reproducible, assert_stops_at_stop_token,
+                             assert_token_limit, run)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD
@@ -21,68 +20,9 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.runtime import DRAFTED_ENGINES, ENGINES, Models
 
-SAMPLINGS = [SamplingParams(0.6, 0.9, seed=11), SamplingParams(1.0, 1.0, seed=5)]
-CHI_SQUARE_SEEDS = 3000
-
-EngineFactory = Callable[[list[int], TreeShape], object]  # (stop ids, shape) -> engine
-
 
 def tokens_of(events) -> list[int]:
     return [t for e in events for t in e.token_ids]
-
-
-def assert_greedy_equals_autoregressive(target: CausalLM, engine, max_new_tokens: int = 40) -> list:
-    """Greedy output equals the target's own greedy decoding token for token; returns the events."""
-    tokens, events = run(engine, GREEDY, max_new_tokens)
-    assert tokens == run(AutoregressiveEngine(target, []), GREEDY, max_new_tokens)[0]
-    assert len(tokens) == max_new_tokens and events[-1].finished
-    return events
-
-
-def assert_reproducible(engine, sampling: SamplingParams) -> None:
-    """Same seed: the same tokens in the same iterations (so a bench row's gen rate repeats)."""
-    first_tokens, first_events = run(engine, sampling)
-    again_tokens, again_events = run(engine, sampling)
-    assert again_tokens == first_tokens
-    assert [e.token_ids for e in again_events] == [e.token_ids for e in first_events]
-    other_seed = SamplingParams(sampling.temperature, sampling.top_p, sampling.seed + 1)
-    assert run(engine, other_seed)[0] != first_tokens
-
-
-def assert_follows_target(target: CausalLM, engine, sampling: SamplingParams) -> Counter:
-    """Across seeds, the first two tokens the trees emit (the second and third of the reply: the
-    prompt's pass gives the first) follow the filtered target distribution, computed exactly
-    (chi-square); returns how often each accepted-count pattern of the tree iterations occurred,
-    so callers can check that every route was taken."""
-    samples = [
-        run(engine, SamplingParams(sampling.temperature, sampling.top_p, seed), max_new_tokens=3)
-        for seed in range(CHI_SQUARE_SEEDS)
-    ]
-    for index in (1, 2):
-        expected = exact_token_distribution(target, sampling, index)
-        counts = Counter(tokens[index] for tokens, _ in samples)
-        support = torch.nonzero(expected > 0).flatten().tolist()
-        assert set(counts) <= set(support)
-        assert chi_square_pvalue([counts.get(t, 0) for t in support], expected[support]) > 1e-3
-    return Counter(tuple(e.accepted for e in events[1:]) for _, events in samples)
-
-
-def assert_stops_at_stop_token(target: CausalLM, make: EngineFactory) -> None:
-    reference, _ = run(AutoregressiveEngine(target, []), GREEDY)
-    stop = reference[10]
-    tokens, events = run(make([stop], TreeShape(budget=8, max_depth=8)), GREEDY)
-    assert tokens == reference[: reference.index(stop) + 1]
-    assert events[-1].finished
-
-
-def assert_token_limit(make_self_drafted: EngineFactory) -> None:
-    """A draft that is always accepted would overshoot; exactly max_new_tokens come out."""
-    engine = make_self_drafted([], TreeShape(budget=8, max_depth=8))
-    for sampling in [GREEDY, *SAMPLINGS]:
-        for limit in (1, 2, 5, 9, 12):
-            tokens, events = run(engine, sampling, max_new_tokens=limit)
-            assert len(tokens) == limit and events[-1].finished
-            assert not any(e.finished for e in events[:-1])
 
 
 def sd(target: CausalLM, draft: CausalLM) -> EngineFactory:

@@ -9,7 +9,7 @@ import urllib.request
 
 import openai
 import pytest
-from serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, serving, user
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, serving, user
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

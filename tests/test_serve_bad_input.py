@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serve_helpers import MODEL, make_app, serving, user
+from helpers.serve_helpers import MODEL, make_app, serving, user
 
 from specchat.tui.fake import FakeEngine
 

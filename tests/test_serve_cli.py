@@ -9,7 +9,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from test_cli import assert_one_line_error, run_cli, save_tiny_model
+from helpers.cli import assert_one_line_error, run_cli, save_tiny_model
 from transformers import AutoTokenizer
 
 CORPUS = ["hello world", "def add(x, y): return x + y", "for item in items: print(item)"] * 20

@@ -3,7 +3,7 @@
 records the address and stops the command there, before anything loads or listens."""
 
 import pytest
-from test_cli import run_cli
+from helpers.cli import run_cli
 
 from specchat.errors import SpecchatError
 

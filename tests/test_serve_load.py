@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import openai
 import pytest
-from serve_helpers import MODEL, client, make_app, serving, user
-from serve_load import figures, is_fifo, percentile, run_load
+from helpers.serve_helpers import MODEL, client, make_app, serving, user
+from helpers.serve_load import figures, is_fifo, percentile, run_load
 
 from specchat.decoding.events import SamplingParams
 from specchat.tui.fake import REPLY, FakeEngine

@@ -5,7 +5,7 @@ import asyncio
 import threading
 
 import pytest
-from serve_helpers import MODEL, CharTokenizer, client, make_app, serving, user
+from helpers.serve_helpers import MODEL, CharTokenizer, client, make_app, serving, user
 
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import IterationEvent, SamplingParams

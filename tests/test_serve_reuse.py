@@ -6,7 +6,7 @@ This file needs the engines' prefix reuse (the conversation-cache issue): until 
 engines report no prefill, and these tests fail."""
 
 import pytest
-from serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, serving
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, serving
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

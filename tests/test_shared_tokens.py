@@ -1,6 +1,6 @@
-"""tests/shared_tokens.py: a kind's references are computed once and read back as they were."""
+"""tests/helpers/shared_tokens.py: a kind's references are computed once and read back as they were."""
 
-from shared_tokens import SharedTokens
+from helpers.shared_tokens import SharedTokens
 
 REFERENCES = [([1, 2, 3], [4, 5]), ([6], [])]
 

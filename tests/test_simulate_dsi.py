@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from test_bench import png_size
-from test_cli import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
+from helpers.images import png_size
 
 from specchat.errors import SpecchatError
 from specchat.simulate.command import GRID_FILE, SUMMARY_FILE, parse_range

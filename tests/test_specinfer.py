@@ -4,11 +4,8 @@ pair is in test_real_exactness.py). The engine-independent checks come from test
 
 import pytest
 import torch
-from test_engines import PROMPT, run
-from test_sd import (
-    SAMPLINGS, assert_follows_target, assert_greedy_equals_autoregressive,
-    assert_reproducible, assert_stops_at_stop_token, assert_token_limit,
-)
+from helpers.engines import (PROMPT, SAMPLINGS, assert_follows_target, assert_greedy_equals_autoregressive,
+                             assert_reproducible, assert_stops_at_stop_token, assert_token_limit, run)
 
 from specchat.decoding.events import LiveSettings
 from specchat.decoding.kvcache import new_cache

@@ -2,7 +2,7 @@
 whatever order the parts are called in, and a draft model that computes what it computed before."""
 
 import torch
-from conftest import build_tiny
+from helpers.tiny import build_tiny
 from torch import nn
 
 from specchat.decoding.kvcache import new_cache

@@ -4,7 +4,7 @@ SpecExec engine with it grows the same trees and emits the same tokens."""
 
 import pytest
 import torch
-from test_engines import GREEDY, PROMPT, run
+from helpers.engines import GREEDY, PROMPT, run
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import torch
+from helpers.links import VirtualLink
 
 from specchat.offload.streamer import Streamer
 from specchat.transfer import TransferStats
@@ -94,30 +95,6 @@ def test_one_layer_one_slot_still_cycles():
     for _ in range(3):
         run_pass(streamer, [0], seen)
     assert seen == [(0, 0)] * 3
-
-
-class VirtualLink:
-    """A link that copies one layer at a time in `copy_s` of virtual time; compute advances the
-    same clock. Deterministic: the schedule alone decides the total."""
-
-    def __init__(self, copy_s: float) -> None:
-        self.copy_s = copy_s
-        self.now = 0.0
-        self.link_free = 0.0
-
-    def begin(self, layer, slot, whole=False):
-        start = max(self.now, self.link_free)
-        self.link_free = start + self.copy_s
-        return self.link_free
-
-    def finish(self, ticket):
-        self.now = max(self.now, ticket)
-
-    def retire(self, slot):
-        pass
-
-    def stats(self):
-        return TransferStats()
 
 
 @pytest.mark.parametrize("copy_s, compute_s", [(1.0, 1.0), (2.0, 0.5), (0.5, 2.0)])

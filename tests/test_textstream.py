@@ -3,9 +3,9 @@ and the real Qwen tokenizer of the embedded pair (`real`: converting the model i
 first time)."""
 
 import pytest
+from helpers.cli import CORPUS
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cli import CORPUS
 from tokenizers import ByteLevelBPETokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 

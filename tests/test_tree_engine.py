@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_engines import GREEDY, PROMPT
+from helpers.engines import GREEDY, PROMPT
 
 from specchat import device_clock
 from specchat.decoding import node_logits
@@ -109,7 +109,7 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
 
 
 def test_upfront_nodes_are_the_likeliest_path_then_the_likeliest_others():
-    from test_tree import make_tree
+    from helpers.trees import make_tree
     #   0 -> 1 (-0.1) -> 3 (-0.3) -> 5 (-0.9)
     #     -> 2 (-0.2) -> 4 (-0.25)
     tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
@@ -131,7 +131,7 @@ class CountingHead:
 
 
 def test_a_node_off_the_upfront_rows_is_computed_with_the_likeliest_path_below_it():
-    from test_tree import make_tree
+    from helpers.trees import make_tree
     #   0 -> 1 (-0.1) -> 3 (-0.3)
     #     -> 2 (-0.2) -> 4 (-0.25) -> 5 (-0.4)
     #                 -> 6 (-0.9)

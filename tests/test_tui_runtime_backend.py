@@ -7,8 +7,10 @@ from collections.abc import Iterator
 from time import perf_counter
 
 import pytest
+from helpers.tiny import tiny_models
 
 from specchat.offload.placement import Placement
+
 import torch
 from textual.widgets import Static
 
@@ -39,7 +41,7 @@ class TinyTokenizer:
 
 @pytest.fixture
 def backend(tiny_target, tiny_draft) -> RuntimeBackend:
-    models = tiny_models(tiny_target, tiny_draft)
+    models = tiny_models(tiny_target, tiny_draft, TinyTokenizer())
     settings = DecodingSettings(temperature=0.0, max_tokens=24)
     return RuntimeBackend(models, models.engine("specexec", LiveSettings(budget=8, depth=4)), "tiny pair", settings,
                           transfer_label="")
@@ -48,15 +50,10 @@ def backend(tiny_target, tiny_draft) -> RuntimeBackend:
 @pytest.fixture
 def dsi_backend(tiny_target, tiny_draft) -> Iterator[RuntimeBackend]:
     pool = WorkerPool(thread_workers(tiny_target, [torch.device("cpu")]))
-    models = tiny_models(None, tiny_draft, pool)  # the target only on the workers
+    models = tiny_models(None, tiny_draft, TinyTokenizer(), workers=pool)  # the target only on the workers
     settings = DecodingSettings(temperature=0.0, max_tokens=24)
     yield RuntimeBackend(models, models.engine("dsi", LiveSettings(lookahead=3)), "tiny pair", settings, "")
     pool.close()
-
-
-def tiny_models(target, draft, workers=None) -> Models:
-    return Models(tokenizer=TinyTokenizer(), stop_ids=frozenset(), device=torch.device("cpu"), context=1024,
-                  target=target, draft=draft, workers=workers)
 
 
 def test_backend_takes_the_tree_shape_and_offers_the_baseline(backend):

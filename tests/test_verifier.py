@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from test_tree import path_to
+from helpers.trees import path_to
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.sampling import sample_token

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from gpu_checks.tiny_models import wide_checkpoint
 from gpu_checks.verdict import Verdict, judged, skipped
+from helpers.planned import offload_planned
 
-from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.plan.request import PlanRequest

@@ -9,7 +9,7 @@ is how the GPU finds out what the expansion does to exactness. A CPU never expan
 there only under its interpreter: this check would take many minutes), so on a CPU the same code
 runs every pass through the fused kernel, pinned to it (its in-memory GPTQ model keeps no dense
 copies), and the verdict is named for that. SpecExec's tokens are also judged, by the same rule,
-against transformers' own reply (greedy `generate`, seeded tests/reference_loop.py) on its float32
+against transformers' own reply (greedy `generate`, seeded tests/helpers/reference_loop.py) on its float32
 Llama holding the checkpoint's weights as AutoGPTQ dequantizes them: the autoregressive engine
 shares the sampling and the int4 linears under test, transformers shares neither. The random
 model's LM head is sharpened (SHARPNESS): with a random head's flat distributions, a bf16 target
@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from exactness import ExactnessCheck
-from gptq_writer import dequantized_tensors, write_gptq_checkpoint
 from gpu_checks.tiny_models import random_model
 from gpu_checks.verdict import Verdict, judged
-from perturbed import perturbed
-from reference_loop import assert_transformers_tokens
+from helpers.exactness import ExactnessCheck
+from helpers.gptq_writer import dequantized_tensors, write_gptq_checkpoint
+from helpers.reference_loop import assert_transformers_tokens
+from helpers.tiny import perturbed_in_place
 from safetensors.torch import load_file
 from transformers import LlamaConfig, PreTrainedModel
 
@@ -55,7 +55,7 @@ SAMPLINGS = {"greedy": SamplingParams(0.0, 1.0, 0), "seeded": SamplingParams(0.6
 NEAR_TIE = 0.125
 MAX_TIES = {"greedy": 2, "seeded": 4}
 QUIET = Reporter(bars=False)
-SHARPNESS = 8  # the LM head's scale (tests/gptq_moe_writer.py's too)
+SHARPNESS = 8  # the LM head's scale (tests/helpers/gptq_moe_writer.py's too)
 
 
 def small_llama() -> LlamaConfig:
@@ -76,7 +76,7 @@ def sharp_model(config: LlamaConfig) -> PreTrainedModel:
 
 def draft_of(config: LlamaConfig, device: torch.device) -> CausalLM:
     """The target's own float weights, perturbed: a draft that mostly agrees with it."""
-    return CausalLM(perturbed(sharp_model(config)).to(device, DTYPE))
+    return CausalLM(perturbed_in_place(sharp_model(config)).to(device, DTYPE))
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import torch
 from gpu_checks import passes
 from gpu_checks.tiny_models import LAYERS
 from gpu_checks.verdict import Verdict, judged
-from gptq_moe_writer import tiny_moe, write_moe_gptq_checkpoint
+from helpers.gptq_moe_writer import tiny_moe, write_moe_gptq_checkpoint
 
 from specchat.decoding.forward import CausalLM
 from specchat.offload.build import offload_model

@@ -1,7 +1,7 @@
 """The default pair through `specchat generate`, as a user runs it: float32 greedy replies under
 given options, and the judge of a reply against the target's own greedy reply, run in memory
 with the autoregressive engine. A reply passes when its tokens are the same, or differ only where
-the reply's token is near-tied (tests/exactness.py; design.md section 8): batched tree passes and
+the reply's token is near-tied (tests/helpers/exactness.py; design.md section 8): batched tree passes and
 sequential ones round differently in float32."""
 
 import json
@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from exactness import Comparison, ExactnessCheck
+from helpers.exactness import Comparison, ExactnessCheck
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM

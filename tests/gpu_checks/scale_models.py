@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 import torch
-from gptq_writer import decoder_linears
+from helpers.gptq_writer import decoder_linears
 from safetensors.torch import save_file
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel

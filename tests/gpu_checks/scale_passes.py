@@ -18,8 +18,8 @@ from gpu_checks.suite import release_memory
 from gpu_checks.timing import fastest_ms
 from gpu_checks.tree_passes import Tree, prefilled, random_tree, tree_pass
 from gpu_checks.verdict import Verdict, judged, skipped
+from helpers.planned import offload_planned
 
-from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.offload.build import Offload, offload_model
 from specchat.plan.request import PlanRequest

@@ -13,9 +13,9 @@ import torch
 from gpu_checks import passes
 from gpu_checks.tiny_models import LAYERS, gptq_checkpoint, small_checkpoint
 from gpu_checks.verdict import Verdict, judged
+from helpers.planned import offload_planned
 from transformers import AutoModelForCausalLM
 
-from planned import offload_planned
 from specchat.decoding.forward import CausalLM
 from specchat.offload.build import Offload, offload_model
 from specchat.plan.request import PlanRequest

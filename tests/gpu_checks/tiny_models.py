@@ -5,7 +5,7 @@ bfloat16) for copy bandwidth and device compute to dominate per-layer overheads.
 from pathlib import Path
 
 import torch
-from gptq_writer import write_gptq_checkpoint
+from helpers.gptq_writer import write_gptq_checkpoint
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config
 
 from specchat.quant.gptq import GPTQSpec

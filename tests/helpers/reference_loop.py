@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Collection
 
 import torch
-from exactness import hf_greedy
+from helpers.exactness import hf_greedy
 from transformers import DynamicCache, PreTrainedModel, TemperatureLogitsWarper, TopPLogitsWarper
 
 from specchat.decoding.events import SamplingParams
@@ -90,7 +90,7 @@ def reference_decode(model: PreTrainedModel, prompt_ids: list[int], max_new_toke
 def reference_gap(logits: torch.Tensor, token: int, temperature: float, top_p: float, seed: int,
                   position: int) -> float:
     """How far the logits must move (in logits) before the loop picks `token` here, as
-    tests/exactness.py bounds it, computed from the loop's own pieces: the argmax's lead when
+    tests/helpers/exactness.py bounds it, computed from the loop's own pieces: the argmax's lead when
     greedy; seeded, T log(1 + r) with r the distance from u to the token's interval of the
     normalised cumulative distribution (in token-id order)."""
     if temperature == 0:

@@ -9,9 +9,13 @@ notice, which compares job and draft latencies, does not depend on measured time
 
 import threading
 from concurrent.futures import Future
+from contextlib import contextmanager
 
+import torch
+
+from specchat.dsi.engine import DSIEngine
 from specchat.dsi.jobs import VerifyJob
-from specchat.dsi.workers import Result, ThreadWorker, WorkerPool
+from specchat.dsi.workers import Result, ThreadWorker, WorkerPool, thread_workers
 
 HANG_S = 60.0  # a job that waits this long for its turn fails: a schedule that never gives it ends
 
@@ -82,3 +86,15 @@ class ScriptedWorker:
 
     def close(self) -> None:
         self.inner.close()
+
+
+CPU = torch.device("cpu")
+
+
+@contextmanager
+def dsi(target, draft, workers: int, lookahead: int, stop_ids=()):
+    pool = WorkerPool(thread_workers(target, [CPU] * workers))
+    try:
+        yield DSIEngine(draft, pool, stop_ids, lookahead)
+    finally:
+        pool.close()

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import torch
-from awq_writer import GEMM, AWQDraw, checkpoint_tensors, dequantized_model, packed_tensors, quantize_awq
-from gptq_moe_writer import checkpoint_name, expert_weights, stored_name
+from helpers.awq_writer import GEMM, AWQDraw, checkpoint_tensors, dequantized_model, packed_tensors, quantize_awq
+from helpers.gptq_moe_writer import checkpoint_name, expert_weights, stored_name
 from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PreTrainedModel

@@ -19,7 +19,7 @@ is random, so tokens spread over the experts, and SpecExec over a MoE target str
 be measured end to end, acceptance included.
 
 Qwen2-MoE always has a shared expert; it is written with zero weights, so its output is exactly 0
-(the smallest width the int4 kernels take). The MLP's linears are RTN-quantized (tests/gptq_writer.py):
+(the smallest width the int4 kernels take). The MLP's linears are RTN-quantized (tests/helpers/gptq_writer.py):
 the up and down projections once a layer, their packed tensors written under every expert's name,
 each expert's gate on its own; the checkpoint is written a decoder layer a shard, from the dense
 float32 safetensors read a tensor at a time, so that no more than a layer is held at once (8
@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from gptq_writer import dequantized_tensors, pack_gptq, quantize_rtn
+from helpers.gptq_writer import dequantized_tensors, pack_gptq, quantize_rtn
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from gptq_writer import autogptq_weight, checkpoint_tensors, pack_gptq, quantize_rtn
+from helpers.gptq_writer import autogptq_weight, checkpoint_tensors, pack_gptq, quantize_rtn
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import (MixtralConfig, MixtralForCausalLM, PreTrainedModel, Qwen2MoeConfig, Qwen2MoeForCausalLM,

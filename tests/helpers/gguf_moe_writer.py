@@ -17,8 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType
-from test_int4_gguf import random_blocks
-from test_models_gguf import byte_alphabet
+from helpers.gguf_files import byte_alphabet, random_blocks
 
 ARCHITECTURES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
 EXPERTS, TOP_K, LAYERS = 4, 2, 2

@@ -1,0 +1,27 @@
+"""A transfer link of a given speed that moves nothing (the streamer's and expert units' stand-in)."""
+
+from specchat.transfer import TransferStats
+
+
+class VirtualLink:
+    """A link that copies one layer at a time in `copy_s` of virtual time; compute advances the
+    same clock. Deterministic: the schedule alone decides the total."""
+
+    def __init__(self, copy_s: float) -> None:
+        self.copy_s = copy_s
+        self.now = 0.0
+        self.link_free = 0.0
+
+    def begin(self, layer, slot, whole=False):
+        start = max(self.now, self.link_free)
+        self.link_free = start + self.copy_s
+        return self.link_free
+
+    def finish(self, ticket):
+        self.now = max(self.now, ticket)
+
+    def retire(self, slot):
+        pass
+
+    def stats(self):
+        return TransferStats()
