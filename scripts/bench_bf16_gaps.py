@@ -1,5 +1,5 @@
 """Every bf16 divergence of the shipped defaults' replies, with its gap: the measurement behind
-tests/test_real_defaults.py's and test_real_compact.py's seeded bounds (issue 38).
+tests/real/test_real_defaults.py's and test_real_compact.py's seeded bounds (issue 38).
 
 The defaults (bf16, the packed int4 target with the dense copies the plan keeps, the draft as
 `--draft-quant auto` resolves it) run specexec as the tests do: `--budget auto` over this machine's

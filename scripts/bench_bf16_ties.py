@@ -1,5 +1,5 @@
 """How many bf16 near-ties a reply of the shipped defaults holds, with the dense copies for tree
-passes (quant/int4_dense.py) and without them: the measurement behind tests/test_real_defaults.py's
+passes (quant/int4_dense.py) and without them: the measurement behind tests/real/test_real_defaults.py's
 per-reply bounds.
 
 The defaults (bf16, `--budget auto`, the packed target, the draft as auto resolves it) run

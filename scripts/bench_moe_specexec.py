@@ -59,7 +59,7 @@ from helpers.moe_upcycle import write_upcycled  # noqa: E402
 
 MODES = ("by expert", "whole layers")  # the default --modes
 SHARE_BEFORE = "by expert at share 0.9"  # the wide-call rule before 2026-11-27
-BF16_NEAR_TIE = 0.125  # docs/exactness.md: one bf16 step at logits 16-32 (tests/test_real_defaults.py)
+BF16_NEAR_TIE = 0.125  # docs/exactness.md: one bf16 step at logits 16-32 (tests/real/test_real_defaults.py)
 
 
 def parse_args() -> argparse.Namespace:

@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 
 RUNS="${1:-20}"
 LOAD="${LOAD:-$(nproc)}"  # busy processes beside the tests
-TESTS=(tests/test_tui_app.py tests/test_tui_parts.py tests/test_dsi_engine.py tests/test_dsi_workers.py
-       tests/test_dsi_jobs.py tests/test_streamer.py tests/test_serve_load.py)
+TESTS=(tests/tui/test_tui_app.py tests/tui/test_tui_parts.py tests/dsi/test_dsi_engine.py tests/dsi/test_dsi_workers.py
+       tests/dsi/test_dsi_jobs.py tests/offload/test_streamer.py tests/serve/test_serve_load.py)
 
 # A private base for tmp_path: pytest removes all but the newest three of its default ones, so a
 # concurrent pytest session elsewhere would delete this run's directories under it.

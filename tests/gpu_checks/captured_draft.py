@@ -1,7 +1,7 @@
 """The draft's step captured in CUDA graphs (decoding/static_step.py): greedy and seeded SpecExec
 over a small float32 Qwen2 pair grows, tree for tree, what the same static shapes grow run
 eagerly (the same kernels, replayed), and emits the target's autoregressive tokens. That the
-static shapes grow the eager step's trees is tests/test_static_step.py's, on any device."""
+static shapes grow the eager step's trees is tests/decoding/test_static_step.py's, on any device."""
 
 import torch
 from gpu_checks.tiny_models import random_model, small_config

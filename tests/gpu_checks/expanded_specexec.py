@@ -49,7 +49,7 @@ EXPAND_FROM = 2  # rows: every tree pass expands, every one-token pass runs the 
 PROMPT = [3, 14, 15, 9, 26, 5, 40, 41, 77]
 NEW_TOKENS = 32
 SAMPLINGS = {"greedy": SamplingParams(0.0, 1.0, 0), "seeded": SamplingParams(0.6, 0.9, 11)}
-# docs/exactness.md's bfloat16 rule (tests/test_real_defaults.py): a difference passes where the engine's
+# docs/exactness.md's bfloat16 rule (tests/real/test_real_defaults.py): a difference passes where the engine's
 # token is within 0.125 logits of the top (greedy) or of its draw's slot (seeded); ties a reply as
 # where the CPU's tree passes take another product (its dense copies)
 NEAR_TIE = 0.125

@@ -3,7 +3,7 @@ that announces the RAM plan goes out, the process's own anonymous memory (RssAno
 a line of its own. That is what the process held when it planned, read before it went on to load:
 a parent that reads /proc once the line has reached it reads whatever loading has added since.
 
-usage: python tests/helpers/anon_at_plan.py MODULE [ARGS...]   (tests/test_memory_peak_real.py: specchat)
+usage: python tests/helpers/anon_at_plan.py MODULE [ARGS...]   (tests/real/test_memory_peak_real.py: specchat)
 """
 
 import os

@@ -69,7 +69,7 @@ class Int4Linear(nn.Module):
 def use_fused_only(model: nn.Module) -> int:
     """Make every Int4Linear in `model` run the fused kernel at every width (dropping any dense copy
     for wide inputs: quant/int4_dense.py), so that a row's output
-    is the same whatever rows are beside it (so measured of the CPU kernel: tests/test_int4.py; a
+    is the same whatever rows are beside it (so measured of the CPU kernel: tests/quant/test_int4.py; a
     chunked product's dense matmul blocks differently by width). Returns how many were set."""
     linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
     for linear in linears:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_llamacpp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llamacpp.py"
 MEMORY_LIMIT_SCRIPT = SCRIPT.with_name("bench_memory_limit.sh")
 spec = importlib.util.spec_from_file_location("bench_llamacpp", SCRIPT)
 bench = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 """DSI on the real embedded Qwen pair in float32 with 2 thread workers: seeded equals seeded
 autoregressive, judged by tests/helpers/exactness.py (design.md section 8), and jobs were preempted
 along the way. Greedy DSI is tested against autoregressive on the tiny models
-(tests/test_dsi_engine.py); the real pair checks the stronger, seeded claim.
+(tests/dsi/test_dsi_engine.py); the real pair checks the stronger, seeded claim.
 
 For the first prompt the workers take turns (tests/helpers/dsi_turns.py): a job runs only once the
 drafter has filled its window, so that reply's preemptions do not depend on the machine's speed.

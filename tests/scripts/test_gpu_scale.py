@@ -11,7 +11,7 @@ from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, lin
 from gpu_checks.scale_passes import PassRow, pass_verdict
 from gpu_checks.tree_passes import random_parents, random_tree
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 DRY_RUN_TIMEOUT_S = 120
 

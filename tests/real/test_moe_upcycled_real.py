@@ -11,7 +11,7 @@ that its slot lacks.
   on its Qwen2-MoE holding the checkpoint's weights in bf16, read apart from specchat's loader
   (moe_upcycle.dense_reference), up to near-ties under test_real_defaults' bf16 bounds; the draft's
   tokens are accepted (the upcycled model writes as the dense 0.5B does: a random MoE target
-  accepts nothing, tests/test_moe_streaming.py).
+  accepts nothing, tests/offload/test_moe_streaming.py).
 - That check catches a routing error: the greedy reply fails it against the reference with its
   experts in reverse order, or with every token routed one expert over.
 - A one-token pass after a one-token pass fetches exactly the experts its routers picked, counted

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "specchat"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "specchat"
 
 # Bottom to top; a room is a top-level module or subpackage of specchat. A new room must be
 # placed here before the test passes.

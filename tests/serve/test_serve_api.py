@@ -239,7 +239,7 @@ def test_on_tiny_models_a_seed_gives_the_same_reply(tiny_target, tiny_draft):
 
 @pytest.mark.parametrize("slots", [1, 2])
 def test_a_second_turn_goes_to_the_slot_holding_the_first_with_its_whole_sequence(tiny_target, tiny_draft, slots):
-    """The server's half of conversation reuse (the engines' half: tests/test_serve_reuse.py)."""
+    """The server's half of conversation reuse (the engines' half: tests/serve/test_serve_reuse.py)."""
     app, scheduler = make_app([tiny_engine(tiny_target, tiny_draft) for _ in range(slots)], tokenizer=TINY_TOKENIZER,
                               stop_ids=frozenset(), context=1024)
     first = user("hello there")

@@ -2,7 +2,7 @@
 the form the GGUF stores (Q6_K linears, Q4_K scales: quant/q6k_linear.py, q4k_scales.py) and its LM
 head kept in Q6_K, under a --ram-budget that leaves the plan no other choice. Specexec over that
 target gives its own autoregressive tokens, greedy and seeded, up to bf16's near-ties
-(tests/test_real_defaults.py says why there are any), on PROMPTS prompts."""
+(tests/real/test_real_defaults.py says why there are any), on PROMPTS prompts."""
 
 import gc
 

@@ -202,7 +202,7 @@ def test_a_call_takes_a_cached_expert_from_the_device_and_offers_a_fetched_one()
 
 
 class VirtualFetches(VirtualLink):
-    """tests/test_streamer.py's virtual link with ring loads done at once, and a fetch done
+    """tests/helpers/links.py's virtual link with ring loads done at once, and a fetch done
     `fetch_s` later on the same clock."""
 
     def __init__(self, fetch_s: float) -> None:

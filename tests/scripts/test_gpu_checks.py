@@ -33,7 +33,7 @@ from specchat.quant import widths as policy
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REFUSAL = "error: GPU memory under --vram-budget 1 GB is too small for the model"
 
 

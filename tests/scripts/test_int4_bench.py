@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_int4_linear.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_int4_linear.py"
 
 
 def test_the_int4_bench_prints_a_row_per_shape_and_width():

@@ -11,7 +11,7 @@ import pytest
 from gpu_checks.pair_rows import BudgetRow, budget_row, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRY_RUN_TIMEOUT_S = 300
 PLAN = {"resident_layers": 16, "ram_layers": 64, "disk_layers": 0, "pass_bytes": 29.09e9, "context": 4096,
         "draft_quant": "none"}

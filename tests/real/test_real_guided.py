@@ -3,7 +3,7 @@ under a tool call's grammar, greedy and seeded SpecExec emit exactly what constr
 autoregressive decoding emits, written independently (tests/helpers/reference_loop.py: transformers'
 forward and warpers) and masked by llguidance's own matcher, fed token by token apart from the
 project's guide. The replies that end parse, and validate against the schema. (The project's
-autoregressive engine under a guide against SpecExec: tests/test_guide.py, on the tiny pair.)"""
+autoregressive engine under a guide against SpecExec: tests/decoding/test_guide.py, on the tiny pair.)"""
 
 import json
 

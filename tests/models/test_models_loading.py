@@ -34,7 +34,7 @@ HUB_ALIASES = {
     "qwen3-1.7b": "Qwen/Qwen3-1.7B",
 }
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_defaults_are_the_embedded_qwen_pair() -> None:

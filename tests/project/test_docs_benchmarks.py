@@ -4,7 +4,7 @@ docs/benchmarks-history.md), and every row links a section that exists."""
 import re
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 MAX_LINES = 400
 LINK = re.compile(r"\]\(([\w.-]*\.md)?#([\w-]+)\)")
 
