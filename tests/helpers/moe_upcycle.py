@@ -1,5 +1,5 @@
 """An embedded dense Qwen2 (the 1.5B target for scripts/bench_moe_specexec.py, the 0.5B for
-tests/test_moe_upcycled_real.py) upcycled into a Qwen2-MoE, written as a GPTQ checkpoint: a MoE
+tests/real/test_moe_upcycled_real.py) upcycled into a Qwen2-MoE, written as a GPTQ checkpoint: a MoE
 target of real weights, which no package on PyPI ships.
 
 Sparse upcycling (Komatsuzaki et al., 2022) starts a MoE from a dense model by copying its MLP into
