@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checkers live with the tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "real"))  # the real pair's test modules
 from helpers.exactness import ExactnessCheck  # noqa: E402
 from helpers.reference_loop import reference_decode, ties_against_reference  # noqa: E402
 from test_real_compact import RAM_BUDGET_GB  # noqa: E402

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checker lives with the tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "real"))  # the real pair's test modules
 from helpers.exactness import ExactnessCheck  # noqa: E402
 from test_real_defaults import BF16_NEAR_TIE  # noqa: E402
 

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from specchat.bench.machine import describe_machine
-from specchat.quant.int8 import CPU, Bank, quantize_linears
+from specchat.quant.int8 import Bank, quantize_linears
 from specchat.quant.stacked import stack_projections
 from specchat.quant.timing import best_seconds
+from specchat.quant.widths import CPU
 
 WIDTHS = (1, 4, 16, 64)
 

@@ -30,7 +30,7 @@ def offline(monkeypatch) -> None:
     per machine: the test must not depend on which)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(draft_module, "remembered", lambda key, device, measure: INT8_ROWS)
+    monkeypatch.setattr(draft_module, "int8_rows", lambda dtype: INT8_ROWS)
 
 
 def asked(module, monkeypatch, call) -> tuple:
