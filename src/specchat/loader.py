@@ -75,8 +75,9 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
-            reporter.step("measuring this machine's costs for --budget auto (once per machine and models)")
-            models.sizer()
+            probing = "measuring this machine's costs for --budget auto (once per machine and models)"
+            reporter.step(probing)
+            models.sizer(lambda share: reporter.step(probing, share))
     except BaseException:
         models.close()
         raise

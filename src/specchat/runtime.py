@@ -13,7 +13,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.events import AUTO, Engine, LiveSettings, SamplingParams  # SamplingParams: for the CLI
-from specchat.decoding.probe import probe_costs
+from specchat.decoding.probe import Done, probe_costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.guide import Grammars
 from specchat.decoding.specexec import SPECEXEC
@@ -122,13 +122,13 @@ class Models:
             TreeShape(budget=budget, max_depth=depth, ranked_tree=ranked)
         return TreeEngine(SPECEXEC, self.target, self.draft, self.stop_ids, shape, sizer)
 
-    def sizer(self) -> AutoSizer:
+    def sizer(self, done: Done = lambda share: None) -> AutoSizer:
         """A fresh --budget auto sizer over this pair's costs, probed on first use (and kept in
         the user cache for the next run on this machine; probed again at a quiet startup when
-        they were probed under load)."""
+        they were probed under load); `done` hears how far a probe has got."""
         if self.costs is None:
             self.costs = probed_costs(probe_path(self.device, self.identity),
-                                      lambda: probe_costs(self.target, self.draft, self.auto_cap()))
+                                      lambda: probe_costs(self.target, self.draft, self.auto_cap(), done))
         return AutoSizer(self.costs, self.auto_cap())
 
     def auto_cap(self) -> int:

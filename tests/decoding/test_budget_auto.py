@@ -96,7 +96,11 @@ def test_engines_that_cannot_size_their_trees_keep_a_fixed_budget(tiny_target, t
 
 def test_the_probe_times_doubling_sizes(tiny_target, tiny_draft):
     assert doubling(9) == [1, 2, 4, 8, 9]
-    costs = probe_costs(tiny_target, tiny_draft, cap=8)
+    shares = []
+    costs = probe_costs(tiny_target, tiny_draft, cap=8, done=shares.append)
+    # one share a size measured, target's then draft's, out of the sizes both could reach (5 + 4)
+    measured = len(costs.target_n) + len(costs.draft_b)
+    assert shares == [sizes / 9 for sizes in range(1, measured + 1)]
     assert costs.target_n[0] == 1 and costs.target_n == tuple(sorted(costs.target_n)) and costs.target_n[-1] <= 9
     assert costs.draft_b[0] == 1 and all(seconds > 0 for seconds in costs.target_s + costs.draft_s)
     assert (costs.stream_s, costs.staged) == (0.0, 1.0)  # nothing streams

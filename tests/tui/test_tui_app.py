@@ -22,7 +22,7 @@ import specchat
 from specchat.errors import SpecchatError
 from specchat.tui.app import SpecchatApp
 from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, Gate
-from specchat.tui.loading import LoadingScreen
+from specchat.tui.loading import LoadCancelled, LoadingScreen
 from specchat.tui.reply import ReplyJob
 from specchat.tui.store import ConversationStore
 from specchat.tui.turns import AssistantTurn, Notice, SystemTurn, UserTurn
@@ -655,6 +655,35 @@ def test_a_backend_loaded_after_exit_is_closed(store_path):
 
     run(scenario)
     assert loaded[0].closes == 1
+
+
+def test_quitting_while_loading_stops_the_load(store_path):
+    """asyncio.run waits for the loader's thread at exit: a load that went on would hold the quit
+    to its end (here HANG_S). It stops at its next report instead, its cleanup run."""
+    outcome, reports = [], int(HANG_S / 0.01)
+
+    def loader(progress):
+        try:
+            for done in range(reports):
+                progress("loading layers", done / reports)
+                sleep(0.01)
+        except LoadCancelled:
+            outcome.append("cancelled")
+            raise
+        outcome.append("loaded")
+        return FakeBackend()
+
+    app = SpecchatApp(None, ConversationStore(store_path), loader=loader)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen)
+                             and app.screen.query_one(ProgressBar).progress > 0)
+            await pilot.press("ctrl+c", "ctrl+c")
+            await wait_until(pilot, lambda: not app.is_running)
+
+    run(scenario)  # returns once the loader's thread has ended
+    assert outcome == ["cancelled"]
 
 
 def test_loading_failure_is_shown_not_swallowed(store_path):

@@ -21,6 +21,7 @@ From the probed width whose calls routed so widely that the ring went on to load
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -30,6 +31,7 @@ from specchat.decoding.kvcache import new_cache
 from specchat.device_clock import now
 from specchat.transfer import TransferStats
 
+Done = Callable[[float], None]  # told the share of the probe's sizes measured so far
 CONTEXT = 64  # tokens already cached when a pass is timed
 REPEATS = 2
 STOP_RATIO = 12.0
@@ -67,10 +69,11 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float, bool]
     return best, fetched / REPEATS, whole
 
 
-def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...],
-                                                               float]:
+def measure(lm: CausalLM, cap: int, run_head: bool, done: Callable[[int], None] = lambda sizes: None
+            ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...], float]:
     """Sizes, their seconds and their passes' waits for fetched experts; and the smallest size from
-    which every pass had the ring load whole layers after it (inf: none)."""
+    which every pass had the ring load whole layers after it (inf: none). `done` is told how many
+    sizes are measured after each."""
     sizes, seconds, fetched, wholes = [], [], [], []
     for n in doubling(cap):
         sizes.append(n)
@@ -78,6 +81,7 @@ def measure(lm: CausalLM, cap: int, run_head: bool) -> tuple[tuple[int, ...], tu
         seconds.append(cost)
         fetched.append(waited)
         wholes.append(whole)
+        done(len(sizes))
         if seconds[-1] > STOP_RATIO * seconds[0]:
             break
     narrow = [n for n, whole in zip(sizes, wholes) if not whole]
@@ -91,16 +95,21 @@ def link_seconds(nbytes: float, moved: TransferStats) -> float:
     return nbytes * moved.transfer_s / moved.bytes if moved.bytes else 0.0
 
 
-def probe_costs(target: CausalLM, draft: CausalLM, cap: int) -> Costs:
+def probe_costs(target: CausalLM, draft: CausalLM, cap: int, done: Done = lambda share: None) -> Costs:
     """Target passes over 1 .. cap + 1 tokens and draft steps over 1 .. cap nodes, and for an
-    offloaded target the link's seconds per pass and the share of a pass it stages."""
+    offloaded target the link's seconds per pass and the share of a pass it stages. `done` hears
+    the share of the sizes measured after each (a startup's loading screen moves with it: the
+    probe is its longest step)."""
+    target_sizes, draft_sizes = len(doubling(cap + 1)), len(doubling(cap))
+    total = target_sizes + draft_sizes  # at most: either may stop early
     before = target.transfer_stats()
-    target_n, target_s, fetched, wide_from = measure(target, cap + 1, run_head=False)
+    target_n, target_s, fetched, wide_from = measure(target, cap + 1, run_head=False,
+                                                     done=lambda sizes: done(sizes / total))
     moved = target.transfer_stats() - before
     stream = target.stream
     stream_s = link_seconds(stream.pass_bytes, moved) if stream is not None else 0.0
     fetch_s = fetched if stream is not None and moved.fetched_bytes else ()
-    draft_b, draft_s, _, _ = measure(draft, cap, run_head=True)
+    draft_b, draft_s, _, _ = measure(draft, cap, run_head=True, done=lambda sizes: done((target_sizes + sizes) / total))
     staged = stream.staged_share if stream is not None else 1.0
     wide_s = link_seconds(stream.whole_pass_bytes, moved) if wide_from < math.inf else 0.0  # inf without a stream
     return Costs(target_n, target_s, draft_b, draft_s, stream_s, staged, fetch_s, wide_from, wide_s)

@@ -1,5 +1,6 @@
 """The screen shown while the models load: it runs the loader in a thread and shows every step
-the loader reports, never a silent wait; it is dismissed with the loaded backend."""
+the loader reports, never a silent wait; it is dismissed with the loaded backend. Quitting while
+it loads does not wait for the load: the loader stops at its next report (LoadCancelled)."""
 
 from textual import work
 from textual.app import ComposeResult
@@ -10,6 +11,14 @@ from textual.worker import Worker, WorkerState
 
 from specchat.tui.backend import ChatBackend, Loader
 from specchat.tui.messages import BackendLoaded, LoadProgress, describe
+
+
+class LoadCancelled(BaseException):
+    """Raised in the loading thread, at the loader's next report, once the app is leaving. Python
+    waits for that thread at exit, so an unstopped load held a quit for the rest of the load. A
+    BaseException, as asyncio's CancelledError is: a loader's `except Exception` fallback must not
+    load on; its cleanups (partial conversions removed, models closed) still run.
+    """
 
 
 class LoadingScreen(Screen[ChatBackend]):
@@ -27,6 +36,7 @@ class LoadingScreen(Screen[ChatBackend]):
     def __init__(self, loader: Loader) -> None:
         super().__init__()
         self.loader = loader
+        self.loading: Worker | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -37,7 +47,7 @@ class LoadingScreen(Screen[ChatBackend]):
             yield Static("", id="error")
 
     def on_mount(self) -> None:
-        self.load()
+        self.loading = self.load()
 
     @work(thread=True, exit_on_error=False)
     def load(self) -> None:
@@ -47,6 +57,9 @@ class LoadingScreen(Screen[ChatBackend]):
             backend.close()
 
     def report_progress(self, step: str, fraction: float | None = None) -> None:
+        # Textual cancels every worker as the app exits; a thread worker can only stop itself.
+        if self.loading is not None and self.loading.is_cancelled:
+            raise LoadCancelled
         self.post_message(LoadProgress(step, fraction))
 
     def on_load_progress(self, message: LoadProgress) -> None:
