@@ -23,7 +23,7 @@ device.
    over a small float32 pair grows the trees its static shapes grow eagerly, and emits the target's
    autoregressive tokens.
 The checks that run the embedded pair (3, 5) fail at once where its weights are not installed.
-The checks live in tests/gpu_checks/, shared with tests/scripts/test_cuda.py (pytest -m cuda).
+The checks live in tests/gpu_checks/, shared with tests/scripts/test_gpu_checks_on_cuda.py (pytest -m cuda).
 
 --pair runs the paper's pairs end to end instead (tests/gpu_checks/pair.py): llama-2-70b-gptq with
 llama-2-7b, then llama-3.1-70b-awq with llama-3.1-8b-awq, written whole with random weights and run

@@ -3,7 +3,7 @@ split (all resident; part in RAM, part on disk; all on disk) the target gives th
 and greedy tokens, and the chosen placement is the one the budget forces. Acceptance 4's errors:
 each is one line, leaves no partial file and no open descriptor. The budgets are a CPU host's
 (--ram-budget binds the device the layers run on), so the module runs as on one wherever it runs;
-the GPU's tiers have tests of their own (test_cuda.py)."""
+the GPU's tiers have tests of their own (tests/scripts/test_gpu_checks_on_cuda.py)."""
 
 import os
 import re
