@@ -30,7 +30,9 @@ llama-2-7b, then llama-3.1-70b-awq with llama-3.1-8b-awq, written whole with ran
 through `specchat generate --json` at budgets 128, 1024 and 2048 under a 24 GB --vram-budget; per budget the
 draft, the pass, its stall, the bytes streamed, verification and host time, and tokens/s projected
 at the paper's generation rates here and on a 24 GB PCIe 4.0 card (it writes ~50 GB of disk; not yet
-timed on a GPU); --pair --dry-run runs it over shrunk models on any device.
+timed on a GPU; it prints each pair's writing and each reply's wall time, and `--only TARGET` runs
+one pair, so that each fits a command of 10 minutes); --pair --dry-run runs it over shrunk models
+on any device.
 
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
 target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft;
@@ -50,6 +52,7 @@ from gpu_checks.embedded_weights import missing_weights, needing_weights  # noqa
 from gpu_checks.int4_reference import CHECK as INT4_REFERENCE  # noqa: E402
 from gpu_checks.int4_reference import check_int4_reference  # noqa: E402
 from gpu_checks.pair import DRY_PAIR, FULL_PAIR, run_pair  # noqa: E402
+from gpu_checks.pair_models import PAIRS  # noqa: E402
 from gpu_checks.scale import run_scale  # noqa: E402
 from gpu_checks.scale_sizes import SLOTS, scale_sizes  # noqa: E402
 from gpu_checks.suite import Check, all_checks, run_all  # noqa: E402
@@ -69,11 +72,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pair", action="store_true", help="the paper's pairs end to end instead of the checks")
     parser.add_argument("--dry-run", action="store_true", help="with --scale or --pair: shrunk widths, on any device")
     parser.add_argument("--layers", type=int, help=f"with --scale: target layers to build (more than {SLOTS})")
+    parser.add_argument("--only", choices=[pair.target for pair in PAIRS],
+                        help="with --pair: this target's pair alone (one pair fits a 10-minute command)")
     options = parser.parse_args(argv)
     if options.scale and options.pair:
         parser.error("--scale and --pair are two checks: run one at a time")
     if options.dry_run and not (options.scale or options.pair):
         parser.error("--dry-run goes with --scale or --pair")
+    if options.only is not None and not options.pair:
+        parser.error("--only goes with --pair")
     if options.layers is not None and not options.scale:
         parser.error("--layers goes with --scale")
     if options.layers is not None and options.layers <= SLOTS:
@@ -113,7 +120,7 @@ def main(argv: list[str]) -> int:
         if options.scale:
             return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch))
         if options.pair:
-            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch))
+            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch), options.only)
         return run_checks(device, Path(scratch))
 
 

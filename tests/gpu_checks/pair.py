@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,22 +56,26 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def run_pair(sizes: PairSizes, device: torch.device, workdir: Path) -> int:
-    """Every pair's table, placement and verdicts, then the verdicts' table; 1 when one failed."""
+def run_pair(sizes: PairSizes, device: torch.device, workdir: Path, only: str | None = None) -> int:
+    """Every pair's (or the pair of the target `only`'s) table, placement and verdicts, then the
+    verdicts' table; 1 when one failed."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
     say(f"pair check on {where}, torch {torch.__version__}" + (f" (dry run, shrunk: {sizes.shrink})" if sizes.dry_run
                                                               else ""))
     verdicts = []
     for aliases in PAIRS:
-        verdicts += check_pair(aliases, sizes, device, workdir)
+        if only in (None, aliases.target):
+            verdicts += check_pair(aliases, sizes, device, workdir)
     say(table(verdicts))
     return exit_code(verdicts)
 
 
 def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, workdir: Path) -> list[Verdict]:
     say(f"writing {aliases.target} and {aliases.draft} with random weights ...")
+    start = time.monotonic()
     target = write_model(aliases.target, sizes.target_layers, sizes.shrink, workdir / "target", device)
     draft = write_model(aliases.draft, sizes.draft_layers, sizes.shrink, workdir / "draft", device)
+    say(f"written in {time.monotonic() - start:.0f} s")
     try:
         rows = [budget_row(budget, generate(target, draft, budget, sizes, workdir)) for budget in sizes.budgets]
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
@@ -92,7 +97,9 @@ def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: 
                "--draft", str(draft), "--budget", str(budget), "--max-depth", str(sizes.max_depth), "--ranked-tree",
                "--offload-dir", str(workdir / "layers"), *sizes.offload]
     say(f"budget {budget}: specchat generate ...")
+    start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    say(f"budget {budget}: exited {done.returncode} after {time.monotonic() - start:.0f} s (load included)")
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         raise RuntimeError(f"budget {budget}: generate exited {done.returncode}: {lines[-1] if lines else ''}")

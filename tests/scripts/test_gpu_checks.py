@@ -283,7 +283,9 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
 @pytest.mark.parametrize(("arguments", "error"), [(["--dry-run"], "--dry-run goes with --scale or --pair"),
                                                   (["--pair", "--layers", "90"], "--layers goes with --scale"),
                                                   (["--scale", "--pair"], "--scale and --pair are two checks"),
-                                                  (["--scale", "--layers", "2"], "more than the ring's 2 slots")])
+                                                  (["--scale", "--layers", "2"], "more than the ring's 2 slots"),
+                                                  (["--only", "llama-2-70b-gptq"], "--only goes with --pair"),
+                                                  (["--pair", "--only", "llama-2-7b"], "invalid choice: 'llama-2-7b'")])
 def test_bad_options_are_one_line(arguments, error):
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

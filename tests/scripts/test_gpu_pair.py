@@ -35,6 +35,20 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert "Traceback" not in done.stderr
 
 
+def test_only_runs_the_pair_of_one_target_and_says_how_long_each_part_took():
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--pair", "--dry-run", "--only", "llama-3.1-70b-awq"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if line.startswith("writing ")] == [
+        "writing llama-3.1-70b-awq and llama-3.1-8b-awq with random weights ..."]
+    assert sum(line.startswith("| 16 | ") for line in lines) == 1
+    assert sum(line.startswith("written in ") and line.endswith(" s") for line in lines) == 1
+    assert sum(line.startswith("budget 16: exited 0 after ") for line in lines) == 1
+    assert sum("dry run: no verdict" in line for line in lines) == 4  # the AWQ pair's: draft, host, 1024, projection
+
+
 def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: float = 1.0, stall_s: float = 0.2,
         host_s: float = 0.02, gbps: float = 29.09) -> BudgetRow:
     return BudgetRow(budget, 5, budget, 24, steps, draft_s, pass_s, stall_s, 0.0, 29.09e9, 0.05, host_s, gbps, PLAN)
