@@ -33,10 +33,11 @@ def alias_layers(alias: str) -> int:
 
 def write_model(alias: str, layers: int | None, shrink: dict, directory: Path, device: torch.device) -> Path:
     """`alias` with random weights in `directory`: `layers` decoder layers (None: all of its own)
-    and `shrink`'s config overrides; 4-bit where the alias is, else bf16 (drawn on `device`)."""
+    and `shrink`'s config overrides; 4-bit where the alias is (one draw a shape: the check times the
+    pair and compares no logits), else bf16 (drawn on `device`)."""
     config, settings = alias_config(alias, layers or alias_layers(alias), shrink)
     if settings is not None:
-        write_random_4bit(config, settings, directory)
+        write_random_4bit(config, settings, directory, distinct=False)
     else:
         random_draft(config, device).save_pretrained(directory)
     write_tokenizer(config, directory)

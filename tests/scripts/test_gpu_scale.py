@@ -6,10 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, linear_verdict
+from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_passes import PassRow, pass_verdict
 from gpu_checks.tree_passes import random_parents, random_tree
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -65,3 +68,23 @@ def test_the_product_verdict_reads_the_wide_path_at_its_shape_and_width():
     assert linear_verdict([row(0.95, (8192, 8192))], CPU, dry_run=False).detail.startswith("not measured")
     assert linear_verdict([row(None)], torch.device("cuda"), dry_run=False).status == "FAIL"
     assert linear_verdict([row(0.95)], CPU, dry_run=True).status == "SKIP"
+
+
+def linear_words(directory: Path, layer: int) -> dict[str, torch.Tensor]:
+    tensors = load_file(directory / f"model-{layer:05d}.safetensors")
+    return {name.split(".")[-2]: tensor for name, tensor in tensors.items() if name.endswith("_proj.qweight")}
+
+
+@pytest.mark.parametrize("alias", ["llama-2-70b-gptq", "llama-3.1-70b-awq"])
+def test_random_checkpoints_draw_each_linear_or_one_draw_a_shape(tmp_path, alias):
+    """The scale check compares streamed logits with the model's, so its layers must differ; the pair
+    check only times its pair, and one draw a shape halves its writing."""
+    config, settings = alias_config(alias, 2, {"hidden_size": 256, "intermediate_size": 512,
+                                               "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 64})
+    for distinct in (True, False):
+        directory = write_random_4bit(config, settings, tmp_path / str(distinct), distinct=distinct)
+        first, second = linear_words(directory, 0), linear_words(directory, 1)
+        assert sorted(first) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+        same = [name for name in first if torch.equal(first[name], second[name])]
+        assert same == ([] if distinct else list(first))
+        assert torch.equal(second["q_proj"], second["o_proj"]) != distinct  # 256 x 256 both
