@@ -5,10 +5,12 @@ import torch
 from helpers.trees import path_to
 from transformers import DynamicCache
 
+from specchat import device_clock
+from specchat.decoding import specexec
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
-from specchat.decoding.specexec import catch_up, grow
+from specchat.decoding.specexec import add_children, catch_up, grow
 from specchat.decoding.tree import GrownTree, TreeShape
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -116,3 +118,29 @@ def test_a_ranked_tree_fills_its_budget_and_depth_whatever_the_draft(tiny_draft,
     assert first in grown.tree.tokens[grown.tree.depths == 1].tolist()
     drafted = grow_after_prompt(tiny_draft, TreeShape(budget=budget, max_depth=depth), 0.6)
     assert int(drafted.tree.depths.max()) < depth
+
+
+def test_the_trees_bookkeeping_is_the_time_outside_the_drafts_steps(tiny_draft, monkeypatch):
+    """A stand-in clock: each of the draft's forwards and top children takes 1 s, each offer of
+    children to the tree 1 ms; the tree's host_s counts the offers alone."""
+    clock, offers = [0.0], []
+    monkeypatch.setattr(specexec, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(device_clock, "perf_counter", lambda: clock[0])
+
+    def slow(method):
+        def run(*args, **kwargs):
+            clock[0] += 1.0
+            return method(*args, **kwargs)
+        return run
+
+    def offer(*args):
+        offers.append(1)
+        clock[0] += 1e-3
+        return add_children(*args)
+
+    monkeypatch.setattr(tiny_draft, "hidden", slow(tiny_draft.hidden))
+    monkeypatch.setattr(tiny_draft, "top_logprobs", slow(tiny_draft.top_logprobs))
+    monkeypatch.setattr(specexec, "add_children", offer)
+    grown = grow_after_prompt(tiny_draft, TreeShape(budget=24, max_depth=4, batch=4), 0.6)
+    assert len(offers) == grown.steps + 1  # the root's children, then one offer a step
+    assert grown.host_s == pytest.approx(len(offers) * 1e-3)

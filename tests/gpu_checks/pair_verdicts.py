@@ -1,5 +1,6 @@
 """The --pair check's verdicts (issue 48's bounds on a GPU): a draft step of a 7B-shaped draft within
-10 ms up to 256-token steps, host work within 5% of an iteration, the whole iteration at budget
+10 ms up to 256-token steps (its forward and top children), host work within 5% of an iteration
+(the tree's bookkeeping between the draft's steps included), the whole iteration at budget
 1024 within 1.3x the pass's streaming time, and Llama-3.1-70B-AWQ with its 8B-AWQ draft projected
 at 10 tokens/s or more on a 24 GB PCIe 4.0 card. A dry run gives none."""
 

@@ -50,17 +50,18 @@ def test_only_runs_the_pair_of_one_target_and_says_how_long_each_part_took():
 
 
 def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: float = 1.0, stall_s: float = 0.2,
-        host_s: float = 0.02, gbps: float = 29.09) -> BudgetRow:
-    return BudgetRow(budget, 5, budget, 24, steps, draft_s, pass_s, stall_s, 0.0, 29.09e9, 0.05, host_s, gbps, PLAN)
+        host_s: float = 0.02, gbps: float = 29.09, tree_host_s: float = 0.0) -> BudgetRow:
+    return BudgetRow(budget, 5, budget, 24, steps, draft_s, pass_s, stall_s, 0.0, 29.09e9, 0.05, host_s, gbps, PLAN,
+                     tree_host_s)
 
 
 def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event_holds():
     events = [{"tree_size": 0, "depth": 0, "draft_steps": 0, "draft_s": 0.0, "pass_s": 0.0, "stall_s": 0.0,
-               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 2.0},
+               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 2.0, "tree_host_s": 0.0},
               {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 0.4, "pass_s": 0.8, "stall_s": 0.1,
-               "start_stall_s": 0.04, "transfer_bytes": 30, "target_s": 0.9},
+               "start_stall_s": 0.04, "transfer_bytes": 30, "target_s": 0.9, "tree_host_s": 0.04},
               {"tree_size": 8, "depth": 2, "draft_steps": 2, "draft_s": 0.2, "pass_s": 0.6, "stall_s": 0.3,
-               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 0.8}]
+               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 0.8, "tree_host_s": 0.02}]
     record = {"iterations": events, "summary": {"wall_s": 5.6, "transfer_gbps": 2.0}, "plan": PLAN}
     made = budget_row(8, record)
     assert (made.trees, made.tree_size, made.depth, made.draft_steps) == (2, 8, 3, 3)
@@ -68,7 +69,8 @@ def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event
     assert made.stall_s == pytest.approx(0.2) and made.start_stall_s == pytest.approx(0.02) and made.streamed == 20
     assert made.verify_s == pytest.approx(0.15)  # 0.85 of target time less 0.7 of pass
     assert made.host_s == pytest.approx((5.6 - 4.3) / 3)  # wall less the events' 4.3 s, over 3 iterations
-    assert made.step_ms == pytest.approx(100.0)
+    assert made.tree_host_s == pytest.approx(0.03)
+    assert made.step_ms == pytest.approx(90.0)  # 0.3 s of drafting less 0.03 of bookkeeping, over 3 steps
     with pytest.raises(ValueError, match="drafted no tree"):
         budget_row(8, record | {"iterations": events[:1]})
 
@@ -89,6 +91,10 @@ def test_the_verdicts_hold_up_to_their_bounds():
     assert statuses([row(draft_s=0.2)]) == ["PASS", "PASS", "PASS", "PASS"]  # 1.27x
     assert statuses([row()])[0] == "FAIL"  # 12.5 ms a step
     assert statuses([row(draft_s=0.2, host_s=0.07)])[1] == "FAIL"  # 5.1% of 1.32 s
+    # 0.05 s of the tree's bookkeeping: host work 0.07 of 1.37 s (5.1%), no longer in the step's 10.4 ms
+    assert statuses([row(draft_s=0.3, tree_host_s=0.05)])[:2] == ["FAIL", "FAIL"]
+    assert statuses([row(draft_s=0.28, tree_host_s=0.05)])[:2] == ["PASS", "FAIL"]  # 9.6 ms a step; 5.2%
+    assert statuses([row(draft_s=0.26, tree_host_s=0.04)])[:2] == ["PASS", "PASS"]  # 0.06 of 1.33 s: 4.5%
     assert statuses([row(draft_s=0.2, gbps=40.0)])[2] == "FAIL"  # a faster link: 1.27 s over 0.727 s of streaming
     assert statuses([row(draft_s=2.0)])[3] == "FAIL"  # 20 / 3.23 s = 6.2 tokens/s
     assert statuses([row(draft_s=0.2)], "llama-2-70b-gptq") == ["PASS", "PASS", "PASS"]  # no projection verdict

@@ -44,6 +44,7 @@ class IterationEvent:
     jobs_in_flight: int = 0
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
+    tree_host_s: float = 0.0  # of draft_s, SpecExec's tree bookkeeping on the host, outside the draft's steps
     # Tree engines: the target's forward over the tree; the rest of target_s is verification (the
     # head's rows, the walk) and both caches' pruning. 0 where no tree was scored.
     pass_s: float = 0.0

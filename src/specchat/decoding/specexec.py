@@ -20,6 +20,7 @@ sampling (sampling.py), the caches (kvcache.py) and the models (forward.py).
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
+from time import perf_counter
 from typing import Generic, TypeVar
 
 import torch
@@ -33,7 +34,7 @@ from specchat.decoding.node_logits import UPFRONT_ROWS, NodeLogits, upfront_node
 from specchat.decoding.sampling import emit_token
 from specchat.decoding.tree import (DraftTree, GrownTree, NodeStore, TreeShape, assemble, expansion_mask, node_paths,
                                     rank)
-from specchat.device_clock import now
+from specchat.device_clock import Stopwatch, now
 
 Grown = TypeVar("Grown", bound=GrownTree)
 NodeRows = Callable[[int], torch.Tensor]  # a tree node -> the target's logits there [V]
@@ -119,29 +120,38 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
     ends when no open kept node beats the threshold T (the K-th best log-prob): its children could
     only score lower. The result: the K best prefixes of depth <= D under the draft, each node
     limited to its `max_children` best children. Under --budget auto the sizer widens each step
-    and cuts the tree where its predicted rate peaks (autosize.py)."""
+    and cuts the tree where its predicted rate peaks (autosize.py). The tree's `host_s`: its
+    bookkeeping, the seconds outside the draft's steps (a step ends when its top children reach the
+    host, so on a GPU the rest is time the device waits for the host)."""
     temperature, guide = sampling.temperature, sampling.guide
+    started, steps = perf_counter(), Stopwatch()  # the draft's steps; the rest of growing is the host's
     committed = root.slot + 1
     store = NodeStore(root.token, root.slot)
     root_allowed = None if guide is None else guide.allowed()
-    add_children(store, torch.tensor([0]), children(draft, root.hidden, shape, temperature, root_allowed), shape)
+    with steps:
+        top = children(draft, root.hidden, shape, temperature, root_allowed)
+    add_children(store, torch.tensor([0]), top, shape)
     widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
     while (nodes := next_expansion(store, shape, spent)).numel() > 0:
         cached = cache_length(cache)
         mask = expansion_mask(store, nodes, committed, cached)
-        hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
+        with steps:
+            hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
+            allowed = None if guide is None else guide.allowed(node_paths(store, nodes))  # while a GPU runs the step
+            top = children(draft, hidden, shape, temperature, allowed)  # its values reach the host: the step is done
         store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
-        allowed = None if guide is None else guide.allowed(node_paths(store, nodes))
-        add_children(store, nodes, children(draft, hidden, shape, temperature, allowed), shape)
+        add_children(store, nodes, top, shape)
         widths.append(nodes.numel())
         if shape.sizer:
             spent += shape.sizer.draft_s(nodes.numel())
             record_branching(shape.sizer, store, nodes)
-    if shape.sizer is None:
-        return replace(assemble(store, len(widths)), widths=tuple(widths))
-    cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
-    store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
-    return replace(assemble(store, len(widths)), predicted=cut.predicted, widths=tuple(widths))
+    predicted = 0.0
+    if shape.sizer is not None:
+        cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
+        store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
+        predicted = cut.predicted
+    grown = assemble(store, len(widths))
+    return replace(grown, predicted=predicted, widths=tuple(widths), host_s=perf_counter() - started - steps.seconds)
 
 
 def children(draft: CausalLM, hidden: torch.Tensor, shape: TreeShape, temperature: float,

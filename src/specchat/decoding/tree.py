@@ -100,6 +100,7 @@ class GrownTree:
     steps: int  # draft forwards spent growing it from the root
     predicted: float = 0.0  # --budget auto: accepted tokens predicted by the draft (uncalibrated)
     widths: tuple[int, ...] = ()  # nodes each of those forwards expanded (SpecExec's trees)
+    host_s: float = 0.0  # SpecExec's trees: growing's seconds outside the draft's steps (its bookkeeping)
 
 
 class NodeStore:

@@ -141,6 +141,7 @@ class TreeEngine:
             link_idle=moved.idle_s / wall if wall > 0 else 0.0,
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
             draft_steps=1 + grown.steps,  # the catch-up forward gave the root's logits
+            tree_host_s=grown.host_s,
             predicted_accepted=calibrated,
         )
         return event, done
