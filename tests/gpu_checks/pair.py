@@ -95,6 +95,9 @@ def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: 
     command = [sys.executable, "-m", "specchat", "generate", prompt_words(PROMPT_WORDS), "--raw", "--json",
                "--temperature", "0", "--max-new-tokens", str(sizes.new_tokens), "--target", str(target),
                "--draft", str(draft), "--budget", str(budget), "--max-depth", str(sizes.max_depth), "--ranked-tree",
+               # the whole head: a device carries no corpus to rank a sub-vocabulary on, and a step with the
+               # whole head costs at least what it would with part of it (the step's verdict is not eased)
+               "--draft-vocab", "0",
                "--offload-dir", str(workdir / "layers"), *sizes.offload]
     say(f"budget {budget}: specchat generate ...")
     start = time.monotonic()
