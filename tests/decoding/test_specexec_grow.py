@@ -5,7 +5,7 @@ import torch
 from helpers.trees import path_to
 from transformers import DynamicCache
 
-from specchat import device_clock
+from specchat import stopwatch
 from specchat.decoding import specexec
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -125,7 +125,7 @@ def test_the_trees_bookkeeping_is_the_time_outside_the_drafts_steps(tiny_draft, 
     children to the tree 1 ms; the tree's host_s counts the offers alone."""
     clock, offers = [0.0], []
     monkeypatch.setattr(specexec, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(device_clock, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(stopwatch, "perf_counter", lambda: clock[0])
 
     def slow(method):
         def run(*args, **kwargs):

@@ -34,7 +34,8 @@ from specchat.decoding.node_logits import UPFRONT_ROWS, NodeLogits, upfront_node
 from specchat.decoding.sampling import emit_token
 from specchat.decoding.tree import (DraftTree, GrownTree, NodeStore, TreeShape, assemble, expansion_mask, node_paths,
                                     rank)
-from specchat.device_clock import Stopwatch, now
+from specchat.device_clock import now
+from specchat.stopwatch import Stopwatch
 
 Grown = TypeVar("Grown", bound=GrownTree)
 NodeRows = Callable[[int], torch.Tensor]  # a tree node -> the target's logits there [V]

@@ -1,0 +1,21 @@
+"""Host seconds spent inside `with` blocks, added up (not the synchronized clock of
+device_clock.py: its readings are the host's own)."""
+
+from time import perf_counter
+
+
+class Stopwatch:
+    """Seconds spent inside its `with` blocks, added up. Around work that ends by bringing the
+    device's results to the host (a `.cpu()`), it needs no synchronize: what lies outside the
+    blocks is the host's own time."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.started = 0.0
+
+    def __enter__(self) -> "Stopwatch":
+        self.started = perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += perf_counter() - self.started
