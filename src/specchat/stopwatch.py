@@ -1,5 +1,5 @@
-"""Host seconds spent inside `with` blocks, added up (not the synchronized clock of
-device_clock.py: its readings are the host's own)."""
+"""Host seconds spent inside `with` blocks, added up: plain readings of the host's clock, with no
+device synchronize (device_clock.py's clock is the synchronized one)."""
 
 from time import perf_counter
 
