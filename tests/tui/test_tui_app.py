@@ -256,9 +256,12 @@ def stored_reply(store_path: Path):
     return store.messages(conversation.id)[-1]
 
 
-def test_sigterm_keeps_the_reply_and_closes_the_backend(store_path):
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_keep_the_reply_and_close_the_backend(store_path, number):
+    """SIGTERM through tui/signals.py; SIGINT (a `kill -INT`: in the app's raw terminal Ctrl+C is a
+    key) through asyncio's runner, which cancels the app's task: both end as /quit does."""
     child = replying_child(store_path)
-    child.send_signal(signal.SIGTERM)
+    child.send_signal(number)
     out, err = child.communicate(timeout=60)
     assert (child.returncode, out) == (0, "1\n"), err
     reply = stored_reply(store_path)
