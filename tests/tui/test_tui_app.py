@@ -86,6 +86,13 @@ async def ask(pilot, text: str) -> None:
     await wait_until(pilot, lambda: replying_done(pilot.app))
 
 
+async def first_iteration_shown(pilot, gate: Gate) -> None:
+    """Let the held engine run one iteration, then wait until its text is on screen: the reply
+    stops there until the gate opens."""
+    gate.allow(1)
+    await wait_until(pilot, lambda: pilot.app.reply_turn is not None and pilot.app.reply_turn.text)
+
+
 def notices(app) -> list[Notice]:
     return list(app.query(Notice))
 
@@ -101,8 +108,7 @@ def test_send_streams_the_reply_and_saves_both_turns(store_path):
     async def scenario():
         async with held(app, gate) as pilot:
             await pilot.press(*"hello", "enter")
-            gate.allow(1)  # the reply stops after its first iteration, until the gate opens
-            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await first_iteration_shown(pilot, gate)
             assert REPLY.startswith(app.reply_turn.text) and len(app.reply_turn.text) < len(REPLY)
             assert app.session.job is not None  # shown while it is being written
             gate.open()
@@ -128,8 +134,7 @@ def test_escape_cuts_the_reply_at_once_and_keeps_the_partial_text(store_path):
     async def scenario():
         async with held(app, gate) as pilot:
             await say(pilot, "tell me")
-            gate.allow(1)
-            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await first_iteration_shown(pilot, gate)
             await pilot.press("escape")
             # The prompt is usable at once, while the engine is still held in its second iteration.
             assert app.session.job is None and app.session.engine_lock.locked()
@@ -157,8 +162,7 @@ def test_ctrl_c_stops_the_reply_then_quits(store_path):
     async def scenario():
         async with held(app, gate) as pilot:
             await say(pilot, "tell me")
-            gate.allow(1)
-            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await first_iteration_shown(pilot, gate)
             await pilot.press("ctrl+c")
             assert app.session.job is None and app.query(AssistantTurn).last().cut
             assert app.is_running
@@ -176,8 +180,7 @@ def test_quitting_mid_reply_saves_the_partial_reply(store_path):
     async def scenario():
         async with held(app, gate) as pilot:
             await say(pilot, "tell me")
-            gate.allow(1)
-            await wait_until(pilot, lambda: app.reply_turn is not None and app.reply_turn.text)
+            await first_iteration_shown(pilot, gate)
             open_when_cut(app.session.job, gate)
             await say(pilot, "/quit")
             await wait_until(pilot, lambda: not app.is_running)
