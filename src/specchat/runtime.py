@@ -38,7 +38,7 @@ from specchat.probe_cache import probe_path, probed_costs
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
-DRAFT_QUANTS = ("auto", "none", "int8", "nf4")
+DRAFT_QUANTS = ("auto", "none", "int8", "int4", "nf4")
 WEIGHTS = ("auto", "quantized", "dense")
 
 
@@ -57,7 +57,9 @@ class EngineOptions:
     ram_budget: float | None = None  # GB of RAM specchat may take; None: what is available
     vram_budget: float | None = None  # GB of GPU memory specchat may take (all of it); None: what is free
     context: int | None = None  # tokens of KV room; None: limits.DEFAULT_CONTEXT, which auto may shrink
-    draft_quant: str = "auto"  # auto: int8 on a CPU for the widths where it pays, none elsewhere; nf4: bitsandbytes 4-bit (CUDA only)
+    # auto: int8 on a CPU for the widths where it pays; on a GPU full weights, int4 or nf4 by predicted speed;
+    # int4: rounded to 4 bits and run packed (quant/int4_rtn.py); nf4: bitsandbytes 4-bit (CUDA only)
+    draft_quant: str = "auto"
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
     workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device

@@ -3,6 +3,7 @@ weights, the draft's forms, the int8 draft's dense copies) and the request (tier
 the target's dense copies) that reach `plan_pair` from `loader.load_models` and from doctor's plan
 are equal, on this machine's CPU and on a described GPU machine."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import specchat.loader as loader
 import specchat.models.draft as draft_module
 import specchat.plan.pair as pair_module
 from specchat.doctor.plan import doctor_options, doctor_plan
+from specchat.machine_links import Links, read_links
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.plan import Machine
 from specchat.runtime import EngineOptions
@@ -81,14 +83,17 @@ def test_run_and_doctor_ask_the_same_of_this_cpu(monkeypatch, tmp_path: Path, ca
 
 
 def test_run_on_a_gpu_asks_what_doctor_asks_of_a_described_one(monkeypatch, tmp_path: Path):
-    """A described GPU machine is taken to have bitsandbytes: run there weighs nf4 beside full
-    weights, and a GPU keeps no dense copies."""
+    """A described GPU machine is taken to have bitsandbytes: run there weighs int4 and nf4 beside
+    full weights, and a GPU keeps no dense copies. Run times each form's step on its own GPU; a
+    described one cannot be timed, and its links are its own (run reads what doctor last measured here)."""
     monkeypatch.setattr(pair_module, "has_bitsandbytes", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # run checks --vram-budget has a GPU
     monkeypatch.setattr(loader, "pick_device", lambda: torch.device("cuda"))
     options = doctor_options("llama-2-70b-gptq", "llama-2-7b", None, tmp_path, 60.0, 20.0)
     run = run_asks(monkeypatch, options)
     pair, request = doctor_asks(monkeypatch, options, Machine(vram_gb=24, ram_gb=64))
-    assert (pair, request) == run
-    assert pair.draft_kinds == ("none", "nf4") and pair.dense_above is None and not request.dense_copies
+    assert run[0].measure_steps and not pair.measure_steps
+    assert request.links == Links() and run[1].links == read_links()
+    assert (replace(pair, measure_steps=True), replace(request, links=run[1].links)) == run
+    assert pair.draft_kinds == ("none", "int4", "nf4") and pair.dense_above is None and not request.dense_copies
     assert request.vram_budget_bytes == 20 * 10**9

@@ -1,10 +1,12 @@
-"""The choices this machine keeps (quant/widths.py: which product serves which width, measured once
-and kept), as `specchat doctor` lists them, and measured again on `--measure-again`."""
+"""The choices this machine keeps (quant/widths.py: which product serves which width; and
+models/draft_step.py: what a draft's step costs in each form the plan weighs; measured once and
+kept), as `specchat doctor` lists them, and measured again on `--measure-again`."""
 
 import json
 
 from specchat.machine_choices import BUSY, Kept, kept_choices
-from specchat.quant.widths import measure_again
+from specchat.models import draft_step
+from specchat.quant import widths
 
 
 def choice_lines(again: bool) -> list[str]:
@@ -18,6 +20,12 @@ def choice_lines(again: bool) -> list[str]:
     if not kept:
         return [heading, "  none yet: the first run that needs one measures it"]
     return [heading, *(choice_line(choice) for choice in kept)]
+
+
+def measure_again(choice: Kept) -> Kept:
+    """`choice` measured again by the module that keeps it."""
+    keeper = draft_step if choice.choice == draft_step.CHOICE else widths
+    return keeper.measure_again(choice)
 
 
 def choice_line(choice: Kept) -> str:

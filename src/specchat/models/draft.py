@@ -17,7 +17,7 @@ from specchat.quant.widths import INT8_ROWS, int8_rows
 class DraftQuant:
     """How the draft's weights are stored, as resolved for this device."""
 
-    kind: str  # none | int8 | nf4
+    kind: str  # none | int8 | int4 | nf4
     dense_above: int | None = None  # int8: inputs of more rows multiply the dense weights kept beside
 
     def __str__(self) -> str:
@@ -31,7 +31,8 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
     `vocab_size` most frequent tokens (None: all), prepared as it loads (models/layerwise.py);
     `quantization` loads it through bitsandbytes."""
     reporter.step(f"loading the draft {spec} ({describe(quant, vocab_size)})")
-    approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype)
+    approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
+                         device=device)
     draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device,
                  preparation=approx, tokenizer=target_tokenizer)
     if draft.tokenizer is not target_tokenizer:  # else its files are the target's

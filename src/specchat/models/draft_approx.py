@@ -7,6 +7,8 @@ never a different output.
   where fbgemm's dynamic kernel (x86) multiplies faster than bf16 at every width, and the
   weight-only kernel reads a quarter of fp32's bytes. A layer's q/k/v projections, and its
   gate/up projections, run as one product each (quant/stacked.py).
+- int4: the decoder layers' linears rounded to 4 bits in groups (quant/int4_rtn.py), packed for the
+  device they load onto and run as a 4-bit target's are: a quarter of bf16's bytes on any device.
 - sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
   (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
   vocab / vocab_size. The draft can then never propose a rarer token. The whole head, never read
@@ -27,6 +29,7 @@ from specchat.checkpoint.skeleton import module_name
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
+from specchat.quant.int4_rtn import round_linears
 from specchat.quant.int8 import Int8Embedding, Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
 
@@ -41,7 +44,7 @@ class DroppedHead(nn.Module):
 @dataclass
 class DraftApprox:
     """How a draft is approximated: int8 linears (inputs of more than `dense_above` rows keep the
-    dense weights, when set), a head of the `vocab_size` most frequent tokens and the stop tokens
+    dense weights, when set) or (`int4`) its decoder layers' linears rounded to 4 bits, a head of the `vocab_size` most frequent tokens and the stop tokens
     (`stop_ids`; None: the model's) or, with None or the whole vocabulary, of every token."""
 
     int8: bool
@@ -51,6 +54,8 @@ class DraftApprox:
     dtype: torch.dtype | None = None  # the draft's; None: its weights' as they reach prepare_head
     vocab: torch.Tensor | None = None  # set by prepare_head when the head scores a sub-vocabulary
     head: nn.Module | None = None
+    int4: bool = False
+    device: torch.device | None = None  # int4: the device its linears are packed for; None: where each layer's weights are
 
     def mapped(self, model: PreTrainedModel) -> frozenset[str]:
         """Under int8 the input embedding and the LM head are replaced by int8 copies (or a
@@ -88,10 +93,14 @@ class DraftApprox:
             model.set_input_embeddings(Int8Embedding(embedding.weight.detach(), dtype))
 
     def prepare_layer(self, layer: nn.Module) -> None:
-        """One decoder layer's projections stacked and, under int8, its linears in int8."""
+        """One decoder layer's projections stacked and, under int8, its linears in int8; under int4
+        its linears rounded to 4 bits, packed for `device` (a layer loaded on a CPU moves there later)."""
         if self.int8:
             stack_projections(layer)
             quantize_linears(layer, self.dense_above)
+        if self.int4:
+            weight = next(layer.parameters())
+            round_linears(layer, self.dtype or weight.dtype, self.device or weight.device)
 
     def draft(self, model: PreTrainedModel) -> CausalLM:
         return CausalLM(model, vocab=self.vocab, head=self.head)

@@ -9,15 +9,19 @@ quantized kernels' workspace; and on a GPU a margin for the CUDA context. The ho
 pinned RAM tier and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's
 weights while they load through RAM, and RAM kept back for the OS.
 
-When the pair does not fit as asked, `auto` chooses what a user would: the draft quantization
-that streams the fewest bytes per pass (fewer resident layers are the placement's own answer),
-then a smaller context. Where nothing fits, one line names the tier, the bytes missing and the
+When the pair does not fit as asked, `auto` chooses what a user would: the draft form that gives
+the shortest predicted iteration where each form's step was measured on this machine and the links'
+speeds are known (`predicted_s`), else the one that streams the fewest bytes per pass (fewer
+resident layers are the placement's own answer), then a smaller tree, then a smaller context. Where nothing fits, one line names the tier, the bytes missing and the
 option that would make it fit. Pure arithmetic, as `placement` is.
 """
 
 from dataclasses import dataclass, replace
 
 from specchat.errors import PlanRefusal
+from specchat.machine_links import Links
+from specchat.models.draft_step import StepCost
+from specchat.plan.choice import chosen
 from specchat.offload.direct_io import align_up
 from specchat.offload.placement import Placement
 from specchat.plan.demand import ModelShape
@@ -49,12 +53,14 @@ class Item:
 class Draft:
     """A draft in one quantization."""
 
-    quant: str  # none | int8 | nf4
+    quant: str  # none | int8 | int4 | nf4
     weights: int  # bytes on the device
     shape: ModelShape
     load_bytes: int  # host RAM its weights pass through while they load (freed once on the device)
     prepare_bytes: int = 0  # device bytes above `weights` while it loads and turns int8, layer by layer
     dense_above: int | None = None  # int8: wider steps multiply dense copies kept beside (counted in `weights`)
+    workspace: int = 0  # int4: its 4-bit products' largest temporary over a step as wide as the largest tree
+    step: StepCost | None = None  # its step's cost on this machine, where measured
 
     @property
     def form(self) -> str:
@@ -101,6 +107,7 @@ class Ask:
     cuda: bool = False
     # (largest pass, the quantized kernels' workspace at it) auto may fall back to, in order, before a smaller context
     smaller_trees: tuple[tuple[int, int], ...] = ()
+    links: Links = Links()  # the offload links' speeds, where known
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class MemoryPlan:
 
 def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
     """The plan for the first context (in `ask`'s order) and, within it, the first largest tree
-    at which some draft fits, with the draft that streams least there; one-line PlanRefusal when
+    at which some draft fits, with the draft form `chosen` prefers there; one-line PlanRefusal when
     none does. A smaller tree comes before a smaller context: --budget auto grows trees of tens to
     a few hundred tokens (docs/benchmarks.md), far below its cap, while the context bounds a chat.
     Where the target's layers hold Q6_K linears, their compact form is weighed like a draft: the
@@ -150,8 +157,7 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
                         except PlanRefusal as error:
                             failures[draft] = error  # another form, draft, tree or context may fit
                 if plans:
-                    best = min(plans, key=lambda plan: plan.placement.pass_bytes)  # min keeps the first of equals
-                    return replace(best, notes=choices(ask, best, plans))
+                    return chosen(ask, plans)
     smallest = target.forms()[-1][0].layer_forms()[-1][0]
     raise refusal(smallest, replace(ask, tree_tokens=trees[-1][0], workspace=trees[-1][1]), rooms, failures)
 
@@ -200,10 +206,11 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
             host.append(Item("host", "draft weights while they load", draft.load_bytes))
         elif draft.prepare_bytes:
             # the ring, placed before the draft loads, must leave room for its layer in preparation
-            device.append(Item("device", "the draft's layer while it turns int8", draft.prepare_bytes))
+            device.append(Item("device", f"the draft's layer while it turns {draft.quant}", draft.prepare_bytes))
     device.append(Item("device", f"largest pass ({ask.tree_tokens}-token tree)", max(passes)))
-    if ask.workspace:
-        device.append(Item("device", "quantized kernels' workspace", ask.workspace))
+    workspace = max(ask.workspace, draft.workspace if draft is not None else 0)  # one product runs at a time
+    if workspace:
+        device.append(Item("device", "quantized kernels' workspace", workspace))
     if ask.cuda:
         device.append(Item("device", "CUDA context and allocator margin", CUDA_MARGIN))
         host.append(Item("host", "kept for the OS", OS_RESERVE))
@@ -225,26 +232,6 @@ def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
         items.append(Item("host", f"{placement.slots} pinned staging buffers for disk reads",
                           placement.slots * pinned_bytes(placement.slot_bytes)))
     return items
-
-
-def choices(ask: Ask, best: MemoryPlan, plans: list[MemoryPlan]) -> tuple[str, ...]:
-    """What auto chose, in words, when it had a choice."""
-    notes = []
-    if best.compact_layers:
-        notes.append("layers stream as the GGUF stores them (Q6_K linears, Q4_K scales), expanded as each runs: "
-                     "fewer bytes a pass")
-    if best.compact_head:
-        notes.append("LM head in its stored Q6_K, expanded a chunk at a time on every pass: the bf16 head does not fit")
-    if best.tree_tokens != ask.tree_tokens:
-        notes.append(f"trees of at most {best.tree_tokens - 1} tokens: {ask.tree_tokens - 1} do not fit")
-    if best.context != ask.contexts[0]:
-        notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
-    if len(ask.drafts) > 1 and best.draft is not None:
-        streamed = {plan.draft.form: gb(plan.placement.pass_bytes) for plan in plans
-                    if plan.compact_layers == best.compact_layers}
-        weighed = ", ".join(f"{draft.form}: {streamed.get(draft.form, 'does not fit')}" for draft in ask.drafts)
-        notes.append(f"draft in {best.draft.form}: it streams the least per pass ({weighed})")
-    return tuple(notes)
 
 
 def refusal(target: Target, ask: Ask, rooms: Rooms, failures: dict[Draft | None, PlanRefusal]) -> PlanRefusal:

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specchat.quant.int4 import workspace_bytes
+from specchat.quant.int4_rtn import group_for
 from specchat.quant.int8 import QUANT_ROWS
 
 # bitsandbytes' nf4: 4 bits a weight plus one fp32 absmax per block of 64 (no double quantization).
@@ -82,13 +84,15 @@ def mlp_width(config) -> int:
 
 
 def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, dense_kept: bool = False,
-                       head_rows: int | None = None) -> int:
+                       head_rows: int | None = None, kernel: torch.device = torch.device("cpu")) -> int:
     """Bytes of a draft's weights (`model` on the meta device) as `quant` and the sub-vocabulary
     head (models/draft_approx.py) store them:
     none: as loaded (floating tensors in `dtype`, packed ones as they are);
     int8 (quant/int8.py): the decoder's linears as int8 with a scale per row, and their dense
       copies beside when `dense_kept`; the input embedding as int8 rows with a scale each; with
       the whole vocabulary the LM head too (a tied head in a copy of its own);
+    int4 (quant/int4_rtn.py): the decoder's linears that `kernel`'s int4 kernels take, packed (half
+      a byte a weight) with a scale and a zero a group in `dtype`;
     nf4 (bitsandbytes): every linear but the LM head at NF4_BYTES_PER_WEIGHT.
     `head_rows`: a head restricted to that many tokens, a copy of that many rows (in int8 under
     int8); the whole head is let go unless it is the input embedding too; None: the whole
@@ -100,6 +104,9 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
         total += sum(int8_bytes(m) - (0 if dense_kept else m.weight.numel() * dtype.itemsize) for m in layers)
         embedding = model.get_input_embeddings().weight
         total += int8_bytes(model.get_input_embeddings()) - embedding.numel() * dtype.itemsize
+    elif quant == "int4":
+        groups = [(m, group_for(m, kernel)) for m in layers]
+        total -= sum(m.weight.numel() * dtype.itemsize - int4_bytes(m, group, dtype) for m, group in groups if group)
     elif quant == "nf4":
         linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
         total -= sum(m.weight.numel() * dtype.itemsize - int(m.weight.numel() * NF4_BYTES_PER_WEIGHT) for m in linears)
@@ -125,6 +132,28 @@ def preparing_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
     sizes = sorted(m.weight.numel() for m in linears)
     widest = max(m.in_features for m in linears)
     return (sum(sizes) + sum(sizes[-2:])) * dtype.itemsize + 2 * sum(sizes[-2:]) + 3 * QUANT_ROWS * widest * 4
+
+
+def int4_bytes(linear: nn.Linear, group_size: int, dtype: torch.dtype) -> int:
+    """An Int4Linear's weight: its packed nibbles and its [G, O, 2] scales and zeros in `dtype`."""
+    return linear.weight.numel() // 2 + 2 * linear.in_features // group_size * linear.out_features * dtype.itemsize
+
+
+def rounding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
+    """Bytes a draft holds above its int4 weights while it loads, an upper bound: one decoder
+    layer's dense weights in `dtype`, and rounded's temporaries for its largest linear (its float32
+    groups, their quotient and the rounded values, float32 each)."""
+    linears = [m for m in model.get_decoder().layers[0].modules() if isinstance(m, nn.Linear)]
+    return sum(m.weight.numel() for m in linears) * dtype.itemsize + 3 * max(m.weight.numel() for m in linears) * FP32
+
+
+def rounded_workspace(model: PreTrainedModel, dtype: torch.dtype, rows: int, kernel: torch.device) -> int:
+    """The largest temporary a draft's rounded linears allocate over `rows` inputs (quant.int4's
+    bound; linears run one at a time)."""
+    linears = [m for m in model.get_decoder().layers[0].modules() if isinstance(m, nn.Linear)]
+    groups = [(m, group_for(m, kernel)) for m in linears]
+    return max((workspace_bytes(m.in_features, m.out_features, rows, dtype, group, kernel.type)
+                for m, group in groups if group), default=0)
 
 
 def int8_bytes(linear: nn.Linear) -> int:

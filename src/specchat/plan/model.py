@@ -87,7 +87,7 @@ def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[Layer
     workspace = quantized_workspaces(model, dtype)
     ask = Ask(contexts, request.drafts, request.tree_tokens, workspace(request.tree_tokens),
               request.placement_request(len(layouts)), cuda=device.type == "cuda",
-              smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees))
+              smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees), links=request.links)
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     target = Target(sizes, shape_of(model.config, dtype), compact, compact_layers)
     copies = dense_copy_bytes(model) if request.dense_copies and device.type == "cpu" else 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from specchat.limits import DTYPES
+from specchat.machine_links import Links, read_links
 from specchat.models.draft import DraftQuant, resolve_draft_quant
 from specchat.models.loading import has_int4, resolve
 from specchat.paths import offload_dir as default_offload_dir
@@ -50,7 +51,8 @@ def request_for(options: RunOptions, machine: Machine, drafted: bool = True) -> 
     if drafted:
         quant = draft_quant_for(options, machine)
         draft = {"draft": options.draft, "dense_above": quant.dense_above, "draft_vocab": options.draft_vocab or None,
-                 "draft_kinds": draft_kinds(options.draft_quant, device, quant.kind, described=machine.described)}
+                 "draft_kinds": draft_kinds(options.draft_quant, device, quant.kind, described=machine.described),
+                 "measure_steps": not machine.described and machine.rooms is None}
     pair = Pair(options.target, dtype, options.weights, context=options.context, **draft)
     tree_tokens, smaller_trees = tree_sizes(cuda, options.budget if isinstance(options.budget, int) else 0)
     # A CPU's 4-bit linears keep dense copies for tree passes where the room left holds them. Which
@@ -61,8 +63,15 @@ def request_for(options: RunOptions, machine: Machine, drafted: bool = True) -> 
     request = PlanRequest(tier=options.offload, offload_dir=offload_directory(options),
                           resident_layers=options.resident_layers, ram_budget_bytes=gb_to_bytes(options.ram_budget),
                           vram_budget_bytes=gb_to_bytes(options.vram_budget), tree_tokens=tree_tokens,
-                          smaller_trees=smaller_trees, dense_copies=dense_copies)
+                          smaller_trees=smaller_trees, dense_copies=dense_copies, links=links_of(machine))
     return pair, request
+
+
+def links_of(machine: Machine) -> Links:
+    """The links' speeds the plan predicts a pass with: a described machine's as given, else this
+    machine's as given (doctor's fresh measurement) or as doctor last measured them."""
+    kept = Links() if machine.described else read_links()
+    return Links(machine.pcie_gbps or kept.ram_gbps, machine.disk_gbps or kept.disk_gbps)
 
 
 def draft_quant_for(options: RunOptions, machine: Machine) -> DraftQuant:

@@ -19,11 +19,14 @@ from specchat.models.loading import resolve, stored_name
 from specchat.models.local import local_safetensors
 from specchat.checkpoint.skeleton import build_skeleton
 from specchat.checkpoint.sources import SafetensorsSource
+from specchat.models.draft import DraftQuant
+from specchat.models.draft_step import step_cost
 from specchat.plan.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
-from specchat.plan.demand import draft_weight_bytes, preparing_bytes, shape_of
+from specchat.plan.choice import step_width
+from specchat.plan.demand import draft_weight_bytes, preparing_bytes, rounded_workspace, rounding_bytes, shape_of
 from specchat.plan.machine import Machine
 from specchat.plan.model import MeasuredModel, measure_model, plan_measured
-from specchat.plan.request import Pair, PlanRequest
+from specchat.plan.request import DEFAULT_TREE_TOKENS, Pair, PlanRequest
 from specchat.quant.awq import read_awq_spec
 from specchat.quant.gptq import read_gptq_spec
 
@@ -38,14 +41,26 @@ def plan_pair(pair: Pair, request: PlanRequest, machine: Machine) -> MemoryPlan:
 
 def measure_pair(pair: Pair, request: PlanRequest, device: torch.device) -> MeasuredModel:
     """What `plan_pair` plans `pair` from on a machine with `device`, whatever its rooms: the
-    target's skeleton and the draft's candidate forms, with the contexts auto may choose among."""
+    target's skeleton and the draft's candidate forms (each with its step's cost on this machine
+    where `pair.measure_steps` and there is a choice to make), with the contexts auto may choose among."""
     source = resolve(pair.target)
     local = local_safetensors(source, pair.weights)
     config = config_from_file(local / "config.json") if local is not None else read_config(pair.target)
     tensors = SafetensorsSource(local) if local is not None else None
-    drafts = (None,) if pair.draft is None else draft_candidates(pair, device)
+    drafts = (None,) if pair.draft is None else draft_candidates(pair, device, request.tree_tokens)
+    if pair.measure_steps and len(drafts) > 1:
+        drafts = with_step_costs(drafts, pair.draft, pair.dtype, device, request.tree_tokens)
     request = replace(request, contexts=contexts_for(pair.context, config.max_position_embeddings), drafts=drafts)
     return measure_model(config, tensors, stored_name(source, pair.weights), pair.dtype, device, request)
+
+
+def with_step_costs(drafts: tuple[Draft, ...], draft: str, dtype: torch.dtype, device: torch.device,
+                    tree_tokens: int) -> tuple[Draft, ...]:
+    """`drafts` with their step's cost on `device` (models/draft_step.py), measured at the width of
+    a step of the largest tree: its nodes shared among the most steps a tree takes (plan/speed.py)."""
+    wide = step_width(tree_tokens)
+    return tuple(replace(form, step=step_cost(draft, DraftQuant(form.quant, form.dense_above), dtype, device, wide))
+                 for form in drafts)
 
 
 def contexts_for(context: int | None, model_max: int) -> tuple[int, ...]:
@@ -66,11 +81,11 @@ def contexts_for(context: int | None, model_max: int) -> tuple[int, ...]:
 
 def draft_kinds(kind: str, device: torch.device, resolved: str | None, described: bool = False) -> tuple[str, ...]:
     """The quantizations the plan may give the draft: the one asked for (or, on a CPU, the one
-    `auto` measured: `resolved`); on a GPU `auto` weighs full weights against nf4 (when
-    bitsandbytes is installed here, or on any `described` machine)."""
+    `auto` measured: `resolved`); on a GPU `auto` weighs full weights against int4 and nf4 (nf4
+    when bitsandbytes is installed here, or on any `described` machine)."""
     if kind != "auto" or device.type != "cuda":
         return (resolved or kind,)
-    return ("none", "nf4") if described or has_bitsandbytes() else ("none",)
+    return ("none", "int4", "nf4") if described or has_bitsandbytes() else ("none", "int4")
 
 
 def has_bitsandbytes() -> bool:
@@ -87,10 +102,11 @@ def stores_4bit(config: PretrainedConfig) -> bool:
     return read_gptq_spec(stored) is not None or read_awq_spec(stored) is not None
 
 
-def draft_candidates(pair: Pair, device: torch.device) -> tuple[Draft, ...]:
+def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAULT_TREE_TOKENS) -> tuple[Draft, ...]:
     """`pair`'s draft in each of its kinds on `device`, sized from its config, preferred first. An
     int8 draft that keeps dense copies for steps wider than `pair.dense_above` rows comes with its
-    int8-only form after it, which the plan takes where the copies do not fit."""
+    int8-only form after it, which the plan takes where the copies do not fit. An int4 draft
+    counts its 4-bit products' largest temporary over a step of `tree_tokens` rows."""
     config = read_config(pair.draft)
     kinds = ("none",) if stores_4bit(config) else pair.draft_kinds  # its packed weights are its smallest form
     dtype = pair.dtype
@@ -99,9 +115,10 @@ def draft_candidates(pair: Pair, device: torch.device) -> tuple[Draft, ...]:
     full = draft_weight_bytes(model, dtype, "none")
 
     def candidate(kind: str, above: int | None) -> Draft:
-        weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab)
-        return Draft(kind, weights, shape, 0 if kind == "nf4" else full,
-                     preparing_bytes(model, dtype) if kind == "int8" else 0, above)
+        weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab, kernel=device)
+        preparing = preparing_bytes(model, dtype) if kind == "int8" else rounding_bytes(model, dtype) if kind == "int4" else 0
+        workspace = rounded_workspace(model, dtype, tree_tokens, device) if kind == "int4" else 0
+        return Draft(kind, weights, shape, 0 if kind == "nf4" else full, preparing, above, workspace=workspace)
 
     forms = [(kind, pair.dense_above if kind == "int8" else None) for kind in kinds]
     forms += [("int8", None) for kind, above in forms if kind == "int8" and above is not None]

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from specchat.limits import auto_cap, auto_trees
+from specchat.machine_links import Links
 from specchat.plan.budget import Draft
 from specchat.plan.placement import Request
 
@@ -33,6 +34,7 @@ class PlanRequest:
     drafts: tuple[Draft | None, ...] = (None,)  # the draft's candidate forms, preferred first
     # a CPU's 4-bit linears may keep dense copies for wide inputs where room is left (quant/int4_dense.py)
     dense_copies: bool = False
+    links: Links = Links()  # the offload links' speeds, where known: a draft form is then chosen by predicted speed
 
     def placement_request(self, layers: int) -> Request:
         """--offload, --resident-layers and the ring as the placement of a model of `layers`
@@ -56,6 +58,7 @@ class Pair:
     dense_above: int | None = None  # int8: steps wider than this many rows multiply dense copies (None: none)
     draft_vocab: int | None = None  # --draft-vocab; None: the whole vocabulary
     context: int | None = None  # --context; None: the default, which auto may shrink
+    measure_steps: bool = False  # time a step of each draft form on this machine, where the plan may choose among several
 
 
 def tree_sizes(cuda: bool, budget: int = 0) -> tuple[int, tuple[int, ...]]:

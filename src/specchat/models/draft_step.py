@@ -1,0 +1,107 @@
+"""What one draft step costs in a form the plan may give the draft, measured on this machine before
+anything loads: the plan weighs a form's speed against the bytes it leaves to stream
+(plan/budget.py), so a 4-bit draft that frees room for resident target layers but steps slower is
+taken only where the iteration it predicts is shorter.
+
+A step is timed as its decoder layers run it: PROBE_LAYERS layers built from the draft's config
+with random weights on the device, in the form (models/draft_approx.py prepares them as a loading
+draft's), run over one token and over `wide` tokens, scaled to the draft's layer count. Its
+embedding, head and attention over the context are left out: the forms differ in the decoder's
+linears alone (an int8 head aside), so the figure compares forms and understates a step by the
+head's share. Measured once per machine and kept (machine_choices.remembered), as quant's choices
+are; a form only bitsandbytes runs (nf4) is not measured here.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from specchat.machine_choices import Kept, measured, remembered, write_kept
+from specchat.models.configs import read_config
+from specchat.models.draft import DraftQuant
+from specchat.models.draft_approx import DraftApprox
+from specchat.quant.timing import best_seconds
+
+# Distinct layers timed in turn: a single one would sit in a CPU's last-level cache (a 0.5B's
+# layer is 30 MB in bf16) and flatter the dense form.
+PROBE_LAYERS = 4
+MEASURED_KINDS = ("none", "int8", "int4")
+CHOICE = "draft step"  # its name among the kept choices
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A draft step's seconds over one token and over `wide` tokens."""
+
+    one_s: float
+    wide_s: float
+    wide: int
+
+    def seconds(self, tokens: int) -> float:
+        """A step over `tokens` tokens, linear between (and past) the two widths measured."""
+        if self.wide == 1:
+            return self.one_s
+        return self.one_s + (self.wide_s - self.one_s) * (tokens - 1) / (self.wide - 1)
+
+
+def step_cost(draft: str, quant: DraftQuant, dtype: torch.dtype, device: torch.device, wide: int) -> StepCost | None:
+    """The draft `draft` (an alias or a checkpoint, read for its config) in `quant`: its step's
+    cost on `device`, as kept for this machine or measured now; None for a form not measured here,
+    or a draft that stores packed 4-bit weights (its layers would be timed dense)."""
+    if quant.kind not in MEASURED_KINDS or getattr(read_config(draft), "quantization_config", None) is not None:
+        return None
+    key = {"draft": draft, "quant": quant.kind, "dense_above": quant.dense_above, "dtype": str(dtype), "wide": wide}
+    one_s, wide_s = remembered(CHOICE, key, device, lambda: measure_kept(key, device))
+    return StepCost(one_s, wide_s, wide)
+
+
+def measure_again(kept: Kept) -> Kept:
+    """A kept step cost measured now and kept, whatever the load (`specchat doctor --measure-again`)."""
+    fresh = measured(kept.choice, kept.key, torch.device(kept.device), lambda: measure_kept(kept.key, kept.device))
+    write_kept(fresh)
+    return fresh
+
+
+def measure_kept(key: dict, device: torch.device | str) -> list[float]:
+    """`measure_step` of what a kept step cost's `key` names."""
+    dtype = getattr(torch, key["dtype"].removeprefix("torch."))
+    return measure_step(read_config(key["draft"]), DraftQuant(key["quant"], key["dense_above"]), dtype,
+                        torch.device(device), key["wide"])
+
+
+def measure_step(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype, device: torch.device,
+                 wide: int) -> list[float]:
+    """[seconds over one token, over `wide` tokens] of a step of the draft of `config` in `quant`."""
+    model = probe_model(config, quant, dtype, device)
+    runs = [lambda tokens=tokens: run_layers(model, tokens, dtype, device) for tokens in (1, wide)]
+    scale = config.num_hidden_layers / len(model.model.layers)
+    return [seconds * scale for seconds in best_seconds(runs, device)]
+
+
+def probe_model(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A few of the draft's decoder layers with random weights on `device`, prepared in `quant`."""
+    fields = config.to_dict()
+    fields["num_hidden_layers"] = layers = min(PROBE_LAYERS, config.num_hidden_layers)
+    if fields.get("layer_types"):  # one entry a layer (sliding or full attention): the first layers'
+        fields["layer_types"] = fields["layer_types"][:layers]
+    probe = config.__class__.from_dict(fields)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(probe, dtype=dtype).eval()
+    approx = DraftApprox(quant.kind == "int8", None, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
+                         device=device)
+    for layer in model.model.layers:
+        approx.prepare_layer(layer)
+    return model
+
+
+def run_layers(model: nn.Module, tokens: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The decoder layers over `tokens` new tokens (causal, no cache)."""
+    hidden = torch.randn(1, tokens, model.config.hidden_size, dtype=dtype, device=device)
+    positions = torch.arange(tokens, device=device)[None]
+    rotary = model.model.rotary_emb(hidden, positions)
+    for layer in model.model.layers:
+        hidden = layer(hidden, position_embeddings=rotary)
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    return hidden
