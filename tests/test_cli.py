@@ -29,7 +29,7 @@ def test_generate_json_contract(monkeypatch, capsys, tiny_dirs):
     plan = record["plan"]
     assert {key: plan[key] for key in ("resident_layers", "ram_layers", "disk_layers", "pass_bytes")} == \
         {"resident_layers": 2, "ram_layers": 0, "disk_layers": 0, "pass_bytes": 0}
-    assert plan["draft_quant"] in ("none", "int8") and plan["context"] >= 12
+    assert plan["draft_quant"] in ("none", "int8") and plan["context"] >= 12 and isinstance(plan["notes"], list)
     summary = record["summary"]
     assert summary["new_tokens"] == len(record["token_ids"]) == sum(len(e["token_ids"]) for e in record["iterations"])
     assert summary["iterations"] == len(record["iterations"])

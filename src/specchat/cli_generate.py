@@ -49,14 +49,15 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
 
 
 def plan_record(models: Models) -> dict:
-    """Where the memory plan put the target's layers and which form of the draft it chose
-    (empty where nothing was planned: dsi's Ray actors plan their own)."""
+    """Where the memory plan put the target's layers and which form of the draft it chose, with
+    what auto chose and why (empty where nothing was planned: dsi's Ray actors plan their own)."""
     if models.memory is None:
         return {}
     placement = models.memory.placement
     return {"resident_layers": placement.resident, "ram_layers": placement.ram, "disk_layers": placement.disk,
             "pass_bytes": placement.pass_bytes, "context": models.memory.context,
-            "draft_quant": models.memory.draft.quant if models.memory.draft is not None else None}
+            "draft_quant": models.memory.draft.quant if models.memory.draft is not None else None,
+            "notes": list(models.memory.notes)}
 
 
 def streaming_note(summary: Summary) -> str:

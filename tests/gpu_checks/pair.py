@@ -26,6 +26,10 @@ from specchat.plan.machine import Machine
 
 CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
 PROMPT_WORDS = 64
+PROBE_GB = 0.25  # doctor's disk probe: the disk tier's speed, which a 24 GB budget on a large host does not use
+# doctor's lines the check shows: the links it measured (kept for generate's plan), the placement,
+# and the draft's form auto chose with each form's predicted iteration
+DOCTOR_LINES = ("  host->device", "  disk read", "  context", "  layers", "  per pass", "  auto")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class PairSizes:
     target_layers: int | None = None  # None: the alias's own
     draft_layers: int | None = None
     shrink: dict = field(default_factory=dict)  # config overrides of both models: empty at the paper's sizes
+    doctor: tuple[str, ...] = ()  # doctor's options that plan as generate's offload options do
 
     @property
     def dry_run(self) -> bool:
@@ -44,7 +49,7 @@ class PairSizes:
 
 
 FULL_PAIR = PairSizes(budgets=(128, 1024, 2048), new_tokens=6, max_depth=24,
-                      offload=("--offload", "auto", "--vram-budget", "24"))
+                      offload=("--offload", "auto", "--vram-budget", "24"), doctor=("--vram-budget", "24"))
 # groups of 128 inputs (AWQ's) fit hidden 256 and MLP 512; begin and end ids inside the 512 words
 DRY_PAIR = PairSizes(budgets=(16,), new_tokens=4, max_depth=4, offload=("--offload", "disk", "--resident-layers", "1"),
                      target_layers=3, draft_layers=2,
@@ -77,6 +82,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     draft = write_model(aliases.draft, sizes.draft_layers, sizes.shrink, workdir / "draft", device)
     say(f"written in {time.monotonic() - start:.0f} s")
     try:
+        say(doctor(target, draft, sizes, workdir))
         rows = [budget_row(budget, generate(target, draft, budget, sizes, workdir)) for budget in sizes.budgets]
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
         return [judged(f"{aliases.target}: generate", False, str(failure))]
@@ -87,6 +93,21 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def doctor(target: Path, draft: Path, sizes: PairSizes, workdir: Path) -> str:
+    """`specchat doctor` on the written pair as generate will plan it: it measures the links (kept
+    for generate's plan) and, on a GPU, each draft form's step, then says which form auto chose and
+    why; its DOCTOR_LINES. RuntimeError with its last line of stderr when it fails."""
+    command = [sys.executable, "-m", "specchat", "doctor", "--target", str(target), "--draft", str(draft),
+               "--offload-dir", str(workdir / "layers"), "--probe-gb", str(PROBE_GB), *sizes.doctor]
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise RuntimeError(f"doctor exited {done.returncode}: {lines[-1] if lines else ''}")
+    shown = [line for line in done.stdout.splitlines() if line.startswith(DOCTOR_LINES)]
+    return "\n".join([f"doctor ({time.monotonic() - start:.0f} s):", *shown])
 
 
 def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: Path) -> dict:

@@ -102,9 +102,11 @@ def pair_table(rows: list[BudgetRow], card_pass_bytes: float) -> str:
 
 
 def plan_line(row: BudgetRow, card_resident: int, card_pass_bytes: float) -> str:
-    """The run's placement beside the described card's plan."""
+    """The run's placement beside the described card's plan, and why the draft is in its form
+    where auto had forms to choose among."""
     plan = row.plan
+    why = "".join(f"\n  {note}" for note in plan["notes"] if note.startswith("draft in "))
     return (f"placement: {plan['resident_layers']} resident, {plan['ram_layers']} in RAM, {plan['disk_layers']} on "
             f"disk, {plan['pass_bytes'] / 1e9:.3f} GB a pass planned, {row.streamed / 1e9:.3f} GB streamed an "
             f"iteration, draft in {plan['draft_quant']}; the 24 GB card's plan: {card_resident} resident, "
-            f"{card_pass_bytes / 1e9:.2f} GB a pass")
+            f"{card_pass_bytes / 1e9:.2f} GB a pass{why}")

@@ -49,9 +49,11 @@ class RealPair:
         return encode_chat(self.tokenizer, [{"role": "user", "content": prompt}], tools)
 
 
-def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None) -> CausalLM:
+def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.draft_vocab or None,
+               int4: bool = False) -> CausalLM:
     """The embedded draft in the app's default dtype, its weights in
-    int8 if `int8` (None: as `--draft-quant auto` decides on this device), its head scoring the
+    int8 if `int8` (None: as `--draft-quant auto` decides on this device), its decoder's linears
+    rounded to 4 bits if `int4` (`int8` False then), its head scoring the
     `vocab_size` most frequent tokens (None: all; the default: as the app's). The verifier never
     reads the draft's probabilities, so its dtype may differ from the target's."""
     dtype = DTYPES[DEFAULT_DTYPE]
@@ -60,7 +62,7 @@ def real_draft(int8: bool | None = None, vocab_size: int | None = EngineOptions.
                                 pick_device(), dtype)
     stop_ids = stop_token_ids(draft.model, draft.tokenizer)
     return approximate_draft(draft.model, draft.tokenizer, draft.directory, quant.kind == "int8", vocab_size, stop_ids,
-                             quant.dense_above)
+                             quant.dense_above, int4=int4)
 
 
 def load_real_pair() -> RealPair:

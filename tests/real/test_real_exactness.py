@@ -26,6 +26,7 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
+from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 
 pytestmark = pytest.mark.real
@@ -64,6 +65,15 @@ def test_an_int8_sub_vocabulary_draft_keeps_greedy_exact(real_pair, real_check, 
     picks int8 only where it is faster; the sub-vocabulary head is an option): every
     approximation the app offers is tested."""
     draft = real_draft(int8=True, vocab_size=FR_SPEC_VOCAB)
+    engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
+    assert_equals_hf_greedy(real_check, engine, greedy_references)
+
+
+def test_a_4_bit_rounded_draft_keeps_greedy_exact(real_pair, real_check, greedy_references):
+    """--draft-quant int4 (auto's candidate on a GPU): the draft's decoder linears rounded to 4
+    bits and run packed through the int4 kernels; the target's tokens are unchanged."""
+    draft = real_draft(int8=False, int4=True)
+    assert any(isinstance(module, Int4Linear) for module in draft.model.modules())
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 

@@ -5,16 +5,17 @@ verdicts are worked out here from figures given by hand."""
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from gpu_checks.pair_rows import BudgetRow, budget_row, projected_s
+from gpu_checks.pair_rows import BudgetRow, budget_row, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 DRY_RUN_TIMEOUT_S = 300
 PLAN = {"resident_layers": 16, "ram_layers": 64, "disk_layers": 0, "pass_bytes": 29.09e9, "context": 4096,
-        "draft_quant": "none"}
+        "draft_quant": "none", "notes": []}
 
 
 def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
@@ -28,6 +29,9 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert len(rows) == 2, done.stdout  # one budget, each pair
     for cells in rows:
         assert cells[1] == "16, 4" and float(cells[2]) == 4.0  # ranked: the whole budget, max_depth deep
+    assert sum(line.startswith("doctor (") for line in lines) == 2  # doctor on each written pair, before generate
+    contexts = [line for line in lines if line.startswith("  context ")]
+    assert contexts[0].endswith("draft in int8") and contexts[1].endswith("draft in none")  # as generate chooses below
     placements = [line for line in lines if line.startswith("placement: ")]
     assert placements[0].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
     assert "draft in none; the 24 GB card's plan: 16 resident, 29.09 GB a pass" in placements[1]  # the AWQ draft packed
@@ -73,6 +77,13 @@ def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event
     assert made.step_ms == pytest.approx(90.0)  # 0.3 s of drafting less 0.03 of bookkeeping, over 3 steps
     with pytest.raises(ValueError, match="drafted no tree"):
         budget_row(8, record | {"iterations": events[:1]})
+
+
+def test_the_placement_line_says_why_the_draft_is_in_its_form_where_auto_chose():
+    chose = "draft in int4: the shortest predicted iteration of a full tree (none: ...; int4: ...)"
+    chosen = replace(row(), plan=PLAN | {"draft_quant": "int4", "notes": ["context 2048 tokens: 4096 does not fit", chose]})
+    assert plan_line(chosen, 16, 29.09e9).splitlines()[1:] == [f"  {chose}"]
+    assert len(plan_line(row(), 16, 29.09e9).splitlines()) == 1  # no choice: the placement alone
 
 
 def test_the_24_gb_card_pass_is_bounded_by_the_slower_of_compute_and_its_link():

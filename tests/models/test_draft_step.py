@@ -1,0 +1,75 @@
+"""What a draft step costs in each form the plan weighs (models/draft_step.py): measured on this
+machine on a few random layers, kept once per machine, measured again by doctor."""
+
+import pytest
+import torch
+from helpers.tiny import tiny_qwen_config
+
+from specchat.doctor.choices import choice_lines
+from specchat.machine_choices import kept_choices
+from specchat.models import draft_step
+from specchat.models.draft import DraftQuant
+from specchat.models.draft_step import PROBE_LAYERS, StepCost, measure_step, probe_model, step_cost
+from specchat.quant.int4 import Int4Linear
+from specchat.quant.int8 import Int8Linear
+
+CPU = torch.device("cpu")
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def fresh_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path / "probes"))
+
+
+def test_a_step_is_linear_in_its_tokens_between_the_widths_measured():
+    cost = StepCost(one_s=0.010, wide_s=0.050, wide=41)
+    assert cost.seconds(1) == pytest.approx(0.010) and cost.seconds(41) == pytest.approx(0.050)
+    assert cost.seconds(21) == pytest.approx(0.030) and cost.seconds(81) == pytest.approx(0.090)
+    assert StepCost(0.02, 0.02, 1).seconds(64) == 0.02
+
+
+@pytest.mark.parametrize(("kind", "linear"), [("int8", Int8Linear), ("int4", Int4Linear)])
+def test_the_probe_is_a_few_of_the_drafts_layers_in_its_form(kind, linear):
+    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=6)
+    model = probe_model(config, DraftQuant(kind), BF16, CPU)
+    assert len(model.model.layers) == PROBE_LAYERS
+    assert all(any(isinstance(m, linear) for m in layer.modules()) for layer in model.model.layers)
+
+
+def test_a_step_is_measured_once_scaled_to_the_drafts_layers_and_kept(monkeypatch):
+    measured = []
+
+    def stand_in(config, quant, dtype, device, wide):
+        measured.append((config.num_hidden_layers, quant, wide))
+        return [0.010, 0.040]
+
+    monkeypatch.setattr(draft_step, "measure_step", stand_in)
+    first = step_cost("qwen2.5-coder-0.5b", DraftQuant("int4"), BF16, CPU, 43)
+    again = step_cost("qwen2.5-coder-0.5b", DraftQuant("int4"), BF16, CPU, 43)
+    assert first == again == StepCost(0.010, 0.040, 43)
+    assert measured == [(24, DraftQuant("int4"), 43)]  # the shipped config's 24 layers: read once, measured once
+    assert [kept.choice for kept in kept_choices()] == [draft_step.CHOICE]
+
+
+def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():
+    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
+    one_s, wide_s = measure_step(config, DraftQuant("int4"), BF16, CPU, 16)
+    assert 0 < one_s and 0 < wide_s  # 8 layers' worth: twice the 4 timed; the figures are this machine's
+
+
+@pytest.mark.parametrize(("draft", "kind"), [("qwen2.5-coder-0.5b", "nf4"), ("llama-3.1-8b-awq", "none")])
+def test_forms_not_timed_here_have_no_cost(monkeypatch, draft, kind):
+    """nf4 runs on bitsandbytes alone; a draft that stores 4-bit weights would be timed dense."""
+    monkeypatch.setattr(draft_step, "measure_step", lambda *args: pytest.fail("measured"))
+    assert step_cost(draft, DraftQuant(kind), BF16, CPU, 43) is None
+
+
+def test_doctor_measures_a_kept_step_again(monkeypatch):
+    readings = iter([[0.010, 0.040], [0.020, 0.080]])
+    monkeypatch.setattr(draft_step, "measure_step", lambda *args: next(readings))
+    step_cost("qwen2.5-coder-0.5b", DraftQuant("int8", 16), BF16, CPU, 43)
+    lines = choice_lines(again=True)
+    assert any(line.strip().startswith("draft step") and "[0.02, 0.08]" in line and "dense_above=16" in line
+               for line in lines), lines
+    assert step_cost("qwen2.5-coder-0.5b", DraftQuant("int8", 16), BF16, CPU, 43) == StepCost(0.020, 0.080, 43)

@@ -1,0 +1,103 @@
+"""`auto` weighs the draft's forms by the iteration each predicts (plan/choice.py): a full tree's
+draft steps at the cost measured on this machine, plus the pass's streaming at the links' speeds;
+by the bytes each streams where a step or a link speed is unknown. The step costs here are stand-ins
+(models/draft_step.py measures the real ones); the arithmetic is written out."""
+
+import math
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+from helpers.plan_sizes import GB, NOWHERE, TARGET_LAYER
+
+import specchat.plan.pair as pair_module
+from specchat.machine_links import Links
+from specchat.models.draft_step import StepCost
+from specchat.plan.machine import Machine, described_rooms
+from specchat.plan.pair import plan_pair
+from specchat.plan.request import Pair, PlanRequest
+
+TREE = 1025  # a full tree of 1024 nodes: 24 steps of ceil(1024 / 24) = 43
+WIDTH = 43
+FAST, SLOW = StepCost(0.010, 0.040, WIDTH), StepCost(0.012, 0.110, WIDTH)  # a CPU's bf16 and 4-bit steps, about
+AMPLE = described_rooms(None, 24 * GB)
+
+
+def pair(kinds: tuple[str, ...]) -> Pair:
+    return Pair("qwen2.5-coder-1.5b", torch.bfloat16, draft="qwen2.5-coder-0.5b", draft_kinds=kinds,
+                draft_vocab=32768, context=4096, measure_steps=True)
+
+
+def plan(monkeypatch, kinds: tuple[str, ...], costs: dict, links: Links, room: int | None = None):
+    """The embedded pair planned with the draft in `kinds`, each form's step costing `costs[kind]`,
+    in `room` bytes of RAM (None: ample)."""
+    widths = set()
+
+    def stand_in(draft, quant, dtype, device, wide):
+        widths.add(wide)
+        return costs[quant.kind]
+
+    monkeypatch.setattr(pair_module, "step_cost", stand_in)
+    request = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=TREE, links=links)
+    rooms = AMPLE if room is None else replace(AMPLE, device=room)
+    memory = plan_pair(pair(kinds), request, Machine(rooms=rooms))
+    assert widths <= {WIDTH}
+    return memory
+
+
+@pytest.fixture
+def tight(monkeypatch) -> int:
+    """RAM that holds the pair with its int4 draft but four of the target's layers."""
+    return plan(monkeypatch, ("int4",), {"int4": FAST}, Links()).total("device") - 4 * TARGET_LAYER
+
+
+def predicted(memory, disk_gbps: float, step: StepCost) -> float:
+    """24 steps of 43 nodes, then the pass's layers read from disk."""
+    return 24 * step.seconds(WIDTH) + memory.placement.disk_bytes / (disk_gbps * 1e9)
+
+
+def test_a_draft_that_streams_more_but_steps_faster_is_chosen(monkeypatch, tight):
+    """Full weights (their linears 2 bytes a weight) against the same linears rounded to 4 bits."""
+    memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": SLOW}, Links(disk_gbps=1.5), tight)
+    int4 = plan(monkeypatch, ("int4",), {"int4": SLOW}, Links(disk_gbps=1.5), tight)
+    assert memory.draft.quant == "none"
+    assert memory.placement.pass_bytes > int4.placement.pass_bytes > 0  # the 4-bit draft leaves more room
+    note = next(note for note in memory.notes if note.startswith("draft in none"))
+    assert "the shortest predicted iteration of a full tree" in note
+    seconds = {form: float(value) for form, value in re.findall(r"(none|int4): 24 steps of 43 tokens at [\d.]+ ms, "
+                                                                  r"[\d.]+ GB streamed: ([\d.]+) s", note)}
+    assert seconds["none"] == pytest.approx(predicted(memory, 1.5, FAST), abs=0.005)
+    assert seconds["int4"] == pytest.approx(predicted(int4, 1.5, SLOW), abs=0.005)
+    assert seconds["none"] < seconds["int4"]
+
+
+def test_a_draft_that_streams_less_and_steps_as_fast_is_chosen(monkeypatch, tight):
+    memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": FAST}, Links(disk_gbps=1.5), tight)
+    assert memory.draft.quant == "int4"
+
+
+def test_in_memory_the_faster_step_wins_whatever_the_order(monkeypatch):
+    memory = plan(monkeypatch, ("int4", "none"), {"none": FAST, "int4": SLOW}, Links())
+    assert not memory.placement.streamed and memory.draft.quant == "none"
+    assert any(note.startswith("draft in none: the shortest predicted iteration") for note in memory.notes)
+
+
+@pytest.mark.parametrize("links", [Links(), Links(ram_gbps=25.0)], ids=["no speeds", "no disk speed"])
+def test_without_the_disks_speed_the_fewest_bytes_win(monkeypatch, tight, links):
+    memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": SLOW}, links, tight)
+    assert memory.draft.quant == "int4" and memory.placement.disk
+    assert any(note.startswith("draft in int4: it streams the least per pass") for note in memory.notes)
+
+
+def test_a_form_whose_step_is_unmeasured_leaves_the_choice_to_bytes(monkeypatch, tight):
+    memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": None}, Links(disk_gbps=1.5), tight)
+    assert memory.draft.quant == "int4"
+
+
+def test_steps_are_not_measured_without_a_choice_to_make(monkeypatch):
+    monkeypatch.setattr(pair_module, "step_cost", lambda *args: pytest.fail("measured"))
+    request = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=TREE, links=Links(disk_gbps=1.5))
+    memory = plan_pair(pair(("none",)), request, Machine(rooms=AMPLE))
+    assert memory.draft.step is None
+    assert math.isclose(memory.placement.pass_bytes, 0)
