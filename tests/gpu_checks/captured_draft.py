@@ -1,7 +1,9 @@
 """The draft's step captured in CUDA graphs (decoding/static_step.py): greedy and seeded SpecExec
 over a small float32 Qwen2 pair grows, tree for tree, what the same static shapes grow run
-eagerly (the same kernels, replayed), and emits the target's autoregressive tokens. That the
-static shapes grow the eager step's trees is tests/decoding/test_static_step.py's, on any device."""
+eagerly (the same kernels, replayed), and emits the target's autoregressive tokens; with the draft
+rounded to 4 bits (--draft-quant int4: its products through the int4 kernels, the Triton expansion
+past their widths), in bf16, likewise. That the static shapes grow the eager step's trees is
+tests/decoding/test_static_step.py's, on any device."""
 
 import torch
 from gpu_checks.tiny_models import random_model, small_config
@@ -14,8 +16,10 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
+from specchat.quant.int4_rtn import round_linears
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
+ROUNDED_CHECK = "int4 draft step captured in CUDA graphs: eager trees, target tokens"
 PROMPT = [7, 3, 9, 2, 11, 5]
 NEW_TOKENS = 40
 SAMPLINGS = (SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 3))
@@ -26,12 +30,14 @@ def replies(engine, sampling: SamplingParams) -> tuple[list[int], list[tuple]]:
     return [t for e in events for t in e.token_ids], [(e.tree_size, e.depth, e.accepted) for e in events]
 
 
-def check_captured_draft(device: torch.device) -> Verdict:
+def check_captured_draft(device: torch.device, rounded: bool = False) -> Verdict:
+    """`rounded`: the draft's linears rounded to 4 bits, in bf16."""
+    name = ROUNDED_CHECK if rounded else CHECK
     if device.type != "cuda":
-        return skipped(CHECK, "CUDA graphs need a CUDA device")
+        return skipped(name, "CUDA graphs need a CUDA device")
     config = small_config("qwen2")
     target = CausalLM(random_model(config, seed=0).to(device))
-    draft = CausalLM(random_model(config, seed=0).to(device))  # the target's weights: its trees are accepted
+    draft = CausalLM(draft_model(config, device, rounded))  # the target's weights: its trees are accepted
     capacity = len(PROMPT) + NEW_TOKENS + 64
     details, passed = [], True
     for sampling in SAMPLINGS:
@@ -43,4 +49,14 @@ def check_captured_draft(device: torch.device) -> Verdict:
         passed = passed and same_trees and tokens_ok
         details.append(f"t={sampling.temperature:g}: trees {'equal' if same_trees else 'DIFFER'}, "
                        f"tokens {'= autoregressive' if tokens_ok else 'DIFFER'}")
-    return judged(CHECK, passed, "; ".join(details))
+    return judged(name, passed, "; ".join(details))
+
+
+def draft_model(config, device: torch.device, rounded: bool) -> torch.nn.Module:
+    """The target's weights on `device`; `rounded`: in bf16, every decoder layer's linears rounded."""
+    model = random_model(config, seed=0).to(device)
+    if rounded:
+        model = model.to(torch.bfloat16)
+        for layer in model.model.layers:
+            round_linears(layer, torch.bfloat16, device)
+    return model

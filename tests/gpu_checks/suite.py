@@ -33,6 +33,7 @@ def all_checks(device: torch.device, workdir: Path) -> list[Check]:
         ("MoE streamed by expert from disk", lambda: check_moe_streamed("disk", device, workdir)),
         ("bf16 GPTQ SpecExec, wide passes expanded", lambda: check_expanded_specexec(device, workdir)),
         ("captured draft step", lambda: check_captured_draft(device)),
+        ("captured int4 draft step", lambda: check_captured_draft(device, rounded=True)),
         ("nf4 draft", lambda: check_draft("nf4", judge, device)),
         ("int8 draft", lambda: check_draft("int8", judge, device)),
         ("probe vs measured passes", lambda: check_probe(wide_target(device, workdir), CAP)),

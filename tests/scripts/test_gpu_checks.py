@@ -17,6 +17,7 @@ from gpu_checks import (auto_offload, drafts, embedded_weights, expanded_specexe
                         verdict)
 from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.captured_draft import check_captured_draft
 from gpu_checks.closing import closing_line
 from gpu_checks.embedded_weights import REPLY_CHECKS, missing_weights, needing_weights
 from gpu_checks.expanded_specexec import check_expanded_specexec
@@ -109,6 +110,7 @@ def test_the_cuda_only_checks_skip_with_a_reason_on_the_cpu(tmp_path, monkeypatc
     assert check_auto_offload(judge, CPU) == verdict.skipped(auto_offload.CHECK, "no CUDA device: "
                                                                                "--vram-budget budgets GPU memory")
     assert drafts.check_draft("nf4", judge, CPU).status == "SKIP"
+    assert check_captured_draft(CPU, rounded=True).status == "SKIP"
     assert not tmp_path.joinpath("offload").exists()  # nothing was run
 
 

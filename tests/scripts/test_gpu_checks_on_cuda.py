@@ -77,3 +77,7 @@ def test_bf16_specexec_with_wide_passes_expanded_emits_the_autoregressive_tokens
 
 def test_the_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
     assert_holds(check_captured_draft(CUDA))
+
+
+def test_an_int4_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
+    assert_holds(check_captured_draft(CUDA, rounded=True))
