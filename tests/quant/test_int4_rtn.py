@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from specchat.quant import int4_rtn
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_pack import pack_nibbles
 from specchat.quant.int4_rtn import group_for, round_linears, rounded
@@ -51,3 +52,13 @@ def test_round_linears_replaces_what_the_kernels_take_and_multiplies_like_the_ro
     assert isinstance(block[0], Int4Linear) and isinstance(block[2][0], nn.Linear)  # 48 inputs: no group fits
     x = torch.randn(5, 256)
     assert torch.allclose(block[0](x), x @ expected.t() + block[0].bias, atol=1e-4, rtol=1e-4)
+
+
+def test_a_weight_rounded_a_block_of_rows_at_a_time_is_the_weight_rounded_whole(monkeypatch):
+    torch.manual_seed(3)
+    weight = torch.randn(600, 128)  # blocks of 256, 256 and 88 rows
+    blocked = rounded(weight, 64)
+    monkeypatch.setattr(int4_rtn, "ROUND_ROWS", 1024)
+    whole = rounded(weight, 64)
+    assert torch.equal(blocked.nibbles, whole.nibbles) and torch.equal(blocked.scales, whole.scales)
+    assert torch.equal(blocked.zeros, whole.zeros) and blocked.scales.shape == (2, 600)

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specchat.quant.int4 import workspace_bytes
-from specchat.quant.int4_rtn import group_for
+from specchat.quant.int4_rtn import ROUND_ROWS, group_for
 from specchat.quant.int8 import QUANT_ROWS
 
 # bitsandbytes' nf4: 4 bits a weight plus one fp32 absmax per block of 64 (no double quantization).
@@ -141,10 +141,12 @@ def int4_bytes(linear: nn.Linear, group_size: int, dtype: torch.dtype) -> int:
 
 def rounding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
     """Bytes a draft holds above its int4 weights while it loads, an upper bound: one decoder
-    layer's dense weights in `dtype`, and rounded's temporaries for its largest linear (its float32
-    groups, their quotient and the rounded values, float32 each)."""
+    layer's dense weights in `dtype`; the largest linear's canonical nibbles beside their packed
+    copy; and `rounded`'s temporaries, three float32 blocks of ROUND_ROWS rows of the widest input."""
     linears = [m for m in model.get_decoder().layers[0].modules() if isinstance(m, nn.Linear)]
-    return sum(m.weight.numel() for m in linears) * dtype.itemsize + 3 * max(m.weight.numel() for m in linears) * FP32
+    widest = max(m.in_features for m in linears)
+    return (sum(m.weight.numel() for m in linears) * dtype.itemsize + max(m.weight.numel() for m in linears) // 2
+            + 3 * ROUND_ROWS * widest * FP32)
 
 
 def rounded_workspace(model: PreTrainedModel, dtype: torch.dtype, rows: int, kernel: torch.device) -> int:

@@ -118,7 +118,9 @@ def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAUL
         weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab, kernel=device)
         preparing = preparing_bytes(model, dtype) if kind == "int8" else rounding_bytes(model, dtype) if kind == "int4" else 0
         workspace = rounded_workspace(model, dtype, tree_tokens, device) if kind == "int4" else 0
-        return Draft(kind, weights, shape, 0 if kind == "nf4" else full, preparing, above, workspace=workspace)
+        # nf4 loads straight onto the device; int4 one layer at a time, each rounded there (models/layerwise.py)
+        through_ram = 0 if kind in ("nf4", "int4") else full
+        return Draft(kind, weights, shape, through_ram, preparing, above, workspace=workspace)
 
     forms = [(kind, pair.dense_above if kind == "int8" else None) for kind in kinds]
     forms += [("int8", None) for kind, above in forms if kind == "int8" and above is not None]
