@@ -206,7 +206,7 @@ def test_a_draft_with_random_logits_still_gives_exact_output(tiny_target, tiny_d
     assert run(engine, sampling)[0] == reference
 
 
-@pytest.mark.parametrize("kind", ["none", "int8", "nf4"])
+@pytest.mark.parametrize("kind", ["none", "int8", "int4", "nf4"])
 def test_an_explicit_draft_quant_is_kept(kind):
     assert resolve_draft_quant(kind, torch.device("cpu"), torch.bfloat16) == DraftQuant(kind)
 

@@ -70,6 +70,24 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
     assert memory.context == 4096 and memory.notes  # auto says why the draft is in nf4
 
 
+def test_without_bitsandbytes_the_7b_draft_is_rounded_to_4_bits_and_loads_on_the_card():
+    """On a card without bitsandbytes `auto` weighs full weights against int4: the bf16 draft does
+    not fit beside the smallest ring; the rounded one loads a layer at a time straight onto the card
+    (nothing of it in RAM), its layer in preparation counted there."""
+    memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64, kinds=("none", "int4"))
+    linears = llama_layer_linears(4096, 11008, 32)
+    rounded = 32 * sum(i * o // 2 + i // 128 * o * 2 * BF16 for i, o in linears)  # nibbles, bf16 scale and zero a group
+    assert memory.draft.quant == "int4"
+    assert item(memory, "draft weights (int4)") == rounded + LLAMA2_7B_OTHER * BF16 + ROTARY_BYTES  # 3.97 GB
+    # one layer's bf16 weights, the down projection's nibbles beside their packed copy, three float32
+    # blocks of 256 rows of its 11008 inputs
+    preparing = sum(i * o for i, o in linears) * BF16 + 11008 * 4096 // 2 + 3 * 256 * 11008 * FP32
+    assert item(memory, "the draft's layer while it turns int4") == preparing
+    assert not any(entry.what == "draft weights while they load" for entry in memory.items)
+    assert memory.placement.resident == 19 and memory.placement.disk == 0
+    assert_fits(memory, 24, 64)
+
+
 def test_the_bf16_draft_alone_is_planned_when_it_is_the_only_choice():
     memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64, kinds=("none",))
     assert item(memory, "draft weights (") == (LLAMA2_7B_PARAMS_LINEAR + LLAMA2_7B_OTHER) * BF16 + ROTARY_BYTES  # 13.5 GB

@@ -1,12 +1,14 @@
 """The benchmark scripts that write rows into a folder refuse one that already holds their rows,
 before loading anything: a rerun measures into a fresh folder and never replaces rows kept."""
 
+import os
 import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.tiny import tiny_qwen_config
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 KEPT = '{"kept": true}\n'
@@ -60,3 +62,17 @@ def test_the_stacked_projections_bench_prints_a_row_per_width():
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "rows" not in line]
     assert [int(row[0]) for row in rows] == [1, 4, 16, 64]
     assert all(float(cell) > 0 for row in rows for cell in row[1:])
+
+
+def test_the_draft_forms_bench_prints_each_forms_step_per_width(tmp_path):
+    tiny_qwen_config(hidden_size=64, intermediate_size=128, num_hidden_layers=6).save_pretrained(tmp_path)
+    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_draft_forms.py"), "--draft", str(tmp_path),
+                             "--widths", "1,4"], capture_output=True, text=True, timeout=120, check=True,
+                            env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    lines = result.stdout.splitlines()
+    assert lines[1] == "| tokens a step | none ms | int8 ms | int4 ms | int8 / none | int4 / none |"
+    rows = [line.strip("| ").split(" | ") for line in lines[3:]]
+    assert [row[0] for row in rows] == ["1", "4"]
+    for row in rows:
+        assert all(float(cell) >= 0 for cell in row[1:4])  # ms at one decimal: a tiny layer's may print 0.0
+        assert all(cell.endswith("x") and float(cell[:-1]) > 0 for cell in row[4:])
