@@ -44,8 +44,9 @@ class DroppedHead(nn.Module):
 @dataclass
 class DraftApprox:
     """How a draft is approximated: int8 linears (inputs of more than `dense_above` rows keep the
-    dense weights, when set) or (`int4`) its decoder layers' linears rounded to 4 bits, a head of the `vocab_size` most frequent tokens and the stop tokens
-    (`stop_ids`; None: the model's) or, with None or the whole vocabulary, of every token."""
+    dense weights, when set) or (`int4`) its decoder layers' linears rounded to 4 bits; a head of
+    the `vocab_size` most frequent tokens and the stop tokens (`stop_ids`; None: the model's) or,
+    with None or the whole vocabulary, of every token."""
 
     int8: bool
     vocab_size: int | None

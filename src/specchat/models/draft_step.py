@@ -1,6 +1,6 @@
 """What one draft step costs in a form the plan may give the draft, measured on this machine before
 anything loads: the plan weighs a form's speed against the bytes it leaves to stream
-(plan/budget.py), so a 4-bit draft that frees room for resident target layers but steps slower is
+(plan/choice.py), so a 4-bit draft that frees room for resident target layers but steps slower is
 taken only where the iteration it predicts is shorter.
 
 A step is timed as its decoder layers run it: PROBE_LAYERS layers built from the draft's config
@@ -75,9 +75,18 @@ def measure_step(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype
                  wide: int) -> list[float]:
     """[seconds over one token, over `wide` tokens] of a step of the draft of `config` in `quant`."""
     model = probe_model(config, quant, dtype, device)
-    runs = [lambda tokens=tokens: run_layers(model, tokens, dtype, device) for tokens in (1, wide)]
     scale = config.num_hidden_layers / len(model.model.layers)
-    return [seconds * scale for seconds in best_seconds(runs, device)]
+    seconds = timed_layers(model, (1, wide), dtype, device)
+    del model
+    if device.type == "cuda":  # the probe's memory back to the device before the plan measures its free room
+        torch.cuda.empty_cache()
+    return [each * scale for each in seconds]
+
+
+def timed_layers(model: nn.Module, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[float]:
+    """The fastest of the probe's trials of the decoder layers over each of `widths` tokens, in turns."""
+    runs = [lambda tokens=tokens: run_layers(model, tokens, dtype, device) for tokens in widths]
+    return best_seconds(runs, device)
 
 
 def probe_model(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype, device: torch.device) -> nn.Module:

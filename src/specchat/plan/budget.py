@@ -9,11 +9,12 @@ quantized kernels' workspace; and on a GPU a margin for the CUDA context. The ho
 pinned RAM tier and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's
 weights while they load through RAM, and RAM kept back for the OS.
 
-When the pair does not fit as asked, `auto` chooses what a user would: the draft form that gives
-the shortest predicted iteration where each form's step was measured on this machine and the links'
-speeds are known (`predicted_s`), else the one that streams the fewest bytes per pass (fewer
-resident layers are the placement's own answer), then a smaller tree, then a smaller context. Where nothing fits, one line names the tier, the bytes missing and the
-option that would make it fit. Pure arithmetic, as `placement` is.
+When the pair does not fit as asked, `auto` chooses what a user would (plan/choice.py): the draft
+form with the shortest predicted iteration where each form's step was measured on this machine and
+the links' speeds are known, else the one that streams the fewest bytes per pass (fewer resident
+layers are the placement's own answer), then a smaller tree, then a smaller context. Where nothing
+fits, one line names the tier, the bytes missing and the option that would make it fit. Pure
+arithmetic, as `placement` is.
 """
 
 from dataclasses import dataclass, replace
@@ -21,9 +22,9 @@ from dataclasses import dataclass, replace
 from specchat.errors import PlanRefusal
 from specchat.machine_links import Links
 from specchat.models.draft_step import StepCost
-from specchat.plan.choice import chosen
 from specchat.offload.direct_io import align_up
 from specchat.offload.placement import Placement
+from specchat.plan.choice import chosen
 from specchat.plan.demand import ModelShape
 from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, pinned_bytes, place
 from specchat.transfer import gb
@@ -57,7 +58,7 @@ class Draft:
     weights: int  # bytes on the device
     shape: ModelShape
     load_bytes: int  # host RAM its weights pass through while they load (freed once on the device)
-    prepare_bytes: int = 0  # device bytes above `weights` while it loads and turns int8, layer by layer
+    prepare_bytes: int = 0  # device bytes above `weights` while it loads and turns int8 or int4, layer by layer
     dense_above: int | None = None  # int8: wider steps multiply dense copies kept beside (counted in `weights`)
     workspace: int = 0  # int4: its 4-bit products' largest temporary over a step as wide as the largest tree
     step: StepCost | None = None  # its step's cost on this machine, where measured

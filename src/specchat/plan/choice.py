@@ -2,8 +2,9 @@
 an iteration of a full tree takes, predicted before anything loads, where each draft form's step
 was measured on this machine (models/draft_step.py) and the offload links' speeds are known; else
 by the bytes a pass streams. A faster draft form may hold more bytes and leave more of
-the target to stream; a smaller one may step slower (a 4-bit draft on two CPU cores: 11.5 ms over
-one token against int8's 14.4, 105 ms over 43 against 41). The prediction puts both on one scale:
+the target to stream; a smaller one may step slower (the 0.5B draft's layers on two CPU cores, 4-bit
+against int8: 11.1 ms over one token against 13.1, 105.5 ms over 43 against 42.1; docs/benchmarks.md).
+The prediction puts both on one scale:
 
   iteration = DRAFT_STEPS * step(ceil((n - 1) / DRAFT_STEPS)) + streamed bytes / link speed
 

@@ -57,7 +57,7 @@ def measure_pair(pair: Pair, request: PlanRequest, device: torch.device) -> Meas
 def with_step_costs(drafts: tuple[Draft, ...], draft: str, dtype: torch.dtype, device: torch.device,
                     tree_tokens: int) -> tuple[Draft, ...]:
     """`drafts` with their step's cost on `device` (models/draft_step.py), measured at the width of
-    a step of the largest tree: its nodes shared among the most steps a tree takes (plan/speed.py)."""
+    a step of the largest tree: its nodes shared among the most steps a tree takes (choice.step_width)."""
     wide = step_width(tree_tokens)
     return tuple(replace(form, step=step_cost(draft, DraftQuant(form.quant, form.dense_above), dtype, device, wide))
                  for form in drafts)
