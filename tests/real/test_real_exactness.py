@@ -69,13 +69,18 @@ def test_an_int8_sub_vocabulary_draft_keeps_greedy_exact(real_pair, real_check, 
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
-def test_a_4_bit_rounded_draft_keeps_greedy_exact(real_pair, real_check, greedy_references):
+def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,
+                                                            seeded_references):
     """--draft-quant int4 (auto's candidate on a GPU): the draft's decoder linears rounded to 4
     bits and run packed through the int4 kernels; the target's tokens are unchanged."""
     draft = real_draft(int8=False, int4=True)
     assert any(isinstance(module, Int4Linear) for module in draft.model.modules())
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
+    for prompt_ids, reference in seeded_references:
+        tokens, _ = emitted(engine, prompt_ids, PAPER_SAMPLING)
+        comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
+        assert comparison.acceptable, comparison.describe()
 
 
 CAP = 32
