@@ -2,12 +2,18 @@
 configs, the plan tier by tier and the expected speed; and `--context` checked before any load."""
 
 import re
+from dataclasses import replace
 
 import pytest
 from helpers.cli import assert_one_line_error, run_cli
 
-from specchat.models.registry import ALIASES
+import specchat.doctor.plan as doctor_module
+from specchat.doctor.plan import doctor_options, doctor_plan
+from specchat.doctor.report import expected_speed
 from specchat.models.configs import read_config, shipped_config_path
+from specchat.models.draft_step import StepCost
+from specchat.models.registry import ALIASES
+from specchat.plan import Machine, plan_pair
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +52,24 @@ def test_the_papers_pair_on_a_24_gb_card_is_planned_offline(monkeypatch, capsys)
     assert f"  per pass       {streamed * layer / 1e9:.2f} GB streamed;" in out
     kv = 80 * 2 * 8 * 128 * 2 * (4096 + 2049)  # the target's KV cache: 320 KiB a token over context and tree
     assert re.search(rf"^    target KV cache \(6145 tokens\) +{kv / 1e9:.2f} GB$", out, re.M)
+
+
+def test_where_the_drafts_step_was_timed_the_expected_speed_counts_a_full_trees_drafting(monkeypatch, tmp_path):
+    """On the machine itself the plan holds the draft's step as timed there (a stand-in here, put
+    on the described card's plan): the speed is the paper's rates over the pass and 24 steps of
+    ceil(1024 / 24) = 43 tokens."""
+    step = StepCost(0.004, 0.008, 43)
+
+    def timed(*args):
+        memory = plan_pair(*args)
+        return replace(memory, draft=replace(memory.draft, step=step))
+
+    monkeypatch.setattr(doctor_module, "plan_pair", timed)
+    machine = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)
+    pair = doctor_plan(doctor_options("llama-2-70b-gptq", "llama-2-7b", None, tmp_path), machine)
+    assert pair.drafting_s == pytest.approx(24 * 0.008)
+    assert pair.tokens_per_s == pytest.approx((8 / (pair.pass_s + 0.192), 20 / (pair.pass_s + 0.192)))
+    assert "a full tree's drafting (0.19 s at the step timed here); compute comes on top" in expected_speed(pair)
 
 
 def test_llama_3_70b_at_8192_tokens_streams_from_disk_and_says_the_disk_speed_is_unknown(monkeypatch, capsys):

@@ -10,8 +10,8 @@ import torch
 from specchat.errors import SpecchatError
 from specchat.offload.placement import Placement, link_speeds
 from specchat.models.configs import read_config
-from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, expert_share, experts_touched, plan_pair,
-                          request_for, shape_of)
+from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, drafting_s, expert_share, experts_touched,
+                          plan_pair, request_for, shape_of)
 from specchat.runtime import DRAFTED_ENGINES, EngineOptions
 
 
@@ -41,6 +41,7 @@ class PairPlan:
     tokens_per_s: tuple[float, ...] | None  # at gen_rates, when pass_s is known
     routing: "Routing | None" = None  # a MoE target's experts a pass touches; None: a dense target
     gen_rates: GenRates = PAPER_GEN_RATES
+    drafting_s: float | None = None  # a full tree's drafting at gen_rates' tree, where its step was timed here
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def doctor_request(options: EngineOptions, machine: Machine) -> tuple[Pair, Plan
 
 def doctor_plan(options: EngineOptions, machine: Machine) -> PairPlan:
     """The plan of `options`' pair as `run` would make it on `machine`; with the time its
-    streaming takes a pass and the speed the paper's generation rates give it."""
+    streaming takes a pass and the speed the paper's generation rates give it over that pass and,
+    where the draft's step was timed on this machine, a full tree's drafting."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
     cuda = machine.device().type == "cuda"
@@ -82,8 +84,10 @@ def doctor_plan(options: EngineOptions, machine: Machine) -> PairPlan:
     share = 1.0 if routing is None else expert_share(routing.experts, routing.routed, gen.tree)
     link = machine.pcie_gbps if cuda else None
     pass_s = placement.expected_pass_s(link, machine.disk_gbps, share) if placement.streamed else None
-    speeds = None if pass_s is None else tuple(rate / pass_s for rate in gen.rates)
-    return PairPlan(memory, pass_s, speeds, routing, gen)
+    step = None if memory.draft is None else memory.draft.step
+    drafting = None if step is None else drafting_s(step, gen.tree)
+    speeds = None if pass_s is None else tuple(rate / (pass_s + (drafting or 0.0)) for rate in gen.rates)
+    return PairPlan(memory, pass_s, speeds, routing, gen, drafting)
 
 
 def routing_of(target: str, placement: Placement) -> Routing | None:

@@ -91,8 +91,12 @@ def expected_speed(pair: PairPlan) -> str:
         return "not estimated (nothing streams, or a link speed is unknown)"
     speeds = "-".join(f"{speed:.1f}" for speed in pair.tokens_per_s)
     rates = "-".join(f"{rate:g}" for rate in pair.gen_rates.rates)
-    return (f"at most {speeds} tokens/s: {rates} tokens per pass ({pair.gen_rates.source}) "
-            "over the streamed pass; drafting and compute come on top")
+    if pair.drafting_s is None:
+        over = "over the streamed pass; drafting and compute come on top"
+    else:
+        over = (f"over the streamed pass and a full tree's drafting ({pair.drafting_s:.2f} s at the step timed "
+                "here); compute comes on top")
+    return f"at most {speeds} tokens/s: {rates} tokens per pass ({pair.gen_rates.source}) {over}"
 
 
 def cuda_lines(devices: tuple[CudaDevice, ...]) -> list[str]:
