@@ -8,8 +8,10 @@ with random weights on the device, in the form (models/draft_approx.py prepares 
 draft's), run over one token and over `wide` tokens, scaled to the draft's layer count. Its
 embedding, head and attention over the context are left out: the forms differ in the decoder's
 linears alone (an int8 head aside), so the figure compares forms and understates a step by the
-head's share. Measured once per machine and kept (machine_choices.remembered), as quant's choices
-are; a form only bitsandbytes runs (nf4) is not measured here.
+head's share. The layers run eagerly, where CUDA replays a captured step (decoding/static_step.py):
+launches weigh on both forms, a little more on int4's (a wide product expands, then multiplies).
+Measured once per machine and kept (machine_choices.remembered), as quant's choices are; a form
+only bitsandbytes runs (nf4) is not measured here.
 """
 
 from dataclasses import dataclass
