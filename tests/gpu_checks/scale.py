@@ -50,6 +50,8 @@ def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
     say(verdict_line(verdicts[-1]))
     say(f"timing a {DRAFT_ALIAS} shaped bf16 draft of {sizes.draft_layers} layers ...")
     say(draft_table(draft_rows(sizes, device)))
+    say("the same draft rounded to 4 bits (--draft-quant int4) ...")
+    say(draft_table(draft_rows(sizes, device, rounded=True)))
     say(f"a {MOE_ALIAS} shaped target streamed by expert and as whole layers:")
     say(moe_table(moe_rows(sizes, device, workdir, say)))
     return exit_code(verdicts)

@@ -2,7 +2,9 @@
 tokens after the cached prefix (its decoder layers, then the LM head over every row, as a draft
 scores each new node), timed per layer and scaled to the whole model's DRAFT_SCALED_LAYERS; eager,
 and at a width bucket's static shapes (decoding/static_step.py), captured in CUDA graphs on a GPU
-(run eagerly elsewhere). Steps wider than the largest bucket run eagerly either way."""
+(run eagerly elsewhere). Steps wider than the largest bucket run eagerly either way. With
+`rounded`, the same draft's decoder linears rounded to 4 bits (--draft-quant int4), the form the
+plan weighs against bf16 on a card."""
 
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.quant.int4_rtn import round_linears
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,13 @@ class DraftRow:
         return self.static_layer_ms * DRAFT_SCALED_LAYERS + self.head_ms
 
 
-def draft_rows(sizes: ScaleSizes, device: torch.device) -> list[DraftRow]:
+def draft_rows(sizes: ScaleSizes, device: torch.device, rounded: bool = False) -> list[DraftRow]:
     config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
-    lm = CausalLM(random_draft(config, device))
+    model = random_draft(config, device)
+    if rounded:
+        for layer in model.model.layers:
+            round_linears(layer, torch.bfloat16, device)
+    lm = CausalLM(model)
     static = static_draft(lm, sizes.cached + max(sizes.draft_widths) + BUCKETS[-1], capture=device.type == "cuda")
     try:
         cache, static_cache = prefilled(lm, sizes.cached), prefilled(static, sizes.cached)
@@ -50,7 +57,7 @@ def draft_rows(sizes: ScaleSizes, device: torch.device) -> list[DraftRow]:
                                  static_ms / sizes.draft_layers))
         return rows
     finally:
-        del lm, static
+        del model, lm, static
         release_memory()
 
 

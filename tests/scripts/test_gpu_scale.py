@@ -26,8 +26,9 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("scale check on the CPU")
-    for tokens in (1, 16, 64):  # the passes', the draft's and the MoE target's rows
-        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 3, done.stdout
+    for tokens in (1, 16, 64):  # the passes', the draft's in bf16 and in int4, and the MoE target's rows
+        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 4, done.stdout
+    assert "the same draft rounded to 4 bits (--draft-quant int4) ..." in lines
     for shape in ("256x256", "256x64", "256x512", "512x256"):
         assert sum(line.startswith(f"| {shape} | ") for line in lines) == 3, done.stdout
     assert sum("dry run: no verdict" in line for line in lines) == 2
