@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
 from specchat.doctor.plan import doctor_options, doctor_plan
+from specchat.offload.placement import Placement
 from specchat.plan.machine import Machine
 
 CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
@@ -89,10 +90,18 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     finally:
         shutil.rmtree(target)
         shutil.rmtree(draft)
-    card = doctor_plan(doctor_options(aliases.target, aliases.draft, None, workdir), CARD).memory.placement
+    # a CPU's run (the dry run) drafts in a CPU's form (int8): the card is then planned as auto plans it
+    card = card_placement(aliases, rows[-1].plan["draft_quant"] if device.type == "cuda" else "auto", workdir)
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def card_placement(aliases: PairAliases, draft_quant: str, workdir: Path) -> Placement:
+    """The described 24 GB card's placement of the pair with the draft in the form that ran here,
+    so that the projection's pass and its measured draft steps are of one plan."""
+    options = replace(doctor_options(aliases.target, aliases.draft, None, workdir), draft_quant=draft_quant)
+    return doctor_plan(options, CARD).memory.placement
 
 
 def doctor(target: Path, draft: Path, sizes: PairSizes, workdir: Path) -> str:

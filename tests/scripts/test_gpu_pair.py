@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from gpu_checks.pair import card_placement
+from gpu_checks.pair_models import PAIRS
 from gpu_checks.pair_rows import BudgetRow, budget_row, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
 
@@ -110,3 +112,13 @@ def test_the_verdicts_hold_up_to_their_bounds():
     assert statuses([row(draft_s=2.0)])[3] == "FAIL"  # 20 / 3.23 s = 6.2 tokens/s
     assert statuses([row(draft_s=0.2)], "llama-2-70b-gptq") == ["PASS", "PASS", "PASS"]  # no projection verdict
     assert statuses([row(budget=512)]) == ["SKIP"] * 4  # budget 1024 not run
+
+
+def test_the_card_is_planned_with_the_draft_in_the_form_that_ran(tmp_path):
+    """The projection's pass and its measured draft steps are of one plan: a 7B draft that ran
+    rounded to 4 bits leaves the card 19 resident layers (26.95 GB a pass); auto there (nf4 with
+    bitsandbytes, on a described card) 20 (26.51 GB)."""
+    paper = next(aliases for aliases in PAIRS if aliases.target == "llama-2-70b-gptq")
+    rounded, auto = (card_placement(paper, form, tmp_path) for form in ("int4", "auto"))
+    assert (rounded.resident, round(rounded.pass_bytes / 1e9, 2)) == (19, 26.95)
+    assert (auto.resident, round(auto.pass_bytes / 1e9, 2)) == (20, 26.51)
