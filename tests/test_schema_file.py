@@ -34,6 +34,13 @@ def test_a_name_no_file_can_have_is_one_line():
         read_schema_file(Path("\x00"), "/schema")
 
 
+def test_a_name_with_a_line_break_is_named_escaped_on_one_line():
+    """Found by the /schema fuzz test: a pasted name holding a line break made a two-line error."""
+    with pytest.raises(SpecchatError) as refused:
+        read_schema_file(Path("0\n0"), "/schema")
+    assert str(refused.value) == "/schema '0\\n0': No such file or directory"
+
+
 def test_a_grammar_file_gives_its_text_and_bytes_that_are_not_text_are_one_line(tmp_path):
     path = tmp_path / "g.lark"
     path.write_text('start: "a"\n')

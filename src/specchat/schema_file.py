@@ -13,9 +13,9 @@ def read_schema_file(path: Path, named_by: str) -> dict:
     try:
         schema = json.loads(read_user_file(path, named_by))
     except ValueError as error:  # JSON's errors
-        raise SpecchatError(f"{named_by} {path} is not JSON: {error}") from None
+        raise SpecchatError(f"{named_by} {shown(path)} is not JSON: {error}") from None
     if not isinstance(schema, dict):
-        raise SpecchatError(f"{named_by} {path}: a JSON schema is an object")
+        raise SpecchatError(f"{named_by} {shown(path)}: a JSON schema is an object")
     return schema
 
 
@@ -24,8 +24,15 @@ def read_user_file(path: Path, named_by: str) -> str:
     try:
         return path.expanduser().read_text()
     except OSError as error:
-        raise SpecchatError(f"{named_by} {path}: {error.strerror}") from None
+        raise SpecchatError(f"{named_by} {shown(path)}: {error.strerror}") from None
     except UnicodeDecodeError:
-        raise SpecchatError(f"{named_by} {path}: not UTF-8 text") from None
+        raise SpecchatError(f"{named_by} {shown(path)}: not UTF-8 text") from None
     except ValueError:  # a name no file can have (a NUL byte)
         raise SpecchatError(f"{named_by} {str(path)!r}: not a file name") from None
+
+
+def shown(path: Path) -> str:
+    """`path` as a one-line message names it: quoted and escaped where it holds a line break or
+    another character that does not print (a pasted name), else as it is."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
