@@ -5,6 +5,8 @@ SpecExec engine with it grows the same trees and emits the same tokens."""
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT, run
+from helpers.tiny import tiny_qwen_config
+from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -12,7 +14,10 @@ from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import BUCKETS, static_draft
 from specchat.decoding.tree import TreeShape
+from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
+from specchat.quant.int4 import use_fused_only
+from specchat.quant.int4_rtn import round_linears
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
 CAPACITY = 128
@@ -71,6 +76,32 @@ def test_specexec_with_the_static_step_grows_the_eager_trees(tiny_target, tiny_d
         engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
         tokens, events = run(engine, sampling)
         outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    assert outcomes[0][0] == outcomes[1][0] == reference
+    assert outcomes[0][1] == outcomes[1][1]  # tree for tree
+    assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
+    assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_target, sampling):
+    """--draft-quant int4, the draft a GPU captures: its linears rounded to 4 bits (float32, wide
+    enough for the groups), the fused kernel at every width so that a row does not depend on the
+    rows padded beside it (quant/int4.py's use_fused_only). The CUDA capture of the same step is
+    gpu_checks/captured_draft.py's."""
+    torch.manual_seed(2)
+    model = Qwen2ForCausalLM(tiny_qwen_config(vocab_size=50, hidden_size=64, intermediate_size=128)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # peaked, as helpers.tiny's: drafts are accepted
+    for layer in model.model.layers:
+        round_linears(layer, torch.float32, torch.device("cpu"))
+    assert use_fused_only(model) > 0
+    draft = CausalLM(model)
+    outcomes = []
+    for lm in (draft, static_draft(draft, CAPACITY, capture=False)):
+        engine = TreeEngine(SPECEXEC, tiny_target, lm, [], TreeShape(budget=12, max_depth=6))
+        tokens, events = run(engine, sampling)
+        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     assert outcomes[0][0] == outcomes[1][0] == reference
     assert outcomes[0][1] == outcomes[1][1]  # tree for tree
     assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
