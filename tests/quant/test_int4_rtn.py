@@ -18,7 +18,8 @@ def test_each_weight_moves_by_at_most_half_its_groups_step():
     four_bit = rounded(weight, 128)
     step = four_bit.scales.t().repeat_interleave(128, 1)  # [O, I]: each weight's group's scale
     assert four_bit.group_size == 128 and four_bit.scales.shape == (2, 64)
-    assert torch.all((four_bit.dequantize() - weight).abs() <= step / 2 + 1e-6)
+    # no slack: the largest error measured 1.0e-5 below half a step (the AMD EPYC, 2026-11-28)
+    assert torch.all((four_bit.dequantize() - weight).abs() <= step / 2)
     lo = weight.reshape(64, 2, 128).amin(-1).t()  # a group's smallest weight is its grid's first point
     assert torch.allclose(four_bit.zeros - 8 * four_bit.scales, lo)
 
@@ -51,7 +52,8 @@ def test_round_linears_replaces_what_the_kernels_take_and_multiplies_like_the_ro
     assert round_linears(block, torch.float32, CPU) == 1
     assert isinstance(block[0], Int4Linear) and isinstance(block[2][0], nn.Linear)  # 48 inputs: no group fits
     x = torch.randn(5, 256)
-    assert torch.allclose(block[0](x), x @ expected.t() + block[0].bias, atol=1e-4, rtol=1e-4)
+    # float32 sums in another order: at most 4.8e-7 apart measured (outputs up to 1.6; the AMD EPYC, 2026-11-28)
+    assert torch.allclose(block[0](x), x @ expected.t() + block[0].bias, atol=9.5e-7, rtol=0)
 
 
 def test_a_weight_rounded_a_block_of_rows_at_a_time_is_the_weight_rounded_whole(monkeypatch):
