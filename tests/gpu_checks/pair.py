@@ -111,10 +111,7 @@ def doctor(target: Path, draft: Path, sizes: PairSizes, workdir: Path) -> str:
     command = [sys.executable, "-m", "specchat", "doctor", "--target", str(target), "--draft", str(draft),
                "--offload-dir", str(workdir / "layers"), "--probe-gb", str(PROBE_GB), *sizes.doctor]
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise RuntimeError(f"doctor exited {done.returncode}: {lines[-1] if lines else ''}")
+    done = run_checked(command, "doctor")
     shown = [line for line in done.stdout.splitlines() if line.startswith(DOCTOR_LINES)]
     return "\n".join([f"doctor ({time.monotonic() - start:.0f} s):", *shown])
 
@@ -131,10 +128,16 @@ def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: 
                "--offload-dir", str(workdir / "layers"), *sizes.offload]
     say(f"budget {budget}: specchat generate ...")
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    done = run_checked(command, f"budget {budget}: generate")
     say(f"budget {budget}: exited {done.returncode} after {time.monotonic() - start:.0f} s (load included)")
+    return json.loads(done.stdout)
+
+
+def run_checked(command: list[str], what: str) -> subprocess.CompletedProcess:
+    """`command` run offline; RuntimeError "`what` exited N: its last line of stderr" when it fails."""
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise RuntimeError(f"budget {budget}: generate exited {done.returncode}: {lines[-1] if lines else ''}")
-    return json.loads(done.stdout)
+        raise RuntimeError(f"{what} exited {done.returncode}: {lines[-1] if lines else ''}")
+    return done
 

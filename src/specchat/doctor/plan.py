@@ -41,7 +41,10 @@ class PairPlan:
     tokens_per_s: tuple[float, ...] | None  # at gen_rates, when pass_s is known
     routing: "Routing | None" = None  # a MoE target's experts a pass touches; None: a dense target
     gen_rates: GenRates = PAPER_GEN_RATES
-    drafting_s: float | None = None  # a full tree's drafting at gen_rates' tree, where its step was timed here
+
+    @property
+    def drafting_s(self) -> float | None:
+        return tree_drafting_s(self.memory, self.gen_rates)
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,15 @@ def doctor_plan(options: EngineOptions, machine: Machine) -> PairPlan:
     share = 1.0 if routing is None else expert_share(routing.experts, routing.routed, gen.tree)
     link = machine.pcie_gbps if cuda else None
     pass_s = placement.expected_pass_s(link, machine.disk_gbps, share) if placement.streamed else None
+    drafting = tree_drafting_s(memory, gen) or 0.0
+    speeds = None if pass_s is None else tuple(rate / (pass_s + drafting) for rate in gen.rates)
+    return PairPlan(memory, pass_s, speeds, routing, gen)
+
+
+def tree_drafting_s(memory: MemoryPlan, gen: GenRates) -> float | None:
+    """A full tree's drafting at `gen`'s tree, where the draft's step was timed on this machine."""
     step = None if memory.draft is None else memory.draft.step
-    drafting = None if step is None else drafting_s(step, gen.tree)
-    speeds = None if pass_s is None else tuple(rate / (pass_s + (drafting or 0.0)) for rate in gen.rates)
-    return PairPlan(memory, pass_s, speeds, routing, gen, drafting)
+    return None if step is None else drafting_s(step, gen.tree)
 
 
 def routing_of(target: str, placement: Placement) -> Routing | None:

@@ -25,6 +25,7 @@ from specchat.models.configs import read_config
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_approx import DraftApprox
 from specchat.quant.timing import best_seconds
+from specchat.quant.widths import arguments
 
 # Distinct layers timed in turn: a single one would sit in a CPU's last-level cache (a 0.5B's
 # layer is 30 MB in bf16) and flatter the dense form.
@@ -68,9 +69,9 @@ def measure_again(kept: Kept) -> Kept:
 
 def measure_kept(key: dict, device: torch.device | str) -> list[float]:
     """`measure_step` of what a kept step cost's `key` names."""
-    dtype = getattr(torch, key["dtype"].removeprefix("torch."))
-    return measure_step(read_config(key["draft"]), DraftQuant(key["quant"], key["dense_above"]), dtype,
-                        torch.device(device), key["wide"])
+    named = arguments(key)  # its dtype by name in the file
+    return measure_step(read_config(named["draft"]), DraftQuant(named["quant"], named["dense_above"]), named["dtype"],
+                        torch.device(device), named["wide"])
 
 
 def measure_step(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype, device: torch.device,

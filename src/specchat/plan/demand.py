@@ -127,11 +127,15 @@ def preparing_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
     (quant/stacked.py), bounded by its two largest linears together; that stack's int8 rows twice
     more (the quantized tensor fbgemm packs from, and its packed copy); and quantize_rows' float32
     temporaries, up to three of QUANT_ROWS rows of the widest input."""
-    layer = model.get_decoder().layers[0]
-    linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+    linears = layer_linears(model)
     sizes = sorted(m.weight.numel() for m in linears)
     widest = max(m.in_features for m in linears)
     return (sum(sizes) + sum(sizes[-2:])) * dtype.itemsize + 2 * sum(sizes[-2:]) + 3 * QUANT_ROWS * widest * 4
+
+
+def layer_linears(model: PreTrainedModel) -> list[nn.Linear]:
+    """The dense linears of a draft's first decoder layer: every layer's shapes."""
+    return [m for m in model.get_decoder().layers[0].modules() if isinstance(m, nn.Linear)]
 
 
 def int4_bytes(linear: nn.Linear, group_size: int, dtype: torch.dtype) -> int:
@@ -143,7 +147,7 @@ def rounding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
     """Bytes a draft holds above its int4 weights while it loads, an upper bound: one decoder
     layer's dense weights in `dtype`; the largest linear's canonical nibbles beside their packed
     copy; and `rounded`'s temporaries, three float32 blocks of ROUND_ROWS rows of the widest input."""
-    linears = [m for m in model.get_decoder().layers[0].modules() if isinstance(m, nn.Linear)]
+    linears = layer_linears(model)
     widest = max(m.in_features for m in linears)
     return (sum(m.weight.numel() for m in linears) * dtype.itemsize + max(m.weight.numel() for m in linears) // 2
             + 3 * ROUND_ROWS * widest * FP32)
@@ -152,8 +156,7 @@ def rounding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
 def rounded_workspace(model: PreTrainedModel, dtype: torch.dtype, rows: int, kernel: torch.device) -> int:
     """The largest temporary a draft's rounded linears allocate over `rows` inputs (quant.int4's
     bound; linears run one at a time)."""
-    linears = [m for m in model.get_decoder().layers[0].modules() if isinstance(m, nn.Linear)]
-    groups = [(m, group_for(m, kernel)) for m in linears]
+    groups = [(m, group_for(m, kernel)) for m in layer_linears(model)]
     return max((workspace_bytes(m.in_features, m.out_features, rows, dtype, group, kernel.type)
                 for m, group in groups if group), default=0)
 
