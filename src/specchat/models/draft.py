@@ -31,8 +31,7 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
     `vocab_size` most frequent tokens (None: all), prepared as it loads (models/layerwise.py);
     `quantization` loads it through bitsandbytes."""
     reporter.step(f"loading the draft {spec} ({describe(quant, vocab_size)})")
-    approx = DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
-                         device=device)
+    approx = approximation(quant, vocab_size, dtype, device)
     draft = load(spec, dtype, reporter.bars, reporter.report, quantization=quantization, device=device,
                  preparation=approx, tokenizer=target_tokenizer)
     if draft.tokenizer is not target_tokenizer:  # else its files are the target's
@@ -40,6 +39,12 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
     if quantization is None:
         draft.model.to(device)  # loaded straight onto it, unless transformers loaded a GGUF
     return approx.draft(draft.model)
+
+
+def approximation(quant: DraftQuant, vocab_size: int | None, dtype: torch.dtype, device: torch.device) -> DraftApprox:
+    """How a draft stored as `quant` is prepared as it loads, its head scoring `vocab_size` tokens."""
+    return DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
+                       device=device)
 
 
 def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:

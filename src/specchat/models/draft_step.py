@@ -22,8 +22,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from specchat.machine_choices import Kept, measured, remembered, write_kept
 from specchat.models.configs import read_config
-from specchat.models.draft import DraftQuant
-from specchat.models.draft_approx import DraftApprox
+from specchat.models.draft import DraftQuant, approximation
 from specchat.quant.timing import best_seconds
 from specchat.quant.widths import arguments
 
@@ -101,8 +100,7 @@ def probe_model(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype,
     probe = config.__class__.from_dict(fields)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(probe, dtype=dtype).eval()
-    approx = DraftApprox(quant.kind == "int8", None, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
-                         device=device)
+    approx = approximation(quant, None, dtype, device)
     for layer in model.model.layers:
         approx.prepare_layer(layer)
     return model
