@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from gpu_checks.pair_models import PAIRS, PairAliases, prompt_words, write_model
-from gpu_checks.pair_rows import budget_row, pair_table, plan_line
+from gpu_checks.pair_rows import BudgetRow, budget_row, pair_table, plan_line, row_line
 from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
@@ -49,7 +49,8 @@ class PairSizes:
         return bool(self.shrink)
 
 
-FULL_PAIR = PairSizes(budgets=(128, 1024, 2048), new_tokens=6, max_depth=24,
+# the judged budget first: a command cut short at its limit has printed its row
+FULL_PAIR = PairSizes(budgets=(1024, 128, 2048), new_tokens=6, max_depth=24,
                       offload=("--offload", "auto", "--vram-budget", "24"), doctor=("--vram-budget", "24"))
 # groups of 128 inputs (AWQ's) fit hidden 256 and MLP 512; begin and end ids inside the 512 words
 DRY_PAIR = PairSizes(budgets=(16,), new_tokens=4, max_depth=4, offload=("--offload", "disk", "--resident-layers", "1"),
@@ -82,19 +83,35 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     target = write_model(aliases.target, sizes.target_layers, sizes.shrink, workdir / "target", device)
     draft = write_model(aliases.draft, sizes.draft_layers, sizes.shrink, workdir / "draft", device)
     say(f"written in {time.monotonic() - start:.0f} s")
+    rows = []
     try:
         say(doctor(target, draft, sizes, workdir))
-        rows = [budget_row(budget, generate(target, draft, budget, sizes, workdir)) for budget in sizes.budgets]
+        for budget in sizes.budgets:
+            rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir)))
+            say_row(aliases, rows[-1], device, workdir)
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
         return [judged(f"{aliases.target}: generate", False, str(failure))]
     finally:
         shutil.rmtree(target)
         shutil.rmtree(draft)
-    # a CPU's run (the dry run) drafts in a CPU's form (int8): the card is then planned as auto plans it
-    card = card_placement(aliases, rows[-1].plan["draft_quant"] if device.type == "cuda" else "auto", workdir)
+    rows.sort(key=lambda row: row.budget)
+    card = card_placement(aliases, ran_quant(rows[-1], device), workdir)
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def ran_quant(row: BudgetRow, device: torch.device) -> str:
+    """The draft's form the card is planned with: the one that ran on a GPU; a CPU's run (the dry
+    run) drafts in a CPU's form (int8), so the card is then planned as auto plans it."""
+    return row.plan["draft_quant"] if device.type == "cuda" else "auto"
+
+
+def say_row(aliases: PairAliases, row: BudgetRow, device: torch.device, workdir: Path) -> None:
+    """One budget's row and placement as soon as it ran: a command cut short at its limit keeps them."""
+    card = card_placement(aliases, ran_quant(row, device), workdir)
+    say(f"budget {row.budget}: {row_line(row, card.pass_bytes)}")
+    say(f"budget {row.budget}: {plan_line(row, card.resident, card.pass_bytes)}")
 
 
 def card_placement(aliases: PairAliases, draft_quant: str, workdir: Path) -> Placement:

@@ -87,18 +87,20 @@ def pair_table(rows: list[BudgetRow], card_pass_bytes: float) -> str:
               "| stall s | at start s | GB streamed "
               "| verify s | host s | iteration s | pass streaming s | tok/s here (projection) "
               f"| tok/s 24 GB PCIe 4 (projection, {CARD_LINK_GBPS:g} GB/s) |")
-    lines = [header, "|" + "---|" * 16]
-    for r in rows:
-        card_s = projected_s(r, card_pass_bytes, CARD_LINK_GBPS)
-        lines.append(f"| {r.budget} | {r.tree_size:.0f}, {r.depth:.0f} | {r.draft_steps:.1f} | {r.draft_s:.3f} "
-                     f"| {r.tree_host_s:.3f} | {r.step_ms:.1f} | {r.pass_s:.3f} | {r.stall_s:.3f} | {r.start_stall_s:.3f} "
-                     f"| {r.streamed / 1e9:.3f} "
-                     f"| {r.verify_s:.3f} | {r.host_s:.3f} | {r.iteration_s:.3f} | {r.stream_s:.3f} "
-                     f"| {rates_over(r.iteration_s)} | {rates_over(card_s)} |")
+    lines = [header, "|" + "---|" * 16, *(row_line(r, card_pass_bytes) for r in rows)]
     gen = PAPER_GEN_RATES
     lines.append(f"projections: {gen.rates[0]:g}-{gen.rates[1]:g} tokens a pass ({gen.source}, budgets of 1-2k) "
                  "over the iteration; the 24 GB card's pass streams what doctor plans for it")
     return "\n".join(lines)
+
+
+def row_line(r: BudgetRow, card_pass_bytes: float) -> str:
+    """`r` as a row of pair_table's table."""
+    card_s = projected_s(r, card_pass_bytes, CARD_LINK_GBPS)
+    return (f"| {r.budget} | {r.tree_size:.0f}, {r.depth:.0f} | {r.draft_steps:.1f} | {r.draft_s:.3f} "
+            f"| {r.tree_host_s:.3f} | {r.step_ms:.1f} | {r.pass_s:.3f} | {r.stall_s:.3f} | {r.start_stall_s:.3f} "
+            f"| {r.streamed / 1e9:.3f} | {r.verify_s:.3f} | {r.host_s:.3f} | {r.iteration_s:.3f} | {r.stream_s:.3f} "
+            f"| {rates_over(r.iteration_s)} | {rates_over(card_s)} |")
 
 
 def plan_line(row: BudgetRow, card_resident: int, card_pass_bytes: float) -> str:

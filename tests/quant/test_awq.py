@@ -35,6 +35,7 @@ from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.awq import AWQSpec, awq_to_int4, kernel_group_size, unpack_awq
 from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4_pack import PACK_ROWS
 from specchat.quant.widths import UNLIMITED, WidthChoice
 
 QUIET = Reporter(bars=False)
@@ -60,9 +61,11 @@ def random_draw(inputs: int, outputs: int, group_size: int, seed: int) -> AWQDra
                    torch.randint(0, 16, (groups, outputs), generator=generator), scales)
 
 
+# outputs past PACK_ROWS convert in chunks of it (its last one partial)
+@pytest.mark.parametrize("outputs", [96, PACK_ROWS + 96])
 @pytest.mark.parametrize("group_size", [128, 64, 32, -1, 512])
-def test_the_converted_weight_is_an_independent_dequantization_bitwise(group_size):
-    draw = random_draw(1024, 96, group_size, seed=group_size % 97)
+def test_the_converted_weight_is_an_independent_dequantization_bitwise(group_size, outputs):
+    draw = random_draw(1024, outputs, group_size, seed=group_size % 97)
     kernel_group = kernel_group_size(AWQSpec(group_size), 1024)
     weight = awq_to_int4(pack_awq(draw.q), pack_awq(draw.zeros), draw.scales, kernel_group)
     assert weight.perm is None and kernel_group == min(256, 1024 if group_size == -1 else group_size)

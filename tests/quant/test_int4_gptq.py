@@ -19,6 +19,7 @@ from specchat.errors import SpecchatError
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_gptq import gptq_to_int4, spec_group_size
+from specchat.quant.int4_pack import PACK_ROWS
 from specchat.quant.widths import UNLIMITED, WidthChoice
 
 CPU = torch.device("cpu")
@@ -29,8 +30,9 @@ PROMPT = torch.tensor([3, 14, 15, 9, 26, 5])
                                   GPTQSpec(group_size=32, sym=False, desc_act=True), GPTQSpec(group_size=-1),
                                   GPTQSpec(group_size=512, sym=False)],
                          ids=["g128-sym", "g128-asym-act-order", "g32-asym-act-order", "g-1", "g512"])
-def test_the_converted_weight_is_gptqs_exactly(spec):
-    weight = torch.randn(96, 1024, generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("outputs", [96, PACK_ROWS + 96])  # past PACK_ROWS: converted in chunks, the last partial
+def test_the_converted_weight_is_gptqs_exactly(spec, outputs):
+    weight = torch.randn(outputs, 1024, generator=torch.Generator().manual_seed(3))
     tensors = pack_gptq(quantize_rtn(weight, spec.group_size, spec.sym, spec.desc_act), None)
     reference = dequantize(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], torch.float32)
     group_size = spec_group_size(spec, 1024)

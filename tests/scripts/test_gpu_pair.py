@@ -51,7 +51,10 @@ def test_only_runs_the_pair_of_one_target_and_says_how_long_each_part_took():
         "writing llama-3.1-70b-awq and llama-3.1-8b-awq with random weights ..."]
     assert sum(line.startswith("| 16 | ") for line in lines) == 1
     assert sum(line.startswith("written in ") and line.endswith(" s") for line in lines) == 1
-    assert sum(line.startswith("budget 16: exited 0 after ") for line in lines) == 1
+    exited = lines.index(next(line for line in lines if line.startswith("budget 16: exited 0 after ")))
+    # the budget's row and placement follow its reply at once: a command cut short at its limit keeps them
+    assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
+    assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
     assert sum("dry run: no verdict" in line for line in lines) == 4  # the AWQ pair's: draft, host, 1024, projection
 
 

@@ -190,7 +190,10 @@ def packed_tensors(linear: Int4Linear, module: str, source: SafetensorsSource) -
     if module + INT4_SUFFIXES[0] not in source.where:
         convert = awq_int4_tensors if is_awq_packed(source.shape(module + _QWEIGHT), linear.in_features) \
             else gptq_int4_tensors
-        return convert(lambda key: source.get(f"{module}.{key}"), linear)
+        # converted where its kernel runs (integer work, exact on any device): on the project's 2
+        # CPU cores a Llama-3.1-70B AWQ layer took 5.6 s to convert, 7.5 minutes for 80 layers
+        kernel = torch.device(linear.kernel)
+        return convert(lambda key: source.get(f"{module}.{key}").to(kernel), linear)
     bias = source.get(module + ".bias") if linear.bias is not None else None
     weight, device = stored_int4(module, source), torch.device(linear.kernel)
     packed = None if source.pack_cache is None else source.pack_cache.packed(module, lambda: pack(weight.nibbles, device))

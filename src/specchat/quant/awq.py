@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import checkpoint_linear, unpack_int4_cols
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
-from specchat.quant.int4_pack import GROUP_SIZES, pack_nibbles
+from specchat.quant.int4_pack import GROUP_SIZES, nibbles_by_rows
 from specchat.quant.int4_weight import Int4Weight
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column (within 8) that nibble k holds
@@ -94,8 +94,8 @@ def awq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int
     repeat = in_features // groups // group_size  # kernel groups per AWQ group
     s = scales.float().repeat_interleave(repeat, 0)
     z = unpack_awq(qzeros).float().repeat_interleave(repeat, 0)
-    q = unpack_awq(qweight).t().contiguous()  # [O, I]
-    return Int4Weight(pack_nibbles(q), s, s * (8 - z), None)
+    nibbles = nibbles_by_rows(scales.shape[1], lambda start, stop: unpack_awq(qweight[:, start // 8:stop // 8]).t())
+    return Int4Weight(nibbles, s, s * (8 - z), None)
 
 
 def replace_linears_with_awq(model: nn.Module, names: Iterable[str], spec: AWQSpec, dtype: torch.dtype,

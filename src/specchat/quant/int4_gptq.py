@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, unpack_int4_cols, unpack_int4_rows
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
-from specchat.quant.int4_pack import GROUP_SIZES, pack_nibbles
+from specchat.quant.int4_pack import GROUP_SIZES, nibbles_by_rows
 from specchat.quant.int4_weight import Int4Weight
 
 
@@ -41,12 +41,12 @@ def gptq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor,
     if any(count % group_size for count in counts.tolist()):
         raise SpecchatError(f"a GPTQ module's groups hold {sorted(set(counts.tolist()))} inputs: not multiples of "
                             f"the int4 kernel group of {group_size} its layer was built with")
-    q = unpack_int4_rows(qweight).t()[:, order]  # [O, I], inputs sorted by group
+    nibbles = nibbles_by_rows(qweight.shape[1], lambda start, stop: unpack_int4_rows(qweight[:, start:stop]).t()[:, order])
     source_group = groups[order][::group_size]  # the GPTQ group of each kernel group
     s = scales.float()[source_group]
     z = unpack_int4_cols(qzeros).float()[source_group] + 1  # v1 stores z - 1
-    identity = torch.equal(order, torch.arange(order.numel()))
-    return Int4Weight(pack_nibbles(q.contiguous()), s, s * (8 - z), None if identity else order)
+    identity = torch.equal(order, torch.arange(order.numel(), device=order.device))
+    return Int4Weight(nibbles, s, s * (8 - z), None if identity else order)
 
 
 def replace_gptq_with_int4(model: nn.Module, spec: GPTQSpec, dtype: torch.dtype, kernel: torch.device) -> None:

@@ -11,6 +11,8 @@ reads) hold q[o, i] in byte i // 2 of row o, even i in the high nibble: the orde
 reads.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -31,6 +33,15 @@ def pack_nibbles(q: Tensor) -> Tensor:
     """Values 0..15 [O, I] -> canonical uint8 [O, I/2] (even input index in the high nibble)."""
     pairs = q.to(torch.uint8).reshape(q.shape[0], -1, 2)
     return (pairs[..., 0] << 4) | pairs[..., 1]
+
+
+def nibbles_by_rows(out_features: int, rows: Callable[[int, int], Tensor]) -> Tensor:
+    """Canonical nibbles [O, I/2] made PACK_ROWS outputs at a time: `rows(start, stop)` gives the
+    values 0..15 [stop - start, I] of those outputs. A checkpoint's words unpack to 1-4 bytes a
+    weight before they pack to half a byte; by rows, a 28672 x 8192 linear's temporaries stay
+    ~120 MB (not ~2 GB at once), so a layer converts on a GPU whose memory the plan has filled."""
+    return torch.cat([pack_nibbles(rows(start, min(start + PACK_ROWS, out_features)))
+                      for start in range(0, out_features, PACK_ROWS)])
 
 
 def unpack_nibbles(nibbles: Tensor) -> Tensor:
