@@ -43,6 +43,7 @@ class PairSizes:
     draft_layers: int | None = None
     shrink: dict = field(default_factory=dict)  # config overrides of both models: empty at the paper's sizes
     doctor: tuple[str, ...] = ()  # doctor's options that plan as generate's offload options do
+    warm_trees: int = 0  # a reply's first trees, left out of its means (pair_rows.budget_row)
 
     @property
     def dry_run(self) -> bool:
@@ -50,8 +51,8 @@ class PairSizes:
 
 
 # the judged budget first: a command cut short at its limit has printed its row
-FULL_PAIR = PairSizes(budgets=(1024, 128, 2048), new_tokens=6, max_depth=24,
-                      offload=("--offload", "auto", "--vram-budget", "24"), doctor=("--vram-budget", "24"))
+FULL_PAIR = PairSizes(budgets=(1024, 128, 2048), new_tokens=10, max_depth=24,
+                      offload=("--offload", "auto", "--vram-budget", "24"), doctor=("--vram-budget", "24"), warm_trees=2)
 # groups of 128 inputs (AWQ's) fit hidden 256 and MLP 512; begin and end ids inside the 512 words
 DRY_PAIR = PairSizes(budgets=(16,), new_tokens=4, max_depth=4, offload=("--offload", "disk", "--resident-layers", "1"),
                      target_layers=3, draft_layers=2,
@@ -69,6 +70,8 @@ def run_pair(sizes: PairSizes, device: torch.device, workdir: Path, only: str | 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
     say(f"pair check on {where}, torch {torch.__version__}" + (f" (dry run, shrunk: {sizes.shrink})" if sizes.dry_run
                                                               else ""))
+    say(f"each row: means over a reply's trees past its first {sizes.warm_trees} (warm-up: kernels compiled, "
+        "widths timed, the draft's steps captured)")
     verdicts = []
     for aliases in PAIRS:
         if only in (None, aliases.target):
@@ -87,7 +90,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     try:
         say(doctor(target, draft, sizes, workdir))
         for budget in sizes.budgets:
-            rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir)))
+            rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir), sizes.warm_trees))
             say_row(aliases, rows[-1], device, workdir)
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
         return [judged(f"{aliases.target}: generate", False, str(failure))]

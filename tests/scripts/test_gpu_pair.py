@@ -80,8 +80,20 @@ def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event
     assert made.host_s == pytest.approx((5.6 - 4.3) / 3)  # wall less the events' 4.3 s, over 3 iterations
     assert made.tree_host_s == pytest.approx(0.03)
     assert made.step_ms == pytest.approx(90.0)  # 0.3 s of drafting less 0.03 of bookkeeping, over 3 steps
-    with pytest.raises(ValueError, match="drafted no tree"):
+    with pytest.raises(ValueError, match="drafted 0 tree"):
         budget_row(8, record | {"iterations": events[:1]})
+
+
+def test_a_row_leaves_out_the_trees_that_warm_up():
+    first = {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 4.0, "pass_s": 3.0, "stall_s": 0.0,
+             "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0}
+    later = first | {"draft_s": 0.4, "pass_s": 0.8, "target_s": 0.9}
+    record = {"iterations": [first, later, later], "summary": {"wall_s": 10.0, "transfer_gbps": 2.0}, "plan": PLAN}
+    made = budget_row(8, record, warm_trees=1)
+    assert made.trees == 2 and made.draft_s == pytest.approx(0.4) and made.pass_s == pytest.approx(0.8)
+    assert budget_row(8, record).draft_s == pytest.approx(1.6)  # none left out: the first's 4 s counts
+    with pytest.raises(ValueError, match="drafted 3 tree\\(s\\), none past the 3 warming up"):
+        budget_row(8, record, warm_trees=3)
 
 
 def test_the_placement_line_says_why_the_draft_is_in_its_form_where_auto_chose():
