@@ -27,6 +27,7 @@ from specchat.plan.machine import Machine
 
 CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
 PROMPT_WORDS = 64
+WHOLE_HEAD = 0  # --draft-vocab's whole head (generate says why)
 PROBE_GB = 0.25  # doctor's disk probe: the disk tier's speed, which a 24 GB budget on a large host does not use
 # doctor's lines the check shows: the links it measured (kept for generate's plan), the placement,
 # and the draft's form auto chose with each form's predicted iteration
@@ -118,9 +119,11 @@ def say_row(aliases: PairAliases, row: BudgetRow, device: torch.device, workdir:
 
 
 def card_placement(aliases: PairAliases, draft_quant: str, workdir: Path) -> Placement:
-    """The described 24 GB card's placement of the pair with the draft in the form that ran here,
-    so that the projection's pass and its measured draft steps are of one plan."""
-    options = replace(doctor_options(aliases.target, aliases.draft, None, workdir), draft_quant=draft_quant)
+    """The described 24 GB card's placement of the pair with the draft as it ran here (its form,
+    its whole head: the logits it reserves cost the H200's run 2 resident layers), so that the
+    projection's pass and its measured draft steps are of one plan."""
+    options = replace(doctor_options(aliases.target, aliases.draft, None, workdir), draft_quant=draft_quant,
+                      draft_vocab=WHOLE_HEAD)
     return doctor_plan(options, CARD).memory.placement
 
 
@@ -144,7 +147,7 @@ def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: 
                "--draft", str(draft), "--budget", str(budget), "--max-depth", str(sizes.max_depth), "--ranked-tree",
                # the whole head: a device carries no corpus to rank a sub-vocabulary on, and a step with the
                # whole head costs at least what it would with part of it (the step's verdict is not eased)
-               "--draft-vocab", "0",
+               "--draft-vocab", str(WHOLE_HEAD),
                "--offload-dir", str(workdir / "layers"), *sizes.offload]
     say(f"budget {budget}: specchat generate ...")
     start = time.monotonic()
