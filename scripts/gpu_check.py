@@ -27,12 +27,12 @@ The checks live in tests/gpu_checks/, shared with tests/scripts/test_gpu_checks_
 
 --pair runs the paper's pairs end to end instead (tests/gpu_checks/pair.py): llama-2-70b-gptq with
 llama-2-7b, then llama-3.1-70b-awq with llama-3.1-8b-awq, written whole with random weights and run
-through `specchat generate --json` at budgets 128, 1024 and 2048 under a 24 GB --vram-budget; per budget the
-draft, the pass, its stall, the bytes streamed, verification and host time, and tokens/s projected
-at the paper's generation rates here and on a 24 GB PCIe 4.0 card (it writes ~50 GB of disk; not yet
-timed on a GPU; it prints each pair's writing and each reply's wall time, and `--only TARGET` runs
-one pair, so that each fits a command of 10 minutes); --pair --dry-run runs it over shrunk models
-on any device.
+through `specchat generate --json` at budgets 1024, 128 and 2048 under a 24 GB --vram-budget; per budget,
+as its reply ends, the draft, the pass, its stall, the bytes streamed, verification and host time, and
+tokens/s projected at the paper's generation rates here and on a 24 GB PCIe 4.0 card (it writes ~50 GB
+of disk; the AWQ pair took 4.5 minutes on an H200; it prints each pair's writing and each reply's wall
+time, and `--only TARGET` runs one pair, so that each fits a command of 10 minutes); --pair --dry-run
+runs it over shrunk models on any device.
 
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
 target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft;

@@ -11,7 +11,7 @@
 #                       ring, its int4 products per linear, a Llama-2-7B-shaped draft (~4 min on an H100)
 #   --scale --dry-run   the same code over shrunk widths, on any device (the CPU suite runs it)
 #   --pair              the paper's pairs whole with random weights through `specchat generate --json`:
-#                       the iteration per budget, its projections on a 24 GB PCIe 4 card (writes ~50 GB; untimed on a GPU yet)
+#                       the iteration per budget, its projections on a 24 GB PCIe 4 card (writes ~50 GB; ~5 min a pair on an H200)
 #   --pair --dry-run    the same over shrunk models, on any device (the CPU suite runs it)
 # Without a GPU (no nvidia-smi, and torch sees no CUDA device) there is nothing to check: exit 0.
 # With one that torch cannot use: exit 1, in one line.
