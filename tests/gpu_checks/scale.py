@@ -9,7 +9,7 @@ included, and gives no verdicts."""
 from pathlib import Path
 
 import torch
-from gpu_checks.scale_draft import draft_rows, draft_table
+from gpu_checks.scale_draft import draft_rows, draft_table, draft_verdict
 from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_moe import MOE_ALIAS, moe_rows, moe_table
@@ -34,7 +34,7 @@ def verdict_line(verdict: Verdict) -> str:
 
 
 def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
-    """Print the three tables and their verdicts; 1 when a verdict failed."""
+    """Print the tables and their verdicts; 1 when a verdict failed."""
     say(describe(sizes, device))
     config, settings = alias_config(TARGET_ALIAS, sizes.layers, sizes.target_shrink)
     say(f"writing a random 4-bit GPTQ checkpoint of {sizes.layers} layers ...")
@@ -49,7 +49,10 @@ def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
     verdicts.append(linear_verdict(linears, device, sizes.dry_run))
     say(verdict_line(verdicts[-1]))
     say(f"timing a {DRAFT_ALIAS} shaped bf16 draft of {sizes.draft_layers} layers ...")
-    say(draft_table(draft_rows(sizes, device)))
+    drafts = draft_rows(sizes, device)
+    say(draft_table(drafts))
+    verdicts.append(draft_verdict(drafts, sizes.dry_run))
+    say(verdict_line(verdicts[-1]))
     say("the same draft rounded to 4 bits (--draft-quant int4) ...")
     say(draft_table(draft_rows(sizes, device, rounded=True)))
     say(f"a {MOE_ALIAS} shaped target streamed by expert and as whole layers:")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_checks.scale_draft import DraftRow, draft_verdict
 from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_passes import PassRow, pass_verdict
@@ -31,7 +32,7 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     assert "the same draft rounded to 4 bits (--draft-quant int4) ..." in lines
     for shape in ("256x256", "256x64", "256x512", "512x256"):
         assert sum(line.startswith(f"| {shape} | ") for line in lines) == 3, done.stdout
-    assert sum("dry run: no verdict" in line for line in lines) == 2
+    assert sum("dry run: no verdict" in line for line in lines) == 3  # the pass's, the product's, the draft step's
     assert "Traceback" not in done.stderr
     # the MoE target's one-token pass streamed by expert moves a layer's head and 2 of its 8 experts
     moe = lines[[i for i, line in enumerate(lines) if "streamed by expert and as whole layers" in line][0]:]
@@ -89,3 +90,14 @@ def test_random_checkpoints_draw_each_linear_or_one_draw_a_shape(tmp_path, alias
         same = [name for name in first if torch.equal(first[name], second[name])]
         assert same == ([] if distinct else list(first))
         assert torch.equal(second["q_proj"], second["o_proj"]) != distinct  # 256 x 256 both
+
+
+def test_the_draft_verdict_reads_the_captured_step_up_to_256_tokens():
+    # head 0.2 ms; a captured layer 0.3 ms: 9.8 ms a step; the 1024-token row is past the bound's widths
+    rows = [DraftRow(1, 1.5, 0.2, 0.3), DraftRow(256, 1.5, 0.2, 0.3), DraftRow(1024, 9.0, 0.5, 2.0)]
+    held = draft_verdict(rows, dry_run=False)
+    assert held.status == "PASS" and held.detail.startswith("9.80 ms at most")
+    rows[1] = DraftRow(256, 1.5, 0.2, 0.31)  # 10.12 ms
+    assert draft_verdict(rows, dry_run=False).detail.startswith("10.12 ms at most (256 tokens)")
+    assert draft_verdict(rows, dry_run=False).status == "FAIL"
+    assert draft_verdict(rows, dry_run=True).status == "SKIP"
