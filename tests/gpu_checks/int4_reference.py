@@ -1,8 +1,8 @@
 """The int4 products against an independent dense reference: random 4-bit weights at the 70B
 target's shapes (act-order: a random input permutation), multiplied by every product the device
-has (the fused kernel; on CUDA the expansion; and the one the linear picks at that width), against
-x @ w.T in float64 with w from Int4Weight.dequantize(), which shares no code with the packing, the
-kernels or their layouts. A packing or layout error moves the output by its own size; bf16 inputs,
+has (the fused kernel; on CUDA the expansion and int4_gemm's kernel; and the one the linear picks
+at that width), against x @ w.T in float64 with w from Int4Weight.dequantize(), which shares no
+code with the packing, the kernels or their layouts. A packing or layout error moves the output by its own size; bf16 inputs,
 weights and outputs by a few thousandths (BOUND). On CUDA the expansion is part of what is checked:
 where Triton or torch's tile layout is missing there, the verdict is SKIP with that reason (the
 other products' errors beside it), never a PASS without it."""
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_gemm import gemm_words, w4a16_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
@@ -46,8 +47,9 @@ def random_weight(in_features: int, out_features: int, device: torch.device, gen
     return Int4Weight(nibbles.to(device), scales.to(device), zeros.to(device), perm.to(device))
 
 
-def products(linear: Int4Linear) -> dict[str, Callable[[Tensor], Tensor]]:
-    """Each product by name, taking the layer's inputs (before the act-order permutation)."""
+def products(linear: Int4Linear, words: Tensor | None = None) -> dict[str, Callable[[Tensor], Tensor]]:
+    """Each product by name, taking the layer's inputs (before the act-order permutation); with
+    `words` (int4_gemm's layout of the same weight) int4_gemm's kernel too."""
     def permuted(x: Tensor) -> Tensor:
         return x.index_select(1, linear.perm)
 
@@ -57,6 +59,8 @@ def products(linear: Int4Linear) -> dict[str, Callable[[Tensor], Tensor]]:
         layout = layout_for(linear.packed.device, linear.in_features)
         named["expanded"] = lambda x: expanded_linear(permuted(x), linear.packed, linear.scales_and_zeros,
                                                       linear.group_size, layout)
+    if words is not None:
+        named["registers"] = lambda x: w4a16_linear(permuted(x), words, linear.scales_and_zeros, linear.group_size)
     return named
 
 
@@ -73,13 +77,14 @@ def relative_error(got: Tensor, reference: Tensor) -> float:
     return float((got.double() - reference).norm() / reference.norm())
 
 
-def shape_errors(linear: Int4Linear, dense: Tensor, generator: torch.Generator) -> dict[str, float]:
+def shape_errors(linear: Int4Linear, dense: Tensor, generator: torch.Generator,
+                 words: Tensor | None = None) -> dict[str, float]:
     """The largest relative error of each product of `linear` against `dense`, over ROWS."""
     errors: dict[str, float] = {}
     for rows in ROWS:
         x = torch.randn(rows, linear.in_features, generator=generator).to(linear.packed.device, DTYPE)
         reference = x.double() @ dense.t()
-        for name, product in products(linear).items():
+        for name, product in products(linear, words).items():
             errors[name] = max(errors.get(name, 0.0), relative_error(product(x), reference))
     return errors
 
@@ -91,7 +96,8 @@ def check_int4_reference(device: torch.device, shapes: tuple[tuple[int, int], ..
     for in_features, out_features in shapes:
         weight = random_weight(in_features, out_features, device, generator)
         linear = int4_linear(weight, None, DTYPE, device)
-        errors[in_features, out_features] = shape_errors(linear, weight.dequantize().double(), generator)
+        words = gemm_words(weight) if linear.kernel == "cuda" and triton_available() else None
+        errors[in_features, out_features] = shape_errors(linear, weight.dequantize().double(), generator, words)
         if linear.kernel == "cuda" and (reason := expansion_missing(linear)) is not None:
             missing.add(reason)
     return verdict_of(device, errors, missing)

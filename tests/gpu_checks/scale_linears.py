@@ -1,9 +1,12 @@
-"""The scale check's per-linear table: one int4 linear at each of the target's shapes, input rows
-of a token to the widest tree, through torch's fused int4 kernel, the wide path, and a dense bf16
-matmul over a weight of the same shape. The wide path is CUDA's expansion (int4_expand: the
+"""The scale check's per-linear tables: one int4 linear at each of the target's shapes (then of the
+draft's, rounded to 4 bits), input rows of a token to the widest tree, through torch's fused int4
+kernel, the wide path, a dense bf16 matmul over a weight of the same shape and, on a GPU,
+int4_gemm's kernel (each tile expanded in registers: not yet used by any product, timed here to
+decide whether a draft's steps should be). The wide path is CUDA's expansion (int4_expand: the
 weight expanded a chunk at a time, then one matmul) on a GPU, and on a CPU the product an
 Int4Linear runs there (quant/int4.py)."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +20,11 @@ from transformers import PretrainedConfig
 from specchat.quant.gptq import read_gptq_spec
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_gemm import gemm_words, w4a16_linear
 from specchat.quant.int4_gptq import spec_group_size
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear
+from specchat.quant.int4_rtn import GROUP as ROUNDED_GROUP
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.widths import int4_product
 
@@ -36,6 +41,7 @@ class LinearRow:
     fused_ms: float
     wide_ms: float | None  # None: no wide path on this device
     dense_ms: float
+    gemm_ms: float | None = None  # int4_gemm's kernel (tiles expanded in registers); None: Triton cannot run here
 
 
 def linear_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
@@ -74,10 +80,12 @@ def wide(linear: Int4Linear, x: Tensor) -> Tensor:
 def shape_rows(shape: tuple[int, int], group_size: int, all_rows: tuple[int, ...], device: torch.device,
                generator: torch.Generator) -> list[LinearRow]:
     in_features, out_features = shape
-    linear = int4_linear(random_int4(in_features, out_features, group_size, generator), None, DTYPE, device)
+    weight = random_int4(in_features, out_features, group_size, generator)
+    linear = int4_linear(weight, None, DTYPE, device)
     dense = torch.randn(out_features, in_features, generator=generator).to(device, DTYPE) / in_features ** 0.5
     x = torch.randn(max(all_rows), in_features, generator=generator).to(device, DTYPE)
     missing = wide_path_missing(device, in_features)
+    words = gemm_words(weight).to(device) if device.type == "cuda" and triton_available() else None
     rows = []
     for count in all_rows:
         part = x[:count]
@@ -85,26 +93,31 @@ def shape_rows(shape: tuple[int, int], group_size: int, all_rows: tuple[int, ...
             shape, count,
             fastest_ms(lambda: fused_linear(part, linear.packed, linear.scales_and_zeros, group_size), device),
             None if missing else fastest_ms(lambda: wide(linear, part), device),
-            fastest_ms(lambda: torch.nn.functional.linear(part, dense), device)))
+            fastest_ms(lambda: torch.nn.functional.linear(part, dense), device),
+            None if words is None else fastest_ms(
+                lambda: w4a16_linear(part, words, linear.scales_and_zeros, group_size), device)))
     return rows
 
 
-def linear_rows(config: PretrainedConfig, settings: dict, all_rows: tuple[int, ...],
+def linear_rows(config: PretrainedConfig, settings: dict | None, all_rows: tuple[int, ...],
                 device: torch.device) -> list[LinearRow]:
-    """The table's rows, each shape in the kernel groups its GPTQ layers get (group -1: 256)."""
-    spec = read_gptq_spec({"quantization_config": settings})
+    """The table's rows, each shape in the kernel groups its GPTQ layers get (group -1: 256), or
+    with no GPTQ `settings` (a draft rounded to 4 bits) int4_rtn's GROUP."""
+    spec = read_gptq_spec({"quantization_config": settings}) if settings is not None else None
     generator = torch.Generator().manual_seed(0)
     rows = []
     for shape in linear_shapes(config):
-        rows += shape_rows(shape, spec_group_size(spec, shape[0]), all_rows, device, generator)
+        group_size = spec_group_size(spec, shape[0]) if spec is not None else math.gcd(ROUNDED_GROUP, shape[0])
+        rows += shape_rows(shape, group_size, all_rows, device, generator)
         release_memory()
     return rows
 
 
 def linear_table(rows: list[LinearRow]) -> str:
     return markdown_table(
-        ["in x out", "rows", "fused int4, ms", "wide path, ms", "dense bf16, ms"],
-        [[f"{r.shape[0]}x{r.shape[1]}", str(r.rows), ms(r.fused_ms), ms(r.wide_ms), ms(r.dense_ms)] for r in rows])
+        ["in x out", "rows", "fused int4, ms", "wide path, ms", "dense bf16, ms", "int4 gemm (registers), ms"],
+        [[f"{r.shape[0]}x{r.shape[1]}", str(r.rows), ms(r.fused_ms), ms(r.wide_ms), ms(r.dense_ms), ms(r.gemm_ms)]
+         for r in rows])
 
 
 def linear_verdict(rows: list[LinearRow], device: torch.device, dry_run: bool) -> Verdict:

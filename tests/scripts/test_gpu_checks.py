@@ -31,6 +31,7 @@ from gpu_checks.verdict import Verdict, exit_code, table
 
 from specchat.quant import int4
 from specchat.quant import widths as policy
+from specchat.quant.int4_gemm import gemm_words
 from specchat.quant.int4_weight import Int4Weight
 
 CPU = torch.device("cpu")
@@ -308,3 +309,18 @@ def test_the_script_adds_the_int4_reference_and_guards_the_reply_checks(tmp_path
     listed = dict(script.checks(CPU, tmp_path))
     assert list(listed)[-1] == int4_reference.CHECK
     assert all(listed[name]().status == "FAIL" for name in REPLY_CHECKS)
+
+
+def test_int4_gemms_kernel_is_one_of_the_products_held_to_the_float64_reference(monkeypatch):
+    """What the CUDA check runs of int4_gemm, on this CPU by Triton's interpreter: its act-order
+    weight's inputs permuted as the layer permutes them, its error within the bound, and a
+    weight read from other nibbles past it."""
+    pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    weight = int4_reference.random_weight(256, 128, CPU, torch.Generator().manual_seed(0))
+    linear = int4.int4_linear(weight, None, torch.bfloat16, CPU)
+    dense = weight.dequantize().double()
+    errors = int4_reference.shape_errors(linear, dense, torch.Generator().manual_seed(1), gemm_words(weight))
+    assert errors["registers"] <= int4_reference.BOUND, errors
+    wrong = gemm_words(replace(weight, nibbles=weight.nibbles ^ 1))
+    assert int4_reference.shape_errors(linear, dense, torch.Generator().manual_seed(1), wrong)["registers"] > 0.01

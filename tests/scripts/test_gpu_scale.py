@@ -30,8 +30,13 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     for tokens in (1, 16, 64):  # the passes', the draft's in bf16 and in int4, and the MoE target's rows
         assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 4, done.stdout
     assert "the same draft rounded to 4 bits (--draft-quant int4) ..." in lines
-    for shape in ("256x256", "256x64", "256x512", "512x256"):
-        assert sum(line.startswith(f"| {shape} | ") for line in lines) == 3, done.stdout
+    split = lines.index("timing one linear of each of a llama-2-7b shaped draft's shapes, rounded to 4 bits ...")
+    target, draft = lines[:split], lines[split:]
+    for shape in ("256x256", "256x64", "256x512", "512x256"):  # the target's linears
+        assert sum(line.startswith(f"| {shape} | ") for line in target) == 3, done.stdout
+    # then the draft's (4 heads of 64, no grouped attention: k and v are 256x256 too), no kernel to time on a CPU
+    assert sum(line.startswith("| 256x256 | 16 | ") for line in draft) == 2
+    assert all(line.endswith(" | n/a |") for line in draft if line.startswith("| 256x"))
     assert sum("dry run: no verdict" in line for line in lines) == 3  # the pass's, the product's, the draft step's
     assert "Traceback" not in done.stderr
     # the MoE target's one-token pass streamed by expert moves a layer's head and 2 of its 8 experts

@@ -1,0 +1,127 @@
+"""A 4-bit weight times a few to a few hundred input rows in one Triton kernel, each weight tile
+expanded in registers as the product reads it: for a draft's steps on CUDA.
+
+A draft's step multiplies 1-256 tree rows by every weight of the draft. On an H200 (2026-11-28)
+torch's fused int4 kernel took 4.2 ms for an 8192 x 28672 weight at 256 rows (0.23 ms dense in
+bf16), and CUDA's expansion (int4_expand) writes the whole weight in bf16 at every call (0.9 ms
+there at any width): a 4-bit 8B draft stepped in 25-115 ms. Here the weight's bytes are read once
+a row block, at 4 bits, and the multiply runs on the tensor cores.
+
+Layout: `gemm_words` stores weight (o, i) as nibble i % 8 (bits 4 (i % 8) .. 4 (i % 8) + 3) of
+int32 word [i // 8, o], so that a tile of inputs by outputs loads whole words along the outputs;
+w[o, i] = (q - 8) * scale[g, o] + zero[g, o] with g = i // group_size, in float32, rounded once to
+the input's dtype before the product (the scales_and_zeros an Int4Linear holds, [G, O, 2]).
+The product accumulates in float32. A draft may be approximated freely (SpecExec's verifier never
+reads its probabilities), so the order of that sum is the kernel's own.
+
+Triton is imported only when the kernel runs; the kernel is decorated per interpreter mode, as
+int4_expand's is (TRITON_INTERPRET=1 runs it on a CPU, which the tests do). Triton 3.9's
+interpreter multiplies a bfloat16 tl.dot's bits as integers (a 16 x 16 product off by 2.5e10) and
+truncates a float32 -> bfloat16 cast, so under it the weights are rounded on their bits and the
+tiles multiplied in float32: the same values, products (exact in float32) and sums as a GPU's.
+"""
+
+import math
+from functools import cache
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specchat.errors import SpecchatError
+from specchat.quant.gptq import pack_int4_rows
+from specchat.quant.int4_pack import unpack_nibbles
+from specchat.quant.int4_weight import Int4Weight
+
+# Rows, outputs and inputs a program multiplies: first guesses, not yet timed on a GPU
+# (`gpu_check.sh --scale` times the kernel beside the fused kernel, the expansion and dense bf16).
+# tl.dot takes 16 rows at least: fewer are padded with masked loads.
+BLOCK_ROWS = (16, 32, 64)
+BLOCK_OUT = 64
+BLOCK_IN = 64
+GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def gemm_words(weight: Int4Weight) -> Tensor:
+    """An Int4Weight's values as int32 words [I/8, O]: input 8r + k of output o in nibble k of [r, o]."""
+    return pack_int4_rows(unpack_nibbles(weight.nibbles).t())
+
+
+def block_rows(rows: int) -> int:
+    """The fewest of BLOCK_ROWS covering `rows`, the largest past them (the grid covers the rest)."""
+    return next((block for block in BLOCK_ROWS if rows <= block), BLOCK_ROWS[-1])
+
+
+@cache
+def _kernel(interpret: bool) -> Any:
+    """The kernel, decorated under TRITON_INTERPRET as it is now (`interpret` only keys the cache)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def w4a16(x_ptr, words_ptr, scales_and_zeros_ptr, out_ptr, rows, out_features, in_features, group_size,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+              ROUND_BF16: tl.constexpr):
+        m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # input rows
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # outputs
+        rows_in = m < rows
+        outs_in = n < out_features
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+        for first in range(0, in_features, BLOCK_K):
+            k = first + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + m.to(tl.int64)[:, None] * in_features + k[None, :], mask=rows_in[:, None], other=0.0)
+            # each word serves 8 inputs: its 8 loads hit the same cache line
+            word = tl.load(words_ptr + (k // 8).to(tl.int64)[:, None] * out_features + n[None, :],
+                           mask=outs_in[None, :], other=0)
+            q = (word >> (4 * (k % 8))[:, None]) & 0xF  # [BLOCK_K, BLOCK_N]
+            pair = scales_and_zeros_ptr + ((first // group_size).to(tl.int64) * out_features + n) * 2  # BLOCK_K | group
+            scale = tl.load(pair, mask=outs_in, other=0.0).to(tl.float32)
+            zero = tl.load(pair + 1, mask=outs_in, other=0.0).to(tl.float32)
+            w = (q.to(tl.float32) - 8.0) * scale[None, :] + zero[None, :]
+            if UPCAST:  # the interpreter: as a GPU rounds and multiplies, in float32
+                if ROUND_BF16:  # to nearest even on the bits, as int4_expand does (a cast truncates here)
+                    bits = w.to(tl.uint32, bitcast=True)
+                    w = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).to(tl.float32, bitcast=True)
+                else:
+                    w = w.to(x_ptr.dtype.element_ty).to(tl.float32)
+                acc += tl.dot(x.to(tl.float32), w)  # products of two 16-bit floats are exact in float32
+            else:
+                acc += tl.dot(x, w.to(x_ptr.dtype.element_ty))
+        tl.store(out_ptr + m.to(tl.int64)[:, None] * out_features + n[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=rows_in[:, None] & outs_in[None, :])
+
+    return w4a16
+
+
+def check_gemm(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: int) -> None:
+    """SpecchatError, in one line, where the arguments describe no product the kernel takes."""
+    in_features, out_features = words.shape[0] * 8, words.shape[1]
+    if x.dim() != 2 or x.shape[1] != in_features or x.dtype not in GEMM_DTYPES or not x.is_contiguous():
+        raise SpecchatError(f"x must be a contiguous [rows, {in_features}] in {GEMM_DTYPES}; got {tuple(x.shape)} "
+                            f"{x.dtype}")
+    if words.dtype != torch.int32 or not words.is_contiguous():
+        raise SpecchatError(f"words must be contiguous int32 [I/8, O] (gemm_words); got {words.dtype}")
+    if scales_and_zeros.shape != (in_features // group_size, out_features, 2) or in_features % group_size \
+            or not scales_and_zeros.is_contiguous():
+        raise SpecchatError(f"scales_and_zeros must be a contiguous [{in_features} / {group_size}, {out_features}, 2]; "
+                            f"got {tuple(scales_and_zeros.shape)}")
+    if group_size % 16:  # tl.dot takes 16 inputs at least, and a program's inputs lie in one group
+        raise SpecchatError(f"groups of {group_size} inputs: the kernel needs a multiple of 16")
+
+
+def w4a16_linear(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: int) -> Tensor:
+    """x [rows, I] @ w.T in x's dtype, w [O, I] the 4-bit weight of `words` ([I/8, O]) and
+    `scales_and_zeros` ([G, O, 2]); each weight tile expanded in registers."""
+    import triton
+
+    check_gemm(x, words, scales_and_zeros, group_size)
+    rows, out_features = x.shape[0], words.shape[1]
+    out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
+    block_m = block_rows(rows)
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, BLOCK_OUT))
+    interpret = bool(triton.knobs.runtime.interpret)
+    _kernel(interpret)[grid](
+        x, words, scales_and_zeros, out, rows, out_features, words.shape[0] * 8, group_size,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_OUT, BLOCK_K=math.gcd(BLOCK_IN, group_size), UPCAST=interpret,
+        ROUND_BF16=x.dtype == torch.bfloat16)
+    return out

@@ -1,0 +1,72 @@
+"""int4_gemm: the Triton kernel that multiplies input rows by a 4-bit weight, expanding each tile in
+registers, run on the CPU by Triton's interpreter against the test's own float32 product of the
+dequantized weight (rounded to the input's dtype, as the kernel rounds it); its words hold input
+8r + k of output o in nibble k of [r, o], written out below with plain integers."""
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from specchat.errors import SpecchatError
+from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear
+from specchat.quant.int4_weight import Int4Weight
+
+pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def interpreter() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+def drawn(out_features: int, in_features: int, group_size: int, seed: int) -> tuple[torch.Tensor, Int4Weight]:
+    """Values 0..15 [O, I] and the Int4Weight holding them (even input in the high nibble)."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (out_features, in_features), generator=generator)
+    nibbles = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    groups = in_features // group_size
+    scales = torch.rand(groups, out_features, generator=generator) / 16
+    zeros = torch.randn(groups, out_features, generator=generator) / 16
+    return q, Int4Weight(nibbles, scales, zeros, None)
+
+
+def test_the_words_hold_eight_inputs_of_one_output_each():
+    q, weight = drawn(8, 32, 32, seed=1)
+    words = gemm_words(weight)
+    assert words.shape == (4, 8) and words.dtype == torch.int32
+    for r in range(4):
+        for o in range(8):
+            expected = sum(int(q[o, 8 * r + k]) << (4 * k) for k in range(8))
+            assert int(words[r, o]) & 0xFFFFFFFF == expected
+
+
+@pytest.mark.parametrize("rows", [1, 5, BLOCK_ROWS[0], 40, BLOCK_ROWS[-1] + 3])  # padded, whole, past the largest block
+@pytest.mark.parametrize(("out_features", "in_features", "group_size"), [(64, 128, 32), (96, 256, 128), (128, 192, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_product_is_the_dequantized_weights(rows, out_features, in_features, group_size, dtype):
+    q, weight = drawn(out_features, in_features, group_size, seed=rows + out_features)
+    groups = torch.arange(in_features) // group_size
+    scale, zero = weight.scales[groups].t(), weight.zeros[groups].t()  # [O, I]
+    dense = ((q.float() - 8) * scale + zero).to(dtype)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(dtype)
+    product = w4a16_linear(x, gemm_words(weight), pairs, group_size)
+    reference = x.float() @ dense.float().t()
+    assert product.dtype == dtype and product.shape == (rows, out_features)
+    # float32 sums in another order, rounded once to dtype: within a few of dtype's ulps of the largest value
+    assert torch.allclose(product.float(), reference, rtol=0, atol=4 * torch.finfo(dtype).eps * reference.abs().max())
+
+
+def test_what_the_kernel_cannot_take_is_one_line():
+    _, weight = drawn(64, 128, 32, seed=0)
+    words = gemm_words(weight)
+    pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(torch.bfloat16)
+    with pytest.raises(SpecchatError, match="x must be a contiguous"):
+        w4a16_linear(torch.ones(2, 128), words, pairs, 32)  # float32 inputs
+    with pytest.raises(SpecchatError, match="scales_and_zeros must be"):
+        w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, pairs[:2], 32)
+    with pytest.raises(SpecchatError, match="multiple of 16"):
+        w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, torch.zeros(16, 64, 2, dtype=torch.bfloat16), 8)
