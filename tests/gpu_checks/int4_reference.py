@@ -16,7 +16,7 @@ from torch import Tensor
 
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_expand import expanded_linear, triton_available
-from specchat.quant.int4_gemm import gemm_words, w4a16_linear
+from specchat.quant.int4_gemm import gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
@@ -61,6 +61,10 @@ def products(linear: Int4Linear, words: Tensor | None = None) -> dict[str, Calla
                                                       linear.group_size, layout)
     if words is not None:
         named["registers"] = lambda x: w4a16_linear(permuted(x), words, linear.scales_and_zeros, linear.group_size)
+        if expansion_missing(linear) is None:
+            layout = layout_for(linear.packed.device, linear.in_features)
+            named["registers, tiles"] = lambda x: w4a16_tiled_linear(permuted(x), linear.packed,
+                                                                     linear.scales_and_zeros, linear.group_size, layout)
     return named
 
 

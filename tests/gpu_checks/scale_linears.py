@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from specchat.quant.gptq import read_gptq_spec
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_expand import expanded_linear, triton_available
-from specchat.quant.int4_gemm import gemm_words, w4a16_linear
+from specchat.quant.int4_gemm import gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_gptq import spec_group_size
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear
@@ -42,6 +42,7 @@ class LinearRow:
     wide_ms: float | None  # None: no wide path on this device
     dense_ms: float
     gemm_ms: float | None = None  # int4_gemm's kernel (tiles expanded in registers); None: Triton cannot run here
+    tiled_gemm_ms: float | None = None  # the same, reading the packed weight torch's layout holds
 
 
 def linear_shapes(config: PretrainedConfig) -> list[tuple[int, int]]:
@@ -95,7 +96,9 @@ def shape_rows(shape: tuple[int, int], group_size: int, all_rows: tuple[int, ...
             None if missing else fastest_ms(lambda: wide(linear, part), device),
             fastest_ms(lambda: torch.nn.functional.linear(part, dense), device),
             None if words is None else fastest_ms(
-                lambda: w4a16_linear(part, words, linear.scales_and_zeros, group_size), device)))
+                lambda: w4a16_linear(part, words, linear.scales_and_zeros, group_size), device),
+            None if words is None or missing else fastest_ms(lambda: w4a16_tiled_linear(
+                part, linear.packed, linear.scales_and_zeros, group_size, layout_for(device, in_features)), device)))
     return rows
 
 
@@ -115,9 +118,10 @@ def linear_rows(config: PretrainedConfig, settings: dict | None, all_rows: tuple
 
 def linear_table(rows: list[LinearRow]) -> str:
     return markdown_table(
-        ["in x out", "rows", "fused int4, ms", "wide path, ms", "dense bf16, ms", "int4 gemm (registers), ms"],
-        [[f"{r.shape[0]}x{r.shape[1]}", str(r.rows), ms(r.fused_ms), ms(r.wide_ms), ms(r.dense_ms), ms(r.gemm_ms)]
-         for r in rows])
+        ["in x out", "rows", "fused int4, ms", "wide path, ms", "dense bf16, ms", "int4 gemm (registers), ms",
+         "int4 gemm on torch's tiles, ms"],
+        [[f"{r.shape[0]}x{r.shape[1]}", str(r.rows), ms(r.fused_ms), ms(r.wide_ms), ms(r.dense_ms), ms(r.gemm_ms),
+          ms(r.tiled_gemm_ms)] for r in rows])
 
 
 def linear_verdict(rows: list[LinearRow], device: torch.device, dry_run: bool) -> Verdict:

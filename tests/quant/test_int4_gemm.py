@@ -1,7 +1,9 @@
 """int4_gemm: the Triton kernel that multiplies input rows by a 4-bit weight, expanding each tile in
 registers, run on the CPU by Triton's interpreter against the test's own float32 product of the
 dequantized weight (rounded to the input's dtype, as the kernel rounds it); its words hold input
-8r + k of output o in nibble k of [r, o], written out below with plain integers."""
+8r + k of output o in nibble k of [r, o], written out below with plain integers. Read from torch's
+packed layout instead (the CPU converter's tiles here; CUDA's are read by the same indexing,
+tested in test_int4_expand), it gives the words' product bit for bit."""
 
 from collections.abc import Iterator
 
@@ -9,7 +11,9 @@ import pytest
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear
+from specchat.quant.int4 import int4_linear
+from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear, w4a16_tiled_linear
+from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_weight import Int4Weight
 
 pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
@@ -70,3 +74,13 @@ def test_what_the_kernel_cannot_take_is_one_line():
         w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, pairs[:2], 32)
     with pytest.raises(SpecchatError, match="multiple of 16"):
         w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, torch.zeros(16, 64, 2, dtype=torch.bfloat16), 8)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_read_from_torchs_tiles_the_product_is_the_words_bit_for_bit(rows):
+    _, weight = drawn(128, 256, 64, seed=rows)
+    linear = int4_linear(weight, None, torch.bfloat16, torch.device("cpu"))
+    layout = layout_for(torch.device("cpu"), 256)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    tiled = w4a16_tiled_linear(x, linear.packed, linear.scales_and_zeros, 64, layout)
+    assert torch.equal(tiled, w4a16_linear(x, gemm_words(weight), linear.scales_and_zeros, 64))

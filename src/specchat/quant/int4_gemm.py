@@ -7,8 +7,11 @@ bf16), and CUDA's expansion (int4_expand) writes the whole weight in bf16 at eve
 there at any width): a 4-bit 8B draft stepped in 25-115 ms. Here the weight's bytes are read once
 a row block, at 4 bits, and the multiply runs on the tensor cores.
 
-Layout: `gemm_words` stores weight (o, i) as nibble i % 8 (bits 4 (i % 8) .. 4 (i % 8) + 3) of
-int32 word [i // 8, o], so that a tile of inputs by outputs loads whole words along the outputs;
+Two sources of the same weight: `gemm_words` stores weight (o, i) as nibble i % 8 (bits
+4 (i % 8) .. 4 (i % 8) + 3) of int32 word [i // 8, o], so that a tile of inputs by outputs loads
+whole words along the outputs (`w4a16_linear`); or the packed bytes an Int4Linear already holds,
+read through int4_layout's TileLayout as int4_expand reads them (`w4a16_tiled_linear`: no second
+copy of the weight, an index lookup a weight more). Either way
 w[o, i] = (q - 8) * scale[g, o] + zero[g, o] with g = i // group_size, in float32, rounded once to
 the input's dtype before the product (the scales_and_zeros an Int4Linear holds, [G, O, 2]).
 The product accumulates in float32. A draft may be approximated freely (SpecExec's verifier never
@@ -30,6 +33,8 @@ from torch import Tensor
 
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import pack_int4_rows
+from specchat.quant.int4_expand import check_expansion
+from specchat.quant.int4_layout import TileLayout
 from specchat.quant.int4_pack import unpack_nibbles
 from specchat.quant.int4_weight import Int4Weight
 
@@ -59,9 +64,9 @@ def _kernel(interpret: bool) -> Any:
     import triton.language as tl
 
     @triton.jit
-    def w4a16(x_ptr, words_ptr, scales_and_zeros_ptr, out_ptr, rows, out_features, in_features, group_size,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-              ROUND_BF16: tl.constexpr):
+    def w4a16(x_ptr, words_ptr, natural_ptr, scales_and_zeros_ptr, out_ptr, rows, out_features, in_features,
+              group_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+              ROUND_BF16: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr):
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # input rows
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # outputs
         rows_in = m < rows
@@ -70,10 +75,17 @@ def _kernel(interpret: bool) -> Any:
         for first in range(0, in_features, BLOCK_K):
             k = first + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + m.to(tl.int64)[:, None] * in_features + k[None, :], mask=rows_in[:, None], other=0.0)
-            # each word serves 8 inputs: its 8 loads hit the same cache line
-            word = tl.load(words_ptr + (k // 8).to(tl.int64)[:, None] * out_features + n[None, :],
-                           mask=outs_in[None, :], other=0)
-            q = (word >> (4 * (k % 8))[:, None]) & 0xF  # [BLOCK_K, BLOCK_N]
+            if TILE_ROWS == 0:  # gemm_words: each word serves 8 inputs, its 8 loads one cache line
+                word = tl.load(words_ptr + (k // 8).to(tl.int64)[:, None] * out_features + n[None, :],
+                               mask=outs_in[None, :], other=0)
+                q = (word >> (4 * (k % 8))[:, None]) & 0xF  # [BLOCK_K, BLOCK_N]
+            else:  # torch's tiles, read as int4_expand reads them (its docstring gives the indexing)
+                half: tl.constexpr = TILE_ROWS * TILE_COLS // 2
+                tile = (n // TILE_ROWS).to(tl.int64)[None, :] * (in_features // TILE_COLS) + (k // TILE_COLS)[:, None]
+                position = tl.load(natural_ptr + (n % TILE_ROWS)[None, :] * TILE_COLS + (k % TILE_COLS)[:, None])
+                position = position.to(tl.int32)
+                byte = tl.load(words_ptr + tile * half + position % half, mask=outs_in[None, :], other=0).to(tl.int32)
+                q = (byte >> (4 * (position // half))) & 0xF
             pair = scales_and_zeros_ptr + ((first // group_size).to(tl.int64) * out_features + n) * 2  # BLOCK_K | group
             scale = tl.load(pair, mask=outs_in, other=0.0).to(tl.float32)
             zero = tl.load(pair + 1, mask=outs_in, other=0.0).to(tl.float32)
@@ -112,16 +124,35 @@ def check_gemm(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: i
 def w4a16_linear(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: int) -> Tensor:
     """x [rows, I] @ w.T in x's dtype, w [O, I] the 4-bit weight of `words` ([I/8, O]) and
     `scales_and_zeros` ([G, O, 2]); each weight tile expanded in registers."""
+    check_gemm(x, words, scales_and_zeros, group_size)
+    return launch(x, words, None, scales_and_zeros, group_size, words.shape[1])
+
+
+def w4a16_tiled_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int,
+                       layout: TileLayout) -> Tensor:
+    """The same product, the weight read from torch's packed int4 layout (`layout`: int4_layout's
+    reading of it) where an Int4Linear holds it: no second copy of the weight."""
+    out_features, in_features = check_expansion(packed, scales_and_zeros, group_size, layout, x.dtype)
+    if x.dim() != 2 or x.shape[1] != in_features or x.dtype not in GEMM_DTYPES or not x.is_contiguous():
+        raise SpecchatError(f"x must be a contiguous [rows, {in_features}] in {GEMM_DTYPES}; got {tuple(x.shape)} "
+                            f"{x.dtype}")
+    if group_size % 16:
+        raise SpecchatError(f"groups of {group_size} inputs: the kernel needs a multiple of 16")
+    return launch(x, packed.reshape(-1).view(torch.uint8), layout, scales_and_zeros, group_size, out_features)
+
+
+def launch(x: Tensor, weight: Tensor, layout: TileLayout | None, scales_and_zeros: Tensor, group_size: int,
+           out_features: int) -> Tensor:
     import triton
 
-    check_gemm(x, words, scales_and_zeros, group_size)
-    rows, out_features = x.shape[0], words.shape[1]
+    rows = x.shape[0]
     out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
     block_m = block_rows(rows)
     grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, BLOCK_OUT))
     interpret = bool(triton.knobs.runtime.interpret)
     _kernel(interpret)[grid](
-        x, words, scales_and_zeros, out, rows, out_features, words.shape[0] * 8, group_size,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_OUT, BLOCK_K=math.gcd(BLOCK_IN, group_size), UPCAST=interpret,
-        ROUND_BF16=x.dtype == torch.bfloat16)
+        x, weight, weight if layout is None else layout.natural, scales_and_zeros, out, rows, out_features,
+        x.shape[1], group_size, BLOCK_M=block_m, BLOCK_N=BLOCK_OUT, BLOCK_K=math.gcd(BLOCK_IN, group_size),
+        UPCAST=interpret, ROUND_BF16=x.dtype == torch.bfloat16, TILE_ROWS=0 if layout is None else layout.rows,
+        TILE_COLS=0 if layout is None else layout.cols)
     return out
