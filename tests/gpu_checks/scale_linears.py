@@ -1,8 +1,8 @@
 """The scale check's per-linear tables: one int4 linear at each of the target's shapes (then of the
 draft's, rounded to 4 bits), input rows of a token to the widest tree, through torch's fused int4
 kernel, the wide path, a dense bf16 matmul over a weight of the same shape and, on a GPU,
-int4_gemm's kernel (each tile expanded in registers: not yet used by any product, timed here to
-decide whether a draft's steps should be). The wide path is CUDA's expansion (int4_expand: the
+int4_gemm's kernel (each tile expanded in registers, from its own words and from torch's tiles:
+what a draft's steps run where a probe finds it faster). The wide path is CUDA's expansion (int4_expand: the
 weight expanded a chunk at a time, then one matmul) on a GPU, and on a CPU the product an
 Int4Linear runs there (quant/int4.py)."""
 

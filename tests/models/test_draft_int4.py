@@ -43,6 +43,8 @@ def test_an_int4_draft_loads_rounded_holds_what_the_plan_counts_and_keeps_the_ta
                        None)
     for layer in draft.model.model.layers:
         assert any(isinstance(module, Int4Linear) for module in layer.modules())
+    # a draft's 4-bit linears may run int4_gemm's kernel on CUDA (quant/widths.in_registers); a target's never
+    assert all(module.registers for module in draft.model.modules() if isinstance(module, Int4Linear))
     held = sum(t.numel() * t.element_size() for t in unique_tensors(draft.model))
     skeleton = build_skeleton(config, None, torch.bfloat16, kernel=CPU)
     assert held == draft_weight_bytes(skeleton, torch.bfloat16, "int4", kernel=CPU)

@@ -52,6 +52,12 @@ def test_a_step_is_measured_once_scaled_to_the_drafts_layers_and_kept(monkeypatc
     assert [kept.choice for kept in kept_choices()] == [draft_step.CHOICE]
 
 
+def test_the_probe_runs_its_4_bit_linears_as_the_drafts_own_run():
+    model = probe_model(tiny_qwen_config(hidden_size=128, intermediate_size=256), DraftQuant("int4"), BF16, CPU)
+    linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
+    assert linears and all(linear.registers for linear in linears)  # on CUDA: int4_gemm where it is faster
+
+
 def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():
     config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
     one_s, wide_s = measure_step(config, DraftQuant("int4"), BF16, CPU, 16)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specchat.errors import SpecchatError
-from specchat.quant.int4 import int4_linear
+from specchat.quant import timing, widths
+from specchat.quant.int4 import Int4Linear, int4_linear, use_registers
 from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_weight import Int4Weight
@@ -84,3 +85,45 @@ def test_read_from_torchs_tiles_the_product_is_the_words_bit_for_bit(rows):
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
     tiled = w4a16_tiled_linear(x, linear.packed, linear.scales_and_zeros, 64, layout)
     assert torch.equal(tiled, w4a16_linear(x, gemm_words(weight), linear.scales_and_zeros, 64))
+
+
+def test_a_drafts_cuda_linear_runs_the_kernel_within_the_measured_span_and_a_targets_never(monkeypatch):
+    spans = []
+    monkeypatch.setattr(widths, "gemm_span", lambda *shape: spans.append(shape) or (16, 64))
+    linear = Int4Linear(256, 128, 32, False, False, torch.bfloat16, torch.device("cuda"))  # its buffers on the CPU
+    assert not any(widths.in_registers(linear, rows) for rows in (1, 16, 64))  # a target's linear
+    assert use_registers(linear) == 1
+    assert [widths.in_registers(linear, rows) for rows in (1, 15, 16, 64, 65, 256)] == [False, False, True, True,
+                                                                                         False, False]
+    assert spans[0] == ("cuda", 256, 128, torch.bfloat16)  # the linear's own shape
+    cpu_linear = Int4Linear(256, 128, 32, False, False, torch.bfloat16, torch.device("cpu"))
+    use_registers(cpu_linear)
+    assert not widths.in_registers(cpu_linear, 16)  # a CPU runs Triton only under its interpreter
+
+
+def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_runs_otherwise(monkeypatch, tmp_path):
+    """The CUDA choice with the CPU standing in for the device (the interpreter runs the kernels): a
+    timer stand-in that runs both products at the shape, checks that they agree (the fused kernel
+    below the expansion's 64 rows, the expansion from there), and lets the kernel win at 4-64 rows."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    monkeypatch.setattr(widths, "expand_rows", lambda *shape: 64)
+    timed = []
+
+    def stand_in(first, second, device) -> bool:
+        registers, current = first(), second()
+        timed.append(registers.shape[0])
+        assert torch.allclose(registers.float(), current.float(), rtol=0.02, atol=0.02)
+        return 4 <= registers.shape[0] <= 64
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    widths.gemm_span.cache_clear()
+    try:
+        assert widths.gemm_span("cpu", 256, 128, torch.bfloat16) == (4, 64)
+        assert timed == [1, 4, 16, 64, 256]
+        assert widths.gemm_span("cpu", 256, 128, torch.float32) is None  # the kernel takes 16-bit inputs
+        monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
+        assert widths.gemm_span("cpu", 384, 128, torch.bfloat16) is None
+        monkeypatch.setattr(widths, "expand_rows", lambda *shape: float("inf"))  # no Triton, or no readable tiles
+        assert widths.gemm_span("cpu", 512, 128, torch.bfloat16) is None
+    finally:
+        widths.gemm_span.cache_clear()

@@ -9,7 +9,7 @@ import torch
 
 from specchat import device_clock
 from specchat.quant import timing
-from specchat.quant.timing import MAX_RUNS, LinearShape, best_seconds, crossover, faster, widest_win
+from specchat.quant.timing import MAX_RUNS, LinearShape, best_seconds, crossover, faster, widest_win, winning_span
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -158,3 +158,14 @@ def test_a_probe_shape_is_nn_linears_in_features_then_out_features():
     assert (shape.in_features, shape.out_features) == tuple(shape)
     assert torch.nn.Linear(*shape, device="meta").weight.shape == (shape.out_features, shape.in_features)
 
+
+
+@pytest.mark.parametrize("winning, expected, timed", [
+    ({2, 4}, (2, 4), [1, 2, 4, 8]),  # from its first win to the last of the run after it
+    ({2, 8}, (2, 2), [1, 2, 4]),  # a win past a loss does not count, nor is it timed
+    ({8}, (8, 8), [1, 2, 4, 8]),
+    (set(WIDTHS), (1, 8), [1, 2, 4, 8]),
+    (set(), None, [1, 2, 4, 8]),
+])
+def test_the_winning_span_runs_from_the_first_win_to_the_first_loss_after_it(monkeypatch, winning, expected, timed):
+    assert sweep(winning_span, monkeypatch, winning) == (expected, timed)

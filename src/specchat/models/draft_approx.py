@@ -29,6 +29,7 @@ from specchat.checkpoint.skeleton import module_name
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
+from specchat.quant.int4 import use_registers
 from specchat.quant.int4_rtn import round_linears
 from specchat.quant.int8 import Int8Embedding, Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
@@ -104,6 +105,7 @@ class DraftApprox:
             round_linears(layer, self.dtype or weight.dtype, self.device or weight.device)
 
     def draft(self, model: PreTrainedModel) -> CausalLM:
+        use_registers(model)  # its 4-bit linears, stored so or rounded (CUDA: int4_gemm where it is faster)
         return CausalLM(model, vocab=self.vocab, head=self.head)
 
 

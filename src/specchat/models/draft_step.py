@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from specchat.machine_choices import Kept, measured, remembered, write_kept
 from specchat.models.configs import read_config
 from specchat.models.draft import DraftQuant, approximation
+from specchat.quant.int4 import use_registers
 from specchat.quant.timing import best_seconds
 from specchat.quant.widths import arguments
 
@@ -103,6 +104,7 @@ def probe_model(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype,
     approx = approximation(quant, None, dtype, device)
     for layer in model.model.layers:
         approx.prepare_layer(layer)
+    use_registers(model)  # as the draft's own linears run
     return model
 
 

@@ -39,6 +39,7 @@ class Int4Linear(nn.Module):
         self.kernel, self.compute_dtype = kernel.type, dtype
         self.widths: WidthChoice | None = None  # None: the measured choice (widths.py; `use_fused_only`)
         self.dense = None  # int4_dense.DenseCopy: wide inputs multiply it (a plain attribute: no state_dict entry)
+        self.registers = False  # a draft's (`use_registers`): on CUDA int4_gemm may serve its steps (widths.py)
         shape, packed_dtype = packed_shape(out_features, in_features, kernel.type)
         self.register_buffer("packed", torch.empty(shape, dtype=packed_dtype))
         self.register_buffer("scales_and_zeros", torch.empty(in_features // group_size, out_features, 2, dtype=dtype))
@@ -64,6 +65,16 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"kernel={self.kernel}")
+
+
+def use_registers(model: nn.Module) -> int:
+    """Let every Int4Linear of a draft `model` run int4_gemm's kernel on CUDA at the step widths
+    where it was measured faster (widths.in_registers); a target's never do, so that its products
+    stay those its exactness was checked with (a draft's may be anything). Returns how many."""
+    linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
+    for linear in linears:
+        linear.registers = True
+    return len(linears)
 
 
 def use_fused_only(model: nn.Module) -> int:

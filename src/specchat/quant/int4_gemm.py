@@ -15,7 +15,8 @@ copy of the weight, an index lookup a weight more). Either way
 w[o, i] = (q - 8) * scale[g, o] + zero[g, o] with g = i // group_size, in float32, rounded once to
 the input's dtype before the product (the scales_and_zeros an Int4Linear holds, [G, O, 2]).
 The product accumulates in float32. A draft may be approximated freely (SpecExec's verifier never
-reads its probabilities), so the order of that sum is the kernel's own.
+reads its probabilities), so the order of that sum is the kernel's own; a target's linears never
+run this kernel (widths.in_registers).
 
 Triton is imported only when the kernel runs; the kernel is decorated per interpreter mode, as
 int4_expand's is (TRITON_INTERPRET=1 runs it on a CPU, which the tests do). Triton 3.9's
@@ -39,7 +40,8 @@ from specchat.quant.int4_pack import unpack_nibbles
 from specchat.quant.int4_weight import Int4Weight
 
 # Rows, outputs and inputs a program multiplies: first guesses, not yet timed on a GPU
-# (`gpu_check.sh --scale` times the kernel beside the fused kernel, the expansion and dense bf16).
+# (`gpu_check.sh --scale` times the kernel beside the fused kernel, the expansion and dense bf16;
+# a draft runs it only at the widths its probe, quant/widths.gemm_span, found it faster).
 # tl.dot takes 16 rows at least: fewer are padded with masked loads.
 BLOCK_ROWS = (16, 32, 64)
 BLOCK_OUT = 64

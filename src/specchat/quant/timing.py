@@ -101,3 +101,15 @@ def widest_win(widths: Sequence[int], candidate: Callable[[int], object], curren
             break
         wins = rows
     return wins
+
+
+def winning_span(widths: Sequence[int], candidate: Callable[[int], object], current: Callable[[int], object],
+                 device: torch.device) -> tuple[int, int] | None:
+    """The first of `widths` (rows, ascending) at which `candidate(rows)` runs faster than
+    `current(rows)` and the widest of the run of wins that follows it; None where it never wins.
+    A win past the run's first loss does not count, and the sweep stops there."""
+    first = crossover(widths, candidate, current, device)
+    if first is None:
+        return None
+    rest = [rows for rows in widths if rows > first]
+    return first, widest_win(rest, candidate, current, device) or first

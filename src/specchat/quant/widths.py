@@ -3,13 +3,14 @@ measures it, the widths each probe times, and how each choice is kept.
 
 A 4-bit linear (Int4Linear) multiplies `rows` inputs by the first of these that applies:
   a CPU's dense copy (int4_dense)   rows >= dense_rows(shape), where the plan kept a copy
+  a draft's registers (int4_gemm)   CUDA, rows within gemm_span(shape): tiles expanded in the matmul
   CUDA's expansion (int4_expand)    rows >= expand_rows(shape): Triton expands, cuBLAS multiplies
   the fused kernel (int4_pack)      rows <= width_choice's fused_rows
   the chunked product (int4_chunks) in width_choice's product dtype, past that
 A CPU's dense linears are prepacked for oneDNN where `prepack_pays`, and a draft's int8 linears
 serve inputs of up to `int8_rows` rows.
 
-Nothing here is fixed: each of those five is measured on the machine at hand by racing the two
+Nothing here is fixed: each of those six is measured on the machine at hand by racing the two
 products at the widths of its *_ROWS (quant.timing: alternating trials, the fastest of each, a win
 only past the trials' spread), then kept per machine and keyed by what it was measured for
 (machine_choices.remembered: the choice's name, its shape and dtype, the machine's facts), with
@@ -33,6 +34,7 @@ from specchat.machine_choices import Choice, Kept, measured, remembered, write_k
 from specchat.quant import timing
 from specchat.quant.int4_chunks import chunked_linear, dequantized
 from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_gemm import GEMM_DTYPES, w4a16_tiled_linear
 from specchat.quant.int4_layout import TileLayout, layout_for
 from specchat.quant.int4_pack import FUSED_DTYPES, fused_linear, pack
 from specchat.quant.int8 import KERNEL_DTYPES, Bank, Int8Linear, dense_linear
@@ -45,6 +47,7 @@ UNLIMITED = math.inf
 FUSED_ROWS = (1, 4, 16, 64, 256)  # fused kernel against the chunked product: a token, small and wide trees
 WIDE_ROWS = 64  # where the chunked product's dtype is chosen: a tree pass
 EXPAND_ROWS = (16, 64, 256, 1024)  # CUDA: tree widths at which expanding may start to win
+GEMM_ROWS = (1, 4, 16, 64, 256)  # CUDA: a draft's step widths, at which int4_gemm may beat the others
 DENSE_ROWS = (2, 4, 8, 16, 32, 64)  # a CPU's dense copy: tree widths (one row keeps the fused kernel)
 PREPACK_ROWS = (1, 64)  # prepacked against plain dense: a token, and a tree pass
 INT8_ROWS = (1, 2, 4, 8, 16, 32, 64)  # a draft step's rows: the root, a chain, then wider expansions
@@ -72,6 +75,8 @@ def int4_product(linear: nn.Module, flat: Tensor, scales_and_zeros: Tensor) -> T
     if linear.dense is not None and rows >= linear.dense.from_rows:
         return linear.dense.linear(flat)
     layout = layout_for(flat.device, linear.in_features)
+    if in_registers(linear, rows):
+        return w4a16_tiled_linear(flat, linear.packed, scales_and_zeros, linear.group_size, layout)
     if expands(linear, rows):
         return expanded_linear(flat, linear.packed, scales_and_zeros, linear.group_size, layout)
     choice = linear.widths or width_choice(linear.kernel, flat.dtype)
@@ -84,6 +89,26 @@ def expands(linear: nn.Module, rows: int) -> bool:
     if linear.kernel != "cuda" or linear.widths is not None:
         return False
     return rows >= expand_rows(linear.kernel, linear.in_features, linear.out_features, linear.compute_dtype)
+
+
+def in_registers(linear: nn.Module, rows: int) -> bool:
+    """Whether `rows` input rows of a draft's Int4Linear (`int4.use_registers`) run int4_gemm's kernel:
+    on CUDA, within the span of widths where it was measured faster than what it replaces."""
+    if not linear.registers or linear.kernel != "cuda":
+        return False
+    span = gemm_span(linear.kernel, linear.in_features, linear.out_features, linear.compute_dtype)
+    return span is not None and span[0] <= rows <= span[1]
+
+
+@cache
+def gemm_span(device_type: str, in_features: int, out_features: int, dtype: torch.dtype) -> tuple[int, int] | None:
+    """The widths (first and last of GEMM_ROWS, inclusive) over which int4_gemm's kernel multiplies
+    faster than the fused kernel or the expansion at this shape; None where it never does or cannot run."""
+    if dtype not in GEMM_DTYPES or expand_rows(device_type, in_features, out_features, dtype) == math.inf:
+        return None  # no Triton, or torch's tiles cannot be read back: the kernel reads them as the expansion does
+    span = kept("int4 gemm rows", {"device": device_type, "in_features": in_features, "out_features": out_features,
+                                   "dtype": str(dtype)})
+    return None if span is None else (span[0], span[1])
 
 
 def packed_product(flat: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int,
@@ -207,6 +232,17 @@ def measure_expand_rows(device: str, in_features: int, out_features: int, dtype:
     return math.inf if rows is None else rows
 
 
+def measure_gemm_span(device: str, in_features: int, out_features: int, dtype: torch.dtype) -> list[int] | None:
+    group, on = math.gcd(EXPAND_GROUP, in_features), torch.device(device)
+    packed, pairs, x = random_int4(on, dtype, LinearShape(in_features, out_features), group, max(GEMM_ROWS))
+    layout, expand_from = layout_for(on, in_features), expand_rows(device, in_features, out_features, dtype)
+    span = timing.winning_span(  # against what the linear runs at each width otherwise
+        GEMM_ROWS, lambda rows: w4a16_tiled_linear(x[:rows], packed, pairs, group, layout),
+        lambda rows: expanded_linear(x[:rows], packed, pairs, group, layout) if rows >= expand_from
+        else fused_linear(x[:rows], packed, pairs, group), on)
+    return None if span is None else list(span)
+
+
 def measure_dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int | None:
     shape = LinearShape(in_features, out_features)
     packed, scales_and_zeros, x = random_int4(CPU, dtype, shape, WIDTH_GROUP, max(DENSE_ROWS))
@@ -253,6 +289,7 @@ def random_int4(device: torch.device, dtype: torch.dtype, shape: LinearShape, gr
 MEASURES: dict[str, Callable[..., Choice]] = {
     "int4 fused widths": measure_widths,
     "int4 expansion rows": measure_expand_rows,
+    "int4 gemm rows": measure_gemm_span,
     "int4 dense copy rows": measure_dense_rows,
     "prepacked products pay": measure_prepack_pays,
     "int8 rows": measure_int8_rows,
