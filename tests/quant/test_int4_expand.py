@@ -17,6 +17,7 @@ from functools import cache
 
 import pytest
 import torch
+from helpers.int4_layouts import as_cuda_int32, cuda_layout, generator, pack_by_spec, scrambled_layout
 
 from specchat.errors import SpecchatError
 from specchat.quant import int4_expand, timing, widths
@@ -70,10 +71,6 @@ def fma_rounds_once() -> bool:
     return out.item() == 7 * 2.0 ** -23
 
 
-def generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def random_q(out_features: int, in_features: int, seed: int) -> torch.Tensor:
     """A weight's values 0..15, long [O, I]."""
     return torch.randint(0, 16, (out_features, in_features), generator=generator(seed))
@@ -90,42 +87,10 @@ def random_scales_and_zeros(groups: int, out_features: int, dtype: torch.dtype, 
     return torch.stack([scales, sizes * signs], dim=-1).to(dtype)
 
 
-def scrambled_layout(rows: int, cols: int, seed: int) -> TileLayout:
-    """Tiles of rows x cols weights in a seeded random order."""
-    return TileLayout(rows, cols, torch.randperm(rows * cols, generator=generator(seed)), in_order=False)
-
-
-def cuda_layout(in_features: int, seed: int) -> TileLayout:
-    """A layout of the tile shape CUDA packs `in_features` inputs in: 8 x 16 t."""
-    return scrambled_layout(8, 16 * inner_k_tiles(in_features, "cuda"), seed)
-
-
-def pack_by_spec(q: torch.Tensor, layout: TileLayout) -> torch.Tensor:
-    """q [O, I] (values 0..15) -> uint8 [O I / 2] in `layout`'s tiles of R x C weights, H = R C / 2
-    bytes each, as int4_expand reads them:
-      tile t = (o // R) * (I // C) + i // C,   position p = natural[(o % R) * C + i % C]
-      q[o, i] is byte t * H + p % H's low nibble where p < H, its high nibble where p >= H."""
-    out_features, in_features = q.shape
-    half = layout.rows * layout.cols // 2
-    o, i = torch.arange(out_features)[:, None], torch.arange(in_features)[None, :]
-    tile = (o // layout.rows) * (in_features // layout.cols) + i // layout.cols
-    position = layout.natural[(o % layout.rows) * layout.cols + i % layout.cols]
-    byte = tile * half + position % half
-    shift = 4 * (position // half)
-    packed = torch.zeros(out_features * in_features // 2, dtype=torch.long)
-    packed.index_add_(0, byte.reshape(-1), (q << shift).reshape(-1))  # one low and one high nibble a byte
-    return packed.to(torch.uint8)
-
-
 def canonical_nibbles(q: torch.Tensor) -> torch.Tensor:
     """q [O, I] -> uint8 [O, I/2] in int4_pack's canonical order: q[o, i] in byte i // 2 of row o,
     even i in the high nibble."""
     return ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8)
-
-
-def as_cuda_int32(packed: torch.Tensor, out_features: int, in_features: int, cols: int) -> torch.Tensor:
-    """The bytes in CUDA's packed shape, int32 [O/8, I/16t, 32, t/2] for tiles of 8 x 16 t."""
-    return packed.view(torch.int32).view(out_features // 8, in_features // cols, 32, cols // 32)
 
 
 def dequantize_by_spec(q: torch.Tensor, scales_and_zeros: torch.Tensor, dtype: torch.dtype,

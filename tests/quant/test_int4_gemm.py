@@ -9,9 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers.int4_layouts import as_cuda_int32, cuda_layout, pack_by_spec
 
 from specchat.errors import SpecchatError
 from specchat.quant import timing, widths
+from specchat.quant.gptq import pack_int4_rows
 from specchat.quant.int4 import Int4Linear, int4_linear, use_registers
 from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
@@ -127,3 +129,17 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
         assert widths.gemm_span("cpu", 512, 128, torch.bfloat16) is None
     finally:
         widths.gemm_span.cache_clear()
+
+
+@pytest.mark.parametrize(("in_features", "group_size"), [(96, 32), (192, 64), (384, 128)])  # CUDA's 8 x 32/64/128 tiles
+def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size):
+    """Tiles of the shape CUDA packs in, their order scrambled (the kernel reads whatever order
+    int4_layout learns), packed by the test's own spec."""
+    layout = cuda_layout(in_features, seed=in_features)
+    q = torch.randint(0, 16, (24, in_features), generator=torch.Generator().manual_seed(group_size))
+    packed = as_cuda_int32(pack_by_spec(q, layout), 24, in_features, layout.cols)
+    scales = torch.rand(in_features // group_size, 24, 2, generator=torch.Generator().manual_seed(1)) / 16
+    pairs = scales.to(torch.bfloat16)
+    x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    tiled = w4a16_tiled_linear(x, packed, pairs, group_size, layout)
+    assert torch.equal(tiled, w4a16_linear(x, pack_int4_rows(q.t()), pairs, group_size))
