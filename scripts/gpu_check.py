@@ -35,8 +35,10 @@ time, and `--only TARGET` runs one pair, so that each fits a command of 10 minut
 runs it over shrunk models on any device.
 
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
-target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft;
---scale --dry-run runs it over shrunk widths on any device, the CPU included.
+target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft (its
+linears' products, then its step in bf16 and in 4 bits), a Mixtral-shaped target streamed by expert;
+`--parts draft,linears` (of passes, linears, draft, moe) runs some of them, so that a short command
+measures what it is for; --scale --dry-run runs it over shrunk widths on any device, the CPU included.
 """
 
 import argparse
@@ -53,7 +55,7 @@ from gpu_checks.int4_reference import CHECK as INT4_REFERENCE  # noqa: E402
 from gpu_checks.int4_reference import check_int4_reference  # noqa: E402
 from gpu_checks.pair import DRY_PAIR, FULL_PAIR, run_pair  # noqa: E402
 from gpu_checks.pair_models import PAIRS  # noqa: E402
-from gpu_checks.scale import run_scale  # noqa: E402
+from gpu_checks.scale import PARTS, run_scale  # noqa: E402
 from gpu_checks.scale_sizes import SLOTS, scale_sizes  # noqa: E402
 from gpu_checks.suite import Check, all_checks, run_all  # noqa: E402
 from gpu_checks.verdict import Verdict, exit_code, table  # noqa: E402
@@ -72,6 +74,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pair", action="store_true", help="the paper's pairs end to end instead of the checks")
     parser.add_argument("--dry-run", action="store_true", help="with --scale or --pair: shrunk widths, on any device")
     parser.add_argument("--layers", type=int, help=f"with --scale: target layers to build (more than {SLOTS})")
+    parser.add_argument("--parts", help=f"with --scale: some of {','.join(PARTS)} (comma-separated; default all)")
     parser.add_argument("--only", choices=[pair.target for pair in PAIRS],
                         help="with --pair: this target's pair alone (one pair fits a 10-minute command)")
     options = parser.parse_args(argv)
@@ -85,6 +88,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error("--layers goes with --scale")
     if options.layers is not None and options.layers <= SLOTS:
         parser.error(f"--layers must be more than the ring's {SLOTS} slots; got {options.layers}")
+    if options.parts is not None and not options.scale:
+        parser.error("--parts goes with --scale")
+    options.parts = PARTS if options.parts is None else tuple(options.parts.split(","))
+    unknown = [part for part in options.parts if part not in PARTS]
+    if unknown:
+        parser.error(f"--parts takes {', '.join(PARTS)}; got {', '.join(map(repr, unknown))}")
     return options
 
 
@@ -118,7 +127,7 @@ def main(argv: list[str]) -> int:
     cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=cache_dir()) as scratch:
         if options.scale:
-            return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch))
+            return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch), options.parts)
         if options.pair:
             return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch), options.only)
         return run_checks(device, Path(scratch))

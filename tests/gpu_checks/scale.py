@@ -33,31 +33,53 @@ def verdict_line(verdict: Verdict) -> str:
     return f"{verdict.status}  {verdict.check}: {verdict.detail}"
 
 
-def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path) -> int:
-    """Print the tables and their verdicts; 1 when a verdict failed."""
+PARTS = ("passes", "linears", "draft", "moe")  # what --scale measures, in order; --parts picks some
+
+
+def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path, parts: tuple[str, ...] = PARTS) -> int:
+    """Print the tables of `parts` and their verdicts; 1 when a verdict failed."""
     say(describe(sizes, device))
+    runs = {"passes": target_passes, "linears": target_linears, "draft": draft_steps, "moe": moe_passes}
+    verdicts = [verdict for part in PARTS if part in parts for verdict in runs[part](sizes, device, workdir)]
+    return exit_code(verdicts)
+
+
+def target_passes(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
     config, settings = alias_config(TARGET_ALIAS, sizes.layers, sizes.target_shrink)
     say(f"writing a random 4-bit GPTQ checkpoint of {sizes.layers} layers ...")
     directory = write_random_4bit(config, settings, workdir / "target")
     passes = pass_rows(directory, device, workdir, sizes, config.vocab_size, say)
     say(pass_table(passes))
-    verdicts = [pass_verdict(passes, sizes.dry_run)]
-    say(verdict_line(verdicts[-1]))
+    return [said(pass_verdict(passes, sizes.dry_run))]
+
+
+def target_linears(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
+    config, settings = alias_config(TARGET_ALIAS, sizes.layers, sizes.target_shrink)
     say("timing one linear of each shape ...")
     linears = linear_rows(config, settings, sizes.linear_rows, device)
     say(linear_table(linears))
-    verdicts.append(linear_verdict(linears, device, sizes.dry_run))
-    say(verdict_line(verdicts[-1]))
+    return [said(linear_verdict(linears, device, sizes.dry_run))]
+
+
+def draft_steps(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
     say(f"timing one linear of each of a {DRAFT_ALIAS} shaped draft's shapes, rounded to 4 bits ...")
     draft_config, _ = alias_config(DRAFT_ALIAS, 1, sizes.draft_shrink)
     say(linear_table(linear_rows(draft_config, None, sizes.draft_widths, device)))
     say(f"timing a {DRAFT_ALIAS} shaped bf16 draft of {sizes.draft_layers} layers ...")
     drafts = draft_rows(sizes, device)
     say(draft_table(drafts))
-    verdicts.append(draft_verdict(drafts, sizes.dry_run))
-    say(verdict_line(verdicts[-1]))
+    verdict = said(draft_verdict(drafts, sizes.dry_run))
     say("the same draft rounded to 4 bits (--draft-quant int4) ...")
     say(draft_table(draft_rows(sizes, device, rounded=True)))
+    return [verdict]
+
+
+def moe_passes(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
     say(f"a {MOE_ALIAS} shaped target streamed by expert and as whole layers:")
     say(moe_table(moe_rows(sizes, device, workdir, say)))
-    return exit_code(verdicts)
+    return []
+
+
+def said(verdict: Verdict) -> Verdict:
+    say(verdict_line(verdict))
+    return verdict

@@ -106,3 +106,14 @@ def test_the_draft_verdict_reads_the_captured_step_up_to_256_tokens():
     assert draft_verdict(rows, dry_run=False).detail.startswith("10.12 ms at most (256 tokens)")
     assert draft_verdict(rows, dry_run=False).status == "FAIL"
     assert draft_verdict(rows, dry_run=True).status == "SKIP"
+
+
+def test_parts_run_only_the_tables_they_name():
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "moe,linears"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = [line for line in lines if line.startswith(("timing", "writing", "a mixtral"))]
+    assert said[0] == "timing one linear of each shape ..." and said[1].startswith("a mixtral-8x7b-gptq shaped target")
+    assert not any("draft" in line for line in said) and sum("dry run: no verdict" in line for line in lines) == 1
