@@ -302,3 +302,21 @@ def test_a_cuda_linear_expands_from_the_measured_width_unless_pinned_to_the_fuse
     assert not widths.expands(linear, 2048)
     cpu_linear = Int4Linear(256, 128, 32, False, False, torch.bfloat16, CPU)
     assert not widths.expands(cpu_linear, 2048)  # CPUs keep dense copies
+
+
+@pytest.mark.parametrize("arch", [90, 89])
+def test_the_kernel_compiles_for_a_gpu_without_one(arch, monkeypatch):
+    """Triton lowers the expansion to machine code for the GPU here (its wheel brings ptxas), so
+    that a construct a GPU's compiler refuses is caught on the CPU, not on the next device lent."""
+    monkeypatch.delenv("TRITON_INTERPRET")  # decorated for a GPU, not for the interpreter
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    signature = {"packed_ptr": "*u8", "natural_ptr": "*i64", "scales_and_zeros_ptr": "*bf16", "out_ptr": "*bf16",
+                 "out_features": "i32", "in_features": "i32", "group_size": "i32"}
+    constants = {"TILE_ROWS": 8, "TILE_COLS": 128, "BLOCK_ROWS": int4_expand.BLOCK_O, "BLOCK_COLS": int4_expand.BLOCK_I,
+                 "ROUND_BF16": True}
+    source = triton.compiler.ASTSource(fn=int4_expand._kernel(False), signature=signature | dict.fromkeys(constants,
+                                       "constexpr"), constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False})
+    assert compiled.asm["cubin"]

@@ -143,3 +143,26 @@ def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size)
     x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     tiled = w4a16_tiled_linear(x, packed, pairs, group_size, layout)
     assert torch.equal(tiled, w4a16_linear(x, pack_int4_rows(q.t()), pairs, group_size))
+
+
+@pytest.mark.parametrize("arch", [90, 89])  # Hopper (H100, H200) and Ada (the RTX 4090 the paper ran on)
+@pytest.mark.parametrize("tiles", [(0, 0), (8, 128)])  # from its words; from CUDA's 8 x 128 tiles
+def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, monkeypatch):
+    """Triton lowers the kernel to machine code for the GPU here (its wheel brings ptxas): what the
+    interpreter cannot catch, a construct a GPU's compiler refuses, is caught on the CPU (Triton
+    3.6's, which torch 2.11's CUDA wheels bring, compiled it for sm_80, 89 and 90 alike)."""
+    monkeypatch.delenv("TRITON_INTERPRET")  # decorated for a GPU, not for the interpreter
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from specchat.quant.int4_gemm import BLOCK_IN, BLOCK_OUT, _kernel, block_rows
+
+    pointers = {"x_ptr": "*bf16", "words_ptr": "*u8" if tiles[0] else "*i32", "natural_ptr": "*i64",
+                "scales_and_zeros_ptr": "*bf16", "out_ptr": "*bf16"}
+    numbers = dict.fromkeys(("rows", "out_features", "in_features", "group_size"), "i32")
+    constants = {"BLOCK_M": block_rows(1), "BLOCK_N": BLOCK_OUT, "BLOCK_K": BLOCK_IN, "UPCAST": False,
+                 "ROUND_BF16": True, "TILE_ROWS": tiles[0], "TILE_COLS": tiles[1]}
+    signature = pointers | numbers | dict.fromkeys(constants, "constexpr")
+    source = triton.compiler.ASTSource(fn=_kernel(False), signature=signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False})
+    assert compiled.asm["cubin"]

@@ -156,5 +156,6 @@ def launch(x: Tensor, weight: Tensor, layout: TileLayout | None, scales_and_zero
         x, weight, weight if layout is None else layout.natural, scales_and_zeros, out, rows, out_features,
         x.shape[1], group_size, BLOCK_M=block_m, BLOCK_N=BLOCK_OUT, BLOCK_K=math.gcd(BLOCK_IN, group_size),
         UPCAST=interpret, ROUND_BF16=x.dtype == torch.bfloat16, TILE_ROWS=0 if layout is None else layout.rows,
-        TILE_COLS=0 if layout is None else layout.cols)
+        TILE_COLS=0 if layout is None else layout.cols,
+        enable_fp_fusion=False)  # (q - 8) * scale + zero as the interpreter computes it (exact with 16-bit scales)
     return out
