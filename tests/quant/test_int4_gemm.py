@@ -14,7 +14,7 @@ from helpers.int4_layouts import as_cuda_int32, cuda_layout, pack_by_spec
 from specchat.errors import SpecchatError
 from specchat.quant import timing, widths
 from specchat.quant.gptq import pack_int4_rows
-from specchat.quant.int4 import Int4Linear, int4_linear, use_registers
+from specchat.quant.int4 import Int4Linear, int4_linear, use_fused_only, use_registers
 from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_weight import Int4Weight
@@ -101,6 +101,8 @@ def test_a_drafts_cuda_linear_runs_the_kernel_within_the_measured_span_and_a_tar
     cpu_linear = Int4Linear(256, 128, 32, False, False, torch.bfloat16, torch.device("cpu"))
     use_registers(cpu_linear)
     assert not widths.in_registers(cpu_linear, 16)  # a CPU runs Triton only under its interpreter
+    use_fused_only(linear)
+    assert not widths.in_registers(linear, 16)  # pinned to the fused kernel
 
 
 def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_runs_otherwise(monkeypatch, tmp_path):
@@ -125,8 +127,11 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
         assert widths.gemm_span("cpu", 256, 128, torch.float32) is None  # the kernel takes 16-bit inputs
         monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
         assert widths.gemm_span("cpu", 384, 128, torch.bfloat16) is None
-        monkeypatch.setattr(widths, "expand_rows", lambda *shape: float("inf"))  # no Triton, or no readable tiles
-        assert widths.gemm_span("cpu", 512, 128, torch.bfloat16) is None
+        monkeypatch.setattr(timing, "faster", stand_in)
+        monkeypatch.setattr(widths, "expand_rows", lambda *shape: float("inf"))  # the expansion never wins here
+        assert widths.gemm_span("cpu", 512, 128, torch.bfloat16) == (4, 64)  # against the fused kernel alone
+        monkeypatch.setattr(widths, "triton_available", lambda: False)
+        assert widths.gemm_span("cpu", 768, 128, torch.bfloat16) is None  # untimed: no Triton to run it
     finally:
         widths.gemm_span.cache_clear()
 

@@ -110,15 +110,19 @@ def _kernel(interpret: bool) -> Any:
 def check_gemm(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: int) -> None:
     """SpecchatError, in one line, where the arguments describe no product the kernel takes."""
     in_features, out_features = words.shape[0] * 8, words.shape[1]
-    if x.dim() != 2 or x.shape[1] != in_features or x.dtype not in GEMM_DTYPES or not x.is_contiguous():
-        raise SpecchatError(f"x must be a contiguous [rows, {in_features}] in {GEMM_DTYPES}; got {tuple(x.shape)} "
-                            f"{x.dtype}")
+    check_inputs(x, in_features, group_size)
     if words.dtype != torch.int32 or not words.is_contiguous():
         raise SpecchatError(f"words must be contiguous int32 [I/8, O] (gemm_words); got {words.dtype}")
     if scales_and_zeros.shape != (in_features // group_size, out_features, 2) or in_features % group_size \
             or not scales_and_zeros.is_contiguous():
         raise SpecchatError(f"scales_and_zeros must be a contiguous [{in_features} / {group_size}, {out_features}, 2]; "
                             f"got {tuple(scales_and_zeros.shape)}")
+
+
+def check_inputs(x: Tensor, in_features: int, group_size: int) -> None:
+    if x.dim() != 2 or x.shape[1] != in_features or x.dtype not in GEMM_DTYPES or not x.is_contiguous():
+        raise SpecchatError(f"x must be a contiguous [rows, {in_features}] in {GEMM_DTYPES}; got {tuple(x.shape)} "
+                            f"{x.dtype}")
     if group_size % 16:  # tl.dot takes 16 inputs at least, and a program's inputs lie in one group
         raise SpecchatError(f"groups of {group_size} inputs: the kernel needs a multiple of 16")
 
@@ -135,11 +139,7 @@ def w4a16_tiled_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, grou
     """The same product, the weight read from torch's packed int4 layout (`layout`: int4_layout's
     reading of it) where an Int4Linear holds it: no second copy of the weight."""
     out_features, in_features = check_expansion(packed, scales_and_zeros, group_size, layout, x.dtype)
-    if x.dim() != 2 or x.shape[1] != in_features or x.dtype not in GEMM_DTYPES or not x.is_contiguous():
-        raise SpecchatError(f"x must be a contiguous [rows, {in_features}] in {GEMM_DTYPES}; got {tuple(x.shape)} "
-                            f"{x.dtype}")
-    if group_size % 16:
-        raise SpecchatError(f"groups of {group_size} inputs: the kernel needs a multiple of 16")
+    check_inputs(x, in_features, group_size)
     return launch(x, packed.reshape(-1).view(torch.uint8), layout, scales_and_zeros, group_size, out_features)
 
 

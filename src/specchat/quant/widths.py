@@ -93,8 +93,9 @@ def expands(linear: nn.Module, rows: int) -> bool:
 
 def in_registers(linear: nn.Module, rows: int) -> bool:
     """Whether `rows` input rows of a draft's Int4Linear (`int4.use_registers`) run int4_gemm's kernel:
-    on CUDA, within the span of widths where it was measured faster than what it replaces."""
-    if not linear.registers or linear.kernel != "cuda":
+    on CUDA, unless pinned to the fused kernel, within the span of widths where it was measured
+    faster than what it replaces."""
+    if not linear.registers or linear.kernel != "cuda" or linear.widths is not None:
         return False
     span = gemm_span(linear.kernel, linear.in_features, linear.out_features, linear.compute_dtype)
     return span is not None and span[0] <= rows <= span[1]
@@ -104,8 +105,8 @@ def in_registers(linear: nn.Module, rows: int) -> bool:
 def gemm_span(device_type: str, in_features: int, out_features: int, dtype: torch.dtype) -> tuple[int, int] | None:
     """The widths (first and last of GEMM_ROWS, inclusive) over which int4_gemm's kernel multiplies
     faster than the fused kernel or the expansion at this shape; None where it never does or cannot run."""
-    if dtype not in GEMM_DTYPES or expand_rows(device_type, in_features, out_features, dtype) == math.inf:
-        return None  # no Triton, or torch's tiles cannot be read back: the kernel reads them as the expansion does
+    if dtype not in GEMM_DTYPES or not triton_available() or layout_for(torch.device(device_type), in_features) is None:
+        return None  # the kernel reads torch's tiles as the expansion does
     span = kept("int4 gemm rows", {"device": device_type, "in_features": in_features, "out_features": out_features,
                                    "dtype": str(dtype)})
     return None if span is None else (span[0], span[1])
