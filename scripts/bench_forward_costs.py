@@ -2,11 +2,11 @@
 per dtype: where a CPU without bf16 hardware spends its time (the trunk, then the LM head over
 the few rows a tree pass reads).
 
-Usage: python scripts/bench_forward_costs.py target|draft bf16|fp32
+Usage: python scripts/bench_forward_costs.py {target,draft} {bf16,fp32}
 Prints one row per n in 1, 4, 16, 64, 256: the fastest and the median of 4 runs.
 """
 
-import sys
+import argparse
 import time
 
 import torch
@@ -21,10 +21,16 @@ SIZES = (1, 4, 16, 64, 256)
 RUNS = 4
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def main() -> None:
-    which = DEFAULT_TARGET if sys.argv[1] == "target" else DEFAULT_DRAFT
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[sys.argv[2]]
-    lm = CausalLM(load(which, dtype, False).model)
+    parser = argparse.ArgumentParser(description="Time one forward of the embedded target or draft over n tokens.")
+    parser.add_argument("model", choices=("target", "draft"))
+    parser.add_argument("dtype", choices=tuple(DTYPES))
+    options = parser.parse_args()
+    which = DEFAULT_TARGET if options.model == "target" else DEFAULT_DRAFT
+    lm = CausalLM(load(which, DTYPES[options.dtype], False).model)
     prefix = torch.randint(0, 1000, (CONTEXT,))
     for n in SIZES:
         times = []
@@ -39,7 +45,7 @@ def main() -> None:
             lm.logits(hidden[: min(n, 8)])
             head = time.perf_counter() - start
         times.sort()
-        print(f"{sys.argv[1]} {sys.argv[2]} N={n}: trunk {1000 * times[0]:.0f} ms (median {1000 * times[RUNS // 2]:.0f}), "
+        print(f"{options.model} {options.dtype} N={n}: trunk {1000 * times[0]:.0f} ms (median {1000 * times[RUNS // 2]:.0f}), "
               f"head({min(n, 8)} rows) {1000 * head:.0f} ms", flush=True)
 
 

@@ -10,8 +10,8 @@ Usage: python scripts/bench_kv_decode.py [bf16|fp32] [steps]
 Prints one row per (context, cache, step): the median and the fastest of `steps` timings.
 """
 
+import argparse
 import statistics
-import sys
 import time
 
 import torch
@@ -54,9 +54,15 @@ def time_steps(lm: CausalLM, cache, context: int, steps: int, tree: bool, keep) 
     return times
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def main() -> None:
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[sys.argv[1] if len(sys.argv) > 1 else "bf16"]
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    parser = argparse.ArgumentParser(description="Time decode and tree steps over the two KV caches.")
+    parser.add_argument("dtype", nargs="?", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("steps", nargs="?", type=int, default=20, help="steps timed per row (default 20)")
+    options = parser.parse_args()
+    dtype, steps = DTYPES[options.dtype], options.steps
     lm = CausalLM(load(DEFAULT_TARGET, dtype, False).model)
     torch.manual_seed(0)
     print(f"target {DEFAULT_TARGET} {dtype}, threads {torch.get_num_threads()}, {steps} steps per row", flush=True)

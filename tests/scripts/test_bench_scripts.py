@@ -76,3 +76,12 @@ def test_the_draft_forms_bench_prints_each_forms_step_per_width(tmp_path):
     for row in rows:
         assert all(float(cell) >= 0 for cell in row[1:4])  # ms at one decimal: a tiny layer's may print 0.0
         assert all(cell.endswith("x") and float(cell[:-1]) > 0 for cell in row[4:])
+
+
+@pytest.mark.parametrize(("script", "args", "error"), [
+    ("bench_forward_costs.py", ["target", "x"], "argument dtype: invalid choice: 'x'"),
+    ("bench_kv_decode.py", ["bf16", "x"], "argument steps: invalid int value: 'x'"),
+])
+def test_the_forward_benches_refuse_bad_arguments_before_loading(monkeypatch, capsys, script, args, error):
+    status, stderr = run_script(script, args, monkeypatch, capsys)
+    assert status == 2 and error in stderr and "Traceback" not in stderr
