@@ -76,7 +76,7 @@ def int4_product(linear: nn.Module, flat: Tensor, scales_and_zeros: Tensor) -> T
         return linear.dense.linear(flat)
     layout = layout_for(flat.device, linear.in_features)
     if in_registers(linear, rows):
-        return w4a16_tiled_linear(flat, linear.packed, scales_and_zeros, linear.group_size, layout)
+        return w4a16_tiled_linear(flat.contiguous(), linear.packed, scales_and_zeros, linear.group_size, layout)
     if expands(linear, rows):
         return expanded_linear(flat, linear.packed, scales_and_zeros, linear.group_size, layout)
     choice = linear.widths or width_choice(linear.kernel, flat.dtype)
