@@ -45,8 +45,8 @@ def main() -> None:
             lm.logits(hidden[: min(n, 8)])
             head = time.perf_counter() - start
         times.sort()
-        print(f"{options.model} {options.dtype} N={n}: trunk {1000 * times[0]:.0f} ms (median {1000 * times[RUNS // 2]:.0f}), "
-              f"head({min(n, 8)} rows) {1000 * head:.0f} ms", flush=True)
+        print(f"{options.model} {options.dtype} N={n}: trunk {1000 * times[0]:.0f} ms "
+              f"(median {1000 * times[RUNS // 2]:.0f}), head({min(n, 8)} rows) {1000 * head:.0f} ms", flush=True)
 
 
 if __name__ == "__main__":

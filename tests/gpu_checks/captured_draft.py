@@ -1,8 +1,9 @@
 """The draft's step captured in CUDA graphs (decoding/static_step.py): greedy and seeded SpecExec
 over a small float32 Qwen2 pair grows, tree for tree, what the same static shapes grow run
 eagerly (the same kernels, replayed), and emits the target's autoregressive tokens; with the draft
-rounded to 4 bits (--draft-quant int4: its products through the int4 kernels, the Triton expansion
-past their widths), in bf16, likewise. That the static shapes grow the eager step's trees is
+rounded to 4 bits (--draft-quant int4: its products through the int4 kernels, int4_gemm's kernel
+at the widths its probe finds it faster, the Triton expansion past them), in bf16, likewise, with
+the widths int4_gemm served. That the static shapes grow the eager step's trees is
 tests/decoding/test_static_step.py's, on any device."""
 
 import torch
@@ -16,7 +17,9 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
+from specchat.quant.int4 import Int4Linear, use_registers
 from specchat.quant.int4_rtn import round_linears
+from specchat.quant.widths import gemm_span
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
 ROUNDED_CHECK = "int4 draft step captured in CUDA graphs: eager trees, target tokens"
@@ -49,6 +52,8 @@ def check_captured_draft(device: torch.device, rounded: bool = False) -> Verdict
         passed = passed and same_trees and tokens_ok
         details.append(f"t={sampling.temperature:g}: trees {'equal' if same_trees else 'DIFFER'}, "
                        f"tokens {'= autoregressive' if tokens_ok else 'DIFFER'}")
+    if rounded:
+        details.append(gemm_spans(draft.model))
     return judged(name, passed, "; ".join(details))
 
 
@@ -59,4 +64,16 @@ def draft_model(config, device: torch.device, rounded: bool) -> torch.nn.Module:
         model = model.to(torch.bfloat16)
         for layer in model.model.layers:
             round_linears(layer, torch.bfloat16, device)
+        use_registers(model)  # as a draft's own: int4_gemm's kernel at the widths its probe finds it faster
     return model
+
+
+def gemm_spans(model: torch.nn.Module) -> str:
+    """Which widths int4_gemm's kernel served at each of the draft's 4-bit shapes (widths.gemm_span)."""
+    shapes = {(m.kernel, m.in_features, m.out_features, m.compute_dtype) for m in model.modules()
+              if isinstance(m, Int4Linear)}
+    served = []
+    for kernel, in_features, out_features, dtype in sorted(shapes, key=lambda shape: shape[1:3]):
+        span = gemm_span(kernel, in_features, out_features, dtype)
+        served.append(f"{in_features}x{out_features}: " + ("never" if span is None else f"{span[0]}-{span[1]} rows"))
+    return "int4_gemm served " + ", ".join(served)

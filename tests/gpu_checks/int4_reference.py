@@ -2,8 +2,8 @@
 target's shapes (act-order: a random input permutation), multiplied by every product the device
 has (the fused kernel; on CUDA the expansion and int4_gemm's kernel; and the one the linear picks
 at that width), against x @ w.T in float64 with w from Int4Weight.dequantize(), which shares no
-code with the packing, the kernels or their layouts. A packing or layout error moves the output by its own size; bf16 inputs,
-weights and outputs by a few thousandths (BOUND). On CUDA the expansion is part of what is checked:
+code with the packing, the kernels or their layouts. A packing or layout error moves the output by
+its own size; bf16 inputs, weights and outputs by a few thousandths (BOUND). On CUDA the expansion is part of what is checked:
 where Triton or torch's tile layout is missing there, the verdict is SKIP with that reason (the
 other products' errors beside it), never a PASS without it."""
 

@@ -52,8 +52,8 @@ class PairSizes:
 
 
 # the judged budget first: a command cut short at its limit has printed its row
-FULL_PAIR = PairSizes(budgets=(1024, 128, 2048), new_tokens=10, max_depth=24,
-                      offload=("--offload", "auto", "--vram-budget", "24"), doctor=("--vram-budget", "24"), warm_trees=2)
+FULL_PAIR = PairSizes(budgets=(1024, 128, 2048), new_tokens=10, max_depth=24, warm_trees=2,
+                      offload=("--offload", "auto", "--vram-budget", "24"), doctor=("--vram-budget", "24"))
 # groups of 128 inputs (AWQ's) fit hidden 256 and MLP 512; begin and end ids inside the 512 words
 DRY_PAIR = PairSizes(budgets=(16,), new_tokens=4, max_depth=4, offload=("--offload", "disk", "--resident-layers", "1"),
                      target_layers=3, draft_layers=2,

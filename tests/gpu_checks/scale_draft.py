@@ -20,6 +20,7 @@ from gpu_checks.verdict import Verdict, judged, skipped
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.quant.int4 import use_registers
 from specchat.quant.int4_rtn import round_linears
 
 STEP_MS = 10.0  # issue 48: a 7B draft's step within 10 ms at 1-256 new tokens (gpt-fast: ~9.5 ms on an A100)
@@ -48,6 +49,7 @@ def draft_rows(sizes: ScaleSizes, device: torch.device, rounded: bool = False) -
     if rounded:
         for layer in model.model.layers:
             round_linears(layer, torch.bfloat16, device)
+        use_registers(model)  # as a draft's own: int4_gemm at the widths its probe finds it faster
     lm = CausalLM(model)
     static = static_draft(lm, sizes.cached + max(sizes.draft_widths) + BUCKETS[-1], capture=device.type == "cuda")
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_checks import (auto_offload, drafts, embedded_weights, expanded_specexec, int4_reference, probe_costs, replies,
-                        verdict)
+from gpu_checks import (auto_offload, captured_draft, drafts, embedded_weights, expanded_specexec, int4_reference,
+                        probe_costs, replies, verdict)
 from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.captured_draft import check_captured_draft
@@ -327,3 +327,11 @@ def test_int4_gemms_kernel_is_one_of_the_products_held_to_the_float64_reference(
     assert errors["registers"] <= int4_reference.BOUND and errors["registers, tiles"] <= int4_reference.BOUND, errors
     wrong = gemm_words(replace(weight, nibbles=weight.nibbles ^ 1))
     assert int4_reference.shape_errors(linear, dense, torch.Generator().manual_seed(1), wrong)["registers"] > 0.01
+
+
+def test_the_captured_int4_check_says_which_widths_int4_gemm_served(monkeypatch):
+    model = torch.nn.Sequential(int4.Int4Linear(256, 128, 32, False, False, torch.bfloat16, CPU),
+                                int4.Int4Linear(128, 256, 32, False, False, torch.bfloat16, CPU))
+    assert captured_draft.gemm_spans(model) == "int4_gemm served 128x256: never, 256x128: never"  # no Triton here
+    monkeypatch.setattr(captured_draft, "gemm_span", lambda kernel, i, o, dtype: (16, 64) if i == 256 else None)
+    assert captured_draft.gemm_spans(model) == "int4_gemm served 128x256: never, 256x128: 16-64 rows"

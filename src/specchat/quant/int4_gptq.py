@@ -41,7 +41,10 @@ def gptq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor,
     if any(count % group_size for count in counts.tolist()):
         raise SpecchatError(f"a GPTQ module's groups hold {sorted(set(counts.tolist()))} inputs: not multiples of "
                             f"the int4 kernel group of {group_size} its layer was built with")
-    nibbles = nibbles_by_rows(qweight.shape[1], lambda start, stop: unpack_int4_rows(qweight[:, start:stop]).t()[:, order])
+    def values(start: int, stop: int) -> Tensor:  # outputs start..stop, [O, I], inputs sorted by group
+        return unpack_int4_rows(qweight[:, start:stop]).t()[:, order]
+
+    nibbles = nibbles_by_rows(qweight.shape[1], values)
     source_group = groups[order][::group_size]  # the GPTQ group of each kernel group
     s = scales.float()[source_group]
     z = unpack_int4_cols(qzeros).float()[source_group] + 1  # v1 stores z - 1
