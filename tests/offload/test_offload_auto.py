@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cli import CORPUS, train_tokenizer
+from helpers.descriptors import held_descriptors, open_descriptors
 from helpers.tiny import tiny_qwen_config
 from transformers import Qwen2ForCausalLM
 
@@ -134,14 +135,10 @@ def test_an_explicit_disk_tier_without_a_budget_stages_a_whole_pass(pair, tmp_pa
         models.close()
 
 
-def open_descriptors() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
 def test_a_ram_budget_too_small_for_the_ring_is_one_line_before_anything_is_written(pair, tmp_path):
     sizes = budgets(pair, tmp_path)
     tight = sizes["short"]
-    before = open_descriptors()
+    before = held_descriptors()
     with pytest.raises(SpecchatError) as raised:  # a --budget of auto's cap: the plan may not shrink the tree
         load_models(options(pair, tmp_path, offload="auto", budget=auto_cap(cuda=False, offloaded=True),
                             ram_budget=tight), progress=False)
@@ -168,7 +165,7 @@ def test_a_truncated_layer_file_is_written_again(pair, tmp_path):
 
 
 def test_a_layer_file_truncated_while_running_is_one_line_and_closes_everything(pair, tmp_path):
-    before = open_descriptors()
+    before = held_descriptors()
     models = load_models(options(pair, tmp_path, offload="disk", resident_layers=0), progress=False)
     models.offload.streamer.drain()
     with open(models.offload.store.path, "r+b") as handle:
@@ -183,7 +180,7 @@ def test_a_layer_file_truncated_while_running_is_one_line_and_closes_everything(
 def test_an_unreadable_layer_file_is_one_line_and_closes_everything(pair, tmp_path, monkeypatch):
     import errno
 
-    before = open_descriptors()
+    before = held_descriptors()
     models = load_models(options(pair, tmp_path, offload="disk", resident_layers=0), progress=False)
     models.offload.streamer.drain()
 

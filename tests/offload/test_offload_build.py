@@ -1,17 +1,16 @@
 """Offloaded models (ram and disk tiers) compute exactly what the same model computes in memory."""
 
 import errno
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.descriptors import held_descriptors, open_descriptors
 from helpers.planned import offload_planned
 from helpers.tiny import tiny_qwen_config
 from transformers import Qwen2ForCausalLM
 
-from helpers.planned import offload_planned
 from specchat.checkpoint.layout import layout_of
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -138,10 +137,6 @@ def test_resident_count_out_of_range_is_a_clear_error(tiny_dir, tmp_path):
         offloaded(tiny_dir, "ram", tmp_path, resident=6)
 
 
-def open_descriptors() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
 def test_a_disk_too_small_for_the_layer_file_is_one_line_before_writing(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=4096))
     with pytest.raises(SpecchatError, match=r"^the model fits nowhere: 4 layers go to disk, and the layer file needs "
@@ -160,7 +155,7 @@ def test_a_disk_that_fills_up_leaves_no_partial_file_and_no_descriptor(tiny_dir,
         return write_blob(fd, data, offset)
 
     monkeypatch.setattr("specchat.offload.storage.write_blob", fill_up_on_the_third)
-    before = open_descriptors()
+    before = held_descriptors()
     with pytest.raises(SpecchatError) as raised:
         offloaded(tiny_dir, "disk", tmp_path)
     assert str(raised.value).startswith(f"the disk holding {tmp_path / 'offload'} filled up while writing the layer file")
