@@ -92,9 +92,8 @@ def expands(linear: nn.Module, rows: int) -> bool:
 
 
 def in_registers(linear: nn.Module, rows: int) -> bool:
-    """Whether `rows` input rows of a draft's Int4Linear (`int4.use_registers`) run int4_gemm's kernel:
-    on CUDA, unless pinned to the fused kernel, within the span of widths where it was measured
-    faster than what it replaces."""
+    """Whether `rows` rows of a draft's Int4Linear (`int4.use_registers`, unless pinned to the fused
+    kernel) run int4_gemm's kernel: on CUDA, over the widths where it measured faster than the rest."""
     if not linear.registers or linear.kernel != "cuda" or linear.widths is not None:
         return False
     span = gemm_span(linear.kernel, linear.in_features, linear.out_features, linear.compute_dtype)
@@ -105,11 +104,15 @@ def in_registers(linear: nn.Module, rows: int) -> bool:
 def gemm_span(device_type: str, in_features: int, out_features: int, dtype: torch.dtype) -> tuple[int, int] | None:
     """The widths (first and last of GEMM_ROWS, inclusive) over which int4_gemm's kernel multiplies
     faster than the fused kernel or the expansion at this shape; None where it never does or cannot run."""
-    if dtype not in GEMM_DTYPES or not triton_available() or layout_for(torch.device(device_type), in_features) is None:
-        return None  # the kernel reads torch's tiles as the expansion does
-    span = kept("int4 gemm rows", {"device": device_type, "in_features": in_features, "out_features": out_features,
-                                   "dtype": str(dtype)})
+    if dtype not in GEMM_DTYPES or not tiles_readable(device_type, in_features):
+        return None
+    key = {"device": device_type, "in_features": in_features, "out_features": out_features, "dtype": str(dtype)}
+    span = kept("int4 gemm rows", key)
     return None if span is None else (span[0], span[1])
+
+
+def tiles_readable(device_type: str, in_features: int) -> bool:  # the expansion's and int4_gemm's need
+    return triton_available() and layout_for(torch.device(device_type), in_features) is not None
 
 
 def packed_product(flat: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int,
@@ -140,7 +143,7 @@ def expand_rows(device_type: str, in_features: int, out_features: int, dtype: to
     """The fewest input rows (of EXPAND_ROWS) from which CUDA's expansion and a dense matmul beat the
     fused kernel at this shape; inf where it never does or cannot run; 1 where the fused kernel
     takes no `dtype` (the expansion then beats the chunked product it would fall back on)."""
-    if not triton_available() or layout_for(torch.device(device_type), in_features) is None:
+    if not tiles_readable(device_type, in_features):
         return math.inf
     if dtype not in FUSED_DTYPES[device_type]:
         return 1
