@@ -63,8 +63,9 @@ def test_the_product_is_the_dequantized_weights(rows, out_features, in_features,
     product = w4a16_linear(x, gemm_words(weight), pairs, group_size)
     reference = x.float() @ dense.float().t()
     assert product.dtype == dtype and product.shape == (rows, out_features)
-    # float32 sums in another order, rounded once to dtype: within a few of dtype's ulps of the largest value
-    assert torch.allclose(product.float(), reference, rtol=0, atol=4 * torch.finfo(dtype).eps * reference.abs().max())
+    # float32 sums in another order, rounded once to dtype: at most 0.95 of dtype's eps times the largest
+    # value over these cases (Triton 3.9's interpreter, the AMD EPYC, 2026-11-28); the bound is 2 of them
+    assert torch.allclose(product.float(), reference, rtol=0, atol=2 * torch.finfo(dtype).eps * reference.abs().max())
 
 
 def test_what_the_kernel_cannot_take_is_one_line():
@@ -116,7 +117,9 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
     def stand_in(first, second, device) -> bool:
         registers, current = first(), second()
         timed.append(registers.shape[0])
-        assert torch.allclose(registers.float(), current.float(), rtol=0.02, atol=0.02)
+        # bf16 outputs of sums in other orders: |a - b| / (1 + |b|) at most 0.0077 against the fused kernel and
+        # the expansion at these shapes and widths (the interpreter, the AMD EPYC, 2026-11-28); bound 2x
+        assert torch.allclose(registers.float(), current.float(), rtol=0.0154, atol=0.0154)
         return 4 <= registers.shape[0] <= 64
 
     monkeypatch.setattr(timing, "faster", stand_in)
