@@ -9,6 +9,7 @@ included, and gives no verdicts."""
 from pathlib import Path
 
 import torch
+from gpu_checks.scale_gemm import GEMM_ALIAS, gemm_rows, gemm_shrink, gemm_table, layer_table, layer_uses
 from gpu_checks.scale_draft import draft_rows, draft_table, draft_verdict
 from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
@@ -33,13 +34,14 @@ def verdict_line(verdict: Verdict) -> str:
     return f"{verdict.status}  {verdict.check}: {verdict.detail}"
 
 
-PARTS = ("passes", "linears", "draft", "moe")  # what --scale measures, in order; --parts picks some
+PARTS = ("passes", "linears", "draft", "moe", "gemm")  # what --scale measures, in order; --parts picks some
 
 
 def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path, parts: tuple[str, ...] = PARTS) -> int:
     """Print the tables of `parts` and their verdicts; 1 when a verdict failed."""
     say(describe(sizes, device))
-    runs = {"passes": target_passes, "linears": target_linears, "draft": draft_steps, "moe": moe_passes}
+    runs = {"passes": target_passes, "linears": target_linears, "draft": draft_steps, "moe": moe_passes,
+            "gemm": gemm_blocks}
     verdicts = [verdict for part in PARTS if part in parts for verdict in runs[part](sizes, device, workdir)]
     return exit_code(verdicts)
 
@@ -77,6 +79,15 @@ def draft_steps(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[
 def moe_passes(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
     say(f"a {MOE_ALIAS} shaped target streamed by expert and as whole layers:")
     say(moe_table(moe_rows(sizes, device, workdir, say)))
+    return []
+
+
+def gemm_blocks(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
+    say(f"int4_gemm's blocks swept at a {GEMM_ALIAS} shaped draft's linears ...")
+    rows = gemm_rows(sizes, device)
+    say(gemm_table(rows))
+    say("a decoder layer's linears, per input rows:")
+    say(layer_table(rows, layer_uses(alias_config(GEMM_ALIAS, 1, gemm_shrink(sizes))[0])))
     return []
 
 

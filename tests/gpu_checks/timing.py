@@ -8,6 +8,8 @@ from time import perf_counter
 
 import torch
 
+from specchat.cuda_graph import replayed
+
 RUNS = 3
 
 
@@ -28,3 +30,10 @@ def fastest_ms(run: Callable[[], object], device: torch.device, runs: int = RUNS
         synchronize(device)
         best = min(best, perf_counter() - start)
     return best * 1e3
+
+
+def mean_ms(run: Callable[[], object], device: torch.device, repeats: int, runs: int = RUNS) -> float:
+    """The fastest of `runs` means over `repeats` back-to-back runs, in milliseconds, on CUDA replayed
+    from one graph as a captured draft step runs them: a kernel of a few microseconds timed alone
+    would time its launch (Triton's host costs tens of microseconds) and the synchronization instead."""
+    return fastest_ms(replayed(lambda: [run() for _ in range(repeats)], device), device, runs) / repeats

@@ -15,7 +15,7 @@ from specchat.errors import SpecchatError
 from specchat.quant import timing, widths
 from specchat.quant.gptq import pack_int4_rows
 from specchat.quant.int4 import Int4Linear, int4_linear, use_fused_only, use_registers
-from specchat.quant.int4_gemm import BLOCK_ROWS, gemm_words, w4a16_linear, w4a16_tiled_linear
+from specchat.quant.int4_gemm import BLOCK_ROWS, Blocks, blocks_for, gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_weight import Int4Weight
 
@@ -53,14 +53,15 @@ def test_the_words_hold_eight_inputs_of_one_output_each():
 @pytest.mark.parametrize("rows", [1, 5, BLOCK_ROWS[0], 40, BLOCK_ROWS[-1] + 3])  # padded, whole, past the largest block
 @pytest.mark.parametrize(("out_features", "in_features", "group_size"), [(64, 128, 32), (96, 256, 128), (128, 192, 64)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_product_is_the_dequantized_weights(rows, out_features, in_features, group_size, dtype):
+@pytest.mark.parametrize("blocks", [None, Blocks(16, 32, 128, 3)])  # blocks_for's; inputs split in 3 shares
+def test_the_product_is_the_dequantized_weights(rows, out_features, in_features, group_size, dtype, blocks):
     q, weight = drawn(out_features, in_features, group_size, seed=rows + out_features)
     groups = torch.arange(in_features) // group_size
     scale, zero = weight.scales[groups].t(), weight.zeros[groups].t()  # [O, I]
     dense = ((q.float() - 8) * scale + zero).to(dtype)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
     pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(dtype)
-    product = w4a16_linear(x, gemm_words(weight), pairs, group_size)
+    product = w4a16_linear(x, gemm_words(weight), pairs, group_size, blocks)
     reference = x.float() @ dense.float().t()
     assert product.dtype == dtype and product.shape == (rows, out_features)
     # float32 sums in another order, rounded once to dtype: at most 0.95 of dtype's eps times the largest
@@ -140,7 +141,8 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
 
 
 @pytest.mark.parametrize(("in_features", "group_size"), [(96, 32), (192, 64), (384, 128)])  # CUDA's 8 x 32/64/128 tiles
-def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size):
+@pytest.mark.parametrize("blocks", [None, Blocks(16, 32, 128, 2)])  # steps within a tile; of whole tiles (hoisted)
+def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size, blocks):
     """Tiles of the shape CUDA packs in, their order scrambled (the kernel reads whatever order
     int4_layout learns), packed by the test's own spec."""
     layout = cuda_layout(in_features, seed=in_features)
@@ -149,13 +151,14 @@ def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size)
     scales = torch.rand(in_features // group_size, 24, 2, generator=torch.Generator().manual_seed(1)) / 16
     pairs = scales.to(torch.bfloat16)
     x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    tiled = w4a16_tiled_linear(x, packed, pairs, group_size, layout)
-    assert torch.equal(tiled, w4a16_linear(x, pack_int4_rows(q.t()), pairs, group_size))
+    tiled = w4a16_tiled_linear(x, packed, pairs, group_size, layout, blocks)
+    assert torch.equal(tiled, w4a16_linear(x, pack_int4_rows(q.t()), pairs, group_size, blocks))
 
 
 @pytest.mark.parametrize("arch", [90, 89])  # Hopper (H100, H200) and Ada (the RTX 4090 the paper ran on)
 @pytest.mark.parametrize("tiles", [(0, 0), (8, 128)])  # from its words; from CUDA's 8 x 128 tiles
-def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, monkeypatch):
+@pytest.mark.parametrize("blocks", [blocks_for(1), Blocks(64, 128, 128, 4, 8)])  # the default; split inputs
+def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, blocks, monkeypatch):
     """Triton lowers the kernel to machine code for the GPU here (its wheel brings ptxas): what the
     interpreter cannot catch, a construct a GPU's compiler refuses, is caught on the CPU (Triton
     3.6's, which torch 2.11's CUDA wheels bring, compiled it for sm_80, 89 and 90 alike)."""
@@ -163,14 +166,16 @@ def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, monkeypatch):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from specchat.quant.int4_gemm import BLOCK_IN, BLOCK_OUT, _kernel, block_rows
+    from specchat.quant.int4_gemm import _kernel
 
     pointers = {"x_ptr": "*bf16", "words_ptr": "*u8" if tiles[0] else "*i32", "natural_ptr": "*i64",
                 "scales_and_zeros_ptr": "*bf16", "out_ptr": "*bf16"}
     numbers = dict.fromkeys(("rows", "out_features", "in_features", "group_size"), "i32")
-    constants = {"BLOCK_M": block_rows(1), "BLOCK_N": BLOCK_OUT, "BLOCK_K": BLOCK_IN, "UPCAST": False,
-                 "ROUND_BF16": True, "TILE_ROWS": tiles[0], "TILE_COLS": tiles[1]}
+    constants = {"BLOCK_M": blocks.rows, "BLOCK_N": blocks.outs, "BLOCK_K": blocks.ins, "SPLITS": blocks.splits,
+                 "UPCAST": False, "ROUND_BF16": True, "TILE_ROWS": tiles[0], "TILE_COLS": tiles[1],
+                 "HOISTED": tiles[1] > 0 and blocks.ins % tiles[1] == 0}
     signature = pointers | numbers | dict.fromkeys(constants, "constexpr")
     source = triton.compiler.ASTSource(fn=_kernel(False), signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options={"enable_fp_fusion": False, "num_warps": blocks.warps})
     assert compiled.asm["cubin"]

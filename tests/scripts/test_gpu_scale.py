@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from gpu_checks.scale_draft import DraftRow, draft_verdict
+from gpu_checks.scale_gemm import GEMM_ALIAS, GemmRow, layer_table
 from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_passes import PassRow, pass_verdict
 from gpu_checks.tree_passes import random_parents, random_tree
 from safetensors.torch import load_file
+
+from specchat.quant.int4_gemm import Blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -27,11 +30,12 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("scale check on the CPU")
-    for tokens in (1, 16, 64):  # the passes', the draft's in bf16 and in int4, and the MoE target's rows
-        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == 4, done.stdout
+    for tokens in (1, 16, 64):  # the passes', the draft's in bf16 and in int4, the MoE target's, int4_gemm's layer's
+        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == (4 if tokens == 64 else 5), done.stdout
     assert "the same draft rounded to 4 bits (--draft-quant int4) ..." in lines
     split = lines.index("timing one linear of each of a llama-2-7b shaped draft's shapes, rounded to 4 bits ...")
-    target, draft = lines[:split], lines[split:]
+    target, draft = lines[:split], lines[split:lines.index(f"int4_gemm's blocks swept at a {GEMM_ALIAS} shaped "
+                                                            "draft's linears ...")]
     for shape in ("256x256", "256x64", "256x512", "512x256"):  # the target's linears
         assert sum(line.startswith(f"| {shape} | ") for line in target) == 3, done.stdout
     # then the draft's (4 heads of 64, no grouped attention: k and v are 256x256 too), no kernel to time on a CPU
@@ -117,3 +121,27 @@ def test_parts_run_only_the_tables_they_name():
     said = [line for line in lines if line.startswith(("timing", "writing", "a mixtral"))]
     assert said[0] == "timing one linear of each shape ..." and said[1].startswith("a mixtral-8x7b-gptq shaped target")
     assert not any("draft" in line for line in said) and sum("dry run: no verdict" in line for line in lines) == 1
+
+
+def test_the_gemm_sweep_runs_the_kernel_under_the_interpreter_and_prints_both_tables():
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "gemm"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    products = [line.split(" | ") for line in lines if line.startswith("| 256x") or line.startswith("| 512x")]
+    assert [(cells[0], cells[1]) for cells in products] == [
+        (f"| {shape}", rows) for shape in ("256x256", "256x512", "512x256") for rows in ("1", "16")]
+    assert all(float(cells[4]) > 0 and cells[5].endswith("4 warps") for cells in products), done.stdout
+    layer = lines[lines.index("a decoder layer's linears, per input rows:") + 3:]
+    assert [line.split(" | ")[0] for line in layer] == ["| 1", "| 16"] and "n/a" not in "".join(layer)
+
+
+def test_the_layer_table_picks_the_blocks_fastest_over_the_layer_not_over_one_linear():
+    first, second = Blocks(16, 32, 128, 1), Blocks(16, 64, 64, 2)
+    uses = {(64, 64): 2, (64, 256): 1}
+    rows = [GemmRow((64, 64), 1, 1.0, 1.0, {first: 1.0, second: 2.0}),  # first: 2 + 2 a layer
+            GemmRow((64, 256), 1, 1.0, 1.0, {first: 5.0, second: 0.5})]  # second: 4 + 0.5
+    table = layer_table(rows, uses).splitlines()
+    assert table[2].startswith("| 1 | 16x64x64, 2 split, 4 warps | 4.500 | ")
+    assert table[2].endswith(" | 3.000 | 3.000 |")  # the fused kernel's and dense's layer

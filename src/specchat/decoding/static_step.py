@@ -18,16 +18,15 @@ eagerly (how a CPU tests it); SpecExec's verifier never reads the draft's probab
 difference there could only change the tree, never the emitted tokens.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from specchat.cuda_graph import capture_graph
 from specchat.decoding.forward import CausalLM, to_additive_mask
 from specchat.decoding.kvcache import SlotCache, cache_length
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # widths a step is padded to; a wider one runs eagerly
-WARMUP = 2  # eager runs on a side stream before a capture, as CUDA graphs require
 
 
 @dataclass
@@ -135,22 +134,6 @@ def fill(inputs: StaticInputs, tokens: torch.Tensor, positions: torch.Tensor, at
     inputs.positions[0, :n].copy_(positions)
     inputs.mask.copy_(to_additive_mask(attend, dtype, device))
     inputs.slots.copy_(torch.arange(length, length + bucket, device=device))
-
-
-def capture_graph(run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """`run` captured as a CUDA graph after WARMUP eager runs on a side stream (its writes are the
-    same each time: the warm-ups only repeat them), and the tensor it returns, which every replay
-    writes anew."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = run()
-    return graph, output
 
 
 def static_draft(draft: CausalLM, capacity: int, capture: bool) -> StaticDraft:

@@ -26,6 +26,7 @@ tiles multiplied in float32: the same values, products (exact in float32) and su
 """
 
 import math
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -39,14 +40,20 @@ from specchat.quant.int4_layout import TileLayout
 from specchat.quant.int4_pack import unpack_nibbles
 from specchat.quant.int4_weight import Int4Weight
 
-# Rows, outputs and inputs a program multiplies: first guesses, not yet timed on a GPU
-# (`gpu_check.sh --scale` times the kernel beside the fused kernel, the expansion and dense bf16;
-# a draft runs it only at the widths its probe, quant/widths.gemm_span, found it faster).
 # tl.dot takes 16 rows at least: fewer are padded with masked loads.
 BLOCK_ROWS = (16, 32, 64)
-BLOCK_OUT = 64
-BLOCK_IN = 64
 GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """What one program multiplies, and how many programs share a row block's inputs."""
+
+    rows: int  # input rows (BLOCK_M)
+    outs: int  # outputs (BLOCK_N)
+    ins: int  # inputs a step of its loop (BLOCK_K), cut to a divisor of the group size
+    splits: int  # programs along the inputs, each summing its share; the shares are added after
+    warps: int = 4
 
 
 def gemm_words(weight: Int4Weight) -> Tensor:
@@ -59,6 +66,19 @@ def block_rows(rows: int) -> int:
     return next((block for block in BLOCK_ROWS if rows <= block), BLOCK_ROWS[-1])
 
 
+def blocks_for(rows: int) -> Blocks:
+    """The blocks a product of `rows` rows runs: those fastest over a llama-3.1-8b-awq decoder layer's
+    linears (4096 x 4096, 1024, 14336 and 14336 x 4096, groups of 128) on an H200 (2026-11-28,
+    `gpu_check.sh --scale --parts gemm`, docs/benchmarks.md): at 1 and 16 rows 16 x 32 x 128, at
+    64 and 256 64 x 64 x 128, none split (0.66 and 1.29 ms a layer against 1.09 and 2.78 with the
+    first guess, 16 x 64 x 64). Those products were timed eagerly, so that up to 64 rows Triton's
+    launch weighed on every block alike; the sweep now times them replayed from a CUDA graph, as a
+    captured step runs them."""
+    if rows <= 16:
+        return Blocks(16, 32, 128, 1)
+    return Blocks(block_rows(rows), 64, 128, 1)
+
+
 @cache
 def _kernel(interpret: bool) -> Any:
     """The kernel, decorated under TRITON_INTERPRET as it is now (`interpret` only keys the cache)."""
@@ -67,14 +87,20 @@ def _kernel(interpret: bool) -> Any:
 
     @triton.jit
     def w4a16(x_ptr, words_ptr, natural_ptr, scales_and_zeros_ptr, out_ptr, rows, out_features, in_features,
-              group_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-              ROUND_BF16: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr):
+              group_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+              UPCAST: tl.constexpr, ROUND_BF16: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr,
+              HOISTED: tl.constexpr):
         m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # input rows
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # outputs
         rows_in = m < rows
         outs_in = n < out_features
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-        for first in range(0, in_features, BLOCK_K):
+        share = (in_features + SPLITS * BLOCK_K - 1) // (SPLITS * BLOCK_K) * BLOCK_K  # this program's inputs
+        start = tl.program_id(2) * share
+        if HOISTED:  # steps of whole tiles: every step reads its tiles' bytes in the same places
+            position = tl.load(natural_ptr + (n % TILE_ROWS)[None, :] * TILE_COLS
+                               + (tl.arange(0, BLOCK_K) % TILE_COLS)[:, None]).to(tl.int32)
+        for first in range(start, tl.minimum(start + share, in_features), BLOCK_K):
             k = first + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + m.to(tl.int64)[:, None] * in_features + k[None, :], mask=rows_in[:, None], other=0.0)
             if TILE_ROWS == 0:  # gemm_words: each word serves 8 inputs, its 8 loads one cache line
@@ -84,8 +110,9 @@ def _kernel(interpret: bool) -> Any:
             else:  # torch's tiles, read as int4_expand reads them (its docstring gives the indexing)
                 half: tl.constexpr = TILE_ROWS * TILE_COLS // 2
                 tile = (n // TILE_ROWS).to(tl.int64)[None, :] * (in_features // TILE_COLS) + (k // TILE_COLS)[:, None]
-                position = tl.load(natural_ptr + (n % TILE_ROWS)[None, :] * TILE_COLS + (k % TILE_COLS)[:, None])
-                position = position.to(tl.int32)
+                if not HOISTED:
+                    position = tl.load(natural_ptr + (n % TILE_ROWS)[None, :] * TILE_COLS + (k % TILE_COLS)[:, None])
+                    position = position.to(tl.int32)
                 byte = tl.load(words_ptr + tile * half + position % half, mask=outs_in[None, :], other=0).to(tl.int32)
                 q = (byte >> (4 * (position // half))) & 0xF
             pair = scales_and_zeros_ptr + ((first // group_size).to(tl.int64) * out_features + n) * 2  # BLOCK_K | group
@@ -101,7 +128,9 @@ def _kernel(interpret: bool) -> Any:
                 acc += tl.dot(x.to(tl.float32), w)  # products of two 16-bit floats are exact in float32
             else:
                 acc += tl.dot(x, w.to(x_ptr.dtype.element_ty))
-        tl.store(out_ptr + m.to(tl.int64)[:, None] * out_features + n[None, :], acc.to(out_ptr.dtype.element_ty),
+        # SPLITS > 1: float32 shares [SPLITS, rows, O], summed by the caller
+        share_out = out_ptr + tl.program_id(2).to(tl.int64) * rows * out_features
+        tl.store(share_out + m.to(tl.int64)[:, None] * out_features + n[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=rows_in[:, None] & outs_in[None, :])
 
     return w4a16
@@ -127,35 +156,40 @@ def check_inputs(x: Tensor, in_features: int, group_size: int) -> None:
         raise SpecchatError(f"groups of {group_size} inputs: the kernel needs a multiple of 16")
 
 
-def w4a16_linear(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: int) -> Tensor:
+def w4a16_linear(x: Tensor, words: Tensor, scales_and_zeros: Tensor, group_size: int,
+                 blocks: Blocks | None = None) -> Tensor:
     """x [rows, I] @ w.T in x's dtype, w [O, I] the 4-bit weight of `words` ([I/8, O]) and
-    `scales_and_zeros` ([G, O, 2]); each weight tile expanded in registers."""
+    `scales_and_zeros` ([G, O, 2]); each weight tile expanded in registers (`blocks`: blocks_for's
+    unless given)."""
     check_gemm(x, words, scales_and_zeros, group_size)
-    return launch(x, words, None, scales_and_zeros, group_size, words.shape[1])
+    return launch(x, words, None, scales_and_zeros, group_size, words.shape[1], blocks)
 
 
 def w4a16_tiled_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int,
-                       layout: TileLayout) -> Tensor:
+                       layout: TileLayout, blocks: Blocks | None = None) -> Tensor:
     """The same product, the weight read from torch's packed int4 layout (`layout`: int4_layout's
     reading of it) where an Int4Linear holds it: no second copy of the weight."""
     out_features, in_features = check_expansion(packed, scales_and_zeros, group_size, layout, x.dtype)
     check_inputs(x, in_features, group_size)
-    return launch(x, packed.reshape(-1).view(torch.uint8), layout, scales_and_zeros, group_size, out_features)
+    return launch(x, packed.reshape(-1).view(torch.uint8), layout, scales_and_zeros, group_size, out_features, blocks)
 
 
 def launch(x: Tensor, weight: Tensor, layout: TileLayout | None, scales_and_zeros: Tensor, group_size: int,
-           out_features: int) -> Tensor:
+           out_features: int, blocks: Blocks | None) -> Tensor:
     import triton
 
     rows = x.shape[0]
-    out = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
-    block_m = block_rows(rows)
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, BLOCK_OUT))
+    blocks = blocks or blocks_for(rows)
+    out = torch.empty(blocks.splits, rows, out_features, dtype=x.dtype if blocks.splits == 1 else torch.float32,
+                      device=x.device)
+    grid = (triton.cdiv(rows, blocks.rows), triton.cdiv(out_features, blocks.outs), blocks.splits)
+    block_k = math.gcd(blocks.ins, group_size)
     interpret = bool(triton.knobs.runtime.interpret)
     _kernel(interpret)[grid](
         x, weight, weight if layout is None else layout.natural, scales_and_zeros, out, rows, out_features,
-        x.shape[1], group_size, BLOCK_M=block_m, BLOCK_N=BLOCK_OUT, BLOCK_K=math.gcd(BLOCK_IN, group_size),
-        UPCAST=interpret, ROUND_BF16=x.dtype == torch.bfloat16, TILE_ROWS=0 if layout is None else layout.rows,
-        TILE_COLS=0 if layout is None else layout.cols,
+        x.shape[1], group_size, BLOCK_M=blocks.rows, BLOCK_N=blocks.outs, BLOCK_K=block_k,
+        SPLITS=blocks.splits, UPCAST=interpret, ROUND_BF16=x.dtype == torch.bfloat16,
+        TILE_ROWS=0 if layout is None else layout.rows, TILE_COLS=0 if layout is None else layout.cols,
+        HOISTED=layout is not None and block_k % layout.cols == 0, num_warps=blocks.warps,
         enable_fp_fusion=False)  # (q - 8) * scale + zero as the interpreter computes it (exact with 16-bit scales)
-    return out
+    return out[0] if blocks.splits == 1 else out.sum(0).to(x.dtype)

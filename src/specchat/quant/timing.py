@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from specchat.cuda_graph import replayed
 from specchat.device_clock import now
 
 RUNS = 3  # timed calls of each candidate at least; the fastest counts
@@ -113,3 +114,13 @@ def winning_span(widths: Sequence[int], candidate: Callable[[int], object], curr
         return None
     rest = [rows for rows in widths if rows > first]
     return first, widest_win(rest, candidate, current, device) or first
+
+
+def as_replayed(product: Callable[[int], object], device: torch.device) -> Callable[[int], object]:
+    """`product(rows)` as a captured step runs it: on CUDA replayed from a graph captured at each
+    width's first call (which the trials leave untimed), so that a kernel is timed without its
+    launch's host costs; elsewhere `product` itself."""
+    if device.type != "cuda":
+        return product
+    graphs: dict[int, Callable[[], object]] = {}
+    return lambda rows: (graphs.get(rows) or graphs.setdefault(rows, replayed(lambda: product(rows), device)))()

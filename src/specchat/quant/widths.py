@@ -240,10 +240,10 @@ def measure_gemm_span(device: str, in_features: int, out_features: int, dtype: t
     group, on = math.gcd(EXPAND_GROUP, in_features), torch.device(device)
     packed, pairs, x = random_int4(on, dtype, LinearShape(in_features, out_features), group, max(GEMM_ROWS))
     layout, expand_from = layout_for(on, in_features), expand_rows(device, in_features, out_features, dtype)
-    span = timing.winning_span(  # against what the linear runs at each width otherwise
-        GEMM_ROWS, lambda rows: w4a16_tiled_linear(x[:rows], packed, pairs, group, layout),
-        lambda rows: expanded_linear(x[:rows], packed, pairs, group, layout) if rows >= expand_from
-        else fused_linear(x[:rows], packed, pairs, group), on)
+    span = timing.winning_span(  # against what the linear runs at each width otherwise, both as a captured step
+        GEMM_ROWS, timing.as_replayed(lambda rows: w4a16_tiled_linear(x[:rows], packed, pairs, group, layout), on),
+        timing.as_replayed(lambda rows: expanded_linear(x[:rows], packed, pairs, group, layout) if rows >= expand_from
+                           else fused_linear(x[:rows], packed, pairs, group), on), on)
     return None if span is None else list(span)
 
 
