@@ -7,6 +7,7 @@ the widths int4_gemm served. That the static shapes grow the eager step's trees 
 tests/decoding/test_static_step.py's, on any device."""
 
 import torch
+from gpu_checks.scale_models import prepared_as_draft
 from gpu_checks.tiny_models import random_model, small_config
 from gpu_checks.verdict import Verdict, judged, skipped
 
@@ -17,8 +18,7 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.quant.int4 import Int4Linear, use_registers
-from specchat.quant.int4_rtn import round_linears
+from specchat.quant.int4 import Int4Linear
 from specchat.quant.widths import gemm_span
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
@@ -58,14 +58,10 @@ def check_captured_draft(device: torch.device, rounded: bool = False) -> Verdict
 
 
 def draft_model(config, device: torch.device, rounded: bool) -> torch.nn.Module:
-    """The target's weights on `device`; `rounded`: in bf16, every decoder layer's linears rounded."""
+    """The target's weights on `device`, prepared as a draft there; `rounded`: in bf16, every decoder
+    layer's linears rounded."""
     model = random_model(config, seed=0).to(device)
-    if rounded:
-        model = model.to(torch.bfloat16)
-        for layer in model.model.layers:
-            round_linears(layer, torch.bfloat16, device)
-        use_registers(model)  # as a draft's own: int4_gemm's kernel at the widths its probe finds it faster
-    return model
+    return prepared_as_draft(model.to(torch.bfloat16) if rounded else model, rounded, device)
 
 
 def gemm_spans(model: torch.nn.Module) -> str:

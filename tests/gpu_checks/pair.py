@@ -22,6 +22,7 @@ from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
 from specchat.doctor.plan import doctor_options, doctor_plan
+from specchat.machine_choices import kept_choices
 from specchat.offload.placement import Placement
 from specchat.plan.machine import Machine
 
@@ -98,11 +99,21 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     finally:
         shutil.rmtree(target)
         shutil.rmtree(draft)
+    say(gemm_served())
     rows.sort(key=lambda row: row.budget)
     card = card_placement(aliases, ran_quant(rows[-1], device), workdir)
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def gemm_served() -> str:
+    """The widths at which the draft's 4-bit linears ran int4_gemm's kernel, as the replies' probes
+    kept them (widths.gemm_span: "int4 gemm rows" a shape), so that a run says whether it did."""
+    spans = [f"{kept.key['in_features']}x{kept.key['out_features']} {kept.key['dtype'].removeprefix('torch.')}: "
+             + ("never" if kept.value is None else f"{kept.value[0]}-{kept.value[1]} rows")
+             for kept in kept_choices() if kept.choice == "int4 gemm rows"]
+    return "int4_gemm served " + (", ".join(spans) or "nothing: no 4-bit draft linear on CUDA was probed")
 
 
 def ran_quant(row: BudgetRow, device: torch.device) -> str:

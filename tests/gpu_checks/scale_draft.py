@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from gpu_checks.markdown import markdown_table, ms
-from gpu_checks.scale_models import alias_config, random_draft
+from gpu_checks.scale_models import alias_config, prepared_as_draft, random_draft
 from gpu_checks.scale_sizes import DRAFT_ALIAS, DRAFT_SCALED_LAYERS, ScaleSizes
 from gpu_checks.suite import release_memory
 from gpu_checks.timing import fastest_ms
@@ -20,8 +20,6 @@ from gpu_checks.verdict import Verdict, judged, skipped
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
-from specchat.quant.int4 import use_registers
-from specchat.quant.int4_rtn import round_linears
 
 STEP_MS = 10.0  # issue 48: a 7B draft's step within 10 ms at 1-256 new tokens (gpt-fast: ~9.5 ms on an A100)
 STEP_TOKENS = 256
@@ -45,11 +43,7 @@ class DraftRow:
 
 def draft_rows(sizes: ScaleSizes, device: torch.device, rounded: bool = False) -> list[DraftRow]:
     config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
-    model = random_draft(config, device)
-    if rounded:
-        for layer in model.model.layers:
-            round_linears(layer, torch.bfloat16, device)
-        use_registers(model)  # as a draft's own: int4_gemm at the widths its probe finds it faster
+    model = prepared_as_draft(random_draft(config, device), rounded, device)  # as the loader prepares a draft
     lm = CausalLM(model)
     static = static_draft(lm, sizes.cached + max(sizes.draft_widths) + BUCKETS[-1], capture=device.type == "cuda")
     try:

@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from specchat.models.configs import shipped_config_path
+from specchat.models.draft import DraftQuant, approximation
 from specchat.quant.gptq import group_count, pack_int4_cols, read_gptq_spec
 from specchat.quant.split_experts import split_experts
 
@@ -126,3 +127,13 @@ def random_draft(config: PretrainedConfig, device: torch.device, seed: int = 0) 
     with device:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
     return model.eval()
+
+
+def prepared_as_draft(model: PreTrainedModel, rounded: bool, device: torch.device) -> PreTrainedModel:
+    """`model` as the loader prepares a draft on `device` (models/draft.py): on CUDA its projections
+    stacked; `rounded`: its decoder linears rounded to 4 bits (--draft-quant int4), in its dtype,
+    run by int4_gemm's kernel at the widths its probe finds it faster."""
+    approx = approximation(DraftQuant("int4" if rounded else "none"), None, model.dtype, device)
+    for layer in model.model.layers:
+        approx.prepare_layer(layer)
+    return approx.draft(model).model

@@ -6,8 +6,13 @@ from helpers.tiny import build_tiny
 from torch import nn
 
 from specchat.decoding.kvcache import new_cache
+from specchat.quant.int4 import Int4Linear, int4_linear
+from specchat.quant.int4_weight import Int4Weight
+from specchat.quant import stacked
 from specchat.quant.int8 import Int8Linear, quantize_linears
 from specchat.quant.stacked import Part, Stack, stack_projections
+
+CPU = torch.device("cpu")
 
 
 def linears(seed: int, widths: list[int], bias: list[bool], in_features: int = 12) -> list[nn.Linear]:
@@ -68,3 +73,73 @@ def test_groups_of_other_widths_or_kinds_are_left_alone():
     holder.up_proj = Int8Linear(torch.randn(4, 16), None)  # not a plain nn.Linear
     assert stack_projections(holder) == 0
     assert type(holder.q_proj) is nn.Linear and type(holder.gate_proj) is nn.Linear
+
+
+def int4_linears(outs: list[int], in_features: int = 128, group_size: int = 32, perms: list[bool] | None = None,
+                 kernel: torch.device = CPU) -> list[Int4Linear]:
+    """CPU-packed Int4Linears of random weights (float32), with a random act-order where `perms` says."""
+    generator = torch.Generator().manual_seed(sum(outs))
+    made = []
+    for index, out in enumerate(outs):
+        nibbles = torch.randint(0, 256, (out, in_features // 2), dtype=torch.uint8, generator=generator)
+        scales = torch.rand(in_features // group_size, out, generator=generator) / 16
+        zeros = torch.randn(in_features // group_size, out, generator=generator) / 16
+        perm = torch.randperm(in_features, generator=generator) if perms and perms[index] else None
+        made.append(int4_linear(Int4Weight(nibbles, scales, zeros, perm), None, torch.float32, kernel))
+    return made
+
+
+def holding(linears: list[nn.Module]) -> nn.Module:
+    holder = nn.Module()
+    holder.q_proj, holder.k_proj, holder.v_proj = linears
+    return holder
+
+
+def test_stacked_int4_linears_give_each_its_product_bit_for_bit():
+    """The fused kernel computes an output from its own column of the packed weight: laid end to end,
+    each part's columns are its own linear's, so its product is too."""
+    separate = int4_linears([128, 64, 64])
+    holder = holding(separate)
+    assert stack_projections(holder) == 1 and isinstance(holder.q_k_v_stack.linear, Int4Linear)
+    assert holder.q_k_v_stack.linear.out_features == 256
+    for rows in (1, 5):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+        for name, linear in zip(("q_proj", "k_proj", "v_proj"), separate):
+            assert torch.equal(getattr(holder, name)(x), linear(x))
+
+
+def test_int4_linears_of_another_packing_or_of_an_unread_layout_stay_apart(monkeypatch):
+    assert stack_projections(holding(int4_linears([64, 64, 64], perms=[True, False, False]))) == 0  # input orders
+    assert stack_projections(holding(int4_linears([64, 64, 64], perms=[True, True, True]))) == 0  # drawn apart
+    mixed = int4_linears([64, 64]) + int4_linears([64], group_size=64)
+    assert stack_projections(holding(mixed)) == 0  # groups of 32 and 64
+    with monkeypatch.context() as patch:
+        patch.setattr(stacked, "layout_for", lambda *where: None)  # a CPU layout int4_layout cannot read
+        assert stack_projections(holding(int4_linears([64, 64, 64]))) == 0
+    ordered = int4_linears([64, 64, 64], perms=[True, True, True])
+    for linear in ordered[1:]:
+        linear.perm = ordered[0].perm  # one input order (GPTQ's from one input): stacked, products kept
+    holder = holding(ordered)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
+    expected = [linear(x) for linear in ordered]
+    assert stack_projections(holder) == 1
+    assert all(torch.equal(holder.get_submodule(name)(x), want) for name, want in zip(("q_proj", "k_proj", "v_proj"),
+                                                                                       expected))
+
+
+def test_cuda_packed_int4_linears_lay_their_tiles_and_scales_end_to_end():
+    """CUDA's packed int4 is [O/8, I/16t, 32, t/2]: a part's 8-row tiles follow the one before's;
+    the buffers here are filled on the CPU, where nothing multiplies them."""
+    cuda = torch.device("cuda")
+    parts = [Int4Linear(256, out, 32, False, False, torch.bfloat16, cuda) for out in (128, 64, 64)]
+    generator = torch.Generator().manual_seed(0)
+    for linear in parts:
+        linear.packed = torch.randint(-2**31, 2**31 - 1, linear.packed.shape, dtype=torch.int32, generator=generator)
+        linear.scales_and_zeros = torch.randn(linear.scales_and_zeros.shape, generator=generator).to(torch.bfloat16)
+        linear.registers = True
+    holder = holding(parts)
+    assert stack_projections(holder) == 1
+    one = holder.q_k_v_stack.linear
+    assert one.kernel == "cuda" and one.registers and one.out_features == 256
+    assert torch.equal(one.packed, torch.cat([linear.packed for linear in parts]))
+    assert torch.equal(one.scales_and_zeros[:, 128:192], parts[1].scales_and_zeros)

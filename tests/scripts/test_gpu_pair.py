@@ -9,10 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from gpu_checks.pair import card_placement
+import torch
+from gpu_checks.pair import card_placement, gemm_served
 from gpu_checks.pair_models import PAIRS
 from gpu_checks.pair_rows import BudgetRow, budget_row, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
+
+from specchat.machine_choices import measured, write_kept
 
 ROOT = Path(__file__).resolve().parents[2]
 DRY_RUN_TIMEOUT_S = 300
@@ -58,6 +61,7 @@ def test_only_runs_the_pair_of_one_target_and_says_how_long_each_part_took():
     assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
     assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
     assert sum("dry run: no verdict" in line for line in lines) == 4  # the AWQ pair's: draft, host, 1024, projection
+    assert "int4_gemm served nothing: no 4-bit draft linear on CUDA was probed" in lines  # a CPU's draft: int8
 
 
 def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: float = 1.0, stall_s: float = 0.2,
@@ -139,3 +143,12 @@ def test_the_card_is_planned_with_the_draft_in_the_form_that_ran(tmp_path):
     rounded, auto = (card_placement(paper, form, tmp_path) for form in ("int4", "auto"))
     assert (rounded.resident, round(rounded.pass_bytes / 1e9, 2)) == (19, 26.95)
     assert (auto.resident, round(auto.pass_bytes / 1e9, 2)) == (20, 26.51)
+
+
+def test_the_check_says_at_which_widths_int4_gemm_served_as_the_probes_kept_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    for (in_features, out_features), span in (((4096, 14336), [16, 256]), ((4096, 1024), None)):
+        key = {"device": "cpu", "in_features": in_features, "out_features": out_features, "dtype": "torch.bfloat16"}
+        write_kept(measured("int4 gemm rows", key, torch.device("cpu"), lambda span=span: span))
+    write_kept(measured("int4 expand rows", {"device": "cpu"}, torch.device("cpu"), lambda: 64))  # not int4_gemm's
+    assert gemm_served() == "int4_gemm served 4096x1024 bfloat16: never, 4096x14336 bfloat16: 16-256 rows"
