@@ -7,7 +7,7 @@ and at a width bucket's static shapes (decoding/static_step.py), captured in CUD
 `rounded`, the same draft's decoder linears rounded to 4 bits (--draft-quant int4), the form the
 plan weighs against bf16 on a card."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from gpu_checks.markdown import markdown_table, ms
@@ -17,6 +17,7 @@ from gpu_checks.suite import release_memory
 from gpu_checks.timing import fastest_ms
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 from gpu_checks.verdict import Verdict, judged, skipped
+from transformers import PreTrainedModel
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
@@ -31,6 +32,7 @@ class DraftRow:
     layer_ms: float
     head_ms: float
     static_layer_ms: float  # the same step at its bucket's static shapes
+    plain_static_layer_ms: float | None = None  # that step of the model as transformers builds it (bf16 only)
 
     @property
     def step_ms(self) -> float:
@@ -40,23 +42,40 @@ class DraftRow:
     def static_step_ms(self) -> float:
         return self.static_layer_ms * DRAFT_SCALED_LAYERS + self.head_ms
 
+    @property
+    def plain_static_step_ms(self) -> float | None:
+        return None if self.plain_static_layer_ms is None else self.plain_static_layer_ms * DRAFT_SCALED_LAYERS \
+            + self.head_ms
+
 
 def draft_rows(sizes: ScaleSizes, device: torch.device, rounded: bool = False) -> list[DraftRow]:
+    """The draft's rows as the loader prepares it; in bf16 beside them the captured step of the
+    same weights as transformers builds them (no stacked projections, its norms), in the same run."""
     config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
-    model = prepared_as_draft(random_draft(config, device), rounded, device)  # as the loader prepares a draft
+    prepared = step_timings(prepared_as_draft(random_draft(config, device), rounded, device), sizes, device)
+    rows = [DraftRow(n, *timings) for n, timings in zip(sizes.draft_widths, prepared)]
+    if rounded:
+        return rows
+    plain = step_timings(random_draft(config, device), sizes, device)  # the same seed: the same weights
+    return [replace(row, plain_static_layer_ms=timings[2]) for row, timings in zip(rows, plain)]
+
+
+def step_timings(model: PreTrainedModel, sizes: ScaleSizes, device: torch.device) -> list[tuple[float, float, float]]:
+    """Per width of sizes.draft_widths: ms a layer eagerly, the LM head's ms, ms a layer at the
+    bucket's static shapes (captured on CUDA)."""
     lm = CausalLM(model)
     static = static_draft(lm, sizes.cached + max(sizes.draft_widths) + BUCKETS[-1], capture=device.type == "cuda")
     try:
         cache, static_cache = prefilled(lm, sizes.cached), prefilled(static, sizes.cached)
-        rows = []
+        timings = []
         for n in sizes.draft_widths:
-            tree = random_tree(n, sizes.cached, config.vocab_size, seed=n)
+            tree = random_tree(n, sizes.cached, model.config.vocab_size, seed=n)
             layers_ms = fastest_ms(lambda: tree_pass(lm, cache, sizes.cached, tree), device)
             static_ms = fastest_ms(lambda: tree_pass(static, static_cache, sizes.cached, tree), device)
             hidden = tree_pass(lm, cache, sizes.cached, tree)
-            rows.append(DraftRow(n, layers_ms / sizes.draft_layers, fastest_ms(lambda: lm.logits(hidden), device),
-                                 static_ms / sizes.draft_layers))
-        return rows
+            timings.append((layers_ms / sizes.draft_layers, fastest_ms(lambda: lm.logits(hidden), device),
+                            static_ms / sizes.draft_layers))
+        return timings
     finally:
         del model, lm, static
         release_memory()
@@ -65,9 +84,9 @@ def draft_rows(sizes: ScaleSizes, device: torch.device, rounded: bool = False) -
 def draft_table(rows: list[DraftRow]) -> str:
     return markdown_table(
         ["tree tokens n", "ms a layer", "LM head, ms", f"step, {DRAFT_SCALED_LAYERS} layers, ms",
-         "static step (captured on CUDA), ms"],
-        [[str(row.tokens), ms(row.layer_ms), ms(row.head_ms), ms(row.step_ms), ms(row.static_step_ms)]
-         for row in rows])
+         "static step (captured on CUDA), ms", "the same, as transformers builds it, ms"],
+        [[str(row.tokens), ms(row.layer_ms), ms(row.head_ms), ms(row.step_ms), ms(row.static_step_ms),
+          ms(row.plain_static_step_ms)] for row in rows])
 
 
 def draft_verdict(rows: list[DraftRow], dry_run: bool) -> Verdict:

@@ -33,6 +33,10 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     for tokens in (1, 16, 64):  # the passes', the draft's in bf16 and in int4, the MoE target's, int4_gemm's layer's
         assert sum(line.startswith(f"| {tokens} | ") for line in lines) == (4 if tokens == 64 else 5), done.stdout
     assert "the same draft rounded to 4 bits (--draft-quant int4) ..." in lines
+    headers = [index for index, line in enumerate(lines) if line.startswith("| tree tokens n | ms a layer |")]
+    bf16, rounded = (lines[index + 2:index + 5] for index in headers)  # each draft's rows, after its header
+    # bf16 beside the same weights as transformers builds them; the rounded draft alone
+    assert [line.endswith(" | n/a |") for line in bf16 + rounded] == [False] * 3 + [True] * 3, done.stdout
     split = lines.index("timing one linear of each of a llama-2-7b shaped draft's shapes, rounded to 4 bits ...")
     target, draft = lines[:split], lines[split:lines.index(f"int4_gemm's blocks swept at a {GEMM_ALIAS} shaped "
                                                             "draft's linears ...")]

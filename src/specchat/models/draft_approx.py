@@ -28,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specchat.checkpoint.skeleton import module_name
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
+from specchat.models.fused_norms import fuse_norms
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.quant.int4 import use_registers
 from specchat.quant.int4_rtn import round_linears
@@ -97,20 +98,27 @@ class DraftApprox:
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's projections stacked and, under int8, its linears in int8; under int4
         its linears rounded to 4 bits, packed for `device` (a layer loaded on a CPU moves there later).
-        On CUDA every form's projections are stacked, 4-bit ones too: a captured step is bound by
-        its kernels' count and a narrow product's few programs (quant/stacked.py); on a CPU only
-        int8's, where they were measured (a small gain)."""
+        On CUDA every form's projections are stacked, 4-bit ones too, and its norms fused: a captured
+        step is bound by its kernels' count and a narrow product's few programs (quant/stacked.py,
+        fused_norms.py); on a CPU only int8's projections are stacked, where that was measured (a
+        small gain)."""
         if self.int8:
             stack_projections(layer)
             quantize_linears(layer, self.dense_above)
         if self.int4:
             weight = next(layer.parameters())
             round_linears(layer, self.dtype or weight.dtype, self.device or weight.device)
-        if self.device is not None and self.device.type == "cuda":
+        if self.on_cuda():
             stack_projections(layer)
+            fuse_norms(layer)
+
+    def on_cuda(self) -> bool:
+        return self.device is not None and self.device.type == "cuda"
 
     def draft(self, model: PreTrainedModel) -> CausalLM:
         use_registers(model)  # its 4-bit linears, stored so or rounded (CUDA: int4_gemm where it is faster)
+        if self.on_cuda():
+            fuse_norms(model.get_decoder())  # the final norm (its layers' are fused as they load)
         return CausalLM(model, vocab=self.vocab, head=self.head)
 
 
