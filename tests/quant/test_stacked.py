@@ -95,12 +95,17 @@ def holding(linears: list[nn.Module]) -> nn.Module:
     return holder
 
 
+def packed_stacks(linears: list[Int4Linear]) -> int:
+    return stack_projections(holding(linears), packed=True)
+
+
 def test_stacked_int4_linears_give_each_its_product_bit_for_bit():
     """The fused kernel computes an output from its own column of the packed weight: laid end to end,
     each part's columns are its own linear's, so its product is too."""
     separate = int4_linears([128, 64, 64])
     holder = holding(separate)
-    assert stack_projections(holder) == 1 and isinstance(holder.q_k_v_stack.linear, Int4Linear)
+    assert stack_projections(holder) == 0  # packed linears only when asked (a CUDA draft's)
+    assert stack_projections(holder, packed=True) == 1 and isinstance(holder.q_k_v_stack.linear, Int4Linear)
     assert holder.q_k_v_stack.linear.out_features == 256
     for rows in (1, 5):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
@@ -109,20 +114,20 @@ def test_stacked_int4_linears_give_each_its_product_bit_for_bit():
 
 
 def test_int4_linears_of_another_packing_or_of_an_unread_layout_stay_apart(monkeypatch):
-    assert stack_projections(holding(int4_linears([64, 64, 64], perms=[True, False, False]))) == 0  # input orders
-    assert stack_projections(holding(int4_linears([64, 64, 64], perms=[True, True, True]))) == 0  # drawn apart
+    assert packed_stacks(int4_linears([64, 64, 64], perms=[True, False, False])) == 0  # input orders
+    assert packed_stacks(int4_linears([64, 64, 64], perms=[True, True, True])) == 0  # drawn apart
     mixed = int4_linears([64, 64]) + int4_linears([64], group_size=64)
-    assert stack_projections(holding(mixed)) == 0  # groups of 32 and 64
+    assert packed_stacks(mixed) == 0  # groups of 32 and 64
     with monkeypatch.context() as patch:
         patch.setattr(stacked, "layout_for", lambda *where: None)  # a CPU layout int4_layout cannot read
-        assert stack_projections(holding(int4_linears([64, 64, 64]))) == 0
+        assert packed_stacks(int4_linears([64, 64, 64])) == 0
     ordered = int4_linears([64, 64, 64], perms=[True, True, True])
     for linear in ordered[1:]:
         linear.perm = ordered[0].perm  # one input order (GPTQ's from one input): stacked, products kept
     holder = holding(ordered)
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
     expected = [linear(x) for linear in ordered]
-    assert stack_projections(holder) == 1
+    assert stack_projections(holder, packed=True) == 1
     assert all(torch.equal(holder.get_submodule(name)(x), want) for name, want in zip(("q_proj", "k_proj", "v_proj"),
                                                                                        expected))
 
@@ -138,7 +143,7 @@ def test_cuda_packed_int4_linears_lay_their_tiles_and_scales_end_to_end():
         linear.scales_and_zeros = torch.randn(linear.scales_and_zeros.shape, generator=generator).to(torch.bfloat16)
         linear.registers = True
     holder = holding(parts)
-    assert stack_projections(holder) == 1
+    assert stack_projections(holder, packed=True) == 1
     one = holder.q_k_v_stack.linear
     assert one.kernel == "cuda" and one.registers and one.out_features == 256
     assert torch.equal(one.packed, torch.cat([linear.packed for linear in parts]))

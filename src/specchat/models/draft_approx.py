@@ -109,7 +109,7 @@ class DraftApprox:
             weight = next(layer.parameters())
             round_linears(layer, self.dtype or weight.dtype, self.device or weight.device)
         if self.on_cuda():
-            stack_projections(layer)
+            stack_projections(layer, packed=True)
             fuse_norms(layer)
 
     def on_cuda(self) -> bool:

@@ -89,13 +89,13 @@ def bias_of(linear: nn.Linear | Int4Linear) -> torch.Tensor:
     return torch.zeros(linear.out_features, device=like.device, dtype=like.dtype)
 
 
-def stackable(linears: list[nn.Module | None]) -> bool:
-    """Plain nn.Linears, or Int4Linears that int4_stackable, all of one input width."""
+def stackable(linears: list[nn.Module | None], packed: bool) -> bool:
+    """Plain nn.Linears, or (`packed`) Int4Linears that int4_stackable, all of one input width."""
     if len({getattr(linear, "in_features", None) for linear in linears}) != 1:
         return False
     if all(type(linear) is nn.Linear for linear in linears):
         return True
-    return all(type(linear) is Int4Linear for linear in linears) and int4_stackable(linears)
+    return packed and all(type(linear) is Int4Linear for linear in linears) and int4_stackable(linears)
 
 
 def int4_stackable(linears: list[Int4Linear]) -> bool:
@@ -114,15 +114,15 @@ def int4_stackable(linears: list[Int4Linear]) -> bool:
     return first.kernel == "cuda" or layout_for(torch.device(first.kernel), first.in_features) is not None
 
 
-def stack_projections(module: nn.Module) -> int:
-    """Inside `module`, replace every group of GROUPS whose members are plain nn.Linears, or
-    Int4Linears of one packing, of one input width, by Parts of one Stack; returns how many stacks
-    were made."""
+def stack_projections(module: nn.Module, packed: bool = False) -> int:
+    """Inside `module`, replace every group of GROUPS whose members are plain nn.Linears (with
+    `packed`, or Int4Linears of one packing) of one input width by Parts of one Stack; returns how
+    many stacks were made."""
     made = 0
     for child in list(module.modules()):  # the loop adds modules
         for group in GROUPS:
             linears = [getattr(child, name, None) for name in group]
-            if stackable(linears):
+            if stackable(linears, packed):
                 stack = Stack(linears)
                 child.add_module("_".join(name.removesuffix("_proj") for name in group) + "_stack", stack)
                 for index, name in enumerate(group):
