@@ -157,7 +157,8 @@ def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size,
 
 @pytest.mark.parametrize("arch", [90, 89])  # Hopper (H100, H200) and Ada (the RTX 4090 the paper ran on)
 @pytest.mark.parametrize("tiles", [(0, 0), (8, 128)])  # from its words; from CUDA's 8 x 128 tiles
-@pytest.mark.parametrize("blocks", [blocks_for(1), Blocks(64, 128, 128, 4, 8)])  # the default; split inputs
+# blocks_for's (CUDA's 128-input tiles read once a program); split inputs; tiles read every step
+@pytest.mark.parametrize("blocks", [blocks_for(1), Blocks(64, 128, 128, 4, 8), Blocks(16, 64, 64, 1)])
 def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, blocks, monkeypatch):
     """Triton lowers the kernel to machine code for the GPU here (its wheel brings ptxas): what the
     interpreter cannot catch, a construct a GPU's compiler refuses, is caught on the CPU (Triton
