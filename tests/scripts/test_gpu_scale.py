@@ -4,19 +4,20 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from gpu_checks.scale_draft import DraftRow, draft_verdict
-from gpu_checks.scale_gemm import GEMM_ALIAS, GemmRow, layer_table
+from gpu_checks.scale_gemm import GEMM_ALIAS, GemmRow, layer_table, named
 from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_passes import PassRow, pass_verdict
 from gpu_checks.tree_passes import random_parents, random_tree
 from safetensors.torch import load_file
 
-from specchat.quant.int4_gemm import Blocks
+from specchat.quant.int4_gemm import blocks_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -142,10 +143,10 @@ def test_the_gemm_sweep_runs_the_kernel_under_the_interpreter_and_prints_both_ta
 
 
 def test_the_layer_table_picks_the_blocks_fastest_over_the_layer_not_over_one_linear():
-    first, second = Blocks(16, 32, 128, 1), Blocks(16, 64, 64, 2)
+    first = blocks_for(1)  # the table's blocks_for column
+    second = replace(first, splits=first.splits + 1)
     uses = {(64, 64): 2, (64, 256): 1}
-    rows = [GemmRow((64, 64), 1, 1.0, 1.0, {first: 1.0, second: 2.0}),  # first: 2 + 2 a layer
-            GemmRow((64, 256), 1, 1.0, 1.0, {first: 5.0, second: 0.5})]  # second: 4 + 0.5
+    rows = [GemmRow((64, 64), 1, 1.0, 1.0, {first: 1.0, second: 2.0}),  # first wins here, used twice a layer
+            GemmRow((64, 256), 1, 1.0, 1.0, {first: 5.0, second: 0.5})]  # a layer: first 2 + 5, second 4 + 0.5
     table = layer_table(rows, uses).splitlines()
-    assert table[2].startswith("| 1 | 16x64x64, 2 split, 4 warps | 4.500 | ")
-    assert table[2].endswith(" | 3.000 | 3.000 |")  # the fused kernel's and dense's layer
+    assert table[2] == f"| 1 | {named(second)} | 4.500 | 7.000 | 3.000 | 3.000 |"  # fused, dense: 2 + 1
