@@ -85,3 +85,15 @@ def test_the_draft_forms_bench_prints_each_forms_step_per_width(tmp_path):
 def test_the_forward_benches_refuse_bad_arguments_before_loading(monkeypatch, capsys, script, args, error):
     status, stderr = run_script(script, args, monkeypatch, capsys)
     assert status == 2 and error in stderr and "Traceback" not in stderr
+
+
+def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), "--rows", "4"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()[2:]]
+    (plain, plain_ops, _, plain_each), (prepared, prepared_ops, _, prepared_each) = rows
+    assert plain == "as transformers builds it" and prepared.startswith("prepared for CUDA")
+    # seven projections in three products; each norm's eight ops (two of them casts) in one
+    assert "linear 7" in plain_each and "linear 4" in prepared_each and "rms_norm 2" in prepared_each
+    assert "pow" in plain_each and "pow" not in prepared_each
+    assert int(prepared_ops) == int(plain_ops) - 3 - 2 * 7
