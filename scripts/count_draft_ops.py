@@ -1,15 +1,20 @@
-"""Count the ops a draft's step dispatches per decoder layer: as transformers builds the draft, and
-as specchat prepares a draft for CUDA (q/k/v and gate/up stacked, norms fused: models/draft_approx.py).
+"""Count the ops a draft's step dispatches per decoder layer, and the bytes they write: as
+transformers builds the draft, and as specchat prepares a draft for CUDA (q/k/v and gate/up
+stacked, norms fused, grouped attention without copied keys and values: models/draft_approx.py).
 
-Usage: python scripts/count_draft_ops.py [--alias llama-3.1-8b-awq] [--rows 16]
+Usage: python scripts/count_draft_ops.py [--alias llama-3.1-8b-awq] [--rows 16] [--capacity 6400] [--shrunk]
 
 A captured step on a GPU is bound by its kernels' count (each a few microseconds however few its
-rows), and nearly every op here is one kernel there (a linear's product, the fused rms_norm, the
-attention), so the count is measured on any device, the CPU included: the alias's layer shrunk
-(hidden 512 in 8 heads, its heads a KV head kept; the ops do not depend on widths), the step at a bucket's static shapes
-(decoding/static_step.py), the ops dispatched below autograd counted by a TorchDispatchMode, views
-and allocations left out. Ops a layer: a 2-layer model's count less a 1-layer one's. Prints a
-Markdown table: the ops a layer and outside the layers, and each op's count a layer.
+rows) and the bytes they move, and nearly every op here is one kernel there (a linear's product,
+the fused rms_norm, the attention), so both are measured on any device, the CPU included: the
+alias's decoder layers at its widths (`--shrunk`: hidden 512 in 8 heads, its query heads a KV head
+kept, for a quick count: the ops do not depend on widths, the bytes do), random weights, one step
+of `--rows` rows at a bucket's static shapes (decoding/static_step.py) over a cache reserved for
+`--capacity` slots (the default: a 4096-token context, a 2048-node tree and a bucket of pads, as
+the loader reserves), the ops dispatched below autograd counted by a TorchDispatchMode, views and
+allocations left out; the bytes are those of each out-of-place op's output (an in-place op writes
+a few rows of a buffer). A layer's: a 2-layer model's less a 1-layer one's. Prints a Markdown
+table: ops and MB written a layer, ops outside the layers, and each op's count a layer.
 """
 
 import argparse
@@ -26,19 +31,21 @@ from specchat.decoding.static_step import static_draft
 from specchat.models.configs import shipped_config_path
 from specchat.models.draft_approx import DraftApprox
 
-SHRINK = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "vocab_size": 512,
-          "bos_token_id": 0, "eos_token_id": 0}
+SHRINK = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8}
+SMALL_VOCAB = {"vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0}  # the head is outside the layers
 UNCOUNTED = {"empty", "empty_strided", "_local_scalar_dense", "lift_fresh", "detach"}  # no kernel
 PROMPT = 8
 
 
 class DispatchedOps(TorchDispatchMode):
-    """The names of the ops dispatched inside it that compute: not views (an output in an input's
-    storage; `to` is one where it converts nothing), not allocations."""
+    """The names of the ops dispatched inside it that compute, and the bytes the out-of-place ones
+    write: not views (an output in an input's storage; `to` is one where it converts nothing), not
+    allocations."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.written = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -46,6 +53,8 @@ class DispatchedOps(TorchDispatchMode):
         may_alias = any(ret.alias_info is not None and not ret.alias_info.is_write for ret in func._schema.returns)
         if name not in UNCOUNTED and not (may_alias and viewed(out, args)):
             self.ops[name] += 1
+            if isinstance(out, torch.Tensor) and not name.endswith("_"):
+                self.written += out.nbytes
         return out
 
 
@@ -61,16 +70,22 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--alias", default="llama-3.1-8b-awq", help="a shipped alias's config (models/configs/)")
     parser.add_argument("--rows", type=int, default=16, help="tree rows the step adds (a bucket's width)")
-    return parser.parse_args()
+    parser.add_argument("--capacity", type=int, default=4096 + 2048 + 256, help="cache slots the step attends over")
+    parser.add_argument("--shrunk", action="store_true", help="narrow layers: the same ops, fewer bytes, quicker")
+    args = parser.parse_args()
+    if args.capacity < PROMPT + 2 * args.rows + 256:
+        parser.error(f"--capacity {args.capacity}: a step of {args.rows} rows after {PROMPT} needs "
+                     f"{PROMPT + 2 * args.rows + 256}")
+    return args
 
 
-def shrunk_model(alias: str, layers: int, prepared: bool) -> PreTrainedModel:
+def built_model(alias: str, layers: int, prepared: bool, shrunk: bool) -> PreTrainedModel:
     values = json.loads(shipped_config_path(alias).read_text())
     values.pop("quantization_config", None)
-    # the alias's heads a KV head (grouped attention copies its keys and values for a masked step's
-    # attention: one KV head would make that copy a view)
-    grouped = values["num_attention_heads"] // values.get("num_key_value_heads", values["num_attention_heads"])
-    values |= SHRINK | {"num_hidden_layers": layers, "num_key_value_heads": SHRINK["num_attention_heads"] // grouped}
+    if shrunk:  # its query heads a KV head kept: grouped attention copies keys and values (one KV head: a view)
+        grouped = values["num_attention_heads"] // values.get("num_key_value_heads", values["num_attention_heads"])
+        values |= SHRINK | {"num_key_value_heads": SHRINK["num_attention_heads"] // grouped}
+    values |= SMALL_VOCAB | {"num_hidden_layers": layers}
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**values), dtype=torch.bfloat16,
                                              attn_implementation="sdpa").eval()
@@ -82,27 +97,31 @@ def shrunk_model(alias: str, layers: int, prepared: bool) -> PreTrainedModel:
     return model
 
 
-def step_ops(alias: str, layers: int, prepared: bool, rows: int) -> Counter[str]:
-    """The ops of one static-shape step of `rows` rows after a prompt."""
-    draft = static_draft(CausalLM(shrunk_model(alias, layers, prepared)), PROMPT + 2 * rows + 256, capture=False)
+def step_ops(args: argparse.Namespace, layers: int, prepared: bool) -> DispatchedOps:
+    """The ops of one static-shape step of args.rows rows after a prompt."""
+    model = built_model(args.alias, layers, prepared, args.shrunk)
+    draft = static_draft(CausalLM(model), args.capacity, capture=False)
     cache = new_cache()
     draft.hidden(torch.arange(PROMPT), torch.arange(PROMPT), cache)
-    draft.hidden(torch.arange(rows), torch.arange(PROMPT, PROMPT + rows), cache)  # buffers made
+    draft.hidden(torch.arange(args.rows), torch.arange(PROMPT, PROMPT + args.rows), cache)  # buffers made
     with DispatchedOps() as counted:
-        draft.hidden(torch.arange(rows), torch.arange(PROMPT + rows, PROMPT + 2 * rows), cache)
-    return counted.ops
+        draft.hidden(torch.arange(args.rows), torch.arange(PROMPT + args.rows, PROMPT + 2 * args.rows), cache)
+    return counted
 
 
 def main() -> None:
     args = parse_args()
-    print(f"| {args.alias}, a step of {args.rows} rows | ops a layer | outside the layers | each op a layer |")
-    print("|---|---|---|---|")
+    widths = "shrunk" if args.shrunk else "its widths"
+    print(f"| {args.alias} ({widths}), a step of {args.rows} rows over {args.capacity} slots | ops a layer | "
+          "MB written a layer | ops outside the layers | each op a layer |")
+    print("|---|---|---|---|---|")
     for prepared in (False, True):
-        one, two = (step_ops(args.alias, layers, prepared, args.rows) for layers in (1, 2))
-        layer = two - one
+        one, two = (step_ops(args, layers, prepared) for layers in (1, 2))
+        layer = two.ops - one.ops
         each = ", ".join(f"{name} {count}" for name, count in sorted(layer.items()))
-        form = "prepared for CUDA (stacked, norms fused)" if prepared else "as transformers builds it"
-        print(f"| {form} | {layer.total()} | {one.total() - layer.total()} | {each} |")
+        form = "prepared for CUDA" if prepared else "as transformers builds it"
+        print(f"| {form} | {layer.total()} | {(two.written - one.written) / 1e6:.2f} | "
+              f"{one.ops.total() - layer.total()} | {each} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.fused_norms import fuse_norms
+from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.quant.int4 import use_fused_only
 from specchat.quant.int4_rtn import round_linears
 from specchat.quant.stacked import stack_projections
@@ -90,8 +91,8 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
     """--draft-quant int4, the draft a GPU captures: its linears rounded to 4 bits (float32, wide
     enough for the groups), the fused kernel at every width so that a row does not depend on the
     rows padded beside it (quant/int4.py's use_fused_only); `for_cuda`: prepared further as a CUDA
-    draft is (models/draft_approx.py), its packed projections stacked and its norms fused. The
-    CUDA capture of the same step is gpu_checks/captured_draft.py's."""
+    draft is (models/draft_approx.py), its packed projections stacked, its norms fused and its
+    grouped attention packed. The CUDA capture of the same step is gpu_checks/captured_draft.py's."""
     torch.manual_seed(2)
     model = Qwen2ForCausalLM(tiny_qwen_config(vocab_size=50, hidden_size=64, intermediate_size=128)).eval()
     with torch.no_grad():
@@ -100,6 +101,7 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
         round_linears(layer, torch.float32, torch.device("cpu"))
         if for_cuda:  # gate and up; q is 4-bit but k and v (32 outputs: half a CPU tile) stay dense
             assert stack_projections(layer, packed=True) == 1 and fuse_norms(layer) == 2
+            assert pack_grouped_attention(layer) == 1  # 4 query heads on 2 KV heads
     assert use_fused_only(model) == (4 if for_cuda else 5) * len(model.model.layers)
     draft = CausalLM(model)
     outcomes = []

@@ -131,8 +131,9 @@ def random_draft(config: PretrainedConfig, device: torch.device, seed: int = 0) 
 
 def prepared_as_draft(model: PreTrainedModel, rounded: bool, device: torch.device) -> PreTrainedModel:
     """`model` as the loader prepares a draft on `device` (models/draft.py): on CUDA its projections
-    stacked and its norms fused; `rounded`: its decoder linears rounded to 4 bits (--draft-quant
-    int4), in its dtype, run by int4_gemm's kernel at the widths its probe finds it faster."""
+    stacked, its norms fused and its grouped attention packed; `rounded`: its decoder linears
+    rounded to 4 bits (--draft-quant int4), in its dtype, run by int4_gemm's kernel at the widths
+    its probe finds it faster."""
     approx = approximation(DraftQuant("int4" if rounded else "none"), None, model.dtype, device)
     for layer in model.model.layers:
         approx.prepare_layer(layer)

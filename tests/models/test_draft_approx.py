@@ -16,6 +16,7 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_approx import DraftApprox, DroppedHead, approximate_draft
+from specchat.models import grouped_attention
 from specchat.models.fused_norms import FusedRMSNorm
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
@@ -191,9 +192,9 @@ def test_specexec_over_an_approximated_draft_emits_the_target_tokens(tiny_target
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_draft_prepared_for_cuda_is_stacked_and_its_replies_are_the_targets(tiny_target, sampling):
-    """On CUDA every draft form's projections are stacked and its norms fused, on a CPU only int8's
-    projections stacked: the run's device decides, so this CPU prepares a draft for CUDA with its
-    tensors where they are and runs it."""
+    """On CUDA every draft form's projections are stacked, its norms fused and its grouped attention
+    packed, on a CPU only int8's projections stacked: the run's device decides, so this CPU prepares
+    a draft for CUDA with its tensors where they are and runs it."""
     drafts = {kind: perturbed(build_tiny(0), 0.3, seed=1).model for kind in ("cuda", "cpu")}
     for kind, model in drafts.items():
         approx = DraftApprox(False, None, device=torch.device(kind))
@@ -201,9 +202,9 @@ def test_a_draft_prepared_for_cuda_is_stacked_and_its_replies_are_the_targets(ti
             approx.prepare_layer(layer)
         assert approx.draft(model).model is model
     assert isinstance(drafts["cuda"].model.norm, FusedRMSNorm)  # the final norm, once the layers are in
-    stacked = [(type(layer.self_attn.k_proj), type(layer.mlp.up_proj), type(layer.input_layernorm))
-               for layer in drafts["cuda"].model.layers]
-    assert stacked == [(Part, Part, FusedRMSNorm)] * len(stacked)
+    stacked = [(type(layer.self_attn.k_proj), type(layer.mlp.up_proj), type(layer.input_layernorm),
+                layer.self_attn.config._attn_implementation) for layer in drafts["cuda"].model.layers]
+    assert stacked == [(Part, Part, FusedRMSNorm, grouped_attention.NAME)] * len(stacked)
     assert not any(isinstance(module, (Part, FusedRMSNorm)) for module in drafts["cpu"].modules())
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     engine = TreeEngine(SPECEXEC, tiny_target, CausalLM(drafts["cuda"]), [], TreeShape(budget=12, max_depth=6))

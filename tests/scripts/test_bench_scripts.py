@@ -87,13 +87,21 @@ def test_the_forward_benches_refuse_bad_arguments_before_loading(monkeypatch, ca
     assert status == 2 and error in stderr and "Traceback" not in stderr
 
 
-def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops():
-    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), "--rows", "4"],
+def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops_and_writes_fewer_bytes():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), "--rows", "4", "--shrunk"],
                             capture_output=True, text=True, timeout=120, check=True)
     rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()[2:]]
-    (plain, plain_ops, _, plain_each), (prepared, prepared_ops, _, prepared_each) = rows
-    assert plain == "as transformers builds it" and prepared.startswith("prepared for CUDA")
+    (plain, plain_ops, plain_mb, _, plain_each), (prepared, prepared_ops, prepared_mb, _, prepared_each) = rows
+    assert plain == "as transformers builds it" and prepared == "prepared for CUDA"
     # seven projections in three products; each norm's eight ops (two of them casts) in one
     assert "linear 7" in plain_each and "linear 4" in prepared_each and "rms_norm 2" in prepared_each
     assert "pow" in plain_each and "pow" not in prepared_each
-    assert int(prepared_ops) == int(plain_ops) - 3 - 2 * 7
+    # llama-3.1-8b's grouped attention: keys and values copied for its query heads, or its mask's rows
+    assert "reshape 2" in plain_each and "repeat 1" in prepared_each
+    assert int(prepared_ops) < int(plain_ops) and float(prepared_mb) < float(plain_mb)
+
+
+def test_the_ops_count_refuses_a_capacity_a_step_does_not_fit():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), "--capacity", "100"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--capacity 100: a step of 16 rows after 8 needs 296" in result.stderr

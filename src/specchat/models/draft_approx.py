@@ -29,6 +29,7 @@ from specchat.checkpoint.skeleton import module_name
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.fused_norms import fuse_norms
+from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.quant.int4 import use_registers
 from specchat.quant.int4_rtn import round_linears
@@ -98,10 +99,11 @@ class DraftApprox:
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's projections stacked and, under int8, its linears in int8; under int4
         its linears rounded to 4 bits, packed for `device` (a layer loaded on a CPU moves there later).
-        On CUDA every form's projections are stacked, 4-bit ones too, and its norms fused: a captured
-        step is bound by its kernels' count and a narrow product's few programs (quant/stacked.py,
-        fused_norms.py); on a CPU only int8's projections are stacked, where that was measured (a
-        small gain)."""
+        On CUDA every form's projections are stacked, 4-bit ones too, its norms fused and its grouped
+        attention run without copying keys and values: a captured step is bound by its kernels'
+        count, a narrow product's few programs and the bytes it moves (quant/stacked.py,
+        fused_norms.py, grouped_attention.py); on a CPU only int8's projections are stacked, where
+        that was measured (a small gain)."""
         if self.int8:
             stack_projections(layer)
             quantize_linears(layer, self.dense_above)
@@ -111,6 +113,7 @@ class DraftApprox:
         if self.on_cuda():
             stack_projections(layer, packed=True)
             fuse_norms(layer)
+            pack_grouped_attention(layer)
 
     def on_cuda(self) -> bool:
         return self.device is not None and self.device.type == "cuda"

@@ -1,0 +1,57 @@
+"""A draft's grouped-query attention without copying its keys and values: the query heads of a
+KV head packed as rows.
+
+transformers' SDPA path, given a mask (a tree step always has one), repeats each KV head's keys
+and values for its query heads (`repeat_kv`: a copy) before the attention. A captured draft step
+attends over its cache's whole reserved capacity (decoding/static_step.py), so for Llama-3.1-8B
+(8 KV heads for 32 query heads, 128 dimensions) at the default capacity of ~6400 slots that is
+2 x 6400 x 32 x 128 x 2 bytes = 105 MB written a layer, 3.4 GB a step: more than the 4-bit
+draft's weights (~4.5 GB read a step, arithmetic on its config). Attention is per query row, so
+the `groups` query heads of a KV head can instead be its rows: q [B, H, n, d] viewed as
+[B, H / groups, groups n, d] against the KV heads as they are, the mask's n rows repeated for
+each group (groups n S mask entries, where the copies were 2 groups S d a head), the output viewed
+back. transformers does this for a single query row (`pack_gqa`); here every width. Only drafts
+use it: each attention module's config is copied with this implementation's name, so a model
+sharing its config (a target) keeps transformers' own.
+"""
+
+import copy
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "specchat_grouped_sdpa"
+
+
+def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: [B, n, H, d] from q [B, H, n, d] and k, v [B, H / groups, S, d];
+    a mask shared by every head ([B, 1, n, S]) packs the groups as rows, anything else goes to
+    transformers' SDPA."""
+    groups = module.num_key_value_groups
+    if attention_mask is None or attention_mask.shape[1] != 1 or groups == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    batch, heads, rows, dim = query.shape
+    packed = query.reshape(batch, heads // groups, groups * rows, dim)  # rows: group-major, as the heads
+    mask = attention_mask.repeat(1, 1, groups, 1)
+    out = nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=dropout,
+                                                     scale=scaling)
+    return out.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, grouped_sdpa)
+
+
+def pack_grouped_attention(module: nn.Module) -> int:
+    """Give every grouped-query attention inside `module` (groups > 1, on SDPA) its own config that
+    names grouped_sdpa; how many."""
+    found = [child for child in module.modules() if getattr(child, "num_key_value_groups", 1) > 1
+             and getattr(getattr(child, "config", None), "_attn_implementation", None) == "sdpa"]
+    for attention in found:
+        attention.config = copy.copy(attention.config)
+        attention.config._attn_implementation = NAME
+    return len(found)
