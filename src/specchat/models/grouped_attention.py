@@ -5,8 +5,9 @@ transformers' SDPA path, given a mask (a tree step always has one), repeats each
 and values for its query heads (`repeat_kv`: a copy) before the attention. A captured draft step
 attends over its cache's whole reserved capacity (decoding/static_step.py), so for Llama-3.1-8B
 (8 KV heads for 32 query heads, 128 dimensions) at the default capacity of ~6400 slots that is
-2 x 6400 x 32 x 128 x 2 bytes = 105 MB written a layer, 3.4 GB a step: more than the 4-bit
-draft's weights (~4.5 GB read a step, arithmetic on its config). Attention is per query row, so
+2 x 6400 x 32 x 128 x 2 bytes = 105 MB written a layer, 3.4 GB a step: about what its 32 layers'
+4-bit weights take to read (~3.7 GB with their scales; arithmetic on its config). Attention is per
+query row, so
 the `groups` query heads of a KV head can instead be its rows: q [B, H, n, d] viewed as
 [B, H / groups, groups n, d] against the KV heads as they are, the mask's n rows repeated for
 each group (groups n S mask entries, where the copies were 2 groups S d a head), the output viewed
