@@ -7,9 +7,8 @@ attends over its cache's whole reserved capacity (decoding/static_step.py), so f
 (8 KV heads for 32 query heads, 128 dimensions) at the default capacity of ~6400 slots that is
 2 x 6400 x 32 x 128 x 2 bytes = 105 MB written a layer, 3.4 GB a step: about what its 32 layers'
 4-bit weights take to read (~3.7 GB with their scales; arithmetic on its config). Attention is per
-query row, so
-the `groups` query heads of a KV head can instead be its rows: q [B, H, n, d] viewed as
-[B, H / groups, groups n, d] against the KV heads as they are, the mask's n rows repeated for
+query row, so the `groups` query heads of a KV head can instead be its rows: q [B, H, n, d] viewed
+as [B, H / groups, groups n, d] against the KV heads as they are, the mask's n rows repeated for
 each group (groups n S mask entries, where the copies were 2 groups S d a head), the output viewed
 back. transformers does this for a single query row (`pack_gqa`); here every width. Only drafts
 use it: each attention module's config is copied with this implementation's name, so a model
