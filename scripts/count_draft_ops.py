@@ -18,18 +18,21 @@ table: ops and MB written a layer, ops outside the layers, and each op's count a
 """
 
 import argparse
-import json
+import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.static_step import static_draft
-from specchat.models.configs import shipped_config_path
 from specchat.models.draft_approx import DraftApprox
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPU checks' config helpers
+from gpu_checks.scale_models import alias_config  # noqa: E402
 
 SHRINK = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8}
 SMALL_VOCAB = {"vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0}  # the head is outside the layers
@@ -80,20 +83,16 @@ def parse_args() -> argparse.Namespace:
 
 
 def built_model(alias: str, layers: int, prepared: bool, shrunk: bool) -> PreTrainedModel:
-    values = json.loads(shipped_config_path(alias).read_text())
-    values.pop("quantization_config", None)
+    shrink = dict(SMALL_VOCAB)
     if shrunk:  # its query heads a KV head kept: grouped attention copies keys and values (one KV head: a view)
-        grouped = values["num_attention_heads"] // values.get("num_key_value_heads", values["num_attention_heads"])
-        values |= SHRINK | {"num_key_value_heads": SHRINK["num_attention_heads"] // grouped}
-    values |= SMALL_VOCAB | {"num_hidden_layers": layers}
+        shipped, _ = alias_config(alias, layers, {})
+        grouped = shipped.num_attention_heads // shipped.num_key_value_heads
+        shrink |= SHRINK | {"num_key_value_heads": SHRINK["num_attention_heads"] // grouped}
+    config, _ = alias_config(alias, layers, shrink)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**values), dtype=torch.bfloat16,
-                                             attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     if prepared:  # as for CUDA; the preparation reads the run's device, not where the weights are
-        approx = DraftApprox(False, None, device=torch.device("cuda"))
-        for layer in model.model.layers:
-            approx.prepare_layer(layer)
-        approx.draft(model)
+        DraftApprox(False, None, device=torch.device("cuda")).prepared(model)
     return model
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from gpu_checks.markdown import markdown_table, ms
-from gpu_checks.scale_linears import random_int4
+from gpu_checks.scale_linears import linear_shapes, random_int4
 from gpu_checks.scale_models import alias_config
 from gpu_checks.scale_sizes import ScaleSizes
 from gpu_checks.timing import mean_ms
@@ -53,10 +53,12 @@ def block_grid(rows: int, dry_run: bool) -> list[Blocks]:
 
 
 def layer_uses(config: PretrainedConfig) -> dict[tuple[int, int], int]:
-    """(in, out) of a decoder layer's linears, and how many it has of each."""
-    hidden, mlp = config.hidden_size, config.intermediate_size
-    kv = config.num_key_value_heads * (hidden // config.num_attention_heads)
-    return dict(Counter([(hidden, hidden)] * 2 + [(hidden, kv)] * 2 + [(hidden, mlp)] * 2 + [(mlp, hidden)]))
+    """(in, out) of a decoder layer's linears, and how many it has of each: two of each of
+    linear_shapes' but the last (q and o, k and v, gate and up; down)."""
+    uses: Counter[tuple[int, int]] = Counter()
+    for shape, count in zip(linear_shapes(config), (2, 2, 2, 1)):
+        uses[shape] += count  # k and v are q's shape where attention is not grouped
+    return dict(uses)
 
 
 def kernel_runs(device: torch.device) -> bool:

@@ -134,7 +134,4 @@ def prepared_as_draft(model: PreTrainedModel, rounded: bool, device: torch.devic
     stacked, its norms fused and its grouped attention packed; `rounded`: its decoder linears
     rounded to 4 bits (--draft-quant int4), in its dtype, run by int4_gemm's kernel at the widths
     its probe finds it faster."""
-    approx = approximation(DraftQuant("int4" if rounded else "none"), None, model.dtype, device)
-    for layer in model.model.layers:
-        approx.prepare_layer(layer)
-    return approx.draft(model).model
+    return approximation(DraftQuant("int4" if rounded else "none"), None, model.dtype, device).prepared(model).model

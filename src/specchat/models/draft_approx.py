@@ -118,6 +118,13 @@ class DraftApprox:
     def on_cuda(self) -> bool:
         return self.device is not None and self.device.type == "cuda"
 
+    def prepared(self, model: PreTrainedModel) -> CausalLM:
+        """`model`, loaded whole (its head already prepared where that matters), as the draft: each
+        decoder layer prepared, then `draft`."""
+        for layer in model.get_decoder().layers:
+            self.prepare_layer(layer)
+        return self.draft(model)
+
     def draft(self, model: PreTrainedModel) -> CausalLM:
         use_registers(model)  # its 4-bit linears, stored so or rounded (CUDA: int4_gemm where it is faster)
         if self.on_cuda():
@@ -132,9 +139,7 @@ def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     time: a float32 1.5B's stacks alone are 3.4 GB)."""
     approx = DraftApprox(int8, vocab_size, dense_above, stop_ids, model.get_input_embeddings().weight.dtype, int4=int4)
     approx.prepare_head(model, tokenizer, directory)
-    for layer in model.get_decoder().layers:
-        approx.prepare_layer(layer)
-    return approx.draft(model)
+    return approx.prepared(model)
 
 
 def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_above: int | None,

@@ -23,7 +23,6 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from specchat.machine_choices import Kept, measured, remembered, write_kept
 from specchat.models.configs import read_config
 from specchat.models.draft import DraftQuant, approximation
-from specchat.quant.int4 import use_registers
 from specchat.quant.timing import best_seconds
 from specchat.quant.widths import arguments
 
@@ -101,10 +100,7 @@ def probe_model(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype,
     probe = config.__class__.from_dict(fields)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(probe, dtype=dtype).eval()
-    approx = approximation(quant, None, dtype, device)
-    for layer in model.model.layers:
-        approx.prepare_layer(layer)
-    use_registers(model)  # as the draft's own linears run
+    approximation(quant, None, dtype, device).prepared(model)  # as the draft's own layers run
     return model
 
 
