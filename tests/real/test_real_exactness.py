@@ -22,12 +22,15 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import FR_SPEC_VOCAB
-from specchat.models.draft_approx import approximate_draft
+from specchat.models import grouped_attention
+from specchat.models.draft_approx import DraftApprox, approximate_draft
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
+from specchat.quant.stacked import Part
 
 pytestmark = pytest.mark.real
 
@@ -76,6 +79,26 @@ def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_che
     draft = real_draft(int8=False, int4=True)
     assert any(isinstance(module, Int4Linear) for module in draft.model.modules())
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
+    assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+
+
+def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_exact(real_pair, real_check,
+                                                                                   greedy_references,
+                                                                                   seeded_references):
+    """The draft as a GPU runs it, here on the CPU: prepared for CUDA (q/k/v and gate/up stacked,
+    norms as torch's rms_norm, its 14 query heads packed as rows of its 2 KV heads:
+    models/draft_approx.py), stepping at a bucket's static shapes (decoding/static_step.py, run
+    eagerly where CUDA replays a graph); the target's tokens are unchanged."""
+    loaded = real_draft(int8=False)  # its head scoring the app's sub-vocabulary
+    DraftApprox(False, None, device=torch.device("cuda")).prepared(loaded.model)  # its layers, in place
+    attention = loaded.model.model.layers[0].self_attn
+    assert isinstance(attention.k_proj, Part) and attention.config._attn_implementation == grouped_attention.NAME
+    draft = static_draft(loaded, capacity=4096, capture=False)
+    engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
+    assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+
+
+def assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references) -> None:
     assert_equals_hf_greedy(real_check, engine, greedy_references)
     for prompt_ids, reference in seeded_references:
         tokens, _ = emitted(engine, prompt_ids, PAPER_SAMPLING)
