@@ -2,16 +2,18 @@
 transformers builds the draft, and as specchat prepares a draft for CUDA (q/k/v and gate/up
 stacked, norms fused, grouped attention without copied keys and values: models/draft_approx.py).
 
-Usage: python scripts/count_draft_ops.py [--alias llama-3.1-8b-awq] [--rows 16] [--capacity 6400] [--shrunk]
+Usage: python scripts/count_draft_ops.py [--alias llama-3.1-8b-awq] [--rows 16] [--cached 8] [--capacity 6400]
+       [--shrunk]
 
 A captured step on a GPU is bound by its kernels' count (each a few microseconds however few its
 rows) and the bytes they move, and nearly every op here is one kernel there (a linear's product,
 the fused rms_norm, the attention), so both are measured on any device, the CPU included: the
 alias's decoder layers at its widths (`--shrunk`: hidden 512 in 8 heads, its query heads a KV head
 kept, for a quick count: the ops do not depend on widths, the bytes do), random weights, one step
-of `--rows` rows at a bucket's static shapes (decoding/static_step.py) over a cache reserved for
-`--capacity` slots (the default: a 4096-token context, a 2048-node tree and a bucket of pads, as
-the loader reserves), the ops dispatched below autograd counted by a TorchDispatchMode, views and
+of `--rows` rows at a bucket's static shapes (decoding/static_step.py) after `--cached` tokens, in
+a cache reserved for `--capacity` slots (the default: a 4096-token context, a 2048-node tree and a
+bucket of pads, as the loader reserves), attending over the span that holds them (the capacity
+where it is shorter), the ops dispatched below autograd counted by a TorchDispatchMode, views and
 allocations left out; the bytes are those of each out-of-place op's output (an in-place op writes
 a few rows of a buffer). A layer's: a 2-layer model's less a 1-layer one's. Prints a Markdown
 table: ops and MB written a layer, ops outside the layers, and each op's count a layer.
@@ -28,7 +30,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.static_step import static_draft
+from specchat.decoding.static_step import LEAST_SPAN, span_for, static_draft
 from specchat.models.draft_approx import DraftApprox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPU checks' config helpers
@@ -36,8 +38,7 @@ from gpu_checks.scale_models import alias_config  # noqa: E402
 
 SHRINK = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8}
 SMALL_VOCAB = {"vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0}  # the head is outside the layers
-UNCOUNTED = {"empty", "empty_strided", "_local_scalar_dense", "lift_fresh", "detach"}  # no kernel
-PROMPT = 8
+UNCOUNTED = {"empty", "new_empty", "empty_strided", "_local_scalar_dense", "lift_fresh", "detach"}  # no kernel
 
 
 class DispatchedOps(TorchDispatchMode):
@@ -73,12 +74,15 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--alias", default="llama-3.1-8b-awq", help="a shipped alias's config (models/configs/)")
     parser.add_argument("--rows", type=int, default=16, help="tree rows the step adds (a bucket's width)")
-    parser.add_argument("--capacity", type=int, default=4096 + 2048 + 256, help="cache slots the step attends over")
+    parser.add_argument("--cached", type=int, default=8, help="tokens in the cache before the steps")
+    parser.add_argument("--capacity", type=int, default=4096 + 2048 + 256, help="cache slots reserved")
     parser.add_argument("--shrunk", action="store_true", help="narrow layers: the same ops, fewer bytes, quicker")
     args = parser.parse_args()
-    if args.capacity < PROMPT + 2 * args.rows + 256:
-        parser.error(f"--capacity {args.capacity}: a step of {args.rows} rows after {PROMPT} needs "
-                     f"{PROMPT + 2 * args.rows + 256}")
+    if args.cached < 1:
+        parser.error(f"--cached {args.cached}: a static step follows at least one cached token")
+    if args.capacity < args.cached + 2 * args.rows + 256:
+        parser.error(f"--capacity {args.capacity}: a step of {args.rows} rows after {args.cached} needs "
+                     f"{args.cached + 2 * args.rows + 256}")
     return args
 
 
@@ -97,22 +101,31 @@ def built_model(alias: str, layers: int, prepared: bool, shrunk: bool) -> PreTra
 
 
 def step_ops(args: argparse.Namespace, layers: int, prepared: bool) -> DispatchedOps:
-    """The ops of one static-shape step of args.rows rows after a prompt."""
+    """The ops of one static-shape step of args.rows rows after args.cached tokens and a step
+    of as many rows (which made the buffers)."""
     model = built_model(args.alias, layers, prepared, args.shrunk)
     draft = static_draft(CausalLM(model), args.capacity, capture=False)
-    cache = new_cache()
-    draft.hidden(torch.arange(PROMPT), torch.arange(PROMPT), cache)
-    draft.hidden(torch.arange(args.rows), torch.arange(PROMPT, PROMPT + args.rows), cache)  # buffers made
+    cache, cached, rows = new_cache(), args.cached, args.rows
+    tokens = torch.arange(cached + 2 * rows) % model.config.vocab_size
+    draft.hidden(tokens[:cached], torch.arange(cached), cache)
+    draft.hidden(tokens[cached:cached + rows], torch.arange(cached, cached + rows), cache)
     with DispatchedOps() as counted:
-        draft.hidden(torch.arange(args.rows), torch.arange(PROMPT + args.rows, PROMPT + 2 * args.rows), cache)
+        draft.hidden(tokens[cached + rows:], torch.arange(cached + rows, cached + 2 * rows), cache)
     return counted
+
+
+def attended_span(args: argparse.Namespace) -> int:
+    """The slots the counted step attends over (its rows padded to a bucket: the rows a power of two)."""
+    bucket = 1 << (args.rows - 1).bit_length()
+    return span_for(args.cached + args.rows + bucket, LEAST_SPAN, args.capacity)
 
 
 def main() -> None:
     args = parse_args()
     widths = "shrunk" if args.shrunk else "its widths"
-    print(f"| {args.alias} ({widths}), a step of {args.rows} rows over {args.capacity} slots | ops a layer | "
-          "MB written a layer | ops outside the layers | each op a layer |")
+    print(f"| {args.alias} ({widths}), a step of {args.rows} rows after {args.cached + args.rows} cached, over "
+          f"{attended_span(args)} of {args.capacity} slots | ops a layer | MB written a layer | "
+          "ops outside the layers | each op a layer |")
     print("|---|---|---|---|---|")
     for prepared in (False, True):
         one, two = (step_ops(args, layers, prepared) for layers in (1, 2))

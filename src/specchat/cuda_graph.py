@@ -10,10 +10,15 @@ import torch
 WARMUP = 2  # eager runs on a side stream before a capture, as CUDA graphs require
 
 
-def capture_graph(run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+Pool = tuple[int, int]  # torch.cuda.graph_pool_handle()'s token
+
+
+def capture_graph(run: Callable[[], torch.Tensor], pool: Pool | None = None
+                  ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """`run` captured as a CUDA graph after WARMUP eager runs on a side stream (its writes are the
     same each time: the warm-ups only repeat them), and the tensor it returns, which every replay
-    writes anew."""
+    writes anew. Graphs captured into one `pool` share their temporaries' memory: safe where they
+    never run at once and no graph reads what another left in its temporaries."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -21,7 +26,7 @@ def capture_graph(run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         output = run()
     return graph, output
 

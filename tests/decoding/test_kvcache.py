@@ -42,6 +42,17 @@ def test_slots_grow_a_chunk_at_a_time_and_are_written_in_place() -> None:
     assert torch.equal(layer.keys[:, :, :7], originals[0][0]) and torch.equal(layer.keys[:, :, -1:], torch.full((1, 2, 1, 4), 3.0))
 
 
+def test_a_static_write_goes_to_its_slots_and_returns_the_first_span_of_the_buffers() -> None:
+    cache, originals = filled_cache()
+    cache.write_slots, cache.span = torch.tensor([7, 8]), 16
+    keys, values = cache.update(torch.full((1, 2, 2, 4), 5.0), torch.full((1, 2, 2, 4), 6.0), 1)
+    layer = cache.layers[1]
+    assert keys.shape == values.shape == (1, 2, 16, 4) and keys.data_ptr() == layer.key_slots.data_ptr()  # views
+    assert torch.equal(keys[:, :, :7], originals[1][0]) and torch.equal(keys[:, :, 7:9], torch.full((1, 2, 2, 4), 5.0))
+    assert torch.equal(values[:, :, 7:9], torch.full((1, 2, 2, 4), 6.0))
+    assert layer.get_seq_length() == 7  # the caller advances the length
+
+
 def test_keep_moves_only_the_slots_after_the_prefix_in_place() -> None:
     cache, originals = filled_cache()
     layer = cache.layers[1]

@@ -12,10 +12,11 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.specexec import SPECEXEC
-from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, span_for, static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
+from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
 from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.quant.int4 import use_fused_only
@@ -41,13 +42,21 @@ def tree_mask(cached: int) -> torch.Tensor:
     return mask
 
 
-def test_a_padded_step_gives_the_eager_rows_and_slots(tiny_draft):
+def test_a_span_is_the_power_of_two_from_the_least_that_holds_the_rows_or_the_capacity():
+    assert [span_for(slots, 16, 100) for slots in (1, 16, 17, 33, 64, 65, 100)] == [16, 16, 32, 64, 64, 100, 100]
+
+
+@pytest.mark.parametrize("least_span", [LEAST_SPAN, 16], ids=["the-capacity", "a-span-of-16"])
+def test_a_padded_step_gives_the_eager_rows_and_slots(tiny_draft, least_span):
     static = static_draft(tiny_draft, CAPACITY, capture=False)
+    static.least_span = least_span
     eager_cache, static_cache = prefilled(tiny_draft, PROMPT), prefilled(static, PROMPT)  # the first pass: eager
     cached = len(PROMPT)
     tokens, positions = torch.tensor([4, 8, 1]), torch.tensor([cached, cached + 1, cached + 1])
     eager = tiny_draft.hidden(tokens, positions, eager_cache, tree_mask(cached))
     padded = static.hidden(tokens, positions, static_cache, tree_mask(cached))  # padded to 4 rows
+    span = min(least_span, CAPACITY)  # the 6 cached slots and 4 rows fit the least span
+    assert list(static.inputs) == [(4, span)] and static.inputs[4, span].mask.shape == (1, 1, 4, span)
     # bitwise on the AMD EPYC (2026-11-28): masked slots add exact zeros, and these float64 products
     # sum in the same order at 4 rows as at 3
     assert torch.equal(padded, eager)
@@ -73,16 +82,19 @@ def test_steps_wider_than_a_bucket_or_past_the_capacity_run_eagerly(tiny_draft):
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_specexec_with_the_static_step_grows_the_eager_trees(tiny_target, tiny_draft, sampling):
+    """At spans of 16 slots up: the conversation outgrows one, so the steps attend over several."""
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    static = static_draft(tiny_draft, CAPACITY, capture=False)
+    static.least_span = 16
     outcomes = []
-    for draft in (tiny_draft, static_draft(tiny_draft, CAPACITY, capture=False)):
+    for draft in (tiny_draft, static):
         engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
         tokens, events = run(engine, sampling)
         outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
     assert outcomes[0][0] == outcomes[1][0] == reference
     assert outcomes[0][1] == outcomes[1][1]  # tree for tree
     assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
-    assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
+    assert len({span for _, span in static.inputs}) > 1
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -101,6 +113,7 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
         round_linears(layer, torch.float32, torch.device("cpu"))
         if for_cuda:  # gate and up; q is 4-bit but k and v (32 outputs: half a CPU tile) stay dense
             assert stack_projections(layer, packed=True) == 1 and fuse_norms(layer) == 2
+            assert replace_attention(layer) == 0  # its q/k/v apart: transformers' attention
             assert pack_grouped_attention(layer) == 1  # 4 query heads on 2 KV heads
     assert use_fused_only(model) == (4 if for_cuda else 5) * len(model.model.layers)
     draft = CausalLM(model)
@@ -113,3 +126,41 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
     assert outcomes[0][0] == outcomes[1][0] == reference
     assert outcomes[0][1] == outcomes[1][1]  # tree for tree
     assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
+
+
+class FakeGraph:
+    """A CUDA graph's part a CPU can play: a replay writes `run`'s output anew into the tensor the
+    capture returned."""
+
+    def __init__(self, run, output):
+        self.run, self.output, self.replays = run, output, 0
+
+    def replay(self):
+        self.output.copy_(self.run())
+        self.replays += 1
+
+
+def test_captured_shapes_replay_the_eager_rows_from_one_pool(tiny_target, tiny_draft, monkeypatch):
+    """The capture path with CUDA's calls stood in for: a shape runs eagerly at its first use, is
+    captured at its second and replayed after; every capture shares the draft's one pool."""
+    pools, captured = [], []
+
+    def capture(run, pool):
+        pools.append(pool)
+        output = run()
+        captured.append(FakeGraph(run, output))
+        return captured[-1], output
+
+    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, len(pools)))
+    static = static_draft(tiny_draft, CAPACITY, capture=True)
+    static.least_span = 16
+    outcomes = []
+    for draft in (tiny_draft, static):
+        engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
+        tokens, events = run(engine, GREEDY)
+        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    assert outcomes[0] == outcomes[1]
+    assert set(static.graphs) <= static.used and len(static.graphs) == len(captured) > 1  # each shape once
+    assert all(graph.replays for graph in captured)  # every shape used a third time
+    assert pools == [(0, 0)] * len(captured)

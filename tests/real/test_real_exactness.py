@@ -28,9 +28,9 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import FR_SPEC_VOCAB
 from specchat.models import grouped_attention
 from specchat.models.draft_approx import DraftApprox, approximate_draft
+from specchat.models.draft_attention import DraftAttention
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
-from specchat.quant.stacked import Part
 
 pytestmark = pytest.mark.real
 
@@ -86,13 +86,14 @@ def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_ex
                                                                                    greedy_references,
                                                                                    seeded_references):
     """The draft as a GPU runs it, here on the CPU: prepared for CUDA (q/k/v and gate/up stacked,
-    norms as torch's rms_norm, its 14 query heads packed as rows of its 2 KV heads:
+    queries and keys rotated together, norms as torch's rms_norm, its 14 query heads packed as rows
+    of its 2 KV heads:
     models/draft_approx.py), stepping at a bucket's static shapes (decoding/static_step.py, run
     eagerly where CUDA replays a graph); the target's tokens are unchanged."""
     loaded = real_draft(int8=False)  # its head scoring the app's sub-vocabulary
     DraftApprox(False, None, device=torch.device("cuda")).prepared(loaded.model)  # its layers, in place
     attention = loaded.model.model.layers[0].self_attn
-    assert isinstance(attention.k_proj, Part) and attention.config._attn_implementation == grouped_attention.NAME
+    assert isinstance(attention, DraftAttention) and attention.config._attn_implementation == grouped_attention.NAME
     draft = static_draft(loaded, capacity=4096, capture=False)
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)

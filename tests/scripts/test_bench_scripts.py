@@ -101,7 +101,11 @@ def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops_and_writes_fewer_
     assert int(prepared_ops) < int(plain_ops) and float(prepared_mb) < float(plain_mb)
 
 
-def test_the_ops_count_refuses_a_capacity_a_step_does_not_fit():
-    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), "--capacity", "100"],
+@pytest.mark.parametrize(("args", "error"), [
+    (["--capacity", "100"], "--capacity 100: a step of 16 rows after 8 needs 296"),
+    (["--cached", "0"], "--cached 0: a static step follows at least one cached token"),
+])
+def test_the_ops_count_refuses_a_cache_a_step_does_not_fit(args, error):
+    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), *args],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--capacity 100: a step of 16 rows after 8 needs 296" in result.stderr
+    assert result.returncode == 2 and error in result.stderr

@@ -64,14 +64,14 @@ class SlotLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
 
-    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: torch.Tensor
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, slots: torch.Tensor, span: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """`update`'s static-shape form: the new rows go to `slots` (a tensor on the device) of
-        buffers reserved beforehand, and every slot of the capacity comes back, so no shape depends
-        on the length; the caller advances the length (`advance`)."""
+        buffers reserved beforehand, and the first `span` slots come back, so no shape depends on
+        the length; the caller advances the length (`advance`)."""
         self.key_slots.index_copy_(-2, slots, key_states)
         self.value_slots.index_copy_(-2, slots, value_states)
-        return self.key_slots, self.value_slots
+        return self.key_slots[..., :span, :], self.value_slots[..., :span, :]
 
     @torch.inference_mode()  # the buffers a forward made are inference tensors
     def keep(self, index: torch.Tensor) -> None:
@@ -107,18 +107,19 @@ class SlotLayer(DynamicLayer):
 class SlotCache(DynamicCache):
     """A DynamicCache (the type the models accept) whose layers are `SlotLayer`s, created as
     the first forward reaches them. While `write_slots` is set (a static-shape step,
-    static_step.py), every layer writes there and returns its whole capacity."""
+    static_step.py), every layer writes there and returns its first `span` slots."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layer_class_to_replicate = SlotLayer
         self.write_slots: torch.Tensor | None = None
+        self.span = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.write_slots is None:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        return self.layers[layer_idx].write(key_states, value_states, self.write_slots)
+        return self.layers[layer_idx].write(key_states, value_states, self.write_slots, self.span)
 
     def capacity(self) -> int:
         """Slots every layer holds room for (0 before the first forward)."""

@@ -1,4 +1,5 @@
-"""The draft's step at fixed shapes, so that CUDA can capture it once per width and replay it.
+"""The draft's step at fixed shapes, so that CUDA can capture it once per width and span and
+replay it.
 
 An eager draft step is a few dozen small kernels a layer: on a GPU a 7B draft's step is bound by
 their launches (18-64 ms at 1-1024 nodes on an H200, design.md section 17), and a tree takes up
@@ -7,11 +8,18 @@ launch:
 - the new rows are padded to a width bucket (a power of two); a pad row attends only to its own
   slot and writes its keys and values past the real rows, where no real row looks and the next
   step writes over them;
-- the cache's buffers are reserved up front (`capacity` slots) and every layer returns all of
-  them (kvcache.SlotCache.write_slots): a row attends over the whole capacity, masked to what
-  the eager step lets it see (the committed prefix, its ancestors, itself);
-- the tokens, positions, mask and slots are copied into one bucket's static buffers before each
-  replay, and the cache's length is advanced by the real rows only.
+- the cache's buffers are reserved up front (`capacity` slots) and every layer returns the first
+  `span` of them (kvcache.SlotCache.write_slots, .span), a span being a power of two from
+  `least_span` (or the capacity) that holds the cache and the step's rows: a row attends over the
+  span, masked to what the eager step lets it see (the committed prefix, its ancestors, itself).
+  A graph is captured per (width, span): attending over the whole capacity instead (~6400 slots
+  at the defaults) would read its keys and values, and compute its scores, in every layer of every
+  step however short the conversation: for Llama-2-7B (32 KV heads of 128) at 256 rows that is
+  256 x 6400 x 128 x 4 flops x 32 heads x 32 layers = 860 GFLOP and 3.4 GB of keys and values a
+  step (~0.9 ms at an H200's 989 TFLOP/s peak), where a 300-token prompt and a 1024-node tree
+  need a span of 2048;
+- the tokens, positions, mask and slots are copied into a (width, span)'s static buffers before
+  each replay, and the cache's length is advanced by the real rows only.
 A masked slot's weight underflows to exactly 0 in the softmax, so the real rows get what the
 eager step gives them, up to the order of summation. Without `capture` the same code runs
 eagerly (how a CPU tests it); SpecExec's verifier never reads the draft's probabilities, so a
@@ -22,11 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specchat.cuda_graph import capture_graph
+from specchat.cuda_graph import Pool, capture_graph
 from specchat.decoding.forward import CausalLM, to_additive_mask
 from specchat.decoding.kvcache import SlotCache, cache_length
 
+Shape = tuple[int, int]  # a static step's (width bucket, span): one set of buffers and one graph each
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # widths a step is padded to; a wider one runs eagerly
+LEAST_SPAN = 512  # the fewest slots a static step attends over: below it the attention costs nothing to speak of
 
 
 @dataclass
@@ -35,7 +46,7 @@ class StaticInputs:
 
     tokens: torch.Tensor  # [1, B]
     positions: torch.Tensor  # [1, B]
-    mask: torch.Tensor  # [1, 1, B, capacity] additive
+    mask: torch.Tensor  # [1, 1, B, span] additive
     slots: torch.Tensor  # [B] the cache slots the rows write
 
 
@@ -47,9 +58,13 @@ class StaticDraft(CausalLM):
 
     capacity: int = 0  # slots the cache reserves: the context, the largest tree and a bucket of pads
     capture: bool = False
-    inputs: dict[int, StaticInputs] = field(default_factory=dict)
-    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
-    used: set[int] = field(default_factory=set)  # buckets run once, uncaptured, on the current buffers
+    least_span: int = LEAST_SPAN
+    inputs: dict[Shape, StaticInputs] = field(default_factory=dict)
+    graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
+    used: set[Shape] = field(default_factory=set)  # shapes run once, uncaptured, on the current buffers
+    # one memory pool for every graph's temporaries: they replay one at a time, each writing its
+    # temporaries before reading them, and what a step returns is copied out before the next
+    pool: Pool | None = None
     buffers: tuple[int, int, int] = (0, 0, 0)  # the cache, its first key buffer and its capacity they were made for
 
     @torch.inference_mode()
@@ -62,13 +77,14 @@ class StaticDraft(CausalLM):
             return super().hidden(tokens, positions, cache, mask)
         cache.reserve(self.capacity)
         self.follow(cache)
-        inputs = self.inputs.get(bucket) or self.allocate(bucket, cache.capacity())
-        fill(inputs, tokens, positions, attended(mask, n, length, bucket, cache.capacity()), length, self.dtype)
-        cache.write_slots = inputs.slots
+        shape = (bucket, span_for(length + bucket, self.least_span, self.capacity))
+        inputs = self.inputs.get(shape) or self.allocate(shape)
+        fill(inputs, tokens, positions, attended(mask, n, length, *shape), length, self.dtype)
+        cache.write_slots, cache.span = inputs.slots, shape[1]
         try:
-            hidden = self.replay(bucket, inputs, cache) if self.capture else self.step(inputs, cache)
+            hidden = self.replay(shape, inputs, cache) if self.capture else self.step(inputs, cache)
         finally:
-            cache.write_slots = None
+            cache.write_slots, cache.span = None, 0
         cache.advance(n)
         return hidden[:n].clone()  # the static output is written over by the next replay
 
@@ -80,39 +96,51 @@ class StaticDraft(CausalLM):
             self.inputs.clear()
             self.graphs.clear()
             self.used.clear()
+            self.pool = None
             self.buffers = buffers
 
-    def allocate(self, bucket: int, capacity: int) -> StaticInputs:
-        device = self.device
-        self.inputs[bucket] = StaticInputs(
+    def allocate(self, shape: Shape) -> StaticInputs:
+        device, (bucket, span) = self.device, shape
+        self.inputs[shape] = StaticInputs(
             tokens=torch.zeros(1, bucket, dtype=torch.long, device=device),
             positions=torch.zeros(1, bucket, dtype=torch.long, device=device),
-            mask=torch.zeros(1, 1, bucket, capacity, dtype=self.dtype, device=device),
+            mask=torch.zeros(1, 1, bucket, span, dtype=self.dtype, device=device),
             slots=torch.zeros(bucket, dtype=torch.long, device=device))
-        return self.inputs[bucket]
+        return self.inputs[shape]
 
     def step(self, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
         out = self.model.get_decoder()(input_ids=inputs.tokens, position_ids=inputs.positions,
                                        attention_mask=inputs.mask, cache=cache, use_cache=True)
         return out.last_hidden_state[0]
 
-    def replay(self, bucket: int, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
-        """The bucket's graph, captured at its second use on the cache's buffers: a cache used
+    def replay(self, shape: Shape, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
+        """The shape's graph, captured at its second use on the cache's buffers: a cache used
         once (the --budget auto probe's, each size on a fresh one) never pays for a capture."""
-        if bucket not in self.graphs:
-            if bucket not in self.used:
-                self.used.add(bucket)
+        if shape not in self.graphs:
+            if shape not in self.used:
+                self.used.add(shape)
                 return self.step(inputs, cache)
-            self.graphs[bucket] = capture_graph(lambda: self.step(inputs, cache))
-        graph, output = self.graphs[bucket]
+            self.pool = self.pool or torch.cuda.graph_pool_handle()
+            self.graphs[shape] = capture_graph(lambda: self.step(inputs, cache), self.pool)
+        graph, output = self.graphs[shape]
         graph.replay()
         return output
 
 
-def attended(mask: torch.Tensor | None, n: int, length: int, bucket: int, capacity: int) -> torch.Tensor:
-    """bool [bucket, capacity]: the real rows see what `mask` [n, length + n] lets them (None:
+def span_for(slots: int, least: int, capacity: int) -> int:
+    """The slots a step attends over when its rows end at `slots`: the power of two from `least`
+    that holds them, or the whole capacity where that is fewer; powers of two keep the graphs to a
+    few per width at the price of at most twice the slots needed."""
+    span = least
+    while span < slots:
+        span *= 2
+    return min(span, capacity)
+
+
+def attended(mask: torch.Tensor | None, n: int, length: int, bucket: int, span: int) -> torch.Tensor:
+    """bool [bucket, span]: the real rows see what `mask` [n, length + n] lets them (None:
     every cached slot and the new rows causally), a pad row only its own slot."""
-    attend = torch.zeros(bucket, capacity, dtype=torch.bool)
+    attend = torch.zeros(bucket, span, dtype=torch.bool)
     if mask is None:
         attend[:n, :length] = True
         attend[:n, length:length + n] = torch.ones(n, n, dtype=torch.bool).tril()

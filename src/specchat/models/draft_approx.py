@@ -28,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specchat.checkpoint.skeleton import module_name
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
+from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
 from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
@@ -99,10 +100,10 @@ class DraftApprox:
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's projections stacked and, under int8, its linears in int8; under int4
         its linears rounded to 4 bits, packed for `device` (a layer loaded on a CPU moves there later).
-        On CUDA every form's projections are stacked, 4-bit ones too, its norms fused and its grouped
-        attention run without copying keys and values: a captured step is bound by its kernels'
-        count, a narrow product's few programs and the bytes it moves (quant/stacked.py,
-        fused_norms.py, grouped_attention.py); on a CPU only int8's projections are stacked, where
+        On CUDA every form's projections are stacked, 4-bit ones too, its queries and keys rotated
+        together, its norms fused and its grouped attention run without copying keys and values: a
+        captured step is bound by its kernels' count, a narrow product's few programs and the bytes
+        it moves (quant/stacked.py, draft_attention.py, fused_norms.py, grouped_attention.py); on a CPU only int8's projections are stacked, where
         that was measured (a small gain)."""
         if self.int8:
             stack_projections(layer)
@@ -112,6 +113,7 @@ class DraftApprox:
             round_linears(layer, self.dtype or weight.dtype, self.device or weight.device)
         if self.on_cuda():
             stack_projections(layer, packed=True)
+            replace_attention(layer)
             fuse_norms(layer)
             pack_grouped_attention(layer)
 

@@ -3,10 +3,11 @@ KV head packed as rows.
 
 transformers' SDPA path, given a mask (a tree step always has one), repeats each KV head's keys
 and values for its query heads (`repeat_kv`: a copy) before the attention. A captured draft step
-attends over its cache's whole reserved capacity (decoding/static_step.py), so for Llama-3.1-8B
-(8 KV heads for 32 query heads, 128 dimensions) at the default capacity of ~6400 slots that is
-2 x 6400 x 32 x 128 x 2 bytes = 105 MB written a layer, 3.4 GB a step: about what its 32 layers'
-4-bit weights take to read (~3.7 GB with their scales; arithmetic on its config). Attention is per
+attends over a span of its cache up to the whole reserved capacity (decoding/static_step.py), so
+for Llama-3.1-8B (8 KV heads for 32 query heads, 128 dimensions) over the default capacity of
+~6400 slots that is 2 x 6400 x 32 x 128 x 2 bytes = 105 MB written a layer, 3.4 GB a step: about
+what its 32 layers' 4-bit weights take to read (~3.7 GB with their scales; arithmetic on its
+config), and a third of that over a span of 2048. Attention is per
 query row, so the `groups` query heads of a KV head can instead be its rows: q [B, H, n, d] viewed
 as [B, H / groups, groups n, d] against the KV heads as they are, the mask's n rows repeated for
 each group (groups n S mask entries, where the copies were 2 groups S d a head), the output viewed
