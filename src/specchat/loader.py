@@ -86,11 +86,17 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
 
 
 def check_draft_quant(options: EngineOptions) -> None:
-    """A draft that stores GPTQ or AWQ weights runs them packed: quantizing it again is refused."""
-    if options.draft_quant in ("auto", "none") or not stores_4bit(read_config(options.draft)):
+    """A draft that stores GPTQ or AWQ weights runs them packed or expanded: quantizing it again is
+    refused; expanding a draft stored in full weights has nothing to expand."""
+    if options.draft_quant == "auto":
         return
-    raise SpecchatError(f"--draft-quant {options.draft_quant}: {options.draft} stores 4-bit GPTQ or AWQ weights, "
-                        "which run packed: use --draft-quant auto or none")
+    stored = stores_4bit(read_config(options.draft))
+    if stored and options.draft_quant not in ("none", "dense"):
+        raise SpecchatError(f"--draft-quant {options.draft_quant}: {options.draft} stores 4-bit GPTQ or AWQ weights, "
+                            "which run packed or expanded: use --draft-quant auto, none or dense")
+    if not stored and options.draft_quant == "dense":
+        raise SpecchatError(f"--draft-quant dense expands a draft stored in 4 bits (GPTQ or AWQ); {options.draft} "
+                            "stores full weights: use --draft-quant none")
 
 
 def plan_run(options: EngineOptions, device: torch.device, drafted: bool, reporter: Reporter) -> MemoryPlan:

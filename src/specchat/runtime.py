@@ -38,7 +38,7 @@ from specchat.probe_cache import probe_path, probed_costs
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
-DRAFT_QUANTS = ("auto", "none", "int8", "int4", "nf4")
+DRAFT_QUANTS = ("auto", "none", "int8", "int4", "nf4", "dense")
 WEIGHTS = ("auto", "quantized", "dense")
 
 

@@ -168,3 +168,9 @@ def test_quantizing_a_4_bit_draft_again_is_one_line(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", "llama-3.1-70b-awq", "--draft",
                            "llama-3.1-8b-awq", "--draft-quant", "int8")
     assert_one_line_error(code, err, "--draft-quant int8: llama-3.1-8b-awq stores 4-bit GPTQ or AWQ weights")
+
+
+def test_expanding_a_draft_stored_in_full_weights_is_one_line(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--draft-quant", "dense")
+    assert_one_line_error(code, err, "--draft-quant dense expands a draft stored in 4 bits (GPTQ or AWQ); "
+                                     "qwen2.5-coder-0.5b stores full weights: use --draft-quant none")

@@ -4,12 +4,14 @@ machine on a few random layers, kept once per machine, measured again by doctor.
 import pytest
 import torch
 from helpers.tiny import tiny_qwen_config
+from torch import nn
 
 from specchat.doctor.choices import choice_lines
 from specchat.machine_choices import kept_choices
 from specchat.models import draft_step
 from specchat.models.draft import DraftQuant
-from specchat.models.draft_step import PROBE_LAYERS, StepCost, measure_step, probe_model, step_cost
+from specchat.models.configs import read_config
+from specchat.models.draft_step import PROBE_LAYERS, StepCost, measure_step, probe_model, step_cost, timed_form
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 
@@ -64,11 +66,26 @@ def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():
     assert 0 < one_s and 0 < wide_s  # 8 layers' worth: twice the 4 timed; the figures are this machine's
 
 
-@pytest.mark.parametrize(("draft", "kind"), [("qwen2.5-coder-0.5b", "nf4"), ("llama-3.1-8b-awq", "none")])
-def test_forms_not_timed_here_have_no_cost(monkeypatch, draft, kind):
-    """nf4 runs on bitsandbytes alone; a draft that stores 4-bit weights would be timed dense."""
+def test_forms_not_timed_here_have_no_cost(monkeypatch):
+    """nf4 runs on bitsandbytes alone."""
     monkeypatch.setattr(draft_step, "measure_step", lambda *args: pytest.fail("measured"))
-    assert step_cost(draft, DraftQuant(kind), BF16, CPU, 43) is None
+    assert step_cost("qwen2.5-coder-0.5b", DraftQuant("nf4"), BF16, CPU, 43) is None
+
+
+@pytest.mark.parametrize(("kind", "timed_as", "linear"), [("none", "int4", Int4Linear), ("dense", "none", nn.Linear)])
+def test_a_draft_stored_in_4_bits_is_timed_as_its_dense_config_packed_or_expanded(monkeypatch, kind, timed_as, linear):
+    """llama-3.1-8b-awq: packed (none), its probe's linears rounded to 4 bits, the stored
+    Int4Linears' kernels; expanded (dense), full weights."""
+    config = read_config("llama-3.1-8b-awq")
+    probed, quant = timed_form(config, DraftQuant(kind))
+    assert quant == DraftQuant(timed_as) and getattr(probed, "quantization_config", None) is None
+    assert probed.num_hidden_layers == 32 and probed.intermediate_size == 14336
+    small = probed.__class__.from_dict(probed.to_dict() | {"hidden_size": 128, "intermediate_size": 256,
+                                                          "num_attention_heads": 4, "num_key_value_heads": 2})
+    layer = probe_model(small, quant, BF16, CPU).model.layers[0]
+    assert type(layer.mlp.down_proj) is linear
+    monkeypatch.setattr(draft_step, "measure_kept", lambda key, device: [0.010, 0.040])
+    assert step_cost("llama-3.1-8b-awq", DraftQuant(kind), BF16, CPU, 43) == StepCost(0.010, 0.040, 43)
 
 
 def test_doctor_measures_a_kept_step_again(monkeypatch):

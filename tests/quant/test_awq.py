@@ -1,8 +1,9 @@
 """AWQ checkpoints (AutoAWQ's GEMM format) through the packed int4 path: the nibble order is
 AutoAWQ's, the converted weight is an independent dequantization's bitwise, a loaded model (in
 memory and streamed) gives the dequantized model's logits, SpecExec over it emits transformers'
-greedy tokens on the dequantized model, other AWQ variants are one line, and the 70B AWQ pair
-plans offline."""
+greedy tokens on the dequantized model (its draft packed or expanded), other AWQ variants are one
+line, and the 70B AWQ pair plans offline, its draft packed or expanded by the iteration each
+predicts."""
 
 import json
 import re
@@ -21,7 +22,6 @@ from helpers.tiny import tiny_qwen_config
 from torch import nn
 from transformers import Qwen2ForCausalLM
 
-from helpers.planned import offload_planned
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -159,6 +159,26 @@ def test_greedy_specexec_over_an_awq_target_and_draft_emits_transformers_tokens_
     # transformers' greedy `generate` on the writer's own dequantization of the draws, up to float32's near-ties
     assert_transformers_tokens(reference, PROMPT, tokens, NEW_TOKENS, GREEDY, (), NEAR_TIE, MAX_TIES)
     assert sum(e.accepted for e in events) > 0 and len(events) < NEW_TOKENS
+
+
+def test_an_awq_draft_loaded_dense_multiplies_its_weights_and_specexec_emits_transformers_tokens(awq,
+                                                                                                awq_draft_dir):
+    """--draft-quant dense: the draft's 4-bit linears expanded as its layers load."""
+    directory, reference = awq
+    loaded = load(str(directory), torch.float32, progress=False)
+    drafts = {kind: load_draft(str(awq_draft_dir), CPU, torch.float32, None, loaded.tokenizer, QUIET, DraftQuant(kind),
+                               None) for kind in ("none", "dense")}
+    assert sum(isinstance(m, Int4Linear) for m in drafts["none"].model.modules()) == 2 * 7
+    assert not any(isinstance(m, Int4Linear) for m in drafts["dense"].model.modules())
+    assert sum(type(m) is nn.Linear for m in drafts["dense"].model.model.layers.modules()) == 2 * 7
+    # float32, logits up to ~5.3: at most 1.8e-6 apart on the AMD EPYC (2026-11-29), the same weights
+    # summed in another order
+    torch.testing.assert_close(logits(drafts["dense"]), logits(drafts["none"]), atol=3.6e-6, rtol=0)
+    events = list(TreeEngine(SPECEXEC, CausalLM(loaded.model), drafts["dense"], [],
+                             TreeShape(budget=16, max_depth=6)).generate(PROMPT, NEW_TOKENS, GREEDY))
+    tokens = [t for e in events for t in e.token_ids]
+    assert_transformers_tokens(reference, PROMPT, tokens, NEW_TOKENS, GREEDY, (), NEAR_TIE, MAX_TIES)
+    assert sum(e.accepted for e in events) > 0
 
 
 BAD_VARIANTS = [

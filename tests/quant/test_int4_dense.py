@@ -1,7 +1,8 @@
 """Dense copies of the 4-bit linears for wide inputs (quant/int4_dense.py): the copy is the packed
 weight rounded once to the compute dtype, wide inputs multiply it and narrow ones keep the fused
 kernel's bits, the crossover follows what the timer measures, copies stay within their room and out
-of state_dict, and the plan counts them only where every layer is in memory and the room is left."""
+of state_dict, and the plan counts them only where every layer is in memory and the room is left;
+a draft stored in 4 bits expanded (`expand_linears`) multiplies the same weights."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -9,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.int4_weights import random_weight
+from torch import nn
 
 from specchat.plan.machine import Machine
 from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
 from specchat.quant import int4_dense, timing
 from specchat.quant.int4 import int4_linear, use_fused_only
-from specchat.quant.int4_dense import dense_copy_bytes, expand, keep_dense_copies
+from specchat.quant.int4_dense import dense_copy_bytes, expand, expand_linears, keep_dense_copies
 from specchat.quant.widths import DENSE_ROWS, dense_rows
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
@@ -45,6 +47,22 @@ def test_the_copy_is_the_packed_weight_rounded_once(group, act_order, dtype):
     exact = rounded_scales(weight, dtype).dequantize()  # over the layer's inputs
     over_weight_inputs = exact if weight.perm is None else exact[:, weight.perm]
     assert torch.equal(expand(linear), over_weight_inputs.to(dtype))
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_expanded_linears_multiply_the_packed_weights_over_the_layers_inputs(act_order):
+    weight = random_weight(out_features=OUT, in_features=IN, act_order=act_order)
+    torch.manual_seed(0)
+    bias = torch.randn(OUT)
+    layer = nn.Sequential(int4_linear(weight, bias, torch.float32, CPU), nn.ReLU())
+    x = torch.randn(5, IN)
+    with torch.no_grad():
+        packed = layer(x)
+        assert expand_linears(layer) == 1 and type(layer[0]) is nn.Linear
+        assert torch.equal(layer[0].weight, weight.dequantize())  # float32: the stored weights themselves
+        # float32, outputs up to ~7: at most 2.9e-6 apart on the AMD EPYC (2026-11-29), the fused
+        # kernel and the dense product summing in different orders
+        torch.testing.assert_close(layer(x), packed, rtol=0, atol=5.8e-6)
 
 
 def test_wide_inputs_multiply_the_copy_and_narrow_ones_keep_the_fused_kernels_bits(every_shape_gains):

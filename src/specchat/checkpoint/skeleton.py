@@ -44,7 +44,7 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     the layers' Int4Linears it holds Q4_K scale parts of (quant/q4k_scales.py). AWQ linears are
     Int4Linears packed for `kernel` (or the CPU) from the start (quant/awq.py)."""
     spec, awq = read_gptq_spec(config.to_dict()), read_awq_spec(config.to_dict())
-    config = config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
+    config = without_quantization(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     if awq is not None or spec is not None:  # a MoE block's experts quantized per expert, by either method
@@ -64,6 +64,11 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
         compact_the_layers(model, source, dtype)
     model.eval()
     return model
+
+
+def without_quantization(config: PretrainedConfig) -> PretrainedConfig:
+    """`config` without its quantization_config: the model's dense form."""
+    return config.__class__.from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
 
 
 def packed_linears(model: PreTrainedModel, source: SafetensorsSource | None) -> list[str]:

@@ -17,7 +17,7 @@ from specchat.quant.widths import INT8_ROWS, int8_rows
 class DraftQuant:
     """How the draft's weights are stored, as resolved for this device."""
 
-    kind: str  # none | int8 | int4 | nf4
+    kind: str  # none | int8 | int4 | nf4 | dense (a draft stored in 4 bits, expanded)
     dense_above: int | None = None  # int8: inputs of more rows multiply the dense weights kept beside
 
     def __str__(self) -> str:
@@ -44,7 +44,7 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
 def approximation(quant: DraftQuant, vocab_size: int | None, dtype: torch.dtype, device: torch.device) -> DraftApprox:
     """How a draft stored as `quant` is prepared as it loads, its head scoring `vocab_size` tokens."""
     return DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
-                       device=device)
+                       device=device, expand=quant.kind == "dense")
 
 
 def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:
@@ -63,5 +63,5 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
 
 
 def describe(quant: DraftQuant, vocab_size: int | None) -> str:
-    weights = "full weights" if quant.kind == "none" else f"{quant} weights"
+    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{quant} weights")
     return f"{weights}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"

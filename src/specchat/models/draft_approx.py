@@ -33,6 +33,7 @@ from specchat.models.fused_norms import fuse_norms
 from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.quant.int4 import use_registers
+from specchat.quant.int4_dense import expand_linears
 from specchat.quant.int4_rtn import round_linears
 from specchat.quant.int8 import Int8Embedding, Int8Linear, dense_linear, quantize_linears
 from specchat.quant.stacked import stack_projections
@@ -48,8 +49,9 @@ class DroppedHead(nn.Module):
 @dataclass
 class DraftApprox:
     """How a draft is approximated: int8 linears (inputs of more than `dense_above` rows keep the
-    dense weights, when set) or (`int4`) its decoder layers' linears rounded to 4 bits; a head of
-    the `vocab_size` most frequent tokens and the stop tokens (`stop_ids`; None: the model's) or,
+    dense weights, when set) or (`int4`) its decoder layers' linears rounded to 4 bits, or
+    (`expand`) its stored 4-bit linears expanded to dense ones; a head of the `vocab_size` most
+    frequent tokens and the stop tokens (`stop_ids`; None: the model's) or,
     with None or the whole vocabulary, of every token."""
 
     int8: bool
@@ -61,6 +63,7 @@ class DraftApprox:
     head: nn.Module | None = None
     int4: bool = False
     device: torch.device | None = None  # int4: the device its linears are packed for; None: where each layer's weights are
+    expand: bool = False
 
     def mapped(self, model: PreTrainedModel) -> frozenset[str]:
         """Under int8 the input embedding and the LM head are replaced by int8 copies (or a
@@ -98,13 +101,16 @@ class DraftApprox:
             model.set_input_embeddings(Int8Embedding(embedding.weight.detach(), dtype))
 
     def prepare_layer(self, layer: nn.Module) -> None:
-        """One decoder layer's projections stacked and, under int8, its linears in int8; under int4
-        its linears rounded to 4 bits, packed for `device` (a layer loaded on a CPU moves there later).
-        On CUDA every form's projections are stacked, 4-bit ones too, its queries and keys rotated
-        together, its norms fused and its grouped attention run without copying keys and values: a
-        captured step is bound by its kernels' count, a narrow product's few programs and the bytes
-        it moves (quant/stacked.py, draft_attention.py, fused_norms.py, grouped_attention.py); on a CPU only int8's projections are stacked, where
-        that was measured (a small gain)."""
+        """One decoder layer's stored 4-bit linears expanded under `expand`; its projections stacked
+        and, under int8, its linears in int8; under int4 its linears rounded to 4 bits, packed for
+        `device` (a layer loaded on a CPU moves there later). On CUDA every form's projections are
+        stacked, 4-bit ones too, its queries and keys rotated together, its norms fused and its
+        grouped attention run without copying keys and values: a captured step is bound by its
+        kernels' count, a narrow product's few programs and the bytes it moves (quant/stacked.py,
+        draft_attention.py, fused_norms.py, grouped_attention.py); on a CPU only int8's projections
+        are stacked, where that was measured (a small gain)."""
+        if self.expand:
+            expand_linears(layer)
         if self.int8:
             stack_projections(layer)
             quantize_linears(layer, self.dense_above)

@@ -11,7 +11,8 @@ linears alone (an int8 head aside), so the figure compares forms and understates
 head's share. The layers run eagerly, where CUDA replays a captured step (decoding/static_step.py):
 launches weigh on both forms, a little more on int4's (a wide product expands, then multiplies).
 Measured once per machine and kept (machine_choices.remembered), as quant's choices are; a form
-only bitsandbytes runs (nf4) is not measured here.
+only bitsandbytes runs (nf4) is not measured here. A draft stored in 4 bits is timed as its dense
+config's, packed (rounded to 4 bits) or expanded (full weights): `timed_form`.
 """
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from specchat.checkpoint.skeleton import without_quantization
 from specchat.machine_choices import Kept, measured, remembered, write_kept
 from specchat.models.configs import read_config
 from specchat.models.draft import DraftQuant, approximation
@@ -50,9 +52,8 @@ class StepCost:
 
 def step_cost(draft: str, quant: DraftQuant, dtype: torch.dtype, device: torch.device, wide: int) -> StepCost | None:
     """The draft `draft` (an alias or a checkpoint, read for its config) in `quant`: its step's
-    cost on `device`, as kept for this machine or measured now; None for a form not measured here,
-    or a draft that stores packed 4-bit weights (its layers would be timed dense)."""
-    if quant.kind not in MEASURED_KINDS or getattr(read_config(draft), "quantization_config", None) is not None:
+    cost on `device`, as kept for this machine or measured now; None for a form not measured here."""
+    if timed_form(read_config(draft), quant)[1].kind not in MEASURED_KINDS:
         return None
     key = {"draft": draft, "quant": quant.kind, "dense_above": quant.dense_above, "dtype": str(dtype), "wide": wide}
     one_s, wide_s = remembered(CHOICE, key, device, lambda: measure_kept(key, device))
@@ -76,13 +77,23 @@ def measure_kept(key: dict, device: torch.device | str) -> list[float]:
 def measure_step(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype, device: torch.device,
                  wide: int) -> list[float]:
     """[seconds over one token, over `wide` tokens] of a step of the draft of `config` in `quant`."""
-    model = probe_model(config, quant, dtype, device)
+    model = probe_model(*timed_form(config, quant), dtype, device)
     scale = config.num_hidden_layers / len(model.model.layers)
     seconds = timed_layers(model, (1, wide), dtype, device)
     del model
     if device.type == "cuda":  # the probe's memory back to the device before the plan measures its free room
         torch.cuda.empty_cache()
     return [each * scale for each in seconds]
+
+
+def timed_form(config: PretrainedConfig, quant: DraftQuant) -> tuple[PretrainedConfig, DraftQuant]:
+    """The config and form a step is timed in: a draft stored in 4 bits (GPTQ, AWQ) as the dense
+    model of its config, its packed form (none) rounded to 4 bits in groups of 128, as GPTQ and AWQ
+    store them (the same Int4Linears and kernels; random weights either way), its expanded form
+    (dense) in full weights."""
+    if getattr(config, "quantization_config", None) is None:
+        return config, quant
+    return without_quantization(config), DraftQuant("none" if quant.kind == "dense" else "int4")
 
 
 def timed_layers(model: nn.Module, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[float]:

@@ -153,6 +153,17 @@ def rounding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
             + 3 * ROUND_ROWS * widest * FP32)
 
 
+def expanding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
+    """Bytes a draft stored in 4 bits holds above its expanded weights while it loads (--draft-quant
+    dense: quant/int4_dense.expand_linears), an upper bound: a decoder layer's packed weights
+    (half a byte a weight and a scale and zero a group of 32: 0.625 bytes; each linear's go once it
+    is expanded) and, a weight of its largest linear, the expansion's float32 value, its two
+    nibble bytes and its cast into `dtype` (int4_chunks.chunk_buffers), and one more copy in
+    `dtype` where an act-order weight's inputs are put back in order."""
+    sizes = [m.weight.numel() for m in layer_linears(model)]
+    return int(sum(sizes) * 0.625) + max(sizes) * (FP32 + 2 + 2 * dtype.itemsize)
+
+
 def rounded_workspace(model: PreTrainedModel, dtype: torch.dtype, rows: int, kernel: torch.device) -> int:
     """The largest temporary a draft's rounded linears allocate over `rows` inputs (quant.int4's
     bound; linears run one at a time)."""

@@ -17,13 +17,14 @@ from specchat.limits import DEFAULT_CONTEXT
 from specchat.models.configs import config_from_file, read_config
 from specchat.models.loading import resolve, stored_name
 from specchat.models.local import local_safetensors
-from specchat.checkpoint.skeleton import build_skeleton
+from specchat.checkpoint.skeleton import build_skeleton, without_quantization
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import step_cost
 from specchat.plan.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
 from specchat.plan.choice import step_width
-from specchat.plan.demand import draft_weight_bytes, preparing_bytes, rounded_workspace, rounding_bytes, shape_of
+from specchat.plan.demand import (draft_weight_bytes, expanding_bytes, preparing_bytes, rounded_workspace,
+                                   rounding_bytes, shape_of)
 from specchat.plan.machine import Machine
 from specchat.plan.model import MeasuredModel, measure_model, plan_measured
 from specchat.plan.request import DEFAULT_TREE_TOKENS, Pair, PlanRequest
@@ -102,19 +103,31 @@ def stores_4bit(config: PretrainedConfig) -> bool:
     return read_gptq_spec(stored) is not None or read_awq_spec(stored) is not None
 
 
+def stored_4bit_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """The forms a draft stored in 4 bits (GPTQ, AWQ) may take for `kinds` asked: packed as stored
+    (none, its smallest) or expanded (dense), and both where auto weighs several (on a GPU)."""
+    if "dense" in kinds:
+        return ("dense",)
+    return ("none", "dense") if len(kinds) > 1 else ("none",)
+
+
 def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAULT_TREE_TOKENS) -> tuple[Draft, ...]:
     """`pair`'s draft in each of its kinds on `device`, sized from its config, preferred first. An
     int8 draft that keeps dense copies for steps wider than `pair.dense_above` rows comes with its
     int8-only form after it, which the plan takes where the copies do not fit. An int4 draft
     counts its 4-bit products' largest temporary over a step of `tree_tokens` rows."""
     config = read_config(pair.draft)
-    kinds = ("none",) if stores_4bit(config) else pair.draft_kinds  # its packed weights are its smallest form
+    kinds = stored_4bit_kinds(pair.draft_kinds) if stores_4bit(config) else pair.draft_kinds
     dtype = pair.dtype
     model = build_skeleton(config, None, dtype, kernel=device)
+    dense = build_skeleton(without_quantization(config), None, dtype, kernel=device)  # a 4-bit draft expanded
     shape = shape_of(config, dtype)
     full = draft_weight_bytes(model, dtype, "none")
 
     def candidate(kind: str, above: int | None) -> Draft:
+        if kind == "dense":  # loaded one layer at a time onto the device, each expanded there
+            weights = draft_weight_bytes(dense, dtype, "none", head_rows=pair.draft_vocab, kernel=device)
+            return Draft(kind, weights, shape, 0, expanding_bytes(dense, dtype), None)
         weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab, kernel=device)
         preparing = preparing_bytes(model, dtype) if kind == "int8" else rounding_bytes(model, dtype) if kind == "int4" else 0
         workspace = rounded_workspace(model, dtype, tree_tokens, device) if kind == "int4" else 0

@@ -26,6 +26,7 @@ from specchat.errors import SpecchatError
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import dequantized
 from specchat.quant.int4_layout import layout_for
+from specchat.quant.int8 import dense_linear
 from specchat.quant.widths import dense_copy_linear, dense_rows
 
 
@@ -74,3 +75,18 @@ def shape_of(linear: Int4Linear) -> tuple[int, int, torch.dtype]:
 
 def copy_bytes(linear: Int4Linear) -> int:
     return linear.in_features * linear.out_features * linear.compute_dtype.itemsize
+
+
+def expand_linears(module: nn.Module) -> int:
+    """Replace every Int4Linear inside `module` by an nn.Linear of its weight expanded (`expand`),
+    its inputs back in the layer's order where the weight's were permuted (act order); how many.
+    A draft stored in 4 bits and loaded dense (--draft-quant dense) takes its layers so: a dense
+    product at every width, for 4x the bytes."""
+    found = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if isinstance(child, Int4Linear)]
+    for parent, name, child in found:
+        weight = expand(child)
+        if child.perm is not None:  # column i of the packed weight is the layer's input perm[i]
+            weight = torch.empty_like(weight).index_copy_(1, child.perm, weight)
+        setattr(parent, name, dense_linear(weight, None if child.bias is None else child.bias.detach()))
+    return len(found)
