@@ -25,6 +25,7 @@ from specchat.models.local import local_tokenizer
 from specchat.offload.build import Offload
 from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
+from specchat.offload.host_embedding import keep_embedding_on_host
 from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, draft_quant_for, offload_directory,
                           plan_pair, request_for, resolve_weights, stores_4bit)
 from specchat.progress import Report, Reporter
@@ -192,16 +193,22 @@ def load_ray_models(options: EngineOptions, device: torch.device, dtype: torch.d
 def load_target(options: EngineOptions, device: torch.device, dtype: torch.dtype, memory: MemoryPlan,
                 reporter: Reporter, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[LoadedModel, Offload | None]:
     """The target in device memory when the plan streams nothing, else with its decoder layers
-    placed as the plan says (its LM head in Q6_K where the plan chose it); its `tokenizer` when
-    already loaded."""
+    placed as the plan says (its LM head in Q6_K where the plan chose it); its input embedding on
+    the host where the plan holds it there; its `tokenizer` when already loaded."""
     if not memory.placement.streamed:
         target = load(options.target, dtype, reporter.bars, reporter.report, device=device, weights=options.weights,
                       tokenizer=tokenizer, compact_head=memory.compact_head, compact_layers=memory.compact_layers)
+        offload = None
+    else:
+        target, offload = load_offloaded(options.target, dtype, device, memory.placement, offload_directory(options),
+                                         reporter, options.weights, tokenizer, memory.compact_head,
+                                         memory.compact_layers)
+    if memory.embedding_on_host:
+        keep_embedding_on_host(target.model, device, dtype)
+    if offload is None:
         reporter.step(f"moving {target.name} to {device.type}")
         target.model.to(device)
-        return target, None
-    return load_offloaded(options.target, dtype, device, memory.placement, offload_directory(options), reporter,
-                          options.weights, tokenizer, memory.compact_head, memory.compact_layers)
+    return target, offload
 
 
 def announce(memory: MemoryPlan, reporter: Reporter) -> None:

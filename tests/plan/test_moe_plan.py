@@ -175,16 +175,18 @@ def test_experts_touched_refuses_impossible_routes_in_one_line(experts, routed, 
     assert "\n" not in str(refused.value)
 
 
-# Mixtral's plan's device items besides its layers: fixed parts, both KV caches (the same per
-# token), the nf4 draft, the largest pass, the kernels' workspace and the CUDA margin
-MIXTRAL_OTHERS = (2 * 32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + 2 * kv_per_token(32, 8) * (CONTEXT + TREE)
+# Mixtral's plan's device items besides its layers: fixed parts (the LM head and norm: the input
+# embedding is on the host), both KV caches (the same per token), the nf4 draft, the largest pass, the kernels' workspace and the CUDA margin
+MIXTRAL_OTHERS = (32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + 2 * kv_per_token(32, 8) * (CONTEXT + TREE)
                   + MISTRAL_7B_NF4 + moe_pass(32, 4096, 8, 2, 14336, TREE) + MIXTRAL_WORKSPACE + CUDA_MARGIN)
 
 
 def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     memory = plan("mixtral-8x7b-gptq", "mistral-7b", 24, 64)
     assert 0.74 * GB < MIXTRAL_LAYER <= 0.85 * GB and memory.placement.layers == (MIXTRAL_LAYER,) * 32
-    assert item(memory, "fixed parts") == 2 * 32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES
+    # the LM head, the final norm and the rotary tables on the card; the input embedding on the host
+    assert item(memory, "fixed parts (") == 32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES
+    assert item(memory, "fixed parts:") == 32000 * 4096 * BF16
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == item(memory, "draft KV cache") == kv_per_token(32, 8) * tokens
     assert item(memory, "largest pass") == moe_pass(32, 4096, 8, 2, 14336, TREE)  # the draft's dense one is less
@@ -193,7 +195,7 @@ def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     placement = memory.placement
     assert placement.disk == 0 and placement.resident + placement.ram == 32
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**30  # a 0.75 GB layer pins 1 GiB
-    left = room_for_layers(memory, 24, MIXTRAL_OTHERS, MIXTRAL_LAYER)  # 17 resident
+    left = room_for_layers(memory, 24, MIXTRAL_OTHERS, MIXTRAL_LAYER)  # 18 resident
     assert_cache_fills_the_room_left(memory, left, MIXTRAL_EXPERT, 8)
     assert_streams_by_expert(memory, MIXTRAL_HEAD, MIXTRAL_LAYER, 8, 2)
     assert_fits(memory, 24, 64)
@@ -224,7 +226,9 @@ def test_mixtral_plans_a_pass_of_any_tree_width_streamed_by_expert(tokens):
 def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
     memory = plan("qwen3-30b-a3b-gptq", "qwen3-0.6b", 8, 32)
     assert memory.placement.layers == (QWEN3_30B_LAYER,) * 48 and 0.33 * GB < QWEN3_30B_LAYER < 0.34 * GB
-    assert item(memory, "fixed parts") == 2 * 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES
+    # the LM head, the final norm and the rotary tables on the card; the input embedding on the host
+    assert item(memory, "fixed parts (") == 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES
+    assert item(memory, "fixed parts:") == 151936 * 2048 * BF16
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == kv_per_token(48, 4) * tokens  # 96 KiB a token
     assert item(memory, "draft KV cache") == kv_per_token(28, 8) * tokens  # 112 KiB: the draft's is larger
@@ -235,9 +239,9 @@ def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
     assert placement.disk == 0 and placement.resident + placement.ram == 48
     assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * 2**29  # a 0.33 GB layer pins 512 MiB
     caches = (kv_per_token(48, 4) + kv_per_token(28, 8)) * tokens
-    others = (2 * 151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES + caches
+    others = (151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES + caches
               + QWEN3_0_6B_NF4 + moe_pass(32, 2048, 128, 8, 768, TREE) + QWEN3_30B_WORKSPACE + CUDA_MARGIN)
-    room_for_layers(memory, 8, others, QWEN3_30B_LAYER)  # 6 resident
+    room_for_layers(memory, 8, others, QWEN3_30B_LAYER)  # 8 resident
     assert_streams_by_expert(memory, QWEN3_30B_HEAD, QWEN3_30B_LAYER, 128, 8)
     assert_fits(memory, 8, 32)
 
@@ -245,7 +249,9 @@ def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
 def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_128_gb_stream_the_rest_from_nvme():
     memory = plan("qwen3-235b-a22b-gptq", "qwen3-1.7b", 24, 128)
     assert memory.placement.layers == (QWEN3_235B_LAYER,) * 94 and 1.32 * GB < QWEN3_235B_LAYER < 1.33 * GB
-    assert item(memory, "fixed parts") == 2 * 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES
+    # the LM head, the final norm and the rotary tables on the card; the input embedding on the host
+    assert item(memory, "fixed parts (") == 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES
+    assert item(memory, "fixed parts:") == 151936 * 4096 * BF16
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == kv_per_token(94, 4) * tokens
     assert item(memory, "largest pass") == moe_pass(64, 4096, 128, 8, 1536, TREE)
@@ -254,12 +260,13 @@ def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_128_gb_stream_the_rest
     placement, pinned = memory.placement, 2**31  # a 1.32 GB layer (and a staging buffer of one) pins 2 GiB
     assert placement.disk > 0 and placement.slots == 2
     assert item(memory, "2 pinned staging buffers") == 2 * pinned
-    assert placement.ram == (128 * GB - RUNTIME_BYTES - OS_RESERVE - 2 * pinned) // pinned  # 56
+    embedding = 151936 * 4096 * BF16  # held on the host
+    assert placement.ram == (128 * GB - RUNTIME_BYTES - OS_RESERVE - embedding - 2 * pinned) // pinned  # 55
     assert placement.resident + placement.ram + placement.disk == 94
     caches = (kv_per_token(94, 4) + kv_per_token(28, 8)) * tokens
-    others = (2 * 151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + caches
+    others = (151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + caches
               + QWEN3_1_7B_NF4 + moe_pass(64, 4096, 128, 8, 1536, TREE) + QWEN3_235B_WORKSPACE + CUDA_MARGIN)
-    left = room_for_layers(memory, 24, others, QWEN3_235B_LAYER)  # 9 resident
+    left = room_for_layers(memory, 24, others, QWEN3_235B_LAYER)  # 10 resident
     assert_cache_fills_the_room_left(memory, left, experts(1, 4096, 1536, 128, False), 128)
     assert_streams_by_expert(memory, QWEN3_235B_HEAD, QWEN3_235B_LAYER, 128, 8)
     assert_fits(memory, 24, 128)

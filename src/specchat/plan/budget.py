@@ -3,11 +3,11 @@ before anything is loaded or downloaded.
 
 The device holds the target's fixed parts (embeddings, final norm, LM head), its resident layers
 and the streaming ring; the draft's weights in the quantization it will use; both KV caches, each
-at its own bytes per token, for the context plus the largest tree; the largest pass's
-activations (a target pass over the tree, or a draft step as wide: they never run at once); the
-quantized kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the
-pinned RAM tier and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's
-weights while they load through RAM, and RAM kept back for the OS.
+at its own bytes per token, for the context plus the largest tree; the largest pass's activations
+(a target pass over the tree, or a draft step as wide: they never run at once); the quantized
+kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the pinned RAM tier
+and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's weights while they
+load through RAM, RAM kept back for the OS, and beside a GPU the target's input embedding (untied).
 
 When the pair does not fit as asked, `auto` chooses what a user would (plan/choice.py): the draft
 form with the shortest predicted iteration where each form's step was measured on this machine and
@@ -75,6 +75,17 @@ class Target:
     shape: ModelShape
     compact_fixed: int | None = None  # its fixed parts with the LM head in Q6_K (quant/q6k_linear.py), when it has one
     compact_layers: ModelSizes | None = None  # its sizes with the layers' Q6_K linears and Q4_K scales as stored
+    host_embedding: int = 0  # its input embedding's bytes, held on the host (offload/host_embedding.py)
+
+    def embedding_on_host(self, nbytes: int) -> "Target":
+        """Itself with `nbytes` of input embedding held on the host, out of the device's fixed parts."""
+        if not nbytes:
+            return self
+        compact = None if self.compact_fixed is None else self.compact_fixed - nbytes
+        compact_layers = None if self.compact_layers is None else \
+            replace(self.compact_layers, fixed=self.compact_layers.fixed - nbytes)
+        return replace(self, sizes=replace(self.sizes, fixed=self.sizes.fixed - nbytes), compact_fixed=compact,
+                       compact_layers=compact_layers, host_embedding=nbytes)
 
     def forms(self) -> tuple[tuple["Target", bool], ...]:
         """Itself, then (when it has one) itself with its LM head in Q6_K: (target, compact head)."""
@@ -131,6 +142,11 @@ class MemoryPlan:
         """Bytes of the 4-bit linears' dense copies for wide inputs the plan keeps (its DENSE_COPIES item)."""
         return sum(item.nbytes for item in self.items if item.what == DENSE_COPIES)
 
+    @property
+    def embedding_on_host(self) -> bool:
+        """Whether the target's input embedding is held on the host (offload/host_embedding.py)."""
+        return any(item.tier == "host" and item.what.startswith(FIXED) for item in self.items)
+
     def target_bytes(self) -> int:
         """The target's weights as planned: its fixed parts and every decoder layer, wherever it lives."""
         return sum(item.nbytes for item in self.items if item.what.startswith(FIXED)) + sum(self.placement.layers)
@@ -165,6 +181,8 @@ def plan_memory(target: Target, ask: Ask, rooms: Rooms) -> MemoryPlan:
 
 def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft | None) -> MemoryPlan:
     device, host = demands(target, ask, context, draft)
+    fixed = fixed_items(target)
+    host = [*(item for item in fixed if item.tier == "host"), *host]
     reserved = target.sizes.fixed + sum(item.nbytes for item in device)
     check_device(target, ask, rooms, [Item("device", FIXED, target.sizes.fixed), *device])
     host_left = None if rooms.host is None else rooms.host - sum(item.nbytes for item in host)
@@ -173,9 +191,17 @@ def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft 
                           f"({', '.join(item.what for item in host)})", "host", -host_left)
     sizes = replace(target.sizes, headroom=reserved - target.sizes.fixed)
     placement = place(sizes, replace(rooms, host=host_left), ask.request)
-    items = (Item("device", f"{FIXED} (embeddings, final norm, LM head)", target.sizes.fixed), *device,
-             *layer_items(placement, rooms), *host)
+    items = (*(item for item in fixed if item.tier == "device"), *device, *layer_items(placement, rooms), *host)
     return MemoryPlan(placement, context, draft, items, rooms, (), ask.tree_tokens)
+
+
+def fixed_items(target: Target) -> tuple[Item, ...]:
+    """The target's weights outside its layers: on the device, and its input embedding on the host
+    where it is held there."""
+    if not target.host_embedding:
+        return (Item("device", f"{FIXED} (embeddings, final norm, LM head)", target.sizes.fixed),)
+    return (Item("device", f"{FIXED} (final norm, LM head)", target.sizes.fixed),
+            Item("host", f"{FIXED}: the input embedding", target.host_embedding))
 
 
 def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> None:

@@ -18,7 +18,7 @@ from specchat.plan.budget import DENSE_COPIES, EXPERT_CACHE, Ask, Item, MemoryPl
 from specchat.plan.demand import shape_of
 from specchat.plan.machine import Machine
 from specchat.plan.request import PlanRequest
-from specchat.plan.sizes import measure_sizes
+from specchat.plan.sizes import host_embedding_bytes, measure_sizes
 from specchat.quant.int4 import Int4Linear, workspace_bytes
 from specchat.quant.int4_dense import dense_copy_bytes
 from specchat.quant.q6k import q6_bytes
@@ -90,6 +90,8 @@ def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[Layer
               smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees), links=request.links)
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     target = Target(sizes, shape_of(model.config, dtype), compact, compact_layers)
+    if device.type == "cuda":
+        target = target.embedding_on_host(host_embedding_bytes(model))
     copies = dense_copy_bytes(model) if request.dense_copies and device.type == "cpu" else 0
     return MeasuredModel(target, ask, request, device, sizes.file_bytes if reusable else 0, copies, layouts,
                          compact_layouts)
