@@ -33,6 +33,17 @@ def prefilled(lm, tokens):
     return cache
 
 
+def grown(target, drafts, sampling) -> list[tuple[list[int], list[tuple]]]:
+    """Each draft's SpecExec reply beside `target`: its tokens, and each tree's size, depth, accepted
+    nodes and tokens."""
+    outcomes = []
+    for draft in drafts:
+        engine = TreeEngine(SPECEXEC, target, draft, [], TreeShape(budget=12, max_depth=6))
+        tokens, events = run(engine, sampling)
+        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    return outcomes
+
+
 def tree_mask(cached: int) -> torch.Tensor:
     """Three nodes after `cached` slots: node 0 and node 1 its child see the prefix; node 2 sees
     node 0 but not node 1 (siblings)."""
@@ -86,11 +97,7 @@ def test_specexec_with_the_static_step_grows_the_eager_trees(tiny_target, tiny_d
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     static = static_draft(tiny_draft, CAPACITY, capture=False)
     static.least_span = 16
-    outcomes = []
-    for draft in (tiny_draft, static):
-        engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
-        tokens, events = run(engine, sampling)
-        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    outcomes = grown(tiny_target, (tiny_draft, static), sampling)
     assert outcomes[0][0] == outcomes[1][0] == reference
     assert outcomes[0][1] == outcomes[1][1]  # tree for tree
     assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
@@ -117,11 +124,7 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
             assert pack_grouped_attention(layer) == 1  # 4 query heads on 2 KV heads
     assert use_fused_only(model) == (4 if for_cuda else 5) * len(model.model.layers)
     draft = CausalLM(model)
-    outcomes = []
-    for lm in (draft, static_draft(draft, CAPACITY, capture=False)):
-        engine = TreeEngine(SPECEXEC, tiny_target, lm, [], TreeShape(budget=12, max_depth=6))
-        tokens, events = run(engine, sampling)
-        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    outcomes = grown(tiny_target, (draft, static_draft(draft, CAPACITY, capture=False)), sampling)
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     assert outcomes[0][0] == outcomes[1][0] == reference
     assert outcomes[0][1] == outcomes[1][1]  # tree for tree
@@ -155,11 +158,7 @@ def test_captured_shapes_replay_the_eager_rows_from_one_pool(tiny_target, tiny_d
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, len(pools)))
     static = static_draft(tiny_draft, CAPACITY, capture=True)
     static.least_span = 16
-    outcomes = []
-    for draft in (tiny_draft, static):
-        engine = TreeEngine(SPECEXEC, tiny_target, draft, [], TreeShape(budget=12, max_depth=6))
-        tokens, events = run(engine, GREEDY)
-        outcomes.append((tokens, [(e.tree_size, e.depth, e.accepted, e.token_ids) for e in events]))
+    outcomes = grown(tiny_target, (tiny_draft, static), GREEDY)
     assert outcomes[0] == outcomes[1]
     assert set(static.graphs) <= static.used and len(static.graphs) == len(captured) > 1  # each shape once
     assert all(graph.replays for graph in captured)  # every shape used a third time

@@ -1,13 +1,13 @@
 """One memory plan for the whole machine: every byte specchat will hold, on every tier, counted
 before anything is loaded or downloaded.
 
-The device holds the target's fixed parts (embeddings, final norm, LM head), its resident layers
-and the streaming ring; the draft's weights in the quantization it will use; both KV caches, each
-at its own bytes per token, for the context plus the largest tree; the largest pass's activations
-(a target pass over the tree, or a draft step as wide: they never run at once); the quantized
-kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the pinned RAM tier
-and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's weights while they
-load through RAM, RAM kept back for the OS, and beside a GPU the target's input embedding (untied).
+The device holds the target's fixed parts (beside a GPU all but an untied input embedding), its
+resident layers and the streaming ring; the draft's weights in the quantization it will use; both
+KV caches, each at its own bytes per token, for the context plus the largest tree; the largest
+pass's activations (a target pass over the tree, or a draft step as wide: they never run at once);
+the quantized kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the
+pinned RAM tier and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's
+weights while they load through RAM, RAM kept back for the OS, and that input embedding.
 
 When the pair does not fit as asked, `auto` chooses what a user would (plan/choice.py): the draft
 form with the shortest predicted iteration where each form's step was measured on this machine and

@@ -91,7 +91,7 @@ def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[Layer
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     target = Target(sizes, shape_of(model.config, dtype), compact, compact_layers)
     if device.type == "cuda":
-        target = target.embedding_on_host(host_embedding_bytes(model))
+        target = target.embedding_on_host(host_embedding_bytes(model, dtype))
     copies = dense_copy_bytes(model) if request.dense_copies and device.type == "cpu" else 0
     return MeasuredModel(target, ask, request, device, sizes.file_bytes if reusable else 0, copies, layouts,
                          compact_layouts)

@@ -22,11 +22,12 @@ def measure_sizes(model: PreTrainedModel, layers_name: str, layouts: list[LayerL
     return ModelSizes(layers, outside, 0, sum(align_up(size) for size in layers), heads)
 
 
-def host_embedding_bytes(model: PreTrainedModel) -> int:
-    """Bytes of `model`'s input embedding that a target on a GPU holds on the host
-    (offload/host_embedding.py): its tensors, none where the LM head is tied to it."""
+def host_embedding_bytes(model: PreTrainedModel, dtype: torch.dtype) -> int:
+    """Bytes of `model`'s input embedding (on the meta device) that a target on a GPU holds on the
+    host (offload/host_embedding.py), counted as `measure_sizes` counts them among the fixed parts;
+    none where the LM head is tied to it."""
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     tensors = [*embedding.parameters(), *embedding.buffers()]
     if head is not None and any(tensor is getattr(head, "weight", None) for tensor in tensors):
         return 0
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    return sum(tensor_bytes(tensor, dtype) for tensor in tensors)
