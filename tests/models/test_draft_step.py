@@ -10,6 +10,7 @@ from specchat.doctor.choices import choice_lines
 from specchat.machine_choices import kept_choices
 from specchat.models import draft_step
 from specchat.models.draft import DraftQuant
+from specchat.models.draft_approx import DraftApprox
 from specchat.models.configs import read_config
 from specchat.models.draft_step import PROBE_LAYERS, StepCost, measure_step, probe_model, step_cost, timed_form
 from specchat.quant.int4 import Int4Linear
@@ -58,6 +59,16 @@ def test_the_probe_runs_its_4_bit_linears_as_the_drafts_own_run():
     model = probe_model(tiny_qwen_config(hidden_size=128, intermediate_size=256), DraftQuant("int4"), BF16, CPU)
     linears = [module for module in model.modules() if isinstance(module, Int4Linear)]
     assert linears and all(linear.registers for linear in linears)  # on CUDA: int4_gemm where it is faster
+
+
+def test_a_probe_prepared_as_on_cuda_steps(monkeypatch):
+    """Its layers as a CUDA draft's (q/k/v stacked and rotated together, norms fused, grouped
+    attention packed), here on the CPU: the probe's causal step without a cache runs them."""
+    monkeypatch.setattr(draft_step, "approximation", lambda quant, vocab, dtype, device: DraftApprox(
+        False, None, dtype=dtype, device=torch.device("cuda")))
+    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
+    one_s, wide_s = measure_step(config, DraftQuant("none"), torch.float32, CPU, 16)
+    assert 0 < one_s and 0 < wide_s
 
 
 def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():
