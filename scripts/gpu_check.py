@@ -37,8 +37,9 @@ runs it over shrunk models on any device.
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
 target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft (its
 linears' products, then its step in bf16 and in 4 bits), a Mixtral-shaped target streamed by expert,
-int4_gemm's blocks swept at a Llama-3.1-8B-AWQ draft's linears; `--parts draft,gemm` (of passes,
-linears, draft, moe, gemm) runs some of them, so that a short command measures what it is for;
+int4_gemm's blocks swept at a Llama-3.1-8B-AWQ draft's linears, the 7B draft's step profiled kernel by
+kernel; `--parts draft,gemm` (of passes, linears, draft, moe, gemm, profile) runs some of them, so
+that a short command measures what it is for;
 --scale --dry-run runs it over shrunk widths on any device, the CPU included.
 """
 

@@ -2,8 +2,8 @@
 target of random 4-bit weights (a few of its 80 layers), streamed from pinned RAM through a ring
 smaller than a pass, must pass a 2048-token tree in about the time of one token (the link, not the
 int4 products, bounds both); then the products per linear at its shapes, a Llama-2-7B-shaped
-draft's step per width, and a Mixtral-8x7B-GPTQ-shaped target's passes streamed by expert and as
-whole layers. `--dry-run` runs the same code over shrunk widths on any device, the CPU
+draft's step per width, a Mixtral-8x7B-GPTQ-shaped target's passes streamed by expert and as whole
+layers, int4_gemm's blocks, and the draft's step profiled kernel by kernel. `--dry-run` runs the same code over shrunk widths on any device, the CPU
 included, and gives no verdicts."""
 
 from pathlib import Path
@@ -15,6 +15,7 @@ from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_moe import MOE_ALIAS, moe_rows, moe_table
 from gpu_checks.scale_passes import pass_rows, pass_table, pass_verdict
+from gpu_checks.scale_profile import profile_rows, profile_tables
 from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
 from gpu_checks.verdict import Verdict, exit_code
 
@@ -34,14 +35,14 @@ def verdict_line(verdict: Verdict) -> str:
     return f"{verdict.status}  {verdict.check}: {verdict.detail}"
 
 
-PARTS = ("passes", "linears", "draft", "moe", "gemm")  # what --scale measures, in order; --parts picks some
+PARTS = ("passes", "linears", "draft", "moe", "gemm", "profile")  # what --scale measures, in order; --parts picks some
 
 
 def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path, parts: tuple[str, ...] = PARTS) -> int:
     """Print the tables of `parts` and their verdicts; 1 when a verdict failed."""
     say(describe(sizes, device))
     runs = {"passes": target_passes, "linears": target_linears, "draft": draft_steps, "moe": moe_passes,
-            "gemm": gemm_blocks}
+            "gemm": gemm_blocks, "profile": draft_profile}
     verdicts = [verdict for part in PARTS if part in parts for verdict in runs[part](sizes, device, workdir)]
     return exit_code(verdicts)
 
@@ -88,6 +89,12 @@ def gemm_blocks(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[
     say(gemm_table(rows))
     say("a decoder layer's linears, per input rows:")
     say(layer_table(rows, layer_uses(alias_config(GEMM_ALIAS, 1, gemm_shrink(sizes))[0])))
+    return []
+
+
+def draft_profile(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
+    say(f"profiling a {DRAFT_ALIAS} shaped bf16 draft's step, prepared as a loaded draft is, kernel by kernel ...")
+    say(profile_tables(profile_rows(sizes, device)))
     return []
 
 

@@ -291,7 +291,7 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
                                                   (["--pair", "--only", "llama-2-7b"], "invalid choice: 'llama-2-7b'"),
                                                   (["--pair", "--parts", "draft"], "--parts goes with --scale"),
                                                   (["--scale", "--parts", "draft,ring"],
-                                                   "--parts takes passes, linears, draft, moe, gemm; got 'ring'")])
+                                                   "--parts takes passes, linears, draft, moe, gemm, profile; got 'ring'")])
 def test_bad_options_are_one_line(arguments, error):
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

@@ -128,6 +128,22 @@ def test_parts_run_only_the_tables_they_name():
     assert not any("draft" in line for line in said) and sum("dry run: no verdict" in line for line in lines) == 1
 
 
+def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width():
+    """On the CPU its ops' CPU time: the draft prepared as on CUDA is not (the run's device is the
+    CPU), so its products are linears; the rows sum to the step's time in all."""
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "profile"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if line.endswith("tree tokens:")] == ["1 tree tokens:", "64 tree tokens:"]
+    first = lines[lines.index("1 tree tokens:") + 3:lines.index("64 tree tokens:")]
+    rows = [line.strip("| ").split(" | ") for line in first if line.startswith("| aten::")]
+    assert any(name == "aten::addmm" or name == "aten::mm" for name, *_ in rows), first
+    total = next(line for line in first if line.startswith("| every kernel, in all"))
+    assert float(total.split(" | ")[1]) >= sum(float(cells[1]) for cells in rows) - 0.01 * len(rows)
+
+
 def test_the_gemm_sweep_runs_the_kernel_under_the_interpreter_and_prints_both_tables():
     env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "gemm"], cwd=ROOT,
