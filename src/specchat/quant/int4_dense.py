@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from specchat.errors import SpecchatError
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import dequantized
+from specchat.quant.int4_expand import expand_int4, triton_available
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int8 import dense_linear
 from specchat.quant.widths import dense_copy_linear, dense_rows
@@ -39,11 +40,15 @@ class DenseCopy:
 
 
 def expand(linear: Int4Linear) -> Tensor:
-    """The linear's weight [O, I] over its (permuted) inputs in its compute dtype."""
+    """The linear's weight [O, I] over its (permuted) inputs in its compute dtype: on CUDA by the
+    expansion kernel wide passes run there (quant/int4_expand.py), else in float32 chunks of torch
+    ops; both compute (q - 8) * scale + zero in float32 and round it once to the compute dtype."""
     layout = layout_for(linear.packed.device, linear.in_features)
     if layout is None:
         # dense_rows rules such a layout out before any copy is asked for
         raise SpecchatError("this torch's int4 layout cannot be read back: no dense copy")
+    if linear.packed.device.type == "cuda" and triton_available():
+        return expand_int4(linear.packed, linear.scales_and_zeros, linear.group_size, layout, linear.compute_dtype)
     return dequantized(linear.packed, linear.scales_and_zeros, linear.group_size, layout, linear.compute_dtype)
 
 
