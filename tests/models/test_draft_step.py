@@ -12,7 +12,9 @@ from specchat.models import draft_step
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_approx import DraftApprox
 from specchat.models.configs import read_config
-from specchat.models.draft_step import PROBE_LAYERS, StepCost, measure_step, probe_model, step_cost, timed_form
+from specchat.models.draft_attention import DraftAttention
+from specchat.models.draft_step import (PROBE_LAYERS, StepCost, measure_step, probe_model, run_layers, step_cost,
+                                       timed_form)
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 
@@ -63,12 +65,23 @@ def test_the_probe_runs_its_4_bit_linears_as_the_drafts_own_run():
 
 def test_a_probe_prepared_as_on_cuda_steps(monkeypatch):
     """Its layers as a CUDA draft's (q/k/v stacked and rotated together, norms fused, grouped
-    attention packed), here on the CPU: the probe's causal step without a cache runs them."""
+    attention packed), here on the CPU: the probe's causal step without a cache runs them, and
+    gives the rows transformers' layers give (float32)."""
+    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
+    torch.manual_seed(0)
+    plain = probe_model(config, DraftQuant("none"), torch.float32, CPU)
     monkeypatch.setattr(draft_step, "approximation", lambda quant, vocab, dtype, device: DraftApprox(
         False, None, dtype=dtype, device=torch.device("cuda")))
-    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
-    one_s, wide_s = measure_step(config, DraftQuant("none"), torch.float32, CPU, 16)
-    assert 0 < one_s and 0 < wide_s
+    torch.manual_seed(0)
+    prepared = probe_model(config, DraftQuant("none"), torch.float32, CPU)
+    assert all(isinstance(layer.self_attn, DraftAttention) for layer in prepared.model.layers)
+    with torch.inference_mode():
+        rows = []
+        for model in (plain, prepared):
+            torch.manual_seed(1)  # the same random hidden states
+            rows.append(run_layers(model, 16, torch.float32, CPU))
+    # float32, states up to ~3.9: at most 2.4e-7 apart on the AMD EPYC (2026-11-29), the rotation's one rounding
+    torch.testing.assert_close(rows[1], rows[0], rtol=0, atol=4.8e-7)
 
 
 def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():

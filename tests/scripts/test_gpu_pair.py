@@ -145,6 +145,11 @@ def test_the_card_is_planned_with_the_draft_in_the_form_that_ran(tmp_path):
     assert (rounded.resident, round(rounded.pass_bytes / 1e9, 2)) == (21, 26.07)
     assert (nf4.resident, round(nf4.pass_bytes / 1e9, 2)) == (21, 26.07)
     assert (full.resident, round(full.pass_bytes / 1e9, 2)) == (0, 35.35)
+    # UMbreLLa's pair with its 8B AWQ draft as it may run: packed, or expanded (`auto` weighs both on a GPU)
+    umbrella = next(aliases for aliases in PAIRS if aliases.target == "llama-3.1-70b-awq")
+    packed, expanded = (card_placement(umbrella, form, tmp_path) for form in ("none", "dense"))
+    assert (packed.resident, round(packed.pass_bytes / 1e9, 2)) == (19, 27.73)
+    assert (expanded.resident, round(expanded.pass_bytes / 1e9, 2)) == (0, 36.37)
 
 
 def test_the_check_says_at_which_widths_int4_gemm_served_as_the_probes_kept_them(tmp_path, monkeypatch):

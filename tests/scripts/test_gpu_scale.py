@@ -129,8 +129,8 @@ def test_parts_run_only_the_tables_they_name():
 
 
 def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width():
-    """On the CPU its ops' CPU time: the draft prepared as on CUDA is not (the run's device is the
-    CPU), so its products are linears; the rows sum to the step's time in all."""
+    """On the CPU its ops' CPU time (the draft is prepared for the run's device, the CPU): its
+    products among them, and the step's time in all no less than the rows shown."""
     env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "profile"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
