@@ -15,7 +15,7 @@ from gpu_checks.scale_linears import linear_rows, linear_table, linear_verdict
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_moe import MOE_ALIAS, moe_rows, moe_table
 from gpu_checks.scale_passes import pass_rows, pass_table, pass_verdict
-from gpu_checks.scale_profile import profile_rows, profile_tables
+from gpu_checks.scale_profile import profile_rows, profile_tables, target_pass, target_pass_table
 from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
 from gpu_checks.verdict import Verdict, exit_code
 
@@ -95,6 +95,8 @@ def gemm_blocks(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[
 def draft_profile(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:
     say(f"profiling a {DRAFT_ALIAS} shaped bf16 draft's step, prepared as a loaded draft is, kernel by kernel ...")
     say(profile_tables(profile_rows(sizes, device)))
+    say(f"profiling a {TARGET_ALIAS} shaped target layer's tree pass: its memory and its attention's kernels ...")
+    say(target_pass_table(target_pass(sizes, device)))
     return []
 
 

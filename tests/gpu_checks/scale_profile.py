@@ -4,7 +4,13 @@ and a step of n tree tokens runs at its bucket's static shapes eagerly, under to
 that each kernel has a record of its own (a captured step replays the same kernels, without their
 launches). Per width, the kernels with the most device time a step, their calls a step, and the
 step's device time in all beside its wall time: their difference is what launching costs, which a
-captured step saves; the device time is what it cannot. On a CPU (the dry run) its ops' CPU time."""
+captured step saves; the device time is what it cannot. On a CPU (the dry run) its ops' CPU time.
+
+Then one Llama-2-70B-shaped target layer (bf16, random weights: its attention is the target's, its
+int4 products' workspace the plan counts apart) over a 2048-token tree after 4096 cached tokens:
+the memory its pass allocates above what it started with, beside what the plan reserves for a pass
+(plan/demand.ModelShape.pass_bytes, which counts the attention's scores as a math-path SDPA
+holds them: 1.6 GB of its 2.1), and the kernels it ran, which name the attention SDPA chose."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +20,7 @@ from time import perf_counter
 import torch
 from gpu_checks.markdown import markdown_table, ms
 from gpu_checks.scale_models import alias_config, prepared_as_draft, random_draft
-from gpu_checks.scale_sizes import DRAFT_ALIAS, ScaleSizes
+from gpu_checks.scale_sizes import DRAFT_ALIAS, TARGET_ALIAS, ScaleSizes
 from gpu_checks.suite import release_memory
 from gpu_checks.timing import synchronize
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
@@ -23,8 +29,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.plan.demand import shape_of
 
 PROFILED_WIDTHS = (1, 64, 256)  # the step widths issue 48 bounds (1-256), the ends and a middle
+TARGET_CACHED, TARGET_TREE = 4096, 2048  # the plan's default context and the largest tree a GPU's auto grows
 KERNELS = 12  # the rows a width's table shows
 STEPS = 3  # steps profiled a width; each row is their mean
 
@@ -91,6 +99,51 @@ def kernel_times(averages, device: torch.device) -> list[Kernel]:
                   if event.key.startswith("aten::") and event.self_cpu_time_total > 0]
     kernels = [Kernel(name, micros / 1e3 / STEPS, count / STEPS) for name, micros, count in picked]
     return sorted(kernels, key=lambda kernel: -kernel.ms)
+
+
+@dataclass(frozen=True)
+class TargetPass:
+    cached: int
+    tree: int
+    peak_bytes: int | None  # allocated above the pass's start at its peak (None: no CUDA allocator to ask)
+    planned_bytes: int  # what the plan reserves for a pass of its shape
+    profile: StepProfile
+
+
+def target_pass(sizes: ScaleSizes, device: torch.device) -> TargetPass:
+    """One target-shaped layer's tree pass: its memory peak and its kernels (shrunk in a dry run)."""
+    cached, tree = (sizes.cached, max(sizes.trees)) if sizes.dry_run else (TARGET_CACHED, TARGET_TREE)
+    config, _ = alias_config(TARGET_ALIAS, 1, sizes.target_shrink)
+    lm = CausalLM(random_draft(config, device))
+    try:
+        cache = prefilled(lm, cached)
+        nodes = random_tree(tree, cached, config.vocab_size)
+        run = partial(tree_pass, lm, cache, cached, nodes)
+        run()  # its kernels chosen and compiled
+        return TargetPass(cached, tree, peak_above_start(run, device), shape_of(config, lm.dtype).pass_bytes(cached, tree),
+                          step_profile(tree, run, device))
+    finally:
+        del lm
+        release_memory()
+
+
+def peak_above_start(run: Callable[[], object], device: torch.device) -> int | None:
+    """The most `run` holds allocated at once beyond what was allocated when it began, on CUDA."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    run()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - start
+
+
+def target_pass_table(target: TargetPass) -> str:
+    peak = "n/a (no CUDA allocator)" if target.peak_bytes is None else f"{target.peak_bytes / 1e6:.1f} MB"
+    return (f"a {TARGET_ALIAS} shaped layer's pass over {target.tree} tree tokens after {target.cached}: "
+            f"{peak} allocated at its peak above its start; the plan reserves {target.planned_bytes / 1e6:.1f} MB "
+            f"for such a pass\n" + profile_tables([target.profile]))
 
 
 def profile_tables(rows: list[StepProfile]) -> str:

@@ -130,18 +130,24 @@ def test_parts_run_only_the_tables_they_name():
 
 def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width():
     """On the CPU its ops' CPU time (the draft is prepared for the run's device, the CPU): its
-    products among them, and the step's time in all no less than the rows shown."""
+    products among them, and the step's time in all no less than the rows shown; then a target
+    layer's pass, its memory peak not measured without CUDA's allocator."""
     env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "profile"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert [line for line in lines if line.endswith("tree tokens:")] == ["1 tree tokens:", "64 tree tokens:"]
+    # the draft's steps at 1 and 64 tokens, then the target layer's pass over 64
+    assert [line for line in lines if line.endswith("tree tokens:")] == ["1 tree tokens:", "64 tree tokens:",
+                                                                          "64 tree tokens:"]
     first = lines[lines.index("1 tree tokens:") + 3:lines.index("64 tree tokens:")]
     rows = [line.strip("| ").split(" | ") for line in first if line.startswith("| aten::")]
     assert any(name == "aten::addmm" or name == "aten::mm" for name, *_ in rows), first
     total = next(line for line in first if line.startswith("| every kernel, in all"))
     assert float(total.split(" | ")[1]) >= sum(float(cells[1]) for cells in rows) - 0.01 * len(rows)
+    target = next(line for line in lines if line.startswith("a llama-2-70b-gptq shaped layer's pass over 64 tree"))
+    assert "after 32: n/a (no CUDA allocator)" in target and target.endswith(" MB for such a pass")
+    assert lines[lines.index(target) + 1] == "64 tree tokens:"  # its ops, as a step's
 
 
 def test_the_gemm_sweep_runs_the_kernel_under_the_interpreter_and_prints_both_tables():
