@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.awq_writer import AWQDraw, dequantized_model, pack_awq, write_awq_checkpoint
-from helpers.cli import assert_one_line_error, run_cli
+from helpers.cli import CORPUS, assert_one_line_error, run_cli, train_tokenizer
 from helpers.exactness import MAX_TIES, NEAR_TIE
 from helpers.plan_sizes import BF16, ROTARY_BYTES, assert_fits, gpu_plan, int4_linear, item, llama_layer_linears
 from helpers.planned import offload_planned
@@ -179,6 +179,24 @@ def test_an_awq_draft_loaded_dense_multiplies_its_weights_and_specexec_emits_tra
     tokens = [t for e in events for t in e.token_ids]
     assert_transformers_tokens(reference, PROMPT, tokens, NEW_TOKENS, GREEDY, (), NEAR_TIE, MAX_TIES)
     assert sum(e.accepted for e in events) > 0
+
+
+def test_the_cli_runs_an_awq_pair_with_its_draft_expanded(tmp_path, monkeypatch, capsys):
+    """`generate --draft-quant dense` through the plan and the loader: the plan says dense."""
+    tokenizer = train_tokenizer(CORPUS)
+    for name, seed in (("target", 0), ("draft", 1)):
+        torch.manual_seed(seed)
+        config = tiny_qwen_config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                                  max_position_embeddings=256, tie_word_embeddings=False,
+                                  eos_token_id=tokenizer.eos_token_id)
+        write_awq_checkpoint(Qwen2ForCausalLM(config).eval(), tmp_path / name, group_size=64)
+        tokenizer.save_pretrained(tmp_path / name)
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "hello there", "--target", str(tmp_path / "target"),
+                             "--draft", str(tmp_path / "draft"), "--draft-quant", "dense", "--max-new-tokens", "8",
+                             "--temperature", "0", "--json", "--dtype", "float32", "--offload-dir", str(tmp_path / "off"))
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["plan"]["draft_quant"] == "dense" and record["summary"]["new_tokens"] == 8
 
 
 BAD_VARIANTS = [
