@@ -64,8 +64,9 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
     chunk = 64 * 28672
     down = TREE * 28672 * BF16 + 6 * chunk + 2 * FP32 * 64 * (28672 // 256) + TREE * (28672 + 64) * FP32
     assert item(memory, "quantized kernels' workspace") == down == 364_085_504
-    pinned = 2**29  # a 442 MB layer pins 512 MiB
-    assert item(memory, f"{placement.ram} decoder layers in pinned RAM") == placement.ram * pinned
+    # pinned in 4 GiB buffers of nine 442 MB layers: 59 = 6 x 9 + 5, the five in 2 GiB (four) and
+    # 512 MiB (one), 26.5 GiB in all; a buffer a layer would pin 512 MiB each, 29.5 GiB
+    assert placement.ram == 59 and item(memory, "59 decoder layers in pinned RAM") == (6 * 4 + 2 + 0.5) * 2**30
     assert placement.resident + placement.ram == 80 and placement.disk == 0 and placement.resident >= 20
     assert item(memory, f"{placement.resident} resident") == placement.resident * LLAMA2_70B_GPTQ_LAYER
     assert_fits(memory, 24, 64)

@@ -1,5 +1,5 @@
-"""Where streamed layers live between passes: the `ram` tier (one buffer per layer, pinned when
-the compute device is CUDA), the `disk` tier (one file of per-layer blobs read with O_DIRECT,
+"""Where streamed layers live between passes: the `ram` tier (one buffer per layer; beside CUDA
+views of a few pinned buffers holding them end to end, offload/pinned_chunks.py), the `disk` tier (one file of per-layer blobs read with O_DIRECT,
 so reads come from the drive and not from the page cache, as with a model larger than RAM), and
 both at once (the first streamed layers in RAM, the others on disk)."""
 
@@ -13,6 +13,7 @@ import torch
 from specchat.checkpoint.layout import LayerLayout, pack_into
 from specchat.diskspace import check_free_space, disk_full_is_one_line
 from specchat.offload.direct_io import DirectReader, align_up, aligned_empty, evict, write_blob
+from specchat.offload.pinned_chunks import pinned_blobs
 
 
 class LayerStore(Protocol):
@@ -71,7 +72,8 @@ class RamStore:
 
     def __init__(self, layouts: dict[int, LayerLayout], pin: bool) -> None:
         self.layouts = layouts  # the streamed layers only
-        self.blobs = {layer: aligned_empty(layout.nbytes, pin=pin) for layer, layout in layouts.items()}
+        self.blobs = pinned_blobs(layouts) if pin else \
+            {layer: aligned_empty(layout.nbytes) for layer, layout in layouts.items()}
 
     def stored_layers(self) -> list[int]:
         return list(self.layouts)

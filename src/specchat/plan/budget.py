@@ -6,7 +6,7 @@ resident layers and the streaming ring; the draft's weights in the quantization 
 KV caches, each at its own bytes per token, for the context plus the largest tree; the largest
 pass's activations (a target pass over the tree, or a draft step as wide: they never run at once);
 the quantized kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the
-pinned RAM tier and staging as the allocator rounds them (`placement.pinned_bytes`), the draft's
+pinned RAM tier and staging as the allocator rounds them (`offload/pinned_chunks.py`), the draft's
 weights while they load through RAM, RAM kept back for the OS, and that input embedding.
 
 When the pair does not fit as asked, `auto` chooses what a user would (plan/choice.py): the draft
@@ -23,6 +23,7 @@ from specchat.errors import PlanRefusal
 from specchat.machine_links import Links
 from specchat.models.draft_step import StepCost
 from specchat.offload.direct_io import align_up
+from specchat.offload.pinned_chunks import pinned_tier_bytes
 from specchat.offload.placement import Placement
 from specchat.plan.choice import chosen
 from specchat.plan.demand import ModelShape
@@ -253,7 +254,7 @@ def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
     if rooms.host is None:  # a CPU: its RAM is the device, the ram tier's layers are resident ones
         return items
     if placement.ram:
-        pinned = sum(pinned_bytes(placement.layers[i]) for i in placement.ram_layers)
+        pinned = pinned_tier_bytes([placement.layers[i] for i in placement.ram_layers])
         items.append(Item("host", f"{placement.ram} decoder layers in pinned RAM", pinned))
     if placement.disk:
         items.append(Item("host", f"{placement.slots} pinned staging buffers for disk reads",

@@ -12,8 +12,9 @@ per pass; the slot only while drafting lasts long enough to fill it), so residen
 and the ring keeps what is left.
 
 Beside a GPU, the RAM tier and the disk reads' staging are pinned, and CUDA's pinned (caching
-host) allocator rounds every allocation up to a power of two: a 445 MB layer pins 512 MiB. The
-host tier is counted as it is allocated (`pinned_bytes`).
+host) allocator rounds every allocation up to a power of two: a 445 MB staging buffer pins 512
+MiB. The RAM tier's layers are laid end to end in a few buffers that are powers of two themselves
+(offload/pinned_chunks.py). The host tier is counted as it is allocated.
 
 Pure arithmetic on byte counts: nothing is loaded, written or allocated here.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specchat.errors import PlanRefusal, SpecchatError
+from specchat.offload.pinned_chunks import pinned_tier_bytes, power_of_two
 from specchat.offload.direct_io import align_up
 from specchat.offload.placement import Placement
 from specchat.transfer import gb
@@ -148,7 +150,7 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
     if request.tier == "disk":
         return 0
     if request.tier == "ram":
-        needed = sum(layers) if rooms.host is None else sum(pinned_bytes(size) for size in layers)
+        needed = sum(layers) if rooms.host is None else pinned_tier_bytes(layers)
         if needed > host_left:
             raise PlanRefusal(f"--offload ram: the {len(layers)} streamed layers need {gb(needed)}, and "
                               f"{rooms.host_name} has {gb(max(host_left, 0))} left", "device" if rooms.host is None
@@ -156,17 +158,17 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
         return len(layers)
     if rooms.host is None:
         return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
-    pinned = tuple(pinned_bytes(size) for size in layers)
-    if sum(pinned) <= host_left:
+    if pinned_tier_bytes(layers) <= host_left:
         return len(layers)
-    return fit(pinned, host_left - staging)  # disk reads land in pinned staging, one buffer per slot
+    # disk reads land in pinned staging, one buffer per slot; the tier's bytes grow with its layers
+    return max(count for count in range(len(layers) + 1) if pinned_tier_bytes(layers[:count]) <= host_left - staging)
 
 
 def pinned_bytes(nbytes: int) -> int:
-    """What CUDA's caching host allocator takes for `nbytes` pinned: the next power of two."""
-    return 1 << max(nbytes - 1, 0).bit_length()
+    """What CUDA's caching host allocator takes for one buffer of `nbytes` pinned."""
+    return power_of_two(nbytes)
 
 
 def host_bytes(ram_layers: tuple[int, ...], staging_slots: int, slot: int) -> int:
     """Pinned RAM beside a GPU: the RAM tier's layers and the disk reads' staging, as allocated."""
-    return sum(pinned_bytes(size) for size in ram_layers) + staging_slots * pinned_bytes(slot)
+    return pinned_tier_bytes(ram_layers) + staging_slots * pinned_bytes(slot)
