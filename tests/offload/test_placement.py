@@ -106,6 +106,12 @@ def test_a_gpu_with_ram_for_every_streamed_layer_needs_no_disk():
         place(SIZES, Rooms(device=RESERVED + 4 * LAYER, host=6 * LAYER, disk=0))
 
 
+def test_pinned_ram_too_small_for_the_disk_reads_staging_is_one_line():
+    rooms = Rooms(device=RESERVED + 4 * LAYER, host=PINNED, disk=DISK)  # 2 staging buffers of PINNED each
+    with pytest.raises(SpecchatError, match=r"^RAM is too small for the staging of disk reads: 2 pinned buffers"):
+        place(SIZES, rooms)
+
+
 def test_pinned_allocations_round_up_to_a_power_of_two():
     assert pinned_bytes(LAYER) == PINNED and pinned_bytes(PINNED) == PINNED and pinned_bytes(PINNED + 1) == 2 * PINNED
     assert pinned_bytes(445_000_000) == 512 * 2**20 and pinned_bytes(634_000_000) == 2**30  # the 70B / 13B layers

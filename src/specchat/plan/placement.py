@@ -161,7 +161,8 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
     if pinned_tier_bytes(layers) <= host_left:
         return len(layers)
     # disk reads land in pinned staging, one buffer per slot; the tier's bytes grow with its layers
-    return max(count for count in range(len(layers) + 1) if pinned_tier_bytes(layers[:count]) <= host_left - staging)
+    room = host_left - staging
+    return max((count for count in range(1, len(layers) + 1) if pinned_tier_bytes(layers[:count]) <= room), default=0)
 
 
 def pinned_bytes(nbytes: int) -> int:
