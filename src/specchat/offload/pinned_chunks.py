@@ -4,8 +4,9 @@ CUDA's pinned (caching host) allocator rounds every allocation up to a power of 
 buffer a layer pins 512 MiB for a 0.455 GB 70B-AWQ layer (18% more than it holds) and 2 GiB for a
 1.32 GB Qwen3-235B layer (62% more). Layers laid end to end in buffers that are powers of two
 themselves lose only what their last layers leave unfilled (`chunked`: buffers of CHUNK_CAP, then
-powers of two for the layers left, chosen for the fewest bytes). The plan counts the tier as `chunked` lays it out (plan/placement.py) and
-the RAM store allocates it so (offload/storage.py): the same layers, the same bytes.
+powers of two for the layers left, chosen for the fewest bytes). The plan counts the tier as
+`chunked` lays it out (plan/placement.py) and the RAM store allocates it so (offload/storage.py):
+the same layers, the same bytes.
 """
 
 import torch
@@ -34,14 +35,15 @@ def chunked(sizes: list[int] | tuple[int, ...]) -> list[tuple[int, list[int]]]:
     left = sum(spans) + ALIGN
     whole = power_of_two(left)
     own = power_of_two(spans[0] + ALIGN)  # the first layer's buffer when no larger one is asked for
-    if whole <= max(CHUNK_CAP, own):
-        filled = max(power_of_two(left + 1) // 2, own)  # the largest power of two within `left`
-        first, count = filling(spans, filled)
-        if count == len(sizes) or whole <= filled + pinned_tier_bytes(sizes[count:]):
-            return [(whole, filling(spans, whole)[0])]
-        return [(filled, first), *chunked(sizes[count:])]
-    first, count = filling(spans, max(CHUNK_CAP, own))
-    return [(max(CHUNK_CAP, own), first), *chunked(sizes[count:])]
+    if whole > max(CHUNK_CAP, own):
+        first, count = filling(spans, max(CHUNK_CAP, own))
+        return [(max(CHUNK_CAP, own), first), *chunked(sizes[count:])]
+    filled = max(power_of_two(left + 1) // 2, own)  # the largest power of two within `left`
+    first, count = filling(spans, filled)
+    rest = chunked(sizes[count:])
+    if count == len(sizes) or whole <= filled + sum(capacity for capacity, _ in rest):
+        return [(whole, filling(spans, whole)[0])]
+    return [(filled, first), *rest]
 
 
 def filling(spans: list[int], capacity: int) -> tuple[list[int], int]:
