@@ -35,7 +35,7 @@ TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events", "specchat.decoding.g
 # whether a layer file already holds its bytes, the GPU's free memory. Model assembly (skeletons,
 # sources, tensor names, layouts, the layer file's name) it takes from checkpoint/.
 PLAN_MAY_IMPORT_FROM_OFFLOAD = {"specchat.offload.direct_io", "specchat.offload.placement", "specchat.offload.storage",
-                                "specchat.offload.cuda"}
+                                "specchat.offload.cuda", "specchat.offload.pinned_chunks"}
 CLI = ("cli", "cli_options", "cli_generate", "__main__")
 
 LAYER_OF = {room: index for index, rooms in enumerate(LAYERS) for room in rooms}
