@@ -1,7 +1,8 @@
 """Where streamed layers live between passes: the `ram` tier (one buffer per layer; beside CUDA
-views of a few pinned buffers holding them end to end, offload/pinned_chunks.py), the `disk` tier (one file of per-layer blobs read with O_DIRECT,
-so reads come from the drive and not from the page cache, as with a model larger than RAM), and
-both at once (the first streamed layers in RAM, the others on disk)."""
+views of a few pinned buffers holding them end to end, offload/pinned_chunks.py), the `disk` tier
+(one file of per-layer blobs read with O_DIRECT, so reads come from the drive and not from the
+page cache, as with a model larger than RAM), and both at once (the first streamed layers in RAM,
+the others on disk)."""
 
 import json
 import os
