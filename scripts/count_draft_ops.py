@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.static_step import LEAST_SPAN, span_for, static_draft
+from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, bucket_for, span_for, static_draft
 from specchat.models.draft_approx import DraftApprox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPU checks' config helpers
@@ -78,6 +78,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--capacity", type=int, default=4096 + 2048 + 256, help="cache slots reserved")
     parser.add_argument("--shrunk", action="store_true", help="narrow layers: the same ops, fewer bytes, quicker")
     args = parser.parse_args()
+    if bucket_for(args.rows) is None or args.rows < 1:
+        parser.error(f"--rows {args.rows}: a static step takes 1 to {BUCKETS[-1]} rows")
     if args.cached < 1:
         parser.error(f"--cached {args.cached}: a static step follows at least one cached token")
     if args.capacity < args.cached + 2 * args.rows + 256:
@@ -115,9 +117,8 @@ def step_ops(args: argparse.Namespace, layers: int, prepared: bool) -> Dispatche
 
 
 def attended_span(args: argparse.Namespace) -> int:
-    """The slots the counted step attends over (its rows padded to a bucket: the rows a power of two)."""
-    bucket = 1 << (args.rows - 1).bit_length()
-    return span_for(args.cached + args.rows + bucket, LEAST_SPAN, args.capacity)
+    """The slots the counted step attends over (its rows padded to their bucket)."""
+    return span_for(args.cached + args.rows + bucket_for(args.rows), LEAST_SPAN, args.capacity)
 
 
 def main() -> None:

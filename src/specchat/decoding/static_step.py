@@ -72,7 +72,7 @@ class StaticDraft(CausalLM):
                mask: torch.Tensor | None = None) -> torch.Tensor:
         """CausalLM.hidden's rows, computed at the bucket's shapes."""
         n, length = tokens.numel(), cache_length(cache)
-        bucket = next((width for width in BUCKETS if width >= n), None)
+        bucket = bucket_for(n)
         if bucket is None or length == 0 or length + bucket > self.capacity:
             return super().hidden(tokens, positions, cache, mask)
         cache.reserve(self.capacity)
@@ -125,6 +125,11 @@ class StaticDraft(CausalLM):
         graph, output = self.graphs[shape]
         graph.replay()
         return output
+
+
+def bucket_for(rows: int) -> int | None:
+    """The width a step of `rows` rows is padded to; None past the widest bucket (run eagerly)."""
+    return next((width for width in BUCKETS if width >= rows), None)
 
 
 def span_for(slots: int, least: int, capacity: int) -> int:
