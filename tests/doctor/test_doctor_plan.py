@@ -35,15 +35,16 @@ def test_the_papers_pair_on_a_24_gb_card_is_planned_offline(monkeypatch, capsys)
     assert code == 0
     lines = out.splitlines()
     assert "machine (described)" in lines and "plan (--offload auto)" in lines
-    # int4 and nf4 leave room for as many resident layers (the input embedding on the host): the
-    # first of equals, int4, is taken
-    assert "  context        4096 tokens, draft in int4" in lines
+    # nf4 (4.17 GB) leaves room for one more resident layer than int4 (3.97 GB and its layer in
+    # preparation, 0.46 GB): 24 against 23
+    assert "  context        4096 tokens, draft in nf4" in lines
+    assert "int4: 25.19 GB, nf4: 24.74 GB)" in out  # 57 and 56 layers of 442 MB streamed
     planned = re.search(r"GPU memory \(24\.00 GB\): ([\d.]+) GB planned", out)
     assert planned and float(planned.group(1)) <= 24.0
     assert re.search(r"^  per pass       [\d.]+ GB streamed; ~[\d.]+ s streaming per pass at 25\.00 GB/s from RAM$",
                      out, re.M)
     assert re.search(r"^  expected       at most [\d.]+-[\d.]+ tokens/s", out, re.M)
-    for what in ("draft weights (int4)", "draft KV cache", "target KV cache", "largest pass", "pinned RAM",
+    for what in ("draft weights (nf4)", "draft KV cache", "target KV cache", "largest pass", "pinned RAM",
                  "CUDA context"):
         assert what in out
     # the bytes, from the config's arithmetic: a 4-bit act-order layer (group -1: kernel groups of 256)

@@ -6,11 +6,14 @@ launches). Per width, the kernels with the most device time a step, their calls 
 step's device time in all beside its wall time: their difference is what launching costs, which a
 captured step saves; the device time is what it cannot. On a CPU (the dry run) its ops' CPU time.
 
-Then one Llama-2-70B-shaped target layer (bf16, random weights: its attention is the target's, its
-int4 products' workspace the plan counts apart) over a 2048-token tree after 4096 cached tokens:
-the memory its pass allocates above what it started with, beside what the plan reserves for a pass
-(plan/demand.ModelShape.pass_bytes, which counts the attention's scores as a math-path SDPA
-holds them: 1.6 GB of its 2.1), and the kernels it ran, which name the attention SDPA chose."""
+Then one Llama-2-70B-shaped target layer (bf16, random weights: its attention bounded as the
+loader bounds a target's, models/bounded_attention.py; its int4 products' workspace the plan counts
+apart) over a 2048-token tree after 4096 cached tokens: the memory its pass allocates above what it
+started with, as SDPA chooses its kernels and with its math path alone (where no fused kernel
+serves, in bounded calls), beside what the plan reserves for a pass
+(plan/demand.ModelShape.pass_bytes: the keys and values copied for the query heads and one bounded
+call's math-path scores, 0.47 GB of its 1.02), and the kernels it ran, which name the attention SDPA
+chose."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,10 +28,12 @@ from gpu_checks.suite import release_memory
 from gpu_checks.timing import synchronize
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 from torch.autograd import DeviceType
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.bounded_attention import bound_attention
 from specchat.plan.demand import shape_of
 
 PROFILED_WIDTHS = (1, 64, 256)  # the step widths issue 48 bounds (1-256), the ends and a middle
@@ -106,6 +111,7 @@ class TargetPass:
     cached: int
     tree: int
     peak_bytes: int | None  # allocated above the pass's start at its peak (None: no CUDA allocator to ask)
+    math_peak_bytes: int | None  # the same with SDPA's math path alone
     planned_bytes: int  # what the plan reserves for a pass of its shape
     profile: StepProfile
 
@@ -114,13 +120,18 @@ def target_pass(sizes: ScaleSizes, device: torch.device) -> TargetPass:
     """One target-shaped layer's tree pass: its memory peak and its kernels (shrunk in a dry run)."""
     cached, tree = (sizes.cached, max(sizes.trees)) if sizes.dry_run else (TARGET_CACHED, TARGET_TREE)
     config, _ = alias_config(TARGET_ALIAS, 1, sizes.target_shrink)
-    lm = CausalLM(random_draft(config, device))
+    model = random_draft(config, device)
+    bound_attention(model)
+    lm = CausalLM(model)
     try:
         cache = prefilled(lm, cached)
         nodes = random_tree(tree, cached, config.vocab_size)
         run = partial(tree_pass, lm, cache, cached, nodes)
         run()  # its kernels chosen and compiled
-        return TargetPass(cached, tree, peak_above_start(run, device), shape_of(config, lm.dtype).pass_bytes(cached, tree),
+        peak = peak_above_start(run, device)
+        with sdpa_kernel(SDPBackend.MATH):
+            math_peak = peak_above_start(run, device)
+        return TargetPass(cached, tree, peak, math_peak, shape_of(config, lm.dtype).pass_bytes(cached, tree),
                           step_profile(tree, run, device))
     finally:
         del lm
@@ -140,10 +151,11 @@ def peak_above_start(run: Callable[[], object], device: torch.device) -> int | N
 
 
 def target_pass_table(target: TargetPass) -> str:
-    peak = "n/a (no CUDA allocator)" if target.peak_bytes is None else f"{target.peak_bytes / 1e6:.1f} MB"
+    peak, math_peak = (f"{value / 1e6:.1f} MB" if value is not None else "n/a (no CUDA allocator)"
+                       for value in (target.peak_bytes, target.math_peak_bytes))
     return (f"a {TARGET_ALIAS} shaped layer's pass over {target.tree} tree tokens after {target.cached}: "
-            f"{peak} allocated at its peak above its start; the plan reserves {target.planned_bytes / 1e6:.1f} MB "
-            f"for such a pass\n" + profile_tables([target.profile]))
+            f"{peak} allocated at its peak above its start ({math_peak} with SDPA's math path alone); the plan "
+            f"reserves {target.planned_bytes / 1e6:.1f} MB for such a pass\n" + profile_tables([target.profile]))
 
 
 def profile_tables(rows: list[StepProfile]) -> str:

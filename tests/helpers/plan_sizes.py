@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from specchat.bounded_attention import ATTENTION_BYTES, LEAST_ROWS, MATH_BYTES_PER_SCORE
 from specchat.offload.direct_io import ALIGN
 from specchat.plan.machine import RUNTIME_BYTES, Machine
 from specchat.plan.pair import plan_pair
@@ -84,11 +85,18 @@ def assert_fits(memory, vram_gb: float, ram_gb: float) -> None:
     assert memory.total("host") <= ram_gb * GB - RUNTIME_BYTES
 
 
-def math_pass(heads: int, hidden: int, mlp: int, context: int, tree: int, size: int = BF16) -> int:
-    """A pass over `tree` tokens after `context`: scores, the mask (additive + boolean), the MLP's
-    three products and four hidden states."""
+def math_pass(heads: int, kv_heads: int, head_dim: int, hidden: int, mlp: int, context: int, tree: int,
+              size: int = BF16) -> int:
+    """A pass over `tree` tokens after `context`: its attention's keys and values copied for the
+    query heads (grouped models) and one call's math-path scores (heads x rows x keys, 10 bytes
+    each: float32 scores and softmax, the result in bf16), its rows as many as 256 MiB hold (16 at
+    least), the mask (additive, boolean and a fused kernel's aligned copy), the MLP's three products
+    and four hidden states."""
     keys = context + tree
-    return heads * tree * keys * size + tree * keys * (size + 1) + 3 * tree * mlp * size + 4 * tree * hidden * size
+    rows = min(tree, max(LEAST_ROWS, ATTENTION_BYTES // (heads * keys * MATH_BYTES_PER_SCORE)))
+    copies = 2 * heads * keys * head_dim * size if kv_heads < heads else 0
+    return copies + heads * rows * keys * MATH_BYTES_PER_SCORE + tree * keys * (2 * size + 1) + \
+        3 * tree * mlp * size + 4 * tree * hidden * size
 
 
 def pair_on_a_cpu(context: int, tree: int, draft: int, layers: int) -> int:
@@ -96,6 +104,8 @@ def pair_on_a_cpu(context: int, tree: int, draft: int, layers: int) -> int:
     (dense bf16: no kernels' workspace), its int8 draft's weights `draft` bytes: the target's fixed
     parts and `layers` bytes of its decoder layers (resident ones and the ring's slots), both KV
     caches over the context and the tree, the draft's layer while it turns int8, and the largest
-    pass (the target's, wider than the draft's)."""
+    pass: the target's, or the draft's where its 14 heads' scores outweigh the target's wider MLP
+    (a 256-token tree at 4096: 3.6 MB more)."""
     caches = (kv_per_token(28, 2) + kv_per_token(24, 2, head_dim=64)) * (context + tree)
-    return TARGET_FIXED + layers + caches + draft + DRAFT_PREPARING + math_pass(12, 1536, 8960, context, tree)
+    passes = math_pass(12, 2, 128, 1536, 8960, context, tree), math_pass(14, 2, 64, 896, 4864, context, tree)
+    return TARGET_FIXED + layers + caches + draft + DRAFT_PREPARING + max(passes)

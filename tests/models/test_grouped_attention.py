@@ -8,7 +8,7 @@ from helpers.tiny import build_tiny, perturbed
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specchat.decoding.kvcache import new_cache
-from specchat.models import grouped_attention
+from specchat import bounded_attention
 from specchat.models.grouped_attention import NAME, grouped_sdpa, pack_grouped_attention
 
 
@@ -61,7 +61,7 @@ def test_only_the_modules_asked_get_it_and_a_model_sharing_their_config_keeps_sd
     assert target.model.config._attn_implementation == "sdpa" and draft.model.config is target.model.config
     assert all(layer.self_attn.config._attn_implementation == "sdpa" for layer in target.model.model.layers)
     cache = prefilled(draft, tokens[:5])  # no mask: transformers' SDPA, causal
-    monkeypatch.setattr(grouped_attention, "sdpa_attention_forward", None)  # a tree's mask: the packed rows alone
+    monkeypatch.setattr(bounded_attention, "sdpa_attention_forward", None)  # a tree's mask: the packed rows alone
     after = draft.hidden(tokens[5:], torch.arange(5, 9), cache, mask)
     assert torch.equal(after, before)  # float32, bit for bit here (the AMD EPYC, 2026-11-28), as above
 

@@ -64,9 +64,13 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
     chunk = 64 * 28672
     down = TREE * 28672 * BF16 + 6 * chunk + 2 * FP32 * 64 * (28672 // 256) + TREE * (28672 + 64) * FP32
     assert item(memory, "quantized kernels' workspace") == down == 364_085_504
-    # pinned in 4 GiB buffers of nine 442 MB layers: 59 = 6 x 9 + 5, the five in 2 GiB (four) and
-    # 512 MiB (one), 26.5 GiB in all; a buffer a layer would pin 512 MiB each, 29.5 GiB
-    assert placement.ram == 59 and item(memory, "59 decoder layers in pinned RAM") == (6 * 4 + 2 + 0.5) * 2**30
+    # a pass over the tree (2049 tokens after 4096): the keys and values copied for 64 query heads,
+    # 2 x 64 x 6145 x 128 x 2 bytes = 0.2 GB, and one bounded call's math-path scores, 68 rows of
+    # 64 x 6145 (256 MiB hold 68.3), 0.27 GB; the rest as before
+    assert item(memory, "largest pass") == math_pass(64, 8, 128, 8192, 28672, 4096, TREE) == 1_018_522_117
+    # pinned in 4 GiB buffers of nine 442 MB layers: 56 = 6 x 9 + 2, the two in 1 GiB, 25 GiB in all;
+    # a buffer a layer would pin 512 MiB each, 28 GiB
+    assert placement.ram == 56 and item(memory, "56 decoder layers in pinned RAM") == (6 * 4 + 1) * 2**30
     assert placement.resident + placement.ram == 80 and placement.disk == 0 and placement.resident >= 20
     assert item(memory, f"{placement.resident} resident") == placement.resident * LLAMA2_70B_GPTQ_LAYER
     assert_fits(memory, 24, 64)
@@ -87,8 +91,7 @@ def test_without_bitsandbytes_the_7b_draft_is_rounded_to_4_bits_and_loads_on_the
     preparing = sum(i * o for i, o in linears) * BF16 + 11008 * 4096 // 2 + 3 * 256 * 11008 * FP32
     assert item(memory, "the draft's layer while it turns int4") == preparing
     assert not any(entry.what == "draft weights while they load" for entry in memory.items)
-    # 19 with the input embedding (0.52 GB) on the card too
-    assert memory.placement.resident == 21 and memory.placement.disk == 0
+    assert memory.placement.resident == 23 and memory.placement.disk == 0
     assert_fits(memory, 24, 64)
 
 
@@ -165,8 +168,8 @@ def test_the_default_pairs_caches_and_largest_pass_on_a_cpu_follow_the_configs()
     tokens = 4096 + 1025
     assert item(memory, "target KV cache") == 28 * 2 * 2 * 128 * BF16 * tokens  # 28 KiB a token (2 KV heads)
     assert item(memory, "draft KV cache") == 24 * 2 * 2 * 64 * BF16 * tokens  # 12 KiB a token
-    target_pass = math_pass(12, 1536, 8960, 4096, 1025)
-    assert item(memory, "largest pass") == max(target_pass, math_pass(14, 896, 4864, 4096, 1025)) == target_pass
+    target_pass = math_pass(12, 2, 128, 1536, 8960, 4096, 1025)
+    assert item(memory, "largest pass") == max(target_pass, math_pass(14, 2, 64, 896, 4864, 4096, 1025)) == target_pass
     embedding = head = 151936 * 896  # untied: the 0.5B's GGUF stores its LM head (output.weight, Q8_0)
     draft_params = embedding + head + 24 * (2 * 896 + 896 * 896 * 2 + 896 * 128 * 2 + 896 * 4864 * 3) + 896
     biases = 24 * (896 + 128 + 128)  # Qwen2's q/k/v biases

@@ -103,10 +103,10 @@ def plan(target: str, draft: str, vram_gb: float, ram_gb: float, tree: int = TRE
                      Machine(vram_gb=vram_gb, ram_gb=ram_gb))
 
 
-def moe_pass(heads: int, hidden: int, experts: int, routed: int, width: int, tree: int) -> int:
+def moe_pass(heads: int, kv_heads: int, hidden: int, experts: int, routed: int, width: int, tree: int) -> int:
     """A MoE target's pass over `tree` tokens after CONTEXT: a dense pass whose MLP is the k routed
     experts' products together, plus the router's logits (bf16), softmax (fp32) and top-k (fp32, int64)."""
-    return math_pass(heads, hidden, routed * width, CONTEXT, tree) + tree * experts * (BF16 + FP32) + \
+    return math_pass(heads, kv_heads, 128, hidden, routed * width, CONTEXT, tree) + tree * experts * (BF16 + FP32) + \
         tree * routed * (FP32 + INT64)
 
 
@@ -142,19 +142,19 @@ def assert_cache_fills_the_room_left(memory, room: int, expert: int, experts: in
 def test_a_moe_pass_holds_its_routed_experts_products_and_its_routers_scores():
     n, context = 1025, 4096
     mixtral = shape_of(read_config("mixtral-8x7b-gptq"), torch.bfloat16)
-    assert mixtral.pass_bytes(context, n) == math_pass(32, 4096, 2 * 14336, context, n) + \
+    assert mixtral.pass_bytes(context, n) == math_pass(32, 8, 128, 4096, 2 * 14336, context, n) + \
         n * 8 * (BF16 + FP32) + n * 2 * (FP32 + INT64)
     qwen3 = shape_of(read_config("qwen3-30b-a3b-gptq"), torch.bfloat16)
-    assert qwen3.pass_bytes(context, n) == math_pass(32, 2048, 8 * 768, context, n) + \
+    assert qwen3.pass_bytes(context, n) == math_pass(32, 4, 128, 2048, 8 * 768, context, n) + \
         n * 128 * (BF16 + FP32) + n * 8 * (FP32 + INT64)
     # Qwen2-MoE's shared expert runs for every token beside the 4 routed ones
     shared = shape_of(Qwen2MoeConfig(hidden_size=64, num_attention_heads=4, intermediate_size=96, num_experts=16,
                                      num_experts_per_tok=4, moe_intermediate_size=32,
                                      shared_expert_intermediate_size=80), torch.bfloat16)
-    assert shared.pass_bytes(context, n) == math_pass(4, 64, 4 * 32 + 80, context, n) + \
+    assert shared.pass_bytes(context, n) == math_pass(4, 16, 16, 64, 4 * 32 + 80, context, n) + \
         n * 16 * (BF16 + FP32) + n * 4 * (FP32 + INT64)
     dense = shape_of(read_config("mistral-7b"), torch.bfloat16)  # a dense MLP, no router: as before
-    assert dense.pass_bytes(context, n) == math_pass(32, 4096, 14336, context, n)
+    assert dense.pass_bytes(context, n) == math_pass(32, 8, 128, 4096, 14336, context, n)
 
 
 def test_experts_touched_by_n_tokens_follow_the_union_of_their_routes():
@@ -178,7 +178,7 @@ def test_experts_touched_refuses_impossible_routes_in_one_line(experts, routed, 
 # Mixtral's plan's device items besides its layers: fixed parts (the LM head and norm: the input
 # embedding is on the host), both KV caches (the same per token), the nf4 draft, the largest pass, the kernels' workspace and the CUDA margin
 MIXTRAL_OTHERS = (32000 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + 2 * kv_per_token(32, 8) * (CONTEXT + TREE)
-                  + MISTRAL_7B_NF4 + moe_pass(32, 4096, 8, 2, 14336, TREE) + MIXTRAL_WORKSPACE + CUDA_MARGIN)
+                  + MISTRAL_7B_NF4 + moe_pass(32, 8, 4096, 8, 2, 14336, TREE) + MIXTRAL_WORKSPACE + CUDA_MARGIN)
 
 
 def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
@@ -189,7 +189,7 @@ def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     assert item(memory, "fixed parts:") == 32000 * 4096 * BF16
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == item(memory, "draft KV cache") == kv_per_token(32, 8) * tokens
-    assert item(memory, "largest pass") == moe_pass(32, 4096, 8, 2, 14336, TREE)  # the draft's dense one is less
+    assert item(memory, "largest pass") == moe_pass(32, 8, 4096, 8, 2, 14336, TREE)  # the draft's dense one is less
     assert item(memory, "draft weights (nf4)") == MISTRAL_7B_NF4
     assert item(memory, "quantized kernels' workspace") == MIXTRAL_WORKSPACE
     placement = memory.placement
@@ -221,7 +221,7 @@ def test_mixtral_plans_a_pass_of_any_tree_width_streamed_by_expert(tokens):
     2 of 8 experts a layer, 16 tokens already ~7.9."""
     memory = plan("mixtral-8x7b-gptq", "mistral-7b", 16, 32, tree=tokens)
     assert memory.placement.streamed and memory.tree_tokens == tokens
-    assert item(memory, "largest pass") == moe_pass(32, 4096, 8, 2, 14336, tokens)
+    assert item(memory, "largest pass") == moe_pass(32, 8, 4096, 8, 2, 14336, tokens)
     assert_streams_by_expert(memory, MIXTRAL_HEAD, MIXTRAL_LAYER, 8, 2)
 
 
@@ -234,18 +234,18 @@ def test_qwen3_30b_a3b_gptq_and_qwen3_0_6b_on_an_8_gb_card_with_32_gb_of_ram():
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == kv_per_token(48, 4) * tokens  # 96 KiB a token
     assert item(memory, "draft KV cache") == kv_per_token(28, 8) * tokens  # 112 KiB: the draft's is larger
-    assert item(memory, "largest pass") == moe_pass(32, 2048, 128, 8, 768, TREE)
+    assert item(memory, "largest pass") == moe_pass(32, 4, 2048, 128, 8, 768, TREE)
     assert item(memory, "draft weights (nf4)") == QWEN3_0_6B_NF4
     assert item(memory, "quantized kernels' workspace") == QWEN3_30B_WORKSPACE
     placement = memory.placement
     assert placement.disk == 0 and placement.resident + placement.ram == 48
-    # twelve 0.33 GB layers a 4 GiB buffer: 40 = 3 x 12 + 4, the four in 1 GiB (three) and 512 MiB
-    # (one): 13.5 GiB; a buffer a layer would pin 512 MiB each
-    assert placement.ram == 40 and item(memory, "40 decoder layers in pinned RAM") == 13.5 * 2**30
+    # twelve 0.33 GB layers a 4 GiB buffer: 39 = 3 x 12 + 3, the three (0.99 GB) in 1 GiB: 13 GiB; a
+    # buffer a layer would pin 512 MiB each
+    assert placement.ram == 39 and item(memory, "39 decoder layers in pinned RAM") == 13 * 2**30
     caches = (kv_per_token(48, 4) + kv_per_token(28, 8)) * tokens
     others = (151936 * 2048 * BF16 + 2048 * BF16 + ROTARY_BYTES + caches
-              + QWEN3_0_6B_NF4 + moe_pass(32, 2048, 128, 8, 768, TREE) + QWEN3_30B_WORKSPACE + CUDA_MARGIN)
-    room_for_layers(memory, 8, others, QWEN3_30B_LAYER)  # 8 resident
+              + QWEN3_0_6B_NF4 + moe_pass(32, 4, 2048, 128, 8, 768, TREE) + QWEN3_30B_WORKSPACE + CUDA_MARGIN)
+    room_for_layers(memory, 8, others, QWEN3_30B_LAYER)  # 9 resident
     assert_streams_by_expert(memory, QWEN3_30B_HEAD, QWEN3_30B_LAYER, 128, 8)
     assert_fits(memory, 8, 32)
 
@@ -259,7 +259,7 @@ def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_96_gb_stream_the_rest_
     assert item(memory, "fixed parts:") == 151936 * 4096 * BF16
     tokens = CONTEXT + TREE
     assert item(memory, "target KV cache") == kv_per_token(94, 4) * tokens
-    assert item(memory, "largest pass") == moe_pass(64, 4096, 128, 8, 1536, TREE)
+    assert item(memory, "largest pass") == moe_pass(64, 4, 4096, 128, 8, 1536, TREE)
     assert item(memory, "draft weights (nf4)") == QWEN3_1_7B_NF4
     assert item(memory, "quantized kernels' workspace") == QWEN3_235B_WORKSPACE
     placement, pinned = memory.placement, 2**31  # a 1.32 GB layer (and a staging buffer of one) pins 2 GiB
@@ -274,7 +274,7 @@ def test_qwen3_235b_a22b_gptq_and_qwen3_1_7b_on_24_gb_and_96_gb_stream_the_rest_
     assert placement.resident + placement.ram + placement.disk == 94
     caches = (kv_per_token(94, 4) + kv_per_token(28, 8)) * tokens
     others = (151936 * 4096 * BF16 + 4096 * BF16 + ROTARY_BYTES + caches
-              + QWEN3_1_7B_NF4 + moe_pass(64, 4096, 128, 8, 1536, TREE) + QWEN3_235B_WORKSPACE + CUDA_MARGIN)
+              + QWEN3_1_7B_NF4 + moe_pass(64, 4, 4096, 128, 8, 1536, TREE) + QWEN3_235B_WORKSPACE + CUDA_MARGIN)
     left = room_for_layers(memory, 24, others, QWEN3_235B_LAYER)  # 10 resident
     assert_cache_fills_the_room_left(memory, left, experts(1, 4096, 1536, 128, False), 128)
     assert_streams_by_expert(memory, QWEN3_235B_HEAD, QWEN3_235B_LAYER, 128, 8)

@@ -126,7 +126,7 @@ UNIT = 100 * 4096  # a decoder layer, a whole number of O_DIRECT pages (one ring
 
 def plan(device_units: float):
     sizes = ModelSizes(layers=(UNIT,) * 4, fixed=10 * UNIT, headroom=0, file_bytes=4 * UNIT)
-    target = Target(sizes, ModelShape(2, 8, 16, 1, 2), compact_fixed=6 * UNIT)
+    target = Target(sizes, ModelShape(2, 2, 4, 8, 16, 1, 2), compact_fixed=6 * UNIT)
     ask = Ask(contexts=(8,), drafts=(None,), tree_tokens=2, workspace=0, request=Request("disk", 0))
     return plan_memory(target, ask, Rooms(int(device_units * UNIT), None, 10**9))
 
@@ -154,7 +154,7 @@ def layered_plan(device_units: float, tier: str, resident: int | None = None):
     """Four layers of one unit, or of half a unit with their Q6_K linears compact."""
     sizes = ModelSizes(layers=(UNIT,) * 4, fixed=2 * UNIT, headroom=0, file_bytes=4 * UNIT)
     compact = ModelSizes(layers=(UNIT // 2,) * 4, fixed=2 * UNIT, headroom=0, file_bytes=2 * UNIT)
-    target = Target(sizes, ModelShape(2, 8, 16, 1, 2), compact_layers=compact)
+    target = Target(sizes, ModelShape(2, 2, 4, 8, 16, 1, 2), compact_layers=compact)
     ask = Ask(contexts=(8,), drafts=(None,), tree_tokens=2, workspace=0, request=Request(tier, resident))
     return plan_memory(target, ask, Rooms(int(device_units * UNIT), None, 10**9))
 

@@ -26,6 +26,7 @@ from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import FR_SPEC_VOCAB
+from specchat import bounded_attention
 from specchat.models import grouped_attention
 from specchat.models.draft_approx import DraftApprox, approximate_draft
 from specchat.models.draft_attention import DraftAttention
@@ -97,6 +98,20 @@ def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_ex
     draft = static_draft(loaded, capacity=4096, capture=False)
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+
+
+def test_a_target_attending_in_bounded_calls_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,
+                                                                          seeded_references, monkeypatch):
+    """The target's attention as the loader bounds it (models/bounded_attention.py), its calls forced
+    to 16 query rows: each 65-token tree pass attends in five calls of 13 rows, as a 70B's
+    2049-token pass at its full context does in calls of 68; the target's tokens are unchanged."""
+    attention = real_pair.target.model.model.layers[0].self_attn
+    assert attention.config._attn_implementation == bounded_attention.NAME
+    calls = []
+    monkeypatch.setattr(bounded_attention, "rows_per_call", lambda heads, keys: calls.append(keys) or 16)
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=64))
+    assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+    assert calls  # the tree passes went through the bounded calls
 
 
 def assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references) -> None:

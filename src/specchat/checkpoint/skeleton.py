@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from specchat.bounded_attention import bound_attention
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.errors import SpecchatError
 from specchat.quant.awq import awq_int4_tensors, is_awq_packed, read_awq_spec, replace_linears_with_awq
@@ -47,6 +48,7 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     config = without_quantization(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    bound_attention(model)  # a wide pass holds what the plan counts for it
     if awq is not None or spec is not None:  # a MoE block's experts quantized per expert, by either method
         split_experts(model, None if source is None else packed_linears(model, source))
     if awq is not None:

@@ -21,7 +21,9 @@ import copy
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specchat.bounded_attention import NAME as BOUNDED
+from specchat.bounded_attention import bounded_sdpa, fused_serves, in_calls, leading_rows, rows_per_call
 
 NAME = "specchat_grouped_sdpa"
 
@@ -30,28 +32,37 @@ def grouped_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: [B, n, H, d] from q [B, H, n, d] and k, v [B, H / groups, S, d];
-    a mask shared by every head ([B, 1, n, S]) packs the groups as rows, anything else goes to
-    transformers' SDPA."""
+    a mask shared by every head ([B, 1, n, S]) packs the groups as rows, its rows in calls bounded as
+    bounded_attention.py bounds them; anything else goes to bounded_sdpa."""
     groups = module.num_key_value_groups
     if attention_mask is None or attention_mask.shape[1] != 1 or groups == 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    batch, heads, rows, dim = query.shape
-    packed = query.reshape(batch, heads // groups, groups * rows, dim)  # rows: group-major, as the heads
-    mask = attention_mask.repeat(1, 1, groups, 1)
-    out = nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=dropout,
-                                                     scale=scaling)
-    return out.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous(), None
+        return bounded_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    def attend(rows_query: torch.Tensor, rows_mask: torch.Tensor) -> torch.Tensor:
+        batch, heads, rows, dim = rows_query.shape
+        packed = rows_query.reshape(batch, heads // groups, groups * rows, dim)  # rows: group-major, as the heads
+        mask = rows_mask.repeat(1, 1, groups, 1)
+        out = nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=dropout,
+                                                         scale=scaling)
+        return out.reshape(batch, heads, rows, dim).transpose(1, 2)
+
+    rows = rows_per_call(query.shape[1], key.shape[2])
+    if query.is_cuda and rows < query.shape[2]:  # the first call's packed inputs, built where they are asked about
+        first = query[:, :, :rows]
+        packed = first.reshape(first.shape[0], first.shape[1] // groups, -1, first.shape[3])
+        if fused_serves(packed, key, value, leading_rows(attention_mask, rows).repeat(1, 1, groups, 1)):
+            rows = query.shape[2]
+    return in_calls(query, attention_mask, rows, attend).contiguous(), None
 
 
 AttentionInterface.register(NAME, grouped_sdpa)
 
 
 def pack_grouped_attention(module: nn.Module) -> int:
-    """Give every grouped-query attention inside `module` (groups > 1, on SDPA) its own config that
-    names grouped_sdpa; how many."""
+    """Give every grouped-query attention inside `module` (groups > 1, on SDPA, bounded or not) its
+    own config that names grouped_sdpa; how many."""
     found = [child for child in module.modules() if getattr(child, "num_key_value_groups", 1) > 1
-             and getattr(getattr(child, "config", None), "_attn_implementation", None) == "sdpa"]
+             and getattr(getattr(child, "config", None), "_attn_implementation", None) in ("sdpa", BOUNDED)]
     for attention in found:
         attention.config = copy.copy(attention.config)
         attention.config._attn_implementation = NAME

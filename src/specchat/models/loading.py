@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specchat.bounded_attention import bound_attention
 from specchat.errors import SpecchatError
 from specchat.models.compat import same_tokenizer_files
 from specchat.models.embedded import ensure_embedded
@@ -126,6 +127,7 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
     model.eval()
     model.requires_grad_(False)
     own_aligned_weights(model)
+    bound_attention(model)  # as a skeleton's (checkpoint/skeleton.py)
     if preparation is not None:
         prepare_loaded(model, tokenizer, directory, preparation)
     return LoadedModel(model, tokenizer, source.name, source, directory)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specchat.bounded_attention import attention_bytes
 from specchat.quant.int4 import workspace_bytes
 from specchat.quant.int4_rtn import ROUND_ROWS, group_for
 from specchat.quant.int8 import QUANT_ROWS
@@ -24,6 +25,8 @@ class ModelShape:
     """The sizes of one model that its caches and activations follow."""
 
     heads: int
+    kv_heads: int  # grouped-query attention: fewer than `heads`
+    head_dim: int
     hidden: int
     intermediate: int  # the MLP's width a token computes (a MoE block's: its routed experts' together, `mlp_width`)
     kv_per_token: int  # bytes of one cache slot: keys and values of every layer
@@ -36,17 +39,18 @@ class ModelShape:
 
     def pass_bytes(self, context: int, tree: int) -> int:
         """Activations of one pass over `tree` tokens after `context` cached ones, one layer at a
-        time: the attention scores (heads x n x (context + n)) as a math-path attention holds
-        them, the tree mask (additive and boolean), the MLP's three n x intermediate products (a
-        MoE block's n x k routed rows at once, as a grouped experts kernel holds them; the loop
-        over experts holds one expert's rows at a time), a MoE router's, and a few n x hidden
-        states. An upper bound: fused kernels hold less."""
+        time: its attention's (the keys and values copied for the query heads, one bounded call's
+        math-path scores: models/bounded_attention.py), the tree mask (additive, boolean, and the
+        copy a fused kernel aligns), the MLP's three n x intermediate products (a MoE block's
+        n x k routed rows at once, as a grouped experts kernel holds them; the loop over experts
+        holds one expert's rows at a time), a MoE router's, and a few n x hidden states. An upper
+        bound: fused kernels hold less."""
         n, keys, size = tree, context + tree, self.itemsize
-        scores = self.heads * n * keys * size
-        masks = n * keys * (size + 1)
+        attention = attention_bytes(self.heads, self.kv_heads, self.head_dim, n, keys, size)
+        masks = n * keys * (2 * size + 1)
         mlp = 3 * n * self.intermediate * size
         hidden = 4 * n * self.hidden * size
-        return scores + masks + mlp + self.router_bytes(n) + hidden
+        return attention + masks + mlp + self.router_bytes(n) + hidden
 
     def router_bytes(self, tokens: int) -> int:
         """A MoE router over `tokens` (transformers' TopKRouter): its n x E logits in the compute
@@ -56,16 +60,21 @@ class ModelShape:
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """One cache slot: keys and values of every layer."""
+    kv_heads, head_dim = attention_dims(config)
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
+
+
+def attention_dims(config) -> tuple[int, int]:
+    """(key/value heads, dimensions a head)."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return config.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
+    return getattr(config, "num_key_value_heads", None) or heads, head_dim
 
 
 def shape_of(config, dtype: torch.dtype) -> ModelShape:
     experts = getattr(config, "num_experts", None) or 0  # Mixtral's num_local_experts too (its attribute_map)
     routed = config.num_experts_per_tok if experts else 0
-    return ModelShape(config.num_attention_heads, config.hidden_size, mlp_width(config),
+    return ModelShape(config.num_attention_heads, *attention_dims(config), config.hidden_size, mlp_width(config),
                       kv_bytes_per_token(config, dtype), dtype.itemsize, experts, routed)
 
 

@@ -1,0 +1,175 @@
+"""A wide pass's attention in bounded calls (bounded_attention.py): the calls give what one
+call gives, each holds what the plan counts, a pass small enough is transformers' own path, a
+fused kernel takes every row at once, and every model the app builds or loads gets it."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
+from helpers.cli import tiny_dirs  # noqa: F401 (a fixture)
+from helpers.tiny import build_tiny, tiny_qwen_config
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specchat import bounded_attention
+from specchat.bounded_attention import (ATTENTION_BYTES, LEAST_ROWS, MATH_BYTES_PER_SCORE, NAME, attention_bytes,
+                                        bound_attention, bounded_sdpa, fused_serves, rows_per_call)
+from specchat.checkpoint.skeleton import build_skeleton
+from specchat.loader import load_target, plan_run
+from specchat.models.loading import load
+from specchat.plan import resolve_weights
+from specchat.progress import Reporter
+from specchat.runtime import EngineOptions
+
+CPU = torch.device("cpu")
+# float32: a row's sums run over the same keys whatever the call, but a kernel's blocking follows its
+# rows: 0 for these drawn rows, 2.4e-7 through the tiny model's strided queries (one rounding; the
+# AMD EPYC, 2026-11-29)
+ROUNDING = 5e-7
+
+
+class Attention:
+    """What the attention interface reads of its module."""
+
+    def __init__(self, groups: int) -> None:
+        self.num_key_value_groups, self.is_causal, self.training = groups, True, False
+
+
+def drawn(groups: int, rows: int, keys: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(1, 2 * groups, rows, 16, generator=generator)
+    key, value = (torch.randn(1, 2, keys, 16, generator=generator) for _ in range(2))
+    attend = torch.rand(1, 1, rows, keys, generator=generator) > 0.4
+    attend[..., 0] = True  # every row sees something
+    return query, key, value, attend
+
+
+def calls_of(monkeypatch, rows: int) -> list[int]:
+    """Bound the calls at `rows` query rows; the rows of each SDPA call are recorded in the list returned."""
+    monkeypatch.setattr(bounded_attention, "rows_per_call", lambda heads, keys: rows)
+    seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recorded(query, *args, **kwargs):
+        seen.append(query.shape[2])
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
+    return seen
+
+
+def test_a_call_holds_as_many_rows_as_the_bound_allows_and_the_plan_counts_it():
+    # a 70B's 64 heads over 4096 + 2049 keys: 256 MiB hold 68.3 rows of 64 x 6145 scores at 10 bytes
+    assert rows_per_call(64, 6145) == 68 and 68 * 64 * 6145 * MATH_BYTES_PER_SCORE <= ATTENTION_BYTES
+    assert rows_per_call(64, 10**6) == LEAST_ROWS  # past the bound: calls of 16 rows still
+    # grouped (8 KV heads for 64): keys and values copied for the query heads, then one call's scores
+    assert attention_bytes(64, 8, 128, 2049, 6145, 2) == 2 * 64 * 6145 * 128 * 2 + 68 * 64 * 6145 * 10
+    assert attention_bytes(32, 32, 128, 10, 100, 2) == 10 * 32 * 100 * 10  # a small pass: its whole scores
+
+
+@pytest.mark.parametrize("additive", [True, False], ids=["float-mask", "bool-mask"])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_calls_give_what_one_call_gives(monkeypatch, groups, additive):
+    query, key, value, attend = drawn(groups, rows=50, keys=70)
+    mask = torch.zeros(attend.shape).masked_fill(~attend, float("-inf")) if additive else attend
+    whole, _ = sdpa_attention_forward(Attention(groups), query, key, value, mask, scaling=0.25)
+    seen = calls_of(monkeypatch, 16)
+    parts, _ = bounded_sdpa(Attention(groups), query, key, value, mask, scaling=0.25)
+    assert seen == [13, 13, 12, 12]  # four calls evened out, never one of a single row
+    assert parts.shape == whole.shape == (1, 50, 2 * groups, 16)
+    torch.testing.assert_close(parts, whole, rtol=0, atol=ROUNDING)
+
+
+def test_a_pass_within_the_bound_or_without_a_mask_is_transformers_own(monkeypatch):
+    query, key, value, attend = drawn(2, rows=16, keys=40)
+    monkeypatch.setattr(bounded_attention, "sdpa_attention_forward", lambda *args, **kwargs: ("transformers", None))
+    seen = calls_of(monkeypatch, 16)
+    assert bounded_sdpa(Attention(2), query, key, value, attend)[0] == "transformers"
+    assert bounded_sdpa(Attention(2), torch.cat([query] * 4, dim=2), key, value, None)[0] == "transformers"
+    assert seen == []
+
+
+def test_where_a_fused_kernel_serves_every_row_goes_in_one_call(monkeypatch):
+    query, key, value, attend = drawn(2, rows=50, keys=40)
+    seen = calls_of(monkeypatch, 16)
+    monkeypatch.setattr(bounded_attention, "fused_serves", lambda *tensors: True)
+    bounded_sdpa(Attention(2), query, key, value, attend)
+    assert seen == [50]
+
+
+def test_only_cuda_is_asked_whether_a_fused_kernel_serves():
+    query, key, value, attend = drawn(1, rows=20, keys=30)
+    assert not fused_serves(query, key, value, attend)  # a CPU's flash kernel cannot be asked: bounded
+
+
+PEAK = textwrap.dedent("""
+    import resource, sys, torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from specchat.bounded_attention import bounded_sdpa
+    class Attention:
+        num_key_value_groups, is_causal, training = 1, True, False
+    heads, rows, keys = 16, 1024, 8192
+    query = torch.randn(1, heads, rows, 64, dtype=torch.bfloat16)
+    key, value = (torch.randn(1, heads, keys, 64, dtype=torch.bfloat16) for _ in range(2))
+    mask = torch.zeros(1, 1, rows, keys, dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.MATH):
+        torch.nn.functional.scaled_dot_product_attention(query[:, :, :16], key, value, attn_mask=mask[:, :, :16])
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if sys.argv[1] == "bounded":
+            bounded_sdpa(Attention(), query, key, value, mask)
+        else:
+            torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) * 1024)
+""")
+
+
+def peak_growth(how: str) -> int:
+    """The bytes a process's peak memory grows by over one math-path attention of 16 x 1024 x 8192 scores."""
+    done = subprocess.run([sys.executable, "-c", PEAK, how], capture_output=True, text=True, timeout=300, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def test_a_math_path_attention_in_bounded_calls_holds_what_the_plan_counts():
+    scores = 16 * 1024 * 8192
+    counted = attention_bytes(16, 16, 64, 1024, 8192, 2)  # 204 rows a call: 267 MB of the whole's 1.34 GB
+    assert counted < scores * MATH_BYTES_PER_SCORE / 4
+    # peak growth on the AMD EPYC (2026-11-29): one call 1.18 GB (8.8 bytes a score), bounded calls
+    # 0.17 GB; the bound a call's counted scores and the output beside them (0.27 GB)
+    assert peak_growth("bounded") <= counted + 1024 * 16 * 64 * 2 * 2
+    assert peak_growth("whole") > 4 * counted  # what the bound saves, measured the same way
+
+
+def test_a_models_attention_modules_get_it_and_a_tree_pass_in_calls_is_the_pass_in_one(monkeypatch):
+    lm = build_tiny(0, dtype=torch.float32)
+    tree = random_tree(40, 20, 50)
+    whole = tree_pass(lm, prefilled(lm, 20), 20, tree)
+    assert bound_attention(lm.model) == lm.model.config.num_hidden_layers
+    assert bound_attention(lm.model) == 0  # none left on transformers' SDPA
+    assert lm.model.config._attn_implementation == "sdpa"  # the model's own config: its masks as before
+    assert {layer.self_attn.config._attn_implementation for layer in lm.model.model.layers} == {NAME}
+    seen = calls_of(monkeypatch, 16)
+    torch.testing.assert_close(tree_pass(lm, prefilled(lm, 20), 20, tree), whole, rtol=0, atol=ROUNDING)
+    layers = lm.model.config.num_hidden_layers
+    assert seen == [20] * layers + [14, 13, 13] * layers  # the causal prefix unmasked: transformers' one call
+
+
+@pytest.mark.parametrize("offload", ["none", "disk"], ids=["in-memory", "streamed"])
+def test_the_loader_bounds_a_targets_attention_in_memory_and_streamed(tiny_dirs, tmp_path, offload):  # noqa: F811
+    options = resolve_weights(EngineOptions(target=str(tiny_dirs[0]), dtype="float32", offload=offload,
+                                            offload_dir=str(tmp_path), resident_layers=0 if offload == "disk" else None))
+    memory = plan_run(options, CPU, False, Reporter(bars=False))
+    target, streamed = load_target(options, CPU, torch.float32, memory, Reporter(bars=False))
+    try:
+        assert bool(memory.placement.streamed) == (offload == "disk")
+        assert {layer.self_attn.config._attn_implementation for layer in target.model.model.layers} == {NAME}
+    finally:
+        if streamed is not None:
+            streamed.close()
+
+
+def test_every_model_the_app_builds_or_loads_attends_in_bounded_calls(tiny_dirs):  # noqa: F811
+    skeleton = build_skeleton(tiny_qwen_config(), None, torch.float32)  # streamed layers and layerwise loads
+    loaded = load(str(tiny_dirs[1]), torch.float32, progress=False).model  # transformers' own loading
+    for model in (skeleton, loaded):
+        assert {layer.self_attn.config._attn_implementation for layer in model.model.layers} == {NAME}
