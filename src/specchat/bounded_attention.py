@@ -2,11 +2,13 @@
 query rows go to SDPA in calls whose scores fit ATTENTION_BYTES.
 
 SDPA's fused kernels (flash, memory-efficient, cuDNN; a CPU's flash kernel) hold no scores. Its
-math path holds about MATH_BYTES_PER_SCORE a score: the float32 scores, their float32 softmax and
-that cast back to the compute dtype (9.6 bytes measured in bfloat16, 9.1 in float32: the peak RSS
-of one call of 16 heads x 1024 rows x 8192 keys, torch 2.13 on the AMD EPYC, 2026-11-29). A tree
-pass of a 70B target (64 heads) over 2049 tokens after 8192 cached would hold
-64 x 2049 x 10241 x 10 = 13.4 GB at once; in calls of `rows_per_call` rows, 256 MiB at most.
+math path computes in float32: it holds the keys and values widened to float32 and about
+MATH_BYTES_PER_SCORE a score, the float32 scores, their float32 softmax and that cast back to the
+compute dtype (8.8-9.6 bytes in bfloat16 beside the widened keys and values, 9.1 in float32:
+scripts/attention_memory.py, the peak of one call of 16 heads x 1024 rows x 8192 keys, torch 2.13
+on the AMD EPYC, 2026-11-29). A tree pass of a 70B target (64 heads) over 2049 tokens after 8192
+cached would hold 64 x 2049 x 10241 x 10 = 13.4 GB of scores at once; in calls of `rows_per_call`
+rows, 256 MiB at most.
 Rows attend independently, so the calls give each row what one call gives, up to a kernel's
 blocking, which follows its rows (float32: bit for bit for contiguous heads of 128 dimensions from 7
 rows a call, one rounding through a tiny model's strided queries; a call of one row takes another
@@ -31,7 +33,8 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 
 NAME = "specchat_bounded_sdpa"
 ATTENTION_BYTES = 256 * 2**20  # what one call of a math-path SDPA may hold
-MATH_BYTES_PER_SCORE = 10  # measured 9.6 (bfloat16) and 9.1 (float32): see above
+MATH_BYTES_PER_SCORE = 10  # measured 8.8-9.6 (bfloat16) and 9.1 (float32): see above
+FLOAT32 = 4
 LEAST_ROWS = 16  # calls of fewer rows are slow and, at one row, round otherwise
 
 Attend = Callable[[Tensor, Tensor], Tensor]  # (query rows [B, H, r, d], their mask rows) -> [B, r, H, d]
@@ -44,15 +47,21 @@ def rows_per_call(heads: int, keys: int) -> int:
 
 def attention_bytes(heads: int, kv_heads: int, head_dim: int, rows: int, keys: int, itemsize: int) -> int:
     """What a layer's attention over `rows` queries and `keys` keys holds at most: the copies of
-    keys and values for the query heads (grouped-query models) and one call's math-path scores."""
+    keys and values for the query heads (grouped-query models), a math-path call's float32 copies
+    of them (it computes in float32) and its scores."""
     copies = 2 * heads * keys * head_dim * itemsize if kv_heads < heads else 0
-    return copies + min(rows, rows_per_call(heads, keys)) * heads * keys * MATH_BYTES_PER_SCORE
+    widened = 2 * heads * keys * head_dim * FLOAT32 if itemsize < FLOAT32 else 0
+    return copies + widened + min(rows, rows_per_call(heads, keys)) * heads * keys * MATH_BYTES_PER_SCORE
 
 
 def fused_serves(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> bool:
     """Whether SDPA runs these inputs in a fused kernel, which holds no scores; asked only on CUDA."""
-    if not query.is_cuda:
-        return False
+    return query.is_cuda and fused_kernel_takes(query, key, value, mask)
+
+
+def fused_kernel_takes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> bool:
+    """torch.backends.cuda's public checks over these inputs, as SDPA is called here (no dropout,
+    not causal, heads already matched); a CPU's inputs pass none of them."""
     params = torch.backends.cuda.SDPAParams(query, key, value, mask, 0.0, False, False)
     checks = (torch.backends.cuda.can_use_flash_attention, torch.backends.cuda.can_use_efficient_attention,
               torch.backends.cuda.can_use_cudnn_attention)

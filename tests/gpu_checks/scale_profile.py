@@ -6,14 +6,13 @@ launches). Per width, the kernels with the most device time a step, their calls 
 step's device time in all beside its wall time: their difference is what launching costs, which a
 captured step saves; the device time is what it cannot. On a CPU (the dry run) its ops' CPU time.
 
-Then one Llama-2-70B-shaped target layer (bf16, random weights: its attention bounded as the
-loader bounds a target's, models/bounded_attention.py; its int4 products' workspace the plan counts
-apart) over a 2048-token tree after 4096 cached tokens: the memory its pass allocates above what it
-started with, as SDPA chooses its kernels and with its math path alone (where no fused kernel
-serves, in bounded calls), beside what the plan reserves for a pass
-(plan/demand.ModelShape.pass_bytes: the keys and values copied for the query heads and one bounded
-call's math-path scores, 0.47 GB of its 1.02), and the kernels it ran, which name the attention SDPA
-chose."""
+Then one Llama-2-70B-shaped target layer (bf16, random weights: its attention bounded as every
+model's is, bounded_attention.py; its int4 products' workspace the plan counts apart) over a
+2048-token tree after 4096 cached tokens: the memory its pass allocates above what it started with,
+as SDPA chooses its kernels and with its math path alone (where no fused kernel serves, in bounded
+calls), beside what the plan reserves for a pass (plan/demand.ModelShape.pass_bytes: the keys and
+values copied for the query heads, their float32 copies and one bounded call's math-path scores,
+0.87 GB of its 1.42), and the kernels it ran, which name the attention SDPA chose."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -88,14 +88,15 @@ def assert_fits(memory, vram_gb: float, ram_gb: float) -> None:
 def math_pass(heads: int, kv_heads: int, head_dim: int, hidden: int, mlp: int, context: int, tree: int,
               size: int = BF16) -> int:
     """A pass over `tree` tokens after `context`: its attention's keys and values copied for the
-    query heads (grouped models) and one call's math-path scores (heads x rows x keys, 10 bytes
-    each: float32 scores and softmax, the result in bf16), its rows as many as 256 MiB hold (16 at
-    least), the mask (additive, boolean and a fused kernel's aligned copy), the MLP's three products
-    and four hidden states."""
+    query heads (grouped models), widened to float32 by a math-path call, and one call's scores
+    (heads x rows x keys, 10 bytes each: float32 scores and softmax, the result in bf16), its rows
+    as many as 256 MiB hold (16 at least), the mask (additive, boolean and a fused kernel's aligned
+    copy), the MLP's three products and four hidden states."""
     keys = context + tree
     rows = min(tree, max(LEAST_ROWS, ATTENTION_BYTES // (heads * keys * MATH_BYTES_PER_SCORE)))
     copies = 2 * heads * keys * head_dim * size if kv_heads < heads else 0
-    return copies + heads * rows * keys * MATH_BYTES_PER_SCORE + tree * keys * (2 * size + 1) + \
+    widened = 2 * heads * keys * head_dim * 4 if size < 4 else 0
+    return copies + widened + heads * rows * keys * MATH_BYTES_PER_SCORE + tree * keys * (2 * size + 1) + \
         3 * tree * mlp * size + 4 * tree * hidden * size
 
 

@@ -39,12 +39,12 @@ class ModelShape:
 
     def pass_bytes(self, context: int, tree: int) -> int:
         """Activations of one pass over `tree` tokens after `context` cached ones, one layer at a
-        time: its attention's (the keys and values copied for the query heads, one bounded call's
-        math-path scores: models/bounded_attention.py), the tree mask (additive, boolean, and the
-        copy a fused kernel aligns), the MLP's three n x intermediate products (a MoE block's
-        n x k routed rows at once, as a grouped experts kernel holds them; the loop over experts
-        holds one expert's rows at a time), a MoE router's, and a few n x hidden states. An upper
-        bound: fused kernels hold less."""
+        time: its attention's (the keys and values copied for the query heads, their float32 copies
+        and one bounded call's math-path scores: bounded_attention.py), the tree mask (additive,
+        boolean, and the copy a fused kernel aligns), the MLP's three n x intermediate products (a
+        MoE block's n x k routed rows at once, as a grouped experts kernel holds them; the loop
+        over experts holds one expert's rows at a time), a MoE router's, and a few n x hidden
+        states. An upper bound: fused kernels hold less."""
         n, keys, size = tree, context + tree, self.itemsize
         attention = attention_bytes(self.heads, self.kv_heads, self.head_dim, n, keys, size)
         masks = n * keys * (2 * size + 1)
