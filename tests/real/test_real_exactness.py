@@ -113,7 +113,7 @@ def test_a_target_attending_in_bounded_calls_keeps_greedy_and_seeded_exact(real_
                         or in_calls(query, *args))
     engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=64))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
-    assert 65 in split  # whole trees' passes went through the bounded calls
+    assert max(split) > 16  # tree passes went through the bounded calls
 
 
 def assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references) -> None:
