@@ -4,23 +4,25 @@ query rows go to SDPA in calls whose scores fit ATTENTION_BYTES.
 SDPA's fused kernels (flash, memory-efficient, cuDNN; a CPU's flash kernel) hold no scores. Its
 math path computes in float32: it holds the keys and values widened to float32 and about
 MATH_BYTES_PER_SCORE a score, the float32 scores, their float32 softmax and that cast back to the
-compute dtype (8.8-9.6 bytes in bfloat16 beside the widened keys and values, 9.1 in float32:
-scripts/attention_memory.py, the peak of one call of 16 heads x 1024 rows x 8192 keys, torch 2.13
+compute dtype (one bfloat16 call of 16 heads x 1024 rows x 8192 keys grew 1.29 GB: 9.6 bytes a
+score with the widened keys, values and mask, 8.8 without; scripts/attention_memory.py, torch 2.13
 on the AMD EPYC, 2026-11-29). A tree pass of a 70B target (64 heads) over 2049 tokens after 8192
 cached would hold 64 x 2049 x 10241 x 10 = 13.4 GB of scores at once; in calls of `rows_per_call`
 rows, 256 MiB at most.
+
 Rows attend independently, so the calls give each row what one call gives, up to a kernel's
-blocking, which follows its rows (float32: bit for bit for contiguous heads of 128 dimensions from 7
-rows a call, one rounding through a tiny model's strided queries; a call of one row takes another
-kernel, so the calls are evened out: LEAST_ROWS // 2 rows each at least). On CUDA the inputs of the first call, as it would run, are asked whether a fused
-kernel takes them (torch.backends.cuda's public checks); if one does, all rows go in one call.
-A CPU's flash kernel cannot be asked so: there, and wherever the answer is no, the calls are
-bounded.
+blocking, which follows its rows (float32: bit for bit for contiguous heads of 128 dimensions from
+7 rows a call, one rounding through a tiny model's strided queries; a call of one row takes another
+kernel, so the calls are evened out: LEAST_ROWS // 2 rows each at least). On CUDA the inputs of
+the first call, as it would run, are asked whether a fused kernel takes them (torch.backends.cuda's
+public checks); if one does, all rows go in one call. A CPU's flash kernel cannot be asked so:
+there, and wherever the answer is no, the calls are bounded.
 
 A pass small enough for one bounded call (every pass of the embedded pair at its default
 context) is transformers' own SDPA path, untouched. Past that the keys and values are copied for
 the query heads once a layer (`repeat_kv`, as transformers does when a mask is given) and the
-calls share them. The plan counts both (plan/demand.py: `attention_bytes`).
+calls share them. The plan counts the copies, a call's float32 copies of them and its scores
+(`attention_bytes`, read by plan/demand.py).
 """
 
 import copy
@@ -33,7 +35,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 
 NAME = "specchat_bounded_sdpa"
 ATTENTION_BYTES = 256 * 2**20  # what one call of a math-path SDPA may hold
-MATH_BYTES_PER_SCORE = 10  # measured 8.8-9.6 (bfloat16) and 9.1 (float32): see above
+MATH_BYTES_PER_SCORE = 10  # measured 8.8 in bfloat16, the scores alone: see above
 FLOAT32 = 4
 LEAST_ROWS = 16  # calls of fewer rows are slow and, at one row, round otherwise
 
