@@ -6,6 +6,7 @@ tests/scripts/test_attention_memory.py."""
 import pytest
 import torch
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
+from helpers.attention import Attention, drawn
 from helpers.cli import tiny_dirs  # noqa: F401 (a fixture)
 from helpers.tiny import build_tiny, tiny_qwen_config
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -26,22 +27,6 @@ CPU = torch.device("cpu")
 # rows: 0 for these drawn rows, 2.4e-7 through the tiny model's strided queries (one rounding; the
 # AMD EPYC, 2026-11-29)
 ROUNDING = 5e-7
-
-
-class Attention:
-    """What the attention interface reads of its module."""
-
-    def __init__(self, groups: int) -> None:
-        self.num_key_value_groups, self.is_causal, self.training = groups, True, False
-
-
-def drawn(groups: int, rows: int, keys: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator().manual_seed(seed)
-    query = torch.randn(1, 2 * groups, rows, 16, generator=generator)
-    key, value = (torch.randn(1, 2, keys, 16, generator=generator) for _ in range(2))
-    attend = torch.rand(1, 1, rows, keys, generator=generator) > 0.4
-    attend[..., 0] = True  # every row sees something
-    return query, key, value, attend
 
 
 def calls_of(monkeypatch, rows: int) -> list[int]:

@@ -4,28 +4,14 @@ to the attention modules asked for, and a model that shares their config keeps t
 
 import pytest
 import torch
+from helpers.attention import Attention, drawn
 from helpers.tiny import build_tiny, perturbed
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specchat.decoding.kvcache import new_cache
 from specchat import bounded_attention
+from specchat.decoding.kvcache import new_cache
+from specchat.models import grouped_attention
 from specchat.models.grouped_attention import NAME, grouped_sdpa, pack_grouped_attention
-
-
-class Attention:
-    """What the attention interface reads of its module."""
-
-    def __init__(self, groups: int) -> None:
-        self.num_key_value_groups, self.is_causal, self.training = groups, True, False
-
-
-def drawn(groups: int, rows: int = 5, slots: int = 12, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator().manual_seed(seed)
-    query = torch.randn(1, 2 * groups, rows, 16, generator=generator)
-    key, value = (torch.randn(1, 2, slots, 16, generator=generator) for _ in range(2))
-    attend = torch.rand(1, 1, rows, slots, generator=generator) > 0.4
-    attend[..., 0] = True  # every row sees something
-    return query, key, value, attend
 
 
 @pytest.mark.parametrize("additive", [True, False], ids=["float-mask", "bool-mask"])
@@ -38,6 +24,15 @@ def test_packed_rows_give_what_copied_keys_and_values_give(groups, additive):
     assert packed.shape == copied.shape == (1, 5, 2 * groups, 16)
     # float32, bit for bit on the AMD EPYC (2026-11-28): each row's sum runs over the same keys in order
     assert torch.equal(packed, copied)
+
+
+def test_packed_rows_in_bounded_calls_give_what_one_call_gives(monkeypatch):
+    query, key, value, attend = drawn(4, rows=40, keys=50)
+    whole, _ = grouped_sdpa(Attention(4), query, key, value, attend)
+    monkeypatch.setattr(grouped_attention, "rows_per_call", lambda heads, keys: 16)
+    parts, _ = grouped_sdpa(Attention(4), query, key, value, attend)  # three calls of 14, 13 and 13 rows
+    # float32: 0 apart for these drawn rows on the AMD EPYC (2026-11-29); one rounding at most
+    torch.testing.assert_close(parts, whole, rtol=0, atol=5e-7)
 
 
 def test_without_a_mask_shared_by_the_heads_it_is_transformers_sdpa():
