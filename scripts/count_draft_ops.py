@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from specchat.bounded_attention import bound_attention
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, bucket_for, span_for, static_draft
@@ -97,7 +98,8 @@ def built_model(alias: str, layers: int, prepared: bool, shrunk: bool) -> PreTra
     config, _ = alias_config(alias, layers, shrink)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
-    if prepared:  # as for CUDA; the preparation reads the run's device, not where the weights are
+    if prepared:  # as the app builds it, prepared for CUDA (the preparation reads the run's device)
+        bound_attention(model)
         DraftApprox(False, None, device=torch.device("cuda")).prepared(model)
     return model
 

@@ -1,20 +1,21 @@
-"""A wide pass's attention in bounded calls (bounded_attention.py): the calls give what one
-call gives, a pass small enough is transformers' own path, a fused kernel takes every row at
-once, and every model the app builds or loads gets it. What a call holds, measured:
-tests/scripts/test_attention_memory.py."""
+"""Every model's attention (bounded_attention.py): grouped query heads packed as rows give what
+transformers' copied keys and values give, the calls give what one call gives, a pass small
+enough is transformers' own path, a fused kernel takes every row at once, and every model the app
+builds or loads gets it. What a call holds, measured: tests/scripts/test_attention_memory.py."""
 
 import pytest
 import torch
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 from helpers.attention import Attention, drawn
 from helpers.cli import tiny_dirs  # noqa: F401 (a fixture)
-from helpers.tiny import build_tiny, tiny_qwen_config
+from helpers.tiny import build_tiny, perturbed, tiny_qwen_config
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specchat import bounded_attention
-from specchat.bounded_attention import (ATTENTION_BYTES, LEAST_ROWS, MATH_BYTES_PER_SCORE, NAME, attention_bytes,
-                                        bound_attention, bounded_sdpa, fused_kernel_takes, fused_serves,
-                                        rows_per_call)
+from specchat.bounded_attention import (ATTENTION_BYTES, GROUPED, LEAST_ROWS, MATH_BYTES_PER_SCORE, NAME,
+                                        attention_bytes, bound_attention, bounded_sdpa, fused_kernel_takes,
+                                        fused_serves, grouped_sdpa, mask_rows_per_call, rows_per_call)
+from specchat.decoding.kvcache import new_cache
 from specchat.checkpoint.skeleton import build_skeleton
 from specchat.loader import load_target, plan_run
 from specchat.models.loading import load
@@ -46,9 +47,13 @@ def test_a_call_holds_as_many_rows_as_the_bound_allows_and_the_plan_counts_it():
     # a 70B's 64 heads over 4096 + 2049 keys: 256 MiB hold 68.3 rows of 64 x 6145 scores at 10 bytes
     assert rows_per_call(64, 6145) == 68 and 68 * 64 * 6145 * MATH_BYTES_PER_SCORE <= ATTENTION_BYTES
     assert rows_per_call(64, 10**6) == LEAST_ROWS  # past the bound: calls of 16 rows still
-    # grouped (8 KV heads for 64): keys and values copied for the query heads, widened to float32 by
-    # the math path, then one call's scores
-    assert attention_bytes(64, 8, 128, 2049, 6145, 2) == 2 * 64 * 6145 * 128 * (2 + 4) + 68 * 64 * 6145 * 10
+    # grouped (8 KV heads for 64), packed. On the math path: its 8 KV heads' keys and values widened
+    # to float32, a call's scores and its mask repeated for 8 query heads and widened (6 bytes an
+    # entry), 68 rows; on a fused kernel: calls of as many rows as 256 MiB hold of the repeated mask
+    # and its aligned copy (910 rows of 8 x 6145 at 6 bytes), 4 bytes an entry. The larger: the math path
+    assert mask_rows_per_call(8, 6145, 2) == 910
+    math = 2 * 8 * 6145 * 128 * 4 + 68 * 64 * 6145 * 10 + 68 * 8 * 6145 * 6
+    assert attention_bytes(64, 8, 128, 2049, 6145, 2) == max(math, 910 * 8 * 6145 * 4) == math
     # a small pass in float32 (nothing to widen): its whole scores
     assert attention_bytes(32, 32, 128, 10, 100, 4) == 10 * 32 * 100 * 10
 
@@ -90,18 +95,54 @@ def test_only_cuda_is_asked_whether_a_fused_kernel_serves():
     assert not fused_kernel_takes(query, key, value, attend)
 
 
-def test_a_models_attention_modules_get_it_and_a_tree_pass_in_calls_is_the_pass_in_one(monkeypatch):
-    lm = build_tiny(0, dtype=torch.float32)
+@pytest.mark.parametrize("additive", [True, False], ids=["float-mask", "bool-mask"])
+@pytest.mark.parametrize("groups", [2, 4])
+def test_packed_rows_give_what_copied_keys_and_values_give(groups, additive):
+    query, key, value, attend = drawn(groups)
+    mask = torch.zeros(attend.shape).masked_fill(~attend, float("-inf")) if additive else attend
+    packed, _ = grouped_sdpa(Attention(groups), query, key, value, mask, scaling=0.25)
+    copied, _ = sdpa_attention_forward(Attention(groups), query, key, value, mask, scaling=0.25)
+    assert packed.shape == copied.shape == (1, 5, 2 * groups, 16)
+    # float32, bit for bit on the AMD EPYC (2026-11-28): each row's sum runs over the same keys in order
+    assert torch.equal(packed, copied)
+
+
+def test_packed_rows_in_bounded_calls_give_what_one_call_gives(monkeypatch):
+    query, key, value, attend = drawn(4, rows=40, keys=50)
+    whole, _ = grouped_sdpa(Attention(4), query, key, value, attend)
+    seen = calls_of(monkeypatch, 16)
+    parts, _ = grouped_sdpa(Attention(4), query, key, value, attend)
+    assert seen == [4 * 14, 4 * 13, 4 * 13]  # three calls, each a KV head's 4 query heads as rows
+    torch.testing.assert_close(parts, whole, rtol=0, atol=ROUNDING)
+
+
+def test_without_a_mask_shared_by_the_heads_it_is_bounded_sdpas():
+    query, key, value, attend = drawn(2)
+    per_head = torch.zeros(1, 4, 5, 12).masked_fill(~attend.expand(1, 4, 5, 12), float("-inf"))
+    for mask in (None, per_head):
+        assert torch.equal(grouped_sdpa(Attention(2), query, key, value, mask)[0],
+                           sdpa_attention_forward(Attention(2), query, key, value, mask)[0])
+
+
+def test_a_models_attentions_get_it_a_model_sharing_their_config_keeps_sdpa_and_a_tree_pass_is_as_before(
+        monkeypatch):
+    target = build_tiny(0, dtype=torch.float32)
+    lm = perturbed(target, 0.1, seed=1)  # its modules share the target's config object
     tree = random_tree(40, 20, 50)
     whole = tree_pass(lm, prefilled(lm, 20), 20, tree)
     assert bound_attention(lm.model) == lm.model.config.num_hidden_layers
     assert bound_attention(lm.model) == 0  # none left on transformers' SDPA
     assert lm.model.config._attn_implementation == "sdpa"  # the model's own config: its masks as before
-    assert {layer.self_attn.config._attn_implementation for layer in lm.model.model.layers} == {NAME}
+    assert {layer.self_attn.config._attn_implementation for layer in lm.model.model.layers} == {GROUPED}
+    assert lm.model.config is target.model.config
+    assert all(layer.self_attn.config._attn_implementation == "sdpa" for layer in target.model.model.layers)
+    # float32, bit for bit here (the AMD EPYC, 2026-11-29): packed rows and copied keys alike
+    assert torch.equal(tree_pass(lm, prefilled(lm, 20), 20, tree), whole)
     seen = calls_of(monkeypatch, 16)
     torch.testing.assert_close(tree_pass(lm, prefilled(lm, 20), 20, tree), whole, rtol=0, atol=ROUNDING)
-    layers = lm.model.config.num_hidden_layers
-    assert seen == [20] * layers + [14, 13, 13] * layers  # the causal prefix unmasked: transformers' one call
+    layers, groups = lm.model.config.num_hidden_layers, lm.model.model.layers[0].self_attn.num_key_value_groups
+    # the causal prefix unmasked (transformers' one call), then each tree pass in three packed calls
+    assert seen == [20] * layers + [groups * 14, groups * 13, groups * 13] * layers
 
 
 @pytest.mark.parametrize("offload", ["none", "disk"], ids=["in-memory", "streamed"])
@@ -112,7 +153,7 @@ def test_the_loader_bounds_a_targets_attention_in_memory_and_streamed(tiny_dirs,
     target, streamed = load_target(options, CPU, torch.float32, memory, Reporter(bars=False))
     try:
         assert bool(memory.placement.streamed) == (offload == "disk")
-        assert {layer.self_attn.config._attn_implementation for layer in target.model.model.layers} == {NAME}
+        assert implementations(target.model) == {GROUPED}  # 4 query heads on 2 KV heads
     finally:
         if streamed is not None:
             streamed.close()
@@ -121,5 +162,9 @@ def test_the_loader_bounds_a_targets_attention_in_memory_and_streamed(tiny_dirs,
 def test_every_model_the_app_builds_or_loads_attends_in_bounded_calls(tiny_dirs):  # noqa: F811
     skeleton = build_skeleton(tiny_qwen_config(), None, torch.float32)  # streamed layers and layerwise loads
     loaded = load(str(tiny_dirs[1]), torch.float32, progress=False).model  # transformers' own loading
-    for model in (skeleton, loaded):
-        assert {layer.self_attn.config._attn_implementation for layer in model.model.layers} == {NAME}
+    ungrouped = build_skeleton(tiny_qwen_config(num_key_value_heads=4), None, torch.float32)
+    assert implementations(skeleton) == implementations(loaded) == {GROUPED} and implementations(ungrouped) == {NAME}
+
+
+def implementations(model) -> set[str]:
+    return {layer.self_attn.config._attn_implementation for layer in model.model.layers}

@@ -1,7 +1,20 @@
-"""A wide pass's attention with what it holds bounded: where no fused kernel takes the inputs, the
-query rows go to SDPA in calls whose scores fit ATTENTION_BYTES.
+"""Every model's attention, given as it is built or loaded: a grouped-query attention's query
+heads packed as rows of their KV head, no keys and values copied for them; and where no fused
+kernel takes a pass, its query rows in SDPA calls whose memory is bounded (ATTENTION_BYTES).
 
-SDPA's fused kernels (flash, memory-efficient, cuDNN; a CPU's flash kernel) hold no scores. Its
+Packing. transformers' SDPA path, given a mask (a tree pass always has one), copies each KV head's
+keys and values for its query heads (`repeat_kv`) before the attention: for a 70B target (8 KV
+heads for 64 query heads, 128 dimensions) over 4096 + 2049 slots that is 2 x 6145 x 64 x 128 x 2
+bytes = 0.2 GB a layer, for the Llama-3.1-8B draft over a captured step's 6400 slots 105 MB a
+layer. Attention is per query row, so the `groups` query heads of a KV head can instead be its
+rows: q [B, H, n, d] viewed as [B, H / groups, groups n, d] against the KV heads as they are, the
+mask's rows repeated for each group (groups n S entries, where the copies were 2 groups S d a
+head), the output viewed back. transformers does this for a single query row (`pack_gqa`); here
+every width. On the AMD EPYC (bf16, 2 threads, 2026-11-29) the embedded target's attention (12
+query heads on 2) took 0.77-0.90x the copied path's time at 16-256 rows, its outputs bit for bit
+the same (scripts/bench_attention.py).
+
+Bounded calls. SDPA's fused kernels (flash, memory-efficient, cuDNN; a CPU's flash kernel) hold no scores. Its
 math path computes in float32: it holds the keys and values widened to float32 and about
 MATH_BYTES_PER_SCORE a score, the float32 scores, their float32 softmax and that cast back to the
 compute dtype (one bfloat16 call of 16 heads x 1024 rows x 8192 keys grew 1.29 GB: 9.6 bytes a
@@ -18,11 +31,11 @@ the first call, as it would run, are asked whether a fused kernel takes them (to
 public checks); if one does, all rows go in one call. A CPU's flash kernel cannot be asked so:
 there, and wherever the answer is no, the calls are bounded.
 
-A pass small enough for one bounded call (every pass of the embedded pair at its default
-context) is transformers' own SDPA path, untouched. Past that the keys and values are copied for
-the query heads once a layer (`repeat_kv`, as transformers does when a mask is given) and the
-calls share them. The plan counts the copies, a call's float32 copies of them and its scores
-(`attention_bytes`, read by plan/demand.py).
+A packed call repeats its rows' mask for the query heads of a KV head, and a fused kernel aligns
+a copy of it, so its rows are bounded by that too (`mask_rows_per_call`). An attention without
+grouped heads whose pass is small enough for one bounded call (every such pass of the embedded
+pair at its default context) is transformers' own SDPA path, untouched. The plan counts what a
+call holds at most (`attention_bytes`, read by plan/demand.py).
 """
 
 import copy
@@ -33,7 +46,8 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-NAME = "specchat_bounded_sdpa"
+NAME = "specchat_bounded_sdpa"  # attentions without grouped heads
+GROUPED = "specchat_grouped_sdpa"  # grouped-query attentions, packed
 ATTENTION_BYTES = 256 * 2**20  # what one call of a math-path SDPA may hold
 MATH_BYTES_PER_SCORE = 10  # measured 8.8 in bfloat16, the scores alone: see above
 FLOAT32 = 4
@@ -47,13 +61,26 @@ def rows_per_call(heads: int, keys: int) -> int:
     return max(LEAST_ROWS, ATTENTION_BYTES // (heads * keys * MATH_BYTES_PER_SCORE))
 
 
+def mask_rows_per_call(groups: int, keys: int, itemsize: int) -> int:
+    """Query rows of a packed call whose mask, repeated for `groups` query heads, fits ATTENTION_BYTES
+    with its float32 or aligned copy (`itemsize` + 4 bytes an entry: a math path widens it, a fused
+    kernel aligns a copy)."""
+    return max(LEAST_ROWS, ATTENTION_BYTES // (groups * keys * (itemsize + FLOAT32)))
+
+
 def attention_bytes(heads: int, kv_heads: int, head_dim: int, rows: int, keys: int, itemsize: int) -> int:
-    """What a layer's attention over `rows` queries and `keys` keys holds at most: the copies of
-    keys and values for the query heads (grouped-query models), a math-path call's float32 copies
-    of them (it computes in float32) and its scores."""
-    copies = 2 * heads * keys * head_dim * itemsize if kv_heads < heads else 0
-    widened = 2 * heads * keys * head_dim * FLOAT32 if itemsize < FLOAT32 else 0
-    return copies + widened + min(rows, rows_per_call(heads, keys)) * heads * keys * MATH_BYTES_PER_SCORE
+    """What a layer's attention over `rows` queries and `keys` keys holds at most, on whichever path
+    serves it: a math-path call's float32 copies of the keys and values (it computes in float32),
+    its scores and, packed, its mask repeated for the query heads of a KV head and widened; or a
+    fused packed call's repeated mask and the copy the kernel aligns."""
+    widened = 2 * kv_heads * keys * head_dim * FLOAT32 if itemsize < FLOAT32 else 0
+    groups = max(1, heads // kv_heads)  # (a config with more KV heads than query heads has none to group)
+    if groups == 1:
+        return widened + min(rows, rows_per_call(heads, keys)) * heads * keys * MATH_BYTES_PER_SCORE
+    masked = min(rows, mask_rows_per_call(groups, keys, itemsize))
+    math_rows = min(masked, rows_per_call(heads, keys))
+    math = widened + math_rows * keys * (heads * MATH_BYTES_PER_SCORE + groups * (itemsize + FLOAT32))
+    return max(math, masked * groups * keys * 2 * itemsize)
 
 
 def fused_serves(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> bool:
@@ -107,16 +134,45 @@ def bounded_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, a
     return in_calls(query, attention_mask, rows, attend).contiguous(), None
 
 
+def grouped_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                 dropout: float = 0.0, scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention interface: [B, n, H, d] from q [B, H, n, d] and k, v [B, H / groups, S, d];
+    a mask shared by every head ([B, 1, n, S]) packs the groups as rows, in bounded calls; anything
+    else goes to bounded_sdpa (a mask a head: its keys and values copied)."""
+    groups = module.num_key_value_groups
+    if attention_mask is None or attention_mask.shape[1] != 1 or groups == 1:
+        return bounded_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    def attend(rows_query: Tensor, rows_mask: Tensor) -> Tensor:
+        batch, heads, rows, dim = rows_query.shape
+        packed = rows_query.reshape(batch, heads // groups, groups * rows, dim)  # rows: group-major, as the heads
+        mask = rows_mask.repeat(1, 1, groups, 1)
+        out = nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=dropout,
+                                                         scale=scaling)
+        return out.reshape(batch, heads, rows, dim).transpose(1, 2)
+
+    masked = mask_rows_per_call(groups, key.shape[2], attention_mask.element_size())
+    rows = min(rows_per_call(query.shape[1], key.shape[2]), masked)
+    if query.is_cuda and rows < query.shape[2]:  # the first call's packed inputs, built where they are asked about
+        first = query[:, :, :rows]
+        packed = first.reshape(first.shape[0], first.shape[1] // groups, -1, first.shape[3])
+        if fused_serves(packed, key, value, leading_rows(attention_mask, rows).repeat(1, 1, groups, 1)):
+            rows = masked
+    return in_calls(query, attention_mask, rows, attend).contiguous(), None
+
+
 AttentionInterface.register(NAME, bounded_sdpa)
+AttentionInterface.register(GROUPED, grouped_sdpa)
 
 
 def bound_attention(module: nn.Module) -> int:
     """Give every attention inside `module` still on transformers' SDPA its own config that names
-    bounded_sdpa (a model sharing that config keeps its own); how many."""
+    grouped_sdpa (grouped query heads) or bounded_sdpa (a model sharing that config keeps its own);
+    how many."""
     found = [child for child in module.modules()
              if getattr(getattr(child, "config", None), "_attn_implementation", None) == "sdpa"
              and hasattr(child, "num_key_value_groups")]
     for attention in found:
         attention.config = copy.copy(attention.config)
-        attention.config._attn_implementation = NAME
+        attention.config._attn_implementation = GROUPED if attention.num_key_value_groups > 1 else NAME
     return len(found)

@@ -8,6 +8,7 @@ from helpers.engines import GREEDY, PROMPT, run
 from helpers.tiny import tiny_qwen_config
 from transformers import Qwen2ForCausalLM
 
+from specchat.bounded_attention import bound_attention
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
@@ -18,7 +19,6 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
-from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.quant.int4 import use_fused_only
 from specchat.quant.int4_rtn import round_linears
 from specchat.quant.stacked import stack_projections
@@ -121,7 +121,7 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
         if for_cuda:  # gate and up; q is 4-bit but k and v (32 outputs: half a CPU tile) stay dense
             assert stack_projections(layer, packed=True) == 1 and fuse_norms(layer) == 2
             assert replace_attention(layer) == 0  # its q/k/v apart: transformers' attention
-            assert pack_grouped_attention(layer) == 1  # 4 query heads on 2 KV heads
+            assert bound_attention(layer) == 1  # 4 query heads on 2 KV heads, packed
     assert use_fused_only(model) == (4 if for_cuda else 5) * len(model.model.layers)
     draft = CausalLM(model)
     outcomes = grown(tiny_target, (draft, static_draft(draft, CAPACITY, capture=False)), sampling)

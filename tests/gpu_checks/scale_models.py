@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from specchat.bounded_attention import bound_attention
 from specchat.models.configs import shipped_config_path
 from specchat.models.draft import DraftQuant, approximation
 from specchat.quant.gptq import group_count, pack_int4_cols, read_gptq_spec
@@ -130,8 +131,10 @@ def random_draft(config: PretrainedConfig, device: torch.device, seed: int = 0) 
 
 
 def prepared_as_draft(model: PreTrainedModel, rounded: bool, device: torch.device) -> PreTrainedModel:
-    """`model` as the loader prepares a draft on `device` (models/draft.py): on CUDA its projections
-    stacked, its norms fused and its grouped attention packed; `rounded`: its decoder linears
+    """`model` as the loader prepares a draft on `device` (models/draft.py): its attention packed
+    and bounded as the app builds every model, on CUDA its projections stacked and its norms fused;
+    `rounded`: its decoder linears
     rounded to 4 bits (--draft-quant int4), in its dtype, run by int4_gemm's kernel at the widths
     its probe finds it faster."""
+    bound_attention(model)
     return approximation(DraftQuant("int4" if rounded else "none"), None, model.dtype, device).prepared(model).model

@@ -87,17 +87,23 @@ def assert_fits(memory, vram_gb: float, ram_gb: float) -> None:
 
 def math_pass(heads: int, kv_heads: int, head_dim: int, hidden: int, mlp: int, context: int, tree: int,
               size: int = BF16) -> int:
-    """A pass over `tree` tokens after `context`: its attention's keys and values copied for the
-    query heads (grouped models), widened to float32 by a math-path call, and one call's scores
-    (heads x rows x keys, 10 bytes each: float32 scores and softmax, the result in bf16), its rows
-    as many as 256 MiB hold (16 at least), the mask (additive, boolean and a fused kernel's aligned
-    copy), the MLP's three products and four hidden states."""
-    keys = context + tree
-    rows = min(tree, max(LEAST_ROWS, ATTENTION_BYTES // (heads * keys * MATH_BYTES_PER_SCORE)))
-    copies = 2 * heads * keys * head_dim * size if kv_heads < heads else 0
-    widened = 2 * heads * keys * head_dim * 4 if size < 4 else 0
-    return copies + widened + heads * rows * keys * MATH_BYTES_PER_SCORE + tree * keys * (2 * size + 1) + \
-        3 * tree * mlp * size + 4 * tree * hidden * size
+    """A pass over `tree` tokens after `context`: its attention's (a math path: the keys and values
+    of its KV heads widened to float32, and a call's scores, heads x rows x keys at 10 bytes each,
+    its rows as many as 256 MiB hold, 16 at least; grouped heads packed: the call's mask repeated
+    for each KV head's query heads and widened, its rows bounded by that too, or on a fused kernel
+    the repeated mask and its aligned copy, whichever holds more), the mask (additive, boolean and
+    a fused kernel's aligned copy), the MLP's three products and four hidden states."""
+    keys, groups = context + tree, max(1, heads // kv_heads)
+    widened = 2 * kv_heads * keys * head_dim * 4 if size < 4 else 0
+    score_rows = max(LEAST_ROWS, ATTENTION_BYTES // (heads * keys * MATH_BYTES_PER_SCORE))
+    if groups == 1:
+        attention = widened + min(tree, score_rows) * heads * keys * MATH_BYTES_PER_SCORE
+    else:
+        mask_rows = min(tree, max(LEAST_ROWS, ATTENTION_BYTES // (groups * keys * (size + 4))))
+        rows = min(mask_rows, score_rows)
+        math = widened + rows * heads * keys * MATH_BYTES_PER_SCORE + rows * groups * keys * (size + 4)
+        attention = max(math, mask_rows * groups * keys * 2 * size)
+    return attention + tree * keys * (2 * size + 1) + 3 * tree * mlp * size + 4 * tree * hidden * size
 
 
 def pair_on_a_cpu(context: int, tree: int, draft: int, layers: int) -> int:

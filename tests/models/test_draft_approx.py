@@ -17,7 +17,6 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_attention import DraftAttention
 from specchat.models.draft_approx import DraftApprox, DroppedHead, approximate_draft
-from specchat.models import grouped_attention
 from specchat.models.fused_norms import FusedRMSNorm
 from specchat.corpora import sharegpt_records
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
@@ -194,7 +193,7 @@ def test_specexec_over_an_approximated_draft_emits_the_target_tokens(tiny_target
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_draft_prepared_for_cuda_is_stacked_and_its_replies_are_the_targets(tiny_target, sampling):
     """On CUDA every draft form's projections are stacked, its queries and keys rotated together,
-    its norms fused and its grouped attention packed, on a CPU only int8's projections stacked: the run's device decides, so this CPU prepares
+    its norms fused, on a CPU only int8's projections stacked: the run's device decides, so this CPU prepares
     a draft for CUDA with its tensors where they are and runs it."""
     drafts = {kind: perturbed(build_tiny(0), 0.3, seed=1).model for kind in ("cuda", "cpu")}
     for kind, model in drafts.items():
@@ -205,7 +204,8 @@ def test_a_draft_prepared_for_cuda_is_stacked_and_its_replies_are_the_targets(ti
     assert isinstance(drafts["cuda"].model.norm, FusedRMSNorm)  # the final norm, once the layers are in
     stacked = [(type(layer.self_attn), type(layer.mlp.up_proj), type(layer.input_layernorm),
                 layer.self_attn.config._attn_implementation) for layer in drafts["cuda"].model.layers]
-    assert stacked == [(DraftAttention, Part, FusedRMSNorm, grouped_attention.NAME)] * len(stacked)
+    # its attention as built here; the app packs it as it builds or loads a model (bounded_attention.py)
+    assert stacked == [(DraftAttention, Part, FusedRMSNorm, "sdpa")] * len(stacked)
     assert not any(isinstance(module, (Part, FusedRMSNorm, DraftAttention)) for module in drafts["cpu"].modules())
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
     engine = TreeEngine(SPECEXEC, tiny_target, CausalLM(drafts["cuda"]), [], TreeShape(budget=12, max_depth=6))

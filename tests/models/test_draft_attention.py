@@ -8,10 +8,10 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from specchat.bounded_attention import bound_attention
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.models.draft_attention import LLAMA_ATTENTIONS, DraftAttention, replace_attention, rotate
-from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.quant.stacked import stack_projections
 
 SIZES = dict(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -61,7 +61,7 @@ def test_every_attention_it_takes_computes_what_transformers_computed(name, pack
     before = tree_step(lm)
     for layer in lm.model.model.layers:
         assert stack_projections(layer) >= 1 and replace_attention(layer) == 1
-        assert not packed or pack_grouped_attention(layer) == 1
+        assert not packed or bound_attention(layer) == 1
     assert all(isinstance(layer.self_attn, DraftAttention) for layer in lm.model.model.layers)
     after = tree_step(lm)
     # float32, states up to ~3.2: at most 4.8e-7 apart on the AMD EPYC (2026-11-29), all of it the

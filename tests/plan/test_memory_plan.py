@@ -64,13 +64,14 @@ def test_llama_2_70b_gptq_and_7b_on_a_24_gb_card_with_64_gb_of_ram():
     chunk = 64 * 28672
     down = TREE * 28672 * BF16 + 6 * chunk + 2 * FP32 * 64 * (28672 // 256) + TREE * (28672 + 64) * FP32
     assert item(memory, "quantized kernels' workspace") == down == 364_085_504
-    # a pass over the tree (2049 tokens after 4096): the keys and values copied for 64 query heads,
-    # 2 x 64 x 6145 x 128 x 2 bytes = 0.2 GB, a math path's float32 copies of them, 0.4 GB, and one
-    # bounded call's scores, 68 rows of 64 x 6145 (256 MiB hold 68.3), 0.27 GB; the rest as before
-    assert item(memory, "largest pass") == math_pass(64, 8, 128, 8192, 28672, 4096, TREE) == 1_421_240_837
-    # pinned in 4 GiB buffers of nine 442 MB layers: 57 = 6 x 9 + 3, the three in 1 GiB (two) and
-    # 512 MiB (one), 25.5 GiB in all; a buffer a layer would pin 512 MiB each, 28.5 GiB
-    assert placement.ram == 57 and item(memory, "57 decoder layers in pinned RAM") == (6 * 4 + 1 + 0.5) * 2**30
+    # a pass over the tree (2049 tokens after 4096), its 64 query heads packed as rows of 8 KV heads:
+    # on the math path the KV heads' keys and values in float32 (2 x 8 x 6145 x 128 x 4 bytes = 50 MB),
+    # a call's scores, 68 rows of 64 x 6145 (256 MiB hold 68.3, 10 bytes each: 267 MB) and its mask
+    # repeated for 8 query heads and widened (20 MB); the MLP's products, the masks, hidden states
+    assert item(memory, "largest pass") == math_pass(64, 8, 128, 8192, 28672, 4096, TREE) == 887_559_877
+    # pinned in 4 GiB buffers of nine 442 MB layers: 56 = 6 x 9 + 2, the two in 1 GiB, 25 GiB in all;
+    # a buffer a layer would pin 512 MiB each, 28 GiB
+    assert placement.ram == 56 and item(memory, "56 decoder layers in pinned RAM") == (6 * 4 + 1) * 2**30
     assert placement.resident + placement.ram == 80 and placement.disk == 0 and placement.resident >= 20
     assert item(memory, f"{placement.resident} resident") == placement.resident * LLAMA2_70B_GPTQ_LAYER
     assert_fits(memory, 24, 64)
@@ -91,7 +92,7 @@ def test_without_bitsandbytes_the_7b_draft_is_rounded_to_4_bits_and_loads_on_the
     preparing = sum(i * o for i, o in linears) * BF16 + 11008 * 4096 // 2 + 3 * 256 * 11008 * FP32
     assert item(memory, "the draft's layer while it turns int4") == preparing
     assert not any(entry.what == "draft weights while they load" for entry in memory.items)
-    assert memory.placement.resident == 22 and memory.placement.disk == 0
+    assert memory.placement.resident == 24 and memory.placement.disk == 0
     assert_fits(memory, 24, 64)
 
 

@@ -27,7 +27,6 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import FR_SPEC_VOCAB
 from specchat import bounded_attention
-from specchat.models import grouped_attention
 from specchat.models.draft_approx import DraftApprox, approximate_draft
 from specchat.models.draft_attention import DraftAttention
 from specchat.quant.int4 import Int4Linear
@@ -94,7 +93,7 @@ def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_ex
     loaded = real_draft(int8=False)  # its head scoring the app's sub-vocabulary
     DraftApprox(False, None, device=torch.device("cuda")).prepared(loaded.model)  # its layers, in place
     attention = loaded.model.model.layers[0].self_attn
-    assert isinstance(attention, DraftAttention) and attention.config._attn_implementation == grouped_attention.NAME
+    assert isinstance(attention, DraftAttention) and attention.config._attn_implementation == bounded_attention.GROUPED
     draft = static_draft(loaded, capacity=4096, capture=False)
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
@@ -102,11 +101,12 @@ def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_ex
 
 def test_a_target_attending_in_bounded_calls_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,
                                                                           seeded_references, monkeypatch):
-    """The target's attention as every model's is bounded (bounded_attention.py), its calls forced
-    to 16 query rows: each 65-token tree pass attends in five calls of 13 rows, as a 70B's
-    2049-token pass after 4096 tokens does in 31 calls of 66-67; the target's tokens are unchanged."""
+    """The target's attention as every model's is (bounded_attention.py: its 12 query heads packed
+    as rows of its 2 KV heads), its calls forced to 16 query rows: each 65-token tree pass attends
+    in five calls of 13 rows, as a 70B's 2049-token pass after 4096 tokens would on a math path in
+    31 calls of 66-67; the target's tokens are unchanged."""
     attention = real_pair.target.model.model.layers[0].self_attn
-    assert attention.config._attn_implementation == bounded_attention.NAME
+    assert attention.config._attn_implementation == bounded_attention.GROUPED
     split, in_calls = [], bounded_attention.in_calls
     monkeypatch.setattr(bounded_attention, "rows_per_call", lambda heads, keys: 16)
     monkeypatch.setattr(bounded_attention, "in_calls", lambda query, *args: split.append(query.shape[2])

@@ -30,7 +30,6 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
 from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
-from specchat.models.grouped_attention import pack_grouped_attention
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.quant.int4 import use_registers
 from specchat.quant.int4_dense import expand_linears
@@ -104,11 +103,11 @@ class DraftApprox:
         """One decoder layer's stored 4-bit linears expanded under `expand`; its projections stacked
         and, under int8, its linears in int8; under int4 its linears rounded to 4 bits, packed for
         `device` (a layer loaded on a CPU moves there later). On CUDA every form's projections are
-        stacked, 4-bit ones too, its queries and keys rotated together, its norms fused and its
-        grouped attention run without copying keys and values: a captured step is bound by its
-        kernels' count, a narrow product's few programs and the bytes it moves (quant/stacked.py,
-        draft_attention.py, fused_norms.py, grouped_attention.py); on a CPU only int8's projections
-        are stacked, where that was measured (a small gain)."""
+        stacked, 4-bit ones too, its queries and keys rotated together and its norms fused: a
+        captured step is bound by its kernels' count, a narrow product's few programs and the bytes
+        it moves (quant/stacked.py, draft_attention.py, fused_norms.py; its grouped attention packed
+        as every model's is, bounded_attention.py); on a CPU only int8's projections are stacked,
+        where that was measured (a small gain)."""
         if self.expand:
             expand_linears(layer)
         if self.int8:
@@ -121,7 +120,6 @@ class DraftApprox:
             stack_projections(layer, packed=True)
             replace_attention(layer)
             fuse_norms(layer)
-            pack_grouped_attention(layer)
 
     def on_cuda(self) -> bool:
         return self.device is not None and self.device.type == "cuda"

@@ -8,7 +8,7 @@ With q/k/v stacked into one product (quant/stacked.py) the queries and keys of a
 side, [n, H + Hkv, d], and cos and sin are shared by every head, so the same rotation over them
 at once is four kernels: the negation and concatenation of rotate_half, qk cos, and one addcmul,
 qk cos + rotate_half(qk) sin, written straight where the attention reads it: in grouped attention
-as [H + Hkv, n, d], so that grouped_attention.py packs the query heads as rows without a copy,
+as [H + Hkv, n, d], so that bounded_attention.py packs the query heads as rows without a copy,
 else as [n, H + Hkv, d], the layout SDPA returns its output in on CUDA (its flash and
 memory-efficient kernels), so that the output needs no copy either. Only drafts on CUDA use it:
 rounding once where transformers rounds twice (the addcmul) changes a draft's probabilities only
