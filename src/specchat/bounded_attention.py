@@ -14,10 +14,10 @@ every width. On the AMD EPYC (bf16, 2 threads, 2026-11-29) the embedded target's
 query heads on 2) took 0.77-0.90x the copied path's time at 16-256 rows, its outputs bit for bit
 the same (scripts/bench_attention.py).
 
-Bounded calls. SDPA's fused kernels (flash, memory-efficient, cuDNN; a CPU's flash kernel) hold no scores. Its
-math path computes in float32: it holds the keys and values widened to float32 and about
-MATH_BYTES_PER_SCORE a score, the float32 scores, their float32 softmax and that cast back to the
-compute dtype (one bfloat16 call of 16 heads x 1024 rows x 8192 keys grew 1.29 GB: 9.6 bytes a
+Bounded calls. SDPA's fused kernels (flash, memory-efficient, cuDNN; a CPU's flash kernel) hold
+no scores. Its math path computes in float32: it holds the keys and values widened to float32 and
+about MATH_BYTES_PER_SCORE a score, the float32 scores, their float32 softmax and that cast back to
+the compute dtype (one bfloat16 call of 16 heads x 1024 rows x 8192 keys grew 1.29 GB: 9.6 bytes a
 score with the widened keys, values and mask, 8.8 without; scripts/attention_memory.py, torch 2.13
 on the AMD EPYC, 2026-11-29). A tree pass of a 70B target (64 heads) over 2049 tokens after 8192
 cached would hold 64 x 2049 x 10241 x 10 = 13.4 GB of scores at once; in calls of `rows_per_call`
@@ -33,9 +33,9 @@ there, and wherever the answer is no, the calls are bounded.
 
 A packed call repeats its rows' mask for the query heads of a KV head, and a fused kernel aligns
 a copy of it, so its rows are bounded by that too (`mask_rows_per_call`). An attention without
-grouped heads whose pass is small enough for one bounded call (every such pass of the embedded
-pair at its default context) is transformers' own SDPA path, untouched. The plan counts what a
-call holds at most (`attention_bytes`, read by plan/demand.py).
+grouped heads (Llama-2-7B's) whose pass is small enough for one bounded call is transformers' own
+SDPA path, untouched. The plan counts what a call holds at most (`attention_bytes`, read by
+plan/demand.py).
 """
 
 import copy
