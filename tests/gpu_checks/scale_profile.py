@@ -10,9 +10,9 @@ Then one Llama-2-70B-shaped target layer (bf16, random weights: its attention bo
 model's is, bounded_attention.py; its int4 products' workspace the plan counts apart) over a
 2048-token tree after 4096 cached tokens: the memory its pass allocates above what it started with,
 as SDPA chooses its kernels and with its math path alone (where no fused kernel serves, in bounded
-calls), beside what the plan reserves for a pass (plan/demand.ModelShape.pass_bytes: the keys and
-values copied for the query heads, their float32 copies and one bounded call's math-path scores,
-0.87 GB of its 1.42), and the kernels it ran, which name the attention SDPA chose."""
+calls), beside what the plan reserves for a pass (plan/demand.ModelShape.pass_bytes: its attention
+packed as rows of 8 KV heads, a bounded call's math-path scores, float32 keys and values and
+repeated mask, 0.34 GB of its 0.89), and the kernels it ran, which name the attention SDPA chose."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +30,9 @@ from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
+from specchat.bounded_attention import bound_attention
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import BUCKETS, static_draft
-from specchat.bounded_attention import bound_attention
 from specchat.plan.demand import shape_of
 
 PROFILED_WIDTHS = (1, 64, 256)  # the step widths issue 48 bounds (1-256), the ends and a middle
