@@ -7,7 +7,7 @@ import torch
 
 from specchat.checkpoint.layout import lay_out
 from specchat.offload.direct_io import ALIGN, align_up
-from specchat.offload.pinned_chunks import CHUNK_CAP, chunked, pinned_blobs, pinned_tier_bytes, power_of_two
+from specchat.offload.pinned_chunks import CHUNK_CAP, chunked, pinned_blobs, pinned_bytes, pinned_tier_bytes
 from specchat.offload.storage import RamStore
 
 LAYER_70B_AWQ = 454_590_464  # a Llama-3.1-70B-AWQ layer's bytes, as its layout lays them out
@@ -22,7 +22,7 @@ def test_every_layer_lies_whole_aligned_and_apart_in_a_power_of_two_buffer(sizes
     assert sum(len(offsets) for _, offsets in chunks) == len(sizes)
     index = 0
     for capacity, offsets in chunks:
-        assert capacity == power_of_two(capacity)
+        assert capacity == pinned_bytes(capacity)
         end = 0
         for offset in offsets:
             assert offset % ALIGN == 0 and offset >= end  # in order, apart

@@ -6,7 +6,8 @@ import pytest
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import ALIGN
 from specchat.offload.placement import Placement
-from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, pinned_bytes, place
+from specchat.offload.pinned_chunks import pinned_bytes
+from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 
 LAYER = 25 * ALIGN  # every layer the same size, already aligned: slot == LAYER
 COUNT = 8

@@ -17,8 +17,9 @@ from specchat.offload.direct_io import ALIGN, align_up
 CHUNK_CAP = 1 << 32  # 4 GiB: a buffer this large wastes under 5% for a 70B layer, and pins in one call
 
 
-def power_of_two(nbytes: int) -> int:
-    """What the allocator takes for `nbytes`: the next power of two."""
+def pinned_bytes(nbytes: int) -> int:
+    """What CUDA's caching host allocator takes for one buffer of `nbytes` pinned: the next power
+    of two."""
     return 1 << max(nbytes - 1, 0).bit_length()
 
 
@@ -33,12 +34,12 @@ def chunked(sizes: list[int] | tuple[int, ...]) -> list[tuple[int, list[int]]]:
         return []
     spans = [align_up(size) for size in sizes]
     left = sum(spans) + ALIGN
-    whole = power_of_two(left)
-    own = power_of_two(spans[0] + ALIGN)  # the first layer's buffer when no larger one is asked for
+    whole = pinned_bytes(left)
+    own = pinned_bytes(spans[0] + ALIGN)  # the first layer's buffer when no larger one is asked for
     if whole > max(CHUNK_CAP, own):
         first, count = filling(spans, max(CHUNK_CAP, own))
         return [(max(CHUNK_CAP, own), first), *chunked(sizes[count:])]
-    filled = max(power_of_two(left + 1) // 2, own)  # the largest power of two within `left`
+    filled = max(pinned_bytes(left + 1) // 2, own)  # the largest power of two within `left`
     first, count = filling(spans, filled)
     rest = chunked(sizes[count:])
     if count == len(sizes) or whole <= filled + sum(capacity for capacity, _ in rest):

@@ -23,11 +23,11 @@ from specchat.errors import PlanRefusal
 from specchat.machine_links import Links
 from specchat.models.draft_step import StepCost
 from specchat.offload.direct_io import align_up
-from specchat.offload.pinned_chunks import pinned_tier_bytes
+from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.offload.placement import Placement
 from specchat.plan.choice import chosen
 from specchat.plan.demand import ModelShape
-from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, pinned_bytes, place
+from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 from specchat.transfer import gb
 
 GIB = 2**30

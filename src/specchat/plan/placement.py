@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specchat.errors import PlanRefusal, SpecchatError
-from specchat.offload.pinned_chunks import pinned_tier_bytes, power_of_two
+from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.offload.direct_io import align_up
 from specchat.offload.placement import Placement
 from specchat.transfer import gb
@@ -160,14 +160,12 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
         return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
     if pinned_tier_bytes(layers) <= host_left:
         return len(layers)
-    # disk reads land in pinned staging, one buffer per slot; the tier's bytes grow with its layers
-    room = host_left - staging
-    return max((count for count in range(1, len(layers) + 1) if pinned_tier_bytes(layers[:count]) <= room), default=0)
-
-
-def pinned_bytes(nbytes: int) -> int:
-    """What CUDA's caching host allocator takes for one buffer of `nbytes` pinned."""
-    return power_of_two(nbytes)
+    # disk reads land in pinned staging, one buffer per slot; the tier's bytes grow with its layers,
+    # so the first prefix that does not fit ends the search
+    room, count = host_left - staging, 0
+    while count < len(layers) and pinned_tier_bytes(layers[:count + 1]) <= room:
+        count += 1
+    return count
 
 
 def host_bytes(ram_layers: tuple[int, ...], staging_slots: int, slot: int) -> int:
