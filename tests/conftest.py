@@ -1,6 +1,6 @@
 """Shared fixtures and hooks, nothing to import (what they build lives in tests/helpers/): tiny
 random models, the real pair, and what keeps the suite from leaving anything behind: a private
-history dir for every test, a temporary offload dir, and time limits."""
+history dir for every test, a temporary offload dir and Triton cache, and time limits."""
 
 import gc
 import os
@@ -103,6 +103,15 @@ def session_probe_dir(tmp_path_factory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECCHAT_PROBE_DIR", str(directory))
         yield directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_triton_cache(tmp_path_factory) -> Iterator[None]:
+    """Kernels Triton compiles for a GPU here (tests/helpers/gemm_compile.py) go to the run's
+    temporary folder, not the user's ~/.triton (the variable reaches the checks run as subprocesses)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton")))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -9,13 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers.gemm_compile import CUDA_TILES, WORDS, compiled
 from helpers.int4_layouts import as_cuda_int32, cuda_layout, pack_by_spec
 
 from specchat.errors import SpecchatError
 from specchat.quant import timing, widths
 from specchat.quant.gptq import pack_int4_rows
+from specchat.quant.gemm_blocks import BLOCK_ROWS, Blocks, blocks_for
 from specchat.quant.int4 import Int4Linear, int4_linear, use_fused_only, use_registers
-from specchat.quant.int4_gemm import BLOCK_ROWS, Blocks, blocks_for, gemm_words, w4a16_linear, w4a16_tiled_linear
+from specchat.quant.int4_gemm import gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_weight import Int4Weight
 
@@ -156,27 +158,11 @@ def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size,
 
 
 @pytest.mark.parametrize("arch", [90, 89])  # Hopper (H100, H200) and Ada (the RTX 4090 the paper ran on)
-@pytest.mark.parametrize("tiles", [(0, 0), (8, 128)])  # from its words; from CUDA's 8 x 128 tiles
+@pytest.mark.parametrize("tiles", [WORDS, CUDA_TILES])
 # blocks_for's (CUDA's 128-input tiles read once a program); split inputs; tiles read every step
 @pytest.mark.parametrize("blocks", [blocks_for(1), Blocks(64, 128, 128, 4, 8), Blocks(16, 64, 64, 1)])
-def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, blocks, monkeypatch):
+def test_the_kernel_compiles_for_a_gpu_without_one(arch, tiles, blocks):
     """Triton lowers the kernel to machine code for the GPU here (its wheel brings ptxas): what the
     interpreter cannot catch, a construct a GPU's compiler refuses, is caught on the CPU (Triton
     3.6's, which torch 2.11's CUDA wheels bring, compiled it for sm_80, 89 and 90 alike)."""
-    monkeypatch.delenv("TRITON_INTERPRET")  # decorated for a GPU, not for the interpreter
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from specchat.quant.int4_gemm import _kernel
-
-    pointers = {"x_ptr": "*bf16", "words_ptr": "*u8" if tiles[0] else "*i32", "natural_ptr": "*i64",
-                "scales_and_zeros_ptr": "*bf16", "out_ptr": "*bf16"}
-    numbers = dict.fromkeys(("rows", "out_features", "in_features", "group_size"), "i32")
-    constants = {"BLOCK_M": blocks.rows, "BLOCK_N": blocks.outs, "BLOCK_K": blocks.ins, "SPLITS": blocks.splits,
-                 "UPCAST": False, "ROUND_BF16": True, "TILE_ROWS": tiles[0], "TILE_COLS": tiles[1],
-                 "HOISTED": tiles[1] > 0 and blocks.ins % tiles[1] == 0}
-    signature = pointers | numbers | dict.fromkeys(constants, "constexpr")
-    source = triton.compiler.ASTSource(fn=_kernel(False), signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options={"enable_fp_fusion": False, "num_warps": blocks.warps})
-    assert compiled.asm["cubin"]
+    assert compiled(blocks, arch, tiles).asm["cubin"]

@@ -26,7 +26,6 @@ tiles multiplied in float32: the same values, products (exact in float32) and su
 """
 
 import math
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -34,49 +33,19 @@ import torch
 from torch import Tensor
 
 from specchat.errors import SpecchatError
+from specchat.quant.gemm_blocks import Blocks, blocks_for, launch_fitted
 from specchat.quant.gptq import pack_int4_rows
 from specchat.quant.int4_expand import check_expansion
 from specchat.quant.int4_layout import TileLayout
 from specchat.quant.int4_pack import unpack_nibbles
 from specchat.quant.int4_weight import Int4Weight
 
-# tl.dot takes 16 rows at least: fewer are padded with masked loads.
-BLOCK_ROWS = (16, 32, 64)
 GEMM_DTYPES = (torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """What one program multiplies, and how many programs share a row block's inputs."""
-
-    rows: int  # input rows (BLOCK_M)
-    outs: int  # outputs (BLOCK_N)
-    ins: int  # inputs a step of its loop (BLOCK_K), cut to a divisor of the group size
-    splits: int  # programs along the inputs, each summing its share; the shares are added after
-    warps: int = 4
 
 
 def gemm_words(weight: Int4Weight) -> Tensor:
     """An Int4Weight's values as int32 words [I/8, O]: input 8r + k of output o in nibble k of [r, o]."""
     return pack_int4_rows(unpack_nibbles(weight.nibbles).t())
-
-
-def block_rows(rows: int) -> int:
-    """The fewest of BLOCK_ROWS covering `rows`, the largest past them (the grid covers the rest)."""
-    return next((block for block in BLOCK_ROWS if rows <= block), BLOCK_ROWS[-1])
-
-
-def blocks_for(rows: int) -> Blocks:
-    """The blocks a product of `rows` rows runs: those fastest over a llama-3.1-8b-awq decoder layer's
-    linears (4096 x 4096, 1024, 14336 and 14336 x 4096, groups of 128) on an H200 (2026-11-28,
-    `gpu_check.sh --scale --parts gemm`, docs/benchmarks.md): at 1 and 16 rows 16 x 32 x 128, at
-    64 and 256 64 x 64 x 128, none split (0.66 and 1.29 ms a layer against 1.09 and 2.78 with the
-    first guess, 16 x 64 x 64). Those products were timed eagerly, so that up to 64 rows Triton's
-    launch weighed on every block alike; the sweep now times them replayed from a CUDA graph, as a
-    captured step runs them."""
-    if rows <= 16:
-        return Blocks(16, 32, 128, 1)
-    return Blocks(block_rows(rows), 64, 128, 1)
 
 
 @cache
@@ -176,10 +145,22 @@ def w4a16_tiled_linear(x: Tensor, packed: Tensor, scales_and_zeros: Tensor, grou
 
 def launch(x: Tensor, weight: Tensor, layout: TileLayout | None, scales_and_zeros: Tensor, group_size: int,
            out_features: int, blocks: Blocks | None) -> Tensor:
+    """The product with `blocks` as given (a sweep's: those a card cannot hold raise), or with
+    blocks_for's, fitted to the card's shared memory."""
+    def run(chosen: Blocks) -> Tensor:
+        return run_kernel(x, weight, layout, scales_and_zeros, group_size, out_features, chosen)
+
+    if blocks is not None:
+        return run(blocks)
+    tiles = None if layout is None else (layout.rows, layout.cols)
+    return launch_fitted((x.device, x.dtype, tiles), blocks_for(x.shape[0]), run)
+
+
+def run_kernel(x: Tensor, weight: Tensor, layout: TileLayout | None, scales_and_zeros: Tensor, group_size: int,
+               out_features: int, blocks: Blocks) -> Tensor:
     import triton
 
     rows = x.shape[0]
-    blocks = blocks or blocks_for(rows)
     out = torch.empty(blocks.splits, rows, out_features, dtype=x.dtype if blocks.splits == 1 else torch.float32,
                       device=x.device)
     grid = (triton.cdiv(rows, blocks.rows), triton.cdiv(out_features, blocks.outs), blocks.splits)
@@ -190,6 +171,6 @@ def launch(x: Tensor, weight: Tensor, layout: TileLayout | None, scales_and_zero
         x.shape[1], group_size, BLOCK_M=blocks.rows, BLOCK_N=blocks.outs, BLOCK_K=block_k,
         SPLITS=blocks.splits, UPCAST=interpret, ROUND_BF16=x.dtype == torch.bfloat16,
         TILE_ROWS=0 if layout is None else layout.rows, TILE_COLS=0 if layout is None else layout.cols,
-        HOISTED=layout is not None and block_k % layout.cols == 0, num_warps=blocks.warps,
+        HOISTED=layout is not None and block_k % layout.cols == 0, num_warps=blocks.warps, num_stages=blocks.stages,
         enable_fp_fusion=False)  # (q - 8) * scale + zero as the interpreter computes it (exact with 16-bit scales)
     return out[0] if blocks.splits == 1 else out.sum(0).to(x.dtype)
