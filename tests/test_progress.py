@@ -172,6 +172,20 @@ def test_load_models_reports_every_stage_up_to_ready(fake_draft: EmbeddedModel) 
     assert report.calls[-2:] == [(f"moving {DEFAULT_DRAFT} to {device}", None), ("ready", 1.0)]
 
 
+def test_load_models_says_first_why_an_older_gpu_is_left_unused(fake_draft: EmbeddedModel, monkeypatch,  # noqa: F811
+                                                                   capfd) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a Tesla T4, stood in for
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    report = Recorder()
+    models = load_models(EngineOptions(target=DEFAULT_DRAFT, engine="autoregressive", dtype="float32"),
+                         progress=True, report=report)
+    note = ("the GPU here, Tesla T4 (compute capability 7.5), is older than specchat's bfloat16 and 4-bit kernels "
+            "need (8.0, Ampere): it is left unused and the CPU runs the models")
+    assert report.calls[0] == (note, None) and note in capfd.readouterr().err  # on stderr too, once
+    assert models.target.device == torch.device("cpu")
+
+
 # The TUI's loader
 
 

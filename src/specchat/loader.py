@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from specchat.cuda_device import unused_gpu
 from specchat.decoding.events import AUTO
 from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.forward import CausalLM
@@ -50,6 +51,8 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         options = replace(options, offload="none")
     options = resolve_weights(options)
     device = pick_device()
+    if (unused := unused_gpu()) is not None:
+        reporter.notice(unused)
     dtype = DTYPES[options.dtype]
     drafted = any(name in DRAFTED_ENGINES for name in names)
     if drafted:

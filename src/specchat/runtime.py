@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
+from specchat.cuda_device import cuda_usable, unused_gpu
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.autosize import AutoSizer, Costs
@@ -165,7 +166,8 @@ def transfer_label(device_type: str, placement: Placement | None) -> str:
 
 
 def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The GPU where specchat's kernels run on it (cuda_device.py), else the CPU."""
+    return torch.device("cuda" if cuda_usable() else "cpu")
 
 
 def validate(options: EngineOptions) -> None:
@@ -195,8 +197,9 @@ def validate(options: EngineOptions) -> None:
     if options.offload == "none" and (options.ram_budget is not None or options.vram_budget is not None):
         name = "--ram-budget" if options.ram_budget is not None else "--vram-budget"
         raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
-    if options.vram_budget is not None and not torch.cuda.is_available():
-        raise SpecchatError("--vram-budget caps GPU memory, and torch sees no GPU here: use --ram-budget")
+    if options.vram_budget is not None and not cuda_usable():
+        why = unused_gpu() or "torch sees no GPU here"
+        raise SpecchatError(f"--vram-budget caps GPU memory, and {why}: use --ram-budget")
     if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:

@@ -21,7 +21,7 @@ GB = 10**9
 
 def facts(**changes) -> Facts:
     base = dict(
-        cpu="Test CPU", cores=2, threads=4, torch_version="2.9.0", cuda=(), ram_total=32 * GB,
+        cpu="Test CPU", cores=2, threads=4, torch_version="2.9.0", cuda=(), unused_gpu=None, ram_total=32 * GB,
         ram_available=20 * GB, offload_dir=Path("/data/offload"), disk_free=100 * GB, h2d_gbps=None,
         disk_gbps=1.8, direct=True, probe_bytes=GB,
     )
@@ -108,6 +108,13 @@ def test_render_cuda_and_fallback():
     assert "  cuda:0         Test GPU: 24.00 GB total, 20.00 GB free" in report
     assert "12.50 GB/s (pinned memory)" in report
     assert "buffered + fadvise DONTNEED" in report
+
+
+def test_render_says_why_a_gpu_it_sees_is_left_unused():
+    report = render(facts(unused_gpu="the GPU here, Tesla T4 (compute capability 7.5), is older than ..."), "t",
+                    Recommendation("disk", 256, "x"), STREAMED).splitlines()
+    assert "  cuda           the GPU here, Tesla T4 (compute capability 7.5), is older than ..." in report
+    assert "  host->device   no CUDA: skipped" in report
 
 
 def test_doctor_command_end_to_end(monkeypatch, capsys, tmp_path):

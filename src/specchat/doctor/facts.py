@@ -9,6 +9,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from specchat.cuda_device import cuda_usable, unused_gpu
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
@@ -28,7 +29,8 @@ class Facts:
     cores: int  # physical
     threads: int  # logical
     torch_version: str
-    cuda: tuple[CudaDevice, ...]
+    cuda: tuple[CudaDevice, ...]  # the GPUs specchat runs on
+    unused_gpu: str | None  # why a GPU torch sees is left unused (cuda_device.py)
     ram_total: int
     ram_available: int
     offload_dir: Path
@@ -58,6 +60,7 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
         threads=threads,
         torch_version=torch.__version__,
         cuda=cuda_devices(),
+        unused_gpu=unused_gpu(),
         ram_total=memory.total,
         ram_available=memory.available,
         offload_dir=directory,
@@ -89,7 +92,7 @@ def cpu_model() -> str:
 
 
 def cuda_devices() -> tuple[CudaDevice, ...]:
-    if not torch.cuda.is_available():
+    if not cuda_usable():
         return ()
     devices = []
     for index in range(torch.cuda.device_count()):

@@ -16,7 +16,7 @@ def render(facts: Facts, target: str, rec: Recommendation | None, pair: PairPlan
         "devices",
         f"  cpu            {facts.cpu} ({facts.cores} cores, {facts.threads} threads)",
         f"  torch          {facts.torch_version}",
-        *cuda_lines(facts.cuda),
+        *cuda_lines(facts.cuda, facts.unused_gpu),
         "memory",
         f"  ram            {gb(facts.ram_total)} total, {gb(facts.ram_available)} available",
         f"  disk           {gb(facts.disk_free)} free at {facts.offload_dir}",
@@ -99,7 +99,9 @@ def expected_speed(pair: PairPlan) -> str:
     return f"at most {speeds} tokens/s: {rates} tokens per pass ({pair.gen_rates.source}) {over}"
 
 
-def cuda_lines(devices: tuple[CudaDevice, ...]) -> list[str]:
+def cuda_lines(devices: tuple[CudaDevice, ...], unused: str | None) -> list[str]:
+    if unused is not None:
+        return [f"  cuda           {unused}"]
     if not devices:
         return ["  cuda           no CUDA device"]
     return [f"  cuda:{i:<9} {d.name}: {gb(d.total)} total, {gb(d.free)} free" for i, d in enumerate(devices)]

@@ -10,6 +10,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from specchat.cuda_device import cuda_usable, unused_gpu
 from specchat.decoding.forward import CausalLM
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.dsi.verifier import TargetVerifier
@@ -42,13 +43,14 @@ def parse_devices(spec: str) -> list[torch.device]:
         if device.type not in ("cpu", "cuda"):
             raise SpecchatError(f"--workers: '{name}' is not a cpu or cuda device")
         if device.type == "cuda" and not device_exists(device):
-            raise SpecchatError(f"--workers: {name} is not available on this machine")
+            raise SpecchatError(f"--workers: {name} is not available on this machine"
+                                + (f" ({unused})" if (unused := unused_gpu()) else ""))
         devices.append(device)
     return devices
 
 
 def device_exists(device: torch.device) -> bool:
-    if not torch.cuda.is_available():
+    if not cuda_usable():
         return False
     return device.index is None or device.index < torch.cuda.device_count()
 

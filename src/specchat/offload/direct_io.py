@@ -17,6 +17,7 @@ from time import perf_counter
 import torch
 
 from specchat.alignment import ALIGN, align_up
+from specchat.cuda_device import cuda_usable
 from specchat.errors import SpecchatError
 
 MiB = 1 << 20
@@ -32,13 +33,13 @@ THREADS = 2
 def aligned_empty(nbytes: int, pin: bool = False) -> torch.Tensor:
     """An uninitialised uint8 tensor of align_up(nbytes) bytes starting at an ALIGN-aligned address.
 
-    `pin` page-locks it for fast asynchronous host-to-device copies; it is applied only when CUDA
-    is available (pinning needs the CUDA driver, and without a device there is nothing to copy to).
+    `pin` page-locks it for fast asynchronous host-to-device copies; it is applied only where a GPU
+    runs the models (pinning needs the CUDA driver, and without one there is nothing to copy to).
     """
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0 (got {nbytes})")
     size = align_up(nbytes)
-    base = torch.empty(size + ALIGN, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available())
+    base = torch.empty(size + ALIGN, dtype=torch.uint8, pin_memory=pin and cuda_usable())
     shift = -base.data_ptr() % ALIGN
     return base[shift : shift + size]  # the view shares, and so keeps alive, base's storage
 

@@ -12,6 +12,7 @@ the same layers, the same bytes.
 import torch
 
 from specchat.checkpoint.layout import LayerLayout
+from specchat.cuda_device import cuda_usable
 from specchat.offload.direct_io import ALIGN, align_up
 
 CHUNK_CAP = 1 << 32  # 4 GiB: a buffer this large wastes under 5% for a 70B layer, and pins in one call
@@ -65,11 +66,11 @@ def pinned_tier_bytes(sizes: list[int] | tuple[int, ...]) -> int:
 
 def pinned_blobs(layouts: dict[int, LayerLayout]) -> dict[int, torch.Tensor]:
     """Each layer's aligned buffer, a view of the few pinned buffers `chunked` lays the layers out
-    in (in order); pinned where CUDA is available, as aligned_empty pins."""
+    in (in order); pinned where a GPU runs the models, as aligned_empty pins."""
     layers = list(layouts)
     blobs, index = {}, 0
     for capacity, offsets in chunked([layouts[layer].nbytes for layer in layers]):
-        base = torch.empty(capacity, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        base = torch.empty(capacity, dtype=torch.uint8, pin_memory=cuda_usable())
         shift = -base.data_ptr() % ALIGN  # within the ALIGN bytes chunked keeps
         for offset in offsets:
             start = shift + offset

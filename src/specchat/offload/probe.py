@@ -8,6 +8,7 @@ from time import perf_counter
 
 import torch
 
+from specchat.cuda_device import cuda_usable
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import MiB, DirectReader, aligned_empty, measure_read_gbps, write_blob
 from specchat.transfer import gb
@@ -18,8 +19,8 @@ H2D_REPEATS = 5
 
 
 def measure_h2d_gbps() -> float | None:
-    """Pinned host -> cuda:0 copy bandwidth in GB/s (1e9), or None without CUDA."""
-    if not torch.cuda.is_available():
+    """Pinned host -> cuda:0 copy bandwidth in GB/s (1e9), or None without a GPU specchat runs on."""
+    if not cuda_usable():
         return None
     host = aligned_empty(H2D_BYTES, pin=True)
     device = torch.empty(H2D_BYTES, dtype=torch.uint8, device="cuda")

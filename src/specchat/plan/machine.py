@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specchat.cuda_device import cuda_usable
 from specchat.memory_room import Room, ram_room
 from specchat.offload.cuda import free_bytes
 from specchat.plan.budget import OS_RESERVE
@@ -46,7 +47,7 @@ class Machine:
             return torch.device("cuda" if self.vram_gb is not None else "cpu")
         if self.rooms is not None:
             return torch.device("cpu")
-        return torch.device(self.kind or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return torch.device(self.kind or ("cuda" if cuda_usable() else "cpu"))
 
     def tiers(self, request: PlanRequest, reusable_file: int) -> Rooms:
         """What each tier offers: as given or described, or measured now (a reusable layer file of
