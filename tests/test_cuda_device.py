@@ -4,6 +4,7 @@ are stood in for: this machine has no GPU."""
 
 import pytest
 import torch
+from helpers.gpus import TESLA_T4, seen_gpu
 
 from specchat import cuda_device
 from specchat.bench.machine import describe_machine
@@ -17,29 +18,22 @@ from specchat.plan import Machine
 from specchat.runtime import EngineOptions, pick_device, validate
 
 
-def seen_gpu(monkeypatch, capability: tuple[int, int] | None, name: str = "Tesla T4") -> None:
-    """torch sees a GPU of `capability` (None: no GPU)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-
-
 @pytest.mark.parametrize(("capability", "usable"), [((7, 5), False), ((7, 0), False), ((8, 0), True), ((8, 9), True),
                                                     ((9, 0), True), ((12, 0), True), (None, False)])
 def test_a_gpu_runs_specchat_from_compute_capability_8_0(monkeypatch, capability, usable):
-    seen_gpu(monkeypatch, capability)
+    seen_gpu(monkeypatch, capability, "Tesla T4")
     assert cuda_usable() is usable
     assert (unused_gpu() is not None) is (capability is not None and not usable)
 
 
 def test_an_older_gpu_is_named_with_its_capability_and_what_runs_instead(monkeypatch):
-    seen_gpu(monkeypatch, (7, 5))
+    seen_gpu(monkeypatch, TESLA_T4, "Tesla T4")
     assert unused_gpu() == ("the GPU here, Tesla T4 (compute capability 7.5), is older than specchat's bfloat16 and "
                             "4-bit kernels need (8.0, Ampere): it is left unused and the CPU runs the models")
 
 
 def test_with_an_older_gpu_the_loader_plan_and_doctor_take_the_cpu(monkeypatch):
-    seen_gpu(monkeypatch, (7, 5))
+    seen_gpu(monkeypatch, TESLA_T4, "Tesla T4")
     assert pick_device() == torch.device("cpu") and Machine().device() == torch.device("cpu")
     assert cuda_devices() == () and measure_h2d_gbps() is None and describe_machine().endswith(", no GPU")
     assert not aligned_empty(4096, pin=True).is_pinned()  # no page-locked RAM for a GPU nothing copies to

@@ -4,6 +4,7 @@ fake GGUF, and their way to the TUI's loading screen."""
 import pytest
 import torch
 from helpers.gguf_files import fake_draft, tiny_gguf  # noqa: F401  (fixtures: tiny GGUF split into fake parts)
+from helpers.gpus import TESLA_T4, seen_gpu
 from transformers import modeling_gguf_pytorch_utils as gguf_loading
 from transformers.utils import logging as transformers_logging
 
@@ -174,9 +175,7 @@ def test_load_models_reports_every_stage_up_to_ready(fake_draft: EmbeddedModel) 
 
 def test_load_models_says_first_why_an_older_gpu_is_left_unused(fake_draft: EmbeddedModel, monkeypatch,  # noqa: F811
                                                                    capfd) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a Tesla T4, stood in for
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    seen_gpu(monkeypatch, TESLA_T4, "Tesla T4")
     report = Recorder()
     models = load_models(EngineOptions(target=DEFAULT_DRAFT, engine="autoregressive", dtype="float32"),
                          progress=True, report=report)

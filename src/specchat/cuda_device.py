@@ -24,4 +24,5 @@ def unused_gpu() -> str | None:
     major, minor = torch.cuda.get_device_capability()
     least = ".".join(map(str, LEAST_CAPABILITY))
     return (f"the GPU here, {torch.cuda.get_device_name()} (compute capability {major}.{minor}), is older than "
-            f"specchat's bfloat16 and 4-bit kernels need ({least}, Ampere): it is left unused and the CPU runs the models")
+            f"specchat's bfloat16 and 4-bit kernels need ({least}, Ampere): it is left unused and the CPU runs "
+            "the models")

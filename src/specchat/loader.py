@@ -26,7 +26,7 @@ from specchat.models.local import local_tokenizer
 from specchat.offload.build import Offload
 from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
-from specchat.offload.host_embedding import keep_embedding_on_host
+from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, draft_quant_for, offload_directory,
                           plan_pair, request_for, resolve_weights, stores_4bit)
 from specchat.progress import Report, Reporter
@@ -75,7 +75,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
             if device.type == "cuda":  # a launch-bound step: captured in CUDA graphs per width bucket
                 models.draft = static_draft(models.draft, models.context + models.max_budget() + BUCKETS[-1],
-                                            capture=True)
+                                            capture=True, lookup=host_lookup(models.draft.model))
         models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
@@ -118,7 +118,7 @@ def chosen_draft_quant(memory: MemoryPlan) -> DraftQuant | None:
     dense copies `auto` measured worth keeping (the plan drops them where they do not fit)."""
     if memory.draft is None:
         return None
-    return DraftQuant(memory.draft.quant, memory.draft.dense_above)
+    return DraftQuant(memory.draft.quant, memory.draft.dense_above, memory.draft_embedding_on_host)
 
 
 def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None,

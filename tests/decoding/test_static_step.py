@@ -5,7 +5,7 @@ SpecExec engine with it grows the same trees and emits the same tokens."""
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT, run
-from helpers.tiny import tiny_qwen_config
+from helpers.tiny import perturbed, tiny_qwen_config
 from transformers import Qwen2ForCausalLM
 
 from specchat.bounded_attention import bound_attention
@@ -21,6 +21,7 @@ from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
 from specchat.quant.int4 import use_fused_only
 from specchat.quant.int4_rtn import round_linears
+from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.quant.stacked import stack_projections
 
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
@@ -102,6 +103,44 @@ def test_specexec_with_the_static_step_grows_the_eager_trees(tiny_target, tiny_d
     assert outcomes[0][1] == outcomes[1][1]  # tree for tree
     assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
     assert len({span for _, span in static.inputs}) > 1
+
+
+def embedding_on_host(draft: CausalLM) -> CausalLM:
+    """A copy of `draft` whose input embedding is held on the host and looked up there, as a draft's
+    is beside a GPU (offload/host_embedding.py); on this CPU the host is the device, and the static
+    step's inputs are the rows it looks up, copied into its buffers, as on CUDA."""
+    copy = perturbed(draft, 0.0, seed=0)
+    keep_embedding_on_host(copy.model, copy.device, copy.dtype)
+    return copy
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_draft_looking_its_rows_up_on_the_host_grows_the_eager_trees(tiny_target, tiny_draft, sampling):
+    hosted = embedding_on_host(tiny_draft)
+    static = static_draft(hosted, CAPACITY, capture=False, lookup=host_lookup(hosted.model))
+    static.least_span = 16
+    outcomes = grown(tiny_target, (tiny_draft, static), sampling)
+    assert outcomes[0] == outcomes[1]  # tokens, and tree for tree
+    assert static.inputs and all(inputs.embeds is not None for inputs in static.inputs.values())
+
+
+def test_a_host_lookup_fills_the_step_with_its_rows_and_zero_pads(tiny_draft):
+    hosted = embedding_on_host(tiny_draft)
+    static = static_draft(hosted, CAPACITY, capture=False, lookup=host_lookup(hosted.model))
+    cache, cached = prefilled(static, PROMPT), len(PROMPT)  # the first pass: eager, through the module
+
+    def on_the_device(ids):  # what a captured graph cannot do: a lookup on the host inside the step
+        raise AssertionError("the static step looked its rows up through the model's embedding")
+
+    hosted.model.get_input_embeddings().forward = on_the_device
+    tokens = torch.tensor([4, 8, 1])
+    padded = static.hidden(tokens, torch.tensor([cached, cached + 1, cached + 1]), cache, tree_mask(cached))
+    eager = tiny_draft.hidden(tokens, torch.tensor([cached, cached + 1, cached + 1]), prefilled(tiny_draft, PROMPT),
+                              tree_mask(cached))
+    embeds = static.inputs[4, LEAST_SPAN if LEAST_SPAN < CAPACITY else CAPACITY].embeds
+    table = tiny_draft.model.get_input_embeddings().weight
+    assert torch.equal(embeds[0, :3], table[tokens]) and not embeds[0, 3].any()
+    assert torch.equal(padded, eager)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT
+from helpers.gpus import seen_gpu
 from helpers.tiny import build_tiny
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -310,7 +311,7 @@ def test_parse_devices_errors(monkeypatch, spec, fragment):
 
 
 def test_parse_devices_cuda_checks_the_index(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    seen_gpu(monkeypatch)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert parse_devices("cuda:0,cuda:1,cuda") == [torch.device("cuda:0"), torch.device("cuda:1"), torch.device("cuda")]
     with pytest.raises(SpecchatError, match="cuda:2 is not available"):

@@ -28,6 +28,7 @@ LAYER_BYTES = {"llama-2-70b-gptq": LLAMA2_70B_GPTQ_LAYER,  # group -1, act-order
                + 2 * 8192 * BF16}  # group 128, act-order
 LLAMA2_7B_PARAMS_LINEAR = 32 * sum(i * o for i, o in llama_layer_linears(4096, 11008, 32))
 LLAMA2_7B_OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096  # embeddings, head, norms
+LLAMA2_7B_EMBEDDING = 32000 * 4096  # its input embedding: held on the host beside a GPU
 
 
 def default_pair(kinds: tuple[str, ...] = ("int8",), dense_above: int | None = None, vocab: int | None = 32768,
@@ -86,7 +87,9 @@ def test_without_bitsandbytes_the_7b_draft_is_rounded_to_4_bits_and_loads_on_the
     linears = llama_layer_linears(4096, 11008, 32)
     rounded = 32 * sum(i * o // 2 + i // 128 * o * 2 * BF16 for i, o in linears)  # nibbles, bf16 scale and zero a group
     assert memory.draft.quant == "int4"
-    assert item(memory, "draft weights (int4)") == rounded + LLAMA2_7B_OTHER * BF16 + ROTARY_BYTES  # 3.97 GB
+    on_card = LLAMA2_7B_OTHER - LLAMA2_7B_EMBEDDING
+    assert item(memory, "draft weights (int4)") == rounded + on_card * BF16 + ROTARY_BYTES  # 3.70 GB
+    assert item(memory, "the draft's input embedding, looked up on the host") == LLAMA2_7B_EMBEDDING * BF16
     # one layer's bf16 weights, the down projection's nibbles beside their packed copy, three float32
     # blocks of 256 rows of its 11008 inputs
     preparing = sum(i * o for i, o in linears) * BF16 + 11008 * 4096 // 2 + 3 * 256 * 11008 * FP32
@@ -98,7 +101,8 @@ def test_without_bitsandbytes_the_7b_draft_is_rounded_to_4_bits_and_loads_on_the
 
 def test_the_bf16_draft_alone_is_planned_when_it_is_the_only_choice():
     memory = gpu_plan("llama-2-70b-gptq", "llama-2-7b", 24, 64, kinds=("none",))
-    assert item(memory, "draft weights (") == (LLAMA2_7B_PARAMS_LINEAR + LLAMA2_7B_OTHER) * BF16 + ROTARY_BYTES  # 13.5 GB
+    on_card = LLAMA2_7B_PARAMS_LINEAR + LLAMA2_7B_OTHER - LLAMA2_7B_EMBEDDING
+    assert item(memory, "draft weights (") == on_card * BF16 + ROTARY_BYTES  # 13.2 GB
     assert memory.placement.resident < 10
     assert_fits(memory, 24, 64)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.gpus import seen_gpu
 
 import specchat.doctor.plan as doctor_module
 import specchat.loader as loader
@@ -87,7 +88,7 @@ def test_run_on_a_gpu_asks_what_doctor_asks_of_a_described_one(monkeypatch, tmp_
     full weights, and a GPU keeps no dense copies. Run times each form's step on its own GPU; a
     described one cannot be timed, and its links are its own (run reads what doctor last measured here)."""
     monkeypatch.setattr(pair_module, "has_bitsandbytes", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # run checks --vram-budget has a GPU
+    seen_gpu(monkeypatch)  # run checks --vram-budget has a GPU
     monkeypatch.setattr(loader, "pick_device", lambda: torch.device("cuda"))
     options = doctor_options("llama-2-70b-gptq", "llama-2-7b", None, tmp_path, 60.0, 20.0)
     run = run_asks(monkeypatch, options)

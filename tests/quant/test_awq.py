@@ -29,8 +29,12 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.errors import SpecchatError
+from specchat.checkpoint import skeleton
+from specchat.checkpoint.skeleton import fill
 from specchat.models.draft import DraftQuant, load_draft
+from specchat.models.draft_approx import DraftApprox
 from specchat.models.loading import load
+from specchat.offload.host_embedding import HostEmbedding, host_lookup
 from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.awq import AWQSpec, awq_to_int4, kernel_group_size, unpack_awq
@@ -181,6 +185,40 @@ def test_an_awq_draft_loaded_dense_multiplies_its_weights_and_specexec_emits_tra
     assert sum(e.accepted for e in events) > 0
 
 
+@pytest.mark.parametrize("kind", ["none", "dense"])
+def test_an_awq_draft_with_its_input_embedding_on_the_host_scores_as_it_does_on_the_device(awq, awq_draft_dir, kind):
+    """Beside a GPU the plan holds an untied draft's input embedding in host RAM (one row a token is
+    all a step reads): it is read from the checkpoint's float16 file into host RAM in the draft's
+    dtype, never onto the device, and the draft scores what it scores with the embedding on the device."""
+    directory, _ = awq
+    tokenizer = load(str(directory), torch.float32, progress=False).tokenizer
+    placed: list[set[str]] = []  # what each load put on its device, outside the layers (here the CPU stands for it)
+
+    def filled(module, tensors, device):
+        if "lm_head.weight" in tensors:  # the parts outside the layers
+            placed.append(set(tensors))
+        fill(module, tensors, device)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(skeleton, "fill", filled)
+        plain, hosted = (load_draft(str(awq_draft_dir), CPU, torch.float32, None, tokenizer, QUIET,
+                                    DraftQuant(kind, host_embedding=on), None) for on in (False, True))
+    assert ["model.embed_tokens.weight" in names for names in placed] == [True, False]
+    table = host_lookup(hosted.model)
+    assert isinstance(hosted.model.get_input_embeddings(), HostEmbedding) and host_lookup(plain.model) is None
+    assert table.weight.dtype == torch.float32 and table.weight.device == CPU
+    assert torch.equal(logits(hosted), logits(plain))
+
+
+def test_a_draft_names_what_it_reads_from_the_checkpoint_into_host_ram():
+    """int8 (on a CPU) replaces the embedding and the head from the file's mapped tensors; an input
+    embedding held on the host is read there, never onto a GPU; nothing else is named."""
+    model = tiny_model(7)
+    assert DraftApprox(True, None).mapped(model) == {"model.embed_tokens.weight", "lm_head.weight"}
+    assert DraftApprox(False, None, host_embedding=True).on_host(model) == {"model.embed_tokens.weight"}
+    assert DraftApprox(True, None).on_host(model) == DraftApprox(False, None).mapped(model) == set()
+
+
 def test_the_cli_runs_an_awq_pair_with_its_draft_expanded(tmp_path, monkeypatch, capsys):
     """`generate --draft-quant dense` through the plan and the loader: the plan says dense."""
     tokenizer = train_tokenizer(CORPUS)
@@ -245,11 +283,12 @@ def test_the_70b_awq_pair_on_a_24_gb_card_plans_as_4_bit_layers_and_a_4_bit_draf
     # AWQ's groups of 128, no act-order: nibbles, a bf16 scale and zero per group and output; two norms
     layer = sum(int4_linear(i, o, 128, False) for i, o in llama_layer_linears(8192, 28672, 8)) + 2 * 8192 * BF16
     assert memory.placement.layers == (layer,) * 80 and 0.45 * GB < layer < 0.46 * GB
-    # the draft's linears stay 4-bit (models/draft.py loads a packed checkpoint packed): embeddings, head and
-    # norms in bf16 beside them
-    draft = 2 * 128256 * 4096 * BF16 + (2 * 32 + 1) * 4096 * BF16 + ROTARY_BYTES + \
+    # the draft's linears stay 4-bit (models/draft.py loads a packed checkpoint packed): its head and norms
+    # in bf16 beside them, its input embedding on the host
+    draft = 128256 * 4096 * BF16 + (2 * 32 + 1) * 4096 * BF16 + ROTARY_BYTES + \
         32 * sum(int4_linear(i, o, 128, False) for i, o in llama_layer_linears(4096, 14336, 8))
     assert memory.draft.quant == "none" and item(memory, "draft weights (") == draft
+    assert item(memory, "the draft's input embedding, looked up on the host") == 128256 * 4096 * BF16
     assert_fits(memory, 24, 64)
 
 

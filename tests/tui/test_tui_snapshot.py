@@ -7,7 +7,7 @@ would differ from the stored pictures (drawn on CPU hosts) wherever the suite ru
 from time import perf_counter
 
 import pytest
-import torch
+from helpers.gpus import seen_gpu
 
 from specchat.tui.app import SpecchatApp
 from specchat.tui.fake import REPLY, FakeBackend, FakeDSIEngine
@@ -18,7 +18,7 @@ from specchat.tui.store import ConversationStore
 def any_host(monkeypatch) -> None:
     # textual reads NO_COLOR as an app starts and then draws every picture without colour
     monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    seen_gpu(monkeypatch)
 
 
 async def steady_cursor(pilot) -> None:

@@ -19,13 +19,16 @@ launch:
   step (~0.9 ms at an H200's 989 TFLOP/s peak), where a 300-token prompt and a 1024-node tree
   need a span of 2048;
 - the tokens, positions, mask and slots are copied into a (width, span)'s static buffers before
-  each replay, and the cache's length is advanced by the real rows only.
+  each replay, and the cache's length is advanced by the real rows only; a draft whose input
+  embedding is held on the host (offload/host_embedding.py) has its rows looked up there first and
+  copied into the buffers as the step's input, since a graph cannot look them up on the host.
 A masked slot's weight underflows to exactly 0 in the softmax, so the real rows get what the
 eager step gives them, up to the order of summation. Without `capture` the same code runs
 eagerly (how a CPU tests it); SpecExec's verifier never reads the draft's probabilities, so a
 difference there could only change the tree, never the emitted tokens.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +51,7 @@ class StaticInputs:
     positions: torch.Tensor  # [1, B]
     mask: torch.Tensor  # [1, 1, B, span] additive
     slots: torch.Tensor  # [B] the cache slots the rows write
+    embeds: torch.Tensor | None = None  # [1, B, H] the rows' input embeddings, where looked up on the host
 
 
 @dataclass
@@ -59,6 +63,8 @@ class StaticDraft(CausalLM):
     capacity: int = 0  # slots the cache reserves: the context, the largest tree and a bucket of pads
     capture: bool = False
     least_span: int = LEAST_SPAN
+    # token ids [n] (on the host) -> their input embeddings [n, H], where the embedding is held on the host
+    lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
     inputs: dict[Shape, StaticInputs] = field(default_factory=dict)
     graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
     used: set[Shape] = field(default_factory=set)  # shapes run once, uncaptured, on the current buffers
@@ -80,6 +86,9 @@ class StaticDraft(CausalLM):
         shape = (bucket, span_for(length + bucket, self.least_span, self.capacity))
         inputs = self.inputs.get(shape) or self.allocate(shape)
         fill(inputs, tokens, positions, attended(mask, n, length, *shape), length, self.dtype)
+        if inputs.embeds is not None:
+            inputs.embeds.zero_()  # a pad row's input: it attends to itself alone, and nothing reads its output
+            inputs.embeds[0, :n].copy_(self.lookup(tokens.cpu()))
         cache.write_slots, cache.span = inputs.slots, shape[1]
         try:
             hidden = self.replay(shape, inputs, cache) if self.capture else self.step(inputs, cache)
@@ -105,12 +114,15 @@ class StaticDraft(CausalLM):
             tokens=torch.zeros(1, bucket, dtype=torch.long, device=device),
             positions=torch.zeros(1, bucket, dtype=torch.long, device=device),
             mask=torch.zeros(1, 1, bucket, span, dtype=self.dtype, device=device),
-            slots=torch.zeros(bucket, dtype=torch.long, device=device))
+            slots=torch.zeros(bucket, dtype=torch.long, device=device),
+            embeds=None if self.lookup is None else
+            torch.zeros(1, bucket, self.model.config.hidden_size, dtype=self.dtype, device=device))
         return self.inputs[shape]
 
     def step(self, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
-        out = self.model.get_decoder()(input_ids=inputs.tokens, position_ids=inputs.positions,
-                                       attention_mask=inputs.mask, cache=cache, use_cache=True)
+        rows = {"input_ids": inputs.tokens} if inputs.embeds is None else {"inputs_embeds": inputs.embeds}
+        out = self.model.get_decoder()(**rows, position_ids=inputs.positions, attention_mask=inputs.mask, cache=cache,
+                                       use_cache=True)
         return out.last_hidden_state[0]
 
     def replay(self, shape: Shape, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
@@ -169,7 +181,9 @@ def fill(inputs: StaticInputs, tokens: torch.Tensor, positions: torch.Tensor, at
     inputs.slots.copy_(torch.arange(length, length + bucket, device=device))
 
 
-def static_draft(draft: CausalLM, capacity: int, capture: bool) -> StaticDraft:
-    """`draft` (its model, sub-vocabulary head and all) stepping at fixed shapes."""
+def static_draft(draft: CausalLM, capacity: int, capture: bool,
+                 lookup: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StaticDraft:
+    """`draft` (its model, sub-vocabulary head and all) stepping at fixed shapes; `lookup`: its
+    input embedding's, where that is held on the host."""
     return StaticDraft(model=draft.model, stream=draft.stream, vocab=draft.vocab, head=draft.head,
-                       capacity=capacity, capture=capture)
+                       capacity=capacity, capture=capture, lookup=lookup)

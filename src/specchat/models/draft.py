@@ -1,6 +1,6 @@
 """Loading the draft model: checked against the target's tokenizer, then approximated."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -15,13 +15,15 @@ from specchat.quant.widths import INT8_ROWS, int8_rows
 
 @dataclass(frozen=True)
 class DraftQuant:
-    """How the draft's weights are stored, as resolved for this device."""
+    """How the draft's weights are stored, as resolved for this device, and where its input embedding is."""
 
     kind: str  # none | int8 | int4 | nf4 | dense (a draft stored in 4 bits, expanded)
     dense_above: int | None = None  # int8: inputs of more rows multiply the dense weights kept beside
+    host_embedding: bool = False  # its input embedding held in host RAM beside a GPU, as the plan says
 
     def __str__(self) -> str:
-        return self.kind if self.dense_above is None else f"{self.kind} up to {self.dense_above} rows"
+        form = self.kind if self.dense_above is None else f"{self.kind} up to {self.dense_above} rows"
+        return f"{form}, its input embedding on the host" if self.host_embedding else form
 
 
 def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization: object | None,
@@ -44,7 +46,7 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
 def approximation(quant: DraftQuant, vocab_size: int | None, dtype: torch.dtype, device: torch.device) -> DraftApprox:
     """How a draft stored as `quant` is prepared as it loads, its head scoring `vocab_size` tokens."""
     return DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
-                       device=device, expand=quant.kind == "dense")
+                       device=device, expand=quant.kind == "dense", host_embedding=quant.host_embedding)
 
 
 def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:
@@ -63,5 +65,7 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
 
 
 def describe(quant: DraftQuant, vocab_size: int | None) -> str:
-    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{quant} weights")
-    return f"{weights}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"
+    stored = replace(quant, host_embedding=False)
+    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{stored} weights")
+    where = ", its input embedding on the host" if quant.host_embedding else ""
+    return f"{weights}{where}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"

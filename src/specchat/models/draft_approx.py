@@ -31,6 +31,7 @@ from specchat.decoding.stopping import stop_token_ids
 from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
+from specchat.offload.host_embedding import keep_embedding_on_host
 from specchat.quant.int4 import use_registers
 from specchat.quant.int4_dense import expand_linears
 from specchat.quant.int4_rtn import round_linears
@@ -63,6 +64,7 @@ class DraftApprox:
     int4: bool = False
     device: torch.device | None = None  # int4: the device its linears are packed for; None: where each layer's weights are
     expand: bool = False
+    host_embedding: bool = False  # beside a GPU, its (untied) input embedding held in host RAM, as planned
 
     def mapped(self, model: PreTrainedModel) -> frozenset[str]:
         """Under int8 the input embedding and the LM head are replaced by int8 copies (or a
@@ -73,6 +75,12 @@ class DraftApprox:
         return frozenset(module_name(model, module) + ".weight"
                          for module in (model.get_input_embeddings(), model.get_output_embeddings()))
 
+    def on_host(self, model: PreTrainedModel) -> frozenset[str]:
+        """An input embedding held on the host is read from the checkpoint there, never onto the device."""
+        if not self.host_embedding:
+            return frozenset()
+        return frozenset({module_name(model, model.get_input_embeddings()) + ".weight"})
+
     def prepare_head(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
         """The LM head as the draft scores with it, its tokens ranked on `tokenizer` (the ranking
         read from, or stored once in, `directory`): before the decoder layers load, so that a
@@ -81,6 +89,8 @@ class DraftApprox:
         dtype = self.dtype or model.get_input_embeddings().weight.dtype
         if self.int8:
             self.prepare_embedding(model, dtype)
+        if self.host_embedding:
+            self.hold_embedding_on_host(model, dtype)
         if self.vocab_size is None or self.vocab_size >= full:
             if self.int8:
                 weight = model.get_output_embeddings().weight.detach()
@@ -98,6 +108,14 @@ class DraftApprox:
         embedding = model.get_input_embeddings()
         if isinstance(embedding, nn.Embedding):
             model.set_input_embeddings(Int8Embedding(embedding.weight.detach(), dtype))
+
+    def hold_embedding_on_host(self, model: PreTrainedModel, dtype: torch.dtype) -> None:
+        """The input embedding in `dtype` in host RAM, looked up there (offload/host_embedding.py):
+        a step reads one row a token, and its bytes on the card hold target layers instead. A
+        static step copies the rows it looks up into its buffers (decoding/static_step.py)."""
+        embedding = model.get_input_embeddings()
+        embedding.weight = nn.Parameter(embedding.weight.detach().to("cpu", dtype, copy=True), requires_grad=False)
+        keep_embedding_on_host(model, self.device or torch.device("cpu"), dtype)
 
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's stored 4-bit linears expanded under `expand`; its projections stacked

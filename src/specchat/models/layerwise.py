@@ -24,11 +24,14 @@ GENERATION_FILE = "generation_config.json"
 
 class Preparation(Protocol):
     """What happens to a model as it loads: its head once the parts outside the decoder layers
-    are in, then each decoder layer as soon as it is filled. The parameters it names in `mapped`
-    reach `prepare_head` as the checkpoint's memory-mapped tensors, in the file's dtype, for it
-    to replace (those it keeps are then copied in the model's dtype)."""
+    are in, then each decoder layer as soon as it is filled. The parameters it names in `mapped` (on
+    a CPU) and `on_host` (beside a GPU) reach `prepare_head` as the checkpoint's memory-mapped
+    tensors, in the file's dtype, on the host, for it to replace (those it keeps are then copied in
+    the model's dtype)."""
 
     def mapped(self, model: PreTrainedModel) -> frozenset[str]: ...
+
+    def on_host(self, model: PreTrainedModel) -> frozenset[str]: ...
 
     def prepare_head(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None: ...
 
@@ -43,7 +46,7 @@ def load_layer_by_layer(directory: Path, tokenizer: PreTrainedTokenizerBase, dty
     if (directory / GENERATION_FILE).is_file():  # its stop tokens, as from_pretrained reads them
         model.generation_config = GenerationConfig.from_pretrained(directory)
     layers_name, layers = decoder_layers(model)
-    mapped = preparation.mapped(model) if device.type == "cpu" else frozenset()
+    mapped = (preparation.mapped(model) if device.type == "cpu" else frozenset()) | preparation.on_host(model)
     fill_resident(model, layers_name, source, dtype, device, mapped)
     views = {name: model.get_parameter(name) for name in mapped}
     preparation.prepare_head(model, tokenizer, directory)

@@ -111,7 +111,8 @@ def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | 
         # 4-bit weights through torch's own int4 kernels (transformers would need optimum and a
         # GPTQ or AWQ kernel library, and expands a GGUF's).
         model, _ = offload_model(directory, source.name, dtype, device or torch.device("cpu"), None, None, reporter,
-                                 compact_head=compact_head, compact_layers=compact_layers)
+                                 compact_head=compact_head, compact_layers=compact_layers,
+                                 on_host=None if preparation is None else preparation.on_host)
         if preparation is not None:
             prepare_loaded(model, tokenizer, directory, preparation)
         return LoadedModel(model, tokenizer, source.name, source, directory)

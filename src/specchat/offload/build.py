@@ -2,6 +2,7 @@
 from its checkpoint (specchat.checkpoint), its resident parts on the device, the other layers
 streamed from a `LayerStore` through the ring. Nothing here plans."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +77,9 @@ class Offload:
 def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.device,
                   placement: Placement | None, offload_dir: Path | None, reporter: Reporter,
                   compact_head: bool = False, compact_layers: bool = False,
-                  by_expert: bool = True, whole_loads: bool = True) -> tuple[PreTrainedModel, Offload]:
+                  by_expert: bool = True, whole_loads: bool = True,
+                  on_host: Callable[[PreTrainedModel], frozenset[str]] | None = None
+                  ) -> tuple[PreTrainedModel, Offload]:
     """Load the model in `directory` (safetensors) with its decoder layers where `placement` (made
     by the plan before anything loads) puts them, the disk tier's layer file in `offload_dir`; no
     placement keeps every layer on the device (how GPTQ checkpoints load without offloading).
@@ -85,14 +88,15 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     layer file of their own. `by_expert`: a streamed MoE layer moves its head with the ring and
     only the experts its tokens route to (offload/experts.py); False moves it whole. `whole_loads`:
     a call that routed to experts.WHOLE_SHARE of its experts has the ring load whole layers (where
-    `allows_whole_loads`)."""
+    `allows_whole_loads`). `on_host`: the parameters outside the layers (named for the skeleton) left
+    as the checkpoint's memory-mapped tensors, never on the device, for a preparation to replace."""
     source = SafetensorsSource(directory, pack_cache(directory, device))
     model = build_skeleton(AutoConfig.from_pretrained(directory), source, dtype, kernel=device,
                            compact_head=compact_head, compact_layers=compact_layers)
     name = f"{name}-q6" if compact_layers else name
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
-    fill_resident(model, layers_name, source, dtype, device)
+    fill_resident(model, layers_name, source, dtype, device, on_host(model) if on_host else frozenset())
     resident = len(layers) if placement is None else placement.resident
     for index in range(resident):
         reporter.step(f"loading resident layer {index + 1}/{resident}", (index + 1) / max(resident, 1))

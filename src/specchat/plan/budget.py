@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 
 from specchat.errors import PlanRefusal
 from specchat.machine_links import Links
-from specchat.models.draft_step import StepCost
 from specchat.offload.direct_io import align_up
 from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.offload.placement import Placement
 from specchat.plan.choice import chosen
+from specchat.plan.draft_form import Draft
 from specchat.plan.demand import ModelShape
 from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 from specchat.transfer import gb
@@ -40,6 +40,7 @@ SMALLEST_CONTEXT = 1024  # auto shrinks a default context no further
 FIXED = "fixed parts"  # the plan's line for the target's weights outside its decoder layers
 DENSE_COPIES = "dense copies of the 4-bit linears for tree passes"  # quant/int4_dense.py's, where kept
 EXPERT_CACHE = "the most-routed experts of streamed layers"  # offload/expert_cache.py's, where kept
+DRAFT_EMBEDDING = "the draft's input embedding, looked up on the host"  # Draft.host_embedding
 
 
 @dataclass(frozen=True)
@@ -49,25 +50,6 @@ class Item:
     tier: str
     what: str
     nbytes: int
-
-
-@dataclass(frozen=True)
-class Draft:
-    """A draft in one quantization."""
-
-    quant: str  # none | int8 | int4 | nf4
-    weights: int  # bytes on the device
-    shape: ModelShape
-    load_bytes: int  # host RAM its weights pass through while they load (freed once on the device)
-    prepare_bytes: int = 0  # device bytes above `weights` while it loads and turns int8 or int4, layer by layer
-    dense_above: int | None = None  # int8: wider steps multiply dense copies kept beside (counted in `weights`)
-    workspace: int = 0  # int4: its 4-bit products' largest temporary over a step as wide as the largest tree
-    step: StepCost | None = None  # its step's cost on this machine, where measured
-
-    @property
-    def form(self) -> str:
-        """The form in words, as notes and refusals name it."""
-        return self.quant if self.dense_above is None else f"{self.quant} with dense copies for wide steps"
 
 
 @dataclass(frozen=True)
@@ -147,6 +129,11 @@ class MemoryPlan:
     def embedding_on_host(self) -> bool:
         """Whether the target's input embedding is held on the host (offload/host_embedding.py)."""
         return any(item.tier == "host" and item.what.startswith(FIXED) for item in self.items)
+
+    @property
+    def draft_embedding_on_host(self) -> bool:
+        """Whether the draft's input embedding is held on the host (Draft.host_embedding)."""
+        return self.draft is not None and self.draft.host_embedding > 0
 
     def target_bytes(self) -> int:
         """The target's weights as planned: its fixed parts and every decoder layer, wherever it lives."""
@@ -230,6 +217,8 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
         device += [Item("device", f"draft weights ({draft.quant})", draft.weights),
                    Item("device", f"draft KV cache ({tokens} tokens)", draft.shape.kv_bytes(tokens))]
         passes.append(draft.shape.pass_bytes(context, ask.tree_tokens))
+        if draft.host_embedding:
+            host.append(Item("host", DRAFT_EMBEDDING, draft.host_embedding))
         if ask.cuda and draft.load_bytes:
             host.append(Item("host", "draft weights while they load", draft.load_bytes))
         elif draft.prepare_bytes:

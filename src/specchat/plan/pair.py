@@ -21,13 +21,15 @@ from specchat.checkpoint.skeleton import build_skeleton, without_quantization
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import step_cost
-from specchat.plan.budget import SMALLEST_CONTEXT, Draft, MemoryPlan
+from specchat.plan.budget import SMALLEST_CONTEXT, MemoryPlan
+from specchat.plan.draft_form import Draft
 from specchat.plan.choice import step_width
 from specchat.plan.demand import (draft_weight_bytes, expanding_bytes, preparing_bytes, rounded_workspace,
                                    rounding_bytes, shape_of)
 from specchat.plan.machine import Machine
 from specchat.plan.model import MeasuredModel, measure_model, plan_measured
 from specchat.plan.request import DEFAULT_TREE_TOKENS, Pair, PlanRequest
+from specchat.plan.sizes import host_embedding_bytes
 from specchat.quant.awq import read_awq_spec
 from specchat.quant.gptq import read_gptq_spec
 
@@ -124,16 +126,22 @@ def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAUL
     shape = shape_of(config, dtype)
     full = draft_weight_bytes(model, dtype, "none")
 
+    # beside a GPU an untied input embedding is read a row a token: held on the host, its bytes go to
+    # resident target layers (not under nf4, which transformers loads straight onto the device)
+    host = host_embedding_bytes(model, dtype) if device.type == "cuda" else 0
+
     def candidate(kind: str, above: int | None) -> Draft:
+        on_host = host if kind in ("none", "int4", "dense") else 0
         if kind == "dense":  # loaded one layer at a time onto the device, each expanded there
             weights = draft_weight_bytes(dense, dtype, "none", head_rows=pair.draft_vocab, kernel=device)
-            return Draft(kind, weights, shape, 0, expanding_bytes(dense, dtype), None)
+            return Draft(kind, weights - on_host, shape, 0, expanding_bytes(dense, dtype), None, host_embedding=on_host)
         weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab, kernel=device)
         preparing = preparing_bytes(model, dtype) if kind == "int8" else rounding_bytes(model, dtype) if kind == "int4" else 0
         workspace = rounded_workspace(model, dtype, tree_tokens, device) if kind == "int4" else 0
         # nf4 loads straight onto the device; int4 one layer at a time, each rounded there (models/layerwise.py)
         through_ram = 0 if kind in ("nf4", "int4") else full
-        return Draft(kind, weights, shape, through_ram, preparing, above, workspace=workspace)
+        return Draft(kind, weights - on_host, shape, through_ram, preparing, above, workspace=workspace,
+                     host_embedding=on_host)
 
     forms = [(kind, pair.dense_above if kind == "int8" else None) for kind in kinds]
     forms += [("int8", None) for kind, above in forms if kind == "int8" and above is not None]

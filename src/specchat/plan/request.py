@@ -10,7 +10,7 @@ import torch
 
 from specchat.limits import auto_cap, auto_trees
 from specchat.machine_links import Links
-from specchat.plan.budget import Draft
+from specchat.plan.draft_form import Draft
 from specchat.plan.placement import Request
 
 Tier = Literal["auto", "none", "ram", "disk"]  # --offload
