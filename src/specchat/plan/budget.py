@@ -25,8 +25,8 @@ from specchat.offload.direct_io import align_up
 from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.offload.placement import Placement
 from specchat.plan.choice import chosen
-from specchat.plan.draft_form import Draft
 from specchat.plan.demand import ModelShape
+from specchat.plan.draft_form import Draft
 from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 from specchat.transfer import gb
 
