@@ -77,7 +77,8 @@ def compiled_shared(blocks: Blocks, arch: int, tiles: tuple[int, int]) -> int:
 def test_blocks_for_fitted_to_an_rtx_4090_need_no_more_shared_memory_than_it_has(rows, tiles):
     """blocks_for's blocks were set on an H200 (227 KiB of shared memory a block): compiled for an
     RTX 4090 on torch's tiles they need more than its 99 KiB (Triton 3.9 here: 104 KiB at 32 rows,
-    112 KiB at 64 and more), so every 4-bit draft step past 16 rows raised there. Fitted, they fit."""
+    112 KiB at 64 and more), so the kernel's probe over 17-256 rows raised there as a 4-bit draft
+    loaded. Fitted, they fit."""
     def shared(blocks: Blocks) -> int:
         return compiled_shared(blocks, 89, tiles)
 
