@@ -106,10 +106,9 @@ def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops_and_writes_fewer_
     (["--cached", "0"], "--cached 0: a static step follows at least one cached token"),
     (["--rows", "300"], "--rows 300: a static step takes 1 to 256 rows"),
 ])
-def test_the_ops_count_refuses_a_cache_a_step_does_not_fit(args, error):
-    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), *args],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and error in result.stderr
+def test_the_ops_count_refuses_a_cache_a_step_does_not_fit(args, error, monkeypatch, capsys):
+    code, stderr = run_script("count_draft_ops.py", args, monkeypatch, capsys)
+    assert code == 2 and error in stderr
 
 
 def test_the_attention_bench_times_both_paths_and_finds_their_outputs_alike():

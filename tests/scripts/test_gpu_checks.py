@@ -292,11 +292,19 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
                                                   (["--pair", "--parts", "draft"], "--parts goes with --scale"),
                                                   (["--scale", "--parts", "draft,ring"],
                                                    "--parts takes passes, linears, draft, moe, gemm, profile; got 'ring'")])
-def test_bad_options_are_one_line(arguments, error):
-    done = subprocess.run([sys.executable, "scripts/gpu_check.py", *arguments], cwd=ROOT, capture_output=True,
+def test_bad_options_are_one_line(arguments, error, capsys):
+    with pytest.raises(SystemExit) as exited:
+        gpu_check_script().parse(arguments)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "" and len(err.splitlines()) == 1
+    assert error in err
+
+
+def test_the_script_run_with_bad_options_exits_2_in_one_line():
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
-    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.splitlines()) == 1
-    assert error in done.stderr
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == ["gpu_check: error: --dry-run goes with --scale or --pair"]
 
 
 def gpu_check_script():
