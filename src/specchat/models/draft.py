@@ -1,6 +1,6 @@
 """Loading the draft model: checked against the target's tokenizer, then approximated."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -21,9 +21,13 @@ class DraftQuant:
     dense_above: int | None = None  # int8: inputs of more rows multiply the dense weights kept beside
     host_embedding: bool = False  # its input embedding held in host RAM beside a GPU, as the plan says
 
+    @property
+    def form(self) -> str:
+        """How its weights are stored, in words."""
+        return self.kind if self.dense_above is None else f"{self.kind} up to {self.dense_above} rows"
+
     def __str__(self) -> str:
-        form = self.kind if self.dense_above is None else f"{self.kind} up to {self.dense_above} rows"
-        return f"{form}, its input embedding on the host" if self.host_embedding else form
+        return f"{self.form}, its input embedding on the host" if self.host_embedding else self.form
 
 
 def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization: object | None,
@@ -65,7 +69,6 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
 
 
 def describe(quant: DraftQuant, vocab_size: int | None) -> str:
-    stored = replace(quant, host_embedding=False)
-    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{stored} weights")
+    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{quant.form} weights")
     where = ", its input embedding on the host" if quant.host_embedding else ""
     return f"{weights}{where}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"
