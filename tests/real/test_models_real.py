@@ -4,10 +4,13 @@ Slow the first time (assembly + conversion, ~2 min per model); later runs reuse 
 dir, so SPECCHAT_CACHE_DIR is deliberately left alone here.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from specchat.decoding.stopping import stop_token_ids
 from specchat.models.compat import check_tokenizers_compatible
 from specchat.models.configs import config_from_file, read_config
 from specchat.models.embedded import EMBEDDED, ensure_embedded, gguf_path
@@ -38,6 +41,15 @@ def test_embedded_pair_tokenizers_are_compatible() -> None:
     draft = AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_DRAFT, progress=False))
     target = AutoTokenizer.from_pretrained(ensure_embedded(DEFAULT_TARGET, progress=False))
     check_tokenizers_compatible(draft, target)
+
+
+def test_a_raw_completion_ends_at_endoftext_though_the_gguf_names_im_end_alone() -> None:
+    directory = ensure_embedded(DEFAULT_TARGET, progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = SimpleNamespace(generation_config=GenerationConfig.from_pretrained(directory))  # what stops read
+    ids = stop_token_ids(model, tokenizer)
+    named = {"<|im_end|>", "<|endoftext|>", "<|fim_pad|>", "<|file_sep|>"}
+    assert ids == {tokenizer.convert_tokens_to_ids(name) for name in named} and QWEN_IM_END in ids
 
 
 PLANNED_FIELDS = ("tie_word_embeddings", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
