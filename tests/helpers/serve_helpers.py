@@ -3,15 +3,17 @@ tiny engines, and a uvicorn server on a free 127.0.0.1 port that stops when the 
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import openai
 from starlette.applications import Starlette
 
 from specchat.decoding.events import Engine, SamplingParams
+from specchat.decoding.guide import Grammars
 from specchat.serve.app import build_app
-from specchat.serve.completions import ServeConfig
+from specchat.serve.endpoint import ServeConfig
+from specchat.serve.fim import FimTokens
 from specchat.serve.listen import bind, server_for, url_of
 from specchat.serve.scheduler import Scheduler
 
@@ -34,6 +36,9 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [(ord(char) - self.offset) % self.vocab for char in text]
 
+    def __len__(self) -> int:
+        return self.vocab
+
     def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
         text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<assistant>" if add_generation_prompt else "")
         return {"input_ids": self.encode(text)}
@@ -47,9 +52,11 @@ TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 to
 
 def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context: int = 4096,
              max_queue: int = 16, api_key: str | None = None, log_prompts: bool = False,
-             sampling: SamplingParams = SamplingParams()) -> tuple[Starlette, Scheduler]:
+             sampling: SamplingParams = SamplingParams(), fim: FimTokens | None = None,
+             grammars: Callable[[], Grammars] | None = None) -> tuple[Starlette, Scheduler]:
     config = ServeConfig(model=MODEL, tokenizer=tokenizer or CharTokenizer(), stop_ids=frozenset(stop_ids),
-                         context=context, sampling=sampling, api_key=api_key, log_prompts=log_prompts)
+                         context=context, sampling=sampling, api_key=api_key, log_prompts=log_prompts,
+                         grammars=grammars, fim=fim)
     scheduler = Scheduler(engines, max_queue)
     return build_app(config, scheduler), scheduler
 

@@ -1,8 +1,11 @@
-"""The embedded pair behind `specchat serve`: at temperature 0 the server's text is exactly what
-`specchat generate --temperature 0` prints for the same message, streamed or not. Float32 and a
-fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
-score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
+"""The embedded pair behind `specchat serve`: at temperature 0 the server's chat text is exactly what
+`specchat generate --temperature 0` prints for the same message, streamed or not, and a
+fill-in-the-middle completion (/v1/completions with a suffix) is exactly the target's own greedy
+middle, ended at <|endoftext|>. Float32 and a fixed budget: in bf16, or with `--budget auto` (which
+sizes trees from measured times), two runs score different trees, and bf16 tree passes round
+differently (see docs/exactness.md)."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -10,37 +13,63 @@ import sys
 import openai
 import pytest
 
+pytestmark = pytest.mark.real
+
 PROMPT = "Write a Python function that checks whether a number is prime."
 NEW_TOKENS = 16
 DECODING = ("--temperature", "0", "--dtype", "float32", "--budget", "16")
 STOP_S = 120
+PREFIX, SUFFIX = "def is_prime(n):\n    ", "\n\nprint(is_prime(7))\n"
+FIM_PROMPT = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"  # Qwen2.5-Coder's format
+MIDDLE_TOKENS = 64  # the greedy middle measured 46 tokens with its end (2026-11-29)
+ENDOFTEXT = 151643
 
 
 def specchat(*args: str, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "specchat", *args], text=True, **popen)
 
 
-@pytest.mark.real
-def test_served_text_equals_generate_at_temperature_0(tmp_path):
-    generate = subprocess.run([sys.executable, "-m", "specchat", "generate", PROMPT, *DECODING,
-                               "--max-new-tokens", str(NEW_TOKENS)], capture_output=True, text=True, check=True)
-    expected = generate.stdout.removesuffix("\n")  # generate ends its reply with a newline
-    log = tmp_path / "serve.log"  # a file, not a pipe: loading bars must never block on a full pipe
+def generate(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "specchat", "generate", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "serve.log"  # a file, not a pipe: loading bars never block
     with log.open("w") as err:
         server = specchat("serve", "--port", "0", *DECODING, stdout=subprocess.PIPE, stderr=err)
     try:
         line = server.stdout.readline()
         assert " at http://127.0.0.1:" in line, line
-        chat = openai.OpenAI(base_url=line.split(" at ")[1].split(" ;")[0], api_key="unused", max_retries=0,
-                             timeout=600)
-        model = chat.models.list().data[0].id
-        messages = [{"role": "user", "content": PROMPT}]
-        whole = chat.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS)
-        streamed = chat.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS, stream=True)
-        streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        client = openai.OpenAI(base_url=line.split(" at ")[1].split(" ;")[0], api_key="unused", max_retries=0,
+                               timeout=600)
+        yield client, client.models.list().data[0].id
     finally:
         server.send_signal(signal.SIGINT)
         server.communicate(timeout=STOP_S)
+    assert server.returncode == 0 and "Traceback" not in log.read_text()
+
+
+def test_served_text_equals_generate_at_temperature_0(served):
+    client, model = served
+    expected = generate(PROMPT, *DECODING, "--max-new-tokens", str(NEW_TOKENS)).removesuffix("\n")  # its newline
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS)
+    streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS, stream=True)
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert whole.choices[0].message.content == streamed_text == expected
     assert whole.usage.completion_tokens == NEW_TOKENS or whole.choices[0].finish_reason == "stop"
-    assert server.returncode == 0 and "Traceback" not in log.read_text()
+
+
+def test_a_middle_filled_in_is_the_targets_greedy_middle_ended_at_endoftext(served):
+    client, model = served
+    alone = json.loads(generate(FIM_PROMPT, "--raw", "--engine", "autoregressive", *DECODING[:4],
+                                "--max-new-tokens", str(MIDDLE_TOKENS), "--json"))
+    whole = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS)
+    streamed = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS,
+                                         stream=True)
+    assert whole.choices[0].text == "".join(c.choices[0].text for c in streamed if c.choices) == alone["text"]
+    assert alone["token_ids"][-1] == ENDOFTEXT and whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens == len(alone["token_ids"]) < MIDDLE_TOKENS
+    assert "return" in whole.choices[0].text  # a body, not an empty middle

@@ -20,6 +20,12 @@ def body(**changes) -> bytes:
     return json.dumps({**GOOD, **changes}).encode()
 
 
+def text(**changes) -> bytes:
+    """A text completion's body; a change to None leaves that field out."""
+    fields = {"model": MODEL, "prompt": "hi", "max_tokens": 4, **changes}
+    return json.dumps({k: v for k, v in fields.items() if v is not None}).encode()
+
+
 def without(field: str) -> bytes:
     return json.dumps({k: v for k, v in GOOD.items() if k != field}).encode()
 
@@ -105,10 +111,40 @@ CASES = [
      "invalid_api_key", "wrong API key: send the header 'Authorization: Bearer KEY'"),
     ("unknown model", "POST", "/v1/chat/completions", body(model="gpt-4o"), AUTH, 404, "model_not_found",
      "model 'gpt-4o' is not served here: this server serves 'tiny'"),
-    ("unknown path", "POST", "/v1/completions", body(), AUTH, 404, "unknown_url",
-     "unknown path: POST /v1/completions"),
+    ("unknown path", "POST", "/v1/embeddings", body(), AUTH, 404, "unknown_url",
+     "unknown path: POST /v1/embeddings"),
     ("wrong method", "GET", "/v1/chat/completions", None, AUTH, 405, "method_not_allowed",
      "method GET not allowed on /v1/chat/completions"),
+    ("text: no prompt", "POST", "/v1/completions", text(prompt=None), AUTH, 400, "missing_field",
+     "prompt is required"),
+    ("text: a prompt a number", "POST", "/v1/completions", text(prompt=3), AUTH, 400, "invalid_type",
+     "prompt: input should be a valid string"),
+    ("text: empty prompt", "POST", "/v1/completions", text(prompt=""), AUTH, 400, "invalid_value",
+     "the prompt is empty after tokenization"),
+    ("text: a batch of prompts", "POST", "/v1/completions", text(prompt=["a", "b"]), AUTH, 400,
+     "unsupported_parameter", "2 prompts in one request: one prompt per request (a batch) is not supported by specchat"),
+    ("text: a token id outside the vocabulary", "POST", "/v1/completions", text(prompt=[104, 2_000_000]), AUTH, 400,
+     "invalid_value", "prompt: token id 2000000 is outside the vocabulary [0, 1114112)"),
+    ("text: a suffix the model cannot fill before", "POST", "/v1/completions", text(suffix="}"), AUTH, 400,
+     "unsupported_parameter", "suffix: this model has no fill-in-the-middle tokens, so it cannot complete before "
+     "a suffix"),
+    ("text: best_of 2", "POST", "/v1/completions", text(best_of=2), AUTH, 400, "unsupported_parameter",
+     "best_of = 2: one candidate per request (best_of > 1) is not supported by specchat"),
+    ("text: n 2", "POST", "/v1/completions", text(n=2), AUTH, 400, "unsupported_parameter",
+     "n = 2: one choice per request (n > 1) is not supported by specchat"),
+    ("text: logprobs too many", "POST", "/v1/completions", text(logprobs=21), AUTH, 400, "invalid_value",
+     "logprobs must be in [0, 20] (got 21)"),
+    ("text: echo with logprobs", "POST", "/v1/completions", text(echo=True, logprobs=1), AUTH, 400,
+     "unsupported_parameter", "echo with logprobs (the prompt's own logprobs) is not supported by specchat"),
+    ("text: max_tokens zero", "POST", "/v1/completions", text(max_tokens=0), AUTH, 400, "invalid_value",
+     "max_tokens must be between 1 and 32768 (got 0)"),
+    ("text: prompt over the context", "POST", "/v1/completions", text(prompt="x" * 300), AUTH, 400,
+     "context_length_exceeded",
+     "the prompt is 300 tokens, which leaves no room for a reply in the 256-token context: shorten it"),
+    ("text: unknown model", "POST", "/v1/completions", text(model="gpt-3.5-turbo-instruct"), AUTH, 404,
+     "model_not_found", "model 'gpt-3.5-turbo-instruct' is not served here: this server serves 'tiny'"),
+    ("text: no key", "POST", "/v1/completions", text(), {"Content-Type": "application/json"}, 401, "invalid_api_key",
+     "missing API key: send the header 'Authorization: Bearer KEY'"),
 ]
 
 

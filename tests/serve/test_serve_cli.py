@@ -66,9 +66,3 @@ def test_serve_bad_options_are_one_line(monkeypatch, capsys, args, fragment):
     code, _, err = run_cli(monkeypatch, capsys, "serve", *args)
     assert_one_line_error(code, err, fragment)
 
-
-def test_serve_refuses_a_model_without_a_chat_template(monkeypatch, capsys, tmp_path):
-    plain = save_tiny_model(tmp_path / "plain", CORPUS, seed=0)
-    code, _, err = run_cli(monkeypatch, capsys, "serve", "--target", str(plain), "--engine", "autoregressive",
-                           "--port", "0", "--dtype", "float32")
-    assert_one_line_error(code, err, "has no chat template: `specchat serve` needs a chat (instruct) model")

@@ -16,7 +16,7 @@ from specchat.serve.errors import APIError
 from specchat.serve.listen import bind, is_loopback, url_of
 from specchat.serve.reply import Reply, usage
 from specchat.serve.scheduler import Job
-from specchat.serve.schema import field_name, parse_request
+from specchat.serve.schema import ChatRequest, field_name, parse_body
 from specchat.serve.stops import StopScan
 from specchat.textstream import TextStream
 from specchat.tui.fake import WORKER_NOTICE, FakeDSIEngine, FakeEngine
@@ -82,8 +82,8 @@ def test_field_names_read_as_the_client_wrote_them():
 
 
 def test_unknown_fields_are_ignored_as_openai_clients_expect():
-    request = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "user": "u1", '
-                            b'"presence_penalty": 0, "n": 1, "response_format": {"type": "text"}}')
+    request = parse_body(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "user": "u1", '
+                         b'"presence_penalty": 0, "n": 1, "response_format": {"type": "text"}}', ChatRequest)
     assert request.model == "m"
 
 

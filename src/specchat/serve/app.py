@@ -12,15 +12,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specchat.serve.completions import Completions, ServeConfig
+from specchat.serve.completions import ChatCompletions
+from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError, api_error_response, http_error_response
 from specchat.serve.logs import RequestLog
 from specchat.serve.scheduler import Scheduler
+from specchat.serve.text_completions import TextCompletions
 
 
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
-    completions = Completions(config, scheduler)
+    chat, text = ChatCompletions(config, scheduler), TextCompletions(config, scheduler)
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
@@ -45,7 +47,11 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
 
     async def chat_completions(request: Request) -> Response:
         authorize(request)
-        return await completions.respond(request)
+        return await chat.respond(request)
+
+    async def text_completions(request: Request) -> Response:
+        authorize(request)
+        return await text.respond(request)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -58,6 +64,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", text_completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts)],

@@ -9,7 +9,8 @@ from specchat.errors import SpecchatError
 from specchat.loader import load_models
 from specchat.runtime import EngineOptions, live_settings_of
 from specchat.serve.app import build_app
-from specchat.serve.completions import ServeConfig
+from specchat.serve.endpoint import ServeConfig
+from specchat.serve.fim import fim_tokens
 from specchat.serve.listen import bind, is_loopback, server_for, url_of
 from specchat.serve.scheduler import Scheduler
 
@@ -61,13 +62,11 @@ def run_server(options: EngineOptions, serving: Serving, sampling: SamplingParam
     try:
         models = load_models(options)
         try:
-            if models.tokenizer.chat_template is None:
-                raise SpecchatError(f"{options.target} has no chat template: `specchat serve` needs a chat "
-                                    "(instruct) model")
             engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(serving.slots)]
             config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
                                  context=models.context, sampling=sampling, api_key=serving.api_key,
-                                 log_prompts=serving.log_prompts, grammars=models.grammars)
+                                 log_prompts=serving.log_prompts, grammars=models.grammars,
+                                 fim=fim_tokens(models.tokenizer))
             app = build_app(config, Scheduler(engines, serving.max_queue))
             show_request_log()
             print(f"serving {options.target} ({options.engine}) at {url_of(sock)}/v1 ; Ctrl+C stops", flush=True)

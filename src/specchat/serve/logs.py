@@ -1,5 +1,5 @@
-"""One log line per request: method, path, status, tokens and seconds (and the messages, only
-when the server runs with --log-prompts)."""
+"""One log line per request: method, path, status, tokens and seconds (and the messages, or a
+text completion's prompt and suffix, only when the server runs with --log-prompts)."""
 
 import json
 import logging
@@ -9,10 +9,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("specchat.serve")
 
+LOGGED = ("messages", "prompt", "suffix")  # a chat's messages; a text completion's prompt and suffix
+
 
 class RequestLog:
     """ASGI middleware; a handler leaves `tokens` (prompt, completion) and, with --log-prompts,
-    `messages` in the request's state for the line."""
+    what LOGGED names in the request's state for the line."""
 
     def __init__(self, app: ASGIApp, log_prompts: bool) -> None:
         self.app = app
@@ -45,6 +47,6 @@ class RequestLog:
         parts.append(f"{seconds:.3f}s")
         if not complete:
             parts.append("incomplete")  # the client left, or the server failed
-        if self.log_prompts and "messages" in state:
-            parts.append(f"messages {json.dumps(state['messages'], ensure_ascii=False)}")
+        if self.log_prompts:
+            parts += [f"{name} {json.dumps(state[name], ensure_ascii=False)}" for name in LOGGED if name in state]
         return " ".join(parts)

@@ -1,8 +1,9 @@
-"""The chat-completions request: its JSON types checked by pydantic (strictly: "10" is not a
-number), its values and the features specchat does not offer checked here, each refusal one line.
-Tools, tool calls and response formats are serve/structured.py's."""
+"""The completion requests: their JSON types checked by pydantic (strictly: "10" is not a
+number), their values and the features specchat does not offer checked here, each refusal one
+line. The chat request is here; the text completion's fields are serve/text_request.py's; tools,
+tool calls and response formats are serve/structured.py's."""
 
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,11 +33,10 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class ChatRequest(Strict):
+class Decoded(Strict):
+    """What every completion request holds: the model, the sampling, stop strings and streaming."""
+
     model: str
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -44,6 +44,12 @@ class ChatRequest(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
+
+
+class ChatRequest(Decoded):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -53,13 +59,18 @@ class ChatRequest(Strict):
     response_format: dict[str, Any] | None = None
 
 
-def parse_request(body: bytes) -> ChatRequest:
-    """The request, or a 400: malformed JSON, or the first field missing or of the wrong type."""
+Request = TypeVar("Request", bound=Decoded)
+
+
+def parse_body(body: bytes, kind: type[Request]) -> Request:
+    """The request, or a 400: malformed JSON, or the first field missing or of the wrong type; a
+    request for several choices (n > 1) is refused."""
     try:
-        request = ChatRequest.model_validate_json(body)
+        request = kind.model_validate_json(body)
     except ValidationError as error:
         raise refusal(error.errors()[0]) from None
-    check_features(request)
+    if request.n is not None and request.n != 1:
+        raise unsupported(f"n = {request.n}: one choice per request (n > 1) is", "n")
     return request
 
 
@@ -90,9 +101,7 @@ def field_name(loc: tuple) -> str:
 UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
-def check_features(request: ChatRequest) -> None:
-    if request.n is not None and request.n != 1:
-        raise unsupported(f"n = {request.n}: one choice per request (n > 1) is", "n")
+def check_chat_features(request: ChatRequest) -> None:
     for field in ("functions", "function_call"):
         if getattr(request, field) is not None:
             raise unsupported(f"{field} (the API's older form of tools: send tools and tool_choice) is", field)
@@ -140,7 +149,7 @@ def text_of(where: str, content: str | list[dict[str, Any]] | None) -> str:
     return "".join(texts)
 
 
-def stop_strings(request: ChatRequest) -> list[str]:
+def stop_strings(request: Decoded) -> list[str]:
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     if len(stops) > MAX_STOPS:
         raise bad_request(f"stop: at most {MAX_STOPS} stop strings (got {len(stops)})", param="stop")
@@ -149,7 +158,7 @@ def stop_strings(request: ChatRequest) -> list[str]:
     return stops
 
 
-def sampling_of(request: ChatRequest, defaults: SamplingParams) -> SamplingParams:
+def sampling_of(request: Decoded, defaults: SamplingParams) -> SamplingParams:
     """The request's sampling, the server's defaults for what it leaves out; a 400 out of range."""
     temperature = defaults.temperature if request.temperature is None else request.temperature
     top_p = defaults.top_p if request.top_p is None else request.top_p
@@ -173,7 +182,7 @@ def requested_tokens(request: ChatRequest) -> int | None:
     return None
 
 
-def check_model(request: ChatRequest, served: str) -> None:
+def check_model(request: Decoded, served: str) -> None:
     if request.model != served:
         raise APIError(404, f"model '{request.model}' is not served here: this server serves '{served}'",
                        "model_not_found", "model")

@@ -1,0 +1,130 @@
+"""What the completion routes share: the server's config, a job queued (429 past the queue's
+bound), the reply's text as it becomes safe to send, the form a reply keeps to, and a client's
+disconnect withdrawing its job."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from transformers import PreTrainedTokenizerBase
+
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.guide import Grammar, Grammars
+from specchat.errors import ContextOverflow, SpecchatError
+from specchat.limits import reply_limit
+from specchat.serve.errors import APIError, bad_request
+from specchat.serve.fim import FimTokens
+from specchat.serve.reply import Reply
+from specchat.serve.scheduler import Job, QueueFull, Scheduler
+from specchat.serve.stops import StopScan
+from specchat.serve.structured import call_grammar
+from specchat.textstream import TextStream
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str  # the id clients name in `model`
+    tokenizer: PreTrainedTokenizerBase
+    stop_ids: frozenset[int]
+    context: int
+    sampling: SamplingParams  # what a request leaves out
+    api_key: str | None = None
+    log_prompts: bool = False
+    grammars: Callable[[], Grammars] | None = None  # the grammar compiler (None: response forms are refused)
+    fim: FimTokens | None = None  # the tokenizer's fill-in-the-middle tokens (None: `suffix` is refused)
+
+
+class Endpoint:
+    def __init__(self, config: ServeConfig, scheduler: Scheduler) -> None:
+        self.config = config
+        self.scheduler = scheduler
+
+    def job(self, prompt_ids: list[int], wanted: int | None, sampling: SamplingParams, param: str) -> Job:
+        """The job decoding `prompt_ids`, at most `wanted` tokens (None: the room left); a 400 naming
+        `param` when the prompt leaves no room."""
+        try:
+            max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context)
+        except ContextOverflow as error:
+            raise bad_request(str(error), "context_length_exceeded", param) from None
+        return Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())
+
+    def reply(self, stops: list[str], sampling: SamplingParams, may_call: bool = False) -> Reply:
+        return Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids,
+                     token_log=sampling.token_log, may_call=may_call)
+
+    def queue(self, request: Request, job: Job) -> None:
+        try:
+            self.scheduler.submit(job)
+        except QueueFull as error:
+            raise APIError(429, str(error), "queue_full", kind="rate_limit_error") from None
+        request.state.tokens = (len(job.prompt_ids), 0)
+
+    def form(self, schema: dict | None, forced: list[dict]) -> Grammar | None:
+        """The grammar the reply keeps to: the response format's schema, or calls of the forced
+        tools; None for free text. What the grammar engine cannot compile is a 400."""
+        if schema is None and not forced:
+            return None
+        field = "response_format" if schema is not None else "tools"
+        if schema is not None and forced:
+            raise bad_request("response_format and a tool_choice that forces a call ask two forms of one reply: "
+                              "send one", "invalid_value", "tool_choice")
+        if self.config.grammars is None:
+            raise bad_request(f"{field}: this server's tokenizer takes no grammar", "unsupported_parameter", field)
+        try:
+            compiler = self.config.grammars()
+            return compiler.json_schema(schema) if schema is not None else compiler.lark(call_grammar(forced))
+        except SpecchatError as error:
+            raise bad_request(str(error), "invalid_value", field) from None
+
+    async def collect(self, request: Request, job: Job, reply: Reply) -> str:
+        """The whole reply's text, once it has ended (a disconnect withdraws the job)."""
+        watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
+        try:
+            text = "".join([piece async for piece in self.pieces(job, reply)]) + reply.finish()
+        finally:
+            watcher.cancel()
+            self.scheduler.withdraw(job)
+        request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
+        return text
+
+    async def withdraw_on_disconnect(self, request: Request, job: Job) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.scheduler.withdraw(job)
+
+    async def pieces(self, job: Job, reply: Reply) -> AsyncIterator[str]:
+        """The reply's text as it becomes safe to send, until it ends or meets a stop string."""
+        try:
+            async for event in job.events():
+                if text := reply.push(event):
+                    yield text
+                if reply.stopped:
+                    return
+        except APIError:
+            raise
+        except SpecchatError as error:
+            raise bad_request(str(error)) from None
+        except Exception as error:  # the scheduler logged its traceback; the client gets one line
+            raise APIError(500, f"decoding failed: {type(error).__name__}: {error}", "decoding_failed",
+                           kind="server_error") from None
+
+
+    async def events(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+        """A streamed reply's chunks as server-sent events, then [DONE]; an error once the status is
+        sent goes in the stream. The job's place is freed however the stream ends: this is reached
+        too when the client disconnects (the stream is cancelled)."""
+        try:
+            async for chunk in chunks:
+                yield sse(chunk)
+            yield "data: [DONE]\n\n"
+        except APIError as error:
+            yield sse(error.body())
+        finally:
+            self.scheduler.withdraw(job)
+            request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
+
+
+def sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

@@ -1,0 +1,65 @@
+"""One text completion (POST /v1/completions): a raw prompt, or a prefix and a suffix to fill in the
+middle of, decoded by the same engines as a chat, whole or streamed as server-sent events. Code
+editors ask it for completions at the cursor."""
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specchat.decoding.token_log import TokenLog
+from specchat.serve.endpoint import Endpoint
+from specchat.serve.reply import Reply
+from specchat.serve.scheduler import Job
+from specchat.serve.schema import check_model, parse_body, sampling_of, stop_strings
+from specchat.serve.structured import response_schema
+from specchat.serve.text_reply import LegacyLogprobs, TextChunks, text_completion
+from specchat.serve.text_request import (TextRequest, check_text_features, completion_tokens, prompt_ids,
+                                         single_prompt)
+
+
+class TextCompletions(Endpoint):
+    async def respond(self, request: Request) -> Response:
+        """POST /v1/completions, once the key is checked."""
+        body = parse_body(await request.body(), TextRequest)
+        check_text_features(body)
+        check_model(body, self.config.model)
+        job, reply, echoed = self.prepare(body, request)
+        self.queue(request, job)
+        logprobs = LegacyLogprobs(self.config.tokenizer, offset=len(echoed))
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            chunks = self.stream(job, reply, echoed, logprobs, include_usage)
+            return StreamingResponse(self.events(request, job, reply, chunks), media_type="text/event-stream")
+        text = echoed + await self.collect(request, job, reply)
+        return JSONResponse(text_completion(self.config.model, text, reply, job, logprobs.take(reply)))
+
+    def prepare(self, body: TextRequest, request: Request) -> tuple[Job, Reply, str]:
+        """The job, its reply, and the prompt's text when it is echoed before the completion."""
+        prompt = single_prompt(body)
+        if self.config.log_prompts:
+            request.state.prompt = prompt
+            if body.suffix is not None:
+                request.state.suffix = body.suffix
+        form = self.form(response_schema(body.response_format), [])
+        sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
+                           token_log=None if body.logprobs is None else TokenLog(body.logprobs))
+        stops, wanted = stop_strings(body), completion_tokens(body)
+        ids = prompt_ids(prompt, body.suffix, self.config.tokenizer, self.config.fim)
+        echoed = (prompt if isinstance(prompt, str) else self.config.tokenizer.decode(ids)) if body.echo else ""
+        return self.job(ids, wanted, sampling, "prompt"), self.reply(stops, sampling), echoed
+
+    async def stream(self, job: Job, reply: Reply, echoed: str, logprobs: LegacyLogprobs,
+                     include_usage: bool) -> AsyncIterator[dict]:
+        chunks = TextChunks(self.config.model)
+        if echoed:
+            yield chunks.text(echoed)
+        async for text in self.pieces(job, reply):
+            yield chunks.text(text, logprobs.take(reply))
+        tail = reply.finish()
+        if tail or reply.token_log is not None and logprobs.sent < len(reply.token_log.entries):
+            yield chunks.text(tail, logprobs.take(reply))
+        yield chunks.last(reply, job)
+        if include_usage:
+            yield chunks.usage(reply, job)

@@ -1,0 +1,75 @@
+"""A text completion as OpenAI's objects (`text_completion`), whole or as chunks, with the legacy
+logprobs shape: tokens, token_logprobs, top_logprobs (a {token: logprob} map each) and text_offset."""
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from specchat.decoding.token_log import TokenLogprobs
+from specchat.serve.reply import Reply, extension, usage
+from specchat.serve.scheduler import Job
+
+
+@dataclass
+class LegacyLogprobs:
+    """The logprobs of a reply's tokens in chunks, each token's text_offset counted on from `offset`
+    (where the completion's text starts in the choice: after the prompt when echoed)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    offset: int = 0
+    sent: int = 0  # entries already given
+
+    def take(self, reply: Reply) -> dict | None:
+        """The entries logged since the last call (None: logprobs were not asked for)."""
+        if reply.token_log is None:
+            return None
+        entries = reply.token_log.entries[self.sent:]
+        self.sent += len(entries)
+        tokens = [self.tokenizer.decode([entry.token]) for entry in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [entry.logprob for entry in entries],
+                "top_logprobs": [self.alternatives(entry) for entry in entries], "text_offset": offsets}
+
+    def alternatives(self, entry: TokenLogprobs) -> dict[str, float]:
+        return {self.tokenizer.decode([token]): logprob for token, logprob in entry.top}
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def text_completion(model: str, text: str, reply: Reply, job: Job, logprobs: dict | None) -> dict:
+    return {
+        "id": completion_id(), "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reply.finish_reason()}],
+        "usage": usage(len(job.prompt_ids), reply),
+        "specchat": extension(job, reply),
+    }
+
+
+@dataclass(frozen=True)
+class TextChunks:
+    """The chunks of one streamed completion, sharing its id and creation time."""
+
+    model: str
+    id: str = field(default_factory=completion_id)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def chunk(self, choices: list[dict], **extra: object) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+
+    def text(self, text: str, logprobs: dict | None = None, finish_reason: str | None = None,
+             **extra: object) -> dict:
+        return self.chunk([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}], **extra)
+
+    def last(self, reply: Reply, job: Job) -> dict:
+        return self.text("", finish_reason=reply.finish_reason(), specchat=extension(job, reply))
+
+    def usage(self, reply: Reply, job: Job) -> dict:
+        return self.chunk([], usage=usage(len(job.prompt_ids), reply))

@@ -1,0 +1,76 @@
+"""The text-completion request (OpenAI's /v1/completions): one prompt, as text or token ids, and
+an optional `suffix` to fill in the middle before; its checks, each refusal one line."""
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from specchat.limits import MAX_TOKENS
+from specchat.serve.errors import bad_request, unsupported
+from specchat.serve.fim import FimTokens
+from specchat.serve.schema import MAX_TOP_LOGPROBS, Decoded
+
+DEFAULT_MAX_TOKENS = 16  # as OpenAI's API: a completion is short unless asked
+
+
+class TextRequest(Decoded):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    suffix: str | None = None
+    max_tokens: int | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def check_text_features(request: TextRequest) -> None:
+    if request.best_of is not None and request.best_of != 1:
+        raise unsupported(f"best_of = {request.best_of}: one candidate per request (best_of > 1) is", "best_of")
+    if request.logprobs is not None:
+        if not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {request.logprobs})",
+                              "invalid_value", "logprobs")
+        if request.echo:
+            raise unsupported("echo with logprobs (the prompt's own logprobs) is", "echo")
+
+
+def completion_tokens(request: TextRequest) -> int:
+    if request.max_tokens is None:
+        return DEFAULT_MAX_TOKENS
+    if problem := MAX_TOKENS.problem("max_tokens", request.max_tokens):
+        raise bad_request(problem, param="max_tokens")
+    return request.max_tokens
+
+
+def single_prompt(request: TextRequest) -> str | list[int]:
+    """The one prompt: a string or token ids, alone or as a list's only item."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise unsupported(f"{len(prompt)} prompts in one request: one prompt per request (a batch) is", "prompt")
+        prompt = prompt[0]
+    return prompt
+
+
+def prompt_ids(prompt: str | list[int], suffix: str | None, tokenizer: PreTrainedTokenizerBase,
+               fim: FimTokens | None) -> list[int]:
+    """The prompt's token ids: a string as the tokenizer encodes it (its special tokens' names read
+    as those tokens, as raw prompts are), around `suffix` in the model's fill-in-the-middle format."""
+    if suffix and fim is None:
+        raise bad_request("suffix: this model has no fill-in-the-middle tokens, so it cannot complete before a "
+                          "suffix", "unsupported_parameter", "suffix")
+    if isinstance(prompt, str):
+        ids = list(tokenizer.encode(fim.prompt(prompt, suffix) if suffix else prompt))
+    elif suffix:
+        raise bad_request("suffix needs a text prompt, not token ids", "invalid_value", "suffix")
+    else:
+        ids = checked_ids(prompt, len(tokenizer))
+    if not ids:
+        raise bad_request("the prompt is empty after tokenization", param="prompt")
+    return ids
+
+
+def checked_ids(ids: list[int], vocab: int) -> list[int]:
+    if outside := [token for token in ids if not 0 <= token < vocab]:
+        raise bad_request(f"prompt: token id {outside[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+    return ids

@@ -1,0 +1,161 @@
+"""POST /v1/completions driven by the official `openai` client: a raw prompt (text or token ids)
+reaches the engine as the tokenizer encodes it, a `suffix` wraps it in the model's
+fill-in-the-middle format, echo, stop strings, streaming and the legacy logprobs shape; over the
+tiny random models the text and logprobs are exactly the target's greedy ones."""
+
+import json
+import logging
+import urllib.request
+from types import SimpleNamespace
+
+import openai
+import pytest
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, serving, user
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.token_log import TokenLog
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
+from specchat.serve.fim import FimTokens
+from specchat.tui.fake import REPLY, FakeEngine
+
+FIM = FimTokens("<P>", "<S>", "<M>")  # one character a token here: the format is what is checked
+
+
+@pytest.fixture
+def fake():
+    engine = FakeEngine()
+    app, _ = make_app([engine], fim=FIM)
+    with serving(app) as url:
+        yield engine, client(url), url
+
+
+def prompt_of(engine: FakeEngine) -> str:
+    return "".join(map(chr, engine.calls[-1][0]))
+
+
+def test_a_raw_prompt_is_sent_as_is_and_16_tokens_come_back_by_default(fake):
+    engine, api, _ = fake
+    reply = api.completions.create(model=MODEL, prompt="def add(a, b):")
+    assert prompt_of(engine) == "def add(a, b):"  # no chat template
+    assert reply.object == "text_completion" and reply.id.startswith("cmpl-")
+    assert reply.choices[0].text == REPLY[:16] and reply.choices[0].finish_reason == "length"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len("def add(a, b):"), 16)
+    assert reply.model_extra["specchat"]["engine"] == "specexec"
+
+
+def test_a_streamed_completion_joins_to_the_whole_and_ends_with_usage_and_done(fake):
+    _, api, url = fake
+    whole = api.completions.create(model=MODEL, prompt="hi", max_tokens=200)
+    chunks = list(api.completions.create(model=MODEL, prompt="hi", max_tokens=200, stream=True,
+                                         stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text == REPLY
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(REPLY)
+    assert len({c.id for c in chunks}) == 1 and all(c.object == "text_completion" for c in chunks)
+    assert raw_lines(url, {"model": MODEL, "prompt": "hi", "stream": True})[-1] == "data: [DONE]"
+
+
+def raw_lines(url: str, body: dict) -> list[str]:
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return [line for line in response.read().decode().split("\n") if line]
+
+
+def test_a_suffix_asks_for_the_middle_in_the_fim_format(fake):
+    engine, api, _ = fake
+    api.completions.create(model=MODEL, prompt="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))")
+    assert prompt_of(engine) == "<P>def add(a, b):\n    <S>\n\nprint(add(1, 2))<M>"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_puts_the_prompt_before_the_completion(fake, stream):
+    _, api, _ = fake
+    reply = api.completions.create(model=MODEL, prompt="pre", suffix="post", echo=True, max_tokens=5, stream=stream)
+    text = "".join(c.choices[0].text for c in reply if c.choices) if stream else reply.choices[0].text
+    assert text == "pre" + REPLY[:5]  # the prompt as given: the suffix is not echoed
+
+
+@pytest.mark.parametrize("prompt", [[104, 105], [[104, 105]], ["hi"]])
+def test_token_ids_or_a_one_item_list_are_the_prompt(fake, prompt):
+    engine, api, _ = fake
+    api.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert prompt_of(engine) == "hi"
+
+
+def test_stop_strings_and_sampling_reach_the_completion(fake):
+    engine, api, _ = fake
+    reply = api.completions.create(model=MODEL, prompt="x", stop=["`python"], max_tokens=200, temperature=0.3,
+                                   top_p=0.5, seed=7)
+    assert reply.choices[0].text == REPLY[:REPLY.index("`python")] and reply.choices[0].finish_reason == "stop"
+    assert engine.calls[-1][2] == SamplingParams(temperature=0.3, top_p=0.5, seed=7)
+
+
+def test_a_response_format_guides_the_completion():
+    engine, compiled = FakeEngine(), []
+    grammar = SimpleNamespace(start=lambda: "guide")
+    grammars = SimpleNamespace(json_schema=lambda schema: compiled.append(schema) or grammar)
+    app, _ = make_app([engine], grammars=lambda: grammars)
+    with serving(app) as url:
+        client(url).completions.create(model=MODEL, prompt="{", extra_body={"response_format": {"type": "json_object"}})
+    assert compiled == [{"type": "object"}] and engine.calls[-1][2].guide == "guide"
+
+
+def test_a_model_without_a_chat_template_serves_completions_and_refuses_chats_in_one_line():
+    plain = CharTokenizer()
+    plain.chat_template = None
+    app, _ = make_app([FakeEngine()], tokenizer=plain)
+    with serving(app) as url:
+        api = client(url)
+        assert api.completions.create(model=MODEL, prompt="hi", max_tokens=3).choices[0].text == REPLY[:3]
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.chat.completions.create(model=MODEL, messages=user("hi"))
+    assert refused.value.body["message"] == ("this model has no chat template, so it takes no chat: send its "
+                                             "prompts to /v1/completions")
+
+
+@pytest.mark.parametrize("log_prompts", [False, True])
+def test_one_log_line_a_completion_its_prompt_only_when_asked(caplog, log_prompts):
+    app, _ = make_app([FakeEngine()], log_prompts=log_prompts, fim=FIM)
+    with caplog.at_level(logging.INFO, logger="specchat.serve"), serving(app) as url:
+        client(url).completions.create(model=MODEL, prompt="hello", suffix="bye", max_tokens=4)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("POST /v1/completions")]
+    assert len(lines) == 1 and lines[0].startswith("POST /v1/completions 200 tokens 17+4 ")
+    assert lines[0].endswith(' prompt "hello" suffix "bye"') is log_prompts  # 17: <P>hello<S>bye<M>
+
+
+# The tiny random models: what the server sends is exactly what the target decodes alone.
+
+
+def served_and_greedy(tiny_target, tiny_draft, **request) -> tuple[object, list, list[int], TokenLog]:
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    with serving(app) as url:
+        api = client(url)
+        whole = api.completions.create(model=MODEL, temperature=0, **request)
+        chunks = list(api.completions.create(model=MODEL, temperature=0, stream=True, **request))
+    log = TokenLog(request.get("logprobs") or 0)
+    events = AutoregressiveEngine(tiny_target, frozenset()).generate(
+        TINY_TOKENIZER.encode(request["prompt"]), request["max_tokens"], SamplingParams(0.0, token_log=log))
+    return whole, chunks, [t for e in events for t in e.token_ids], log
+
+
+def test_on_tiny_models_the_completion_is_the_targets_greedy_text(tiny_target, tiny_draft):
+    whole, chunks, greedy, _ = served_and_greedy(tiny_target, tiny_draft, prompt="hello there", max_tokens=24)
+    assert whole.choices[0].text == "".join(c.choices[0].text for c in chunks) == TINY_TOKENIZER.decode(greedy)
+    assert whole.choices[0].finish_reason == "length" and whole.model_extra["specchat"]["gen_rate"] > 1
+
+
+def test_on_tiny_models_logprobs_are_the_targets_in_the_legacy_shape(tiny_target, tiny_draft):
+    whole, chunks, greedy, log = served_and_greedy(tiny_target, tiny_draft, prompt="hello there", max_tokens=12,
+                                                   logprobs=3)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs.tokens == [TINY_TOKENIZER.decode([t]) for t in greedy]
+    assert logprobs.token_logprobs == [entry.logprob for entry in log.entries]
+    assert logprobs.top_logprobs == [{TINY_TOKENIZER.decode([t]): p for t, p in entry.top} for entry in log.entries]
+    assert logprobs.text_offset == list(range(12))  # one character a token
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed == logprobs.tokens
