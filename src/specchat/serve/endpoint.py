@@ -110,8 +110,8 @@ class Endpoint:
             raise APIError(500, f"decoding failed: {type(error).__name__}: {error}", "decoding_failed",
                            kind="server_error") from None
 
-
-    async def events(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    async def events(self, request: Request, job: Job, reply: Reply,
+                     chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
         """A streamed reply's chunks as server-sent events, then [DONE]; an error once the status is
         sent goes in the stream. The job's place is freed however the stream ends: this is reached
         too when the client disconnects (the stream is cancelled)."""
