@@ -42,7 +42,8 @@ from specchat.decoding.events import Engine, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.models.loading import load
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import encode_prompt
 
 COMPARISONS = ("greedy specexec vs autoregressive", "seeded specexec vs autoregressive",
                "greedy bf16 vs float32 autoregressive")

@@ -42,7 +42,8 @@ from specchat.loader import load_models
 from specchat.models.draft import DraftQuant, load_draft
 from specchat.progress import Reporter
 from specchat.quant.int8 import Int8Linear
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import encode_prompt
 
 UNBOUNDED = float("inf")  # record every divergence: the bound is what this measures
 

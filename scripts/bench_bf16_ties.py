@@ -30,7 +30,8 @@ from specchat.decoding.events import SamplingParams
 from specchat.limits import DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from specchat.loader import load_models
 from specchat.quant.int4 import Int4Linear
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import encode_prompt
 
 SAMPLINGS = {"greedy": SamplingParams(0.0), "seeded": SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_SEED)}
 UNBOUNDED = 10**6  # count every tie; the bound is what this measures

@@ -13,7 +13,8 @@ from time import perf_counter
 
 from specchat.decoding.events import SamplingParams
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import encode_prompt
 from specchat.summary import summarize, tree_means
 
 SCHEMA = {"type": "object", "properties": {

@@ -24,7 +24,7 @@ from specchat.bench.datasets import mtbench_questions
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.prefix import common_prefix
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions
+from specchat.engine_options import EngineOptions
 
 ENGINES = ("autoregressive", "specexec")
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)

@@ -25,7 +25,8 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.limits import DTYPES, FR_SPEC_VOCAB
+from specchat.dtypes import DTYPES
+from specchat.limits import FR_SPEC_VOCAB
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET

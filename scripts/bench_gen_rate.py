@@ -26,7 +26,7 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.limits import DTYPES
+from specchat.dtypes import DTYPES
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.runtime import encode_prompt

@@ -51,7 +51,8 @@ from specchat.models.embedded import ensure_embedded
 from specchat.models.registry import DEFAULT_TARGET
 from specchat.offload import experts
 from specchat.offload.build import offload_model
-from specchat.runtime import EngineOptions, Models, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import Models, encode_prompt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the upcycling writer lives with the tests
 from helpers.exactness import ExactnessCheck  # noqa: E402

@@ -43,7 +43,8 @@ from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant.gptq import GPTQSpec
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions, Models, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import Models, encode_prompt
 from specchat.summary import Summary, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the GPTQ writer lives with the tests

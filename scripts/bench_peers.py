@@ -28,7 +28,8 @@ from specchat.bench.measure import measure_engine, measure_hf_assisted, plain_dr
 from specchat.bench.provenance import claim_fresh_folder, code_version, table_header
 from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions, Models, encode_prompt
+from specchat.engine_options import EngineOptions
+from specchat.runtime import Models, encode_prompt
 
 HF_SYSTEMS = ("hf-generate", "hf-assisted")
 

@@ -12,16 +12,28 @@ from helpers.tiny import build_tiny, perturbed, tiny_qwen_config
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specchat import bounded_attention
-from specchat.bounded_attention import (ATTENTION_BYTES, GROUPED, LEAST_ROWS, MATH_BYTES_PER_SCORE, NAME,
-                                        attention_bytes, bound_attention, bounded_sdpa, fused_kernel_takes,
-                                        fused_serves, grouped_sdpa, mask_rows_per_call, rows_per_call)
-from specchat.decoding.kvcache import new_cache
+from specchat.bounded_attention import (
+    ATTENTION_BYTES,
+    GROUPED,
+    LEAST_ROWS,
+    MATH_BYTES_PER_SCORE,
+    NAME,
+    attention_bytes,
+    bound_attention,
+    bounded_sdpa,
+    fused_kernel_takes,
+    fused_serves,
+    grouped_sdpa,
+    mask_rows_per_call,
+    rows_per_call,
+)
 from specchat.checkpoint.skeleton import build_skeleton
+from specchat.decoding.kvcache import new_cache
+from specchat.engine_options import EngineOptions
 from specchat.loader import load_target, plan_run
 from specchat.models.loading import load
 from specchat.plan import resolve_weights
 from specchat.progress import Reporter
-from specchat.runtime import EngineOptions
 
 CPU = torch.device("cpu")
 # float32: a row's sums run over the same keys whatever the call, but a kernel's blocking follows its

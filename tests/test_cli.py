@@ -295,3 +295,18 @@ def test_a_vram_budget_without_a_gpu_is_one_line_not_ignored(monkeypatch, capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's view, on a CUDA host too
     code, _, err = run_cli(monkeypatch, capsys, "run", "--vram-budget", "4")
     assert_one_line_error(code, err, "--vram-budget caps GPU memory, and torch sees no GPU here: use --ram-budget")
+
+
+# The command line as a fresh process runs it, telling on exit whether torch or transformers loaded.
+EXIT_REPORT = ("import sys\nfrom specchat.cli import main\nsys.argv = ['specchat', *sys.argv[1:]]\ntry:\n    main()\n"
+               "except SystemExit as end:\n"
+               "    print('loaded', 'torch' in sys.modules, 'transformers' in sys.modules, end.code, file=sys.stderr)")
+
+
+@pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["generate", "--help"], 0), (["models"], 0),
+                                            (["generate", "hi", "--engine", "magic"], 2),
+                                            (["serve", "--budget", "0"], 2), (["run", "--dtype", "half"], 2)])
+def test_help_models_and_a_mistyped_value_answer_before_torch_loads(args, code):
+    """--help, `models` and a bad value need none of the heavy modules (~4 s to import here)."""
+    result = subprocess.run([sys.executable, "-c", EXIT_REPORT, *args], capture_output=True, text=True, timeout=120)
+    assert result.stderr.splitlines()[-1] == f"loaded False False {code}", result.stderr

@@ -7,11 +7,11 @@ from dataclasses import fields
 import typer
 from typer.testing import CliRunner
 
-from specchat import cli_options
+from specchat import cli_options, runtime
 from specchat.cli import app
 from specchat.cli_options import ENGINE_OPTIONS, with_engine_options
+from specchat.engine_options import EngineOptions
 from specchat.limits import DEFAULT_MAX_DEPTH
-from specchat.runtime import EngineOptions
 
 FIELDS = [field.name for field in fields(EngineOptions)]
 # Every option given a value other than its default, and the EngineOptions it must make.
@@ -33,9 +33,11 @@ def declared(command: str) -> dict[str, tuple[str | None, object]]:
 
 def recording_app(monkeypatch, **decoration) -> tuple[typer.Typer, list, list[EngineOptions]]:
     """A one-command app over with_engine_options that records (its --flag, the options) as it
-    receives them, and the options checked (validate itself is the bad-input tests' business)."""
+    receives them, and the options checked, by their values before torch loads and on the machine
+    after (the checks themselves are the bad-input tests' business)."""
     received, checked = [], []
-    monkeypatch.setattr(cli_options, "validate", checked.append)
+    monkeypatch.setattr(cli_options, "check_values", lambda options: checked.append(("values", options)))
+    monkeypatch.setattr(runtime, "validate", lambda options: checked.append(("machine", options)))
     recorder = typer.Typer()
 
     @recorder.command()
@@ -65,7 +67,7 @@ def test_every_option_reaches_the_engine_options_checked(monkeypatch):
     recorder, received, checked = recording_app(monkeypatch)
     result = CliRunner().invoke(recorder, ["--flag", *EVERY_OPTION])
     assert result.exit_code == 0, result.output
-    assert received == [(True, EXPECTED)] and checked == [EXPECTED]
+    assert received == [(True, EXPECTED)] and checked == [("values", EXPECTED), ("machine", EXPECTED)]
 
 
 def test_an_option_left_out_is_not_offered_and_keeps_its_default(monkeypatch):

@@ -10,8 +10,9 @@ import pytest
 import torch
 from helpers.cli import run_cli
 
+from specchat.engine_options import EngineOptions
 from specchat.limits import DEFAULT_SEED
-from specchat.runtime import EngineOptions, Models
+from specchat.runtime import Models
 from specchat.tui.settings import DecodingSettings
 from specchat.tui.store import ConversationStore, default_path
 

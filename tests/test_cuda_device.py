@@ -11,11 +11,12 @@ from specchat.bench.machine import describe_machine
 from specchat.cuda_device import cuda_usable, unused_gpu
 from specchat.doctor.facts import cuda_devices
 from specchat.dsi.workers import parse_devices
+from specchat.engine_options import EngineOptions
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import aligned_empty
 from specchat.offload.probe import measure_h2d_gbps
 from specchat.plan import Machine
-from specchat.runtime import EngineOptions, pick_device, validate
+from specchat.runtime import pick_device, validate
 
 
 @pytest.mark.parametrize(("capability", "usable"), [((7, 5), False), ((7, 0), False), ((8, 0), True), ((8, 9), True),

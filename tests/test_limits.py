@@ -5,10 +5,11 @@ context's end, refused when none is left; the memory budgets' range (a run and `
 import pytest
 
 from specchat.doctor.command import check_numbers
-from specchat.plan.machine import Machine
+from specchat.engine_options import EngineOptions
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.limits import check_memory_budgets, reply_limit
-from specchat.runtime import EngineOptions, validate
+from specchat.plan.machine import Machine
+from specchat.runtime import validate
 
 
 def test_a_reply_keeps_its_own_limit_where_the_context_has_room():

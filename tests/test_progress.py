@@ -8,11 +8,12 @@ from helpers.gpus import TESLA_T4, seen_gpu
 from transformers import modeling_gguf_pytorch_utils as gguf_loading
 from transformers.utils import logging as transformers_logging
 
+from specchat.engine_options import EngineOptions
+from specchat.loader import load_models
 from specchat.models.embedded import EmbeddedModel, ensure_embedded
 from specchat.models.registry import DEFAULT_DRAFT
 from specchat.progress import Reporter, transformers_bars, worth_sending
-from specchat.loader import load_models
-from specchat.runtime import EngineOptions, Models, pick_device
+from specchat.runtime import Models, pick_device
 from specchat.tui import runtime_backend
 from specchat.tui.settings import DecodingSettings
 

@@ -4,10 +4,11 @@ dense conversion), decided before anything loads, and carried to every place tha
 import pytest
 
 import specchat.loader as loader
-from specchat.plan import quantized_weights, resolve_weights
+from specchat.engine_options import EngineOptions
 from specchat.errors import SpecchatError
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.runtime import EngineOptions, validate
+from specchat.plan import quantized_weights, resolve_weights
+from specchat.runtime import validate
 
 
 class Recorded(Exception):

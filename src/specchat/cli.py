@@ -6,21 +6,18 @@ from pathlib import Path
 
 import typer
 
-from specchat.bench.command import check_bench, parse_budget_item, parse_list, report_bench, run_bench
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
-from specchat.bench.runner import Setup, plan_points
-from specchat.cli_generate import run_generation
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
-from specchat.doctor.command import run_doctor
+from specchat.engine_options import ENGINES, EngineOptions, list_models
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
-from specchat.loader import load_models
 from specchat.schema_file import read_schema_file, read_user_file
-from specchat.runtime import (ENGINES, EngineOptions, Machine, default_workers, list_models, live_settings_of,
-                              pick_device)
 from specchat.simulate.app import simulate_app
+
+# torch, transformers and the engines load inside the commands that run models (~4 s here), so
+# --help, `models` and a mistyped option answer at once.
 
 BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
 
@@ -58,6 +55,10 @@ def generate(
         raise SpecchatError("give --json-schema or --grammar, not both")
     schema = read_schema_file(json_schema, "--json-schema") if json_schema is not None else None
     lark = read_user_file(grammar, "--grammar") if grammar is not None else None
+    from specchat.cli_generate import run_generation
+    from specchat.loader import load_models
+    from specchat.runtime import live_settings_of
+
     models = load_models(options)
     try:
         if schema is not None:
@@ -112,7 +113,7 @@ def serve(
     *,
     options: EngineOptions,
 ) -> None:
-    """Serve the OpenAI chat-completions API (/v1/chat/completions, /v1/models, /health)."""
+    """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
 
     sampling = check_sampling(temperature, top_p, seed, 1)
@@ -150,6 +151,9 @@ def doctor(
     draft on it: every byte per tier, the bytes streamed per pass and the expected speed; list the
     choices this machine keeps. Reads only the models' configs (the aliases' ship with specchat):
     works offline."""
+    from specchat.doctor.command import run_doctor
+    from specchat.runtime import Machine
+
     machine = Machine(vram_gb, ram_gb, disk_gbps, pcie_gbps)
     print(run_doctor(target, None if draft == "none" else draft, context, machine, offload_dir, probe_gb, ram_budget,
                      vram_budget, measure_again))
@@ -182,6 +186,10 @@ def bench(
     ),
 ) -> None:
     """Sweep engines x budgets x temperatures over a prompt set: a results row per prompt, a table, plots."""
+    from specchat.bench.command import check_bench, parse_budget_item, parse_list, report_bench, run_bench
+    from specchat.bench.runner import Setup, plan_points
+    from specchat.runtime import default_workers, pick_device
+
     temperatures = parse_list(temperature, "--temperature", float)
     for value in temperatures:
         check_sampling(value, top_p, seed, max_new_tokens)

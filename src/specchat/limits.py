@@ -3,8 +3,6 @@
 
 from dataclasses import dataclass
 
-import torch
-
 from specchat.errors import ContextOverflow, SpecchatError
 
 
@@ -57,7 +55,7 @@ DEFAULT_SEED = 0
 DEFAULT_MAX_DEPTH = 24
 DEFAULT_LOOKAHEAD = 5
 DEFAULT_DTYPE = "bfloat16"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --dtype
+DTYPE_NAMES = ("float32", "bfloat16")  # --dtype (dtypes.DTYPES: their torch dtypes)
 # Tokens the draft's LM head scores; 0 = all. The FR-Spec sub-vocabulary of 32768 tokens ranked
 # on chat replies and code reads 22% of the head's bytes and cost 3-5% of the gen rate on
 # MT-Bench (ranked on code alone it cost 22%: docs/benchmarks.md, "Draft levers").

@@ -16,7 +16,7 @@ from specchat.decoding.static_step import BUCKETS, static_draft
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
-from specchat.limits import DTYPES
+from specchat.dtypes import DTYPES
 from specchat.models.configs import read_config
 from specchat.heap_trim import release_free_heap
 from specchat.models.draft import DraftQuant, load_draft
@@ -32,7 +32,8 @@ from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, dra
 from specchat.progress import Report, Reporter
 from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears
-from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, pick_device, validate
+from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
+from specchat.runtime import Models, pick_device, validate
 
 
 def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,

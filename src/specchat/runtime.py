@@ -1,9 +1,9 @@
-"""User-facing options and their checks, and the loaded models (one `Models` bundle, made by
-`loader.load_models`) -> engines over them. The CLI's surface: what it needs of decoding, dsi,
-models or the plan it imports from here (marked "for the CLI"), never from those rooms."""
+"""The options' checks against this machine, and the loaded models (one `Models` bundle, made by
+`loader.load_models`) -> engines over them. The CLI's heavy surface: what it needs of decoding,
+dsi, models or the plan once a command runs it imports from here (marked "for the CLI"), never
+from those rooms; the options themselves, torch-free, are engine_options.py's."""
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -25,49 +25,14 @@ from specchat.dsi.build import default_workers  # for the CLI
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices
+from specchat.engine_options import DRAFTED_ENGINES, EngineOptions, check_values
 from specchat.errors import SpecchatError
-from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
-                             DEFAULT_OFFLOAD, DEPTH, DTYPES, LOOKAHEAD, OFFLOAD_TIERS, auto_cap, check_memory_budgets,
-                             default_budget)
+from specchat.limits import BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, auto_cap, default_budget
 from specchat.models.loading import check_not_pickled, has_int4, resolve
-from specchat.models.listing import list_models  # for the CLI
-from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.plan import Machine, MemoryPlan  # Machine: for the CLI
 from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
 from specchat.probe_cache import probe_path, probed_costs
-
-ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
-DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
-DRAFT_QUANTS = ("auto", "none", "int8", "int4", "nf4", "dense")
-WEIGHTS = ("auto", "quantized", "dense")
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT
-    engine: str = "specexec"
-    budget: int | str | None = None  # K, or AUTO (sized per iteration); None: AUTO for specexec, else suited to the device
-    max_depth: int = DEFAULT_MAX_DEPTH
-    dtype: str = DEFAULT_DTYPE
-    weights: str = "auto"  # the target's: quantized (its stored 4-bit weights, packed), dense, auto (quantized unless float32)
-    offload: str = DEFAULT_OFFLOAD  # where the target's decoder layers live: auto, none (on the device), ram, disk
-    offload_dir: str | None = None  # the disk tier's layer file; None: the user cache dir
-    resident_layers: int | None = None  # layers kept on the device when offloading; None: what fits
-    ram_budget: float | None = None  # GB of RAM specchat may take; None: what is available
-    vram_budget: float | None = None  # GB of GPU memory specchat may take (all of it); None: what is free
-    context: int | None = None  # tokens of KV room; None: limits.DEFAULT_CONTEXT, which auto may shrink
-    # auto: int8 on a CPU for the widths where it pays; on a GPU full weights, int4 or nf4 by predicted speed;
-    # int4: rounded to 4 bits and run packed (quant/int4_rtn.py); nf4: bitsandbytes 4-bit (CUDA only)
-    draft_quant: str = "auto"
-    draft_vocab: int = DEFAULT_DRAFT_VOCAB  # the draft's LM head scores this many tokens; 0: all
-    lookahead: int = DEFAULT_LOOKAHEAD  # dsi: drafts per verification job
-    workers: str | None = None  # dsi: target workers' devices, e.g. cpu,cpu; None: two on the device
-    ray_address: str | None = None  # dsi: run the workers as actors of this Ray cluster
-    allow_pickle: bool = False  # load local checkpoints whose weights are pickles (.bin, .pt)
-    ranked_tree: bool = False  # measurement only: trees by rank, full whatever the draft (tree.TreeShape)
-
 
 @dataclass
 class Models:
@@ -171,61 +136,25 @@ def pick_device() -> torch.device:
 
 
 def validate(options: EngineOptions) -> None:
-    """Check what can be checked before loading anything; one clear line on failure."""
-    if options.engine not in ENGINES:
-        raise SpecchatError(f"unknown engine '{options.engine}': choose one of {', '.join(ENGINES)}")
-    if options.dtype not in DTYPES:
-        raise SpecchatError(f"unknown dtype '{options.dtype}': choose one of {', '.join(DTYPES)}")
-    if options.budget is not None and options.budget != AUTO:
-        BUDGET.check("--budget", options.budget)
-    if options.budget == AUTO and options.engine in ("sd", "specinfer"):
-        raise SpecchatError(f"--budget auto is for the specexec engine, not {options.engine}")
-    DEPTH.check("--max-depth", options.max_depth)
-    if options.context is not None:
-        CONTEXT.check("--context", options.context)
-    if options.weights not in WEIGHTS:
-        raise SpecchatError(f"unknown weights '{options.weights}': choose one of {', '.join(WEIGHTS)}")
+    """Check what can be checked before loading anything; one clear line on failure: the values
+    themselves (engine_options.check_values), then what they name on this machine."""
+    check_values(options)
     if options.weights == "quantized" and not has_int4(resolve(options.target)):
         raise SpecchatError(f"--weights quantized runs a target from the 4-bit weights it stores, and {options.target} "
                             "stores none that specchat multiplies packed (GPTQ and AWQ checkpoints always run so): "
                             "use --weights dense or auto")
-    if options.offload not in OFFLOAD_TIERS:
-        raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
-    if options.resident_layers is not None and options.resident_layers < 0:
-        raise SpecchatError(f"--resident-layers must be >= 0 (got {options.resident_layers})")
-    check_memory_budgets(options.ram_budget, options.vram_budget)
-    if options.offload == "none" and (options.ram_budget is not None or options.vram_budget is not None):
-        name = "--ram-budget" if options.ram_budget is not None else "--vram-budget"
-        raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
     if options.vram_budget is not None and not cuda_usable():
         why = unused_gpu() or "torch sees no GPU here"
         raise SpecchatError(f"--vram-budget caps GPU memory, and {why}: use --ram-budget")
-    if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
-        raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
-    if options.draft_quant not in DRAFT_QUANTS:
-        raise SpecchatError(f"unknown draft quantization '{options.draft_quant}': choose one of {', '.join(DRAFT_QUANTS)}")
-    if options.draft_vocab < 0:
-        raise SpecchatError(f"--draft-vocab must be >= 0, 0 for the whole vocabulary (got {options.draft_vocab})")
-    validate_dsi(options)
+    if options.engine == "dsi" and options.workers is not None:
+        parse_devices(options.workers)
+    if options.engine == "dsi" and options.ray_address is not None:
+        import_ray()
     specs = (options.target, options.draft) if options.engine in DRAFTED_ENGINES else (options.target,)
     for spec in specs:
         resolve(spec)
         if not options.allow_pickle:
             check_not_pickled(spec)
-
-
-def validate_dsi(options: EngineOptions) -> None:
-    LOOKAHEAD.check("--lookahead", options.lookahead)
-    if options.engine != "dsi":
-        if options.ray_address is not None or options.workers is not None:
-            raise SpecchatError("--workers and --ray-address are for --engine dsi")
-        return
-    if options.offload not in ("none", "auto"):  # auto: in memory, as dsi needs
-        raise SpecchatError("--engine dsi keeps a target on every worker: use --offload none")
-    if options.workers is not None:
-        parse_devices(options.workers)
-    if options.ray_address is not None:
-        import_ray()
 
 
 def live_settings_of(options: EngineOptions) -> LiveSettings:

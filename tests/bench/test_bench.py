@@ -19,7 +19,8 @@ from specchat.bench.provenance import code_version
 from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, plan_points, run_sweep
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.errors import SpecchatError
-from specchat.runtime import ENGINES, Models
+from specchat.engine_options import ENGINES
+from specchat.runtime import Models
 
 STOP = frozenset({49})
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]

@@ -18,7 +18,8 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.runtime import DRAFTED_ENGINES, ENGINES, Models
+from specchat.engine_options import DRAFTED_ENGINES, ENGINES
+from specchat.runtime import Models
 
 
 def tokens_of(events) -> list[int]:

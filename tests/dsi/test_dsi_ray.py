@@ -18,9 +18,10 @@ from helpers.cli import CORPUS, save_tiny_model
 from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.events import SamplingParams
+from specchat.engine_options import EngineOptions
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions, live_settings_of
+from specchat.runtime import live_settings_of
 
 SAMPLINGS = [SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.95, 7)]
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` command, whatever PATH holds

@@ -10,13 +10,15 @@ from specchat.chat_template import encode_chat
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.stopping import stop_token_ids
+from specchat.dtypes import DTYPES
+from specchat.engine_options import EngineOptions
 from specchat.heap_trim import release_free_heap
-from specchat.limits import DEFAULT_DTYPE, DTYPES
+from specchat.limits import DEFAULT_DTYPE
 from specchat.models.draft import resolve_draft_quant
 from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.runtime import EngineOptions, encode_prompt, pick_device
+from specchat.runtime import encode_prompt, pick_device
 
 GREEDY_PROMPTS = 2  # the suite's reduced exactness runs: 2 MT-Bench prompts x 32 new tokens
 GREEDY_NEW_TOKENS = 32

@@ -13,13 +13,13 @@ from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.engine_options import EngineOptions
 from specchat.loader import load_target, plan_run
 from specchat.offload.host_embedding import HostEmbedding, keep_embedding_on_host
+from specchat.plan import resolve_weights
 from specchat.plan.budget import FIXED, Item
 from specchat.plan.sizes import host_embedding_bytes
 from specchat.progress import Reporter
-from specchat.plan import resolve_weights
-from specchat.runtime import EngineOptions
 
 CPU = torch.device("cpu")
 PROMPT = torch.tensor([3, 14, 15, 9, 26])

@@ -20,12 +20,13 @@ from transformers import Qwen2ForCausalLM
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.engine_options import EngineOptions
 from specchat.errors import SpecchatError
 from specchat.limits import auto_cap
-from specchat.progress import Reporter
 from specchat.loader import load_models, plan_run
 from specchat.plan import resolve_weights
-from specchat.runtime import EngineOptions, Models
+from specchat.progress import Reporter
+from specchat.runtime import Models
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
 LAYERS = 6

@@ -15,10 +15,10 @@ import specchat.loader as loader
 import specchat.models.draft as draft_module
 import specchat.plan.pair as pair_module
 from specchat.doctor.plan import doctor_options, doctor_plan
+from specchat.engine_options import EngineOptions
 from specchat.machine_links import Links, read_links
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.plan import Machine
-from specchat.runtime import EngineOptions
 
 INT8_ROWS = 4  # the int8 draft's crossover this machine is taken to have measured: dense copies above it
 

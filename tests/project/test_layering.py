@@ -14,14 +14,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "specchat"
 LAYERS: list[set[str]] = [
     {"__init__", "errors", "paths", "progress", "textstream", "transfer", "limits", "diskspace", "memory_room",
      "corpora", "chat_template", "device_clock", "heap_trim", "machine_choices", "machine_links", "schema_file",
-     "alignment", "stopwatch", "cuda_graph", "bounded_attention", "cuda_device"},  # base
+     "alignment", "stopwatch", "cuda_graph", "bounded_attention", "cuda_device", "dtypes"},  # base
     {"quant"},
     {"checkpoint"},  # model assembly: skeletons, checkpoint sources, tensor names, layer layouts
     {"decoding", "offload"},  # siblings: neither imports the other
     {"models"},  # may import offload and quant
     {"plan"},  # the memory plan: may import models, offload and quant; offload never imports it
     {"dsi"},
-    {"runtime", "loader", "probe_cache", "reply_loop"},
+    {"runtime", "engine_options", "loader", "probe_cache", "reply_loop"},
     {"summary", "tui", "serve", "bench", "simulate", "doctor", "cli", "cli_options", "cli_generate",
      "__main__"},  # front ends
 ]

@@ -12,13 +12,14 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.stopping import stop_token_ids
+from specchat.engine_options import EngineOptions
+from specchat.loader import load_target, plan_run
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_TARGET
-from specchat.progress import Reporter
-from specchat.loader import load_target, plan_run
 from specchat.plan import resolve_weights
 from specchat.plan.budget import MemoryPlan
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.progress import Reporter
+from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 

@@ -12,10 +12,11 @@ from helpers.exactness import ExactnessCheck
 from test_real_defaults import BF16_NEAR_TIES, DEFAULT_SAMPLING, SAMPLING_IDS, SAMPLINGS
 
 from specchat.decoding.events import LiveSettings
+from specchat.engine_options import EngineOptions
 from specchat.loader import load_models
 from specchat.quant.q4k_scales import Q4KScalesLinear
 from specchat.quant.q6k_linear import Q6Linear
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 

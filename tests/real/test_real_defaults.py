@@ -35,7 +35,13 @@ from helpers.reference_loop import reference_decode, ties_against_reference
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.events import AUTO, SamplingParams
-from specchat.limits import DEFAULT_DRAFT_VOCAB, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from specchat.engine_options import EngineOptions
+from specchat.limits import (
+    DEFAULT_DRAFT_VOCAB,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+)
 from specchat.loader import load_models
 from specchat.models.draft import DraftQuant, load_draft
 from specchat.progress import Reporter
@@ -43,7 +49,7 @@ from specchat.quant import int4_dense
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.prepacked import PrepackedLinear, prepack_pays
-from specchat.runtime import EngineOptions, encode_prompt
+from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 

@@ -13,8 +13,8 @@ import pytest
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.decoding.kvcache import cache_length
+from specchat.engine_options import EngineOptions
 from specchat.heap_trim import release_free_heap
-from specchat.runtime import EngineOptions
 from specchat.tui.app import SpecchatApp
 from specchat.tui.runtime_backend import runtime_loader
 from specchat.tui.settings import DecodingSettings

@@ -6,7 +6,8 @@ from time import perf_counter
 import pytest
 from textual.widgets import Static
 
-from specchat.runtime import EngineOptions, pick_device
+from specchat.engine_options import EngineOptions
+from specchat.runtime import pick_device
 from specchat.tui.app import SpecchatApp
 from specchat.tui.runtime_backend import runtime_loader
 from specchat.tui.settings import DecodingSettings

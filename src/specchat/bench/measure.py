@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 from specchat.bench.runner import Measure, Point, Setup
 from specchat.decoding.events import Engine, IterationEvent, LiveSettings, SamplingParams
 from specchat.device_clock import now
-from specchat.limits import DTYPES
+from specchat.dtypes import DTYPES
 from specchat.models.loading import load
 from specchat.runtime import Models
 from specchat.summary import Summary, summarize, tree_means

@@ -7,7 +7,8 @@ from functools import cache
 from specchat.bench.measure import engine_measurer, measure_hf_assisted, plain_draft
 from specchat.bench.runner import HF_ASSISTED, Measure, Point, Setup
 from specchat.decoding.events import SamplingParams
-from specchat.runtime import EngineOptions, Models
+from specchat.engine_options import EngineOptions
+from specchat.runtime import Models
 
 
 def engine_options(setup: Setup) -> EngineOptions:

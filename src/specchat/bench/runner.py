@@ -11,7 +11,7 @@ from specchat.bench.results import RESULTS_FILE, append_row, read_rows, row_key
 from specchat.errors import SpecchatError
 from specchat.progress import Reporter
 from specchat.decoding.events import AUTO
-from specchat.runtime import DRAFTED_ENGINES, ENGINES
+from specchat.engine_options import DRAFTED_ENGINES, ENGINES
 
 HF_ASSISTED = "hf-assisted"  # transformers' assisted generation, added by --compare-hf
 

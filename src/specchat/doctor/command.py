@@ -16,7 +16,7 @@ from specchat.limits import CONTEXT, check_memory_budgets
 from specchat.machine_links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.plan import Machine
-from specchat.runtime import EngineOptions
+from specchat.engine_options import EngineOptions
 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,

@@ -15,7 +15,7 @@ from specchat.memory_room import Room, process_rss
 from specchat.models.local import local_tokenizer
 from specchat.plan import (Machine, MeasuredModel, Rooms, kept_for_page_cache, measure_pair, plan_measured,
                           resolve_weights)
-from specchat.runtime import EngineOptions
+from specchat.engine_options import EngineOptions
 from specchat.transfer import gb
 
 LIMIT_STEP = 5 * 10**7  # the answer's precision: 0.05 GB

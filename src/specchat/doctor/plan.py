@@ -12,7 +12,7 @@ from specchat.offload.placement import Placement, link_speeds
 from specchat.models.configs import read_config
 from specchat.plan import (Machine, MemoryPlan, Pair, PlanRequest, drafting_s, expert_share, experts_touched,
                           plan_pair, request_for, shape_of)
-from specchat.runtime import DRAFTED_ENGINES, EngineOptions
+from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from specchat.limits import DTYPES
+from specchat.dtypes import DTYPES
 from specchat.machine_links import Links, read_links
 from specchat.models.draft import DraftQuant, resolve_draft_quant
 from specchat.models.loading import has_int4, resolve
@@ -24,7 +24,7 @@ class RunOptions(Protocol):
 
     target: str
     draft: str
-    dtype: str  # a key of limits.DTYPES
+    dtype: str  # one of limits.DTYPE_NAMES
     weights: str  # auto | quantized | dense
     offload: str  # auto | none | ram | disk
     offload_dir: str | None

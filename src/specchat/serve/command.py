@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
-from specchat.runtime import EngineOptions, live_settings_of
+from specchat.engine_options import EngineOptions
+from specchat.runtime import live_settings_of
 from specchat.serve.app import build_app
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.fim import fim_tokens

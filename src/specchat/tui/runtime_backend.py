@@ -7,7 +7,8 @@ from specchat.decoding.events import Engine
 from specchat.decoding.guide import Guide
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
-from specchat.runtime import DRAFTED_ENGINES, EngineOptions, Models, live_settings_of
+from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
+from specchat.runtime import Models, live_settings_of
 from specchat.textstream import TextStream
 from specchat.tui.backend import Loader, Progress, settings_for
 from specchat.tui.settings import DecodingSettings
