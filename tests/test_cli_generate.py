@@ -1,15 +1,28 @@
 """`specchat generate`'s two outputs agree: the text streamed to stdout is the `--json` record's
-`text`, and that text is what the record's `token_ids` decode to."""
+`text`, and that text is what the record's `token_ids` decode to; its prompt may be piped in
+(`-`) and follow a system prompt (`--system`)."""
 
+import io
 import json
+import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
-from helpers.cli import CORPUS, assert_one_line_error, run_cli, tiny_dirs, train_tokenizer  # noqa: F401  (tiny_dirs: model directories)
-from helpers.engines import GREEDY
 
+import pytest
+from helpers.cli import (  # noqa: F401  (tiny_dirs: model directories)
+    CORPUS,
+    assert_one_line_error,
+    run_cli,
+    tiny_dirs,
+    train_tokenizer,
+)
+from helpers.engines import GREEDY
+from helpers.serve_helpers import CharTokenizer
 from transformers import AutoTokenizer
 
 from specchat.cli_generate import run_generation
+from specchat.errors import SpecchatError
+from specchat.runtime import encode_prompt
 from specchat.tui.fake import fixed_event
 
 
@@ -84,3 +97,37 @@ def test_a_schema_and_a_grammar_together_are_one_line(monkeypatch, capsys, tmp_p
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--json-schema", str(tmp_path / "s.json"),
                            "--grammar", str(tmp_path / "g.lark"))
     assert_one_line_error(code, err, "give --json-schema or --grammar, not both")
+
+
+def test_a_dash_reads_the_prompt_from_standard_input(monkeypatch, capsys, tiny_dirs):  # noqa: F811
+    target, draft, _ = tiny_dirs
+    args = ("--target", str(target), "--draft", str(draft), "--raw", "--json", "--max-new-tokens", "8",
+            "--temperature", "0", "--dtype", "float32", "--budget", "4")
+    code, given, _ = run_cli(monkeypatch, capsys, "generate", "def add(x, y):", *args)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def add(x, y):"))
+    piped_code, piped, _ = run_cli(monkeypatch, capsys, "generate", "-", *args)
+    assert code == piped_code == 0 and json.loads(piped)["token_ids"] == json.loads(given)["token_ids"]
+
+
+@pytest.mark.parametrize(("stdin", "fragment"), [(io.StringIO("  \n"), "the prompt is empty"),
+                                                 (io.TextIOWrapper(io.BytesIO(b"\xff\xfe"), encoding="utf-8"),
+                                                  "standard input is not text in utf-8")])
+def test_piped_input_that_is_no_prompt_is_one_line(monkeypatch, capsys, stdin, fragment):
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "-")
+    assert_one_line_error(code, err, fragment)
+
+
+def test_a_system_prompt_in_a_raw_prompt_is_one_line(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--raw", "--system", "Be brief.")
+    assert_one_line_error(code, err, "--system goes into the chat template, which --raw leaves out")
+
+
+def test_a_system_prompt_goes_before_the_message_in_the_template():
+    tokenizer = CharTokenizer()
+    assert encode_prompt(tokenizer, "hi", raw=False, system="Be brief.") == \
+        tokenizer.encode("<system>Be brief.</><user>hi</><assistant>")
+    assert encode_prompt(tokenizer, "hi", raw=False) == tokenizer.encode("<user>hi</><assistant>")
+    tokenizer.chat_template = None
+    with pytest.raises(SpecchatError, match="--system goes into the chat template, which this prompt does not use"):
+        encode_prompt(tokenizer, "hi", raw=False, system="Be brief.")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.cli import run_cli
+from helpers.cli import assert_one_line_error, run_cli
 
 from specchat.engine_options import EngineOptions
 from specchat.limits import DEFAULT_SEED
@@ -90,9 +90,15 @@ def test_run_reopens_the_last_conversation_with_the_command_line_settings(monkey
 
 def test_run_without_continue_starts_a_new_conversation_on_the_default_seed(monkeypatch, capsys, recorded):
     stored_conversations()
-    code, _, err = run_cli(monkeypatch, capsys, "run", "--engine", "specinfer", "--budget", "6")
+    code, _, err = run_cli(monkeypatch, capsys, "run", "--engine", "specinfer", "--budget", "6", "--system", "Be brief.")
     assert code == 0, err
     (app,) = recorded.apps
     assert app.conversation_id is None
     assert recorded.loaded_with == [replace(EngineOptions(), engine="specinfer", budget=6)]
     assert app.backend.engine.name == "specinfer" and app.backend.settings.seed == DEFAULT_SEED
+    assert app.backend.settings.system_prompt == "Be brief."  # the new conversation's system prompt
+
+
+def test_a_system_prompt_for_a_reopened_conversation_is_one_line(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "run", "--continue", "--system", "Be brief.")
+    assert_one_line_error(code, err, "--continue reopens a conversation with its own system prompt")

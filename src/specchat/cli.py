@@ -32,7 +32,9 @@ app = typer.Typer(
 @app.command()
 @with_engine_options()
 def generate(
-    prompt: str = typer.Argument(..., help="The user message (or raw text with --raw)."),
+    prompt: str = typer.Argument(..., help="The user message (or raw text with --raw); - reads it from standard "
+                                 "input."),
+    system: str | None = typer.Option(None, help="A system prompt before the message (the chat template's)."),
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED,
@@ -49,8 +51,11 @@ def generate(
 ) -> None:
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
+    prompt = read_stdin() if prompt == "-" else prompt
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
+    if system is not None and raw:
+        raise SpecchatError("--system goes into the chat template, which --raw leaves out: drop one")
     if json_schema is not None and grammar is not None:
         raise SpecchatError("give --json-schema or --grammar, not both")
     schema = read_schema_file(json_schema, "--json-schema") if json_schema is not None else None
@@ -66,9 +71,17 @@ def generate(
         if lark is not None:
             sampling = replace(sampling, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       sampling, as_json)
+                       sampling, as_json, system)
     finally:
         models.close()
+
+
+def read_stdin() -> str:
+    """`generate -`: the prompt piped in, as `specchat generate - < notes.txt`."""
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError as error:
+        raise SpecchatError(f"standard input is not text in {error.encoding}: pipe in a text file") from None
 
 
 # The chat sets a tree's depth with /depth: its command line has no --max-depth.
@@ -80,17 +93,22 @@ def run(
     top_p: TopPOpt = DEFAULT_TOP_P,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
+    system: str | None = typer.Option(None, help="The system prompt of new conversations (/system changes it)."),
     *,
     options: EngineOptions,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
+    if system is not None and resume:
+        raise SpecchatError("--continue reopens a conversation with its own system prompt: drop --system, or set "
+                            "it with /system once the conversation is open")
     from specchat.tui.app import SpecchatApp
     from specchat.tui.runtime_backend import runtime_loader
     from specchat.tui.settings import DecodingSettings
     from specchat.tui.store import ConversationStore
 
     sampling = check_sampling(temperature, top_p, seed, 1)
-    settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed)
+    settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+                                system_prompt=system or "")
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
     SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings)).run()

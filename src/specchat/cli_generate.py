@@ -12,8 +12,8 @@ from specchat.textstream import TextStream
 
 
 def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
-                   sampling: SamplingParams, as_json: bool) -> None:
-    prompt_ids = encode_prompt(models.tokenizer, prompt, raw)
+                   sampling: SamplingParams, as_json: bool, system: str | None = None) -> None:
+    prompt_ids = encode_prompt(models.tokenizer, prompt, raw, system)
     room = reply_limit(len(prompt_ids), max_new_tokens, models.context)
     if room < max_new_tokens:
         print(f"notice: at most {room} new tokens: the {len(prompt_ids)}-token prompt fills the rest of the "

@@ -163,12 +163,17 @@ def live_settings_of(options: EngineOptions) -> LiveSettings:
                         ranked_tree=options.ranked_tree)
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool) -> list[int]:
-    """Token ids of a single-turn chat (the model's chat template), or of `prompt` as is."""
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, raw: bool, system: str | None = None) -> list[int]:
+    """Token ids of a single-turn chat (the model's chat template; `system` before the message), or
+    of `prompt` as is."""
     if raw or tokenizer.chat_template is None:
+        if system is not None:
+            raise SpecchatError("--system goes into the chat template, which this prompt does not use (--raw, or a "
+                                "target without one): drop it")
         ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     else:
-        ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+        system_turn = [] if system is None else [{"role": "system", "content": system}]
+        ids = encode_chat(tokenizer, [*system_turn, {"role": "user", "content": prompt}])
     if not ids:
         raise SpecchatError("the prompt is empty after tokenization: give some text")
     return ids
