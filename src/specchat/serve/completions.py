@@ -70,7 +70,7 @@ class ChatCompletions(Endpoint):
             tail = hold.push(tail)
             rest, calls = hold.finish()
             tail += rest
-        if tail or reply.token_log is not None and reply.logged < len(reply.token_log.entries):
+        if tail or reply.unsent_logprobs:
             yield chunks.delta({"content": tail}, logprobs=reply.new_logprobs())
         if calls:
             yield chunks.calls(calls)

@@ -6,6 +6,7 @@ import uuid
 from time import perf_counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from specchat.decoding.events import IterationEvent
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
@@ -50,18 +51,24 @@ class Reply:
         ended = self.events and self.events[-1].token_ids and self.events[-1].token_ids[-1] in self.stop_ids
         return "stop" if self.stopped or ended else "length"
 
-    def logprobs(self, since: int = 0) -> dict | None:
-        """OpenAI's logprobs object for the logged tokens from `since` on (None: not asked for)."""
+    @property
+    def unsent_logprobs(self) -> bool:
+        """Logged tokens whose logprobs no chunk has carried yet."""
+        return self.token_log is not None and self.logged < len(self.token_log.entries)
+
+    def take_logged(self) -> list[TokenLogprobs] | None:
+        """The entries logged since the last call, now counted as sent (None: not asked for)."""
         if self.token_log is None:
             return None
-        return {"content": [logprob_entry(self.stream.tokenizer, entry) for entry in self.token_log.entries[since:]]}
+        entries = self.token_log.entries[self.logged:]
+        self.logged += len(entries)
+        return entries
 
     def new_logprobs(self) -> dict | None:
-        """The logprobs of the tokens logged since the last call (a streamed chunk's)."""
-        if self.token_log is None:
-            return None
-        since, self.logged = self.logged, len(self.token_log.entries)
-        return self.logprobs(since)
+        """OpenAI's logprobs object for the tokens logged since the last call (the whole reply's, at
+        the first; None: not asked for)."""
+        entries = self.take_logged()
+        return None if entries is None else {"content": [logprob_entry(self.stream.tokenizer, e) for e in entries]}
 
 
 def logprob_entry(tokenizer, entry: TokenLogprobs) -> dict:
@@ -114,7 +121,7 @@ def completion(model: str, text: str, reply: Reply, job: Job) -> dict:
     message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
     return {
         "id": completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": reply.logprobs(),
+        "choices": [{"index": 0, "message": message, "logprobs": reply.new_logprobs(),
                      "finish_reason": reply.finish_reason(bool(calls))}],
         "usage": usage(len(job.prompt_ids), reply),
         "specchat": extension(job, reply),
@@ -122,16 +129,28 @@ def completion(model: str, text: str, reply: Reply, job: Job) -> dict:
 
 
 @dataclass(frozen=True)
-class Chunks:
-    """The chunks of one streamed reply, sharing its id and creation time."""
+class ChunkSeries:
+    """The chunks of one streamed reply, sharing its id and creation time (`OBJECT`: their type)."""
 
+    OBJECT: ClassVar[str]
     model: str
-    id: str = field(default_factory=completion_id)
+    id: str
     created: int = field(default_factory=lambda: int(time.time()))
 
     def chunk(self, choices: list[dict], **extra: object) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+        return {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model,
                 "choices": choices, **extra}
+
+    def usage(self, reply: Reply, job: Job) -> dict:
+        return self.chunk([], usage=usage(len(job.prompt_ids), reply))
+
+
+@dataclass(frozen=True)
+class Chunks(ChunkSeries):
+    """A streamed chat reply's chunks: deltas of its message."""
+
+    OBJECT: ClassVar[str] = "chat.completion.chunk"
+    id: str = field(default_factory=completion_id)
 
     def delta(self, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None,
               **extra: object) -> dict:
@@ -144,6 +163,3 @@ class Chunks:
 
     def last(self, reply: Reply, job: Job, called: bool = False) -> dict:
         return self.delta({}, reply.finish_reason(called), specchat=extension(job, reply))
-
-    def usage(self, reply: Reply, job: Job) -> dict:
-        return self.chunk([], usage=usage(len(job.prompt_ids), reply))

@@ -58,7 +58,7 @@ class TextCompletions(Endpoint):
         async for text in self.pieces(job, reply):
             yield chunks.text(text, logprobs.take(reply))
         tail = reply.finish()
-        if tail or reply.token_log is not None and logprobs.sent < len(reply.token_log.entries):
+        if tail or reply.unsent_logprobs:
             yield chunks.text(tail, logprobs.take(reply))
         yield chunks.last(reply, job)
         if include_usage:

@@ -4,11 +4,12 @@ logprobs shape: tokens, token_logprobs, top_logprobs (a {token: logprob} map eac
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.token_log import TokenLogprobs
-from specchat.serve.reply import Reply, extension, usage
+from specchat.serve.reply import ChunkSeries, Reply, extension, usage
 from specchat.serve.scheduler import Job
 
 
@@ -19,14 +20,12 @@ class LegacyLogprobs:
 
     tokenizer: PreTrainedTokenizerBase
     offset: int = 0
-    sent: int = 0  # entries already given
 
     def take(self, reply: Reply) -> dict | None:
-        """The entries logged since the last call (None: logprobs were not asked for)."""
-        if reply.token_log is None:
+        """The reply's entries logged since they were last taken (None: logprobs were not asked for)."""
+        entries = reply.take_logged()
+        if entries is None:
             return None
-        entries = reply.token_log.entries[self.sent:]
-        self.sent += len(entries)
         tokens = [self.tokenizer.decode([entry.token]) for entry in entries]
         offsets = []
         for text in tokens:
@@ -53,16 +52,11 @@ def text_completion(model: str, text: str, reply: Reply, job: Job, logprobs: dic
 
 
 @dataclass(frozen=True)
-class TextChunks:
-    """The chunks of one streamed completion, sharing its id and creation time."""
+class TextChunks(ChunkSeries):
+    """A streamed text completion's chunks: pieces of its text."""
 
-    model: str
+    OBJECT: ClassVar[str] = "text_completion"
     id: str = field(default_factory=completion_id)
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def chunk(self, choices: list[dict], **extra: object) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": choices, **extra}
 
     def text(self, text: str, logprobs: dict | None = None, finish_reason: str | None = None,
              **extra: object) -> dict:
@@ -70,6 +64,3 @@ class TextChunks:
 
     def last(self, reply: Reply, job: Job) -> dict:
         return self.text("", finish_reason=reply.finish_reason(), specchat=extension(job, reply))
-
-    def usage(self, reply: Reply, job: Job) -> dict:
-        return self.chunk([], usage=usage(len(job.prompt_ids), reply))
