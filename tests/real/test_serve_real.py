@@ -5,26 +5,20 @@ Qwen2.5-Coder's own format, ended at <|endoftext|>. Float32 and a fixed budget: 
 sizes trees from measured times), two runs score different trees, and bf16 tree passes round
 differently (see docs/exactness.md)."""
 
-import signal
 import subprocess
 import sys
 
-import openai
 import pytest
+from helpers.serve_process import serving
 
 pytestmark = pytest.mark.real
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 NEW_TOKENS = 16
 DECODING = ("--temperature", "0", "--dtype", "float32", "--budget", "16")
-STOP_S = 120
 PREFIX, SUFFIX = "def is_prime(n):\n    ", "\n\nprint(is_prime(7))\n"
 FIM_PROMPT = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"  # Qwen2.5-Coder's format
 MIDDLE_TOKENS = 64  # the greedy middle measured 46 tokens with its end (2026-11-29)
-
-
-def specchat(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specchat", *args], text=True, **popen)
 
 
 def generate(*args: str) -> str:  # its stdout
@@ -34,24 +28,19 @@ def generate(*args: str) -> str:  # its stdout
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "serve.log"  # a file, not a pipe: loading bars never block
-    with log.open("w") as err:
-        server = specchat("serve", "--port", "0", *DECODING, stdout=subprocess.PIPE, stderr=err)
-    try:
-        line = server.stdout.readline()
-        assert " at http://127.0.0.1:" in line, line
-        client = openai.OpenAI(base_url=line.split(" at ")[1].split(" ;")[0], api_key="unused", max_retries=0,
-                               timeout=600)
-        yield client, client.models.list().data[0].id
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.communicate(timeout=STOP_S)
-    assert server.returncode == 0 and "Traceback" not in log.read_text()
+    """The server, and what `generate` printed for PROMPT: generate runs before the server starts,
+    so that two float32 pairs (~7.9 GB each) never live at once: side by side they hold 16 GB, past
+    this module's RAM turn (conftest's REAL_MODULE_RAM), and beside another worker's module past
+    the machine's 24 GB."""
+    expected = generate(PROMPT, *DECODING, "--max-new-tokens", str(NEW_TOKENS)).removesuffix("\n")  # its newline
+    with serving(tmp_path_factory.mktemp("serve") / "serve.log", *DECODING) as server:
+        client = server.client()
+        yield client, client.models.list().data[0].id, expected
+    assert server.stopped_cleanly()
 
 
 def test_served_text_equals_generate_at_temperature_0(served):
-    client, model = served
-    expected = generate(PROMPT, *DECODING, "--max-new-tokens", str(NEW_TOKENS)).removesuffix("\n")  # its newline
+    client, model, expected = served
     messages = [{"role": "user", "content": PROMPT}]
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS)
     streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS, stream=True)
@@ -61,7 +50,7 @@ def test_served_text_equals_generate_at_temperature_0(served):
 
 
 def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endoftext(served):
-    client, model = served
+    client, model, _ = served
     whole = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS)
     streamed = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS,
                                          stream=True)

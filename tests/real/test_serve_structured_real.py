@@ -6,12 +6,9 @@ structured output through it. Greedy, bf16 and --budget auto: the exactness of c
 is test_real_guided.py's, on float32."""
 
 import json
-import signal
-import subprocess
-import sys
-
 import openai
 import pytest
+from helpers.serve_process import serving
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelResponse, ToolCallPart
@@ -20,7 +17,6 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 pytestmark = pytest.mark.real
 
-STOP_S = 120
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -39,20 +35,10 @@ class Weather(BaseModel):
 
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log.open("w") as err:
-        server = subprocess.Popen([sys.executable, "-m", "specchat", "serve", "--port", "0", "--temperature", "0"],
-                                  text=True, stdout=subprocess.PIPE, stderr=err)
-    try:
-        line = server.stdout.readline()
-        assert " at http://127.0.0.1:" in line, line
-        client = openai.OpenAI(base_url=line.split(" at ")[1].split(" ;")[0], api_key="unused", max_retries=0,
-                               timeout=600)
+    with serving(tmp_path_factory.mktemp("serve") / "serve.log", "--temperature", "0") as server:
+        client = server.client()
         yield client, client.models.list().data[0].id
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.communicate(timeout=STOP_S)
-    assert server.returncode == 0 and "Traceback" not in log.read_text()
+    assert server.stopped_cleanly()
 
 
 def test_parse_returns_the_pydantic_object(chat):

@@ -2,20 +2,16 @@
 port, the URL printed once loaded, one log line per request, and Ctrl+C stopping it cleanly."""
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import openai
 import pytest
 from helpers.cli import assert_one_line_error, run_cli, save_tiny_model
+from helpers.serve_process import serving
 from transformers import AutoTokenizer
 
 CORPUS = ["hello world", "def add(x, y): return x + y", "for item in items: print(item)"] * 20
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<eos>{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
-STOP_S = 60
 
 
 def save_chat_model(directory: Path, seed: int) -> Path:
@@ -34,27 +30,16 @@ def chat_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_path):
     target, draft = chat_dirs
-    log = tmp_path / "serve.log"  # a file, not a pipe: loading bars must never block on a full pipe
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "specchat", "serve", "--target", str(target), "--draft", str(draft), "--port", "0",
-             "--dtype", "float32", "--budget", "4", "--temperature", "0"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "SPECCHAT_API_KEY": "k"},
-        )
-    try:
-        line = process.stdout.readline()
-        assert line.startswith(f"serving {target} (specexec) at http://127.0.0.1:") and line.rstrip().endswith("Ctrl+C stops")
-        url = line.split(" at ")[1].split(" ;")[0]
-        chat = openai.OpenAI(base_url=url, api_key="k", max_retries=0, timeout=60)
-        reply = chat.chat.completions.create(model=str(target), messages=[{"role": "user", "content": "hello"}],
-                                             max_tokens=8)
+    with serving(tmp_path / "serve.log", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+                 "--budget", "4", "--temperature", "0", env={**os.environ, "SPECCHAT_API_KEY": "k"}) as server:
+        assert server.line.startswith(f"serving {target} (specexec) at http://127.0.0.1:")
+        assert server.line.rstrip().endswith("Ctrl+C stops")
+        reply = server.client(api_key="k", timeout_s=60).chat.completions.create(
+            model=str(target), messages=[{"role": "user", "content": "hello"}], max_tokens=8)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].finish_reason in ("stop", "length")
-    finally:
-        process.send_signal(signal.SIGINT)
-        process.communicate(timeout=STOP_S)
-    err = log.read_text()
-    assert process.returncode == 0, err
-    assert "POST /v1/chat/completions 200 tokens" in err and "Traceback" not in err
+    err = server.log.read_text()
+    assert server.stopped_cleanly(), err
+    assert "POST /v1/chat/completions 200 tokens" in err
     assert "hello" not in err  # prompts are logged only with --log-prompts
 
 
