@@ -1,12 +1,14 @@
 """The embedded pair behind `specchat serve`: at temperature 0 the server's chat text is exactly what
 `specchat generate --temperature 0` prints for the same message, streamed or not, and a
 fill-in-the-middle completion (/v1/completions with a suffix) is the completion of the prompt in
-Qwen2.5-Coder's own format, ended at <|endoftext|>. Float32 and a fixed budget: in bf16, or with `--budget auto` (which
+Qwen2.5-Coder's own format, ended at <|endoftext|>, and /metrics counts a reply and what speculation
+gained in it. Float32 and a fixed budget: in bf16, or with `--budget auto` (which
 sizes trees from measured times), two runs score different trees, and bf16 tree passes round
 differently (see docs/exactness.md)."""
 
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from helpers.serve_process import serving
@@ -35,12 +37,12 @@ def served(tmp_path_factory):
     expected = generate(PROMPT, *DECODING, "--max-new-tokens", str(NEW_TOKENS)).removesuffix("\n")  # its newline
     with serving(tmp_path_factory.mktemp("serve") / "serve.log", *DECODING) as server:
         client = server.client()
-        yield client, client.models.list().data[0].id, expected
+        yield client, client.models.list().data[0].id, expected, server.url.removesuffix("/v1")
     assert server.stopped_cleanly()
 
 
 def test_served_text_equals_generate_at_temperature_0(served):
-    client, model, expected = served
+    client, model, expected, _ = served
     messages = [{"role": "user", "content": PROMPT}]
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS)
     streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS, stream=True)
@@ -50,7 +52,7 @@ def test_served_text_equals_generate_at_temperature_0(served):
 
 
 def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endoftext(served):
-    client, model, _ = served
+    client, model, _, _ = served
     whole = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS)
     streamed = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS,
                                          stream=True)
@@ -62,3 +64,25 @@ def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endofte
     assert written.choices[0].logprobs.tokens[-1] == "<|endoftext|>"  # the model's own end, not a stop string
     compile(PREFIX + middle + SUFFIX, "filled.py", "exec")  # a body that makes the file whole
     assert "return" in middle
+
+
+def test_the_metrics_count_a_reply_and_show_speculation_gaining_tokens(served):
+    client, model, _, url = served
+    before = scrape(url)
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": PROMPT}],
+                                           max_tokens=NEW_TOKENS)
+    after = scrape(url)
+    gained = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert gained['specchat_requests_total{route="/v1/chat/completions",status="200"}'] == 1
+    assert gained["specchat_generation_tokens_total"] == reply.usage.completion_tokens
+    assert gained["specchat_prompt_tokens_total"] == reply.usage.prompt_tokens
+    # SpecExec at budget 16 on code: the target accepted draft tokens, more than one token an iteration.
+    assert gained["specchat_iterations_total"] < gained["specchat_generation_tokens_total"]
+    assert 0 < gained["specchat_draft_tokens_accepted_total"] <= gained["specchat_draft_tokens_scored_total"]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The server's metrics, each sample by its line's name and labels."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as response:
+        lines = response.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}

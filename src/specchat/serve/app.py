@@ -1,4 +1,4 @@
-"""The HTTP application: routes, the key check, the request log and the scheduler's life."""
+"""The HTTP application: routes, the key check, the request log, the metrics and the scheduler's life."""
 
 import asyncio
 import time
@@ -16,6 +16,7 @@ from specchat.serve.completions import ChatCompletions
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError, api_error_response, http_error_response
 from specchat.serve.logs import RequestLog
+from specchat.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specchat.serve.scheduler import Scheduler
 from specchat.serve.text_completions import TextCompletions
 
@@ -23,6 +24,7 @@ from specchat.serve.text_completions import TextCompletions
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
     chat, text = ChatCompletions(config, scheduler), TextCompletions(config, scheduler)
+    figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler)
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
@@ -45,6 +47,10 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
                            f"'{config.model}'", "model_not_found", "model")
         return JSONResponse(model_card(config.model, created))
 
+    async def metrics(request: Request) -> Response:
+        authorize(request)
+        return Response(figures.exposition(), media_type=CONTENT_TYPE)
+
     async def chat_completions(request: Request) -> Response:
         authorize(request)
         return await chat.respond(request)
@@ -61,13 +67,14 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", text_completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(RequestLog, log_prompts=config.log_prompts)],
+                    middleware=[Middleware(RequestLog, log_prompts=config.log_prompts, metrics=figures)],
                     exception_handlers={APIError: api_error_response, HTTPException: http_error_response})
     app.state.scheduler = scheduler  # stopped first at shutdown (listen.server_for)
     return app

@@ -1,5 +1,6 @@
 """One log line per request: method, path, status, tokens and seconds (and the messages, or a
-text completion's prompt and suffix, only when the server runs with --log-prompts)."""
+text completion's prompt and suffix, only when the server runs with --log-prompts); the same
+answer counted in the server's metrics."""
 
 import json
 import logging
@@ -7,18 +8,22 @@ from time import perf_counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from specchat.serve.metrics import ServeMetrics
+
 logger = logging.getLogger("specchat.serve")
 
 LOGGED = ("messages", "prompt", "suffix")  # a chat's messages; a text completion's prompt and suffix
 
 
 class RequestLog:
-    """ASGI middleware; a handler leaves `tokens` (prompt, completion) and, with --log-prompts,
-    what LOGGED names in the request's state for the line."""
+    """ASGI middleware: logs each request's line and counts its answer in `metrics`; a handler
+    leaves `tokens` (prompt, completion) and, with --log-prompts, what LOGGED names in the
+    request's state for the line."""
 
-    def __init__(self, app: ASGIApp, log_prompts: bool) -> None:
+    def __init__(self, app: ASGIApp, log_prompts: bool, metrics: ServeMetrics) -> None:
         self.app = app
         self.log_prompts = log_prompts
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,10 +42,12 @@ class RequestLog:
         try:
             await self.app(scope, receive, sending)
         finally:
-            logger.info(self.line(scope, state, seen["status"], seen["complete"], perf_counter() - start))
+            seconds, status = perf_counter() - start, seen["status"] or 500
+            logger.info(self.line(scope, state, status, seen["complete"], seconds))
+            self.metrics.on_answer(scope["path"], status, seconds)
 
     def line(self, scope: Scope, state: dict, status: int, complete: bool, seconds: float) -> str:
-        parts = [scope["method"], scope["path"], str(status or 500)]
+        parts = [scope["method"], scope["path"], str(status)]
         if "tokens" in state:
             prompt, completion = state["tokens"]
             parts.append(f"tokens {prompt}+{completion}")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from itertools import count
 from time import perf_counter
+from typing import Protocol
 
 from specchat.decoding.events import Engine, IterationEvent, SamplingParams
 from specchat.errors import SpecchatError
@@ -47,6 +48,7 @@ class Job:
     started: int = 0  # the scheduler's count of started requests, at this one (0: not started)
     enqueued_s: float = 0.0
     started_s: float = 0.0
+    first_token_s: float = 0.0  # when its first token was decoded (0: none yet)
     ended_s: float = 0.0
     engine: str = ""
 
@@ -64,6 +66,16 @@ class Job:
     @property
     def queue_s(self) -> float:
         return self.started_s - self.enqueued_s if self.started else 0.0
+
+
+class JobObserver(Protocol):
+    """Told, on the decoding thread, of each job's start, events and end (serve/metrics.py)."""
+
+    def on_start(self, job: Job) -> None: ...
+
+    def on_event(self, job: Job, event: IterationEvent) -> None: ...
+
+    def on_end(self, job: Job) -> None: ...
 
 
 @dataclass(eq=False)
@@ -91,6 +103,7 @@ class Scheduler:
         self.condition = threading.Condition()
         self.closed = False
         self.arrivals, self.starts, self.uses = count(1), count(1), count(1)
+        self.observers: list[JobObserver] = []
         self.thread = threading.Thread(target=self.work, name="specchat-decoding", daemon=True)
 
     def start(self) -> None:
@@ -160,10 +173,16 @@ class Scheduler:
         produced: list[int] = []
 
         def on_event(event: IterationEvent) -> None:
+            if event.token_ids and not job.first_token_s:
+                job.first_token_s = perf_counter()
             produced.extend(event.token_ids)
+            for observer in self.observers:
+                observer.on_event(job, event)
             job.deliver(event)
 
         slot.sequence = []  # until the engine's caches are known again
+        for observer in self.observers:
+            observer.on_start(job)
         try:
             run_reply(slot.engine, job.prompt_ids, job.max_new_tokens, job.sampling, job.cancel, on_event,
                       on_notice=lambda notice: logger.info("notice: %s", notice))
@@ -176,6 +195,8 @@ class Scheduler:
         finally:
             slot.last_used = next(self.uses)
             job.ended_s = perf_counter()
+            for observer in self.observers:
+                observer.on_end(job)
             job.deliver(END)
 
     def pick(self, prompt_ids: list[int]) -> Slot:

@@ -1,0 +1,111 @@
+"""GET /metrics: Prometheus' text format, parsed as a scraper parses it; every figure is checked
+against what the requests were answered (usage) and what the engine's events said."""
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+
+import openai
+import pytest
+from helpers.serve_helpers import MODEL, client, make_app, serving, user
+from prometheus_client.parser import text_string_to_metric_families
+
+from specchat.decoding.events import IterationEvent
+from specchat.tui.fake import FakeEngine, Gate
+
+WAIT_S = 10
+
+
+def scrape(url: str, api_key: str | None = None) -> dict[tuple[str, tuple], float]:
+    """Each sample by (name, sorted labels)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers), timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def events_of(engine: FakeEngine) -> list[IterationEvent]:
+    """The events of every call the server made: the fake engine is deterministic, so a copy
+    replays what it decoded."""
+    replay = replace(engine, calls=[], gate=None)
+    return [event for prompt, wanted, sampling in engine.calls for event in replay.generate(prompt, wanted, sampling)]
+
+
+def test_the_figures_are_the_sums_of_the_answers_and_of_the_engines_events():
+    engine = FakeEngine()
+    app, _ = make_app([engine])
+    with serving(app) as url:
+        api = client(url)
+        chat = api.chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=12)
+        text = api.completions.create(model=MODEL, prompt="def f():", max_tokens=9)
+        with pytest.raises(openai.BadRequestError):
+            api.completions.create(model=MODEL, prompt="x", max_tokens=-1)
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{url}/v1/nowhere", timeout=10)
+        figures = scrape(url)
+    events = events_of(engine)
+    assert len(engine.calls) == 2
+    assert figures[("specchat_requests_total", (("route", "/v1/chat/completions"), ("status", "200")))] == 1
+    assert figures[("specchat_requests_total", (("route", "/v1/completions"), ("status", "200")))] == 1
+    assert figures[("specchat_requests_total", (("route", "/v1/completions"), ("status", "400")))] == 1
+    assert figures[("specchat_requests_total", (("route", "other"), ("status", "404")))] == 1
+    usage = [chat.usage, text.usage]
+    assert figures[("specchat_generation_tokens_total", ())] == sum(u.completion_tokens for u in usage) == 21
+    assert figures[("specchat_prompt_tokens_total", ())] == sum(u.prompt_tokens for u in usage)
+    assert figures[("specchat_prefill_tokens_total", ())] == sum(e.prefill_tokens for e in events) > 0
+    assert figures[("specchat_iterations_total", ())] == len(events)
+    assert figures[("specchat_draft_tokens_accepted_total", ())] == sum(e.accepted for e in events)
+    assert figures[("specchat_draft_tokens_scored_total", ())] == sum(e.tree_size for e in events) > 0
+    assert figures[("specchat_draft_seconds_total", ())] == pytest.approx(sum(e.draft_s for e in events))
+    assert figures[("specchat_time_to_first_token_seconds_count", ())] == 2
+    assert figures[("specchat_queue_wait_seconds_count", ())] == 2
+    assert figures[("specchat_request_duration_seconds_count", (("route", "/v1/completions"),))] == 2
+    assert figures[("specchat_model_info", (("engine", "specexec"), ("model", MODEL)))] == 1
+    assert (figures[("specchat_requests_waiting", ())], figures[("specchat_requests_running", ())]) == (0, 0)
+
+
+def test_the_queue_gauges_show_a_request_decoding_and_one_waiting():
+    engine = FakeEngine()
+    engine.gate = Gate()
+    app, scheduler = make_app([engine])
+    with serving(app) as url:
+        replies = [threading.Thread(target=client(url).chat.completions.create,
+                                    kwargs={"model": MODEL, "messages": user("hi"), "max_tokens": 4})
+                   for _ in range(2)]
+        for reply in replies:
+            reply.start()
+        deadline = time.monotonic() + WAIT_S
+        while not (scheduler.running and scheduler.waiting):
+            assert time.monotonic() < deadline, "the two requests never met in the scheduler"
+            time.sleep(0.01)
+        figures = scrape(url)
+        engine.gate.open()
+        for reply in replies:
+            reply.join(WAIT_S)
+    assert (figures[("specchat_requests_running", ())], figures[("specchat_requests_waiting", ())]) == (1, 1)
+    assert figures[("specchat_generation_tokens_total", ())] == 0  # the first iteration is held
+
+
+def test_an_api_key_guards_the_metrics():
+    app, _ = make_app([FakeEngine()], api_key="sesame")
+    with serving(app) as url:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(url)
+        assert refused.value.code == 401
+        assert scrape(url, api_key="sesame")[("specchat_iterations_total", ())] == 0
+
+
+def test_streamed_weight_bytes_add_up_from_the_events():
+    """The offload figures come from the events' fields, not from the token counts."""
+    engine = FakeEngine()
+    engine.transfer_bytes = 3000
+    app, _ = make_app([engine])
+    with serving(app) as url:
+        client(url).chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=6)
+        figures = scrape(url)
+    events = events_of(engine)
+    assert figures[("specchat_weight_bytes_streamed_total", ())] == 3000 * len(events) > 0
