@@ -1,11 +1,12 @@
 """The embedded pair behind `specchat serve`: at temperature 0 the server's chat text is exactly what
 `specchat generate --temperature 0` prints for the same message, streamed or not, and a
 fill-in-the-middle completion (/v1/completions with a suffix) is the completion of the prompt in
-Qwen2.5-Coder's own format, ended at <|endoftext|>, and /metrics counts a reply and what speculation
-gained in it. Float32 and a fixed budget: in bf16, or with `--budget auto` (which
-sizes trees from measured times), two runs score different trees, and bf16 tree passes round
-differently (see docs/exactness.md)."""
+Qwen2.5-Coder's own format, ended at <|endoftext|>, as is /infill's (llama.cpp's route, laid out as
+llama.cpp lays it), and /metrics counts a reply and what speculation gained in it. Float32 and a
+fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
+score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -65,6 +66,23 @@ def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endofte
     compile(PREFIX + middle + SUFFIX, "filled.py", "exec")  # a body that makes the file whole
     assert "return" in middle
 
+
+def test_infill_lays_the_cursor_out_as_llama_cpp_does_and_speculates(served):
+    """llama.vim's request, without the editor's extra chunks: /infill's middle is the completion of
+    the repository-level layout written by hand, and the draft's tokens were accepted in it."""
+    client, model, _, url = served
+    infill = post(f"{url}/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": MIDDLE_TOKENS})
+    layout = f"<|repo_name|>myproject\n<|file_sep|>filename\n{FIM_PROMPT}"  # no chunks: the names llama.cpp gives
+    written = client.completions.create(model=model, prompt=layout, max_tokens=MIDDLE_TOKENS)
+    assert infill["content"] == written.choices[0].text and infill["stop_type"] == "eos"
+    assert infill["timings"]["draft_n"] >= infill["timings"]["draft_n_accepted"] > 0
+    compile(PREFIX + infill["content"] + SUFFIX, "filled.py", "exec")
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.load(response)
 
 def test_the_metrics_count_a_reply_and_show_speculation_gaining_tokens(served):
     client, model, _, url = served

@@ -15,6 +15,7 @@ from starlette.routing import Route
 from specchat.serve.completions import ChatCompletions
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError, api_error_response, http_error_response
+from specchat.serve.infill import Infill
 from specchat.serve.logs import RequestLog
 from specchat.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specchat.serve.scheduler import Scheduler
@@ -24,6 +25,7 @@ from specchat.serve.text_completions import TextCompletions
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
     chat, text = ChatCompletions(config, scheduler), TextCompletions(config, scheduler)
+    infill = Infill(config, scheduler)
     figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler)
 
     def authorize(request: Request) -> None:
@@ -59,6 +61,10 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         authorize(request)
         return await text.respond(request)
 
+    async def infill_route(request: Request) -> Response:
+        authorize(request)
+        return await infill.respond(request)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         scheduler.start()
@@ -72,6 +78,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", text_completions, methods=["POST"]),
+        Route("/infill", infill_route, methods=["POST"]),  # llama.cpp's, for its editor plugins
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts, metrics=figures)],

@@ -23,6 +23,9 @@ from specchat.serve.structured import call_grammar
 from specchat.textstream import TextStream
 
 
+DONE = "data: [DONE]\n\n"  # OpenAI's end of a stream
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     model: str  # the id clients name in `model`
@@ -78,11 +81,12 @@ class Endpoint:
         except SpecchatError as error:
             raise bad_request(str(error), "invalid_value", field) from None
 
-    async def collect(self, request: Request, job: Job, reply: Reply) -> str:
-        """The whole reply's text, once it has ended (a disconnect withdraws the job)."""
+    async def collect(self, request: Request, job: Job, reply: Reply, texts: AsyncIterator[str] | None = None) -> str:
+        """The whole reply's text (`texts`: its pieces, when not `texts(job, reply)`'s), once it has
+        ended; a disconnect withdraws the job."""
         watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
         try:
-            text = "".join([piece async for piece in self.pieces(job, reply)]) + reply.finish()
+            text = "".join([piece async for piece in texts or self.texts(job, reply)])
         finally:
             watcher.cancel()
             self.scheduler.withdraw(job)
@@ -93,6 +97,12 @@ class Endpoint:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         self.scheduler.withdraw(job)
+
+    async def texts(self, job: Job, reply: Reply) -> AsyncIterator[str]:
+        """The whole reply's text in pieces: what `pieces` sends, then the tail held back."""
+        async for text in self.pieces(job, reply):
+            yield text
+        yield reply.finish()
 
     async def pieces(self, job: Job, reply: Reply) -> AsyncIterator[str]:
         """The reply's text as it becomes safe to send, until it ends or meets a stop string."""
@@ -110,15 +120,15 @@ class Endpoint:
             raise APIError(500, f"decoding failed: {type(error).__name__}: {error}", "decoding_failed",
                            kind="server_error") from None
 
-    async def events(self, request: Request, job: Job, reply: Reply,
-                     chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
-        """A streamed reply's chunks as server-sent events, then [DONE]; an error once the status is
+    async def events(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict],
+                     end: str = DONE) -> AsyncIterator[str]:
+        """A streamed reply's chunks as server-sent events, then `end`; an error once the status is
         sent goes in the stream. The job's place is freed however the stream ends: this is reached
         too when the client disconnects (the stream is cancelled)."""
         try:
             async for chunk in chunks:
                 yield sse(chunk)
-            yield "data: [DONE]\n\n"
+            yield end
         except APIError as error:
             yield sse(error.body())
         finally:

@@ -7,16 +7,18 @@ class StopScan:
         self.stops = stops
         self.pending = ""  # held back: a tail that may be the start of a stop string
         self.hit = False
+        self.word = ""  # the stop string found
 
     def push(self, text: str) -> str:
         """The text that is now safe to emit."""
         if self.hit:
             return ""
         buffer = self.pending + text
-        found = [buffer.find(stop) for stop in self.stops if stop in buffer]
+        found = [(buffer.find(stop), stop) for stop in self.stops if stop in buffer]
         if found:
+            at, self.word = min(found)
             self.hit, self.pending = True, ""
-            return buffer[:min(found)]
+            return buffer[:at]
         held = self.held_back(buffer)
         self.pending = buffer[len(buffer) - held:]
         return buffer[:len(buffer) - held]
