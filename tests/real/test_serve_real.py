@@ -67,16 +67,20 @@ def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endofte
     assert "return" in middle
 
 
-def test_infill_lays_the_cursor_out_as_llama_cpp_does_and_speculates(served):
+def test_infill_lays_the_cursor_out_as_llama_cpp_does_and_its_indent_stop_keeps_the_body(served):
     """llama.vim's request, without the editor's extra chunks: /infill's middle is the completion of
-    the repository-level layout written by hand, and the draft's tokens were accepted in it."""
+    the repository-level layout written by hand, up to the first line indented less than the
+    cursor's (n_indent), where the body ends; the draft's tokens were accepted in it."""
     client, model, _, url = served
-    infill = post(f"{url}/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": MIDDLE_TOKENS})
+    infill = post(f"{url}/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": MIDDLE_TOKENS,
+                                    "n_indent": 4})
     layout = f"<|repo_name|>myproject\n<|file_sep|>filename\n{FIM_PROMPT}"  # no chunks: the names llama.cpp gives
-    written = client.completions.create(model=model, prompt=layout, max_tokens=MIDDLE_TOKENS)
-    assert infill["content"] == written.choices[0].text and infill["stop_type"] == "eos"
+    written = client.completions.create(model=model, prompt=layout, max_tokens=MIDDLE_TOKENS).choices[0].text
+    body, rest = infill["content"], written[len(infill["content"]):]
+    assert written.startswith(body) and rest and rest[0] not in " \t", (body, rest)  # cut before a line's text
+    assert infill["stop_type"] == "limit" and body.count("\n") >= 2
     assert infill["timings"]["draft_n"] >= infill["timings"]["draft_n_accepted"] > 0
-    compile(PREFIX + infill["content"] + SUFFIX, "filled.py", "exec")
+    compile(PREFIX + body + SUFFIX, "filled.py", "exec")
 
 
 def post(url: str, body: dict) -> dict:
