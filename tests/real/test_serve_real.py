@@ -75,7 +75,9 @@ def test_infill_lays_the_cursor_out_as_llama_cpp_does_and_its_indent_stop_keeps_
     infill = post(f"{url}/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": MIDDLE_TOKENS,
                                     "n_indent": 4})
     layout = f"<|repo_name|>myproject\n<|file_sep|>filename\n{FIM_PROMPT}"  # no chunks: the names llama.cpp gives
-    written = client.completions.create(model=model, prompt=layout, max_tokens=MIDDLE_TOKENS).choices[0].text
+    # as many tokens as /infill decoded: they hold the body and the character that ended it
+    written = client.completions.create(model=model, prompt=layout,
+                                        max_tokens=infill["tokens_predicted"]).choices[0].text
     body, rest = infill["content"], written[len(infill["content"]):]
     assert written.startswith(body) and rest and rest[0] not in " \t", (body, rest)  # cut before a line's text
     assert infill["stop_type"] == "limit" and body.count("\n") >= 2
