@@ -8,13 +8,14 @@ from time import perf_counter
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
 
+MISSING = object()  # a path the reply does not hold
+
 
 def stop_type(reply: Reply, cut: bool) -> str:
     """eos: the model ended it; word: a stop string; limit: the token limit, or an editor's stop."""
     if reply.stopped:
         return "word"
-    ended = reply.events and reply.events[-1].token_ids and reply.events[-1].token_ids[-1] in reply.stop_ids
-    return "eos" if ended and not cut else "limit"
+    return "eos" if reply.ended_by_model and not cut else "limit"
 
 
 def timings(job: Job, reply: Reply) -> dict:
@@ -61,6 +62,3 @@ def picked(result: dict, paths: list[str] | None) -> dict:
         if value is not MISSING:
             found[path] = value
     return found
-
-
-MISSING = object()

@@ -45,11 +45,15 @@ class Reply:
     def completion_tokens(self) -> int:
         return sum(len(event.token_ids) for event in self.events)
 
+    @property
+    def ended_by_model(self) -> bool:
+        """The last token is one of the model's end tokens."""
+        return bool(self.events and self.events[-1].token_ids and self.events[-1].token_ids[-1] in self.stop_ids)
+
     def finish_reason(self, called: bool = False) -> str:
         if called:
             return "tool_calls"
-        ended = self.events and self.events[-1].token_ids and self.events[-1].token_ids[-1] in self.stop_ids
-        return "stop" if self.stopped or ended else "length"
+        return "stop" if self.stopped or self.ended_by_model else "length"
 
     @property
     def unsent_logprobs(self) -> bool:
