@@ -1,8 +1,11 @@
 """`specchat serve` as a user starts it, in a subprocess on a free 127.0.0.1 port, for tests that
 drive it with the `openai` client: the first line it prints gives the URL, its log goes to a file
 (not a pipe, so that loading bars never block on a full one), and Ctrl+C (SIGINT) stops it when
-the block ends, waited for so that the test can judge how it stopped."""
+the block ends, waited for so that the test can judge how it stopped. Should the test's process
+die first (an xdist worker killed for memory), the kernel kills the server with it: a loaded
+server left behind would hold its gigabytes through the rest of the run."""
 
+import ctypes
 import signal
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 import openai
 
 STOP_S = 120  # a server that has not stopped this long after Ctrl+C fails its test
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 @dataclass
@@ -39,7 +43,7 @@ def serving(log: Path, *args: str, env: dict[str, str] | None = None) -> Iterato
     """`specchat serve --port 0 ARGS` until the block ends; it has loaded when the block starts."""
     with log.open("w") as err:
         process = subprocess.Popen([sys.executable, "-m", "specchat", "serve", "--port", "0", *args], text=True,
-                                   stdout=subprocess.PIPE, stderr=err, env=env)
+                                   stdout=subprocess.PIPE, stderr=err, env=env, preexec_fn=die_with_parent)
     try:
         line = process.stdout.readline()
         assert " at http://127.0.0.1:" in line, line or log.read_text()
@@ -47,3 +51,9 @@ def serving(log: Path, *args: str, env: dict[str, str] | None = None) -> Iterato
     finally:
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=STOP_S)
+
+
+def die_with_parent() -> None:
+    """In the child before it runs the server (Linux): SIGKILL once the test's process is gone."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
