@@ -1,12 +1,16 @@
 """What the server's tests share: a character tokenizer with a chat template, apps over fake or
 tiny engines, and a uvicorn server on a free 127.0.0.1 port that stops when the test ends."""
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import openai
+import pytest
 from starlette.applications import Starlette
 
 from specchat.decoding.events import Engine, SamplingParams
@@ -88,3 +92,24 @@ def client(url: str, api_key: str = "unused") -> openai.OpenAI:
 
 def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
+
+
+def post_json(url: str, body: dict) -> dict:
+    """POST `body` to `url` (a route of llama.cpp's own), its JSON answer."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def post_refused(url: str, body: dict) -> tuple[int, str]:
+    """The status and error message of a POST that must be refused."""
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post_json(url, body)
+    return refused.value.code, json.load(refused.value)["error"]["message"]
+
+
+def post_streamed(url: str, body: dict) -> list[str]:
+    """A streamed POST's server-sent event lines, as sent."""
+    request = urllib.request.Request(url, data=json.dumps(body | {"stream": True}).encode())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return [line for line in response.read().decode().split("\n") if line]

@@ -4,11 +4,9 @@ line), llama.cpp's reply objects whole and streamed, the editor stops (indent, t
 exact reply, and each refusal one line."""
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
-from helpers.serve_helpers import make_app, serving
+from helpers.serve_helpers import make_app, post_json, post_refused, post_streamed, serving
 
 from specchat.serve.fim import FimTokens
 from specchat.tui.fake import REPLY, FakeEngine
@@ -18,17 +16,12 @@ BARE_FIM = FimTokens("<P>", "<S>", "<M>")
 CURSOR = {"input_prefix": "def f():\n", "prompt": "    ret", "input_suffix": "\nprint(f())\n"}
 
 
-def post(url: str, body: dict, path: str = "/infill") -> dict:
-    request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
+def post(url: str, body: dict) -> dict:
+    return post_json(f"{url}/infill", body)
 
 
 def refusal(url: str, body: dict) -> tuple[int, str]:
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        post(url, body)
-    return refused.value.code, json.load(refused.value)["error"]["message"]
+    return post_refused(f"{url}/infill", body)
 
 
 @pytest.fixture
@@ -93,10 +86,7 @@ def test_a_line_indented_less_than_n_indent_ends_the_reply_before_it(fake):
 def test_a_streamed_reply_is_llama_cpps_partials_then_the_final_object_without_done(fake):
     _, url = fake
     whole = post(url, CURSOR | {"n_predict": 20})["content"]
-    body = json.dumps(CURSOR | {"n_predict": 20, "stream": True}).encode()
-    request = urllib.request.Request(f"{url}/infill", data=body)
-    with urllib.request.urlopen(request, timeout=60) as response:
-        lines = [line for line in response.read().decode().split("\n") if line]
+    lines = post_streamed(f"{url}/infill", CURSOR | {"n_predict": 20})
     assert all(line.startswith("data: {") for line in lines)  # no [DONE]: llama.cpp's own stream
     objects = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert [o["stop"] for o in objects] == [False] * (len(objects) - 1) + [True]

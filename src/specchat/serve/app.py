@@ -17,6 +17,7 @@ from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError, api_error_response, http_error_response
 from specchat.serve.infill import Infill
 from specchat.serve.logs import RequestLog
+from specchat.serve.native_completion import NativeCompletion
 from specchat.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specchat.serve.scheduler import Scheduler
 from specchat.serve.text_completions import TextCompletions
@@ -25,7 +26,7 @@ from specchat.serve.text_completions import TextCompletions
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
     chat, text = ChatCompletions(config, scheduler), TextCompletions(config, scheduler)
-    infill = Infill(config, scheduler)
+    infill, native = Infill(config, scheduler), NativeCompletion(config, scheduler)
     figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler)
 
     def authorize(request: Request) -> None:
@@ -65,6 +66,10 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         authorize(request)
         return await infill.respond(request)
 
+    async def native_completion(request: Request) -> Response:
+        authorize(request)
+        return await native.respond(request)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         scheduler.start()
@@ -78,7 +83,8 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", text_completions, methods=["POST"]),
-        Route("/infill", infill_route, methods=["POST"]),  # llama.cpp's, for its editor plugins
+        Route("/infill", infill_route, methods=["POST"]),  # llama.cpp's own, for its editor plugins
+        Route("/completion", native_completion, methods=["POST"]),  # llama.cpp's own
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts, metrics=figures)],

@@ -13,10 +13,9 @@ tokens asked for, dropping its oldest tokens first."""
 
 from pydantic import Field
 
-from specchat.limits import MAX_TOKENS
-from specchat.serve.errors import bad_request
 from specchat.serve.fim import FimTokens
-from specchat.serve.schema import Decoded, Strict
+from specchat.serve.native_request import NativeRequest
+from specchat.serve.schema import Strict
 
 BATCH = 2048  # llama.cpp's default n_batch, which its infill layout is sized by
 PREFIX_TAKE = 3 * BATCH // 4
@@ -30,24 +29,11 @@ class ExtraChunk(Strict):
     filename: str = "tmp"
 
 
-class InfillRequest(Decoded):
-    model: str = ""  # llama.cpp's clients send none; one model is served either way
+class InfillRequest(NativeRequest):
     input_prefix: str
     input_suffix: str
     input_extra: list[ExtraChunk] = Field(default_factory=list)
-    prompt: str = ""
-    n_predict: int = -1  # -1: as many as the context holds
-    n_indent: int = 0  # > 0: stop before a later line indented less
-    t_max_predict_ms: int = 0  # > 0: stop at the first new line after this long
-
-
-def wanted_tokens(request: InfillRequest) -> int | None:
-    """The tokens asked for; None for the room left in the context."""
-    if request.n_predict < 0:
-        return None
-    if request.n_predict and (problem := MAX_TOKENS.problem("n_predict", request.n_predict)):
-        raise bad_request(problem, param="n_predict")
-    return request.n_predict
+    prompt: str = ""  # the cursor's line so far
 
 
 class InfillLayout:

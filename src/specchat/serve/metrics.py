@@ -16,7 +16,8 @@ from specchat.serve.scheduler import Job, Scheduler
 
 disable_created_metrics()  # no `_created` series beside each counter: nothing here reads them
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-ROUTES = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill"})
+ROUTES = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill",
+                    "/completion"})
 OTHER_ROUTE = "other"  # any other path (a 404, or a model's card): one label, however many paths are asked
 # From a 1-token reply on a GPU to a long one on two CPU cores.
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))

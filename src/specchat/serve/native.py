@@ -1,0 +1,46 @@
+"""What llama.cpp's own routes share once the prompt's token ids are known: the job, the editor
+stops over the reply's text, and llama.cpp's reply objects, whole or streamed as server-sent
+events (partial objects, then the final one, without OpenAI's [DONE])."""
+
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specchat.serve.endpoint import Endpoint
+from specchat.serve.infill_cut import LineCut
+from specchat.serve.infill_reply import final, partial, picked
+from specchat.serve.native_request import NativeRequest, response_fields, wanted_tokens
+from specchat.serve.reply import Reply
+from specchat.serve.scheduler import Job
+from specchat.serve.schema import sampling_of, stop_strings
+
+
+class Native(Endpoint):
+    async def answer(self, request: Request, body: NativeRequest, ids: list[int], truncated: bool,
+                     param: str) -> Response:
+        """Decode `ids` as `body` asks (`param`: the field a prompt too long for the context is blamed on)."""
+        fields, wanted, sampling = response_fields(body), wanted_tokens(body), sampling_of(body, self.config.sampling)
+        job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body), sampling)
+        cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
+        if wanted == 0:  # nothing to decode (llama.vim asks so to warm llama.cpp's cache; no cache is warmed here)
+            return JSONResponse(picked(final(self.config.model, "", job, reply, False, truncated), fields))
+        self.queue(request, job)
+        if body.stream:
+            chunks = self.stream(job, reply, cut, truncated)
+            return StreamingResponse(self.events(request, job, reply, chunks, end=""), media_type="text/event-stream")
+        text = await self.collect(request, job, reply, self.kept(job, reply, cut))
+        return JSONResponse(picked(final(self.config.model, text, job, reply, cut.hit, truncated), fields))
+
+    async def kept(self, job: Job, reply: Reply, cut: LineCut) -> AsyncIterator[str]:
+        """The reply's text as the editor stops keep it."""
+        async for text in self.texts(job, reply):
+            if kept := cut.push(text):
+                yield kept
+            if cut.hit:
+                return
+
+    async def stream(self, job: Job, reply: Reply, cut: LineCut, truncated: bool) -> AsyncIterator[dict]:
+        async for text in self.kept(job, reply, cut):
+            yield partial(text, job, reply)
+        yield final(self.config.model, "", job, reply, cut.hit, truncated)

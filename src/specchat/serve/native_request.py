@@ -1,0 +1,31 @@
+"""What llama.cpp's own routes (/completion, /infill) take beside the prompt: `n_predict`, the
+editor stops, `response_fields` and the sampling every route shares; unknown fields (`top_k`,
+`samplers`, `cache_prompt`, `id_slot`...) are ignored. No `model` is needed: one is served."""
+
+from specchat.limits import MAX_TOKENS
+from specchat.serve.errors import bad_request
+from specchat.serve.schema import Decoded
+
+
+class NativeRequest(Decoded):
+    model: str = ""  # llama.cpp's clients send none, or any name
+    n_predict: int = -1  # -1: as many as the context holds
+    n_indent: int = 0  # > 0: stop before a later line indented less
+    t_max_predict_ms: int = 0  # > 0: stop at the first new line after this long
+
+
+def wanted_tokens(request: NativeRequest) -> int | None:
+    """The tokens asked for; None for the room left in the context."""
+    if request.n_predict < 0:
+        return None
+    if request.n_predict and (problem := MAX_TOKENS.problem("n_predict", request.n_predict)):
+        raise bad_request(problem, param="n_predict")
+    return request.n_predict
+
+
+def response_fields(request: NativeRequest) -> list[str] | None:
+    """The paths of the reply's fields asked for (None: all of them)."""
+    fields = (request.model_extra or {}).get("response_fields")
+    if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+        raise bad_request("response_fields must be a list of strings", param="response_fields")
+    return fields

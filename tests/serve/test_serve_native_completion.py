@@ -1,0 +1,59 @@
+"""POST /completion, llama.cpp's own completion route: a raw prompt (text or token ids) reaches
+the engine as /v1/completions encodes it, the reply is llama.cpp's object whole or streamed, and
+over the tiny random models its text is exactly the target's greedy text."""
+
+import json
+
+import pytest
+from helpers.serve_helpers import TINY_TOKENIZER, make_app, post_json, post_refused, post_streamed, serving
+
+from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.events import SamplingParams
+from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree_engine import TreeEngine
+from specchat.tui.fake import REPLY, FakeEngine
+
+
+@pytest.fixture
+def fake():
+    engine = FakeEngine()
+    app, _ = make_app([engine])
+    with serving(app) as url:
+        yield engine, f"{url}/completion"
+
+
+@pytest.mark.parametrize("prompt", ["def add(a, b):", [100, 101, 102]])
+def test_the_prompt_reaches_the_engine_as_given_and_the_reply_is_llama_cpps(fake, prompt):
+    engine, url = fake
+    reply = post_json(url, {"prompt": prompt, "n_predict": 7})
+    sent = [ord(char) for char in prompt] if isinstance(prompt, str) else prompt
+    assert engine.calls[-1][:2] == (sent, 7)
+    assert (reply["content"], reply["stop"], reply["stop_type"], reply["tokens_predicted"]) == (REPLY[:7], True,
+                                                                                                 "limit", 7)
+    assert reply["tokens_evaluated"] == len(sent) and reply["timings"]["draft_n_accepted"] > 0
+
+
+def test_a_streamed_completion_joins_to_the_whole(fake):
+    _, url = fake
+    objects = [json.loads(line.removeprefix("data: ")) for line in post_streamed(url, {"prompt": "hi", "n_predict": 9})]
+    assert "".join(o["content"] for o in objects) == REPLY[:9] and objects[-1]["stop"] is True
+
+
+@pytest.mark.parametrize(("body", "fragment"), [({"n_predict": 4}, "prompt"), ({"prompt": [10**9]}, "vocabulary"),
+                                                ({"prompt": "hi", "n_predict": 10**6}, "n_predict")])
+def test_bad_requests_are_one_line_400s(fake, body, fragment):
+    _, url = fake
+    code, message = post_refused(url, body)
+    assert code == 400 and fragment in message and "\n" not in message
+
+
+def test_on_tiny_models_the_text_is_the_targets_greedy_text(tiny_target, tiny_draft):
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    with serving(app) as url:
+        reply = post_json(f"{url}/completion", {"prompt": "hello there", "n_predict": 24, "temperature": 0})
+    events = AutoregressiveEngine(tiny_target, frozenset()).generate(TINY_TOKENIZER.encode("hello there"), 24,
+                                                                     SamplingParams(0.0))
+    assert reply["content"] == TINY_TOKENIZER.decode([t for e in events for t in e.token_ids])
+    assert reply["timings"]["draft_n_accepted"] > 0  # the tree was accepted in part: speculation ran
