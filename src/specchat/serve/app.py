@@ -2,8 +2,9 @@
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,10 +24,14 @@ from specchat.serve.scheduler import Scheduler
 from specchat.serve.text_completions import TextCompletions
 
 
+class Responder(Protocol):
+    """An endpoint that decodes: it answers a request whose key was checked."""
+
+    async def respond(self, request: Request) -> Response: ...
+
+
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
-    chat, text = ChatCompletions(config, scheduler), TextCompletions(config, scheduler)
-    infill, native = Infill(config, scheduler), NativeCompletion(config, scheduler)
     figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler)
 
     def authorize(request: Request) -> None:
@@ -54,21 +59,12 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         authorize(request)
         return Response(figures.exposition(), media_type=CONTENT_TYPE)
 
-    async def chat_completions(request: Request) -> Response:
-        authorize(request)
-        return await chat.respond(request)
-
-    async def text_completions(request: Request) -> Response:
-        authorize(request)
-        return await text.respond(request)
-
-    async def infill_route(request: Request) -> Response:
-        authorize(request)
-        return await infill.respond(request)
-
-    async def native_completion(request: Request) -> Response:
-        authorize(request)
-        return await native.respond(request)
+    def decoding(endpoint: Responder) -> Callable[[Request], Awaitable[Response]]:
+        """A route that decodes: the key checked, then the endpoint's answer."""
+        async def route(request: Request) -> Response:
+            authorize(request)
+            return await endpoint.respond(request)
+        return route
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -81,10 +77,11 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", text_completions, methods=["POST"]),
-        Route("/infill", infill_route, methods=["POST"]),  # llama.cpp's own, for its editor plugins
-        Route("/completion", native_completion, methods=["POST"]),  # llama.cpp's own
+        Route("/v1/chat/completions", decoding(ChatCompletions(config, scheduler)), methods=["POST"]),
+        Route("/v1/completions", decoding(TextCompletions(config, scheduler)), methods=["POST"]),
+        # llama.cpp's own: /infill for its editor plugins, /completion for its scripts
+        Route("/infill", decoding(Infill(config, scheduler)), methods=["POST"]),
+        Route("/completion", decoding(NativeCompletion(config, scheduler)), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts, metrics=figures)],

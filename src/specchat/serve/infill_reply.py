@@ -1,7 +1,7 @@
-"""llama.cpp's own completion objects, which its clients (editor plugins, scripts) read: `content`, `stop`, how it
-stopped, token counts and `timings` (with the draft tokens scored and accepted, the fields
-llama.cpp fills for its own speculative decoding); `response_fields` picks paths out of the
-final object ("timings/prompt_n" becomes that key)."""
+"""llama.cpp's own completion objects, which its clients (editor plugins, scripts) read:
+`content`, `stop`, how it stopped, token counts and `timings` (with the draft tokens scored and
+accepted, the fields llama.cpp fills for its own speculative decoding); `response_fields` picks
+paths out of the final object ("timings/prompt_n" becomes that key)."""
 
 from time import perf_counter
 
