@@ -97,7 +97,7 @@ def user(text: str) -> list[dict]:
 def post_json(url: str, body: dict) -> dict:
     """POST `body` to `url` (a route of llama.cpp's own), its JSON answer."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with urllib.request.urlopen(request) as response:
         return json.load(response)
 
 
@@ -111,5 +111,5 @@ def post_refused(url: str, body: dict) -> tuple[int, str]:
 def post_streamed(url: str, body: dict) -> list[str]:
     """A streamed POST's server-sent event lines, as sent."""
     request = urllib.request.Request(url, data=json.dumps(body | {"stream": True}).encode())
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with urllib.request.urlopen(request) as response:
         return [line for line in response.read().decode().split("\n") if line]

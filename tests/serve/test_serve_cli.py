@@ -34,7 +34,7 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
                  "--budget", "4", "--temperature", "0", env={**os.environ, "SPECCHAT_API_KEY": "k"}) as server:
         assert server.line.startswith(f"serving {target} (specexec) at http://127.0.0.1:")
         assert server.line.rstrip().endswith("Ctrl+C stops")
-        reply = server.client(api_key="k", timeout_s=60).chat.completions.create(
+        reply = server.client(api_key="k").chat.completions.create(
             model=str(target), messages=[{"role": "user", "content": "hello"}], max_tokens=8)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].finish_reason in ("stop", "length")
     err = server.log.read_text()

@@ -1,10 +1,9 @@
 """GET /metrics: Prometheus' text format, parsed as a scraper parses it; every figure is checked
 against what the requests were answered (usage) and what the engine's events said."""
 
-import threading
-import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import replace
 
 import openai
@@ -13,17 +12,19 @@ from helpers.serve_helpers import MODEL, client, make_app, serving, user
 from prometheus_client.parser import text_string_to_metric_families
 
 from specchat.decoding.events import IterationEvent
-from specchat.tui.fake import FakeEngine, Gate
-
-WAIT_S = 10
-
+from specchat.serve.metrics import ServeMetrics
+from specchat.serve.scheduler import Scheduler
+from specchat.tui.fake import FakeEngine
 
 def scrape(url: str, api_key: str | None = None) -> dict[tuple[str, tuple], float]:
     """Each sample by (name, sorted labels)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers), timeout=10) as response:
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers)) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=")
-        text = response.read().decode()
+        return parsed(response.read().decode())
+
+
+def parsed(text: str) -> dict[tuple[str, tuple], float]:
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
@@ -45,7 +46,7 @@ def test_the_figures_are_the_sums_of_the_answers_and_of_the_engines_events():
         with pytest.raises(openai.BadRequestError):
             api.completions.create(model=MODEL, prompt="x", max_tokens=-1)
         with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"{url}/v1/nowhere", timeout=10)
+            urllib.request.urlopen(f"{url}/v1/nowhere")
         figures = scrape(url)
     events = events_of(engine)
     assert len(engine.calls) == 2
@@ -68,26 +69,16 @@ def test_the_figures_are_the_sums_of_the_answers_and_of_the_engines_events():
     assert (figures[("specchat_requests_waiting", ())], figures[("specchat_requests_running", ())]) == (0, 0)
 
 
-def test_the_queue_gauges_show_a_request_decoding_and_one_waiting():
-    engine = FakeEngine()
-    engine.gate = Gate()
-    app, scheduler = make_app([engine])
-    with serving(app) as url:
-        replies = [threading.Thread(target=client(url).chat.completions.create,
-                                    kwargs={"model": MODEL, "messages": user("hi"), "max_tokens": 4})
-                   for _ in range(2)]
-        for reply in replies:
-            reply.start()
-        deadline = time.monotonic() + WAIT_S
-        while not (scheduler.running and scheduler.waiting):
-            assert time.monotonic() < deadline, "the two requests never met in the scheduler"
-            time.sleep(0.01)
-        figures = scrape(url)
-        engine.gate.open()
-        for reply in replies:
-            reply.join(WAIT_S)
-    assert (figures[("specchat_requests_running", ())], figures[("specchat_requests_waiting", ())]) == (1, 1)
-    assert figures[("specchat_generation_tokens_total", ())] == 0  # the first iteration is held
+def test_the_queue_gauges_read_the_scheduler_at_each_scrape():
+    """Set by hand on a scheduler that never starts: a request decoding and one waiting, then none."""
+    scheduler = Scheduler([FakeEngine()], max_queue=4)
+    metrics = ServeMetrics(MODEL, "specexec", scheduler, frozenset())
+    scheduler.running, scheduler.waiting = "decoding", deque(["waiting"])
+    busy = parsed(metrics.exposition().decode())
+    scheduler.running, scheduler.waiting = None, deque()
+    idle = parsed(metrics.exposition().decode())
+    gauges = [("specchat_requests_running", ()), ("specchat_requests_waiting", ())]
+    assert [busy[g] for g in gauges] == [1, 1] and [idle[g] for g in gauges] == [0, 0]
 
 
 def test_an_api_key_guards_the_metrics():
