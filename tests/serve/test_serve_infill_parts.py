@@ -6,7 +6,7 @@ import pytest
 from helpers.cli import train_tokenizer
 
 from specchat.serve.fim import FAMILIES, fim_tokens
-from specchat.serve.infill_cut import LineCut
+from specchat.serve.native_stops import LineCut
 from specchat.serve.infill_request import BATCH, PREFIX_TAKE, InfillLayout, InfillRequest
 
 SPECIALS = ["<P>", "<S>", "<M>", "<R>", "<F>"]

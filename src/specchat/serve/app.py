@@ -32,7 +32,6 @@ class Responder(Protocol):
 
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
-    figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler)
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
@@ -83,6 +82,8 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/infill", decoding(Infill(config, scheduler)), methods=["POST"]),
         Route("/completion", decoding(NativeCompletion(config, scheduler)), methods=["POST"]),
     ]
+    figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler,
+                           frozenset(route.path for route in routes))
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts, metrics=figures)],
                     exception_handlers={APIError: api_error_response, HTTPException: http_error_response})

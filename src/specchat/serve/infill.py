@@ -21,7 +21,8 @@ class Infill(Native):
                               "cursor", "unsupported_parameter", "input_suffix")
         body = parse_body(await request.body(), InfillRequest)
         layout = InfillLayout(self.config.tokenizer, self.config.fim)
-        ids, truncated = layout.ids(body, self.config.context, wanted_tokens(body))
+        wanted = wanted_tokens(body)
+        ids, truncated = layout.ids(body, self.config.context, wanted)
         if self.config.log_prompts:
             request.state.prompt, request.state.suffix = body.input_prefix + body.prompt, body.input_suffix
-        return await self.answer(request, body, ids, truncated, "input_prefix")
+        return await self.answer(request, body, ids, wanted, truncated, "input_prefix")

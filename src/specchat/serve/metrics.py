@@ -16,9 +16,7 @@ from specchat.serve.scheduler import Job, Scheduler
 
 disable_created_metrics()  # no `_created` series beside each counter: nothing here reads them
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-ROUTES = frozenset({"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill",
-                    "/completion"})
-OTHER_ROUTE = "other"  # any other path (a 404, or a model's card): one label, however many paths are asked
+OTHER_ROUTE = "other"  # a path no route names as is (a 404, a model's card): one label, however many are asked
 # From a 1-token reply on a GPU to a long one on two CPU cores.
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 # (name, help, the IterationEvent field it sums)
@@ -40,7 +38,8 @@ class ServeMetrics:
     """The server's figures, on a registry of its own (one per app); the scheduler's thread adds
     its jobs' events (Scheduler.observers), the request log its answers (logs.RequestLog)."""
 
-    def __init__(self, model: str, engine: str, scheduler: Scheduler) -> None:
+    def __init__(self, model: str, engine: str, scheduler: Scheduler, routes: frozenset[str]) -> None:
+        self.routes = routes  # the app's paths, each its own label
         self.registry = CollectorRegistry(auto_describe=False)
         Info("specchat_model", "The model served and its decoding engine", registry=self.registry).info(
             {"model": model, "engine": engine})
@@ -80,7 +79,7 @@ class ServeMetrics:
             self.first_token.observe(job.first_token_s - job.enqueued_s)
 
     def on_answer(self, path: str, status: int, seconds: float) -> None:
-        route = path if path in ROUTES else OTHER_ROUTE
+        route = path if path in self.routes else OTHER_ROUTE
         self.requests.labels(route, str(status)).inc()
         self.request_seconds.labels(route).observe(seconds)
 

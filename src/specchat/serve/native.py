@@ -8,19 +8,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specchat.serve.endpoint import Endpoint
-from specchat.serve.infill_cut import LineCut
-from specchat.serve.infill_reply import final, partial, picked
-from specchat.serve.native_request import NativeRequest, response_fields, wanted_tokens
+from specchat.serve.native_stops import LineCut
+from specchat.serve.native_reply import final, partial, picked
+from specchat.serve.native_request import NativeRequest, response_fields
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import sampling_of, stop_strings
 
 
 class Native(Endpoint):
-    async def answer(self, request: Request, body: NativeRequest, ids: list[int], truncated: bool,
-                     param: str) -> Response:
-        """Decode `ids` as `body` asks (`param`: the field a prompt too long for the context is blamed on)."""
-        fields, wanted, sampling = response_fields(body), wanted_tokens(body), sampling_of(body, self.config.sampling)
+    async def answer(self, request: Request, body: NativeRequest, ids: list[int], wanted: int | None,
+                     truncated: bool, param: str) -> Response:
+        """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
+        field a prompt too long for the context is blamed on)."""
+        fields, sampling = response_fields(body), sampling_of(body, self.config.sampling)
         job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
         if wanted == 0:  # nothing to decode (llama.vim asks so to warm llama.cpp's cache; no cache is warmed here)

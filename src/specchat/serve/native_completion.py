@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from specchat.serve.native import Native
-from specchat.serve.native_request import NativeRequest
+from specchat.serve.native_request import NativeRequest, wanted_tokens
 from specchat.serve.schema import parse_body
 from specchat.serve.text_request import prompt_ids
 
@@ -23,4 +23,4 @@ class NativeCompletion(Native):
         if self.config.log_prompts:
             request.state.prompt = body.prompt
         ids = prompt_ids(body.prompt, None, self.config.tokenizer, self.config.fim)
-        return await self.answer(request, body, ids, False, "prompt")
+        return await self.answer(request, body, ids, wanted_tokens(body), False, "prompt")

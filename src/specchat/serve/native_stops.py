@@ -31,7 +31,7 @@ class LineCut:
         self.started = now if self.started is None else self.started
         start = len(self.text)
         self.text += piece
-        end = self.indent_cut() if self.n_indent > 0 else None
+        end = self.indent_cut(start) if self.n_indent > 0 else None
         if end is None and self.t_max_s > 0 and now - self.started > self.t_max_s:
             newline = self.text.find("\n", start)
             end = None if newline < 0 else newline + 1
@@ -39,11 +39,12 @@ class LineCut:
             self.hit, self.text = True, self.text[:end]
         return self.text[start:]
 
-    def indent_cut(self) -> int | None:
-        """Where the first line indented less than `n_indent` shows itself; None while none has."""
+    def indent_cut(self, start: int) -> int | None:
+        """Where the first line indented less than `n_indent` shows itself; None while none has
+        (`start`: where the text new since the last call begins)."""
         while True:
             if self.line is None:
-                newline = self.text.find("\n")
+                newline = self.text.find("\n", start)  # none before `start`, or `line` would be set
                 if newline < 0:
                     return None
                 self.line = newline + 1
