@@ -76,6 +76,14 @@ def test_a_stop_string_and_the_models_end_say_how_the_reply_stopped(fake):
     assert post(url, CURSOR)["stop_type"] == "eos"  # the '.' ends the fake's replies (make_app's stop id)
 
 
+def test_any_number_of_stop_strings_is_taken_as_llama_cpp_takes_them(fake):
+    """OpenAI's routes take at most 4 (test_serve_bad_input.py); llama.cpp's own take any number."""
+    engine, url = fake
+    engine.reply = "return 1\n\nmore."
+    reply = post(url, CURSOR | {"stop": ["#", "@", "%", "&", "$", "\n\n"]})
+    assert (reply["content"], reply["stopping_word"]) == ("return 1", "\n\n")
+
+
 def test_a_line_indented_less_than_n_indent_ends_the_reply_before_it(fake):
     engine, url = fake
     engine.reply = "return 1\n    x = 2\n  y = 3\nz."
@@ -91,12 +99,6 @@ def test_a_streamed_reply_is_llama_cpps_partials_then_the_final_object_without_d
     objects = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert [o["stop"] for o in objects] == [False] * (len(objects) - 1) + [True]
     assert "".join(o["content"] for o in objects) == whole and objects[-1]["tokens_predicted"] == 20
-
-
-def test_n_predict_0_answers_at_once_without_decoding(fake):
-    engine, url = fake
-    reply = post(url, CURSOR | {"n_predict": 0})
-    assert reply["content"] == "" and reply["tokens_predicted"] == 0 and engine.calls == []
 
 
 @pytest.mark.parametrize(("body", "fragment"), [

@@ -22,9 +22,11 @@ class Native(Endpoint):
         """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
         field a prompt too long for the context is blamed on)."""
         fields, sampling = response_fields(body), sampling_of(body, self.config.sampling)
-        job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body), sampling)
+        job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body, most=None), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
-        if wanted == 0:  # nothing to decode (llama.vim asks so to warm llama.cpp's cache; no cache is warmed here)
+        if wanted == 0:  # nothing to return: llama.vim sends its context chunks so, to have them computed
+            if body.cache_prompt:
+                await self.warm(request, self.job(ids, 1, sampling, param))
             return JSONResponse(picked(final(self.config.model, "", job, reply, False, truncated), fields))
         self.queue(request, job)
         if body.stream:
@@ -32,6 +34,16 @@ class Native(Endpoint):
             return StreamingResponse(self.events(request, job, reply, chunks, end=""), media_type="text/event-stream")
         text = await self.collect(request, job, reply, self.kept(job, reply, cut))
         return JSONResponse(picked(final(self.config.model, text, job, reply, cut.hit, truncated), fields))
+
+    async def warm(self, request: Request, job: Job) -> None:
+        """Run `job` (the prompt and one token, never sent) so that a slot's caches hold the prompt:
+        the next request sharing its prefix computes only the rest. A warm-up still waiting when
+        another request arrives gives way to it (Scheduler.submit): that request computes what
+        they share itself, and a newer warm-up holds newer context."""
+        job.warm = True
+        self.queue(request, job)
+        await self.collect(request, job, self.reply([], job.sampling))
+        request.state.tokens = (len(job.prompt_ids), 0)
 
     async def kept(self, job: Job, reply: Reply, cut: LineCut) -> AsyncIterator[str]:
         """The reply's text as the editor stops keep it."""

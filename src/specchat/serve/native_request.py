@@ -1,6 +1,6 @@
 """What llama.cpp's own routes (/completion, /infill) take beside the prompt: `n_predict`, the
-editor stops, `response_fields` and the sampling every route shares; unknown fields (`top_k`,
-`samplers`, `cache_prompt`, `id_slot`...) are ignored. No `model` is needed: one is served."""
+editor stops, `response_fields`, `cache_prompt` and the sampling every route shares; unknown
+fields (`top_k`, `samplers`, `id_slot`...) are ignored. No `model` is needed: one is served."""
 
 from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import bad_request
@@ -12,6 +12,7 @@ class NativeRequest(Decoded):
     n_predict: int = -1  # -1: as many as the context holds
     n_indent: int = 0  # > 0: stop before a later line indented less
     t_max_predict_ms: int = 0  # > 0: stop at the first new line after this long
+    cache_prompt: bool = True  # with n_predict 0: compute the prompt into a slot for the next request
 
 
 def wanted_tokens(request: NativeRequest) -> int | None:

@@ -51,6 +51,7 @@ class Job:
     first_token_s: float = 0.0  # when its first token was decoded (0: none yet)
     ended_s: float = 0.0
     engine: str = ""
+    warm: bool = False  # only computes its prompt into a slot: it gives way to any request after it
 
     def deliver(self, item: IterationEvent | BaseException | None) -> None:
         """From the decoding thread: hand `item` to the request's coroutine."""
@@ -130,10 +131,12 @@ class Scheduler:
             self.thread.join()
 
     def submit(self, job: Job) -> None:
-        """Queue `job` last; QueueFull past the bound."""
+        """Queue `job` last, in place of the warm-ups still waiting; QueueFull past the bound."""
         with self.condition:
             if self.closed:
                 raise shutting_down()
+            for waiting in [waiting for waiting in self.waiting if waiting.warm]:
+                self.drop(waiting)
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting): retry later")
             job.arrived, job.enqueued_s = next(self.arrivals), perf_counter()
@@ -146,8 +149,14 @@ class Scheduler:
         job.cancel.set()
         with self.condition:
             if job in self.waiting:
-                self.waiting.remove(job)
-                job.deliver(END)  # it will never run: whoever awaits its events is released
+                self.drop(job)
+
+    def drop(self, job: Job) -> None:
+        """Take waiting `job` out of the queue (under the condition's lock): it will never run, and
+        whoever awaits its events is released."""
+        job.cancel.set()
+        self.waiting.remove(job)
+        job.deliver(END)
 
     def work(self) -> None:
         while (job := self.next_job()) is not None:

@@ -149,10 +149,11 @@ def text_of(where: str, content: str | list[dict[str, Any]] | None) -> str:
     return "".join(texts)
 
 
-def stop_strings(request: Decoded) -> list[str]:
+def stop_strings(request: Decoded, most: int | None = MAX_STOPS) -> list[str]:
+    """The request's stop strings, at most `most` of them (None: any number, as llama.cpp's routes take)."""
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if len(stops) > MAX_STOPS:
-        raise bad_request(f"stop: at most {MAX_STOPS} stop strings (got {len(stops)})", param="stop")
+    if most is not None and len(stops) > most:
+        raise bad_request(f"stop: at most {most} stop strings (got {len(stops)})", param="stop")
     if any(not stop for stop in stops):
         raise bad_request("stop: a stop string must not be empty", param="stop")
     return stops
