@@ -42,6 +42,17 @@ def test_the_probe_is_a_few_of_the_drafts_layers_in_its_form(kind, linear):
     assert all(any(isinstance(m, linear) for m in layer.modules()) for layer in model.model.layers)
 
 
+def test_the_probe_times_layers_holding_transformers_random_weights():
+    """The timed layers are drawn as transformers draws a model's (normal at the config's
+    initializer_range, norms at one); only the embedding and head, never run, are left unwritten."""
+    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=6)
+    model = probe_model(config, DraftQuant("dense"), torch.float32, CPU)
+    for layer in model.model.layers:
+        assert torch.equal(layer.input_layernorm.weight, torch.ones(128))
+        weight = layer.mlp.down_proj.weight
+        assert torch.isfinite(weight).all() and weight.std().item() == pytest.approx(config.initializer_range, rel=0.1)
+
+
 def test_a_step_is_measured_once_scaled_to_the_drafts_layers_and_kept(monkeypatch):
     measured = []
 
