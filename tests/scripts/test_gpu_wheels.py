@@ -2,25 +2,18 @@
 versions installed here, and none of what the device has or cannot use."""
 
 import importlib.metadata as metadata
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers.scripts import load_script
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def gpu_wheels():
-    spec = importlib.util.spec_from_file_location("gpu_wheels", ROOT / "scripts" / "gpu_wheels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_requirement_of_specchat_travels_pinned_as_installed_but_the_skipped():
-    module = gpu_wheels()
+    module = load_script("gpu_wheels")
     pins = dict(pin.split("==") for pin in module.carried())
     direct = [Requirement(line) for line in metadata.requires("specchat")]
     needed = {module.key(need.name) for need in direct if need.marker is None or need.marker.evaluate({"extra": ""})}
