@@ -2,7 +2,8 @@
 `specchat generate --temperature 0` prints for the same message, streamed or not, and a
 fill-in-the-middle completion (/v1/completions with a suffix) is the completion of the prompt in
 Qwen2.5-Coder's own format, ended at <|endoftext|>, as is /infill's (llama.cpp's route, laid out as
-llama.cpp lays it), and /metrics counts a reply and what speculation gained in it. Float32 and a
+llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, and /metrics
+counts a reply and what speculation gained in it. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
@@ -83,6 +84,23 @@ def test_infill_lays_the_cursor_out_as_llama_cpp_does_and_its_indent_stop_keeps_
     assert infill["stop_type"] == "limit" and body.count("\n") >= 2
     assert infill["timings"]["draft_n"] >= infill["timings"]["draft_n_accepted"] > 0
     compile(PREFIX + body + SUFFIX, "filled.py", "exec")
+
+
+def test_a_warm_up_computes_the_editors_chunks_so_the_next_infill_reuses_them(served):
+    """llama.vim's ring update (n_predict 0 with its chunks of other files) returns nothing, and the
+    completion after it computes only what follows the chunks: llama.cpp's timings say so."""
+    _, _, _, url = served
+    chunk = {"filename": "primes.py", "text": "".join(f"def is_multiple_of_{k}(n):\n    return n % {k} == 0\n\n"
+                                                         for k in range(2, 14))}
+    ring = {"input_prefix": "", "input_suffix": "", "prompt": "", "input_extra": [chunk], "n_predict": 0,
+            "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
+    assert post(f"{url}/infill", ring) == {}
+    reply = post(f"{url}/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [chunk],
+                                   "n_predict": 4})
+    timings = reply["timings"]
+    assert timings["cache_n"] + timings["prompt_n"] == reply["tokens_evaluated"]
+    # the 12 functions (~200 tokens) came from the warm-up; the cursor's file is computed now
+    assert timings["cache_n"] > 150 and timings["prompt_n"] < 40, timings
 
 
 def post(url: str, body: dict) -> dict:
