@@ -12,3 +12,8 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools:
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
                                             **extra)
     return list(encoded["input_ids"])
+
+
+def chat_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> str:
+    """The prompt `encode_chat` encodes for `messages`, as text (llama.cpp's /apply-template)."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

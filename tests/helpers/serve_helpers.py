@@ -43,9 +43,9 @@ class CharTokenizer:
     def __len__(self) -> int:
         return self.vocab
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict=False):
         text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<assistant>" if add_generation_prompt else "")
-        return {"input_ids": self.encode(text)}
+        return {"input_ids": self.encode(text)} if tokenize else text
 
     def decode(self, token_ids, skip_special_tokens=True):
         return "".join(chr(self.offset + token) for token in token_ids)

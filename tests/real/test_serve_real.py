@@ -2,8 +2,9 @@
 `specchat generate --temperature 0` prints for the same message, streamed or not, and a
 fill-in-the-middle completion (/v1/completions with a suffix) is the completion of the prompt in
 Qwen2.5-Coder's own format, ended at <|endoftext|>, as is /infill's (llama.cpp's route, laid out as
-llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, and /metrics
-counts a reply and what speculation gained in it. Float32 and a
+llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, the tokenizer
+routes give the ids the chat route runs, and /metrics counts a reply and what speculation gained
+in it. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
@@ -101,6 +102,23 @@ def test_a_warm_up_computes_the_editors_chunks_so_the_next_infill_reuses_them(se
     assert timings["cache_n"] + timings["prompt_n"] == reply["tokens_evaluated"]
     # the 12 functions (~200 tokens) came from the warm-up; the cursor's file is computed now
     assert timings["cache_n"] > 150 and timings["prompt_n"] < 40, timings
+
+
+def test_the_tokenizer_routes_give_the_ids_the_chat_route_runs(served):
+    """/apply-template's prompt, through /tokenize, is as many tokens as the chat route's prompt and
+    comes back whole through /detokenize; Qwen's byte-level pieces join to a text's bytes, split
+    characters included."""
+    client, model, _, url = served
+    messages = [{"role": "user", "content": PROMPT}]
+    prompt = post(f"{url}/apply-template", {"messages": messages})["prompt"]
+    ids = post(f"{url}/tokenize", {"content": prompt})["tokens"]  # its special tokens' names read as those tokens
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
+    assert reply.usage.prompt_tokens == len(ids) and prompt.startswith("<|im_start|>")
+    assert post(f"{url}/detokenize", {"tokens": ids})["content"] == prompt
+    text = "naïve ☃ café 🙂"
+    pieces = post(f"{url}/tokenize", {"content": text, "with_pieces": True})["tokens"]
+    joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces)
+    assert joined == text.encode() and any(isinstance(p["piece"], list) for p in pieces)
 
 
 def post(url: str, body: dict) -> dict:

@@ -12,6 +12,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from transformers import PreTrainedTokenizerBase
 
 from specchat.serve.completions import ChatCompletions
 from specchat.serve.endpoint import ServeConfig
@@ -20,8 +21,12 @@ from specchat.serve.infill import Infill
 from specchat.serve.logs import RequestLog
 from specchat.serve.native_completion import NativeCompletion
 from specchat.serve.metrics import CONTENT_TYPE, ServeMetrics
+from specchat.serve.props import props
 from specchat.serve.scheduler import Scheduler
+from specchat.serve.schema import Body, parsed
 from specchat.serve.text_completions import TextCompletions
+from specchat.serve.tokens import (DetokenizeRequest, TemplateRequest, TokenizeRequest, detokenized, templated,
+                                   tokenized)
 
 
 class Responder(Protocol):
@@ -54,6 +59,10 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
                            f"'{config.model}'", "model_not_found", "model")
         return JSONResponse(model_card(config.model, created))
 
+    async def server_props(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse(props(config, len(scheduler.slots), scheduler.slots[0].engine.name))
+
     async def metrics(request: Request) -> Response:
         authorize(request)
         return Response(figures.exposition(), media_type=CONTENT_TYPE)
@@ -65,6 +74,14 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
             return await endpoint.respond(request)
         return route
 
+    def tokenizing(answer: Callable[[PreTrainedTokenizerBase, Body], dict],
+                   kind: type[Body]) -> Callable[[Request], Awaitable[Response]]:
+        """A route the tokenizer alone answers (serve/tokens.py): the key checked, the body parsed."""
+        async def route(request: Request) -> Response:
+            authorize(request)
+            return JSONResponse(answer(config.tokenizer, parsed(await request.body(), kind)))
+        return route
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         scheduler.start()
@@ -74,6 +91,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/props", server_props, methods=["GET"]),  # llama.cpp's: the context, defaults, slots
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", decoding(ChatCompletions(config, scheduler)), methods=["POST"]),
@@ -81,6 +99,10 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         # llama.cpp's own: /infill for its editor plugins, /completion for its scripts
         Route("/infill", decoding(Infill(config, scheduler)), methods=["POST"]),
         Route("/completion", decoding(NativeCompletion(config, scheduler)), methods=["POST"]),
+        # and its tokenizer's, for scripts that count tokens or template chats themselves
+        Route("/tokenize", tokenizing(tokenized, TokenizeRequest), methods=["POST"]),
+        Route("/detokenize", tokenizing(detokenized, DetokenizeRequest), methods=["POST"]),
+        Route("/apply-template", tokenizing(templated, TemplateRequest), methods=["POST"]),
     ]
     figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler,
                            frozenset(route.path for route in routes))

@@ -4,7 +4,6 @@ turned into OpenAI's reply, whole or streamed as server-sent events."""
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from jinja2 import TemplateError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -15,7 +14,7 @@ from specchat.serve.errors import bad_request
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import (ChatRequest, chat_messages, check_chat_features, check_model, parse_body,
-                                   requested_tokens, sampling_of, stop_strings)
+                                   requested_tokens, sampling_of, stop_strings, through_template)
 from specchat.serve.structured import CallHold, forced_functions, functions_of, response_schema
 
 
@@ -47,14 +46,8 @@ class ChatCompletions(Endpoint):
         return job, self.reply(stops, sampling, may_call=bool(functions))
 
     def encode(self, messages: list[dict], tools: list | None = None) -> list[int]:
-        if self.config.tokenizer.chat_template is None:
-            raise bad_request("this model has no chat template, so it takes no chat: send its prompts to "
-                              "/v1/completions", "unsupported_model", "model")
-        try:
-            ids = encode_chat(self.config.tokenizer, messages, tools)
-        except TemplateError as error:  # the model's template refuses this conversation's shape
-            raise bad_request(f"the model's chat template refuses these messages: {error}", "invalid_messages",
-                              "messages") from None
+        tokenizer = self.config.tokenizer
+        ids = through_template(tokenizer, lambda: encode_chat(tokenizer, messages, tools))
         if not ids:
             raise bad_request("the messages are empty after tokenization", param="messages")
         return ids

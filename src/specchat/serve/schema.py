@@ -3,9 +3,12 @@ number), their values and the features specchat does not offer checked here, eac
 line. The chat request is here; the text completion's fields are serve/text_request.py's; tools,
 tool calls and response formats are serve/structured.py's."""
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
 from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
@@ -60,18 +63,25 @@ class ChatRequest(Decoded):
 
 
 Request = TypeVar("Request", bound=Decoded)
+Body = TypeVar("Body", bound=Strict)
+Rendered = TypeVar("Rendered")
 
 
 def parse_body(body: bytes, kind: type[Request]) -> Request:
     """The request, or a 400: malformed JSON, or the first field missing or of the wrong type; a
     request for several choices (n > 1) is refused."""
-    try:
-        request = kind.model_validate_json(body)
-    except ValidationError as error:
-        raise refusal(error.errors()[0]) from None
+    request = parsed(body, kind)
     if request.n is not None and request.n != 1:
         raise unsupported(f"n = {request.n}: one choice per request (n > 1) is", "n")
     return request
+
+
+def parsed(body: bytes, kind: type[Body]) -> Body:
+    """The body as `kind`, or a 400: malformed JSON, or the first field missing or of the wrong type."""
+    try:
+        return kind.model_validate_json(body)
+    except ValidationError as error:
+        raise refusal(error.errors()[0]) from None
 
 
 def refusal(error: dict) -> APIError:
@@ -116,6 +126,19 @@ def check_chat_features(request: ChatRequest) -> None:
 def chat_messages(request: ChatRequest) -> list[dict]:
     """The messages as the chat template takes them ({"role", "content"}, text only)."""
     return [template_message(index, message) for index, message in enumerate(request.messages)]
+
+
+def through_template(tokenizer: PreTrainedTokenizerBase, render: Callable[[], Rendered]) -> Rendered:
+    """What `render` makes of a chat through the model's template; a 400 where the model has no
+    template or its template refuses this conversation's shape."""
+    if tokenizer.chat_template is None:
+        raise bad_request("this model has no chat template, so it takes no chat: send its prompts to "
+                          "/v1/completions", "unsupported_model", "model")
+    try:
+        return render()
+    except TemplateError as error:
+        raise bad_request(f"the model's chat template refuses these messages: {error}", "invalid_messages",
+                          "messages") from None
 
 
 def template_message(index: int, message: Message) -> dict:

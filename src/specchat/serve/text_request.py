@@ -70,7 +70,7 @@ def prompt_ids(prompt: str | list[int], suffix: str | None, tokenizer: PreTraine
     return ids
 
 
-def checked_ids(ids: list[int], vocab: int) -> list[int]:
+def checked_ids(ids: list[int], vocab: int, param: str = "prompt") -> list[int]:
     if outside := [token for token in ids if not 0 <= token < vocab]:
-        raise bad_request(f"prompt: token id {outside[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+        raise bad_request(f"{param}: token id {outside[0]} is outside the vocabulary [0, {vocab})", param=param)
     return ids

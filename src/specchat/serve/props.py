@@ -1,0 +1,25 @@
+"""llama.cpp's `GET /props`: what its web UI and front ends (SillyTavern, for one) read of a server
+before they send anything: the context size, the defaults a request leaves out, the slots and the
+chat template. Read-only, as llama.cpp's is unless started with --props."""
+
+from importlib.metadata import version
+
+from specchat.serve.endpoint import ServeConfig
+
+
+def props(config: ServeConfig, slots: int, engine: str) -> dict:
+    sampling = config.sampling
+    template = getattr(config.tokenizer, "chat_template", None)
+    return {
+        "default_generation_settings": {
+            "n_ctx": config.context, "speculative": engine != "autoregressive",
+            "params": {"n_predict": -1, "seed": sampling.seed, "temperature": sampling.temperature,
+                       "top_p": sampling.top_p, "stop": [], "stream": False},
+        },
+        "total_slots": slots,
+        "model_path": config.model,
+        "chat_template": template if isinstance(template, str) else "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": f"specchat {version('specchat')}",
+        "is_sleeping": False,
+    }

@@ -1,0 +1,77 @@
+"""llama.cpp's tokenizer routes, which scripts and front ends (SillyTavern's llama.cpp backend,
+for one) call to count tokens and to template chats: POST /tokenize, POST /detokenize and
+POST /apply-template. The tokenizer alone answers them: no engine runs, nothing waits in the queue."""
+
+import re
+from functools import cache
+
+from pydantic import Field
+from transformers import PreTrainedTokenizerBase
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from specchat.chat_template import chat_text
+from specchat.serve.schema import Message, Strict, template_message, through_template
+from specchat.serve.text_request import checked_ids
+
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a token
+
+
+class TokenizeRequest(Strict):
+    content: str
+    add_special: bool = False  # the tokenizer's own additions (a BOS)
+    parse_special: bool = True  # a special token's name in the text is that token (false: its characters)
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int] = []
+
+
+class TemplateRequest(Strict):
+    messages: list[Message] = Field(min_length=1)
+
+
+def tokenized(tokenizer: PreTrainedTokenizerBase, request: TokenizeRequest) -> dict:
+    ids = list(tokenizer.encode(request.content, add_special_tokens=request.add_special,
+                                split_special_tokens=not request.parse_special))
+    if not request.with_pieces:
+        return {"tokens": ids}
+    return {"tokens": [{"id": token, "piece": piece(tokenizer, token)} for token in ids]}
+
+
+def detokenized(tokenizer: PreTrainedTokenizerBase, request: DetokenizeRequest) -> dict:
+    ids = checked_ids(request.tokens, len(tokenizer), "tokens")
+    return {"content": tokenizer.decode(ids, skip_special_tokens=False)}
+
+
+def templated(tokenizer: PreTrainedTokenizerBase, request: TemplateRequest) -> dict:
+    messages = [template_message(index, message) for index, message in enumerate(request.messages)]
+    return {"prompt": through_template(tokenizer, lambda: chat_text(tokenizer, messages))}
+
+
+def piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str | list[int]:
+    """The token's text where its bytes are whole UTF-8, else its bytes (a character split across
+    tokens), as llama.cpp gives pieces."""
+    raw = token_bytes(tokenizer, token)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase, token: int) -> bytes:
+    """The bytes one token stands for: a byte-level BPE's token is its bytes spelled one character
+    each (GPT-2's table), a byte-fallback token names its byte; any other token is its text."""
+    name = tokenizer.convert_ids_to_tokens(token)
+    if match := BYTE_TOKEN.fullmatch(name):
+        return bytes([int(match[1], 16)])
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and type(backend.decoder).__name__ == "ByteLevel" and set(name) <= byte_of().keys():
+        return bytes(byte_of()[char] for char in name)
+    return tokenizer.decode([token], skip_special_tokens=False).encode()
+
+
+@cache
+def byte_of() -> dict[str, int]:
+    """GPT-2's table read backwards: the character a byte-level BPE spells each byte with -> the byte."""
+    return {char: byte for byte, char in bytes_to_unicode().items()}

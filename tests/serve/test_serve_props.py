@@ -1,0 +1,45 @@
+"""llama.cpp's GET /props: the server's context, the sampling a request leaves out, its slots, the
+model's chat template and whether it speculates, as llama.cpp's front ends read them."""
+
+import json
+from importlib.metadata import version
+import urllib.error
+import urllib.request
+
+import pytest
+from helpers.serve_helpers import make_app, serving
+
+from specchat.decoding.events import SamplingParams
+from specchat.tui.fake import FakeEngine
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url) as response:
+        return json.load(response)
+
+
+def test_props_are_the_servers_context_defaults_slots_and_template():
+    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048, sampling=SamplingParams(0.3, 0.8, seed=7))
+    with serving(app) as url:
+        props = get(f"{url}/props")
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == 2048 and settings["speculative"] is True
+    assert (settings["params"]["temperature"], settings["params"]["top_p"], settings["params"]["seed"]) == (0.3, 0.8, 7)
+    assert props["total_slots"] == 2 and props["model_path"] == "tiny"
+    assert props["chat_template"] == "<role>content</>"  # the model's template, as written
+    assert props["build_info"] == f"specchat {version('specchat')}"
+
+
+def test_autoregressive_serving_says_it_does_not_speculate():
+    engine = FakeEngine()
+    engine.name = "autoregressive"
+    app, _ = make_app([engine])
+    with serving(app) as url:
+        assert get(f"{url}/props")["default_generation_settings"]["speculative"] is False
+
+
+def test_the_key_guards_props():
+    app, _ = make_app([FakeEngine()], api_key="secret")
+    with serving(app) as url, pytest.raises(urllib.error.HTTPError) as refused:
+        get(f"{url}/props")
+    assert refused.value.code == 401
