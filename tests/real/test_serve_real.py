@@ -3,8 +3,8 @@
 fill-in-the-middle completion (/v1/completions with a suffix) is the completion of the prompt in
 Qwen2.5-Coder's own format, ended at <|endoftext|>, as is /infill's (llama.cpp's route, laid out as
 llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, the tokenizer
-routes give the ids the chat route runs, and /metrics counts a reply and what speculation gained
-in it. Float32 and a
+routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
+/metrics counts a reply and what speculation gained in it. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
@@ -119,6 +119,16 @@ def test_the_tokenizer_routes_give_the_ids_the_chat_route_runs(served):
     pieces = post(f"{url}/tokenize", {"content": text, "with_pieces": True})["tokens"]
     joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces)
     assert joined == text.encode() and any(isinstance(p["piece"], list) for p in pieces)
+
+
+def test_n_probs_gives_the_greedy_tokens_as_their_likeliest(served):
+    """llama.cpp's completion_probabilities on the embedded pair, speculating at temperature 0: an
+    entry a token, which is the likeliest of its alternatives there."""
+    _, _, _, url = served
+    reply = post(f"{url}/completion", {"prompt": PREFIX, "n_predict": 8, "n_probs": 2, "temperature": 0})
+    entries = reply["completion_probabilities"]
+    assert len(entries) == reply["tokens_predicted"] and reply["timings"]["draft_n_accepted"] > 0
+    assert all(entry["top_logprobs"][0]["id"] == entry["id"] for entry in entries)
 
 
 def post(url: str, body: dict) -> dict:

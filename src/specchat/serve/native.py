@@ -3,6 +3,7 @@ stops over the reply's text, and llama.cpp's reply objects, whole or streamed as
 events (partial objects, then the final one, without OpenAI's [DONE])."""
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -10,7 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from specchat.serve.endpoint import Endpoint
 from specchat.serve.native_stops import LineCut
 from specchat.serve.native_reply import final, partial, picked
-from specchat.serve.native_request import NativeRequest, response_fields
+from specchat.serve.native_request import NativeRequest, response_fields, token_log
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import sampling_of, stop_strings
@@ -21,12 +22,13 @@ class Native(Endpoint):
                      truncated: bool, param: str) -> Response:
         """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
         field a prompt too long for the context is blamed on)."""
-        fields, sampling = response_fields(body), sampling_of(body, self.config.sampling)
+        fields = response_fields(body)
+        sampling = replace(sampling_of(body, self.config.sampling), token_log=token_log(body))
         job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body, most=None), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
         if wanted == 0:  # nothing to return: llama.vim sends its context chunks so, to have them computed
             if body.cache_prompt:
-                await self.warm(request, self.job(ids, 1, sampling, param))
+                await self.warm(request, self.job(ids, 1, replace(sampling, token_log=None), param))
             return JSONResponse(picked(final(self.config.model, "", job, reply, False, truncated), fields))
         self.queue(request, job)
         if body.stream:

@@ -5,7 +5,8 @@ paths out of the final object ("timings/prompt_n" becomes that key)."""
 
 from time import perf_counter
 
-from specchat.serve.reply import Reply
+from specchat.decoding.token_log import TokenLogprobs
+from specchat.serve.reply import Reply, logprob_entry
 from specchat.serve.scheduler import Job
 
 MISSING = object()  # a path the reply does not hold
@@ -37,9 +38,9 @@ def rates(kind: str, tokens: int, seconds: float) -> dict:
 
 
 def partial(text: str, job: Job, reply: Reply) -> dict:
-    """A streamed piece."""
+    """A streamed piece (with the probabilities of the tokens logged since the last, if asked)."""
     return {"index": 0, "content": text, "tokens": [], "stop": False,
-            "tokens_predicted": reply.completion_tokens, "tokens_evaluated": len(job.prompt_ids)}
+            "tokens_predicted": reply.completion_tokens, "tokens_evaluated": len(job.prompt_ids)} | probabilities(reply)
 
 
 def final(model: str, text: str, job: Job, reply: Reply, cut: bool, truncated: bool) -> dict:
@@ -47,7 +48,23 @@ def final(model: str, text: str, job: Job, reply: Reply, cut: bool, truncated: b
     return {"index": 0, "content": text, "tokens": [], "stop": True, "model": model,
             "tokens_predicted": reply.completion_tokens, "tokens_evaluated": len(job.prompt_ids),
             "truncated": truncated, "stop_type": stop_type(reply, cut), "stopping_word": reply.scan.word,
-            "tokens_cached": len(job.prompt_ids) + reply.completion_tokens, "timings": timings(job, reply)}
+            "tokens_cached": len(job.prompt_ids) + reply.completion_tokens,
+            "timings": timings(job, reply)} | probabilities(reply)
+
+
+def probabilities(reply: Reply) -> dict:
+    """llama.cpp's `completion_probabilities` of the tokens logged since the last call, each
+    OpenAI's logprob entry with the token's id (none where n_probs was not asked for)."""
+    entries = reply.take_logged()
+    if entries is None:
+        return {}
+    return {"completion_probabilities": [with_ids(logprob_entry(reply.stream.tokenizer, entry), entry)
+                                         for entry in entries]}
+
+
+def with_ids(described: dict, entry: TokenLogprobs) -> dict:
+    top = [alternative | {"id": token} for alternative, (token, _) in zip(described["top_logprobs"], entry.top)]
+    return described | {"id": entry.token, "top_logprobs": top}
 
 
 def picked(result: dict, paths: list[str] | None) -> dict:

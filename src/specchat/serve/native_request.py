@@ -1,10 +1,13 @@
 """What llama.cpp's own routes (/completion, /infill) take beside the prompt: `n_predict`, the
-editor stops, `response_fields`, `cache_prompt` and the sampling every route shares; unknown
-fields (`top_k`, `samplers`, `id_slot`...) are ignored. No `model` is needed: one is served."""
+editor stops, `response_fields`, `cache_prompt`, `n_probs` and the sampling every route shares;
+unknown fields (`top_k`, `samplers`, `id_slot`...) are ignored. No `model` is needed: one is served."""
 
+from specchat.decoding.token_log import TokenLog
 from specchat.limits import MAX_TOKENS
-from specchat.serve.errors import bad_request
+from specchat.serve.errors import bad_request, unsupported
 from specchat.serve.schema import Decoded
+
+MAX_PROBS = 100  # alternatives a token at most (llama.cpp sets none; its web UI asks 10)
 
 
 class NativeRequest(Decoded):
@@ -13,6 +16,8 @@ class NativeRequest(Decoded):
     n_indent: int = 0  # > 0: stop before a later line indented less
     t_max_predict_ms: int = 0  # > 0: stop at the first new line after this long
     cache_prompt: bool = True  # with n_predict 0: compute the prompt into a slot for the next request
+    n_probs: int = 0  # > 0: each token's log-probability and the n likeliest there (completion_probabilities)
+    post_sampling_probs: bool = False  # refused: the probabilities given are the target's, before sampling
 
 
 def wanted_tokens(request: NativeRequest) -> int | None:
@@ -22,6 +27,17 @@ def wanted_tokens(request: NativeRequest) -> int | None:
     if request.n_predict and (problem := MAX_TOKENS.problem("n_predict", request.n_predict)):
         raise bad_request(problem, param="n_predict")
     return request.n_predict
+
+
+def token_log(request: NativeRequest) -> TokenLog | None:
+    """The log the reply's tokens are recorded in, with the `n_probs` likeliest alternatives each
+    (None: n_probs 0, nothing recorded)."""
+    if request.post_sampling_probs:
+        raise unsupported("post_sampling_probs (the probabilities after temperature and top-p: n_probs gives the "
+                          "target's before them) is", "post_sampling_probs")
+    if not 0 <= request.n_probs <= MAX_PROBS:
+        raise bad_request(f"n_probs must be in [0, {MAX_PROBS}] (got {request.n_probs})", param="n_probs")
+    return TokenLog(request.n_probs) if request.n_probs else None
 
 
 def response_fields(request: NativeRequest) -> list[str] | None:
