@@ -7,7 +7,7 @@ from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import bad_request, unsupported
 from specchat.serve.schema import Decoded
 
-MAX_PROBS = 100  # alternatives a token at most (llama.cpp sets none; its web UI asks 10)
+MAX_PROBS = 100  # alternatives a token at most (llama.cpp sets no bound)
 
 
 class NativeRequest(Decoded):

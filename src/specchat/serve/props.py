@@ -1,4 +1,4 @@
-"""llama.cpp's `GET /props`: what its web UI and front ends (SillyTavern, for one) read of a server
+"""llama.cpp's `GET /props`: what its web UI and the front ends written for it read of a server
 before they send anything: the context size, the defaults a request leaves out, the slots and the
 chat template. Read-only, as llama.cpp's is unless started with --props."""
 
@@ -8,6 +8,7 @@ from specchat.serve.endpoint import ServeConfig
 
 
 def props(config: ServeConfig, slots: int, engine: str) -> dict:
+    """The server's properties in llama.cpp's shape, `slots` engines of kind `engine` serving."""
     sampling = config.sampling
     template = getattr(config.tokenizer, "chat_template", None)
     return {

@@ -1,5 +1,5 @@
-"""llama.cpp's tokenizer routes, which scripts and front ends (SillyTavern's llama.cpp backend,
-for one) call to count tokens and to template chats: POST /tokenize, POST /detokenize and
+"""llama.cpp's tokenizer routes, which scripts and front ends call to count tokens (SillyTavern's
+llama.cpp backend, through /tokenize) and to template chats: POST /tokenize, POST /detokenize and
 POST /apply-template. The tokenizer alone answers them: no engine runs, nothing waits in the queue."""
 
 import re
