@@ -33,7 +33,7 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     lines = done.stdout.splitlines()
     assert lines[0].startswith("pair check on the CPU")
     assert [line for line in lines if line.startswith("writing ")] == [
-        f"writing {pair.target} and {pair.draft} with random weights ..." for pair in PAIRS]
+        f"writing {aliases.target} and {aliases.draft} with random weights ..." for aliases in PAIRS]
     assert sum(line.startswith("written in ") and line.endswith(" s") for line in lines) == 2  # how long each took
     rows = [line.strip("| ").split(" | ") for line in lines if line.startswith("| 16 | ")]
     assert len(rows) == 2, done.stdout  # one budget, each pair
@@ -53,7 +53,7 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     # the AWQ draft packed, with its whole head as it ran (the logits of 128256 words: 26 resident with the default
     # sub-vocabulary, as doctor plans the card; the target's and the draft's input embeddings held on the host)
     assert "draft in none; the 24 GB card's plan: 24 resident, 25.46 GB a pass" in placements[1]
-    # each pair's: draft, host, 1024, projection; the first pair's three more
+    # the AWQ pair's four (draft, host, 1024, projection) and the GPTQ pair's three
     assert sum("dry run: no verdict" in line for line in lines) == 7
     assert lines.count("int4_gemm served nothing: no 4-bit draft linear on CUDA was probed") == 2  # a CPU's drafts
     assert "Traceback" not in done.stderr
