@@ -47,6 +47,9 @@ class CharTokenizer:
         text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<assistant>" if add_generation_prompt else "")
         return {"input_ids": self.encode(text)} if tokenize else text
 
+    def convert_ids_to_tokens(self, token: int) -> str:
+        return chr(self.offset + token)
+
     def decode(self, token_ids, skip_special_tokens=True):
         return "".join(chr(self.offset + token) for token in token_ids)
 

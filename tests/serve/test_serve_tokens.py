@@ -7,6 +7,8 @@ import pytest
 from helpers.cli import train_tokenizer
 from helpers.serve_helpers import make_app, post_json, post_refused, serving
 
+from specchat.decoding.token_log import TokenLogprobs
+from specchat.serve.reply import logprob_entry
 from specchat.serve.tokens import piece
 from specchat.tui.fake import FakeEngine
 
@@ -50,6 +52,14 @@ def test_pieces_are_each_tokens_text_or_its_bytes_where_a_character_is_split(ser
                     for p in pieces) == text.encode()
     assert [p["piece"] for p in pieces[-3:]] == [[byte] for byte in "☃".encode()]
     assert all(isinstance(p["piece"], str) for p in pieces[:-3])
+
+
+def test_openai_logprobs_give_a_split_characters_bytes_not_a_replacement_character(byte_level):
+    """The same bytes back OpenAI's `bytes` field (serve/reply.py): a token holding part of a
+    character decodes alone to U+FFFD, whose bytes are not the token's."""
+    first = byte_level.encode("☃", add_special_tokens=False)[0]
+    entry = logprob_entry(byte_level, TokenLogprobs(first, -0.5, ((first, -0.5),)))
+    assert entry["bytes"] == entry["top_logprobs"][0]["bytes"] == [0xE2] and entry["token"] == "\ufffd"
 
 
 def test_a_byte_fallback_token_is_the_byte_it_names():

@@ -37,6 +37,7 @@ class Responder(Protocol):
 
 def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
+    engine = scheduler.slots[0].engine.name  # every slot's is the same kind
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
@@ -61,7 +62,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
 
     async def server_props(request: Request) -> Response:
         authorize(request)
-        return JSONResponse(props(config, len(scheduler.slots), scheduler.slots[0].engine.name))
+        return JSONResponse(props(config, len(scheduler.slots), engine))
 
     async def metrics(request: Request) -> Response:
         authorize(request)
@@ -104,7 +105,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/detokenize", tokenizing(detokenized, DetokenizeRequest), methods=["POST"]),
         Route("/apply-template", tokenizing(templated, TemplateRequest), methods=["POST"]),
     ]
-    figures = ServeMetrics(config.model, scheduler.slots[0].engine.name, scheduler,
+    figures = ServeMetrics(config.model, engine, scheduler,
                            frozenset(route.path for route in routes))
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(RequestLog, log_prompts=config.log_prompts, metrics=figures)],

@@ -12,6 +12,7 @@ from specchat.decoding.events import IterationEvent
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
 from specchat.serve.scheduler import Job
 from specchat.serve.stops import StopScan
+from specchat.serve.token_bytes import token_bytes
 from specchat.serve.structured import split_calls
 from specchat.summary import summarize, tree_means
 from specchat.textstream import TextStream
@@ -77,8 +78,7 @@ class Reply:
 
 def logprob_entry(tokenizer, entry: TokenLogprobs) -> dict:
     def described(token: int, logprob: float) -> dict:
-        text = tokenizer.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": tokenizer.decode([token]), "logprob": logprob, "bytes": list(token_bytes(tokenizer, token))}
     return described(entry.token, entry.logprob) | {"top_logprobs": [described(t, p) for t, p in entry.top]}
 
 

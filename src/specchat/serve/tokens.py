@@ -2,18 +2,13 @@
 llama.cpp backend, through /tokenize) and to template chats: POST /tokenize, POST /detokenize and
 POST /apply-template. The tokenizer alone answers them: no engine runs, nothing waits in the queue."""
 
-import re
-from functools import cache
-
 from pydantic import Field
 from transformers import PreTrainedTokenizerBase
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specchat.chat_template import chat_text
 from specchat.serve.schema import Message, Strict, template_message, through_template
 from specchat.serve.text_request import checked_ids
-
-BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback: one byte a token
+from specchat.serve.token_bytes import token_bytes
 
 
 class TokenizeRequest(Strict):
@@ -57,21 +52,3 @@ def piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str | list[int]:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return list(raw)
-
-
-def token_bytes(tokenizer: PreTrainedTokenizerBase, token: int) -> bytes:
-    """The bytes one token stands for: a byte-level BPE's token is its bytes spelled one character
-    each (GPT-2's table), a byte-fallback token names its byte; any other token is its text."""
-    name = tokenizer.convert_ids_to_tokens(token)
-    if match := BYTE_TOKEN.fullmatch(name):
-        return bytes([int(match[1], 16)])
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and type(backend.decoder).__name__ == "ByteLevel" and set(name) <= byte_of().keys():
-        return bytes(byte_of()[char] for char in name)
-    return tokenizer.decode([token], skip_special_tokens=False).encode()
-
-
-@cache
-def byte_of() -> dict[str, int]:
-    """GPT-2's table read backwards: the character a byte-level BPE spells each byte with -> the byte."""
-    return {char: byte for byte, char in bytes_to_unicode().items()}
