@@ -14,6 +14,7 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools:
     return list(encoded["input_ids"])
 
 
-def chat_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> str:
-    """The prompt `encode_chat` encodes for `messages`, as text (llama.cpp's /apply-template)."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def chat_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The prompt `encode_chat` encodes for `messages` and `tools`, as text (llama.cpp's /apply-template)."""
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)

@@ -29,7 +29,8 @@ class CharTokenizer:
     """One token per character: token t is chr(offset + t), and a character encodes back to its
     token, so a reply decoded to text and sent back encodes to the very tokens produced.
 
-    Chat template: <role>content</> per message, then <assistant> for the reply.
+    Chat template: <tools>name,...</> when tools are declared, <role>content</> per message, then
+    <assistant> for the reply.
     """
 
     chat_template = "<role>content</>"
@@ -43,8 +44,10 @@ class CharTokenizer:
     def __len__(self) -> int:
         return self.vocab
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict=False):
-        text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict=False, tools=None):
+        declared = f"<tools>{','.join(t['function']['name'] for t in tools)}</>" if tools else ""
+        text = declared + "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
+        text += "<assistant>" if add_generation_prompt else ""
         return {"input_ids": self.encode(text)} if tokenize else text
 
     def convert_ids_to_tokens(self, token: int) -> str:

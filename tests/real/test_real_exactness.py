@@ -5,7 +5,8 @@ comparison re-anchors and goes on to the end; at most one tie per prompt.
 Judged here: specexec in each configuration, chain SD and SpecInfer greedy (DSI, seeded:
 test_dsi_real.py). The pair's draft carries both of the app's CPU approximations (int8 and the
 sub-vocabulary head: tests/helpers/real_pair.py); the 4-bit and CUDA-prepared drafts have tests
-of their own. The suite runs 2 MT-Bench prompts x 32 new tokens per configuration to keep CI short;
+of their own. The suite runs 2 MT-Bench prompts x 32 new tokens per configuration (a draft form's
+check: one prompt a mode) to keep CI short;
 scripts/check_exactness.py runs the full acceptance (5 prompts x 64 tokens) with the same
 checks and records it in docs/benchmarks.md.
 """
@@ -121,8 +122,12 @@ def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_ex
 
 
 def assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references) -> None:
-    assert_equals_hf_greedy(real_check, engine, greedy_references)
-    assert_seeded_exact(real_check, engine, seeded_references)
+    """A draft form's check: greedy on the first prompt, seeded on the second. A draft's form
+    changes which trees grow, never what the target picks, so each mode is judged once, on trees
+    that differ from the suite's draft's (its own runs: both prompts, both modes, above); the
+    suite then stays within its 25 minutes."""
+    assert_equals_hf_greedy(real_check, engine, greedy_references[:1])
+    assert_seeded_exact(real_check, engine, seeded_references[1:])
 
 
 def assert_seeded_exact(real_check, engine, seeded_references) -> None:
@@ -182,7 +187,7 @@ def test_an_int8_copy_of_the_target_as_draft_keeps_sampling_exact(real_pair, rea
     draft = int8_copy(real_pair)
     assert not any(isinstance(module, Int8Linear) for module in real_pair.target.model.modules())
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=32))
-    for prompt_ids, reference in seeded_references:
+    for prompt_ids, reference in seeded_references[:1]:  # one prompt: a draft form's check, as above
         tokens, events = emitted(engine, prompt_ids, PAPER_SAMPLING)
         comparison = real_check.compare(prompt_ids, reference, tokens, PAPER_SAMPLING)
         assert comparison.acceptable, comparison.describe()

@@ -1,9 +1,10 @@
 """Constrained decoding on the real embedded pair in float32 (issue 51): under a JSON schema and
-under a tool call's grammar, greedy and seeded SpecExec emit exactly what constrained
-autoregressive decoding emits, written independently (tests/helpers/reference_loop.py: transformers'
-forward and warpers) and masked by llguidance's own matcher, fed token by token apart from the
-project's guide. The replies that end parse, and validate against the schema. (The project's
-autoregressive engine under a guide against SpecExec: tests/decoding/test_guide.py, on the tiny pair.)"""
+under a tool call's grammar, SpecExec (greedy under the one, seeded under the other) emits
+exactly what constrained autoregressive decoding emits, written independently
+(tests/helpers/reference_loop.py: transformers' forward and warpers) and masked by llguidance's
+own matcher, fed token by token apart from the project's guide. The replies that end parse, and
+validate against the schema. (The project's autoregressive engine under a guide against SpecExec:
+tests/decoding/test_guide.py, on the tiny pair.)"""
 
 import json
 
@@ -63,8 +64,11 @@ def form(grammars: Grammars, kind: str):
     return grammars.lark(call_grammar([WEATHER])), WEATHER_PROMPT, tools
 
 
-@pytest.mark.parametrize("kind", ["schema", "tool"])
-@pytest.mark.parametrize("sampling", [GREEDY, PAPER_SAMPLING], ids=["greedy", "seeded"])
+# Each grammar and each mode once: the schema greedy, a tool call's grammar (its forced special
+# tokens, its free arguments) seeded. A grammar masks the logits before either mode reads them
+# (decoding/guide.py); greedy and two samplings run under a schema on the tiny pair (test_guide.py).
+@pytest.mark.parametrize(("sampling", "kind"), [(GREEDY, "schema"), (PAPER_SAMPLING, "tool")],
+                         ids=["greedy-schema", "seeded-tool"])
 def test_specexec_under_a_grammar_equals_constrained_decoding_and_the_independent_loop(real_pair, grammars, kind,
                                                                                        sampling):
     grammar, prompt, tools = form(grammars, kind)

@@ -1,7 +1,8 @@
 """The embedded pair behind `specchat serve`: at temperature 0 the server's chat text is exactly what
-`specchat generate --temperature 0` prints for the same message, streamed or not, and a
-fill-in-the-middle completion (/v1/completions with a suffix) is the completion of the prompt in
-Qwen2.5-Coder's own format, ended at <|endoftext|>, as is /infill's (llama.cpp's route, laid out as
+`specchat generate --temperature 0` prints for the same message, streamed or not, through OpenAI's
+route and Ollama's, and a fill-in-the-middle completion (/v1/completions with a suffix; Ollama's
+/api/generate with one) is the completion of the prompt in Qwen2.5-Coder's own format, ended at
+<|endoftext|>, as is /infill's (llama.cpp's route, laid out as
 llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, the tokenizer
 routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
 /metrics counts a reply and what speculation gained in it. Float32 and a
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import urllib.request
 
+import ollama
 import pytest
 from helpers.serve_process import serving
 
@@ -45,24 +47,32 @@ def served(tmp_path_factory):
 
 
 def test_served_text_equals_generate_at_temperature_0(served):
-    client, model, expected, _ = served
+    """Through OpenAI's route, whole and streamed, and through Ollama's /api/chat (its own client)."""
+    client, model, expected, url = served
     messages = [{"role": "user", "content": PROMPT}]
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS)
     streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=NEW_TOKENS, stream=True)
     streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert whole.choices[0].message.content == streamed_text == expected
+    chat = ollama.Client(host=url).chat(model=model, messages=messages, options={"num_predict": NEW_TOKENS},
+                                        stream=True)
+    assert "".join(part.message.content for part in chat) == expected
     assert whole.usage.completion_tokens == NEW_TOKENS or whole.choices[0].finish_reason == "stop"
 
 
 def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endoftext(served):
-    client, model, _, _ = served
+    client, model, _, url = served
     whole = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS)
     streamed = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, max_tokens=MIDDLE_TOKENS,
                                          stream=True)
     # The same middle from the hand-written format: the suffix reached the model in Qwen's own tokens.
     written = client.completions.create(model=model, prompt=FIM_PROMPT, max_tokens=MIDDLE_TOKENS, logprobs=0)
+    # Ollama's /api/generate with a suffix, as editor plugins speaking Ollama's API send it
+    ollamas = ollama.Client(host=url).generate(model=model, prompt=PREFIX, suffix=SUFFIX,
+                                               options={"num_predict": MIDDLE_TOKENS}, stream=False)
     middle = whole.choices[0].text
     assert middle == "".join(c.choices[0].text for c in streamed if c.choices) == written.choices[0].text
+    assert ollamas.response == middle and ollamas.done_reason == "stop"
     assert whole.choices[0].finish_reason == "stop" and whole.usage.completion_tokens < MIDDLE_TOKENS
     assert written.choices[0].logprobs.tokens[-1] == "<|endoftext|>"  # the model's own end, not a stop string
     compile(PREFIX + middle + SUFFIX, "filled.py", "exec")  # a body that makes the file whole
@@ -105,8 +115,8 @@ def test_a_warm_up_computes_the_editors_chunks_so_the_next_infill_reuses_them(se
 
 
 def test_the_tokenizer_routes_give_the_ids_the_chat_route_runs(served):
-    """/apply-template's prompt, through /tokenize, is as many tokens as the chat route's prompt and
-    comes back whole through /detokenize; Qwen's byte-level pieces join to a text's bytes, split
+    """/apply-template's prompt, through /tokenize, is as many tokens as the chat route's prompt, with
+    or without tools, and comes back whole through /detokenize; Qwen's byte-level pieces join to a text's bytes, split
     characters included."""
     client, model, _, url = served
     messages = [{"role": "user", "content": PROMPT}]
@@ -115,6 +125,11 @@ def test_the_tokenizer_routes_give_the_ids_the_chat_route_runs(served):
     reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
     assert reply.usage.prompt_tokens == len(ids) and prompt.startswith("<|im_start|>")
     assert post(f"{url}/detokenize", {"tokens": ids})["content"] == prompt
+    tools = [{"type": "function", "function": {"name": "is_prime", "parameters": {"type": "object"}}}]
+    declared = post(f"{url}/apply-template", {"messages": messages, "tools": tools})["prompt"]
+    reply = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=1)
+    assert "<tools>" in declared and '"is_prime"' in declared
+    assert reply.usage.prompt_tokens == len(post(f"{url}/tokenize", {"content": declared})["tokens"])
     text = "naïve ☃ café 🙂"
     pieces = post(f"{url}/tokenize", {"content": text, "with_pieces": True})["tokens"]
     joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces)

@@ -137,6 +137,7 @@ def test_models_health_and_a_single_model(fake):
     _, chat, url = fake
     assert [m.id for m in chat.models.list()] == [MODEL]
     assert chat.models.retrieve(MODEL).owned_by == "specchat"
+    assert chat.models.list().data[0].max_model_len == 4096  # the context, as vLLM lists it (oterm reads it)
     with pytest.raises(openai.NotFoundError):
         chat.models.retrieve("gpt-4")
     with urllib.request.urlopen(f"{url}/health", timeout=10) as response:

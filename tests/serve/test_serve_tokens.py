@@ -81,12 +81,33 @@ def test_apply_template_gives_the_prompt_the_chat_route_encodes():
     assert "".join(map(chr, engine.calls[-1][0])) == prompt  # the chat route's prompt, token for character
 
 
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("tool_choice", "declared"), [(None, "<tools>weather</>"), ("auto", "<tools>weather</>"),
+                                                      ("none", "")])
+def test_apply_template_declares_the_tools_as_the_chat_route_does(tool_choice, declared):
+    """The request's tools go where the template declares them, none under tool_choice none: the
+    prompt the chat route sends the engine for the same body."""
+    engine = FakeEngine()
+    app, _ = make_app([engine])
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "tool_choice": tool_choice}
+    with serving(app) as url:
+        prompt = post_json(f"{url}/apply-template", body)["prompt"]
+        post_json(f"{url}/v1/chat/completions", {"model": "tiny", "max_tokens": 2, **body})
+    assert prompt == f"{declared}<user>hi</><assistant>"
+    assert "".join(map(chr, engine.calls[-1][0])) == prompt
+
+
 @pytest.mark.parametrize(("route", "body", "fragment"), [
     ("/tokenize", {}, "content is required"),
     ("/tokenize", {"content": 5}, "content: input should be a valid string"),
     ("/detokenize", {"tokens": [10**9]}, "tokens: token id 1000000000 is outside the vocabulary"),
     ("/apply-template", {"messages": []}, "messages"),
     ("/apply-template", {"messages": [{"role": "robot", "content": "x"}]}, "unknown role 'robot'"),
+    ("/apply-template", {"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}, "tools[0]: a tool"),
+    ("/apply-template", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+     "the request has no tools"),
 ])
 def test_bad_requests_are_one_line_400s(served, route, body, fragment):
     url, _ = served

@@ -20,6 +20,7 @@ from specchat.serve.errors import APIError, api_error_response, http_error_respo
 from specchat.serve.infill import Infill
 from specchat.serve.logs import RequestLog
 from specchat.serve.native_completion import NativeCompletion
+from specchat.serve.ollama_routes import ollama_routes
 from specchat.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specchat.serve.props import props
 from specchat.serve.scheduler import Scheduler
@@ -51,14 +52,14 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
 
     async def models(request: Request) -> Response:
         authorize(request)
-        return JSONResponse({"object": "list", "data": [model_card(config.model, created)]})
+        return JSONResponse({"object": "list", "data": [model_card(config, created)]})
 
     async def model(request: Request) -> Response:
         authorize(request)
         if request.path_params["model"] != config.model:
             raise APIError(404, f"model '{request.path_params['model']}' is not served here: this server serves "
                            f"'{config.model}'", "model_not_found", "model")
-        return JSONResponse(model_card(config.model, created))
+        return JSONResponse(model_card(config, created))
 
     async def server_props(request: Request) -> Response:
         authorize(request)
@@ -104,6 +105,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/tokenize", tokenizing(tokenized, TokenizeRequest), methods=["POST"]),
         Route("/detokenize", tokenizing(detokenized, DetokenizeRequest), methods=["POST"]),
         Route("/apply-template", tokenizing(templated, TemplateRequest), methods=["POST"]),
+        *ollama_routes(config, scheduler, authorize),  # Ollama's API, for oterm, Open WebUI and the like
     ]
     figures = ServeMetrics(config.model, engine, scheduler,
                            frozenset(route.path for route in routes))
@@ -114,6 +116,9 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     return app
 
 
-def model_card(model: str, created: int) -> dict:
-    return {"id": model, "object": "model", "created": created, "owned_by": "specchat"}
+def model_card(config: ServeConfig, created: int) -> dict:
+    """OpenAI's model object, with the context window as vLLM lists it (`max_model_len`: oterm and
+    other front ends size a conversation by it)."""
+    return {"id": config.model, "object": "model", "created": created, "owned_by": "specchat",
+            "max_model_len": config.context}
 

@@ -7,15 +7,13 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from specchat.chat_template import encode_chat
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
-from specchat.serve.errors import bad_request
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import (ChatRequest, chat_messages, check_chat_features, check_model, parse_body,
-                                   requested_tokens, sampling_of, stop_strings, through_template)
-from specchat.serve.structured import CallHold, forced_functions, functions_of, response_schema
+                                   requested_tokens, sampling_of, stop_strings)
+from specchat.serve.structured import CallHold, forced_functions, offered_functions, response_schema
 
 
 class ChatCompletions(Endpoint):
@@ -37,20 +35,13 @@ class ChatCompletions(Endpoint):
         messages = chat_messages(chat)
         if self.config.log_prompts:
             request.state.messages = messages
-        functions = [] if chat.tool_choice == "none" else functions_of(chat.tools)
+        functions = offered_functions(chat.tools, chat.tool_choice)
         form = self.form(response_schema(chat.response_format), forced_functions(functions, chat.tool_choice))
         sampling = replace(sampling_of(chat, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=TokenLog(chat.top_logprobs or 0) if chat.logprobs else None)
         stops, wanted = stop_strings(chat), requested_tokens(chat)
-        job = self.job(self.encode(messages, chat.tools if functions else None), wanted, sampling, "messages")
+        job = self.job(self.chat_ids(messages, chat.tools if functions else None), wanted, sampling, "messages")
         return job, self.reply(stops, sampling, may_call=bool(functions))
-
-    def encode(self, messages: list[dict], tools: list | None = None) -> list[int]:
-        tokenizer = self.config.tokenizer
-        ids = through_template(tokenizer, lambda: encode_chat(tokenizer, messages, tools))
-        if not ids:
-            raise bad_request("the messages are empty after tokenization", param="messages")
-        return ids
 
     async def stream(self, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[dict]:
         chunks = Chunks(self.config.model)

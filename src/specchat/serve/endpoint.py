@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
 
+from specchat.chat_template import encode_chat
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammar, Grammars
 from specchat.errors import ContextOverflow, SpecchatError
@@ -18,6 +19,7 @@ from specchat.serve.errors import APIError, bad_request
 from specchat.serve.fim import FimTokens
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job, QueueFull, Scheduler
+from specchat.serve.schema import through_template
 from specchat.serve.stops import StopScan
 from specchat.serve.structured import call_grammar
 from specchat.textstream import TextStream
@@ -64,12 +66,13 @@ class Endpoint:
             raise APIError(429, str(error), "queue_full", kind="rate_limit_error") from None
         request.state.tokens = (len(job.prompt_ids), 0)
 
-    def form(self, schema: dict | None, forced: list[dict]) -> Grammar | None:
-        """The grammar the reply keeps to: the response format's schema, or calls of the forced
-        tools; None for free text. What the grammar engine cannot compile is a 400."""
+    def form(self, schema: dict | None, forced: list[dict], schema_field: str = "response_format") -> Grammar | None:
+        """The grammar the reply keeps to: the response format's schema (the request's
+        `schema_field`), or calls of the forced tools; None for free text. What the grammar engine
+        cannot compile is a 400."""
         if schema is None and not forced:
             return None
-        field = "response_format" if schema is not None else "tools"
+        field = schema_field if schema is not None else "tools"
         if schema is not None and forced:
             raise bad_request("response_format and a tool_choice that forces a call ask two forms of one reply: "
                               "send one", "invalid_value", "tool_choice")
@@ -127,13 +130,32 @@ class Endpoint:
         too when the client disconnects (the stream is cancelled)."""
         try:
             async for chunk in chunks:
-                yield sse(chunk)
+                yield self.frame(chunk)
             yield end
         except APIError as error:
-            yield sse(error.body())
+            yield self.frame(self.error_body(error))
         finally:
             self.scheduler.withdraw(job)
             request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
+
+
+    def chat_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        """The prompt ids of chat `messages` (and `tools`) through the model's chat template."""
+        tokenizer = self.config.tokenizer
+        ids = through_template(tokenizer, lambda: encode_chat(tokenizer, messages, tools))
+        if not ids:
+            raise bad_request("the messages are empty after tokenization", param="messages")
+        return ids
+
+    @staticmethod
+    def frame(chunk: dict) -> str:
+        """A streamed chunk on the wire: a server-sent event (Ollama's routes: a line of JSON)."""
+        return sse(chunk)
+
+    @staticmethod
+    def error_body(error: APIError) -> dict:
+        """A refusal's body in this API's shape (OpenAI's here)."""
+        return error.body()
 
 
 def sse(data: dict) -> str:

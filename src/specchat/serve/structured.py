@@ -45,6 +45,12 @@ def functions_of(tools: list[Any] | None) -> list[dict]:
     return functions
 
 
+def offered_functions(tools: list[Any] | None, tool_choice: Any) -> list[dict]:
+    """The functions a reply may call, as the chat template declares them: the tools' (a 400 for a
+    malformed one), none under tool_choice none."""
+    return [] if tool_choice == "none" else functions_of(tools)
+
+
 def forced_functions(functions: list[dict], tool_choice: Any) -> list[dict]:
     """The functions a reply must call (tool_choice required, or one named), [] where it may answer
     in text (auto, the default, or none)."""

@@ -2,11 +2,14 @@
 llama.cpp backend, through /tokenize) and to template chats: POST /tokenize, POST /detokenize and
 POST /apply-template. The tokenizer alone answers them: no engine runs, nothing waits in the queue."""
 
+from typing import Any
+
 from pydantic import Field
 from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import chat_text
 from specchat.serve.schema import Message, Strict, template_message, through_template
+from specchat.serve.structured import forced_functions, offered_functions
 from specchat.serve.text_request import checked_ids
 from specchat.serve.token_bytes import token_bytes
 
@@ -23,7 +26,11 @@ class DetokenizeRequest(Strict):
 
 
 class TemplateRequest(Strict):
+    """The chat route's messages and tools, and tool_choice, which under none declares no tools."""
+
     messages: list[Message] = Field(min_length=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
 
 
 def tokenized(tokenizer: PreTrainedTokenizerBase, request: TokenizeRequest) -> dict:
@@ -41,7 +48,10 @@ def detokenized(tokenizer: PreTrainedTokenizerBase, request: DetokenizeRequest) 
 
 def templated(tokenizer: PreTrainedTokenizerBase, request: TemplateRequest) -> dict:
     messages = [template_message(index, message) for index, message in enumerate(request.messages)]
-    return {"prompt": through_template(tokenizer, lambda: chat_text(tokenizer, messages))}
+    functions = offered_functions(request.tools, request.tool_choice)
+    forced_functions(functions, request.tool_choice)  # a tool_choice the chat route refuses, refused here too
+    tools = request.tools if functions else None
+    return {"prompt": through_template(tokenizer, lambda: chat_text(tokenizer, messages, tools))}
 
 
 def piece(tokenizer: PreTrainedTokenizerBase, token: int) -> str | list[int]:

@@ -1,0 +1,60 @@
+"""What Ollama's clients read of a server before they chat: GET /api/tags (the models), POST
+/api/show (one model's template, default parameters and capabilities: oterm fills its settings
+and offers tools from these), GET /api/ps (the models running, with their context) and GET
+/api/version. One model is served; what specchat does not know of it (size, digest) is left out."""
+
+from importlib.metadata import version
+
+from specchat.serve.endpoint import ServeConfig
+from specchat.serve.errors import APIError
+from specchat.serve.schema import Strict
+
+
+class ShowRequest(Strict):
+    model: str = ""
+    name: str = ""  # Ollama's older field for the model
+
+
+def tags(config: ServeConfig, started: str) -> dict:
+    return {"models": [listed(config) | {"modified_at": started}]}
+
+
+def running(config: ServeConfig) -> dict:
+    return {"models": [listed(config) | {"context_length": config.context}]}
+
+
+def listed(config: ServeConfig) -> dict:
+    return {"name": config.model, "model": config.model}
+
+
+def shown(config: ServeConfig, request: ShowRequest, started: str) -> dict:
+    """The served model's card; a 404 for any other."""
+    asked = request.model or request.name
+    if asked.removesuffix(":latest") != config.model.removesuffix(":latest"):
+        raise APIError(404, f"model '{asked}' not found: this server serves '{config.model}'", "model_not_found",
+                       "model")
+    template = getattr(config.tokenizer, "chat_template", None)
+    return {"template": template if isinstance(template, str) else "", "parameters": parameters(config),
+            "modified_at": started, "capabilities": capabilities(config, template),
+            "model_info": {}}  # Ollama's is its GGUF's metadata, which a served checkpoint need not have
+
+
+def parameters(config: ServeConfig) -> str:
+    """The sampling a request leaves out, as Ollama lists a Modelfile's parameters (a line each)."""
+    sampling = config.sampling
+    return f"temperature {sampling.temperature}\ntop_p {sampling.top_p}\nseed {sampling.seed}\nnum_ctx {config.context}"
+
+
+def capabilities(config: ServeConfig, template: object) -> list[str]:
+    """completion always; tools where the chat template declares them; insert (a `suffix`) where
+    the tokenizer has fill-in-the-middle tokens."""
+    offered = ["completion"]
+    if isinstance(template, str) and "tools" in template:
+        offered.append("tools")
+    if config.fim is not None:
+        offered.append("insert")
+    return offered
+
+
+def server_version() -> dict:
+    return {"version": version("specchat")}

@@ -1,0 +1,112 @@
+"""Ollama's requests (POST /api/chat, /api/generate), as oterm, Open WebUI and editor plugins send
+them: their bodies checked as the OpenAI routes' are (pydantic, strictly), and mapped onto what
+the engines take. Options that size Ollama's own runner (num_ctx, num_gpu, num_thread...) are
+ignored, as unknown fields are on every route; each refusal is one line."""
+
+from typing import Any
+
+from specchat.limits import MAX_TOKENS
+from specchat.serve.errors import bad_request, unsupported
+from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Strict
+from specchat.serve.structured import template_calls
+
+
+class OllamaOptions(Strict):
+    """The options that change a reply."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    num_predict: int | None = None  # -1: to the end of the context (as -2, Ollama's "fill the context")
+    stop: list[str] | None = None
+
+
+class OllamaMessage(Strict):
+    role: str
+    content: str = ""
+    images: list[Any] | None = None
+    tool_calls: list[Any] | None = None  # Ollama's: {"function": {"name", "arguments": {...}}}
+    tool_name: str | None = None  # a tool's reply names its tool, where OpenAI's names the call
+
+
+class OllamaBody(Strict):
+    """What both routes hold. A reply streams unless `stream` is false (Ollama's default)."""
+
+    model: str
+    options: OllamaOptions = OllamaOptions()
+    format: str | dict[str, Any] | None = None  # "json", or a JSON schema
+    stream: bool = True
+    think: bool | str | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+class OllamaChat(OllamaBody):
+    messages: list[OllamaMessage] = []  # none: Ollama loads the model and answers done_reason "load"
+    tools: list[Any] | None = None
+
+
+class OllamaGenerate(OllamaBody):
+    prompt: str = ""  # empty, with no suffix: Ollama loads the model and answers done_reason "load"
+    suffix: str | None = None
+    system: str | None = None
+    raw: bool = False  # the prompt as it is, not through the chat template
+    template: str | None = None
+    images: list[Any] | None = None
+    context: list[int] | None = None
+
+
+def check_ollama_features(body: OllamaBody) -> None:
+    if body.think not in (None, False, ""):
+        raise bad_request("think: this model does not think (it has no reasoning mode)", "invalid_value", "think")
+    if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {body.top_logprobs})",
+                          "invalid_value", "top_logprobs")
+
+
+def check_generate_features(body: OllamaGenerate) -> None:
+    if body.images:
+        raise unsupported("images are", "images")
+    if body.template:
+        raise unsupported("template (a Go template in place of the model's chat template) is", "template")
+    if body.context:
+        raise unsupported("context (the token ids of an earlier reply: send the conversation to /api/chat) is",
+                          "context")
+
+
+def format_schema(form: str | dict[str, Any] | None) -> dict | None:
+    """The JSON schema `format` asks the reply to keep to (any object for "json"), None for free text."""
+    if form in (None, ""):
+        return None
+    if form == "json":
+        return {"type": "object"}
+    if isinstance(form, dict):
+        return form
+    raise bad_request(f"format: '{form}' is neither \"json\" nor a JSON schema", "invalid_value", "format")
+
+
+def wanted_tokens(options: OllamaOptions) -> int | None:
+    """num_predict, or None (the room left in the context) where it is left out or negative."""
+    if options.num_predict is None or options.num_predict < 0:
+        return None
+    if problem := MAX_TOKENS.problem("options.num_predict", options.num_predict):
+        raise bad_request(problem, param="options.num_predict")
+    return options.num_predict
+
+
+def chat_messages(messages: list[OllamaMessage]) -> list[dict]:
+    """The messages as the chat template takes them; a tool's reply goes as the tool role's."""
+    return [template_message(index, message) for index, message in enumerate(messages)]
+
+
+def template_message(index: int, message: OllamaMessage) -> dict:
+    where = f"messages[{index}]"
+    if message.role not in ROLES:
+        raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user, assistant or tool",
+                          "invalid_value", f"{where}.role")
+    if message.images:
+        raise unsupported("images are", f"{where}.images")
+    if message.tool_calls and message.role == "assistant":
+        calls = template_calls(message.tool_calls, where)
+        return {"role": "assistant", "content": message.content, "tool_calls": calls}
+    return {"role": ROLES[message.role], "content": message.content}
