@@ -133,6 +133,7 @@ def test_nothing_to_decode_loads_the_model_as_ollama_answers(fake):
     (lambda c: c.chat(model=MODEL, messages=USER, format="json"), 400, "format: this server's tokenizer takes no"),
     (lambda c: c.generate(model=MODEL, prompt="x", images=["aGk="]), 400, "images are not supported"),
     (lambda c: c.generate(model=MODEL, prompt="x", context=[1, 2]), 400, "context (the token ids"),
+    (lambda c: c.generate(model=MODEL, prompt="x", raw=True, system="y"), 400, "a raw prompt reaches the model as it"),
     (lambda c: c.generate(model=MODEL, prompt="x", suffix="y"), 400, "suffix: this model has no fill-in-the-middle"),
 ])
 def test_refusals_are_ollamas_error_in_one_line(fake, call, status, fragment):

@@ -69,6 +69,9 @@ def check_generate_features(body: OllamaGenerate) -> None:
         raise unsupported("images are", "images")
     if body.template:
         raise unsupported("template (a Go template in place of the model's chat template) is", "template")
+    if body.raw and body.system:
+        raise bad_request("system: a raw prompt reaches the model as it is, with no system message (as in Ollama's "
+                          "raw mode)", "invalid_value", "system")
     if body.context:
         raise unsupported("context (the token ids of an earlier reply: send the conversation to /api/chat) is",
                           "context")
