@@ -12,6 +12,7 @@ reads.
 """
 
 from collections.abc import Callable
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -49,6 +50,7 @@ def unpack_nibbles(nibbles: Tensor) -> Tensor:
     return torch.stack([nibbles >> 4, nibbles & 0xF], dim=-1).reshape(nibbles.shape[0], -1)
 
 
+@cache  # a skeleton asks once per linear: a MoE's tens of thousands, of a few widths
 def inner_k_tiles(in_features: int, device_type: str) -> int:
     """CUDA's inner k-tiles for this width (1 on a CPU, whose converter ignores it)."""
     if device_type != "cuda":

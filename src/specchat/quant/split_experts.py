@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 from torch import Tensor, nn
+from transformers.initialization import no_init_weights
 
 from specchat.errors import SpecchatError
 from specchat.quant.int4_checkpoint import int4_modules
@@ -77,8 +78,9 @@ class SplitExperts(nn.Module):
         self.num_experts = count
         self.act_fn = act_fn
         self.feed: ExpertFeed = Resident()
-        for index in range(count):
-            self.add_module(str(index), ExpertLinears(hidden, intermediate))
+        with no_init_weights():  # empty: filled from the checkpoint (a 235B's 36096 linears drew 4 s of init)
+            for index in range(count):
+                self.add_module(str(index), ExpertLinears(hidden, intermediate))
 
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         """hidden_states [T, H], top_k_index and top_k_weights [T, k] -> [T, H]."""
