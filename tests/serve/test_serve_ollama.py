@@ -100,7 +100,7 @@ def test_a_conversation_goes_on_after_a_call_with_the_tools_reply(fake):
     where OpenAI's names the call) reach the chat template."""
     engine, client, _ = fake
     call = {"function": {"name": "weather", "arguments": {"city": "Paris"}}}
-    messages = [*USER, {"role": "assistant", "content": "", "tool_calls": [call]},
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "content": "sunny", "tool_name": "weather"}]
     assert client.chat(model=MODEL, messages=messages, tools=[WEATHER]).message.content == REPLY
     assert prompt_of(engine) == "<tools>weather</><user>hi</><assistant></><tool>sunny</><assistant>"

@@ -138,7 +138,6 @@ class Endpoint:
             self.scheduler.withdraw(job)
             request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
 
-
     def chat_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
         """The prompt ids of chat `messages` (and `tools`) through the model's chat template."""
         tokenizer = self.config.tokenizer

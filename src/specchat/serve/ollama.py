@@ -12,11 +12,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
-from specchat.serve.errors import APIError
 from specchat.serve.ollama_reply import assistant, error_body, last, loaded, ndjson, piece
 from specchat.serve.ollama_request import (OllamaBody, OllamaChat, OllamaGenerate, chat_messages,
-                                           check_generate_features, check_ollama_features, format_schema,
-                                           wanted_tokens)
+                                           check_generate_features, check_ollama_features, check_ollama_model,
+                                           format_schema, wanted_tokens)
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import parsed, sampling_of, stop_strings
@@ -31,10 +30,8 @@ class Ollama(Endpoint):
     error_body = staticmethod(error_body)
 
     def checked(self, body: OllamaBody) -> None:
-        """The model is this server's (Ollama's ':latest' tag is its name too); the features are offered."""
-        if body.model.removesuffix(":latest") != self.config.model.removesuffix(":latest"):
-            raise APIError(404, f"model '{body.model}' not found: this server serves '{self.config.model}'",
-                           "model_not_found", "model")
+        """The model is this server's; the features are offered."""
+        check_ollama_model(body.model, self.config.model)
         check_ollama_features(body)
 
     def sampling(self, body: OllamaBody) -> SamplingParams:
@@ -105,7 +102,7 @@ class OllamaGenerateRoute(Ollama):
 
     def generate_ids(self, body: OllamaGenerate) -> list[int]:
         """The prompt through the chat template as the user's message (after `system`), or as it is
-        under `raw`; with a `suffix`, in the model's fill-in-the-middle format, as Ollama does."""
+        under `raw`; with a `suffix` (raw or not), in the model's fill-in-the-middle format."""
         if body.raw or body.suffix:
             return prompt_ids(body.prompt, body.suffix, self.config.tokenizer, self.config.fim)
         system = [{"role": "system", "content": body.system}] if body.system else []

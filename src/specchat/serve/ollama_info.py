@@ -6,7 +6,7 @@ and offers tools from these), GET /api/ps (the models running, with their contex
 from importlib.metadata import version
 
 from specchat.serve.endpoint import ServeConfig
-from specchat.serve.errors import APIError
+from specchat.serve.ollama_request import check_ollama_model
 from specchat.serve.schema import Strict
 
 
@@ -29,10 +29,7 @@ def listed(config: ServeConfig) -> dict:
 
 def shown(config: ServeConfig, request: ShowRequest, started: str) -> dict:
     """The served model's card; a 404 for any other."""
-    asked = request.model or request.name
-    if asked.removesuffix(":latest") != config.model.removesuffix(":latest"):
-        raise APIError(404, f"model '{asked}' not found: this server serves '{config.model}'", "model_not_found",
-                       "model")
+    check_ollama_model(request.model or request.name, config.model)
     template = getattr(config.tokenizer, "chat_template", None)
     return {"template": template if isinstance(template, str) else "", "parameters": parameters(config),
             "modified_at": started, "capabilities": capabilities(config, template),

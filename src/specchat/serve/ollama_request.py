@@ -6,7 +6,7 @@ ignored, as unknown fields are on every route; each refusal is one line."""
 from typing import Any
 
 from specchat.limits import MAX_TOKENS
-from specchat.serve.errors import bad_request, unsupported
+from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Strict
 from specchat.serve.structured import template_calls
 
@@ -23,7 +23,7 @@ class OllamaOptions(Strict):
 
 class OllamaMessage(Strict):
     role: str
-    content: str = ""
+    content: str | None = None  # absent or null beside a call: no text
     images: list[Any] | None = None
     tool_calls: list[Any] | None = None  # Ollama's: {"function": {"name", "arguments": {...}}}
     tool_name: str | None = None  # a tool's reply names its tool, where OpenAI's names the call
@@ -54,6 +54,12 @@ class OllamaGenerate(OllamaBody):
     template: str | None = None
     images: list[Any] | None = None
     context: list[int] | None = None
+
+
+def check_ollama_model(asked: str, served: str) -> None:
+    """A 404 unless `asked` names the served model (Ollama's ':latest' tag names it too)."""
+    if asked.removesuffix(":latest") != served.removesuffix(":latest"):
+        raise APIError(404, f"model '{asked}' not found: this server serves '{served}'", "model_not_found", "model")
 
 
 def check_ollama_features(body: OllamaBody) -> None:
@@ -111,5 +117,5 @@ def template_message(index: int, message: OllamaMessage) -> dict:
         raise unsupported("images are", f"{where}.images")
     if message.tool_calls and message.role == "assistant":
         calls = template_calls(message.tool_calls, where)
-        return {"role": "assistant", "content": message.content, "tool_calls": calls}
-    return {"role": ROLES[message.role], "content": message.content}
+        return {"role": "assistant", "content": message.content or "", "tool_calls": calls}
+    return {"role": ROLES[message.role], "content": message.content or ""}
