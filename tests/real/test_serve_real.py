@@ -116,8 +116,8 @@ def test_a_warm_up_computes_the_editors_chunks_so_the_next_infill_reuses_them(se
 
 def test_the_tokenizer_routes_give_the_ids_the_chat_route_runs(served):
     """/apply-template's prompt, through /tokenize, is as many tokens as the chat route's prompt, with
-    or without tools, and comes back whole through /detokenize; Qwen's byte-level pieces join to a text's bytes, split
-    characters included."""
+    or without tools, and comes back whole through /detokenize; Qwen's byte-level pieces join to a
+    text's bytes, split characters included."""
     client, model, _, url = served
     messages = [{"role": "user", "content": PROMPT}]
     prompt = post(f"{url}/apply-template", {"messages": messages})["prompt"]
