@@ -107,6 +107,7 @@ def test_a_streamed_reply_is_sent_until_a_call_begins():
     plain = CallHold()
     assert plain.push("a <to") == "a " and plain.push("e") == "<toe"
     assert plain.finish() == ("", [])
+    assert CallHold().finish("a <to") == ("a <to", [])  # the reply's held-back tail, no call in it
 
 
 def test_an_assistants_calls_go_back_to_the_template_with_their_arguments_as_objects():

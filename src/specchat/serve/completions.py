@@ -49,11 +49,7 @@ class ChatCompletions(Endpoint):
         yield chunks.delta({"role": "assistant", "content": ""})
         async for text in self.pieces(job, reply):
             yield chunks.delta({"content": hold.push(text) if hold else text}, logprobs=reply.new_logprobs())
-        tail, calls = reply.finish(), []
-        if hold:
-            tail = hold.push(tail)
-            rest, calls = hold.finish()
-            tail += rest
+        tail, calls = hold.finish(reply.finish()) if hold else (reply.finish(), [])
         if tail or reply.unsent_logprobs:
             yield chunks.delta({"content": tail}, logprobs=reply.new_logprobs())
         if calls:

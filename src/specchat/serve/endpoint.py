@@ -40,6 +40,12 @@ class ServeConfig:
     grammars: Callable[[], Grammars] | None = None  # the grammar compiler (None: response forms are refused)
     fim: FimTokens | None = None  # the tokenizer's fill-in-the-middle tokens (None: `suffix` is refused)
 
+    @property
+    def chat_template(self) -> str:
+        """The tokenizer's chat template as text ("" where it has none), as /props and /api/show give it."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else ""
+
 
 class Endpoint:
     def __init__(self, config: ServeConfig, scheduler: Scheduler) -> None:

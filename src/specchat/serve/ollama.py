@@ -73,11 +73,7 @@ class OllamaChatRoute(Ollama):
         async for text in self.pieces(job, reply):
             if (content := hold.push(text) if hold else text) or reply.unsent_logprobs:
                 yield piece(self.config.model, "message", assistant(content, []), reply)
-        tail, calls = reply.finish(), []
-        if hold:
-            tail = hold.push(tail)
-            rest, calls = hold.finish()
-            tail += rest
+        tail, calls = hold.finish(reply.finish()) if hold else (reply.finish(), [])
         yield last(self.config.model, "message", assistant(tail, calls), job, reply)
 
 

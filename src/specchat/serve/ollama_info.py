@@ -30,9 +30,8 @@ def listed(config: ServeConfig) -> dict:
 def shown(config: ServeConfig, request: ShowRequest, started: str) -> dict:
     """The served model's card; a 404 for any other."""
     check_ollama_model(request.model or request.name, config.model)
-    template = getattr(config.tokenizer, "chat_template", None)
-    return {"template": template if isinstance(template, str) else "", "parameters": parameters(config),
-            "modified_at": started, "capabilities": capabilities(config, template),
+    return {"template": config.chat_template, "parameters": parameters(config),
+            "modified_at": started, "capabilities": capabilities(config),
             "model_info": {}}  # Ollama's is its GGUF's metadata, which a served checkpoint need not have
 
 
@@ -42,11 +41,11 @@ def parameters(config: ServeConfig) -> str:
     return f"temperature {sampling.temperature}\ntop_p {sampling.top_p}\nseed {sampling.seed}\nnum_ctx {config.context}"
 
 
-def capabilities(config: ServeConfig, template: object) -> list[str]:
+def capabilities(config: ServeConfig) -> list[str]:
     """completion always; tools where the chat template declares them; insert (a `suffix`) where
     the tokenizer has fill-in-the-middle tokens."""
     offered = ["completion"]
-    if isinstance(template, str) and "tools" in template:
+    if "tools" in config.chat_template:
         offered.append("tools")
     if config.fim is not None:
         offered.append("insert")

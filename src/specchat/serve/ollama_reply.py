@@ -29,7 +29,7 @@ def last(model: str, field: str, value: object, job: Job, reply: Reply) -> dict:
     (stop: the model's end or a stop string; length: the token limit) and what it took."""
     figures = timings(job, reply)
     return {"model": model, "created_at": created_at(), field: value, "done": True,
-            "done_reason": "stop" if reply.stopped or reply.ended_by_model else "length",
+            "done_reason": reply.finish_reason(),
             "total_duration": round((figures["prompt_ms"] + figures["predicted_ms"]) * NS_PER_MS),
             "load_duration": 0,  # the model was loaded when the server started
             "prompt_eval_count": figures["prompt_n"], "prompt_eval_duration": round(figures["prompt_ms"] * NS_PER_MS),

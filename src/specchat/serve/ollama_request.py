@@ -7,7 +7,7 @@ from typing import Any
 
 from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import APIError, bad_request, unsupported
-from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Strict
+from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Strict, check_role
 from specchat.serve.structured import template_calls
 
 
@@ -110,9 +110,7 @@ def chat_messages(messages: list[OllamaMessage]) -> list[dict]:
 
 def template_message(index: int, message: OllamaMessage) -> dict:
     where = f"messages[{index}]"
-    if message.role not in ROLES:
-        raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user, assistant or tool",
-                          "invalid_value", f"{where}.role")
+    check_role(where, message.role)
     if message.images:
         raise unsupported("images are", f"{where}.images")
     if message.tool_calls and message.role == "assistant":

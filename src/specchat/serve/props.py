@@ -10,7 +10,6 @@ from specchat.serve.endpoint import ServeConfig
 def props(config: ServeConfig, slots: int, engine: str) -> dict:
     """The server's properties in llama.cpp's shape, `slots` engines of kind `engine` serving."""
     sampling = config.sampling
-    template = getattr(config.tokenizer, "chat_template", None)
     return {
         "default_generation_settings": {
             "n_ctx": config.context, "speculative": engine != "autoregressive",
@@ -19,7 +18,7 @@ def props(config: ServeConfig, slots: int, engine: str) -> dict:
         },
         "total_slots": slots,
         "model_path": config.model,
-        "chat_template": template if isinstance(template, str) else "",
+        "chat_template": config.chat_template,
         "modalities": {"vision": False, "audio": False},
         "build_info": f"specchat {version('specchat')}",
         "is_sleeping": False,

@@ -143,9 +143,7 @@ def through_template(tokenizer: PreTrainedTokenizerBase, render: Callable[[], Re
 
 def template_message(index: int, message: Message) -> dict:
     where = f"messages[{index}]"
-    if message.role not in ROLES:
-        raise bad_request(f"{where}.role: unknown role '{message.role}': use system, user, assistant or tool",
-                          "invalid_value", f"{where}.role")
+    check_role(where, message.role)
     if message.role == "tool" and not message.tool_call_id:
         raise bad_request(f"{where}.tool_call_id is required: the id of the call this message answers",
                           "missing_field", f"{where}.tool_call_id")
@@ -153,6 +151,12 @@ def template_message(index: int, message: Message) -> dict:
         content = "" if message.content is None else text_of(where, message.content)
         return {"role": "assistant", "content": content, "tool_calls": template_calls(message.tool_calls, where)}
     return {"role": ROLES[message.role], "content": text_of(where, message.content)}
+
+
+def check_role(where: str, role: str) -> None:
+    if role not in ROLES:
+        raise bad_request(f"{where}.role: unknown role '{role}': use system, user, assistant or tool",
+                          "invalid_value", f"{where}.role")
 
 
 def text_of(where: str, content: str | list[dict[str, Any]] | None) -> str:

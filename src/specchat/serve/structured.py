@@ -136,7 +136,9 @@ class CallHold:
         self.pending = buffer[len(buffer) - held:]
         return buffer[:len(buffer) - held]
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """At the end: the held text that is not calls, and the calls."""
+    def finish(self, tail: str = "") -> tuple[str, list[dict]]:
+        """At the end, with the reply's held-back `tail`: the text still to send as content (none
+        of it from the calls), and the calls."""
+        sent = self.push(tail)
         content, calls = split_calls(self.pending)
-        return ("" if calls else content or ""), calls
+        return sent + ("" if calls else content or ""), calls
