@@ -12,7 +12,7 @@ from specchat.cuda_device import unused_gpu
 from specchat.decoding.events import AUTO
 from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.static_step import BUCKETS, static_draft
+from specchat.decoding.static_step import draft_slots, static_draft
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
 from specchat.errors import SpecchatError
@@ -75,7 +75,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
             models.draft = load_draft(options.draft, device, dtype, quantization, models.tokenizer, reporter,
                                       quant=draft_quant, vocab_size=options.draft_vocab or None)
             if device.type == "cuda":  # a launch-bound step: captured in CUDA graphs per width bucket
-                models.draft = static_draft(models.draft, models.context + models.max_budget() + BUCKETS[-1],
+                models.draft = static_draft(models.draft, draft_slots(models.context, models.max_budget()),
                                             capture=True, lookup=host_lookup(models.draft.model))
         models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed

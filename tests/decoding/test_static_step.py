@@ -12,7 +12,7 @@ from specchat.bounded_attention import bound_attention
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
-from specchat.decoding.specexec import SPECEXEC
+from specchat.decoding.specexec import SPECEXEC, catch_up, grow
 from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, span_for, static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.forward import CausalLM
@@ -90,6 +90,23 @@ def test_steps_wider_than_a_bucket_or_past_the_capacity_run_eagerly(tiny_draft):
     static.capacity = 1024
     static.hidden(wide, torch.arange(6, 6 + wide.numel()), cache)
     assert not static.inputs
+
+
+def test_a_tree_grows_no_further_than_the_reserved_slots(tiny_draft, monkeypatch):
+    """Growing a tree runs more rows than it keeps; a static draft's growth stops where its
+    reserved slots end, every step at a bucket's shapes, instead of growing the buffers."""
+    shape, greedy = TreeShape(budget=64, max_depth=8, batch=8), SamplingParams(temperature=0.0)
+    cache = new_cache()
+    unbounded = grow(tiny_draft, cache, catch_up(tiny_draft, cache, torch.tensor(PROMPT), 0), shape, greedy)
+    static = static_draft(tiny_draft, capacity=len(PROMPT) + 20, capture=False)
+    cache = new_cache()
+    root = catch_up(static, cache, torch.tensor(PROMPT), 0)  # a cache's first pass runs eagerly
+    eager = []
+    monkeypatch.setattr(CausalLM, "hidden", lambda *args: eager.append(args))
+    bounded = grow(static, cache, root, shape, greedy)
+    assert sum(unbounded.widths) > 20 >= sum(bounded.widths) == cache_length(cache) - len(PROMPT) > 8
+    assert not eager
+    assert bounded.tree.size == 64  # its children fill the budget all the same
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers.trees import ROWS, make_tree, path_to, tree
 
-from specchat.decoding.tree import DraftTree, ancestor_mask
+from specchat.decoding.tree import DraftTree, NodeStore, ancestor_mask, rank
 
 
 def test_children_are_keyed_by_token_per_parent(tree: DraftTree) -> None:
@@ -80,3 +80,58 @@ def test_free_ancestor_mask_walks_only_max_depth_levels() -> None:
     one_level = ancestor_mask(parents, 1)
     assert one_level[3].nonzero().flatten().tolist() == [2, 3]
     assert torch.equal(ancestor_mask(parents, 3), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def reference_rank(logprobs: torch.Tensor, depths: torch.Tensor) -> list[int]:
+    """Log-prob descending, then depth ascending, then index: Python's sort of the tuples."""
+    return sorted(range(logprobs.numel()), key=lambda i: (-float(logprobs[i]), int(depths[i]), i))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rank_orders_by_logprob_then_depth_then_index(seed: int) -> None:
+    """Ties are the rule in a ranked tree (scores -1, -2, ... added up): drawn from a few values,
+    with -0.0 beside 0.0 and the extremes of float32."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.tensor([0.0, -0.0, -1.0, -2.0, -1.5, -1e-30, -3.4e38, 1e-30, -7.25])
+    logprobs = values[torch.randint(0, values.numel(), (400,), generator=generator)]
+    depths = torch.randint(0, 256, (400,), generator=generator)
+    assert rank(logprobs, depths).tolist() == reference_rank(logprobs, depths)
+
+
+def test_rank_refuses_float64_log_probs() -> None:
+    with pytest.raises(TypeError, match="float32"):
+        rank(torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.long))
+
+
+def walked_mask(store: NodeStore, nodes: torch.Tensor, committed: int, cached: int) -> torch.Tensor:
+    """What a step over `nodes` may see, by walking each node up to the root: the committed prefix,
+    its ancestors' draft slots and its own (the next `nodes.numel()` slots, in order)."""
+    mask = torch.zeros(nodes.numel(), cached + nodes.numel(), dtype=torch.bool)
+    mask[:, :committed] = True
+    for row, node in enumerate(nodes.tolist()):
+        mask[row, cached + row] = True
+        parent = int(store.parents[node])
+        while parent > 0:
+            mask[row, int(store.slots[parent])] = True
+            parent = int(store.parents[parent])
+    return mask
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_steps_mask_is_what_walking_up_the_ancestors_sees(seed: int) -> None:
+    """Random trees grown a level at a time, each level run in a random order with some nodes
+    never run: every step's mask and slots are the walked ones."""
+    generator = torch.Generator().manual_seed(seed)
+    committed = 7
+    store, frontier = NodeStore(root_token=5, root_slot=committed - 1), torch.tensor([0])
+    for _ in range(6):
+        parents = frontier.repeat_interleave(3)
+        count = parents.numel()
+        nodes = store.append(torch.randint(0, 100, (count,), generator=generator), parents,
+                             store.depths[parents] + 1, -torch.rand(count, generator=generator))
+        nodes = nodes[torch.randperm(count, generator=generator)][: max(1, count // 2)]  # the rest never run
+        cached = committed + store.ran
+        expected = walked_mask(store, nodes, committed, cached)
+        assert torch.equal(store.run(nodes, committed, torch.device("cpu")), expected)
+        assert store.slots[nodes].tolist() == list(range(cached, cached + nodes.numel()))
+        frontier = nodes

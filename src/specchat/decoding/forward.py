@@ -83,6 +83,11 @@ class CausalLM:
         )
         return out.last_hidden_state[0]
 
+    def room(self, cache: DynamicCache) -> int | None:
+        """The most rows a step may still run on `cache`; None: no bound, the cache grows (a
+        static draft's reserved slots bound it: decoding/static_step.py)."""
+        return None
+
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden rows [m, H] -> float32 logits [m, V] (-inf outside `vocab`)."""

@@ -32,8 +32,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots
 from specchat.decoding.node_logits import UPFRONT_ROWS, NodeLogits, upfront_nodes
 from specchat.decoding.sampling import emit_token
-from specchat.decoding.tree import (DraftTree, GrownTree, NodeStore, TreeShape, assemble, expansion_mask, node_paths,
-                                    rank)
+from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape, assemble, node_paths, rank
 from specchat.device_clock import now
 from specchat.stopwatch import Stopwatch
 
@@ -120,8 +119,10 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
     a parent (log-prob >= its child's) always outranks its child and the kept set is a tree. Growth
     ends when no open kept node beats the threshold T (the K-th best log-prob): its children could
     only score lower. The result: the K best prefixes of depth <= D under the draft, each node
-    limited to its `max_children` best children. Under --budget auto the sizer widens each step
-    and cuts the tree where its predicted rate peaks (autosize.py). The tree's `host_s`: its
+    limited to its `max_children` best children; a step expands no more nodes than the draft's
+    cache has room for (StaticDraft.room; growth ends where none is left). Under --budget auto the
+    sizer widens each step and cuts the tree where its predicted rate peaks (autosize.py). The
+    tree's `host_s`: its
     bookkeeping, the seconds outside the draft's steps (a step ends when its top children reach the
     host, so on a GPU the rest is time the device waits for the host)."""
     temperature, guide = sampling.temperature, sampling.guide
@@ -133,14 +134,12 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
         top = children(draft, root.hidden, shape, temperature, root_allowed)
     add_children(store, torch.tensor([0]), top, shape)
     widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
-    while (nodes := next_expansion(store, shape, spent)).numel() > 0:
-        cached = cache_length(cache)
-        mask = expansion_mask(store, nodes, committed, cached)
+    while (nodes := next_expansion(store, shape, spent)[: draft.room(cache)]).numel() > 0:  # the best first
+        mask = store.run(nodes, committed, draft.device)  # their slots follow those the draft ran
         with steps:
             hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
             allowed = None if guide is None else guide.allowed(node_paths(store, nodes))  # while a GPU runs the step
             top = children(draft, hidden, shape, temperature, allowed)  # its values reach the host: the step is done
-        store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
         add_children(store, nodes, top, shape)
         widths.append(nodes.numel())
         if shape.sizer:
@@ -176,8 +175,9 @@ def add_children(store: NodeStore, parents: torch.Tensor, top: tuple[torch.Tenso
     cand_parents = parents.repeat_interleave(tokens.shape[1])
     cand_depths = store.depths[cand_parents] + 1
     finite = torch.isfinite(cand_logprobs)
-    cand_logprobs, cand_tokens = cand_logprobs[finite], cand_tokens[finite]
-    cand_parents, cand_depths = cand_parents[finite], cand_depths[finite]
+    if not finite.all():  # a child the guide forbids (or the draft's sub-vocabulary never scores)
+        cand_logprobs, cand_tokens = cand_logprobs[finite], cand_tokens[finite]
+        cand_parents, cand_depths = cand_parents[finite], cand_depths[finite]
 
     kept = store.kept
     pool_logprobs = torch.cat([store.logprobs[kept], cand_logprobs])

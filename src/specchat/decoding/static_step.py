@@ -39,8 +39,20 @@ from specchat.decoding.kvcache import SlotCache, cache_length
 
 Shape = tuple[int, int]  # a static step's (width bucket, span): one set of buffers and one graph each
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # widths a step is padded to; a wider one runs eagerly
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # widths a step is padded to; a wider one runs eagerly
 LEAST_SPAN = 512  # the fewest slots a static step attends over: below it the attention costs nothing to speak of
+
+
+def draft_slots(context: int, budget: int) -> int:
+    """The slots a static draft's cache reserves: the context, a tree of `budget` nodes and a
+    widest bucket's pads; the memory plan counts the first two. Growing a tree may run more rows
+    than it keeps: every node a step expands holds a slot until the tree is pruned, those its
+    growth later drops too (the embedded 0.5B draft ran 1.15-3.5 rows a kept node, MT-Bench first
+    turns at budgets 256-2048, greedy and t=0.6, 2026-11-30; a ranked tree, gpu_check --pair, ~5.5).
+    Growth ends where the reserved slots do (StaticDraft.room) rather than grow the buffers, which
+    would drop every captured graph: a short conversation leaves the tree the context's unused
+    slots, one near the context's end cuts its late expansions."""
+    return context + budget + BUCKETS[-1]
 
 
 @dataclass
@@ -85,7 +97,7 @@ class StaticDraft(CausalLM):
         self.follow(cache)
         shape = (bucket, span_for(length + bucket, self.least_span, self.capacity))
         inputs = self.inputs.get(shape) or self.allocate(shape)
-        fill(inputs, tokens, positions, attended(mask, n, length, *shape), length, self.dtype)
+        fill(inputs, tokens, positions, attended(mask, n, length, *shape, self.device), length, self.dtype)
         if inputs.embeds is not None:
             inputs.embeds.zero_()  # a pad row's input: it attends to itself alone, and nothing reads its output
             inputs.embeds[0, :n].copy_(self.lookup(tokens.cpu()))
@@ -96,6 +108,15 @@ class StaticDraft(CausalLM):
             cache.write_slots, cache.span = None, 0
         cache.advance(n)
         return hidden[:n].clone()  # the static output is written over by the next replay
+
+    def room(self, cache: SlotCache) -> int:
+        """The most rows a step may run at `cache`'s length within the reserved slots, its pads
+        included: the free slots past the widest bucket (a wider step runs eagerly), else the
+        widest bucket they hold."""
+        free = self.capacity - cache_length(cache)
+        if free >= BUCKETS[-1]:
+            return free
+        return max((width for width in BUCKETS if width <= free), default=0)
 
     def follow(self, cache: SlotCache) -> None:
         """Drop the buffers and graphs made for another cache (a new conversation's) or for
@@ -154,16 +175,18 @@ def span_for(slots: int, least: int, capacity: int) -> int:
     return min(span, capacity)
 
 
-def attended(mask: torch.Tensor | None, n: int, length: int, bucket: int, span: int) -> torch.Tensor:
-    """bool [bucket, span]: the real rows see what `mask` [n, length + n] lets them (None:
-    every cached slot and the new rows causally), a pad row only its own slot."""
-    attend = torch.zeros(bucket, span, dtype=torch.bool)
+def attended(mask: torch.Tensor | None, n: int, length: int, bucket: int, span: int,
+             device: torch.device) -> torch.Tensor:
+    """bool [bucket, span] on `device`, where the step reads it: the real rows see what `mask`
+    [n, length + n] lets them (None: every cached slot and the new rows causally), a pad row only
+    its own slot."""
+    attend = torch.zeros(bucket, span, dtype=torch.bool, device=device)
     if mask is None:
         attend[:n, :length] = True
-        attend[:n, length:length + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        attend[:n, length:length + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
     else:
         attend[:n, :length + n] = mask
-    pads = torch.arange(n, bucket)
+    pads = torch.arange(n, bucket, device=device)
     attend[pads, length + pads] = True
     return attend
 

@@ -22,10 +22,9 @@ from transformers import DynamicCache
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import cache_length
 from specchat.decoding.specexec import Root
 from specchat.decoding.speculative_sampling import distribution, draw_draft
-from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape, expansion_mask
+from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape
 
 
 @dataclass(frozen=True)
@@ -81,10 +80,8 @@ class StemGrower:
     ) -> None:
         """One draft forward over the new `nodes` (all at `position`) with the tree mask: each
         sees the `committed` prefix, its ancestors' draft slots and itself."""
-        cached = cache_length(cache)
-        mask = expansion_mask(self.store, nodes, committed, cached)
+        mask = self.store.run(nodes, committed, draft.device)  # their slots follow those the draft ran
         hidden = draft.hidden(self.store.tokens[nodes], torch.full((nodes.numel(),), position), cache, mask)
-        self.store.slots[nodes] = torch.arange(cached, cached + nodes.numel())
         self.draft_logits.update(zip(nodes.tolist(), draft.logits(hidden)))
 
     def stems(self, steps: int) -> Stems:
