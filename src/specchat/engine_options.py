@@ -15,7 +15,7 @@ from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
-DRAFT_QUANTS = ("auto", "none", "int8", "int4", "nf4", "dense")
+DRAFT_QUANTS = ("auto", "none", "int8", "int4", "nf4", "dense", "fp8")
 WEIGHTS = ("auto", "quantized", "dense")
 
 

@@ -30,6 +30,7 @@ from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, draft_quant_for, offload_directory,
                           plan_pair, request_for, resolve_weights, stores_4bit)
 from specchat.progress import Report, Reporter
+from specchat.quant.fp8 import fp8_runs_on
 from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears
 from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
@@ -58,7 +59,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     drafted = any(name in DRAFTED_ENGINES for name in names)
     if drafted:
         draft_quantization(options.draft_quant, device, dtype)  # nf4 without CUDA or bitsandbytes: one line, now
-        check_draft_quant(options)
+        check_draft_quant(options, device)
     if "dsi" in names and options.ray_address is not None:
         models = load_ray_models(options, device, dtype, reporter)
         draft_quant = draft_quant_for(options, Machine(kind=device.type)) if drafted else None
@@ -90,15 +91,19 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
     return models
 
 
-def check_draft_quant(options: EngineOptions) -> None:
-    """A draft that stores GPTQ or AWQ weights runs them packed or expanded: quantizing it again is
-    refused; expanding a draft stored in full weights has nothing to expand."""
+def check_draft_quant(options: EngineOptions, device: torch.device) -> None:
+    """A draft that stores GPTQ or AWQ weights runs them packed, expanded or expanded into fp8:
+    quantizing it otherwise is refused; expanding a draft stored in full weights has nothing to
+    expand; fp8 needs a device that multiplies it."""
     if options.draft_quant == "auto":
         return
+    if options.draft_quant == "fp8" and not fp8_runs_on(device):
+        raise SpecchatError(f"--draft-quant fp8 needs fp8 matrix units (CUDA compute capability 8.9 up: Ada, Hopper); "
+                            f"{device} has none: use --draft-quant auto")
     stored = stores_4bit(read_config(options.draft))
-    if stored and options.draft_quant not in ("none", "dense"):
+    if stored and options.draft_quant not in ("none", "dense", "fp8"):
         raise SpecchatError(f"--draft-quant {options.draft_quant}: {options.draft} stores 4-bit GPTQ or AWQ weights, "
-                            "which run packed or expanded: use --draft-quant auto, none or dense")
+                            "which run packed or expanded: use --draft-quant auto, none, dense or fp8")
     if not stored and options.draft_quant == "dense":
         raise SpecchatError(f"--draft-quant dense expands a draft stored in 4 bits (GPTQ or AWQ); {options.draft} "
                             "stores full weights: use --draft-quant none")

@@ -3,7 +3,8 @@ over a small float32 Qwen2 pair grows, tree for tree, what the same static shape
 eagerly (the same kernels, replayed), and emits the target's autoregressive tokens; with the draft
 rounded to 4 bits (--draft-quant int4: its products through the int4 kernels, int4_gemm's kernel
 at the widths its probe finds it faster, the Triton expansion past them), in bf16, likewise, with
-the widths int4_gemm served. That the static shapes grow the eager step's trees is
+the widths int4_gemm served; and with its linears in fp8 (--draft-quant fp8: _scaled_mm), in bf16,
+likewise. That the static shapes grow the eager step's trees is
 tests/decoding/test_static_step.py's, on any device."""
 
 import torch
@@ -22,7 +23,8 @@ from specchat.quant.int4 import Int4Linear
 from specchat.quant.widths import gemm_span
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
-ROUNDED_CHECK = "int4 draft step captured in CUDA graphs: eager trees, target tokens"
+CHECKS = {"none": CHECK, "int4": "int4 draft step captured in CUDA graphs: eager trees, target tokens",
+          "fp8": "fp8 draft step captured in CUDA graphs: eager trees, target tokens"}
 PROMPT = [7, 3, 9, 2, 11, 5]
 NEW_TOKENS = 40
 SAMPLINGS = (SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 3))
@@ -33,14 +35,14 @@ def replies(engine, sampling: SamplingParams) -> tuple[list[int], list[tuple]]:
     return [t for e in events for t in e.token_ids], [(e.tree_size, e.depth, e.accepted) for e in events]
 
 
-def check_captured_draft(device: torch.device, rounded: bool = False) -> Verdict:
-    """`rounded`: the draft's linears rounded to 4 bits, in bf16."""
-    name = ROUNDED_CHECK if rounded else CHECK
+def check_captured_draft(device: torch.device, form: str = "none") -> Verdict:
+    """`form`: the draft's linears as --draft-quant has them (int4 and fp8 in bf16)."""
+    name = CHECKS[form]
     if device.type != "cuda":
         return skipped(name, "CUDA graphs need a CUDA device")
     config = small_config("qwen2")
     target = CausalLM(random_model(config, seed=0).to(device))
-    draft = CausalLM(draft_model(config, device, rounded))  # the target's weights: its trees are accepted
+    draft = CausalLM(draft_model(config, device, form))  # the target's weights: its trees are accepted
     capacity = len(PROMPT) + NEW_TOKENS + 64
     details, passed = [], True
     for sampling in SAMPLINGS:
@@ -52,16 +54,16 @@ def check_captured_draft(device: torch.device, rounded: bool = False) -> Verdict
         passed = passed and same_trees and tokens_ok
         details.append(f"t={sampling.temperature:g}: trees {'equal' if same_trees else 'DIFFER'}, "
                        f"tokens {'= autoregressive' if tokens_ok else 'DIFFER'}")
-    if rounded:
+    if form == "int4":
         details.append(gemm_spans(draft.model))
     return judged(name, passed, "; ".join(details))
 
 
-def draft_model(config, device: torch.device, rounded: bool) -> torch.nn.Module:
-    """The target's weights on `device`, prepared as a draft there; `rounded`: in bf16, every decoder
-    layer's linears rounded."""
+def draft_model(config, device: torch.device, form: str) -> torch.nn.Module:
+    """The target's weights on `device`, prepared as a draft there, its linears in `form` (int4
+    and fp8: in bf16)."""
     model = random_model(config, seed=0).to(device)
-    return prepared_as_draft(model.to(torch.bfloat16) if rounded else model, rounded, device)
+    return prepared_as_draft(model.to(torch.bfloat16) if form != "none" else model, form, device)
 
 
 def gemm_spans(model: torch.nn.Module) -> str:

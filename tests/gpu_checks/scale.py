@@ -19,6 +19,8 @@ from gpu_checks.scale_profile import profile_rows, profile_tables, target_pass, 
 from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
 from gpu_checks.verdict import Verdict, exit_code
 
+from specchat.quant.fp8 import fp8_runs_on
+
 
 def say(text: str) -> None:
     print(text, flush=True)
@@ -71,10 +73,15 @@ def draft_steps(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[
     say(f"timing a {DRAFT_ALIAS} shaped bf16 draft of {sizes.draft_layers} layers ...")
     drafts = draft_rows(sizes, device)
     say(draft_table(drafts))
-    verdict = said(draft_verdict(drafts, sizes.dry_run))
+    verdicts = [said(draft_verdict(drafts, sizes.dry_run))]
     say("the same draft rounded to 4 bits (--draft-quant int4) ...")
-    say(draft_table(draft_rows(sizes, device, rounded=True)))
-    return [verdict]
+    say(draft_table(draft_rows(sizes, device, "int4")))
+    if fp8_runs_on(device) or device.type == "cpu":  # a CPU runs it as the tests do (quant/fp8.py)
+        say("the same draft in fp8 (--draft-quant fp8) ...")
+        fp8 = draft_rows(sizes, device, "fp8")
+        say(draft_table(fp8))
+        verdicts.append(said(draft_verdict(fp8, sizes.dry_run, "fp8")))
+    return verdicts
 
 
 def moe_passes(sizes: ScaleSizes, device: torch.device, workdir: Path) -> list[Verdict]:

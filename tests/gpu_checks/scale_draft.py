@@ -3,9 +3,9 @@ dry run), its step over n tree tokens after the cached prefix (its decoder layer
 over every row, as a draft scores each new node), timed per layer and scaled to the whole model's
 DRAFT_SCALED_LAYERS where fewer are built (a step's fixed costs are then counted per layer); eager,
 and at a width bucket's static shapes (decoding/static_step.py), captured in CUDA graphs on a GPU
-(run eagerly elsewhere). Steps wider than the largest bucket run eagerly either way. With
-`rounded`, the same draft's decoder linears rounded to 4 bits (--draft-quant int4), the form the
-plan weighs against bf16 on a card."""
+(run eagerly elsewhere). Steps wider than the largest bucket run eagerly either way. In another
+`form`, the same draft's decoder linears rounded to 4 bits (--draft-quant int4) or in fp8
+(--draft-quant fp8), forms the plan weighs against bf16 on a card."""
 
 from dataclasses import dataclass, replace
 
@@ -48,13 +48,14 @@ class DraftRow:
             + self.head_ms
 
 
-def draft_rows(sizes: ScaleSizes, device: torch.device, rounded: bool = False) -> list[DraftRow]:
-    """The draft's rows as the loader prepares it; in bf16 beside them the captured step of the
-    same weights as transformers builds them (no stacked projections, its norms), in the same run."""
+def draft_rows(sizes: ScaleSizes, device: torch.device, form: str = "none") -> list[DraftRow]:
+    """The draft's rows as the loader prepares it in `form`; in bf16 beside them the captured step
+    of the same weights as transformers builds them (no stacked projections, its norms), in the
+    same run."""
     config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
-    prepared = step_timings(prepared_as_draft(random_draft(config, device), rounded, device), sizes, device)
+    prepared = step_timings(prepared_as_draft(random_draft(config, device), form, device), sizes, device)
     rows = [DraftRow(n, *timings) for n, timings in zip(sizes.draft_widths, prepared)]
-    if rounded:
+    if form != "none":
         return rows
     plain = step_timings(random_draft(config, device), sizes, device)  # the same seed: the same weights
     return [replace(row, plain_static_layer_ms=timings[2]) for row, timings in zip(rows, plain)]
@@ -89,9 +90,9 @@ def draft_table(rows: list[DraftRow]) -> str:
           ms(row.plain_static_step_ms)] for row in rows])
 
 
-def draft_verdict(rows: list[DraftRow], dry_run: bool) -> Verdict:
-    """The bf16 draft's captured step at every width up to STEP_TOKENS within STEP_MS."""
-    check = f"a {DRAFT_ALIAS} shaped bf16 draft's captured step at 1-{STEP_TOKENS} tokens"
+def draft_verdict(rows: list[DraftRow], dry_run: bool, form: str = "bf16") -> Verdict:
+    """The draft's captured step in `form` at every width up to STEP_TOKENS within STEP_MS."""
+    check = f"a {DRAFT_ALIAS} shaped {form} draft's captured step at 1-{STEP_TOKENS} tokens"
     if dry_run:
         return skipped(check, "dry run: no verdict")
     slowest = max((row for row in rows if row.tokens <= STEP_TOKENS), key=lambda row: row.static_step_ms)

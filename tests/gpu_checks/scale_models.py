@@ -130,11 +130,10 @@ def random_draft(config: PretrainedConfig, device: torch.device, seed: int = 0) 
     return model.eval()
 
 
-def prepared_as_draft(model: PreTrainedModel, rounded: bool, device: torch.device) -> PreTrainedModel:
+def prepared_as_draft(model: PreTrainedModel, form: str, device: torch.device) -> PreTrainedModel:
     """`model` as the loader prepares a draft on `device` (models/draft.py): its attention packed
     and bounded as the app builds every model, on CUDA its projections stacked and its norms fused;
-    `rounded`: its decoder linears
-    rounded to 4 bits (--draft-quant int4), in its dtype, run by int4_gemm's kernel at the widths
-    its probe finds it faster."""
+    its decoder linears in `form` (--draft-quant): none, int4 (rounded to 4 bits, in its dtype, run
+    by int4_gemm's kernel at the widths its probe finds it faster) or fp8."""
     bound_attention(model)
-    return approximation(DraftQuant("int4" if rounded else "none"), None, model.dtype, device).prepared(model).model
+    return approximation(DraftQuant(form), None, model.dtype, device).prepared(model).model

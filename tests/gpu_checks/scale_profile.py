@@ -63,7 +63,7 @@ def profiled_widths(sizes: ScaleSizes) -> tuple[int, ...]:
 def profile_rows(sizes: ScaleSizes, device: torch.device) -> list[StepProfile]:
     """A step's profile at each profiled width, the whole draft of sizes.draft_layers layers."""
     config, _ = alias_config(DRAFT_ALIAS, sizes.draft_layers, sizes.draft_shrink)
-    lm = CausalLM(prepared_as_draft(random_draft(config, device), False, device))
+    lm = CausalLM(prepared_as_draft(random_draft(config, device), "none", device))
     static = static_draft(lm, sizes.cached + max(sizes.draft_widths) + BUCKETS[-1], capture=False)
     try:
         cache = prefilled(static, sizes.cached)

@@ -31,7 +31,7 @@ SLOTS = 2
 # the draft whole: a step's fixed costs (the tree's mask and positions moved to the device, a graph's
 # replay) scaled from 2 of 32 layers counted 16 times, and the H200's captured step read 11-19 ms at 1-256 tokens
 FULL = ScaleSizes(layers=4, cached=512, trees=(1, 64, 256, 1024, 2048), linear_rows=(1, 16, 256, 1024, 2048),
-                  draft_layers=DRAFT_SCALED_LAYERS, draft_widths=(1, 16, 64, 256, 1024), gemm_rows=(1, 16, 64, 256))
+                  draft_layers=DRAFT_SCALED_LAYERS, draft_widths=(1, 16, 64, 256, 512, 1024), gemm_rows=(1, 16, 64, 256))
 # hidden 256 in heads of 64 (one KV head: the alias's grouped attention), so that every linear's
 # outputs are whole tiles of the CPU's int4 layout (64 rows)
 DRY = ScaleSizes(layers=3, cached=32, trees=(1, 16, 64), linear_rows=(1, 16, 64), draft_layers=2,

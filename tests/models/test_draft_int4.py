@@ -3,14 +3,11 @@ layer's linears rounded to 4 bits as it arrives (models/draft_approx.py), holdin
 plan counts for it, and SpecExec over it emitting the target's own tokens."""
 
 import torch
-from helpers.cli import CORPUS, train_tokenizer
+from helpers.draft_checkpoints import CPU, GREEDY, SEEDED, saved_model
 from helpers.engines import run
-from helpers.tiny import tiny_qwen_config
-from transformers import Qwen2ForCausalLM
 
 from specchat.checkpoint.skeleton import build_skeleton
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
@@ -22,21 +19,6 @@ from specchat.plan.demand import draft_weight_bytes, unique_tensors
 from specchat.plan.sizes import host_embedding_bytes
 from specchat.progress import Reporter
 from specchat.quant.int4 import Int4Linear
-
-CPU = torch.device("cpu")
-GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
-
-
-def saved_model(directory):
-    """A 2-layer Qwen2 wide enough for 4-bit groups (64 inputs, MLP 128) and its tokenizer."""
-    tokenizer = train_tokenizer(CORPUS)
-    torch.manual_seed(3)
-    config = tiny_qwen_config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                              num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id)
-    Qwen2ForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return config
-
 
 def test_an_int4_draft_loads_rounded_holds_what_the_plan_counts_and_keeps_the_targets_tokens(tmp_path):
     config = saved_model(tmp_path)

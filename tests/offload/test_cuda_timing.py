@@ -14,7 +14,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.probe import REPEATS, time_pass
 from specchat.decoding.specexec import SPECEXEC
-from specchat.decoding.tree import TreeShape
+from specchat.decoding.tree import NodeStore, TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.offload import cuda as cuda_module
 from specchat.offload.build import stall_meter
@@ -25,6 +25,7 @@ from specchat.offload.transport import ThreadTransport
 from specchat.transfer import TransferStats
 
 CUDA = torch.device("cuda")
+CPU = torch.device("cpu")
 GREEDY = SamplingParams(0.0, 1.0, 0)
 
 
@@ -88,7 +89,10 @@ def test_autoregressive_events_are_timed_on_the_synchronized_clock(log, tiny_tar
     assert clock_reads_follow_a_sync(log) and stats_follow_a_clock_read(log)
 
 
-def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock(log, tiny_target, tiny_draft):
+def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock(log, tiny_target, tiny_draft,
+                                                                                 monkeypatch):
+    run = NodeStore.run  # a step's mask is made on the draft's device: the fake's is this CPU
+    monkeypatch.setattr(NodeStore, "run", lambda store, nodes, committed, device: run(store, nodes, committed, CPU))
     engine = TreeEngine(SPECEXEC, OnFakeCuda(tiny_target, log), OnFakeCuda(tiny_draft, log), [],
                         TreeShape(budget=4, max_depth=2))
     first, *later = list(engine.generate([1, 2, 3], 6, GREEDY))

@@ -85,9 +85,11 @@ def test_run_and_doctor_ask_the_same_of_this_cpu(monkeypatch, tmp_path: Path, ca
 
 def test_run_on_a_gpu_asks_what_doctor_asks_of_a_described_one(monkeypatch, tmp_path: Path):
     """A described GPU machine is taken to have bitsandbytes: run there weighs int4 and nf4 beside
-    full weights, and a GPU keeps no dense copies. Run times each form's step on its own GPU; a
-    described one cannot be timed, and its links are its own (run reads what doctor last measured here)."""
+    full weights, and a GPU keeps no dense copies. Run times each form's step on its own GPU, and
+    weighs fp8 where that GPU multiplies it; a described one cannot be timed, nor its fp8 units
+    known, and its links are its own (run reads what doctor last measured here)."""
     monkeypatch.setattr(pair_module, "has_bitsandbytes", lambda: True)
+    monkeypatch.setattr(pair_module, "fp8_runs_on", lambda device: device.type == "cuda")
     seen_gpu(monkeypatch)  # run checks --vram-budget has a GPU
     monkeypatch.setattr(loader, "pick_device", lambda: torch.device("cuda"))
     options = doctor_options("llama-2-70b-gptq", "llama-2-7b", None, tmp_path, 60.0, 20.0)
@@ -95,6 +97,7 @@ def test_run_on_a_gpu_asks_what_doctor_asks_of_a_described_one(monkeypatch, tmp_
     pair, request = doctor_asks(monkeypatch, options, Machine(vram_gb=24, ram_gb=64))
     assert run[0].measure_steps and not pair.measure_steps
     assert request.links == Links() and run[1].links == read_links()
-    assert (replace(pair, measure_steps=True), replace(request, links=run[1].links)) == run
+    assert run[0].draft_kinds == ("none", "int4", "nf4", "fp8")
+    assert (replace(pair, measure_steps=True, draft_kinds=run[0].draft_kinds), replace(request, links=run[1].links)) == run
     assert pair.draft_kinds == ("none", "int4", "nf4") and pair.dense_above is None and not request.dense_copies
     assert request.vram_budget_bytes == 20 * 10**9

@@ -31,6 +31,7 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat import bounded_attention
 from specchat.models.draft_approx import DraftApprox, approximate_draft
 from specchat.models.draft_attention import DraftAttention
+from specchat.quant.fp8 import Fp8Linear
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 
@@ -100,6 +101,17 @@ def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_che
     bits and run packed through the int4 kernels; the target's tokens are unchanged."""
     draft = real_draft(int8=False, int4=True)
     assert any(isinstance(module, Int4Linear) for module in draft.model.modules())
+    engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
+    assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+
+
+def test_an_fp8_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references, seeded_references):
+    """--draft-quant fp8 (auto's candidate on a GPU with fp8 units): the draft's decoder linears in
+    8-bit floats (on this CPU multiplied as quant/fp8.py's widened_product does); the target's
+    tokens are unchanged."""
+    draft = real_draft(int8=False)  # its head scoring the app's sub-vocabulary
+    DraftApprox(False, None, fp8=True).prepared(draft.model)  # its layers, in place
+    assert sum(isinstance(module, Fp8Linear) for module in draft.model.modules()) == 7 * 24
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
 

@@ -104,7 +104,7 @@ def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops_and_writes_fewer_
 @pytest.mark.parametrize(("args", "error"), [
     (["--capacity", "100"], "--capacity 100: a step of 16 rows after 8 needs 296"),
     (["--cached", "0"], "--cached 0: a static step follows at least one cached token"),
-    (["--rows", "300"], "--rows 300: a static step takes 1 to 256 rows"),
+    (["--rows", "600"], "--rows 600: a static step takes 1 to 512 rows"),
 ])
 def test_the_ops_count_refuses_a_cache_a_step_does_not_fit(args, error, monkeypatch, capsys):
     code, stderr = run_script("count_draft_ops.py", args, monkeypatch, capsys)

@@ -80,4 +80,8 @@ def test_the_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
 
 
 def test_an_int4_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
-    assert_holds(check_captured_draft(CUDA, rounded=True))
+    assert_holds(check_captured_draft(CUDA, "int4"))
+
+
+def test_an_fp8_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
+    assert_holds(check_captured_draft(CUDA, "fp8"))

@@ -31,13 +31,14 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("scale check on the CPU")
-    for tokens in (1, 16, 64):  # the passes', the draft's in bf16 and in int4, the MoE target's, int4_gemm's layer's
-        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == (4 if tokens == 64 else 5), done.stdout
+    for tokens in (1, 16, 64):  # the passes', the draft's in bf16, int4 and fp8, the MoE target's, int4_gemm's layer's
+        assert sum(line.startswith(f"| {tokens} | ") for line in lines) == (5 if tokens == 64 else 6), done.stdout
     assert "the same draft rounded to 4 bits (--draft-quant int4) ..." in lines
+    assert "the same draft in fp8 (--draft-quant fp8) ..." in lines
     headers = [index for index, line in enumerate(lines) if line.startswith("| tree tokens n | ms a layer |")]
-    bf16, rounded = (lines[index + 2:index + 5] for index in headers)  # each draft's rows, after its header
-    # bf16 beside the same weights as transformers builds them; the rounded draft alone
-    assert [line.endswith(" | n/a |") for line in bf16 + rounded] == [False] * 3 + [True] * 3, done.stdout
+    bf16, rounded, fp8 = (lines[index + 2:index + 5] for index in headers)  # each draft's rows, after its header
+    # bf16 beside the same weights as transformers builds them; the rounded and fp8 drafts alone
+    assert [line.endswith(" | n/a |") for line in bf16 + rounded + fp8] == [False] * 3 + [True] * 6, done.stdout
     split = lines.index("timing one linear of each of a llama-2-7b shaped draft's shapes, rounded to 4 bits ...")
     target, draft = lines[:split], lines[split:lines.index(f"int4_gemm's blocks swept at a {GEMM_ALIAS} shaped "
                                                             "draft's linears ...")]
@@ -46,7 +47,8 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     # then the draft's (4 heads of 64, no grouped attention: k and v are 256x256 too), no kernel to time on a CPU
     assert sum(line.startswith("| 256x256 | 16 | ") for line in draft) == 2
     assert all(line.endswith(" | n/a |") for line in draft if line.startswith("| 256x"))
-    assert sum("dry run: no verdict" in line for line in lines) == 3  # the pass's, the product's, the draft step's
+    assert sum("dry run: no verdict" in line for line in lines) == 4  # the pass's, the product's, the draft steps'
+
     assert "Traceback" not in done.stderr
     # the MoE target's one-token pass streamed by expert moves a layer's head and 2 of its 8 experts
     moe = lines[[i for i, line in enumerate(lines) if "streamed by expert and as whole layers" in line][0]:]

@@ -17,7 +17,7 @@ from specchat.quant.widths import INT8_ROWS, int8_rows
 class DraftQuant:
     """How the draft's weights are stored, as resolved for this device, and where its input embedding is."""
 
-    kind: str  # none | int8 | int4 | nf4 | dense (a draft stored in 4 bits, expanded)
+    kind: str  # none | int8 | int4 | nf4 | dense (a draft stored in 4 bits, expanded) | fp8
     dense_above: int | None = None  # int8: inputs of more rows multiply the dense weights kept beside
     host_embedding: bool = False  # its input embedding held in host RAM beside a GPU, as the plan says
 
@@ -50,7 +50,8 @@ def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization
 def approximation(quant: DraftQuant, vocab_size: int | None, dtype: torch.dtype, device: torch.device) -> DraftApprox:
     """How a draft stored as `quant` is prepared as it loads, its head scoring `vocab_size` tokens."""
     return DraftApprox(quant.kind == "int8", vocab_size, quant.dense_above, dtype=dtype, int4=quant.kind == "int4",
-                       device=device, expand=quant.kind == "dense", host_embedding=quant.host_embedding)
+                       device=device, expand=quant.kind in ("dense", "fp8"), host_embedding=quant.host_embedding,
+                       fp8=quant.kind == "fp8")
 
 
 def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> DraftQuant:

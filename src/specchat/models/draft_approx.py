@@ -9,6 +9,9 @@ never a different output.
   gate/up projections, run as one product each (quant/stacked.py).
 - int4: the decoder layers' linears rounded to 4 bits in groups (quant/int4_rtn.py), packed for the
   device they load onto and run as a 4-bit target's are: a quarter of bf16's bytes on any device.
+- fp8: the decoder layers' linears (a draft stored in 4 bits, expanded first) in 8-bit floats with a
+  scale a row, multiplied by fp8 matrix units (quant/fp8.py): half of bf16's bytes and, on GPUs
+  that have them, twice its matrix rate.
 - sub-vocabulary head (FR-Spec): the LM head scores only the `vocab_size` most frequent tokens
   (models/vocab_rank.py) and the stop tokens; the head's share of a draft step shrinks by
   vocab / vocab_size. The draft can then never propose a rarer token. The whole head, never read
@@ -32,6 +35,7 @@ from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
 from specchat.models.vocab_rank import head_vocab, vocab_ranking
 from specchat.offload.host_embedding import keep_embedding_on_host
+from specchat.quant.fp8 import fp8_linears
 from specchat.quant.int4 import use_registers
 from specchat.quant.int4_dense import expand_linears
 from specchat.quant.int4_rtn import round_linears
@@ -65,6 +69,7 @@ class DraftApprox:
     device: torch.device | None = None  # int4: the device its linears are packed for; None: where each layer's weights are
     expand: bool = False
     host_embedding: bool = False  # beside a GPU, its (untied) input embedding held in host RAM, as planned
+    fp8: bool = False
 
     def mapped(self, model: PreTrainedModel) -> frozenset[str]:
         """Under int8 the input embedding and the LM head are replaced by int8 copies (or a
@@ -120,7 +125,7 @@ class DraftApprox:
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's stored 4-bit linears expanded under `expand`; its projections stacked
         and, under int8, its linears in int8; under int4 its linears rounded to 4 bits, packed for
-        `device` (a layer loaded on a CPU moves there later). On CUDA every form's projections are
+        `device` (a layer loaded on a CPU moves there later); under fp8 its linears in fp8, last. On CUDA every form's projections are
         stacked, 4-bit ones too, its queries and keys rotated together and its norms fused: a
         captured step is bound by its kernels' count, a narrow product's few programs and the bytes
         it moves (quant/stacked.py, draft_attention.py, fused_norms.py; its grouped attention packed
@@ -138,6 +143,8 @@ class DraftApprox:
             stack_projections(layer, packed=True)
             replace_attention(layer)
             fuse_norms(layer)
+        if self.fp8:  # after stacking: one fp8 product a stack
+            fp8_linears(layer)
 
     def on_cuda(self) -> bool:
         return self.device is not None and self.device.type == "cuda"

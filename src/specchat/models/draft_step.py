@@ -32,7 +32,7 @@ from specchat.quant.widths import arguments
 # Distinct layers timed in turn: a single one would sit in a CPU's last-level cache (a 0.5B's
 # layer is 30 MB in bf16) and flatter the dense form.
 PROBE_LAYERS = 4
-MEASURED_KINDS = ("none", "int8", "int4")
+MEASURED_KINDS = ("none", "int8", "int4", "fp8")
 CHOICE = "draft step"  # its name among the kept choices
 
 
@@ -91,10 +91,10 @@ def timed_form(config: PretrainedConfig, quant: DraftQuant) -> tuple[PretrainedC
     """The config and form a step is timed in: a draft stored in 4 bits (GPTQ, AWQ) as the dense
     model of its config, its packed form (none) rounded to 4 bits in groups of 128, as GPTQ and AWQ
     store them (the same Int4Linears and kernels; random weights either way), its expanded form
-    (dense) in full weights."""
+    (dense) in full weights, its fp8 form as fp8."""
     if getattr(config, "quantization_config", None) is None:
         return config, quant
-    return without_quantization(config), DraftQuant("none" if quant.kind == "dense" else "int4")
+    return without_quantization(config), DraftQuant({"dense": "none", "fp8": "fp8"}.get(quant.kind, "int4"))
 
 
 def timed_layers(model: nn.Module, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[float]:

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specchat.bounded_attention import attention_bytes
+from specchat.quant.fp8 import fp8_weight_bytes
 from specchat.quant.int4 import workspace_bytes
 from specchat.quant.int4_rtn import ROUND_ROWS, group_for
 from specchat.quant.int8 import QUANT_ROWS
@@ -102,7 +103,8 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
       the whole vocabulary the LM head too (a tied head in a copy of its own);
     int4 (quant/int4_rtn.py): the decoder's linears that `kernel`'s int4 kernels take, packed (half
       a byte a weight) with a scale and a zero a group in `dtype`;
-    nf4 (bitsandbytes): every linear but the LM head at NF4_BYTES_PER_WEIGHT.
+    nf4 (bitsandbytes): every linear but the LM head at NF4_BYTES_PER_WEIGHT;
+    fp8 (quant/fp8.py): the decoder's linears at a byte a weight and a float32 scale a row.
     `head_rows`: a head restricted to that many tokens, a copy of that many rows (in int8 under
     int8); the whole head is let go unless it is the input embedding too; None: the whole
     vocabulary."""
@@ -116,6 +118,8 @@ def draft_weight_bytes(model: PreTrainedModel, dtype: torch.dtype, quant: str, d
     elif quant == "int4":
         groups = [(m, group_for(m, kernel)) for m in layers]
         total -= sum(m.weight.numel() * dtype.itemsize - int4_bytes(m, group, dtype) for m, group in groups if group)
+    elif quant == "fp8":
+        total -= sum(m.weight.numel() * dtype.itemsize - fp8_weight_bytes(m) for m in layers)
     elif quant == "nf4":
         linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
         total -= sum(m.weight.numel() * dtype.itemsize - int(m.weight.numel() * NF4_BYTES_PER_WEIGHT) for m in linears)

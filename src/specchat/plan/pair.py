@@ -31,6 +31,7 @@ from specchat.plan.model import MeasuredModel, measure_model, plan_measured
 from specchat.plan.request import DEFAULT_TREE_TOKENS, Pair, PlanRequest
 from specchat.plan.sizes import host_embedding_bytes
 from specchat.quant.awq import read_awq_spec
+from specchat.quant.fp8 import fp8_runs_on
 from specchat.quant.gptq import read_gptq_spec
 
 
@@ -85,10 +86,12 @@ def contexts_for(context: int | None, model_max: int) -> tuple[int, ...]:
 def draft_kinds(kind: str, device: torch.device, resolved: str | None, described: bool = False) -> tuple[str, ...]:
     """The quantizations the plan may give the draft: the one asked for (or, on a CPU, the one
     `auto` measured: `resolved`); on a GPU `auto` weighs full weights against int4 and nf4 (nf4
-    when bitsandbytes is installed here, or on any `described` machine)."""
+    when bitsandbytes is installed here, or on any `described` machine), and fp8 on a GPU here
+    that multiplies it (a described card's fp8 units are not known)."""
     if kind != "auto" or device.type != "cuda":
         return (resolved or kind,)
-    return ("none", "int4", "nf4") if described or has_bitsandbytes() else ("none", "int4")
+    kinds = ("none", "int4", "nf4") if described or has_bitsandbytes() else ("none", "int4")
+    return kinds + ("fp8",) if not described and fp8_runs_on(device) else kinds
 
 
 def has_bitsandbytes() -> bool:
@@ -107,10 +110,11 @@ def stores_4bit(config: PretrainedConfig) -> bool:
 
 def stored_4bit_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
     """The forms a draft stored in 4 bits (GPTQ, AWQ) may take for `kinds` asked: packed as stored
-    (none, its smallest) or expanded (dense), and both where auto weighs several (on a GPU)."""
-    if "dense" in kinds:
-        return ("dense",)
-    return ("none", "dense") if len(kinds) > 1 else ("none",)
+    (none, its smallest), expanded (dense) or expanded into fp8, and each of them where auto weighs
+    several (on a GPU; fp8 where the GPU multiplies it)."""
+    if len(kinds) == 1:
+        return ("none",) if kinds[0] in ("none", "int4", "nf4", "int8") else kinds
+    return ("none", "dense", "fp8") if "fp8" in kinds else ("none", "dense")
 
 
 def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAULT_TREE_TOKENS) -> tuple[Draft, ...]:
@@ -119,7 +123,8 @@ def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAUL
     int8-only form after it, which the plan takes where the copies do not fit. An int4 draft
     counts its 4-bit products' largest temporary over a step of `tree_tokens` rows."""
     config = read_config(pair.draft)
-    kinds = stored_4bit_kinds(pair.draft_kinds) if stores_4bit(config) else pair.draft_kinds
+    stored = stores_4bit(config)
+    kinds = stored_4bit_kinds(pair.draft_kinds) if stored else pair.draft_kinds
     dtype = pair.dtype
     model = build_skeleton(config, None, dtype, kernel=device)
     dense = build_skeleton(without_quantization(config), None, dtype, kernel=device)  # a 4-bit draft expanded
@@ -131,15 +136,18 @@ def draft_candidates(pair: Pair, device: torch.device, tree_tokens: int = DEFAUL
     host = host_embedding_bytes(model, dtype) if device.type == "cuda" else 0
 
     def candidate(kind: str, above: int | None) -> Draft:
-        on_host = host if kind in ("none", "int4", "dense") else 0
-        if kind == "dense":  # loaded one layer at a time onto the device, each expanded there
-            weights = draft_weight_bytes(dense, dtype, "none", head_rows=pair.draft_vocab, kernel=device)
+        on_host = host if kind in ("none", "int4", "dense", "fp8") else 0
+        if kind == "dense" or kind == "fp8" and stored:  # loaded a layer at a time onto the device, expanded there
+            weights = draft_weight_bytes(dense, dtype, "none" if kind == "dense" else kind, head_rows=pair.draft_vocab,
+                                         kernel=device)
             return Draft(kind, weights - on_host, shape, 0, expanding_bytes(dense, dtype), None, host_embedding=on_host)
         weights = draft_weight_bytes(model, dtype, kind, above is not None, pair.draft_vocab, kernel=device)
-        preparing = preparing_bytes(model, dtype) if kind == "int8" else rounding_bytes(model, dtype) if kind == "int4" else 0
+        preparing = (preparing_bytes(model, dtype) if kind == "int8" else
+                     rounding_bytes(model, dtype) if kind in ("int4", "fp8") else 0)
         workspace = rounded_workspace(model, dtype, tree_tokens, device) if kind == "int4" else 0
-        # nf4 loads straight onto the device; int4 one layer at a time, each rounded there (models/layerwise.py)
-        through_ram = 0 if kind in ("nf4", "int4") else full
+        # nf4 loads straight onto the device; int4 and fp8 one layer at a time, each converted there
+        # (models/layerwise.py)
+        through_ram = 0 if kind in ("nf4", "int4", "fp8") else full
         return Draft(kind, weights - on_host, shape, through_ram, preparing, above, workspace=workspace,
                      host_embedding=on_host)
 
