@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from specchat.quant import fp8
 from specchat.quant.fp8 import (FP8, FP8_MAX, Fp8Linear, fp8_linears, fp8_runs_on, fp8_weight_bytes, quantize_rows,
                                 scaled_product)
 
@@ -59,3 +60,12 @@ def test_only_linears_of_multiples_of_16_are_replaced_and_hold_a_byte_a_weight_a
 
 def test_a_cpu_has_no_fp8_units():
     assert not fp8_runs_on(torch.device("cpu"))
+
+
+def test_a_weight_is_quantized_in_blocks_of_rows_as_it_would_be_whole(monkeypatch):
+    torch.manual_seed(2)
+    weight = torch.randn(40, 32, dtype=torch.bfloat16)
+    whole = quantize_rows(weight)
+    monkeypatch.setattr(fp8, "WEIGHT_ROWS", 16)
+    blocks = fp8.quantize_weight(weight)
+    assert all(torch.equal(a.float(), b.float()) for a, b in zip(whole, blocks))
