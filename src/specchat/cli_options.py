@@ -45,7 +45,7 @@ DraftQuantOpt = Annotated[str, typer.Option(
          "a GPU full weights, int4, nf4 or fp8 (a draft stored in 4 bits: packed, dense or fp8), whichever gives the "
          "fastest predicted iteration, or streams the fewest bytes where its steps are unmeasured; int4: rounded to 4 "
          "bits, run packed; nf4: bitsandbytes, CUDA only; dense: a GPTQ or AWQ draft's weights expanded to --dtype; "
-         "fp8: its linears in 8-bit floats, on GPUs of compute capability 8.9 up or a CPU).")]
+         "fp8: its linears in 8-bit floats, on GPUs of compute capability 8.9 up).")]
 ContextOpt = Annotated[int | None, typer.Option(
     help="Tokens of context (prompt and reply) the KV caches are planned for (default: 4096, or the model's maximum "
          "when smaller; auto may halve it down to 1024 when the pair does not fit).")]

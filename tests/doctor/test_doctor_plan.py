@@ -180,3 +180,10 @@ def test_expanding_a_draft_stored_in_full_weights_is_one_line(monkeypatch, capsy
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--draft-quant", "dense")
     assert_one_line_error(code, err, "--draft-quant dense expands a draft stored in 4 bits (GPTQ or AWQ); "
                                      "qwen2.5-coder-0.5b stores full weights: use --draft-quant none")
+
+
+def test_an_fp8_draft_without_fp8_units_is_one_line(monkeypatch, capsys):
+    """A CPU has no fp8 matrix units: --draft-quant fp8 is refused before anything loads."""
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--draft-quant", "fp8")
+    assert_one_line_error(code, err, "--draft-quant fp8 needs fp8 matrix units (CUDA compute capability 8.9 up: "
+                                     "Ada, Hopper); cpu has none: use --draft-quant auto")

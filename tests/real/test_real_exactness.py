@@ -105,29 +105,22 @@ def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_che
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
 
 
-def test_an_fp8_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references, seeded_references):
-    """--draft-quant fp8 (auto's candidate on a GPU with fp8 units): the draft's decoder linears in
-    8-bit floats (on this CPU multiplied as quant/fp8.py's widened_product does); the target's
-    tokens are unchanged."""
-    draft = real_draft(int8=False)  # its head scoring the app's sub-vocabulary
-    DraftApprox(False, None, fp8=True).prepared(draft.model)  # its layers, in place
-    assert sum(isinstance(module, Fp8Linear) for module in draft.model.modules()) == 7 * 24
-    engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
-    assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
-
-
-def test_a_draft_prepared_as_on_cuda_at_static_shapes_keeps_greedy_and_seeded_exact(real_pair, real_check,
-                                                                                   greedy_references,
-                                                                                   seeded_references):
-    """The draft as a GPU runs it, here on the CPU: prepared for CUDA (q/k/v and gate/up stacked,
-    queries and keys rotated together, norms as torch's rms_norm, its 14 query heads packed as rows
-    of its 2 KV heads:
-    models/draft_approx.py), stepping at a bucket's static shapes (decoding/static_step.py, run
-    eagerly where CUDA replays a graph); the target's tokens are unchanged."""
+def test_a_draft_prepared_as_on_cuda_in_fp8_at_static_shapes_keeps_greedy_and_seeded_exact(real_pair, real_check,
+                                                                                          greedy_references,
+                                                                                          seeded_references):
+    """The draft as a GPU with fp8 units may run it, here on the CPU: prepared for CUDA (q/k/v and
+    gate/up stacked, queries and keys rotated together, norms as torch's rms_norm, its 14 query
+    heads packed as rows of its 2 KV heads: models/draft_approx.py), its linears (the stacks' too)
+    in fp8 (--draft-quant fp8: quant/fp8.py, multiplied here as its widened_product does), stepping
+    at a bucket's static shapes (decoding/static_step.py, run eagerly where CUDA replays a graph);
+    the target's tokens are unchanged. One test for the forms together: each changes which trees
+    grow, never what the target picks, and the suite's 25 minutes hold one such run."""
     loaded = real_draft(int8=False)  # its head scoring the app's sub-vocabulary
-    DraftApprox(False, None, device=torch.device("cuda")).prepared(loaded.model)  # its layers, in place
+    DraftApprox(False, None, device=torch.device("cuda"), fp8=True).prepared(loaded.model)  # its layers, in place
     attention = loaded.model.model.layers[0].self_attn
     assert isinstance(attention, DraftAttention) and attention.config._attn_implementation == bounded_attention.GROUPED
+    assert isinstance(attention.qkv, Fp8Linear)
+    assert sum(isinstance(module, Fp8Linear) for module in loaded.model.modules()) == 4 * 24  # qkv, o, gate_up, down
     draft = static_draft(loaded, capacity=4096, capture=False)
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)

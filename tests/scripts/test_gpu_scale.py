@@ -48,7 +48,6 @@ def test_the_dry_run_prints_every_table_on_the_cpu_without_a_verdict():
     assert sum(line.startswith("| 256x256 | 16 | ") for line in draft) == 2
     assert all(line.endswith(" | n/a |") for line in draft if line.startswith("| 256x"))
     assert sum("dry run: no verdict" in line for line in lines) == 4  # the pass's, the product's, the draft steps'
-
     assert "Traceback" not in done.stderr
     # the MoE target's one-token pass streamed by expert moves a layer's head and 2 of its 8 experts
     moe = lines[[i for i, line in enumerate(lines) if "streamed by expert and as whole layers" in line][0]:]

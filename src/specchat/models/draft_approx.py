@@ -69,7 +69,7 @@ class DraftApprox:
     device: torch.device | None = None  # int4: the device its linears are packed for; None: where each layer's weights are
     expand: bool = False
     host_embedding: bool = False  # beside a GPU, its (untied) input embedding held in host RAM, as planned
-    fp8: bool = False
+    fp8: bool = False  # its decoder's linears in fp8 (quant/fp8.py), after any expansion and stacking
 
     def mapped(self, model: PreTrainedModel) -> frozenset[str]:
         """Under int8 the input embedding and the LM head are replaced by int8 copies (or a
@@ -125,12 +125,12 @@ class DraftApprox:
     def prepare_layer(self, layer: nn.Module) -> None:
         """One decoder layer's stored 4-bit linears expanded under `expand`; its projections stacked
         and, under int8, its linears in int8; under int4 its linears rounded to 4 bits, packed for
-        `device` (a layer loaded on a CPU moves there later); under fp8 its linears in fp8, last. On CUDA every form's projections are
-        stacked, 4-bit ones too, its queries and keys rotated together and its norms fused: a
-        captured step is bound by its kernels' count, a narrow product's few programs and the bytes
-        it moves (quant/stacked.py, draft_attention.py, fused_norms.py; its grouped attention packed
-        as every model's is, bounded_attention.py); on a CPU only int8's projections are stacked,
-        where that was measured (a small gain)."""
+        `device` (a layer loaded on a CPU moves there later); under fp8 its linears in fp8, last.
+        On CUDA every form's projections are stacked, 4-bit ones too, its queries and keys rotated
+        together and its norms fused: a captured step is bound by its kernels' count, a narrow
+        product's few programs and the bytes it moves (quant/stacked.py, draft_attention.py,
+        fused_norms.py; its grouped attention packed as every model's is, bounded_attention.py); on
+        a CPU only int8's projections are stacked, where that was measured (a small gain)."""
         if self.expand:
             expand_linears(layer)
         if self.int8:

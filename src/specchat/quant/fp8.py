@@ -1,14 +1,18 @@
 """A draft's linears in 8-bit floats (--draft-quant fp8): half of bf16's bytes, and twice its
 matrix rate on GPUs that multiply fp8 (compute capability 8.9 up: Ada, Hopper).
 
-A 7B draft's step over a few hundred tree tokens is bound by its products, not its bytes: on an
-H200 a captured bf16 step took 6.1 ms at one token and 12.7 at 256 (docs/benchmarks.md), with
-~10 ms of it in the decoder's linears. Each weight is stored as float8_e4m3fn with one float32
-scale an output row (the row's largest magnitude maps to e4m3's largest, 448); each input row is
-scaled likewise as it arrives, and `torch._scaled_mm` multiplies the two with both scales applied
-to its float32 sums (rowwise scaling), rounding once into the input's dtype:
+A 7B draft's step over a few hundred tree tokens is bound by its products, not its bytes. Each
+weight is stored as float8_e4m3fn with one float32 scale an output row (the row's largest
+magnitude maps to e4m3's largest, 448); each input row is scaled likewise as it arrives, and
+`torch._scaled_mm` multiplies the two with both scales applied to its float32 sums (rowwise
+scaling), rounding once into bfloat16:
   y[m, o] = sum_i (x[m, i] / a_m)_fp8 (w[o, i] / b_o)_fp8 * a_m * b_o  (+ bias[o])
 A row of zeros (a static step's pad) keeps a scale of TINY / 448, so no row divides by zero.
+Measured on an H200 (2026-11-30, docs/benchmarks.md): a 7B-shaped step captured took 7.0-10.9 ms
+at 1-256 tree tokens against bf16's 5.9-9.4. Scaling an input takes five small kernels, ~1.2 ms a
+step at one token, and at these widths the fp8 products gained nothing on bf16's; the plan weighs
+the form by the step it measures (models/draft_step.py), so auto takes it only where it pays,
+as its halved bytes may on a card with less VRAM or a slower link.
 
 SpecExec's verifier never reads the draft's probabilities: an fp8 draft grows other trees, never
 other tokens (tested on the real pair). Only drafts take this form; a target stays its weights as
