@@ -120,3 +120,17 @@ def test_the_attention_bench_times_both_paths_and_finds_their_outputs_alike():
         assert float(copied) > 0 and float(packed) > 0 and ratio.endswith("x")
         # bf16 on the AMD EPYC (2026-11-29): 0 apart up to 256 rows, 1.2e-4 at 1025 (a kernel's blocking)
         assert float(apart) <= 1.2e-4
+
+
+def test_the_bookkeeping_bench_grows_full_trees_and_times_their_host_work():
+    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_tree_bookkeeping.py"), "--budget", "64", "--depth",
+                             "6", "--trees", "2"], capture_output=True, text=True, timeout=120, check=True)
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()[2:]]
+    assert [cells[0] for cells in rows] == ["1", "2"]
+    for _, steps, nodes, depth, host_ms in rows:
+        assert (int(steps), int(nodes), int(depth)) == (5, 64, 6) and float(host_ms) > 0
+
+
+def test_the_bookkeeping_bench_refuses_an_empty_tree(monkeypatch, capsys):
+    code, stderr = run_script("bench_tree_bookkeeping.py", ["--budget", "0"], monkeypatch, capsys)
+    assert code == 2 and "--budget, --depth and --trees are at least 1" in stderr
