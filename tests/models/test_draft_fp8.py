@@ -35,7 +35,8 @@ def test_an_fp8_draft_holds_what_the_plan_counts_and_keeps_the_targets_tokens(tm
     dense = CausalLM(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16))
     tokens = torch.tensor([5, 9, 2, 7])
     ran, expected = (lm.hidden(tokens, torch.arange(4), new_cache()).float() for lm in (draft, dense))
-    assert not torch.equal(ran, expected) and (ran - expected).norm() < 0.1 * expected.norm()  # rounded, near
+    # rounded to fp8, near: 0.041 of the dense hidden states' norm apart (AMD EPYC, 2026-11-30)
+    assert not torch.equal(ran, expected) and (ran - expected).norm() <= 0.08 * expected.norm()
     target_lm = CausalLM(target.model)
     for sampling in (GREEDY, SEEDED):
         reference, _ = run(AutoregressiveEngine(target_lm, []), sampling)

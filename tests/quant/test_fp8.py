@@ -27,8 +27,10 @@ def test_the_product_is_the_rounded_operands_times_their_scales(bias: bool):
     out = linear(x)
     expected = rounded_product(linear, x) + (0 if dense.bias is None else dense.bias.double())
     assert out.shape == (2, 5, 48) and out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), expected, rtol=2 ** -6, atol=1e-3)  # two roundings into bf16
-    assert (out.float() - dense(x).float()).abs().max() < 0.1 * dense(x).float().abs().max()  # near the dense product
+    # two roundings into bf16: at most 0.0062 apart without the bias, 0.0086 with it (AMD EPYC, 2026-11-30)
+    assert (out.double() - expected).abs().max() <= 0.017
+    # fp8's rounding of both operands: 0.038 of the dense product's largest magnitude, either way (same machine)
+    assert (out.float() - dense(x).float()).abs().max() <= 0.075 * dense(x).float().abs().max()
 
 
 def test_cudas_product_applies_the_scales_to_the_float32_sums_and_rounds_once():
@@ -38,7 +40,8 @@ def test_cudas_product_applies_the_scales_to_the_float32_sums_and_rounds_once():
     x = torch.randn(7, 64, dtype=torch.bfloat16)
     quantized, scale = quantize_rows(x)
     out = scaled_product(quantized, scale, linear.weight, linear.scale, torch.bfloat16)
-    torch.testing.assert_close(out.double(), rounded_product(linear, x), rtol=2 ** -8, atol=1e-4)  # rounded once
+    # rounded once into bf16: at most 0.0035 apart (torch 2.13's CPU _scaled_mm, AMD EPYC, 2026-11-30)
+    assert (out.double() - rounded_product(linear, x)).abs().max() <= 0.007
 
 
 def test_a_rows_largest_magnitude_maps_to_448_and_a_row_of_zeros_to_zeros():
