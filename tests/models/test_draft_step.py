@@ -13,8 +13,9 @@ from specchat.models.draft import DraftQuant
 from specchat.models.draft_approx import DraftApprox
 from specchat.models.configs import read_config
 from specchat.models.draft_attention import DraftAttention
-from specchat.models.draft_step import (PROBE_LAYERS, StepCost, measure_step, probe_model, run_layers, step_cost,
-                                       timed_form)
+from specchat.machine_choices import Kept, machine_facts, write_kept
+from specchat.models.draft_step import (PROBE_LAYERS, StepCost, layer_inputs, measure_step, probe_model, run_layers,
+                                       step_cost, timed_form)
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 
@@ -90,7 +91,7 @@ def test_a_probe_prepared_as_on_cuda_steps(monkeypatch):
         rows = []
         for model in (plain, prepared):
             torch.manual_seed(1)  # the same random hidden states
-            rows.append(run_layers(model, 16, torch.float32, CPU))
+            rows.append(run_layers(model, *layer_inputs(model, 16, torch.float32, CPU)))
     # float32, states up to ~3.9: at most 2.4e-7 apart on the AMD EPYC (2026-11-29), the rotation's one rounding
     torch.testing.assert_close(rows[1], rows[0], rtol=0, atol=4.8e-7)
 
@@ -99,6 +100,30 @@ def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():
     config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
     one_s, wide_s = measure_step(config, DraftQuant("int4"), BF16, CPU, 16)
     assert 0 < one_s and 0 < wide_s  # 8 layers' worth: twice the 4 timed; the figures are this machine's
+
+
+def test_each_width_is_timed_as_one_capture_replayed(monkeypatch):
+    """On CUDA `replayed` captures a width's layers once and times the replays; here it records
+    what it was handed: one run a width, over that width's rows, on the probe's device."""
+    handed = []
+
+    def recording(run, device):
+        handed.append((run().shape[1], device))
+        return run
+
+    monkeypatch.setattr(draft_step, "replayed", recording)
+    measure_step(tiny_qwen_config(hidden_size=128, intermediate_size=256), DraftQuant("none"), BF16, CPU, 16)
+    assert handed == [(1, CPU), (16, CPU)]
+
+
+def test_a_step_kept_before_steps_were_timed_replayed_is_measured_again(monkeypatch):
+    """A CUDA figure kept from the eager probe (no "replayed" in its key) read fp8 at 2.8x its
+    captured step: it is not reused."""
+    eager_key = {"draft": "qwen2.5-coder-0.5b", "quant": "int4", "dense_above": None, "dtype": str(BF16), "wide": 43}
+    write_kept(Kept(draft_step.CHOICE, eager_key, [0.5, 0.9], 0.0, "cpu", machine_facts(CPU)))
+    monkeypatch.setattr(draft_step, "measure_step", lambda *args: [0.010, 0.040])
+    assert step_cost("qwen2.5-coder-0.5b", DraftQuant("int4"), BF16, CPU, 43) == StepCost(0.010, 0.040, 43)
+    assert {kept.key.get("replayed") for kept in kept_choices()} == {None, False}
 
 
 def test_forms_not_timed_here_have_no_cost(monkeypatch):

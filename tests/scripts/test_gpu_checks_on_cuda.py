@@ -14,7 +14,12 @@ from gpu_checks.moe_streamed import check_moe_streamed
 from gpu_checks.probe_costs import CAP, check_probe, wide_target
 from gpu_checks.replies import GreedyJudge
 from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
+from gpu_checks.tiny_models import wide_config
 from gpu_checks.verdict import Verdict
+
+from specchat.models.draft import DraftQuant
+from specchat.models.draft_step import measure_step
+from specchat.quant.fp8 import fp8_runs_on
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: these tests check a GPU")]
@@ -85,3 +90,13 @@ def test_an_int4_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
 
 def test_an_fp8_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
     assert_holds(check_captured_draft(CUDA, "fp8"))
+
+
+@pytest.mark.parametrize("kind", ["none", "int4", "fp8"])
+def test_the_draft_step_probe_times_each_form_captured(kind):
+    """doctor and auto's step costs: each form's probe layers captured in a CUDA graph and
+    replayed at one token and at a tree step's width (a capture that failed would raise here)."""
+    if kind == "fp8" and not fp8_runs_on(CUDA):
+        pytest.skip("fp8 products need compute capability 8.9")
+    one_s, wide_s = measure_step(wide_config(), DraftQuant(kind), torch.bfloat16, CUDA, 86)
+    assert 0 < one_s and 0 < wide_s

@@ -8,9 +8,11 @@ with random weights on the device, in the form (models/draft_approx.py prepares 
 draft's), run over one token and over `wide` tokens, scaled to the draft's layer count. Its
 embedding, head and attention over the context are left out: the forms differ in the decoder's
 linears alone (an int8 head aside), so the figure compares forms and understates a step by the
-head's share. The layers run eagerly, where CUDA replays a captured step (decoding/static_step.py):
-launches weigh on both forms, a little more on int4's (a wide product expands, then multiplies).
-Measured once per machine and kept (machine_choices.remembered), as quant's choices are; a form
+head's share. On CUDA each width's layers are captured in a graph and replayed, as a loaded draft's
+step is (decoding/static_step.py): timed eagerly they carried each form's launches, and fp8's
+(its activations scaled and cast before every product) read 25.1 ms a step at 86 tokens of
+Llama-3.1-8B on an H200 where its captured step took ~9, so auto never weighed fp8 as it runs
+(2026-11-30). Measured once per machine and kept (machine_choices.remembered), as quant's choices are; a form
 only bitsandbytes runs (nf4) is not measured here. A draft stored in 4 bits is timed as its dense
 config's, packed (rounded to 4 bits) or expanded (full weights): `timed_form`.
 """
@@ -23,6 +25,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.initialization import no_init_weights
 
 from specchat.checkpoint.skeleton import without_quantization
+from specchat.cuda_graph import replayed
 from specchat.machine_choices import Kept, measured, remembered, write_kept
 from specchat.models.configs import read_config
 from specchat.models.draft import DraftQuant, approximation
@@ -56,7 +59,8 @@ def step_cost(draft: str, quant: DraftQuant, dtype: torch.dtype, device: torch.d
     cost on `device`, as kept for this machine or measured now; None for a form not measured here."""
     if timed_form(read_config(draft), quant)[1].kind not in MEASURED_KINDS:
         return None
-    key = {"draft": draft, "quant": quant.kind, "dense_above": quant.dense_above, "dtype": str(dtype), "wide": wide}
+    key = {"draft": draft, "quant": quant.kind, "dense_above": quant.dense_above, "dtype": str(dtype), "wide": wide,
+           "replayed": device.type == "cuda"}  # an eager figure kept before CUDA's steps were timed replayed is not reused
     one_s, wide_s = remembered(CHOICE, key, device, lambda: measure_kept(key, device))
     return StepCost(one_s, wide_s, wide)
 
@@ -97,9 +101,15 @@ def timed_form(config: PretrainedConfig, quant: DraftQuant) -> tuple[PretrainedC
     return without_quantization(config), DraftQuant({"dense": "none", "fp8": "fp8"}.get(quant.kind, "int4"))
 
 
+@torch.inference_mode()
 def timed_layers(model: nn.Module, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> list[float]:
-    """The fastest of the probe's trials of the decoder layers over each of `widths` tokens, in turns."""
-    runs = [lambda tokens=tokens: run_layers(model, tokens, dtype, device) for tokens in widths]
+    """The fastest of the probe's trials of the decoder layers over each of `widths` tokens, in
+    turns; on CUDA each width replayed from a graph captured once (cuda_graph.replayed), as the
+    draft's step runs."""
+    runs = []
+    for tokens in widths:
+        hidden, rotary = layer_inputs(model, tokens, dtype, device)
+        runs.append(replayed(lambda hidden=hidden, rotary=rotary: run_layers(model, hidden, rotary), device))
     return best_seconds(runs, device)
 
 
@@ -119,11 +129,17 @@ def probe_model(config: PretrainedConfig, quant: DraftQuant, dtype: torch.dtype,
     return model
 
 
-def run_layers(model: nn.Module, tokens: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The decoder layers over `tokens` new tokens (causal, no cache)."""
+def layer_inputs(model: nn.Module, tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Random hidden states of `tokens` new tokens at positions from 0, and their rotary angles:
+    made once a width, outside what a graph captures."""
     hidden = torch.randn(1, tokens, model.config.hidden_size, dtype=dtype, device=device)
     positions = torch.arange(tokens, device=device)[None]
-    rotary = model.model.rotary_emb(hidden, positions)
+    return hidden, model.model.rotary_emb(hidden, positions)
+
+
+def run_layers(model: nn.Module, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The decoder layers over `hidden`'s tokens (causal, no cache)."""
     for layer in model.model.layers:
         hidden = layer(hidden, position_embeddings=rotary)
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
