@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from gpu_checks.pair_models import PAIRS, PairAliases, prompt_words, write_model
-from gpu_checks.pair_rows import BudgetRow, budget_row, pair_table, plan_line, row_line
+from gpu_checks.pair_rows import BudgetRow, budget_row, pair_table, passes_line, plan_line, row_line
 from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
@@ -87,6 +87,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     start = time.monotonic()
     target = write_model(aliases.target, sizes.target_layers, sizes.shrink, workdir / "target", device)
     draft = write_model(aliases.draft, sizes.draft_layers, sizes.shrink, workdir / "draft", device)
+    os.sync()  # on the disk before anything is timed: ~50 GB written back would share the host with the first reply
     say(f"written in {time.monotonic() - start:.0f} s")
     rows = []
     try:
@@ -94,6 +95,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
         for budget in sizes.budgets:
             rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir), sizes.warm_trees))
             say_row(aliases, rows[-1], device, workdir)
+            say(f"budget {budget}: {passes_line(rows[-1], sizes.warm_trees)}")
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
         return [judged(f"{aliases.target}: generate", False, str(failure))]
     finally:

@@ -13,7 +13,7 @@ import torch
 from gpu_checks import pair
 from gpu_checks.pair import card_placement, gemm_served
 from gpu_checks.pair_models import PAIRS
-from gpu_checks.pair_rows import BudgetRow, budget_row, plan_line, projected_s
+from gpu_checks.pair_rows import BudgetRow, budget_row, passes_line, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
 from helpers.scripts import load_script
 
@@ -48,6 +48,7 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     for exited in exits:
         assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
         assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
+        assert lines[exited + 3].startswith("budget 16: each tree's pass, s: 0.")
     placements = [line for line in lines if line.startswith("placement: ")]
     assert placements[0].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
     # the AWQ draft packed, with its whole head as it ran (the logits of 128256 words: 26 resident with the default
@@ -105,6 +106,8 @@ def test_a_row_leaves_out_the_trees_that_warm_up():
     assert budget_row(8, record).draft_s == pytest.approx(1.6)  # none left out: the first's 4 s counts
     with pytest.raises(ValueError, match="drafted 3 tree\\(s\\), none past the 3 warming up"):
         budget_row(8, record, warm_trees=3)
+    assert passes_line(made, 1) == "each tree's pass, s: 3.000 (warming up) | 0.800 0.800"
+    assert passes_line(made, 0) == "each tree's pass, s: 3.000 0.800 0.800"
 
 
 def test_the_placement_line_says_why_the_draft_is_in_its_form_where_auto_chose():
