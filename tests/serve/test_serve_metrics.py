@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import openai
 import pytest
-from helpers.serve_helpers import MODEL, client, make_app, serving, user
+from helpers.serve_helpers import MODEL, client, make_app, post_json, serving, user
 from prometheus_client.parser import text_string_to_metric_families
 
 from specchat.decoding.events import IterationEvent
@@ -100,3 +100,25 @@ def test_streamed_weight_bytes_add_up_from_the_events():
         figures = scrape(url)
     events = events_of(engine)
     assert figures[("specchat_weight_bytes_streamed_total", ())] == 3000 * len(events) > 0
+
+
+def test_a_warm_up_counts_its_prompt_and_its_streaming_but_no_token_iteration_or_first_token():
+    """llama.vim's `n_predict: 0` computes the prompt and a token nobody is sent: beside one real
+    request, the warm-up adds to prompt, prefill and streaming alone."""
+    engine = FakeEngine()
+    engine.transfer_bytes = 3000
+    app, _ = make_app([engine])
+    with serving(app) as url:
+        post_json(f"{url}/completion", {"prompt": "warm me", "n_predict": 0, "cache_prompt": True})
+        chat = client(url).chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=6)
+        figures = scrape(url)
+    warm_events, chat_events = (events_of(replace(engine, calls=[call])) for call in engine.calls)
+    assert len(warm_events) == 1 and engine.calls[0][1] == 1  # the warm-up's one pass and token
+    assert figures[("specchat_generation_tokens_total", ())] == chat.usage.completion_tokens == 6
+    assert figures[("specchat_iterations_total", ())] == len(chat_events)
+    assert figures[("specchat_draft_tokens_scored_total", ())] == sum(e.tree_size for e in chat_events)
+    assert figures[("specchat_time_to_first_token_seconds_count", ())] == 1
+    assert figures[("specchat_prompt_tokens_total", ())] == len(engine.calls[0][0]) + chat.usage.prompt_tokens
+    assert figures[("specchat_prefill_tokens_total", ())] == sum(e.prefill_tokens for e in warm_events + chat_events)
+    assert figures[("specchat_weight_bytes_streamed_total", ())] == 3000 * (len(chat_events) + 1)
+    assert figures[("specchat_queue_wait_seconds_count", ())] == 2

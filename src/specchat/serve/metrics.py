@@ -6,6 +6,11 @@ bytes streamed), with time to first token and queue waits as histograms.
 Tokens per iteration is generation_tokens / iterations; the share of the scored draft tokens
 accepted is draft_tokens_accepted / draft_tokens_scored; the prompt cache's reuse is
 1 - prefill_tokens / prompt_tokens.
+
+A warm-up (llama.cpp's `n_predict: 0`, which llama.vim sends every second or so) computes its
+prompt and one token it never sends: its prompt, prefill, weight streaming and queue wait are work
+done and count; its token, iteration and first token were decoded for nobody and do not (they
+lowered tokens per iteration and filled the first-token histogram with warm-ups' times).
 """
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info,
@@ -19,7 +24,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 OTHER_ROUTE = "other"  # a path no route names as is (a 404, a model's card): one label, however many are asked
 # From a 1-token reply on a GPU to a long one on two CPU cores.
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
-# (name, help, the IterationEvent field it sums)
+# (name, help, the IterationEvent field it sums; None: its tokens)
 EVENT_SUMS = (
     ("generation_tokens", "Tokens generated", None),
     ("draft_tokens_accepted", "Draft tokens the target accepted", "accepted"),
@@ -32,6 +37,7 @@ EVENT_SUMS = (
     ("weight_bytes_streamed", "Target weight bytes streamed to the device (offload)", "transfer_bytes"),
     ("weight_stall_seconds", "Seconds the target's compute waited for streamed weights", "stall_s"),
 )
+WARM_SUMS = frozenset({"prefill_tokens", "prefill_s", "transfer_bytes", "stall_s"})  # what a warm-up's event adds
 
 
 class ServeMetrics:
@@ -70,12 +76,14 @@ class ServeMetrics:
 
     def on_event(self, job: Job, event: IterationEvent) -> None:
         """From the decoding thread (prometheus_client's metrics take increments from any thread)."""
-        self.iterations.inc()
+        if not job.warm:
+            self.iterations.inc()
         for field, counter in self.sums.items():
-            counter.inc(len(event.token_ids) if field is None else getattr(event, field))
+            if not job.warm or field in WARM_SUMS:
+                counter.inc(len(event.token_ids) if field is None else getattr(event, field))
 
     def on_end(self, job: Job) -> None:
-        if job.first_token_s:
+        if job.first_token_s and not job.warm:
             self.first_token.observe(job.first_token_s - job.enqueued_s)
 
     def on_answer(self, path: str, status: int, seconds: float) -> None:
