@@ -144,3 +144,16 @@ def test_the_trees_bookkeeping_is_the_time_outside_the_drafts_steps(tiny_draft, 
     grown = grow_after_prompt(tiny_draft, TreeShape(budget=24, max_depth=4, batch=4), 0.6)
     assert len(offers) == grown.steps + 1  # the root's children, then one offer a step
     assert grown.host_s == pytest.approx(len(offers) * 1e-3)
+
+
+def test_a_draft_with_a_capacity_grows_no_further_than_its_slots(tiny_draft):
+    """An eager draft's cache holds what the memory plan counts (loader: the context and the
+    largest tree): growth runs more rows than it keeps, and stops where the slots end; the tree
+    still fills its budget from the children it has."""
+    shape = TreeShape(budget=64, max_depth=8, batch=8)
+    unbounded_cache, bounded_cache = new_cache(), new_cache()
+    unbounded = grow_after_prompt(tiny_draft, shape, 0.0, unbounded_cache)
+    bounded = grow_after_prompt(CausalLM(tiny_draft.model, capacity=len(PROMPT) + 20), shape, 0.0, bounded_cache)
+    assert sum(unbounded.widths) > 20 == sum(bounded.widths) == cache_length(bounded_cache) - len(PROMPT)
+    assert cache_length(unbounded_cache) - len(PROMPT) == sum(unbounded.widths)
+    assert bounded.tree.size == 64

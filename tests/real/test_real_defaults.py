@@ -175,6 +175,8 @@ def test_the_defaults_are_what_ships(app_models):
     assert draft.vocab is not None
     assert DEFAULT_DRAFT_VOCAB <= len(draft.vocab) < DEFAULT_DRAFT_VOCAB + 16  # and the stop tokens
     assert app_models.engine("specexec").live_settings().budget == AUTO
+    if app_models.device.type == "cpu":  # the draft's cache holds what the plan counts: the context and a largest tree
+        assert draft.capacity == app_models.context + app_models.memory.tree_tokens
     print(f"draft: {resolved}, {len(quantized)} int8 linears, {len(draft.vocab)}-token head; "
           f"placement: {app_models.placement}; {len(copied)} dense copies from "
           f"{sorted({m.dense.from_rows for m in copied})} rows")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from specchat.decoding.kvcache import cache_length
 from specchat.transfer import TransferStats
 
 
@@ -46,6 +47,10 @@ class CausalLM:
     # `head` [len(vocab) rows] scores; every other token gets probability 0.
     vocab: torch.Tensor | None = None
     head: nn.Module | None = None
+    # A draft's: the slots its cache may hold, the context and the largest tree the memory plan
+    # counts (growing a tree runs 1.15-3.5 rows a kept node: decoding/static_step.draft_slots);
+    # None: no bound, the cache grows
+    capacity: int | None = None
 
     def transfer_stats(self) -> TransferStats:
         """Cumulative bytes and seconds of weight streaming (zero for a model in memory)."""
@@ -84,9 +89,9 @@ class CausalLM:
         return out.last_hidden_state[0]
 
     def room(self, cache: DynamicCache) -> int | None:
-        """The most rows a step may still run on `cache`; None: no bound, the cache grows (a
-        static draft's reserved slots bound it: decoding/static_step.py)."""
-        return None
+        """The most rows a step may still run on `cache`: the slots left of `capacity`; None: no
+        bound, the cache grows (a static draft's reserved slots bound it: decoding/static_step.py)."""
+        return None if self.capacity is None else max(0, self.capacity - cache_length(cache))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
