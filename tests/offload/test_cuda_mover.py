@@ -1,6 +1,7 @@
 """The CUDA mover's ordering, checked on CPU with recording stand-ins for streams and events."""
 
 import contextlib
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -8,6 +9,7 @@ import torch
 from specchat.offload import cuda as cuda_module
 from specchat.offload.cuda import CudaMover
 from specchat.offload.streamer import Streamer
+from specchat.offload.transport import ThreadTransport
 from specchat.transfer import TransferStats
 
 
@@ -60,7 +62,8 @@ def make_mover(monkeypatch, slots: int) -> tuple[CudaMover, FakeCuda]:
 def test_the_loader_waits_for_compute_to_free_the_slot_then_copies_and_waits_for_the_copy(monkeypatch):
     mover, fake = make_mover(monkeypatch, slots=2)
     mover.wait_free(1)
-    mover.move(1, torch.arange(8, dtype=torch.uint8))
+    mover.issue(1, torch.arange(8, dtype=torch.uint8))
+    mover.settle(1)
     assert fake.log == [
         ("host waits", "free1"),  # apart from the copy, so the transport keeps it out of busy time
         ("enter", "copy"), ("record", "loaded1", "copy"), ("exit", "copy"),
@@ -82,7 +85,8 @@ def test_under_the_streamer_every_slot_is_freed_before_it_is_refilled(monkeypatc
     class InlineTransport:  # the loader thread's work, run inline so the log is ordered
         def begin(self, layer, slot, whole=False):
             mover.wait_free(slot)
-            mover.move(slot, torch.full((4,), layer, dtype=torch.uint8))
+            mover.issue(slot, torch.full((4,), layer, dtype=torch.uint8))
+            mover.settle(slot)
             return slot
 
         def finish(self, slot):
@@ -109,3 +113,37 @@ def test_under_the_streamer_every_slot_is_freed_before_it_is_refilled(monkeypatc
         elif entry[0] == "record" and entry[2] == "compute":
             frees[entry[1]] = frees.get(entry[1], 0) + 1
     assert max(copies.values()) >= 2  # slots were reused
+
+
+def test_compute_is_woken_once_a_load_is_issued_and_its_stream_waits_for_the_copy(monkeypatch):
+    """The host queues a layer's kernels while its bytes cross the link (the device waits on the
+    copy's event), rather than after the loader saw the copy done: the loader is still held in
+    `settle` when the compute thread has queued its wait, and the layer's bytes are counted."""
+    mover, fake = make_mover(monkeypatch, slots=1)
+    landing = threading.Event()
+
+    def held_settle(slot):
+        landing.wait(timeout=30)
+        fake.log.append(("host waits", f"loaded{slot}"))
+
+    monkeypatch.setattr(mover, "settle", held_settle)
+
+    class Store:
+        def read_run(self, layers, stagings):
+            return [torch.full((4,), layer, dtype=torch.uint8) for layer in layers]
+
+        def nbytes(self, layer):
+            return 4
+
+        def follows(self, previous, layer):
+            return False
+
+    transport = ThreadTransport(Store(), [None], mover)
+    try:
+        transport.finish(transport.begin(7, 0, whole=False))
+        assert fake.log[-1] == ("compute waits", "loaded0") and ("host waits", "loaded0") not in fake.log
+        assert transport.stats().bytes == 4
+    finally:
+        landing.set()
+        transport.close()
+    assert fake.log[-1] == ("host waits", "loaded0")  # the staging buffer is refilled only after the copy

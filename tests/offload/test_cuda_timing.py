@@ -244,8 +244,11 @@ def test_the_link_is_not_busy_while_the_loader_waits_for_compute_to_free_a_slot(
         def wait_free(self, slot):
             advance(10.0)  # compute still holds the slot
 
-        def move(self, slot, host):
+        def issue(self, slot, host):
             advance(1.0)  # the copy
+
+        def settle(self, slot):
+            pass
 
         def wait_loaded(self, slot):
             pass

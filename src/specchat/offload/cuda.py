@@ -25,13 +25,17 @@ class CudaMover:
         follows cannot overtake that compute."""
         self.free[slot].synchronize()
 
-    def move(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
+    def issue(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
         """Runs on the loader thread, once the slot is free (or held by compute, for the experts it
-        fetched): copy, then block this thread until the copy is done, so the host staging buffer
-        may be refilled. The time it blocks is the copy's alone."""
+        fetched): the copy on the copy stream, and the event compute waits on (copies on one
+        stream land in order: the last one's event covers them all)."""
         with torch.cuda.stream(self.copy_stream):
             self.slots[slot][offset: offset + host.numel()].copy_(host, non_blocking=True)
             self.loaded[slot].record(self.copy_stream)
+
+    def settle(self, slot: int) -> None:
+        """Block the loader thread until the copies into `slot` are done, so the host staging
+        buffer may be refilled. The time it blocks is the copies' alone."""
         self.loaded[slot].synchronize()
 
     def wait_loaded(self, slot: int) -> None:

@@ -43,13 +43,14 @@ class Transport(Protocol):
         queued loads; returns a ticket for `finish`."""
 
     def finish(self, ticket: Any) -> None:
-        """Make compute wait until the ticket's layer (or ranges) is usable in its slot."""
+        """Make compute wait until the ticket's layer (or ranges) is usable in its slot: work it
+        queues after this runs after they land."""
 
     def retire(self, slot: int) -> None:
         """Compute has been issued on `slot`'s contents; later loads may overwrite it after that."""
 
     def stats(self) -> TransferStats:
-        """Bytes of the loads completed so far and the link's busy seconds (moving bytes, not
+        """Bytes of the loads issued so far and the link's busy seconds (moving bytes, not
         waiting for compute to free a slot), the load in progress included (stall_s and idle_s
         are the streamer's)."""
 
