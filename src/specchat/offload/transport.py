@@ -9,9 +9,9 @@ CPU, an asynchronous copy on a dedicated stream on CUDA (offload/cuda.py).
 Compute waits for a load to be issued, not done: on CUDA its stream then waits on the copy's
 event, so the host goes on queueing the layer's kernels while the bytes cross the link and the
 device starts them the moment they land. Blocked until the copy was done, the host queued them
-only after it, and the device sat idle while the thread woke and launched them one by one: the
-paper's pair streamed a pass at budget 1024 at 1.39x its link time on an H200 (2026-11-30), where
-the same layers resident computed well within it.
+only after it, and the device waited while the thread woke and launched them (the paper's pair
+streamed a pass at budget 1024 at 1.39x its link time on an H200, 2026-11-30, where the same
+layers resident compute well within it; how much of that this wait was, a GPU run measures).
 
 The link is busy while it reads and copies, not while the loader waits for compute to be done
 with a slot: on CUDA that wait is the device computing earlier layers (on CPU there is none, as
