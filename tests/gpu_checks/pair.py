@@ -102,6 +102,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
         shutil.rmtree(target)
         shutil.rmtree(draft)
     say(gemm_served())
+    say(expansion_served())
     rows.sort(key=lambda row: row.budget)
     card = card_placement(aliases, ran_quant(rows[-1], device), workdir)
     say(pair_table(rows, card.pass_bytes))
@@ -116,6 +117,17 @@ def gemm_served() -> str:
              + ("never" if kept.value is None else f"{kept.value[0]}-{kept.value[1]} rows")
              for kept in kept_choices() if kept.choice == "int4 gemm rows"]
     return "int4_gemm served " + (", ".join(spans) or "nothing: no 4-bit draft linear on CUDA was probed")
+
+
+def expansion_served() -> str:
+    """From how many rows the 4-bit linears (the target's; a 4-bit draft's too) ran CUDA's
+    expansion rather than the fused kernel, as the replies' probes kept it ("int4 expansion
+    rows" a shape, measured at a shape's first product, while the first reply streamed)."""
+    spans = [f"{kept.key['in_features']}x{kept.key['out_features']} {kept.key['dtype'].removeprefix('torch.')}: "
+             + ("never" if kept.value is None or kept.value == float("inf") else f"from {kept.value} rows")
+             + (" (measured under load)" if kept.busy else "")
+             for kept in kept_choices() if kept.choice == "int4 expansion rows"]
+    return "int4 expansion served " + (", ".join(spans) or "nothing: no 4-bit linear on CUDA was probed")
 
 
 def ran_quant(row: BudgetRow, device: torch.device) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from gpu_checks import pair
-from gpu_checks.pair import card_placement, gemm_served
+from gpu_checks.pair import card_placement, expansion_served, gemm_served
 from gpu_checks.pair_models import PAIRS
 from gpu_checks.pair_rows import BudgetRow, budget_row, passes_line, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
@@ -57,6 +57,7 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     # the AWQ pair's four (draft, host, 1024, projection) and the GPTQ pair's three
     assert sum("dry run: no verdict" in line for line in lines) == 7
     assert lines.count("int4_gemm served nothing: no 4-bit draft linear on CUDA was probed") == 2  # a CPU's drafts
+    assert lines.count("int4 expansion served nothing: no 4-bit linear on CUDA was probed") == 2
     assert "Traceback" not in done.stderr
 
 
@@ -167,3 +168,12 @@ def test_the_check_says_at_which_widths_int4_gemm_served_as_the_probes_kept_them
         write_kept(measured("int4 gemm rows", key, torch.device("cpu"), lambda span=span: span))
     write_kept(measured("int4 expand rows", {"device": "cpu"}, torch.device("cpu"), lambda: 64))  # not int4_gemm's
     assert gemm_served() == "int4_gemm served 4096x1024 bfloat16: never, 4096x14336 bfloat16: 16-256 rows"
+
+
+def test_the_check_says_from_how_many_rows_the_expansion_served(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    for (in_features, out_features), rows in (((8192, 28672), 256), ((8192, 1024), float("inf"))):
+        key = {"device": "cpu", "in_features": in_features, "out_features": out_features, "dtype": "torch.bfloat16"}
+        write_kept(measured("int4 expansion rows", key, torch.device("cpu"), lambda rows=rows: rows))
+    assert expansion_served() == ("int4 expansion served 8192x1024 bfloat16: never, "
+                                  "8192x28672 bfloat16: from 256 rows")
