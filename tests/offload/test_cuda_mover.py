@@ -4,6 +4,8 @@ import contextlib
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 import torch
 
 from specchat.offload import cuda as cuda_module
@@ -115,6 +117,19 @@ def test_under_the_streamer_every_slot_is_freed_before_it_is_refilled(monkeypatc
     assert max(copies.values()) >= 2  # slots were reused
 
 
+class OneStore:
+    """Layers of 4 bytes, each its own read."""
+
+    def read_run(self, layers, stagings):
+        return [torch.full((4,), layer, dtype=torch.uint8) for layer in layers]
+
+    def nbytes(self, layer):
+        return 4
+
+    def follows(self, previous, layer):
+        return False
+
+
 def test_compute_is_woken_once_a_load_is_issued_and_its_stream_waits_for_the_copy(monkeypatch):
     """The host queues a layer's kernels while its bytes cross the link (the device waits on the
     copy's event), rather than after the loader saw the copy done: the loader is still held in
@@ -128,17 +143,7 @@ def test_compute_is_woken_once_a_load_is_issued_and_its_stream_waits_for_the_cop
 
     monkeypatch.setattr(mover, "settle", held_settle)
 
-    class Store:
-        def read_run(self, layers, stagings):
-            return [torch.full((4,), layer, dtype=torch.uint8) for layer in layers]
-
-        def nbytes(self, layer):
-            return 4
-
-        def follows(self, previous, layer):
-            return False
-
-    transport = ThreadTransport(Store(), [None], mover)
+    transport = ThreadTransport(OneStore(), [None], mover)
     try:
         transport.finish(transport.begin(7, 0, whole=False))
         assert fake.log[-1] == ("compute waits", "loaded0") and ("host waits", "loaded0") not in fake.log
@@ -147,3 +152,20 @@ def test_compute_is_woken_once_a_load_is_issued_and_its_stream_waits_for_the_cop
         landing.set()
         transport.close()
     assert fake.log[-1] == ("host waits", "loaded0")  # the staging buffer is refilled only after the copy
+
+
+def test_a_copy_that_fails_after_compute_was_woken_is_raised_at_the_next_wait(monkeypatch):
+    mover, fake = make_mover(monkeypatch, slots=2)
+
+    def failing_settle(slot):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(mover, "settle", failing_settle)
+    transport = ThreadTransport(OneStore(), [None, None], mover)
+    try:
+        transport.begin(0, 0, whole=False)  # its compute may be woken before its copy fails
+        second = transport.begin(1, 1, whole=False)  # issued once the first load has failed
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            transport.finish(second)
+    finally:
+        transport.close()

@@ -41,7 +41,7 @@ class Mover(Protocol):
     """Host bytes -> device slot, and the ordering between loads and compute."""
 
     def wait_free(self, slot: int) -> None:
-        """Block the loader thread until compute is done with slot `slot` (before `move`)."""
+        """Block the loader thread until compute is done with slot `slot` (before `issue`)."""
 
     def issue(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
         """Start copying `host` into slot `slot` from byte `offset` on (called on the loader
@@ -55,7 +55,7 @@ class Mover(Protocol):
         """Make compute wait for the copies issued into `slot` (after they were issued)."""
 
     def mark_free(self, slot: int) -> None:
-        """Compute on `slot` has been issued; a later move must not overtake it."""
+        """Compute on `slot` has been issued; a later copy must not overtake it."""
 
 
 class HostMover:
@@ -87,7 +87,6 @@ class HostMover:
 class _Job:
     layer: int
     slot: int
-    done: Future  # the bytes have landed
     issued: Future  # every copy is on its way: compute may queue its work behind them
     ranges: list[tuple[int, int]] | None = None  # byte ranges of the layer; None: all of it
     urgent: bool = False  # asked for by compute, into the slot it holds
@@ -124,16 +123,17 @@ class ThreadTransport:
         self.busy_s = 0.0
         self.busy_since: float | None = None
         self.requests = 0  # reads issued (a coalesced run is one)
+        self.failure: BaseException | None = None  # a load's, raised in the computing thread
         self.thread = threading.Thread(target=self.run, name="specchat-loader", daemon=True)
         self.thread.start()
 
     def begin(self, layer: int, slot: int, whole: bool) -> _Job:
         ranges = [(0, self.heads[layer])] if layer in self.heads and not whole else None
-        return self.queue(_Job(layer, slot, Future(), Future(), ranges))
+        return self.queue(_Job(layer, slot, Future(), ranges))
 
     def fetch(self, layer: int, slot: int, ranges: list[tuple[int, int]]) -> _Job:
         """Load byte ranges of `layer` into `slot`, which compute holds, before any queued load."""
-        return self.queue(_Job(layer, slot, Future(), Future(), ranges, urgent=True))
+        return self.queue(_Job(layer, slot, Future(), ranges, urgent=True))
 
     def queue(self, job: _Job) -> _Job:
         with self.wake:
@@ -151,7 +151,7 @@ class ThreadTransport:
                     self.wake.wait()
                 if self.closed:
                     for job in self.jobs:  # nobody waits for them any more
-                        job.done.cancel()
+                        job.issued.cancel()
                     return
                 batch = self.take_run()
                 self.busy_since = self.clock()
@@ -184,13 +184,13 @@ class ThreadTransport:
             self.busy_s += self.clock() - self.busy_since
             self.busy_since = None
             self.requests += 1
-        for job in batch:
-            if error is None:
-                job.done.set_result(None)
-                continue
-            job.done.set_exception(error)
-            if not job.issued.done():
-                job.issued.set_exception(error)
+        if error is None:
+            return
+        waiting = [job for job in batch if not job.issued.done()]
+        for job in waiting:
+            job.issued.set_exception(error)
+        if not waiting:  # it failed after every copy was issued (waiting for one to land): the next wait raises it
+            self.failure = error
 
     def load_layers(self, batch: list[_Job]) -> None:
         hosts = self.store.read_run([job.layer for job in batch], [self.staging[job.slot] for job in batch])
@@ -235,6 +235,8 @@ class ThreadTransport:
         """Compute waits for the ticket's copies: the host until they are issued (re-raising a
         failed read in the computing thread), the device until they land."""
         ticket.issued.result()
+        if self.failure is not None:
+            raise self.failure
         self.mover.wait_loaded(ticket.slot)
 
     def retire(self, slot: int) -> None:
