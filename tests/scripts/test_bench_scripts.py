@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_script
 from helpers.tiny import tiny_qwen_config
+
+from specchat.decoding.tree import TreeShape
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 KEPT = '{"kept": true}\n'
@@ -134,3 +137,24 @@ def test_the_bookkeeping_bench_grows_full_trees_and_times_their_host_work():
 def test_the_bookkeeping_bench_refuses_an_empty_tree(monkeypatch, capsys):
     code, stderr = run_script("bench_tree_bookkeeping.py", ["--budget", "0"], monkeypatch, capsys)
     assert code == 2 and "--budget, --depth and --trees are at least 1" in stderr
+
+
+def test_the_tree_widths_bench_counts_a_trees_steps_and_rows(tiny_target, tiny_draft):
+    """On the tiny pair: a ranked tree runs max_depth steps and fills its budget; a real one of the
+    same budget, as its draft predicts, runs fewer rows; the tree steps' rows are counted, the
+    catch-up's not (steps of the expansion batch's width at most)."""
+    widths = load_script("bench_tree_widths")
+    stop_ids = []
+    ranked = widths.tree_widths(tiny_target, tiny_draft, stop_ids, TreeShape(32, 6, batch=8, ranked_tree=True),
+                                [[3, 1, 4]], 4)
+    real = widths.tree_widths(tiny_target, tiny_draft, stop_ids, TreeShape(32, 6, batch=8), [[3, 1, 4], [2, 7]], 8)
+    assert ranked.trees >= 1 and ranked.steps == 6 * ranked.trees  # a catch-up, then 5 steps to depth 6
+    assert 5 * ranked.trees < ranked.rows <= 8 * 5 * ranked.trees
+    assert real.trees >= 2 and 0 < real.rows <= 8 * (real.steps - real.trees)
+    cells = real.row("real").strip("| ").split(" | ")
+    assert cells[:2] == ["real", str(real.trees)] and float(cells[5]) == round(real.rows / (real.steps - real.trees))
+
+
+def test_the_tree_widths_bench_refuses_an_empty_budget(monkeypatch, capsys):
+    code, stderr = run_script("bench_tree_widths.py", ["--budgets", "256,0"], monkeypatch, capsys)
+    assert code == 2 and "every budget are at least 1" in stderr
