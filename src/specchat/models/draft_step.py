@@ -59,8 +59,9 @@ def step_cost(draft: str, quant: DraftQuant, dtype: torch.dtype, device: torch.d
     cost on `device`, as kept for this machine or measured now; None for a form not measured here."""
     if timed_form(read_config(draft), quant)[1].kind not in MEASURED_KINDS:
         return None
+    # "replayed": an eager figure kept before CUDA's steps were timed replayed is not reused
     key = {"draft": draft, "quant": quant.kind, "dense_above": quant.dense_above, "dtype": str(dtype), "wide": wide,
-           "replayed": device.type == "cuda"}  # an eager figure kept before CUDA's steps were timed replayed is not reused
+           "replayed": device.type == "cuda"}
     one_s, wide_s = remembered(CHOICE, key, device, lambda: measure_kept(key, device))
     return StepCost(one_s, wide_s, wide)
 
