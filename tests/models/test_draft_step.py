@@ -7,13 +7,12 @@ from helpers.tiny import tiny_qwen_config
 from torch import nn
 
 from specchat.doctor.choices import choice_lines
-from specchat.machine_choices import kept_choices
+from specchat.machine_choices import Kept, kept_choices, machine_facts, write_kept
 from specchat.models import draft_step
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_approx import DraftApprox
 from specchat.models.configs import read_config
 from specchat.models.draft_attention import DraftAttention
-from specchat.machine_choices import Kept, machine_facts, write_kept
 from specchat.models.draft_step import (PROBE_LAYERS, StepCost, layer_inputs, measure_step, probe_model, run_layers,
                                        step_cost, timed_form)
 from specchat.quant.int4 import Int4Linear

@@ -5,7 +5,6 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-
 import torch
 
 from specchat.offload import cuda as cuda_module
