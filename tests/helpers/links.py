@@ -1,4 +1,5 @@
-"""A transfer link of a given speed that moves nothing (the streamer's and expert units' stand-in)."""
+"""A transfer link of a given speed that moves nothing (the streamer's and expert units' stand-in), and a
+storage whose reads return at once (the transport's)."""
 
 from specchat.transfer import TransferStats
 
@@ -25,3 +26,19 @@ class VirtualLink:
 
     def stats(self):
         return TransferStats()
+
+
+class InstantStore:
+    """A storage whose reads return at once: a layer's bytes are its staging buffer as it is."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.size = nbytes
+
+    def read_run(self, layers, stagings):
+        return stagings
+
+    def follows(self, previous, layer):
+        return False
+
+    def nbytes(self, layer):
+        return self.size

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.links import InstantStore
 
 from specchat.offload import cuda as cuda_module
 from specchat.offload.cuda import CudaMover
@@ -116,19 +117,6 @@ def test_under_the_streamer_every_slot_is_freed_before_it_is_refilled(monkeypatc
     assert max(copies.values()) >= 2  # slots were reused
 
 
-class OneStore:
-    """Layers of 4 bytes, each its own read."""
-
-    def read_run(self, layers, stagings):
-        return [torch.full((4,), layer, dtype=torch.uint8) for layer in layers]
-
-    def nbytes(self, layer):
-        return 4
-
-    def follows(self, previous, layer):
-        return False
-
-
 def test_compute_is_woken_once_a_load_is_issued_and_its_stream_waits_for_the_copy(monkeypatch):
     """The host queues a layer's kernels while its bytes cross the link (the device waits on the
     copy's event), rather than after the loader saw the copy done: the loader is still held in
@@ -142,7 +130,7 @@ def test_compute_is_woken_once_a_load_is_issued_and_its_stream_waits_for_the_cop
 
     monkeypatch.setattr(mover, "settle", held_settle)
 
-    transport = ThreadTransport(OneStore(), [None], mover)
+    transport = ThreadTransport(InstantStore(4), [torch.full((4,), 7, dtype=torch.uint8)], mover)
     try:
         transport.finish(transport.begin(7, 0, whole=False))
         assert fake.log[-1] == ("compute waits", "loaded0") and ("host waits", "loaded0") not in fake.log
@@ -160,7 +148,7 @@ def test_a_copy_that_fails_after_compute_was_woken_is_raised_at_the_next_wait(mo
         raise RuntimeError("CUDA error: an illegal memory access")
 
     monkeypatch.setattr(mover, "settle", failing_settle)
-    transport = ThreadTransport(OneStore(), [None, None], mover)
+    transport = ThreadTransport(InstantStore(4), [torch.zeros(4, dtype=torch.uint8)] * 2, mover)
     try:
         transport.begin(0, 0, whole=False)  # its compute may be woken before its copy fails
         second = transport.begin(1, 1, whole=False)  # issued once the first load has failed

@@ -4,11 +4,11 @@ import threading
 
 import pytest
 import torch
-from helpers.links import VirtualLink
+from helpers.links import InstantStore, VirtualLink
 
 from specchat.offload.streamer import Streamer
-from specchat.transfer import TransferStats
 from specchat.offload.transport import HostMover, ThreadTransport
+from specchat.transfer import TransferStats
 
 
 class RecordingTransport:
@@ -113,22 +113,6 @@ def test_copy_and_compute_overlap_in_virtual_time(copy_s, compute_s):
 
 
 HANG_S = 30  # bound on a wait that only guards against a hang
-
-
-class InstantStore:
-    """A storage whose reads return at once."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.size = nbytes
-
-    def read_run(self, layers, stagings):
-        return stagings
-
-    def follows(self, previous, layer):
-        return False
-
-    def nbytes(self, layer):
-        return self.size
 
 
 class MeetingStore(InstantStore):
