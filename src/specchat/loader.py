@@ -78,8 +78,8 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
             if device.type == "cuda":  # a launch-bound step: captured in CUDA graphs per width bucket
                 models.draft = static_draft(models.draft, draft_slots(models.context, models.max_budget()),
                                             capture=True, lookup=host_lookup(models.draft.model))
-            else:  # its cache grows no further than the plan counts: the context and the largest tree with its root
-                models.draft.capacity = models.context + models.max_budget() + 1
+            else:  # its cache grows no further than the plan counts
+                models.draft.capacity = draft_slots(models.context, models.max_budget(), pads=0)
         models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:

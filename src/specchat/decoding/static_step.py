@@ -43,16 +43,17 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # widths a step is padded to;
 LEAST_SPAN = 512  # the fewest slots a static step attends over: below it the attention costs nothing to speak of
 
 
-def draft_slots(context: int, budget: int) -> int:
-    """The slots a static draft's cache reserves: the context, a tree of `budget` nodes and a
-    widest bucket's pads; the memory plan counts the first two. Growing a tree may run more rows
+def draft_slots(context: int, budget: int, pads: int = BUCKETS[-1]) -> int:
+    """The slots a draft's cache may hold: the context, a tree of `budget` nodes with its root and,
+    stepping at static shapes, a widest bucket's `pads` (an eager draft's rows have none); the
+    memory plan counts the first two. Growing a tree may run more rows
     than it keeps: every node a step expands holds a slot until the tree is pruned, those its
     growth later drops too (the embedded 0.5B draft ran 1.15-3.5 rows a kept node, MT-Bench first
     turns at budgets 256-2048, greedy and t=0.6, 2026-11-30; a ranked tree, gpu_check --pair, ~5.5).
     Growth ends where the reserved slots do (StaticDraft.room) rather than grow the buffers, which
     would drop every captured graph: a short conversation leaves the tree the context's unused
-    slots, one near the context's end cuts its late expansions."""
-    return context + budget + BUCKETS[-1]
+    slots, one near the context's end cuts its late expansions (CausalLM.room, on a CPU too)."""
+    return context + budget + 1 + pads
 
 
 @dataclass

@@ -212,9 +212,10 @@ class ThreadTransport:
     def issued(self, job: _Job) -> None:
         """The job's copies are on their way: the counters take its bytes, then the waiting compute
         is woken, so that it reads statistics that include what it waited for."""
+        nbytes = self.job_bytes(job)
         with self.wake:
-            self.moved_bytes += self.job_bytes(job)
-            self.fetched_bytes += self.job_bytes(job) if job.urgent else 0
+            self.moved_bytes += nbytes
+            self.fetched_bytes += nbytes if job.urgent else 0
         job.issued.set_result(None)
 
     def job_bytes(self, job: _Job) -> int:
