@@ -7,11 +7,13 @@ pair is removed before the next one is written, so that a 64 GB disk holds it. `
 layers and widths and runs the same code on the CPU (the suite runs it), with no verdicts."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
 from specchat.doctor.plan import doctor_options, doctor_plan
-from specchat.machine_choices import kept_choices
+from specchat.machine_choices import Choice, kept_choices
 from specchat.offload.placement import Placement
 from specchat.plan.machine import Machine
 
@@ -113,9 +115,7 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
 def gemm_served() -> str:
     """The widths at which the draft's 4-bit linears ran int4_gemm's kernel, as the replies' probes
     kept them (widths.gemm_span: "int4 gemm rows" a shape), so that a run says whether it did."""
-    spans = [f"{kept.key['in_features']}x{kept.key['out_features']} {kept.key['dtype'].removeprefix('torch.')}: "
-             + ("never" if kept.value is None else f"{kept.value[0]}-{kept.value[1]} rows")
-             for kept in kept_choices() if kept.choice == "int4 gemm rows"]
+    spans = by_shape("int4 gemm rows", lambda span: "never" if span is None else f"{span[0]}-{span[1]} rows")
     return "int4_gemm served " + (", ".join(spans) or "nothing: no 4-bit draft linear on CUDA was probed")
 
 
@@ -123,11 +123,16 @@ def expansion_served() -> str:
     """From how many rows the 4-bit linears (the target's; a 4-bit draft's too) ran CUDA's
     expansion rather than the fused kernel, as the replies' probes kept it ("int4 expansion
     rows" a shape, measured at a shape's first product, while the first reply streamed)."""
-    spans = [f"{kept.key['in_features']}x{kept.key['out_features']} {kept.key['dtype'].removeprefix('torch.')}: "
-             + ("never" if kept.value is None or kept.value == float("inf") else f"from {kept.value} rows")
-             + (" (measured under load)" if kept.busy else "")
-             for kept in kept_choices() if kept.choice == "int4 expansion rows"]
+    spans = by_shape("int4 expansion rows", lambda rows: "never" if rows in (None, math.inf) else f"from {rows} rows")
     return "int4 expansion served " + (", ".join(spans) or "nothing: no 4-bit linear on CUDA was probed")
+
+
+def by_shape(choice: str, words: Callable[[Choice], str]) -> list[str]:
+    """Each kept `choice` of a linear's shape, "IxO dtype: `words`(its value)", and whether it
+    was measured under load."""
+    return [f"{kept.key['in_features']}x{kept.key['out_features']} {kept.key['dtype'].removeprefix('torch.')}: "
+            f"{words(kept.value)}" + (" (measured under load)" if kept.busy else "")
+            for kept in kept_choices() if kept.choice == choice]
 
 
 def ran_quant(row: BudgetRow, device: torch.device) -> str:
