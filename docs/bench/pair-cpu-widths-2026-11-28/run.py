@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 import torch  # noqa: E402
 from gpu_checks.pair import PairSizes, check_pair  # noqa: E402
-from gpu_checks.pair_models import PAIRS  # noqa: E402
+from gpu_checks.pair_aliases import PAIRS  # noqa: E402
 
 from specchat.paths import cache_dir  # noqa: E402
 
