@@ -59,14 +59,16 @@ REAL_MODULES = pytest.StashKey[set[Path]]()  # the test files holding a real tes
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules with real tests first, so that xdist's workers spend the run's tail on the many
-    short tests; a stable sort keeps each module's tests together and in order. Such a module
-    reserves REAL_MODULE_RAM for its run (ram_turn).
+    """The modules with real tests first, then those marked slow, so that xdist's workers, which take
+    a module at a time in this order, spend the run's tail on the many short ones; a stable sort keeps
+    each module's tests together and in order. A real module reserves REAL_MODULE_RAM for its run
+    (ram_turn).
     pytest-timeout: the real tests get a longer limit than [tool.pytest.ini_options] timeout,
     unless they set their own."""
     real = {item.path for item in items if item.get_closest_marker("real")}
     config.stash[REAL_MODULES] = real
-    items.sort(key=lambda item: item.path not in real)
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in real, item.path not in slow))
     for item in items:
         if item.get_closest_marker("real") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))

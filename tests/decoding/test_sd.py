@@ -21,6 +21,8 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat.engine_options import DRAFTED_ENGINES, ENGINES
 from specchat.runtime import Models
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+
 
 def tokens_of(events) -> list[int]:
     return [t for e in events for t in e.token_ids]

@@ -15,6 +15,8 @@ from specchat.decoding.stems import StemLayout, draft_stems
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+
 
 def specinfer(target, draft):
     return lambda stop_ids, shape: TreeEngine(SPECINFER, target, draft, stop_ids, shape)

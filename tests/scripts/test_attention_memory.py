@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "attention_memory.py"
 
 

@@ -1,13 +1,12 @@
 """The benchmark scripts that write rows into a folder refuse one that already holds their rows,
 before loading anything: a rerun measures into a fresh folder and never replaces rows kept."""
 
-import os
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.scripts import load_script
 from helpers.tiny import tiny_qwen_config
 
@@ -22,14 +21,24 @@ def run_script(script: str, args: list[str], monkeypatch, capsys) -> tuple[int, 
     this process's, already loaded, where a new interpreter took ~8 s to load them here. Returns the
     exit status and stderr as the interpreter would give them: a `sys.exit(message)` prints the
     message and exits 1. As there, the script's folder leads sys.path (a script imports its siblings)."""
-    monkeypatch.setattr(sys, "argv", [str(SCRIPTS / script), *args])
-    monkeypatch.syspath_prepend(str(SCRIPTS))
     with pytest.raises(SystemExit) as stopped:
-        runpy.run_path(str(SCRIPTS / script), run_name="__main__")
+        run_main(script, args, monkeypatch)
     code, stderr = stopped.value.code, capsys.readouterr().err
     if isinstance(code, str):
         return 1, stderr + code + "\n"
     return code or 0, stderr
+
+
+def script_output(script: str, args: list[str], monkeypatch, capsys) -> list[str]:
+    """The lines a script that ends well prints, run in this process as run_script runs it."""
+    run_main(script, args, monkeypatch)
+    return capsys.readouterr().out.splitlines()
+
+
+def run_main(script: str, args: list[str], monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(SCRIPTS / script), *args])
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    runpy.run_path(str(SCRIPTS / script), run_name="__main__")
 
 
 # Each script also gets an argument it would fail on before loading any model, so that if its
@@ -58,21 +67,18 @@ def test_the_conversation_bench_refuses_an_unknown_mode_before_loading(tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_stacked_projections_bench_prints_a_row_per_width():
-    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_stacked_projections.py"), "--hidden", "64",
-                             "--intermediate", "128", "--kv", "16", "--layers", "2"],
-                            capture_output=True, text=True, timeout=120, check=True)
-    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "rows" not in line]
+def test_the_stacked_projections_bench_prints_a_row_per_width(monkeypatch, capsys):
+    lines = script_output("bench_stacked_projections.py", ["--hidden", "64", "--intermediate", "128", "--kv", "16",
+                                                           "--layers", "2"], monkeypatch, capsys)
+    rows = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and "rows" not in line]
     assert [int(row[0]) for row in rows] == [1, 4, 16, 64]
     assert all(float(cell) > 0 for row in rows for cell in row[1:])
 
 
-def test_the_draft_forms_bench_prints_each_forms_step_per_width(tmp_path):
+def test_the_draft_forms_bench_prints_each_forms_step_per_width(tmp_path, monkeypatch, capsys):
     tiny_qwen_config(hidden_size=64, intermediate_size=128, num_hidden_layers=6).save_pretrained(tmp_path)
-    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_draft_forms.py"), "--draft", str(tmp_path),
-                             "--widths", "1,4"], capture_output=True, text=True, timeout=120, check=True,
-                            env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
-    lines = result.stdout.splitlines()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's forms, on a CUDA host too
+    lines = script_output("bench_draft_forms.py", ["--draft", str(tmp_path), "--widths", "1,4"], monkeypatch, capsys)
     assert lines[1] == "| tokens a step | none ms | int8 ms | int4 ms | int8 / none | int4 / none |"
     rows = [line.strip("| ").split(" | ") for line in lines[3:]]
     assert [row[0] for row in rows] == ["1", "4"]
@@ -90,10 +96,9 @@ def test_the_forward_benches_refuse_bad_arguments_before_loading(monkeypatch, ca
     assert status == 2 and error in stderr and "Traceback" not in stderr
 
 
-def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops_and_writes_fewer_bytes():
-    result = subprocess.run([sys.executable, str(SCRIPTS / "count_draft_ops.py"), "--rows", "4", "--shrunk"],
-                            capture_output=True, text=True, timeout=120, check=True)
-    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()[2:]]
+def test_the_ops_count_says_a_cuda_drafts_layer_runs_fewer_ops_and_writes_fewer_bytes(monkeypatch, capsys):
+    lines = script_output("count_draft_ops.py", ["--rows", "4", "--shrunk"], monkeypatch, capsys)
+    rows = [line.strip("| ").split(" | ") for line in lines[2:]]
     (plain, plain_ops, plain_mb, _, plain_each), (prepared, prepared_ops, prepared_mb, _, prepared_each) = rows
     assert plain == "as transformers builds it" and prepared == "prepared for CUDA"
     # seven projections in three products; each norm's eight ops (two of them casts) in one
@@ -114,10 +119,9 @@ def test_the_ops_count_refuses_a_cache_a_step_does_not_fit(args, error, monkeypa
     assert code == 2 and error in stderr
 
 
-def test_the_attention_bench_times_both_paths_and_finds_their_outputs_alike():
-    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_attention.py"), "--shapes", "16:64,24:100",
-                             "--trials", "2"], capture_output=True, text=True, timeout=120, check=True)
-    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()[2:]]
+def test_the_attention_bench_times_both_paths_and_finds_their_outputs_alike(monkeypatch, capsys):
+    lines = script_output("bench_attention.py", ["--shapes", "16:64,24:100", "--trials", "2"], monkeypatch, capsys)
+    rows = [line.strip("| ").split(" | ") for line in lines[2:]]
     assert [cells[0] for cells in rows] == ["16 x 64", "24 x 100"]
     for _, copied, packed, ratio, apart in rows:
         assert float(copied) > 0 and float(packed) > 0 and ratio.endswith("x")
@@ -125,10 +129,10 @@ def test_the_attention_bench_times_both_paths_and_finds_their_outputs_alike():
         assert float(apart) <= 1.2e-4
 
 
-def test_the_bookkeeping_bench_grows_full_trees_and_times_their_host_work():
-    result = subprocess.run([sys.executable, str(SCRIPTS / "bench_tree_bookkeeping.py"), "--budget", "64", "--depth",
-                             "6", "--trees", "2"], capture_output=True, text=True, timeout=120, check=True)
-    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines()[2:]]
+def test_the_bookkeeping_bench_grows_full_trees_and_times_their_host_work(monkeypatch, capsys):
+    lines = script_output("bench_tree_bookkeeping.py", ["--budget", "64", "--depth", "6", "--trees", "2"], monkeypatch,
+                          capsys)
+    rows = [line.strip("| ").split(" | ") for line in lines[2:]]
     assert [cells[0] for cells in rows] == ["1", "2"]
     for _, steps, nodes, depth, host_ms in rows:
         assert (int(steps), int(nodes), int(depth)) == (5, 64, 6) and float(host_ms) > 0

@@ -19,6 +19,8 @@ from helpers.scripts import load_script
 
 from specchat.machine_choices import measured, write_kept
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 DRY_RUN_TIMEOUT_S = 300
 PLAN = {"resident_layers": 16, "ram_layers": 64, "disk_layers": 0, "pass_bytes": 29.09e9, "context": 4096,

@@ -15,9 +15,12 @@ from gpu_checks.scale_linears import VERDICT_ROWS, VERDICT_SHAPE, LinearRow, lin
 from gpu_checks.scale_models import alias_config, write_random_4bit
 from gpu_checks.scale_passes import PassRow, pass_verdict
 from gpu_checks.tree_passes import random_parents, random_tree
+from helpers.scripts import load_script
 from safetensors.torch import load_file
 
 from specchat.quant.gemm_blocks import blocks_for
+
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -118,26 +121,25 @@ def test_the_draft_verdict_reads_the_captured_step_up_to_256_tokens():
     assert draft_verdict(rows, dry_run=True).status == "SKIP"
 
 
-def test_parts_run_only_the_tables_they_name():
-    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "moe,linears"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+def dry_run_parts(parts: str, capsys) -> list[str]:
+    """The lines `gpu_check.py --scale --dry-run --parts PARTS` prints, run in this process (the
+    dry run whole goes through the shell script above)."""
+    assert load_script("gpu_check").main(["--scale", "--dry-run", "--parts", parts]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_parts_run_only_the_tables_they_name(capsys):
+    lines = dry_run_parts("moe,linears", capsys)
     said = [line for line in lines if line.startswith(("timing", "writing", "a mixtral"))]
     assert said[0] == "timing one linear of each shape ..." and said[1].startswith("a mixtral-8x7b-gptq shaped target")
     assert not any("draft" in line for line in said) and sum("dry run: no verdict" in line for line in lines) == 1
 
 
-def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width():
+def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width(capsys):
     """On the CPU its ops' CPU time (the draft is prepared for the run's device, the CPU): its
     products among them, and the step's time in all no less than the rows shown; then a target
     layer's pass, its memory peak not measured without CUDA's allocator."""
-    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--scale", "--dry-run", "--parts", "profile"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = dry_run_parts("profile", capsys)
     # the draft's steps at 1 and 64 tokens, then the target layer's pass over 64
     assert [line for line in lines if line.endswith("tree tokens:")] == ["1 tree tokens:", "64 tree tokens:",
                                                                           "64 tree tokens:"]

@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_int4_linear.py"
 
 
