@@ -4,10 +4,10 @@ scores -j), which fill the budget at max_depth whatever random weights predict; 
 many steps, and rows a step, a real tree of the same budget runs instead.
 
     python scripts/bench_tree_widths.py [--prompts 3] [--max-new-tokens 32] [--budgets 256,1024]
-        [--ranked-tokens 6] [--record docs/benchmarks.md]
+        [--batches 256,64] [--ranked-tokens 6] [--record docs/benchmarks.md]
 
-Per budget, greedy SpecExec (bf16, the expansion batch max(16, K/4), depth 24) over MT-Bench first
-turns, then ranked trees at the same budget over the first prompt. A row: trees, tokens a tree
+Per budget (and expansion batch: nodes a step expands, by default max(16, K/4)), greedy SpecExec
+(bf16, depth 24) over MT-Bench first turns, then ranked trees at the same shape over the first prompt. A row: trees, tokens a tree
 (gen rate), the draft's forwards a tree (its catch-up, whose row gives the root's children, and its
 steps: the pair check's "draft steps"), rows a tree's steps ran (each expanded node one), rows a step.
 """
@@ -15,7 +15,7 @@ steps: the pair check's "draft steps"), rows a tree's steps ran (each expanded n
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 
 import torch
@@ -86,13 +86,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--budgets", default="256,1024")
+    parser.add_argument("--batches", help="expansion batches to grow each budget's trees at (default: max(16, K/4))")
     parser.add_argument("--ranked-tokens", type=int, default=6, help="new tokens of the ranked trees' reply")
     parser.add_argument("--record", help="append the table to this markdown file")
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
-    if min(args.prompts, args.max_new_tokens, args.ranked_tokens, *budgets) < 1:
-        parser.error("--prompts, --max-new-tokens, --ranked-tokens and every budget are at least 1")
-    args.budgets = budgets
+    batches = [] if args.batches is None else [int(b) for b in args.batches.split(",")]
+    if min(args.prompts, args.max_new_tokens, args.ranked_tokens, *budgets, *batches) < 1:
+        parser.error("--prompts, --max-new-tokens, --ranked-tokens, every budget and batch are at least 1")
+    args.budgets, args.batches = budgets, batches or [None]
     return args
 
 
@@ -103,13 +105,14 @@ def main() -> None:
     pair = CausalLM(target.model), CausalLM(draft.model)
     prompts = [encode_prompt(target.tokenizer, p, raw=False) for p in mtbench_first_turns(args.prompts)]
     rows = []
-    for budget in args.budgets:
-        real = tree_widths(*pair, stop_ids, TreeShape(budget, MAX_DEPTH), prompts, args.max_new_tokens)
-        rows.append(real.row(f"real, budget {budget}"))
+    for budget, batch in [(budget, batch) for budget in args.budgets for batch in args.batches]:
+        shape = TreeShape(budget, MAX_DEPTH, batch=batch)
+        label = f"budget {budget}" + ("" if batch is None else f", batch {batch}")
+        real = tree_widths(*pair, stop_ids, shape, prompts, args.max_new_tokens)
+        rows.append(real.row(f"real, {label}"))
         print(rows[-1], file=sys.stderr, flush=True)
-        ranked = tree_widths(*pair, stop_ids, TreeShape(budget, MAX_DEPTH, ranked_tree=True), prompts[:1],
-                             args.ranked_tokens)
-        rows.append(ranked.row(f"ranked, budget {budget}"))
+        ranked = tree_widths(*pair, stop_ids, replace(shape, ranked_tree=True), prompts[:1], args.ranked_tokens)
+        rows.append(ranked.row(f"ranked, {label}"))
         print(rows[-1], file=sys.stderr, flush=True)
     text = table(rows)
     print(text)

@@ -159,6 +159,7 @@ def test_the_tree_widths_bench_counts_a_trees_steps_and_rows(tiny_target, tiny_d
     assert cells[:2] == ["real", str(real.trees)] and float(cells[5]) == round(real.rows / (real.steps - real.trees))
 
 
-def test_the_tree_widths_bench_refuses_an_empty_budget(monkeypatch, capsys):
-    code, stderr = run_script("bench_tree_widths.py", ["--budgets", "256,0"], monkeypatch, capsys)
-    assert code == 2 and "every budget are at least 1" in stderr
+@pytest.mark.parametrize("args", [["--budgets", "256,0"], ["--batches", "64,0"]])
+def test_the_tree_widths_bench_refuses_an_empty_budget_or_batch(args, monkeypatch, capsys):
+    code, stderr = run_script("bench_tree_widths.py", args, monkeypatch, capsys)
+    assert code == 2 and "every budget and batch are at least 1" in stderr
