@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers.trees import ROWS, make_tree, path_to, tree
 
-from specchat.decoding.tree import DraftTree, NodeStore, ancestor_mask, rank
+from specchat.decoding.tree import DraftTree, NodeStore, TreeShape, ancestor_mask, rank
 
 
 def test_children_are_keyed_by_token_per_parent(tree: DraftTree) -> None:
@@ -135,3 +135,9 @@ def test_a_steps_mask_is_what_walking_up_the_ancestors_sees(seed: int) -> None:
         assert torch.equal(store.run(nodes, committed, torch.device("cpu")), expected)
         assert store.slots[nodes].tolist() == list(range(cached, cached + nodes.numel()))
         frontier = nodes
+
+
+@pytest.mark.parametrize(("budget", "batch"), [(8, 16), (128, 16), (256, 32), (1024, 128), (2048, 256)])
+def test_a_fixed_budget_expands_an_eighth_of_it_a_step_and_16_nodes_at_least(budget: int, batch: int) -> None:
+    assert TreeShape(budget).expansion_batch == batch
+    assert TreeShape(budget, batch=5).expansion_batch == 5  # as asked

@@ -10,7 +10,7 @@ from gpu_checks.verdict import Verdict, judged, skipped
 from specchat.doctor.plan import PAPER_GEN_RATES
 
 STEP_MS = 10.0
-STEP_BUDGETS = 1024  # SpecExec expands a quarter of the budget a step: steps of up to 256 tokens
+STEP_BUDGETS = 2048  # SpecExec expands an eighth of the budget a step (tree.py): steps of up to 256 tokens
 HOST_SHARE = 0.05
 JUDGED_BUDGET = 1024
 ITERATION_OVER_STREAMING = 1.3
