@@ -6,10 +6,11 @@ many steps, and rows a step, a real tree of the same budget runs instead.
     python scripts/bench_tree_widths.py [--prompts 3] [--max-new-tokens 32] [--budgets 256,1024]
         [--batches 256,64] [--ranked-tokens 6] [--record docs/benchmarks.md]
 
-Per budget (and expansion batch: nodes a step expands, by default max(16, K/4)), greedy SpecExec
-(bf16, depth 24) over MT-Bench first turns, then ranked trees at the same shape over the first prompt. A row: trees, tokens a tree
-(gen rate), the draft's forwards a tree (its catch-up, whose row gives the root's children, and its
-steps: the pair check's "draft steps"), rows a tree's steps ran (each expanded node one), rows a step.
+Per budget (and expansion batch: nodes a step expands, by default a fixed budget's max(16, K/8)),
+greedy SpecExec (bf16, depth 24) over MT-Bench first turns, then ranked trees at the same shape over
+the first prompt. A row: trees, tokens a tree (gen rate), the draft's forwards a tree (its catch-up,
+whose row gives the root's children, and its steps: the pair check's "draft steps"), rows a tree's
+steps ran (each expanded node one), rows a step.
 """
 
 import argparse
@@ -86,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--budgets", default="256,1024")
-    parser.add_argument("--batches", help="expansion batches to grow each budget's trees at (default: max(16, K/4))")
+    parser.add_argument("--batches", help="expansion batches to grow each budget's trees at (default: max(16, K/8))")
     parser.add_argument("--ranked-tokens", type=int, default=6, help="new tokens of the ranked trees' reply")
     parser.add_argument("--record", help="append the table to this markdown file")
     args = parser.parse_args(argv)

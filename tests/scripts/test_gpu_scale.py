@@ -121,25 +121,26 @@ def test_the_draft_verdict_reads_the_captured_step_up_to_256_tokens():
     assert draft_verdict(rows, dry_run=True).status == "SKIP"
 
 
-def dry_run_parts(parts: str, capsys) -> list[str]:
-    """The lines `gpu_check.py --scale --dry-run --parts PARTS` prints, run in this process (the
-    dry run whole goes through the shell script above)."""
+def dry_run_parts(parts: str, monkeypatch, capsys) -> list[str]:
+    """The lines `gpu_check.py --scale --dry-run --parts PARTS` prints on the CPU (on a CUDA host too),
+    run in this process (the dry run whole goes through the shell script above)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert load_script("gpu_check").main(["--scale", "--dry-run", "--parts", parts]) == 0
     return capsys.readouterr().out.splitlines()
 
 
-def test_parts_run_only_the_tables_they_name(capsys):
-    lines = dry_run_parts("moe,linears", capsys)
+def test_parts_run_only_the_tables_they_name(monkeypatch, capsys):
+    lines = dry_run_parts("moe,linears", monkeypatch, capsys)
     said = [line for line in lines if line.startswith(("timing", "writing", "a mixtral"))]
     assert said[0] == "timing one linear of each shape ..." and said[1].startswith("a mixtral-8x7b-gptq shaped target")
     assert not any("draft" in line for line in said) and sum("dry run: no verdict" in line for line in lines) == 1
 
 
-def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width(capsys):
+def test_the_profile_names_the_ops_of_a_prepared_drafts_step_per_width(monkeypatch, capsys):
     """On the CPU its ops' CPU time (the draft is prepared for the run's device, the CPU): its
     products among them, and the step's time in all no less than the rows shown; then a target
     layer's pass, its memory peak not measured without CUDA's allocator."""
-    lines = dry_run_parts("profile", capsys)
+    lines = dry_run_parts("profile", monkeypatch, capsys)
     # the draft's steps at 1 and 64 tokens, then the target layer's pass over 64
     assert [line for line in lines if line.endswith("tree tokens:")] == ["1 tree tokens:", "64 tree tokens:",
                                                                           "64 tree tokens:"]
