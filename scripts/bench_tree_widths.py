@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--budgets", default="256,1024")
-    parser.add_argument("--batches", help="expansion batches to grow each budget's trees at (default: max(16, K/8))")
+    parser.add_argument("--batches",
+                        help="expansion batches to grow each budget's trees at (default: a fixed budget's, tree.py)")
     parser.add_argument("--ranked-tokens", type=int, default=6, help="new tokens of the ranked trees' reply")
     parser.add_argument("--record", help="append the table to this markdown file")
     args = parser.parse_args(argv)

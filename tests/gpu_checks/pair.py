@@ -25,7 +25,7 @@ from gpu_checks.pair_verdicts import pair_verdicts
 from gpu_checks.verdict import Verdict, exit_code, judged, table
 
 from specchat.doctor.plan import doctor_options, doctor_plan
-from specchat.machine_choices import Choice, kept_choices
+from specchat.machine_choices import kept_choices
 from specchat.offload.placement import Placement
 from specchat.plan.machine import Machine
 
@@ -128,7 +128,7 @@ def expansion_served() -> str:
     return "int4 expansion served " + (", ".join(spans) or "nothing: no 4-bit linear on CUDA was probed")
 
 
-def by_shape(choice: str, words: Callable[[Choice], str]) -> list[str]:
+def by_shape(choice: str, words: Callable[[object], str]) -> list[str]:
     """Each kept `choice` of a linear's shape, "IxO dtype: `words`(its value)", and whether it
     was measured under load."""
     return [f"{kept.key['in_features']}x{kept.key['out_features']} {kept.key['dtype'].removeprefix('torch.')}: "

@@ -144,6 +144,9 @@ def test_the_verdicts_hold_up_to_their_bounds():
     assert statuses([row(draft_s=2.0)])[3] == "FAIL"  # 20 / 3.23 s = 6.2 tokens/s
     assert statuses([row(draft_s=0.2)], "llama-2-70b-gptq") == ["PASS", "PASS", "PASS"]  # no projection verdict
     assert statuses([row(budget=512)]) == ["SKIP"] * 4  # budget 1024 not run
+    # the step's bound covers budgets whose steps expand at most 256 nodes (K/8): 2048's, not 4096's
+    assert statuses([row(draft_s=0.2), row(budget=2048)])[0] == "FAIL"
+    assert statuses([row(draft_s=0.2), row(budget=4096)])[0] == "PASS"
 
 
 def test_the_card_is_planned_with_the_draft_in_the_form_that_ran(tmp_path):
