@@ -19,7 +19,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
-from specchat.quant.int4 import use_fused_only
+from specchat.quant.int4 import int4_fits, use_fused_only
 from specchat.quant.int4_rtn import round_linears
 from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.quant.stacked import stack_projections
@@ -172,13 +172,15 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
     model = Qwen2ForCausalLM(tiny_qwen_config(vocab_size=50, hidden_size=64, intermediate_size=128)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # peaked, as helpers.tiny's: drafts are accepted
+    # k and v have 32 outputs: a whole CPU tile under AVX2 (4-bit), half of one under AVX-512 (dense)
+    kv_packed = int4_fits(64, 32, 64, torch.device("cpu"))
     for layer in model.model.layers:
-        round_linears(layer, torch.float32, torch.device("cpu"))
-        if for_cuda:  # gate and up; q is 4-bit but k and v (32 outputs: half a CPU tile) stay dense
-            assert stack_projections(layer, packed=True) == 1 and fuse_norms(layer) == 2
-            assert replace_attention(layer) == 0  # its q/k/v apart: transformers' attention
+        assert round_linears(layer, torch.float32, torch.device("cpu")) == (7 if kv_packed else 5)
+        if for_cuda:  # gate and up stacked, and q/k/v where k and v are 4-bit
+            assert stack_projections(layer, packed=True) == 1 + kv_packed and fuse_norms(layer) == 2
+            assert replace_attention(layer) == kv_packed  # stacked q/k/v: the draft's attention; else transformers'
             assert bound_attention(layer) == 1  # 4 query heads on 2 KV heads, packed
-    assert use_fused_only(model) == (4 if for_cuda else 5) * len(model.model.layers)
+    assert use_fused_only(model) == (4 if for_cuda else 5 + 2 * kv_packed) * len(model.model.layers)
     draft = CausalLM(model)
     outcomes = grown(tiny_target, (draft, static_draft(draft, CAPACITY, capture=False)), sampling)
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
