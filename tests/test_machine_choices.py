@@ -48,6 +48,13 @@ def test_another_thread_count_is_another_machine(monkeypatch):
     assert remembered("rows", {}, CPU, lambda: 16) == 16
 
 
+def test_a_cpu_of_other_vector_instructions_is_another_machine(monkeypatch):
+    """Two VMs may both call their CPU "AMD EPYC": one with AVX2, one with avx512_bf16."""
+    assert remembered("rows", {}, CPU, lambda: 4) == 4
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert remembered("rows", {}, CPU, lambda: 16) == 16
+
+
 def test_a_damaged_file_is_measured_over(tmp_path):
     remembered("rows", {}, CPU, lambda: 4)
     [kept] = [path for path in tmp_path.iterdir() if path.name.startswith("choice-")]

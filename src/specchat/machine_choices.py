@@ -40,15 +40,16 @@ Measured = TypeVar("Measured")
 
 
 def machine_facts(device: torch.device) -> dict:
-    """What makes one machine's measurements another's: the CPU, its cores and the threads torch
-    runs, the GPU, the torch build."""
+    """What makes one machine's measurements another's: the CPU, its vector instructions (a VM's
+    "AMD EPYC" names both an AVX2 and an avx512_bf16 CPU, whose kernels rank differently), its
+    cores and the threads torch runs, the GPU, the torch build."""
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")]
         cpu = names[0] if names else cpu
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
+    return {"cpu": cpu, "vectors": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__}
 
 
