@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from specchat.decoding.autosize import Costs
 from specchat.probe_cache import PROBE_FORMAT, probe_path, probed_costs, read_costs
 
 CPU = torch.device("cpu")
+CPUINFO = Path("/proc/cpuinfo")
 
 
 @pytest.fixture(autouse=True)
@@ -53,6 +55,16 @@ def test_a_cpu_of_other_vector_instructions_is_another_machine(monkeypatch):
     assert remembered("rows", {}, CPU, lambda: 4) == 4
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert remembered("rows", {}, CPU, lambda: 16) == 16
+
+
+@pytest.mark.skipif(not CPUINFO.exists(), reason="reads Linux's /proc/cpuinfo")
+def test_the_cpus_kernel_flags_are_among_its_facts():
+    """torch says AVX512 for an AVX-512 CPU with bf16 instructions and for one without; the flags
+    tell them apart."""
+    flags = next(line.split(":", 1)[1].split() for line in CPUINFO.read_text().splitlines() if line.startswith("flags"))
+    vectors = machine_facts(CPU)["vectors"]
+    assert vectors[0] == torch.backends.cpu.get_cpu_capability()
+    assert set(vectors[1:]) == {flag for flag in machine_choices.KERNEL_FLAGS if flag in flags}
 
 
 def test_a_damaged_file_is_measured_over(tmp_path):

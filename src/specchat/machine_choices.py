@@ -39,18 +39,24 @@ TASKS = Path("/proc/self/task")  # Linux: each thread's schedstat, "cpu_ns wait_
 Measured = TypeVar("Measured")
 
 
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
 def machine_facts(device: torch.device) -> dict:
     """What makes one machine's measurements another's: the CPU, its vector instructions (a VM's
     "AMD EPYC" names both an AVX2 and an avx512_bf16 CPU, whose kernels rank differently), its
     cores and the threads torch runs, the GPU, the torch build."""
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), []
     if Path("/proc/cpuinfo").exists():
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
         cpu = names[0] if names else cpu
+        present = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+        flags = [flag for flag in KERNEL_FLAGS if flag in present]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"cpu": cpu, "vectors": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__}
+    vectors = [torch.backends.cpu.get_cpu_capability(), *flags]
+    return {"cpu": cpu, "vectors": vectors, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "gpu": gpu, "torch": torch.__version__}
 
 
 def keyed_path(stem: str, key: dict) -> Path:
