@@ -3,18 +3,17 @@
 import hashlib
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from specchat import machine_choices
-from specchat.machine_choices import TASKS, keyed_path, kept_choices, load_during, machine_facts, remembered
+from specchat.machine_choices import (TASKS, cpu_identity, keyed_path, kept_choices, load_during, machine_facts,
+                                      remembered)
 from specchat.decoding.autosize import Costs
 from specchat.probe_cache import PROBE_FORMAT, probe_path, probed_costs, read_costs
 
 CPU = torch.device("cpu")
-CPUINFO = Path("/proc/cpuinfo")
 
 
 @pytest.fixture(autouse=True)
@@ -57,14 +56,13 @@ def test_a_cpu_of_other_vector_instructions_is_another_machine(monkeypatch):
     assert remembered("rows", {}, CPU, lambda: 16) == 16
 
 
-@pytest.mark.skipif(not CPUINFO.exists(), reason="reads Linux's /proc/cpuinfo")
-def test_the_cpus_kernel_flags_are_among_its_facts():
+def test_the_cpus_kernel_flags_are_read_from_cpuinfo(tmp_path):
     """torch says AVX512 for an AVX-512 CPU with bf16 instructions and for one without; the flags
     tell them apart."""
-    flags = next(line.split(":", 1)[1].split() for line in CPUINFO.read_text().splitlines() if line.startswith("flags"))
-    vectors = machine_facts(CPU)["vectors"]
-    assert vectors[0] == torch.backends.cpu.get_cpu_capability()
-    assert set(vectors[1:]) == {flag for flag in machine_choices.KERNEL_FLAGS if flag in flags}
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni sha_ni\n")
+    assert cpu_identity(cpuinfo) == ("AMD EPYC", ("avx2", "avx512f", "avx512_vnni", "avx512_bf16"))
+    assert machine_facts(CPU)["vectors"][1:] == list(cpu_identity()[1])
 
 
 def test_a_damaged_file_is_measured_over(tmp_path):

@@ -39,20 +39,28 @@ TASKS = Path("/proc/self/task")  # Linux: each thread's schedstat, "cpu_ns wait_
 Measured = TypeVar("Measured")
 
 
+CPUINFO = Path("/proc/cpuinfo")
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+@cache
+def cpu_identity(cpuinfo: Path = CPUINFO) -> tuple[str, tuple[str, ...]]:
+    """The CPU's model name and which of KERNEL_FLAGS it has (Linux's cpuinfo; elsewhere the
+    platform's name and none), read once a process: every kept choice's key holds them."""
+    if not cpuinfo.exists():
+        return platform.processor() or platform.machine(), ()
+    lines = cpuinfo.read_text().splitlines()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    present = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return (names[0] if names else platform.machine()), tuple(flag for flag in KERNEL_FLAGS if flag in present)
 
 
 def machine_facts(device: torch.device) -> dict:
     """What makes one machine's measurements another's: the CPU, its vector instructions (a VM's
-    "AMD EPYC" names both an AVX2 and an avx512_bf16 CPU, whose kernels rank differently), its
-    cores and the threads torch runs, the GPU, the torch build."""
-    cpu, flags = platform.processor() or platform.machine(), []
-    if Path("/proc/cpuinfo").exists():
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-        present = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-        flags = [flag for flag in KERNEL_FLAGS if flag in present]
+    "AMD EPYC" names both an AVX2 and an avx512_bf16 CPU, whose kernels rank differently; torch
+    says AVX512 for both kinds of AVX-512 CPU, the flags tell them apart), its cores and the
+    threads torch runs, the GPU, the torch build."""
+    cpu, flags = cpu_identity()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     vectors = [torch.backends.cpu.get_cpu_capability(), *flags]
     return {"cpu": cpu, "vectors": vectors, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
