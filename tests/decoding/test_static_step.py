@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT, run
 from helpers.tiny import perturbed, tiny_qwen_config
+from torch import nn
 from transformers import Qwen2ForCausalLM
 
 from specchat.bounded_attention import bound_attention
@@ -19,8 +20,8 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_attention import replace_attention
 from specchat.models.fused_norms import fuse_norms
-from specchat.quant.int4 import int4_fits, use_fused_only
-from specchat.quant.int4_rtn import round_linears
+from specchat.quant.int4 import use_fused_only
+from specchat.quant.int4_rtn import group_for, round_linears
 from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.quant.stacked import stack_projections
 
@@ -173,7 +174,7 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # peaked, as helpers.tiny's: drafts are accepted
     # k and v have 32 outputs: a whole CPU tile under AVX2 (4-bit), half of one under AVX-512 (dense)
-    kv_packed = int4_fits(64, 32, 64, torch.device("cpu"))
+    kv_packed = group_for(nn.Linear(64, 32), torch.device("cpu")) is not None
     for layer in model.model.layers:
         assert round_linears(layer, torch.float32, torch.device("cpu")) == (7 if kv_packed else 5)
         if for_cuda:  # gate and up stacked, and q/k/v where k and v are 4-bit

@@ -17,7 +17,8 @@ from gpu_checks.pair_rows import BudgetRow, budget_row, passes_line, plan_line, 
 from gpu_checks.pair_verdicts import pair_verdicts
 from helpers.scripts import load_script
 
-from specchat.machine_choices import Kept, machine_facts, write_kept
+from specchat import machine_choices
+from specchat.machine_choices import measured, write_kept
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
 
@@ -166,25 +167,28 @@ def test_the_card_is_planned_with_the_draft_in_the_form_that_ran(tmp_path):
     assert (expanded.resident, round(expanded.pass_bytes / 1e9, 2)) == (0, 36.37)
 
 
-def kept_alone(choice: str, key: dict, value) -> Kept:
-    """A choice kept as measured with the cores to itself: a measurement here would read this
-    machine's load, and the check's line then says "(measured under load)" when the other worker ran."""
-    return Kept(choice, key, value, 0.0, "cpu", machine_facts(torch.device("cpu")))
+@pytest.fixture
+def measured_alone(monkeypatch) -> None:
+    """Choices measured as with the cores to themselves: the load reading would add "(measured under
+    load)" to the check's line whenever the other worker ran."""
+    monkeypatch.setattr(machine_choices, "load_during", lambda measure: (measure(), 0.0))
 
 
+@pytest.mark.usefixtures("measured_alone")
 def test_the_check_says_at_which_widths_int4_gemm_served_as_the_probes_kept_them(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     for (in_features, out_features), span in (((4096, 14336), [16, 256]), ((4096, 1024), None)):
         key = {"device": "cpu", "in_features": in_features, "out_features": out_features, "dtype": "torch.bfloat16"}
-        write_kept(kept_alone("int4 gemm rows", key, span))
-    write_kept(kept_alone("int4 expand rows", {"device": "cpu"}, 64))  # not int4_gemm's
+        write_kept(measured("int4 gemm rows", key, torch.device("cpu"), lambda span=span: span))
+    write_kept(measured("int4 expand rows", {"device": "cpu"}, torch.device("cpu"), lambda: 64))  # not int4_gemm's
     assert gemm_served() == "int4_gemm served 4096x1024 bfloat16: never, 4096x14336 bfloat16: 16-256 rows"
 
 
+@pytest.mark.usefixtures("measured_alone")
 def test_the_check_says_from_how_many_rows_the_expansion_served(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     for (in_features, out_features), rows in (((8192, 28672), 256), ((8192, 1024), float("inf"))):
         key = {"device": "cpu", "in_features": in_features, "out_features": out_features, "dtype": "torch.bfloat16"}
-        write_kept(kept_alone("int4 expansion rows", key, rows))
+        write_kept(measured("int4 expansion rows", key, torch.device("cpu"), lambda rows=rows: rows))
     assert expansion_served() == ("int4 expansion served 8192x1024 bfloat16: never, "
                                   "8192x28672 bfloat16: from 256 rows")
