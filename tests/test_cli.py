@@ -5,6 +5,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,19 @@ def test_models_lists_aliases(monkeypatch, capsys):
     for alias in ("llama-2-70b-gptq", "llama-2-7b", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "mistral-7b"):
         assert alias in out
     assert "TheBloke/Llama-2-70B-Chat-GPTQ" in out
+    assert out.splitlines()[0].split() == ["ALIAS", "SOURCE", "ROLE", "LOCAL", "WHERE"]
+
+
+@pytest.mark.parametrize("args", [["--version"], []], ids=["version", "bare"])
+def test_version_and_a_bare_command_answer_at_once(monkeypatch, capsys, args):
+    """--version names specchat's version and its libraries' as installed; `specchat` alone shows the help."""
+    code, out, _ = run_cli(monkeypatch, capsys, *args)
+    assert code == 0
+    if args:
+        assert out.strip() == (f"specchat {version('specchat')} (torch {version('torch')}, "
+                               f"transformers {version('transformers')})")
+    else:
+        assert out.startswith("Usage: specchat") and "--version" in out and "generate" in out
 
 
 @pytest.mark.real
@@ -303,7 +317,7 @@ EXIT_REPORT = ("import sys\nfrom specchat.cli import main\nsys.argv = ['specchat
                "    print('loaded', 'torch' in sys.modules, 'transformers' in sys.modules, end.code, file=sys.stderr)")
 
 
-@pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["generate", "--help"], 0), (["models"], 0),
+@pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["--version"], 0), (["generate", "--help"], 0), (["models"], 0),
                                             (["generate", "hi", "--engine", "magic"], 2),
                                             (["serve", "--budget", "0"], 2), (["run", "--dtype", "half"], 2)])
 def test_help_models_and_a_mistyped_value_answer_before_torch_loads(args, code):

@@ -10,11 +10,12 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
-from specchat.engine_options import ENGINES, EngineOptions, list_models
+from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
+from specchat.version import version_line
 
 # torch, transformers and the engines load inside the commands that run models (~4 s here), so
 # --help, `models` and a mistyped option answer at once.
@@ -22,11 +23,24 @@ from specchat.simulate.app import simulate_app
 BENCH_ENGINES = [name for name in ENGINES if name != "dsi"]  # bench's default: dsi's budget is a lookahead
 
 app = typer.Typer(
-    help="Chat with large language models on consumer hardware, fast, by speculative execution.",
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def print_version(value: bool) -> None:
+    """--version's callback: the line, then exit before any command runs."""
+    if value:
+        print(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
+                                      help="Print specchat's version and its libraries' (torch, transformers), "
+                                      "then exit.")) -> None:
+    """Chat with large language models on consumer hardware, fast, by speculative execution."""
 
 
 @app.command()
@@ -141,11 +155,7 @@ def serve(
 @app.command()
 def models() -> None:
     """List model aliases and what is available locally."""
-    rows = list_models()
-    width = max(len(r.alias) for r in rows)
-    for r in rows:
-        mark = "yes" if r.available else "no"
-        print(f"{r.alias:<{width}}  {r.source:<42}  {r.role:<28}  local: {mark:<3}  {r.where}")
+    print("\n".join(table_lines(list_models())))
 
 
 @app.command()
@@ -225,8 +235,9 @@ app.add_typer(simulate_app, name="simulate")
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     command = typer.main.get_command(app)
+    args = sys.argv[1:] or ["--help"]  # a bare `specchat` shows what it can do, as ollama's does
     try:
-        code = command.main(args=sys.argv[1:], prog_name="specchat", standalone_mode=False)
+        code = command.main(args=args, prog_name="specchat", standalone_mode=False)
     except SpecchatError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

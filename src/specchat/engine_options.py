@@ -10,7 +10,7 @@ from specchat.decoding.events import AUTO, SamplingParams  # for the CLI (torch-
 from specchat.errors import SpecchatError
 from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
                              DEFAULT_OFFLOAD, DEPTH, DTYPE_NAMES, LOOKAHEAD, OFFLOAD_TIERS, check_memory_budgets)
-from specchat.models.listing import list_models  # for the CLI: `specchat models` without torch
+from specchat.models.listing import list_models, table_lines  # for the CLI: `specchat models` without torch
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")

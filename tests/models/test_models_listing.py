@@ -7,7 +7,7 @@ import pytest
 from huggingface_hub import constants as hub_constants
 
 from specchat.models.embedded import EMBEDDED, converted_path, gguf_path
-from specchat.models.listing import ModelRow, list_models
+from specchat.models.listing import HEADER, ModelRow, list_models, table_lines
 from specchat.models.marker import MARKER
 from specchat.models.parts import numbered_parts
 from specchat.models.registry import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET
@@ -94,3 +94,17 @@ def test_embedded_assembled_then_converted(empty_caches: Path) -> None:
     (converted_path(model) / MARKER).write_text("{}")
     row = rows()[DEFAULT_TARGET]
     assert row.available and row.where == f"converted: {converted_path(model)}"
+
+
+def test_the_table_lines_every_column_up_under_its_header() -> None:
+    """Each column starts where its header does, however long a hub id or a role runs."""
+    listed = [ModelRow("a", "embedded", "target", True, "converted: /x"),
+              ModelRow("a-much-longer-alias", "someone/a-52-character-hub-id-of-the-longest-kind-xx", "draft for a",
+                       False, "not downloaded")]
+    header, *lines = table_lines(listed)
+    starts = [header.index(name) for name in HEADER]
+    assert starts == sorted(starts) and starts[0] == 0
+    for line, row in zip(lines, listed):
+        cells = (row.alias, row.source, row.role, "yes" if row.available else "no", row.where)
+        assert [line.index(cell, start) for cell, start in zip(cells, starts)] == starts
+    assert starts[2] - starts[1] == len(listed[1].source) + 2  # as wide as its widest cell, two spaces apart

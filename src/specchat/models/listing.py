@@ -54,3 +54,15 @@ def hub_status(repo_id: str) -> tuple[bool, str]:
     if not any(snapshot.glob("*.safetensors")):
         return False, f"incomplete (no weights): {snapshot}"
     return True, f"HF cache: {snapshot}"
+
+
+HEADER = ("ALIAS", "SOURCE", "ROLE", "LOCAL", "WHERE")
+
+
+def table_lines(rows: list[ModelRow]) -> list[str]:
+    """`specchat models`' table: a header, then a row per alias, each column as wide as its widest
+    cell (hub ids run from 8 to 52 characters) and the last one left ragged."""
+    cells = [HEADER, *((r.alias, r.source, r.role, "yes" if r.available else "no", r.where) for r in rows)]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(HEADER) - 1)]
+    return ["  ".join([*(cell.ljust(width) for cell, width in zip(line, widths)), line[-1]]).rstrip()
+            for line in cells]
