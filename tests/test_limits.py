@@ -7,7 +7,7 @@ import pytest
 from specchat.doctor.command import check_numbers
 from specchat.engine_options import EngineOptions
 from specchat.errors import ContextOverflow, SpecchatError
-from specchat.limits import check_memory_budgets, reply_limit
+from specchat.limits import TEMPERATURE, TOP_P, Bounds, check_memory_budgets, reply_limit
 from specchat.plan.machine import Machine
 from specchat.runtime import validate
 
@@ -58,5 +58,12 @@ def test_a_run_and_doctor_refuse_a_context_out_of_range_with_the_same_line():
     """The --context range is checked with the other options, before anything loads or plans."""
     for check in (lambda: validate(EngineOptions(context=10)),
                   lambda: check_numbers(Machine(), None, None, 10)):
-        with pytest.raises(SpecchatError, match=r"^--context must be between 64 and"):
+        with pytest.raises(SpecchatError, match=r"^--context must be between 64 and 1048576 \(got 10\)$"):
             check()
+
+
+def test_bounds_are_written_as_typed():
+    """Integers whole, floats shortest: no 1.04858e+06 for a count of tokens."""
+    assert Bounds(64, 2**20).describe() == "between 64 and 1048576"
+    assert TEMPERATURE.describe() == "between 0 and 5" and TOP_P.describe() == "in (0, 1]"
+    assert Bounds(0.0, 1e6, low_open=True).describe() == "in (0, 1e+06]"

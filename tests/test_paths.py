@@ -1,8 +1,12 @@
 """Where specchat keeps its files: the cache, and the machine's measurements apart from it."""
 
+import os
 from pathlib import Path
 
-from specchat.paths import cache_dir, probe_dir
+import pytest
+
+from specchat.errors import SpecchatError
+from specchat.paths import cache_dir, make_output_dir, probe_dir
 
 
 def test_measurements_live_in_the_cache_unless_placed_apart(monkeypatch, tmp_path):
@@ -15,3 +19,26 @@ def test_measurements_live_in_the_cache_unless_placed_apart(monkeypatch, tmp_pat
 
 def test_the_suite_keeps_its_measurements_out_of_the_user_cache():
     assert not probe_dir().is_relative_to(cache_dir())
+
+
+def test_an_output_directory_is_made_with_its_parents(tmp_path):
+    make_output_dir("--out", tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir()
+    make_output_dir("--out", tmp_path / "a" / "b")  # again: already there
+
+
+@pytest.mark.parametrize(("name", "words"), [("afile", "--out {} is a file, not a directory"),
+                                             ("afile/sub", "--out {}: cannot create it: Not a directory")])
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path, name, words):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SpecchatError) as refused:
+        make_output_dir("--out", tmp_path / name)
+    assert str(refused.value) == words.format(tmp_path / name)
+
+
+def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """As a user without write access finds /usr (root may write anywhere, so the check is stood in for)."""
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(SpecchatError) as refused:
+        make_output_dir("--out", tmp_path)
+    assert str(refused.value) == f"--out {tmp_path}: cannot write there"

@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from specchat.errors import ContextOverflow, SpecchatError
 
 
+def written(bound: float) -> str:
+    """A bound as a user types it: an integer whole (--context's 1048576, not :g's 1.04858e+06), a
+    float shortest."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The range [low, high], or (low, high] when `low_open`."""
@@ -19,9 +25,8 @@ class Bounds:
         return above and value <= self.high
 
     def describe(self) -> str:
-        if self.low_open:
-            return f"in ({self.low:g}, {self.high:g}]"
-        return f"between {self.low:g} and {self.high:g}"
+        low, high = written(self.low), written(self.high)
+        return f"in ({low}, {high}]" if self.low_open else f"between {low} and {high}"
 
     def problem(self, name: str, value: float) -> str | None:
         """Why `value` is not acceptable for `name`, in one line; None when it is."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
+from specchat.errors import SpecchatError
+
 
 def cache_dir() -> Path:
     """Root of the model cache (assembled GGUF files and converted safetensors)."""
@@ -23,3 +25,16 @@ def probe_dir() -> Path:
     """Measurements of this machine: --budget auto's costs, doctor's link speeds."""
     override = os.environ.get("SPECCHAT_PROBE_DIR")
     return Path(override) if override else cache_dir() / "probes"
+
+
+def make_output_dir(flag: str, directory: Path) -> None:
+    """Make `directory`, which `flag` names for writing, before anything slow runs: one line where it
+    is a file, cannot be made or cannot be written (a bench would find out after loading its models)."""
+    if directory.exists() and not directory.is_dir():
+        raise SpecchatError(f"{flag} {directory} is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SpecchatError(f"{flag} {directory}: cannot create it: {error.strerror}") from error
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SpecchatError(f"{flag} {directory}: cannot write there")

@@ -160,7 +160,7 @@ def test_doctor_plans_under_a_ram_budget(monkeypatch, capsys, tmp_path, without_
         (("--probe-gb", "1e9"), "needs"),  # more than the free disk space
         (("--ram-budget", "0"), "--ram-budget must be in (0, 1e+06] (got 0.0)"),
         (("--offload-dir", "{tmp}/afile"), "is a file, not a directory"),
-        (("--offload-dir", "{tmp}/afile/sub"), "cannot create the offload directory"),
+        (("--offload-dir", "{tmp}/afile/sub"), "afile/sub: cannot create it: Not a directory"),
     ],
 )
 def test_doctor_bad_arguments(monkeypatch, capsys, tmp_path, args, fragment):

@@ -170,6 +170,14 @@ def test_bad_ranges_and_counts_are_one_line_exit_2(monkeypatch, capsys, tmp_path
     assert_one_line_error(code, err, fragment)
 
 
+@pytest.mark.parametrize(("name", "fragment"), [("afile", "is a file, not a directory"),
+                                                ("afile/sub", "cannot create it: Not a directory")])
+def test_an_out_that_cannot_be_a_directory_is_one_line_exit_2(monkeypatch, capsys, tmp_path, name, fragment):
+    (tmp_path / "afile").write_text("x")
+    code, _, err = run_cli(monkeypatch, capsys, "simulate", "dsi", "--out", str(tmp_path / name))
+    assert_one_line_error(code, err, fragment)
+
+
 def sd_row(budget: int, temperature: float, iterations: int, new_tokens: int, draft_s: float,
            target_s: float) -> dict:
     return {"engine": "sd", "budget": budget, "temperature": temperature, "max_depth": 24, "iterations": iterations,

@@ -16,6 +16,7 @@ from specchat.errors import SpecchatError
 from specchat.limits import BUDGET, LOOKAHEAD
 from specchat.models.loading import resolve
 from specchat.loader import load_models, options_for
+from specchat.paths import make_output_dir
 from specchat.runtime import encode_prompt, validate
 
 Item = TypeVar("Item")
@@ -39,7 +40,7 @@ def parse_budget_item(text: str) -> int | str:
 
 def check_bench(setup: Setup, engines: list[str], budgets: list[int | str], n_prompts: int, compare_hf: bool,
                 out_dir: Path) -> None:
-    """What can be checked before loading anything; one clear line on failure."""
+    """What can be checked before loading anything, and --out made; one clear line on failure."""
     check_engines(engines)
     sizes = [budget for budget in budgets if budget != AUTO]
     for budget in sizes:
@@ -50,8 +51,7 @@ def check_bench(setup: Setup, engines: list[str], budgets: list[int | str], n_pr
     check_dataset(setup.dataset)
     if n_prompts < 1:
         raise SpecchatError(f"--n-prompts must be >= 1 (got {n_prompts})")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SpecchatError(f"--out {out_dir} is a file, not a directory")
+    make_output_dir("--out", out_dir)
     options = engine_options(setup)
     for engine in engines:
         validate(options_for(options, engine))

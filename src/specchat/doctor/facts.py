@@ -13,6 +13,7 @@ from specchat.cuda_device import cuda_usable, unused_gpu
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
+from specchat.paths import make_output_dir
 from specchat.transfer import gb
 
 
@@ -46,7 +47,7 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
     if not (probe_gb > 0 and math.isfinite(probe_gb)):
         raise SpecchatError(f"--probe-gb must be a positive number of GB (got {probe_gb})")
     directory = offload_dir.expanduser()
-    prepare_dir(directory)
+    make_output_dir("--offload-dir", directory)
     probe_bytes = align_up(int(probe_gb * 1e9))
     disk_free = shutil.disk_usage(directory).free
     if probe_bytes > disk_free:
@@ -70,15 +71,6 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
         direct=direct,
         probe_bytes=probe_bytes,
     )
-
-
-def prepare_dir(directory: Path) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise SpecchatError(f"--offload-dir {directory} is a file, not a directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SpecchatError(f"cannot create the offload directory {directory}: {error.strerror}") from error
 
 
 def cpu_model() -> str:

@@ -20,6 +20,7 @@ import numpy as np
 
 from specchat.bench.results import read_rows
 from specchat.errors import SpecchatError
+from specchat.paths import make_output_dir
 from specchat.simulate.dsi import Grid, Latencies, acceptance_from_gen_rate
 
 GRID_FILE = "dsi_grid.csv"
@@ -115,15 +116,13 @@ def simulate_point(grid: Grid, point: MeasuredPoint) -> Latencies:
 def run_dsi(grid: Grid, from_bench: Path | None, out_dir: Path) -> tuple[str, list[Path]]:
     """Simulate the grid (and the measured points), write the tables and heatmaps into `out_dir`;
     returns the markdown summary and the files written."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SpecchatError(f"--out {out_dir} is a file, not a directory")
+    make_output_dir("--out", out_dir)
     points = measured_points(from_bench) if from_bench is not None else []
     latencies = grid.latencies()
     measured = [(point, simulate_point(grid, point)) for point in points]
     from specchat.simulate.heatmaps import write_heatmaps  # matplotlib takes ~0.4 s to import: only here
 
     summary = render_summary(grid, latencies, measured)
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SUMMARY_FILE).write_text(summary + "\n", encoding="utf-8")
     marks = [(point.label, point.drafter_latency, point.acceptance) for point in points]
     paths = [write_grid_csv(grid, latencies, out_dir / GRID_FILE), out_dir / SUMMARY_FILE,
