@@ -25,7 +25,8 @@ def test_generate_json_contract(monkeypatch, capsys, tiny_dirs):
     )
     assert code == 0
     record = json.loads(out)
-    assert set(record) == {"text", "token_ids", "iterations", "summary", "plan"}
+    assert set(record) == {"text", "token_ids", "iterations", "summary", "plan", "interrupted"}
+    assert record["interrupted"] is False
     # the tiny target's 2 layers all on the device (no offload); the draft as stored or int8 (CPU auto)
     plan = record["plan"]
     assert {key: plan[key] for key in ("resident_layers", "ram_layers", "disk_layers", "pass_bytes")} == \

@@ -71,6 +71,33 @@ def test_a_character_cut_by_the_limit_is_printed_as_the_json_text_holds_it(capsy
     assert streamed == record["text"] + "\n"
 
 
+@dataclass
+class InterruptedEngine(ScriptedEngine):
+    """Emits its chunks, then the user presses Ctrl+C while the next iteration runs."""
+
+    def generate(self, prompt_ids, max_new_tokens, sampling):
+        yield from super().generate(prompt_ids, max_new_tokens, sampling)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["streamed", "json"])
+def test_ctrl_c_keeps_the_text_so_far_and_its_figures_then_exits_130(monkeypatch, capsys, as_json):
+    """Nothing generated is lost to Ctrl+C: the stream ends its line and says it was interrupted,
+    --json prints the record of what was generated (interrupted: true); the exit code is 130."""
+    tokenizer = CharTokenizer()
+    chunks = [tokenizer.encode("hel", add_special_tokens=False), tokenizer.encode("lo", add_special_tokens=False)]
+    models = SimpleNamespace(tokenizer=tokenizer, context=4096, memory=None, close=lambda: None,
+                             engine=lambda name, settings: InterruptedEngine(chunks))
+    monkeypatch.setattr("specchat.loader.load_models", lambda options: models)
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "hi", *(["--json"] if as_json else []))
+    assert code == 130
+    if as_json:
+        record = json.loads(out)
+        assert (record["text"], record["interrupted"], record["summary"]["new_tokens"]) == ("hello", True, 5)
+    else:
+        assert out == "hello\n" and err.startswith("[interrupted: 5 tokens, 2 iterations")
+
+
 def test_a_reply_keeps_to_the_lark_grammar_in_a_file(monkeypatch, capsys, tmp_path, tiny_dirs):  # noqa: F811
     """The tiny random target would write anything; under `--grammar` its only reply is the one
     the grammar allows, at temperature 0.9 (the grammar masks the target before sampling)."""

@@ -21,15 +21,26 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
     text = TextStream(models.tokenizer)
     events = []
     start = perf_counter()
-    for event in engine.generate(prompt_ids, room, sampling):
-        events.append(event)
-        if event.notice:
-            print(f"notice: {event.notice}", file=sys.stderr)
-        delta = text.push(event.token_ids)
-        if not as_json:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
-    summary = summarize(events, perf_counter() - start)
+    try:
+        for event in engine.generate(prompt_ids, room, sampling):
+            events.append(event)
+            if event.notice:
+                print(f"notice: {event.notice}", file=sys.stderr)
+            delta = text.push(event.token_ids)
+            if not as_json:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl+C keeps what was generated: the text so far (with --json, its record) and the figures,
+        # then exits 130 as the interrupt would have
+        report(models, text, events, perf_counter() - start, as_json, interrupted=True)
+        raise
+    report(models, text, events, perf_counter() - start, as_json, interrupted=False)
+
+
+def report(models: Models, text: TextStream, events: list, wall_s: float, as_json: bool, interrupted: bool) -> None:
+    """The reply's end: the JSON record, or the text's last bytes and the figures on stderr."""
+    summary = summarize(events, wall_s)
     if as_json:
         record = {
             "text": text.text,
@@ -37,13 +48,14 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
             "iterations": [event_record(e) for e in events],
             "summary": {**vars(summary), "transfer_gbps": summary.transfer_gbps},
             "plan": plan_record(models),
+            "interrupted": interrupted,
         }
         print(json.dumps(record))
     else:
         sys.stdout.write(text.finish() + "\n")
         print(
-            f"[{summary.new_tokens} tokens, {summary.iterations} iterations, gen rate {summary.gen_rate:.2f}, "
-            f"{summary.tokens_per_s:.2f} tok/s{streaming_note(summary)}]",
+            f"[{'interrupted: ' if interrupted else ''}{summary.new_tokens} tokens, {summary.iterations} iterations, "
+            f"gen rate {summary.gen_rate:.2f}, {summary.tokens_per_s:.2f} tok/s{streaming_note(summary)}]",
             file=sys.stderr,
         )
 
