@@ -3,7 +3,9 @@ slash commands, history across restarts, the live panels (dsi's too), engine not
 loading screen."""
 
 import asyncio
+import html
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +42,11 @@ def store_path(tmp_path):
 
 def make_app(store_path, engines=None, **backend_options) -> SpecchatApp:
     return SpecchatApp(FakeBackend(engines, **backend_options), ConversationStore(store_path))
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as text (the screenshot's SVG without its markup)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", app.export_screenshot())).replace("\xa0", " ")
 
 
 def run(scenario):
@@ -634,6 +641,9 @@ def test_loading_screen_shows_progress_then_the_chat(store_path):
             )
             await wait_until(pilot, lambda: app.screen.query_one(ProgressBar).progress == 0.9)
             assert list(app.screen.query_one(Log).lines) == ["assembling model parts", "loading layers"]
+            # on the terminal, not only in the widget tree: nothing covers them with a spinner
+            shown = screen_text(app)
+            assert "specchat: loading models" in shown and "assembling model parts" in shown
             await pilot.resize_terminal(90, 30)  # the chat screen below follows, though hidden
             release.set()
             await wait_until(pilot, lambda: not isinstance(app.screen, LoadingScreen))

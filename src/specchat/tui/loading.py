@@ -36,7 +36,8 @@ class LoadingScreen(Screen[ChatBackend]):
     def __init__(self, loader: Loader) -> None:
         super().__init__()
         self.loader = loader
-        self.loading: Worker | None = None
+        # not `loading`: that is Textual's reactive which, set truthy, hides a widget behind a spinner
+        self.load_worker: Worker | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -47,7 +48,7 @@ class LoadingScreen(Screen[ChatBackend]):
             yield Static("", id="error")
 
     def on_mount(self) -> None:
-        self.loading = self.load()
+        self.load_worker = self.load()
 
     @work(thread=True, exit_on_error=False)
     def load(self) -> None:
@@ -58,7 +59,7 @@ class LoadingScreen(Screen[ChatBackend]):
 
     def report_progress(self, step: str, fraction: float | None = None) -> None:
         # Textual cancels every worker as the app exits; a thread worker can only stop itself.
-        if self.loading is not None and self.loading.is_cancelled:
+        if self.load_worker is not None and self.load_worker.is_cancelled:
             raise LoadCancelled
         self.post_message(LoadProgress(step, fraction))
 
