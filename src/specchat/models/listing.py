@@ -10,6 +10,8 @@ from specchat.models.marker import is_converted
 from specchat.models.parts import missing_parts
 from specchat.models.registry import ALIASES, Alias
 
+HEADER = ("ALIAS", "SOURCE", "ROLE", "LOCAL", "WHERE")  # `specchat models`' columns
+
 
 @dataclass(frozen=True)
 class ModelRow:
@@ -54,9 +56,6 @@ def hub_status(repo_id: str) -> tuple[bool, str]:
     if not any(snapshot.glob("*.safetensors")):
         return False, f"incomplete (no weights): {snapshot}"
     return True, f"HF cache: {snapshot}"
-
-
-HEADER = ("ALIAS", "SOURCE", "ROLE", "LOCAL", "WHERE")
 
 
 def table_lines(rows: list[ModelRow]) -> list[str]:
