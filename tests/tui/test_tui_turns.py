@@ -1,14 +1,17 @@
-"""A reply's turn redraws its markdown at most once every REDRAW_S while it streams: the first text
-at once, what follows within REDRAW_S at the next redraw, and all of it when the reply closes."""
+"""A reply's turn redraws its markdown at most once every REDRAW_S while it streams (tui/redraw.py):
+the first text at once, what follows within REDRAW_S at the next redraw, and all of it when the
+reply closes; the panels' figures likewise, and as the reply ends."""
 
 import asyncio
 
 import pytest
 from textual.app import App, ComposeResult
-from textual.widgets import Markdown
+from textual.widgets import Markdown, Sparkline
 from textual.widgets.markdown import MarkdownStream
 
-from specchat.tui import turns
+from specchat.tui import redraw
+from specchat.tui.fake import fixed_event
+from specchat.tui.panels import Panels
 from specchat.tui.turns import AssistantTurn
 
 
@@ -48,21 +51,21 @@ def stream_reply(fragments: list[str]) -> tuple[str, str]:
 
 
 def test_text_within_the_interval_waits_for_one_redraw(monkeypatch, drawn):
-    monkeypatch.setattr(turns, "REDRAW_S", 60.0)  # no timer fires while the test runs
+    monkeypatch.setattr(redraw, "REDRAW_S", 60.0)  # no timer fires while the test runs
     text, shown = stream_reply(["Hello", ",", " world", "!"])
     assert drawn == ["Hello", ", world!"]  # the first at once; the rest together, at close
     assert text == shown == "Hello, world!"
 
 
 def test_text_after_the_interval_is_drawn_at_once(monkeypatch, drawn):
-    monkeypatch.setattr(turns, "REDRAW_S", 0.0)
+    monkeypatch.setattr(redraw, "REDRAW_S", 0.0)
     text, shown = stream_reply(["Hello", ",", " world", "!"])
     assert drawn == ["Hello", ",", " world", "!"]
     assert text == shown == "Hello, world!"
 
 
 def test_a_pending_redraw_comes_when_its_interval_ends(monkeypatch, drawn):
-    monkeypatch.setattr(turns, "REDRAW_S", 0.05)
+    monkeypatch.setattr(redraw, "REDRAW_S", 0.05)
     app = TurnApp()
 
     async def scenario():
@@ -75,5 +78,28 @@ def test_a_pending_redraw_comes_when_its_interval_ends(monkeypatch, drawn):
             assert drawn == ["a", "b"]
             await turn.close(cut=False)
             assert drawn == ["a", "b"]  # nothing left to draw
+
+    asyncio.run(scenario())
+
+
+class PanelsApp(App):
+    def compose(self) -> ComposeResult:
+        yield Panels()
+
+
+def test_the_panels_record_every_event_and_show_them_at_the_next_redraw(monkeypatch):
+    monkeypatch.setattr(redraw, "REDRAW_S", 60.0)
+    app = PanelsApp()
+
+    async def scenario():
+        async with app.run_test():
+            panels = app.query_one(Panels)
+            tree_sizes = panels.query_one("#tree-spark", Sparkline)
+            for size in (3, 5, 7):
+                await panels.record(fixed_event([1, 2], False, tree_size=size, depth=2))
+            assert list(panels.stats.tree_sizes) == [3, 5, 7]  # every event recorded
+            assert list(tree_sizes.data) == [3]  # the first drawn at once, the rest held
+            await panels.redraw.now()  # as the reply ends
+            assert list(tree_sizes.data) == [3, 5, 7]
 
     asyncio.run(scenario())

@@ -148,7 +148,7 @@ class SpecchatApp(App):
     async def on_iteration_arrived(self, message: IterationArrived) -> None:
         if self.is_current(message.reply_id):
             self.session.record(message.event, message.text)
-            self.panels.record(message.event)
+            await self.panels.record(message.event)
             await self.reply_turn.write(message.text)
 
     async def on_engine_notice(self, message: EngineNotice) -> None:
@@ -168,6 +168,7 @@ class SpecchatApp(App):
         turn, self.reply_turn, self.job_worker = self.reply_turn, None, None
         self.session.end_reply(cut, tail)
         await turn.close(cut)
+        await self.panels.redraw.now()  # the reply's last figures
 
     # Keys and input
 

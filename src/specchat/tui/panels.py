@@ -9,6 +9,7 @@ from textual.widgets import Sparkline, Static
 
 from specchat.decoding.events import ALONE, LOOK, IterationEvent
 from specchat.tui.livestats import WINDOW, LiveStats
+from specchat.tui.redraw import Redraw
 from specchat.tui.settings import DecodingSettings
 
 DSI = "dsi"  # the engine whose panels show verification jobs and lookahead rather than a tree shape
@@ -66,7 +67,8 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
 
 
 class Panels(VerticalScroll):
-    """Shows what each decoding iteration did; updated once per engine event."""
+    """Shows what the decoding iterations did: each engine event recorded, the figures redrawn at
+    most once every REDRAW_S and as a reply ends."""
 
     DEFAULT_CSS = """
     Panels {
@@ -84,6 +86,7 @@ class Panels(VerticalScroll):
         self.stats = LiveStats()
         self.transfer_label = ""  # the backend's, once it is loaded
         self.toggled = False  # shown or hidden by hand (F2): the terminal's width no longer decides
+        self.redraw = Redraw(self, self.draw_figures)
 
     def compose(self) -> ComposeResult:
         yield Static(f"Accepted per iteration (last {WINDOW})", classes="title")
@@ -113,8 +116,11 @@ class Panels(VerticalScroll):
     def start_reply(self) -> None:
         self.stats.start_reply()
 
-    def record(self, event: IterationEvent) -> None:
+    async def record(self, event: IterationEvent) -> None:
         self.stats.record(event)
+        await self.redraw.request()
+
+    async def draw_figures(self) -> None:
         self.show_figures()
 
     def show_figures(self) -> None:

@@ -1,12 +1,11 @@
 """The widgets a conversation is made of: system prompt, user and assistant turns, notices."""
 
-from time import monotonic
-
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.timer import Timer
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
+
+from specchat.tui.redraw import Redraw
 
 
 class SystemTurn(Static):
@@ -42,16 +41,8 @@ class Notice(Static):
         self.text = text
 
 
-# The most often a reply's markdown is redrawn while it streams. Each redraw parses and renders its
-# last block again (a code block: all of it, highlighted), ~20-30 ms of the UI thread on the AMD
-# EPYC; redrawn per token, that thread took a core's 11% and, beside torch's two threads on two
-# cores, the chat decoded 19% slower than `generate` (docs/benchmarks.md). Text that comes sooner
-# waits for the next redraw, at most this long; a token after a pause shows at once.
-REDRAW_S = 0.5
-
-
 class AssistantTurn(Vertical):
-    """A reply, streamed as markdown while it is decoded, at most one redraw every REDRAW_S; a cut
+    """A reply, streamed as markdown while it is decoded (at most one redraw every REDRAW_S); a cut
     reply is marked as such."""
 
     DEFAULT_CSS = """
@@ -66,8 +57,7 @@ class AssistantTurn(Vertical):
         self.text = text
         self.stream: MarkdownStream | None = None
         self.pending = ""  # text written since the last redraw
-        self.redrawn_at = -REDRAW_S  # monotonic seconds of the last redraw
-        self.redraw_timer: Timer | None = None
+        self.redraw = Redraw(self, self.draw_pending)
 
     @property
     def cut(self) -> bool:
@@ -78,22 +68,12 @@ class AssistantTurn(Vertical):
         yield Static("⏹ reply cut", classes="cut")
 
     async def write(self, fragment: str) -> None:
-        """Add `fragment` to the reply: drawn now if the last redraw is REDRAW_S old, else with the
-        text that follows it at the next one."""
         self.text += fragment
         self.pending += fragment
-        if self.redraw_timer is not None:
-            return
-        wait = self.redrawn_at + REDRAW_S - monotonic()
-        if wait > 0:
-            self.redraw_timer = self.set_timer(wait, self.redraw)
-        else:
-            await self.redraw()
+        await self.redraw.request()
 
-    async def redraw(self) -> None:
-        """Hand the pending text to the markdown's stream."""
-        self.redraw_timer = None
-        self.redrawn_at = monotonic()
+    async def draw_pending(self) -> None:
+        """Hand the text written since the last redraw to the markdown's stream."""
         if not self.pending:
             return
         if self.stream is None:
@@ -102,9 +82,7 @@ class AssistantTurn(Vertical):
         await self.stream.write(fragment)
 
     async def close(self, cut: bool) -> None:
-        if self.redraw_timer is not None:
-            self.redraw_timer.stop()
-        await self.redraw()
+        await self.redraw.now()
         if self.stream is not None:
             await self.stream.stop()
             self.stream = None
