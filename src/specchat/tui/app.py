@@ -166,9 +166,9 @@ class SpecchatApp(App):
     async def end_reply(self, cut: bool, tail: str = "") -> None:
         """Close the reply in the UI and store it; the prompt is usable again at once."""
         turn, self.reply_turn, self.job_worker = self.reply_turn, None, None
+        await self.panels.redraw.now()  # the reply's last figures, drawn before the session says it ended
         self.session.end_reply(cut, tail)
         await turn.close(cut)
-        await self.panels.redraw.now()  # the reply's last figures
 
     # Keys and input
 
