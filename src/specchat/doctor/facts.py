@@ -1,7 +1,6 @@
 """The facts `specchat doctor` reports: devices, memory, free disk and the offload links' bandwidths."""
 
 import math
-import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ import torch
 
 from specchat.cuda_device import cuda_usable, unused_gpu
 from specchat.errors import SpecchatError
+from specchat.machine_choices import cpu_identity
 from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
 from specchat.paths import make_output_dir
@@ -56,7 +56,7 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
     disk_gbps, direct = probe_disk(directory, probe_bytes)
     threads = psutil.cpu_count(logical=True) or 1
     return Facts(
-        cpu=cpu_model(),
+        cpu=cpu_identity()[0],
         cores=psutil.cpu_count(logical=False) or threads,
         threads=threads,
         torch_version=torch.__version__,
@@ -71,16 +71,6 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
         direct=direct,
         probe_bytes=probe_bytes,
     )
-
-
-def cpu_model() -> str:
-    """The CPU's name from /proc/cpuinfo (Linux x86), else what the platform reports."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def cuda_devices() -> tuple[CudaDevice, ...]:
