@@ -12,6 +12,7 @@ from specchat.cuda_device import unused_gpu
 from specchat.decoding.events import AUTO
 from specchat.decoding.stopping import stop_token_ids
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.head_rows import measure_head_rows
 from specchat.decoding.static_step import draft_slots, static_draft
 from specchat.dsi.build import build_ray_workers, default_workers
 from specchat.dsi.workers import WorkerPool, parse_devices, thread_workers
@@ -175,6 +176,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
         reporter.step("expanding dense copies of the 4-bit linears for tree passes")
         keep_dense_copies(target.model, memory.dense_copies)
     target_lm = CausalLM(target.model, offload)
+    target_lm.head_rows = measure_head_rows(target_lm.logits, target.model.config.hidden_size, dtype, device)
     workers = None
     if with_workers:
         devices = options.workers or default_workers(device)

@@ -20,8 +20,9 @@ from specchat.machine_choices import BUSY, keyed_path, machine_facts, write_atom
 # an offloaded pass's compute apart from its streaming (which version 1 counted in); 3 times an int8
 # draft on fbgemm's dynamic kernel (version 2's ran weight-only int8); 4 times a MoE target's
 # waits for the experts it fetches, by pass size, apart from the heads its ring stages; 5 the link's
-# seconds for the wide passes whose ring loads move whole layers; 6 the load the costs were probed under.
-PROBE_FORMAT = 6
+# seconds for the wide passes whose ring loads move whole layers; 6 the load the costs were probed under;
+# 7 a target pass's head over the rows the walk's first call computes (decoding/head_rows.py), not 8.
+PROBE_FORMAT = 7
 
 
 def probe_path(device: torch.device, models: dict) -> Path:

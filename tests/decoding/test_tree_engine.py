@@ -8,7 +8,6 @@ import torch
 from helpers.engines import GREEDY, PROMPT
 
 from specchat import device_clock
-from specchat.decoding import node_logits
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -106,43 +105,3 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
         assert event.target_s == event.pass_s == TARGET_PASS_S  # the metered clock only moves in forwards
         assert event.prefill_tokens == 0 and event.prefill_s == 0
         assert event.transfer_bytes == event.tree_size + 1  # root + drafted nodes
-
-
-def test_upfront_nodes_are_the_likeliest_path_then_the_likeliest_others():
-    from helpers.trees import make_tree
-    #   0 -> 1 (-0.1) -> 3 (-0.3) -> 5 (-0.9)
-    #     -> 2 (-0.2) -> 4 (-0.25)
-    tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
-                      (5, 3, 3, -0.9)])
-    assert node_logits.upfront_nodes(tree, 5) == [0, 1, 3, 5, 2]
-    assert node_logits.upfront_nodes(tree, 6) == [0, 1, 3, 5, 2, 4]
-    assert node_logits.upfront_nodes(tree, 2) == [0, 1, 3, 5]  # the path whole, however long
-
-
-class CountingHead:
-    """A target whose LM head records the rows of each call: logits row i = [node i's id]."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[int]] = []
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        self.calls.append(hidden[:, 0].long().tolist())
-        return hidden
-
-
-def test_a_node_off_the_upfront_rows_is_computed_with_the_likeliest_path_below_it():
-    from helpers.trees import make_tree
-    #   0 -> 1 (-0.1) -> 3 (-0.3)
-    #     -> 2 (-0.2) -> 4 (-0.25) -> 5 (-0.4)
-    #                 -> 6 (-0.9)
-    tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
-                      (5, 4, 3, -0.4), (6, 2, 2, -0.9)])
-    head = CountingHead()
-    logits = node_logits.NodeLogits(head, tree, torch.arange(7, dtype=torch.float32).unsqueeze(1))
-    logits.compute(node_logits.upfront_nodes(tree, 3))
-    assert head.calls == [[0, 1, 3]]
-    assert logits.of(2).tolist() == [2.0]  # the walk left the likeliest path at the root
-    assert head.calls[1] == [2, 4, 5]  # one batch: the node and the likeliest path below it
-    assert logits.of(4).tolist() == [4.0] and logits.of(5).tolist() == [5.0]
-    assert logits.of(6).tolist() == [6.0]
-    assert head.calls[2:] == [[6]]  # nothing already computed is computed again

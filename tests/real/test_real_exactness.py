@@ -12,6 +12,7 @@ checks and records it in docs/benchmarks.md.
 """
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -124,6 +125,20 @@ def test_a_draft_prepared_as_on_cuda_in_fp8_at_static_shapes_keeps_greedy_and_se
     draft = static_draft(loaded, capacity=4096, capture=False)
     engine = TreeEngine(SPECEXEC, real_pair.target, draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+
+
+def test_a_target_head_read_a_row_at_a_time_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,
+                                                                         seeded_references):
+    """The walk's head rows one a call (decoding/head_rows.py: where each row costs a call, as a
+    bf16 head on a CPU without bf16 instructions), whatever this machine measured: each row the
+    walk reads is computed alone as it reaches it, and the target's tokens are unchanged."""
+    rows: list[int] = []
+    target = dataclasses.replace(real_pair.target, head_rows=1)
+    head = target.logits
+    target.logits = lambda hidden: rows.append(hidden.shape[0]) or head(hidden)
+    engine = TreeEngine(SPECEXEC, target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+    assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references)
+    assert rows and set(rows) == {1}
 
 
 def assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded_references) -> None:

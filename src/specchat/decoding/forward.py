@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from specchat.decoding.head_rows import BATCH_ROWS
 from specchat.decoding.kvcache import cache_length
 from specchat.transfer import TransferStats
 
@@ -51,6 +52,9 @@ class CausalLM:
     # counts (growing a tree runs 1.15-3.5 rows a kept node: decoding/static_step.draft_slots);
     # None: no bound, the cache grows
     capacity: int | None = None
+    # The rows of a target's LM head the verification walk computes in one call: BATCH_ROWS, or 1
+    # where each row costs a call's time (decoding/head_rows.py; the loader measures it)
+    head_rows: int = BATCH_ROWS
 
     def transfer_stats(self) -> TransferStats:
         """Cumulative bytes and seconds of weight streaming (zero for a model in memory)."""

@@ -7,19 +7,17 @@ import torch
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree import DraftTree
 
-# Target LM-head rows computed in one batch before the walk. The head reads its whole weight
-# matrix (V x H) whatever the row count, so while the product is memory-bound a batch of a few
-# rows costs about one row, and every node computed later costs another full read.
-UPFRONT_ROWS = 8
-
 
 class NodeLogits:
-    """Target logits per tree node, computed on demand.
+    """Target logits per tree node, computed on demand, in calls of the target's `head_rows`
+    (decoding/head_rows.py).
 
-    The rows the walk will most likely visit (the draft's likeliest path, then the likeliest
-    other nodes, up to UPFRONT_ROWS) are computed in one batch up front. A node asked for
-    outside them means the walk left that path: it is computed with the likeliest path below it,
-    where the walk most likely goes next, in one batch (one read of the head, not one per node).
+    Where a call's rows cost about one (a memory-bound head), the rows the walk will most likely
+    visit (the draft's likeliest path, then the likeliest other nodes, up to `head_rows`) are
+    computed in one batch up front. A node asked for outside them means the walk left that path:
+    it is computed with the likeliest path below it, where the walk most likely goes next, in one
+    batch (one read of the head, not one per node). Where each row costs a call (`head_rows` 1),
+    the root alone is computed up front and every other node as the walk reaches it.
     """
 
     def __init__(self, target: CausalLM, tree: DraftTree, hidden: torch.Tensor) -> None:
@@ -35,13 +33,16 @@ class NodeLogits:
     def of(self, node: int) -> torch.Tensor:
         if node not in self.rows:
             below = [n for n in self.tree.likeliest_path(node) if n not in self.rows]
-            self.compute(below[:UPFRONT_ROWS])
+            self.compute(below[: self.target.head_rows])
         return self.rows[node]
 
 
 def upfront_nodes(tree: DraftTree, rows: int) -> list[int]:
     """The draft's likeliest path (whole, however long), then the nodes of highest cumulative
-    draft log-prob not on it, up to `rows` nodes in all."""
+    draft log-prob not on it, up to `rows` nodes in all; the root alone where a call holds one row
+    (each row costs a call: the walk computes the rest as it visits them)."""
+    if rows == 1:
+        return [0]
     path = tree.likeliest_path()
     on_path = set(path)
     ranked = torch.sort(tree.logprobs, descending=True, stable=True).indices.tolist()

@@ -62,7 +62,7 @@ def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float, bool]
         if run_head:
             lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
         else:
-            lm.logits(hidden[: min(n, 8)])  # the walk reads a few rows
+            lm.logits(hidden[: min(n, lm.head_rows)])  # the walk's first call of the head
         elapsed = now(lm.device) - start
         moved = lm.transfer_stats() - before
         best, fetched = min(best, elapsed - moved.stall_s), fetched + moved.fetch_wait_s
