@@ -3,9 +3,7 @@ measured on that target's head (decoding/head_rows.py)."""
 
 import pytest
 import torch
-from helpers.cli import CORPUS, train_tokenizer
-from helpers.tiny import tiny_qwen_config
-from transformers import Qwen2ForCausalLM
+from helpers.cli import CORPUS, save_tiny_model
 
 from specchat import loader
 from specchat.engine_options import EngineOptions
@@ -13,15 +11,8 @@ from specchat.engine_options import EngineOptions
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[str, str]:
-    root, tokenizer = tmp_path_factory.mktemp("pair"), train_tokenizer(CORPUS)
-    paths = []
-    for name, layers in (("target", 2), ("draft", 1)):
-        config = tiny_qwen_config(vocab_size=len(tokenizer), num_hidden_layers=layers,
-                                  eos_token_id=tokenizer.eos_token_id)
-        Qwen2ForCausalLM(config).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        paths.append(str(root / name))
-    return paths[0], paths[1]
+    root = tmp_path_factory.mktemp("pair")
+    return str(save_tiny_model(root / "target", CORPUS, seed=0)), str(save_tiny_model(root / "draft", CORPUS, seed=1))
 
 
 @pytest.mark.parametrize("measured", [1, 8])

@@ -44,9 +44,9 @@ def test_a_node_off_the_upfront_rows_is_computed_with_the_likeliest_path_below_i
     #                 -> 6 (-0.9)
     tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.1), (2, 0, 1, -0.2), (3, 1, 2, -0.3), (4, 2, 2, -0.25),
                       (5, 4, 3, -0.4), (6, 2, 2, -0.9)])
-    head = CountingHead()
+    head = CountingHead(head_rows=3)
     logits = node_logits.NodeLogits(head, tree, torch.arange(7, dtype=torch.float32).unsqueeze(1))
-    logits.compute(node_logits.upfront_nodes(tree, 3))
+    logits.compute_upfront()
     assert head.calls == [[0, 1, 3]]
     assert logits.of(2).tolist() == [2.0]  # the walk left the likeliest path at the root
     assert head.calls[1] == [2, 4, 5]  # one batch: the node and the likeliest path below it
@@ -62,7 +62,7 @@ def test_a_row_a_call_computes_the_root_up_front_and_each_node_as_the_walk_reach
     assert node_logits.upfront_nodes(tree, 1) == [0]
     head = CountingHead(head_rows=1)
     logits = node_logits.NodeLogits(head, tree, torch.arange(4, dtype=torch.float32).unsqueeze(1))
-    logits.compute(node_logits.upfront_nodes(tree, head.head_rows))
+    logits.compute_upfront()
     assert logits.of(0).tolist() == [0.0] and logits.of(1).tolist() == [1.0] and logits.of(1).tolist() == [1.0]
     assert head.calls == [[0], [1]]  # node 3 and node 2, never visited, never computed
 

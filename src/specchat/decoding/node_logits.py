@@ -2,6 +2,8 @@
 where the walk needs them: verification reads a few dozen rows of a pass over up to thousands
 of nodes, and each call of the LM head reads its whole [V x H] weight."""
 
+from itertools import islice
+
 import torch
 
 from specchat.decoding.forward import CausalLM
@@ -30,10 +32,14 @@ class NodeLogits:
         for node, row in zip(nodes, self.target.logits(self.hidden[nodes])):
             self.rows[node] = row
 
+    def compute_upfront(self) -> None:
+        """The rows the walk will most likely visit, in one call (`upfront_nodes`)."""
+        self.compute(upfront_nodes(self.tree, self.target.head_rows))
+
     def of(self, node: int) -> torch.Tensor:
         if node not in self.rows:
-            below = [n for n in self.tree.likeliest_path(node) if n not in self.rows]
-            self.compute(below[: self.target.head_rows])
+            below = (n for n in self.tree.descend_likeliest(node) if n not in self.rows)
+            self.compute(list(islice(below, self.target.head_rows)))
         return self.rows[node]
 
 

@@ -30,7 +30,7 @@ from specchat.decoding.autosize import AutoSizer
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots
-from specchat.decoding.node_logits import NodeLogits, upfront_nodes
+from specchat.decoding.node_logits import NodeLogits
 from specchat.decoding.sampling import emit_token
 from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape, assemble, node_paths, rank
 from specchat.device_clock import now
@@ -95,7 +95,7 @@ def iterate(strategy: TreeStrategy, target: CausalLM, draft: CausalLM, caches: t
     hidden = score(target, target_cache, grown.tree, prefix=committed - 1)  # 3. every node's hidden state
     pass_s = now(target.device) - drafted_at  # the forward (and its mask): the rest is verification
     logits = NodeLogits(target, grown.tree, hidden)  # the LM head's rows, as the walk asks for them
-    logits.compute(upfront_nodes(grown.tree, target.head_rows))
+    logits.compute_upfront()
     verdict = strategy.walk(grown, logits.of, sampling, committed, max_tokens, stop_ids)  # 4. from position L
     prune(caches, grown, verdict, committed)  # 5.
     seq.extend(verdict.tokens)

@@ -6,6 +6,7 @@ position. In a grown tree parents always precede their children, so a node's ind
 slot in the target's KV cache during the tree pass, and masks and pruning are index operations.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -71,11 +72,15 @@ class DraftTree:
     def likeliest_path(self, start: int = 0) -> list[int]:
         """From `start` (the root by default), repeatedly step to the child with the highest draft
         log-prob."""
-        path, node = [start], start
+        return list(self.descend_likeliest(start))
+
+    def descend_likeliest(self, start: int = 0) -> Iterator[int]:
+        """`likeliest_path`'s nodes one at a time, for a caller that may need only its first few."""
+        node = start
+        yield node
         while self.children[node]:
             node = max(self.children[node].values(), key=lambda child: float(self.logprobs[child]))
-            path.append(node)
-        return path
+            yield node
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
