@@ -1,5 +1,5 @@
 """--budget auto through the engine and the Models bundle: exact tokens, trees sized by the costs,
-live switching, the probe and its cache."""
+live switching, and the probe's cache (the probe itself: test_probe.py)."""
 
 from types import SimpleNamespace
 
@@ -12,7 +12,6 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import LOOK_SHARE, AutoSizer, Costs
 from specchat.decoding.calibration import MIN_TREES
 from specchat.decoding.events import ALONE, AUTO, DRAFTED, LiveSettings, SamplingParams
-from specchat.decoding.probe import doubling, probe_costs
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
@@ -92,18 +91,6 @@ def test_engines_that_cannot_size_their_trees_keep_a_fixed_budget(tiny_target, t
     without_costs = tiny_models(tiny_target, tiny_draft).engine("specexec", LiveSettings(budget=8))
     without_costs.apply(LiveSettings(budget=AUTO))
     assert without_costs.live_settings().budget == 8
-
-
-def test_the_probe_times_doubling_sizes(tiny_target, tiny_draft):
-    assert doubling(9) == [1, 2, 4, 8, 9]
-    shares = []
-    costs = probe_costs(tiny_target, tiny_draft, cap=8, done=shares.append)
-    # one share a size measured, target's then draft's, out of the sizes both could reach (5 + 4)
-    measured = len(costs.target_n) + len(costs.draft_b)
-    assert shares == [sizes / 9 for sizes in range(1, measured + 1)]
-    assert costs.target_n[0] == 1 and costs.target_n == tuple(sorted(costs.target_n)) and costs.target_n[-1] <= 9
-    assert costs.draft_b[0] == 1 and all(seconds > 0 for seconds in costs.target_s + costs.draft_s)
-    assert (costs.stream_s, costs.staged) == (0.0, 1.0)  # nothing streams
 
 
 def test_probed_costs_are_cached_per_machine_and_models(tmp_path, monkeypatch):

@@ -1,8 +1,13 @@
 """The startup probe of `--budget auto`: how long a target pass over n tree tokens and a draft
 step over b nodes take on this device, for `autosize.Costs`.
 
-Each size is timed on a fresh copy of a short context (what a chat's first turns look like) and
-the fastest of a few runs is kept (the cost of the work, not of the noise around it). Sizes grow
+Each size is timed after a short context (what a chat's first turns look like) and the fastest
+of a few runs is kept (the cost of the work, not of the noise around it). A model in memory passes
+over the context once: before each timed pass its cache is cut back to the context, which holds
+what a fresh pass would write (on a CPU without bf16 instructions, where a 64-token pass of the
+1.5B costs ~4 s, the default pair's probe took 77-79 s with a pass before each timed one, 16-23 s
+so). A streamed model passes over it before every timed pass, which leaves its ring and expert
+cache as the previous pass of a reply does. Sizes grow
 by doubling up to the cap, and stop early once a pass costs `STOP_RATIO` times the one-token
 pass: no tree that large can pay, and the end segment extrapolates the rest.
 
@@ -27,7 +32,7 @@ import torch
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
+from specchat.decoding.kvcache import SlotCache, new_cache, truncate
 from specchat.device_clock import now
 from specchat.transfer import TransferStats
 
@@ -46,15 +51,34 @@ def doubling(cap: int) -> list[int]:
     return sizes + [cap]
 
 
-def time_pass(lm: CausalLM, n: int, run_head: bool) -> tuple[float, float, bool]:
+class Context:
+    """The CONTEXT tokens cached before a timed pass of one model."""
+
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm = lm
+        self.cache: SlotCache | None = None
+
+    def ready(self) -> SlotCache:
+        """A cache holding exactly the context: the last one cut back to it where the model is in
+        memory, else a new one filled by a pass over the context."""
+        if self.cache is not None and self.lm.stream is None:
+            truncate(self.cache, CONTEXT)
+            return self.cache
+        self.cache = new_cache()
+        self.lm.hidden(torch.arange(CONTEXT) % self.lm.model.config.vocab_size, torch.arange(CONTEXT), self.cache)
+        return self.cache
+
+
+def time_pass(lm: CausalLM, n: int, run_head: bool, context: Context | None = None) -> tuple[float, float, bool]:
     """Seconds of one forward over n tokens after CONTEXT cached ones (plus the head work a tree
     step or pass does), the fastest of REPEATS, less the time spent waiting for streamed layers;
     the seconds such a pass waited for the experts it fetched, the mean of the REPEATS; and
-    whether its calls had the ring load whole layers after them."""
+    whether its calls had the ring load whole layers after them. `context` carries the cached
+    context from one call to the next."""
     best, fetched, vocab = float("inf"), 0.0, lm.model.config.vocab_size
+    context = context or Context(lm)
     for _ in range(REPEATS):
-        cache = new_cache()
-        lm.hidden(torch.arange(CONTEXT) % vocab, torch.arange(CONTEXT), cache)
+        cache = context.ready()
         start = now(lm.device)  # the context's pass has finished, its waits are counted
         before = lm.transfer_stats()
         hidden = lm.hidden(torch.arange(n) % vocab, torch.arange(CONTEXT, CONTEXT + n), cache)
@@ -74,10 +98,10 @@ def measure(lm: CausalLM, cap: int, run_head: bool, done: Callable[[int], None] 
     """Sizes, their seconds and their passes' waits for fetched experts; and the smallest size from
     which every pass had the ring load whole layers after it (inf: none). `done` is told how many
     sizes are measured after each."""
-    sizes, seconds, fetched, wholes = [], [], [], []
+    sizes, seconds, fetched, wholes, context = [], [], [], [], Context(lm)
     for n in doubling(cap):
         sizes.append(n)
-        cost, waited, whole = time_pass(lm, n, run_head)
+        cost, waited, whole = time_pass(lm, n, run_head, context)
         seconds.append(cost)
         fetched.append(waited)
         wholes.append(whole)
