@@ -6,12 +6,11 @@ grows with the rows far faster than a dense matmul's: on a Xeon with AMX, a 1536
 tree of tens of tokens then costs several one-token passes and --budget auto keeps trees small. Where
 the plan has the room (an in-memory target; `keep_dense_copies`' `room`), each Int4Linear keeps a
 dense copy of its weight in the compute dtype beside the packed one, and inputs wider than the
-crossover measured at its own shape (quant/widths.py's `dense_rows`) multiply the copy; one token
-keeps the fused kernel.
-
-Where a copy in the compute dtype never beats the fused kernel (a CPU without bf16 instructions,
-whose bf16 products are emulated), the copy is kept in float32 where that does
-(quant/float32_copies.py): wide inputs are cast to float32 and the product back, at twice the bytes.
+crossover measured at its own shape multiply the copy (`copy_choice`); one token keeps the fused
+kernel. Where a copy in the compute dtype never beats the fused kernel (quant/widths.py's
+`dense_rows`: a CPU without bf16 instructions, whose bf16 products are emulated), the copy is kept
+in float32 where that does (quant/float32_copies.py): wide inputs are cast to float32 and the
+product back, at twice the bytes.
 
 The copy is the packed weight expanded once, w = (q - 8) * scale + zero in float32 (bitwise the
 fused kernel's weights, int4_chunks), and rounded once to the compute dtype (a float32 copy holds
