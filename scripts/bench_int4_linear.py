@@ -3,15 +3,13 @@
 Usage: python scripts/bench_int4_linear.py [--shapes 1536x8960 ...] [--rows 1 4 ...] [--threads N] [--inductor]
 Prints one markdown row per (shape, rows): ms per call for a bf16 and a float32 dense matmul,
 torch's fused int4 kernel, the chunked-dequantization product (bf16 input, groups of 32 as
-GGUF Q4_K's; the chunked product in the dtype quant/widths.py picks), the bf16 dense copy an in-memory
-target keeps for tree passes (quant/int4_dense.py: prepacked for oneDNN where that pays) and the
-float32 one it keeps where that never pays (quant/float32_copies.py: bf16 input cast to float32 and
-the product back), and with
+GGUF Q4_K's; the chunked product in the dtype quant/widths.py picks) and the dense copy an in-memory
+target keeps for tree passes (quant/int4_dense.py: prepacked for oneDNN where that pays), and with
 --inductor the fused kernel's op compiled by torch.compile under max-autotune (on a CPU with AMX,
 inductor's C++ template dequantizes weight tiles in cache and multiplies every row with AMX; it is
 compiled per rows count, as inductor takes that template only for a static row count), each
 also as a ratio to dense bf16 in the same run; then the probe's width choice and, per shape, the
-copy an Int4Linear keeps (its dtype, and from which width it multiplies it). A call is timed once; calls under
+width from which an Int4Linear multiplies its dense copy. A call is timed once; calls under
 REPEAT_UNDER_S run REPEATS times more and the fastest counts (shorter runs are noisier).
 """
 
@@ -27,9 +25,7 @@ from torch import Tensor, nn
 from specchat.quant.int4_chunks import chunked_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear, pack
-from specchat.quant.float32_copies import float32_linear
-from specchat.quant.int4_dense import copy_choice
-from specchat.quant.widths import dense_copy_linear, width_choice
+from specchat.quant.widths import dense_copy_linear, dense_rows, width_choice
 
 SHAPES = ((1536, 1536), (1536, 256), (1536, 8960), (8960, 1536), (1536, 151936))  # (in, out); the last: LM head
 ROWS = (1, 4, 16, 64, 256)
@@ -82,7 +78,7 @@ def bench_shape(in_features: int, out_features: int, rows_list: list[int], produ
     packed = pack(torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8, generator=generator), CPU)
     scales_and_zeros = (torch.rand(in_features // GROUP, out_features, 2, generator=generator) / 64).bfloat16()
     layout = layout_for(CPU, in_features)
-    copy, copy32 = dense_copy_linear(dense_bf16), float32_linear(dense)
+    copy = dense_copy_linear(dense_bf16)
     compiled = inductor_linear(packed, scales_and_zeros) if inductor else None
     for rows in rows_list:
         x = torch.randn(rows, in_features, generator=generator)
@@ -93,7 +89,6 @@ def bench_shape(in_features: int, out_features: int, rows_list: list[int], produ
             milliseconds(lambda: fused_linear(x_bf16, packed, scales_and_zeros, GROUP)),
             milliseconds(lambda: chunked_linear(x_bf16, packed, scales_and_zeros, GROUP, layout, product)),
             milliseconds(lambda: copy(x_bf16)),
-            milliseconds(lambda: copy32(x_bf16.float()).bfloat16()),
         ]
         if compiled is not None:
             with torch.inference_mode():
@@ -123,17 +118,15 @@ def main() -> None:
           f"chunked product in {choice.product}")
     inductor_column = " inductor int4 ms (/bf16) |" if args.inductor else ""
     print("| in x out | rows | bf16 dense ms | float32 dense ms (/bf16) | int4 fused ms (/bf16) | "
-          f"int4 chunked ms (/bf16) | bf16 copy ms (/bf16) | float32 copy ms (/bf16) |{inductor_column}")
-    print("|---|---|---|---|---|---|---|---|" + "---|" * args.inductor)
+          f"int4 chunked ms (/bf16) | dense copy ms (/bf16) |{inductor_column}")
+    print("|---|---|---|---|---|---|---|" + "---|" * args.inductor)
     for shape in args.shapes:
         in_features, out_features = map(int, shape.split("x"))
         bench_shape(in_features, out_features, args.rows, choice.product, args.inductor)
     print(f"probe: fused kernel up to {choice.fused_rows} rows, chunked above")
     for shape in args.shapes:
         in_features, out_features = map(int, shape.split("x"))
-        choice = copy_choice(in_features, out_features, torch.bfloat16)
-        kept = "none" if choice is None else f"{str(choice.dtype).removeprefix('torch.')} from {choice.from_rows} rows"
-        print(f"{shape}: dense copy {kept}")
+        print(f"{shape}: dense copy from {dense_rows(in_features, out_features, torch.bfloat16)} rows")
 
 
 if __name__ == "__main__":

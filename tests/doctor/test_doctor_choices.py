@@ -10,7 +10,7 @@ from helpers.cli import run_cli
 from specchat import machine_choices
 from specchat.doctor.choices import choice_lines
 from specchat.machine_choices import kept_choices, remembered
-from specchat.quant import float32_copies, widths
+from specchat.quant import widths
 
 CPU = torch.device("cpu")
 BF16 = {"dtype": "torch.bfloat16"}
@@ -43,7 +43,7 @@ def test_a_machine_that_kept_nothing_says_so():
 
 def test_doctor_measures_the_kept_choices_again_and_lists_them(monkeypatch, capsys, tmp_path):
     """On a busy startup (no choice measured again by itself), with stand-ins for the probes the
-    plan asks for (the dense copies' crossovers, in bf16 and float32): a plain doctor lists int8's kept rows; with
+    plan asks for (the dense copies' crossovers): a plain doctor lists int8's kept rows; with
     --measure-again it measures them now, lists and keeps what it found."""
     keep(monkeypatch, "int8 rows", BF16, 4, 0.6)
     measured = []
@@ -51,7 +51,6 @@ def test_doctor_measures_the_kept_choices_again_and_lists_them(monkeypatch, caps
                  "prepacked products pay": lambda dtype: False, "int4 fused widths": lambda **key: [0, "float32"]}
     for choice, stand_in in stand_ins.items():
         monkeypatch.setitem(widths.MEASURES, choice, stand_in)
-    monkeypatch.setattr(float32_copies, "measure", lambda **key: None)
     monkeypatch.setattr(machine_choices, "load_during", lambda measure: (measure(), 0.01))
     monkeypatch.setattr(machine_choices, "quiet_startup", lambda: False)
     args = ["doctor", "--probe-gb", "0.01", "--offload-dir", str(tmp_path / "offload")]
@@ -62,15 +61,6 @@ def test_doctor_measures_the_kept_choices_again_and_lists_them(monkeypatch, caps
     assert re.search(r"^  int8 rows +dtype=bfloat16 +64 +load 0\.01$", out, re.M)
     assert measured == [torch.bfloat16]
     assert [(kept.value, kept.load) for kept in kept_choices() if kept.choice == "int8 rows"] == [(64, 0.01)]
-
-
-def test_a_kept_float32_copy_crossover_is_measured_again_by_its_own_module(monkeypatch):
-    key = {"in_features": 256, "out_features": 128, "dtype": "torch.bfloat16"}
-    keep(monkeypatch, float32_copies.CHOICE, key, 16, 0.6)
-    monkeypatch.setattr(float32_copies, "measure", lambda **arguments: 8 if arguments["dtype"] is torch.bfloat16 else 0)
-    monkeypatch.setattr(machine_choices, "load_during", lambda measure: (measure(), 0.01))
-    assert re.fullmatch(r"  int4 float32 copy rows +in_features=256 out_features=128 dtype=bfloat16 +8 +load 0\.01",
-                        choice_lines(again=True)[1])
 
 
 def test_measure_again_takes_no_described_machine(monkeypatch, capsys):

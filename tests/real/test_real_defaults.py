@@ -20,9 +20,8 @@ the costs probed on the project's machine, where its trees grow to tens of nodes
 quantization is timed too (int8 where its kernel wins every probe): on a busy machine it may
 keep dense weights, so the grown trees are always drafted by the int8 sub-vocabulary draft,
 the one auto picks on an idle x86 CPU. The dense copies for tree passes are timed as well (from
-how many rows each shape's copy beats the fused kernel, and in which dtype, or never): on a CPU the
-module pins their crossover to the project machine's, so that every CPU runs copies from the same
-widths, each in the dtype its machine picks (float32 on a CPU without bf16 instructions).
+how many rows each shape's copy beats the fused kernel, or never): on a CPU the module pins their
+crossover to the project machine's, so that every CPU runs the same products.
 """
 
 import gc
@@ -48,13 +47,11 @@ from specchat.models.draft import DraftQuant, load_draft
 from specchat.progress import Reporter
 from specchat.quant import int4_dense
 from specchat.quant.int4 import Int4Linear
-from specchat.quant.int4_dense import CopyChoice
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.prepacked import PrepackedLinear, prepack_pays
 from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
-MACHINE_COPY = int4_dense.copy_choice  # the machine's own choice, before the module pins its rows
 
 PROMPTS = 3
 # docs/exactness.md: bf16 keeps 8 significant bits (logits from 16 to 32 are 0.125 apart), so a
@@ -91,12 +88,10 @@ BF16_MAX_TIES = {GREEDY: MAX_TIES, DEFAULT_SAMPLING: 3 + 1}
 # "bf16 ties"), this module's prompts there (grown trees, prompt 2: gaps 0 and 0.125) and on the AMD
 # EPYC, 2026-11-28 (grown trees, prompt 2: gaps 0 and 0). The bound is that plus one.
 BF16_MAX_TIES_WITH_COPIES = {GREEDY: 2 + 1, DEFAULT_SAMPLING: BF16_MAX_TIES[DEFAULT_SAMPLING]}
-# The copies' crossover is timed per machine (int4_dense.copy_choice), and a CPU whose timer finds the
+# The copies' crossover is timed per machine (int4_dense.dense_rows), and a CPU whose timer finds the
 # fused kernel faster at every width keeps none. The module pins it to what the project's AMD EPYC
 # measured, 2026-11-28 (from 8 rows for the 1536 x 256 k and v, 4 for every other shape), so that on
-# every CPU the comparisons multiply tree rows by the copies, the case with more ties. Each copy keeps
-# the dtype this machine picks: bf16 where bf16 products pay, float32 on a CPU without bf16
-# instructions (quant/float32_copies.py: exact weights, only the sums' order differs), bf16 where neither pays.
+# every CPU the comparisons multiply tree rows by the copies, the case with more ties.
 PINNED_DENSE_ROWS = {(1536, 256): 8}
 PINNED_DENSE_ROWS_ELSE = 4
 # --budget auto's costs as probed on the project's machine (2 cores with avx512_bf16; design.md
@@ -105,22 +100,16 @@ PROJECT_MACHINE_COSTS = Costs(target_n=(1, 16, 64, 256), target_s=(0.112, 0.147,
                               draft_b=(1, 16, 64, 256), draft_s=(0.021, 0.030, 0.058, 0.187))
 
 
-def pinned_dense_rows(in_features: int, out_features: int) -> int:
+def pinned_dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -> int:
     return PINNED_DENSE_ROWS.get((in_features, out_features), PINNED_DENSE_ROWS_ELSE)
-
-
-def pinned_copy(in_features: int, out_features: int, dtype: torch.dtype) -> CopyChoice:
-    """A copy from the pinned rows, in the dtype this machine's choice would keep it in."""
-    chosen = MACHINE_COPY(in_features, out_features, dtype)
-    return CopyChoice(pinned_dense_rows(in_features, out_features), dtype if chosen is None else chosen.dtype)
 
 
 @pytest.fixture(scope="module")
 def app_models():
     """The app's models with every default, loaded once for the module and released after it; on a
-    CPU with the dense copies' crossover pinned (PINNED_DENSE_ROWS, pinned_copy)."""
+    CPU with the dense copies' crossover pinned (PINNED_DENSE_ROWS)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int4_dense, "copy_choice", pinned_copy)
+        patch.setattr(int4_dense, "dense_rows", pinned_dense_rows)
         models = load_models(EngineOptions(), progress=False)
     yield models
     models.close()
@@ -168,11 +157,10 @@ def test_the_defaults_are_what_ships(app_models):
     copied = [m for m in packed if m.dense is not None]
     if app_models.device.type == "cpu":
         # every 4-bit linear keeps a dense copy for tree passes from its pinned rows: the plan has
-        # their room on any machine the suite runs on (24 GB; float32 copies 4.4 GB)
-        pinned = {m: pinned_copy(m.in_features, m.out_features, m.compute_dtype) for m in packed}
-        assert {m: CopyChoice(m.dense.from_rows, m.dense.dtype) for m in copied} == pinned
-        held = sum(m.in_features * m.out_features * m.dense.dtype.itemsize for m in copied)
-        assert app_models.memory.dense_copies == held
+        # their room on any machine the suite runs on (24 GB)
+        pinned = {m: pinned_dense_rows(m.in_features, m.out_features, m.compute_dtype) for m in packed}
+        assert {m: m.dense.from_rows for m in copied} == pinned
+        assert app_models.memory.dense_copies == sum(m.in_features * m.out_features * 2 for m in copied)
         assert app_models.identity["wide"] == "dense copies"
     else:  # CUDA's tree rows take the expansion (quant/int4_expand.py): no copies
         assert not copied and not app_models.memory.dense_copies and "wide" not in app_models.identity
@@ -191,7 +179,7 @@ def test_the_defaults_are_what_ships(app_models):
         assert draft.capacity == app_models.context + app_models.memory.tree_tokens
     print(f"draft: {resolved}, {len(quantized)} int8 linears, {len(draft.vocab)}-token head; "
           f"placement: {app_models.placement}; {len(copied)} dense copies from "
-          f"{sorted({m.dense.from_rows for m in copied})} rows in {sorted({str(m.dense.dtype) for m in copied})}")
+          f"{sorted({m.dense.from_rows for m in copied})} rows")
 
 
 @pytest.fixture(scope="module")

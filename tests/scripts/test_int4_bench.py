@@ -1,5 +1,4 @@
-"""scripts/bench_int4_linear.py prints a row of positive timings per shape and rows count (the
-bf16 and float32 dense copies among them) and the copy each shape keeps."""
+"""scripts/bench_int4_linear.py prints a row of positive timings per shape and rows count."""
 
 import os
 import subprocess
@@ -20,11 +19,6 @@ def test_the_int4_bench_prints_a_row_per_shape_and_width():
     assert [(row[0].strip(), int(row[1])) for row in rows] == [("64 x 64", 1), ("64 x 64", 4), ("128 x 64", 1),
                                                                ("128 x 64", 4)]
     assert all(float(cell.split()[0]) > 0 for row in rows for cell in row[2:])
-    header = next(line for line in result.stdout.splitlines() if line.startswith("| in x out"))
-    assert [cell.strip() for cell in header.split("|")[-3:-1]] == ["bf16 copy ms (/bf16)", "float32 copy ms (/bf16)"]
-    assert len(rows[0]) == len(header.split("|")[1:-1])
-    kept = [line for line in result.stdout.splitlines() if " dense copy " in line]
-    assert [line.split(":")[0] for line in kept] == ["64x64", "128x64"]
 
 
 def test_the_inductor_column_times_the_compiled_op_and_leaves_no_cache(tmp_path):

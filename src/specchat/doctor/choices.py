@@ -1,13 +1,12 @@
-"""The choices this machine keeps (quant/widths.py: which product serves which width, and
-quant/float32_copies.py: from which width a float32 copy does; models/draft_step.py: what a
-draft's step costs in each form the plan weighs; measured once and kept), as `specchat doctor`
-lists them, and measured again on `--measure-again`."""
+"""The choices this machine keeps (quant/widths.py: which product serves which width; and
+models/draft_step.py: what a draft's step costs in each form the plan weighs; measured once and
+kept), as `specchat doctor` lists them, and measured again on `--measure-again`."""
 
 import json
 
 from specchat.machine_choices import BUSY, Kept, kept_choices
 from specchat.models import draft_step
-from specchat.quant import float32_copies, widths
+from specchat.quant import widths
 
 
 def choice_lines(again: bool) -> list[str]:
@@ -25,8 +24,8 @@ def choice_lines(again: bool) -> list[str]:
 
 def measure_again(choice: Kept) -> Kept:
     """`choice` measured again by the module that keeps it."""
-    keepers = {draft_step.CHOICE: draft_step, float32_copies.CHOICE: float32_copies}
-    return keepers.get(choice.choice, widths).measure_again(choice)
+    keeper = draft_step if choice.choice == draft_step.CHOICE else widths
+    return keeper.measure_again(choice)
 
 
 def choice_line(choice: Kept) -> str:

@@ -6,18 +6,14 @@ grows with the rows far faster than a dense matmul's: on a Xeon with AMX, a 1536
 tree of tens of tokens then costs several one-token passes and --budget auto keeps trees small. Where
 the plan has the room (an in-memory target; `keep_dense_copies`' `room`), each Int4Linear keeps a
 dense copy of its weight in the compute dtype beside the packed one, and inputs wider than the
-crossover measured at its own shape multiply the copy (`copy_choice`); one token keeps the fused
-kernel. Where a copy in the compute dtype never beats the fused kernel (quant/widths.py's
-`dense_rows`: a CPU without bf16 instructions, whose bf16 products are emulated), the copy is kept
-in float32 where that does (quant/float32_copies.py): wide inputs are cast to float32 and the
-product back, at twice the bytes.
+crossover measured at its own shape (quant/widths.py's `dense_rows`) multiply the copy; one token
+keeps the fused kernel.
 
 The copy is the packed weight expanded once, w = (q - 8) * scale + zero in float32 (bitwise the
-fused kernel's weights, int4_chunks), and rounded once to the compute dtype (a float32 copy holds
-them exactly). A row of a tree pass is therefore not the bits of the same row in a one-token pass:
-the rounded weights move a bf16 logit by a few hundredths at most (docs/exactness.md), a float32
-copy's product only rounds differently, and tree-versus-sequential comparisons follow the bf16
-near-tie rule. The copy is held as a plain attribute, not a buffer: state_dict, layer files and
+fused kernel's weights, int4_chunks) and rounded once to the compute dtype. A row of a tree pass is
+therefore not the bits of the same row in a one-token pass: the rounded weights move a bf16 logit by
+a few hundredths at most (docs/exactness.md), and tree-versus-sequential comparisons follow the
+bf16 near-tie rule. The copy is held as a plain attribute, not a buffer: state_dict, layer files and
 streamed bytes stay the packed form alone.
 """
 
@@ -27,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.float32_copies import float32_copy_rows, float32_linear
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import dequantized
 from specchat.quant.int4_expand import expand_int4, triton_available
@@ -37,84 +32,54 @@ from specchat.quant.widths import dense_copy_linear, dense_rows
 
 
 @dataclass(frozen=True)
-class CopyChoice:
-    """A copy in `dtype` multiplies inputs of at least `from_rows` rows."""
-
-    from_rows: int
-    dtype: torch.dtype
-
-
-@dataclass(frozen=True)
 class DenseCopy:
     """What an Int4Linear multiplies inputs of at least `from_rows` rows with (bias not included)."""
 
     linear: nn.Module  # an nn.Linear, or its PrepackedLinear where oneDNN's prepacked product pays
     from_rows: int
-    dtype: torch.dtype  # the copy's: inputs are cast to it, the product back to theirs
-
-    def __call__(self, flat: Tensor) -> Tensor:
-        return self.linear(flat.to(self.dtype)).to(flat.dtype)
 
 
-def copy_choice(in_features: int, out_features: int, dtype: torch.dtype) -> CopyChoice | None:
-    """The copy a 4-bit linear of this shape and compute dtype keeps on this CPU: in `dtype` from
-    the rows where that beats the packed products; where it never does, in float32 from the rows
-    where that does; None where neither pays."""
-    rows = dense_rows(in_features, out_features, dtype)
-    if rows is not None:
-        return CopyChoice(rows, dtype)
-    rows = None if dtype == torch.float32 else float32_copy_rows(in_features, out_features, dtype)
-    return None if rows is None else CopyChoice(rows, torch.float32)
-
-
-def expand(linear: Int4Linear, dtype: torch.dtype | None = None) -> Tensor:
-    """The linear's weight [O, I] over its (permuted) inputs in `dtype` (its compute dtype unless
-    given): on CUDA by the expansion kernel wide passes run there (quant/int4_expand.py), else in
-    float32 chunks of torch ops; both compute (q - 8) * scale + zero in float32 and round it once."""
-    dtype = dtype or linear.compute_dtype
+def expand(linear: Int4Linear) -> Tensor:
+    """The linear's weight [O, I] over its (permuted) inputs in its compute dtype: on CUDA by the
+    expansion kernel wide passes run there (quant/int4_expand.py), else in float32 chunks of torch
+    ops; both compute (q - 8) * scale + zero in float32 and round it once to the compute dtype."""
     layout = layout_for(linear.packed.device, linear.in_features)
     if layout is None:
         # dense_rows rules such a layout out before any copy is asked for
         raise SpecchatError("this torch's int4 layout cannot be read back: no dense copy")
     if linear.packed.device.type == "cuda" and triton_available():
-        return expand_int4(linear.packed, linear.scales_and_zeros, linear.group_size, layout, dtype)
-    return dequantized(linear.packed, linear.scales_and_zeros, linear.group_size, layout, dtype)
+        return expand_int4(linear.packed, linear.scales_and_zeros, linear.group_size, layout, linear.compute_dtype)
+    return dequantized(linear.packed, linear.scales_and_zeros, linear.group_size, layout, linear.compute_dtype)
 
 
 def dense_copy_bytes(model: nn.Module) -> int:
     """What `keep_dense_copies` would add for every Int4Linear of `model` (on any device, a
     skeleton's included) whose shape gains from a copy on this CPU."""
-    return sum(copy_bytes(linear, choice) for linear, choice in gaining(model))
+    return sum(copy_bytes(linear) for linear in gaining(model))
 
 
 def keep_dense_copies(model: nn.Module, room: int) -> int:
     """Give the Int4Linears of `model` on a CPU whose shape gains from it a dense copy, in the
     model's order, while the copies fit in `room` bytes; returns the bytes kept."""
     kept = 0
-    for linear, choice in gaining(model):
-        if linear.packed.device.type != "cpu" or kept + copy_bytes(linear, choice) > room:
+    for linear in gaining(model):
+        if linear.packed.device.type != "cpu" or kept + copy_bytes(linear) > room:
             continue
-        linear.dense = DenseCopy(copy_linear(expand(linear, choice.dtype)), choice.from_rows, choice.dtype)
-        kept += copy_bytes(linear, choice)
+        linear.dense = DenseCopy(dense_copy_linear(expand(linear)), dense_rows(*shape_of(linear)))
+        kept += copy_bytes(linear)
     return kept
 
 
-def copy_linear(weight: Tensor) -> nn.Module:
-    """The copy's product: float32 through float32_copies' (what its crossover was timed with)."""
-    return float32_linear(weight) if weight.dtype == torch.float32 else dense_copy_linear(weight)
-
-
-def gaining(model: nn.Module) -> list[tuple[Int4Linear, CopyChoice]]:
-    linears = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    return [(m, choice) for m in linears if (choice := copy_choice(*shape_of(m))) is not None]
+def gaining(model: nn.Module) -> list[Int4Linear]:
+    return [m for m in model.modules() if isinstance(m, Int4Linear) and dense_rows(*shape_of(m)) is not None]
 
 
 def shape_of(linear: Int4Linear) -> tuple[int, int, torch.dtype]:
     return linear.in_features, linear.out_features, linear.compute_dtype
 
 
-def copy_bytes(linear: Int4Linear, choice: CopyChoice) -> int:
-    return linear.in_features * linear.out_features * choice.dtype.itemsize
+def copy_bytes(linear: Int4Linear) -> int:
+    return linear.in_features * linear.out_features * linear.compute_dtype.itemsize
 
 
 def expand_linears(module: nn.Module) -> int:

@@ -2,7 +2,7 @@
 measures it, the widths each probe times, and how each choice is kept.
 
 A 4-bit linear (Int4Linear) multiplies `rows` inputs by the first of these that applies:
-  a CPU's dense copy (int4_dense)   rows >= its from_rows, where the plan kept a copy
+  a CPU's dense copy (int4_dense)   rows >= dense_rows(shape), where the plan kept a copy
   a draft's registers (int4_gemm)   CUDA, rows within gemm_span(shape): tiles expanded in the matmul
   CUDA's expansion (int4_expand)    rows >= expand_rows(shape): Triton expands, cuBLAS multiplies
   the fused kernel (int4_pack)      rows <= width_choice's fused_rows
@@ -73,7 +73,7 @@ def int4_product(linear: nn.Module, flat: Tensor, scales_and_zeros: Tensor) -> T
     product that serves its width on its device."""
     rows = flat.shape[0]
     if linear.dense is not None and rows >= linear.dense.from_rows:
-        return linear.dense(flat)
+        return linear.dense.linear(flat)
     layout = layout_for(flat.device, linear.in_features)
     if in_registers(linear, rows):
         return w4a16_tiled_linear(flat.contiguous(), linear.packed, scales_and_zeros, linear.group_size, layout)
