@@ -1,6 +1,9 @@
 """The benchmark scripts that write rows into a folder refuse one that already holds their rows,
-before loading anything: a rerun measures into a fresh folder and never replaces rows kept."""
+before loading anything: a rerun measures into a fresh folder and never replaces rows kept; and
+what the smaller ones print."""
 
+import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -8,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.scripts import load_script
-from helpers.tiny import tiny_qwen_config
+from helpers.tiny import tiny_models, tiny_qwen_config
 
+from specchat import loader
 from specchat.decoding.tree import TreeShape
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -163,3 +167,22 @@ def test_the_tree_widths_bench_counts_a_trees_steps_and_rows(tiny_target, tiny_d
 def test_the_tree_widths_bench_refuses_an_empty_budget_or_batch(args, monkeypatch, capsys):
     code, stderr = run_script("bench_tree_widths.py", args, monkeypatch, capsys)
     assert code == 2 and "every budget and batch are at least 1" in stderr
+
+
+def test_the_probe_bench_times_the_probe_over_the_apps_cap_with_choices_kept_apart(tiny_target, tiny_draft,
+                                                                                     monkeypatch, capsys):
+    """The app's models (the tiny pair stands in for the loaded defaults), probed `--runs` times at
+    auto's own cap; the load's machine choices go to a temporary folder, not the one in use."""
+    in_use, loads = os.environ["SPECCHAT_PROBE_DIR"], []
+
+    def load_tiny(options, progress):
+        loads.append((options.offload, os.environ["SPECCHAT_PROBE_DIR"]))
+        return tiny_models(tiny_target, tiny_draft)
+
+    monkeypatch.setattr(loader, "load_models", load_tiny)
+    lines = script_output("bench_probe.py", ["--runs", "2", "--offload", "none"], monkeypatch, capsys)
+    ((offload, probes),) = loads
+    assert offload == "none" and probes != in_use and not Path(probes).exists()  # removed after the runs
+    runs = [line for line in lines if line.startswith("run ")]
+    assert [line.split(":")[0] for line in runs] == ["run 0", "run 1"]
+    assert all(re.search(r"probe [\d.]+ s; target sizes \(1, 2, ", line) for line in runs)
