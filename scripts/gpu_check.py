@@ -31,8 +31,9 @@ through `specchat generate --json` at budgets 1024, 128 and 2048 under a 24 GB -
 as its reply ends, the draft, the pass, its stall, the bytes streamed, verification and host time, and
 tokens/s projected at the paper's generation rates here and on a 24 GB PCIe 4.0 card (it writes ~50 GB
 of disk; the AWQ pair took 4.5 minutes on an H200; it prints each pair's writing and each reply's wall
-time, and `--only TARGET` runs one pair, so that each fits a command of 10 minutes); --pair --dry-run
-runs it over shrunk models on any device.
+time, and `--only TARGET` runs one pair, so that each fits a command of 10 minutes); `--trace DIR`
+adds one reply at budget 1024 under `generate --trace` (a Chrome trace into DIR, in no row), summed up
+per span and kernel; --pair --dry-run runs it over shrunk models on any device.
 
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
 target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft (its
@@ -66,6 +67,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parts", help=f"with --scale: some of {','.join(PARTS)} (comma-separated; default all)")
     parser.add_argument("--only", choices=[pair.target for pair in PAIRS],
                         help="with --pair: this target's pair alone (one pair fits a 10-minute command)")
+    parser.add_argument("--trace", type=Path, help="with --pair: one more reply at the judged budget traced into this "
+                        "folder (generate --trace), summed up per span and kernel")
     options = parser.parse_args(argv)
     if options.scale and options.pair:
         parser.error("--scale and --pair are two checks: run one at a time")
@@ -73,6 +76,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error("--dry-run goes with --scale or --pair")
     if options.only is not None and not options.pair:
         parser.error("--only goes with --pair")
+    if options.trace is not None and not options.pair:
+        parser.error("--trace goes with --pair")
+    if options.trace is not None and not options.trace.is_dir():
+        parser.error(f"--trace {options.trace}: no such folder")
     if options.layers is not None and not options.scale:
         parser.error("--layers goes with --scale")
     if options.layers is not None and options.layers <= SLOTS:

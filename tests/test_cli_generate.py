@@ -23,6 +23,8 @@ from transformers import AutoTokenizer
 from specchat.cli_generate import run_generation
 from specchat.errors import SpecchatError
 from specchat.runtime import encode_prompt
+from specchat.trace_summary import read_trace, summarize_trace
+from specchat.tracing import SKIPPED_ITERATIONS, TRACED_ITERATIONS
 from specchat.tui.fake import fixed_event
 
 
@@ -158,3 +160,27 @@ def test_a_system_prompt_goes_before_the_message_in_the_template():
     tokenizer.chat_template = None
     with pytest.raises(SpecchatError, match="--system goes into the chat template, which this prompt does not use"):
         encode_prompt(tokenizer, "hi", raw=False, system="Be brief.")
+
+
+def test_trace_writes_the_iterations_past_the_first_three_each_with_its_spans(monkeypatch, capsys, tmp_path,
+                                                                               tiny_dirs):  # noqa: F811
+    target, draft, _ = tiny_dirs
+    trace = tmp_path / "reply.json.gz"
+    common = ["generate", "hello world", "--target", str(target), "--draft", str(draft), "--raw", "--budget", "4",
+              "--temperature", "0", "--dtype", "float32", "--trace", str(trace)]
+    code, out, err = run_cli(monkeypatch, capsys, *common, "--max-new-tokens", "12", "--engine", "specexec", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["iterations"]) > SKIPPED_ITERATIONS + TRACED_ITERATIONS
+    spans = [(f.step, f.span) for f in summarize_trace(read_trace(trace))]
+    assert spans == [(step, span) for step in range(3, 6) for span in ("draft", "pass", "verify")]
+    code, _, err = run_cli(monkeypatch, capsys, *common, "--max-new-tokens", "2")
+    assert code == 0 and "--trace records from the reply's iteration 4: this one ran 2" in err
+
+
+def test_a_trace_file_that_cannot_be_written_is_refused_before_anything_loads(monkeypatch, capsys, tmp_path,
+                                                                             tiny_dirs):  # noqa: F811
+    target, draft, _ = tiny_dirs
+    monkeypatch.setattr("specchat.loader.load_models", lambda options: pytest.fail("loaded"))
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(target), "--draft", str(draft),
+                           "--trace", str(tmp_path / "missing" / "reply.json"))
+    assert_one_line_error(code, err, "--trace", "does not exist")

@@ -60,6 +60,9 @@ def generate(
                                             "the JSON schema in this file (specexec and autoregressive)."),
     grammar: Path | None = typer.Option(None, "--grammar", help="Reply in the language of the Lark grammar in this "
                                         "file (llguidance's dialect; specexec and autoregressive)."),
+    trace: Path | None = typer.Option(None, "--trace", help="Record iterations 4-6 of the reply (host and "
+                                      "device) in this Chrome trace file (.json or .json.gz), for Perfetto or "
+                                      "scripts/trace_summary.py."),
     *,
     options: EngineOptions,
 ) -> None:
@@ -74,6 +77,9 @@ def generate(
         raise SpecchatError("give --json-schema or --grammar, not both")
     schema = read_schema_file(json_schema, "--json-schema") if json_schema is not None else None
     lark = read_user_file(grammar, "--grammar") if grammar is not None else None
+    if trace is not None:
+        from specchat.tracing import check_trace_path
+        check_trace_path(trace)
     from specchat.cli_generate import run_generation
     from specchat.loader import load_models
     from specchat.runtime import live_settings_of
@@ -85,7 +91,7 @@ def generate(
         if lark is not None:
             sampling = replace(sampling, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       sampling, as_json, system)
+                       sampling, as_json, system, trace)
     finally:
         models.close()
 

@@ -3,16 +3,19 @@ one JSON object of the text, the token ids, every iteration and the summary."""
 
 import json
 import sys
+from pathlib import Path
 from time import perf_counter
 
 from specchat.limits import reply_limit
 from specchat.runtime import Engine, Models, SamplingParams, encode_prompt
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
+from specchat.tracing import SKIPPED_ITERATIONS, traced_reply
 
 
 def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
-                   sampling: SamplingParams, as_json: bool, system: str | None = None) -> None:
+                   sampling: SamplingParams, as_json: bool, system: str | None = None,
+                   trace: Path | None = None) -> None:
     prompt_ids = encode_prompt(models.tokenizer, prompt, raw, system)
     room = reply_limit(len(prompt_ids), max_new_tokens, models.context)
     if room < max_new_tokens:
@@ -22,14 +25,19 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
     events = []
     start = perf_counter()
     try:
-        for event in engine.generate(prompt_ids, room, sampling):
-            events.append(event)
-            if event.notice:
-                print(f"notice: {event.notice}", file=sys.stderr)
-            delta = text.push(event.token_ids)
-            if not as_json:
-                sys.stdout.write(delta)
-                sys.stdout.flush()
+        with traced_reply(trace) as iteration_done:
+            for event in engine.generate(prompt_ids, room, sampling):
+                iteration_done()
+                events.append(event)
+                if event.notice:
+                    print(f"notice: {event.notice}", file=sys.stderr)
+                delta = text.push(event.token_ids)
+                if not as_json:
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+        if trace is not None and len(events) <= SKIPPED_ITERATIONS:
+            print(f"notice: --trace records from the reply's iteration {SKIPPED_ITERATIONS + 1}: this one ran "
+                  f"{len(events)}, so {trace} holds none of them", file=sys.stderr)
     except KeyboardInterrupt:
         # Ctrl+C keeps what was generated: the text so far (with --json, its record) and the figures,
         # then exits 130 as the interrupt would have

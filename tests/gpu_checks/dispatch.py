@@ -47,5 +47,6 @@ def run(options: argparse.Namespace, device: torch.device) -> int:
         if options.scale:
             return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch), options.parts)
         if options.pair:
-            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch), options.only)
+            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch), options.only,
+                            options.trace)
         return run_checks(device, Path(scratch))

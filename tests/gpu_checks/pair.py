@@ -27,6 +27,8 @@ from gpu_checks.verdict import Verdict, exit_code, judged, table
 from specchat.doctor.plan import doctor_options, doctor_plan
 from specchat.machine_choices import kept_choices
 from specchat.offload.placement import Placement
+from specchat.trace_summary import read_trace, summary_text
+from specchat.tracing import SKIPPED_ITERATIONS, TRACED_ITERATIONS
 from specchat.plan.machine import Machine
 
 CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
@@ -35,6 +37,7 @@ WHOLE_HEAD = 0  # --draft-vocab's whole head (generate says why)
 PROBE_GB = 0.25  # doctor's disk probe: the disk tier's speed, which a 24 GB budget on a large host does not use
 # doctor's lines the check shows: the links it measured (kept for generate's plan), the placement,
 # and the draft's form auto chose with each form's predicted iteration
+TRACE_KERNELS = 12  # the kernels a traced reply's summary lists a span
 DOCTOR_LINES = ("  host->device", "  disk read", "  context", "  layers", "  per pass", "  auto")
 
 
@@ -69,9 +72,10 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def run_pair(sizes: PairSizes, device: torch.device, workdir: Path, only: str | None = None) -> int:
+def run_pair(sizes: PairSizes, device: torch.device, workdir: Path, only: str | None = None,
+             traces: Path | None = None) -> int:
     """Every pair's (or the pair of the target `only`'s) table, placement and verdicts, then the
-    verdicts' table; 1 when one failed."""
+    verdicts' table; 1 when one failed. With `traces`, a folder: each pair's traced reply there too."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
     say(f"pair check on {where}, torch {torch.__version__}" + (f" (dry run, shrunk: {sizes.shrink})" if sizes.dry_run
                                                               else ""))
@@ -80,12 +84,13 @@ def run_pair(sizes: PairSizes, device: torch.device, workdir: Path, only: str | 
     verdicts = []
     for aliases in PAIRS:
         if only in (None, aliases.target):
-            verdicts += check_pair(aliases, sizes, device, workdir)
+            verdicts += check_pair(aliases, sizes, device, workdir, traces)
     say(table(verdicts))
     return exit_code(verdicts)
 
 
-def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, workdir: Path) -> list[Verdict]:
+def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, workdir: Path,
+               traces: Path | None = None) -> list[Verdict]:
     say(f"writing {aliases.target} and {aliases.draft} with random weights ...")
     start = time.monotonic()
     target = write_model(aliases.target, sizes.target_layers, sizes.shrink, workdir / "target", device)
@@ -99,6 +104,8 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
             rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir), sizes.warm_trees))
             say_row(aliases, rows[-1], device, workdir)
             say(f"budget {budget}: {passes_line(rows[-1], sizes.warm_trees)}")
+        if traces is not None:
+            say(traced(target, draft, sizes, workdir, traces / f"trace-{aliases.target}-{sizes.budgets[0]}.json.gz"))
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
         return [judged(f"{aliases.target}: generate", False, str(failure))]
     finally:
@@ -111,6 +118,24 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def traced(target: Path, draft: Path, sizes: PairSizes, workdir: Path, trace: Path) -> str:
+    """One more reply at the judged budget under `generate --trace` (its figures in no row: the
+    profiler slows what it records), long enough for the iterations traced, summed up per span and
+    kernel (scripts/trace_summary.py)."""
+    budget = sizes.budgets[0]
+    new_tokens = max(sizes.new_tokens, SKIPPED_ITERATIONS + TRACED_ITERATIONS + 1)
+    try:
+        record = generate(target, draft, budget, replace(sizes, new_tokens=new_tokens), workdir,
+                          ("--trace", str(trace)))
+    except RuntimeError as failure:  # the rows and verdicts stand without it
+        return f"budget {budget}: the traced reply failed: {failure}"
+    ran = len(record["iterations"])
+    if ran <= SKIPPED_ITERATIONS:  # its trees accepted enough to end within the iterations warming up
+        return f"budget {budget}: traced nothing: the reply ended after {ran} iterations"
+    summary = summary_text(read_trace(trace), ("draft", "pass"), TRACE_KERNELS)
+    return f"budget {budget}, traced in {trace.name}:\n{summary}"
 
 
 def gemm_served() -> str:
@@ -170,16 +195,17 @@ def doctor(target: Path, draft: Path, sizes: PairSizes, workdir: Path) -> str:
     return "\n".join([f"doctor ({time.monotonic() - start:.0f} s):", *shown])
 
 
-def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: Path) -> dict:
-    """`specchat generate --json`'s record of one greedy reply at `budget`; RuntimeError with its
-    last line of stderr when it fails."""
+def generate(target: Path, draft: Path, budget: int, sizes: PairSizes, workdir: Path,
+             extra: tuple[str, ...] = ()) -> dict:
+    """`specchat generate --json`'s record of one greedy reply at `budget` (with `extra` options);
+    RuntimeError with its last line of stderr when it fails."""
     command = [sys.executable, "-m", "specchat", "generate", prompt_words(PROMPT_WORDS), "--raw", "--json",
                "--temperature", "0", "--max-new-tokens", str(sizes.new_tokens), "--target", str(target),
                "--draft", str(draft), "--budget", str(budget), "--max-depth", str(sizes.max_depth), "--ranked-tree",
                # the whole head: a device carries no corpus to rank a sub-vocabulary on, and a step with the
                # whole head costs at least what it would with part of it (the step's verdict is not eased)
                "--draft-vocab", str(WHOLE_HEAD),
-               "--offload-dir", str(workdir / "layers"), *sizes.offload]
+               "--offload-dir", str(workdir / "layers"), *sizes.offload, *extra]
     say(f"budget {budget}: specchat generate ...")
     start = time.monotonic()
     done = run_checked(command, f"budget {budget}: generate")

@@ -28,10 +28,10 @@ PLAN = {"resident_layers": 16, "ram_layers": 64, "disk_layers": 0, "pass_bytes":
         "draft_quant": "none", "notes": []}
 
 
-def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
+def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu(tmp_path):
     env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--pair", "--dry-run"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--pair", "--dry-run", "--trace", str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("pair check on the CPU")
@@ -47,8 +47,8 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert contexts[0].endswith("draft in int8") and contexts[1].endswith("draft in none")  # as generate chooses below
     # each budget's row and placement follow its reply at once: a command cut short at its limit keeps them
     exits = [index for index, line in enumerate(lines) if line.startswith("budget 16: exited 0 after ")]
-    assert len(exits) == 2
-    for exited in exits:
+    assert len(exits) == 4  # each pair's reply, then its traced one (--trace, below)
+    for exited in exits[::2]:
         assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
         assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
         assert lines[exited + 3].startswith("budget 16: each tree's pass, s: 0.")
@@ -61,6 +61,14 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu():
     assert sum("dry run: no verdict" in line for line in lines) == 7
     assert lines.count("int4_gemm served nothing: no 4-bit draft linear on CUDA was probed") == 2  # a CPU's drafts
     assert lines.count("int4 expansion served nothing: no 4-bit linear on CUDA was probed") == 2
+    # --trace: one more reply a pair at the judged budget, traced (in no row) and summed up: the GPTQ pair's
+    # seven iterations hold the three traced; the AWQ pair's trees accepted enough to end sooner
+    traced = lines.index("budget 16, traced in trace-llama-2-70b-gptq-16.json.gz:")
+    spans = [f"| {step} | {span} | " for step in (3, 4, 5) for span in ("draft", "pass", "verify")]
+    assert all(line.startswith(span) for line, span in zip(lines[traced + 3:traced + 12], spans, strict=True))
+    assert (tmp_path / "trace-llama-2-70b-gptq-16.json.gz").is_file()
+    for exited in exits[1::2]:
+        assert lines[exited + 1].startswith(("budget 16, traced in ", "budget 16: traced nothing: "))
     assert "Traceback" not in done.stderr
 
 

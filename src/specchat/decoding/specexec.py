@@ -35,6 +35,7 @@ from specchat.decoding.sampling import emit_token
 from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape, assemble, node_paths, rank
 from specchat.device_clock import now
 from specchat.stopwatch import Stopwatch
+from specchat.tracing import span
 
 Grown = TypeVar("Grown", bound=GrownTree)
 NodeRows = Callable[[int], torch.Tensor]  # a tree node -> the target's logits there [V]
@@ -88,16 +89,19 @@ def iterate(strategy: TreeStrategy, target: CausalLM, draft: CausalLM, caches: t
     target_cache, draft_cache = caches
     devices = (target.device, draft.device)
     start, cached, committed = now(*devices), cache_length(draft_cache), len(seq)
-    root = catch_up(draft, draft_cache, torch.tensor(seq[cached:]), cached)  # 1. the root is seq[L-1]
-    caught_up_at = now(draft.device)
-    grown = strategy.grow(draft, draft_cache, root, shape, sampling)  # 2. SpecExec's: `grow` below
-    drafted_at = now(*devices)
-    hidden = score(target, target_cache, grown.tree, prefix=committed - 1)  # 3. every node's hidden state
-    pass_s = now(target.device) - drafted_at  # the forward (and its mask): the rest is verification
-    logits = NodeLogits(target, grown.tree, hidden)  # the LM head's rows, as the walk asks for them
-    logits.compute_upfront()
-    verdict = strategy.walk(grown, logits.of, sampling, committed, max_tokens, stop_ids)  # 4. from position L
-    prune(caches, grown, verdict, committed)  # 5.
+    with span("draft"):  # each span ends at a synchronized reading: a trace's span holds its device work
+        root = catch_up(draft, draft_cache, torch.tensor(seq[cached:]), cached)  # 1. the root is seq[L-1]
+        caught_up_at = now(draft.device)
+        grown = strategy.grow(draft, draft_cache, root, shape, sampling)  # 2. SpecExec's: `grow` below
+        drafted_at = now(*devices)
+    with span("pass"):
+        hidden = score(target, target_cache, grown.tree, prefix=committed - 1)  # 3. every node's hidden state
+        pass_s = now(target.device) - drafted_at  # the forward (and its mask): the rest is verification
+    with span("verify"):
+        logits = NodeLogits(target, grown.tree, hidden)  # the LM head's rows, as the walk asks for them
+        logits.compute_upfront()
+        verdict = strategy.walk(grown, logits.of, sampling, committed, max_tokens, stop_ids)  # 4. from position L
+        prune(caches, grown, verdict, committed)  # 5.
     seq.extend(verdict.tokens)
     return Iteration(grown, verdict, catch_up=committed - cached, catch_up_s=caught_up_at - start,
                      draft_s=drafted_at - start, pass_s=pass_s, wall_s=now(*devices) - start)

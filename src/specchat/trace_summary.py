@@ -1,0 +1,129 @@
+"""A `generate --trace` file summed up: per traced iteration and per span (draft, pass, verify), the
+host's seconds, how long the device computed (kernels on any stream, overlaps counted once), how
+long the link brought weights in (host->device copies) and how many bytes, and how long the device
+did neither; then the kernels that took the most device time in each span. Each span ends at a
+synchronized clock reading (decoding/specexec.py), so the device work launched in a span runs
+inside it; what runs across a boundary is cut at it. Times in the trace are microseconds."""
+
+import gzip
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from specchat.tracing import SPAN_PREFIX
+
+STEP_PREFIX = "ProfilerStep#"
+KERNEL, COPY = "kernel", "gpu_memcpy"
+HOST_TO_DEVICE = "HtoD"  # in a copy's name: "Memcpy HtoD (Pinned -> Device)"
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class SpanFigures:
+    """One span of one iteration, in ms (bytes in GB)."""
+
+    step: int
+    span: str
+    host_ms: float
+    compute_ms: float  # kernels running, on any stream
+    link_ms: float  # host->device copies running
+    link_gb: float
+    idle_ms: float  # neither
+
+
+def read_trace(path: Path) -> list[dict]:
+    """The trace's complete events ("ph": "X")."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as file:
+        events = json.load(file)["traceEvents"]
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def summarize_trace(events: list[dict]) -> list[SpanFigures]:
+    """Every span of every traced iteration, in order."""
+    steps = [(int(e["name"][len(STEP_PREFIX):]), interval(e)) for e in events if e["name"].startswith(STEP_PREFIX)]
+    spans = [(e["name"][len(SPAN_PREFIX):], interval(e)) for e in events
+             if e["name"].startswith(SPAN_PREFIX) and e.get("cat") == "user_annotation"]
+    kernels = [interval(e) for e in events if e.get("cat") == KERNEL]
+    copies = [e for e in events if e.get("cat") == COPY and HOST_TO_DEVICE in e["name"]]
+    figures = []
+    for step, bounds in sorted(steps):
+        for name, (start, end) in spans:
+            if bounds[0] <= start < bounds[1]:
+                figures.append(span_figures(step, name, (start, end), kernels, copies))
+    return figures
+
+
+def span_figures(step: int, name: str, bounds: Interval, kernels: list[Interval], copies: list[dict]) -> SpanFigures:
+    compute = clipped(kernels, bounds)
+    link = clipped([interval(e) for e in copies], bounds)
+    moved = sum(e["args"].get("bytes", 0) * share(interval(e), bounds) for e in copies)
+    busy = covered(compute + link)
+    return SpanFigures(step, name, (bounds[1] - bounds[0]) / 1e3, covered(compute) / 1e3, covered(link) / 1e3,
+                       moved / 1e9, (bounds[1] - bounds[0] - busy) / 1e3)
+
+
+def top_kernels(events: list[dict], span: str, count: int) -> list[tuple[str, int, float]]:
+    """The `count` kernels with the most device time inside `span` over the traced iterations:
+    (name, calls, ms) each per iteration."""
+    bounds = [interval(e) for e in events if e["name"] == SPAN_PREFIX + span and e.get("cat") == "user_annotation"]
+    if not bounds:
+        return []
+    calls, micros = defaultdict(int), defaultdict(float)
+    for e in events:
+        if e.get("cat") == KERNEL:
+            inside = sum(overlap(interval(e), b) for b in bounds)
+            if inside > 0:
+                calls[e["name"]] += 1
+                micros[e["name"]] += inside
+    ranked = sorted(micros, key=micros.get, reverse=True)[:count]
+    return [(name, round(calls[name] / len(bounds)), micros[name] / len(bounds) / 1e3) for name in ranked]
+
+
+def interval(event: dict) -> Interval:
+    return float(event["ts"]), float(event["ts"]) + float(event["dur"])
+
+
+def overlap(a: Interval, b: Interval) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def share(a: Interval, b: Interval) -> float:
+    """The part of `a` inside `b` (a copy's bytes are counted by its time in the span)."""
+    return overlap(a, b) / (a[1] - a[0]) if a[1] > a[0] else float(b[0] <= a[0] < b[1])
+
+
+def clipped(intervals: list[Interval], bounds: Interval) -> list[Interval]:
+    return [(max(s, bounds[0]), min(e, bounds[1])) for s, e in intervals if overlap((s, e), bounds) > 0]
+
+
+def covered(intervals: list[Interval]) -> float:
+    """The length of the intervals' union: streams that overlap are counted once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def summary_text(events: list[dict], spans: tuple[str, ...], kernels: int) -> str:
+    """The figures' table, then each span's `kernels` busiest kernels (a trace made on a CPU has none)."""
+    tables = [figures_table(summarize_trace(events))]
+    if not any(e.get("cat") == KERNEL for e in events):
+        return "\n\n".join([*tables, "no device kernels in the trace: a CPU's run has host times alone"])
+    return "\n\n".join([*tables, *(kernels_table(top_kernels(events, span, kernels), span) for span in spans)])
+
+
+def figures_table(figures: list[SpanFigures]) -> str:
+    rows = [f"| {f.step} | {f.span} | {f.host_ms:.1f} | {f.compute_ms:.1f} | {f.link_ms:.1f} | {f.link_gb:.2f} "
+            f"| {f.idle_ms:.1f} |" for f in figures]
+    return "\n".join(["| iteration | span | host ms | device computing ms | link copying ms | GB copied | device "
+                      "idle ms |", "|---|---|---|---|---|---|---|", *rows])
+
+
+def kernels_table(kernels: list[tuple[str, int, float]], span: str) -> str:
+    rows = [f"| {name[:90].replace('|', '/')} | {calls} | {ms_each:.2f} |" for name, calls, ms_each in kernels]
+    return "\n".join([f"| {span}: kernel | calls an iteration | ms an iteration |", "|---|---|---|", *rows])
