@@ -19,7 +19,8 @@ from gpu_checks.verdict import Verdict
 
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import measure_step
-from specchat.quant.fp8 import fp8_runs_on
+from specchat.quant.fp8 import FP8_MAX, TINY, fp8_runs_on, quantize_rows
+from specchat.quant.fp8_rows import quantize_rows_fused
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: these tests check a GPU")]
@@ -100,3 +101,18 @@ def test_the_draft_step_probe_times_each_form_captured(kind):
         pytest.skip("fp8 products need compute capability 8.9")
     one_s, wide_s = measure_step(wide_config(), DraftQuant(kind), torch.bfloat16, CUDA, 86)
     assert 0 < one_s and 0 < wide_s
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not fp8_runs_on(CUDA), reason="no fp8 units on this GPU")
+def test_the_fused_fp8_row_kernel_quantizes_as_torchs_kernels_do_bit_for_bit():
+    """On the GPU (the CPU suite compares them under Triton's interpreter): a step's rows, at a
+    Llama-3-8B's widths, with a pad row of zeros."""
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    for cols in (4096, 14336):
+        rows = torch.randn(256, cols, generator=generator, device=CUDA, dtype=torch.bfloat16)
+        rows[7] *= 3e3
+        rows[255] = 0.0
+        quantized, scale = quantize_rows_fused(rows, TINY, FP8_MAX)
+        expected, expected_scale = quantize_rows(rows)
+        assert torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8))
+        assert torch.equal(scale, expected_scale)

@@ -9,8 +9,8 @@ scaling), rounding once into bfloat16:
   y[m, o] = sum_i (x[m, i] / a_m)_fp8 (w[o, i] / b_o)_fp8 * a_m * b_o  (+ bias[o])
 A row of zeros (a static step's pad) keeps a scale of TINY / 448, so no row divides by zero.
 Measured on an H200 (2026-11-30, docs/benchmarks.md): a 7B-shaped step captured took 7.0-10.9 ms
-at 1-256 tree tokens against bf16's 5.9-9.4. Scaling an input takes five small kernels, ~1.2 ms a
-step at one token, and at these widths the fp8 products gained nothing on bf16's; the plan weighs
+at 1-256 tree tokens against bf16's 5.9-9.4. Scaling an input took five small kernels, ~1.2 ms a
+step at one token: on CUDA one Triton kernel now does it (fp8_rows.py); the plan weighs
 the form by the step it measures (models/draft_step.py), so auto takes it only where it pays,
 as its halved bytes may on a card with less VRAM or a slower link.
 
@@ -22,6 +22,8 @@ same, its product through `widened_product` (and `scaled_product`, CUDA's, check
 
 import torch
 from torch import nn
+
+from specchat.quant.fp8_rows import fused_rows_serve, quantize_rows_fused
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -48,7 +50,7 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        quantized, scale = quantize_rows(rows)
+        quantized, scale = quantize_rows_fused(rows, TINY, FP8_MAX) if fused_rows_serve(rows) else quantize_rows(rows)
         if quantized.is_cuda:
             out = scaled_product(quantized, scale, self.weight, self.scale, x.dtype)
         else:
