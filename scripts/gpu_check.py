@@ -33,7 +33,9 @@ tokens/s projected at the paper's generation rates here and on a 24 GB PCIe 4.0 
 of disk; the AWQ pair took 4.5 minutes on an H200; it prints each pair's writing and each reply's wall
 time, and `--only TARGET` runs one pair, so that each fits a command of 10 minutes); `--trace DIR`
 adds one reply at budget 1024 under `generate --trace` (a Chrome trace into DIR, in no row), summed up
-per span and kernel; --pair --dry-run runs it over shrunk models on any device.
+per span and kernel; `--budgets 1024,2048` runs those budgets, and `--also '--resident-layers 0'` each
+budget once more with those generate options, its row beside (an A/B of one option in one run);
+--pair --dry-run runs it over shrunk models on any device.
 
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
 target streamed through a ring, per-linear products at its shapes, a Llama-2-7B-shaped draft (its
@@ -45,6 +47,7 @@ that a short command measures what it is for;
 """
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -69,6 +72,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="with --pair: this target's pair alone (one pair fits a 10-minute command)")
     parser.add_argument("--trace", type=Path, help="with --pair: one more reply at the judged budget traced into this "
                         "folder (generate --trace), summed up per span and kernel")
+    parser.add_argument("--budgets", help="with --pair: these budgets (comma-separated) instead of 1024,128,2048")
+    parser.add_argument("--also", help="with --pair: each budget once more with these generate options (as one "
+                        "quoted string, e.g. '--resident-layers 0'), its row beside, in no verdict")
     options = parser.parse_args(argv)
     if options.scale and options.pair:
         parser.error("--scale and --pair are two checks: run one at a time")
@@ -80,6 +86,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error("--trace goes with --pair")
     if options.trace is not None and not options.trace.is_dir():
         parser.error(f"--trace {options.trace}: no such folder")
+    if (options.budgets is not None or options.also is not None) and not options.pair:
+        parser.error("--budgets and --also go with --pair")
+    if options.budgets is not None:
+        options.budgets = parse_budgets(parser, options.budgets)
+    options.also = () if options.also is None else tuple(shlex.split(options.also))
     if options.layers is not None and not options.scale:
         parser.error("--layers goes with --scale")
     if options.layers is not None and options.layers <= SLOTS:
@@ -91,6 +102,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"--parts takes {', '.join(PARTS)}; got {', '.join(map(repr, unknown))}")
     return options
+
+
+def parse_budgets(parser: argparse.ArgumentParser, text: str) -> tuple[int, ...]:
+    try:
+        budgets = tuple(int(word) for word in text.split(","))
+    except ValueError:
+        parser.error(f"--budgets takes whole numbers, comma-separated; got {text!r}")
+    if any(budget < 1 for budget in budgets):
+        parser.error(f"--budgets must be 1 or more; got {text!r}")
+    return budgets
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ user cache."""
 
 import argparse
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,6 +48,7 @@ def run(options: argparse.Namespace, device: torch.device) -> int:
         if options.scale:
             return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch), options.parts)
         if options.pair:
-            return run_pair(DRY_PAIR if options.dry_run else FULL_PAIR, device, Path(scratch), options.only,
-                            options.trace)
+            sizes = DRY_PAIR if options.dry_run else FULL_PAIR
+            sizes = replace(sizes, budgets=options.budgets or sizes.budgets, also=options.also)
+            return run_pair(sizes, device, Path(scratch), options.only, options.trace)
         return run_checks(device, Path(scratch))

@@ -52,6 +52,7 @@ class PairSizes:
     shrink: dict = field(default_factory=dict)  # config overrides of both models: empty at the paper's sizes
     doctor: tuple[str, ...] = ()  # doctor's options that plan as generate's offload options do
     warm_trees: int = 0  # a reply's first trees, left out of its means (pair_rows.budget_row)
+    also: tuple[str, ...] = ()  # generate's options of a second reply at each budget, its row beside (--also)
 
     @property
     def dry_run(self) -> bool:
@@ -104,6 +105,9 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
             rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir), sizes.warm_trees))
             say_row(aliases, rows[-1], device, workdir)
             say(f"budget {budget}: {passes_line(rows[-1], sizes.warm_trees)}")
+            if sizes.also:
+                say_also(aliases, budget, generate(target, draft, budget, sizes, workdir, sizes.also), sizes, device,
+                         workdir)
         if traces is not None:
             say(traced(target, draft, sizes, workdir, traces / f"trace-{aliases.target}-{sizes.budgets[0]}.json.gz"))
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
@@ -118,6 +122,17 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
+
+
+def say_also(aliases: PairAliases, budget: int, record: dict, sizes: PairSizes, device: torch.device,
+             workdir: Path) -> None:
+    """The row, placement and passes of a budget's reply with --also's options (in no verdict)."""
+    row = budget_row(budget, record, sizes.warm_trees)
+    card = card_placement(aliases, ran_quant(row, device), workdir)
+    label = f"budget {budget} with {' '.join(sizes.also)}"
+    say(f"{label}: {row_line(row, card.pass_bytes)}")
+    say(f"{label}: {plan_line(row, card.resident, card.pass_bytes)}")
+    say(f"{label}: {passes_line(row, sizes.warm_trees)}")
 
 
 def traced(target: Path, draft: Path, sizes: PairSizes, workdir: Path, trace: Path) -> str:

@@ -291,13 +291,26 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
                                                   (["--pair", "--only", "llama-2-7b"], "invalid choice: 'llama-2-7b'"),
                                                   (["--pair", "--parts", "draft"], "--parts goes with --scale"),
                                                   (["--scale", "--parts", "draft,ring"],
-                                                   "--parts takes passes, linears, draft, moe, gemm, profile; got 'ring'")])
+                                                   "--parts takes passes, linears, draft, moe, gemm, profile; "
+                                                   "got 'ring'"),
+                                                  (["--scale", "--also", "--seed 1"], "--budgets and --also go with"),
+                                                  (["--pair", "--budgets", "1024,x"], "takes whole numbers"),
+                                                  (["--pair", "--budgets", "0"], "must be 1 or more"),
+                                                  (["--scale", "--trace", "."], "--trace goes with --pair"),
+                                                  (["--pair", "--trace", "no-such-folder"], "no such folder")])
 def test_bad_options_are_one_line(arguments, error, capsys):
     with pytest.raises(SystemExit) as exited:
         load_script("gpu_check").parse(arguments)
     out, err = capsys.readouterr()
     assert exited.value.code == 2 and out == "" and len(err.splitlines()) == 1
     assert error in err
+
+
+def test_budgets_and_the_options_of_a_second_reply_are_read_for_the_pair_check():
+    options = load_script("gpu_check").parse(["--pair", "--budgets", "1024,2048", "--also", "--resident-layers 0"])
+    assert options.budgets == (1024, 2048) and options.also == ("--resident-layers", "0")
+    plain = load_script("gpu_check").parse(["--pair"])
+    assert plain.budgets is None and plain.also == ()
 
 
 def test_the_script_run_with_bad_options_exits_2_in_one_line_before_torch_loads():

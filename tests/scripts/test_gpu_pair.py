@@ -7,13 +7,14 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from gpu_checks import pair
 from gpu_checks.pair import card_placement, expansion_served, gemm_served
 from gpu_checks.pair_aliases import PAIRS
-from gpu_checks.pair_rows import BudgetRow, budget_row, passes_line, plan_line, projected_s
+from gpu_checks.pair_rows import BudgetRow, budget_row, passes_line, plan_line, projected_s, row_line
 from gpu_checks.pair_verdicts import pair_verdicts
 from helpers.scripts import load_script
 
@@ -120,6 +121,20 @@ def test_a_row_leaves_out_the_trees_that_warm_up():
         budget_row(8, record, warm_trees=3)
     assert passes_line(made, 1) == "each tree's pass, s: 3.000 (warming up) | 0.800 0.800"
     assert passes_line(made, 0) == "each tree's pass, s: 3.000 0.800 0.800"
+
+
+def test_a_second_reply_with_other_options_prints_its_row_beside_labelled(monkeypatch, capsys, tmp_path):
+    first = {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 4.0, "pass_s": 3.0, "stall_s": 0.0,
+             "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0}
+    record = {"iterations": [first, first | {"pass_s": 0.8, "target_s": 0.9}],
+              "summary": {"wall_s": 10.0, "transfer_gbps": 2.0}, "plan": PLAN}
+    monkeypatch.setattr(pair, "card_placement", lambda *args: SimpleNamespace(resident=16, pass_bytes=29.09e9))
+    sizes = replace(pair.FULL_PAIR, warm_trees=1, also=("--resident-layers", "0"))
+    pair.say_also(PAIRS[1], 8, record, sizes, torch.device("cpu"), tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == ["budget 8 with --resident-layers 0"] * 3
+    assert lines[0].endswith(row_line(budget_row(8, record, 1), 29.09e9))
+    assert lines[2].endswith("each tree's pass, s: 3.000 (warming up) | 0.800")
 
 
 def test_the_placement_line_says_why_the_draft_is_in_its_form_where_auto_chose():
