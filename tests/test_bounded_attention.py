@@ -3,27 +3,22 @@ transformers' copied keys and values give, the calls give what one call gives, a
 enough is transformers' own path, a fused kernel takes every row at once, and every model the app
 builds or loads gets it. What a call holds, measured: tests/scripts/test_attention_memory.py."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 from helpers.attention import Attention, drawn
 from helpers.cli import tiny_dirs  # noqa: F401 (a fixture)
 from helpers.tiny import build_tiny, perturbed, tiny_qwen_config
-from torch.nn.attention import SDPBackend
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specchat import bounded_attention
 from specchat.bounded_attention import (
-    ALL_BACKENDS,
     ATTENTION_BYTES,
     GROUPED,
     LEAST_ROWS,
     MATH_BYTES_PER_SCORE,
     NAME,
     attention_bytes,
-    backends_for,
     bound_attention,
     bounded_sdpa,
     fused_kernel_takes,
@@ -33,6 +28,7 @@ from specchat.bounded_attention import (
     rows_per_call,
 )
 from specchat.checkpoint.skeleton import build_skeleton
+from specchat.decoding.kvcache import new_cache
 from specchat.engine_options import EngineOptions
 from specchat.loader import load_target, plan_run
 from specchat.models.loading import load
@@ -72,26 +68,6 @@ def test_a_call_holds_as_many_rows_as_the_bound_allows_and_the_plan_counts_it():
     assert attention_bytes(64, 8, 128, 2049, 6145, 2) == max(math, 910 * 8 * 6145 * 4) == math
     # a small pass in float32 (nothing to widen): its whole scores
     assert attention_bytes(32, 32, 128, 10, 100, 4) == 10 * 32 * 100 * 10
-
-
-def test_cuda_calls_outside_a_capture_leave_out_cudnn_which_builds_a_plan_a_shape(monkeypatch):
-    capturing = []
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(capturing))
-    on_cuda = SimpleNamespace(is_cuda=True)  # backends_for reads where the query is, nothing else
-    assert SDPBackend.CUDNN_ATTENTION not in backends_for(on_cuda)
-    assert set(backends_for(on_cuda)) == {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH}
-    capturing.append(True)  # a captured step's shapes repeat: its plan is built once
-    assert backends_for(on_cuda) == ALL_BACKENDS
-    assert backends_for(torch.zeros(1)) == ALL_BACKENDS  # a CPU's calls as they were
-
-
-def test_a_fused_kernel_left_out_is_not_asked_whether_it_serves(monkeypatch):
-    """Where cuDNN alone would take a call that SDPA may not give it, the rows are bounded: the
-    math path holds scores."""
-    query, key, value, attend = drawn(1, rows=20, keys=30)
-    monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", lambda params: True)
-    assert fused_kernel_takes(query, key, value, attend, ALL_BACKENDS)
-    assert not fused_kernel_takes(query, key, value, attend, [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
 
 
 @pytest.mark.parametrize("additive", [True, False], ids=["float-mask", "bool-mask"])

@@ -72,3 +72,12 @@ def test_a_weight_is_quantized_in_blocks_of_rows_as_it_would_be_whole(monkeypatc
     monkeypatch.setattr(fp8, "WEIGHT_ROWS", 16)
     blocks = fp8.quantize_weight(weight)
     assert all(torch.equal(a.float(), b.float()) for a, b in zip(whole, blocks))
+
+
+def test_a_rows_scale_is_its_largest_magnitude_times_float32s_one_over_448():
+    """The product CUDA computes for a division by a number (torch multiplies by the reciprocal
+    there): one function on both devices, and fp8_rows' kernel's."""
+    quantized, scale = quantize_rows(torch.tensor([[3.0, -1.0]]))
+    reciprocal = torch.tensor(1 / FP8_MAX, dtype=torch.float32)
+    assert reciprocal.item() == fp8.INVERSE_MAX and scale.item() == (torch.tensor(3.0) * reciprocal).item()
+    assert scale.item() != (torch.tensor(3.0) / FP8_MAX).item()  # a division rounds 3/448 otherwise

@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="triton is not installed (the test extra in
 # process prints, per case, whether the fp8 bytes and the scales are equal.
 COMPARE = """
 import json, torch
-from specchat.quant.fp8 import FP8_MAX, TINY, quantize_rows
+from specchat.quant.fp8 import FP8_MAX, INVERSE_MAX, TINY, quantize_rows
 from specchat.quant.fp8_rows import quantize_rows_fused
 
 def rows_for(cols, dtype, strided):
@@ -39,7 +39,7 @@ for cols in (16, 48, 4096, 14336):  # one block, a tail, a 7B's/8B's widths
     for dtype in (torch.bfloat16, torch.float32):
         for strided in (False, True):
             rows = rows_for(cols, dtype, strided)
-            quantized, scale = quantize_rows_fused(rows, TINY, FP8_MAX)
+            quantized, scale = quantize_rows_fused(rows, TINY, INVERSE_MAX, FP8_MAX)
             expected, expected_scale = quantize_rows(rows)
             same_bytes = torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8))
             equal[f"{cols} {str(dtype)[6:]} {'strided' if strided else 'contiguous'}"] = (
@@ -48,11 +48,11 @@ for cols in (16, 48, 4096, 14336):  # one block, a tail, a 7B's/8B's widths
 # 17 and 19 (steps of 2), 248 and -200 (steps of 16), 2^-6 + 2^-10 (a normal's half step), and
 # 9 and 3 half steps of 2^-9 (subnormals): ties go to the even neighbour
 ties = torch.tensor([[448.0, 17.0, 19.0, 248.0, -200.0, 2**-6 + 2**-10, 9 * 2**-10, -3 * 2**-10]])
-quantized, scale = quantize_rows_fused(ties, TINY, FP8_MAX)
+quantized, scale = quantize_rows_fused(ties, TINY, INVERSE_MAX, FP8_MAX)
 expected, expected_scale = quantize_rows(ties)
 equal["ties"] = torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8)) and scale.item() == 1.0
 equal["ties go to even"] = quantized.float().tolist()[0][1:5] == [16.0, 20.0, 256.0, -192.0]
-empty = quantize_rows_fused(torch.empty(0, 64, dtype=torch.bfloat16), TINY, FP8_MAX)
+empty = quantize_rows_fused(torch.empty(0, 64, dtype=torch.bfloat16), TINY, INVERSE_MAX, FP8_MAX)
 equal["no rows"] = empty[0].shape == (0, 64) and empty[1].shape == (0, 1)
 print(json.dumps(equal))
 """
@@ -84,7 +84,7 @@ def test_the_kernel_compiles_for_a_gpu_without_one(arch, monkeypatch):
     from triton.backends.compiler import GPUTarget
 
     signature = {"x_ptr": "*bf16", "out_ptr": "*u8", "scale_ptr": "*fp32", "cols": "i32", "stride": "i32",
-                 "tiny": "fp32", "largest_fp8": "fp32"}
+                 "tiny": "fp32", "inverse": "fp32", "largest_fp8": "fp32"}
     constants = {"BLOCK": 16384}
     source = triton.compiler.ASTSource(fn=fp8_rows._kernel(False), signature=signature | dict.fromkeys(constants,
                                        "constexpr"), constexprs=constants)

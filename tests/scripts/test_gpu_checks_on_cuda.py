@@ -19,7 +19,7 @@ from gpu_checks.verdict import Verdict
 
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import measure_step
-from specchat.quant.fp8 import FP8_MAX, TINY, fp8_runs_on, quantize_rows
+from specchat.quant.fp8 import FP8_MAX, INVERSE_MAX, TINY, fp8_runs_on, quantize_rows
 from specchat.quant.fp8_rows import quantize_rows_fused
 
 pytestmark = [pytest.mark.cuda,
@@ -112,7 +112,7 @@ def test_the_fused_fp8_row_kernel_quantizes_as_torchs_kernels_do_bit_for_bit():
         rows = torch.randn(256, cols, generator=generator, device=CUDA, dtype=torch.bfloat16)
         rows[7] *= 3e3
         rows[255] = 0.0
-        quantized, scale = quantize_rows_fused(rows, TINY, FP8_MAX)
+        quantized, scale = quantize_rows_fused(rows, TINY, INVERSE_MAX, FP8_MAX)
         expected, expected_scale = quantize_rows(rows)
         assert torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8))
         assert torch.equal(scale, expected_scale)

@@ -5,8 +5,8 @@ in fp8 at budget 1024) those five took 2.2 of a step's 9.2 ms of device time, ag
 fp8 products themselves.
 
 One program a row: the row whole in registers (up to 16384 inputs), in float32, then
-  scale = max(largest magnitude, TINY) / 448,   q = clamp(x / scale, -448, 448) as float8_e4m3fn
-with both divisions IEEE-rounded (div_rn, as torch's are) and the rounding to e4m3 to nearest even, so
+  scale = max(largest magnitude, TINY) * (1/448),   q = clamp(x / scale, -448, 448) as float8_e4m3fn
+with the division IEEE-rounded (div_rn, as torch's is) and the rounding to e4m3 to nearest even, so
 that the result is quantize_rows' bit for bit (the tests compare them under Triton's interpreter on
 a CPU, in a process that sets TRITON_INTERPRET before importing triton: tl.max is a function of
 Triton's library, decorated in the mode of that import). The clamp only guards the cast: x / scale
@@ -33,12 +33,12 @@ def _kernel(interpret: bool) -> Any:
     import triton.language as tl
 
     @triton.jit
-    def quantize(x_ptr, out_ptr, scale_ptr, cols, stride, tiny, largest_fp8, BLOCK: tl.constexpr):
+    def quantize(x_ptr, out_ptr, scale_ptr, cols, stride, tiny, inverse, largest_fp8, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
         inside = i < cols
         x = tl.load(x_ptr + row * stride + i, mask=inside, other=0.0).to(tl.float32)
-        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), tiny), largest_fp8)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), tiny) * inverse
         q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -largest_fp8), largest_fp8)
         # e4m3 rounded to nearest even on the bits, not by a cast (Triton's interpreter truncates
         # one); |q| <= 448. A normal (|q| >= 2^-6) keeps 3 of float32's 23 mantissa bits, its
@@ -62,9 +62,10 @@ def fused_rows_serve(rows: Tensor) -> bool:
     return rows.is_cuda and rows.shape[1] <= WIDEST and rows.stride(1) == 1 and triton_available()
 
 
-def quantize_rows_fused(rows: Tensor, tiny: float, largest: float) -> tuple[Tensor, Tensor]:
+def quantize_rows_fused(rows: Tensor, tiny: float, inverse: float, largest: float) -> tuple[Tensor, Tensor]:
     """rows [M, K] -> (float8_e4m3fn [M, K], float32 scales [M, 1]): fp8.quantize_rows' values
-    (with its `tiny` and `largest`, 448) in one kernel, on CUDA or under Triton's interpreter."""
+    (with its `tiny`, `inverse` 1/448 and `largest` 448) in one kernel, on CUDA or under Triton's
+    interpreter."""
     import triton
 
     count, cols = rows.shape
@@ -75,5 +76,6 @@ def quantize_rows_fused(rows: Tensor, tiny: float, largest: float) -> tuple[Tens
     block = triton.next_power_of_2(cols)
     warps = next(warps for width, warps in WARPS_FROM.items() if block <= width)
     _kernel(bool(triton.knobs.runtime.interpret))[(count,)](
-        rows, quantized.view(torch.uint8), scale, cols, rows.stride(0), tiny, largest, BLOCK=block, num_warps=warps)
+        rows, quantized.view(torch.uint8), scale, cols, rows.stride(0), tiny, inverse, largest, BLOCK=block,
+        num_warps=warps)
     return quantized, scale
