@@ -32,7 +32,7 @@ as its reply ends, the draft, the pass, its stall, the bytes streamed, verificat
 tokens/s projected at the paper's generation rates here and on a 24 GB PCIe 4.0 card (it writes ~50 GB
 of disk; the AWQ pair took 4.5 minutes on an H200; it prints each pair's writing and each reply's wall
 time, and `--only TARGET` runs one pair, so that each fits a command of 10 minutes); `--trace DIR`
-adds one reply at budget 1024 under `generate --trace` (a Chrome trace into DIR, in no row), summed up
+adds one reply at the first budget (1024) under `generate --trace` (a Chrome trace into DIR, in no row), summed up
 per span and kernel; `--budgets 1024,2048` runs those budgets, and `--also '--resident-layers 0'` each
 budget once more with those generate options, its row beside (an A/B of one option in one run);
 --pair --dry-run runs it over shrunk models on any device.
@@ -70,7 +70,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parts", help=f"with --scale: some of {','.join(PARTS)} (comma-separated; default all)")
     parser.add_argument("--only", choices=[pair.target for pair in PAIRS],
                         help="with --pair: this target's pair alone (one pair fits a 10-minute command)")
-    parser.add_argument("--trace", type=Path, help="with --pair: one more reply at the judged budget traced into this "
+    parser.add_argument("--trace", type=Path, help="with --pair: one more reply at the first budget traced into this "
                         "folder (generate --trace), summed up per span and kernel")
     parser.add_argument("--budgets", help="with --pair: these budgets (comma-separated) instead of 1024,128,2048")
     parser.add_argument("--also", help="with --pair: each budget once more with these generate options (as one "

@@ -27,17 +27,17 @@ from gpu_checks.verdict import Verdict, exit_code, judged, table
 from specchat.doctor.plan import doctor_options, doctor_plan
 from specchat.machine_choices import kept_choices
 from specchat.offload.placement import Placement
+from specchat.plan.machine import Machine
 from specchat.trace_summary import read_trace, summary_text
 from specchat.tracing import SKIPPED_ITERATIONS, TRACED_ITERATIONS
-from specchat.plan.machine import Machine
 
 CARD = Machine(vram_gb=24, ram_gb=64, pcie_gbps=25)  # the consumer card the projection is for
 PROMPT_WORDS = 64
 WHOLE_HEAD = 0  # --draft-vocab's whole head (generate says why)
 PROBE_GB = 0.25  # doctor's disk probe: the disk tier's speed, which a 24 GB budget on a large host does not use
+TRACE_KERNELS = 12  # the kernels a traced reply's summary lists a span
 # doctor's lines the check shows: the links it measured (kept for generate's plan), the placement,
 # and the draft's form auto chose with each form's predicted iteration
-TRACE_KERNELS = 12  # the kernels a traced reply's summary lists a span
 DOCTOR_LINES = ("  host->device", "  disk read", "  context", "  layers", "  per pass", "  auto")
 
 
@@ -136,9 +136,9 @@ def say_also(aliases: PairAliases, budget: int, record: dict, sizes: PairSizes, 
 
 
 def traced(target: Path, draft: Path, sizes: PairSizes, workdir: Path, trace: Path) -> str:
-    """One more reply at the judged budget under `generate --trace` (its figures in no row: the
-    profiler slows what it records), long enough for the iterations traced, summed up per span and
-    kernel (scripts/trace_summary.py)."""
+    """One more reply at the first budget (the judged one, unless --budgets) under `generate
+    --trace` (its figures in no row: the profiler slows what it records), long enough for the
+    iterations traced, summed up per span and kernel (scripts/trace_summary.py)."""
     budget = sizes.budgets[0]
     new_tokens = max(sizes.new_tokens, SKIPPED_ITERATIONS + TRACED_ITERATIONS + 1)
     try:
