@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from specchat.trace_summary import covered, read_trace, summarize_trace, summary_text, top_kernels
+from specchat.trace_summary import (
+    covered,
+    idle_gaps,
+    idle_host_ops,
+    outermost,
+    read_trace,
+    summarize_trace,
+    summary_text,
+    top_kernels,
+)
 
 
 def event(name: str, cat: str, ts: float, dur: float, **args) -> dict:
@@ -47,6 +56,25 @@ def test_the_busiest_kernels_are_given_per_iteration():
     assert top_kernels(EVENTS, "draft", 5) == [("gemm", 1, pytest.approx(0.4)), ("norm", 1, pytest.approx(0.4))]
     assert top_kernels(EVENTS, "pass", 5) == [("gemm", 1, pytest.approx(1.0))]
     assert top_kernels(EVENTS, "verify", 5) == []
+
+
+def test_the_host_ops_run_while_the_device_idled_are_the_outermost_ones_in_its_gaps():
+    """In the draft (0-1000 us) the device idles 0-100 and 700-800 (the copy starts at 800): a
+    lookup over 0-150 (its callee nested inside) meets 100 us of gap; a sort over 650-800, 100."""
+    host = [event("aten::embedding", "cpu_op", 0, 150), event("aten::index_select", "cpu_op", 10, 100),
+            event("aten::sort", "cpu_op", 650, 150), event("aten::mm", "cpu_op", 200, 100)]  # mm: device busy
+    for op in host:
+        op["tid"] = 1
+    ops = idle_host_ops(iteration(3, 0.0) + host, "draft", 5)
+    assert ops == [("aten::embedding", 1, pytest.approx(0.1)), ("aten::sort", 1, pytest.approx(0.1))]
+    assert idle_host_ops(iteration(3, 0.0) + host, "draft", 5, least_gap_us=150) == []  # no gap that long
+
+
+def test_gaps_and_outermost_ops():
+    assert idle_gaps([(10, 20), (15, 30), (40, 50)], (0, 60)) == [(0, 10), (30, 40), (50, 60)]
+    assert idle_gaps([], (0, 5)) == [(0, 5)]
+    nested = [event("outer", "cpu_op", 0, 10), event("inner", "cpu_op", 2, 3), event("next", "cpu_op", 10, 5)]
+    assert [op["name"] for op in outermost(nested)] == ["outer", "next"]
 
 
 def test_a_union_counts_overlaps_once():

@@ -1,7 +1,8 @@
 """A `generate --trace` file summed up: per traced iteration and per span (draft, pass, verify), the
 host's seconds, how long the device computed (kernels on any stream, overlaps counted once), how
 long the link brought weights in (host->device copies) and how many bytes, and how long the device
-did neither; then the kernels that took the most device time in each span. Each span ends at a
+did neither; then the kernels that took the most device time in each span, and the host's ops
+that ran while the device sat idle there. Each span ends at a
 synchronized clock reading (decoding/specexec.py), so the device work launched in a span runs
 inside it; what runs across a boundary is cut at it. Times in the trace are microseconds."""
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from specchat.tracing import SPAN_PREFIX
 
 STEP_PREFIX = "ProfilerStep#"
-KERNEL, COPY = "kernel", "gpu_memcpy"
+KERNEL, COPY, HOST_OP = "kernel", "gpu_memcpy", "cpu_op"
 HOST_TO_DEVICE = "HtoD"  # in a copy's name: "Memcpy HtoD (Pinned -> Device)"
 
 Interval = tuple[float, float]
@@ -82,6 +83,46 @@ def top_kernels(events: list[dict], span: str, count: int) -> list[tuple[str, in
     return [(name, round(calls[name] / len(bounds)), micros[name] / len(bounds) / 1e3) for name in ranked]
 
 
+def idle_host_ops(events: list[dict], span: str, count: int,
+                  least_gap_us: float = 50.0) -> list[tuple[str, int, float]]:
+    """What the host ran while the device sat idle inside `span`: the `count` outermost host ops
+    (each thread's ops not inside another) with the most time in the device's gaps of at least
+    `least_gap_us` (neither a kernel nor a copy running), (name, calls, ms) each per iteration.
+    On a GPU these are what a step or a pass waits for: launches, syncs, host-side bookkeeping."""
+    bounds = [interval(e) for e in events if e["name"] == SPAN_PREFIX + span and e.get("cat") == "user_annotation"]
+    busy = sorted(interval(e) for e in events if e.get("cat") in (KERNEL, COPY))
+    gaps = [gap for b in bounds for gap in idle_gaps(clipped(busy, b), b) if gap[1] - gap[0] >= least_gap_us]
+    calls, micros = defaultdict(int), defaultdict(float)
+    for op in outermost([e for e in events if e.get("cat") == HOST_OP]):
+        inside = sum(overlap(interval(op), gap) for gap in gaps)
+        if inside > 0:
+            calls[op["name"]] += 1
+            micros[op["name"]] += inside
+    ranked = sorted(micros, key=micros.get, reverse=True)[:count]
+    return [(name, round(calls[name] / len(bounds)), micros[name] / len(bounds) / 1e3) for name in ranked]
+
+
+def idle_gaps(busy: list[Interval], bounds: Interval) -> list[Interval]:
+    """The stretches of `bounds` that no interval of `busy` covers."""
+    gaps, reach = [], bounds[0]
+    for start, end in sorted(busy):
+        if start > reach:
+            gaps.append((reach, start))
+        reach = max(reach, end)
+    return gaps + ([(reach, bounds[1])] if reach < bounds[1] else [])
+
+
+def outermost(ops: list[dict]) -> list[dict]:
+    """The ops no other op of their thread contains (a trace nests an op's callees inside it)."""
+    kept, reach = [], {}
+    for op in sorted(ops, key=lambda e: (e.get("tid"), float(e["ts"]), -float(e["dur"]))):
+        start, end = interval(op)
+        if start >= reach.get(op.get("tid"), float("-inf")):
+            kept.append(op)
+            reach[op.get("tid")] = end
+    return kept
+
+
 def interval(event: dict) -> Interval:
     return float(event["ts"]), float(event["ts"]) + float(event["dur"])
 
@@ -114,7 +155,10 @@ def summary_text(events: list[dict], spans: tuple[str, ...], kernels: int) -> st
     tables = [figures_table(summarize_trace(events))]
     if not any(e.get("cat") == KERNEL for e in events):
         return "\n\n".join([*tables, "no device kernels in the trace: a CPU's run has host times alone"])
-    return "\n\n".join([*tables, *(kernels_table(top_kernels(events, span, kernels), span) for span in spans)])
+    per_span = [table for span in spans for table in (
+        kernels_table(top_kernels(events, span, kernels), span, "kernel"),
+        kernels_table(idle_host_ops(events, span, kernels), span, "host op while the device idled"))]
+    return "\n\n".join([*tables, *per_span])
 
 
 def figures_table(figures: list[SpanFigures]) -> str:
@@ -124,6 +168,6 @@ def figures_table(figures: list[SpanFigures]) -> str:
                       "idle ms |", "|---|---|---|---|---|---|---|", *rows])
 
 
-def kernels_table(kernels: list[tuple[str, int, float]], span: str) -> str:
+def kernels_table(kernels: list[tuple[str, int, float]], span: str, what: str) -> str:
     rows = [f"| {name[:90].replace('|', '/')} | {calls} | {ms_each:.2f} |" for name, calls, ms_each in kernels]
-    return "\n".join([f"| {span}: kernel | calls an iteration | ms an iteration |", "|---|---|---|", *rows])
+    return "\n".join([f"| {span}: {what} | calls an iteration | ms an iteration |", "|---|---|---|", *rows])
