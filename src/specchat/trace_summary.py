@@ -69,18 +69,8 @@ def span_figures(step: int, name: str, bounds: Interval, kernels: list[Interval]
 def top_kernels(events: list[dict], span: str, count: int) -> list[tuple[str, int, float]]:
     """The `count` kernels with the most device time inside `span` over the traced iterations:
     (name, calls, ms) each per iteration."""
-    bounds = [interval(e) for e in events if e["name"] == SPAN_PREFIX + span and e.get("cat") == "user_annotation"]
-    if not bounds:
-        return []
-    calls, micros = defaultdict(int), defaultdict(float)
-    for e in events:
-        if e.get("cat") == KERNEL:
-            inside = sum(overlap(interval(e), b) for b in bounds)
-            if inside > 0:
-                calls[e["name"]] += 1
-                micros[e["name"]] += inside
-    ranked = sorted(micros, key=micros.get, reverse=True)[:count]
-    return [(name, round(calls[name] / len(bounds)), micros[name] / len(bounds) / 1e3) for name in ranked]
+    bounds = span_bounds(events, span)
+    return busiest([e for e in events if e.get("cat") == KERNEL], bounds, len(bounds), count)
 
 
 def idle_host_ops(events: list[dict], span: str, count: int,
@@ -89,17 +79,28 @@ def idle_host_ops(events: list[dict], span: str, count: int,
     (each thread's ops not inside another) with the most time in the device's gaps of at least
     `least_gap_us` (neither a kernel nor a copy running), (name, calls, ms) each per iteration.
     On a GPU these are what a step or a pass waits for: launches, syncs, host-side bookkeeping."""
-    bounds = [interval(e) for e in events if e["name"] == SPAN_PREFIX + span and e.get("cat") == "user_annotation"]
+    bounds = span_bounds(events, span)
     busy = sorted(interval(e) for e in events if e.get("cat") in (KERNEL, COPY))
     gaps = [gap for b in bounds for gap in idle_gaps(clipped(busy, b), b) if gap[1] - gap[0] >= least_gap_us]
+    return busiest(outermost([e for e in events if e.get("cat") == HOST_OP]), gaps, len(bounds), count)
+
+
+def span_bounds(events: list[dict], span: str) -> list[Interval]:
+    """Each traced iteration's interval of `span`."""
+    return [interval(e) for e in events if e["name"] == SPAN_PREFIX + span and e.get("cat") == "user_annotation"]
+
+
+def busiest(items: list[dict], windows: list[Interval], iterations: int, count: int) -> list[tuple[str, int, float]]:
+    """The `count` names among `items` with the most time inside `windows`: (name, calls, ms), each
+    over `iterations`."""
     calls, micros = defaultdict(int), defaultdict(float)
-    for op in outermost([e for e in events if e.get("cat") == HOST_OP]):
-        inside = sum(overlap(interval(op), gap) for gap in gaps)
+    for item in items:
+        inside = sum(overlap(interval(item), window) for window in windows)
         if inside > 0:
-            calls[op["name"]] += 1
-            micros[op["name"]] += inside
+            calls[item["name"]] += 1
+            micros[item["name"]] += inside
     ranked = sorted(micros, key=micros.get, reverse=True)[:count]
-    return [(name, round(calls[name] / len(bounds)), micros[name] / len(bounds) / 1e3) for name in ranked]
+    return [(name, round(calls[name] / iterations), micros[name] / iterations / 1e3) for name in ranked]
 
 
 def idle_gaps(busy: list[Interval], bounds: Interval) -> list[Interval]:
