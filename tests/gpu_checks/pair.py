@@ -103,11 +103,10 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
         say(doctor(target, draft, sizes, workdir))
         for budget in sizes.budgets:
             rows.append(budget_row(budget, generate(target, draft, budget, sizes, workdir), sizes.warm_trees))
-            say_row(aliases, rows[-1], device, workdir)
-            say(f"budget {budget}: {passes_line(rows[-1], sizes.warm_trees)}")
+            say_row(aliases, rows[-1], sizes, device, workdir)
             if sizes.also:
-                say_also(aliases, budget, generate(target, draft, budget, sizes, workdir, sizes.also), sizes, device,
-                         workdir)
+                also = budget_row(budget, generate(target, draft, budget, sizes, workdir, sizes.also), sizes.warm_trees)
+                say_row(aliases, also, sizes, device, workdir, f"budget {budget} with {' '.join(sizes.also)}")
         if traces is not None:
             say(traced(target, draft, sizes, workdir, traces / f"trace-{aliases.target}-{sizes.budgets[0]}.json.gz"))
     except (RuntimeError, ValueError) as failure:  # the reason is the verdict's detail
@@ -122,17 +121,6 @@ def check_pair(aliases: PairAliases, sizes: PairSizes, device: torch.device, wor
     say(pair_table(rows, card.pass_bytes))
     say(plan_line(rows[-1], card.resident, card.pass_bytes))
     return pair_verdicts(aliases.target, rows, card.pass_bytes, sizes.dry_run)
-
-
-def say_also(aliases: PairAliases, budget: int, record: dict, sizes: PairSizes, device: torch.device,
-             workdir: Path) -> None:
-    """The row, placement and passes of a budget's reply with --also's options (in no verdict)."""
-    row = budget_row(budget, record, sizes.warm_trees)
-    card = card_placement(aliases, ran_quant(row, device), workdir)
-    label = f"budget {budget} with {' '.join(sizes.also)}"
-    say(f"{label}: {row_line(row, card.pass_bytes)}")
-    say(f"{label}: {plan_line(row, card.resident, card.pass_bytes)}")
-    say(f"{label}: {passes_line(row, sizes.warm_trees)}")
 
 
 def traced(target: Path, draft: Path, sizes: PairSizes, workdir: Path, trace: Path) -> str:
@@ -182,11 +170,15 @@ def ran_quant(row: BudgetRow, device: torch.device) -> str:
     return row.plan["draft_quant"] if device.type == "cuda" else "auto"
 
 
-def say_row(aliases: PairAliases, row: BudgetRow, device: torch.device, workdir: Path) -> None:
-    """One budget's row and placement as soon as it ran: a command cut short at its limit keeps them."""
+def say_row(aliases: PairAliases, row: BudgetRow, sizes: PairSizes, device: torch.device, workdir: Path,
+            label: str | None = None) -> None:
+    """One budget's row, placement and passes as soon as it ran (a command cut short at its limit
+    keeps them), each line after `label` ("budget N", or what --also's reply ran with)."""
+    label = label or f"budget {row.budget}"
     card = card_placement(aliases, ran_quant(row, device), workdir)
-    say(f"budget {row.budget}: {row_line(row, card.pass_bytes)}")
-    say(f"budget {row.budget}: {plan_line(row, card.resident, card.pass_bytes)}")
+    say(f"{label}: {row_line(row, card.pass_bytes)}")
+    say(f"{label}: {plan_line(row, card.resident, card.pass_bytes)}")
+    say(f"{label}: {passes_line(row, sizes.warm_trees)}")
 
 
 def card_placement(aliases: PairAliases, draft_quant: str, workdir: Path) -> Placement:

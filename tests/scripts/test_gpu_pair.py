@@ -130,7 +130,8 @@ def test_a_second_reply_with_other_options_prints_its_row_beside_labelled(monkey
               "summary": {"wall_s": 10.0, "transfer_gbps": 2.0}, "plan": PLAN}
     monkeypatch.setattr(pair, "card_placement", lambda *args: SimpleNamespace(resident=16, pass_bytes=29.09e9))
     sizes = replace(pair.FULL_PAIR, warm_trees=1, also=("--resident-layers", "0"))
-    pair.say_also(PAIRS[1], 8, record, sizes, torch.device("cpu"), tmp_path)
+    pair.say_row(PAIRS[1], budget_row(8, record, 1), sizes, torch.device("cpu"), tmp_path,
+                 "budget 8 with --resident-layers 0")
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(": ", 1)[0] for line in lines] == ["budget 8 with --resident-layers 0"] * 3
     assert lines[0].endswith(row_line(budget_row(8, record, 1), 29.09e9))

@@ -45,10 +45,17 @@ EXPAND_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 EXPAND_WEIGHTS = 1 << 26
 
 
+@cache
+def triton_installed() -> bool:
+    """Whether triton can be imported: asked once a process (an fp8 draft's every product on CUDA
+    asks whether its kernel serves), as an install does not change under a running process."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
     """Whether the kernel can run in this process: triton importable, and a CUDA device or Triton's
     interpreter (TRITON_INTERPRET=1) to run it on."""
-    if importlib.util.find_spec("triton") is None:
+    if not triton_installed():
         return False
     import triton
 
