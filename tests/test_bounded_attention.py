@@ -3,32 +3,39 @@ transformers' copied keys and values give, the calls give what one call gives, a
 enough is transformers' own path, a fused kernel takes every row at once, and every model the app
 builds or loads gets it. What a call holds, measured: tests/scripts/test_attention_memory.py."""
 
+from contextlib import contextmanager
+from types import SimpleNamespace
+
 import pytest
 import torch
 from gpu_checks.tree_passes import prefilled, random_tree, tree_pass
 from helpers.attention import Attention, drawn
 from helpers.cli import tiny_dirs  # noqa: F401 (a fixture)
 from helpers.tiny import build_tiny, perturbed, tiny_qwen_config
+from torch.nn.attention import SDPBackend
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specchat import bounded_attention
 from specchat.bounded_attention import (
+    ALL_BACKENDS,
     ATTENTION_BYTES,
     GROUPED,
     LEAST_ROWS,
     MATH_BYTES_PER_SCORE,
     NAME,
     attention_bytes,
+    backends_for,
     bound_attention,
     bounded_sdpa,
     fused_kernel_takes,
     fused_serves,
     grouped_sdpa,
+    kernels_for,
     mask_rows_per_call,
     rows_per_call,
 )
 from specchat.checkpoint.skeleton import build_skeleton
-from specchat.decoding.kvcache import new_cache
+from specchat.cuda_graph import repeating_shapes
 from specchat.engine_options import EngineOptions
 from specchat.loader import load_target, plan_run
 from specchat.models.loading import load
@@ -98,6 +105,59 @@ def test_where_a_fused_kernel_serves_every_row_goes_in_one_call(monkeypatch):
     monkeypatch.setattr(bounded_attention, "fused_serves", lambda *tensors: True)
     bounded_sdpa(Attention(2), query, key, value, attend)
     assert seen == [50]
+
+
+def test_cuda_calls_leave_out_cudnn_which_plans_each_shape_but_where_shapes_repeat():
+    """A target pass's keys grow every iteration (a cuDNN plan each pass); a static draft step's
+    and a capture's shapes repeat, its warm-ups and the capture in one scope."""
+    on_cuda, on_cpu = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)  # all backends_for reads
+    assert set(backends_for(on_cuda)) == {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH}
+    assert backends_for(on_cpu) == ALL_BACKENDS
+    with repeating_shapes():
+        assert backends_for(on_cuda) == ALL_BACKENDS
+        with repeating_shapes():
+            assert backends_for(on_cuda) == ALL_BACKENDS
+        assert backends_for(on_cuda) == ALL_BACKENDS  # an inner scope's end leaves the outer one
+    assert SDPBackend.CUDNN_ATTENTION not in backends_for(on_cuda)
+
+
+def test_every_sdpa_call_runs_within_the_kernels_chosen_for_its_query(monkeypatch):
+    """Bounded calls, packed calls and transformers' own path each run within kernels_for(query)."""
+    monkeypatch.setattr(bounded_attention, "rows_per_call", lambda heads, keys: 16)  # 40 rows: three calls
+    scopes, ran_in = [None], []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    @contextmanager
+    def recorded_scope(query):
+        scopes.append(query.shape)
+        yield
+        scopes.append(None)
+
+    def recorded_sdpa(query, *args, **kwargs):
+        ran_in.append(scopes[-1])
+        return real_sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(bounded_attention, "kernels_for", recorded_scope)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded_sdpa)
+    query, key, value, attend = drawn(2, rows=40, keys=30)
+    bounded_sdpa(Attention(2), query, key, value, attend)
+    grouped_sdpa(Attention(2), query, key, value, attend)
+    bounded_sdpa(Attention(2), query, key, value, None)  # transformers' own path
+    assert len(ran_in) == 3 + 3 + 1 and all(scope is not None for scope in ran_in)
+
+
+def test_a_cuda_query_runs_sdpa_without_cudnn_and_a_cpus_as_it_is():
+    """kernels_for's scope sets torch's SDPA flags (global, restored after) on CUDA alone."""
+    on_cuda, on_cpu = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with kernels_for(on_cuda):
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with repeating_shapes(), kernels_for(on_cuda):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    with kernels_for(on_cpu):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
 def test_only_cuda_is_asked_whether_a_fused_kernel_serves():

@@ -1,10 +1,13 @@
 """cuda_graph on a CPU: nothing to capture, so work runs as it is (the capture itself is checked
 on CUDA by the captured draft steps, gpu_checks/captured_draft.py), and a probe's replayed product
-is the product."""
+is the product; a capture's warm-ups and the capture run where shapes repeat."""
+
+from contextlib import nullcontext
+from types import SimpleNamespace
 
 import torch
 
-from specchat.cuda_graph import replayed
+from specchat.cuda_graph import WARMUP, capture_graph, replayed, repeating_shapes, shapes_repeat
 from specchat.quant.timing import as_replayed
 
 CPU = torch.device("cpu")
@@ -29,3 +32,32 @@ def test_on_a_cpu_a_probes_product_runs_at_each_width_as_called():
 
     replay = as_replayed(product, CPU)
     assert replay(3).shape == (3,) and replay(5).shape == (5,) and widths == [3, 5]
+
+
+def test_a_captures_warm_ups_and_the_capture_run_where_shapes_repeat_and_nothing_after(monkeypatch):
+    """CUDA's streams and graphs stood in for: every run capture_graph makes, its warm-ups and the
+    captured one, sees shapes_repeat(); the caller's code after it does not."""
+    seen = []
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda side: nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", SimpleNamespace)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: nullcontext())
+
+    def run() -> torch.Tensor:
+        seen.append(shapes_repeat())
+        return torch.ones(1)
+
+    assert not shapes_repeat()
+    capture_graph(run)
+    assert seen == [True] * (WARMUP + 1) and not shapes_repeat()
+
+
+def test_repeating_shapes_ends_with_its_block_even_when_the_block_raises():
+    try:
+        with repeating_shapes():
+            raise ValueError("a step that failed")
+    except ValueError:
+        pass
+    assert not shapes_repeat()

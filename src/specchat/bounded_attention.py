@@ -40,11 +40,15 @@ plan/demand.py).
 
 import copy
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+from specchat.cuda_graph import shapes_repeat
 
 NAME = "specchat_bounded_sdpa"  # attentions without grouped heads
 GROUPED = "specchat_grouped_sdpa"  # grouped-query attentions, packed
@@ -52,6 +56,8 @@ ATTENTION_BYTES = 256 * 2**20  # what one call of a math-path SDPA may hold
 MATH_BYTES_PER_SCORE = 10  # measured 8.8 in bfloat16, the scores alone: see above
 FLOAT32 = 4
 LEAST_ROWS = 16  # calls of fewer rows are slow and, at one row, round otherwise
+ALL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.MATH]
 
 Attend = Callable[[Tensor, Tensor], Tensor]  # (query rows [B, H, r, d], their mask rows) -> [B, r, H, d]
 
@@ -83,18 +89,50 @@ def attention_bytes(heads: int, kv_heads: int, head_dim: int, rows: int, keys: i
     return max(math, masked * groups * keys * 2 * itemsize)
 
 
+def backends_for(query: Tensor) -> list[SDPBackend]:
+    """The SDPA kernels a call may run. cuDNN's builds an execution plan for each new shape, once,
+    on the host: 39-57 ms a pass of the paper's 70B target on an H200 (torch 2.11, 2026-11-30), whose
+    keys grow every iteration, so that each pass built one. Where shapes repeat (cuda_graph's
+    repeating_shapes: a static draft step's, captured or not, and every capture's warm-ups and
+    capture) its plan is built once a shape and cuDNN stays among SDPA's choices; everywhere else on
+    CUDA SDPA chooses among the kernels that build none: flash, memory-efficient (which takes a
+    tree's mask), the math path. A capture's warm-ups and the capture are one scope: a capture must
+    not meet a kernel its warm-ups did not plan (cuDNN's plan cannot be built inside a capture), and
+    a static step captured or not runs the same kernels (it grows the same trees)."""
+    if query.is_cuda and not shapes_repeat():
+        return [backend for backend in ALL_BACKENDS if backend != SDPBackend.CUDNN_ATTENTION]
+    return list(ALL_BACKENDS)
+
+
+def kernels_for(query: Tensor) -> AbstractContextManager:
+    """The scope an SDPA call over `query` runs in: on CUDA, SDPA among `backends_for(query)`; on a
+    CPU, as it is (cuDNN is CUDA's alone, and sdpa_kernel's flags cost ~24 us a call to set and
+    restore: 0.7 ms of a 28-layer token)."""
+    return sdpa_kernel(backends_for(query)) if query.is_cuda else nullcontext()
+
+
+def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout: float,
+              scaling: float | None) -> Tensor:
+    """SDPA within `kernels_for(query)`."""
+    with kernels_for(query):
+        return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                          scale=scaling)
+
+
 def fused_serves(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> bool:
     """Whether SDPA runs these inputs in a fused kernel, which holds no scores; asked only on CUDA."""
-    return query.is_cuda and fused_kernel_takes(query, key, value, mask)
+    return query.is_cuda and fused_kernel_takes(query, key, value, mask, backends_for(query))
 
 
-def fused_kernel_takes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> bool:
-    """torch.backends.cuda's public checks over these inputs, as SDPA is called here (no dropout,
-    not causal, heads already matched); a CPU's inputs pass none of them."""
+def fused_kernel_takes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
+                       backends: list[SDPBackend] = ALL_BACKENDS) -> bool:
+    """torch.backends.cuda's public checks of the fused kernels among `backends` over these inputs,
+    as SDPA is called here (no dropout, not causal, heads already matched); a CPU's inputs pass none."""
     params = torch.backends.cuda.SDPAParams(query, key, value, mask, 0.0, False, False)
-    checks = (torch.backends.cuda.can_use_flash_attention, torch.backends.cuda.can_use_efficient_attention,
-              torch.backends.cuda.can_use_cudnn_attention)
-    return any(check(params) for check in checks)
+    checks = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.can_use_flash_attention,
+              SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.can_use_efficient_attention,
+              SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.can_use_cudnn_attention}
+    return any(check(params) for backend, check in checks.items() if backend in backends)
 
 
 def leading_rows(mask: Tensor, rows: int) -> Tensor:
@@ -119,15 +157,14 @@ def bounded_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, a
     heads, total, keys = query.shape[1], query.shape[2], key.shape[2]
     rows = rows_per_call(heads, keys)
     if attention_mask is None or total <= rows or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        with kernels_for(query):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                          **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
 
     def attend(rows_query: Tensor, rows_mask: Tensor) -> Tensor:
-        out = nn.functional.scaled_dot_product_attention(rows_query, key, value, attn_mask=rows_mask,
-                                                         dropout_p=dropout, scale=scaling)
-        return out.transpose(1, 2)
+        return attention(rows_query, key, value, rows_mask, dropout, scaling).transpose(1, 2)
 
     if fused_serves(query[:, :, :rows], key, value, leading_rows(attention_mask, rows)):
         rows = total
@@ -146,9 +183,7 @@ def grouped_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, a
     def attend(rows_query: Tensor, rows_mask: Tensor) -> Tensor:
         batch, heads, rows, dim = rows_query.shape
         packed = rows_query.reshape(batch, heads // groups, groups * rows, dim)  # rows: group-major, as the heads
-        mask = rows_mask.repeat(1, 1, groups, 1)
-        out = nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, dropout_p=dropout,
-                                                         scale=scaling)
+        out = attention(packed, key, value, rows_mask.repeat(1, 1, groups, 1), dropout, scaling)
         return out.reshape(batch, heads, rows, dim).transpose(1, 2)
 
     masked = mask_rows_per_call(groups, key.shape[2], attention_mask.element_size())

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import Qwen2ForCausalLM
 
 from specchat.bounded_attention import bound_attention
+from specchat.cuda_graph import shapes_repeat
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
@@ -200,6 +201,21 @@ class FakeGraph:
     def replay(self):
         self.output.copy_(self.run())
         self.replays += 1
+
+
+def test_every_static_step_runs_where_shapes_repeat_and_an_eager_one_does_not(tiny_draft, monkeypatch):
+    """A bucket's step, captured or not, may run kernels that plan once a shape (cuDNN's attention,
+    bounded_attention.backends_for); the first pass of a cache and steps wider than a bucket may not."""
+    static, seen = static_draft(tiny_draft, CAPACITY, capture=False), []
+    hook = static.model.get_decoder().register_forward_pre_hook(lambda module, args: seen.append(shapes_repeat()))
+    try:
+        cache = prefilled(static, PROMPT)  # the first pass: eager
+        static.hidden(torch.tensor([5, 6]), torch.arange(len(PROMPT), len(PROMPT) + 2), cache)  # a bucket of 2
+        wide = BUCKETS[-1] + 1
+        static.hidden(torch.arange(wide) % 50, torch.arange(len(PROMPT) + 2, len(PROMPT) + 2 + wide), cache)
+    finally:
+        hook.remove()
+    assert seen == [False, True, False]
 
 
 def test_captured_shapes_replay_the_eager_rows_from_one_pool(tiny_target, tiny_draft, monkeypatch):

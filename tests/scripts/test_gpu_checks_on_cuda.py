@@ -2,6 +2,8 @@
 alone) and skipped where torch sees no CUDA device. scripts/gpu_check.sh runs the same functions
 (tests/gpu_checks/) and prints them as a table."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from gpu_checks.auto_offload import check_auto_offload
@@ -17,6 +19,7 @@ from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.tiny_models import wide_config
 from gpu_checks.verdict import Verdict
 
+from specchat.bounded_attention import bounded_sdpa
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import measure_step
 from specchat.quant.fp8 import FP8_MAX, INVERSE_MAX, TINY, fp8_runs_on, quantize_rows
@@ -116,3 +119,28 @@ def test_the_fused_fp8_row_kernel_quantizes_as_torchs_kernels_do_bit_for_bit():
         expected, expected_scale = quantize_rows(rows)
         assert torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8))
         assert torch.equal(scale, expected_scale)
+
+
+def cudnn_kernels_of(run) -> list[str]:
+    """The device kernels `run` launched whose names say cuDNN."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        run()
+        torch.cuda.synchronize()
+    return [event.name for event in profile.events() if "cudnn" in event.name.lower()]
+
+
+def test_a_tree_pass_whose_keys_grow_runs_no_cudnn_attention():
+    """Each pass of an offloaded target meets a new key count, for which cuDNN's SDPA built a plan on
+    the host (39-57 ms a pass of the 70B on the H200): outside repeating_shapes its attention runs a
+    kernel that builds none (within it, captured draft steps: the captured checks above)."""
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=8, is_causal=False, training=False)
+
+    def tree_pass(keys: int) -> None:
+        query = torch.randn(1, 64, 256, 128, generator=generator, device=CUDA, dtype=torch.bfloat16)
+        key, value = (torch.randn(1, 64, keys, 128, generator=generator, device=CUDA, dtype=torch.bfloat16)
+                      for _ in range(2))
+        mask = torch.ones(1, 1, 256, keys, dtype=torch.bool, device=CUDA).tril(keys - 256)
+        bounded_sdpa(module, query, key, value, mask)
+
+    assert not cudnn_kernels_of(lambda: [tree_pass(keys) for keys in (1000, 1001, 1002)])

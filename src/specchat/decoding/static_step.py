@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specchat.cuda_graph import Pool, capture_graph
+from specchat.cuda_graph import Pool, capture_graph, repeating_shapes
 from specchat.decoding.forward import CausalLM, to_additive_mask
 from specchat.decoding.kvcache import SlotCache, cache_length
 
@@ -142,9 +142,11 @@ class StaticDraft(CausalLM):
         return self.inputs[shape]
 
     def step(self, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
+        """The bucket's step at its fixed shapes, which every step of the bucket repeats."""
         rows = {"input_ids": inputs.tokens} if inputs.embeds is None else {"inputs_embeds": inputs.embeds}
-        out = self.model.get_decoder()(**rows, position_ids=inputs.positions, attention_mask=inputs.mask, cache=cache,
-                                       use_cache=True)
+        with repeating_shapes():
+            out = self.model.get_decoder()(**rows, position_ids=inputs.positions, attention_mask=inputs.mask,
+                                           cache=cache, use_cache=True)
         return out.last_hidden_state[0]
 
     def replay(self, shape: Shape, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
