@@ -3,6 +3,7 @@ transformers' copied keys and values give, the calls give what one call gives, a
 enough is transformers' own path, a fused kernel takes every row at once, and every model the app
 builds or loads gets it. What a call holds, measured: tests/scripts/test_attention_memory.py."""
 
+import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -158,6 +159,26 @@ def test_a_cuda_query_runs_sdpa_without_cudnn_and_a_cpus_as_it_is():
         assert torch.backends.cuda.cudnn_sdp_enabled()
     with kernels_for(on_cpu):
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_cuda_calls_in_two_threads_set_their_flags_one_at_a_time():
+    """A DSI target thread's call (no cuDNN) and a drafter's capture (cuDNN kept) never run under
+    each other's flags: the second waits for the first's scope to end."""
+    seen, entered = [], threading.Event()
+
+    def drafter() -> None:
+        with repeating_shapes(), kernels_for(SimpleNamespace(is_cuda=True)):
+            seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        entered.set()
+
+    with kernels_for(SimpleNamespace(is_cuda=True)):
+        thread = threading.Thread(target=drafter)
+        thread.start()
+        thread.join(timeout=0.5)
+        waited = thread.is_alive() and not seen
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert entered.wait(timeout=30) and waited and seen == [True]
+    thread.join()
 
 
 def test_only_cuda_is_asked_whether_a_fused_kernel_serves():

@@ -39,8 +39,9 @@ plan/demand.py).
 """
 
 import copy
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +56,7 @@ GROUPED = "specchat_grouped_sdpa"  # grouped-query attentions, packed
 ATTENTION_BYTES = 256 * 2**20  # what one call of a math-path SDPA may hold
 MATH_BYTES_PER_SCORE = 10  # measured 8.8 in bfloat16, the scores alone: see above
 FLOAT32 = 4
+SDPA_FLAGS = threading.Lock()  # held by an SDPA call on CUDA while its backends' flags are set (cuda_kernels)
 LEAST_ROWS = 16  # calls of fewer rows are slow and, at one row, round otherwise
 ALL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
                 SDPBackend.MATH]
@@ -108,7 +110,17 @@ def kernels_for(query: Tensor) -> AbstractContextManager:
     """The scope an SDPA call over `query` runs in: on CUDA, SDPA among `backends_for(query)`; on a
     CPU, as it is (cuDNN is CUDA's alone, and sdpa_kernel's flags cost ~24 us a call to set and
     restore: 0.7 ms of a 28-layer token)."""
-    return sdpa_kernel(backends_for(query)) if query.is_cuda else nullcontext()
+    return cuda_kernels(backends_for(query)) if query.is_cuda else nullcontext()
+
+
+@contextmanager
+def cuda_kernels(backends: list[SDPBackend]) -> Iterator[None]:
+    """SDPA among `backends`, one call at a time: sdpa_kernel sets flags global to the process, and
+    DSI's target threads attend while the drafter captures its steps, so that without the lock a
+    capture's warm-up could run under a target's flags (no cuDNN) and the capture under its own,
+    building cuDNN's plan inside the capture. The lock is held while the call is launched, not run."""
+    with SDPA_FLAGS, sdpa_kernel(backends):
+        yield
 
 
 def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout: float,
