@@ -27,8 +27,9 @@ WeightsOpt = Annotated[str, typer.Option(
     help="The target's weights: quantized (multiplied in the 4 bits it stores, by torch's int4 kernels), dense "
          "(expanded to --dtype at load), or auto (quantized where the target stores 4-bit weights, except in float32).")]
 OffloadOpt = Annotated[str, typer.Option(
-    help="Where the target's decoder layers live: auto (first to last in the fastest tier with room: the device, "
-         "pinned RAM beside a GPU, then the disk), none (on the device), ram, or disk (streamed per pass).")]
+    help="Where the target's decoder layers live: auto (each in the fastest tier with room: the device, pinned RAM "
+         "beside a GPU, then the disk; those on the device spread among the streamed ones), none (on the device), "
+         "ram, or disk (streamed per pass).")]
 RamBudgetOpt = Annotated[float | None, typer.Option(
     help="GB of RAM specchat may take (on a CPU: the target's resident layers, the streaming ring, both KV caches, "
          "the largest pass and the draft; beside a GPU: the pinned layers and staging); default: what the process "

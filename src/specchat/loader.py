@@ -140,7 +140,8 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
            "draft_quant": str(draft_quant or options.draft_quant)}
     if placement is not None and placement.streamed:
-        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
+        # "spread": the resident layers among the streamed (costs probed with them first are not these)
+        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots, "spread"]
     elif options.offload == "auto":
         key["offload"] = "none"
     if memory is not None and memory.compact_head:

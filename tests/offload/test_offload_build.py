@@ -80,15 +80,18 @@ def test_offloaded_logits_equal_in_memory(tiny_dir, tmp_path, tier):
     assert torch.equal(sequential_logits(lm, prompt, 6), sequential_logits(reference, prompt, 6))
     assert torch.equal(tree_logits(lm, prompt), tree_logits(reference, prompt))
     stats = lm.transfer_stats()
-    assert offload.streamed == [1, 2, 3, 4] and stats.bytes > 0 and stats.transfer_s > 0
+    assert offload.streamed == [0, 1, 2, 3] and stats.bytes > 0 and stats.transfer_s > 0  # 4 resident: spread
     offload.close()
 
 
 def test_layers_are_streamed_wrappers_and_resident_ones_are_real(tiny_dir, tmp_path):
+    """Two resident layers of five, spread among the streamed (offload/placement.py): 2 and 4."""
     lm, offload = offloaded(tiny_dir, "ram", tmp_path, resident=2)
     layers = lm.model.model.layers
-    assert not isinstance(layers[1], StreamedLayer) and not layers[1].self_attn.q_proj.weight.is_meta
-    assert all(isinstance(layer, StreamedLayer) for layer in layers[2:])
+    assert offload.streamed == [0, 1, 3]
+    for index in (2, 4):
+        assert not isinstance(layers[index], StreamedLayer) and not layers[index].self_attn.q_proj.weight.is_meta
+    assert all(isinstance(layers[index], StreamedLayer) for index in (0, 1, 3))
     assert not any(p.is_meta for p in lm.model.parameters())
     offload.close()
 
@@ -176,9 +179,9 @@ def test_layers_split_between_ram_and_disk_compute_as_in_memory(tiny_dir, tmp_pa
     placement = Placement((nbytes,) * 5, resident=1, ram=2, disk=2, slots=2, slot_bytes=align_up(nbytes), needed=0)
     model, offload = offload_model(tiny_dir, "tiny", torch.float32, torch.device("cpu"), placement, plan.offload_dir, QUIET)
     try:
-        assert isinstance(offload.store, TieredStore) and offload.streamed == [1, 2, 3, 4]
-        assert sorted(offload.store.ram.layouts) == [1, 2] and offload.store.disk.path.is_file()
-        assert not offload.store.follows(2, 3) and offload.store.follows(3, 4)  # RAM then disk: one run on disk only
+        assert isinstance(offload.store, TieredStore) and offload.streamed == [0, 1, 2, 3]  # 4 resident: spread
+        assert sorted(offload.store.ram.layouts) == [0, 1] and offload.store.disk.path.is_file()
+        assert not offload.store.follows(1, 2) and offload.store.follows(2, 3)  # RAM then disk: one run on disk only
         lm = CausalLM(model, offload)
         prompt = [1, 5, 9, 2, 33, 17]
         assert torch.equal(sequential_logits(lm, prompt, 5), sequential_logits(reference, prompt, 5))

@@ -1,11 +1,12 @@
-"""Placing decoder layers: first to last into the fastest tier with room, the ring sized by what
-is left, and a one-line error when something does not fit (pure arithmetic, no model)."""
+"""Placing decoder layers: into the fastest tier with room, the resident ones spread among the
+streamed, the ring sized by what is left, and a one-line error when something does not fit (pure
+arithmetic, no model)."""
 
 import pytest
 
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import ALIGN
-from specchat.offload.placement import Placement
+from specchat.offload.placement import Placement, resident_indices, spread_streamed
 from specchat.offload.pinned_chunks import pinned_bytes
 from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 
@@ -36,7 +37,9 @@ def test_on_a_cpu_what_is_not_resident_goes_to_disk_beside_the_smallest_ring():
     # room for 5 layers: a ring of two slots comes first, then 3 resident layers
     placement = place(SIZES, cpu(RESERVED + 5 * LAYER + LAYER // 2))
     assert tiers(placement) == (3, 0, 5, MIN_SLOTS)
-    assert placement.streamed == [3, 4, 5, 6, 7] and placement.disk_layers == placement.streamed
+    # the resident layers spread among the streamed (offload/placement.py): 2, 5 and 7
+    assert placement.resident_layers == [2, 5, 7] and placement.resident_bytes == 3 * LAYER
+    assert placement.streamed == [0, 1, 3, 4, 6] and placement.disk_layers == placement.streamed
     assert placement.pass_bytes == 5 * LAYER
     assert placement.needed == RESERVED + 3 * LAYER + 2 * LAYER
 
@@ -97,7 +100,8 @@ def test_a_gpu_fills_its_memory_then_pinned_ram_then_disk():
     # the GPU: 2 slots + 2 layers; pinned RAM: 2 layers + 2 staging buffers for disk reads would not
     # fit with 3 (each pinned as its power of two), so 1 layer + the staging; the rest on disk
     assert tiers(placement) == (2, 1, 5, 2)
-    assert placement.ram_layers == [2] and placement.disk_layers == [3, 4, 5, 6, 7]
+    assert placement.resident_layers == [3, 7]  # spread among the streamed
+    assert placement.ram_layers == [0] and placement.disk_layers == [1, 2, 4, 5, 6]
 
 
 def test_a_gpu_with_ram_for_every_streamed_layer_needs_no_disk():
@@ -130,3 +134,29 @@ def test_the_expected_pass_time_comes_from_the_link_speeds():
     line = placement.describe(ram_gbps=LAYER / 1e9, disk_gbps=2 * LAYER / 1e9)
     assert line == ("4 decoder layers: 1 resident, 1 in RAM, 2 on disk; ring of 2 slots (stages 2 of 3 layers); "
                     "0.00 GB streamed per pass, ~2.00 s per pass at 0.00 GB/s from RAM and 0.00 GB/s from disk")
+
+
+@pytest.mark.parametrize("count", [1, 5, 8, 28, 80])
+def test_streamed_layers_spread_evenly_from_the_first_and_the_resident_ones_are_the_rest(count):
+    for streamed in range(count + 1):
+        moving, staying = spread_streamed(count, streamed), resident_indices(count, streamed and count - streamed)
+        assert list(moving) == sorted(set(moving)) and len(moving) == streamed and moving[:1] in ((), (0,))
+        if streamed:
+            assert sorted(set(moving) | set(staying)) == list(range(count)) and not set(moving) & set(staying)
+            gaps = [after - before - 1 for before, after in zip(moving, moving[1:] + (count + moving[0],))]
+            assert max(gaps) - min(gaps) <= 1  # as many resident layers between any two streamed ones, within one
+    assert spread_streamed(8, 5) == (0, 1, 3, 4, 6) and resident_indices(8, 3) == [2, 5, 7]
+    assert resident_indices(count, count) == list(range(count)) and resident_indices(count, 0) == []
+
+
+def test_layers_of_uneven_sizes_keep_on_the_device_the_most_that_fit_where_they_are_placed():
+    """A model whose layers differ (a GGUF's Q6_K layers among Q4_K ones): the resident count is
+    the largest whose spread layers fit beside the ring, counted by their own sizes."""
+    layers = tuple(LAYER * (2 if index % 2 else 1) for index in range(COUNT))  # odd layers twice the size
+    sizes = ModelSizes(layers=layers, fixed=1000, headroom=5000, file_bytes=sum(layers))
+    slot = 2 * LAYER
+    placement = place(sizes, cpu(RESERVED + 2 * slot + 4 * LAYER))
+    kept = placement.resident_layers
+    assert placement.resident_bytes == sum(layers[index] for index in kept) <= 4 * LAYER
+    assert sum(layers[index] for index in resident_indices(COUNT, len(kept) + 1)) > 4 * LAYER
+    assert placement.needed == RESERVED + placement.resident_bytes + placement.slots * slot

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers.links import InstantStore, VirtualLink
 
+from specchat.offload.placement import Placement
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
 from specchat.transfer import TransferStats
@@ -110,6 +111,39 @@ def test_copy_and_compute_overlap_in_virtual_time(copy_s, compute_s):
     work = passes * layers
     assert link.now == pytest.approx(max(copy_s, compute_s) * work + min(copy_s, compute_s), rel=1e-9)
     assert streamer.stats().stall_s == pytest.approx(link.now - compute_s * work)
+
+
+def pass_s(layers: int, streamed: list[int], slots: int, copy_s: float, compute_s: float, draft_s: float,
+           passes: int = 3) -> float:
+    """Virtual seconds of the last of `passes` passes over `layers` layers, every layer computing
+    in `compute_s`, each of `streamed` loaded in `copy_s` through a ring of `slots`, `draft_s`
+    between passes (the draft's tree, while the ring fills with the next pass's first layers)."""
+    link = VirtualLink(copy_s)
+    streamer = Streamer(streamed, slots, transport=link, clock=lambda: link.now)
+    for _ in range(passes):
+        link.now += draft_s
+        start = link.now
+        for layer in range(layers):
+            slot = streamer.acquire(layer) if layer in streamed else None
+            link.now += compute_s
+            if slot is not None:
+                streamer.release(slot)
+    return link.now - start
+
+
+def test_resident_layers_spread_among_the_streamed_compute_while_the_link_loads():
+    """The traced H200 pass (docs/benchmarks.md): 80 layers, 15 resident, a ring of 2 slots, a
+    layer's load 8.3 ms and its compute 5.2 ms, 0.3 s of drafting. Resident layers first, the
+    link waits through their compute (its slots hold the next layers); spread as placed, a pass is
+    bound by the link from the first layer's release to the last load: the first layer's compute,
+    the 63 loads left, the last streamed layer's compute and the resident layer's after it."""
+    copy_s, compute_s, draft_s = 0.0083, 0.0052, 0.3
+    spread = Placement((1,) * 80, resident=15, ram=65, disk=0, slots=2, slot_bytes=1, needed=0).streamed
+    residents_first = pass_s(80, list(range(15, 80)), 2, copy_s, compute_s, draft_s)
+    spread_s = pass_s(80, spread, 2, copy_s, compute_s, draft_s)
+    assert residents_first == pytest.approx(15 * compute_s + compute_s + 63 * copy_s + compute_s)
+    assert spread_s == pytest.approx(compute_s + 63 * copy_s + 2 * compute_s)
+    print(f"a pass: residents first {residents_first * 1e3:.1f} ms, spread {spread_s * 1e3:.1f} ms")
 
 
 HANG_S = 30  # bound on a wait that only guards against a hang

@@ -97,9 +97,9 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
     fill_resident(model, layers_name, source, dtype, device, on_host(model) if on_host else frozenset())
-    resident = len(layers) if placement is None else placement.resident
-    for index in range(resident):
-        reporter.step(f"loading resident layer {index + 1}/{resident}", (index + 1) / max(resident, 1))
+    resident = list(range(len(layers))) if placement is None else placement.resident_layers
+    for done, index in enumerate(resident, 1):
+        reporter.step(f"loading resident layer {done}/{len(resident)}", done / len(resident))
         fill(layers[index], layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype), device)
     keep_packed(source)
     if placement is None or not placement.streamed:

@@ -1,8 +1,19 @@
 """Where a model's decoder layers are, as the memory plan (specchat.plan) placed them: the
-streaming's one input. Layers 0 .. resident-1 live on the device, the next ones stream from
-pinned RAM, the last ones from the layer file, through a ring of slots on the device. A MoE
-layer streamed by expert moves its head and the experts its tokens route to: a pass's bytes then
-depend on the share of the experts it touches."""
+streaming's one input. `resident` layers live on the device, spread among the streamed ones
+(`spread_streamed`); of the streamed, in compute order, the first `ram` stream from pinned RAM,
+the rest from the layer file, through a ring of slots on the device. A MoE layer streamed by
+expert moves its head and the experts its tokens route to: a pass's bytes then depend on the
+share of the experts it touches.
+
+Why spread. The ring's slots hold the next streamed layers, loaded while the draft grows its tree,
+so a pass begins with them full: the link can load the next layer only once compute releases a
+slot. Resident layers first (layers 0 .. resident-1, as placed until 2026-12-01) computed while the
+link waited with nothing to load into: on an H200 the paper's 70B target with 15 resident layers
+spent ~78 ms of each ~0.66 s pass so (docs/benchmarks.md, the traced pass). Spread evenly among
+the streamed, a resident layer computes while the link loads the next streamed layer into the slot
+the last one freed, so a pass bound by the link streams from its start to its end: with the traced
+pass's figures (2 slots, 8.3 ms a layer's load, 5.2 ms its compute) 539 ms against 611 in virtual
+time (tests/offload/test_streamer.py), a ring of 17 slots and no resident layer 533."""
 
 from dataclasses import dataclass
 
@@ -12,9 +23,9 @@ from specchat.transfer import gb
 @dataclass(frozen=True)
 class Placement:
     layers: tuple[int, ...]  # bytes of each decoder layer
-    resident: int  # layers 0 .. resident-1 live on the device
-    ram: int  # the next `ram` layers stream from pinned RAM
-    disk: int  # the last `disk` layers stream from the layer file
+    resident: int  # layers that live on the device, spread among the streamed ones (resident_layers)
+    ram: int  # the first `ram` streamed layers stream from pinned RAM
+    disk: int  # the other `disk` streamed layers stream from the layer file
     slots: int  # ring slots on the device (0 when nothing streams)
     slot_bytes: int
     needed: int  # bytes the device pool holds: fixed parts, headroom, resident layers, the ring (and, on a CPU, the ram tier)
@@ -23,20 +34,28 @@ class Placement:
 
     @property
     def streamed(self) -> list[int]:
-        return list(range(self.resident, len(self.layers)))
+        return list(spread_streamed(len(self.layers), len(self.layers) - self.resident))
+
+    @property
+    def resident_layers(self) -> list[int]:
+        return resident_indices(len(self.layers), self.resident)
 
     @property
     def ram_layers(self) -> list[int]:
-        return list(range(self.resident, self.resident + self.ram))
+        return self.streamed[:self.ram]
 
     @property
     def disk_layers(self) -> list[int]:
-        return list(range(self.resident + self.ram, len(self.layers)))
+        return self.streamed[self.ram:]
 
     def streamed_bytes(self, layers: list[int], expert_share: float = 1.0) -> float:
         """Bytes a pass streams of `layers`: a MoE layer's head and `expert_share` of its experts."""
         heads = self.heads or self.layers
         return sum(heads[i] + expert_share * (self.layers[i] - heads[i]) for i in layers)
+
+    @property
+    def resident_bytes(self) -> int:
+        return resident_bytes(self.layers, self.resident)
 
     @property
     def ram_bytes(self) -> int:
@@ -71,6 +90,29 @@ class Placement:
         timing = "" if seconds is None else f", ~{seconds:.2f} s per pass at {link_speeds(self, ram_gbps, disk_gbps)}"
         return (f"{len(self.layers)} decoder layers: {tiers}; ring of {self.slots} slots (stages {staged}); "
                 f"{gb(self.pass_bytes)} streamed per pass{timing}")
+
+
+def spread_streamed(count: int, streamed: int) -> tuple[int, ...]:
+    """Which of `count` layers stream when `streamed` do, in compute order: spread evenly from the
+    first (layer k count // streamed for k < streamed), so that between two streamed layers the
+    resident ones compute while the link loads (the module's docstring)."""
+    return tuple(k * count // streamed for k in range(streamed))
+
+
+def resident_indices(count: int, resident: int) -> list[int]:
+    """The layers that stay on the device when `resident` of `count` do: those spread_streamed leaves."""
+    streamed = set(spread_streamed(count, count - resident))
+    return [index for index in range(count) if index not in streamed]
+
+
+def resident_bytes(layers: tuple[int, ...], resident: int) -> int:
+    """Bytes of the layers (each's bytes in `layers`) that stay on the device when `resident` do."""
+    return sum(layers[index] for index in resident_indices(len(layers), resident))
+
+
+def streamed_sizes(layers: tuple[int, ...], resident: int) -> tuple[int, ...]:
+    """Bytes of each streamed layer, in compute order, when `resident` of `layers` stay on the device."""
+    return tuple(layers[index] for index in spread_streamed(len(layers), len(layers) - resident))
 
 
 def link_speeds(placement: Placement, ram_gbps: float | None, disk_gbps: float | None) -> str:

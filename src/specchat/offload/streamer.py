@@ -1,8 +1,9 @@
 """The layer streamer: a ring of device slots that layers flow through, loads running ahead.
 
 Scheduling is the same on every device; only the transport (how bytes reach a slot and how
-compute waits for them) differs. Streamed layers are loaded in their cyclic compute order
-R, R+1, ..., L-1, R, R+1, ...: when compute releases a slot, the next layer in that order is
+compute waits for them) differs. Streamed layers are loaded in their cyclic compute order (the
+streamed ones first to last, resident layers between them, then the first again): when compute
+releases a slot, the next layer in that order is
 loaded into it at once. So while layer i computes, layers i+1 .. i+S-1 are in flight, and the
 loads that follow the last layer of a pass are the first layers of the next pass: they arrive
 while the draft tree is being built. The ring is the staging area: with as many slots as

@@ -23,7 +23,7 @@ from specchat.errors import PlanRefusal
 from specchat.machine_links import Links
 from specchat.offload.direct_io import align_up
 from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
-from specchat.offload.placement import Placement
+from specchat.offload.placement import Placement, resident_bytes
 from specchat.plan.choice import chosen
 from specchat.plan.demand import ModelShape
 from specchat.plan.draft_form import Draft
@@ -198,7 +198,7 @@ def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> 
     layers = target.sizes.layers
     resident = ask.request.resident_layers or 0
     ring = 0 if resident >= len(layers) else MIN_SLOTS * align_up(max(layers))
-    need = sum(item.nbytes for item in device) + sum(layers[:resident]) + ring
+    need = sum(item.nbytes for item in device) + resident_bytes(layers, resident) + ring
     if need > rooms.device:
         largest = sorted(device, key=lambda item: -item.nbytes)[:4]
         parts = ", ".join(f"{item.what} {gb(item.nbytes)}" for item in largest)
@@ -236,8 +236,7 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
 
 def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:
     """The decoder layers' bytes on each tier, and the ring's."""
-    resident = sum(placement.layers[: placement.resident])
-    items = [Item("device", f"{placement.resident} resident decoder layers", resident)]
+    items = [Item("device", f"{placement.resident} resident decoder layers", placement.resident_bytes)]
     if placement.slots:
         items.append(Item("device", f"ring of {placement.slots} slots", placement.slots * placement.slot_bytes))
     if rooms.host is None:  # a CPU: its RAM is the device, the ram tier's layers are resident ones

@@ -1,4 +1,6 @@
-"""Where a model's decoder layers go: first to last, each into the fastest tier with room.
+"""Where a model's decoder layers go: each into the fastest tier with room, those kept on the
+device spread among the streamed ones (offload/placement.py: a resident layer computes while the
+link loads the next streamed one).
 
 Tiers, fastest first: the compute device (resident layers; on a CPU the RAM is the device),
 pinned RAM beside a GPU (streamed over PCIe), the disk layer file (streamed with O_DIRECT).
@@ -25,7 +27,7 @@ from typing import Literal
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.offload.direct_io import align_up
-from specchat.offload.placement import Placement
+from specchat.offload.placement import Placement, resident_bytes, streamed_sizes
 from specchat.transfer import gb
 
 TierRequest = Literal["auto", "ram", "disk"]
@@ -66,14 +68,8 @@ class Request:
 
 
 def fit(layers: tuple[int, ...], room: int) -> int:
-    """How many layers, from the first, fit in `room` bytes."""
-    count = 0
-    for size in layers:
-        if room < size:
-            break
-        room -= size
-        count += 1
-    return count
+    """How many layers fit in `room` bytes as they are kept on the device (resident_indices)."""
+    return next((count for count in range(len(layers), 0, -1) if resident_bytes(layers, count) <= room), 0)
 
 
 def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Placement:
@@ -87,29 +83,31 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     slot = align_up(max(sizes.layers))
     resident = choose_resident(sizes, device_room, slot, request)
     streamed = count - resident
-    check_resident_fit(sizes.layers, resident, device_room - (min(MIN_SLOTS, streamed) * slot), rooms)
+    on_device = resident_bytes(sizes.layers, resident)
+    check_resident_fit(on_device, resident, device_room - (min(MIN_SLOTS, streamed) * slot), rooms)
     if streamed == 0:
         return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers), sizes.heads)
-    device_left = device_room - sum(sizes.layers[:resident])
+    device_left = device_room - on_device
+    moving = streamed_sizes(sizes.layers, resident)
     if rooms.host is None and request.tier == "ram":  # on a CPU the ram tier's layers are in RAM too
-        ram = choose_ram(sizes.layers[resident:], device_left - MIN_SLOTS * slot, 0, request, rooms)
-        slots = choose_slots(request, streamed, device_left - sum(sizes.layers[resident:]), slot, rooms)
+        ram = choose_ram(moving, device_left - MIN_SLOTS * slot, 0, request, rooms)
+        slots = choose_slots(request, streamed, device_left - sum(moving), slot, rooms)
     else:
         slots = choose_slots(request, streamed, device_left, slot, rooms)
         host_left = device_left - slots * slot if rooms.host is None else rooms.host
         staging = slots * (slot if rooms.host is None else pinned_bytes(slot))
-        ram = choose_ram(sizes.layers[resident:], host_left, staging, request, rooms)
+        ram = choose_ram(moving, host_left, staging, request, rooms)
     disk = streamed - ram
-    if rooms.host is not None and host_bytes(sizes.layers[resident:resident + ram], slots if disk else 0, slot) > rooms.host:
+    if rooms.host is not None and host_bytes(moving[:ram], slots if disk else 0, slot) > rooms.host:
         raise PlanRefusal(f"{rooms.host_name} is too small for the staging of disk reads: {slots} pinned buffers of "
                           f"{gb(slot)} take {gb(slots * pinned_bytes(slot))}", "host",
-                          host_bytes(sizes.layers[resident:resident + ram], slots, slot) - rooms.host)
+                          host_bytes(moving[:ram], slots, slot) - rooms.host)
     if disk and rooms.disk < sizes.file_bytes:
         raise PlanRefusal(f"the model fits nowhere: {disk} layers go to disk, and the layer file needs "
                           f"{gb(sizes.file_bytes)} in {rooms.disk_name}, which has {gb(rooms.disk)} free", "disk",
                           sizes.file_bytes - rooms.disk)
-    in_ram = sum(sizes.layers[resident:resident + ram]) if rooms.host is None else 0  # a CPU's RAM is its device
-    needed = reserved + sum(sizes.layers[:resident]) + slots * slot + in_ram
+    in_ram = sum(moving[:ram]) if rooms.host is None else 0  # a CPU's RAM is its device
+    needed = reserved + on_device + slots * slot + in_ram
     return Placement(sizes.layers, resident, ram, disk, slots, slot, needed, sizes.heads)
 
 
@@ -124,12 +122,13 @@ def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Req
     return fit(sizes.layers, device_room - MIN_SLOTS * slot)
 
 
-def check_resident_fit(layers: tuple[int, ...], resident: int, room: int, rooms: Rooms) -> None:
-    """Resident layers asked for (--resident-layers, --offload none) must fit beside the smallest ring."""
-    if resident and sum(layers[:resident]) > room:
+def check_resident_fit(on_device: int, resident: int, room: int, rooms: Rooms) -> None:
+    """Resident layers asked for (--resident-layers, --offload none), `on_device` bytes, must fit
+    beside the smallest ring."""
+    if resident and on_device > room:
         raise PlanRefusal(f"{rooms.device_name} is too small for {resident} resident layers: they need "
-                          f"{gb(sum(layers[:resident]))}, and {gb(max(room, 0))} are left beside the fixed parts, "
-                          "caches and ring", "device", sum(layers[:resident]) - room,
+                          f"{gb(on_device)}, and {gb(max(room, 0))} are left beside the fixed parts, "
+                          "caches and ring", "device", on_device - room,
                           "lower --resident-layers or use --offload auto")
 
 
@@ -146,7 +145,7 @@ def choose_slots(request: Request, streamed: int, device_left: int, slot: int, r
 
 
 def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: Request, rooms: Rooms) -> int:
-    """How many streamed layers (from the first) go to pinned RAM; the rest go to disk."""
+    """How many streamed layers (from the first in compute order) go to pinned RAM; the rest go to disk."""
     if request.tier == "disk":
         return 0
     if request.tier == "ram":
