@@ -46,6 +46,17 @@ class BudgetRow:
         return self.plan["pass_bytes"] / (self.link_gbps * 1e9) if self.link_gbps else 0.0
 
     @property
+    def all_layers_stream_s(self) -> float:
+        """Every decoder layer's streaming at this card's link speed, resident ones included (the
+        paper pairs' layers are of one size: the pass's bytes a streamed layer times them all).
+        Resident layers shorten the pass's streaming, stream_s, where ring slots in their place
+        would not: beside it, this is the denominator that does not move with the placement."""
+        plan = self.plan
+        streamed = plan["ram_layers"] + plan["disk_layers"]
+        total = plan["resident_layers"] + streamed
+        return self.stream_s * total / streamed if streamed else 0.0
+
+    @property
     def host_share(self) -> float:
         """The host's work, the tree's bookkeeping and the rest outside drafting and the target, of an iteration."""
         return (self.host_s + self.tree_host_s) / self.iteration_s

@@ -174,6 +174,14 @@ def test_the_verdicts_hold_up_to_their_bounds():
     assert statuses([row(draft_s=0.2), row(budget=4096)])[0] == "PASS"
 
 
+def test_the_iteration_is_judged_against_the_pass_streaming_with_every_layers_beside_it():
+    # 1.37 s over 29.09 GB at 29.09 GB/s (1.0 s), 64 of 80 layers streamed: all 80 stream in 1.25 s
+    verdict = pair_verdicts("llama-3.1-70b-awq", [row()], 29.09e9, dry_run=False)[2]
+    assert row().all_layers_stream_s == pytest.approx(1.25)
+    assert verdict.status == "FAIL" and verdict.detail == ("1.370 s, 1.37x the pass's 1.000 s of streaming, bound "
+                                                           "1.3x; 1.10x all 80 layers' 1.250 s")
+
+
 def test_the_card_is_planned_with_the_draft_in_the_form_that_ran(tmp_path):
     """The projection's pass and its measured draft steps are of one plan: a 7B draft that ran
     rounded to 4 bits leaves the card 24 resident layers (24.74 GB a pass), as nf4 does (4.17 GB of
