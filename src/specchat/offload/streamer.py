@@ -3,12 +3,12 @@
 Scheduling is the same on every device; only the transport (how bytes reach a slot and how
 compute waits for them) differs. Streamed layers are loaded in their cyclic compute order (the
 streamed ones first to last, resident layers between them, then the first again): when compute
-releases a slot, the next layer in that order is
-loaded into it at once. So while layer i computes, layers i+1 .. i+S-1 are in flight, and the
-loads that follow the last layer of a pass are the first layers of the next pass: they arrive
-while the draft tree is being built. The ring is the staging area: with as many slots as
-streamed layers, a whole pass is staged while the tree grows, and a pass after drafting that
-lasted long enough never waits on the link.
+releases a slot, the next layer in that order is loaded into it at once. So while a streamed
+layer computes, the next S-1 streamed layers are in flight (and resident layers compute while
+they load), and the loads that follow the last streamed layer of a pass are the first ones of
+the next pass: they arrive while the draft tree is being built. The ring is the staging area:
+with as many slots as streamed layers, a whole pass is staged while the tree grows, and a pass
+after drafting that lasted long enough never waits on the link.
 
 The stall is the time compute waited for a layer, measured by a `StallMeter`: the host clock on
 a CPU, the compute stream's events on CUDA (where the host blocking in a wait may overlap the
