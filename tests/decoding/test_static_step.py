@@ -203,7 +203,7 @@ class FakeGraph:
         self.replays += 1
 
 
-def test_every_static_step_runs_where_shapes_repeat_and_an_eager_one_does_not(tiny_draft, monkeypatch):
+def test_every_static_step_runs_where_shapes_repeat_and_an_eager_one_does_not(tiny_draft):
     """A bucket's step, captured or not, may run kernels that plan once a shape (cuDNN's attention,
     bounded_attention.backends_for); the first pass of a cache and steps wider than a bucket may not."""
     static, seen = static_draft(tiny_draft, CAPACITY, capture=False), []
