@@ -140,8 +140,9 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
            "resident_layers": options.resident_layers, "draft_vocab": options.draft_vocab,
            "draft_quant": str(draft_quant or options.draft_quant)}
     if placement is not None and placement.streamed:
-        # "spread": the resident layers among the streamed (costs probed with them first are not these)
-        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots, "spread"]
+        key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
+        if placement.resident_layers != list(range(placement.resident)):  # costs probed with them first are not these
+            key["placement"].append("spread")
     elif options.offload == "auto":
         key["offload"] = "none"
     if memory is not None and memory.compact_head:

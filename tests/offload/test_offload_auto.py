@@ -113,9 +113,11 @@ def test_auto_under_a_ram_budget_places_as_forced_and_computes_as_in_memory(pair
         placement = models.placement
         assert (placement.resident, placement.ram, placement.disk) == expected
         assert (models.offload is None) == (split == "resident")  # all resident: loaded as with none
-        # the cost probe's key: all resident costs what none costs; a streaming placement is part of it
+        # the cost probe's key: all resident costs what none costs; a streaming placement is part of it,
+        # marked where its resident layers are spread among the streamed (costs of their own)
         assert models.identity["offload"] == ("none" if split == "resident" else "auto")
-        assert models.identity.get("placement") == (None if split == "resident" else [*expected, 2])
+        spread = ["spread"] if split == "split" else []
+        assert models.identity.get("placement") == (None if split == "resident" else [*expected, 2, *spread])
         if models.offload is not None:
             assert models.offload.streamed == placement.streamed and placement.slots == 2
         torch.testing.assert_close(logits(models.target), reference[0], atol=1e-5, rtol=0)

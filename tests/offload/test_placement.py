@@ -6,7 +6,7 @@ import pytest
 
 from specchat.errors import SpecchatError
 from specchat.offload.direct_io import ALIGN
-from specchat.offload.placement import Placement, resident_indices, spread_streamed
+from specchat.offload.placement import Placement, resident_indices, streamed_indices
 from specchat.offload.pinned_chunks import pinned_bytes
 from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 
@@ -138,15 +138,26 @@ def test_the_expected_pass_time_comes_from_the_link_speeds():
 
 @pytest.mark.parametrize("count", [1, 5, 8, 28, 80])
 def test_streamed_layers_spread_evenly_from_the_first_and_the_resident_ones_are_the_rest(count):
-    for streamed in range(count + 1):
-        moving, staying = spread_streamed(count, streamed), resident_indices(count, streamed and count - streamed)
-        assert list(moving) == sorted(set(moving)) and len(moving) == streamed and moving[:1] in ((), (0,))
-        if streamed:
-            assert sorted(set(moving) | set(staying)) == list(range(count)) and not set(moving) & set(staying)
+    for resident in range(count + 1):
+        moving, staying = streamed_indices(count, resident), resident_indices(count, resident)
+        assert list(moving) == sorted(set(moving)) and len(moving) == count - resident and moving[:1] in ((), (0,))
+        assert sorted(set(moving) | set(staying)) == list(range(count)) and not set(moving) & set(staying)
+        if moving:
             gaps = [after - before - 1 for before, after in zip(moving, moving[1:] + (count + moving[0],))]
             assert max(gaps) - min(gaps) <= 1  # as many resident layers between any two streamed ones, within one
-    assert spread_streamed(8, 5) == (0, 1, 3, 4, 6) and resident_indices(8, 3) == [2, 5, 7]
+    assert streamed_indices(8, 3) == (0, 1, 3, 4, 6) and resident_indices(8, 3) == [2, 5, 7]
     assert resident_indices(count, count) == list(range(count)) and resident_indices(count, 0) == []
+
+
+def test_a_moe_model_streamed_by_expert_keeps_its_first_layers_and_streams_the_last():
+    """Its MoE layers move the experts a pass routes to, its dense ones (first, where it has both)
+    all their bytes: the last layers stream, as an upcycled model's three MoE layers must."""
+    assert streamed_indices(8, 3, by_expert=True) == (3, 4, 5, 6, 7)
+    assert resident_indices(8, 3, by_expert=True) == [0, 1, 2]
+    moe = ModelSizes(layers=(LAYER,) * COUNT, fixed=1000, headroom=5000, file_bytes=COUNT * LAYER,
+                     heads=(LAYER // 5,) * COUNT)
+    placement = place(moe, cpu(RESERVED + 5 * LAYER + LAYER // 2))
+    assert placement.resident_layers == [0, 1, 2] and placement.streamed == [3, 4, 5, 6, 7]
 
 
 def test_layers_of_uneven_sizes_keep_on_the_device_the_most_that_fit_where_they_are_placed():

@@ -1,6 +1,6 @@
 """Where a model's decoder layers are, as the memory plan (specchat.plan) placed them: the
 streaming's one input. `resident` layers live on the device, spread among the streamed ones
-(`spread_streamed`); of the streamed, in compute order, the first `ram` stream from pinned RAM,
+(`streamed_indices`; a MoE model streamed by expert keeps its first ones); of the streamed, in compute order, the first `ram` stream from pinned RAM,
 the rest from the layer file, through a ring of slots on the device. A MoE layer streamed by
 expert moves its head and the experts its tokens route to: a pass's bytes then depend on the
 share of the experts it touches.
@@ -34,11 +34,11 @@ class Placement:
 
     @property
     def streamed(self) -> list[int]:
-        return list(spread_streamed(len(self.layers), len(self.layers) - self.resident))
+        return list(streamed_indices(len(self.layers), self.resident, bool(self.heads)))
 
     @property
     def resident_layers(self) -> list[int]:
-        return resident_indices(len(self.layers), self.resident)
+        return resident_indices(len(self.layers), self.resident, bool(self.heads))
 
     @property
     def ram_layers(self) -> list[int]:
@@ -55,7 +55,7 @@ class Placement:
 
     @property
     def resident_bytes(self) -> int:
-        return resident_bytes(self.layers, self.resident)
+        return resident_bytes(self.layers, self.resident, self.heads)
 
     @property
     def ram_bytes(self) -> int:
@@ -92,27 +92,34 @@ class Placement:
                 f"{gb(self.pass_bytes)} streamed per pass{timing}")
 
 
-def spread_streamed(count: int, streamed: int) -> tuple[int, ...]:
-    """Which of `count` layers stream when `streamed` do, in compute order: spread evenly from the
-    first (layer k count // streamed for k < streamed), so that between two streamed layers the
-    resident ones compute while the link loads (the module's docstring)."""
+def streamed_indices(count: int, resident: int, by_expert: bool = False) -> tuple[int, ...]:
+    """Which of `count` layers stream when `resident` stay on the device, in compute order: spread
+    evenly from the first (layer k count // streamed for k < streamed), so that between two
+    streamed layers the resident ones compute while the link loads (the module's docstring). A MoE
+    model streamed `by_expert` streams its last layers, its first ones resident: its MoE layers
+    move only the experts a pass routes to, its dense ones all their bytes, and dense layers come
+    first where a model has both (DeepSeek's first layers; an upcycled model's, tests/real)."""
+    streamed = count - resident
+    if by_expert:
+        return tuple(range(resident, count))
     return tuple(k * count // streamed for k in range(streamed))
 
 
-def resident_indices(count: int, resident: int) -> list[int]:
-    """The layers that stay on the device when `resident` of `count` do: those spread_streamed leaves."""
-    streamed = set(spread_streamed(count, count - resident))
+def resident_indices(count: int, resident: int, by_expert: bool = False) -> list[int]:
+    """The layers that stay on the device when `resident` of `count` do: those streamed_indices leaves."""
+    streamed = set(streamed_indices(count, resident, by_expert))
     return [index for index in range(count) if index not in streamed]
 
 
-def resident_bytes(layers: tuple[int, ...], resident: int) -> int:
-    """Bytes of the layers (each's bytes in `layers`) that stay on the device when `resident` do."""
-    return sum(layers[index] for index in resident_indices(len(layers), resident))
+def resident_bytes(layers: tuple[int, ...], resident: int, heads: tuple[int, ...] = ()) -> int:
+    """Bytes of the layers (each's bytes in `layers`) that stay on the device when `resident` do;
+    `heads`: a MoE model's, streamed by expert (none: a dense model's)."""
+    return sum(layers[index] for index in resident_indices(len(layers), resident, bool(heads)))
 
 
-def streamed_sizes(layers: tuple[int, ...], resident: int) -> tuple[int, ...]:
+def streamed_sizes(layers: tuple[int, ...], resident: int, heads: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Bytes of each streamed layer, in compute order, when `resident` of `layers` stay on the device."""
-    return tuple(layers[index] for index in spread_streamed(len(layers), len(layers) - resident))
+    return tuple(layers[index] for index in streamed_indices(len(layers), resident, bool(heads)))
 
 
 def link_speeds(placement: Placement, ram_gbps: float | None, disk_gbps: float | None) -> str:

@@ -198,7 +198,7 @@ def check_device(target: Target, ask: Ask, rooms: Rooms, device: list[Item]) -> 
     layers = target.sizes.layers
     resident = ask.request.resident_layers or 0
     ring = 0 if resident >= len(layers) else MIN_SLOTS * align_up(max(layers))
-    need = sum(item.nbytes for item in device) + resident_bytes(layers, resident) + ring
+    need = sum(item.nbytes for item in device) + resident_bytes(layers, resident, target.sizes.heads) + ring
     if need > rooms.device:
         largest = sorted(device, key=lambda item: -item.nbytes)[:4]
         parts = ", ".join(f"{item.what} {gb(item.nbytes)}" for item in largest)

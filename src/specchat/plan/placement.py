@@ -67,9 +67,9 @@ class Request:
     slots: int | None = None  # ring slots; None: sized by the room left
 
 
-def fit(layers: tuple[int, ...], room: int) -> int:
+def fit(layers: tuple[int, ...], room: int, heads: tuple[int, ...] = ()) -> int:
     """How many layers fit in `room` bytes as they are kept on the device (resident_indices)."""
-    return next((count for count in range(len(layers), 0, -1) if resident_bytes(layers, count) <= room), 0)
+    return next((count for count in range(len(layers), 0, -1) if resident_bytes(layers, count, heads) <= room), 0)
 
 
 def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Placement:
@@ -83,12 +83,12 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
     slot = align_up(max(sizes.layers))
     resident = choose_resident(sizes, device_room, slot, request)
     streamed = count - resident
-    on_device = resident_bytes(sizes.layers, resident)
+    on_device = resident_bytes(sizes.layers, resident, sizes.heads)
     check_resident_fit(on_device, resident, device_room - (min(MIN_SLOTS, streamed) * slot), rooms)
     if streamed == 0:
         return Placement(sizes.layers, count, 0, 0, 0, slot, reserved + sum(sizes.layers), sizes.heads)
     device_left = device_room - on_device
-    moving = streamed_sizes(sizes.layers, resident)
+    moving = streamed_sizes(sizes.layers, resident, sizes.heads)
     if rooms.host is None and request.tier == "ram":  # on a CPU the ram tier's layers are in RAM too
         ram = choose_ram(moving, device_left - MIN_SLOTS * slot, 0, request, rooms)
         slots = choose_slots(request, streamed, device_left - sum(moving), slot, rooms)
@@ -119,7 +119,7 @@ def choose_resident(sizes: ModelSizes, device_room: int, slot: int, request: Req
         return request.resident_layers
     if request.tier == "auto" and sum(sizes.layers) <= device_room:
         return count
-    return fit(sizes.layers, device_room - MIN_SLOTS * slot)
+    return fit(sizes.layers, device_room - MIN_SLOTS * slot, sizes.heads)
 
 
 def check_resident_fit(on_device: int, resident: int, room: int, rooms: Rooms) -> None:
