@@ -1,9 +1,9 @@
 """Where a model's decoder layers are, as the memory plan (specchat.plan) placed them: the
 streaming's one input. `resident` layers live on the device, spread among the streamed ones
-(`streamed_indices`; a MoE model streamed by expert keeps its first ones); of the streamed, in compute order, the first `ram` stream from pinned RAM,
-the rest from the layer file, through a ring of slots on the device. A MoE layer streamed by
-expert moves its head and the experts its tokens route to: a pass's bytes then depend on the
-share of the experts it touches.
+(`streamed_indices`; a MoE model streamed by expert keeps its first ones); of the streamed, in
+compute order, the first `ram` stream from pinned RAM, the rest from the layer file, through a
+ring of slots on the device. A MoE layer streamed by expert moves its head and the experts its
+tokens route to: a pass's bytes then depend on the share of the experts it touches.
 
 Why spread. The ring's slots hold the next streamed layers, loaded while the draft grows its tree,
 so a pass begins with them full: the link can load the next layer only once compute releases a
@@ -23,7 +23,7 @@ from specchat.transfer import gb
 @dataclass(frozen=True)
 class Placement:
     layers: tuple[int, ...]  # bytes of each decoder layer
-    resident: int  # layers that live on the device, spread among the streamed ones (resident_layers)
+    resident: int  # layers that live on the device (which: resident_layers)
     ram: int  # the first `ram` streamed layers stream from pinned RAM
     disk: int  # the other `disk` streamed layers stream from the layer file
     slots: int  # ring slots on the device (0 when nothing streams)
