@@ -161,24 +161,40 @@ def test_a_cuda_query_runs_sdpa_without_cudnn_and_a_cpus_as_it_is():
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
-def test_cuda_calls_in_two_threads_set_their_flags_one_at_a_time():
+def test_cuda_calls_in_two_threads_set_their_flags_one_at_a_time(monkeypatch):
     """A DSI target thread's call (no cuDNN) and a drafter's capture (cuDNN kept) never run under
-    each other's flags: the second waits for the first's scope to end."""
-    seen, entered = [], threading.Event()
+    each other's flags: the second waits on the lock for the first's scope to end. Decided by events,
+    not by time: the drafter reports when it reaches the lock, and while this thread holds it the
+    drafter cannot have set a flag."""
+    flags, reached, seen = threading.Lock(), threading.Event(), []
+
+    class ReportingLock:
+        """SDPA_FLAGS, reporting each thread that reaches it before it waits."""
+
+        def __enter__(self) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                reached.set()
+            flags.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            flags.release()
 
     def drafter() -> None:
-        with repeating_shapes(), kernels_for(SimpleNamespace(is_cuda=True)):
-            seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        entered.set()
+        try:
+            with repeating_shapes(), kernels_for(SimpleNamespace(is_cuda=True)):
+                seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        finally:
+            reached.set()  # a drafter that never reached the lock must not leave this test waiting
 
+    monkeypatch.setattr(bounded_attention, "SDPA_FLAGS", ReportingLock())
+    thread = threading.Thread(target=drafter)
     with kernels_for(SimpleNamespace(is_cuda=True)):
-        thread = threading.Thread(target=drafter)
         thread.start()
-        thread.join(timeout=0.5)
-        waited = thread.is_alive() and not seen
+        reached.wait()
+        assert seen == [] and flags.locked()  # the drafter waits at the lock this scope holds
         assert not torch.backends.cuda.cudnn_sdp_enabled()
-    assert entered.wait(timeout=30) and waited and seen == [True]
     thread.join()
+    assert seen == [True]
 
 
 def test_only_cuda_is_asked_whether_a_fused_kernel_serves():
