@@ -141,7 +141,7 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
            "draft_quant": str(draft_quant or options.draft_quant)}
     if placement is not None and placement.streamed:
         key["placement"] = [placement.resident, placement.ram, placement.disk, placement.slots]
-        if placement.resident_layers != list(range(placement.resident)):  # costs probed with them first are not these
+        if placement.resident_layers != tuple(range(placement.resident)):  # costs probed with them first are not these
             key["placement"].append("spread")
     elif options.offload == "auto":
         key["offload"] = "none"

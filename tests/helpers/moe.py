@@ -97,7 +97,7 @@ def assert_streams_the_in_memory_logits(directory: Path, tier: str, offload_dir:
     """Every layer of the checkpoint streamed from `tier`, experts and router in its places, gives
     the in-memory model's logits bitwise."""
     with streamed_from(directory, "tiny-moe", tier, offload_dir) as (model, offload):
-        assert offload.streamed == [0, 1]
+        assert offload.streamed == (0, 1)
         places = {place.name for place in offload.store.layouts[0].places}
         assert f"mlp.experts.{EXPERTS - 1}.down_proj.packed" in places and "mlp.gate.weight" in places
         assert torch.equal(logits(CausalLM(model, offload)), logits(CausalLM(loaded(directory))))

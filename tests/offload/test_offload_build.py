@@ -80,7 +80,7 @@ def test_offloaded_logits_equal_in_memory(tiny_dir, tmp_path, tier):
     assert torch.equal(sequential_logits(lm, prompt, 6), sequential_logits(reference, prompt, 6))
     assert torch.equal(tree_logits(lm, prompt), tree_logits(reference, prompt))
     stats = lm.transfer_stats()
-    assert offload.streamed == [0, 1, 2, 3] and stats.bytes > 0 and stats.transfer_s > 0  # 4 resident: spread
+    assert offload.streamed == (0, 1, 2, 3) and stats.bytes > 0 and stats.transfer_s > 0  # 4 resident: spread
     offload.close()
 
 
@@ -88,7 +88,7 @@ def test_layers_are_streamed_wrappers_and_resident_ones_are_real(tiny_dir, tmp_p
     """Two resident layers of five, spread among the streamed (offload/placement.py): 2 and 4."""
     lm, offload = offloaded(tiny_dir, "ram", tmp_path, resident=2)
     layers = lm.model.model.layers
-    assert offload.streamed == [0, 1, 3]
+    assert offload.streamed == (0, 1, 3)
     for index in (2, 4):
         assert not isinstance(layers[index], StreamedLayer) and not layers[index].self_attn.q_proj.weight.is_meta
     assert all(isinstance(layers[index], StreamedLayer) for index in (0, 1, 3))
@@ -179,7 +179,7 @@ def test_layers_split_between_ram_and_disk_compute_as_in_memory(tiny_dir, tmp_pa
     placement = Placement((nbytes,) * 5, resident=1, ram=2, disk=2, slots=2, slot_bytes=align_up(nbytes), needed=0)
     model, offload = offload_model(tiny_dir, "tiny", torch.float32, torch.device("cpu"), placement, plan.offload_dir, QUIET)
     try:
-        assert isinstance(offload.store, TieredStore) and offload.streamed == [0, 1, 2, 3]  # 4 resident: spread
+        assert isinstance(offload.store, TieredStore) and offload.streamed == (0, 1, 2, 3)  # 4 resident: spread
         assert sorted(offload.store.ram.layouts) == [0, 1] and offload.store.disk.path.is_file()
         assert not offload.store.follows(1, 2) and offload.store.follows(2, 3)  # RAM then disk: one run on disk only
         lm = CausalLM(model, offload)

@@ -29,7 +29,7 @@ def tiers(placement: Placement) -> tuple[int, int, int, int]:
 def test_a_model_that_fits_is_all_resident_and_nothing_streams():
     placement = place(SIZES, cpu(RESERVED + COUNT * LAYER))
     assert tiers(placement) == (COUNT, 0, 0, 0)
-    assert placement.streamed == [] and placement.pass_bytes == 0
+    assert placement.streamed == () and placement.pass_bytes == 0
     assert placement.needed == RESERVED + COUNT * LAYER
 
 
@@ -38,8 +38,8 @@ def test_on_a_cpu_what_is_not_resident_goes_to_disk_beside_the_smallest_ring():
     placement = place(SIZES, cpu(RESERVED + 5 * LAYER + LAYER // 2))
     assert tiers(placement) == (3, 0, 5, MIN_SLOTS)
     # the resident layers spread among the streamed (offload/placement.py): 2, 5 and 7
-    assert placement.resident_layers == [2, 5, 7] and placement.resident_bytes == 3 * LAYER
-    assert placement.streamed == [0, 1, 3, 4, 6] and placement.disk_layers == placement.streamed
+    assert placement.resident_layers == (2, 5, 7) and placement.resident_bytes == 3 * LAYER
+    assert placement.streamed == (0, 1, 3, 4, 6) and placement.disk_layers == placement.streamed
     assert placement.pass_bytes == 5 * LAYER
     assert placement.needed == RESERVED + 3 * LAYER + 2 * LAYER
 
@@ -100,8 +100,8 @@ def test_a_gpu_fills_its_memory_then_pinned_ram_then_disk():
     # the GPU: 2 slots + 2 layers; pinned RAM: 2 layers + 2 staging buffers for disk reads would not
     # fit with 3 (each pinned as its power of two), so 1 layer + the staging; the rest on disk
     assert tiers(placement) == (2, 1, 5, 2)
-    assert placement.resident_layers == [3, 7]  # spread among the streamed
-    assert placement.ram_layers == [0] and placement.disk_layers == [1, 2, 4, 5, 6]
+    assert placement.resident_layers == (3, 7)  # spread among the streamed
+    assert placement.ram_layers == (0,) and placement.disk_layers == (1, 2, 4, 5, 6)
 
 
 def test_a_gpu_with_ram_for_every_streamed_layer_needs_no_disk():
@@ -145,19 +145,19 @@ def test_streamed_layers_spread_evenly_from_the_first_and_the_resident_ones_are_
         if moving:
             gaps = [after - before - 1 for before, after in zip(moving, moving[1:] + (count + moving[0],))]
             assert max(gaps) - min(gaps) <= 1  # as many resident layers between any two streamed ones, within one
-    assert streamed_indices(8, 3) == (0, 1, 3, 4, 6) and resident_indices(8, 3) == [2, 5, 7]
-    assert resident_indices(count, count) == list(range(count)) and resident_indices(count, 0) == []
+    assert streamed_indices(8, 3) == (0, 1, 3, 4, 6) and resident_indices(8, 3) == (2, 5, 7)
+    assert resident_indices(count, count) == tuple(range(count)) and resident_indices(count, 0) == ()
 
 
 def test_a_moe_model_streamed_by_expert_keeps_its_first_layers_and_streams_the_last():
     """Its MoE layers move the experts a pass routes to, its dense ones (first, where it has both)
     all their bytes: the last layers stream, as an upcycled model's three MoE layers must."""
     assert streamed_indices(8, 3, by_expert=True) == (3, 4, 5, 6, 7)
-    assert resident_indices(8, 3, by_expert=True) == [0, 1, 2]
+    assert resident_indices(8, 3, by_expert=True) == (0, 1, 2)
     moe = ModelSizes(layers=(LAYER,) * COUNT, fixed=1000, headroom=5000, file_bytes=COUNT * LAYER,
                      heads=(LAYER // 5,) * COUNT)
     placement = place(moe, cpu(RESERVED + 5 * LAYER + LAYER // 2))
-    assert placement.resident_layers == [0, 1, 2] and placement.streamed == [3, 4, 5, 6, 7]
+    assert placement.resident_layers == (0, 1, 2) and placement.streamed == (3, 4, 5, 6, 7)
 
 
 def test_layers_of_uneven_sizes_keep_on_the_device_the_most_that_fit_where_they_are_placed():

@@ -89,7 +89,7 @@ def moe_pair(tmp_path_factory, mtbench_prompts) -> Iterator[MoePair]:
     offload_dir = tmp_path_factory.mktemp("offload")
     request = PlanRequest(tier="disk", offload_dir=offload_dir, resident_layers=layers - MOE_LAYERS, slots=2)
     placement = plan_checkpoint(directory, "upcycled", torch.bfloat16, Machine(kind="cpu"), request).placement
-    assert placement.streamed == moe_layers
+    assert placement.streamed == tuple(moe_layers)
     model, offload = offload_model(directory, "upcycled", torch.bfloat16, torch.device("cpu"),
                                    dataclasses.replace(placement, expert_cache=0), offload_dir, Reporter(bars=False))
     release_free_heap()

@@ -34,7 +34,7 @@ class Offload:
     streamer: Streamer | None  # None when every layer is resident
     transport: ThreadTransport | None
     store: LayerStore | None
-    streamed: list[int]  # indices of the streamed decoder layers (the others are resident)
+    streamed: tuple[int, ...]  # indices of the streamed decoder layers (the others are resident)
     placement: Placement | None = None
     cache: ExpertCache | None = None  # the most-routed experts on the device, where the plan made room
     counts_file: Path | None = None  # where the cache's routing counts are kept between runs
@@ -97,13 +97,13 @@ def offload_model(directory: Path, name: str, dtype: torch.dtype, device: torch.
     layers_name, layers = decoder_layers(model)
     layouts = [layout_of(layer) for layer in layers]
     fill_resident(model, layers_name, source, dtype, device, on_host(model) if on_host else frozenset())
-    resident = list(range(len(layers))) if placement is None else placement.resident_layers
+    resident = tuple(range(len(layers))) if placement is None else placement.resident_layers
     for done, index in enumerate(resident, 1):
         reporter.step(f"loading resident layer {done}/{len(resident)}", done / len(resident))
         fill(layers[index], layer_tensors(layers[index], f"{layers_name}.{index}.", source, dtype), device)
     keep_packed(source)
     if placement is None or not placement.streamed:
-        return model, Offload(None, None, None, [], placement)
+        return model, Offload(None, None, None, (), placement)
     disk_store = DiskStore(layouts, layer_file(offload_dir, name, dtype), fingerprint(source, dtype, device)) \
         if placement.disk else None
     store = build_store(placement, layouts, device, disk_store)

@@ -16,6 +16,7 @@ pass's figures (2 slots, 8.3 ms a layer's load, 5.2 ms its compute) 539 ms again
 time (tests/offload/test_streamer.py), a ring of 17 slots and no resident layer 533."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from specchat.transfer import gb
 
@@ -32,23 +33,23 @@ class Placement:
     heads: tuple[int, ...] = ()  # each MoE layer's head (the rest is its experts); () when every layer moves whole
     expert_cache: int = 0  # bytes on the device for the most-routed experts of streamed layers (offload/expert_cache.py)
 
-    @property
-    def streamed(self) -> list[int]:
-        return list(streamed_indices(len(self.layers), self.resident, bool(self.heads)))
+    @cached_property  # worked out once: the build asks for each layer whether it streams
+    def streamed(self) -> tuple[int, ...]:
+        return streamed_indices(len(self.layers), self.resident, bool(self.heads))
 
-    @property
-    def resident_layers(self) -> list[int]:
+    @cached_property
+    def resident_layers(self) -> tuple[int, ...]:
         return resident_indices(len(self.layers), self.resident, bool(self.heads))
 
     @property
-    def ram_layers(self) -> list[int]:
+    def ram_layers(self) -> tuple[int, ...]:
         return self.streamed[:self.ram]
 
     @property
-    def disk_layers(self) -> list[int]:
+    def disk_layers(self) -> tuple[int, ...]:
         return self.streamed[self.ram:]
 
-    def streamed_bytes(self, layers: list[int], expert_share: float = 1.0) -> float:
+    def streamed_bytes(self, layers: tuple[int, ...], expert_share: float = 1.0) -> float:
         """Bytes a pass streams of `layers`: a MoE layer's head and `expert_share` of its experts."""
         heads = self.heads or self.layers
         return sum(heads[i] + expert_share * (self.layers[i] - heads[i]) for i in layers)
@@ -105,10 +106,10 @@ def streamed_indices(count: int, resident: int, by_expert: bool = False) -> tupl
     return tuple(k * count // streamed for k in range(streamed))
 
 
-def resident_indices(count: int, resident: int, by_expert: bool = False) -> list[int]:
+def resident_indices(count: int, resident: int, by_expert: bool = False) -> tuple[int, ...]:
     """The layers that stay on the device when `resident` of `count` do: those streamed_indices leaves."""
     streamed = set(streamed_indices(count, resident, by_expert))
-    return [index for index in range(count) if index not in streamed]
+    return tuple(index for index in range(count) if index not in streamed)
 
 
 def resident_bytes(layers: tuple[int, ...], resident: int, heads: tuple[int, ...] = ()) -> int:

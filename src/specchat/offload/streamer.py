@@ -23,7 +23,7 @@ is not busy is idle.
 """
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Protocol
@@ -67,9 +67,9 @@ class _Load:
 class Streamer:
     """Hands out slots holding the layers `order` in turn, keeping the other slots loading."""
 
-    def __init__(self, order: list[int], slots: int, transport: Transport, clock: Callable[[], float] = perf_counter,
-                 meter: StallMeter | None = None, fetch_meter: StallMeter | None = None,
-                 start_meter: StallMeter | None = None):
+    def __init__(self, order: Sequence[int], slots: int, transport: Transport,
+                 clock: Callable[[], float] = perf_counter, meter: StallMeter | None = None,
+                 fetch_meter: StallMeter | None = None, start_meter: StallMeter | None = None):
         if slots < 1:
             raise ValueError("the ring needs at least one slot")
         self.order = order
