@@ -113,12 +113,12 @@ def test_cuda_calls_leave_out_cudnn_which_plans_each_shape_but_where_shapes_repe
     and a capture's shapes repeat, its warm-ups and the capture in one scope."""
     on_cuda, on_cpu = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)  # all backends_for reads
     assert set(backends_for(on_cuda)) == {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH}
-    assert backends_for(on_cpu) == ALL_BACKENDS
+    assert backends_for(on_cpu) == list(ALL_BACKENDS)
     with repeating_shapes():
-        assert backends_for(on_cuda) == ALL_BACKENDS
+        assert backends_for(on_cuda) == list(ALL_BACKENDS)
         with repeating_shapes():
-            assert backends_for(on_cuda) == ALL_BACKENDS
-        assert backends_for(on_cuda) == ALL_BACKENDS  # an inner scope's end leaves the outer one
+            assert backends_for(on_cuda) == list(ALL_BACKENDS)
+        assert backends_for(on_cuda) == list(ALL_BACKENDS)  # an inner scope's end leaves the outer one
     assert SDPBackend.CUDNN_ATTENTION not in backends_for(on_cuda)
 
 

@@ -5,9 +5,16 @@ is the product; a capture's warm-ups and the capture run where shapes repeat."""
 from contextlib import nullcontext
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from specchat.cuda_graph import WARMUP, capture_graph, replayed, repeating_shapes, shapes_repeat
+from specchat.cuda_graph import (
+    WARMUP,
+    capture_graph,
+    repeating_shapes,
+    replayed,
+    shapes_repeat,
+)
 from specchat.quant.timing import as_replayed
 
 CPU = torch.device("cpu")
@@ -55,9 +62,6 @@ def test_a_captures_warm_ups_and_the_capture_run_where_shapes_repeat_and_nothing
 
 
 def test_repeating_shapes_ends_with_its_block_even_when_the_block_raises():
-    try:
-        with repeating_shapes():
-            raise ValueError("a step that failed")
-    except ValueError:
-        pass
+    with pytest.raises(ValueError, match="a step that failed"), repeating_shapes():
+        raise ValueError("a step that failed")
     assert not shapes_repeat()

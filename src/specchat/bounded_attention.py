@@ -40,7 +40,7 @@ plan/demand.py).
 
 import copy
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
@@ -58,8 +58,8 @@ MATH_BYTES_PER_SCORE = 10  # measured 8.8 in bfloat16, the scores alone: see abo
 FLOAT32 = 4
 SDPA_FLAGS = threading.Lock()  # held by an SDPA call on CUDA while its backends' flags are set (cuda_kernels)
 LEAST_ROWS = 16  # calls of fewer rows are slow and, at one row, round otherwise
-ALL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                SDPBackend.MATH]
+ALL_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.MATH)
 
 Attend = Callable[[Tensor, Tensor], Tensor]  # (query rows [B, H, r, d], their mask rows) -> [B, r, H, d]
 
@@ -137,7 +137,7 @@ def fused_serves(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None)
 
 
 def fused_kernel_takes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-                       backends: list[SDPBackend] = ALL_BACKENDS) -> bool:
+                       backends: Sequence[SDPBackend] = ALL_BACKENDS) -> bool:
     """torch.backends.cuda's public checks of the fused kernels among `backends` over these inputs,
     as SDPA is called here (no dropout, not causal, heads already matched); a CPU's inputs pass none."""
     params = torch.backends.cuda.SDPAParams(query, key, value, mask, 0.0, False, False)
