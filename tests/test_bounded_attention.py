@@ -166,13 +166,13 @@ def test_cuda_calls_in_two_threads_set_their_flags_one_at_a_time(monkeypatch):
     each other's flags: the second waits on the lock for the first's scope to end. Decided by events,
     not by time: the drafter reports when it reaches the lock, and while this thread holds it the
     drafter cannot have set a flag."""
-    flags, reached, seen = threading.Lock(), threading.Event(), []
+    flags, reached, seen, tester = threading.Lock(), threading.Event(), [], threading.current_thread()
 
     class ReportingLock:
-        """SDPA_FLAGS, reporting each thread that reaches it before it waits."""
+        """SDPA_FLAGS, reporting another thread that reaches it before it waits."""
 
         def __enter__(self) -> None:
-            if threading.current_thread() is not threading.main_thread():
+            if threading.current_thread() is not tester:
                 reached.set()
             flags.acquire()
 

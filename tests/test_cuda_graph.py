@@ -8,13 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specchat.cuda_graph import (
-    WARMUP,
-    capture_graph,
-    repeating_shapes,
-    replayed,
-    shapes_repeat,
-)
+from specchat.cuda_graph import WARMUP, capture_graph, repeating_shapes, replayed, shapes_repeat
 from specchat.quant.timing import as_replayed
 
 CPU = torch.device("cpu")
