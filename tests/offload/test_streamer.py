@@ -1,6 +1,7 @@
 """The streamer's schedule: ring order, prefetch across passes, slot reuse, resync, overlap."""
 
 import threading
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_copy_and_compute_overlap_in_virtual_time(copy_s, compute_s):
     assert streamer.stats().stall_s == pytest.approx(link.now - compute_s * work)
 
 
-def pass_s(layers: int, streamed: list[int], slots: int, copy_s: float, compute_s: float, draft_s: float,
+def pass_s(layers: int, streamed: Sequence[int], slots: int, copy_s: float, compute_s: float, draft_s: float,
            passes: int = 3) -> float:
     """Virtual seconds of the last of `passes` passes over `layers` layers, every layer computing
     in `compute_s`, each of `streamed` loaded in `copy_s` through a ring of `slots`, `draft_s`
