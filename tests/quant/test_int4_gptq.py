@@ -18,7 +18,7 @@ from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
 from specchat.quant.int4 import Int4Linear
-from specchat.quant.int4_gptq import gptq_to_int4, spec_group_size
+from specchat.quant.int4_gptq import gptq_to_int4, replace_linears_with_gptq_int4, spec_group_size
 from specchat.quant.int4_pack import PACK_ROWS
 from specchat.quant.widths import UNLIMITED, WidthChoice
 
@@ -81,3 +81,22 @@ def test_without_a_kernel_device_the_skeleton_keeps_gptq_linears(gptq_dir):
     model = build_skeleton(AutoConfig.from_pretrained(gptq_dir), SafetensorsSource(gptq_dir), torch.float32)
     assert not any(isinstance(m, Int4Linear) for m in model.modules())
     assert sum(isinstance(m, GPTQLinear) for m in model.modules()) == 2 * 7
+
+
+def test_one_pass_packs_the_linears_the_kernels_take_and_keeps_the_rest_gptq():
+    """Groups of 16 inputs have no kernel group: that spec's linears stay GPTQLinears, shaped as
+    GPTQ stores them; groups of 32 pack for the kernel. A size GPTQ cannot pack is one line."""
+    names = ["model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]
+    for spec, kind in ((GPTQSpec(group_size=32, desc_act=True), Int4Linear), (GPTQSpec(group_size=16), GPTQLinear)):
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(tiny_qwen_config(hidden_size=128, intermediate_size=256))
+        replace_linears_with_gptq_int4(model, names, spec, torch.float32, CPU)
+        up, down = (model.get_submodule(name) for name in names)
+        assert type(up) is type(down) is kind and (up.in_features, up.out_features) == (128, 256)
+        assert isinstance(model.model.layers[0].mlp.gate_proj, nn.Linear)  # not named: left as it was
+        assert kind is GPTQLinear or (up.perm is not None and up.group_size == 32)
+        assert kind is Int4Linear or tuple(down.qweight.shape) == (256 // 8, 128)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(tiny_qwen_config(hidden_size=128, intermediate_size=250))
+    with pytest.raises(SpecchatError, match="divisible by 8; 'model.layers.0.mlp.up_proj'"):
+        replace_linears_with_gptq_int4(model, names[:1], GPTQSpec(group_size=32), torch.float32, CPU)

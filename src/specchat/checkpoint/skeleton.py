@@ -19,7 +19,7 @@ from specchat.quant.gptq import read_gptq_spec, replace_linears_with_gptq
 from specchat.quant.int4 import Int4Linear, int4_tensors
 from specchat.quant.int4_checkpoint import INT4_SUFFIXES, int4_modules, read_int4
 from specchat.quant.int4_embedding import Int4Embedding
-from specchat.quant.int4_gptq import gptq_int4_tensors, replace_gptq_with_int4
+from specchat.quant.int4_gptq import gptq_int4_tensors, replace_linears_with_gptq_int4
 from specchat.quant.int4_pack import pack
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.q4k_scales import Q4K_SUFFIXES, Q4KScalesLinear
@@ -54,9 +54,10 @@ def build_skeleton(config: PretrainedConfig, source: SafetensorsSource | None, d
     if awq is not None:
         replace_linears_with_awq(model, packed_linears(model, source), awq, dtype, kernel or torch.device("cpu"))
     if spec is not None:
-        replace_linears_with_gptq(model, packed_linears(model, source), spec)
-        if kernel is not None:
-            replace_gptq_with_int4(model, spec, dtype, kernel)
+        if kernel is None:
+            replace_linears_with_gptq(model, packed_linears(model, source), spec)
+        else:
+            replace_linears_with_gptq_int4(model, packed_linears(model, source), spec, dtype, kernel)
     if source is not None:
         split_stored_experts(model, source.names(), dtype)  # a GGUF's 4-bit experts, kept per expert
         replace_with_int4(model, source, dtype, kernel or torch.device("cpu"))

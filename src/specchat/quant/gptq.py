@@ -156,12 +156,17 @@ def checkpoint_linear(model: nn.Module, name: str, method: str) -> nn.Linear:
 def replace_linears_with_gptq(model: nn.Module, names: Iterable[str], spec: GPTQSpec) -> None:
     """Swap each named nn.Linear for an empty GPTQLinear of the same shape and device."""
     for name in names:
-        parent_name, _, child = name.rpartition(".")
-        linear = checkpoint_linear(model, name, "GPTQ")
-        if linear.in_features % NIBBLES or linear.out_features % NIBBLES:
-            raise SpecchatError(f"GPTQ needs Linear sizes divisible by 8; {name!r} is {linear.weight.shape}")
-        replacement = GPTQLinear(
-            linear.in_features, linear.out_features, group_count(linear.in_features, spec.group_size),
-            bias=linear.bias is not None, device=linear.weight.device,
-        )
-        setattr(model.get_submodule(parent_name), child, replacement)
+        model.set_submodule(name, gptq_linear(name, checkpoint_linear(model, name, "GPTQ"), spec))
+
+
+def check_gptq_shape(name: str, linear: nn.Linear) -> None:
+    """One line where GPTQ cannot pack `linear` (named `name`): its sizes must divide by 8."""
+    if linear.in_features % NIBBLES or linear.out_features % NIBBLES:
+        raise SpecchatError(f"GPTQ needs Linear sizes divisible by 8; {name!r} is {linear.weight.shape}")
+
+
+def gptq_linear(name: str, linear: nn.Linear, spec: GPTQSpec) -> GPTQLinear:
+    """An empty GPTQLinear of `linear`'s shape and device, for the checkpoint's module `name`."""
+    check_gptq_shape(name, linear)
+    return GPTQLinear(linear.in_features, linear.out_features, group_count(linear.in_features, spec.group_size),
+                      bias=linear.bias is not None, device=linear.weight.device)

@@ -12,14 +12,15 @@ its input the same way at run time; a GPTQ group of g inputs becomes g / k kerne
 zero. GPTQ's group_size -1 (one group over all inputs) becomes I / k groups likewise.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.gptq import GPTQLinear, GPTQSpec, unpack_int4_cols, unpack_int4_rows
+from specchat.quant.gptq import (GPTQSpec, check_gptq_shape, checkpoint_linear, gptq_linear, unpack_int4_cols,
+                                 unpack_int4_rows)
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
 from specchat.quant.int4_pack import GROUP_SIZES, nibbles_by_rows
 from specchat.quant.int4_weight import Int4Weight
@@ -52,20 +53,22 @@ def gptq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, g_idx: Tensor,
     return Int4Weight(nibbles, s, s * (8 - z), None if identity else order)
 
 
-def replace_gptq_with_int4(model: nn.Module, spec: GPTQSpec, dtype: torch.dtype, kernel: torch.device) -> None:
-    """Swap every GPTQLinear of `model` for an empty Int4Linear packed for `kernel`, on the
-    GPTQLinear's device (meta in a skeleton, until filled with `gptq_int4_tensors`' values). One
-    whose shape the kernels cannot take (`int4_fits`: groups under 32 inputs, say) stays a
-    GPTQLinear, dequantized per call."""
-    for name, module in list(model.named_modules()):
-        group_size = spec_group_size(spec, module.in_features) if isinstance(module, GPTQLinear) else None
-        if group_size is None or not int4_fits(module.in_features, module.out_features, group_size, kernel):
+def replace_linears_with_gptq_int4(model: nn.Module, names: Iterable[str], spec: GPTQSpec, dtype: torch.dtype,
+                                   kernel: torch.device) -> None:
+    """Swap each named nn.Linear for an empty Int4Linear packed for `kernel`, on the Linear's device
+    (meta in a skeleton, until filled with `gptq_int4_tensors`' values). One whose shape the kernels
+    cannot take (`int4_fits`: groups under 32 inputs, say) becomes an empty GPTQLinear instead,
+    dequantized per call. No GPTQLinear is built on the way to an Int4Linear: a 235B MoE has 36096."""
+    for name in names:
+        linear = checkpoint_linear(model, name, "GPTQ")
+        check_gptq_shape(name, linear)
+        group_size = spec_group_size(spec, linear.in_features)
+        if group_size is None or not int4_fits(linear.in_features, linear.out_features, group_size, kernel):
+            model.set_submodule(name, gptq_linear(name, linear, spec))
             continue
-        parent, _, child = name.rpartition(".")
-        with torch.device(module.qweight.device):
-            replacement = Int4Linear(module.in_features, module.out_features, group_size, module.bias is not None,
-                                     spec.desc_act, dtype, kernel)
-        setattr(model.get_submodule(parent), child, replacement)
+        with torch.device(linear.weight.device):
+            model.set_submodule(name, Int4Linear(linear.in_features, linear.out_features, group_size,
+                                                 linear.bias is not None, spec.desc_act, dtype, kernel))
 
 
 def gptq_int4_tensors(read: Callable[[str], Tensor], linear: Int4Linear) -> dict[str, Tensor]:
