@@ -23,7 +23,7 @@ from specchat.decoding.specinfer import SPECINFER
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 NEW_TOKENS = 40
 PROMPTS = ([7, 3, 9, 2, 11, 5], [1], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41])

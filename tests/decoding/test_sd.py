@@ -21,7 +21,7 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat.engine_options import DRAFTED_ENGINES, ENGINES
 from specchat.runtime import Models
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 
 def tokens_of(events) -> list[int]:

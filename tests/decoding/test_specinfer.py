@@ -15,7 +15,7 @@ from specchat.decoding.stems import StemLayout, draft_stems
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 
 def specinfer(target, draft):

@@ -26,7 +26,7 @@ from specchat.quant.int8 import Int8Embedding, Int8Linear, dynamic_kernel, quant
 from specchat.quant.stacked import Part
 from specchat.quant.widths import INT8_ROWS, int8_rows, measure_int8_rows
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 

@@ -34,7 +34,7 @@ from specchat.quant.q6k import read_q6
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.split_experts import SplitExperts
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0
 # (family, the type of ffn_down_exps): Q4_K_M mixes Q4_K and Q6_K; Q8_0 has no stored form kept

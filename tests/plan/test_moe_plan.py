@@ -23,7 +23,7 @@ from specchat.plan.machine import RUNTIME_BYTES, Machine
 from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 INT64 = 8
 TREE = 2049  # the largest tree a GPU's --budget auto builds offloaded (2048), plus its root

@@ -74,9 +74,9 @@ class MoePair:
 @pytest.fixture(scope="module")
 def moe_pair(tmp_path_factory, mtbench_prompts) -> Iterator[MoePair]:
     """The draft first, its preparation's ~3 GB of temporaries while nothing else is held, each step's
-    freed heap returned before the next loads (as conftest's load_real_pair). Measured with
+    freed heap returned before the next loads (as the real_pair fixture does). Measured with
     /usr/bin/time on the 2-core machine: the module's peak RSS 5.57 GB, 6.2 with the reference built
-    last; within the REAL_MODULE_RAM (10 GiB) that conftest reserves for a real module."""
+    last; within the REAL_MODULE_RAM (10 GiB, tests/helpers/ram_turns.py) reserved for a real module."""
     dense = ensure_embedded(DEFAULT_DRAFT, progress=False)
     layers = json.loads((dense / "config.json").read_text())["num_hidden_layers"]
     moe_layers = list(range(layers - MOE_LAYERS, layers))

@@ -47,7 +47,7 @@ def tree_rows(lm: CausalLM, prompt: list[int], tree) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def case(mtbench_prompts):
     """A chat prompt, a real draft tree over it, the in-memory target's reference results, and the
-    draft. The pair is loaded here rather than held (conftest's real_pair) and its target freed once
+    draft. The pair is loaded here rather than held (the real_pair fixture) and its target freed once
     the references are computed: an offloaded copy holds 20 of its layers again, and both at once
     took 17 GB."""
     pair = load_real_pair()

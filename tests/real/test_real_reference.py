@@ -3,7 +3,7 @@ transformers' forward with its own DynamicCache, its warpers, an inverse CDF wri
 (seed, n) draw) on the real target in float32, seeded at the paper's t=0.6, top-p 0.9.
 
 Every seeded exactness test of the other engines compares them with this engine
-(conftest.seeded_references), so this is what ties those tests to sequential sampling as
+(helpers/fixtures.py's seeded_references), so this is what ties those tests to sequential sampling as
 transformers defines it. A difference passes only at a near-tie under the loop's own logits
 (design.md section 8), re-anchored; at most one per prompt, and none occurred when this was
 written.

@@ -37,7 +37,7 @@ def generate(*args: str) -> str:  # its stdout
 def served(tmp_path_factory):
     """The server, and what `generate` printed for PROMPT: generate runs before the server starts,
     so that two float32 pairs (~7.9 GB each) never live at once: side by side they hold 16 GB, past
-    this module's RAM turn (conftest's REAL_MODULE_RAM), and beside another worker's module past
+    this module's RAM turn (REAL_MODULE_RAM, tests/helpers/ram_turns.py), and beside another worker's module past
     the machine's 24 GB."""
     expected = generate(PROMPT, *DECODING, "--max-new-tokens", str(NEW_TOKENS)).removesuffix("\n")  # its newline
     with serving(tmp_path_factory.mktemp("serve") / "serve.log", *DECODING) as server:

@@ -21,7 +21,7 @@ from helpers.scripts import load_script
 from specchat import machine_choices
 from specchat.machine_choices import measured, write_kept
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 DRY_RUN_TIMEOUT_S = 300

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from specchat.quant.gemm_blocks import blocks_for
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

@@ -29,7 +29,7 @@ from specchat.tui.reply import ReplyJob
 from specchat.tui.store import ConversationStore
 from specchat.tui.turns import AssistantTurn, Notice, SystemTurn, UserTurn
 
-pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (conftest.py)
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
 SIZE = (120, 40)
 HANG_S = 30  # bound on a wait that only guards against a hang: the app answers in well under a second
