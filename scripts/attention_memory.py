@@ -1,10 +1,11 @@
 """What a math-path attention holds: transformers' SDPA path (one call over every query row, the
 keys and values copied for grouped query heads) beside the app's (bounded_attention.py: grouped
 query heads packed as rows of their KV head, bounded calls), each measured as the peak resident
-memory a fresh process grows by while it runs (Linux's VmHWM, reset before the call: a forked
+memory a process grows by while it runs (Linux's VmHWM, reset before the call: a forked
 process's ru_maxrss starts at its parent's), beside what the plan counts for the app's
 (bounded_attention.attention_bytes). bf16, SDPA held to its math path, as where no fused kernel
-takes a pass.
+takes a pass. One process measures every call in turn, its allocator returning each freed buffer
+of 64 KiB or more to the OS (MALLOC_TUNABLES), so that no call reuses memory an earlier one held.
 
     python scripts/attention_memory.py            # a markdown table
     python scripts/attention_memory.py --json     # one object a shape
@@ -12,6 +13,7 @@ takes a pass.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,10 @@ HEAD_DIM = 128
 # (query heads, KV heads, query rows, keys): 1.3 GB of scores in one call without grouped heads; the
 # embedded 1.5B target (12 query heads on 2) over a 1024-token tree after 4096 tokens
 SHAPES = ((16, 16, 1024, 8192), (12, 2, 1025, 5121))
+# glibc's allocator with a fixed mmap threshold: every buffer of 64 KiB or more is its own mapping,
+# unmapped when freed (the default threshold grows to 32 MiB, and a freed buffer under it stays in
+# the heap, where a later call would reuse it unseen)
+MALLOC_TUNABLES = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}
 
 
 class Attention:
@@ -58,18 +64,19 @@ def grow(heads: int, kv_heads: int, rows: int, keys: int, how: str) -> int:
     return status_bytes("VmHWM") - start
 
 
-def measured(heads: int, kv_heads: int, rows: int, keys: int, how: str) -> int:
-    """`grow` in a fresh process: a peak is a process's high-water mark."""
-    done = subprocess.run([sys.executable, __file__, "--child", how, str(heads), str(kv_heads), str(rows), str(keys)],
-                          capture_output=True, text=True, timeout=600, check=True)
-    return int(done.stdout.split()[-1])
-
-
 def row(heads: int, kv_heads: int, rows: int, keys: int) -> dict:
-    transformers = measured(heads, kv_heads, rows, keys, "transformers")
-    return {"heads": heads, "kv_heads": kv_heads, "rows": rows, "keys": keys, "transformers_bytes": transformers,
-            "app_bytes": measured(heads, kv_heads, rows, keys, "app"),
+    """One shape's growth under the app's attention, then transformers', in this process."""
+    return {"heads": heads, "kv_heads": kv_heads, "rows": rows, "keys": keys,
+            "app_bytes": grow(heads, kv_heads, rows, keys, "app"),
+            "transformers_bytes": grow(heads, kv_heads, rows, keys, "transformers"),
             "counted_bytes": attention_bytes(heads, kv_heads, HEAD_DIM, rows, keys, torch.bfloat16.itemsize)}
+
+
+def measured_rows() -> list[dict]:
+    """Every shape's row, measured in a child process whose allocator gives back what it frees."""
+    done = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, timeout=900,
+                          check=True, env=os.environ | MALLOC_TUNABLES)
+    return json.loads(done.stdout)
 
 
 def table(rows: list[dict]) -> str:
@@ -82,14 +89,12 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON object a shape")
-    parser.add_argument("--child", nargs=5, metavar=("HOW", "HEADS", "KV_HEADS", "ROWS", "KEYS"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        how, *sizes = args.child
-        print(grow(*map(int, sizes), how))
+        print(json.dumps([row(*shape) for shape in SHAPES]))
         return
-    rows = [row(*shape) for shape in SHAPES]
+    rows = measured_rows()
     print("\n".join(json.dumps(r) for r in rows) if args.json else table(rows))
 
 
