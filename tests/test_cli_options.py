@@ -33,10 +33,11 @@ def declared(command: str) -> dict[str, tuple[str | None, object]]:
 
 def recording_app(monkeypatch, **decoration) -> tuple[typer.Typer, list, list[EngineOptions]]:
     """A one-command app over with_engine_options that records (its --flag, the options) as it
-    receives them, and the options checked, by their values before torch loads and on the machine
-    after (the checks themselves are the bad-input tests' business)."""
+    receives them, and the options checked, by their values and the models they name before torch
+    loads and on the machine after (the checks themselves are the bad-input tests' business)."""
     received, checked = [], []
     monkeypatch.setattr(cli_options, "check_values", lambda options: checked.append(("values", options)))
+    monkeypatch.setattr(cli_options, "check_named_models", lambda options: checked.append(("models", options)))
     monkeypatch.setattr(runtime, "validate", lambda options: checked.append(("machine", options)))
     recorder = typer.Typer()
 
@@ -67,7 +68,8 @@ def test_every_option_reaches_the_engine_options_checked(monkeypatch):
     recorder, received, checked = recording_app(monkeypatch)
     result = CliRunner().invoke(recorder, ["--flag", *EVERY_OPTION])
     assert result.exit_code == 0, result.output
-    assert received == [(True, EXPECTED)] and checked == [("values", EXPECTED), ("machine", EXPECTED)]
+    assert received == [(True, EXPECTED)]
+    assert checked == [("values", EXPECTED), ("models", EXPECTED), ("machine", EXPECTED)]
 
 
 def test_an_option_left_out_is_not_offered_and_keeps_its_default(monkeypatch):

@@ -13,7 +13,7 @@ import typer
 
 from specchat.errors import SpecchatError
 from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
-from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_values
+from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
 DraftOpt = Annotated[str, typer.Option(help="Draft model: alias, hub id, directory or .gguf.")]
@@ -108,7 +108,8 @@ def engine_options(values: dict[str, Any]) -> EngineOptions:
     """The command line's engine options as EngineOptions (--budget parsed), checked before
     anything loads or starts: one line on a bad value."""
     options = EngineOptions(**{**values, "budget": parse_budget(values.get("budget"))})
-    check_values(options)  # before torch loads: a mistyped value answers at once
+    check_values(options)  # before torch loads: a mistyped value answers at once,
+    check_named_models(options)  # as does a model that cannot load here (offline, not cached)
     from specchat.runtime import validate  # what the values name on this machine, torch and the engines loaded
 
     validate(options)

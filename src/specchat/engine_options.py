@@ -12,6 +12,7 @@ from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE
                              DEFAULT_OFFLOAD, DEPTH, DTYPE_NAMES, LOOKAHEAD, OFFLOAD_TIERS, check_memory_budgets)
 from specchat.models.listing import list_models, table_lines  # for the CLI: `specchat models` without torch
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.models.spec import check_models
 
 ENGINES = ("autoregressive", "specexec", "sd", "specinfer", "dsi")
 DRAFTED_ENGINES = ("specexec", "sd", "specinfer", "dsi")  # engines that need a draft model
@@ -75,6 +76,13 @@ def check_values(options: EngineOptions) -> None:
     if options.draft_vocab < 0:
         raise SpecchatError(f"--draft-vocab must be >= 0, 0 for the whole vocabulary (got {options.draft_vocab})")
     check_dsi_values(options)
+
+
+def check_named_models(options: EngineOptions) -> None:
+    """What the model specs the engine loads (the target, and the draft where it drafts) name on
+    this machine, checked without torch (models/spec.py); one line for the first that cannot load."""
+    specs = (options.target, options.draft) if options.engine in DRAFTED_ENGINES else (options.target,)
+    check_models(specs, options.allow_pickle)
 
 
 def check_dsi_values(options: EngineOptions) -> None:

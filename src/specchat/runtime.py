@@ -25,10 +25,11 @@ from specchat.dsi.build import default_workers  # for the CLI
 from specchat.dsi.engine import DSIEngine
 from specchat.dsi.remote import import_ray
 from specchat.dsi.workers import WorkerPool, parse_devices
-from specchat.engine_options import DRAFTED_ENGINES, EngineOptions, check_values
+from specchat.engine_options import EngineOptions, check_named_models, check_values
 from specchat.errors import SpecchatError
 from specchat.limits import BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, auto_cap, default_budget
-from specchat.models.loading import check_not_pickled, has_int4, resolve
+from specchat.models.loading import has_int4
+from specchat.models.spec import resolve
 from specchat.plan import Machine, MemoryPlan  # Machine: for the CLI
 from specchat.offload.build import Offload
 from specchat.offload.placement import Placement
@@ -150,11 +151,7 @@ def validate(options: EngineOptions) -> None:
         parse_devices(options.workers)
     if options.engine == "dsi" and options.ray_address is not None:
         import_ray()
-    specs = (options.target, options.draft) if options.engine in DRAFTED_ENGINES else (options.target,)
-    for spec in specs:
-        resolve(spec)
-        if not options.allow_pickle:
-            check_not_pickled(spec)
+    check_named_models(options)
 
 
 def live_settings_of(options: EngineOptions) -> LiveSettings:

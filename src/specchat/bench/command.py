@@ -14,7 +14,7 @@ from specchat.bench.runner import HF_ASSISTED, Point, Setup, check_engines, run_
 from specchat.decoding.events import AUTO
 from specchat.errors import SpecchatError
 from specchat.limits import BUDGET, LOOKAHEAD
-from specchat.models.loading import resolve
+from specchat.models.spec import resolve
 from specchat.loader import load_models, options_for
 from specchat.paths import make_output_dir
 from specchat.runtime import encode_prompt, validate

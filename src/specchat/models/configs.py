@@ -12,7 +12,7 @@ from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 from specchat.errors import SpecchatError
 from specchat.models.gguf_config import gguf_config
 from specchat.models.hub import download_config
-from specchat.models.loading import ModelSource, resolve
+from specchat.models.spec import ModelSource, resolve
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 

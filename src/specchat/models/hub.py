@@ -10,7 +10,7 @@ from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, Repo
 from tqdm.auto import tqdm
 
 from specchat.errors import SpecchatError
-from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specchat.models.spec import offline_message
 
 # Weights as safetensors only: many repos also carry pickled .bin copies (twice the download, and
 # unpickling runs code); "*.json" also brings config, generation config and tokenizer files.
@@ -53,11 +53,3 @@ def user_errors(repo_id: str) -> Iterator[None]:
         raise SpecchatError(f"{repo_id} was not found on the Hugging Face Hub (private? run `hf auth login`)") from error
     except LocalEntryNotFoundError as error:  # offline, or the Hub unreachable, and not (fully) cached
         raise SpecchatError(offline_message(repo_id)) from error
-
-
-def offline_message(repo_id: str) -> str:
-    return (
-        f"{repo_id} is not in the local Hugging Face cache and the Hub cannot be reached (offline): "
-        f"download it once while online, or use the embedded models {DEFAULT_TARGET} / {DEFAULT_DRAFT}, "
-        "which work offline"
-    )

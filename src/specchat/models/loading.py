@@ -1,10 +1,8 @@
 """Turning a model spec (alias, local directory, .gguf file or hub id) into a model and tokenizer."""
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -16,25 +14,13 @@ from specchat.models.embedded import ensure_embedded
 from specchat.models.gguf_model import gguf_model
 from specchat.models.hub import download
 from specchat.models.layerwise import Preparation, load_layer_by_layer, prepare_loaded
-from specchat.models.registry import find_alias
+from specchat.models.spec import ModelSource, resolve
 from specchat.offload.build import Offload, offload_model
 from specchat.offload.placement import Placement
 from specchat.progress import Report, Reporter, transformers_bars
 from specchat.quant.awq import read_awq_spec
 from specchat.quant.gptq import read_gptq_spec
 from specchat.quant.int4_checkpoint import INT4_FILE
-
-SourceKind = Literal["embedded", "hub", "dir", "gguf"]
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    kind: SourceKind
-    location: str  # alias (embedded), hub id (hub), or absolute path (dir, gguf)
-    name: str  # shown to the user
-
 
 @dataclass
 class LoadedModel:
@@ -43,46 +29,6 @@ class LoadedModel:
     name: str
     source: ModelSource
     directory: Path  # where its files are (the converted copy for an embedded model or a .gguf)
-
-
-def resolve(spec: str) -> ModelSource:
-    """What `spec` names, checked as far as possible without loading (or downloading) anything."""
-    alias = find_alias(spec)
-    if alias is not None:
-        if alias.hub_id is None:
-            return ModelSource("embedded", alias.name, alias.name)
-        return ModelSource("hub", alias.hub_id, alias.name)
-    path = Path(spec).expanduser()
-    if spec.lower().endswith(".gguf"):
-        if not path.is_file():
-            raise SpecchatError(f"GGUF file not found: {spec}")
-        return ModelSource("gguf", str(path.resolve()), path.stem)
-    if path.is_dir():  # checked before hub ids: a local "owner/name" directory wins
-        if not (path / "config.json").is_file():
-            raise SpecchatError(f"directory {spec} has no config.json, so it is not a model directory")
-        return ModelSource("dir", str(path.resolve()), path.resolve().name)
-    if _HUB_ID.fullmatch(spec):
-        return ModelSource("hub", spec, spec)
-    raise SpecchatError(
-        f"unknown model '{spec}': use an alias (see `specchat models`), a hub id, a local directory or a .gguf file"
-    )
-
-
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # torch.save checkpoints: unpickling can run code
-
-
-def check_not_pickled(spec: str) -> None:
-    """Refuse a local model directory whose weights exist only as pickles; one line saying why."""
-    source = resolve(spec)
-    if source.kind != "dir":  # hub downloads fetch safetensors only; GGUF and embedded models are not pickles
-        return
-    directory = Path(source.location)
-    if any(directory.glob("*.safetensors")):
-        return  # transformers prefers them to any pickle beside them
-    pickled = sorted(path.name for path in directory.iterdir() if path.suffix in PICKLE_SUFFIXES)
-    if pickled:
-        raise SpecchatError(f"{spec} holds pickled weights ({pickled[0]}), which can run code as they load: "
-                            "convert them to safetensors, or pass --allow-pickle if you trust their source")
 
 
 def load(spec: str, dtype: torch.dtype, progress: bool = True, report: Report | None = None,

@@ -6,7 +6,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from specchat.models.embedded import EMBEDDED, converted_path, int4_path
-from specchat.models.loading import ModelSource, resolve
+from specchat.models.spec import ModelSource, resolve
 from specchat.models.marker import is_converted, is_current_int4
 
 

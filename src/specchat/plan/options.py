@@ -10,7 +10,8 @@ from typing import Protocol, TypeVar
 from specchat.dtypes import DTYPES
 from specchat.machine_links import Links, read_links
 from specchat.models.draft import DraftQuant, resolve_draft_quant
-from specchat.models.loading import has_int4, resolve
+from specchat.models.loading import has_int4
+from specchat.models.spec import resolve
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.plan.machine import Machine
 from specchat.plan.pair import draft_kinds

@@ -15,7 +15,8 @@ from transformers import PretrainedConfig
 from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_CONTEXT
 from specchat.models.configs import config_from_file, read_config
-from specchat.models.loading import resolve, stored_name
+from specchat.models.loading import stored_name
+from specchat.models.spec import resolve
 from specchat.models.local import local_safetensors
 from specchat.checkpoint.skeleton import build_skeleton, without_quantization
 from specchat.checkpoint.sources import SafetensorsSource

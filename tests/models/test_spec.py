@@ -1,4 +1,5 @@
-"""Model specs: aliases, local directories, .gguf files, hub ids, and the errors for everything else."""
+"""Model specs: aliases, local directories, .gguf files, hub ids, and the errors for everything else,
+the uncached hub model offline and the pickled directory among them."""
 
 import os
 import subprocess
@@ -6,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants
 
 from specchat.errors import SpecchatError
-from specchat.models.loading import ModelSource, resolve
+from specchat.models.spec import ModelSource, check_models, resolve
 from specchat.models.registry import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET
 
 HUB_ALIASES = {
@@ -117,3 +119,37 @@ def test_uncached_hub_model_offline_points_to_the_embedded_models(tmp_path: Path
     assert "mistralai/Mistral-7B-Instruct-v0.2" in message
     assert "offline" in message
     assert f"{DEFAULT_TARGET} / {DEFAULT_DRAFT}" in message
+
+
+def cache_config(cache: Path, repo_id: str) -> None:
+    """`repo_id`'s config.json in a Hugging Face cache laid out as the hub's downloads leave it."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+
+
+def test_offline_a_hub_model_the_cache_lacks_is_one_line_before_anything_loads(tmp_path, monkeypatch) -> None:
+    """Hub ids and hub aliases alike; a cached config passes, as does any model online (the
+    download says the rest) and an embedded one offline."""
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cache_config(tmp_path, "owner/cached")
+    check_models(["owner/cached", DEFAULT_TARGET, DEFAULT_DRAFT], allow_pickle=False)
+    for spec, repo_id in (("owner/missing", "owner/missing"), ("mistral-7b", HUB_ALIASES["mistral-7b"])):
+        with pytest.raises(SpecchatError, match=f"^{repo_id} is not in the local Hugging Face cache .*{DEFAULT_TARGET}"):
+            check_models(["owner/cached", spec], allow_pickle=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    check_models(["owner/missing", "mistral-7b"], allow_pickle=False)
+
+
+def test_a_directory_of_pickled_weights_alone_is_refused_unless_allowed(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(SpecchatError, match="pickled weights \\(pytorch_model.bin\\).*--allow-pickle"):
+        check_models([str(tmp_path)], allow_pickle=False)
+    check_models([str(tmp_path)], allow_pickle=True)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    check_models([str(tmp_path)], allow_pickle=False)  # transformers reads these, not the pickle
+
