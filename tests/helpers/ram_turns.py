@@ -17,7 +17,7 @@ from typing import IO
 # What one xdist worker holds at most: a module of the real pair, which holds the float32 pair
 # (~7.9 GB once loaded, draft first) beside at most ~2 GB of its own; a module holding more frees
 # the pair's target first (test_offload_real.py; test_real_exactness.py's int8 copy shares its weights).
-REAL_MODULE_RAM = 10 * 2**30  # what a module with real tests reserves (tests/helpers/ram_turns.py)
+REAL_MODULE_RAM = 10 * 2**30  # what a module with real tests reserves: a slot's share of the RAM
 RAM_ENV = "SPECCHAT_TEST_RAM"  # the RAM every worker's modules may hold at once, set by the controller
 RAM_MARGIN = 2**30  # left out of that: the OS, the controller, the files the workers read
 

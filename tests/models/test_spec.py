@@ -138,7 +138,8 @@ def test_offline_a_hub_model_the_cache_lacks_is_one_line_before_anything_loads(t
     cache_config(tmp_path, "owner/cached")
     check_models(["owner/cached", DEFAULT_TARGET, DEFAULT_DRAFT], allow_pickle=False)
     for spec, repo_id in (("owner/missing", "owner/missing"), ("mistral-7b", HUB_ALIASES["mistral-7b"])):
-        with pytest.raises(SpecchatError, match=f"^{repo_id} is not in the local Hugging Face cache .*{DEFAULT_TARGET}"):
+        refusal = f"^{repo_id} is not in the local Hugging Face cache .*{DEFAULT_TARGET}"
+        with pytest.raises(SpecchatError, match=refusal):
             check_models(["owner/cached", spec], allow_pickle=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     check_models(["owner/missing", "mistral-7b"], allow_pickle=False)
@@ -152,4 +153,3 @@ def test_a_directory_of_pickled_weights_alone_is_refused_unless_allowed(tmp_path
     check_models([str(tmp_path)], allow_pickle=True)
     (tmp_path / "model.safetensors").write_bytes(b"")
     check_models([str(tmp_path)], allow_pickle=False)  # transformers reads these, not the pickle
-
