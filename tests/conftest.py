@@ -24,8 +24,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 @pytest.hookimpl(trylast=True)  # after xdist's own, which registers the controller's session
 def pytest_configure(config: pytest.Config) -> None:
     """The controller measures the RAM once, before it starts the workers that inherit it; a
-    process that runs tests (a worker, or the only process) loads the fixtures."""
+    process that runs tests (a worker, or the only process) loads the fixtures, as does one that
+    lists them (`--fixtures`, `--fixtures-per-test` collect in the controller)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         os.environ.setdefault(RAM_ENV, str(ram_room().bytes - RAM_MARGIN))
-    if not config.pluginmanager.has_plugin("dsession"):
+    lists = config.getoption("showfixtures") or config.getoption("show_fixtures_per_test")
+    if lists or not config.pluginmanager.has_plugin("dsession"):
         config.pluginmanager.import_plugin("helpers.fixtures")
