@@ -58,12 +58,12 @@ def check_models(specs: Iterable[str], allow_pickle: bool) -> None:
         if source.kind == "hub":
             check_cached_offline(source.location)
         if not allow_pickle:
-            check_not_pickled(spec)
+            check_not_pickled(spec, source)
 
 
-def check_not_pickled(spec: str) -> None:
-    """Refuse a local model directory whose weights exist only as pickles; one line saying why."""
-    source = resolve(spec)
+def check_not_pickled(spec: str, source: ModelSource) -> None:
+    """Refuse a local model directory (`spec`, resolved to `source`) whose weights exist only as
+    pickles; one line saying why."""
     if source.kind != "dir":  # hub downloads fetch safetensors only; GGUF and embedded models are not pickles
         return
     directory = Path(source.location)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.gptq import checkpoint_linear, unpack_int4_cols
+from specchat.quant.gptq import swap_checkpoint_linears, unpack_int4_cols
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
 from specchat.quant.int4_pack import GROUP_SIZES, nibbles_by_rows
 from specchat.quant.int4_weight import Int4Weight
@@ -103,16 +103,16 @@ def replace_linears_with_awq(model: nn.Module, names: Iterable[str], spec: AWQSp
     """Swap each named nn.Linear for an empty Int4Linear packed for `kernel`, on the Linear's device
     (meta in a skeleton, until filled with `awq_int4_tensors`' values); one line for a name the
     model lacks or a shape the int4 kernels cannot take."""
-    for name in names:
-        linear = checkpoint_linear(model, name, "AWQ")
+    def replacement(name: str, linear: nn.Linear) -> nn.Module:
         group = kernel_group_size(spec, linear.in_features)
         if group is None or not int4_fits(linear.in_features, linear.out_features, group, kernel):
             raise SpecchatError(f"AWQ layer {name!r} ({linear.out_features} x {linear.in_features}, groups of "
                                 f"{spec.group_size}) does not fit {kernel.type}'s int4 kernels")
         with torch.device(linear.weight.device):
-            replacement = Int4Linear(linear.in_features, linear.out_features, group, linear.bias is not None, False,
-                                     dtype, kernel)
-        model.set_submodule(name, replacement)
+            return Int4Linear(linear.in_features, linear.out_features, group, linear.bias is not None, False, dtype,
+                              kernel)
+
+    swap_checkpoint_linears(model, names, "AWQ", replacement)
 
 
 def is_awq_packed(qweight_shape: list[int], in_features: int) -> bool:

@@ -11,7 +11,7 @@ Nibble k is bits 4k..4k+3. The packed tensors stay as they are until the matmul 
 """
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -141,22 +141,26 @@ def group_count(in_features: int, group_size: int) -> int:
     return 1 if group_size == -1 else math.ceil(in_features / group_size)
 
 
-def checkpoint_linear(model: nn.Module, name: str, method: str) -> nn.Linear:
-    """The nn.Linear that a `method` (GPTQ, AWQ) checkpoint quantizes under `name`; one line where
-    the model has none there."""
-    try:
-        linear = model.get_submodule(name)
-    except AttributeError as error:
-        raise SpecchatError(f"{method} checkpoint names {name!r}, which the model does not have") from error
-    if not isinstance(linear, nn.Linear):
-        raise SpecchatError(f"{method} checkpoint quantizes {name!r}, which is not a Linear layer")
-    return linear
+def swap_checkpoint_linears(model: nn.Module, names: Iterable[str], method: str,
+                            replacement: Callable[[str, nn.Linear], nn.Module]) -> None:
+    """Put `replacement(name, linear)` in place of each nn.Linear a `method` (GPTQ, AWQ) checkpoint
+    quantizes under `name`, its parent found once (a 235B MoE names 36096); one line where the model
+    has no Linear there."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name)
+            linear = getattr(parent, child)
+        except AttributeError as error:
+            raise SpecchatError(f"{method} checkpoint names {name!r}, which the model does not have") from error
+        if not isinstance(linear, nn.Linear):
+            raise SpecchatError(f"{method} checkpoint quantizes {name!r}, which is not a Linear layer")
+        setattr(parent, child, replacement(name, linear))
 
 
 def replace_linears_with_gptq(model: nn.Module, names: Iterable[str], spec: GPTQSpec) -> None:
     """Swap each named nn.Linear for an empty GPTQLinear of the same shape and device."""
-    for name in names:
-        model.set_submodule(name, gptq_linear(name, checkpoint_linear(model, name, "GPTQ"), spec))
+    swap_checkpoint_linears(model, names, "GPTQ", lambda name, linear: gptq_linear(name, linear, spec))
 
 
 def check_gptq_shape(name: str, linear: nn.Linear) -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.gptq import (GPTQSpec, check_gptq_shape, checkpoint_linear, gptq_linear, unpack_int4_cols,
+from specchat.quant.gptq import (GPTQSpec, check_gptq_shape, gptq_linear, swap_checkpoint_linears, unpack_int4_cols,
                                  unpack_int4_rows)
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
 from specchat.quant.int4_pack import GROUP_SIZES, nibbles_by_rows
@@ -59,16 +59,16 @@ def replace_linears_with_gptq_int4(model: nn.Module, names: Iterable[str], spec:
     (meta in a skeleton, until filled with `gptq_int4_tensors`' values). One whose shape the kernels
     cannot take (`int4_fits`: groups under 32 inputs, say) becomes an empty GPTQLinear instead,
     dequantized per call. No GPTQLinear is built on the way to an Int4Linear: a 235B MoE has 36096."""
-    for name in names:
-        linear = checkpoint_linear(model, name, "GPTQ")
+    def replacement(name: str, linear: nn.Linear) -> nn.Module:
         check_gptq_shape(name, linear)
         group_size = spec_group_size(spec, linear.in_features)
         if group_size is None or not int4_fits(linear.in_features, linear.out_features, group_size, kernel):
-            model.set_submodule(name, gptq_linear(name, linear, spec))
-            continue
+            return gptq_linear(name, linear, spec)
         with torch.device(linear.weight.device):
-            model.set_submodule(name, Int4Linear(linear.in_features, linear.out_features, group_size,
-                                                 linear.bias is not None, spec.desc_act, dtype, kernel))
+            return Int4Linear(linear.in_features, linear.out_features, group_size, linear.bias is not None,
+                              spec.desc_act, dtype, kernel)
+
+    swap_checkpoint_linears(model, names, "GPTQ", replacement)
 
 
 def gptq_int4_tensors(read: Callable[[str], Tensor], linear: Int4Linear) -> dict[str, Tensor]:
