@@ -1,5 +1,6 @@
 """DraftTree: children table, paths, likeliest path, ancestor masks, size and depth."""
 
+import numpy as np
 import pytest
 import torch
 from helpers.trees import ROWS, make_tree, path_to, tree
@@ -95,18 +96,18 @@ def test_rank_orders_by_logprob_then_depth_then_index(seed: int) -> None:
     values = torch.tensor([0.0, -0.0, -1.0, -2.0, -1.5, -1e-30, -3.4e38, 1e-30, -7.25])
     logprobs = values[torch.randint(0, values.numel(), (400,), generator=generator)]
     depths = torch.randint(0, 256, (400,), generator=generator)
-    assert rank(logprobs, depths).tolist() == reference_rank(logprobs, depths)
+    assert rank(logprobs.numpy(), depths.numpy()).tolist() == reference_rank(logprobs, depths)
 
 
 def test_rank_refuses_float64_log_probs() -> None:
     with pytest.raises(TypeError, match="float32"):
-        rank(torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.long))
+        rank(np.zeros(3, dtype=np.float64), np.zeros(3, dtype=np.int64))
 
 
-def walked_mask(store: NodeStore, nodes: torch.Tensor, committed: int, cached: int) -> torch.Tensor:
+def walked_mask(store: NodeStore, nodes: np.ndarray, committed: int, cached: int) -> torch.Tensor:
     """What a step over `nodes` may see, by walking each node up to the root: the committed prefix,
     its ancestors' draft slots and its own (the next `nodes.numel()` slots, in order)."""
-    mask = torch.zeros(nodes.numel(), cached + nodes.numel(), dtype=torch.bool)
+    mask = torch.zeros(nodes.size, cached + nodes.size, dtype=torch.bool)
     mask[:, :committed] = True
     for row, node in enumerate(nodes.tolist()):
         mask[row, cached + row] = True
@@ -121,19 +122,19 @@ def walked_mask(store: NodeStore, nodes: torch.Tensor, committed: int, cached: i
 def test_a_steps_mask_is_what_walking_up_the_ancestors_sees(seed: int) -> None:
     """Random trees grown a level at a time, each level run in a random order with some nodes
     never run: every step's mask and slots are the walked ones."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = np.random.default_rng(seed)
     committed = 7
-    store, frontier = NodeStore(root_token=5, root_slot=committed - 1), torch.tensor([0])
+    store, frontier = NodeStore(root_token=5, root_slot=committed - 1), np.zeros(1, dtype=np.int64)
     for _ in range(6):
-        parents = frontier.repeat_interleave(3)
-        count = parents.numel()
-        nodes = store.append(torch.randint(0, 100, (count,), generator=generator), parents,
-                             store.depths[parents] + 1, -torch.rand(count, generator=generator))
-        nodes = nodes[torch.randperm(count, generator=generator)][: max(1, count // 2)]  # the rest never run
+        parents = np.repeat(frontier, 3)
+        count = parents.size
+        nodes = store.append(generator.integers(0, 100, count), parents, store.depths[parents] + 1,
+                             -generator.random(count, dtype=np.float32))
+        nodes = nodes[generator.permutation(count)][: max(1, count // 2)]  # the rest never run
         cached = committed + store.ran
         expected = walked_mask(store, nodes, committed, cached)
         assert torch.equal(store.run(nodes, committed, torch.device("cpu")), expected)
-        assert store.slots[nodes].tolist() == list(range(cached, cached + nodes.numel()))
+        assert store.slots[nodes].tolist() == list(range(cached, cached + nodes.size))
         frontier = nodes
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Generic, TypeVar
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -135,22 +136,24 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
     root_allowed = None if guide is None else guide.allowed()
     with steps:
         top = children(draft, root.hidden, shape, temperature, root_allowed)
-    add_children(store, torch.tensor([0]), top, shape)
+    add_children(store, np.zeros(1, dtype=np.int64), top, shape)
     widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
-    while (nodes := next_expansion(store, shape, spent)[: draft.room(cache)]).numel() > 0:  # the best first
+    while (nodes := next_expansion(store, shape, spent)[: draft.room(cache)]).size > 0:  # the best first
         mask = store.run(nodes, committed, draft.device)  # their slots follow those the draft ran
+        tokens = torch.from_numpy(store.tokens[nodes])
+        positions = torch.from_numpy(root.position + store.depths[nodes])
         with steps:
-            hidden = draft.hidden(store.tokens[nodes], root.position + store.depths[nodes], cache, mask)
+            hidden = draft.hidden(tokens, positions, cache, mask)
             allowed = None if guide is None else guide.allowed(node_paths(store, nodes))  # while a GPU runs the step
             top = children(draft, hidden, shape, temperature, allowed)  # its values reach the host: the step is done
         add_children(store, nodes, top, shape)
-        widths.append(nodes.numel())
+        widths.append(nodes.size)
         if shape.sizer:
-            spent += shape.sizer.draft_s(nodes.numel())
+            spent += shape.sizer.draft_s(nodes.size)
             record_branching(shape.sizer, store, nodes)
     predicted = 0.0
     if shape.sizer is not None:
-        cut = shape.sizer.best_cut(store.logprobs[store.kept].exp().sort(descending=True).values, spent)
+        cut = shape.sizer.best_cut(probs(store, store.kept).sort(descending=True).values, spent)
         store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
         predicted = cut.predicted
     grown = assemble(store, len(widths))
@@ -168,48 +171,54 @@ def children(draft: CausalLM, hidden: torch.Tensor, shape: TreeShape, temperatur
     return values, tokens
 
 
-def add_children(store: NodeStore, parents: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor],
+def add_children(store: NodeStore, parents: np.ndarray, top: tuple[torch.Tensor, torch.Tensor],
                  shape: TreeShape) -> None:
-    """Offer each parent's best children, `top` = (their log-probs, their tokens) [b, k] under
-    the (temperature-scaled) distribution actually sampled, and keep the `budget` best nodes."""
-    values, tokens = top
-    cand_logprobs = (store.logprobs[parents].unsqueeze(1) + values).flatten()  # log P(child) = log P(parent) + log q
-    cand_tokens = tokens.flatten()
-    cand_parents = parents.repeat_interleave(tokens.shape[1])
+    """Offer each parent's best children, `top` = (their log-probs, their tokens) [b, k] on the
+    host, under the (temperature-scaled) distribution actually sampled, and keep the `budget`
+    best nodes."""
+    values, tokens = top[0].numpy(), top[1].numpy()
+    cand_logprobs = (store.logprobs[parents][:, None] + values).ravel()  # log P(child) = log P(parent) + log q
+    cand_tokens = tokens.ravel()
+    cand_parents = np.repeat(parents, tokens.shape[1])
     cand_depths = store.depths[cand_parents] + 1
-    finite = torch.isfinite(cand_logprobs)
+    finite = np.isfinite(cand_logprobs)
     if not finite.all():  # a child the guide forbids (or the draft's sub-vocabulary never scores)
         cand_logprobs, cand_tokens = cand_logprobs[finite], cand_tokens[finite]
         cand_parents, cand_depths = cand_parents[finite], cand_depths[finite]
 
     kept = store.kept
-    pool_logprobs = torch.cat([store.logprobs[kept], cand_logprobs])
-    pool_depths = torch.cat([store.depths[kept], cand_depths])
+    pool_logprobs = np.concatenate([store.logprobs[kept], cand_logprobs])
+    pool_depths = np.concatenate([store.depths[kept], cand_depths])
     best = rank(pool_logprobs, pool_depths)[: shape.budget]
-    from_kept = best[best < kept.numel()]
-    from_cand = best[best >= kept.numel()] - kept.numel()
+    from_kept = best[best < kept.size]
+    from_cand = best[best >= kept.size] - kept.size
     added = store.append(
         cand_tokens[from_cand], cand_parents[from_cand], cand_depths[from_cand], cand_logprobs[from_cand]
     )
-    store.kept = torch.cat([kept[from_kept], added])
+    store.kept = np.concatenate([kept[from_kept], added])
 
 
-def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> torch.Tensor:
+def next_expansion(store: NodeStore, shape: TreeShape, spent: float) -> np.ndarray:
     """The nodes the next draft step expands: a fixed batch, or as many as the sizer finds pay."""
     nodes = pick_expansion(store, shape)
-    if shape.sizer is None or nodes.numel() == 0:
+    if shape.sizer is None or nodes.size == 0:
         return nodes
-    kept = store.logprobs[store.kept].exp().sort(descending=True).values
-    return nodes[: shape.sizer.step_width(store.logprobs[nodes].exp(), kept, spent)]
+    kept = probs(store, store.kept).sort(descending=True).values
+    return nodes[: shape.sizer.step_width(probs(store, nodes), kept, spent)]
 
 
-def pick_expansion(store: NodeStore, shape: TreeShape) -> torch.Tensor:
+def probs(store: NodeStore, nodes: np.ndarray) -> torch.Tensor:
+    """The nodes' draft probabilities, as the sizer weighs them."""
+    return torch.from_numpy(store.logprobs[nodes]).exp()
+
+
+def pick_expansion(store: NodeStore, shape: TreeShape) -> np.ndarray:
     """The B best kept nodes not yet expanded that could still add a node to the top K."""
     kept = store.kept
     open_nodes = kept[(store.slots[kept] < 0) & (store.depths[kept] < shape.max_depth)]
-    if open_nodes.numel() == 0:
+    if open_nodes.size == 0:
         return open_nodes
-    if kept.numel() >= shape.budget:
+    if kept.size >= shape.budget:
         # T: the K-th best log-prob; a child never beats its parent, so nodes at or below T
         # cannot contribute.
         threshold = store.logprobs[kept].min()
@@ -218,11 +227,10 @@ def pick_expansion(store: NodeStore, shape: TreeShape) -> torch.Tensor:
     return open_nodes[order[: shape.expansion_batch]]
 
 
-def record_branching(sizer: AutoSizer, store: NodeStore, parents: torch.Tensor) -> None:
+def record_branching(sizer: AutoSizer, store: NodeStore, parents: np.ndarray) -> None:
     """How much of the expanded parents' probability mass their kept children carry."""
-    kept_children = store.kept[torch.isin(store.parents[store.kept], parents)]
-    sizer.calibration.record_expansion(float(store.logprobs[parents].exp().sum()),
-                                       float(store.logprobs[kept_children].exp().sum()))
+    kept_children = store.kept[np.isin(store.parents[store.kept], parents)]
+    sizer.calibration.record_expansion(float(probs(store, parents).sum()), float(probs(store, kept_children).sum()))
 
 
 def score(target: CausalLM, cache: DynamicCache, tree: DraftTree, prefix: int) -> torch.Tensor:

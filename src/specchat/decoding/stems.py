@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -24,7 +25,7 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import Root
 from specchat.decoding.speculative_sampling import distribution, draw_draft
-from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape
+from specchat.decoding.tree import GrownTree, NodeStore, TreeShape, store_tree
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,10 @@ class StemGrower:
         self.draft_logits = {0: root_logits}
         self.child_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
 
-    def sample_depth(self, heads: list[int], position: int, sampling: SamplingParams) -> torch.Tensor:
+    def sample_depth(self, heads: list[int], position: int, sampling: SamplingParams) -> np.ndarray:
         """Move every stem from its node in `heads` (updated in place) to a sampled child at
         absolute `position`; return the indices of the nodes this created."""
-        first = self.store.tokens.numel()
+        first = self.store.count
         tokens, parents, logprobs = [], [], []
         draft_probs: dict[int, torch.Tensor] = {}
         for stem, node in enumerate(heads):
@@ -70,25 +71,24 @@ class StemGrower:
                 self.candidates.append([])
             self.candidates[node].append(child)
             heads[stem] = child
-        parent_ids = torch.tensor(parents)
-        return self.store.append(
-            torch.tensor(tokens), parent_ids, self.store.depths[parent_ids] + 1, torch.tensor(logprobs)
-        )
+        parent_ids = np.array(parents, dtype=np.int64)
+        return self.store.append(np.array(tokens, dtype=np.int64), parent_ids, self.store.depths[parent_ids] + 1,
+                                 np.array(logprobs, dtype=np.float32))
 
     def run_draft(
-        self, draft: CausalLM, cache: DynamicCache, nodes: torch.Tensor, committed: int, position: int
+        self, draft: CausalLM, cache: DynamicCache, nodes: np.ndarray, committed: int, position: int
     ) -> None:
         """One draft forward over the new `nodes` (all at `position`) with the tree mask: each
         sees the `committed` prefix, its ancestors' draft slots and itself."""
         mask = self.store.run(nodes, committed, draft.device)  # their slots follow those the draft ran
-        hidden = draft.hidden(self.store.tokens[nodes], torch.full((nodes.numel(),), position), cache, mask)
+        tokens = torch.from_numpy(self.store.tokens[nodes])
+        hidden = draft.hidden(tokens, torch.full((nodes.size,), position), cache, mask)
         self.draft_logits.update(zip(nodes.tolist(), draft.logits(hidden)))
 
     def stems(self, steps: int) -> Stems:
-        store = self.store
-        tree = DraftTree(tokens=store.tokens, parents=store.parents, depths=store.depths, logprobs=store.logprobs)
-        return Stems(tree=tree, draft_slots=store.slots, steps=steps, candidates=self.candidates,
-                     draft_logits=self.draft_logits)
+        store, nodes = self.store, np.arange(self.store.count)
+        return Stems(tree=store_tree(store, nodes, store.parents[nodes]),
+                     draft_slots=torch.from_numpy(store.slots[nodes]), steps=steps, candidates=self.candidates, draft_logits=self.draft_logits)
 
 
 def draft_stems(draft: CausalLM, cache: DynamicCache, root: Root, layout: StemLayout,

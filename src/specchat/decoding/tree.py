@@ -4,12 +4,17 @@
 Node 0 is the root: the last committed token, whose children are candidates for the next
 position. In a grown tree parents always precede their children, so a node's index is also its
 slot in the target's KV cache during the tree pass, and masks and pruning are index operations.
+
+A growing tree's books (`NodeStore`, `rank`) are numpy arrays, the grown tree torch tensors: a
+tree step's bookkeeping is ~150 small array operations, each ~1 us in numpy where a torch CPU op
+costs 3-8 us, and on a GPU the device waits for them between the draft's steps.
 """
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from specchat.decoding.autosize import AutoSizer
@@ -113,67 +118,73 @@ class GrownTree:
 
 
 class NodeStore:
-    """Every node created this iteration, append-only; `kept` indexes the current best set."""
+    """Every node created this iteration, append-only, as numpy arrays; `kept` indexes the
+    current best set."""
 
     def __init__(self, root_token: int, root_slot: int) -> None:
-        self.tokens = torch.tensor([root_token])
-        self.parents = torch.tensor([-1])
-        self.depths = torch.tensor([0])
-        self.logprobs = torch.tensor([0.0])
-        self.slots = torch.tensor([root_slot])
-        self.kept = torch.empty(0, dtype=torch.long)
+        self.tokens = np.array([root_token], dtype=np.int64)
+        self.parents = np.array([-1], dtype=np.int64)
+        self.depths = np.array([0], dtype=np.int64)
+        self.logprobs = np.array([0.0], dtype=np.float32)
+        self.slots = np.array([root_slot], dtype=np.int64)
+        self.kept = np.empty(0, dtype=np.int64)
         # Each node the draft ran this iteration, in the order of their slots after the committed
         # prefix: the draft slots of its ancestors and its own, at index depth - 1, 0 past its
         # depth (slot 0, in the committed prefix, is seen by every node anyway). `ran` rows are in
         # use, in a buffer that doubles as it fills (a row from the start: the root's children read
         # one, then drop what they read).
-        self.lineage = torch.zeros(1, 1, dtype=torch.long)
+        self.lineage = np.zeros((1, 1), dtype=np.int64)
         self.ran = 0
 
-    def append(self, tokens, parents, depths, logprobs) -> torch.Tensor:
-        """Add nodes; return their indices."""
-        start = self.tokens.numel()
-        self.tokens = torch.cat([self.tokens, tokens])
-        self.parents = torch.cat([self.parents, parents])
-        self.depths = torch.cat([self.depths, depths])
-        self.logprobs = torch.cat([self.logprobs, logprobs])
-        self.slots = torch.cat([self.slots, torch.full_like(tokens, -1)])
-        return torch.arange(start, self.tokens.numel())
+    @property
+    def count(self) -> int:
+        return self.tokens.size
 
-    def run(self, nodes: torch.Tensor, committed: int, device: torch.device) -> torch.Tensor:
+    def append(self, tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
+               logprobs: np.ndarray) -> np.ndarray:
+        """Add nodes; return their indices."""
+        start = self.count
+        self.tokens = np.concatenate([self.tokens, tokens])
+        self.parents = np.concatenate([self.parents, parents])
+        self.depths = np.concatenate([self.depths, depths])
+        self.logprobs = np.concatenate([self.logprobs, logprobs.astype(np.float32, copy=False)])
+        self.slots = np.concatenate([self.slots, np.full(tokens.size, -1, dtype=np.int64)])
+        return np.arange(start, self.count)
+
+    def run(self, nodes: np.ndarray, committed: int, device: torch.device) -> torch.Tensor:
         """Give `nodes` the draft-cache slots after those the draft ran this iteration (the
         committed prefix fills [0, committed)) and return what their step attends to, on `device`:
         bool [b, committed + ran + b], each node the committed prefix, its ancestors' slots and its
-        own. A node's lineage is its parent's and its own slot: a few tensor operations a step,
+        own. A node's lineage is its parent's and its own slot: a few array operations a step,
         however deep the tree (walking up the ancestors took a few a level). The mask is made
         where the step reads it from the lineages, [b, depth]: at budget 2048 it is ~6 MB a step,
         which a GPU's host would otherwise fill and copy over."""
-        b, ran = nodes.numel(), self.ran
+        b, ran = nodes.size, self.ran
         depths = self.depths[nodes]
         self.widen(int(depths.max()))
         parent_rows = self.slots[self.parents[nodes]] - committed  # -1: the root, the prefix's last slot
-        lineage = self.lineage[parent_rows.clamp(min=0)] * (parent_rows >= 0).unsqueeze(1)
-        rows = torch.arange(b)
+        lineage = self.lineage[np.maximum(parent_rows, 0)] * (parent_rows >= 0)[:, None]
+        rows = np.arange(b)
         slots = committed + ran + rows
         lineage[rows, depths - 1] = slots
         self.remember(lineage)
         self.slots[nodes] = slots
         mask = torch.zeros(b, committed + ran + b, dtype=torch.bool, device=device)
         mask[:, :committed] = True
-        return mask.scatter_(1, lineage.to(device), True)
+        return mask.scatter_(1, torch.from_numpy(lineage).to(device), True)
 
     def widen(self, depth: int) -> None:
         """Room in each lineage for `depth` slots."""
         if depth > self.lineage.shape[1]:
-            wider = torch.zeros(self.lineage.shape[0], depth, dtype=torch.long)
+            wider = np.zeros((self.lineage.shape[0], depth), dtype=np.int64)
             wider[:, : self.lineage.shape[1]] = self.lineage
             self.lineage = wider
 
-    def remember(self, lineage: torch.Tensor) -> None:
+    def remember(self, lineage: np.ndarray) -> None:
         """Append the lineages of the nodes just run."""
         ran = self.ran + lineage.shape[0]
         if ran > self.lineage.shape[0]:
-            grown = torch.zeros(2 * ran, self.lineage.shape[1], dtype=torch.long)
+            grown = np.zeros((2 * ran, self.lineage.shape[1]), dtype=np.int64)
             grown[: self.ran] = self.lineage[: self.ran]
             self.lineage = grown
         self.lineage[self.ran: ran] = lineage
@@ -184,32 +195,33 @@ class NodeStore:
 DEPTH_FIELD = 1 << 16
 
 
-def rank(logprobs: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+def rank(logprobs: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """Order by log-prob descending, then depth ascending (parents before equal children), then
     index: one stable sort of an integer key (two stable sorts, the second of floats, took ~6x
     as long on a CPU: ~1 ms for a 10k-node pool, several a tree step at budget 2048)."""
-    return torch.sort(rank_key(logprobs, depths), stable=True).indices
+    return np.argsort(rank_key(logprobs, depths), kind="stable")
 
 
-def rank_key(logprobs: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+def rank_key(logprobs: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """int64 keys ordering as `rank` does. A float32's bits read as an int32 order like the float
     where it is positive; a negative's magnitude bits flipped make negatives order too (IEEE 754
     is sign and magnitude). Adding 0.0 first turns -0.0 into 0.0, which it equals."""
-    if logprobs.dtype != torch.float32:  # a float64's bits would be read as two int32s
+    if logprobs.dtype != np.float32:  # a float64's bits would be read as two int32s
         raise TypeError(f"tree log-probs are float32, not {logprobs.dtype}")
-    bits = (logprobs + 0.0).view(torch.int32)
-    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
+    bits = (logprobs + np.float32(0.0)).view(np.int32)
+    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).astype(np.int64)
     return -ordered * DEPTH_FIELD + depths
 
 
-def node_paths(store: NodeStore, nodes: torch.Tensor) -> list[list[int]]:
+def node_paths(store: NodeStore, nodes: np.ndarray) -> list[list[int]]:
     """Each node's tokens below the root, the root's child first (what a guide consumes to reach it)."""
+    tokens, parents = store.tokens.tolist(), store.parents.tolist()
     paths = []
     for node in nodes.tolist():
         path = []
         while node > 0:
-            path.append(int(store.tokens[node]))
-            node = int(store.parents[node])
+            path.append(tokens[node])
+            node = parents[node]
         paths.append(path[::-1])
     return paths
 
@@ -217,15 +229,17 @@ def node_paths(store: NodeStore, nodes: torch.Tensor) -> list[list[int]]:
 def assemble(store: NodeStore, steps: int) -> GrownTree:
     """Root + kept nodes, ordered by depth then log-prob so parents precede children."""
     kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])]
-    kept = kept[torch.sort(store.depths[kept], stable=True).indices]
-    nodes = torch.cat([torch.tensor([0]), kept])
-    new_index = torch.full((store.tokens.numel(),), -1, dtype=torch.long)
-    new_index[nodes] = torch.arange(nodes.numel())
+    kept = kept[np.argsort(store.depths[kept], kind="stable")]
+    nodes = np.concatenate([np.zeros(1, dtype=np.int64), kept])
+    new_index = np.full(store.count, -1, dtype=np.int64)
+    new_index[nodes] = np.arange(nodes.size)
     parents = store.parents[nodes]
-    tree = DraftTree(
-        tokens=store.tokens[nodes],
-        parents=torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents),
-        depths=store.depths[nodes],
-        logprobs=store.logprobs[nodes],
-    )
-    return GrownTree(tree=tree, draft_slots=store.slots[nodes], steps=steps)
+    parents = np.where(parents >= 0, new_index[np.maximum(parents, 0)], parents)
+    return GrownTree(tree=store_tree(store, nodes, parents), draft_slots=torch.from_numpy(store.slots[nodes]),
+                     steps=steps)
+
+
+def store_tree(store: NodeStore, nodes: np.ndarray, parents: np.ndarray) -> DraftTree:
+    """The tree of the store's `nodes`, in that order, with their `parents` as indices into it."""
+    return DraftTree(tokens=torch.from_numpy(store.tokens[nodes]), parents=torch.from_numpy(parents),
+                     depths=torch.from_numpy(store.depths[nodes]), logprobs=torch.from_numpy(store.logprobs[nodes]))
