@@ -238,3 +238,26 @@ def test_captured_shapes_replay_the_eager_rows_from_one_pool(tiny_target, tiny_d
     assert set(static.graphs) <= static.used and len(static.graphs) == len(captured) > 1  # each shape once
     assert all(graph.replays for graph in captured)  # every shape used a third time
     assert pools == [(0, 0)] * len(captured)
+
+
+def test_each_iteration_counts_the_graphs_its_draft_captured(tiny_target, tiny_draft, monkeypatch):
+    """A reply's events say where its captures (CUDA's stood in for) happened, one a shape at its
+    second use, so that a measurement can leave those one-time costs out (gpu_check --pair)."""
+    captured = []
+
+    def capture(run, pool):
+        output = run()
+        captured.append(FakeGraph(run, output))
+        return captured[-1], output
+
+    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    static = static_draft(tiny_draft, CAPACITY, capture=True)
+    static.least_span = 16
+    engine = TreeEngine(SPECEXEC, tiny_target, static, [], TreeShape(budget=12, max_depth=6))
+    counted, seen = [], 0
+    for event in engine.generate(PROMPT, 40, GREEDY):
+        counted.append((event.graphs_captured, len(captured) - seen))
+        seen = len(captured)
+    assert [reported for reported, _ in counted] == [made for _, made in counted]
+    assert static.graphs_captured() == seen > 1 and counted[-1] == (0, 0)  # the shapes repeat by the reply's end

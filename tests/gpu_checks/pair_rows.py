@@ -30,6 +30,7 @@ class BudgetRow:
     plan: dict  # generate's: layers by tier, bytes a pass, the draft's form
     tree_host_s: float = 0.0  # of draft_s, the tree's bookkeeping on the host between the draft's steps
     passes_s: tuple[float, ...] = ()  # every tree's pass in turn, those warming up first: a mean hides an outlier
+    captured: tuple[bool, ...] = ()  # whether each of those trees captured a draft step's graph
 
     @property
     def iteration_s(self) -> float:
@@ -66,14 +67,19 @@ def budget_row(budget: int, record: dict, warm_trees: int = 0) -> BudgetRow:
     """One budget's row from generate's JSON record: means over its trees after the first
     `warm_trees`, whose first uses of each width compile kernels (Triton), time products (the
     width choices) and capture the draft's step (CUDA graphs, at a width's second use). On the
-    first H200 run they lifted the first reply's pass mean to 1.2 s against 0.77 s at budget 2048."""
+    first H200 run they lifted the first reply's pass mean to 1.2 s against 0.77 s at budget 2048.
+    A later tree that captured a graph is left out too: a capture is a one-time cost (two eager
+    warm-ups and the capture), and a shape's second use can come late (the catch-up's one-row
+    step is first run by a reply's second tree and captured by its third: ~180 ms more drafting
+    in the H200's traced iteration 3 of 2026-11-30, ~1 ms on each step of its row's mean)."""
     events = record["iterations"]
     trees = [e for e in events if e["tree_size"] > 0]
-    if len(trees) <= warm_trees:
-        raise ValueError(f"budget {budget}: the reply drafted {len(trees)} tree(s), none past the {warm_trees} "
-                         "warming up")
     passes = tuple(e["pass_s"] for e in trees)
-    trees = trees[warm_trees:]
+    captured = tuple(e["graphs_captured"] > 0 for e in trees)
+    trees = [e for index, e in enumerate(trees) if index >= warm_trees and not captured[index]]
+    if not trees:
+        raise ValueError(f"budget {budget}: the reply drafted {len(passes)} tree(s), none past the {warm_trees} "
+                         "warming up that captured no graph")
     summary = record["summary"]
     busy = sum(e["draft_s"] + e["target_s"] for e in events)
 
@@ -83,7 +89,7 @@ def budget_row(budget: int, record: dict, warm_trees: int = 0) -> BudgetRow:
     return BudgetRow(budget, len(trees), mean("tree_size"), mean("depth"), mean("draft_steps"), mean("draft_s"),
                      mean("pass_s"), mean("stall_s"), mean("start_stall_s"), mean("transfer_bytes"), mean("target_s") - mean("pass_s"),
                      (summary["wall_s"] - busy) / len(events), summary["transfer_gbps"], record["plan"],
-                     mean("tree_host_s"), passes)
+                     mean("tree_host_s"), passes, captured)
 
 
 def projected_s(row: BudgetRow, card_pass_bytes: float, link_gbps: float) -> float:
@@ -123,9 +129,13 @@ def row_line(r: BudgetRow, card_pass_bytes: float) -> str:
 
 def passes_line(row: BudgetRow, warm_trees: int) -> str:
     """Each tree's pass in turn, the warm-up's apart: whether a mean above the streaming is every
-    pass or a few (the judged budget's passes read 0.93 s where 2048's read 0.76 on two days)."""
-    warm, rest = (" ".join(f"{s:.3f}" for s in part) for part in (row.passes_s[:warm_trees], row.passes_s[warm_trees:]))
-    return f"each tree's pass, s: {warm} (warming up) | {rest}" if warm else f"each tree's pass, s: {rest}"
+    pass or a few (the judged budget's passes read 0.93 s where 2048's read 0.76 on two days); a
+    tree past the warm-up that captured a graph, left out of the means, is starred."""
+    marked = [f"{s:.3f}" + ("*" if index >= warm_trees and row.captured[index] else "")
+              for index, s in enumerate(row.passes_s)]
+    warm, rest = " ".join(marked[:warm_trees]), " ".join(marked[warm_trees:])
+    line = f"each tree's pass, s: {warm} (warming up) | {rest}" if warm else f"each tree's pass, s: {rest}"
+    return line + (" (*: captured a draft step's graph, left out)" if "*" in rest else "")
 
 
 def plan_line(row: BudgetRow, card_resident: int, card_pass_bytes: float) -> str:

@@ -91,11 +91,11 @@ def row(budget: int = 1024, draft_s: float = 0.3, steps: float = 24.0, pass_s: f
 
 def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event_holds():
     events = [{"tree_size": 0, "depth": 0, "draft_steps": 0, "draft_s": 0.0, "pass_s": 0.0, "stall_s": 0.0,
-               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 2.0, "tree_host_s": 0.0},
+               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 2.0, "tree_host_s": 0.0, "graphs_captured": 0},
               {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 0.4, "pass_s": 0.8, "stall_s": 0.1,
-               "start_stall_s": 0.04, "transfer_bytes": 30, "target_s": 0.9, "tree_host_s": 0.04},
+               "start_stall_s": 0.04, "transfer_bytes": 30, "target_s": 0.9, "tree_host_s": 0.04, "graphs_captured": 0},
               {"tree_size": 8, "depth": 2, "draft_steps": 2, "draft_s": 0.2, "pass_s": 0.6, "stall_s": 0.3,
-               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 0.8, "tree_host_s": 0.02}]
+               "start_stall_s": 0.0, "transfer_bytes": 10, "target_s": 0.8, "tree_host_s": 0.02, "graphs_captured": 0}]
     record = {"iterations": events, "summary": {"wall_s": 5.6, "transfer_gbps": 2.0}, "plan": PLAN}
     made = budget_row(8, record)
     assert (made.trees, made.tree_size, made.depth, made.draft_steps) == (2, 8, 3, 3)
@@ -111,7 +111,7 @@ def test_a_row_is_the_mean_of_the_tree_iterations_and_host_time_is_what_no_event
 
 def test_a_row_leaves_out_the_trees_that_warm_up():
     first = {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 4.0, "pass_s": 3.0, "stall_s": 0.0,
-             "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0}
+             "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0, "graphs_captured": 0}
     later = first | {"draft_s": 0.4, "pass_s": 0.8, "target_s": 0.9}
     record = {"iterations": [first, later, later], "summary": {"wall_s": 10.0, "transfer_gbps": 2.0}, "plan": PLAN}
     made = budget_row(8, record, warm_trees=1)
@@ -123,9 +123,25 @@ def test_a_row_leaves_out_the_trees_that_warm_up():
     assert passes_line(made, 0) == "each tree's pass, s: 3.000 0.800 0.800"
 
 
+def test_a_row_leaves_out_a_later_tree_that_captured_a_draft_steps_graph():
+    """The catch-up's one-row step is captured by a reply's third tree: that tree's one-time capture
+    stays out of the means, and its pass is starred."""
+    steady = {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 0.4, "pass_s": 0.8, "stall_s": 0.0,
+              "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 0.9, "tree_host_s": 0.0, "graphs_captured": 0}
+    capturing = steady | {"draft_s": 0.6, "pass_s": 0.7, "graphs_captured": 1}
+    record = {"iterations": [capturing, steady, capturing, steady], "summary": {"wall_s": 10.0, "transfer_gbps": 2.0},
+              "plan": PLAN}
+    made = budget_row(8, record, warm_trees=1)
+    assert made.trees == 2 and made.draft_s == pytest.approx(0.4) and made.pass_s == pytest.approx(0.8)
+    assert passes_line(made, 1) == ("each tree's pass, s: 0.700 (warming up) | 0.800 0.700* 0.800 "
+                                    "(*: captured a draft step's graph, left out)")
+    with pytest.raises(ValueError, match="none past the 1 warming up that captured no graph"):
+        budget_row(8, record | {"iterations": [capturing, capturing]}, warm_trees=1)
+
+
 def test_a_second_reply_with_other_options_prints_its_row_beside_labelled(monkeypatch, capsys, tmp_path):
     first = {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 4.0, "pass_s": 3.0, "stall_s": 0.0,
-             "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0}
+             "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0, "graphs_captured": 0}
     record = {"iterations": [first, first | {"pass_s": 0.8, "target_s": 0.9}],
               "summary": {"wall_s": 10.0, "transfer_gbps": 2.0}, "plan": PLAN}
     monkeypatch.setattr(pair, "card_placement", lambda *args: SimpleNamespace(resident=16, pass_bytes=29.09e9))

@@ -45,6 +45,9 @@ class IterationEvent:
     notice: str = ""  # a one-line remark for the user (e.g. fewer DSI workers than needed)
     draft_steps: int = 0  # draft forwards spent growing the tree (tree engines)
     tree_host_s: float = 0.0  # of draft_s, SpecExec's tree bookkeeping on the host, outside the draft's steps
+    # the draft's steps captured as CUDA graphs this iteration: each a one-time cost in draft_s (two
+    # eager warm-ups and the capture), paid at a step shape's second use (decoding/static_step.py)
+    graphs_captured: int = 0
     # Tree engines: the target's forward over the tree; the rest of target_s is verification (the
     # head's rows, the walk) and both caches' pruning. 0 where no tree was scored.
     pass_s: float = 0.0

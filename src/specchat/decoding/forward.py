@@ -92,6 +92,10 @@ class CausalLM:
         )
         return out.last_hidden_state[0]
 
+    def graphs_captured(self) -> int:
+        """The steps captured as CUDA graphs so far (a static draft's, static_step.py): none here."""
+        return 0
+
     def room(self, cache: DynamicCache) -> int | None:
         """The most rows a step may still run on `cache`: the slots left of `capacity`; None: no
         bound, the cache grows (a static draft's reserved slots bound it: decoding/static_step.py)."""

@@ -85,6 +85,7 @@ class StaticDraft(CausalLM):
     # temporaries before reading them, and what a step returns is copied out before the next
     pool: Pool | None = None
     buffers: tuple[int, int, int] = (0, 0, 0)  # the cache, its first key buffer and its capacity they were made for
+    captured: int = 0  # graphs captured so far, those since dropped included
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
@@ -109,6 +110,9 @@ class StaticDraft(CausalLM):
             cache.write_slots, cache.span = None, 0
         cache.advance(n)
         return hidden[:n].clone()  # the static output is written over by the next replay
+
+    def graphs_captured(self) -> int:
+        return self.captured
 
     def room(self, cache: SlotCache) -> int:
         """The most rows a step may run at `cache`'s length within the reserved slots, its pads
@@ -158,6 +162,7 @@ class StaticDraft(CausalLM):
                 return self.step(inputs, cache)
             self.pool = self.pool or torch.cuda.graph_pool_handle()
             self.graphs[shape] = capture_graph(lambda: self.step(inputs, cache), self.pool)
+            self.captured += 1
         graph, output = self.graphs[shape]
         graph.replay()
         return output

@@ -126,6 +126,7 @@ class TreeEngine:
     def draft_and_verify(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
                          sampling: SamplingParams, max_tokens: int) -> tuple[IterationEvent, Iteration]:
         """One iteration of SpecExec's loop with this engine's strategy (specexec.py), and its event."""
+        captured = self.draft.graphs_captured()
         done = iterate(self.strategy, self.target, self.draft, (target_cache, draft_cache), seq, self.shape, sampling,
                        max_tokens, self.stop_ids)
         moved = self.take_transfer()  # after the synchronize: every wait of the pass is counted
@@ -142,6 +143,7 @@ class TreeEngine:
             finished=verdict.stopped or len(verdict.tokens) >= max_tokens,
             draft_steps=1 + grown.steps,  # the catch-up forward gave the root's logits
             tree_host_s=grown.host_s,
+            graphs_captured=self.draft.graphs_captured() - captured,
             predicted_accepted=calibrated,
         )
         return event, done
