@@ -18,8 +18,11 @@ launch:
   256 x 6400 x 128 x 4 flops x 32 heads x 32 layers = 860 GFLOP and 3.4 GB of keys and values a
   step (~0.9 ms at an H200's 989 TFLOP/s peak), where a 300-token prompt and a 1024-node tree
   need a span of 2048;
-- the tokens, positions, mask and slots are copied into a (width, span)'s static buffers before
-  each replay, and the cache's length is advanced by the real rows only; a draft whose input
+- the tokens, positions, mask and slots are written into a (width, span)'s static buffers before
+  each replay (the tokens and positions staged on the host, pinned beside a GPU, and copied over
+  in one copy that does not wait for the device; the mask written in place from the step's: on a
+  GPU each kernel launched and each synchronizing copy between two steps is time the device
+  waits), and the cache's length is advanced by the real rows only; a draft whose input
   embedding is held on the host (offload/host_embedding.py) has its rows looked up there first and
   copied into the buffers as the step's input, since a graph cannot look them up on the host.
 A masked slot's weight underflows to exactly 0 in the softmax, so the real rows get what the
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specchat.cuda_graph import Pool, capture_graph, repeating_shapes
-from specchat.decoding.forward import CausalLM, to_additive_mask
+from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import SlotCache, cache_length
 
 Shape = tuple[int, int]  # a static step's (width bucket, span): one set of buffers and one graph each
@@ -60,11 +63,19 @@ def draft_slots(context: int, budget: int, pads: int = BUCKETS[-1]) -> int:
 class StaticInputs:
     """One bucket's buffers, read by its captured step."""
 
-    tokens: torch.Tensor  # [1, B]
-    positions: torch.Tensor  # [1, B]
+    ids: torch.Tensor  # [2, B] the rows' tokens, then their positions
+    staged: torch.Tensor  # [2, B] on the host, pinned beside a GPU: the next `ids`, copied over at once
     mask: torch.Tensor  # [1, 1, B, span] additive
     slots: torch.Tensor  # [B] the cache slots the rows write
     embeds: torch.Tensor | None = None  # [1, B, H] the rows' input embeddings, where looked up on the host
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.ids[0:1]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.ids[1:2]
 
 
 @dataclass
@@ -86,6 +97,7 @@ class StaticDraft(CausalLM):
     pool: Pool | None = None
     buffers: tuple[int, int, int] = (0, 0, 0)  # the cache, its first key buffer and its capacity they were made for
     captured: int = 0  # graphs captured so far, those since dropped included
+    copied: torch.cuda.Event | None = None  # the last copy of staged ids: its staging is written again after it
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
@@ -99,7 +111,7 @@ class StaticDraft(CausalLM):
         self.follow(cache)
         shape = (bucket, span_for(length + bucket, self.least_span, self.capacity))
         inputs = self.inputs.get(shape) or self.allocate(shape)
-        fill(inputs, tokens, positions, attended(mask, n, length, *shape, self.device), length, self.dtype)
+        self.fill(inputs, tokens, positions, mask, length)
         if inputs.embeds is not None:
             inputs.embeds.zero_()  # a pad row's input: it attends to itself alone, and nothing reads its output
             inputs.embeds[0, :n].copy_(self.lookup(tokens.cpu()))
@@ -110,6 +122,24 @@ class StaticDraft(CausalLM):
             cache.write_slots, cache.span = None, 0
         cache.advance(n)
         return hidden[:n].clone()  # the static output is written over by the next replay
+
+    def fill(self, inputs: StaticInputs, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+             length: int) -> None:
+        """Write a step's rows, zero pads after them, into the bucket's buffers: the ids staged on
+        the host and copied over in one copy, which on a GPU does not wait for the device (the
+        staging is written again only once that copy is done), the mask and slots in place."""
+        n, staged = tokens.numel(), inputs.staged
+        if self.copied is not None:
+            self.copied.synchronize()
+        staged.zero_()
+        staged[0, :n] = tokens
+        staged[1, :n] = positions
+        inputs.ids.copy_(staged, non_blocking=True)
+        if inputs.ids.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        write_mask(inputs.mask[0, 0], mask, n, length)
+        torch.arange(length, length + inputs.slots.numel(), out=inputs.slots)
 
     def graphs_captured(self) -> int:
         return self.captured
@@ -137,8 +167,8 @@ class StaticDraft(CausalLM):
     def allocate(self, shape: Shape) -> StaticInputs:
         device, (bucket, span) = self.device, shape
         self.inputs[shape] = StaticInputs(
-            tokens=torch.zeros(1, bucket, dtype=torch.long, device=device),
-            positions=torch.zeros(1, bucket, dtype=torch.long, device=device),
+            ids=torch.zeros(2, bucket, dtype=torch.long, device=device),
+            staged=torch.zeros(2, bucket, dtype=torch.long, pin_memory=device.type == "cuda"),
             mask=torch.zeros(1, 1, bucket, span, dtype=self.dtype, device=device),
             slots=torch.zeros(bucket, dtype=torch.long, device=device),
             embeds=None if self.lookup is None else
@@ -183,33 +213,18 @@ def span_for(slots: int, least: int, capacity: int) -> int:
     return min(span, capacity)
 
 
-def attended(mask: torch.Tensor | None, n: int, length: int, bucket: int, span: int,
-             device: torch.device) -> torch.Tensor:
-    """bool [bucket, span] on `device`, where the step reads it: the real rows see what `mask`
-    [n, length + n] lets them (None: every cached slot and the new rows causally), a pad row only
-    its own slot."""
-    attend = torch.zeros(bucket, span, dtype=torch.bool, device=device)
+def write_mask(additive: torch.Tensor, mask: torch.Tensor | None, n: int, length: int) -> None:
+    """Write a bucket's additive mask [bucket, span] in place: the real rows see what `mask`
+    [n, length + n] (bool, on the device) lets them (None: every cached slot and the new rows
+    causally), a pad row only its own slot; everything else is the dtype's min."""
+    additive.fill_(torch.finfo(additive.dtype).min)
+    seen = additive[:n, : length + n]
     if mask is None:
-        attend[:n, :length] = True
-        attend[:n, length:length + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        seen[:, :length] = 0
+        seen[:, length:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=additive.device).tril(), 0)
     else:
-        attend[:n, :length + n] = mask
-    pads = torch.arange(n, bucket, device=device)
-    attend[pads, length + pads] = True
-    return attend
-
-
-def fill(inputs: StaticInputs, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, length: int,
-         dtype: torch.dtype) -> None:
-    """Copy a step's rows, zero pads after them, into the bucket's buffers."""
-    n, bucket = tokens.numel(), inputs.slots.numel()
-    device = inputs.tokens.device
-    inputs.tokens.zero_()
-    inputs.tokens[0, :n].copy_(tokens)
-    inputs.positions.zero_()
-    inputs.positions[0, :n].copy_(positions)
-    inputs.mask.copy_(to_additive_mask(attend, dtype, device))
-    inputs.slots.copy_(torch.arange(length, length + bucket, device=device))
+        seen.masked_fill_(mask.to(additive.device), 0)
+    additive[n:, length + n: length + additive.shape[0]].fill_diagonal_(0)  # pad row n + i: slot length + n + i
 
 
 def static_draft(draft: CausalLM, capacity: int, capture: bool,
