@@ -171,7 +171,10 @@ class NodeStore:
         self.slots[nodes] = slots
         mask = torch.zeros(b, committed + ran + b, dtype=torch.bool, device=device)
         mask[:, :committed] = True
-        return mask.scatter_(1, torch.from_numpy(lineage).to(device), True)
+        lineages = torch.from_numpy(lineage)
+        if device.type == "cuda":  # pinned, the copy waits for nothing (a pageable copy synchronizes the device)
+            lineages = lineages.pin_memory()
+        return mask.scatter_(1, lineages.to(device, non_blocking=True), True)
 
     def widen(self, depth: int) -> None:
         """Room in each lineage for `depth` slots."""
