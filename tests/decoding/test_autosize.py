@@ -4,6 +4,7 @@ when the next draft step cannot pay for itself, and the online calibration."""
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,22 @@ def test_interpolation_is_linear_inside_and_extends_the_end_segments():
     assert interpolate(xs, ys, 128) == pytest.approx(0.9)  # past the end: the last slope
     assert interpolate(xs, ys, 0) >= 0.0
     assert interpolate((8,), (0.3,), 100) == 0.3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_iteration_at_every_pass_size_at_once_is_each_one_to_the_bit(seed):
+    """best_cut's vectorized times are the scalar ones exactly (the same cut on ties): random
+    costs in memory, streamed, streamed by expert with fetches and whole layers from a width."""
+    rng = np.random.default_rng(seed)
+    knots = (1, 16, 64, 256)
+    costs = Costs(knots, tuple(np.sort(rng.random(4))), knots, tuple(np.sort(rng.random(4))), stream_s=rng.random(),
+                  staged=rng.random(), fetch_s=tuple(rng.random(4)) if seed % 2 else (),
+                  wide_from=float(rng.integers(2, 300)), wide_stream_s=rng.random())
+    sizer = AutoSizer(costs if seed else dataclasses.replace(costs, target_n=(8,), target_s=(0.3,)), cap=512)
+    sizer.calibration.target_time.record_time(1.0, 0.5 + rng.random())
+    n = np.arange(1, 513)
+    for spent in (0.0, rng.random() / 10, 2.0):
+        assert sizer.iterations_s(spent, n).tolist() == [sizer.iteration_s(spent, int(k)) for k in n]
 
 
 def test_flat_target_cost_scores_every_node_worth_anything():

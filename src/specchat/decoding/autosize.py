@@ -51,6 +51,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specchat.decoding.calibration import Calibration
@@ -101,6 +102,14 @@ class Costs:
         unstaged = stream - min(self.staged * stream, draft_spent)
         return draft_spent + max(self.target(n), unstaged) + self.fetch(n)
 
+    def iterations(self, draft_spent: float, n: np.ndarray) -> np.ndarray:
+        """`iteration` at every pass size in `n` at once, the same float64 operations in the same
+        order (best_cut weighs every cut of a tree: up to thousands a draft step on a GPU)."""
+        stream = np.where(n >= self.wide_from, self.wide_stream_s, self.stream_s)
+        unstaged = stream - np.minimum(self.staged * stream, draft_spent)
+        fetch = interpolated(self.target_n, self.fetch_s, n) if self.fetch_s else 0.0
+        return draft_spent + np.maximum(interpolated(self.target_n, self.target_s, n), unstaged) + fetch
+
 
 def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     """Piecewise-linear through (xs, ys); the end segments extend past the ends; never below 0."""
@@ -109,6 +118,16 @@ def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def interpolated(xs: tuple[int, ...], ys: tuple[float, ...], x: np.ndarray) -> np.ndarray:
+    """`interpolate` at every point of `x`."""
+    if len(xs) == 1:
+        return np.full(x.shape, ys[0])
+    i = np.clip(np.searchsorted(xs, x, side="left"), 1, len(xs) - 1)
+    knots, values = np.asarray(xs), np.asarray(ys, dtype=np.float64)
+    x0, x1, y0, y1 = knots[i - 1], knots[i], values[i - 1], values[i]
+    return np.maximum(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,10 @@ class AutoSizer:
     def iteration_s(self, draft_spent: float, n: int) -> float:
         """Calibrated T(d, K): drafting for `draft_spent` seconds, then the target's pass over n tokens."""
         return draft_spent + self.calibration.target_time.value * (self.costs.iteration(draft_spent, n) - draft_spent)
+
+    def iterations_s(self, draft_spent: float, n: np.ndarray) -> np.ndarray:
+        """`iteration_s` at every pass size in `n` at once."""
+        return draft_spent + self.calibration.target_time.value * (self.costs.iterations(draft_spent, n) - draft_spent)
 
     def alone_s(self) -> float:
         """Calibrated seconds of the target alone's step (drafting nothing: a pass over the root)."""
@@ -230,8 +253,7 @@ class AutoSizer:
     def best_cut(self, probs: torch.Tensor, draft_spent: float) -> Cut:
         """The K maximizing r(K) over drafted node probabilities `probs`, sorted descending."""
         masses = torch.cat([torch.zeros(1, dtype=torch.float64), probs.double().cumsum(0)])[: self.cap + 1]
-        sizes = torch.arange(masses.numel())
-        times = torch.tensor([self.iteration_s(draft_spent, int(k) + 1) for k in sizes], dtype=torch.float64)
+        times = torch.from_numpy(self.iterations_s(draft_spent, np.arange(1, masses.numel() + 1)))
         rates = (self.calibration.acceptance * masses + 1) / times
         best = int(rates.argmax())
         return Cut(size=best, rate=float(rates[best]), predicted=float(masses[best]))
