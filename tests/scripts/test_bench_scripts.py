@@ -142,6 +142,13 @@ def test_the_bookkeeping_bench_grows_full_trees_and_times_their_host_work(monkey
         assert (int(steps), int(nodes), int(depth)) == (5, 64, 6) and float(host_ms) > 0
 
 
+def test_the_bookkeeping_bench_grows_auto_trees_to_their_cap_where_drafting_is_free(monkeypatch, capsys):
+    lines = script_output("bench_tree_bookkeeping.py", ["--auto", "--budget", "64", "--depth", "6", "--trees", "2"],
+                          monkeypatch, capsys)
+    for _, steps, nodes, depth, host_ms in (line.strip("| ").split(" | ") for line in lines[2:]):
+        assert int(nodes) == 64 and int(depth) <= 6 and int(steps) > 1 and float(host_ms) > 0
+
+
 def test_the_bookkeeping_bench_refuses_an_empty_tree(monkeypatch, capsys):
     code, stderr = run_script("bench_tree_bookkeeping.py", ["--budget", "0"], monkeypatch, capsys)
     assert code == 2 and "--budget, --depth and --trees are at least 1" in stderr
