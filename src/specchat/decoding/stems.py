@@ -88,7 +88,8 @@ class StemGrower:
     def stems(self, steps: int) -> Stems:
         store, nodes = self.store, np.arange(self.store.count)
         return Stems(tree=store_tree(store, nodes, store.parents[nodes]),
-                     draft_slots=torch.from_numpy(store.slots[nodes]), steps=steps, candidates=self.candidates, draft_logits=self.draft_logits)
+                     draft_slots=torch.from_numpy(store.slots[nodes]), steps=steps, candidates=self.candidates,
+                     draft_logits=self.draft_logits)
 
 
 def draft_stems(draft: CausalLM, cache: DynamicCache, root: Root, layout: StemLayout,
