@@ -106,7 +106,7 @@ def test_rank_refuses_float64_log_probs() -> None:
 
 def walked_mask(store: NodeStore, nodes: np.ndarray, committed: int, cached: int) -> torch.Tensor:
     """What a step over `nodes` may see, by walking each node up to the root: the committed prefix,
-    its ancestors' draft slots and its own (the next `nodes.numel()` slots, in order)."""
+    its ancestors' draft slots and its own (the next `nodes.size` slots, in order)."""
     mask = torch.zeros(nodes.size, cached + nodes.size, dtype=torch.bool)
     mask[:, :committed] = True
     for row, node in enumerate(nodes.tolist()):
