@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specchat import device_clock
+from specchat.decoding import specexec
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.probe import REPEATS, time_pass
@@ -93,6 +94,8 @@ def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock
                                                                                  monkeypatch):
     run = NodeStore.run  # a step's mask is made on the draft's device: the fake's is this CPU
     monkeypatch.setattr(NodeStore, "run", lambda store, nodes, committed, device: run(store, nodes, committed, CPU))
+    score = specexec.score  # and the pass's on the target's
+    monkeypatch.setattr(specexec, "score", lambda target, *rest, **named: score(target.lm, *rest, **named))
     engine = TreeEngine(SPECEXEC, OnFakeCuda(tiny_target, log), OnFakeCuda(tiny_draft, log), [],
                         TreeShape(budget=4, max_depth=2))
     first, *later = list(engine.generate([1, 2, 3], 6, GREEDY))

@@ -235,8 +235,13 @@ def record_branching(sizer: AutoSizer, store: NodeStore, parents: np.ndarray) ->
 
 def score(target: CausalLM, cache: DynamicCache, tree: DraftTree, prefix: int) -> torch.Tensor:
     """One target pass over every tree node, each seeing the `prefix` committed tokens the cache
-    holds and its own ancestors, at position prefix + depth: the hidden states [n, H]."""
-    mask = torch.cat([torch.ones(tree.tokens.numel(), prefix, dtype=torch.bool), tree.ancestor_mask()], 1)
+    holds and its own ancestors, at position prefix + depth: the hidden states [n, H]. The mask is
+    made where the pass reads it, the host copying over only the ancestors' [n, n] part (the
+    prefix's part, n x prefix, was built on the host and copied: 12.6 MB at 2048 nodes after
+    4096 tokens, 12 ms of the host's on a CPU)."""
+    n = tree.tokens.numel()
+    mask = torch.ones(n, prefix + n, dtype=torch.bool, device=target.device)
+    mask[:, prefix:] = tree.ancestor_mask()
     return target.hidden(tree.tokens, prefix + tree.depths, cache, mask)
 
 
