@@ -121,7 +121,9 @@ def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
 
 
 def interpolated(xs: tuple[int, ...], ys: tuple[float, ...], x: np.ndarray) -> np.ndarray:
-    """`interpolate` at every point of `x`."""
+    """`interpolate` at every point of `x`, in the same operations (a test holds them equal to the
+    bit). The scalar forms stay: a step calls them dozens of times, 1.4 us a call against 27
+    through numpy for one point."""
     if len(xs) == 1:
         return np.full(x.shape, ys[0])
     i = np.clip(np.searchsorted(xs, x, side="left"), 1, len(xs) - 1)

@@ -135,8 +135,8 @@ class StaticDraft(CausalLM):
         staged[0, :n] = tokens
         staged[1, :n] = positions
         inputs.ids.copy_(staged, non_blocking=True)
-        if inputs.ids.is_cuda:
-            self.copied = torch.cuda.Event()
+        if inputs.ids.is_cuda:  # one event, recorded again each step: its last recording is the one waited on
+            self.copied = self.copied or torch.cuda.Event()
             self.copied.record()
         write_mask(inputs.mask[0, 0], mask, n, length)
         torch.arange(length, length + inputs.slots.numel(), out=inputs.slots)
