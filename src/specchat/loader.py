@@ -33,7 +33,8 @@ from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, dra
 from specchat.progress import Report, Reporter
 from specchat.quant.fp8 import fp8_runs_on
 from specchat.quant.int4_dense import keep_dense_copies
-from specchat.quant.prepacked import PrepackedLinear, prepack_linears
+from specchat.quant.prepacked import PrepackedLinear, prepack_linears, widen_linears
+from specchat.quant.widened import WidenedLinear
 from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
 from specchat.runtime import Models, pick_device, validate
 
@@ -81,7 +82,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
                                             capture=True, lookup=host_lookup(models.draft.model))
             else:  # its cache grows no further than the plan counts
                 models.draft.capacity = draft_slots(models.context, models.max_budget(), pads=0)
-        models.identity = identity(options, draft_quant, models.placement, models.memory, prepacked(models.target))
+        models.identity = identity(options, draft_quant, models.placement, models.memory, dense_products(models.target))
         release_free_heap()  # the draft's: the plan counts what the models hold, not what loading freed
         if options.budget in (AUTO, None) and "specexec" in names:
             probing = "measuring this machine's costs for --budget auto (once per machine and models)"
@@ -131,9 +132,9 @@ def chosen_draft_quant(memory: MemoryPlan) -> DraftQuant | None:
 
 
 def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: Placement | None,
-             memory: MemoryPlan | None = None, dense_prepacked: bool = False) -> dict:
+             memory: MemoryPlan | None = None, dense: str | None = None) -> dict:
     """What decides the models' costs (`draft_quant` as resolved, the layers' placement as made, the
-    Q6_K parts the plan kept compact, the target's dense linears prepacked): the key of the cost
+    Q6_K parts the plan kept compact, how the target's dense linears multiply): the key of the cost
     probe's cache. A placement with nothing streamed costs what none costs."""
     key = {"target": options.target, "draft": options.draft, "dtype": options.dtype, "offload": options.offload,
            "weights": options.weights,
@@ -149,16 +150,21 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
         key["head"] = "q6_k"
     if memory is not None and memory.compact_layers:
         key["layers"] = "q6_k"
-    if dense_prepacked:
-        key["dense"] = "prepacked"
+    if dense is not None:
+        key["dense"] = dense
     if memory is not None and memory.dense_copies:
         key["wide"] = "dense copies"
     return key
 
 
-def prepacked(target: CausalLM | None) -> bool:
-    """Whether any of the target's dense linears were prepacked for oneDNN (quant/prepacked.py)."""
-    return target is not None and any(isinstance(m, PrepackedLinear) for m in target.model.modules())
+def dense_products(target: CausalLM | None) -> str | None:
+    """How the target's dense linears multiply where not as nn.Linear does (quant/prepacked.py):
+    "prepacked" for oneDNN, "widened" to float32 from some rows (and at which), or None."""
+    modules = [] if target is None else list(target.model.modules())
+    if any(isinstance(m, PrepackedLinear) for m in modules):
+        return "prepacked"
+    widened = sorted({m.from_rows for m in modules if isinstance(m, WidenedLinear)})
+    return f"widened from {widened} rows" if widened else None
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
@@ -177,6 +183,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
     if memory.dense_copies:
         reporter.step("expanding dense copies of the 4-bit linears for tree passes")
         keep_dense_copies(target.model, memory.dense_copies)
+    widen_linears(target.model, device)
     target_lm = CausalLM(target.model, offload)
     target_lm.head_rows = measure_head_rows(target_lm.logits, target.model.config.hidden_size, dtype, device)
     workers = None

@@ -16,9 +16,17 @@ from specchat.plan.budget import CUDA_MARGIN, OS_RESERVE
 from specchat.plan.machine import RUNTIME_BYTES, Machine, described_rooms
 from specchat.plan.model import plan_measured
 from specchat.plan.pair import contexts_for, draft_candidates, measure_pair, plan_pair
+from specchat.plan import model
 from specchat.plan.request import Pair, PlanRequest
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def narrow_cpu(monkeypatch) -> None:
+    """A CPU whose dense bf16 products stay bf16 (quant/widened.py): the byte counts here have no
+    kernel's workspace; the widened products' is counted in its own test."""
+    monkeypatch.setattr(model, "widened_rows", lambda dtype: None)
 
 
 LLAMA2_70B_GPTQ_LAYER = sum(int4_linear(i, o, -1, True) for i, o in llama_layer_linears(8192, 28672, 8)) + \
@@ -240,6 +248,18 @@ def test_an_int8_draft_gives_up_its_dense_copies_before_the_plan_refuses():
     assert tight.draft == alone and not tight.placement.streamed
     assert tight.total("device") == need - copies
     assert any(note.startswith("draft in int8: ") for note in tight.notes)
+
+
+def test_a_cpu_that_widens_bf16_counts_the_largest_widened_products_buffers(monkeypatch):
+    """Where dense bf16 products run widened to float32, the largest one's buffers at the tree's
+    rows: the down projection's (8960 inputs, 117 output rows a chunk of 2**20 weights) widened
+    input, float32 chunk and chunk of output."""
+    ask = PlanRequest(tier="none", offload_dir=NOWHERE, tree_tokens=1025)
+    ample = described_rooms(None, 24 * GB)
+    narrow = cpu_plan(default_pair(context=4096), ask, ample).total("device")
+    monkeypatch.setattr(model, "widened_rows", lambda dtype: 8)
+    widened = cpu_plan(default_pair(context=4096), ask, ample).total("device")
+    assert widened - narrow == FP32 * (1025 * 8960 + 117 * 8960 + 1025 * 117)
 
 
 def test_a_refusal_carries_its_room_the_bytes_missing_and_the_option_that_would_fit():

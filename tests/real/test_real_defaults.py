@@ -49,6 +49,7 @@ from specchat.quant import int4_dense
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.prepacked import PrepackedLinear, prepack_pays
+from specchat.quant.widened import WidenedLinear, widened_rows
 from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
@@ -167,6 +168,11 @@ def test_the_defaults_are_what_ships(app_models):
     prepacked = sum(isinstance(m, PrepackedLinear) for m in app_models.target.model.modules())
     assert prepacked == (29 if prepack_pays(torch.bfloat16) else 0)
     assert (app_models.identity.get("dense") == "prepacked") == bool(prepacked)
+    # where they are not prepacked, widened to float32 where that pays here (a CPU without bf16 instructions)
+    widened = [m for m in app_models.target.model.modules() if isinstance(m, WidenedLinear)]
+    assert len(widened) == (29 if not prepacked and widened_rows(torch.bfloat16) is not None else 0)
+    if widened:
+        assert app_models.identity["dense"] == f"widened from {[widened_rows(torch.bfloat16)]} rows"
     draft = app_models.draft
     resolved = app_models.identity["draft_quant"]
     quantized = int8_layers(draft)
@@ -179,7 +185,7 @@ def test_the_defaults_are_what_ships(app_models):
         assert draft.capacity == app_models.context + app_models.memory.tree_tokens
     print(f"draft: {resolved}, {len(quantized)} int8 linears, {len(draft.vocab)}-token head; "
           f"placement: {app_models.placement}; {len(copied)} dense copies from "
-          f"{sorted({m.dense.from_rows for m in copied})} rows")
+          f"{sorted({m.dense.from_rows for m in copied})} rows; {len(widened)} dense linears widened")
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,11 @@ import pytest
 import torch
 from helpers.scripts import load_script
 from helpers.tiny import tiny_models, tiny_qwen_config
+from transformers import Qwen2ForCausalLM
 
 from specchat import loader
 from specchat.decoding.tree import TreeShape
+from specchat.quant import prepacked
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 KEPT = '{"kept": true}\n'
@@ -193,3 +195,18 @@ def test_the_probe_bench_times_the_probe_over_the_apps_cap_with_choices_kept_apa
     runs = [line for line in lines if line.startswith("run ")]
     assert [line.split(":")[0] for line in runs] == ["run 0", "run 1"]
     assert all(re.search(r"probe [\d.]+ s; target sizes \(1, 2, ", line) for line in runs)
+
+
+def test_the_widened_bench_times_both_targets_at_each_size_and_a_prefill(tmp_path, monkeypatch, capsys):
+    """A tiny dense bf16 target (every linear plain: 2 layers x 7 and the head), widened from 2 rows
+    whatever this CPU measured."""
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(tiny_qwen_config(vocab_size=1024, hidden_size=64, intermediate_size=128)).save_pretrained(tmp_path)
+    monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 2)
+    lines = script_output("bench_widened.py", ["--target", str(tmp_path), "--weights", "dense", "--sizes", "1,4",
+                                               "--prefill", "8", "--runs", "1"], monkeypatch, capsys)
+    assert lines[1] == "linears widened: 15"
+    rows = [line.strip("| ").split(" | ") for line in lines[4:]]
+    assert [row[0] for row in rows] == ["trunk n=1 after 100", "trunk n=4 after 100", "head over those 4 rows",
+                                        "prefill 8"]
+    assert all(float(cell) >= 0 for row in rows for cell in row[1:])

@@ -1,12 +1,16 @@
-"""The model walk that prepacks a CPU model's dense linears for oneDNN (quant/prepacked_linear.py)
-where that pays on this machine (quant/widths.py's `prepack_pays`) and the plan leaves the room.
+"""The model walks that pick a CPU model's dense products: prepacked for oneDNN (quant/prepacked_linear.py)
+where that pays on this machine (quant/widths.py's `prepack_pays`) and the plan leaves the room;
+the half-precision linears left plain widened to float32 from the rows where that pays
+(quant/widened.py).
 """
 
 from collections import Counter
 
+import torch
 from torch import nn
 
 from specchat.quant.prepacked_linear import PREPACKED_DTYPES, PrepackedLinear
+from specchat.quant.widened import widen, widened_rows, widens
 from specchat.quant.widths import prepack_pays
 
 
@@ -31,3 +35,17 @@ def prepack_linears(model: nn.Module, room: int | None = None) -> int:
         model.set_submodule(name, PrepackedLinear.from_linear(module))
         replaced += 1
     return replaced
+
+
+def widen_linears(model: nn.Module, device: torch.device) -> int:
+    """Make `model`'s plain half-precision linears WidenedLinears where it computes on a CPU and
+    this CPU widens their dtype (their weights may be streamed in later: only the class changes);
+    returns how many."""
+    if device.type != "cpu":
+        return 0
+    widened = 0
+    for module in model.modules():
+        if widens(module) and (rows := widened_rows(module.weight.dtype)) is not None:
+            widen(module, rows)
+            widened += 1
+    return widened

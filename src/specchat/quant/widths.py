@@ -7,18 +7,15 @@ A 4-bit linear (Int4Linear) multiplies `rows` inputs by the first of these that 
   CUDA's expansion (int4_expand)    rows >= expand_rows(shape): Triton expands, cuBLAS multiplies
   the fused kernel (int4_pack)      rows <= width_choice's fused_rows
   the chunked product (int4_chunks) in width_choice's product dtype, past that
-A CPU's dense linears are prepacked for oneDNN where `prepack_pays`, and a draft's int8 linears
-serve inputs of up to `int8_rows` rows.
+A CPU's dense linears are prepacked for oneDNN where `prepack_pays`, else widened to float32 from
+quant/widened.py's `widened_rows` (not the dense copies), and a draft's int8 linears serve inputs of
+up to `int8_rows` rows.
 
-Nothing here is fixed: each of those six is measured on the machine at hand by racing the two
-products at the widths of its *_ROWS (quant.timing: alternating trials, the fastest of each, a win
-only past the trials' spread), then kept per machine and keyed by what it was measured for
-(machine_choices.remembered: the choice's name, its shape and dtype, the machine's facts), with
-the load it was measured under; one measured under load is measured again at a quiet startup.
-Measured at every startup a close choice flipped from run to run and moved the memory plan with
-it; the shapes of a model's own linears are timed where launch costs would hide a kernel's slope
-on a small probe (expand_rows, dense_rows). Each choice is cached in the process too: a forward
-reads it, and reads no file.
+Nothing here is fixed: each of those seven is measured on the machine at hand by racing two
+products at the widths of its *_ROWS (quant.timing), then kept per machine, keyed by what it was
+measured for, with the load it was measured under (machine_choices.remembered says why). The shapes
+of a model's own linears are timed where launch costs would hide a kernel's slope on a small probe
+(expand_rows, dense_rows). Each choice is cached in the process too: a forward reads no file.
 """
 
 import math
@@ -40,6 +37,7 @@ from specchat.quant.int4_pack import FUSED_DTYPES, fused_linear, pack
 from specchat.quant.int8 import KERNEL_DTYPES, Bank, Int8Linear, dense_linear
 from specchat.quant.prepacked_linear import PREPACKED_DTYPES, PrepackedLinear
 from specchat.quant.timing import LinearShape
+from specchat.quant.widened import measure_widened_rows
 
 CPU = torch.device("cpu")
 UNLIMITED = math.inf
@@ -180,7 +178,8 @@ def int8_rows(dtype: torch.dtype) -> int:
 
 
 def dense_copy_linear(weight: Tensor) -> nn.Module:
-    """`weight` as the dense product that runs it fastest here: prepacked for oneDNN where that pays."""
+    """`weight` as the dense product that runs it fastest here: prepacked for oneDNN where that pays
+    (not widened: so, copies beat the fused kernel from 32 rows, for seconds of every start)."""
     if prepack_pays(weight.dtype):
         return PrepackedLinear(weight, None)
     return dense_linear(weight)
@@ -297,4 +296,5 @@ MEASURES: dict[str, Callable[..., Choice]] = {
     "int4 dense copy rows": measure_dense_rows,
     "prepacked products pay": measure_prepack_pays,
     "int8 rows": measure_int8_rows,
+    "widened rows": measure_widened_rows,
 }

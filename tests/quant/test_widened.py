@@ -1,0 +1,166 @@
+"""Dense half-precision products widened to float32 (quant/widened.py): a bf16 GEMM's sums, in chunks
+of the weight's rows; the module keeps its parameters and state_dict, narrow inputs keep the half
+kernel, and the rows it widens from are the machine's measured choice."""
+
+import pytest
+import torch
+from helpers.tiny import tiny_qwen_config
+from torch import nn
+from transformers import Qwen2ForCausalLM
+
+from specchat.decoding.forward import CausalLM
+from specchat.decoding.kvcache import new_cache
+from specchat.quant import prepacked, timing, widened, widths
+from specchat.quant.int8 import Int8Linear
+from specchat.quant.prepacked import widen_linears
+from specchat.quant.widened import (
+    WIDENED_ROWS,
+    WidenedLinear,
+    chunk_rows,
+    widen,
+    widened_linear,
+    widened_rows,
+    widened_workspace,
+)
+
+CPU = torch.device("cpu")
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias in float64: the exact sums a bf16 GEMM rounds once."""
+    out = x.double() @ weight.double().t()
+    return out if bias is None else out + bias.double()
+
+
+def random_linear(in_features: int, out_features: int, bias: bool, dtype=torch.bfloat16) -> nn.Linear:
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.Linear(in_features, out_features, bias=bias, dtype=dtype).requires_grad_(False)
+    linear.weight.copy_(torch.randn(out_features, in_features, generator=generator))
+    if bias:
+        linear.bias.copy_(torch.randn(out_features, generator=generator))
+    return linear
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_product_is_the_float32_sum_rounded_once_across_chunks(monkeypatch, dtype, bias):
+    """Chunks of 3 output rows over 10 (the last one short): every row of every chunk lands in its
+    own columns, with its bias, within one rounding of the exact sum (float32's own error on a
+    64-term sum is far below a bf16 step)."""
+    monkeypatch.setattr(widened, "CHUNK_WEIGHTS", 3 * 64)
+    assert chunk_rows(64, 10) == 3
+    linear = random_linear(64, 10, bias, dtype)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out = widened_linear(x, linear.weight, linear.bias)
+    assert out.shape == (2, 5, 10) and out.dtype == dtype
+    exact = reference(x.reshape(-1, 64), linear.weight, linear.bias).reshape(2, 5, 10)
+    step = torch.finfo(dtype).eps * exact.abs()  # one rounding to `dtype` is at most half a step
+    assert ((out.double() - exact).abs() <= step + 1e-6).all()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_it_is_torchs_bf16_product_up_to_the_order_of_the_sums(rows):
+    linear = random_linear(512, 384, bias=True)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    mine, torchs = widened_linear(x, linear.weight, linear.bias).double(), linear(x).double()
+    exact = reference(x, linear.weight, linear.bias)
+    step = torch.finfo(torch.bfloat16).eps * exact.abs()
+    assert ((mine - torchs).abs() <= step + 1e-6).all()  # both one rounding of nearly the same sum
+    assert (mine == torchs).float().mean() > 0.95
+
+
+def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_as_it_was():
+    linear = random_linear(64, 32, bias=True)
+    weight, bias = linear.weight, linear.bias
+    keys = list(linear.state_dict())
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    narrow = linear(x[:3])
+    same = widen(linear, from_rows=4)
+    assert same is linear and isinstance(linear, WidenedLinear) and isinstance(linear, nn.Linear)
+    assert linear.weight is weight and linear.bias is bias and list(linear.state_dict()) == keys
+    assert torch.equal(linear(x[:3]), narrow)  # 3 rows: nn.Linear's own forward, bit for bit
+    assert torch.equal(linear(x[:4]), widened_linear(x[:4], weight, bias))
+    assert torch.equal(linear(x.view(2, 4, 64)), widened_linear(x, weight, bias).view(2, 4, 32))  # rows, not dim 0
+    assert "widened from 4 rows" in repr(linear)
+
+
+def tiny_model(dtype=torch.bfloat16) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = tiny_qwen_config(vocab_size=256, hidden_size=64, intermediate_size=128, max_position_embeddings=64,
+                              tie_word_embeddings=True)
+    return Qwen2ForCausalLM(config).to(dtype).eval().requires_grad_(False)
+
+
+def logits(model) -> torch.Tensor:
+    lm, prompt = CausalLM(model), torch.tensor([5, 17, 3, 88, 42, 7])
+    return lm.logits(lm.hidden(prompt, torch.arange(6), new_cache()))
+
+
+def test_a_model_widened_where_its_dtype_widens_scores_within_bf16_rounding(monkeypatch):
+    monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 2)
+    model = tiny_model()
+    before = logits(model).float()
+    head = model.get_output_embeddings()
+    assert widen_linears(model, CPU) == 2 * 7 + 1  # q, k, v, o, gate, up, down a layer, and the tied head
+    assert model.get_output_embeddings() is head and head.weight is model.get_input_embeddings().weight
+    calls, product = [], widened.widened_linear
+    monkeypatch.setattr(widened, "widened_linear", lambda *args: calls.append(1) or product(*args))
+    after = logits(model).float()
+    assert len(calls) == 2 * 7 + 1  # every linear of the 6-token pass, the head over its rows
+    assert (after - before).abs().max() < 0.05 * before.abs().max()
+
+
+def test_nothing_widens_on_another_device_in_float32_or_where_the_cpu_does_not_gain(monkeypatch):
+    monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 2)
+    assert widen_linears(tiny_model(), torch.device("meta")) == 0
+    assert widen_linears(tiny_model(torch.float32), CPU) == 0
+    int8 = nn.Sequential(Int8Linear(torch.ones(8, 16), None))
+    assert widen_linears(int8, CPU) == 0
+    monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: None)
+    model = tiny_model()
+    assert widen_linears(model, CPU) == 0 and not any(isinstance(m, WidenedLinear) for m in model.modules())
+
+
+def test_the_rows_are_the_first_width_the_timer_says_widening_wins(monkeypatch, tmp_path):
+    """The choice, not the clock: a stand-in for `faster` that lets the widened product (the first
+    timed) win from 16 rows, on a machine that has measured nothing yet; the next process there
+    reads the choice; float32 is never widened and never timed."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    timed = []
+
+    def stand_in(first, second, device) -> bool:
+        mine, torchs = first(), second()
+        timed.append(mine.shape[0])
+        assert mine.dtype == torchs.dtype == torch.bfloat16
+        return mine.shape[0] >= 16
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    widened_rows.cache_clear()
+    try:
+        assert widened_rows(torch.float32) is None and not timed
+        assert widened_rows(torch.bfloat16) == 16
+        assert timed == list(WIDENED_ROWS[:WIDENED_ROWS.index(16) + 1])
+        widened_rows.cache_clear()  # another process on the same machine
+        monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
+        assert widened_rows(torch.bfloat16) == 16
+        assert widths.MEASURES["widened rows"] is widened.measure_widened_rows  # doctor measures it again
+    finally:
+        widened_rows.cache_clear()
+
+
+def test_the_workspace_bounds_what_a_call_allocates(monkeypatch):
+    """Counted from the buffers' own sizes: a stand-in for torch.empty records every allocation."""
+    sizes, real_empty = [], torch.empty
+
+    def recording(*shape, **kwargs):
+        tensor = real_empty(*shape, **kwargs)
+        sizes.append(tensor.nbytes)
+        return tensor
+
+    linear = random_linear(96, 700, bias=False)
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    monkeypatch.setattr(widened.torch, "empty", recording)
+    out = widened_linear(x, linear.weight)
+    allocated = sum(sizes) - out.nbytes + x.float().nbytes  # the widened input comes from .float()
+    assert allocated <= widened_workspace(96, 700, 5)
+    assert widened_workspace(96, 700, 5) == 4 * (5 * 96 + chunk_rows(96, 700) * 96 + 5 * chunk_rows(96, 700))
