@@ -36,7 +36,7 @@ def prepared(target: str, weights: str, widened: bool) -> CausalLM:
     model = load(target, torch.bfloat16, False, weights=weights).model
     prepack_linears(model)
     if widened:
-        widen_linears(model, CPU)
+        widen_linears(model.modules(), CPU, torch.bfloat16)
     return CausalLM(model)
 
 

@@ -2,6 +2,7 @@
 downloaded or loaded), then the target as the plan places it, then the draft as the plan
 quantizes it, into one `Models` bundle."""
 
+import math
 from collections.abc import Collection
 from dataclasses import replace
 
@@ -27,6 +28,7 @@ from specchat.models.local import local_tokenizer
 from specchat.offload.build import Offload
 from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
+from specchat.offload.streamed_layer import computing_modules
 from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, draft_quant_for, offload_directory,
                           plan_pair, request_for, resolve_weights, stores_4bit)
@@ -34,6 +36,7 @@ from specchat.progress import Report, Reporter
 from specchat.quant.fp8 import fp8_runs_on
 from specchat.quant.int4_dense import keep_dense_copies
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears, widen_linears
+from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.widened import WidenedLinear
 from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
 from specchat.runtime import Models, pick_device, validate
@@ -158,13 +161,14 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
 
 
 def dense_products(target: CausalLM | None) -> str | None:
-    """How the target's dense linears multiply where not as nn.Linear does (quant/prepacked.py):
-    "prepacked" for oneDNN, "widened" to float32 from some rows (and at which), or None."""
-    modules = [] if target is None else list(target.model.modules())
+    """How the target's dense and Q6_K linears multiply where not as they do alone
+    (quant/prepacked.py): "prepacked" for oneDNN, "widened" to float32 from some rows (and which), or None."""
+    modules = [] if target is None else computing_modules(target.model)
     if any(isinstance(m, PrepackedLinear) for m in modules):
         return "prepacked"
-    widened = sorted({m.from_rows for m in modules if isinstance(m, WidenedLinear)})
-    return f"widened from {widened} rows" if widened else None
+    widened = {m.from_rows for m in modules if isinstance(m, WidenedLinear)}
+    widened |= {m.widened_from for m in modules if isinstance(m, Q6Linear) and m.widened_from != math.inf}
+    return f"widened from {sorted(widened)} rows" if widened else None
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
@@ -183,7 +187,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
     if memory.dense_copies:
         reporter.step("expanding dense copies of the 4-bit linears for tree passes")
         keep_dense_copies(target.model, memory.dense_copies)
-    widen_linears(target.model, device)
+    widen_linears(computing_modules(target.model), device, dtype)
     target_lm = CausalLM(target.model, offload)
     target_lm.head_rows = measure_head_rows(target_lm.logits, target.model.config.hidden_size, dtype, device)
     workers = None

@@ -22,7 +22,7 @@ from specchat.offload.build import offload_model
 from specchat.offload.direct_io import align_up, write_blob
 from specchat.offload.placement import Placement
 from specchat.offload.storage import TieredStore
-from specchat.offload.streamed_layer import StreamedLayer
+from specchat.offload.streamed_layer import StreamedLayer, computing_modules
 from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 
@@ -93,6 +93,10 @@ def test_layers_are_streamed_wrappers_and_resident_ones_are_real(tiny_dir, tmp_p
         assert not isinstance(layers[index], StreamedLayer) and not layers[index].self_attn.q_proj.weight.is_meta
     assert all(isinstance(layers[index], StreamedLayer) for index in (0, 1, 3))
     assert not any(p.is_meta for p in lm.model.parameters())
+    # a pass runs the streamed layers' skeletons too, which are no submodules of the model
+    computing = computing_modules(lm.model)
+    assert all(layers[index].skeleton.self_attn.q_proj in computing for index in (0, 1, 3))
+    assert not any(layers[0].skeleton.self_attn.q_proj is m for m in lm.model.modules())
     offload.close()
 
 

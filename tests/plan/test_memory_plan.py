@@ -9,15 +9,19 @@ import torch
 from helpers.plan_sizes import (BF16, DRAFT_LINEAR_WEIGHTS, DRAFT_PREPARING, FP32, GB, NOWHERE, ROTARY_BYTES,
                                 TARGET_LAYER, TARGET_SLOT, TREE, assert_fits, gpu_plan, int4_linear, int8_draft, item,
                                 kv_per_token, llama_layer_linears, math_pass, pair_on_a_cpu)
+from helpers.tiny import tiny_qwen_config
+from torch import nn
+from transformers import Qwen2ForCausalLM
 
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.offload.direct_io import ALIGN
+from specchat.plan import model
 from specchat.plan.budget import CUDA_MARGIN, OS_RESERVE
 from specchat.plan.machine import RUNTIME_BYTES, Machine, described_rooms
 from specchat.plan.model import plan_measured
 from specchat.plan.pair import contexts_for, draft_candidates, measure_pair, plan_pair
-from specchat.plan import model
 from specchat.plan.request import Pair, PlanRequest
+from specchat.quant.q6k_linear import Q6Linear
 
 CPU = torch.device("cpu")
 
@@ -288,3 +292,20 @@ def test_a_measurement_is_planned_only_on_its_own_kind_of_device():
     assert plan_measured(measured, Machine(vram_gb=80, ram_gb=256)).placement is not None
     with pytest.raises(ValueError, match="measured for cuda planned on a cpu machine"):
         plan_measured(measured, Machine(ram_gb=256))
+
+
+def test_widened_q6_linears_count_their_float32_input_and_chunk_product(monkeypatch):
+    """A tiny Qwen2 whose every linear is Q6_K (hidden 64, MLP 128, vocab 256; each chunk a whole
+    small weight): 100 rows widened add, beside the largest chunk buffers (down's and gate's, 64 x
+    128 weights in float32 and bf16 and their scales: 51200 bytes), a linear's float32 input and
+    chunk product, 4 x 100 x (in + out): 76800 for down, 128000 for the head where it may stay Q6_K."""
+    config = tiny_qwen_config(vocab_size=256, hidden_size=64, intermediate_size=128, tie_word_embeddings=False)
+    with torch.device("meta"):
+        tiny = Qwen2ForCausalLM(config)
+        for name, linear in [(n, m) for n, m in tiny.named_modules() if isinstance(m, nn.Linear)]:
+            tiny.set_submodule(name, Q6Linear(linear.in_features, linear.out_features, False, torch.bfloat16))
+    assert model.quantized_workspaces(tiny, torch.bfloat16, CPU)(100) == 51200
+    monkeypatch.setattr(model, "widened_rows", lambda dtype: 8)
+    assert model.quantized_workspaces(tiny, torch.bfloat16, CPU)(100) == 51200 + 76800
+    assert model.quantized_workspaces(tiny, torch.bfloat16, CPU, compact_head=True)(100) == 51200 + 128000
+    assert model.quantized_workspaces(tiny, torch.bfloat16, torch.device("cuda"))(100) == 51200

@@ -1,18 +1,23 @@
 """Dense half-precision products widened to float32 (quant/widened.py): a bf16 GEMM's sums, in chunks
 of the weight's rows; the module keeps its parameters and state_dict, narrow inputs keep the half
-kernel, and the rows it widens from are the machine's measured choice."""
+kernel, and the rows it widens from are the machine's measured choice. A Q6_K linear's chunks
+(quant/q6k_linear.py) widen from the same rows."""
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from helpers.gguf_files import random_blocks
 from helpers.tiny import tiny_qwen_config
 from torch import nn
 from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.quant import prepacked, timing, widened, widths
+from specchat.quant import prepacked, q6k_linear, timing, widened, widths
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.prepacked import widen_linears
+from specchat.quant.q6k import q6k_to_weight
+from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.widened import (
     WIDENED_ROWS,
     WidenedLinear,
@@ -101,7 +106,8 @@ def test_a_model_widened_where_its_dtype_widens_scores_within_bf16_rounding(monk
     model = tiny_model()
     before = logits(model).float()
     head = model.get_output_embeddings()
-    assert widen_linears(model, CPU) == 2 * 7 + 1  # q, k, v, o, gate, up, down a layer, and the tied head
+    # q, k, v, o, gate, up, down a layer, and the tied head
+    assert widen_linears(model.modules(), CPU, torch.bfloat16) == 2 * 7 + 1
     assert model.get_output_embeddings() is head and head.weight is model.get_input_embeddings().weight
     calls, product = [], widened.widened_linear
     monkeypatch.setattr(widened, "widened_linear", lambda *args: calls.append(1) or product(*args))
@@ -112,13 +118,14 @@ def test_a_model_widened_where_its_dtype_widens_scores_within_bf16_rounding(monk
 
 def test_nothing_widens_on_another_device_in_float32_or_where_the_cpu_does_not_gain(monkeypatch):
     monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 2)
-    assert widen_linears(tiny_model(), torch.device("meta")) == 0
-    assert widen_linears(tiny_model(torch.float32), CPU) == 0
+    assert widen_linears(tiny_model().modules(), torch.device("meta"), torch.bfloat16) == 0
+    assert widen_linears(tiny_model(torch.float32).modules(), CPU, torch.float32) == 0
     int8 = nn.Sequential(Int8Linear(torch.ones(8, 16), None))
-    assert widen_linears(int8, CPU) == 0
+    assert widen_linears(int8.modules(), CPU, torch.bfloat16) == 0
     monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: None)
     model = tiny_model()
-    assert widen_linears(model, CPU) == 0 and not any(isinstance(m, WidenedLinear) for m in model.modules())
+    assert widen_linears(model.modules(), CPU, torch.bfloat16) == 0
+    assert not any(isinstance(m, WidenedLinear) for m in model.modules())
 
 
 def test_the_rows_are_the_first_width_the_timer_says_widening_wins(monkeypatch, tmp_path):
@@ -164,3 +171,33 @@ def test_the_workspace_bounds_what_a_call_allocates(monkeypatch):
     allocated = sum(sizes) - out.nbytes + x.float().nbytes  # the widened input comes from .float()
     assert allocated <= widened_workspace(96, 700, 5)
     assert widened_workspace(96, 700, 5) == 4 * (5 * 96 + chunk_rows(96, 700) * 96 + 5 * chunk_rows(96, 700))
+
+
+def q6_linear(out_features: int, in_features: int) -> tuple[Q6Linear, torch.Tensor]:
+    """A Q6Linear over random Q6_K blocks, and its weights as the bf16 model holds them."""
+    data = random_blocks(GGMLQuantizationType.Q6_K, out_features, in_features, seed=0)
+    stored = q6k_to_weight(data)
+    linear = Q6Linear(in_features, out_features)
+    linear.q6_values, linear.q6_scales, linear.q6_d = stored.values, stored.scales, stored.d
+    return linear, stored.dequantize().to(torch.bfloat16)
+
+
+def test_a_widened_q6_linear_multiplies_the_weights_rounded_once_in_float32(monkeypatch):
+    """Chunks of 24 rows over 80 (the last one short): from `widened_from` rows the product is the
+    bf16 weights' float32 sums rounded once, across every chunk; below it, the bf16 kernel's as before."""
+    monkeypatch.setattr(q6k_linear, "CHUNK_WEIGHTS", 24 * 512)
+    linear, weight = q6_linear(80, 512)
+    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    plain = linear(x)
+    linear.widened_from = 6
+    assert torch.equal(linear(x[:5]), plain[:5])  # 5 rows: the bf16 kernel, bit for bit
+    out = linear(x)
+    exact = reference(x, weight, None)  # the bf16 weights' exact sums
+    assert ((out.double() - exact).abs() <= torch.finfo(torch.bfloat16).eps * exact.abs() + 1e-6).all()
+
+
+def test_the_walk_widens_a_models_q6_linears_for_its_dtype(monkeypatch):
+    monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 4 if dtype == torch.bfloat16 else None)
+    model = nn.Sequential(Q6Linear(512, 32), Q6Linear(512, 16))
+    assert widen_linears(model.modules(), CPU, torch.float32) == 0 and model[0].widened_from == float("inf")
+    assert widen_linears(model.modules(), CPU, torch.bfloat16) == 2 and model[1].widened_from == 4

@@ -5,8 +5,10 @@ target gives its own autoregressive tokens, greedy and seeded, up to bf16's near
 (tests/real/test_real_defaults.py says why there are any), on PROMPTS prompts."""
 
 import gc
+import math
 
 import pytest
+import torch
 from helpers.engines import GREEDY
 from helpers.exactness import ExactnessCheck
 from test_real_defaults import BF16_NEAR_TIES, DEFAULT_SAMPLING, SAMPLING_IDS, SAMPLINGS
@@ -16,6 +18,7 @@ from specchat.engine_options import EngineOptions
 from specchat.loader import load_models
 from specchat.quant.q4k_scales import Q4KScalesLinear
 from specchat.quant.q6k_linear import Q6Linear
+from specchat.quant.widened import widened_rows
 from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
@@ -55,7 +58,11 @@ def test_a_tight_budget_streams_the_stored_forms_and_keeps_the_head_compact(comp
     assert memory.compact_layers and memory.compact_head and len(compact_models.placement.streamed) == 28
     assert isinstance(compact_models.target.model.get_output_embeddings(), Q6Linear)
     skeletons = [layer.skeleton for layer in compact_models.target.model.get_decoder().layers]
-    assert sum(isinstance(m, Q6Linear) for layer in skeletons for m in layer.modules()) == 28  # 14 down, 14 v
+    q6 = [m for layer in skeletons for m in layer.modules() if isinstance(m, Q6Linear)]
+    assert len(q6) == 28  # 14 down, 14 v
+    # widened to float32 from this CPU's rows where its bf16 kernel is the slower (quant/widened.py)
+    rows = widened_rows(torch.bfloat16)
+    assert {m.widened_from for m in q6} == {math.inf if rows is None else rows}
     assert sum(isinstance(m, Q4KScalesLinear) for layer in skeletons for m in layer.modules()) == 168
     assert compact_models.identity["layers"] == compact_models.identity["head"] == "q6_k"
 

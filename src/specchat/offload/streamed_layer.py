@@ -86,3 +86,10 @@ def owner_of(module: nn.Module, dotted: str) -> tuple[dict, str]:
     if name in owner._buffers:
         return owner._buffers, name
     raise KeyError(f"{dotted} is neither a parameter nor a buffer of the layer")
+
+
+def computing_modules(model: nn.Module) -> list[nn.Module]:
+    """`model`'s modules and those of its streamed layers' skeletons (which are not its submodules):
+    every module a pass runs."""
+    modules = list(model.modules())
+    return modules + [inner for m in modules if isinstance(m, StreamedLayer) for inner in m.skeleton.modules()]

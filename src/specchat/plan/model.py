@@ -24,6 +24,7 @@ from specchat.quant.int4 import Int4Linear, workspace_bytes
 from specchat.quant.int4_dense import dense_copy_bytes
 from specchat.quant.q6k import q6_bytes
 from specchat.quant.q6k_linear import Q6Linear
+from specchat.quant.q6k_linear import widened_workspace as q6_widened
 from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
 from specchat.quant.widened import widened_rows, widened_workspace
 
@@ -86,7 +87,7 @@ def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[Layer
     compact_layers = None if compact_layouts is None else measure_sizes(model, layers_name, compact_layouts, dtype)
     reusable = disk_store is not None and disk_store.reusable
     contexts = request.contexts or (model.config.max_position_embeddings,)
-    workspace = quantized_workspaces(model, dtype, device)
+    workspace = quantized_workspaces(model, dtype, device, compact_head)
     ask = Ask(contexts, request.drafts, request.tree_tokens, workspace(request.tree_tokens),
               request.placement_request(len(layouts)), cuda=device.type == "cuda",
               smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees), links=request.links)
@@ -144,21 +145,28 @@ def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int
     return fixed - vocab * width * dtype.itemsize + q6_bytes(vocab, width) + q6_workspace(width, vocab, dtype)
 
 
-def quantized_workspaces(model: PreTrainedModel, dtype: torch.dtype, device: torch.device) -> Callable[[int], int]:
+def quantized_workspaces(model: PreTrainedModel, dtype: torch.dtype, device: torch.device,
+                         compact_head: bool = False) -> Callable[[int], int]:
     """rows -> the largest temporary a 4-bit linear (quant.int4's bound, over that many input
     rows), a layer's Q6_K one (its chunk buffers) or, on a CPU that widens `dtype`, a widened
-    dense linear (quant/widened.py) allocates; linears run one at a time, so the largest one's. A
-    model whose layers are compact bounds its dense form too: the same 4-bit linears. The model
-    is walked once: a MoE has hundreds of thousands of linears in a few shapes."""
+    dense or Q6_K linear (quant/widened.py; the LM head in Q6_K too where the plan may keep it so)
+    allocates; linears run one at a time, so the largest one's. A model whose layers are compact
+    bounds its dense form too: the same 4-bit linears. The model is walked once: a MoE has hundreds
+    of thousands of linears in a few shapes."""
     int4 = {(m.in_features, m.out_features, m.group_size, m.kernel, m.perm is not None)
             for m in model.modules() if isinstance(m, Int4Linear)}
-    q6 = max((m.workspace(dtype) for m in model.get_decoder().modules() if isinstance(m, Q6Linear)), default=0)
-    widened = set()
+    q6_linears = [m for m in model.get_decoder().modules() if isinstance(m, Q6Linear)]
+    q6 = max((m.workspace(dtype) for m in q6_linears), default=0)
+    dense, q6_shapes = set(), set()
     if device.type == "cpu" and widened_rows(dtype) is not None:
-        widened = {(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear}
+        dense = {(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear}
+        head = model.get_output_embeddings()
+        q6_shapes = {(m.in_features, m.out_features) for m in q6_linears}
+        q6_shapes |= {(head.in_features, head.out_features)} if compact_head else set()
 
     def at(rows: int) -> int:
-        return max((q6, *(workspace_bytes(i, o, rows, dtype, group, kernel, act_order)
-                          for i, o, group, kernel, act_order in int4),
-                    *(widened_workspace(i, o, rows) for i, o in widened)))
+        return max((q6 + max((q6_widened(i, o, rows) for i, o in q6_shapes), default=0),
+                    *(workspace_bytes(i, o, rows, dtype, group, kernel, act_order)
+                      for i, o, group, kernel, act_order in int4),
+                    *(widened_workspace(i, o, rows) for i, o in dense)))
     return at

@@ -1,15 +1,17 @@
 """The model walks that pick a CPU model's dense products: prepacked for oneDNN (quant/prepacked_linear.py)
 where that pays on this machine (quant/widths.py's `prepack_pays`) and the plan leaves the room;
-the half-precision linears left plain widened to float32 from the rows where that pays
-(quant/widened.py).
+the half-precision linears left plain, and the Q6_K ones, widened to float32 from the rows where
+that pays (quant/widened.py).
 """
 
 from collections import Counter
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from specchat.quant.prepacked_linear import PREPACKED_DTYPES, PrepackedLinear
+from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.widened import widen, widened_rows, widens
 from specchat.quant.widths import prepack_pays
 
@@ -37,15 +39,19 @@ def prepack_linears(model: nn.Module, room: int | None = None) -> int:
     return replaced
 
 
-def widen_linears(model: nn.Module, device: torch.device) -> int:
-    """Make `model`'s plain half-precision linears WidenedLinears where it computes on a CPU and
-    this CPU widens their dtype (their weights may be streamed in later: only the class changes);
-    returns how many."""
+def widen_linears(modules: Iterable[nn.Module], device: torch.device, dtype: torch.dtype) -> int:
+    """Make the plain half-precision linears of `modules` (a model's, its streamed layers' too)
+    WidenedLinears, and their Q6Linears multiply inputs of `dtype` in float32 from as many rows,
+    where they compute on a CPU and this CPU widens that dtype (weights streamed in later are
+    widened too: only the modules change); returns how many."""
     if device.type != "cpu":
         return 0
     widened = 0
-    for module in model.modules():
+    for module in modules:
         if widens(module) and (rows := widened_rows(module.weight.dtype)) is not None:
             widen(module, rows)
+            widened += 1
+        elif isinstance(module, Q6Linear) and (rows := widened_rows(dtype)) is not None:
+            module.widened_from = rows
             widened += 1
     return widened

@@ -8,8 +8,12 @@ weights) at a time into the input's dtype, in buffers reused from chunk to chunk
 chunk cost page faults: 0.56 s a call against 0.04 s for the 1.5B's head here), and multiplied.
 The rows are the dense conversion's exactly: gguf's float32 dequantization, rounded once to the
 dtype. Each call expands the whole weight: for the 1.5B's head ~40 ms on the project's 2-core CPU
-against ~16 ms dense, the price of 0.22 GB.
+against ~16 ms dense, the price of 0.22 GB. From `widened_from` rows (set where a CPU without half
+instructions multiplies faster in float32: quant/widened.py) the rounded chunk is widened back to
+float32, exactly, and multiplied in float32, the product rounded once.
 """
+
+import math
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +29,8 @@ VALUES, SCALES, D = (suffix.removeprefix(".") for suffix in Q6_SUFFIXES)
 class Q6Linear(nn.Module):
     """y = x W^T + b for a Q6Weight W (an LM head, or a layer's Q6_K linear when its layers
     stream), buffers named as the checkpoint's; `dtype` is the bias's."""
+
+    widened_from: float = math.inf  # inputs of at least this many rows multiply in float32 (a CPU's)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  dtype: torch.dtype = torch.float32) -> None:
@@ -43,11 +49,15 @@ class Q6Linear(nn.Module):
         expanded = torch.empty(rows, self.in_features, device=x.device)  # float32, as gguf computes
         scale = torch.empty(rows, self.in_features // Q6_K_SUB, device=x.device)
         weight = torch.empty(rows, self.in_features, dtype=flat.dtype, device=x.device)
+        wide = flat.float() if flat.shape[0] >= self.widened_from else None
         for start in range(0, self.out_features, rows):
             n = min(rows, self.out_features - start)
             stored.dequantize_into(slice(start, start + n), expanded[:n], scale[:n])
-            weight[:n].copy_(expanded[:n])
-            out[:, start:start + n] = flat @ weight[:n].t()
+            weight[:n].copy_(expanded[:n])  # rounded once to the dtype: the model's weights
+            if wide is None:
+                out[:, start:start + n] = flat @ weight[:n].t()
+            else:  # those weights in float32 again (exactly), their float32 product rounded once
+                out[:, start:start + n] = wide @ expanded[:n].copy_(weight[:n]).t()
         if self.bias is not None:
             out += self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -70,3 +80,8 @@ def chunk_rows(in_features: int, out_features: int) -> int:
 def workspace_bytes(in_features: int, out_features: int, dtype: torch.dtype) -> int:
     """A Q6Linear call's chunk buffers: float32 values and scales, and the weight in `dtype`."""
     return chunk_rows(in_features, out_features) * (in_features * (4 + dtype.itemsize) + in_features // Q6_K_SUB * 4)
+
+
+def widened_workspace(in_features: int, out_features: int, rows: int) -> int:
+    """What a widened call adds for `rows` input rows: the input and a chunk's product in float32."""
+    return 4 * rows * (in_features + chunk_rows(in_features, out_features))
