@@ -7,8 +7,8 @@ at one row, 40 at 16 and 159 at 64 (10.7 GFLOP/s at every width), where float32'
 output rows) at a time into one buffer and the input, widened once, is multiplied by each chunk in
 float32: 11 ms at 16 rows, 29 at 64. The conversion reads every weight each call, so one row keeps
 the half kernel: the rows from which widening wins are measured once per machine and kept
-(`widened_rows`, a choice machine_choices.py keeps), none where it never wins (a CPU with bf16
-instructions, whose own kernel is faster).
+(`widened_rows`, a choice machine_choices.py keeps), none where it never wins (as expected of a
+CPU with bf16 instructions, whose own kernel is faster; there the linears are prepacked anyway).
 
 The arithmetic is a bf16 GEMM's: half values and their products are exact in float32, the sums run
 in float32 and are rounded once to the input's dtype. Only the order of the additions can differ
@@ -26,7 +26,8 @@ from specchat.quant import timing
 from specchat.quant.timing import LinearShape
 
 # Weights converted at once: 4 MB of float32. Of 0.25, 0.5, 1, 2 and 4 Mi weights timed on the AVX2
-# EPYC (one and two threads, three shapes up to a 32768-row head) 1 Mi was fastest or within 5%.
+# EPYC (one and two threads, three shapes up to a 32768-row head, 1-256 rows) 1 Mi was the fastest
+# in most cells and never more than 15% behind the fastest.
 CHUNK_WEIGHTS = 1 << 20
 WIDENED_DTYPES = (torch.bfloat16, torch.float16)
 WIDENED_ROWS = (2, 4, 8, 16, 32, 64)  # the widths the probe races the two products at: a chain, then trees
