@@ -20,11 +20,14 @@ the costs probed on the project's machine, where its trees grow to tens of nodes
 quantization is timed too (int8 where its kernel wins every probe): on a busy machine it may
 keep dense weights, so the grown trees are always drafted by the int8 sub-vocabulary draft,
 the one auto picks on an idle x86 CPU. The dense copies for tree passes are timed as well (from
-how many rows each shape's copy beats the fused kernel, or never): on a CPU the module pins their
-crossover to the project machine's, so that every CPU runs the same products.
+how many rows each shape's copy beats the fused kernel, or never): on a CPU that keeps them the
+module pins their crossover to the project machine's, so that every such CPU runs the same products;
+a CPU that keeps none (no bf16 instructions: the copies' bf16 kernel loses at every width) runs its
+defaults, the fused kernel, and one more test gives the loaded target pinned copies for one reply.
 """
 
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -78,23 +81,29 @@ SAMPLINGS, SAMPLING_IDS = [GREEDY, DEFAULT_SAMPLING], ["greedy", "seeded"]
 # docs/benchmarks.md "bf16 seeded gaps": prompts and seeds not run here.)
 BF16_SEEDED_NEAR_TIE = 0.042
 BF16_NEAR_TIES = {GREEDY: BF16_NEAR_TIE, DEFAULT_SAMPLING: BF16_SEEDED_NEAR_TIE}
-# Near-ties per 32-token reply without the dense copies for tree passes (quant/int4_dense.py), as on a
+# Near-ties per 32-token reply where tree rows and one-token rows run the same products, as on a
 # CUDA host, where no bf16 reply of this pair has run (the device machines lack the embedded weights):
 # greedy float32's one (on the AMX Xeon without the copies, scripts/bench_bf16_ties.py, 10 prompts:
 # at most 1 a reply); seeded as with the copies.
 BF16_MAX_TIES = {GREEDY: MAX_TIES, DEFAULT_SAMPLING: 3 + 1}
-# With the copies (pinned on a CPU below) a tree row is multiplied by the weights rounded once to
-# bf16, a one-token row by the fused kernel's float32 ones: greedy ties grow. Greedy measured at most
-# 2 a reply: 10 MT-Bench prompts on the AMX Xeon (scripts/bench_bf16_ties.py, docs/benchmarks.md
-# "bf16 ties"), this module's prompts there (grown trees, prompt 2: gaps 0 and 0.125) and on the AMD
-# EPYC, 2026-11-28 (grown trees, prompt 2: gaps 0 and 0). The bound is that plus one.
-BF16_MAX_TIES_WITH_COPIES = {GREEDY: 2 + 1, DEFAULT_SAMPLING: BF16_MAX_TIES[DEFAULT_SAMPLING]}
+# Where a tree row is multiplied otherwise than a one-token row, greedy ties grow: by the dense copies
+# (the weights rounded once to bf16 against the fused kernel's float32 ones), or by the dense linears
+# widened to float32 from some rows (quant/widened.py, sums in another order). Greedy measured at most
+# 2 a reply: with the copies, 10 MT-Bench prompts on the AMX Xeon (scripts/bench_bf16_ties.py,
+# docs/benchmarks.md "bf16 ties"), this module's prompts there (grown trees, prompt 2: gaps 0 and
+# 0.125) and on the AMD EPYC, 2026-11-28 (grown trees, prompt 2: gaps 0 and 0); widened from 8 rows
+# without copies on the AVX2 AMD EPYC, 2026-12-01 (grown trees, prompt 2: gaps 0.125 and 0.125, at
+# the tokens the copies tied at). The bound is that plus one.
+BF16_MAX_TIES_APART = {GREEDY: 2 + 1, DEFAULT_SAMPLING: BF16_MAX_TIES[DEFAULT_SAMPLING]}
 # The copies' crossover is timed per machine (int4_dense.dense_rows), and a CPU whose timer finds the
-# fused kernel faster at every width keeps none. The module pins it to what the project's AMD EPYC
-# measured, 2026-11-28 (from 8 rows for the 1536 x 256 k and v, 4 for every other shape), so that on
-# every CPU the comparisons multiply tree rows by the copies, the case with more ties.
+# fused kernel faster at every width keeps none. Where it keeps any, the module pins it to what the
+# project's AMD EPYC measured, 2026-11-28 (from 8 rows for the 1536 x 256 k and v, 4 for every other
+# shape), so that on every such CPU the comparisons multiply tree rows by the copies, the case with
+# more ties; test_pinned_dense_copies_keep_a_grown_reply_within_near_ties gives them to any CPU.
 PINNED_DENSE_ROWS = {(1536, 256): 8}
 PINNED_DENSE_ROWS_ELSE = 4
+COPIES_PROMPT = 1  # the reply the copies are given for: trees of 14-18 nodes in 4-5 passes (MT-Bench turn 1)
+TARGET_INT4_SHAPES = ((1536, 1536), (1536, 256), (1536, 8960), (8960, 1536))  # q and o, k and v, gate and up, down
 # --budget auto's costs as probed on the project's machine (2 cores with avx512_bf16; design.md
 # section 5: the 1.5B target in bf16, the 0.5B draft's bf16 step halved for its int8 kernel).
 PROJECT_MACHINE_COSTS = Costs(target_n=(1, 16, 64, 256), target_s=(0.112, 0.147, 0.303, 1.017),
@@ -105,12 +114,18 @@ def pinned_dense_rows(in_features: int, out_features: int, dtype: torch.dtype) -
     return PINNED_DENSE_ROWS.get((in_features, out_features), PINNED_DENSE_ROWS_ELSE)
 
 
+def keeps_dense_copies() -> bool:
+    """Whether this CPU keeps a dense copy of any of the target's 4-bit shapes (its timed crossover)."""
+    return any(int4_dense.dense_rows(i, o, torch.bfloat16) is not None for i, o in TARGET_INT4_SHAPES)
+
+
 @pytest.fixture(scope="module")
 def app_models():
     """The app's models with every default, loaded once for the module and released after it; on a
-    CPU with the dense copies' crossover pinned (PINNED_DENSE_ROWS)."""
+    CPU that keeps dense copies, with their crossover pinned (PINNED_DENSE_ROWS)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int4_dense, "dense_rows", pinned_dense_rows)
+        if keeps_dense_copies():
+            patch.setattr(int4_dense, "dense_rows", pinned_dense_rows)
         models = load_models(EngineOptions(), progress=False)
     yield models
     models.close()
@@ -156,14 +171,14 @@ def test_the_defaults_are_what_ships(app_models):
     packed = [m for m in app_models.target.model.modules() if isinstance(m, Int4Linear)]
     assert len(packed) == 168
     copied = [m for m in packed if m.dense is not None]
-    if app_models.device.type == "cpu":
+    if app_models.device.type == "cpu" and keeps_dense_copies():
         # every 4-bit linear keeps a dense copy for tree passes from its pinned rows: the plan has
         # their room on any machine the suite runs on (24 GB)
         pinned = {m: pinned_dense_rows(m.in_features, m.out_features, m.compute_dtype) for m in packed}
         assert {m: m.dense.from_rows for m in copied} == pinned
         assert app_models.memory.dense_copies == sum(m.in_features * m.out_features * 2 for m in copied)
         assert app_models.identity["wide"] == "dense copies"
-    else:  # CUDA's tree rows take the expansion (quant/int4_expand.py): no copies
+    else:  # CUDA's tree rows take the expansion (quant/int4_expand.py), this CPU's the fused kernel: no copies
         assert not copied and not app_models.memory.dense_copies and "wide" not in app_models.identity
     prepacked = sum(isinstance(m, PrepackedLinear) for m in app_models.target.model.modules())
     assert prepacked == (29 if prepack_pays(torch.bfloat16) else 0)
@@ -204,16 +219,23 @@ def seeded_replies() -> dict[str, list[list[int]]]:
     return {}
 
 
+def rows_apart(app_models) -> bool:
+    """Whether a tree row is multiplied otherwise than a one-token row: by the dense copies, or by
+    dense linears widened to float32 from some rows."""
+    return bool(app_models.memory.dense_copies) or app_models.identity.get("dense", "").startswith("widened")
+
+
 def max_ties(app_models, sampling: SamplingParams) -> int:
-    """BF16_MAX_TIES, or BF16_MAX_TIES_WITH_COPIES where tree passes run the dense copies."""
-    return (BF16_MAX_TIES_WITH_COPIES if app_models.memory.dense_copies else BF16_MAX_TIES)[sampling]
+    """BF16_MAX_TIES, or BF16_MAX_TIES_APART where tree rows multiply apart from one-token rows."""
+    return (BF16_MAX_TIES_APART if rows_apart(app_models) else BF16_MAX_TIES)[sampling]
 
 
-def assert_near_ties_only(app_models, prompts, references, engine, sampling) -> list:
-    """The engine's replies against bf16 autoregressive decoding, each at most max_ties near-ties
-    within BF16_NEAR_TIES; returns every reply's events."""
+def assert_near_ties_only(app_models, prompts, references, engine, sampling, ties_bound: int | None = None) -> list:
+    """The engine's replies against bf16 autoregressive decoding, each at most `ties_bound`
+    (default: max_ties) near-ties within BF16_NEAR_TIES; returns every reply's events."""
+    bound = max_ties(app_models, sampling) if ties_bound is None else ties_bound
     check = ExactnessCheck(app_models.target, app_models.stop_ids, NEW_TOKENS, near_tie=BF16_NEAR_TIES[sampling],
-                           max_ties=max_ties(app_models, sampling))
+                           max_ties=bound)
     ties, replies = 0, []
     for prompt_ids, reference in zip(prompts, references[sampling]):
         tokens, events = tokens_and_events(engine, prompt_ids, sampling)
@@ -248,13 +270,19 @@ def test_the_defaults_give_bf16_autoregressive_tokens_up_to_near_ties(app_models
 
 
 def grown_engine(app_models, int8_draft):
-    """specexec built by the app's own path over the project machine's costs and the int8 draft."""
+    """specexec built by the app's own path over the project machine's costs and the int8 draft.
+    The costs stand as given (the sizer learns only the acceptance): learned from this CPU's passes
+    they could stop the trees (on a CPU without bf16 instructions a tree pass costs about its
+    width: the seeded replies drafted nothing past their 7th pass so), and the trees are what this
+    engine is for."""
     probed, drafted_by = app_models.costs, app_models.draft
     app_models.costs, app_models.draft = PROJECT_MACHINE_COSTS, int8_draft
     try:
-        return app_models.engine("specexec")
+        engine = app_models.engine("specexec")
     finally:
         app_models.costs, app_models.draft = probed, drafted_by
+    engine.sizer.learns_costs = False
+    return engine
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
@@ -295,3 +323,37 @@ def test_seeded_replies_are_the_independent_loops_up_to_near_ties(app_models, in
             assert len(found) <= max_ties(app_models, sampling), found
             ties += len(found)
     print(f"seeded: {ties} near-ties against the independent loop in {len(engines)} x {len(prompts)} replies")
+
+
+@pytest.fixture
+def pinned_copies(app_models) -> Iterator[list[Int4Linear]]:
+    """The target's 4-bit linears with dense copies from PINNED_DENSE_ROWS: the defaults' own where
+    this CPU keeps them (app_models pinned them), else given to the loaded target and taken back after."""
+    packed = [m for m in app_models.target.model.modules() if isinstance(m, Int4Linear)]
+    if app_models.memory.dense_copies:
+        yield packed
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(int4_dense, "dense_rows", pinned_dense_rows)
+        int4_dense.keep_dense_copies(app_models.target.model, sum(map(int4_dense.copy_bytes, packed)))
+    try:
+        yield packed
+    finally:
+        for linear in packed:
+            linear.dense = None
+        gc.collect()
+
+
+def test_pinned_dense_copies_keep_a_grown_reply_within_near_ties(app_models, int8_draft, prompts, references,
+                                                                 pinned_copies):
+    """The dense copies for tree passes on every CPU, also one whose defaults keep none: a greedy
+    reply over grown trees, its rows from PINNED_DENSE_ROWS multiplied by the copies, is bf16
+    autoregressive decoding's up to near-ties (one prompt: the tests above run the copies on every
+    prompt where the defaults keep them)."""
+    assert all(m.dense is not None and m.dense.from_rows == pinned_dense_rows(m.in_features, m.out_features,
+                                                                                m.compute_dtype)
+               for m in pinned_copies)
+    chosen = slice(COPIES_PROMPT, COPIES_PROMPT + 1)
+    replies = assert_near_ties_only(app_models, prompts[chosen], {GREEDY: references[GREEDY][chosen]},
+                                    grown_engine(app_models, int8_draft), GREEDY, BF16_MAX_TIES_APART[GREEDY])
+    assert max(e.tree_size for events in replies for e in events[1:]) >= PINNED_DENSE_ROWS_ELSE
