@@ -49,15 +49,16 @@ class Q6Linear(nn.Module):
         expanded = torch.empty(rows, self.in_features, device=x.device)  # float32, as gguf computes
         scale = torch.empty(rows, self.in_features // Q6_K_SUB, device=x.device)
         weight = torch.empty(rows, self.in_features, dtype=flat.dtype, device=x.device)
-        wide = flat.float() if flat.shape[0] >= self.widened_from else None
+        widened = flat.shape[0] >= self.widened_from
+        inputs = flat.float() if widened else flat
+        part = inputs.new_empty(flat.shape[0] * rows)  # a chunk's product, made once per call
         for start in range(0, self.out_features, rows):
             n = min(rows, self.out_features - start)
             stored.dequantize_into(slice(start, start + n), expanded[:n], scale[:n])
             weight[:n].copy_(expanded[:n])  # rounded once to the dtype: the model's weights
-            if wide is None:
-                out[:, start:start + n] = flat @ weight[:n].t()
-            else:  # those weights in float32 again (exactly), their float32 product rounded once
-                out[:, start:start + n] = wide @ expanded[:n].copy_(weight[:n]).t()
+            # widened: those weights in float32 again (exactly), their float32 product rounded once
+            operand = expanded[:n].copy_(weight[:n]) if widened else weight[:n]
+            out[:, start:start + n] = torch.mm(inputs, operand.t(), out=part[:flat.shape[0] * n].view(-1, n))
         if self.bias is not None:
             out += self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
