@@ -9,6 +9,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from helpers.gguf_files import random_blocks
 from helpers.planned import offload_planned
+from helpers.q6_linears import q6_linear
 from helpers.tiny import tiny_qwen_config
 from safetensors.torch import save_file
 from transformers import Qwen2ForCausalLM
@@ -28,15 +29,6 @@ from specchat.quant.q6k import q6_bytes, q6_entries, q6k_to_weight
 from specchat.quant.q6k_linear import Q6Linear
 
 Q6_K = GGMLQuantizationType.Q6_K
-
-
-def q6_linear(out_features: int, in_features: int, seed: int = 0) -> tuple[Q6Linear, torch.Tensor]:
-    """A Q6Linear over random Q6_K blocks, and gguf's float32 dequantization of them."""
-    data = random_blocks(Q6_K, out_features, in_features, seed=seed)
-    weight = q6k_to_weight(data)
-    linear = Q6Linear(in_features, out_features)
-    linear.q6_values, linear.q6_scales, linear.q6_d = weight.values, weight.scales, weight.d
-    return linear, torch.from_numpy(quants.dequantize(data, Q6_K))
 
 
 def test_q6k_blocks_convert_to_gguf_own_weights_bitwise():

@@ -5,8 +5,7 @@ kernel, and the rows it widens from are the machine's measured choice. A Q6_K li
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from helpers.gguf_files import random_blocks
+from helpers.q6_linears import q6_linear
 from helpers.tiny import tiny_qwen_config
 from torch import nn
 from transformers import Qwen2ForCausalLM
@@ -16,7 +15,6 @@ from specchat.decoding.kvcache import new_cache
 from specchat.quant import prepacked, q6k_linear, timing, widened, widths
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.prepacked import widen_linears
-from specchat.quant.q6k import q6k_to_weight
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.widened import (
     WIDENED_ROWS,
@@ -173,20 +171,12 @@ def test_the_workspace_bounds_what_a_call_allocates(monkeypatch):
     assert widened_workspace(96, 700, 5) == 4 * (5 * 96 + chunk_rows(96, 700) * 96 + 5 * chunk_rows(96, 700))
 
 
-def q6_linear(out_features: int, in_features: int) -> tuple[Q6Linear, torch.Tensor]:
-    """A Q6Linear over random Q6_K blocks, and its weights as the bf16 model holds them."""
-    data = random_blocks(GGMLQuantizationType.Q6_K, out_features, in_features, seed=0)
-    stored = q6k_to_weight(data)
-    linear = Q6Linear(in_features, out_features)
-    linear.q6_values, linear.q6_scales, linear.q6_d = stored.values, stored.scales, stored.d
-    return linear, stored.dequantize().to(torch.bfloat16)
-
-
 def test_a_widened_q6_linear_multiplies_the_weights_rounded_once_in_float32(monkeypatch):
     """Chunks of 24 rows over 80 (the last one short): from `widened_from` rows the product is the
     bf16 weights' float32 sums rounded once, across every chunk; below it, the bf16 kernel's as before."""
     monkeypatch.setattr(q6k_linear, "CHUNK_WEIGHTS", 24 * 512)
-    linear, weight = q6_linear(80, 512)
+    linear, dequantized = q6_linear(80, 512)
+    weight = dequantized.to(torch.bfloat16)  # as the bf16 model holds it
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     plain = linear(x)
     linear.widened_from = 6
