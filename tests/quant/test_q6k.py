@@ -163,7 +163,7 @@ def test_the_plan_keeps_layers_compact_where_they_stream_and_dense_where_they_ar
 
 def test_a_linear_smaller_than_a_chunk_expands_into_buffers_of_its_own_size():
     """The plan counts a call's buffers (offload/build.py); a 256-row v_proj sized for a whole
-    chunk of 2048 rows held eight times what it expands, and paid its page faults on every call."""
+    chunk (then 2048 rows) held eight times what it expands, and paid its page faults on every call."""
     small, large = Q6Linear(1536, 256), Q6Linear(1536, 151936)
     row = 1536 * (4 + 2) + 1536 // 16 * 4  # float32 values, the bf16 weight, float32 scales
     assert small.workspace(torch.bfloat16) == 256 * row

@@ -7,10 +7,11 @@ int8 one a scale per row), so the weight is expanded a chunk of output rows (CHU
 weights) at a time into the input's dtype, in buffers reused from chunk to chunk (fresh ones per
 chunk cost page faults: 0.56 s a call against 0.04 s for the 1.5B's head here), and multiplied.
 The rows are the dense conversion's exactly: gguf's float32 dequantization, rounded once to the
-dtype. Each call expands the whole weight: for the 1.5B's head ~40 ms on the project's 2-core CPU
-against ~16 ms dense, the price of 0.22 GB. From `widened_from` rows (set where a CPU without half
-instructions multiplies faster in float32: quant/widened.py) the rounded chunk is widened back to
-float32, exactly, and multiplied in float32, the product rounded once.
+dtype. Each call expands the whole weight: for the 1.5B's head ~40 ms on the avx512_bf16 EPYC
+against ~16 ms dense (~87 ms on an AVX2 EPYC, two threads), the price of 0.22 GB. From
+`widened_from` rows (set where a CPU without half instructions multiplies faster in float32:
+quant/widened.py) the rounded chunk is widened back to float32, exactly, and multiplied in
+float32, the product rounded once.
 """
 
 import math
@@ -20,9 +21,11 @@ from torch import Tensor, nn
 
 from specchat.quant.q6k import Q6_K_BLOCK, Q6_K_SUB, Q6_SUFFIXES, Q6Weight
 
-# Weights expanded at once (2048 rows of the 1.5B's head): small enough to stay in cache between
-# the steps; a chunk is this many weights' worth of whole output rows.
-CHUNK_WEIGHTS = 2048 * 1536
+# Weights expanded at once, a chunk being this many weights' worth of whole output rows: its float32
+# and bf16 copies (6 MB together) stay in cache between the expansion, the rounding and the product.
+# Against 3 M weights (2048 of the 1.5B's head's rows), a call took 0.60-0.74x as long at one
+# thread and 0.45-0.90x at two on an AVX2 EPYC (docs/benchmarks.md, "Q6_K chunks").
+CHUNK_WEIGHTS = 1 << 20
 VALUES, SCALES, D = (suffix.removeprefix(".") for suffix in Q6_SUFFIXES)
 
 
