@@ -39,8 +39,8 @@ class Q6Weight:
         (d * sc) rounded to float32 (exact: an fp16 times an int8), times q - 32, rounded once."""
         torch.mul(self.d[rows].repeat_interleave(Q6_K_BLOCK // Q6_K_SUB, 1), self.scales[rows], out=scale)
         # each int8 q - 32 widened exactly, then multiplied in place: two passes of one dtype each,
-        # where one multiply of the int8s by float32 scales (torch casting each element) took 1.4x
-        # as long over a Q6Linear's chunk and 4x over a whole weight (an AVX2 EPYC, 2026-12-01)
+        # where one multiply of the int8s by float32 scales (torch casting each element) made a
+        # Q6Linear call 1.02-1.16x as long, a whole weight's expansion 4x (an AVX2 EPYC, 2026-12-01)
         out.copy_(self.values[rows])
         out.view(out.shape[0], -1, Q6_K_SUB).mul_(scale[..., None])
         return out

@@ -23,8 +23,8 @@ from specchat.quant.q6k import Q6_K_BLOCK, Q6_K_SUB, Q6_SUFFIXES, Q6Weight
 
 # Weights expanded at once, a chunk being this many weights' worth of whole output rows: its float32
 # and bf16 copies (6 MB together) stay in cache between the expansion, the rounding and the product.
-# Against 3 M weights (2048 of the 1.5B's head's rows), a call took 0.60-0.74x as long at one
-# thread and 0.45-0.90x at two on an AVX2 EPYC (docs/benchmarks.md, "Q6_K chunks").
+# Against 3 M weights (2048 of the 1.5B's head's rows) a call took 0.54x as long in a disk-tier
+# reply on an AVX2 EPYC, 0.35-0.84x alone (docs/benchmarks.md, "Q6_K chunks").
 CHUNK_WEIGHTS = 1 << 20
 VALUES, SCALES, D = (suffix.removeprefix(".") for suffix in Q6_SUFFIXES)
 
