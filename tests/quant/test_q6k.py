@@ -168,3 +168,4 @@ def test_a_linear_smaller_than_a_chunk_expands_into_buffers_of_its_own_size():
     row = 1536 * (4 + 2) + 1536 // 16 * 4  # float32 values, the bf16 weight, float32 scales
     assert small.workspace(torch.bfloat16) == 256 * row
     assert large.workspace(torch.bfloat16) == q6k_linear.CHUNK_WEIGHTS // 1536 * row
+    assert small.workspace(torch.float32) == 256 * (1536 * 4 + 1536 // 16 * 4)  # float32: the values are the weight

@@ -51,14 +51,16 @@ class Q6Linear(nn.Module):
         rows = chunk_rows(self.in_features, self.out_features)
         expanded = torch.empty(rows, self.in_features, device=x.device)  # float32, as gguf computes
         scale = torch.empty(rows, self.in_features // Q6_K_SUB, device=x.device)
-        weight = torch.empty(rows, self.in_features, dtype=flat.dtype, device=x.device)
+        # in float32 the rounding to the dtype is the identity: the expansion is the weight
+        weight = expanded if flat.dtype == torch.float32 else torch.empty_like(expanded, dtype=flat.dtype)
         widened = flat.shape[0] >= self.widened_from
         inputs = flat.float() if widened else flat
         part = inputs.new_empty(flat.shape[0] * rows)  # a chunk's product, made once per call
         for start in range(0, self.out_features, rows):
             n = min(rows, self.out_features - start)
             stored.dequantize_into(slice(start, start + n), expanded[:n], scale[:n])
-            weight[:n].copy_(expanded[:n])  # rounded once to the dtype: the model's weights
+            if weight is not expanded:
+                weight[:n].copy_(expanded[:n])  # rounded once to the dtype: the model's weights
             # widened: those weights in float32 again (exactly), their float32 product rounded once
             operand = expanded[:n].copy_(weight[:n]) if widened else weight[:n]
             out[:, start:start + n] = torch.mm(inputs, operand.t(), out=part[:flat.shape[0] * n].view(-1, n))
@@ -82,8 +84,10 @@ def chunk_rows(in_features: int, out_features: int) -> int:
 
 
 def workspace_bytes(in_features: int, out_features: int, dtype: torch.dtype) -> int:
-    """A Q6Linear call's chunk buffers: float32 values and scales, and the weight in `dtype`."""
-    return chunk_rows(in_features, out_features) * (in_features * (4 + dtype.itemsize) + in_features // Q6_K_SUB * 4)
+    """A Q6Linear call's chunk buffers: float32 values and scales, and the weight in `dtype` (the
+    values themselves in float32)."""
+    rounded = 0 if dtype == torch.float32 else dtype.itemsize
+    return chunk_rows(in_features, out_features) * (in_features * (4 + rounded) + in_features // Q6_K_SUB * 4)
 
 
 def widened_workspace(in_features: int, out_features: int, rows: int) -> int:
