@@ -3,11 +3,11 @@ at 1 and 4 rows (bf16) and 16 and 64 rows (widened to float32 from 8) with CHUNK
 size given, the sizes alternated call by call; the median ms of each. Run from the checkout:
 python docs/bench/q6-chunks-2026-12-01/chunks.py THREADS 1048576,3145728"""
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "tests")
+from alternate import seconds  # noqa: E402 (this folder: the script's own)
 from helpers.q6_linears import q6_linear  # noqa: E402
 
 from specchat.quant import q6k_linear  # noqa: E402
@@ -15,11 +15,6 @@ from specchat.quant import q6k_linear  # noqa: E402
 SHAPES = [(1536, 8960), (256, 1536), (151936, 1536)]  # (out, in)
 ROWS = [(1, False), (4, False), (16, True), (64, True)]
 
-
-def seconds(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def main(threads: int, chunks: list[int]) -> None:

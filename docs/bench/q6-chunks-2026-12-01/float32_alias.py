@@ -3,30 +3,22 @@ before it (expanded, then copied into a float32 weight), its file given as argv[
 8c2e334:src/specchat/quant/q6k_linear.py > /tmp/q6k_linear_before.py`), on random Q6_K blocks,
 alternated call by call: the median ms of each and their ratio, the outputs checked equal first.
 Run from the checkout: python docs/bench/q6-chunks-2026-12-01/float32_alias.py THREADS /tmp/q6k_linear_before.py"""
-import importlib.util
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "tests")
+from alternate import module_from, seconds  # noqa: E402 (this folder: the script's own)
 from helpers.q6_linears import q6_linear  # noqa: E402
 
 SHAPES = [(1536, 8960), (256, 1536), (151936, 1536)]  # (out, in): down_proj, v_proj, the head
 ROWS = [1, 4, 16, 64]
 
 
-def seconds(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
 
 def main(threads: int, before_file: str) -> None:
     torch.set_num_threads(threads)
-    spec = importlib.util.spec_from_file_location("q6k_linear_before", before_file)
-    before = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(before)
+    before = module_from(before_file, "q6k_linear_before")
     for out_features, in_features in SHAPES:
         linear, _ = q6_linear(out_features, in_features)
         for rows in ROWS:

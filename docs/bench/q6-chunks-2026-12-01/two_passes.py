@@ -3,13 +3,12 @@ the float32 scales), its file given as argv[2] (`git show f98677c:src/specchat/q
 /tmp/q6k_before.py`), inside Q6Linear calls on random Q6_K blocks at 1 M-weight chunks,
 alternated call by call: the median ms of each and their ratio, the outputs checked equal first.
 Run from the checkout: python docs/bench/q6-chunks-2026-12-01/two_passes.py THREADS /tmp/q6k_before.py"""
-import importlib.util
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "tests")
+from alternate import module_from, seconds  # noqa: E402 (this folder: the script's own)
 from helpers.q6_linears import q6_linear  # noqa: E402
 
 from specchat.quant import q6k  # noqa: E402
@@ -18,17 +17,10 @@ SHAPES = [(1536, 8960), (256, 1536), (151936, 1536)]  # (out, in): down_proj, v_
 ROWS = [(1, False), (4, False), (16, True), (64, True)]  # widened to float32 from 8 rows
 
 
-def seconds(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
 
 def main(threads: int, before_file: str) -> None:
     torch.set_num_threads(threads)
-    spec = importlib.util.spec_from_file_location("q6k_before", before_file)
-    before = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(before)
+    before = module_from(before_file, "q6k_before")
     variants = {"old": before.Q6Weight.dequantize_into, "new": q6k.Q6Weight.dequantize_into}
     for out_features, in_features in SHAPES:
         linear, _ = q6_linear(out_features, in_features)
