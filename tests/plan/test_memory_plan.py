@@ -294,18 +294,21 @@ def test_a_measurement_is_planned_only_on_its_own_kind_of_device():
         plan_measured(measured, Machine(ram_gb=256))
 
 
-def test_widened_q6_linears_count_their_float32_input_and_chunk_product(monkeypatch):
+def test_q6_linears_count_their_chunk_product_and_widened_their_float32_input(monkeypatch):
     """A tiny Qwen2 whose every linear is Q6_K (hidden 64, MLP 128, vocab 256; each chunk a whole
-    small weight): 100 rows widened add, beside the largest chunk buffers (down's and gate's, 64 x
-    128 weights in float32 and bf16 and their scales: 51200 bytes), a linear's float32 input and
-    chunk product, 4 x 100 x (in + out): 76800 for down, 128000 for the head where it may stay Q6_K."""
+    small weight): 100 rows add, beside the largest chunk buffers (down's and gate's, 64 x 128
+    weights in float32 and bf16 and their scales: 51200 bytes), the widest chunk's product in bf16
+    (gate's 128 columns: 25600; the head's 256 where it may stay Q6_K: 51200), or widened a
+    linear's float32 input and product, 4 x 100 x (in + out): 76800 for down, 128000 for the head."""
     config = tiny_qwen_config(vocab_size=256, hidden_size=64, intermediate_size=128, tie_word_embeddings=False)
     with torch.device("meta"):
         tiny = Qwen2ForCausalLM(config)
         for name, linear in [(n, m) for n, m in tiny.named_modules() if isinstance(m, nn.Linear)]:
             tiny.set_submodule(name, Q6Linear(linear.in_features, linear.out_features, False, torch.bfloat16))
-    assert model.quantized_workspaces(tiny, torch.bfloat16, CPU)(100) == 51200
+    cuda = torch.device("cuda")
+    assert model.quantized_workspaces(tiny, torch.bfloat16, CPU)(100) == 51200 + 25600
     monkeypatch.setattr(model, "widened_rows", lambda dtype: 8)
     assert model.quantized_workspaces(tiny, torch.bfloat16, CPU)(100) == 51200 + 76800
     assert model.quantized_workspaces(tiny, torch.bfloat16, CPU, compact_head=True)(100) == 51200 + 128000
-    assert model.quantized_workspaces(tiny, torch.bfloat16, torch.device("cuda"))(100) == 51200
+    assert model.quantized_workspaces(tiny, torch.bfloat16, cuda)(100) == 51200 + 25600
+    assert model.quantized_workspaces(tiny, torch.bfloat16, cuda, compact_head=True)(100) == 51200 + 51200

@@ -2,6 +2,7 @@
 (quant/q6k_linear.py): its weights are gguf's own dequantization bitwise, in any dtype the dense
 conversion's rounded once; a plan short of memory keeps the LM head so, and only then."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from helpers.planned import offload_planned
 from helpers.q6_linears import q6_linear
 from helpers.tiny import tiny_qwen_config
 from safetensors.torch import save_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.forward import CausalLM
@@ -169,3 +172,35 @@ def test_a_linear_smaller_than_a_chunk_expands_into_buffers_of_its_own_size():
     assert small.workspace(torch.bfloat16) == 256 * row
     assert large.workspace(torch.bfloat16) == q6k_linear.CHUNK_WEIGHTS // 1536 * row
     assert small.workspace(torch.float32) == 256 * (1536 * 4 + 1536 // 16 * 4)  # float32: the values are the weight
+
+
+class FreshStorages(TorchDispatchMode):
+    """Bytes of every storage an op returns that none of its inputs held: what a call allocates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for tensor in (t for t in tree_leaves(result) if isinstance(t, torch.Tensor)):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in inputs:
+                self.seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return result
+
+
+@pytest.mark.parametrize("dtype, widened", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)])
+def test_a_call_allocates_what_the_plan_counts(monkeypatch, dtype, widened):
+    """The chunk buffers (workspace) and the rows' part (rows_workspace: a chunk's product, widened
+    the float32 input too) are what a call allocates beside its output, counted from the storages
+    its ops return; a 300-row prompt's product of a chunk went uncounted before."""
+    monkeypatch.setattr(q6k_linear, "CHUNK_WEIGHTS", 24 * 512)  # 4 chunks of 80 rows, the last one short
+    linear, _ = q6_linear(80, 512)
+    linear.widened_from = 1 if widened else math.inf
+    x = torch.randn(300, 512, dtype=dtype)
+    with FreshStorages() as fresh:
+        out = linear(x)
+    allocated = sum(fresh.seen.values()) - out.untyped_storage().nbytes()
+    assert allocated == linear.workspace(dtype) + q6k_linear.rows_workspace(512, 80, dtype, 300, widened)

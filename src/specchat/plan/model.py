@@ -24,7 +24,7 @@ from specchat.quant.int4 import Int4Linear, workspace_bytes
 from specchat.quant.int4_dense import dense_copy_bytes
 from specchat.quant.q6k import q6_bytes
 from specchat.quant.q6k_linear import Q6Linear
-from specchat.quant.q6k_linear import widened_workspace as q6_widened
+from specchat.quant.q6k_linear import rows_workspace as q6_rows
 from specchat.quant.q6k_linear import workspace_bytes as q6_workspace
 from specchat.quant.widened import widened_rows, widened_workspace
 
@@ -148,24 +148,25 @@ def compact_fixed(model: PreTrainedModel, fixed: int, dtype: torch.dtype) -> int
 def quantized_workspaces(model: PreTrainedModel, dtype: torch.dtype, device: torch.device,
                          compact_head: bool = False) -> Callable[[int], int]:
     """rows -> the largest temporary a 4-bit linear (quant.int4's bound, over that many input
-    rows), a layer's Q6_K one (its chunk buffers) or, on a CPU that widens `dtype`, a widened
-    dense or Q6_K linear (quant/widened.py; the LM head in Q6_K too where the plan may keep it so)
-    allocates; linears run one at a time, so the largest one's. A model whose layers are compact
-    bounds its dense form too: the same 4-bit linears. The model is walked once: a MoE has hundreds
-    of thousands of linears in a few shapes."""
+    rows), a Q6_K one (a layer's chunk buffers, and a layer's or the LM head's product over the rows,
+    the head where the plan may keep it so; widened to float32 on a CPU that widens `dtype`) or such
+    a CPU's widened dense linear (quant/widened.py) allocates; linears run one at a time, so the
+    largest one's. A model whose layers are compact bounds its dense form too: the same 4-bit
+    linears. The model is walked once: a MoE has hundreds of thousands of linears in a few shapes."""
     int4 = {(m.in_features, m.out_features, m.group_size, m.kernel, m.perm is not None)
             for m in model.modules() if isinstance(m, Int4Linear)}
     q6_linears = [m for m in model.get_decoder().modules() if isinstance(m, Q6Linear)]
     q6 = max((m.workspace(dtype) for m in q6_linears), default=0)
-    dense, q6_shapes = set(), set()
-    if device.type == "cpu" and widened_rows(dtype) is not None:
-        dense = {(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear}
+    q6_shapes = {(m.in_features, m.out_features) for m in q6_linears}
+    if compact_head:
         head = model.get_output_embeddings()
-        q6_shapes = {(m.in_features, m.out_features) for m in q6_linears}
-        q6_shapes |= {(head.in_features, head.out_features)} if compact_head else set()
+        q6_shapes.add((head.in_features, head.out_features))
+    widens = device.type == "cpu" and widened_rows(dtype) is not None
+    dense = {(m.in_features, m.out_features) for m in model.modules() if type(m) is nn.Linear} if widens else set()
 
     def at(rows: int) -> int:
-        return max((q6 + max((q6_widened(i, o, rows) for i, o in q6_shapes), default=0),
+        products = (q6_rows(i, o, dtype, rows, widens) for i, o in q6_shapes)
+        return max((q6 + max(products, default=0),
                     *(workspace_bytes(i, o, rows, dtype, group, kernel, act_order)
                       for i, o, group, kernel, act_order in int4),
                     *(widened_workspace(i, o, rows) for i, o in dense)))

@@ -37,7 +37,9 @@ class Q6Weight:
     def dequantize_into(self, rows: slice, out: Tensor, scale: Tensor) -> Tensor:
         """The float32 weight's `rows` written into `out` [n, I], `scale` [n, I / 16] its scratch:
         (d * sc) rounded to float32 (exact: an fp16 times an int8), times q - 32, rounded once."""
-        torch.mul(self.d[rows].repeat_interleave(Q6_K_BLOCK // Q6_K_SUB, 1), self.scales[rows], out=scale)
+        # each int8 sc widened exactly, then times its block's d in place: no repeated d per chunk
+        scale.copy_(self.scales[rows])
+        scale.view(scale.shape[0], -1, Q6_K_BLOCK // Q6_K_SUB).mul_(self.d[rows][..., None])
         # each int8 q - 32 widened exactly, then multiplied in place: two passes of one dtype each,
         # where one multiply of the int8s by float32 scales (torch casting each element) made a
         # Q6Linear call 1.02-1.16x as long, a whole weight's expansion 4x (an AVX2 EPYC, 2026-12-01)

@@ -69,7 +69,7 @@ class Q6Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def workspace(self, dtype: torch.dtype) -> int:
-        """Bytes of the chunk buffers a call allocates (its output aside)."""
+        """Bytes of the chunk buffers a call allocates, whatever its rows (rows_workspace: the rest)."""
         return workspace_bytes(self.in_features, self.out_features, dtype)
 
     def extra_repr(self) -> str:
@@ -90,6 +90,8 @@ def workspace_bytes(in_features: int, out_features: int, dtype: torch.dtype) -> 
     return chunk_rows(in_features, out_features) * (in_features * (4 + rounded) + in_features // Q6_K_SUB * 4)
 
 
-def widened_workspace(in_features: int, out_features: int, rows: int) -> int:
-    """What a widened call adds for `rows` input rows: the input and a chunk's product in float32."""
-    return 4 * rows * (in_features + chunk_rows(in_features, out_features))
+def rows_workspace(in_features: int, out_features: int, dtype: torch.dtype, rows: int, widened: bool) -> int:
+    """What a call over `rows` input rows adds to the chunk buffers, its output aside: a chunk's
+    product in `dtype`, or widened, the input and that product in float32."""
+    product = rows * chunk_rows(in_features, out_features)
+    return 4 * (rows * in_features + product) if widened else product * dtype.itemsize
