@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specchat.capture_gate import GATE
 from specchat.cuda_graph import WARMUP, capture_graph, repeating_shapes, replayed, shapes_repeat
 from specchat.quant.timing import as_replayed
 
@@ -37,7 +38,8 @@ def test_on_a_cpu_a_probes_product_runs_at_each_width_as_called():
 
 def test_a_captures_warm_ups_and_the_capture_run_where_shapes_repeat_and_nothing_after(monkeypatch):
     """CUDA's streams and graphs stood in for: every run capture_graph makes, its warm-ups and the
-    captured one, sees shapes_repeat(); the caller's code after it does not."""
+    captured one, sees shapes_repeat(); the caller's code after it does not. The captured run
+    holds the capture gate; the warm-ups, which CUDA does not capture, do not."""
     seen = []
     stream = SimpleNamespace(wait_stream=lambda other: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
@@ -47,12 +49,13 @@ def test_a_captures_warm_ups_and_the_capture_run_where_shapes_repeat_and_nothing
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: nullcontext())
 
     def run() -> torch.Tensor:
-        seen.append(shapes_repeat())
+        seen.append((shapes_repeat(), GATE.capturing))
         return torch.ones(1)
 
     assert not shapes_repeat()
     capture_graph(run)
-    assert seen == [True] * (WARMUP + 1) and not shapes_repeat()
+    # the capture alone holds the gate against other threads' device jobs (capture_gate.py)
+    assert seen == [(True, False)] * WARMUP + [(True, True)] and not shapes_repeat() and not GATE.capturing
 
 
 def test_repeating_shapes_ends_with_its_block_even_when_the_block_raises():

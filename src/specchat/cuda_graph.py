@@ -11,6 +11,8 @@ from contextvars import ContextVar
 
 import torch
 
+from specchat.capture_gate import GATE
+
 WARMUP = 2  # eager runs on a side stream before a capture, as CUDA graphs require
 
 
@@ -41,7 +43,8 @@ def capture_graph(run: Callable[[], torch.Tensor], pool: Pool | None = None
     """`run` captured as a CUDA graph after WARMUP eager runs on a side stream (its writes are the
     same each time: the warm-ups only repeat them), and the tensor it returns, which every replay
     writes anew. Graphs captured into one `pool` share their temporaries' memory: safe where they
-    never run at once and no graph reads what another left in its temporaries."""
+    never run at once and no graph reads what another left in its temporaries. The capture waits
+    for other threads' device jobs (capture_gate.py)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with repeating_shapes():
@@ -50,7 +53,7 @@ def capture_graph(run: Callable[[], torch.Tensor], pool: Pool | None = None
                 run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with GATE.capture(), torch.cuda.graph(graph, pool=pool):  # no other thread's job runs meanwhile
             output = run()
     return graph, output
 

@@ -1,12 +1,15 @@
 """The startup probe of --budget auto: doubling sizes, and the context each timed pass follows,
-passed over once for a model in memory and before every timed pass for a streamed one."""
+passed over once for a model in memory and before every timed pass for a streamed one; a
+captured draft's sizes timed as replays."""
 
 from types import SimpleNamespace
 
 import torch
 
+from specchat.decoding import probe, static_step
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.probe import CONTEXT, REPEATS, Context, doubling, probe_costs, time_pass
+from specchat.decoding.static_step import bucket_for, static_draft
 
 
 class Counting:
@@ -63,3 +66,40 @@ def test_a_streamed_model_passes_over_the_context_before_every_timed_pass(tiny_t
     for n in (1, 2):
         time_pass(streamed, n, False, context)
     assert streamed.calls == [call for n in (1, 2) for call in [(CONTEXT, 0), (n, CONTEXT)] * REPEATS]
+
+
+class StandInGraph:
+    """A CUDA graph's part a CPU can play (CUDA's capture stood in for): a replay runs the step again."""
+
+    def __init__(self, run, output) -> None:
+        self.run, self.output, self.replays = run, output, 0
+
+    def replay(self) -> None:
+        self.output.copy_(self.run())
+        self.replays += 1
+
+
+def test_a_captured_draft_is_timed_replaying_as_a_reply_runs_it(tiny_draft, monkeypatch):
+    """A draft captured as CUDA graphs uses a shape eagerly first and captures it at its second
+    use: each size runs both untimed, so every timed region (between two readings of the device
+    clock) holds one replay and no capture. Timed from its first use, a size cost an eager step."""
+    graphs = []
+
+    def capture(run, pool):
+        output = run()
+        graphs.append(StandInGraph(run, output))
+        return graphs[-1], output
+
+    monkeypatch.setattr(static_step, "capture_graph", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    static = static_draft(tiny_draft, 128, capture=True)
+    readings = []
+    monkeypatch.setattr(probe, "now", lambda device: readings.append(
+        (static.graphs_captured(), sum(graph.replays for graph in graphs))) or 0.0)
+    context, sizes = Context(static), (1, 2, 4, 8)
+    for n in sizes:
+        time_pass(static, n, True, context)
+    assert len(readings) == 2 * REPEATS * len(sizes)
+    for (captured, replays), (captured_after, replays_after) in zip(readings[::2], readings[1::2]):
+        assert (captured_after, replays_after) == (captured, replays + 1)
+    assert static.graphs_captured() == len({bucket_for(n) for n in sizes}) > 1

@@ -6,12 +6,14 @@ import torch
 from helpers.engines import GREEDY, PROMPT
 from helpers.tiny import build_tiny
 
+from specchat.capture_gate import CaptureGate
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, new_cache
 from specchat.decoding.sampling import sample_token
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.decoding.prefix import common_prefix
+from specchat.dsi import verifier as dsi_verifier
 from specchat.dsi.verifier import TargetVerifier
 
 SAMPLINGS = [GREEDY, SamplingParams(0.8, 0.95, seed=3), SamplingParams(1.2, 1.0, seed=17)]
@@ -271,3 +273,15 @@ def test_stale_cancel_does_not_preempt_a_later_engines_job(verifier, tiny_target
     # a new engine over the same workers: its ids start again at 0
     assert verifier.verify(make_job(0, PROMPT, ref[:1]))[0] == ref[:2]
     assert verifier.verify(make_job(7, PROMPT + ref[:2], ref[2:3]))[0] == ref[2:4]
+
+
+def test_a_job_runs_inside_the_capture_gate(verifier, tiny_target, monkeypatch):
+    """Each decoder layer of a job runs while the job holds the process's capture gate, so the
+    drafter's CUDA capture never overlaps its synchronizations and allocations (capture_gate.py)."""
+    gate, held = CaptureGate(), []
+    monkeypatch.setattr(dsi_verifier, "GATE", gate)
+    for layer in layers_of(verifier):
+        layer.register_forward_pre_hook(lambda module, args: held.append(gate.working))
+    ref = sequential(tiny_target, GREEDY)
+    assert verifier.verify(make_job(0, PROMPT, ref[:2]))[0] == ref[:3]
+    assert held and set(held) == {1} and gate.working == 0

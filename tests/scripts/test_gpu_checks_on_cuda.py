@@ -10,6 +10,7 @@ from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
 from gpu_checks.captured_draft import check_captured_draft
 from gpu_checks.drafts import check_draft
+from gpu_checks.dsi_captured import check_dsi_captured
 from gpu_checks.expanded_specexec import check_expanded_specexec
 from gpu_checks.int4_reference import check_int4_reference
 from gpu_checks.moe_streamed import check_moe_streamed
@@ -94,6 +95,10 @@ def test_an_int4_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
 
 def test_an_fp8_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
     assert_holds(check_captured_draft(CUDA, "fp8"))
+
+
+def test_dsi_thread_workers_beside_the_captured_draft_step_give_the_target_tokens():
+    assert_holds(check_dsi_captured(CUDA))
 
 
 @pytest.mark.parametrize("kind", ["none", "int4", "fp8"])

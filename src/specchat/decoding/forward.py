@@ -96,6 +96,11 @@ class CausalLM:
         """The steps captured as CUDA graphs so far (a static draft's, static_step.py): none here."""
         return 0
 
+    def uses_before_replay(self) -> int:
+        """The runs of a new shape before its runs cost what a reply's do (a captured draft's first
+        runs eagerly, its second captures: static_step.py): none here."""
+        return 0
+
     def room(self, cache: DynamicCache) -> int | None:
         """The most rows a step may still run on `cache`: the slots left of `capacity`; None: no
         bound, the cache grows (a static draft's reserved slots bound it: decoding/static_step.py)."""

@@ -13,7 +13,10 @@ pass: no tree that large can pay, and the end segment extrapolates the rest.
 
 On CUDA every timed region ends with a synchronize of the model's device (`device_clock.now`),
 and the transfer counters are read after it: without it the clock would measure kernel launches,
-and `--budget auto` would size trees as if a wide pass cost what a narrow one does.
+and `--budget auto` would size trees as if a wide pass cost what a narrow one does. A draft whose
+steps are captured as CUDA graphs (decoding/static_step.py) runs each size untimed first, once
+eagerly and once captured, so that the timed runs replay as a reply's steps do: timed from the
+first use, a size cost an eager step, a launch-bound multiple of a replay.
 
 An offloaded target's pass is timed as compute: the time it waited for streamed layers is left
 out, and the link's own cost, the seconds it takes to move a pass at the speed it showed during
@@ -75,22 +78,31 @@ def time_pass(lm: CausalLM, n: int, run_head: bool, context: Context | None = No
     the seconds such a pass waited for the experts it fetched, the mean of the REPEATS; and
     whether its calls had the ring load whole layers after them. `context` carries the cached
     context from one call to the next."""
-    best, fetched, vocab = float("inf"), 0.0, lm.model.config.vocab_size
+    best, fetched = float("inf"), 0.0
     context = context or Context(lm)
+    for _ in range(lm.uses_before_replay()):  # a captured draft's eager run and capture: a reply's are replays
+        run_once(lm, n, run_head, context.ready())
     for _ in range(REPEATS):
         cache = context.ready()
         start = now(lm.device)  # the context's pass has finished, its waits are counted
         before = lm.transfer_stats()
-        hidden = lm.hidden(torch.arange(n) % vocab, torch.arange(CONTEXT, CONTEXT + n), cache)
-        whole = lm.stream is not None and lm.stream.loading_whole
-        if run_head:
-            lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
-        else:
-            lm.logits(hidden[: min(n, lm.head_rows)])  # the walk's first call of the head
+        whole = run_once(lm, n, run_head, cache)
         elapsed = now(lm.device) - start
         moved = lm.transfer_stats() - before
         best, fetched = min(best, elapsed - moved.stall_s), fetched + moved.fetch_wait_s
     return best, fetched / REPEATS, whole
+
+
+def run_once(lm: CausalLM, n: int, run_head: bool, cache: SlotCache) -> bool:
+    """One forward over n tokens on `cache` and its head work; whether its calls had the ring
+    load whole layers after them."""
+    hidden = lm.hidden(torch.arange(n) % lm.model.config.vocab_size, torch.arange(CONTEXT, CONTEXT + n), cache)
+    whole = lm.stream is not None and lm.stream.loading_whole
+    if run_head:
+        lm.top_logprobs(hidden, MAX_CHILDREN, 1.0)
+    else:
+        lm.logits(hidden[: min(n, lm.head_rows)])  # the walk's first call of the head
+    return whole
 
 
 def measure(lm: CausalLM, cap: int, run_head: bool, done: Callable[[int], None] = lambda sizes: None

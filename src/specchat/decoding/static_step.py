@@ -144,6 +144,9 @@ class StaticDraft(CausalLM):
     def graphs_captured(self) -> int:
         return self.captured
 
+    def uses_before_replay(self) -> int:
+        return 2 if self.capture else 0  # eager, then captured (`replay`)
+
     def room(self, cache: SlotCache) -> int:
         """The most rows a step may run at `cache`'s length within the reserved slots, its pads
         included: the free slots past the widest bucket (a wider step runs eagerly), else the
@@ -184,8 +187,8 @@ class StaticDraft(CausalLM):
         return out.last_hidden_state[0]
 
     def replay(self, shape: Shape, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
-        """The shape's graph, captured at its second use on the cache's buffers: a cache used
-        once (the --budget auto probe's, each size on a fresh one) never pays for a capture."""
+        """The shape's graph, captured at its second use on the cache's buffers (the --budget auto
+        probe uses each size twice untimed first: decoding/probe.py times replays, as a reply runs)."""
         if shape not in self.graphs:
             if shape not in self.used:
                 self.used.add(shape)

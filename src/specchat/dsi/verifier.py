@@ -10,6 +10,7 @@ import threading
 
 import torch
 
+from specchat.capture_gate import GATE
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import truncate
 from specchat.decoding.prefix import PrefixCache
@@ -44,7 +45,12 @@ class TargetVerifier:
             self.cancelled.add(job_id)
 
     def verify(self, job: VerifyJob) -> tuple[list[int], float]:
-        """The target's tokens at positions job.first .. job.last, and the seconds it took."""
+        """The target's tokens at positions job.first .. job.last, and the seconds it took; never
+        while the drafter captures a step on the device (capture_gate.py: the job synchronizes it)."""
+        with GATE.work():
+            return self.run_job(job)
+
+    def run_job(self, job: VerifyJob) -> tuple[list[int], float]:
         start = now(self.target.device)
         with self.lock:
             # A worker runs one job at a time, so a cancel for any other job arrived after that
