@@ -1,10 +1,10 @@
 """DSI's thread workers beside the drafter's captured step on one CUDA device: greedy and seeded
 DSI over a small float32 Qwen2 pair (the draft the target's weights, its step captured in CUDA
 graphs as the app's is) emit the target's autoregressive tokens, and the drafter captured its
-steps while workers verified. A capture fails when another thread synchronizes the device or
-allocates on it meanwhile (capture_gate.py keeps the two apart); unguarded, a reply raised or
-lost its capture here. On a CPU there is nothing to capture: tests/dsi and test_capture_gate.py
-check the gate's order there."""
+steps while workers verified. CUDA fails a capture, or the other thread's call, when another
+thread synchronizes the device or allocates on it meanwhile (capture_gate.py keeps the two
+apart; this pairing has not yet run on a GPU). On a CPU there is nothing to capture:
+tests/dsi and test_capture_gate.py check the gate's order there."""
 
 import torch
 from gpu_checks.captured_draft import NEW_TOKENS, PROMPT, SAMPLINGS, draft_model
