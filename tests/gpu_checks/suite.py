@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.capture_beside_loads import check_capture_beside_loads
 from gpu_checks.captured_draft import check_captured_draft
 from gpu_checks.drafts import check_draft
 from gpu_checks.dsi_captured import check_dsi_captured
@@ -37,6 +38,7 @@ def all_checks(device: torch.device, workdir: Path) -> list[Check]:
         ("captured int4 draft step", lambda: check_captured_draft(device, "int4")),
         ("captured fp8 draft step", lambda: check_captured_draft(device, "fp8")),
         ("DSI beside the captured draft step", lambda: check_dsi_captured(device)),
+        ("draft captures beside the streamer's loads", lambda: check_capture_beside_loads(device)),
         ("nf4 draft", lambda: check_draft("nf4", judge, device)),
         ("int8 draft", lambda: check_draft("int8", judge, device)),
         ("probe vs measured passes", lambda: check_probe(wide_target(device, workdir), CAP)),

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers.links import InstantStore
 
+from specchat.capture_gate import CaptureGate
 from specchat.offload import cuda as cuda_module
 from specchat.offload.cuda import CudaMover
 from specchat.offload.streamer import Streamer
@@ -154,5 +155,36 @@ def test_a_copy_that_fails_after_compute_was_woken_is_raised_at_the_next_wait(mo
         second = transport.begin(1, 1, whole=False)  # issued once the first load has failed
         with pytest.raises(RuntimeError, match="illegal memory access"):
             transport.finish(second)
+        transport.finish(second)  # raised once: the pass that met it failed, a later one goes on
     finally:
         transport.close()
+
+
+class GateReadings(list):
+    """A log that notes, beside each entry, how many work blocks held the capture gate."""
+
+    def __init__(self, gate: CaptureGate) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def append(self, entry: tuple) -> None:
+        super().append((*entry, self.gate.working))
+
+
+def test_the_loaders_cuda_calls_run_inside_the_capture_gate_and_computes_do_not(monkeypatch):
+    """The loader thread's event waits and copies hold the process's capture gate, so the drafter
+    never captures a step while they run (capture_gate.py: CUDA fails a capture while another
+    thread synchronizes); the computing thread's calls, which never overlap its own captures, do not."""
+    gate = CaptureGate()
+    monkeypatch.setattr(cuda_module, "GATE", gate)
+    mover, fake = make_mover(monkeypatch, slots=2)
+    fake.log = GateReadings(gate)
+    mover.wait_free(1)
+    mover.issue(1, torch.arange(8, dtype=torch.uint8))
+    mover.settle(1)
+    mover.wait_loaded(1)
+    mover.mark_free(1)
+    assert fake.log == [("host waits", "free1", 1), ("enter", "copy", 1), ("record", "loaded1", "copy", 1),
+                        ("exit", "copy", 1), ("host waits", "loaded1", 1),
+                        ("compute waits", "loaded1", 0), ("record", "free1", "compute", 0)]
+    assert gate.working == 0

@@ -8,6 +8,7 @@ import pytest
 import torch
 from gpu_checks.auto_offload import check_auto_offload
 from gpu_checks.bandwidth import check_bandwidth
+from gpu_checks.capture_beside_loads import check_capture_beside_loads
 from gpu_checks.captured_draft import check_captured_draft
 from gpu_checks.drafts import check_draft
 from gpu_checks.dsi_captured import check_dsi_captured
@@ -99,6 +100,10 @@ def test_an_fp8_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
 
 def test_dsi_thread_workers_beside_the_captured_draft_step_give_the_target_tokens():
     assert_holds(check_dsi_captured(CUDA))
+
+
+def test_draft_captures_beside_the_streamers_loads_all_replay_their_step():
+    assert_holds(check_capture_beside_loads(CUDA))
 
 
 @pytest.mark.parametrize("kind", ["none", "int4", "fp8"])

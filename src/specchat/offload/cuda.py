@@ -11,6 +11,8 @@ from collections import deque
 
 import torch
 
+from specchat.capture_gate import GATE
+
 
 class CudaMover:
     def __init__(self, slots: list[torch.Tensor]) -> None:
@@ -22,21 +24,25 @@ class CudaMover:
     def wait_free(self, slot: int) -> None:
         """Runs on the loader thread: block it until the compute issued on the slot has run.
         Waiting here, outside `move`, keeps the wait out of the link's busy time; the copy that
-        follows cannot overtake that compute."""
-        self.free[slot].synchronize()
+        follows cannot overtake that compute. Never while the drafter captures a step: CUDA fails
+        a capture while another thread synchronizes on an event (capture_gate.py)."""
+        with GATE.work():
+            self.free[slot].synchronize()
 
     def issue(self, slot: int, host: torch.Tensor, offset: int = 0) -> None:
         """Runs on the loader thread, once the slot is free (or held by compute, for the experts it
         fetched): the copy on the copy stream, and the event compute waits on (copies on one
-        stream land in order: the last one's event covers them all)."""
-        with torch.cuda.stream(self.copy_stream):
+        stream land in order: the last one's event covers them all). Outside a capture too: the
+        pinned block's bookkeeping records and queries events."""
+        with GATE.work(), torch.cuda.stream(self.copy_stream):
             self.slots[slot][offset: offset + host.numel()].copy_(host, non_blocking=True)
             self.loaded[slot].record(self.copy_stream)
 
     def settle(self, slot: int) -> None:
         """Block the loader thread until the copies into `slot` are done, so the host staging
-        buffer may be refilled. The time it blocks is the copies' alone."""
-        self.loaded[slot].synchronize()
+        buffer may be refilled. The time it blocks is the copies' alone (a capture waits for it)."""
+        with GATE.work():
+            self.loaded[slot].synchronize()
 
     def wait_loaded(self, slot: int) -> None:
         torch.cuda.current_stream(self.slots[slot].device).wait_event(self.loaded[slot])

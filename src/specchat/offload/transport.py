@@ -236,8 +236,9 @@ class ThreadTransport:
         """Compute waits for the ticket's copies: the host until they are issued (re-raising a
         failed read in the computing thread), the device until they land."""
         ticket.issued.result()
-        if self.failure is not None:
-            raise self.failure
+        if self.failure is not None:  # raised once: the pass that meets it fails, the next one resyncs the ring
+            failure, self.failure = self.failure, None
+            raise failure
         self.mover.wait_loaded(ticket.slot)
 
     def retire(self, slot: int) -> None:
