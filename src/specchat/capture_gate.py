@@ -1,13 +1,15 @@
 """CUDA graph captures kept apart from other threads' device work in this process.
 
 While a stream captures, CUDA fails a synchronization of the device (or of a context holding the
-capturing stream) and, in the default global capture mode, an unsafe call such as cudaMalloc
-from any other thread; the capture is then invalidated too. DSI's thread workers verify on the
-drafter's device while it drafts, and each job synchronizes the device to time itself and
-allocates as it runs its target, while the drafter captures a draft step at a shape's second use
-(decoding/static_step.py). So a capture waits until no such job runs and holds new jobs back
-until it ends; jobs run side by side otherwise. Captures are a reply's first few steps of each
-shape, so jobs rarely wait.
+capturing stream) and, in the default global capture mode, an unsafe call from any other thread
+(cudaMalloc; an event's synchronize or query, as PyTorch found with NCCL's watchdog thread); the
+capture is then invalidated too. The drafter captures a draft step at a shape's second use
+(decoding/static_step.py) while other threads use the device: DSI's thread workers verify, each
+job synchronizing the device to time itself and allocating as it runs its target, and an
+offloaded target's loader thread waits on events as it moves the next pass's layers
+(offload/cuda.py). So a capture waits until no such work runs and holds new work back until it
+ends; the work runs side by side otherwise. Captures are a reply's first few steps of each shape,
+so work rarely waits.
 """
 
 import threading
