@@ -5,6 +5,7 @@ captured draft's sizes timed as replays."""
 from types import SimpleNamespace
 
 import torch
+from helpers.graphs import standing_in
 
 from specchat.decoding import probe, static_step
 from specchat.decoding.kvcache import new_cache
@@ -68,29 +69,12 @@ def test_a_streamed_model_passes_over_the_context_before_every_timed_pass(tiny_t
     assert streamed.calls == [call for n in (1, 2) for call in [(CONTEXT, 0), (n, CONTEXT)] * REPEATS]
 
 
-class StandInGraph:
-    """A CUDA graph's part a CPU can play (CUDA's capture stood in for): a replay runs the step again."""
-
-    def __init__(self, run, output) -> None:
-        self.run, self.output, self.replays = run, output, 0
-
-    def replay(self) -> None:
-        self.output.copy_(self.run())
-        self.replays += 1
-
-
 def test_a_captured_draft_is_timed_replaying_as_a_reply_runs_it(tiny_draft, monkeypatch):
     """A draft captured as CUDA graphs uses a shape eagerly first and captures it at its second
     use: each size runs both untimed, so every timed region (between two readings of the device
     clock) holds one replay and no capture. Timed from its first use, a size cost an eager step."""
     graphs = []
-
-    def capture(run, pool):
-        output = run()
-        graphs.append(StandInGraph(run, output))
-        return graphs[-1], output
-
-    monkeypatch.setattr(static_step, "capture_graph", capture)
+    monkeypatch.setattr(static_step, "capture_graph", standing_in(graphs))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
     static = static_draft(tiny_draft, 128, capture=True)
     readings = []

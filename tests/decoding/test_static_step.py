@@ -5,6 +5,7 @@ SpecExec engine with it grows the same trees and emits the same tokens."""
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT, run
+from helpers.graphs import FakeGraph, standing_in
 from helpers.tiny import perturbed, tiny_qwen_config
 from torch import nn
 from transformers import Qwen2ForCausalLM
@@ -191,18 +192,6 @@ def test_a_4_bit_rounded_draft_at_static_shapes_grows_the_eager_trees(tiny_targe
     assert sum(accepted for _, _, accepted, _ in outcomes[1][1]) > 0
 
 
-class FakeGraph:
-    """A CUDA graph's part a CPU can play: a replay writes `run`'s output anew into the tensor the
-    capture returned."""
-
-    def __init__(self, run, output):
-        self.run, self.output, self.replays = run, output, 0
-
-    def replay(self):
-        self.output.copy_(self.run())
-        self.replays += 1
-
-
 def test_every_static_step_runs_where_shapes_repeat_and_an_eager_one_does_not(tiny_draft):
     """A bucket's step, captured or not, may run kernels that plan once a shape (cuDNN's attention,
     bounded_attention.backends_for); the first pass of a cache and steps wider than a bucket may not."""
@@ -244,13 +233,7 @@ def test_each_iteration_counts_the_graphs_its_draft_captured(tiny_target, tiny_d
     """A reply's events say where its captures (CUDA's stood in for) happened, one a shape at its
     second use, so that a measurement can leave those one-time costs out (gpu_check --pair)."""
     captured = []
-
-    def capture(run, pool):
-        output = run()
-        captured.append(FakeGraph(run, output))
-        return captured[-1], output
-
-    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", capture)
+    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(captured))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
     static = static_draft(tiny_draft, CAPACITY, capture=True)
     static.least_span = 16
