@@ -4,6 +4,8 @@ capture waits runs after it (DSI's target jobs and the drafter's CUDA captures, 
 import threading
 import time
 
+import pytest
+
 from specchat.capture_gate import CaptureGate
 
 SETTLE_S = 0.2  # long enough for an unblocked thread to finish its one append
@@ -53,10 +55,7 @@ def test_work_runs_side_by_side_and_a_capture_waits_for_it_and_goes_before_later
 
 def test_a_capture_that_raises_opens_the_gate():
     gate = CaptureGate()
-    try:
-        with gate.capture():
-            raise RuntimeError("capture failed")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="capture failed"), gate.capture():
+        raise RuntimeError("capture failed")
     with gate.work():
         assert gate.working == 1 and not gate.capturing

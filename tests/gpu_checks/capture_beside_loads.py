@@ -1,9 +1,10 @@
 """Draft captures beside the streamer's loads on one CUDA device: a loader thread moves layers
 into ring slots through the app's CudaMover (event waits, copies on its stream) while the main
 thread captures a step as the draft's are captured (cuda_graph.capture_graph) again and again,
-and every capture replays what the step computes eagerly. CUDA fails a capture while another
-thread synchronizes on an event in global capture mode; the mover's calls take the capture gate
-(capture_gate.py), so none may overlap one. No GPU has run this pairing yet."""
+and every capture replays what the step computes eagerly (up to cuBLAS's choice of kernel).
+CUDA fails a capture while another thread synchronizes on an event in global capture mode; the
+mover's calls take the capture gate (capture_gate.py), so none may overlap one. No GPU has run
+this pairing yet."""
 
 import threading
 
@@ -47,7 +48,8 @@ def check_capture_beside_loads(device: torch.device) -> Verdict:
             try:
                 graph, output = capture_graph(lambda: torch.relu(x @ weight))
                 graph.replay()
-                wrong += not torch.equal(output, torch.relu(x @ weight))
+                expected = torch.relu(x @ weight)  # eager: cuBLAS may pick another kernel than the capture's
+                wrong += not torch.allclose(output, expected, rtol=1e-4, atol=1e-4)
             except RuntimeError as error:
                 failed += 1
                 errors.append(f"capture: {error}")
