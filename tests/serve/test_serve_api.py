@@ -105,6 +105,32 @@ def test_stop_strings_cut_the_reply_before_them(fake, stream):
     assert text == REPLY[:REPLY.index("`python")] and finish == "stop"
 
 
+# Continue's autocomplete sends a template's stops to any server but OpenAI's own, its Qwen coder
+# template 9 of them: OpenAI's cap of 4 refused every one of its requests.
+EDITOR_STOPS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                "<|repo_name|>", "<|file_sep|>", "<|im_start|>", "`python"]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_an_editors_nine_stop_strings_are_taken(fake, route):
+    _, api, _ = fake
+    if route == "chat":
+        text = api.chat.completions.create(model=MODEL, messages=user("hi"), stop=EDITOR_STOPS).choices[0].message.content
+    else:
+        text = api.completions.create(model=MODEL, prompt="x", stop=EDITOR_STOPS, max_tokens=200).choices[0].text
+    assert text == REPLY[:REPLY.index("`python")]
+
+
+def test_null_stream_and_echo_are_false_as_the_openai_client_sends_them(fake):
+    _, _, url = fake
+    for path, fields in (("chat/completions", {"messages": user("hi"), "stream": None}),
+                         ("completions", {"prompt": "x", "max_tokens": 3, "stream": None, "echo": None})):
+        request = urllib.request.Request(f"{url}/v1/{path}", json.dumps({"model": MODEL, **fields}).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            assert response.status == 200 and json.loads(response.read())["object"].endswith("completion")
+
+
 def test_messages_reach_the_engine_through_the_chat_template(fake):
     engine, chat, _ = fake
     messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},

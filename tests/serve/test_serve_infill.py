@@ -77,7 +77,7 @@ def test_a_stop_string_and_the_models_end_say_how_the_reply_stopped(fake):
 
 
 def test_any_number_of_stop_strings_is_taken_as_llama_cpp_takes_them(fake):
-    """OpenAI's routes take at most 4 (test_serve_bad_input.py); llama.cpp's own take any number."""
+    """llama.cpp's own routes take any number, as OpenAI's do (test_serve_openai's editors' stops)."""
     engine, url = fake
     engine.reply = "return 1\n\nmore."
     reply = post(url, CURSOR | {"stop": ["#", "@", "%", "&", "$", "\n\n"]})

@@ -24,7 +24,7 @@ class Native(Endpoint):
         field a prompt too long for the context is blamed on)."""
         fields = response_fields(body)
         sampling = replace(sampling_of(body, self.config.sampling), token_log=token_log(body))
-        job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body, most=None), sampling)
+        job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
         if wanted == 0:  # nothing to return: llama.vim sends its context chunks so, to have them computed
             if body.cache_prompt:

@@ -59,7 +59,7 @@ class OllamaChatRoute(Ollama):
         sampling = self.sampling(body)
         job = self.job(self.chat_ids(messages, body.tools if functions else None), wanted_tokens(body.options),
                        sampling, "messages")
-        reply = self.reply(stop_strings(body.options, most=None), sampling, may_call=bool(functions))
+        reply = self.reply(stop_strings(body.options), sampling, may_call=bool(functions))
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))
         self.queue(request, job)
@@ -89,7 +89,7 @@ class OllamaGenerateRoute(Ollama):
             request.state.prompt = body.prompt
         sampling = self.sampling(body)
         job = self.job(self.generate_ids(body), wanted_tokens(body.options), sampling, "prompt")
-        reply = self.reply(stop_strings(body.options, most=None), sampling)
+        reply = self.reply(stop_strings(body.options), sampling)
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))
         self.queue(request, job)

@@ -16,7 +16,6 @@ from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-MAX_STOPS = 4  # as OpenAI
 MAX_TOP_LOGPROBS = 20  # as OpenAI
 
 
@@ -44,7 +43,7 @@ class Decoded(Strict):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = None  # null is false: the openai client sends stream=None as null
     stream_options: StreamOptions | None = None
     n: int | None = None
 
@@ -176,11 +175,10 @@ def text_of(where: str, content: str | list[dict[str, Any]] | None) -> str:
     return "".join(texts)
 
 
-def stop_strings(request: Decoded, most: int | None = MAX_STOPS) -> list[str]:
-    """The request's stop strings, at most `most` of them (None: any number, as llama.cpp's routes take)."""
+def stop_strings(request: Decoded) -> list[str]:
+    """The request's stop strings, any number of them: OpenAI takes 4, but vLLM and llama.cpp take
+    any, and editors send more to servers other than OpenAI's (Continue's autocomplete 7-9)."""
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if most is not None and len(stops) > most:
-        raise bad_request(f"stop: at most {most} stop strings (got {len(stops)})", param="stop")
     if any(not stop for stop in stops):
         raise bad_request("stop: a stop string must not be empty", param="stop")
     return stops

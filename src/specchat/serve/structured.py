@@ -60,7 +60,8 @@ def forced_functions(functions: list[dict], tool_choice: Any) -> list[dict]:
         if not functions:
             raise bad_request("tool_choice required: the request has no tools", "invalid_value", "tool_choice")
         return functions
-    named = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    named = function.get("name") if isinstance(function, dict) else None
     chosen = [function for function in functions if function["name"] == named]
     if not chosen:
         raise bad_request("tool_choice: auto, none, required or {\"type\": \"function\", \"function\": {\"name\": N}} "

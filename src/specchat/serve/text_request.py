@@ -17,7 +17,7 @@ class TextRequest(Decoded):
     prompt: str | list[int] | list[str] | list[list[int]]
     suffix: str | None = None
     max_tokens: int | None = None
-    echo: bool = False
+    echo: bool | None = None  # null as false, as the openai client may send it
     logprobs: int | None = None
     best_of: int | None = None
     response_format: dict[str, Any] | None = None

@@ -15,6 +15,8 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, token: int) -> bytes:
     """The bytes one token stands for: a byte-level BPE's token is its bytes spelled one character
     each (GPT-2's table), a byte-fallback token names its byte; any other token is its text."""
     name = tokenizer.convert_ids_to_tokens(token)
+    if name is None:  # a row of the model's padded vocabulary past the tokenizer's: no token, no bytes
+        return b""
     if match := BYTE_TOKEN.fullmatch(name):
         return bytes([int(match[1], 16)])
     backend = getattr(tokenizer, "backend_tokenizer", None)
