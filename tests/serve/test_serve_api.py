@@ -115,7 +115,8 @@ EDITOR_STOPS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suff
 def test_an_editors_nine_stop_strings_are_taken(fake, route):
     _, api, _ = fake
     if route == "chat":
-        text = api.chat.completions.create(model=MODEL, messages=user("hi"), stop=EDITOR_STOPS).choices[0].message.content
+        reply = api.chat.completions.create(model=MODEL, messages=user("hi"), stop=EDITOR_STOPS)
+        text = reply.choices[0].message.content
     else:
         text = api.completions.create(model=MODEL, prompt="x", stop=EDITOR_STOPS, max_tokens=200).choices[0].text
     assert text == REPLY[:REPLY.index("`python")]
