@@ -1,54 +1,59 @@
 """capture_gate: work blocks run side by side, a capture runs alone, and work arriving while a
-capture waits runs after it (DSI's target jobs and the drafter's CUDA captures, capture_gate.py)."""
+capture waits runs after it (DSI's target jobs and the drafter's CUDA captures, capture_gate.py).
+The threads' order is read from the gate's own condition, never from the clock: each thread says
+when it blocks in the gate and when it has run, so every check sees one or the other."""
 
 import threading
-import time
 
 import pytest
 
 from specchat.capture_gate import CaptureGate
 
-SETTLE_S = 0.2  # long enough for an unblocked thread to finish its one append
 
+class Signalling(threading.Condition):
+    """The gate's condition, releasing `moved` each time a thread blocks on it."""
 
-def until(condition, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
+    def __init__(self, moved: threading.Semaphore) -> None:
+        super().__init__()
+        self.moved = moved
 
-
-def started(target) -> threading.Thread:
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread
+    def wait(self, timeout: float | None = None) -> bool:
+        self.moved.release()
+        return super().wait(timeout)
 
 
 def test_work_runs_side_by_side_and_a_capture_waits_for_it_and_goes_before_later_work():
-    gate, log = CaptureGate(), []
+    moved, log = threading.Semaphore(0), []
+    gate = CaptureGate()
+    gate.changed = Signalling(moved)
+
+    def run(block, entry: str) -> threading.Thread:
+        """`entry` logged inside `block` on a thread of its own, which then releases `moved` too:
+        after one `moved.acquire()` the thread has either blocked in the gate or run."""
+        def body() -> None:
+            try:
+                with block():
+                    log.append(entry)
+            finally:
+                moved.release()
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        return thread
+
     first, second = gate.work(), gate.work()
     first.__enter__()
     second.__enter__()  # two jobs at once: the second did not wait for the first
-
-    def capture() -> None:
-        with gate.capture():
-            log.append("capture")
-
-    def late_work() -> None:
-        with gate.work():
-            log.append("late work")
-
-    capturing = started(capture)
-    until(lambda: gate.waiting == 1)
-    working = started(late_work)
-    working.join(SETTLE_S)
-    assert working.is_alive() and capturing.is_alive() and log == []  # both held back by the running work
+    capturing = run(gate.capture, "capture")
+    moved.acquire()
+    assert log == [] and gate.waiting == 1  # blocked by the running work, not run
+    working = run(gate.work, "late work")
+    moved.acquire()
+    assert log == []  # blocked by the waiting capture, not run beside the running work
     first.__exit__(None, None, None)
-    capturing.join(SETTLE_S)
-    assert capturing.is_alive() and log == []  # one job still runs
+    assert log == []  # one job still runs: the capture waits on
     second.__exit__(None, None, None)
-    capturing.join(10)
-    working.join(10)
+    capturing.join()
+    working.join()
     assert log == ["capture", "late work"]
     assert (gate.working, gate.capturing, gate.waiting) == (0, False, 0)
 
