@@ -7,12 +7,11 @@ apart; this pairing has not yet run on a GPU). On a CPU there is nothing to capt
 tests/dsi and test_capture_gate.py check the gate's order there."""
 
 import torch
-from gpu_checks.captured_draft import NEW_TOKENS, PROMPT, SAMPLINGS, draft_model
+from gpu_checks.captured_draft import NEW_TOKENS, PROMPT, SAMPLINGS, draft_model, replies
 from gpu_checks.tiny_models import random_model, small_config
 from gpu_checks.verdict import Verdict, judged, skipped
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
-from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.static_step import static_draft
 from specchat.dsi.engine import DSIEngine
@@ -21,10 +20,6 @@ from specchat.dsi.workers import WorkerPool, thread_workers
 CHECK = "DSI thread workers beside the captured draft step: target tokens"
 WORKERS = 2
 LOOKAHEAD = 2
-
-
-def tokens(engine, sampling: SamplingParams) -> list[int]:
-    return [t for e in engine.generate(PROMPT, NEW_TOKENS, sampling) for t in e.token_ids]
 
 
 def check_dsi_captured(device: torch.device) -> Verdict:
@@ -38,7 +33,7 @@ def check_dsi_captured(device: torch.device) -> Verdict:
     try:
         engine = DSIEngine(draft, pool, [], lookahead=LOOKAHEAD)
         for sampling in SAMPLINGS:
-            same = tokens(engine, sampling) == tokens(AutoregressiveEngine(target, []), sampling)
+            same = replies(engine, sampling)[0] == replies(AutoregressiveEngine(target, []), sampling)[0]
             passed = passed and same
             details.append(f"t={sampling.temperature:g}: tokens {'= autoregressive' if same else 'DIFFER'}")
     finally:

@@ -16,7 +16,6 @@ SHAPES = [(1536, 8960), (256, 1536), (151936, 1536)]  # (out, in)
 ROWS = [(1, False), (4, False), (16, True), (64, True)]
 
 
-
 def main(threads: int, chunks: list[int]) -> None:
     torch.set_num_threads(threads)
     for out_features, in_features in SHAPES:

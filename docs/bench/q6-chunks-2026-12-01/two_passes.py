@@ -17,7 +17,6 @@ SHAPES = [(1536, 8960), (256, 1536), (151936, 1536)]  # (out, in): down_proj, v_
 ROWS = [(1, False), (4, False), (16, True), (64, True)]  # widened to float32 from 8 rows
 
 
-
 def main(threads: int, before_file: str) -> None:
     torch.set_num_threads(threads)
     before = module_from(before_file, "q6k_before")
