@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specchat.errors import SpecchatError
-from specchat.paths import cache_dir, make_output_dir, probe_dir
+from specchat.paths import cache_dir, expanded, make_output_dir, probe_dir
 
 
 def test_measurements_live_in_the_cache_unless_placed_apart(monkeypatch, tmp_path):
@@ -42,3 +42,11 @@ def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, monkey
     with pytest.raises(SpecchatError) as refused:
         make_output_dir("--out", tmp_path)
     assert str(refused.value) == f"--out {tmp_path}: cannot write there"
+
+
+def test_a_home_is_expanded_and_a_user_with_none_is_one_line():
+    assert expanded("~/notes.json", "/schema") == Path.home() / "notes.json"
+    with pytest.raises(SpecchatError) as refused:  # Path.expanduser's RuntimeError, once a traceback
+        expanded("~specchat-no-such-user/x", "--offload-dir")
+    assert str(refused.value) == ("--offload-dir ~specchat-no-such-user/x: no home directory is known for "
+                                  "'~specchat-no-such-user'")

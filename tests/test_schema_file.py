@@ -34,6 +34,12 @@ def test_a_name_no_file_can_have_is_one_line():
         read_schema_file(Path("\x00"), "/schema")
 
 
+def test_a_user_without_a_home_is_one_line():
+    """Found by the /schema fuzz test: `/schema ~0` raised Path.expanduser's RuntimeError."""
+    with pytest.raises(SpecchatError, match="/schema ~0: no home directory is known for '~0'"):
+        read_schema_file(Path("~0"), "/schema")
+
+
 def test_a_name_with_a_line_break_is_named_escaped_on_one_line():
     """Found by the /schema fuzz test: a pasted name holding a line break made a two-line error."""
     with pytest.raises(SpecchatError) as refused:

@@ -119,3 +119,24 @@ def test_finish_releases_a_character_cut_by_the_limit(tokenizer) -> None:
     assert stream.push(ids[:1]) == ""
     assert stream.finish() == tokenizer.decode(ids[:1])
     assert stream.finish() == ""
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_offsets_never_fall_so_reaching_bisects_to_the_linear_count(tokenizer, text: str) -> None:
+    """serve/reply.py counts a reply's tokens by `reaching`, a bisection over `offset`: it holds
+    where offsets never fall as tokens are added, split characters and special tokens included."""
+    special = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    stream = TextStream(tokenizer)
+    stream.push([*tokenizer.encode(text), special])
+    offsets = [stream.offset(count) for count in range(len(stream.token_ids) + 1)]
+    assert offsets == sorted(offsets) and offsets[-1] == len(text)
+    for chars in range(len(text) + 2):
+        assert stream.reaching(chars) == sum(offset < chars for offset in offsets[:-1])
+
+
+def test_an_offset_is_where_a_token_begins_a_split_character_where_it_completes() -> None:
+    tokenizer = tiny_tokenizer()
+    stream = TextStream(tokenizer)
+    parrot = tokenizer.encode("🦜")
+    stream.push([*tokenizer.encode("ab"), *parrot])
+    assert [stream.offset(count) for count in range(len(stream.token_ids) + 1)] == [0, 1] + [2] * len(parrot) + [3]

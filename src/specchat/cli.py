@@ -147,15 +147,17 @@ def serve(
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
-    seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed of requests that give none."),
+    seed: int = typer.Option(None, help="Sampling seed of requests that give none (left out: each draws its own)."),
     *,
     options: EngineOptions,
 ) -> None:
     """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
+    from specchat.serve.schema import Defaults
 
-    sampling = check_sampling(temperature, top_p, seed, 1)
-    run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), sampling)
+    sampling = check_sampling(temperature, top_p, 0 if seed is None else seed, 1)
+    defaults = Defaults(sampling.temperature, sampling.top_p, seed)
+    run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), defaults)
 
 
 @app.command()

@@ -4,10 +4,10 @@ the command line parses its options, and answers --help or a mistyped option, be
 modules load (runtime.validate then checks what the values name on this machine)."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from specchat.decoding.events import AUTO, SamplingParams  # for the CLI (torch-free: the protocol's types)
 from specchat.errors import SpecchatError
+from specchat.paths import expanded
 from specchat.limits import (BUDGET, CONTEXT, DEFAULT_DRAFT_VOCAB, DEFAULT_DTYPE, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH,
                              DEFAULT_OFFLOAD, DEPTH, DTYPE_NAMES, LOOKAHEAD, OFFLOAD_TIERS, check_memory_budgets)
 from specchat.models.listing import list_models, table_lines  # for the CLI: `specchat models` without torch
@@ -69,7 +69,7 @@ def check_values(options: EngineOptions) -> None:
     if options.offload == "none" and (options.ram_budget is not None or options.vram_budget is not None):
         name = "--ram-budget" if options.ram_budget is not None else "--vram-budget"
         raise SpecchatError(f"{name} caps where offloaded layers go: use it with --offload auto, ram or disk")
-    if options.offload_dir is not None and Path(options.offload_dir).expanduser().is_file():
+    if options.offload_dir is not None and expanded(options.offload_dir, "--offload-dir").is_file():
         raise SpecchatError(f"--offload-dir {options.offload_dir} is a file, not a directory")
     if options.draft_quant not in DRAFT_QUANTS:
         raise SpecchatError(f"unknown draft quantization '{options.draft_quant}': choose one of {', '.join(DRAFT_QUANTS)}")

@@ -1,6 +1,7 @@
 """The ranges every front end accepts for the decoding settings, and their defaults: one home, so
 `generate`, `run`, `bench` and the chat's slash commands agree on them."""
 
+import random
 from dataclasses import dataclass
 
 from specchat.errors import ContextOverflow, SpecchatError
@@ -57,6 +58,12 @@ DEFAULT_CONTEXT = 4096
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.9
 DEFAULT_SEED = 0
+
+
+def fresh_seed() -> int:
+    """A seed for a reply that names none where no default is fixed (the chat's /seed off, a served
+    request): a new one each time, so that the same prompt sampled again gives another reply."""
+    return random.randrange(2**31)
 DEFAULT_MAX_DEPTH = 24
 DEFAULT_LOOKAHEAD = 5
 DEFAULT_DTYPE = "bfloat16"

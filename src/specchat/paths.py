@@ -27,6 +27,16 @@ def probe_dir() -> Path:
     return Path(override) if override else cache_dir() / "probes"
 
 
+def expanded(path: str | Path, named_by: str) -> Path:
+    """`path` with a leading ~ or ~user made that home; SpecchatError "`named_by` PATH: why" where
+    no home is known for it (Path.expanduser raises RuntimeError: ~0, or ~ without HOME)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        home = str(path).split("/", 1)[0]
+        raise SpecchatError(f"{named_by} {path}: no home directory is known for '{home}'") from None
+
+
 def make_output_dir(flag: str, directory: Path) -> None:
     """Make `directory`, which `flag` names for writing, before anything slow runs: one line where it
     is a file, cannot be made or cannot be written (a bench would find out after loading its models)."""

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from specchat.errors import SpecchatError
+from specchat.paths import expanded
 
 
 def read_schema_file(path: Path, named_by: str) -> dict:
@@ -22,7 +23,7 @@ def read_schema_file(path: Path, named_by: str) -> dict:
 def read_user_file(path: Path, named_by: str) -> str:
     """The file's text; SpecchatError "`named_by` PATH: why" when it cannot be read as text."""
     try:
-        return path.expanduser().read_text()
+        return expanded(path, named_by).read_text()
     except OSError as error:
         raise SpecchatError(f"{named_by} {shown(path)}: {error.strerror}") from None
     except UnicodeDecodeError:

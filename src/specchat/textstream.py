@@ -18,6 +18,24 @@ class TextStream:
     def text(self) -> str:
         return self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
 
+    def offset(self, count: int) -> int:
+        """Where token `count` begins in the stable text: the characters the first `count` tokens
+        make, less a trailing incomplete character (a token that completes one begins there)."""
+        return len(self.tokenizer.decode(self.token_ids[:count], skip_special_tokens=True).rstrip("\ufffd"))
+
+    def reaching(self, chars: int, low: int = 0) -> int:
+        """The fewest tokens whose stable text holds `chars` characters (all of them where it is
+        shorter); equally, how many tokens begin before character `chars`. `low`: tokens known to
+        begin before it. Offsets never fall as tokens are added, so a bisection takes log2(tokens) decodes."""
+        high = len(self.token_ids)
+        while low < high:
+            middle = (low + high) // 2
+            if self.offset(middle) < chars:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the newly stable text."""
         self.token_ids.extend(token_ids)

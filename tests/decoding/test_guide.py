@@ -13,11 +13,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammars, unpack
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.specexec import SPECEXEC, catch_up, grow
 from specchat.decoding.specinfer import SPECINFER
+from specchat.decoding.token_log import TokenLog
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.errors import SpecchatError
@@ -122,6 +124,21 @@ def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, gram
     engine = TreeEngine(SPECINFER, tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
     with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar or log"):
         list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))
+
+
+@pytest.mark.parametrize("strategy", [SPECEXEC, SPECINFER, CHAIN_SD, None], ids=["specexec", "specinfer", "sd",
+                                                                               "autoregressive"])
+def test_keeps_forms_says_whether_an_engine_fills_a_token_log(tiny_target, tiny_draft, strategy):
+    """What the server reads to refuse logprobs and grammars up front (serve/endpoint.py)."""
+    engine = (AutoregressiveEngine(tiny_target, {STOP}) if strategy is None
+              else TreeEngine(strategy, tiny_target, tiny_draft, {STOP}, TreeShape(budget=4)))
+    log = TokenLog()
+    if not engine.keeps_forms:
+        with pytest.raises(SpecchatError, match="cannot keep a reply to a grammar or log"):
+            list(engine.generate(PROMPT, 4, SamplingParams(0.0, token_log=log)))
+        return
+    tokens = [t for e in engine.generate(PROMPT, 4, SamplingParams(0.0, token_log=log)) for t in e.token_ids]
+    assert [entry.token for entry in log.entries] == tokens and tokens
 
 
 def test_after_a_whole_document_only_the_end_follows_and_nothing_after_it(grammars):

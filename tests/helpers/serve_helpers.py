@@ -13,13 +13,14 @@ import openai
 import pytest
 from starlette.applications import Starlette
 
-from specchat.decoding.events import Engine, SamplingParams
+from specchat.decoding.events import Engine
 from specchat.decoding.guide import Grammars
 from specchat.serve.app import build_app
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.fim import FimTokens
 from specchat.serve.listen import bind, server_for, url_of
 from specchat.serve.scheduler import Scheduler
+from specchat.serve.schema import Defaults
 
 MODEL = "tiny"
 START_S = 10  # a server that has not started by then fails its test
@@ -62,7 +63,7 @@ TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 to
 
 def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context: int = 4096,
              max_queue: int = 16, api_key: str | None = None, log_prompts: bool = False,
-             sampling: SamplingParams = SamplingParams(), fim: FimTokens | None = None,
+             sampling: Defaults = Defaults(), fim: FimTokens | None = None,
              grammars: Callable[[], Grammars] | None = None) -> tuple[Starlette, Scheduler]:
     config = ServeConfig(model=MODEL, tokenizer=tokenizer or CharTokenizer(), stop_ids=frozenset(stop_ids),
                          context=context, sampling=sampling, api_key=api_key, log_prompts=log_prompts,

@@ -74,7 +74,9 @@ def test_a_middle_filled_in_is_the_fim_prompt_as_qwen_writes_it_ended_at_endofte
     assert middle == "".join(c.choices[0].text for c in streamed if c.choices) == written.choices[0].text
     assert ollamas.response == middle and ollamas.done_reason == "stop"
     assert whole.choices[0].finish_reason == "stop" and whole.usage.completion_tokens < MIDDLE_TOKENS
-    assert written.choices[0].logprobs.tokens[-1] == "<|endoftext|>"  # the model's own end, not a stop string
+    # the model's own end (no stop string was sent): counted, with no logprobs entry, as it has no text
+    assert written.choices[0].finish_reason == "stop" and "".join(written.choices[0].logprobs.tokens) == middle
+    assert len(written.choices[0].logprobs.tokens) == written.usage.completion_tokens - 1
     compile(PREFIX + middle + SUFFIX, "filled.py", "exec")  # a body that makes the file whole
     assert "return" in middle
 

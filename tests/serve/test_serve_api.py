@@ -17,6 +17,7 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.scheduler import Scheduler
+from specchat.serve.schema import Defaults
 from specchat.tui.fake import REPLY, FakeEngine
 
 PROMPT_OVERHEAD = len("<user></><assistant>")
@@ -146,10 +147,22 @@ def test_messages_reach_the_engine_through_the_chat_template(fake):
 
 def test_sampling_left_out_takes_the_servers_defaults():
     engine = FakeEngine()
-    app, _ = make_app([engine], sampling=SamplingParams(temperature=0.0, top_p=0.8, seed=3))
+    app, _ = make_app([engine], sampling=Defaults(temperature=0.0, top_p=0.8, seed=3))
     with serving(app) as url:
         client(url).chat.completions.create(model=MODEL, messages=user("hi"))
     assert engine.calls[-1][2] == SamplingParams(temperature=0.0, top_p=0.8, seed=3)
+
+
+def test_without_a_seed_anywhere_each_request_draws_its_own_and_is_told_it():
+    """OpenAI's, vLLM's and Ollama's servers sample afresh each request: the same prompt asked again
+    (a chat UI's Regenerate) gives another reply. The seed drawn comes back, to repeat a reply."""
+    engine = FakeEngine()
+    app, _ = make_app([engine])  # no --seed
+    with serving(app) as url:
+        replies = [client(url).chat.completions.create(model=MODEL, messages=user("hi")) for _ in range(3)]
+    seeds = [call[2].seed for call in engine.calls]
+    assert len(set(seeds)) == 3  # a repeat: 3 draws among 2**31 seeds
+    assert [reply.model_extra["specchat"]["seed"] for reply in replies] == seeds
 
 
 def test_the_reply_is_clipped_to_the_room_left_in_the_context():

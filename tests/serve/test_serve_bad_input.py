@@ -182,3 +182,31 @@ def test_bad_input_is_refused_in_one_line_and_the_server_stays_up(server, caplog
     good_status, good = send(server, "POST", "/v1/chat/completions", body(), AUTH)
     assert good_status == 200 and good["choices"][0]["message"]["content"] == "Here"
     assert "Traceback" not in caplog.text and not any(record.exc_info for record in caplog.records)
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+STREAMED = {"model": MODEL, "messages": user("hi"), "stream": True}
+# (route, a streamed body that asks a form of the reply, the field refused)
+FORMS = [
+    ("/v1/chat/completions", STREAMED | {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", STREAMED | {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", STREAMED | {"tools": [WEATHER], "tool_choice": "required"}, "tools"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 1, "stream": True}, "logprobs"),
+    ("/completion", {"prompt": "hi", "n_probs": 2, "stream": True}, "n_probs"),
+    ("/api/chat", {"model": MODEL, "messages": user("hi"), "logprobs": True}, "logprobs"),  # Ollama streams by default
+    ("/api/generate", {"model": MODEL, "prompt": "hi", "format": "json"}, "format"),
+]
+
+
+@pytest.mark.parametrize(("path", "request_body", "field"), FORMS, ids=[f"{p} {f}" for p, _, f in FORMS])
+def test_a_form_the_engine_cannot_keep_is_a_400_before_any_stream_opens(path, request_body, field):
+    """sd, specinfer and dsi keep no grammar and log no logprobs: a streamed request asking for
+    them is refused before the stream's 200, not answered 200 and then an error event."""
+    engine = FakeEngine(name="sd", keeps_forms=False)
+    app, _ = make_app([engine])
+    with serving(app) as url:
+        status, got = send(url, "POST", path, json.dumps(request_body).encode(), {"Content-Type": "application/json"})
+    message = got["error"] if path.startswith("/api/") else got["error"]["message"]  # Ollama's shape: a string
+    assert status == 400 and message == (f"{field} under --engine sd (serve with specexec or autoregressive) is "
+                                         "not supported by specchat")
+    assert engine.calls == []  # nothing was queued

@@ -34,6 +34,7 @@ class CountingEngine:
     produced: int = 0
     prompts: list[list[int]] = field(default_factory=list)
     name: str = "specexec"
+    keeps_forms: bool = True
 
     def live_settings(self):
         return self.inner.live_settings()

@@ -111,7 +111,8 @@ def test_the_model_card_tags_show_and_ps(fake):
     assert [model.model for model in client.list().models] == [MODEL]
     shown = client.show(MODEL)
     assert shown.template == "<role>content</>" and "completion" in shown.capabilities
-    assert "num_ctx 4096" in shown.parameters.splitlines()
+    lines = shown.parameters.splitlines()
+    assert "num_ctx 4096" in lines and not any(line.startswith("seed") for line in lines)  # drawn each request
     assert [(model.model, model.context_length) for model in client.ps().models] == [(MODEL, 4096)]
     with urllib.request.urlopen(f"{url}/api/version") as response:
         assert json.load(response)["version"]

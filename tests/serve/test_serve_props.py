@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from helpers.serve_helpers import make_app, serving
 
-from specchat.decoding.events import SamplingParams
+from specchat.serve.schema import Defaults
 from specchat.tui.fake import FakeEngine
 
 
@@ -19,7 +19,7 @@ def get(url: str) -> dict:
 
 
 def test_props_are_the_servers_context_defaults_slots_and_template():
-    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048, sampling=SamplingParams(0.3, 0.8, seed=7))
+    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048, sampling=Defaults(0.3, 0.8, seed=7))
     with serving(app) as url:
         props = get(f"{url}/props")
     settings = props["default_generation_settings"]
@@ -28,6 +28,12 @@ def test_props_are_the_servers_context_defaults_slots_and_template():
     assert props["total_slots"] == 2 and props["model_path"] == "tiny"
     assert props["chat_template"] == "<role>content</>"  # the model's template, as written
     assert props["build_info"] == f"specchat {version('specchat')}"
+
+
+def test_a_server_without_a_seed_shows_llama_cpps_drawn_seed():
+    app, _ = make_app([FakeEngine()])
+    with serving(app) as url:
+        assert get(f"{url}/props")["default_generation_settings"]["params"]["seed"] == -1
 
 
 def test_autoregressive_serving_says_it_does_not_speculate():

@@ -113,6 +113,6 @@ def test_a_streamed_reply_is_sent_until_a_call_begins():
 def test_an_assistants_calls_go_back_to_the_template_with_their_arguments_as_objects():
     calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
     assert template_calls(calls, "messages[1]") == [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
     with pytest.raises(APIError, match=r"messages\[1\].tool_calls\[0\].function.arguments is not JSON"):
         template_calls([{"type": "function", "function": {"name": "f", "arguments": "{"}}], "messages[1]")

@@ -159,3 +159,34 @@ def test_on_tiny_models_logprobs_are_the_targets_in_the_legacy_shape(tiny_target
     assert logprobs.text_offset == list(range(12))  # one character a token
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert streamed == logprobs.tokens
+
+
+def test_on_tiny_models_a_stop_string_inside_a_trees_tokens_cuts_logprobs_and_usage_there(tiny_target, tiny_draft):
+    """A tree accepts several tokens an iteration: those past a stop string are not the reply's.
+    Logprobs cover the text before the stop, usage the tokens through it, streamed or whole."""
+    prompt = TINY_TOKENIZER.encode("hello there")
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    events = [event.token_ids for event in engine.generate(prompt, 24, SamplingParams(0.0))]
+    engine.forget()
+    greedy = [token for ids in events for token in ids]
+    text = TINY_TOKENIZER.decode(greedy)
+    ends = [len([t for ids in events[:i + 1] for t in ids]) for i in range(len(events))]  # each event's last token
+    # a two-character stop whose last token has tokens after it in its own iteration, met first there
+    end = next(end for start, end in zip([0, *ends], ends) for end in range(start + 2, end)
+               if text.find(text[end - 2:end]) == end - 2)
+    stop = text[end - 2:end]
+    log = TokenLog(2)
+    list(AutoregressiveEngine(tiny_target, frozenset()).generate(prompt, 24, SamplingParams(0.0, token_log=log)))
+    request = {"model": MODEL, "prompt": "hello there", "max_tokens": 24, "temperature": 0, "stop": [stop],
+               "logprobs": 2}
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    with serving(app) as url:
+        api = client(url)
+        whole = api.completions.create(**request)
+        chunks = list(api.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    kept = end - 2
+    assert whole.choices[0].text == text[:kept] and whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].logprobs.token_logprobs == [entry.logprob for entry in log.entries[:kept]]
+    assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens == end
+    streamed = [p for c in chunks if c.choices and c.choices[0].logprobs for p in c.choices[0].logprobs.token_logprobs]
+    assert streamed == whole.choices[0].logprobs.token_logprobs

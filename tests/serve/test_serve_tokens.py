@@ -126,3 +126,22 @@ def test_the_key_guards_the_tokenizer_routes(byte_level):
     with serving(app) as url:
         code, message = post_refused(f"{url}/tokenize", {"content": "hi"})
     assert code == 401 and "API key" in message
+
+
+# As Mistral's template: each call with its id, and each result with the id of the call it answers.
+CALL_IDS_TEMPLATE = ("{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}[CALL {{ c.id }} "
+                     "{{ c.function.name }}]{% endfor %}{% elif m.role == 'tool' %}[RESULT {{ m.tool_call_id }} "
+                     "{{ m.content }}]{% else %}[{{ m.role }} {{ m.content }}]{% endif %}{% endfor %}")
+
+
+def test_a_calls_id_and_the_results_tool_call_id_reach_the_template():
+    tokenizer = train_tokenizer(CORPUS)
+    tokenizer.chat_template = CALL_IDS_TEMPLATE
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_7", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_7", "content": "sunny"}]
+    app, _ = make_app([FakeEngine()], tokenizer=tokenizer)
+    with serving(app) as url:
+        prompt = post_json(f"{url}/apply-template", {"messages": messages})["prompt"]
+    assert prompt == "[user weather?][CALL call_7 weather][RESULT call_7 sunny]"

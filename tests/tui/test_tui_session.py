@@ -286,6 +286,8 @@ def test_save_exports_markdown_or_says_why_not(store, tmp_path):
     assert target.read_text().startswith("# first question\n\n## User\n\nfirst question")
     refused = session.save(str(tmp_path / "missing" / "out.md")).notes[0]
     assert refused.error and refused.text.startswith("cannot save to")
+    homeless = session.save("~specchat-no-such-user/out.md").notes[0]
+    assert homeless.error and homeless.text.startswith("/save ~specchat-no-such-user/out.md: no home directory")
 
 
 def test_messages_and_conversation_commands_wait_for_the_reply(store):

@@ -22,6 +22,7 @@ def next_token(target: CausalLM, seq: list[int], cache: DynamicCache, sampling: 
 
 class AutoregressiveEngine:
     name = "autoregressive"
+    keeps_forms = True
 
     def __init__(self, target: CausalLM, stop_ids: Collection[int]) -> None:
         self.target = target

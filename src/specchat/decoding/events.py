@@ -83,6 +83,9 @@ class Engine(Protocol):
     """Decodes a reply to a prompt, yielding one event per target forward."""
 
     name: str
+    # Keeps a reply to `SamplingParams.guide` and fills its `token_log`; False: refuses both
+    # (front ends refuse such a request before anything is queued or streamed).
+    keeps_forms: bool
 
     def live_settings(self) -> LiveSettings:
         """The settings this engine honours, with the values it holds now."""

@@ -32,6 +32,7 @@ class TreeEngine:
         `sizer` makes `--budget auto` available (SpecExec only; without one, auto is not honoured
         and the budget stays as it is); `shape.sizer` set means the engine starts in auto."""
         self.name = strategy.name
+        self.keeps_forms = strategy.guided
         self.strategy = strategy
         self.target = target
         self.draft = draft
@@ -60,7 +61,7 @@ class TreeEngine:
     ) -> Iterator[IterationEvent]:
         """Decode a reply; both caches are kept afterwards, and the next prompt reuses its common
         prefix with the sequence this reply ends (prefix.py)."""
-        if (sampling.guide is not None or sampling.token_log is not None) and not self.strategy.guided:
+        if (sampling.guide is not None or sampling.token_log is not None) and not self.keeps_forms:
             raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar or log its tokens' "
                                 "probabilities: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))

@@ -13,7 +13,7 @@ from specchat.errors import SpecchatError
 from specchat.machine_choices import cpu_identity
 from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
-from specchat.paths import make_output_dir
+from specchat.paths import expanded, make_output_dir
 from specchat.transfer import gb
 
 
@@ -46,7 +46,7 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
     """Everything doctor reports; writes, reads and deletes a probe file of `probe_gb` GB."""
     if not (probe_gb > 0 and math.isfinite(probe_gb)):
         raise SpecchatError(f"--probe-gb must be a positive number of GB (got {probe_gb})")
-    directory = offload_dir.expanduser()
+    directory = expanded(offload_dir, "--offload-dir")
     make_output_dir("--offload-dir", directory)
     probe_bytes = align_up(int(probe_gb * 1e9))
     disk_free = shutil.disk_usage(directory).free

@@ -79,6 +79,7 @@ class Latencies:
 
 class DSIEngine:
     name = "dsi"
+    keeps_forms = False  # jobs verify drafts apart: no grammar or token log is kept (generate refuses them)
 
     def __init__(self, draft: CausalLM, pool: WorkerPool, stop_ids: Collection[int], lookahead: int) -> None:
         self.draft = draft

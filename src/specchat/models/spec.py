@@ -10,6 +10,7 @@ from typing import Literal
 from huggingface_hub import constants, try_to_load_from_cache
 
 from specchat.errors import SpecchatError
+from specchat.paths import expanded
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, find_alias
 
 SourceKind = Literal["embedded", "hub", "dir", "gguf"]
@@ -31,7 +32,7 @@ def resolve(spec: str) -> ModelSource:
         if alias.hub_id is None:
             return ModelSource("embedded", alias.name, alias.name)
         return ModelSource("hub", alias.hub_id, alias.name)
-    path = Path(spec).expanduser()
+    path = expanded(spec, "model")
     if spec.lower().endswith(".gguf"):
         if not path.is_file():
             raise SpecchatError(f"GGUF file not found: {spec}")

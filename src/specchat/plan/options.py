@@ -12,7 +12,7 @@ from specchat.machine_links import Links, read_links
 from specchat.models.draft import DraftQuant, resolve_draft_quant
 from specchat.models.loading import has_int4
 from specchat.models.spec import resolve
-from specchat.paths import offload_dir as default_offload_dir
+from specchat.paths import expanded, offload_dir as default_offload_dir
 from specchat.plan.machine import Machine
 from specchat.plan.pair import draft_kinds
 from specchat.plan.request import Pair, PlanRequest, tree_sizes
@@ -106,4 +106,4 @@ def quantized_weights(options: RunOptions) -> bool:
 
 def offload_directory(options: RunOptions) -> Path:
     """--offload-dir, or the default in the user's cache."""
-    return Path(options.offload_dir).expanduser() if options.offload_dir else default_offload_dir()
+    return expanded(options.offload_dir, "--offload-dir") if options.offload_dir else default_offload_dir()

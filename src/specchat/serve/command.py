@@ -4,7 +4,6 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
 from specchat.engine_options import EngineOptions
@@ -14,6 +13,7 @@ from specchat.serve.endpoint import ServeConfig
 from specchat.serve.fim import fim_tokens
 from specchat.serve.listen import bind, is_loopback, server_for, url_of
 from specchat.serve.scheduler import Scheduler
+from specchat.serve.schema import Defaults
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def show_request_log() -> None:
     logger.propagate = False
 
 
-def run_server(options: EngineOptions, serving: Serving, sampling: SamplingParams) -> None:
+def run_server(options: EngineOptions, serving: Serving, sampling: Defaults) -> None:
     check_serving(serving)
     if warning := exposure_warning(serving):
         print(warning, file=sys.stderr)

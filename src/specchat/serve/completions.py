@@ -38,7 +38,8 @@ class ChatCompletions(Endpoint):
         functions = offered_functions(chat.tools, chat.tool_choice)
         form = self.form(response_schema(chat.response_format), forced_functions(functions, chat.tool_choice))
         sampling = replace(sampling_of(chat, self.config.sampling), guide=None if form is None else form.start(),
-                           token_log=TokenLog(chat.top_logprobs or 0) if chat.logprobs else None)
+                           token_log=self.logged(TokenLog(chat.top_logprobs or 0) if chat.logprobs else None,
+                                                 "logprobs"))
         stops, wanted = stop_strings(chat), requested_tokens(chat)
         job = self.job(self.chat_ids(messages, chat.tools if functions else None), wanted, sampling, "messages")
         return job, self.reply(stops, sampling, may_call=bool(functions))

@@ -15,11 +15,12 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammar, Grammars
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.limits import reply_limit
-from specchat.serve.errors import APIError, bad_request
+from specchat.decoding.token_log import TokenLog
+from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.fim import FimTokens
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job, QueueFull, Scheduler
-from specchat.serve.schema import through_template
+from specchat.serve.schema import Defaults, through_template
 from specchat.serve.stops import StopScan
 from specchat.serve.structured import call_grammar
 from specchat.textstream import TextStream
@@ -34,7 +35,7 @@ class ServeConfig:
     tokenizer: PreTrainedTokenizerBase
     stop_ids: frozenset[int]
     context: int
-    sampling: SamplingParams  # what a request leaves out
+    sampling: Defaults  # what a request leaves out
     api_key: str | None = None
     log_prompts: bool = False
     grammars: Callable[[], Grammars] | None = None  # the grammar compiler (None: response forms are refused)
@@ -65,6 +66,20 @@ class Endpoint:
         return Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids,
                      token_log=sampling.token_log, may_call=may_call)
 
+    def check_kept(self, field: str) -> None:
+        """A 400 naming `field`, a form of the reply (a grammar, tokens' logprobs) the served engine
+        cannot keep: refused before anything is queued, so a stream never opens only to fail."""
+        engine = self.scheduler.slots[0].engine  # every slot's is the same kind
+        if not engine.keeps_forms:
+            raise unsupported(f"{field} under --engine {engine.name} (serve with specexec or autoregressive) is",
+                              field)
+
+    def logged(self, log: TokenLog | None, field: str) -> TokenLog | None:
+        """`log`, where the request asks for its tokens' logprobs (in `field`) and the engine keeps them."""
+        if log is not None:
+            self.check_kept(field)
+        return log
+
     def queue(self, request: Request, job: Job) -> None:
         try:
             self.scheduler.submit(job)
@@ -82,6 +97,7 @@ class Endpoint:
         if schema is not None and forced:
             raise bad_request("response_format and a tool_choice that forces a call ask two forms of one reply: "
                               "send one", "invalid_value", "tool_choice")
+        self.check_kept(field)
         if self.config.grammars is None:
             raise bad_request(f"{field}: this server's tokenizer takes no grammar", "unsupported_parameter", field)
         try:

@@ -23,7 +23,7 @@ class Native(Endpoint):
         """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
         field a prompt too long for the context is blamed on)."""
         fields = response_fields(body)
-        sampling = replace(sampling_of(body, self.config.sampling), token_log=token_log(body))
+        sampling = replace(sampling_of(body, self.config.sampling), token_log=self.logged(token_log(body), "n_probs"))
         job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
         if wanted == 0:  # nothing to return: llama.vim sends its context chunks so, to have them computed

@@ -38,7 +38,7 @@ class Ollama(Endpoint):
         """The options' sampling, the server's defaults for what they leave out, kept to `format`."""
         form = self.form(format_schema(body.format), [], "format")
         return replace(sampling_of(body.options, self.config.sampling), guide=None if form is None else form.start(),
-                       token_log=TokenLog(body.top_logprobs) if body.logprobs else None)
+                       token_log=self.logged(TokenLog(body.top_logprobs) if body.logprobs else None, "logprobs"))
 
     def answer(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> Response:
         self.queue(request, job)

@@ -36,9 +36,11 @@ def shown(config: ServeConfig, request: ShowRequest, started: str) -> dict:
 
 
 def parameters(config: ServeConfig) -> str:
-    """The sampling a request leaves out, as Ollama lists a Modelfile's parameters (a line each)."""
+    """The sampling a request leaves out, as Ollama lists a Modelfile's parameters (a line each; no
+    seed where each request draws its own)."""
     sampling = config.sampling
-    return f"temperature {sampling.temperature}\ntop_p {sampling.top_p}\nseed {sampling.seed}\nnum_ctx {config.context}"
+    seed = "" if sampling.seed is None else f"seed {sampling.seed}\n"
+    return f"temperature {sampling.temperature}\ntop_p {sampling.top_p}\n{seed}num_ctx {config.context}"
 
 
 def capabilities(config: ServeConfig) -> list[str]:

@@ -13,7 +13,8 @@ def props(config: ServeConfig, slots: int, engine: str) -> dict:
     return {
         "default_generation_settings": {
             "n_ctx": config.context, "speculative": engine != "autoregressive",
-            "params": {"n_predict": -1, "seed": sampling.seed, "temperature": sampling.temperature,
+            "params": {"n_predict": -1, "seed": -1 if sampling.seed is None else sampling.seed,  # -1: drawn
+                       "temperature": sampling.temperature,
                        "top_p": sampling.top_p, "stop": [], "stream": False},
         },
         "total_slots": slots,

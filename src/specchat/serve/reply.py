@@ -27,15 +27,20 @@ class Reply:
     token_log: TokenLog | None = None  # logprobs asked for: the target's, token by token
     may_call: bool = False  # the request offers tools: the reply's <tool_call> blocks are calls
     logged: int = 0  # token_log entries already sent (streaming)
+    sent: int = 0  # characters of the reply's text returned so far
 
     def push(self, event: IterationEvent) -> str:
         """The event's tokens; returns the text now safe to send."""
         self.events.append(event)
-        return self.scan.push(self.stream.push(event.token_ids))
+        return self.sending(self.scan.push(self.stream.push(event.token_ids)))
 
     def finish(self) -> str:
         """The text held back until the end."""
-        return self.scan.push(self.stream.finish()) + self.scan.finish()
+        return self.sending(self.scan.push(self.stream.finish()) + self.scan.finish())
+
+    def sending(self, text: str) -> str:
+        self.sent += len(text)
+        return text
 
     @property
     def stopped(self) -> bool:
@@ -44,7 +49,11 @@ class Reply:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(len(event.token_ids) for event in self.events)
+        """The reply's tokens: at a stop string, those up to the one that completed it, as decoding
+        token by token would have made (a tree may have accepted more past it: never sent)."""
+        if not self.stopped:
+            return len(self.stream.token_ids)
+        return self.stream.reaching(self.sent + len(self.scan.word))
 
     @property
     def ended_by_model(self) -> bool:
@@ -56,21 +65,27 @@ class Reply:
             return "tool_calls"
         return "stop" if self.stopped or self.ended_by_model else "length"
 
+    def sent_tokens(self) -> int:
+        """The tokens whose text begins within the text sent: not a stop string's, nor an end token
+        (its text is empty, at the end), nor one held back as a stop string's possible start."""
+        return self.stream.reaching(self.sent, self.logged)
+
     @property
     def unsent_logprobs(self) -> bool:
-        """Logged tokens whose logprobs no chunk has carried yet."""
-        return self.token_log is not None and self.logged < len(self.token_log.entries)
+        """Sent tokens whose logprobs no chunk has carried yet."""
+        return self.token_log is not None and self.logged < self.sent_tokens()
 
     def take_logged(self) -> list[TokenLogprobs] | None:
-        """The entries logged since the last call, now counted as sent (None: not asked for)."""
+        """The entries of the tokens sent since the last call, now counted as carried (None: not
+        asked for). The log may run ahead: the decoding thread fills it."""
         if self.token_log is None:
             return None
-        entries = self.token_log.entries[self.logged:]
+        entries = self.token_log.entries[self.logged:self.sent_tokens()]
         self.logged += len(entries)
         return entries
 
     def new_logprobs(self) -> dict | None:
-        """OpenAI's logprobs object for the tokens logged since the last call (the whole reply's, at
+        """OpenAI's logprobs object for the tokens sent since the last call (the whole reply's, at
         the first; None: not asked for)."""
         entries = self.take_logged()
         return None if entries is None else {"content": [logprob_entry(self.stream.tokenizer, e) for e in entries]}
@@ -114,6 +129,7 @@ def extension(job: Job, reply: Reply) -> dict:
         "tokens_per_s": summary.tokens_per_s,
         "prefill_tokens": events[0].prefill_tokens if events else 0,
         "prefill_s": events[0].prefill_s if events else 0.0,
+        "seed": job.sampling.seed,  # drawn where the request gave none: sent back, the reply repeats
         "queue_s": job.queue_s,
         "arrived": job.arrived,  # the order requests were accepted in ...
         "started": job.started,  # ... and the order they started in: equal orders are FIFO

@@ -4,6 +4,7 @@ line. The chat request is here; the text completion's fields are serve/text_requ
 tool calls and response formats are serve/structured.py's."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from jinja2 import TemplateError
@@ -11,12 +12,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
-from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
+from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P, fresh_seed
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_TOP_LOGPROBS = 20  # as OpenAI
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The sampling a request leaves out: the server's --temperature, --top-p and --seed."""
+
+    temperature: float = 0.6
+    top_p: float = 0.9
+    seed: int | None = None  # None: a fresh seed each request, as OpenAI's, vLLM's and Ollama's servers draw
 
 
 class Strict(BaseModel):
@@ -149,7 +159,8 @@ def template_message(index: int, message: Message) -> dict:
     if message.tool_calls and message.role == "assistant":  # a call the model made: its text may be absent
         content = "" if message.content is None else text_of(where, message.content)
         return {"role": "assistant", "content": content, "tool_calls": template_calls(message.tool_calls, where)}
-    return {"role": ROLES[message.role], "content": text_of(where, message.content)}
+    answered = {"tool_call_id": message.tool_call_id} if message.role == "tool" else {}  # the call it answers
+    return {"role": ROLES[message.role], "content": text_of(where, message.content)} | answered
 
 
 def check_role(where: str, role: str) -> None:
@@ -184,14 +195,14 @@ def stop_strings(request: Decoded) -> list[str]:
     return stops
 
 
-def sampling_of(request: Decoded, defaults: SamplingParams) -> SamplingParams:
+def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
     """The request's sampling, the server's defaults for what it leaves out; a 400 out of range."""
     temperature = defaults.temperature if request.temperature is None else request.temperature
     top_p = defaults.top_p if request.top_p is None else request.top_p
     for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p)):
         if problem := bounds.problem(field, value):
             raise bad_request(problem, param=field)
-    seed = defaults.seed if request.seed is None else request.seed
+    seed = request.seed if request.seed is not None else defaults.seed if defaults.seed is not None else fresh_seed()
     if seed < 0:
         raise bad_request(f"seed must be >= 0 (got {seed})", param="seed")
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)

@@ -100,7 +100,8 @@ def split_calls(text: str) -> tuple[str | None, list[dict]]:
 
 
 def template_calls(tool_calls: list[Any], where: str) -> list[dict]:
-    """An assistant message's tool_calls as the chat template takes them (arguments as objects)."""
+    """An assistant message's tool_calls as the chat template takes them (arguments as objects, and
+    each call's id where it has one: Mistral's template writes it, and the result's tool_call_id)."""
     calls = []
     for index, call in enumerate(tool_calls):
         function = call.get("function") if isinstance(call, dict) else None
@@ -113,7 +114,8 @@ def template_calls(tool_calls: list[Any], where: str) -> list[dict]:
         except json.JSONDecodeError:
             raise bad_request(f"{where}.tool_calls[{index}].function.arguments is not JSON", "invalid_value",
                               f"{where}.tool_calls") from None
-        calls.append({"type": "function", "function": {"name": function["name"], "arguments": parsed}})
+        named = {"id": call["id"]} if isinstance(call.get("id"), str) else {}
+        calls.append(named | {"type": "function", "function": {"name": function["name"], "arguments": parsed}})
     return calls
 
 

@@ -44,7 +44,8 @@ class TextCompletions(Endpoint):
                 request.state.suffix = body.suffix
         form = self.form(response_schema(body.response_format), [])
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
-                           token_log=None if body.logprobs is None else TokenLog(body.logprobs))
+                           token_log=self.logged(None if body.logprobs is None else TokenLog(body.logprobs),
+                                                 "logprobs"))
         stops, wanted = stop_strings(body), completion_tokens(body)
         ids = prompt_ids(prompt, body.suffix, self.config.tokenizer, self.config.fim)
         echoed = (prompt if isinstance(prompt, str) else self.config.tokenizer.decode(ids)) if body.echo else ""

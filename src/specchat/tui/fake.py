@@ -94,6 +94,7 @@ def fixed_event(chunk: list[int], finished: bool, tree_size: int, depth: int, tr
 @dataclass
 class FakeEngine:
     name: str = "specexec"
+    keeps_forms: bool = True
     reply: str = REPLY
     accepted: tuple[int, ...] = ACCEPTED
     delay_s: float = 0.0  # per iteration, to leave time for keys mid-reply (`--fake` dev mode)
@@ -137,6 +138,7 @@ class FakeDSIEngine:
     WORKER_NOTICE once in its life, on its first event."""
 
     name: str = "dsi"
+    keeps_forms: bool = False
     reply: str = REPLY
     accepted: tuple[int, ...] = ACCEPTED
     delay_s: float = 0.0

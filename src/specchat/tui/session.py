@@ -9,11 +9,11 @@ Pilot, and any front end can drive it. Engines are reached through the `Engine` 
 import threading
 from dataclasses import dataclass, replace
 from itertools import count
-from pathlib import Path
 from time import perf_counter
 
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings
 from specchat.errors import ContextOverflow, SpecchatError
+from specchat.paths import expanded
 from specchat.summary import Summary, summarize
 from specchat.tui import commands
 from specchat.tui.backend import ChatBackend, settings_for
@@ -252,9 +252,11 @@ class Session:
         if self.conversation_id is None:
             return says("nothing to save yet", error=True)
         conversation = self.store.conversation(self.conversation_id)
-        target = Path(path or f"specchat-{self.conversation_id}.md").expanduser()
         try:
+            target = expanded(path or f"specchat-{self.conversation_id}.md", "/save")
             target.write_text(to_markdown(conversation, self.store.messages(self.conversation_id)))
+        except SpecchatError as error:
+            return says(str(error), error=True)
         except OSError as error:
             return says(f"cannot save to {target}: {error.strerror}", error=True)
         return says(f"saved to {target.resolve()}")

@@ -1,12 +1,11 @@
 """The decoding settings a chat session can change live, and their one-line validation."""
 
-import random
 from dataclasses import dataclass, replace
 from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
-                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P)
+                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
@@ -27,7 +26,7 @@ class DecodingSettings:
     reply_schema: dict | None = None  # /json, /schema: the JSON schema replies keep to; None: free text
 
     def sampling(self) -> SamplingParams:
-        seed = self.seed if self.seed is not None else random.randrange(2**31)
+        seed = self.seed if self.seed is not None else fresh_seed()
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed)
 
     def with_value(self, field: str, value: Any) -> "DecodingSettings":
