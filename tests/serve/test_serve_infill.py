@@ -89,6 +89,8 @@ def test_a_line_indented_less_than_n_indent_ends_the_reply_before_it(fake):
     engine.reply = "return 1\n    x = 2\n  y = 3\nz."
     reply = post(url, CURSOR | {"n_indent": 4})
     assert reply["content"] == "return 1\n    x = 2\n  " and reply["stop_type"] == "limit"
+    # decoded through the "y" that decided the cut (the engine's iteration ran to 25): a token a character
+    assert reply["tokens_predicted"] == reply["timings"]["predicted_n"] == len(reply["content"]) + 1
 
 
 def test_a_streamed_reply_is_llama_cpps_partials_then_the_final_object_without_done(fake):

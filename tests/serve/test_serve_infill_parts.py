@@ -27,6 +27,7 @@ def test_the_indent_stop_cuts_before_the_first_line_indented_less(pieces, expect
     cut = LineCut(n_indent=4, t_max_s=0)
     assert kept(cut, pieces) == expected
     assert cut.hit == (expected != "".join(pieces))
+    assert cut.through == (len(expected) + 1 if cut.hit else 0)  # the line's first character decided it
 
 
 def test_past_the_time_limit_the_reply_ends_at_the_next_new_line():
@@ -35,7 +36,7 @@ def test_past_the_time_limit_the_reply_ends_at_the_next_new_line():
     assert cut.push("a = 1\nb") == "a = 1\nb"  # the first text starts the clock
     assert cut.push(" = 2\nc") == " = 2\nc"  # 0.5 s: within the limit
     assert cut.push(" = 3 and more") == " = 3 and more" and not cut.hit  # 2.0 s, but no new line yet
-    assert cut.push("\nd = 4\n") == "\n" and cut.hit
+    assert cut.push("\nd = 4\n") == "\n" and cut.hit and cut.through == len(cut.text)  # the new line, kept
     assert cut.push("e") == ""
 
 

@@ -95,3 +95,13 @@ def test_a_characters_byte_tokens_are_logged_once_the_character_is_sent(byte_lev
     assert push_logged(reply, snowman[2:]) == "☃"
     assert logged_tokens(reply) == snowman
 
+
+
+def test_a_front_ends_cut_counts_logprobs_to_the_text_kept_and_usage_to_what_decided_it():
+    """llama.cpp's editor stops (serve/native_stops.py) end a reply on its text: as a stop string."""
+    tokenizer = PieceTokenizer()
+    reply = logged_reply(tokenizer, [])
+    ids = tokenizer.encode(["he", "llo", " wor", "ld", "!"])
+    assert push_logged(reply, ids) == "hello world!"
+    reply.cut(5, 7)  # "hello" kept, decided by the "w" of " wor"
+    assert logged_tokens(reply) == ids[:2] and reply.completion_tokens == 3

@@ -50,7 +50,10 @@ class Native(Endpoint):
     async def kept(self, job: Job, reply: Reply, cut: LineCut) -> AsyncIterator[str]:
         """The reply's text as the editor stops keep it."""
         async for text in self.texts(job, reply):
-            if kept := cut.push(text):
+            kept = cut.push(text)
+            if cut.hit:  # before the kept text goes out: its logprobs are counted to the cut
+                reply.cut(len(cut.text), cut.through)
+            if kept:
                 yield kept
             if cut.hit:
                 return

@@ -22,6 +22,7 @@ class LineCut:
         self.line: int | None = None  # where the first line not yet judged starts (None: before any new line)
         self.started: float | None = None
         self.hit = False
+        self.through = 0  # after a cut: where the character that decided it ends
 
     def push(self, piece: str) -> str:
         """The part of `piece` that is kept; after a cut, nothing more."""
@@ -31,12 +32,12 @@ class LineCut:
         self.started = now if self.started is None else self.started
         start = len(self.text)
         self.text += piece
-        end = self.indent_cut(start) if self.n_indent > 0 else None
-        if end is None and self.t_max_s > 0 and now - self.started > self.t_max_s:
-            newline = self.text.find("\n", start)
-            end = None if newline < 0 else newline + 1
-        if end is not None:
-            self.hit, self.text = True, self.text[:end]
+        shown = self.indent_cut(start) if self.n_indent > 0 else None  # cut before it
+        newline = self.text.find("\n", start) if self.t_max_s > 0 and now - self.started > self.t_max_s else -1
+        if shown is not None:
+            self.hit, self.through, self.text = True, shown + 1, self.text[:shown]
+        elif newline >= 0:  # kept
+            self.hit, self.through, self.text = True, newline + 1, self.text[:newline + 1]
         return self.text[start:]
 
     def indent_cut(self, start: int) -> int | None:

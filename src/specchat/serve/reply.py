@@ -28,6 +28,7 @@ class Reply:
     may_call: bool = False  # the request offers tools: the reply's <tool_call> blocks are calls
     logged: int = 0  # token_log entries already sent (streaming)
     sent: int = 0  # characters of the reply's text returned so far
+    through: int | None = None  # a front end's cut (Reply.cut): decoding counts to this character
 
     def push(self, event: IterationEvent) -> str:
         """The event's tokens; returns the text now safe to send."""
@@ -42,6 +43,11 @@ class Reply:
         self.sent += len(text)
         return text
 
+    def cut(self, kept: int, through: int) -> None:
+        """A front end ended the reply at `kept` characters of its text, decided by the character
+        that ends at `through` (llama.cpp's editor stops): logprobs and usage count to there."""
+        self.sent, self.through = kept, through
+
     @property
     def stopped(self) -> bool:
         """A stop string was found: nothing after it is wanted."""
@@ -51,9 +57,11 @@ class Reply:
     def completion_tokens(self) -> int:
         """The reply's tokens: at a stop string, those up to the one that completed it, as decoding
         token by token would have made (a tree may have accepted more past it: never sent)."""
-        if not self.stopped:
-            return len(self.stream.token_ids)
-        return self.stream.reaching(self.sent + len(self.scan.word))
+        if self.through is not None:
+            return self.stream.reaching(self.through)
+        if self.stopped:
+            return self.stream.reaching(self.sent + len(self.scan.word))
+        return len(self.stream.token_ids)
 
     @property
     def ended_by_model(self) -> bool:
