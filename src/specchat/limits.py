@@ -46,6 +46,8 @@ LOOKAHEAD = Bounds(1, 64)  # dsi: drafts per verification job
 MAX_TOKENS = Bounds(1, 32768)  # new tokens per reply
 TEMPERATURE = Bounds(0.0, 5.0)  # 0 = greedy
 TOP_P = Bounds(0.0, 1.0, low_open=True)  # nucleus sampling mass
+TOP_K = Bounds(-1, 2**31 - 1)  # the likeliest tokens kept; 0 and -1 (vLLM's "off") keep all
+MIN_P = Bounds(0.0, 1.0)  # a token's least probability over the likeliest's; 0 cuts nothing
 CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)
 

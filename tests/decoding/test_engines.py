@@ -1,5 +1,6 @@
 """Engines on tiny random models: exactness against sequential decoding and HF generate."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -8,6 +9,7 @@ from helpers.engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distr
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import LiveSettings, SamplingParams
+from specchat.decoding.kvcache import new_cache
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
@@ -34,6 +36,20 @@ def test_specexec_matches_autoregressive(tiny_target, tiny_draft, budget, depth,
     assert tokens == reference
     assert all(e.tree_size <= budget and e.depth <= depth for e in events)
     assert sum(len(e.token_ids) for e in events) == 40 and events[-1].finished
+
+
+def test_specexec_under_top_k_and_min_p_matches_autoregressive_within_the_cut(tiny_target, tiny_draft):
+    sampling = SamplingParams(1.3, 1.0, seed=5, top_k=3, min_p=0.1)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    tokens, _ = run(TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8)), sampling)
+    assert tokens == reference
+    sequence = PROMPT + tokens
+    logits = tiny_target.logits(tiny_target.hidden(torch.tensor(sequence), torch.arange(len(sequence)), new_cache()))
+    rows = logits[len(PROMPT) - 1:-1].float()
+    chosen = rows.gather(1, torch.tensor(tokens)[:, None])
+    assert ((rows > chosen).sum(dim=1) < 3).all()  # each token among the 3 likeliest: the cut reached the sampler
+    # and at least 0.1 x the likeliest at temperature 1.3: logit >= the largest + 1.3 log 0.1
+    assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.3 * math.log(0.1)).all()
 
 
 def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):

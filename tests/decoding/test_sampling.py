@@ -364,3 +364,35 @@ def test_empirical_frequencies_match_filtered_probs(temperature, top_p, seed):
     assert kept.sum() >= 2  # otherwise the chi-square test is vacuous
     expected = n * probs[kept] / probs[kept].sum()
     assert stats.chisquare(counts[kept], expected).pvalue > 1e-3
+
+
+# --- top-k and min-p, chained as transformers' generate chains them ----------------------------
+
+
+@pytest.mark.parametrize("shape", [(7,), (1000,), (3, 50)])
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(1, 1.0, 0.0), (5, 1.0, 0.0), (40, 0.9, 0.0), (0, 1.0, 0.05),
+                                                        (0, 0.95, 0.2), (20, 0.9, 0.1), (10**6, 1.0, 1.0)])
+def test_top_k_and_min_p_are_hfs_warpers_bit_for_bit(shape, top_k, top_p, min_p):
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape) + top_k)) * 3
+    ours = filter_logits(logits, 0.7, top_p, top_k, min_p)
+    assert torch.equal(ours, hf_filter(logits, 0.7, top_p, top_k, min_p))
+    kept = torch.isfinite(ours).sum(dim=-1)
+    assert (kept >= 1).all() and (top_k == 0 or (kept <= min(top_k, shape[-1])).all())
+
+
+def test_a_tie_at_the_kth_score_keeps_both_as_hf_does():
+    logits = torch.tensor([3.0, 1.0, 2.0, 2.0, 0.5])
+    assert torch.isfinite(filter_logits(logits, 1.0, 1.0, top_k=2)).tolist() == [True, False, True, True, False]
+
+
+def test_min_p_keeps_tokens_at_least_min_p_times_the_likeliest():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.1, 0.06, 0.04]))
+    kept = torch.isfinite(filter_logits(logits, 1.0, 1.0, min_p=0.15)).tolist()
+    assert kept == [True, True, True, False, False]  # 0.075 is the floor: 0.1 stays, 0.06 goes
+
+
+def test_sample_token_samples_the_cut_distribution():
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    params = SamplingParams(temperature=1.0, top_p=1.0, seed=3, top_k=2)
+    tokens = {sample_token(logits, params, position) for position in range(200)}
+    assert tokens == {0, 1}

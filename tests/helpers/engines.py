@@ -8,14 +8,15 @@ from collections.abc import Callable
 
 import torch
 from scipy.stats import chisquare
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                     TopPLogitsWarper)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import AutoSizer, Choice, Costs
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.sampling import filtered_probs
+from specchat.decoding.sampling import sampled_probs
 from specchat.decoding.tree import TreeShape
 
 PROMPT = [7, 3, 9, 2, 11, 5]
@@ -31,7 +32,7 @@ def exact_token_distribution(model, sampling, index: int, prefix: list[int] = PR
     """The filtered target's marginal of the token `index` places after `prefix` (0: the next):
     P(x_k) = sum over x_1..x_(k-1) of P(x_1) P(x_2 | x_1) ... P(x_k | x_1..x_(k-1))."""
     hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
-    probs = filtered_probs(model.logits(hidden[-1:])[0], sampling.temperature, sampling.top_p)
+    probs = sampled_probs(model.logits(hidden[-1:])[0], sampling)
     if index == 0:
         return probs
     total = torch.zeros_like(probs)
@@ -129,12 +130,18 @@ class Alternating(AutoSizer):
         return Choice(draft=self.chosen % 5 in (1, 2), look=False, with_tree=1.0, alone=1.0)
 
 
-def hf_filter(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """What HF generate applies: temperature, then top-p only when top_p < 1."""
+def hf_filter(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+              min_p: float = 0.0) -> torch.Tensor:
+    """What HF generate applies: temperature, then top-k, top-p and min-p where each is set, in
+    the order its `_get_logits_processor` chains them."""
     # HF's top-p scatters along dim 1, so it needs [B, V]; 1-D inputs get a batch dim.
     scores = logits.reshape(-1, logits.shape[-1])
     input_ids = torch.zeros(scores.shape[0], 1, dtype=torch.long)
     scores = TemperatureLogitsWarper(temperature)(input_ids, scores)
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k)(input_ids, scores)
     if top_p < 1.0:
         scores = TopPLogitsWarper(top_p)(input_ids, scores)
+    if min_p > 0.0:
+        scores = MinPLogitsWarper(min_p)(input_ids, scores)
     return scores.reshape(logits.shape)

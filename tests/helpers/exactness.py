@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.sampling import filtered_probs, sample_token, uniform
+from specchat.decoding.sampling import sample_token, sampled_probs, uniform
 
 NEAR_TIE = 1e-4  # in logits
 MAX_TIES = 1  # per prompt
@@ -80,7 +80,7 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     the token's interval, r <= exp(2d/T) - 1, i.e. 2d >= T log(1 + r). A top-p cut that moves
     with the logits is not modelled: such a flip has a large r and fails, it never passes.
     """
-    probs = filtered_probs(logits, sampling.temperature, sampling.top_p)
+    probs = sampled_probs(logits, sampling)
     cdf = probs.cumsum(dim=0) / probs.sum()
     low = float(cdf[token - 1]) if token > 0 else 0.0
     high = float(cdf[token])

@@ -13,15 +13,17 @@ checks and records it in docs/benchmarks.md.
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
 from helpers.engines import GREEDY, Alternating, hf_filter
 from helpers.real_pair import PAPER_SAMPLING, emitted, real_draft
 
+from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import Costs
 from specchat.decoding.chain_sd import CHAIN_SD
-from specchat.decoding.events import ALONE, DRAFTED
+from specchat.decoding.events import ALONE, DRAFTED, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SPECEXEC
@@ -94,6 +96,25 @@ def test_greedy_sd_equals_hf_generate(real_pair, real_check, greedy_references):
 def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_references):
     engine = TreeEngine(SPECINFER, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
     assert_equals_hf_greedy(real_check, engine, greedy_references)
+
+
+def test_seeded_specexec_under_top_k_and_min_p_equals_seeded_autoregressive(real_pair, real_check,
+                                                                           seeded_references):
+    """A served request's top_k and min_p cut the target's distribution in the one filter every
+    engine samples through: one prompt, as a draft form's check, hot enough that the cuts bind."""
+    sampling = SamplingParams(temperature=1.5, top_p=1.0, seed=1234, top_k=3, min_p=0.2)
+    prompt_ids = seeded_references[0][0]
+    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling)
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
+    tokens, events = emitted(engine, prompt_ids, sampling)
+    comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
+    assert comparison.acceptable, comparison.describe()
+    assert sum(e.accepted for e in events) > 0
+    with torch.inference_mode():
+        rows = real_pair.target.model(torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1].float()
+    chosen = rows.gather(1, torch.tensor(tokens)[:, None])
+    assert ((rows > chosen).sum(dim=1) < 3).all()  # each among the 3 likeliest
+    assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.5 * math.log(0.2)).all()  # >= 0.2 x the likeliest
 
 
 def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,

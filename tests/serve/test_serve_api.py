@@ -133,6 +133,15 @@ def test_null_stream_and_echo_are_false_as_the_openai_client_sends_them(fake):
             assert response.status == 200 and json.loads(response.read())["object"].endswith("completion")
 
 
+@pytest.mark.parametrize(("cuts", "top_k", "min_p"), [({"top_k": 20, "min_p": 0.05}, 20, 0.05),
+                                                     ({"top_k": -1}, 0, 0.0), ({}, 0, 0.0)])
+def test_top_k_and_min_p_reach_the_engine_as_vllm_takes_them(fake, cuts, top_k, min_p):
+    """vLLM's extra sampling parameters (the openai client sends them in extra_body); -1 is its "off"."""
+    engine, chat, _ = fake
+    chat.chat.completions.create(model=MODEL, messages=user("hi"), temperature=0.3, top_p=0.5, seed=7, extra_body=cuts)
+    assert engine.calls[-1][2] == SamplingParams(temperature=0.3, top_p=0.5, seed=7, top_k=top_k, min_p=min_p)
+
+
 def test_messages_reach_the_engine_through_the_chat_template(fake):
     engine, chat, _ = fake
     messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},

@@ -17,6 +17,8 @@ class SamplingParams:
     temperature: float = 0.6
     top_p: float = 0.9
     seed: int = 0
+    top_k: int = 0  # keep the k likeliest tokens (0: all), before top-p
+    min_p: float = 0.0  # after top-p, drop tokens less likely than min_p x the likeliest (0: none)
     guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
     token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
 

@@ -3,7 +3,7 @@
 Why the same seed gives the same tokens in SpecExec and in autoregressive decoding
 -------------------------------------------------------
 Sequential sampling emits token n as ``F_n^{-1}(u_n)``: the inverse CDF of the filtered target
-distribution ``p_n`` (temperature, then top-p) at position n, evaluated at a uniform number
+distribution ``p_n`` (temperature, top-k, top-p, min-p) at position n, evaluated at a uniform number
 ``u_n``. Two choices make that value independent of how the engine got there:
 
 * ``u_n = uniform(seed, n)`` is a pure function of the seed and the absolute position n. It
@@ -18,6 +18,8 @@ prefix agrees, so ``p_n`` agrees, and with the same ``u_n`` the token at n agree
 then changes only how many target forwards are needed, never which tokens come out (given that
 the target's logits at a tree node equal the sequential ones, e.g. in float32).
 """
+
+import math
 
 import torch
 
@@ -115,22 +117,48 @@ def nucleus_floor(scores: torch.Tensor, top_p: float) -> float | None:
     return float(top[k - 1]) if clear_below and clear_above and untied else None
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Logits [..., V] divided by temperature, then top-p cut to -inf (top_p >= 1: no cut).
+def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+                  min_p: float = 0.0) -> torch.Tensor:
+    """Logits [..., V] divided by temperature, then cut to -inf: top-k (0: no cut), top-p (>= 1: no
+    cut), min-p (0: no cut), the order transformers' `generate` chains them in.
 
-    Bit-identical to HF ``TemperatureLogitsWarper`` followed by ``TopPLogitsWarper``.
+    Bit-identical to HF ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper`` and
+    ``MinPLogitsWarper`` one after the other.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to filter logits, got {temperature}")
     scores = logits / temperature
-    if top_p >= 1.0:
-        return scores
-    return cut_top_p(scores, top_p)
+    if top_k > 0:
+        scores = cut_top_k(scores, top_k)
+    if top_p < 1.0:
+        scores = cut_top_p(scores, top_p)
+    if min_p > 0.0:
+        scores = cut_min_p(scores, min_p)
+    return scores
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Float64 probabilities [..., V] after temperature and top-p; cut tokens get exactly 0."""
-    return filter_logits(logits, temperature, top_p).double().softmax(dim=-1)
+def cut_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Scores below the k-th largest cut to -inf (a tie with it stays), as HF's TopKLogitsWarper."""
+    kth = torch.topk(scores, min(top_k, scores.shape[-1]))[0][..., -1:]
+    return scores.masked_fill(scores < kth, -math.inf)
+
+
+def cut_min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Scores whose probability (a softmax in their dtype, as HF's MinPLogitsWarper takes it) is
+    below min_p x the likeliest's cut to -inf; the likeliest always stays, as min_p <= 1."""
+    probs = torch.softmax(scores, dim=-1)
+    return scores.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), -math.inf)
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+                   min_p: float = 0.0) -> torch.Tensor:
+    """Float64 probabilities [..., V] after `filter_logits`' cuts; cut tokens get exactly 0."""
+    return filter_logits(logits, temperature, top_p, top_k, min_p).double().softmax(dim=-1)
+
+
+def sampled_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`filtered_probs` under a reply's sampling (temperature > 0)."""
+    return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p)
 
 
 def invert_cdf(probs: torch.Tensor, u: float) -> int:
@@ -175,5 +203,4 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) ->
     """
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    probs = filtered_probs(logits, params.temperature, params.top_p)
-    return invert_cdf(probs, uniform(params.seed, position))
+    return invert_cdf(sampled_probs(logits, params), uniform(params.seed, position))

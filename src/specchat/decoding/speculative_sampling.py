@@ -43,7 +43,7 @@ from enum import IntEnum
 import torch
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.sampling import filtered_probs, invert_cdf, mix64, uniform
+from specchat.decoding.sampling import invert_cdf, mix64, sampled_probs, uniform
 
 
 class Purpose(IntEnum):
@@ -70,11 +70,11 @@ def derived_uniform(seed: int, purpose: Purpose, index: int, position: int) -> f
 
 
 def distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Float64 [V] next-token distribution as sampled from 1-D logits: temperature and top-p,
+    """Float64 [V] next-token distribution as sampled from 1-D logits: temperature and the cuts,
     or at temperature 0 the one-hot of the first maximum (what `sample_token` picks)."""
     if sampling.temperature == 0:
         return torch.nn.functional.one_hot(torch.argmax(logits), logits.shape[-1]).double()
-    return filtered_probs(logits, sampling.temperature, sampling.top_p)
+    return sampled_probs(logits, sampling)
 
 
 def accepts(p: torch.Tensor, q: torch.Tensor, token: int, u: float) -> bool:

@@ -1,6 +1,6 @@
 """What llama.cpp's own routes (/completion, /infill) take beside the prompt: `n_predict`, the
 editor stops, `response_fields`, `cache_prompt`, `n_probs` and the sampling every route shares;
-unknown fields (`top_k`, `samplers`, `id_slot`...) are ignored. No `model` is needed: one is served."""
+unknown fields (`samplers`, `id_slot`...) are ignored. No `model` is needed: one is served."""
 
 from specchat.decoding.token_log import TokenLog
 from specchat.limits import MAX_TOKENS

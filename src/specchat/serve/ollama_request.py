@@ -16,6 +16,8 @@ class OllamaOptions(Strict):
 
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     num_predict: int | None = None  # -1: to the end of the context (as -2, Ollama's "fill the context")
     stop: list[str] | None = None

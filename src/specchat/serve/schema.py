@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
-from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P, fresh_seed
+from specchat.limits import MAX_TOKENS, MIN_P, TEMPERATURE, TOP_K, TOP_P, fresh_seed
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
@@ -51,6 +51,8 @@ class Decoded(Strict):
     model: str
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # vLLM's and llama.cpp's: left out, no cut
+    min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None  # null is false: the openai client sends stream=None as null
@@ -199,13 +201,15 @@ def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
     """The request's sampling, the server's defaults for what it leaves out; a 400 out of range."""
     temperature = defaults.temperature if request.temperature is None else request.temperature
     top_p = defaults.top_p if request.top_p is None else request.top_p
-    for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p)):
+    top_k, min_p = request.top_k or 0, request.min_p or 0.0  # left out: no cut
+    for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p),
+                                 ("top_k", TOP_K, top_k), ("min_p", MIN_P, min_p)):
         if problem := bounds.problem(field, value):
             raise bad_request(problem, param=field)
     seed = request.seed if request.seed is not None else defaults.seed if defaults.seed is not None else fresh_seed()
     if seed < 0:
         raise bad_request(f"seed must be >= 0 (got {seed})", param="seed")
-    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)
 
 
 def requested_tokens(request: ChatRequest) -> int | None:
