@@ -147,6 +147,14 @@ def test_piped_input_that_is_no_prompt_is_one_line(monkeypatch, capsys, stdin, f
     assert_one_line_error(code, err, fragment)
 
 
+@pytest.mark.parametrize("args", [("hi\udcff",), ("hi", "--system", "\udcffbrief")])
+def test_bytes_that_are_not_utf8_in_an_argument_are_one_line(monkeypatch, capsys, args):
+    """Python keeps an argument's (or a C locale's stdin's) undecodable bytes as lone surrogates,
+    which the tokenizer refused with a TypeError and a traceback."""
+    code, _, err = run_cli(monkeypatch, capsys, "generate", *args)
+    assert_one_line_error(code, err, "is not UTF-8 text")
+
+
 def test_a_system_prompt_in_a_raw_prompt_is_one_line(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "generate", "hi", "--raw", "--system", "Be brief.")
     assert_one_line_error(code, err, "--system goes into the chat template, which --raw leaves out")

@@ -4,10 +4,11 @@ context's end, refused when none is left; the memory budgets' range (a run and `
 
 import pytest
 
+from specchat.cli_options import check_sampling
 from specchat.doctor.command import check_numbers
 from specchat.engine_options import EngineOptions
 from specchat.errors import ContextOverflow, SpecchatError
-from specchat.limits import TEMPERATURE, TOP_P, Bounds, check_memory_budgets, reply_limit
+from specchat.limits import TEMPERATURE, TOP_P, Bounds, check_memory_budgets, check_text, reply_limit
 from specchat.plan.machine import Machine
 from specchat.runtime import validate
 
@@ -67,3 +68,17 @@ def test_bounds_are_written_as_typed():
     assert Bounds(64, 2**20).describe() == "between 64 and 1048576"
     assert TEMPERATURE.describe() == "between 0 and 5" and TOP_P.describe() == "in (0, 1]"
     assert Bounds(0.0, 1e6, low_open=True).describe() == "in (0, 1e+06]"
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 10**30])
+def test_a_seed_outside_a_signed_64_bit_int_is_one_line(seed):
+    """bench --compare-hf hands the seed to torch's generator, which raised on 2**63 and past."""
+    with pytest.raises(SpecchatError, match=r"--seed must be >= 0 and below 2\*\*63"):
+        check_sampling(0.6, 0.9, seed, 16)
+    assert check_sampling(0.6, 0.9, 2**63 - 1, 16).seed == 2**63 - 1
+
+
+def test_text_with_a_lone_surrogate_is_one_line():
+    check_text("the prompt", "café ☃")
+    with pytest.raises(SpecchatError, match="the prompt is not UTF-8 text"):
+        check_text("the prompt", "hi\udcff")

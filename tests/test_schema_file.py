@@ -34,6 +34,13 @@ def test_a_name_no_file_can_have_is_one_line():
         read_schema_file(Path("\x00"), "/schema")
 
 
+def test_json_nested_past_pythons_parser_is_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)  # json raised RecursionError
+    with pytest.raises(SpecchatError, match="JSON nested deeper than Python's parser goes"):
+        read_schema_file(path, "/schema")
+
+
 def test_a_user_without_a_home_is_one_line():
     """Found by the /schema fuzz test: `/schema ~0` raised Path.expanduser's RuntimeError."""
     with pytest.raises(SpecchatError, match="/schema ~0: no home directory is known for '~0'"):

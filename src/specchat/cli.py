@@ -12,7 +12,8 @@ from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, Ra
                                   TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
-from specchat.limits import DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
+                             check_text)
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
 from specchat.version import version_line
@@ -69,6 +70,8 @@ def generate(
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
     prompt = read_stdin() if prompt == "-" else prompt
+    check_text("the prompt", prompt)
+    check_text("--system", system or "")
     if not prompt.strip():
         raise SpecchatError("the prompt is empty: give some text")
     if system is not None and raw:

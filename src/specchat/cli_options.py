@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import MAX_TOKENS, TEMPERATURE, TOP_P
+from specchat.limits import MAX_TOKENS, SEED_LIMIT, TEMPERATURE, TOP_P
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -130,7 +130,7 @@ def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: 
     """The sampling options as SamplingParams; one line on a value out of range."""
     TEMPERATURE.check("--temperature", temperature)
     TOP_P.check("--top-p", top_p)
-    if seed < 0:
-        raise SpecchatError(f"--seed must be >= 0 (got {seed})")
+    if not 0 <= seed < SEED_LIMIT:
+        raise SpecchatError(f"--seed must be >= 0 and below 2**63 (got {seed})")
     MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)

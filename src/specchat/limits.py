@@ -60,6 +60,7 @@ DEFAULT_CONTEXT = 4096
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.9
 DEFAULT_SEED = 0
+SEED_LIMIT = 2**63  # seeds are below it: torch's generators (bench --compare-hf) take a signed 64-bit one
 
 
 def fresh_seed() -> int:
@@ -126,3 +127,12 @@ def check_memory_budgets(ram_budget: float | None, vram_budget: float | None) ->
     for name, value in (("--ram-budget", ram_budget), ("--vram-budget", vram_budget)):
         if value is not None:
             MEMORY_BUDGET_GB.check(name, value)
+
+
+def check_text(name: str, text: str) -> None:
+    """One line where `text` holds a lone surrogate, which no tokenizer takes: Python keeps an
+    argument's (or a C locale's stdin's) bytes that are not UTF-8 so, and JSON may escape one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecchatError(f"{name} is not UTF-8 text (a lone surrogate, or bytes that are not UTF-8)") from None

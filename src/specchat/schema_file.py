@@ -15,6 +15,8 @@ def read_schema_file(path: Path, named_by: str) -> dict:
         schema = json.loads(read_user_file(path, named_by))
     except ValueError as error:  # JSON's errors
         raise SpecchatError(f"{named_by} {shown(path)} is not JSON: {error}") from None
+    except RecursionError:
+        raise SpecchatError(f"{named_by} {shown(path)}: JSON nested deeper than Python's parser goes") from None
     if not isinstance(schema, dict):
         raise SpecchatError(f"{named_by} {shown(path)}: a JSON schema is an object")
     return schema

@@ -155,6 +155,14 @@ def test_a_malformed_middle_line_is_one_clear_error(tmp_path):
         read_rows(tmp_path / RESULTS_FILE)
 
 
+@pytest.mark.parametrize(("content", "fragment"), [(b'{"engine": "sd"}\n[1]\n', "line 2 is not a JSON object"),
+                                                 (b'{"engine": "sd"}\n\xff\n', "is not UTF-8 text")])
+def test_a_results_file_of_other_rows_is_one_clear_error(tmp_path, content, fragment):
+    (tmp_path / RESULTS_FILE).write_bytes(content)  # were AttributeError and UnicodeDecodeError
+    with pytest.raises(SpecchatError, match=fragment):
+        read_rows(tmp_path / RESULTS_FILE)
+
+
 def test_the_same_seed_reproduces_gen_rates(tmp_path, measurer):
     first, second = sweep(tmp_path / "a", measurer), sweep(tmp_path / "b", measurer)
     figures = ("new_tokens", "iterations", "gen_rate", "mean_tree_size", "mean_depth")

@@ -155,9 +155,13 @@ def test_doctor_plans_under_a_ram_budget(monkeypatch, capsys, tmp_path, without_
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--probe-gb", "0"), "--probe-gb must be a positive"),
-        (("--probe-gb", "-1"), "--probe-gb must be a positive"),
-        (("--probe-gb", "1e9"), "needs"),  # more than the free disk space
+        (("--probe-gb", "0"), "--probe-gb must be between 0.001 and 1e+06 GB (got 0.0)"),
+        (("--probe-gb", "-1"), "--probe-gb must be between"),
+        (("--probe-gb", "1e-12"), "--probe-gb must be between"),  # no aligned bytes: a traceback
+        (("--probe-gb", "1e300"), "--probe-gb must be between"),  # bytes past an int: a traceback
+        (("--probe-gb", "nan"), "--probe-gb must be between"),
+        (("--probe-gb", "5e5"), "needs"),  # more than the free disk space
+        (("--ram-gb", "1e300", "--vram-gb", "24"), "--ram-gb must be a positive number up to 1e+06 (got 1e+300)"),
         (("--ram-budget", "0"), "--ram-budget must be in (0, 1e+06] (got 0.0)"),
         (("--offload-dir", "{tmp}/afile"), "is a file, not a directory"),
         (("--offload-dir", "{tmp}/afile/sub"), "afile/sub: cannot create it: Not a directory"),

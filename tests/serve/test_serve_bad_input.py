@@ -66,7 +66,7 @@ CASES = [
     ("min_p above 1", "POST", "/v1/completions", text(min_p=1.5), AUTH, 400, "invalid_value",
      "min_p must be between 0 and 1 (got 1.5)"),
     ("negative seed", "POST", "/v1/chat/completions", body(seed=-1), AUTH, 400, "invalid_value",
-     "seed must be >= 0 (got -1)"),
+     "seed must be >= 0 and below 2**63 (got -1)"),
     ("stream not a boolean", "POST", "/v1/chat/completions", body(stream="yes"), AUTH, 400, "invalid_type",
      "stream: input should be a valid boolean"),
     ("empty stop string", "POST", "/v1/chat/completions", body(stop=[""]), AUTH, 400, "invalid_value",

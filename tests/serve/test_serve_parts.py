@@ -134,6 +134,12 @@ def test_serving_options_out_of_range_are_one_line(changes, fragment):
         check_serving(serving_options(**changes))
 
 
+@pytest.mark.parametrize("host", ["a..b", "x" * 64 + ".example"])
+def test_a_host_name_idna_cannot_encode_is_one_line(host):
+    with pytest.raises(SpecchatError, match="not a host name"):  # was the codec's UnicodeError
+        bind(host, 0)
+
+
 def test_a_taken_port_is_one_line():
     taken = bind("127.0.0.1", 0)
     try:

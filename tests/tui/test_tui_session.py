@@ -286,6 +286,8 @@ def test_save_exports_markdown_or_says_why_not(store, tmp_path):
     assert target.read_text().startswith("# first question\n\n## User\n\nfirst question")
     refused = session.save(str(tmp_path / "missing" / "out.md")).notes[0]
     assert refused.error and refused.text.startswith("cannot save to")
+    nameless = session.save("a\x00b.md").notes[0]  # a pasted name: ValueError, which crashed the app
+    assert nameless.error and nameless.text == "/save 'a\\x00b.md': not a file name"
     homeless = session.save("~specchat-no-such-user/out.md").notes[0]
     assert homeless.error and homeless.text.startswith("/save ~specchat-no-such-user/out.md: no home directory")
 

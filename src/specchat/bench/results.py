@@ -34,14 +34,20 @@ def read_rows(path: Path) -> list[dict]:
         return []
     drop_partial_line(path)
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise SpecchatError(f"{path} line {number} is not a JSON row ({error.msg}): fix or delete it") from error
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise SpecchatError(f"{path} is not UTF-8 text, so not a results file: fix or delete it") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SpecchatError(f"{path} line {number} is not a JSON row ({error.msg}): fix or delete it") from error
+        if not isinstance(row, dict):
+            raise SpecchatError(f"{path} line {number} is not a JSON object, so not a row: fix or delete it")
+        rows.append(row)
     return rows
 
 

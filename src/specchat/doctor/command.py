@@ -1,7 +1,6 @@
 """`specchat doctor`: this machine measured (or one described by its sizes, nothing measured) and
 the memory plan of a target and its draft on it."""
 
-import math
 import sys
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from specchat.machine_links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.plan import Machine
 from specchat.engine_options import EngineOptions
+
+MACHINE_FIGURE_MAX = 1e6  # a described machine's GB or GB/s: past any machine, and bytes an int holds
 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
@@ -57,5 +58,5 @@ def check_numbers(machine: Machine, ram_budget: float | None, vram_budget: float
         CONTEXT.check("--context", context)
     for name, value in (("--vram-gb", machine.vram_gb), ("--ram-gb", machine.ram_gb),
                         ("--disk-gbps", machine.disk_gbps), ("--pcie-gbps", machine.pcie_gbps)):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise SpecchatError(f"{name} must be a positive number (got {value})")
+        if value is not None and not 0 < value <= MACHINE_FIGURE_MAX:
+            raise SpecchatError(f"{name} must be a positive number up to {MACHINE_FIGURE_MAX:g} (got {value})")

@@ -1,6 +1,5 @@
 """The facts `specchat doctor` reports: devices, memory, free disk and the offload links' bandwidths."""
 
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,8 @@ from specchat.offload.direct_io import align_up
 from specchat.offload.probe import measure_h2d_gbps, probe_disk
 from specchat.paths import expanded, make_output_dir
 from specchat.transfer import gb
+
+PROBE_GB_MIN, PROBE_GB_MAX = 0.001, 1e6  # 1 MB (a few bytes rounded to no aligned bytes); past any disk
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class Facts:
 
 def gather(offload_dir: Path, probe_gb: float) -> Facts:
     """Everything doctor reports; writes, reads and deletes a probe file of `probe_gb` GB."""
-    if not (probe_gb > 0 and math.isfinite(probe_gb)):
-        raise SpecchatError(f"--probe-gb must be a positive number of GB (got {probe_gb})")
+    if not PROBE_GB_MIN <= probe_gb <= PROBE_GB_MAX:
+        raise SpecchatError(f"--probe-gb must be between {PROBE_GB_MIN:g} and {PROBE_GB_MAX:g} GB (got {probe_gb})")
     directory = expanded(offload_dir, "--offload-dir")
     make_output_dir("--offload-dir", directory)
     probe_bytes = align_up(int(probe_gb * 1e9))

@@ -42,8 +42,10 @@ def config_from_file(path: Path) -> PretrainedConfig:
     """A config.json as transformers reads it, its quantization_config (GPTQ, AWQ) kept."""
     try:
         values = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise SpecchatError(f"cannot read the model config {path}: {error}") from error
+    except (OSError, ValueError) as error:  # ValueError: JSON's errors, and bytes that are not UTF-8
+        raise SpecchatError(f"cannot read the model config {path}: {error}") from None
+    if not isinstance(values, dict):
+        raise SpecchatError(f"{path} is not a transformers config: its JSON is not an object")
     if "model_type" not in values:
         raise SpecchatError(f"{path} names no model_type, so it is not a transformers config")
     if values["model_type"] not in CONFIG_MAPPING:  # only the repository's own code could build it

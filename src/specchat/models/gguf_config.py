@@ -31,11 +31,20 @@ STACKED_EXPERTS = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.")
 EXPERT_COUNTS = ("num_experts", "num_local_experts")  # the config attributes of transformers' MoE models
 
 
+def read_gguf(path: Path) -> GGUFReader:
+    """`path`'s reader; one line for a file that is not GGUF (gguf's reader fails on its first
+    field with ValueError or IndexError, and an empty file cannot be mapped)."""
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError) as error:
+        raise SpecchatError(f"{path.name} is not a readable GGUF file: {error}") from None
+
+
 def gguf_config(path: Path) -> PretrainedConfig:
     """The config transformers builds `path`'s model from (pass it to from_pretrained with the file):
     its own reading of the metadata, with the experts' widths the file declares; one line for a
     file whose experts transformers would not load."""
-    reader = GGUFReader(path)
+    reader = read_gguf(path)
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     if is_mixtral(reader):
         return mixtral_config(path.name, reader, config)

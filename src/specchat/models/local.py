@@ -5,6 +5,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from specchat.models.configs import config_from_file
 from specchat.models.embedded import EMBEDDED, converted_path, int4_path
 from specchat.models.spec import ModelSource, resolve
 from specchat.models.marker import is_converted, is_current_int4
@@ -14,7 +15,10 @@ def local_tokenizer(spec: str, weights: str = "dense") -> PreTrainedTokenizerBas
     """The tokenizer of `spec` when its safetensors directory is already here, loaded before the
     memory plan so that what the plan measures the process holding includes it (Qwen2.5's takes
     0.13 GB); None when the model is still to be fetched or converted (it loads with the weights)."""
-    directory = local_safetensors(resolve(spec), weights)
+    source = resolve(spec)
+    if source.kind == "dir":  # one line for a config the tokenizer's loader would fail on with a traceback
+        config_from_file(Path(source.location) / "config.json")
+    directory = local_safetensors(source, weights)
     return None if directory is None else AutoTokenizer.from_pretrained(directory)
 
 

@@ -19,6 +19,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, kind, proto)
     except OSError as error:
         raise SpecchatError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    except UnicodeError as error:  # a name IDNA cannot encode (an empty or 64-character label)
+        raise SpecchatError(f"cannot listen on {host!r}: not a host name ({error})") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
-from specchat.limits import MAX_TOKENS, MIN_P, TEMPERATURE, TOP_K, TOP_P, fresh_seed
+from specchat.limits import MAX_TOKENS, MIN_P, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, fresh_seed
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
@@ -207,8 +207,8 @@ def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
         if problem := bounds.problem(field, value):
             raise bad_request(problem, param=field)
     seed = request.seed if request.seed is not None else defaults.seed if defaults.seed is not None else fresh_seed()
-    if seed < 0:
-        raise bad_request(f"seed must be >= 0 (got {seed})", param="seed")
+    if not 0 <= seed < SEED_LIMIT:
+        raise bad_request(f"seed must be >= 0 and below 2**63 (got {seed})", param="seed")
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)
 
 

@@ -131,7 +131,10 @@ def parse_budget(text: str) -> Command:
 
 
 def parse_load(text: str) -> Command:
-    return Load(parse_int("load", text) if text else None)
+    number = parse_int("load", text) if text else None
+    if number is not None and not 0 <= number < 2**63:  # SQLite's integers: a larger id is none
+        raise CommandError(f"/load: no conversation {number}")
+    return Load(number)
 
 
 def parse_json(text: str) -> Command:

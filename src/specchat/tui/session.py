@@ -259,6 +259,8 @@ class Session:
             return says(str(error), error=True)
         except OSError as error:
             return says(f"cannot save to {target}: {error.strerror}", error=True)
+        except ValueError:  # a name no file can have (a NUL byte)
+            return says(f"/save {path!r}: not a file name", error=True)
         return says(f"saved to {target.resolve()}")
 
     def list_conversations(self) -> Outcome:

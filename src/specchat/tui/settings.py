@@ -5,7 +5,7 @@ from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
-                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, TEMPERATURE, TOP_P, fresh_seed)
+                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, SEED_LIMIT, TEMPERATURE, TOP_P, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
@@ -43,6 +43,6 @@ def problem(field: str, value: Any) -> str | None:
         return None
     if field in LIMITS:
         return LIMITS[field].problem(field.replace("_", "-"), value)
-    if field == "seed" and value is not None and value < 0:
-        return f"seed must be >= 0 or 'off' (got {value})"
+    if field == "seed" and value is not None and not 0 <= value < SEED_LIMIT:
+        return f"seed must be >= 0 and below 2**63, or 'off' (got {value})"
     return None
