@@ -211,6 +211,7 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
         (["--vram-budget", "-2"], "--vram-budget must be in (0, 1e+06] (got -2.0)"),
         (["--offload", "none", "--ram-budget", "4"], "--ram-budget caps where offloaded layers go"),
         (["--offload", "disk", "--resident-layers", "-1"], "--resident-layers must be >= 0"),
+        (["--offload", "none", "--resident-layers", "3"], "--resident-layers counts the layers an offloaded target"),
         (["--draft-quant", "int3"], "unknown draft quantization 'int3'"),
         (["--target", "no-such-model"], "unknown model"),
         (["--budget", "0"], "--budget"),

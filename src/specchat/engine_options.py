@@ -65,6 +65,9 @@ def check_values(options: EngineOptions) -> None:
         raise SpecchatError(f"unknown offload tier '{options.offload}': choose one of {', '.join(OFFLOAD_TIERS)}")
     if options.resident_layers is not None and options.resident_layers < 0:
         raise SpecchatError(f"--resident-layers must be >= 0 (got {options.resident_layers})")
+    if options.resident_layers is not None and options.offload == "none":
+        raise SpecchatError("--resident-layers counts the layers an offloaded target keeps on the device: "
+                            "use it with --offload auto, ram or disk")
     check_memory_budgets(options.ram_budget, options.vram_budget)
     if options.offload == "none" and (options.ram_budget is not None or options.vram_budget is not None):
         name = "--ram-budget" if options.ram_budget is not None else "--vram-budget"

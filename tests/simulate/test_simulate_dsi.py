@@ -210,6 +210,7 @@ def test_from_bench_marks_the_measured_point(monkeypatch, capsys, tmp_path):
     ([{"engine": "specexec", "budget": 4}], "has no sd rows: run specchat bench --engines sd"),
     ([sd_row(4, 0.6, 16, 31, 64 * 0.5, 16 * 0.1)], "sd K=4 t=0.6 drafts a token in 5.00 target forwards"),
     ([{"engine": "sd", "budget": 4, "temperature": 0.0}], "an sd row lacks max_depth, draft_s"),
+    ([sd_row(4, 0.6, 16, 31, 64 * 0.5, 16 * 0.1) | {"temperature": "t"}], "an sd row's temperature is not a number"),
 ])
 def test_from_bench_errors_are_one_line_exit_2(monkeypatch, capsys, tmp_path, rows, fragment):
     write_results(tmp_path / "results.jsonl", rows)

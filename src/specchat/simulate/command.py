@@ -85,6 +85,9 @@ def measured_points(path: Path) -> list[MeasuredPoint]:
             missing = [field for field in BENCH_FIELDS if row.get(field) is None]
             if missing:
                 raise SpecchatError(f"--from-bench {path}: an sd row lacks {', '.join(missing)}")
+            wrong = [field for field in BENCH_FIELDS if not isinstance(row[field], (int, float))]
+            if wrong:
+                raise SpecchatError(f"--from-bench {path}: an sd row's {', '.join(wrong)} is not a number")
             groups.setdefault((row["budget"], row["temperature"]), []).append(row)
     if not groups:
         raise SpecchatError(f"--from-bench {path} has no sd rows: run specchat bench --engines sd")
