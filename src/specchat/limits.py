@@ -131,7 +131,7 @@ def check_memory_budgets(ram_budget: float | None, vram_budget: float | None) ->
 
 def check_text(name: str, text: str) -> None:
     """One line where `text` holds a lone surrogate, which no tokenizer takes: Python keeps an
-    argument's (or a C locale's stdin's) bytes that are not UTF-8 so, and JSON may escape one."""
+    argument's (or a C locale's stdin's) bytes that are not UTF-8 so."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
