@@ -172,7 +172,7 @@ def test_on_tiny_models_a_stop_string_inside_a_trees_tokens_cuts_logprobs_and_us
     text = TINY_TOKENIZER.decode(greedy)
     ends = [len([t for ids in events[:i + 1] for t in ids]) for i in range(len(events))]  # each event's last token
     # a two-character stop whose last token has tokens after it in its own iteration, met first there
-    end = next(end for start, end in zip([0, *ends], ends) for end in range(start + 2, end)
+    end = next(end for start, last in zip([0, *ends], ends) for end in range(start + 2, last)
                if text.find(text[end - 2:end]) == end - 2)
     stop = text[end - 2:end]
     log = TokenLog(2)
