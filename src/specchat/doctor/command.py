@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specchat.doctor.advice import advise
 from specchat.doctor.choices import choice_lines
-from specchat.doctor.facts import gather
+from specchat.doctor.facts import gather, probe_room
 from specchat.doctor.limit import measure_limit
 from specchat.doctor.plan import PairPlan, doctor_options, doctor_plan
 from specchat.doctor.report import render, render_described
@@ -33,8 +33,9 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     if machine.described:
         options = doctor_options(target, draft, context, directory, ram_budget, vram_budget)
         return render_described(machine, plan_or_reason(options, machine))
+    directory, probe_bytes = probe_room(directory, probe_gb)
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
-    facts = gather(directory, probe_gb)
+    facts = gather(directory, probe_bytes)
     save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
     measured = Machine(disk_gbps=facts.disk_gbps, pcie_gbps=facts.h2d_gbps)
     options = doctor_options(target, draft, context, facts.offload_dir, ram_budget, vram_budget)

@@ -43,8 +43,9 @@ class Facts:
     probe_bytes: int
 
 
-def gather(offload_dir: Path, probe_gb: float) -> Facts:
-    """Everything doctor reports; writes, reads and deletes a probe file of `probe_gb` GB."""
+def probe_room(offload_dir: Path, probe_gb: float) -> tuple[Path, int]:
+    """The directory the probe file goes in (made) and its bytes; one line where either cannot be,
+    before anything is measured."""
     if not PROBE_GB_MIN <= probe_gb <= PROBE_GB_MAX:
         raise SpecchatError(f"--probe-gb must be between {PROBE_GB_MIN:g} and {PROBE_GB_MAX:g} GB (got {probe_gb})")
     directory = expanded(offload_dir, "--offload-dir")
@@ -53,6 +54,13 @@ def gather(offload_dir: Path, probe_gb: float) -> Facts:
     disk_free = shutil.disk_usage(directory).free
     if probe_bytes > disk_free:
         raise SpecchatError(f"--probe-gb {probe_gb} needs {gb(probe_bytes)} but {directory} has {gb(disk_free)} free")
+    return directory, probe_bytes
+
+
+def gather(directory: Path, probe_bytes: int) -> Facts:
+    """Everything doctor reports; writes, reads and deletes a probe file of `probe_bytes` in
+    `directory` (`probe_room`'s)."""
+    disk_free = shutil.disk_usage(directory).free  # before the probe file takes its share
     memory = psutil.virtual_memory()  # before the probe file passes through the page cache
     disk_gbps, direct = probe_disk(directory, probe_bytes)
     threads = psutil.cpu_count(logical=True) or 1
