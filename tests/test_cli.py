@@ -212,6 +212,7 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
         (["--offload", "none", "--ram-budget", "4"], "--ram-budget caps where offloaded layers go"),
         (["--offload", "disk", "--resident-layers", "-1"], "--resident-layers must be >= 0"),
         (["--offload", "none", "--resident-layers", "3"], "--resident-layers counts the layers an offloaded target"),
+        (["--system", "\udcffbrief"], "--system is not UTF-8 text"),  # an argument's bytes that are not UTF-8
         (["--draft-quant", "int3"], "unknown draft quantization 'int3'"),
         (["--target", "no-such-model"], "unknown model"),
         (["--budget", "0"], "--budget"),

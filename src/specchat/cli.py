@@ -121,6 +121,7 @@ def run(
     options: EngineOptions,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
+    check_text("--system", system or "")
     if system is not None and resume:
         raise SpecchatError("--continue reopens a conversation with its own system prompt: drop --system, or set "
                             "it with /system once the conversation is open")

@@ -18,10 +18,15 @@ class TextStream:
     def text(self) -> str:
         return self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
 
+    def stable(self, count: int) -> str:
+        """The text of the first `count` tokens less a trailing incomplete character, which the
+        next token may complete."""
+        return self.tokenizer.decode(self.token_ids[:count], skip_special_tokens=True).rstrip("\ufffd")
+
     def offset(self, count: int) -> int:
-        """Where token `count` begins in the stable text: the characters the first `count` tokens
-        make, less a trailing incomplete character (a token that completes one begins there)."""
-        return len(self.tokenizer.decode(self.token_ids[:count], skip_special_tokens=True).rstrip("\ufffd"))
+        """Where token `count` begins in the stable text (a token that completes a character
+        begins where that character does)."""
+        return len(self.stable(count))
 
     def reaching(self, chars: int, low: int = 0) -> int:
         """The fewest tokens whose stable text holds `chars` characters (all of them where it is
@@ -39,8 +44,7 @@ class TextStream:
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the newly stable text."""
         self.token_ids.extend(token_ids)
-        text = self.text
-        text = text.rstrip("\ufffd")
+        text = self.stable(len(self.token_ids))
         # Byte-level BPE decoding is prefix-stable once complete characters are formed, so the
         # new text is the suffix past what was already shown.
         delta = text[len(self.emitted):]

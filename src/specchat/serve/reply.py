@@ -28,12 +28,15 @@ class Reply:
     may_call: bool = False  # the request offers tools: the reply's <tool_call> blocks are calls
     logged: int = 0  # token_log entries already sent (streaming)
     sent: int = 0  # characters of the reply's text returned so far
-    through: int | None = None  # a front end's cut (Reply.cut): decoding counts to this character
+    through: int | None = None  # where the reply was cut (Reply.cut): decoding counts to this character
 
     def push(self, event: IterationEvent) -> str:
         """The event's tokens; returns the text now safe to send."""
         self.events.append(event)
-        return self.sending(self.scan.push(self.stream.push(event.token_ids)))
+        text = self.sending(self.scan.push(self.stream.push(event.token_ids)))
+        if self.scan.hit and self.through is None:  # the text ends before the stop string, which decided it
+            self.cut(self.sent, self.sent + len(self.scan.word))
+        return text
 
     def finish(self) -> str:
         """The text held back until the end."""
@@ -44,8 +47,9 @@ class Reply:
         return text
 
     def cut(self, kept: int, through: int) -> None:
-        """A front end ended the reply at `kept` characters of its text, decided by the character
-        that ends at `through` (llama.cpp's editor stops): logprobs and usage count to there."""
+        """The reply ends at `kept` characters of its text, decided by the character that ends at
+        `through` (a stop string's last; llama.cpp's editor stops call it too): logprobs count to
+        `kept`, usage to `through`."""
         self.sent, self.through = kept, through
 
     @property
@@ -55,13 +59,10 @@ class Reply:
 
     @property
     def completion_tokens(self) -> int:
-        """The reply's tokens: at a stop string, those up to the one that completed it, as decoding
-        token by token would have made (a tree may have accepted more past it: never sent)."""
-        if self.through is not None:
-            return self.stream.reaching(self.through)
-        if self.stopped:
-            return self.stream.reaching(self.sent + len(self.scan.word))
-        return len(self.stream.token_ids)
+        """The reply's tokens: where it was cut (a stop string, an editor stop), those up to the one
+        that decided it, as decoding token by token would have made (a tree may have accepted more
+        past it: never sent)."""
+        return len(self.stream.token_ids) if self.through is None else self.stream.reaching(self.through)
 
     @property
     def ended_by_model(self) -> bool:

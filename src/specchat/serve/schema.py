@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
-from specchat.limits import MAX_TOKENS, MIN_P, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, fresh_seed
+from specchat.limits import (DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, MIN_P, SEED_LIMIT, TEMPERATURE, TOP_K,
+                             TOP_P, fresh_seed)
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
@@ -24,8 +25,8 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 class Defaults:
     """The sampling a request leaves out: the server's --temperature, --top-p and --seed."""
 
-    temperature: float = 0.6
-    top_p: float = 0.9
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None  # None: a fresh seed each request, as OpenAI's, vLLM's and Ollama's servers draw
 
 
