@@ -55,6 +55,38 @@ def test_generate_engines_agree_and_stream(monkeypatch, capsys, tiny_dirs):
     assert code == 0 and "tokens" in err and "gen rate" in err
 
 
+def test_generate_top_k_1_samples_the_greedy_tokens_in_both_engines(monkeypatch, capsys, tiny_dirs):
+    """--top-k reaches the sampler: keeping one token, a hot seeded reply is the greedy one."""
+    target, draft, _ = tiny_dirs
+    common = ["hello world", "--target", str(target), "--draft", str(draft), "--raw", "--max-new-tokens", "12",
+              "--dtype", "float32", "--json"]
+    replies = {}
+    for name, engine, sampling in [("greedy", "autoregressive", ["--temperature", "0"]),
+                                   ("hot", "autoregressive", ["--temperature", "2", "--seed", "5"]),
+                                   ("cut", "autoregressive", ["--temperature", "2", "--seed", "5", "--top-k", "1"]),
+                                   ("cut tree", "specexec", ["--temperature", "2", "--seed", "5", "--top-k", "1",
+                                                             "--min-p", "0.5"])]:
+        code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", engine, *sampling)
+        assert code == 0
+        replies[name] = json.loads(out)["token_ids"]
+    assert replies["hot"] != replies["greedy"]  # else the cut is not what made them equal
+    assert replies["cut"] == replies["cut tree"] == replies["greedy"]
+
+
+def test_run_hands_top_k_and_min_p_to_the_chat(monkeypatch, capsys):
+    from specchat.tui import app, runtime_backend
+    handed = []
+
+    def loader(options, settings):
+        handed.append(settings)
+        return lambda: None  # never called: the app does not run
+
+    monkeypatch.setattr(runtime_backend, "runtime_loader", loader)
+    monkeypatch.setattr(app.SpecchatApp, "run", lambda self: None)
+    code, _, _ = run_cli(monkeypatch, capsys, "run", "--top-k", "40", "--min-p", "0.05")
+    assert code == 0 and (handed[0].top_k, handed[0].min_p) == (40, 0.05)
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
@@ -63,6 +95,10 @@ def test_generate_engines_agree_and_stream(monkeypatch, capsys, tiny_dirs):
         (["--temperature", "7"], "--temperature"),
         (["--top-p", "0"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),
+        (["--top-k", "-2"], "--top-k must be between -1 and 2147483647 (got -2)"),
+        (["--top-k", "2.5"], "--top-k"),
+        (["--min-p", "1.5"], "--min-p must be between 0 and 1 (got 1.5)"),
+        (["--min-p", "nan"], "--min-p must be between 0 and 1 (got nan)"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--max-depth", "0"], "--max-depth"),
         (["--seed", "-1"], "--seed"),
@@ -206,6 +242,8 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
     "args,fragment",
     [
         (["--temperature", "9"], "--temperature"),
+        (["--top-k", "-3"], "--top-k"),
+        (["--min-p", "-0.1"], "--min-p"),
         (["--offload", "ssd"], "unknown offload tier 'ssd'"),
         (["--ram-budget", "0"], "--ram-budget must be in (0, 1e+06] (got 0.0)"),
         (["--vram-budget", "-2"], "--vram-budget must be in (0, 1e+06] (got -2.0)"),

@@ -8,8 +8,9 @@ import typer
 
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
-from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, RamBudgetOpt, TargetOpt, TemperatureOpt,
-                                  TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling, with_engine_options)
+from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, MinPOpt, OffloadOpt, RamBudgetOpt, TargetOpt,
+                                  TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling,
+                                  with_engine_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
@@ -52,6 +53,8 @@ def generate(
     system: str | None = typer.Option(None, help="A system prompt before the message (the chat template's)."),
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
     seed: int = typer.Option(DEFAULT_SEED,
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
@@ -68,7 +71,7 @@ def generate(
     options: EngineOptions,
 ) -> None:
     """Generate one reply, streamed to stdout."""
-    sampling = check_sampling(temperature, top_p, seed, max_new_tokens)
+    sampling = check_sampling(temperature, top_p, seed, max_new_tokens, top_k, min_p)
     prompt = read_stdin() if prompt == "-" else prompt
     check_text("the prompt", prompt)
     check_text("--system", system or "")
@@ -114,6 +117,8 @@ def read_stdin() -> str:
 def run(
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     system: str | None = typer.Option(None, help="The system prompt of new conversations (/system changes it)."),
@@ -130,9 +135,9 @@ def run(
     from specchat.tui.settings import DecodingSettings
     from specchat.tui.store import ConversationStore
 
-    sampling = check_sampling(temperature, top_p, seed, 1)
-    settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
-                                system_prompt=system or "")
+    sampling = check_sampling(temperature, top_p, seed, 1, top_k, min_p)
+    settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                min_p=sampling.min_p, seed=sampling.seed, system_prompt=system or "")
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
     SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings)).run()
@@ -151,6 +156,8 @@ def serve(
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
     seed: int = typer.Option(None, help="Sampling seed of requests that give none (left out: each draws its own)."),
     *,
     options: EngineOptions,
@@ -159,8 +166,8 @@ def serve(
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
     from specchat.serve.schema import Defaults
 
-    sampling = check_sampling(temperature, top_p, 0 if seed is None else seed, 1)
-    defaults = Defaults(sampling.temperature, sampling.top_p, seed)
+    sampling = check_sampling(temperature, top_p, 0 if seed is None else seed, 1, top_k, min_p)
+    defaults = Defaults(sampling.temperature, sampling.top_p, seed, sampling.top_k, sampling.min_p)
     run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), defaults)
 
 

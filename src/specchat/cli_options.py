@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import MAX_TOKENS, SEED_LIMIT, TEMPERATURE, TOP_P
+from specchat.limits import MAX_TOKENS, MIN_P, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -22,6 +22,9 @@ BudgetOpt = Annotated[str | None, typer.Option(
          "measured costs (specexec) (default: suited to the device).")]
 TemperatureOpt = Annotated[float, typer.Option(help="0 = greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top_p.")]
+TopKOpt = Annotated[int, typer.Option(help="Sample among the K likeliest tokens only, as HF's top_k (0: all).")]
+MinPOpt = Annotated[float, typer.Option(
+    help="Drop tokens less likely than this fraction of the likeliest, as HF's min_p (0: none).")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
 WeightsOpt = Annotated[str, typer.Option(
     help="The target's weights: quantized (multiplied in the 4 bits it stores, by torch's int4 kernels), dense "
@@ -126,11 +129,14 @@ def parse_budget(text: str | None) -> int | str | None:
         raise SpecchatError(f"--budget takes a tree size or 'auto' (got '{text}')") from None
 
 
-def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> SamplingParams:
+def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int, top_k: int = 0,
+                   min_p: float = 0.0) -> SamplingParams:
     """The sampling options as SamplingParams; one line on a value out of range."""
     TEMPERATURE.check("--temperature", temperature)
     TOP_P.check("--top-p", top_p)
+    TOP_K.check("--top-k", top_k)
+    MIN_P.check("--min-p", min_p)
     if not 0 <= seed < SEED_LIMIT:
         raise SpecchatError(f"--seed must be >= 0 and below 2**63 (got {seed})")
     MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
-    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)

@@ -162,6 +162,17 @@ def test_sampling_left_out_takes_the_servers_defaults():
     assert engine.calls[-1][2] == SamplingParams(temperature=0.0, top_p=0.8, seed=3)
 
 
+def test_top_k_and_min_p_left_out_take_the_servers_and_a_request_can_turn_them_off():
+    """`serve --top-k 40 --min-p 0.05`, as llama-server's options: the request's own win, -1 and 0 included."""
+    engine = FakeEngine()
+    app, _ = make_app([engine], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_k=40, min_p=0.05))
+    with serving(app) as url:
+        client(url).chat.completions.create(model=MODEL, messages=user("hi"))
+        client(url).chat.completions.create(model=MODEL, messages=user("hi"), extra_body={"top_k": -1, "min_p": 0})
+        client(url).chat.completions.create(model=MODEL, messages=user("hi"), extra_body={"top_k": 2})
+    assert [(call[2].top_k, call[2].min_p) for call in engine.calls] == [(40, 0.05), (0, 0.0), (2, 0.05)]
+
+
 def test_without_a_seed_anywhere_each_request_draws_its_own_and_is_told_it():
     """OpenAI's, vLLM's and Ollama's servers sample afresh each request: the same prompt asked again
     (a chat UI's Regenerate) gives another reply. The seed drawn comes back, to repeat a reply."""

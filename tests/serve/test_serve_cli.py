@@ -46,8 +46,19 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
 @pytest.mark.parametrize(("args", "fragment"), [(["--port", "99999"], "--port must be between 0 and 65535"),
                                                 (["--slots", "0"], "--slots must be >= 1"),
                                                 (["--temperature", "9"], "--temperature"),
+                                                (["--top-k", "-2"], "--top-k must be between -1"),
+                                                (["--min-p", "2"], "--min-p must be between 0 and 1"),
                                                 (["--engine", "magic"], "unknown engine 'magic'")])
 def test_serve_bad_options_are_one_line(monkeypatch, capsys, args, fragment):
     code, _, err = run_cli(monkeypatch, capsys, "serve", *args)
     assert_one_line_error(code, err, fragment)
 
+
+
+def test_serve_hands_its_sampling_options_on_as_what_requests_leave_out(monkeypatch, capsys):
+    from specchat.serve import command
+    from specchat.serve.schema import Defaults
+    handed = []
+    monkeypatch.setattr(command, "run_server", lambda options, serving, defaults: handed.append(defaults))
+    code, _, _ = run_cli(monkeypatch, capsys, "serve", "--temperature", "0.3", "--top-k", "40", "--min-p", "0.05")
+    assert code == 0 and handed == [Defaults(temperature=0.3, top_p=0.9, seed=None, top_k=40, min_p=0.05)]

@@ -16,6 +16,7 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
+from specchat.serve.schema import Defaults
 from specchat.tui.fake import REPLY, FakeEngine
 
 USER = [{"role": "user", "content": "hi"}]
@@ -114,9 +115,17 @@ def test_the_model_card_tags_show_and_ps(fake):
     assert shown.template == "<role>content</>" and "completion" in shown.capabilities
     lines = shown.parameters.splitlines()
     assert "num_ctx 4096" in lines and not any(line.startswith("seed") for line in lines)  # drawn each request
+    assert not any(line.startswith(("top_k", "min_p")) for line in lines)  # no cut: nothing to list
     assert [(model.model, model.context_length) for model in client.ps().models] == [(MODEL, 4096)]
     with urllib.request.urlopen(f"{url}/api/version") as response:
         assert json.load(response)["version"]
+
+
+def test_show_lists_the_servers_cuts_and_seed_as_a_modelfile_would():
+    app, _ = make_app([FakeEngine()], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_k=40, min_p=0.05))
+    with serving(app) as url:
+        lines = ollama.Client(host=url, timeout=60).show(MODEL).parameters.splitlines()
+    assert lines == ["temperature 0.3", "top_p 0.8", "top_k 40", "min_p 0.05", "seed 3", "num_ctx 4096"]
 
 
 def test_nothing_to_decode_loads_the_model_as_ollama_answers(fake):

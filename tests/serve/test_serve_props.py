@@ -19,12 +19,14 @@ def get(url: str) -> dict:
 
 
 def test_props_are_the_servers_context_defaults_slots_and_template():
-    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048, sampling=Defaults(0.3, 0.8, seed=7))
+    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048, sampling=Defaults(0.3, 0.8, seed=7, top_k=40))
     with serving(app) as url:
         props = get(f"{url}/props")
     settings = props["default_generation_settings"]
     assert settings["n_ctx"] == 2048 and settings["speculative"] is True
-    assert (settings["params"]["temperature"], settings["params"]["top_p"], settings["params"]["seed"]) == (0.3, 0.8, 7)
+    params = settings["params"]
+    assert (params["temperature"], params["top_p"], params["seed"], params["top_k"], params["min_p"]) == (
+        0.3, 0.8, 7, 40, 0.0)
     assert props["total_slots"] == 2 and props["model_path"] == "tiny"
     assert props["chat_template"] == "<role>content</>"  # the model's template, as written
     assert props["build_info"] == f"specchat {version('specchat')}"

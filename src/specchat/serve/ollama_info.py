@@ -37,10 +37,13 @@ def shown(config: ServeConfig, request: ShowRequest, started: str) -> dict:
 
 def parameters(config: ServeConfig) -> str:
     """The sampling a request leaves out, as Ollama lists a Modelfile's parameters (a line each; no
-    seed where each request draws its own)."""
+    seed where each request draws its own, no top_k or min_p where they cut nothing)."""
     sampling = config.sampling
-    seed = "" if sampling.seed is None else f"seed {sampling.seed}\n"
-    return f"temperature {sampling.temperature}\ntop_p {sampling.top_p}\n{seed}num_ctx {config.context}"
+    lines = [f"temperature {sampling.temperature}", f"top_p {sampling.top_p}"]
+    lines += [f"top_k {sampling.top_k}"] if sampling.top_k else []
+    lines += [f"min_p {sampling.min_p}"] if sampling.min_p else []
+    lines += [] if sampling.seed is None else [f"seed {sampling.seed}"]
+    return "\n".join([*lines, f"num_ctx {config.context}"])
 
 
 def capabilities(config: ServeConfig) -> list[str]:

@@ -15,7 +15,7 @@ def props(config: ServeConfig, slots: int, engine: str) -> dict:
             "n_ctx": config.context, "speculative": engine != "autoregressive",
             "params": {"n_predict": -1, "seed": -1 if sampling.seed is None else sampling.seed,  # -1: drawn
                        "temperature": sampling.temperature,
-                       "top_p": sampling.top_p, "top_k": 0, "min_p": 0.0, "stop": [], "stream": False},
+                       "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p, "stop": [], "stream": False},
         },
         "total_slots": slots,
         "model_path": config.model,

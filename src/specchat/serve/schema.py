@@ -23,11 +23,13 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 
 @dataclass(frozen=True)
 class Defaults:
-    """The sampling a request leaves out: the server's --temperature, --top-p and --seed."""
+    """The sampling a request leaves out: the server's --temperature, --top-p, --seed, --top-k and --min-p."""
 
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
     seed: int | None = None  # None: a fresh seed each request, as OpenAI's, vLLM's and Ollama's servers draw
+    top_k: int = 0  # 0: no cut
+    min_p: float = 0.0
 
 
 class Strict(BaseModel):
@@ -202,7 +204,8 @@ def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
     """The request's sampling, the server's defaults for what it leaves out; a 400 out of range."""
     temperature = defaults.temperature if request.temperature is None else request.temperature
     top_p = defaults.top_p if request.top_p is None else request.top_p
-    top_k, min_p = request.top_k or 0, request.min_p or 0.0  # left out: no cut
+    top_k = defaults.top_k if request.top_k is None else request.top_k
+    min_p = defaults.min_p if request.min_p is None else request.min_p
     for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p),
                                  ("top_k", TOP_K, top_k), ("min_p", MIN_P, min_p)):
         if problem := bounds.problem(field, value):

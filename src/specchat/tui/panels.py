@@ -62,8 +62,17 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
     seed = "off" if settings.seed is None else settings.seed
     shape = (f"lookahead {settings.lookahead} · workers {workers}" if settings.engine == DSI
              else f"budget {settings.budget} · depth {settings.depth}")
-    return (f"engine {settings.engine}\n{shape}\n"
-            f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}")
+    lines = [f"engine {settings.engine}", shape, f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}"]
+    cuts = cut_labels(settings)
+    if cuts:  # a line only where they cut, so a chat with the defaults shows what it always showed
+        lines.append(" · ".join(cuts))
+    return "\n".join(lines)
+
+
+def cut_labels(settings: DecodingSettings) -> list[str]:
+    """The top-k and min-p cuts that are on."""
+    return ([f"top-k {settings.top_k}"] if settings.top_k > 0 else []) + (
+        [f"min-p {settings.min_p:g}"] if settings.min_p > 0 else [])
 
 
 class Panels(VerticalScroll):

@@ -5,11 +5,12 @@ from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE,
-                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, SEED_LIMIT, TEMPERATURE, TOP_P, fresh_seed)
+                             DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P,
+                             fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
-          "temperature": TEMPERATURE, "top_p": TOP_P}
+          "temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P}
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,8 @@ class DecodingSettings:
     lookahead: int = DEFAULT_LOOKAHEAD  # dsi's drafts per verification job, as `specchat run --lookahead`
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
+    top_k: int = 0  # the K likeliest tokens only (0: all)
+    min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability (0: none)
     seed: int | None = DEFAULT_SEED  # None: a fresh seed for every reply
     max_tokens: int = 1024
     engine: str = "specexec"
@@ -27,7 +30,8 @@ class DecodingSettings:
 
     def sampling(self) -> SamplingParams:
         seed = self.seed if self.seed is not None else fresh_seed()
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
+                              min_p=self.min_p)
 
     def with_value(self, field: str, value: Any) -> "DecodingSettings":
         """A copy with `field` set; raises ValueError with a one-line message if invalid."""
