@@ -14,8 +14,8 @@ def props(config: ServeConfig, slots: int, engine: str) -> dict:
         "default_generation_settings": {
             "n_ctx": config.context, "speculative": engine != "autoregressive",
             "params": {"n_predict": -1, "seed": -1 if sampling.seed is None else sampling.seed,  # -1: drawn
-                       "temperature": sampling.temperature,
-                       "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p, "stop": [], "stream": False},
+                       "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                       "min_p": sampling.min_p, "stop": [], "stream": False},
         },
         "total_slots": slots,
         "model_path": config.model,

@@ -62,7 +62,8 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
     seed = "off" if settings.seed is None else settings.seed
     shape = (f"lookahead {settings.lookahead} · workers {workers}" if settings.engine == DSI
              else f"budget {settings.budget} · depth {settings.depth}")
-    lines = [f"engine {settings.engine}", shape, f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}"]
+    sampling = f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}"
+    lines = [f"engine {settings.engine}", shape, sampling]
     cuts = cut_labels(settings)
     if cuts:  # a line only where they cut, so a chat with the defaults shows what it always showed
         lines.append(" · ".join(cuts))
