@@ -122,7 +122,7 @@ def test_specexec_under_a_grammar_emits_constrained_autoregressive_decoding(tiny
 
 def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, grammars):
     engine = TreeEngine(SPECINFER, tiny_target, tiny_draft, {STOP}, TreeShape(budget=4))
-    with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar or log"):
+    with pytest.raises(SpecchatError, match="--engine specinfer cannot keep a reply to a grammar, log"):
         list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))
 
 
@@ -134,7 +134,7 @@ def test_keeps_forms_says_whether_an_engine_fills_a_token_log(tiny_target, tiny_
               else TreeEngine(strategy, tiny_target, tiny_draft, {STOP}, TreeShape(budget=4)))
     log = TokenLog()
     if not engine.keeps_forms:
-        with pytest.raises(SpecchatError, match="cannot keep a reply to a grammar or log"):
+        with pytest.raises(SpecchatError, match="cannot keep a reply to a grammar, log"):
             list(engine.generate(PROMPT, 4, SamplingParams(0.0, token_log=log)))
         return
     tokens = [t for e in engine.generate(PROMPT, 4, SamplingParams(0.0, token_log=log)) for t in e.token_ids]

@@ -15,7 +15,7 @@ Used by the real-pair exactness tests and by scripts/check_exactness.py.
 """
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import log1p
 
 import torch
@@ -89,6 +89,22 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     return sampling.temperature * log1p(distance)
 
 
+def counted_afresh(sampling: SamplingParams, prompt_ids: list[int], emitted: list[int]) -> SamplingParams:
+    """`sampling` with its penalties' state counted from `prompt_ids` and `emitted` (the state the
+    engine was given is spent on its own run)."""
+    if sampling.penalties is None:
+        return sampling
+    repeats = sampling.penalties.penalties.start(prompt_ids)
+    for token in emitted:
+        repeats.accept(token)
+    return replace(sampling, penalties=repeats)
+
+
+def scored(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """The logits sampling reads: with the reply's bias and penalties where it has them."""
+    return logits if sampling.penalties is None else sampling.penalties.penalized(logits)
+
+
 def token_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, position: int) -> float:
     """0 when the target itself picks `token` here; below NEAR_TIE for a near-tie."""
     if sampling.temperature == 0:
@@ -113,12 +129,15 @@ class Sequential:
 
     def decode(self, first: int, count: int, sampling: SamplingParams, stop_ids: Collection[int]) -> list[int]:
         """Feed `first`, then sample up to `count` tokens at their absolute positions, ending
-        after a stop token (nothing follows a `first` that is one)."""
+        after a stop token (nothing follows a `first` that is one); `sampling`'s penalties, if
+        any, have counted `first`."""
         decoded: list[int] = []
         token = first
         while len(decoded) < count and token not in stop_ids:
             self.feed([token])
-            token = sample_token(self.logits, sampling, self.position)
+            token = sample_token(scored(self.logits, sampling), sampling, self.position)
+            if sampling.penalties is not None:
+                sampling.penalties.accept(token)
             decoded.append(token)
         return decoded
 
@@ -152,11 +171,13 @@ class ExactnessCheck:
                 return Comparison(tuple(ties), mismatch=index, max_ties=self.max_ties)
             sequential = Sequential(self.target)
             sequential.feed(prompt_ids + tokens[:index])
-            gap = token_gap(sequential.logits, tokens[index], sampling, sequential.position)
+            here = counted_afresh(sampling, prompt_ids, tokens[:index])
+            gap = token_gap(scored(sequential.logits, here), tokens[index], here, sequential.position)
             if gap > self.near_tie:
                 return Comparison(tuple(ties), mismatch=index, gap=gap, max_ties=self.max_ties)
             ties.append(Tie(index, gap))
-            rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1, sampling, self.stop_ids)
+            rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1,
+                                     counted_afresh(sampling, prompt_ids, tokens[:index + 1]), self.stop_ids)
             reference = tokens[: index + 1] + rest
             start = index + 1
         return Comparison(tuple(ties), max_ties=self.max_ties)

@@ -12,6 +12,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.penalties import Penalties
 from specchat.decoding.sampling import sample_token, uniform
 
 PROMPT = [1, 2, 3, 4, 5]
@@ -66,6 +67,23 @@ def test_a_divergence_to_a_token_that_is_not_tied_fails(greedy_tie):
     assert not comparison.acceptable and comparison.ties == ()
     assert comparison.mismatch == 4 and comparison.gap > 1.0
     assert comparison.describe().endswith(": FAIL")
+
+
+def test_under_penalties_a_divergence_is_judged_on_the_penalized_logits(greedy_tie):
+    """The target's own first token, banned by a bias: an engine that emits it anyway diverged by
+    the bias, though the unpenalized logits would call it the target's choice."""
+    model, _, _, reference = greedy_tie
+    banned = Penalties(bias=((reference[0], -50.0),))
+
+    def under() -> SamplingParams:  # each run spends its own state
+        return SamplingParams(0.0, 1.0, penalties=banned.start(PROMPT))
+
+    penalized = decode(model, PROMPT, NEW_TOKENS, under())
+    assert penalized[0] != reference[0]
+    assert check(model).compare(PROMPT, penalized, list(penalized), under()).identical
+    tokens = reference[:1] + penalized[1:]
+    comparison = check(model).compare(PROMPT, penalized, tokens, under())
+    assert comparison.mismatch == 0 and comparison.gap > 40
 
 
 def test_a_divergence_to_a_near_tied_token_passes_and_the_rest_is_compared_to_the_reanchored_target(greedy_tie):

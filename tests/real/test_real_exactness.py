@@ -25,6 +25,7 @@ from specchat.decoding.autosize import Costs
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import ALONE, DRAFTED, SamplingParams
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.penalties import Penalties, Window
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.specinfer import SPECINFER
@@ -115,6 +116,27 @@ def test_seeded_specexec_under_top_k_and_min_p_equals_seeded_autoregressive(real
     chosen = rows.gather(1, torch.tensor(tokens)[:, None])
     assert ((rows > chosen).sum(dim=1) < 3).all()  # each among the 3 likeliest
     assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.5 * math.log(0.2)).all()  # >= 0.2 x the likeliest
+
+
+def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_autoregressive(real_pair, real_check,
+                                                                                       seeded_references):
+    """A served request's logit bias and repetition penalties (llama.cpp's: all three over the
+    last 64 tokens of the prompt and the reply), applied as each token is emitted: one prompt, as a
+    draft form's check; the bias bans the unpenalized reply's first token, so the penalties bind."""
+    prompt_ids, unpenalized = seeded_references[0]
+    window = Window(last=64)
+    penalties = Penalties(bias=((unpenalized[0], -100.0),), repeat=1.3, presence=0.4, frequency=0.2,
+                          repeat_window=window, count_window=window)
+
+    def sampling() -> SamplingParams:  # each run spends its own state
+        return dataclasses.replace(PAPER_SAMPLING, penalties=penalties.start(prompt_ids))
+
+    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling())
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
+    tokens, events = emitted(engine, prompt_ids, sampling())
+    comparison = real_check.compare(prompt_ids, reference, tokens, sampling())
+    assert comparison.acceptable, comparison.describe()
+    assert sum(e.accepted for e in events) > 0 and reference[0] != unpenalized[0]
 
 
 def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
     from specchat.decoding.guide import Guide
+    from specchat.decoding.penalties import Repeats
     from specchat.decoding.token_log import TokenLog
 
 
@@ -21,6 +22,13 @@ class SamplingParams:
     min_p: float = 0.0  # after top-p, drop tokens less likely than min_p x the likeliest (0: none)
     guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
     token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
+    penalties: "Repeats | None" = None  # one reply's logit bias and repetition penalties (decoding/penalties.py)
+
+    @property
+    def has_forms(self) -> bool:
+        """Whether the reply asks what only an engine that `keeps_forms` does: a grammar, a token
+        log, penalties (each a function of the emitted prefix, applied as every token is emitted)."""
+        return self.guide is not None or self.token_log is not None or self.penalties is not None
 
 
 @dataclass(frozen=True)
@@ -85,8 +93,8 @@ class Engine(Protocol):
     """Decodes a reply to a prompt, yielding one event per target forward."""
 
     name: str
-    # Keeps a reply to `SamplingParams.guide` and fills its `token_log`; False: refuses both
-    # (front ends refuse such a request before anything is queued or streamed).
+    # Keeps a reply to `SamplingParams.guide`, fills its `token_log` and applies its `penalties`;
+    # False: refuses them (front ends refuse such a request before anything is queued or streamed).
     keeps_forms: bool
 
     def live_settings(self) -> LiveSettings:

@@ -180,15 +180,19 @@ def invert_cdf(probs: torch.Tensor, u: float) -> int:
 
 
 def emit_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
-    """The token an engine emits at ``position``: ``sample_token`` over the target's logits masked
-    to what the reply's guide allows (the mask first, then temperature and top-p, so a constrained
-    reply samples the renormalised allowed distribution); the guide then moves past it, and the
-    reply's token log records it."""
-    if params.guide is None:
-        token = sample_token(logits, params, position)
-    else:
-        token = sample_token(masked(logits, params.guide.allowed()[0]), params, position)
+    """The token an engine emits at ``position``: ``sample_token`` over the target's logits with
+    the reply's bias and penalties (penalties.py), masked to what its guide allows (the mask before
+    temperature and top-p, so a constrained reply samples the renormalised allowed distribution);
+    the guide and the penalties then move past it, and the reply's token log records it (from the
+    target's own logits)."""
+    scores = logits if params.penalties is None else params.penalties.penalized(logits)
+    if params.guide is not None:
+        scores = masked(scores, params.guide.allowed()[0])
+    token = sample_token(scores, params, position)
+    if params.guide is not None:
         params.guide.accept(token)
+    if params.penalties is not None:
+        params.penalties.accept(token)
     if params.token_log is not None:
         params.token_log.record(logits, token)
     return token

@@ -61,9 +61,9 @@ class TreeEngine:
     ) -> Iterator[IterationEvent]:
         """Decode a reply; both caches are kept afterwards, and the next prompt reuses its common
         prefix with the sequence this reply ends (prefix.py)."""
-        if (sampling.guide is not None or sampling.token_log is not None) and not self.keeps_forms:
-            raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar or log its tokens' "
-                                "probabilities: use specexec or autoregressive")
+        if sampling.has_forms and not self.keeps_forms:
+            raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar, log its tokens' "
+                                "probabilities or penalize repeats: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def forget(self) -> None:

@@ -105,9 +105,9 @@ class DSIEngine:
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
-        if sampling.guide is not None or sampling.token_log is not None:
-            raise SpecchatError("--engine dsi cannot keep a reply to a grammar or log its tokens' probabilities: "
-                                "use specexec or autoregressive")
+        if sampling.has_forms:
+            raise SpecchatError("--engine dsi cannot keep a reply to a grammar, log its tokens' probabilities or "
+                                "penalize repeats: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:

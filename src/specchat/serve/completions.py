@@ -11,6 +11,7 @@ from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job
+from specchat.serve.penalty_fields import openai_penalties
 from specchat.serve.schema import (ChatRequest, chat_messages, check_chat_features, check_model, parse_body,
                                    requested_tokens, sampling_of, stop_strings)
 from specchat.serve.structured import CallHold, forced_functions, offered_functions, response_schema
@@ -41,7 +42,8 @@ class ChatCompletions(Endpoint):
                            token_log=self.logged(TokenLog(chat.top_logprobs or 0) if chat.logprobs else None,
                                                  "logprobs"))
         stops, wanted = stop_strings(chat), requested_tokens(chat)
-        job = self.job(self.chat_ids(messages, chat.tools if functions else None), wanted, sampling, "messages")
+        job = self.job(self.chat_ids(messages, chat.tools if functions else None), wanted, sampling, "messages",
+                       openai_penalties(chat, self.config.tokenizer))
         return job, self.reply(stops, sampling, may_call=bool(functions))
 
     async def stream(self, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[dict]:

@@ -5,7 +5,7 @@ disconnect withdrawing its job."""
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
@@ -18,6 +18,7 @@ from specchat.limits import reply_limit
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.fim import FimTokens
+from specchat.serve.penalty_fields import Asked
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job, QueueFull, Scheduler
 from specchat.serve.schema import Defaults, through_template
@@ -53,13 +54,18 @@ class Endpoint:
         self.config = config
         self.scheduler = scheduler
 
-    def job(self, prompt_ids: list[int], wanted: int | None, sampling: SamplingParams, param: str) -> Job:
-        """The job decoding `prompt_ids`, at most `wanted` tokens (None: the room left); a 400 naming
-        `param` when the prompt leaves no room."""
+    def job(self, prompt_ids: list[int], wanted: int | None, sampling: SamplingParams, param: str,
+            asked: Asked | None = None) -> Job:
+        """The job decoding `prompt_ids`, at most `wanted` tokens (None: the room left), under the
+        penalties `asked` (counting from the prompt's tokens); a 400 naming `param` when the prompt
+        leaves no room."""
         try:
             max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context)
         except ContextOverflow as error:
             raise bad_request(str(error), "context_length_exceeded", param) from None
+        if asked is not None:
+            self.check_kept(asked.field)
+            sampling = replace(sampling, penalties=asked.penalties.start(prompt_ids))
         return Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())
 
     def reply(self, stops: list[str], sampling: SamplingParams, may_call: bool = False) -> Reply:
@@ -67,7 +73,7 @@ class Endpoint:
                      token_log=sampling.token_log, may_call=may_call)
 
     def check_kept(self, field: str) -> None:
-        """A 400 naming `field`, a form of the reply (a grammar, tokens' logprobs) the served engine
+        """A 400 naming `field`, a form of the reply (a grammar, tokens' logprobs, penalties) the served engine
         cannot keep: refused before anything is queued, so a stream never opens only to fail."""
         engine = self.scheduler.slots[0].engine  # every slot's is the same kind
         if not engine.keeps_forms:

@@ -14,6 +14,7 @@ from specchat.serve.native_reply import final, partial, picked
 from specchat.serve.native_request import NativeRequest, response_fields, token_log
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
+from specchat.serve.penalty_fields import llama_penalties
 from specchat.serve.schema import sampling_of, stop_strings
 
 
@@ -24,7 +25,8 @@ class Native(Endpoint):
         field a prompt too long for the context is blamed on)."""
         fields = response_fields(body)
         sampling = replace(sampling_of(body, self.config.sampling), token_log=self.logged(token_log(body), "n_probs"))
-        job, reply = self.job(ids, wanted, sampling, param), self.reply(stop_strings(body), sampling)
+        asked = llama_penalties(body, self.config.tokenizer, body.logit_bias)
+        job, reply = self.job(ids, wanted, sampling, param, asked), self.reply(stop_strings(body), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
         if wanted == 0:  # nothing to return: llama.vim sends its context chunks so, to have them computed
             if body.cache_prompt:

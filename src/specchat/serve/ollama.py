@@ -18,6 +18,7 @@ from specchat.serve.ollama_request import (OllamaBody, OllamaChat, OllamaGenerat
                                            format_schema, wanted_tokens)
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
+from specchat.serve.penalty_fields import llama_penalties
 from specchat.serve.schema import parsed, sampling_of, stop_strings
 from specchat.serve.structured import CallHold, offered_functions, split_calls
 from specchat.serve.text_request import prompt_ids
@@ -58,7 +59,7 @@ class OllamaChatRoute(Ollama):
         functions = offered_functions(body.tools, None)  # Ollama has no tool_choice: the model may call
         sampling = self.sampling(body)
         job = self.job(self.chat_ids(messages, body.tools if functions else None), wanted_tokens(body.options),
-                       sampling, "messages")
+                       sampling, "messages", llama_penalties(body.options, self.config.tokenizer))
         reply = self.reply(stop_strings(body.options), sampling, may_call=bool(functions))
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))
@@ -88,7 +89,8 @@ class OllamaGenerateRoute(Ollama):
         if self.config.log_prompts:
             request.state.prompt = body.prompt
         sampling = self.sampling(body)
-        job = self.job(self.generate_ids(body), wanted_tokens(body.options), sampling, "prompt")
+        job = self.job(self.generate_ids(body), wanted_tokens(body.options), sampling, "prompt",
+                       llama_penalties(body.options, self.config.tokenizer))
         reply = self.reply(stop_strings(body.options), sampling)
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))

@@ -19,6 +19,10 @@ class OllamaOptions(Strict):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    repeat_penalty: float | None = None  # left out: 1, off (Ollama's llama.cpp runner takes 1.1)
+    repeat_last_n: int | None = None  # left out: 64
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     num_predict: int | None = None  # -1: to the end of the context (as -2, Ollama's "fill the context")
     stop: list[str] | None = None
 

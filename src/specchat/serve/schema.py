@@ -57,6 +57,10 @@ class Decoded(Strict):
     top_k: int | None = None  # vLLM's and llama.cpp's: left out, no cut
     min_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None  # left out: 0, no penalty (serve/penalty_fields.py)
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's (the OpenAI routes'); llama.cpp's routes take repeat_penalty
+    logit_bias: Any = None  # OpenAI's {"id": bias}; llama.cpp's also [[id or text, bias or false], ...]
     stop: str | list[str] | None = None
     stream: bool | None = None  # null is false: the openai client sends stream=None as null
     stream_options: StreamOptions | None = None

@@ -12,6 +12,7 @@ from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
+from specchat.serve.penalty_fields import openai_penalties
 from specchat.serve.schema import check_model, parse_body, sampling_of, stop_strings
 from specchat.serve.structured import response_schema
 from specchat.serve.text_reply import LegacyLogprobs, TextChunks, text_completion
@@ -49,7 +50,8 @@ class TextCompletions(Endpoint):
         stops, wanted = stop_strings(body), completion_tokens(body)
         ids = prompt_ids(prompt, body.suffix, self.config.tokenizer, self.config.fim)
         echoed = (prompt if isinstance(prompt, str) else self.config.tokenizer.decode(ids)) if body.echo else ""
-        return self.job(ids, wanted, sampling, "prompt"), self.reply(stops, sampling), echoed
+        job = self.job(ids, wanted, sampling, "prompt", openai_penalties(body, self.config.tokenizer))
+        return job, self.reply(stops, sampling), echoed
 
     async def stream(self, job: Job, reply: Reply, echoed: str, logprobs: LegacyLogprobs,
                      include_usage: bool) -> AsyncIterator[dict]:

@@ -1,0 +1,107 @@
+"""Logit bias and repetition penalties, as llama.cpp, vLLM and OpenAI apply them to a model's logits
+before temperature and the cuts.
+
+For each token t counted in the tokens before position n (its count c_t), with the bias b_t:
+  z_t <- z_t + b_t                                  (logit_bias)
+  z_t <- z_t / r if z_t > 0 else z_t * r            (repetition: CTRL's; HF's repetition_penalty)
+  z_t <- z_t - c_t * frequency - [c_t > 0] * presence
+each penalty counting the tokens of its own window: the last N of the prompt's and the reply's
+(llama.cpp and Ollama: N = repeat_last_n for all three), or all of them (vLLM's repetition), or
+the reply's alone (OpenAI's presence and frequency).
+
+Why speculation stays exact: the penalized logits at position n depend only on the target's logits
+there and the tokens before n, so at a tree node whose path is the emitted prefix they are what
+sequential decoding computes at that prefix, and sampling.py's argument (u_n keyed by position,
+inverse CDF in id order) carries over unchanged, as for a grammar (guide.py). Every engine that
+keeps them emits through sampling.emit_token, in order, so one running window per reply suffices.
+The draft's tree grows unpenalized: it only proposes.
+"""
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Window:
+    """Which tokens before a position a penalty counts."""
+
+    last: int = -1  # the last `last` of them; -1: all
+    prompt: bool = True  # False: the reply's tokens only
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """One request's logit bias and penalties; `start` gives a reply its running state."""
+
+    bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit)
+    repeat: float = 1.0  # 1: off
+    repeat_window: Window = Window()
+    presence: float = 0.0
+    frequency: float = 0.0
+    count_window: Window = Window(prompt=False)
+
+    @property
+    def active(self) -> bool:
+        """Whether any logit can change: a reply without any keeps the path it had without them."""
+        return bool(self.bias) or self.repeat != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+    def start(self, prompt_ids: Sequence[int]) -> "Repeats":
+        return Repeats(self, prompt_ids)
+
+
+class Tally:
+    """Counts of the tokens in a window as tokens are added."""
+
+    def __init__(self, window: Window, prompt_ids: Sequence[int]) -> None:
+        self.size = None if window.last < 0 else window.last
+        self.tokens: deque[int] = deque(maxlen=self.size)
+        self.counts: Counter[int] = Counter()
+        for token in prompt_ids if window.prompt else ():
+            self.add(token)
+
+    def add(self, token: int) -> None:
+        if self.size == 0:
+            return
+        if len(self.tokens) == self.size:  # the oldest leaves the window as this one enters
+            oldest = self.tokens[0]
+            self.counts[oldest] -= 1
+            if not self.counts[oldest]:
+                del self.counts[oldest]
+        self.tokens.append(token)
+        self.counts[token] += 1
+
+    def ids_and_counts(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor(list(self.counts), dtype=torch.long, device=device)
+        return ids, torch.tensor(list(self.counts.values()), dtype=torch.float32, device=device)
+
+
+class Repeats:
+    """One reply's penalties at the tokens emitted so far (the prompt's first)."""
+
+    def __init__(self, penalties: Penalties, prompt_ids: Sequence[int]) -> None:
+        self.penalties = penalties
+        self.repeated = Tally(penalties.repeat_window, prompt_ids)
+        self.counted = Tally(penalties.count_window, prompt_ids)
+
+    def penalized(self, logits: torch.Tensor) -> torch.Tensor:
+        """1-D logits [V] with the bias and penalties at the current position (a float32 copy)."""
+        scores, spec = logits.float().clone(), self.penalties
+        if spec.bias:
+            ids = torch.tensor([token for token, _ in spec.bias], device=scores.device)
+            scores.index_add_(0, ids, torch.tensor([value for _, value in spec.bias], device=scores.device))
+        if spec.repeat != 1.0 and self.repeated.counts:
+            ids, _ = self.repeated.ids_and_counts(scores.device)
+            picked = scores[ids]
+            scores[ids] = torch.where(picked > 0, picked / spec.repeat, picked * spec.repeat)
+        if (spec.presence or spec.frequency) and self.counted.counts:
+            ids, counts = self.counted.ids_and_counts(scores.device)
+            scores[ids] -= counts * spec.frequency + spec.presence
+        return scores
+
+    def accept(self, token: int) -> None:
+        """Move past an emitted token."""
+        self.repeated.add(token)
+        self.counted.add(token)

@@ -1,0 +1,122 @@
+"""The logit bias and repetition penalties a request asks for, in its API's fields and windows
+(decoding/penalties.py applies them):
+- the OpenAI routes: `presence_penalty` and `frequency_penalty` count the reply's tokens (OpenAI's
+  definition), vLLM's `repetition_penalty` the prompt's and the reply's; `logit_bias` maps token
+  ids (as strings) to a bias in [-100, 100];
+- llama.cpp's routes and Ollama's options: `repeat_penalty`, `presence_penalty` and
+  `frequency_penalty` all count the last `repeat_last_n` tokens of the prompt and the reply (64 left
+  out, -1 all, 0 none), as llama.cpp's sampler does; llama.cpp's `logit_bias` also takes
+  [[id or text, bias or false], ...] (a text's tokens each get the bias; false: never sampled).
+Left out, nothing changes: no penalty (Ollama's llama.cpp runner would apply repeat_penalty 1.1)."""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from specchat.decoding.penalties import Penalties, Window
+from specchat.limits import LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, Bounds
+from specchat.serve.errors import bad_request
+
+LLAMA_LAST_N = 64  # llama.cpp's and Ollama's repeat_last_n
+
+
+@dataclass(frozen=True)
+class Asked:
+    """Penalties a request sets, and the first field that set one (named where an engine cannot keep them)."""
+
+    penalties: Penalties
+    field: str
+
+
+def openai_penalties(request: Any, tokenizer: PreTrainedTokenizerBase) -> Asked | None:
+    """OpenAI's penalties and logit bias and vLLM's repetition penalty; None when none is set."""
+    penalties = Penalties(
+        bias=openai_bias(request.logit_bias, len(tokenizer)),
+        repeat=checked("repetition_penalty", REPEAT_PENALTY, request.repetition_penalty, 1.0),
+        presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, 0.0),
+        frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0),
+        repeat_window=Window(), count_window=Window(prompt=False))
+    return asked(penalties, request, ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"))
+
+
+def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, bias: Any = None) -> Asked | None:
+    """llama.cpp's (and Ollama's) penalties over one window, and llama.cpp's `bias`; None when none is set."""
+    window = Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, LLAMA_LAST_N)))
+    penalties = Penalties(
+        bias=llama_bias(bias, tokenizer),
+        repeat=checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, 1.0),
+        presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, 0.0),
+        frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0),
+        repeat_window=window, count_window=window)
+    return asked(penalties, request, ("logit_bias", "repeat_penalty", "presence_penalty", "frequency_penalty"))
+
+
+def asked(penalties: Penalties, request: Any, fields: tuple[str, ...]) -> Asked | None:
+    if not penalties.active:
+        return None
+    return Asked(penalties, next(field for field in fields if getattr(request, field, None) is not None))
+
+
+def checked(field: str, bounds: Bounds, value: float | None, default: float) -> float:
+    """`value`, or `default` where it is left out; a 400 naming `field` out of `bounds`."""
+    if value is None:
+        return default
+    if problem := bounds.problem(field, value):
+        raise bad_request(problem, param="logit_bias" if field.startswith("logit_bias") else field)
+    return value
+
+
+def openai_bias(value: Any, words: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias}; a 400 for anything else."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request("logit_bias must be an object of token ids to biases", param="logit_bias")
+    return summed((token_id(key, words), bias_value(key, bias)) for key, bias in value.items())
+
+
+def llama_bias(value: Any, tokenizer: PreTrainedTokenizerBase) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's logit_bias: {"id or text": bias} or [[id or text, bias or false], ...]."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in value):
+        pairs = [tuple(pair) for pair in value]
+    else:
+        raise bad_request("logit_bias must be an object or a list of [token, bias] pairs", param="logit_bias")
+    return summed((token, bias_value(key, bias)) for key, bias in pairs for token in llama_tokens(key, tokenizer))
+
+
+def llama_tokens(key: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """A bias's tokens: an id (a number, or a string of one), or a text's tokens."""
+    if isinstance(key, str) and not key.isdigit():
+        return tokenizer.encode(key, add_special_tokens=False)
+    return [token_id(key, len(tokenizer))]
+
+
+def token_id(key: Any, words: int) -> int:
+    if isinstance(key, bool) or not isinstance(key, (int, str)) or (isinstance(key, str) and not key.isdigit()):
+        raise bad_request(f"logit_bias: {key!r} is not a token id", param="logit_bias")
+    if not 0 <= int(key) < words:
+        raise bad_request(f"logit_bias: token {key} is not in the vocabulary (0-{words - 1})", param="logit_bias")
+    return int(key)
+
+
+def bias_value(key: Any, bias: Any) -> float:
+    """A number in [-100, 100], or false (llama.cpp's: never sampled)."""
+    if bias is False:
+        return -float("inf")
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+        raise bad_request(f"logit_bias: the bias of {key!r} must be a number", param="logit_bias")
+    return checked(f"logit_bias[{key!r}]", LOGIT_BIAS, float(bias), 0.0)
+
+
+def summed(pairs: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """One bias a token, its entries added (as llama.cpp's sampler adds each)."""
+    total: dict[int, float] = {}
+    for token, bias in pairs:
+        total[token] = total.get(token, 0.0) + bias
+    return tuple(total.items())
