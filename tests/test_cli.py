@@ -73,7 +73,21 @@ def test_generate_top_k_1_samples_the_greedy_tokens_in_both_engines(monkeypatch,
     assert replies["cut"] == replies["cut tree"] == replies["greedy"]
 
 
-def test_run_hands_top_k_and_min_p_to_the_chat(monkeypatch, capsys):
+def test_generate_repeat_penalty_changes_the_reply_and_both_engines_keep_it(monkeypatch, capsys, tiny_dirs):
+    target, draft, _ = tiny_dirs
+    common = ["hello world", "--target", str(target), "--draft", str(draft), "--raw", "--max-new-tokens", "16",
+              "--dtype", "float32", "--json", "--temperature", "0"]
+    replies = {}
+    for name, engine, penalty in [("plain", "autoregressive", []),
+                                  ("penalized", "autoregressive", ["--repeat-penalty", "1.8", "--repeat-last-n", "8"]),
+                                  ("tree", "specexec", ["--repeat-penalty", "1.8", "--repeat-last-n", "8"])]:
+        code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", engine, *penalty)
+        assert code == 0
+        replies[name] = json.loads(out)["token_ids"]
+    assert replies["penalized"] == replies["tree"] != replies["plain"]
+
+
+def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, capsys):
     from specchat.tui import app, runtime_backend
     handed = []
 
@@ -83,8 +97,11 @@ def test_run_hands_top_k_and_min_p_to_the_chat(monkeypatch, capsys):
 
     monkeypatch.setattr(runtime_backend, "runtime_loader", loader)
     monkeypatch.setattr(app.SpecchatApp, "run", lambda self: None)
-    code, _, _ = run_cli(monkeypatch, capsys, "run", "--top-k", "40", "--min-p", "0.05")
-    assert code == 0 and (handed[0].top_k, handed[0].min_p) == (40, 0.05)
+    code, _, _ = run_cli(monkeypatch, capsys, "run", "--top-k", "40", "--min-p", "0.05", "--repeat-penalty", "1.1",
+                         "--repeat-last-n", "128")
+    settings = handed[0]
+    assert code == 0 and (settings.top_k, settings.min_p, settings.repeat_penalty, settings.repeat_last_n) == (
+        40, 0.05, 1.1, 128)
 
 
 @pytest.mark.parametrize(
@@ -99,6 +116,8 @@ def test_run_hands_top_k_and_min_p_to_the_chat(monkeypatch, capsys):
         (["--top-k", "2.5"], "--top-k"),
         (["--min-p", "1.5"], "--min-p must be between 0 and 1 (got 1.5)"),
         (["--min-p", "nan"], "--min-p must be between 0 and 1 (got nan)"),
+        (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 100] (got 0.0)"),
+        (["--repeat-last-n", "-2"], "--repeat-last-n must be between -1"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--max-depth", "0"], "--max-depth"),
         (["--seed", "-1"], "--seed"),
@@ -244,6 +263,7 @@ def test_generate_offloaded_json_reports_streaming(monkeypatch, capsys, offload_
         (["--temperature", "9"], "--temperature"),
         (["--top-k", "-3"], "--top-k"),
         (["--min-p", "-0.1"], "--min-p"),
+        (["--repeat-penalty", "-1"], "--repeat-penalty"),
         (["--offload", "ssd"], "unknown offload tier 'ssd'"),
         (["--ram-budget", "0"], "--ram-budget must be in (0, 1e+06] (got 0.0)"),
         (["--vram-budget", "-2"], "--vram-budget must be in (0, 1e+06] (got -2.0)"),

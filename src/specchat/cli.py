@@ -8,13 +8,13 @@ import typer
 
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
-from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, MinPOpt, OffloadOpt, RamBudgetOpt, TargetOpt,
-                                  TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt, WeightsOpt, check_sampling,
-                                  with_engine_options)
+from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, MinPOpt, OffloadOpt, RamBudgetOpt, RepeatLastNOpt,
+                                  RepeatPenaltyOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt,
+                                  WeightsOpt, check_penalties, check_sampling, with_engine_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
-                             check_text)
+from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, check_text)
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
 from specchat.version import version_line
@@ -55,6 +55,8 @@ def generate(
     top_p: TopPOpt = DEFAULT_TOP_P,
     top_k: TopKOpt = 0,
     min_p: MinPOpt = 0.0,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    repeat_last_n: RepeatLastNOpt = DEFAULT_REPEAT_LAST_N,
     seed: int = typer.Option(DEFAULT_SEED,
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
@@ -72,6 +74,7 @@ def generate(
 ) -> None:
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens, top_k, min_p)
+    check_penalties(repeat_penalty, repeat_last_n)
     prompt = read_stdin() if prompt == "-" else prompt
     check_text("the prompt", prompt)
     check_text("--system", system or "")
@@ -88,7 +91,7 @@ def generate(
         check_trace_path(trace)
     from specchat.cli_generate import run_generation
     from specchat.loader import load_models
-    from specchat.runtime import live_settings_of
+    from specchat.runtime import live_settings_of, llama_penalties
 
     models = load_models(options)
     try:
@@ -97,7 +100,7 @@ def generate(
         if lark is not None:
             sampling = replace(sampling, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       sampling, as_json, system, trace)
+                       sampling, as_json, system, trace, llama_penalties(repeat_penalty, repeat_last_n))
     finally:
         models.close()
 
@@ -119,6 +122,8 @@ def run(
     top_p: TopPOpt = DEFAULT_TOP_P,
     top_k: TopKOpt = 0,
     min_p: MinPOpt = 0.0,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    repeat_last_n: RepeatLastNOpt = DEFAULT_REPEAT_LAST_N,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     system: str | None = typer.Option(None, help="The system prompt of new conversations (/system changes it)."),
@@ -136,8 +141,10 @@ def run(
     from specchat.tui.store import ConversationStore
 
     sampling = check_sampling(temperature, top_p, seed, 1, top_k, min_p)
+    check_penalties(repeat_penalty, repeat_last_n)
     settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                min_p=sampling.min_p, seed=sampling.seed, system_prompt=system or "")
+                                min_p=sampling.min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                seed=sampling.seed, system_prompt=system or "")
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
     SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings)).run()

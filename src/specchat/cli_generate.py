@@ -7,7 +7,7 @@ from pathlib import Path
 from time import perf_counter
 
 from specchat.limits import reply_limit
-from specchat.runtime import Engine, Models, SamplingParams, encode_prompt
+from specchat.runtime import Engine, Models, Penalties, SamplingParams, counted_from, encode_prompt
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
 from specchat.tracing import SKIPPED_ITERATIONS, traced_reply
@@ -15,8 +15,9 @@ from specchat.tracing import SKIPPED_ITERATIONS, traced_reply
 
 def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_new_tokens: int,
                    sampling: SamplingParams, as_json: bool, system: str | None = None,
-                   trace: Path | None = None) -> None:
+                   trace: Path | None = None, penalties: Penalties | None = None) -> None:
     prompt_ids = encode_prompt(models.tokenizer, prompt, raw, system)
+    sampling = counted_from(sampling, penalties, prompt_ids)
     room = reply_limit(len(prompt_ids), max_new_tokens, models.context)
     if room < max_new_tokens:
         print(f"notice: at most {room} new tokens: the {len(prompt_ids)}-token prompt fills the rest of the "

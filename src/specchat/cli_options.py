@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import MAX_TOKENS, MIN_P, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P
+from specchat.limits import MAX_TOKENS, MIN_P, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -25,6 +25,11 @@ TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top
 TopKOpt = Annotated[int, typer.Option(help="Sample among the K likeliest tokens only, as HF's top_k (0: all).")]
 MinPOpt = Annotated[float, typer.Option(
     help="Drop tokens less likely than this fraction of the likeliest, as HF's min_p (0: none).")]
+RepeatPenaltyOpt = Annotated[float, typer.Option(
+    help="Discourage tokens among the last --repeat-last-n: a positive logit divided by this, a negative one "
+         "multiplied, as llama.cpp's (1: off).")]
+RepeatLastNOpt = Annotated[int, typer.Option(help="Tokens of the prompt and the reply --repeat-penalty counts "
+                                             "(-1: all).")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
 WeightsOpt = Annotated[str, typer.Option(
     help="The target's weights: quantized (multiplied in the 4 bits it stores, by torch's int4 kernels), dense "
@@ -140,3 +145,10 @@ def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: 
         raise SpecchatError(f"--seed must be >= 0 and below 2**63 (got {seed})")
     MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)
+
+
+def check_penalties(repeat_penalty: float, repeat_last_n: int) -> None:
+    """One line on --repeat-penalty or --repeat-last-n out of range (the penalties are built where
+    torch is loaded: decoding/penalties.py)."""
+    REPEAT_PENALTY.check("--repeat-penalty", repeat_penalty)
+    REPEAT_LAST_N.check("--repeat-last-n", repeat_last_n)

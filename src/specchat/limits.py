@@ -51,6 +51,7 @@ MIN_P = Bounds(0.0, 1.0)  # a token's least probability over the likeliest's; 0 
 PRESENCE_OR_FREQUENCY = Bounds(-2.0, 2.0)  # OpenAI's presence_penalty and frequency_penalty
 REPEAT_PENALTY = Bounds(0.0, 100.0, low_open=True)  # 1: off; a repeated token's logit divided or multiplied by it
 REPEAT_LAST_N = Bounds(-1, 2**31 - 1)  # llama.cpp's window of counted tokens; -1: all, 0: none
+DEFAULT_REPEAT_LAST_N = 64  # llama.cpp's and Ollama's repeat_last_n
 LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's: added to a token's logit
 CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)

@@ -27,6 +27,7 @@ def test_props_are_the_servers_context_defaults_slots_and_template():
     params = settings["params"]
     assert (params["temperature"], params["top_p"], params["seed"], params["top_k"], params["min_p"]) == (
         0.3, 0.8, 7, 40, 0.0)
+    assert (params["repeat_penalty"], params["repeat_last_n"], params["presence_penalty"]) == (1.0, 64, 0.0)
     assert props["total_slots"] == 2 and props["model_path"] == "tiny"
     assert props["chat_template"] == "<role>content</>"  # the model's template, as written
     assert props["build_info"] == f"specchat {version('specchat')}"

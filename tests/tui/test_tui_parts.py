@@ -172,13 +172,15 @@ def test_settings_text_shows_lookahead_and_workers_for_dsi_only():
     assert settings_text(dsi, workers=3) == "engine dsi\nlookahead 7 · workers 3\ntemp 0.6 · top-p 0.9 · seed off"
 
 
-def test_settings_text_shows_top_k_and_min_p_on_a_line_of_their_own_only_where_they_cut():
+def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_own_only_where_on():
     base = "engine specexec\nbudget auto · depth 24\ntemp 0.6 · top-p 0.9 · seed 0"
     assert settings_text(DecodingSettings(top_k=0, min_p=0.0), workers=0) == base
     assert settings_text(DecodingSettings(top_k=-1), workers=0) == base  # -1: off, as vLLM's
     assert settings_text(DecodingSettings(top_k=40), workers=0) == base + "\ntop-k 40"
     assert settings_text(DecodingSettings(min_p=0.05), workers=0) == base + "\nmin-p 0.05"
     assert settings_text(DecodingSettings(top_k=3, min_p=0.2), workers=0) == base + "\ntop-k 3 · min-p 0.2"
+    assert settings_text(DecodingSettings(repeat_penalty=1.1), workers=0) == base + "\nrepeat 1.1/64"
+    assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=-1), workers=0) == base + "\nrepeat 1.3/all"
 
 
 def test_settings_sampling_carries_top_k_and_min_p_with_off_as_zero():

@@ -19,9 +19,11 @@ The draft's tree grows unpenalized: it only proposes.
 
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from specchat.decoding.events import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,18 @@ class Penalties:
 
     def start(self, prompt_ids: Sequence[int]) -> "Repeats":
         return Repeats(self, prompt_ids)
+
+
+def llama_penalties(repeat: float, last: int) -> Penalties:
+    """llama-cli's --repeat-penalty over its --repeat-last-n window of the prompt and the reply."""
+    return Penalties(repeat=repeat, repeat_window=Window(last=last))
+
+
+def counted_from(sampling: SamplingParams, penalties: Penalties | None, prompt_ids: Sequence[int]) -> SamplingParams:
+    """`sampling` under `penalties`, counting from `prompt_ids`; as it is where they change nothing."""
+    if penalties is None or not penalties.active:
+        return sampling
+    return replace(sampling, penalties=penalties.start(prompt_ids))
 
 
 class Tally:

@@ -5,7 +5,7 @@ disconnect withdrawing its job."""
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammar, Grammars
+from specchat.decoding.penalties import counted_from
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.limits import reply_limit
 from specchat.decoding.token_log import TokenLog
@@ -65,7 +66,7 @@ class Endpoint:
             raise bad_request(str(error), "context_length_exceeded", param) from None
         if asked is not None:
             self.check_kept(asked.field)
-            sampling = replace(sampling, penalties=asked.penalties.start(prompt_ids))
+            sampling = counted_from(sampling, asked.penalties, prompt_ids)
         return Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())
 
     def reply(self, stops: list[str], sampling: SamplingParams, may_call: bool = False) -> Reply:

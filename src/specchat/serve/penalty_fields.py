@@ -16,10 +16,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.penalties import Penalties, Window
-from specchat.limits import LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, Bounds
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY,
+                             Bounds)
 from specchat.serve.errors import bad_request
-
-LLAMA_LAST_N = 64  # llama.cpp's and Ollama's repeat_last_n
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def openai_penalties(request: Any, tokenizer: PreTrainedTokenizerBase) -> Asked 
 
 def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, bias: Any = None) -> Asked | None:
     """llama.cpp's (and Ollama's) penalties over one window, and llama.cpp's `bias`; None when none is set."""
-    window = Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, LLAMA_LAST_N)))
+    window = Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, DEFAULT_REPEAT_LAST_N)))
     penalties = Penalties(
         bias=llama_bias(bias, tokenizer),
         repeat=checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, 1.0),

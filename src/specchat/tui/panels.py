@@ -71,9 +71,11 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
 
 
 def cut_labels(settings: DecodingSettings) -> list[str]:
-    """The top-k and min-p cuts that are on."""
+    """The top-k and min-p cuts and the repeat penalty that are on."""
+    window = "all" if settings.repeat_last_n < 0 else settings.repeat_last_n
     return ([f"top-k {settings.top_k}"] if settings.top_k > 0 else []) + (
-        [f"min-p {settings.min_p:g}"] if settings.min_p > 0 else [])
+        [f"min-p {settings.min_p:g}"] if settings.min_p > 0 else []) + (
+        [f"repeat {settings.repeat_penalty:g}/{window}"] if settings.repeat_penalty != 1.0 else [])
 
 
 class Panels(VerticalScroll):

@@ -12,6 +12,7 @@ from itertools import count
 from time import perf_counter
 
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings
+from specchat.decoding.penalties import counted_from, llama_penalties
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.paths import expanded
 from specchat.summary import Summary, summarize
@@ -96,7 +97,8 @@ class Session:
         dropped = f"context full: the oldest {prompt.dropped} messages are left out (system prompt kept)"
         notes = (Note(dropped),) if prompt.dropped > self.dropped else ()
         self.dropped = prompt.dropped
-        sampling = self.settings.sampling()
+        penalties = llama_penalties(self.settings.repeat_penalty, self.settings.repeat_last_n)
+        sampling = counted_from(self.settings.sampling(), penalties, prompt.ids)
         if self.settings.reply_schema is not None:
             sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_schema))
         self.job = ReplyJob(next(self.reply_ids), self.backend.engine, prompt.ids, prompt.max_new_tokens,
