@@ -64,18 +64,23 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
              else f"budget {settings.budget} · depth {settings.depth}")
     sampling = f"temp {settings.temperature:g} · top-p {settings.top_p:g} · seed {seed}"
     lines = [f"engine {settings.engine}", shape, sampling]
-    cuts = cut_labels(settings)
-    if cuts:  # a line only where they cut, so a chat with the defaults shows what it always showed
-        lines.append(" · ".join(cuts))
+    extras = extra_labels(settings)
+    if extras:  # a line only where one is on, so a chat with the defaults shows what it always showed
+        lines.append(" · ".join(extras))
     return "\n".join(lines)
 
 
-def cut_labels(settings: DecodingSettings) -> list[str]:
-    """The top-k and min-p cuts and the repeat penalty that are on."""
-    window = "all" if settings.repeat_last_n < 0 else settings.repeat_last_n
-    return ([f"top-k {settings.top_k}"] if settings.top_k > 0 else []) + (
-        [f"min-p {settings.min_p:g}"] if settings.min_p > 0 else []) + (
-        [f"repeat {settings.repeat_penalty:g}/{window}"] if settings.repeat_penalty != 1.0 else [])
+def extra_labels(settings: DecodingSettings) -> list[str]:
+    """The settings that are off by default and on here: the top-k and min-p cuts, the repeat penalty."""
+    labels = []
+    if settings.top_k > 0:
+        labels.append(f"top-k {settings.top_k}")
+    if settings.min_p > 0:
+        labels.append(f"min-p {settings.min_p:g}")
+    if settings.repeat_penalty != 1.0:
+        window = "all" if settings.repeat_last_n < 0 else settings.repeat_last_n
+        labels.append(f"repeat {settings.repeat_penalty:g}/{window}")
+    return labels
 
 
 class Panels(VerticalScroll):
