@@ -58,6 +58,18 @@ def test_openai_routes_take_openais_penalties_vllms_repetition_and_logit_bias(fa
     assert spec_of(engine) == Penalties(frequency=1.0, count_window=Window(prompt=False))
 
 
+def test_openai_routes_also_take_llama_servers_repeat_penalty_over_its_window(fake):
+    """llama-server's OpenAI routes take its own field names: its clients send them in extra_body."""
+    engine, url = fake
+    client(url).chat.completions.create(model=MODEL, messages=user("hi"), presence_penalty=0.5,
+                                        extra_body={"repeat_penalty": 1.1, "repeat_last_n": 16})
+    assert spec_of(engine) == Penalties(repeat=1.1, repeat_window=Window(last=16), presence=0.5,
+                                        count_window=Window(prompt=False))
+    status, body = post(f"{url}/v1/chat/completions", {"model": MODEL, "messages": user("hi"),
+                                                       "repeat_penalty": 1.1, "repetition_penalty": 1.2})
+    assert status == 400 and "give one" in body["error"]["message"] and body["error"]["param"] == "repeat_penalty"
+
+
 def test_nothing_set_or_all_off_is_no_penalty(fake):
     engine, url = fake
     client(url).chat.completions.create(model=MODEL, messages=user("hi"))

@@ -18,8 +18,6 @@ class NativeRequest(Decoded):
     cache_prompt: bool = True  # with n_predict 0: compute the prompt into a slot for the next request
     n_probs: int = 0  # > 0: each token's log-probability and the n likeliest there (completion_probabilities)
     post_sampling_probs: bool = False  # refused: the probabilities given are the target's, before sampling
-    repeat_penalty: float | None = None  # left out: 1, off
-    repeat_last_n: int | None = None  # the penalties' window; left out: 64, llama.cpp's
 
 
 def wanted_tokens(request: NativeRequest) -> int | None:

@@ -1,8 +1,9 @@
 """The logit bias and repetition penalties a request asks for, in its API's fields and windows
 (decoding/penalties.py applies them):
 - the OpenAI routes: `presence_penalty` and `frequency_penalty` count the reply's tokens (OpenAI's
-  definition), vLLM's `repetition_penalty` the prompt's and the reply's; `logit_bias` maps token
-  ids (as strings) to a bias in [-100, 100];
+  definition), vLLM's `repetition_penalty` the prompt's and the reply's (or llama-server's
+  `repeat_penalty`, over its `repeat_last_n` window of them); `logit_bias` maps token ids (as
+  strings) to a bias in [-100, 100];
 - llama.cpp's routes and Ollama's options: `repeat_penalty`, `presence_penalty` and
   `frequency_penalty` all count the last `repeat_last_n` tokens of the prompt and the reply (64 left
   out, -1 all, 0 none), as llama.cpp's sampler does; llama.cpp's `logit_bias` also takes
@@ -30,19 +31,28 @@ class Asked:
 
 
 def openai_penalties(request: Any, tokenizer: PreTrainedTokenizerBase) -> Asked | None:
-    """OpenAI's penalties and logit bias and vLLM's repetition penalty; None when none is set."""
+    """OpenAI's penalties and logit bias, and a repetition penalty: vLLM's `repetition_penalty`
+    over the prompt and the reply, or llama-server's `repeat_penalty` over its `repeat_last_n`
+    window of them; None when none is set."""
+    if request.repetition_penalty is not None and request.repeat_penalty is not None:
+        raise bad_request("repetition_penalty (vLLM's) and repeat_penalty (llama.cpp's) name one penalty: give one",
+                          param="repeat_penalty")
+    if request.repeat_penalty is None:  # vLLM's, or none
+        repeat, window = checked("repetition_penalty", REPEAT_PENALTY, request.repetition_penalty, 1.0), Window()
+    else:
+        repeat, window = checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, 1.0), llama_window(request)
     penalties = Penalties(
-        bias=openai_bias(request.logit_bias, len(tokenizer)),
-        repeat=checked("repetition_penalty", REPEAT_PENALTY, request.repetition_penalty, 1.0),
+        bias=openai_bias(request.logit_bias, len(tokenizer)), repeat=repeat, repeat_window=window,
         presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, 0.0),
         frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0),
-        repeat_window=Window(), count_window=Window(prompt=False))
-    return asked(penalties, request, ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty"))
+        count_window=Window(prompt=False))
+    return asked(penalties, request, ("logit_bias", "repetition_penalty", "repeat_penalty", "presence_penalty",
+                                      "frequency_penalty"))
 
 
 def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, bias: Any = None) -> Asked | None:
     """llama.cpp's (and Ollama's) penalties over one window, and llama.cpp's `bias`; None when none is set."""
-    window = Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, DEFAULT_REPEAT_LAST_N)))
+    window = llama_window(request)
     penalties = Penalties(
         bias=llama_bias(bias, tokenizer),
         repeat=checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, 1.0),
@@ -50,6 +60,11 @@ def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, bias: Any 
         frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0),
         repeat_window=window, count_window=window)
     return asked(penalties, request, ("logit_bias", "repeat_penalty", "presence_penalty", "frequency_penalty"))
+
+
+def llama_window(request: Any) -> Window:
+    """The last `repeat_last_n` tokens of the prompt and the reply (64 left out, -1 all)."""
+    return Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, DEFAULT_REPEAT_LAST_N)))
 
 
 def asked(penalties: Penalties, request: Any, fields: tuple[str, ...]) -> Asked | None:

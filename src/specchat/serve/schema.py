@@ -59,7 +59,9 @@ class Decoded(Strict):
     seed: int | None = None
     presence_penalty: float | None = None  # left out: 0, no penalty (serve/penalty_fields.py)
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None  # vLLM's (the OpenAI routes'); llama.cpp's routes take repeat_penalty
+    repetition_penalty: float | None = None  # vLLM's, on the OpenAI routes
+    repeat_penalty: float | None = None  # llama.cpp's (its OpenAI routes take it too); left out: 1, off
+    repeat_last_n: int | None = None  # llama.cpp's window of counted tokens; left out: 64
     logit_bias: Any = None  # OpenAI's {"id": bias}; llama.cpp's also [[id or text, bias or false], ...]
     stop: str | list[str] | None = None
     stream: bool | None = None  # null is false: the openai client sends stream=None as null
