@@ -73,18 +73,23 @@ def test_generate_top_k_1_samples_the_greedy_tokens_in_both_engines(monkeypatch,
     assert replies["cut"] == replies["cut tree"] == replies["greedy"]
 
 
-def test_generate_repeat_penalty_changes_the_reply_and_both_engines_keep_it(monkeypatch, capsys, tiny_dirs):
+def test_generate_penalties_change_the_reply_and_both_engines_keep_them(monkeypatch, capsys, tiny_dirs):
     target, draft, _ = tiny_dirs
     common = ["hello world", "--target", str(target), "--draft", str(draft), "--raw", "--max-new-tokens", "16",
               "--dtype", "float32", "--json", "--temperature", "0"]
     replies = {}
     for name, engine, penalty in [("plain", "autoregressive", []),
                                   ("penalized", "autoregressive", ["--repeat-penalty", "1.8", "--repeat-last-n", "8"]),
-                                  ("tree", "specexec", ["--repeat-penalty", "1.8", "--repeat-last-n", "8"])]:
+                                  ("tree", "specexec", ["--repeat-penalty", "1.8", "--repeat-last-n", "8"]),
+                                  ("counted", "autoregressive", ["--presence-penalty", "1.5", "--frequency-penalty",
+                                                                 "1", "--repeat-last-n", "8"]),
+                                  ("counted tree", "specexec", ["--presence-penalty", "1.5", "--frequency-penalty",
+                                                                "1", "--repeat-last-n", "8"])]:
         code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", engine, *penalty)
         assert code == 0
         replies[name] = json.loads(out)["token_ids"]
     assert replies["penalized"] == replies["tree"] != replies["plain"]
+    assert replies["counted"] == replies["counted tree"] != replies["plain"]
 
 
 def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, capsys):
@@ -98,10 +103,11 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
     monkeypatch.setattr(runtime_backend, "runtime_loader", loader)
     monkeypatch.setattr(app.SpecchatApp, "run", lambda self: None)
     code, _, _ = run_cli(monkeypatch, capsys, "run", "--top-k", "40", "--min-p", "0.05", "--repeat-penalty", "1.1",
-                         "--repeat-last-n", "128")
+                         "--repeat-last-n", "128", "--presence-penalty", "0.2", "--frequency-penalty", "0.1")
     settings = handed[0]
     assert code == 0 and (settings.top_k, settings.min_p, settings.repeat_penalty, settings.repeat_last_n) == (
         40, 0.05, 1.1, 128)
+    assert (settings.presence_penalty, settings.frequency_penalty) == (0.2, 0.1)
 
 
 @pytest.mark.parametrize(
@@ -118,6 +124,8 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
         (["--min-p", "nan"], "--min-p must be between 0 and 1 (got nan)"),
         (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 100] (got 0.0)"),
         (["--repeat-last-n", "-2"], "--repeat-last-n must be between -1"),
+        (["--presence-penalty", "2.5"], "--presence-penalty must be between -2 and 2 (got 2.5)"),
+        (["--frequency-penalty", "-3"], "--frequency-penalty must be between -2 and 2 (got -3.0)"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--max-depth", "0"], "--max-depth"),
         (["--seed", "-1"], "--seed"),

@@ -8,9 +8,10 @@ import typer
 
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
-from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, MinPOpt, OffloadOpt, RamBudgetOpt, RepeatLastNOpt,
-                                  RepeatPenaltyOpt, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt,
-                                  WeightsOpt, check_penalties, check_sampling, with_engine_options)
+from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, FrequencyPenaltyOpt, MinPOpt, OffloadOpt,
+                                  PresencePenaltyOpt, RamBudgetOpt, RepeatLastNOpt, RepeatPenaltyOpt, TargetOpt,
+                                  TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt, WeightsOpt, check_penalties,
+                                  check_sampling, with_engine_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
@@ -57,6 +58,8 @@ def generate(
     min_p: MinPOpt = 0.0,
     repeat_penalty: RepeatPenaltyOpt = 1.0,
     repeat_last_n: RepeatLastNOpt = DEFAULT_REPEAT_LAST_N,
+    presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     seed: int = typer.Option(DEFAULT_SEED,
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
@@ -74,7 +77,7 @@ def generate(
 ) -> None:
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens, top_k, min_p)
-    check_penalties(repeat_penalty, repeat_last_n)
+    check_penalties(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)
     prompt = read_stdin() if prompt == "-" else prompt
     check_text("the prompt", prompt)
     check_text("--system", system or "")
@@ -100,7 +103,8 @@ def generate(
         if lark is not None:
             sampling = replace(sampling, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       sampling, as_json, system, trace, llama_penalties(repeat_penalty, repeat_last_n))
+                       sampling, as_json, system, trace,
+                       llama_penalties(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty))
     finally:
         models.close()
 
@@ -124,6 +128,8 @@ def run(
     min_p: MinPOpt = 0.0,
     repeat_penalty: RepeatPenaltyOpt = 1.0,
     repeat_last_n: RepeatLastNOpt = DEFAULT_REPEAT_LAST_N,
+    presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     system: str | None = typer.Option(None, help="The system prompt of new conversations (/system changes it)."),
@@ -141,9 +147,10 @@ def run(
     from specchat.tui.store import ConversationStore
 
     sampling = check_sampling(temperature, top_p, seed, 1, top_k, min_p)
-    check_penalties(repeat_penalty, repeat_last_n)
+    check_penalties(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)
     settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 min_p=sampling.min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                 seed=sampling.seed, system_prompt=system or "")
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import MAX_TOKENS, MIN_P, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P
+from specchat.limits import (MAX_TOKENS, MIN_P, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT,
+                             TEMPERATURE, TOP_K, TOP_P)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -28,8 +29,12 @@ MinPOpt = Annotated[float, typer.Option(
 RepeatPenaltyOpt = Annotated[float, typer.Option(
     help="Discourage tokens among the last --repeat-last-n: a positive logit divided by this, a negative one "
          "multiplied, as llama.cpp's (1: off).")]
-RepeatLastNOpt = Annotated[int, typer.Option(help="Tokens of the prompt and the reply --repeat-penalty counts "
+RepeatLastNOpt = Annotated[int, typer.Option(help="Tokens of the prompt and the reply the penalties count "
                                              "(-1: all).")]
+PresencePenaltyOpt = Annotated[float, typer.Option(
+    help="Subtracted from the logit of each token among the last --repeat-last-n, as llama.cpp's (0: off).")]
+FrequencyPenaltyOpt = Annotated[float, typer.Option(
+    help="Subtracted from a token's logit once per time it is among the last --repeat-last-n (0: off).")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
 WeightsOpt = Annotated[str, typer.Option(
     help="The target's weights: quantized (multiplied in the 4 bits it stores, by torch's int4 kernels), dense "
@@ -147,8 +152,11 @@ def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: 
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)
 
 
-def check_penalties(repeat_penalty: float, repeat_last_n: int) -> None:
-    """One line on --repeat-penalty or --repeat-last-n out of range (the penalties are built where
-    torch is loaded: decoding/penalties.py)."""
+def check_penalties(repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
+                    frequency_penalty: float) -> None:
+    """One line on a penalty option out of range (the penalties are built where torch is loaded:
+    decoding/penalties.py)."""
     REPEAT_PENALTY.check("--repeat-penalty", repeat_penalty)
     REPEAT_LAST_N.check("--repeat-last-n", repeat_last_n)
+    PRESENCE_OR_FREQUENCY.check("--presence-penalty", presence_penalty)
+    PRESENCE_OR_FREQUENCY.check("--frequency-penalty", frequency_penalty)

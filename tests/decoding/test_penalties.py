@@ -10,7 +10,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.penalties import Penalties, Window
+from specchat.decoding.penalties import Penalties, Window, llama_penalties
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
@@ -63,6 +63,13 @@ def test_a_window_of_none_counts_nothing_and_the_bias_still_applies():
     expected[2] -= 100
     expected[3] += 5
     assert torch.equal(state.penalized(logits()), expected)
+
+
+def test_llama_clis_penalties_all_count_its_window_of_prompt_and_reply():
+    window = Window(last=8)
+    assert llama_penalties(1.2, 8, 0.5, 0.1) == Penalties(repeat=1.2, repeat_window=window, presence=0.5,
+                                                         frequency=0.1, count_window=window)
+    assert not llama_penalties(1.0, 64).active
 
 
 def test_without_any_penalty_nothing_is_active():

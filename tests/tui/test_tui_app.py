@@ -410,7 +410,7 @@ def test_setting_commands_change_the_next_reply(store_path):
         async with app.run_test(size=SIZE) as pilot:
             spec = app.backend.engine
             for text in ["/budget 64", "/depth 8", "/temp 0.2", "/top-p 0.5", "/top-k 3", "/min-p 0.1", "/seed 7",
-                         "/max-tokens 10", "/repeat-penalty 1.2", "/repeat-last-n 4"]:
+                         "/max-tokens 10", "/repeat-penalty 1.2", "/repeat-last-n 4", "/frequency-penalty 0.3"]:
                 await say(pilot, text)
                 assert not last_notice(app).has_class("error"), text
             assert (spec.budget, spec.max_depth) == (64, 8)
@@ -419,7 +419,8 @@ def test_setting_commands_change_the_next_reply(store_path):
             assert (max_new_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (10, 0.2, 0.5, 7)
             assert (sampling.top_k, sampling.min_p) == (3, 0.1)
             repeats = sampling.penalties  # counted from the prompt: its last 4 tokens
-            assert repeats.penalties.repeat == 1.2 and list(repeats.repeated.tokens) == prompt_ids[-4:]
+            assert (repeats.penalties.repeat, repeats.penalties.frequency) == (1.2, 0.3)
+            assert list(repeats.repeated.tokens) == list(repeats.counted.tokens) == prompt_ids[-4:]
             assert app.session.entries[-1].content == REPLY[:10]
             assert "budget 64 · depth 8" in str(app.query_one("#settings", Static).content)
             assert "top-k 3 · min-p 0.1" in str(app.query_one("#settings", Static).content)

@@ -54,9 +54,11 @@ class Penalties:
         return Repeats(self, prompt_ids)
 
 
-def llama_penalties(repeat: float, last: int) -> Penalties:
-    """llama-cli's --repeat-penalty over its --repeat-last-n window of the prompt and the reply."""
-    return Penalties(repeat=repeat, repeat_window=Window(last=last))
+def llama_penalties(repeat: float, last: int, presence: float = 0.0, frequency: float = 0.0) -> Penalties:
+    """llama-cli's --repeat-penalty, --presence-penalty and --frequency-penalty, all over its
+    --repeat-last-n window of the prompt and the reply."""
+    window = Window(last=last)
+    return Penalties(repeat=repeat, repeat_window=window, presence=presence, frequency=frequency, count_window=window)
 
 
 def counted_from(sampling: SamplingParams, penalties: Penalties | None, prompt_ids: Sequence[int]) -> SamplingParams:

@@ -181,8 +181,12 @@ SPECS = [
                 float_setting("min-p", "min_p")),
     CommandSpec("repeat-penalty", "R", "discourage the last repeat-last-n tokens, 1 = off (from the next reply)",
                 float_setting("repeat-penalty", "repeat_penalty")),
-    CommandSpec("repeat-last-n", "N", "tokens the repeat penalty counts, -1 = all (from the next reply)",
+    CommandSpec("repeat-last-n", "N", "tokens the penalties count, -1 = all (from the next reply)",
                 int_setting("repeat-last-n", "repeat_last_n")),
+    CommandSpec("presence-penalty", "P", "subtracted from tokens in the last repeat-last-n, 0 = off (from the next "
+                "reply)", float_setting("presence-penalty", "presence_penalty")),
+    CommandSpec("frequency-penalty", "F", "subtracted per repeat in the last repeat-last-n, 0 = off (from the next "
+                "reply)", float_setting("frequency-penalty", "frequency_penalty")),
     CommandSpec("seed", "S|off", "sampling seed; off = a new seed per reply", required("seed", parse_seed)),
     CommandSpec("max-tokens", "N", "longest reply in tokens", int_setting("max-tokens", "max_tokens")),
     CommandSpec("engine", "NAME", "decoding engine (from the next reply)", text_setting("engine", "engine")),

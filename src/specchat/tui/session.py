@@ -97,7 +97,9 @@ class Session:
         dropped = f"context full: the oldest {prompt.dropped} messages are left out (system prompt kept)"
         notes = (Note(dropped),) if prompt.dropped > self.dropped else ()
         self.dropped = prompt.dropped
-        penalties = llama_penalties(self.settings.repeat_penalty, self.settings.repeat_last_n)
+        settings = self.settings
+        penalties = llama_penalties(settings.repeat_penalty, settings.repeat_last_n, settings.presence_penalty,
+                                    settings.frequency_penalty)
         sampling = counted_from(self.settings.sampling(), penalties, prompt.ids)
         if self.settings.reply_schema is not None:
             sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_schema))

@@ -5,13 +5,15 @@ from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P, REPEAT_LAST_N,
-                             REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, fresh_seed)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P,
+                             PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K,
+                             TOP_P, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
           "temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "repeat_penalty": REPEAT_PENALTY,
-          "repeat_last_n": REPEAT_LAST_N}
+          "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
+          "frequency_penalty": PRESENCE_OR_FREQUENCY}
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,11 @@ class DecodingSettings:
     top_p: float = DEFAULT_TOP_P
     top_k: int = 0  # the K likeliest tokens only (0: all)
     min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability (0: none)
-    repeat_penalty: float = 1.0  # llama.cpp's, over the last repeat_last_n tokens of the conversation (1: off)
+    # llama.cpp's penalties, each over the last repeat_last_n tokens of the conversation (1, 0 and 0: off)
+    repeat_penalty: float = 1.0
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = DEFAULT_SEED  # None: a fresh seed for every reply
     max_tokens: int = 1024
     engine: str = "specexec"
