@@ -9,9 +9,10 @@ from typer.testing import CliRunner
 
 from specchat import cli_options, runtime
 from specchat.cli import app
-from specchat.cli_options import ENGINE_OPTIONS, with_engine_options
+from specchat.cli_options import ENGINE_OPTIONS, PENALTY_OPTIONS, PenaltyOptions, with_engine_options
 from specchat.engine_options import EngineOptions
 from specchat.limits import DEFAULT_MAX_DEPTH
+from specchat.tui.settings import DecodingSettings
 
 FIELDS = [field.name for field in fields(EngineOptions)]
 # Every option given a value other than its default, and the EngineOptions it must make.
@@ -77,3 +78,13 @@ def test_an_option_left_out_is_not_offered_and_keeps_its_default(monkeypatch):
     assert CliRunner().invoke(recorder, ["--max-depth", "3"]).exit_code == 2  # no such option
     assert CliRunner().invoke(recorder, ["--budget", "auto"]).exit_code == 0
     assert received == [(False, EngineOptions(budget="auto", max_depth=DEFAULT_MAX_DEPTH))]
+
+
+def test_penalty_options_are_declared_once_and_named_as_the_chats_settings():
+    """`with_penalty_options`' fields are typer's options and `DecodingSettings`' fields alike
+    (`run` hands them over by name)."""
+    names = [field.name for field in fields(PenaltyOptions)]
+    assert list(PENALTY_OPTIONS) == names
+    assert set(names) <= {field.name for field in fields(DecodingSettings)}
+    generate, run = declared("generate"), declared("run")
+    assert all(generate[name] == run[name] for name in names)

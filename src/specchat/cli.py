@@ -1,21 +1,20 @@
 """The `specchat` command line. User errors print one line and exit with code 2."""
 
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import typer
 
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
-from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, FrequencyPenaltyOpt, MinPOpt, OffloadOpt,
-                                  PresencePenaltyOpt, RamBudgetOpt, RepeatLastNOpt, RepeatPenaltyOpt, TargetOpt,
-                                  TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt, WeightsOpt, check_penalties,
-                                  check_sampling, with_engine_options)
+from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, MinPOpt, OffloadOpt, PenaltyOptions, RamBudgetOpt,
+                                  TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt, WeightsOpt,
+                                  check_sampling, with_engine_options, with_penalty_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, check_text)
+from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
+                             check_text)
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
 from specchat.version import version_line
@@ -48,6 +47,7 @@ def root(version: bool = typer.Option(False, "--version", callback=print_version
 
 @app.command()
 @with_engine_options()
+@with_penalty_options
 def generate(
     prompt: str = typer.Argument(..., help="The user message (or raw text with --raw); - reads it from standard "
                                  "input."),
@@ -56,10 +56,6 @@ def generate(
     top_p: TopPOpt = DEFAULT_TOP_P,
     top_k: TopKOpt = 0,
     min_p: MinPOpt = 0.0,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = DEFAULT_REPEAT_LAST_N,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     seed: int = typer.Option(DEFAULT_SEED,
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
@@ -73,11 +69,11 @@ def generate(
                                       "device) in this Chrome trace file (.json or .json.gz), for Perfetto or "
                                       "scripts/trace_summary.py."),
     *,
+    penalties: PenaltyOptions,
     options: EngineOptions,
 ) -> None:
     """Generate one reply, streamed to stdout."""
     sampling = check_sampling(temperature, top_p, seed, max_new_tokens, top_k, min_p)
-    check_penalties(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)
     prompt = read_stdin() if prompt == "-" else prompt
     check_text("the prompt", prompt)
     check_text("--system", system or "")
@@ -103,8 +99,7 @@ def generate(
         if lark is not None:
             sampling = replace(sampling, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       sampling, as_json, system, trace,
-                       llama_penalties(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty))
+                       sampling, as_json, system, trace, llama_penalties(**asdict(penalties)))
     finally:
         models.close()
 
@@ -121,19 +116,17 @@ def read_stdin() -> str:
 @app.command()
 @with_engine_options(engine_help=" | ".join(ENGINES) + " (/engine switches among those over the same models)",
                      leave_out=("max_depth",))
+@with_penalty_options
 def run(
     temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
     top_p: TopPOpt = DEFAULT_TOP_P,
     top_k: TopKOpt = 0,
     min_p: MinPOpt = 0.0,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    repeat_last_n: RepeatLastNOpt = DEFAULT_REPEAT_LAST_N,
-    presence_penalty: PresencePenaltyOpt = 0.0,
-    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     system: str | None = typer.Option(None, help="The system prompt of new conversations (/system changes it)."),
     *,
+    penalties: PenaltyOptions,
     options: EngineOptions,
 ) -> None:
     """Chat in a full-screen terminal app with live decoding panels."""
@@ -147,11 +140,9 @@ def run(
     from specchat.tui.store import ConversationStore
 
     sampling = check_sampling(temperature, top_p, seed, 1, top_k, min_p)
-    check_penalties(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)
     settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                min_p=sampling.min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                seed=sampling.seed, system_prompt=system or "")
+                                min_p=sampling.min_p, seed=sampling.seed, system_prompt=system or "",
+                                **asdict(penalties))
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
     SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings)).run()

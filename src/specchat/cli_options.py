@@ -1,19 +1,19 @@
 """The commands' shared options, declared once: `with_engine_options` gives `generate`, `run` and
 `serve` every `EngineOptions` field as an option and hands them the checked `EngineOptions`
-(`bench` and `doctor` take single declarations, with their own defaults); and the sampling
-options' check."""
+(`bench` and `doctor` take single declarations, with their own defaults); `with_penalty_options`
+gives `generate` and `run` llama-cli's penalties as `PenaltyOptions`; and the sampling options' check."""
 
 import inspect
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from functools import wraps
 from typing import Annotated, Any
 
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import (MAX_TOKENS, MIN_P, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT,
-                             TEMPERATURE, TOP_K, TOP_P)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, MAX_TOKENS, MIN_P, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N,
+                             REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -152,11 +152,43 @@ def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: 
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)
 
 
-def check_penalties(repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
-                    frequency_penalty: float) -> None:
-    """One line on a penalty option out of range (the penalties are built where torch is loaded:
-    decoding/penalties.py)."""
-    REPEAT_PENALTY.check("--repeat-penalty", repeat_penalty)
-    REPEAT_LAST_N.check("--repeat-last-n", repeat_last_n)
-    PRESENCE_OR_FREQUENCY.check("--presence-penalty", presence_penalty)
-    PRESENCE_OR_FREQUENCY.check("--frequency-penalty", frequency_penalty)
+@dataclass(frozen=True)
+class PenaltyOptions:
+    """llama-cli's penalties, as `generate` and `run` take them (torch-free: decoding/penalties.py
+    builds them once a command runs); the names are DecodingSettings' own."""
+
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+PENALTY_OPTIONS: dict[str, Any] = {"repeat_penalty": RepeatPenaltyOpt, "repeat_last_n": RepeatLastNOpt,
+                                   "presence_penalty": PresencePenaltyOpt, "frequency_penalty": FrequencyPenaltyOpt}
+
+
+def with_penalty_options(command: Command) -> Command:
+    """Make a command that takes `penalties: PenaltyOptions` offer PENALTY_OPTIONS after its own
+    options (before `options`, which with_engine_options then fills) and receive them checked."""
+    defaults = {field.name: field.default for field in fields(PenaltyOptions)}
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=PENALTY_OPTIONS[name],
+                                default=defaults[name]) for name in PENALTY_OPTIONS]
+    own = [parameter for parameter in inspect.signature(command).parameters.values() if parameter.name != "penalties"]
+    last = [parameter for parameter in own if parameter.name == "options"]
+
+    @wraps(command)
+    def with_penalties(**values: Any) -> None:
+        penalties = checked_penalties(PenaltyOptions(**{name: values.pop(name) for name in PENALTY_OPTIONS}))
+        command(**values, penalties=penalties)
+
+    with_penalties.__signature__ = inspect.Signature([*(p for p in own if p not in last), *shared, *last])
+    return with_penalties
+
+
+def checked_penalties(penalties: PenaltyOptions) -> PenaltyOptions:
+    """`penalties`, or one line on a value out of range."""
+    REPEAT_PENALTY.check("--repeat-penalty", penalties.repeat_penalty)
+    REPEAT_LAST_N.check("--repeat-last-n", penalties.repeat_last_n)
+    PRESENCE_OR_FREQUENCY.check("--presence-penalty", penalties.presence_penalty)
+    PRESENCE_OR_FREQUENCY.check("--frequency-penalty", penalties.frequency_penalty)
+    return penalties

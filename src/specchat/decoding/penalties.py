@@ -54,11 +54,13 @@ class Penalties:
         return Repeats(self, prompt_ids)
 
 
-def llama_penalties(repeat: float, last: int, presence: float = 0.0, frequency: float = 0.0) -> Penalties:
+def llama_penalties(repeat_penalty: float, repeat_last_n: int, presence_penalty: float = 0.0,
+                    frequency_penalty: float = 0.0) -> Penalties:
     """llama-cli's --repeat-penalty, --presence-penalty and --frequency-penalty, all over its
     --repeat-last-n window of the prompt and the reply."""
-    window = Window(last=last)
-    return Penalties(repeat=repeat, repeat_window=window, presence=presence, frequency=frequency, count_window=window)
+    window = Window(last=repeat_last_n)
+    return Penalties(repeat=repeat_penalty, repeat_window=window, presence=presence_penalty,
+                     frequency=frequency_penalty, count_window=window)
 
 
 def counted_from(sampling: SamplingParams, penalties: Penalties | None, prompt_ids: Sequence[int]) -> SamplingParams:
@@ -99,6 +101,9 @@ class Repeats:
 
     def __init__(self, penalties: Penalties, prompt_ids: Sequence[int]) -> None:
         self.penalties = penalties
+        # the bias's tokens and values, made once a reply: added at every emitted position
+        self.bias_ids = torch.tensor([token for token, _ in penalties.bias], dtype=torch.long)
+        self.bias_values = torch.tensor([value for _, value in penalties.bias], dtype=torch.float32)
         self.repeated = Tally(penalties.repeat_window, prompt_ids)
         self.counted = Tally(penalties.count_window, prompt_ids)
 
@@ -106,8 +111,7 @@ class Repeats:
         """1-D logits [V] with the bias and penalties at the current position (a float32 copy)."""
         scores, spec = logits.float().clone(), self.penalties
         if spec.bias:
-            ids = torch.tensor([token for token, _ in spec.bias], device=scores.device)
-            scores.index_add_(0, ids, torch.tensor([value for _, value in spec.bias], device=scores.device))
+            scores.index_add_(0, self.bias_ids.to(scores.device), self.bias_values.to(scores.device))
         if spec.repeat != 1.0 and self.repeated.counts:
             ids, _ = self.repeated.ids_and_counts(scores.device)
             picked = scores[ids]
