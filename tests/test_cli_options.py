@@ -1,6 +1,6 @@
-"""The options `generate`, `run` and `serve` share, declared once (`cli_options.with_engine_options`):
-every EngineOptions field is an option of each, worded alike, and reaches the EngineOptions the
-command receives."""
+"""The options `generate`, `run` and `serve` share, declared once (`cli_options.with_engine_options`,
+`with_sampling_options`, `with_penalty_options`): every field is an option of each, worded alike,
+standing where the command names its parameter, and reaches what the command receives."""
 
 from dataclasses import fields
 
@@ -9,7 +9,9 @@ from typer.testing import CliRunner
 
 from specchat import cli_options, runtime
 from specchat.cli import app
-from specchat.cli_options import ENGINE_OPTIONS, PENALTY_OPTIONS, PenaltyOptions, with_engine_options
+from specchat.cli_options import (ENGINE_OPTIONS, PENALTY_OPTIONS, SAMPLING_OPTIONS, PenaltyOptions, SamplingOptions,
+                                  with_engine_options)
+from specchat.decoding.events import SamplingParams
 from specchat.engine_options import EngineOptions
 from specchat.limits import DEFAULT_MAX_DEPTH
 from specchat.tui.settings import DecodingSettings
@@ -86,5 +88,25 @@ def test_penalty_options_are_declared_once_and_named_as_the_chats_settings():
     names = [field.name for field in fields(PenaltyOptions)]
     assert list(PENALTY_OPTIONS) == names
     assert set(names) <= {field.name for field in fields(DecodingSettings)}
-    generate, run = declared("generate"), declared("run")
-    assert all(generate[name] == run[name] for name in names)
+    generate, run, serve = declared("generate"), declared("run"), declared("serve")
+    assert all(generate[name] == run[name] == serve[name] for name in names)
+
+
+def test_sampling_options_are_declared_once_and_named_as_the_engines_and_the_chats_fields():
+    names = [field.name for field in fields(SamplingOptions)]
+    assert list(SAMPLING_OPTIONS) == names
+    assert set(names) <= {field.name for field in fields(DecodingSettings)} & {field.name for field in
+                                                                                fields(SamplingParams)}
+    generate, run, serve = declared("generate"), declared("run"), declared("serve")
+    assert all(generate[name] == run[name] == serve[name] for name in names)
+
+
+def test_the_sampling_options_stand_where_each_command_names_them_before_its_seed():
+    for command in ("generate", "run", "serve"):
+        order = [param.name for param in typer.main.get_command(app).commands[command].params]
+        assert order[order.index("seed") - len(SAMPLING_OPTIONS):order.index("seed")] == list(SAMPLING_OPTIONS)
+
+
+def test_sampling_options_become_the_engines_params_with_vllms_top_k_off_as_zero():
+    options = SamplingOptions(temperature=0.3, top_p=0.7, top_k=-1, min_p=0.1, typical_p=0.8)
+    assert options.params(9) == SamplingParams(temperature=0.3, top_p=0.7, seed=9, top_k=0, min_p=0.1, typical_p=0.8)

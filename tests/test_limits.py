@@ -4,7 +4,7 @@ context's end, refused when none is left; the memory budgets' range (a run and `
 
 import pytest
 
-from specchat.cli_options import check_sampling
+from specchat.cli_options import SamplingOptions
 from specchat.doctor.command import check_numbers
 from specchat.engine_options import EngineOptions
 from specchat.errors import ContextOverflow, SpecchatError
@@ -74,8 +74,8 @@ def test_bounds_are_written_as_typed():
 def test_a_seed_outside_a_signed_64_bit_int_is_one_line(seed):
     """bench --compare-hf hands the seed to torch's generator, which raised on 2**63 and past."""
     with pytest.raises(SpecchatError, match=r"--seed must be >= 0 and below 2\*\*63"):
-        check_sampling(0.6, 0.9, seed, 16)
-    assert check_sampling(0.6, 0.9, 2**63 - 1, 16).seed == 2**63 - 1
+        SamplingOptions().params(seed)
+    assert SamplingOptions().params(2**63 - 1).seed == 2**63 - 1
 
 
 def test_text_with_a_lone_surrogate_is_one_line():

@@ -8,13 +8,13 @@ import typer
 
 from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
-from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, MinPOpt, OffloadOpt, PenaltyOptions, RamBudgetOpt,
-                                  TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, VramBudgetOpt, WeightsOpt,
-                                  check_sampling, with_engine_options, with_penalty_options)
+from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, PenaltyOptions, RamBudgetOpt,
+                                  SamplingOptions, TargetOpt, TopPOpt, VramBudgetOpt, WeightsOpt, check_seed,
+                                  checked_sampling, with_engine_options, with_penalty_options, with_sampling_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
-                             check_text)
+                             MAX_TOKENS, check_text)
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
 from specchat.version import version_line
@@ -48,14 +48,12 @@ def root(version: bool = typer.Option(False, "--version", callback=print_version
 @app.command()
 @with_engine_options()
 @with_penalty_options
+@with_sampling_options
 def generate(
     prompt: str = typer.Argument(..., help="The user message (or raw text with --raw); - reads it from standard "
                                  "input."),
     system: str | None = typer.Option(None, help="A system prompt before the message (the chat template's)."),
-    temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
-    top_p: TopPOpt = DEFAULT_TOP_P,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
+    sampling: SamplingOptions = SamplingOptions(),
     seed: int = typer.Option(DEFAULT_SEED,
                              help="Sampling seed: specexec and autoregressive emit the same tokens for the same seed."),
     max_new_tokens: int = typer.Option(256, help="Stop after this many new tokens."),
@@ -73,7 +71,8 @@ def generate(
     options: EngineOptions,
 ) -> None:
     """Generate one reply, streamed to stdout."""
-    sampling = check_sampling(temperature, top_p, seed, max_new_tokens, top_k, min_p)
+    params = sampling.params(seed)
+    MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
     prompt = read_stdin() if prompt == "-" else prompt
     check_text("the prompt", prompt)
     check_text("--system", system or "")
@@ -95,11 +94,11 @@ def generate(
     models = load_models(options)
     try:
         if schema is not None:
-            sampling = replace(sampling, guide=models.grammars().json_schema(schema).start())
+            params = replace(params, guide=models.grammars().json_schema(schema).start())
         if lark is not None:
-            sampling = replace(sampling, guide=models.grammars().lark(lark).start())
+            params = replace(params, guide=models.grammars().lark(lark).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       sampling, as_json, system, trace, llama_penalties(**asdict(penalties)))
+                       params, as_json, system, trace, llama_penalties(**asdict(penalties)))
     finally:
         models.close()
 
@@ -117,11 +116,9 @@ def read_stdin() -> str:
 @with_engine_options(engine_help=" | ".join(ENGINES) + " (/engine switches among those over the same models)",
                      leave_out=("max_depth",))
 @with_penalty_options
+@with_sampling_options
 def run(
-    temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
-    top_p: TopPOpt = DEFAULT_TOP_P,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
+    sampling: SamplingOptions = SamplingOptions(),
     seed: int = typer.Option(DEFAULT_SEED, help="Sampling seed (/seed off in the chat for a fresh one per reply)."),
     resume: bool = typer.Option(False, "--continue", help="Reopen the last conversation."),
     system: str | None = typer.Option(None, help="The system prompt of new conversations (/system changes it)."),
@@ -139,9 +136,7 @@ def run(
     from specchat.tui.settings import DecodingSettings
     from specchat.tui.store import ConversationStore
 
-    sampling = check_sampling(temperature, top_p, seed, 1, top_k, min_p)
-    settings = DecodingSettings(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                min_p=sampling.min_p, seed=sampling.seed, system_prompt=system or "",
+    settings = DecodingSettings(**asdict(sampling), seed=sampling.params(seed).seed, system_prompt=system or "",
                                 **asdict(penalties))
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
@@ -150,6 +145,8 @@ def run(
 
 @app.command()
 @with_engine_options()
+@with_penalty_options
+@with_sampling_options
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8000, help="Port to listen on (0: any free port)."),
@@ -159,20 +156,20 @@ def serve(
     slots: int = typer.Option(4, help="Engines over the loaded models, each keeping one conversation's caches; "
                               "one request decodes at a time."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
-    temperature: TemperatureOpt = DEFAULT_TEMPERATURE,
-    top_p: TopPOpt = DEFAULT_TOP_P,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
+    sampling: SamplingOptions = SamplingOptions(),
     seed: int = typer.Option(None, help="Sampling seed of requests that give none (left out: each draws its own)."),
     *,
+    penalties: PenaltyOptions,
     options: EngineOptions,
 ) -> None:
-    """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
+    """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models, /health). The sampling and
+    penalty options are what a request leaves out."""
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
     from specchat.serve.schema import Defaults
 
-    sampling = check_sampling(temperature, top_p, 0 if seed is None else seed, 1, top_k, min_p)
-    defaults = Defaults(sampling.temperature, sampling.top_p, seed, sampling.top_k, sampling.min_p)
+    if seed is not None:
+        check_seed(seed)
+    defaults = Defaults(**asdict(sampling), seed=seed, **asdict(penalties))
     run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), defaults)
 
 
@@ -244,7 +241,9 @@ def bench(
 
     temperatures = parse_list(temperature, "--temperature", float)
     for value in temperatures:
-        check_sampling(value, top_p, seed, max_new_tokens)
+        checked_sampling(SamplingOptions(value, top_p))
+    check_seed(seed)
+    MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
     names, sizes = parse_list(engines, "--engines", str), parse_list(budgets, "--budgets", parse_budget_item)
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
                   dtype=dtype, weights=weights, offload=offload, max_depth=DEFAULT_MAX_DEPTH, context=context,

@@ -1,7 +1,9 @@
 """The commands' shared options, declared once: `with_engine_options` gives `generate`, `run` and
 `serve` every `EngineOptions` field as an option and hands them the checked `EngineOptions`
-(`bench` and `doctor` take single declarations, with their own defaults); `with_penalty_options`
-gives `generate` and `run` llama-cli's penalties as `PenaltyOptions`; and the sampling options' check."""
+(`bench` and `doctor` take single declarations, with their own defaults); `with_sampling_options`
+gives the three the sampling cuts as `SamplingOptions`, and `with_penalty_options` llama-cli's
+penalties as `PenaltyOptions`. Each decorator puts its options where the command names its
+parameter, and hands that parameter the options checked."""
 
 import inspect
 from collections.abc import Callable
@@ -12,8 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, MAX_TOKENS, MIN_P, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N,
-                             REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MIN_P, PRESENCE_OR_FREQUENCY,
+                             REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, TYPICAL_P)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -26,6 +28,9 @@ TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, as HF's top
 TopKOpt = Annotated[int, typer.Option(help="Sample among the K likeliest tokens only, as HF's top_k (0: all).")]
 MinPOpt = Annotated[float, typer.Option(
     help="Drop tokens less likely than this fraction of the likeliest, as HF's min_p (0: none).")]
+TypicalPOpt = Annotated[float, typer.Option(
+    help="Keep the tokens whose surprise lies nearest the distribution's entropy, up to this mass, as HF's "
+         "typical_p (1: all).")]
 RepeatPenaltyOpt = Annotated[float, typer.Option(
     help="Discourage tokens among the last --repeat-last-n: a positive logit divided by this, a negative one "
          "multiplied, as llama.cpp's (1: off).")]
@@ -93,28 +98,38 @@ Command = Callable[..., None]
 
 def with_engine_options(engine_help: str | None = None,
                         leave_out: tuple[str, ...] = ()) -> Callable[[Command], Command]:
-    """Make a command that takes `options: EngineOptions` offer ENGINE_OPTIONS after its own options
-    (but those in `leave_out`, which keep their defaults; `engine_help`: --engine's own help) and
-    receive them as `engine_options` builds and checks them. Typer reads the signature made here."""
+    """Make a command that takes `options: EngineOptions` offer ENGINE_OPTIONS in its place (but
+    those in `leave_out`, which keep their defaults; `engine_help`: --engine's own help) and receive
+    them as `engine_options` builds and checks them."""
     declared = dict(ENGINE_OPTIONS)
     if engine_help is not None:
         declared["engine"] = Annotated[str, typer.Option(help=engine_help)]
-    defaults = {field.name: field.default for field in fields(EngineOptions)}
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=declared[name], default=defaults[name])
-              for name in declared if name not in leave_out]
+    shared = options_of(EngineOptions, {name: declared[name] for name in declared if name not in leave_out})
+    return lambda command: spliced(command, "options", shared, engine_options)
 
-    def decorate(command: Command) -> Command:
-        own = [parameter for parameter in inspect.signature(command).parameters.values() if parameter.name != "options"]
 
-        @wraps(command)
-        def with_options(**values: Any) -> None:
-            options = engine_options({parameter.name: values.pop(parameter.name) for parameter in shared})
-            command(**values, options=options)
+def options_of(kind: type, declared: dict[str, Any]) -> list[inspect.Parameter]:
+    """The `declared` fields of the dataclass `kind` as keyword options, with the fields' defaults."""
+    defaults = {field.name: field.default for field in fields(kind)}
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=defaults[name])
+            for name, annotation in declared.items()]
 
-        with_options.__signature__ = inspect.Signature([*own, *shared])  # what typer turns into options
-        return with_options
 
-    return decorate
+def spliced(command: Command, name: str, shared: list[inspect.Parameter],
+            build: Callable[[dict[str, Any]], Any]) -> Command:
+    """`command` offering the `shared` options where it declares its parameter `name` (so --help
+    lists them there), which receives `build` of their values. Typer reads the signature made here."""
+    own = list(inspect.signature(command).parameters.values())
+    at = [parameter.name for parameter in own].index(name)
+    shared = [parameter.replace(kind=own[at].kind) for parameter in shared]
+
+    @wraps(command)
+    def with_options(**values: Any) -> None:
+        built = build({parameter.name: values.pop(parameter.name) for parameter in shared})
+        command(**values, **{name: built})
+
+    with_options.__signature__ = inspect.Signature([*own[:at], *shared, *own[at + 1:]])
+    return with_options
 
 
 def engine_options(values: dict[str, Any]) -> EngineOptions:
@@ -139,17 +154,47 @@ def parse_budget(text: str | None) -> int | str | None:
         raise SpecchatError(f"--budget takes a tree size or 'auto' (got '{text}')") from None
 
 
-def check_sampling(temperature: float, top_p: float, seed: int, max_new_tokens: int, top_k: int = 0,
-                   min_p: float = 0.0) -> SamplingParams:
-    """The sampling options as SamplingParams; one line on a value out of range."""
-    TEMPERATURE.check("--temperature", temperature)
-    TOP_P.check("--top-p", top_p)
-    TOP_K.check("--top-k", top_k)
-    MIN_P.check("--min-p", min_p)
+@dataclass(frozen=True)
+class SamplingOptions:
+    """The sampling `generate`, `run` and `serve` take alike (torch-free; the seed is each one's own);
+    the names are SamplingParams' and DecodingSettings' own."""
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = 0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+
+    def params(self, seed: int) -> SamplingParams:
+        """As an engine takes them (-1, vLLM's top-k that keeps all, as 0), with `seed` checked."""
+        check_seed(seed)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
+                              min_p=self.min_p, typical_p=self.typical_p)
+
+
+SAMPLING_OPTIONS: dict[str, Any] = {"temperature": TemperatureOpt, "top_p": TopPOpt, "top_k": TopKOpt,
+                                    "min_p": MinPOpt, "typical_p": TypicalPOpt}
+
+
+def with_sampling_options(command: Command) -> Command:
+    """Make a command that takes `sampling: SamplingOptions` offer SAMPLING_OPTIONS in its place."""
+    shared = options_of(SamplingOptions, SAMPLING_OPTIONS)
+    return spliced(command, "sampling", shared, lambda values: checked_sampling(SamplingOptions(**values)))
+
+
+def check_seed(seed: int) -> None:
     if not 0 <= seed < SEED_LIMIT:
         raise SpecchatError(f"--seed must be >= 0 and below 2**63 (got {seed})")
-    MAX_TOKENS.check("--max-new-tokens", max_new_tokens)
-    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p)
+
+
+def checked_sampling(sampling: SamplingOptions) -> SamplingOptions:
+    """`sampling`, or one line on a value out of range."""
+    TEMPERATURE.check("--temperature", sampling.temperature)
+    TOP_P.check("--top-p", sampling.top_p)
+    TOP_K.check("--top-k", sampling.top_k)
+    MIN_P.check("--min-p", sampling.min_p)
+    TYPICAL_P.check("--typical-p", sampling.typical_p)
+    return sampling
 
 
 @dataclass(frozen=True)
@@ -168,21 +213,9 @@ PENALTY_OPTIONS: dict[str, Any] = {"repeat_penalty": RepeatPenaltyOpt, "repeat_l
 
 
 def with_penalty_options(command: Command) -> Command:
-    """Make a command that takes `penalties: PenaltyOptions` offer PENALTY_OPTIONS after its own
-    options (before `options`, which with_engine_options then fills) and receive them checked."""
-    defaults = {field.name: field.default for field in fields(PenaltyOptions)}
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=PENALTY_OPTIONS[name],
-                                default=defaults[name]) for name in PENALTY_OPTIONS]
-    own = [parameter for parameter in inspect.signature(command).parameters.values() if parameter.name != "penalties"]
-    last = [parameter for parameter in own if parameter.name == "options"]
-
-    @wraps(command)
-    def with_penalties(**values: Any) -> None:
-        penalties = checked_penalties(PenaltyOptions(**{name: values.pop(name) for name in PENALTY_OPTIONS}))
-        command(**values, penalties=penalties)
-
-    with_penalties.__signature__ = inspect.Signature([*(p for p in own if p not in last), *shared, *last])
-    return with_penalties
+    """Make a command that takes `penalties: PenaltyOptions` offer PENALTY_OPTIONS in its place."""
+    shared = options_of(PenaltyOptions, PENALTY_OPTIONS)
+    return spliced(command, "penalties", shared, lambda values: checked_penalties(PenaltyOptions(**values)))
 
 
 def checked_penalties(penalties: PenaltyOptions) -> PenaltyOptions:

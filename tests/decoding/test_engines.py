@@ -2,6 +2,7 @@
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from helpers.engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distr
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.sampling import filter_logits
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
@@ -50,6 +52,19 @@ def test_specexec_under_top_k_and_min_p_matches_autoregressive_within_the_cut(ti
     assert ((rows > chosen).sum(dim=1) < 3).all()  # each token among the 3 likeliest: the cut reached the sampler
     # and at least 0.1 x the likeliest at temperature 1.3: logit >= the largest + 1.3 log 0.1
     assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.3 * math.log(0.1)).all()
+
+
+def test_specexec_under_typical_p_matches_autoregressive_within_the_typical_set(tiny_target, tiny_draft):
+    sampling = SamplingParams(1.0, 1.0, seed=7, typical_p=0.3)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    tokens, _ = run(TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8)), sampling)
+    assert tokens == reference
+    assert tokens != run(AutoregressiveEngine(tiny_target, []), replace(sampling, typical_p=1.0))[0]
+    sequence = PROMPT + tokens
+    logits = tiny_target.logits(tiny_target.hidden(torch.tensor(sequence), torch.arange(len(sequence)), new_cache()))
+    kept = torch.isfinite(filter_logits(logits[len(PROMPT) - 1:-1].float(), 1.0, 1.0, typical_p=0.3))
+    assert kept.gather(1, torch.tensor(tokens)[:, None]).all()  # each token in its position's typical set
+    assert (kept.sum(dim=1) < logits.shape[-1] // 2).all()  # which is small: the cut binds
 
 
 def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):

@@ -396,3 +396,32 @@ def test_sample_token_samples_the_cut_distribution():
     params = SamplingParams(temperature=1.0, top_p=1.0, seed=3, top_k=2)
     tokens = {sample_token(logits, params, position) for position in range(200)}
     assert tokens == {0, 1}
+
+
+# --- typical-p, after min-p as transformers' generate chains it -------------------------------
+
+
+@pytest.mark.parametrize("shape", [(7,), (1000,), (3, 50)])
+@pytest.mark.parametrize(("top_k", "min_p", "typical_p"), [(0, 0.0, 0.2), (0, 0.0, 0.9), (0, 0.0, 0.999),
+                                                            (20, 0.05, 0.5), (3, 0.0, 0.95), (0, 0.0, 1e-6)])
+def test_typical_p_is_hfs_warper_bit_for_bit(shape, top_k, min_p, typical_p):
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape) + top_k)) * 3
+    ours = filter_logits(logits, 0.8, 0.95, top_k, min_p, typical_p)
+    assert torch.equal(ours, hf_filter(logits, 0.8, 0.95, top_k, min_p, typical_p))
+    assert (torch.isfinite(ours).sum(dim=-1) >= 1).all()
+
+
+def test_typical_p_keeps_the_tokens_whose_surprise_is_nearest_the_entropy():
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    # H = 1.875 bits: the surprises 1, 2, 3, 4, 4 lie 0.875, 0.125, 1.125, 2.125, 2.125 from it, so
+    # the 0.25 token comes first and the 0.5 token second; their 0.75 reaches a mass of 0.7
+    kept = torch.isfinite(filter_logits(torch.log(probs), 1.0, 1.0, typical_p=0.7)).tolist()
+    assert kept == [True, True, False, False, False]
+    assert torch.isfinite(filter_logits(torch.log(probs), 1.0, 1.0, typical_p=0.2)).tolist() == [
+        False, True, False, False, False]
+
+
+def test_sample_token_samples_the_typical_set():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625]))
+    params = SamplingParams(temperature=1.0, top_p=1.0, seed=9, typical_p=0.7)
+    assert {sample_token(logits, params, position) for position in range(200)} == {0, 1}

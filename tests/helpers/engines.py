@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from scipy.stats import chisquare
 from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-                                                     TopPLogitsWarper)
+                                                     TopPLogitsWarper, TypicalLogitsWarper)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import AutoSizer, Choice, Costs
@@ -131,8 +131,8 @@ class Alternating(AutoSizer):
 
 
 def hf_filter(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
-              min_p: float = 0.0) -> torch.Tensor:
-    """What HF generate applies: temperature, then top-k, top-p and min-p where each is set, in
+              min_p: float = 0.0, typical_p: float = 1.0) -> torch.Tensor:
+    """What HF generate applies: temperature, then top-k, top-p, min-p and typical-p where each is set, in
     the order its `_get_logits_processor` chains them."""
     # HF's top-p scatters along dim 1, so it needs [B, V]; 1-D inputs get a batch dim.
     scores = logits.reshape(-1, logits.shape[-1])
@@ -144,4 +144,6 @@ def hf_filter(logits: torch.Tensor, temperature: float, top_p: float, top_k: int
         scores = TopPLogitsWarper(top_p)(input_ids, scores)
     if min_p > 0.0:
         scores = MinPLogitsWarper(min_p)(input_ids, scores)
+    if typical_p < 1.0:
+        scores = TypicalLogitsWarper(typical_p)(input_ids, scores)
     return scores.reshape(logits.shape)

@@ -99,11 +99,11 @@ def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_refer
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
-def test_seeded_specexec_under_top_k_and_min_p_equals_seeded_autoregressive(real_pair, real_check,
-                                                                           seeded_references):
-    """A served request's top_k and min_p cut the target's distribution in the one filter every
-    engine samples through: one prompt, as a draft form's check, hot enough that the cuts bind."""
-    sampling = SamplingParams(temperature=1.5, top_p=1.0, seed=1234, top_k=3, min_p=0.2)
+def test_seeded_specexec_under_top_k_min_p_and_typical_p_equals_seeded_autoregressive(real_pair, real_check,
+                                                                                     seeded_references):
+    """A served request's top_k, min_p and typical_p cut the target's distribution in the one filter
+    every engine samples through: one prompt, as a draft form's check, hot enough that the cuts bind."""
+    sampling = SamplingParams(temperature=1.5, top_p=1.0, seed=1234, top_k=3, min_p=0.2, typical_p=0.5)
     prompt_ids = seeded_references[0][0]
     reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling)
     engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
@@ -116,6 +116,8 @@ def test_seeded_specexec_under_top_k_and_min_p_equals_seeded_autoregressive(real
     chosen = rows.gather(1, torch.tensor(tokens)[:, None])
     assert ((rows > chosen).sum(dim=1) < 3).all()  # each among the 3 likeliest
     assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.5 * math.log(0.2)).all()  # >= 0.2 x the likeliest
+    typical = torch.isfinite(filter_logits(rows, 1.5, 1.0, 3, 0.2, 0.5))
+    assert typical.gather(1, torch.tensor(tokens)[:, None]).all()  # each in its position's typical set
 
 
 def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_autoregressive(real_pair, real_check,

@@ -133,13 +133,17 @@ def test_null_stream_and_echo_are_false_as_the_openai_client_sends_them(fake):
             assert response.status == 200 and json.loads(response.read())["object"].endswith("completion")
 
 
-@pytest.mark.parametrize(("cuts", "top_k", "min_p"), [({"top_k": 20, "min_p": 0.05}, 20, 0.05),
-                                                     ({"top_k": -1}, 0, 0.0), ({}, 0, 0.0)])
-def test_top_k_and_min_p_reach_the_engine_as_vllm_takes_them(fake, cuts, top_k, min_p):
-    """vLLM's extra sampling parameters (the openai client sends them in extra_body); -1 is its "off"."""
+@pytest.mark.parametrize(("cuts", "top_k", "min_p", "typical_p"), [({"top_k": 20, "min_p": 0.05}, 20, 0.05, 1.0),
+                                                                  ({"top_k": -1}, 0, 0.0, 1.0), ({}, 0, 0.0, 1.0),
+                                                                  ({"typical_p": 0.9}, 0, 0.0, 0.9)])
+def test_top_k_min_p_and_typical_p_reach_the_engine_as_vllm_and_llama_server_take_them(fake, cuts, top_k, min_p,
+                                                                                     typical_p):
+    """vLLM's extra sampling parameters (the openai client sends them in extra_body); -1 is its "off";
+    llama-server's OpenAI routes take typical_p too."""
     engine, chat, _ = fake
     chat.chat.completions.create(model=MODEL, messages=user("hi"), temperature=0.3, top_p=0.5, seed=7, extra_body=cuts)
-    assert engine.calls[-1][2] == SamplingParams(temperature=0.3, top_p=0.5, seed=7, top_k=top_k, min_p=min_p)
+    assert engine.calls[-1][2] == SamplingParams(temperature=0.3, top_p=0.5, seed=7, top_k=top_k, min_p=min_p,
+                                                 typical_p=typical_p)
 
 
 def test_messages_reach_the_engine_through_the_chat_template(fake):
@@ -162,15 +166,19 @@ def test_sampling_left_out_takes_the_servers_defaults():
     assert engine.calls[-1][2] == SamplingParams(temperature=0.0, top_p=0.8, seed=3)
 
 
-def test_top_k_and_min_p_left_out_take_the_servers_and_a_request_can_turn_them_off():
-    """`serve --top-k 40 --min-p 0.05`, as llama-server's options: the request's own win, -1 and 0 included."""
+def test_the_cuts_left_out_take_the_servers_and_a_request_can_turn_them_off():
+    """`serve --top-k 40 --min-p 0.05 --typical-p 0.9`, as llama-server's options: the request's own
+    win, -1 and 0 included."""
     engine = FakeEngine()
-    app, _ = make_app([engine], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_k=40, min_p=0.05))
+    app, _ = make_app([engine], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_k=40, min_p=0.05,
+                                                  typical_p=0.9))
     with serving(app) as url:
         client(url).chat.completions.create(model=MODEL, messages=user("hi"))
-        client(url).chat.completions.create(model=MODEL, messages=user("hi"), extra_body={"top_k": -1, "min_p": 0})
+        client(url).chat.completions.create(model=MODEL, messages=user("hi"),
+                                            extra_body={"top_k": -1, "min_p": 0, "typical_p": 1})
         client(url).chat.completions.create(model=MODEL, messages=user("hi"), extra_body={"top_k": 2})
-    assert [(call[2].top_k, call[2].min_p) for call in engine.calls] == [(40, 0.05), (0, 0.0), (2, 0.05)]
+    assert [(call[2].top_k, call[2].min_p, call[2].typical_p) for call in engine.calls] == [
+        (40, 0.05, 0.9), (0, 0.0, 1.0), (2, 0.05, 0.9)]
 
 
 def test_without_a_seed_anywhere_each_request_draws_its_own_and_is_told_it():

@@ -65,6 +65,8 @@ CASES = [
      "top_k must be between -1 and 2147483647 (got -2)"),
     ("min_p above 1", "POST", "/v1/completions", text(min_p=1.5), AUTH, 400, "invalid_value",
      "min_p must be between 0 and 1 (got 1.5)"),
+    ("typical_p above 1", "POST", "/v1/chat/completions", body(typical_p=1.5), AUTH, 400, "invalid_value",
+     "typical_p must be in (0, 1] (got 1.5)"),
     ("negative seed", "POST", "/v1/chat/completions", body(seed=-1), AUTH, 400, "invalid_value",
      "seed must be >= 0 and below 2**63 (got -1)"),
     ("stream not a boolean", "POST", "/v1/chat/completions", body(stream="yes"), AUTH, 400, "invalid_type",

@@ -48,6 +48,9 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
                                                 (["--temperature", "9"], "--temperature"),
                                                 (["--top-k", "-2"], "--top-k must be between -1"),
                                                 (["--min-p", "2"], "--min-p must be between 0 and 1"),
+                                                (["--typical-p", "0"], "--typical-p must be in (0, 1]"),
+                                                (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 100]"),
+                                                (["--seed", "-1"], "--seed must be >= 0"),
                                                 (["--engine", "magic"], "unknown engine 'magic'")])
 def test_serve_bad_options_are_one_line(monkeypatch, capsys, args, fragment):
     code, _, err = run_cli(monkeypatch, capsys, "serve", *args)
@@ -60,5 +63,9 @@ def test_serve_hands_its_sampling_options_on_as_what_requests_leave_out(monkeypa
     from specchat.serve.schema import Defaults
     handed = []
     monkeypatch.setattr(command, "run_server", lambda options, serving, defaults: handed.append(defaults))
-    code, _, _ = run_cli(monkeypatch, capsys, "serve", "--temperature", "0.3", "--top-k", "40", "--min-p", "0.05")
-    assert code == 0 and handed == [Defaults(temperature=0.3, top_p=0.9, seed=None, top_k=40, min_p=0.05)]
+    code, _, _ = run_cli(monkeypatch, capsys, "serve", "--temperature", "0.3", "--top-k", "40", "--min-p", "0.05",
+                         "--typical-p", "0.95", "--repeat-penalty", "1.1", "--repeat-last-n", "32",
+                         "--presence-penalty", "0.5", "--frequency-penalty", "0.25")
+    assert code == 0 and handed == [Defaults(temperature=0.3, top_p=0.9, seed=None, top_k=40, min_p=0.05,
+                                             typical_p=0.95, repeat_penalty=1.1, repeat_last_n=32,
+                                             presence_penalty=0.5, frequency_penalty=0.25)]

@@ -61,10 +61,11 @@ def test_a_chat_not_streamed_is_one_object_and_the_wire_is_ndjson(fake):
 
 def test_the_options_set_the_sampling_the_limit_and_the_stops(fake):
     engine, client, _ = fake
-    options = {"temperature": 0.3, "top_p": 0.7, "top_k": 40, "min_p": 0.05, "seed": 5, "num_predict": 30,
-               "stop": ["**"], "num_ctx": 8192}
+    options = {"temperature": 0.3, "top_p": 0.7, "top_k": 40, "min_p": 0.05, "typical_p": 0.9, "seed": 5,
+               "num_predict": 30, "stop": ["**"], "num_ctx": 8192}
     reply = client.chat(model=MODEL, messages=USER, options=options)
-    assert engine.calls[-1][1:] == (30, SamplingParams(temperature=0.3, top_p=0.7, seed=5, top_k=40, min_p=0.05))
+    assert engine.calls[-1][1:] == (30, SamplingParams(temperature=0.3, top_p=0.7, seed=5, top_k=40, min_p=0.05,
+                                                       typical_p=0.9))
     assert reply.message.content == REPLY[:REPLY.index("**")] and reply.done_reason == "stop"
     reply = client.chat(model=MODEL, messages=USER, options={"num_predict": 4})
     assert reply.message.content == REPLY[:4] and reply.done_reason == "length"
@@ -115,17 +116,28 @@ def test_the_model_card_tags_show_and_ps(fake):
     assert shown.template == "<role>content</>" and "completion" in shown.capabilities
     lines = shown.parameters.splitlines()
     assert "num_ctx 4096" in lines and not any(line.startswith("seed") for line in lines)  # drawn each request
-    assert not any(line.startswith(("top_k", "min_p")) for line in lines)  # no cut: nothing to list
+    assert not any(line.startswith(("top_k", "min_p", "typical_p")) for line in lines)  # no cut: nothing to list
     assert [(model.model, model.context_length) for model in client.ps().models] == [(MODEL, 4096)]
     with urllib.request.urlopen(f"{url}/api/version") as response:
         assert json.load(response)["version"]
 
 
 def test_show_lists_the_servers_cuts_and_seed_as_a_modelfile_would():
-    app, _ = make_app([FakeEngine()], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_k=40, min_p=0.05))
+    app, _ = make_app([FakeEngine()], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_k=40, min_p=0.05,
+                                                        typical_p=0.9))
     with serving(app) as url:
         lines = ollama.Client(host=url, timeout=60).show(MODEL).parameters.splitlines()
-    assert lines == ["temperature 0.3", "top_p 0.8", "top_k 40", "min_p 0.05", "seed 3", "num_ctx 4096"]
+    assert lines == ["temperature 0.3", "top_p 0.8", "top_k 40", "min_p 0.05", "typical_p 0.9", "seed 3",
+                     "num_ctx 4096"]
+
+
+def test_show_lists_the_servers_penalties_and_their_window_where_set():
+    app, _ = make_app([FakeEngine()], sampling=Defaults(temperature=0.3, top_p=0.8, repeat_penalty=1.1,
+                                                        repeat_last_n=32, presence_penalty=0.5))
+    with serving(app) as url:
+        lines = ollama.Client(host=url, timeout=60).show(MODEL).parameters.splitlines()
+    assert lines == ["temperature 0.3", "top_p 0.8", "repeat_penalty 1.1", "presence_penalty 0.5",
+                     "repeat_last_n 32", "num_ctx 4096"]
 
 
 def test_nothing_to_decode_loads_the_model_as_ollama_answers(fake):

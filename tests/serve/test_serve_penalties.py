@@ -19,7 +19,7 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.native_request import NativeRequest
 from specchat.serve.penalty_fields import llama_penalties, openai_penalties
-from specchat.serve.schema import ChatRequest
+from specchat.serve.schema import ChatRequest, Defaults
 from specchat.tui.fake import FakeDSIEngine, FakeEngine
 
 
@@ -55,7 +55,7 @@ def test_openai_routes_take_openais_penalties_vllms_repetition_and_logit_bias(fa
     state = engine.calls[-1][2].penalties
     assert state.repeated.counts[ord("h")] == 1 and not state.counted.counts  # the prompt counts for repetition only
     client(url).completions.create(model=MODEL, prompt="abc", frequency_penalty=1.0)
-    assert spec_of(engine) == Penalties(frequency=1.0, count_window=Window(prompt=False))
+    assert spec_of(engine) == Penalties(frequency=1.0, repeat_window=Window(last=64), count_window=Window(prompt=False))
 
 
 def test_openai_routes_also_take_llama_servers_repeat_penalty_over_its_window(fake):
@@ -147,7 +147,7 @@ def test_on_tiny_models_a_penalized_served_reply_is_autoregressive_decodings(tin
         status, served = post(f"{url}/completion", body)
         plain = post(f"{url}/completion", {"prompt": "hello there", "n_predict": 24, "temperature": 0})[1]
     prompt_ids = TINY_TOKENIZER.encode("hello there")
-    asked = llama_penalties(NativeRequest.model_validate(body), TINY_TOKENIZER, body["logit_bias"])
+    asked = llama_penalties(NativeRequest.model_validate(body), TINY_TOKENIZER, Defaults(), body["logit_bias"])
     sampling = SamplingParams(0.0, penalties=asked.penalties.start(prompt_ids))
     events = AutoregressiveEngine(tiny_target, frozenset()).generate(prompt_ids, 24, sampling)
     assert status == 200 and served["content"] == TINY_TOKENIZER.decode([t for e in events for t in e.token_ids])
@@ -156,5 +156,62 @@ def test_on_tiny_models_a_penalized_served_reply_is_autoregressive_decodings(tin
 
 def test_penalties_that_change_nothing_ask_for_nothing():
     request = ChatRequest.model_validate({"model": MODEL, "messages": user("hi"), "presence_penalty": 0})
-    assert openai_penalties(request, TINY_TOKENIZER) is None
-    assert llama_penalties(NativeRequest.model_validate({"repeat_penalty": 1.0}), TINY_TOKENIZER) is None
+    assert openai_penalties(request, TINY_TOKENIZER, Defaults()) is None
+    assert llama_penalties(NativeRequest.model_validate({"repeat_penalty": 1.0}), TINY_TOKENIZER, Defaults()) is None
+    server = Defaults(repeat_penalty=1.2, presence_penalty=0.5)  # a request may turn the server's off
+    assert openai_penalties(ChatRequest.model_validate({"model": MODEL, "messages": user("hi"), "repeat_penalty": 1,
+                                                        "presence_penalty": 0}), TINY_TOKENIZER, server) is None
+    assert llama_penalties(NativeRequest.model_validate({"repeat_penalty": 1, "presence_penalty": 0}), TINY_TOKENIZER,
+                           server) is None
+
+
+SERVER = Defaults(repeat_penalty=1.3, repeat_last_n=16, presence_penalty=0.5, frequency_penalty=0.1)
+SERVER_WINDOW = Window(last=16)
+
+
+@pytest.fixture
+def penalizing():
+    """`serve --repeat-penalty 1.3 --repeat-last-n 16 --presence-penalty 0.5 --frequency-penalty 0.1`."""
+    engine = FakeEngine()
+    app, _ = make_app([engine], sampling=SERVER)
+    with serving(app) as url:
+        yield engine, url
+
+
+def test_the_servers_penalties_are_what_a_request_leaves_out_over_its_window(penalizing):
+    """As llama-server's options: every route, in llama.cpp's window, the request's own fields winning."""
+    engine, url = penalizing
+    server = Penalties(repeat=1.3, presence=0.5, frequency=0.1, repeat_window=SERVER_WINDOW,
+                       count_window=SERVER_WINDOW)
+    client(url).chat.completions.create(model=MODEL, messages=user("hi"))
+    assert spec_of(engine) == server
+    post(f"{url}/completion", {"prompt": "x", "n_predict": 2})
+    assert spec_of(engine) == server
+    ollama.Client(host=url, timeout=60).generate(model=MODEL, prompt="x", options={"num_predict": 2})
+    assert spec_of(engine) == server
+    post(f"{url}/completion", {"prompt": "x", "n_predict": 2, "repeat_penalty": 1.1, "repeat_last_n": 4})
+    assert spec_of(engine) == Penalties(repeat=1.1, presence=0.5, frequency=0.1, repeat_window=Window(last=4),
+                                        count_window=Window(last=4))
+    ollama.Client(host=url, timeout=60).chat(model=MODEL, messages=user("hi"), options={"frequency_penalty": 0})
+    assert spec_of(engine) == Penalties(repeat=1.3, presence=0.5, repeat_window=SERVER_WINDOW,
+                                        count_window=SERVER_WINDOW)
+
+
+def test_on_openai_routes_a_requests_presence_or_frequency_sets_the_pair_in_openais_window(penalizing):
+    engine, url = penalizing
+    client(url).chat.completions.create(model=MODEL, messages=user("hi"), presence_penalty=0.2)
+    assert spec_of(engine) == Penalties(repeat=1.3, repeat_window=SERVER_WINDOW, presence=0.2,
+                                        count_window=Window(prompt=False))
+    client(url).completions.create(model=MODEL, prompt="abc", extra_body={"repetition_penalty": 1.05})
+    assert spec_of(engine) == Penalties(repeat=1.05, repeat_window=Window(), presence=0.5, frequency=0.1,
+                                        count_window=SERVER_WINDOW)
+
+
+def test_a_server_whose_engine_keeps_no_forms_refuses_its_own_penalties_at_start():
+    from specchat.errors import SpecchatError
+    from specchat.serve.command import check_kept
+
+    check_kept(Defaults(), FakeDSIEngine())
+    check_kept(SERVER, FakeEngine())
+    with pytest.raises(SpecchatError, match="--engine dsi cannot penalize repeats: serve with specexec"):
+        check_kept(Defaults(frequency_penalty=0.1), FakeDSIEngine())

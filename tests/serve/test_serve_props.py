@@ -19,7 +19,8 @@ def get(url: str) -> dict:
 
 
 def test_props_are_the_servers_context_defaults_slots_and_template():
-    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048, sampling=Defaults(0.3, 0.8, seed=7, top_k=40))
+    app, _ = make_app([FakeEngine(), FakeEngine()], context=2048,
+                      sampling=Defaults(0.3, 0.8, seed=7, top_k=40, typical_p=0.9))
     with serving(app) as url:
         props = get(f"{url}/props")
     settings = props["default_generation_settings"]
@@ -27,10 +28,20 @@ def test_props_are_the_servers_context_defaults_slots_and_template():
     params = settings["params"]
     assert (params["temperature"], params["top_p"], params["seed"], params["top_k"], params["min_p"]) == (
         0.3, 0.8, 7, 40, 0.0)
+    assert params["typical_p"] == 0.9
     assert (params["repeat_penalty"], params["repeat_last_n"], params["presence_penalty"]) == (1.0, 64, 0.0)
+
     assert props["total_slots"] == 2 and props["model_path"] == "tiny"
     assert props["chat_template"] == "<role>content</>"  # the model's template, as written
     assert props["build_info"] == f"specchat {version('specchat')}"
+
+
+def test_props_list_the_servers_penalties():
+    app, _ = make_app([FakeEngine()], sampling=Defaults(repeat_penalty=1.1, repeat_last_n=32, frequency_penalty=0.2))
+    with serving(app) as url:
+        params = get(f"{url}/props")["default_generation_settings"]["params"]
+    assert (params["repeat_penalty"], params["repeat_last_n"], params["presence_penalty"],
+            params["frequency_penalty"]) == (1.1, 32, 0.0, 0.2)
 
 
 def test_a_server_without_a_seed_shows_llama_cpps_drawn_seed():

@@ -179,15 +179,17 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
     assert settings_text(DecodingSettings(top_k=40), workers=0) == base + "\ntop-k 40"
     assert settings_text(DecodingSettings(min_p=0.05), workers=0) == base + "\nmin-p 0.05"
     assert settings_text(DecodingSettings(top_k=3, min_p=0.2), workers=0) == base + "\ntop-k 3 · min-p 0.2"
+    assert settings_text(DecodingSettings(typical_p=0.9), workers=0) == base + "\ntypical-p 0.9"
     assert settings_text(DecodingSettings(repeat_penalty=1.1), workers=0) == base + "\nrepeat 1.1/64"
     assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=-1), workers=0) == base + "\nrepeat 1.3/all"
     both = DecodingSettings(presence_penalty=0.5, frequency_penalty=-0.25, repeat_last_n=16)
     assert settings_text(both, workers=0) == base + "\npresence 0.5/16 · frequency -0.25/16"
 
 
-def test_settings_sampling_carries_top_k_and_min_p_with_off_as_zero():
+def test_settings_sampling_carries_the_cuts_with_top_k_off_as_zero():
     assert (DecodingSettings(top_k=5, min_p=0.1).sampling().top_k, DecodingSettings(min_p=0.1).sampling().min_p) == (
         5, 0.1)
+    assert DecodingSettings(typical_p=0.7).sampling().typical_p == 0.7
     assert DecodingSettings(top_k=-1).sampling().top_k == 0
 
 

@@ -3,7 +3,7 @@
 Why the same seed gives the same tokens in SpecExec and in autoregressive decoding
 -------------------------------------------------------
 Sequential sampling emits token n as ``F_n^{-1}(u_n)``: the inverse CDF of the filtered target
-distribution ``p_n`` (temperature, top-k, top-p, min-p) at position n, evaluated at a uniform number
+distribution ``p_n`` (temperature, top-k, top-p, min-p, typical-p) at position n, evaluated at a uniform number
 ``u_n``. Two choices make that value independent of how the engine got there:
 
 * ``u_n = uniform(seed, n)`` is a pure function of the seed and the absolute position n. It
@@ -118,12 +118,12 @@ def nucleus_floor(scores: torch.Tensor, top_p: float) -> float | None:
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
-                  min_p: float = 0.0) -> torch.Tensor:
+                  min_p: float = 0.0, typical_p: float = 1.0) -> torch.Tensor:
     """Logits [..., V] divided by temperature, then cut to -inf: top-k (0: no cut), top-p (>= 1: no
-    cut), min-p (0: no cut), the order transformers' `generate` chains them in.
+    cut), min-p (0: no cut), typical-p (>= 1: no cut), the order transformers' `generate` chains them in.
 
-    Bit-identical to HF ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper`` and
-    ``MinPLogitsWarper`` one after the other.
+    Bit-identical to HF ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
+    ``MinPLogitsWarper`` and ``TypicalLogitsWarper`` one after the other.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to filter logits, got {temperature}")
@@ -134,6 +134,8 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k:
         scores = cut_top_p(scores, top_p)
     if min_p > 0.0:
         scores = cut_min_p(scores, min_p)
+    if typical_p < 1.0:
+        scores = cut_typical(scores, typical_p)
     return scores
 
 
@@ -150,15 +152,33 @@ def cut_min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
     return scores.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), -math.inf)
 
 
+def cut_typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
+    """Locally typical sampling (Meister et al. 2022), as HF's TypicalLogitsWarper: tokens ranked by
+    how far their surprise -log p lies from the distribution's entropy H; the closest kept until
+    their mass reaches `mass` (the token that reaches it too, and at least one).
+
+    HF's own operations on [B, V] rows, so the cut set is its, bit for bit (ties included)."""
+    rows = scores.reshape(-1, scores.shape[-1])
+    logp = torch.log_softmax(rows, dim=-1)
+    entropy = -(logp * logp.exp()).nansum(-1, keepdim=True)  # a cut token's 0 * -inf is nan: left out
+    distance, order = torch.sort((-logp - entropy).abs(), descending=False)
+    cumulative = rows.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+    last = (cumulative < mass).sum(dim=1).clamp_(max=distance.shape[-1] - 1)
+    remove_sorted = distance > distance.gather(1, last.view(-1, 1))
+    remove_sorted[..., :1] = False
+    remove = remove_sorted.scatter(1, order, remove_sorted)
+    return rows.masked_fill(remove, -math.inf).reshape(scores.shape)
+
+
 def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
-                   min_p: float = 0.0) -> torch.Tensor:
+                   min_p: float = 0.0, typical_p: float = 1.0) -> torch.Tensor:
     """Float64 probabilities [..., V] after `filter_logits`' cuts; cut tokens get exactly 0."""
-    return filter_logits(logits, temperature, top_p, top_k, min_p).double().softmax(dim=-1)
+    return filter_logits(logits, temperature, top_p, top_k, min_p, typical_p).double().softmax(dim=-1)
 
 
 def sampled_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """`filtered_probs` under a reply's sampling (temperature > 0)."""
-    return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p)
+    return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.typical_p)
 
 
 def invert_cdf(probs: torch.Tensor, u: float) -> int:

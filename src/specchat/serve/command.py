@@ -4,6 +4,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
+from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
 from specchat.engine_options import EngineOptions
@@ -37,6 +38,13 @@ def check_serving(serving: Serving) -> None:
         raise SpecchatError("--api-key is empty: give a key, or leave the option out")
 
 
+def check_kept(sampling: Defaults, engine: Engine) -> None:
+    """The server's penalties need an engine that applies them as each token is emitted."""
+    if sampling.penalizes and not engine.keeps_forms:
+        raise SpecchatError(f"--engine {engine.name} cannot penalize repeats: serve with specexec or autoregressive, "
+                            "or leave out --repeat-penalty, --presence-penalty and --frequency-penalty")
+
+
 def exposure_warning(serving: Serving) -> str | None:
     """A warning when other machines can reach a server that asks no key."""
     if serving.api_key is None and not is_loopback(serving.host):
@@ -64,6 +72,7 @@ def run_server(options: EngineOptions, serving: Serving, sampling: Defaults) -> 
         models = load_models(options)
         try:
             engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(serving.slots)]
+            check_kept(sampling, engines[0])
             config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
                                  context=models.context, sampling=sampling, api_key=serving.api_key,
                                  log_prompts=serving.log_prompts, grammars=models.grammars,

@@ -43,7 +43,7 @@ class ChatCompletions(Endpoint):
                                                  "logprobs"))
         stops, wanted = stop_strings(chat), requested_tokens(chat)
         job = self.job(self.chat_ids(messages, chat.tools if functions else None), wanted, sampling, "messages",
-                       openai_penalties(chat, self.config.tokenizer))
+                       openai_penalties(chat, self.config.tokenizer, self.config.sampling))
         return job, self.reply(stops, sampling, may_call=bool(functions))
 
     async def stream(self, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[dict]:

@@ -25,7 +25,7 @@ class Native(Endpoint):
         field a prompt too long for the context is blamed on)."""
         fields = response_fields(body)
         sampling = replace(sampling_of(body, self.config.sampling), token_log=self.logged(token_log(body), "n_probs"))
-        asked = llama_penalties(body, self.config.tokenizer, body.logit_bias)
+        asked = llama_penalties(body, self.config.tokenizer, self.config.sampling, body.logit_bias)
         job, reply = self.job(ids, wanted, sampling, param, asked), self.reply(stop_strings(body), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)
         if wanted == 0:  # nothing to return: llama.vim sends its context chunks so, to have them computed

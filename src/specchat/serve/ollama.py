@@ -58,8 +58,9 @@ class OllamaChatRoute(Ollama):
             request.state.messages = messages
         functions = offered_functions(body.tools, None)  # Ollama has no tool_choice: the model may call
         sampling = self.sampling(body)
+        asked = llama_penalties(body.options, self.config.tokenizer, self.config.sampling)
         job = self.job(self.chat_ids(messages, body.tools if functions else None), wanted_tokens(body.options),
-                       sampling, "messages", llama_penalties(body.options, self.config.tokenizer))
+                       sampling, "messages", asked)
         reply = self.reply(stop_strings(body.options), sampling, may_call=bool(functions))
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))
@@ -90,7 +91,7 @@ class OllamaGenerateRoute(Ollama):
             request.state.prompt = body.prompt
         sampling = self.sampling(body)
         job = self.job(self.generate_ids(body), wanted_tokens(body.options), sampling, "prompt",
-                       llama_penalties(body.options, self.config.tokenizer))
+                       llama_penalties(body.options, self.config.tokenizer, self.config.sampling))
         reply = self.reply(stop_strings(body.options), sampling)
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))

@@ -37,11 +37,16 @@ def shown(config: ServeConfig, request: ShowRequest, started: str) -> dict:
 
 def parameters(config: ServeConfig) -> str:
     """The sampling a request leaves out, as Ollama lists a Modelfile's parameters (a line each; no
-    seed where each request draws its own, no top_k or min_p where they cut nothing)."""
+    seed where each request draws its own, no cut or penalty where it changes nothing)."""
     sampling = config.sampling
     lines = [f"temperature {sampling.temperature}", f"top_p {sampling.top_p}"]
     lines += [f"top_k {sampling.top_k}"] if sampling.top_k else []
     lines += [f"min_p {sampling.min_p}"] if sampling.min_p else []
+    lines += [f"typical_p {sampling.typical_p}"] if sampling.typical_p < 1 else []
+    lines += [f"repeat_penalty {sampling.repeat_penalty}"] if sampling.repeat_penalty != 1 else []
+    lines += [f"presence_penalty {sampling.presence_penalty}"] if sampling.presence_penalty else []
+    lines += [f"frequency_penalty {sampling.frequency_penalty}"] if sampling.frequency_penalty else []
+    lines += [f"repeat_last_n {sampling.repeat_last_n}"] if sampling.penalizes else []
     lines += [] if sampling.seed is None else [f"seed {sampling.seed}"]
     return "\n".join([*lines, f"num_ctx {config.context}"])
 

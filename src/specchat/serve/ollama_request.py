@@ -18,6 +18,7 @@ class OllamaOptions(Strict):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    typical_p: float | None = None
     seed: int | None = None
     repeat_penalty: float | None = None  # left out: 1, off (Ollama's llama.cpp runner takes 1.1)
     repeat_last_n: int | None = None  # left out: 64

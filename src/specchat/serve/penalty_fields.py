@@ -8,7 +8,10 @@
   `frequency_penalty` all count the last `repeat_last_n` tokens of the prompt and the reply (64 left
   out, -1 all, 0 none), as llama.cpp's sampler does; llama.cpp's `logit_bias` also takes
   [[id or text, bias or false], ...] (a text's tokens each get the bias; false: never sampled).
-Left out, nothing changes: no penalty (Ollama's llama.cpp runner would apply repeat_penalty 1.1)."""
+A field left out takes the server's (`serve --repeat-penalty`, `--repeat-last-n`, `--presence-penalty`,
+`--frequency-penalty`, as llama-server's options, over its window of the prompt and the reply; by
+default no penalty, where Ollama's llama.cpp runner would apply repeat_penalty 1.1); on the OpenAI
+routes a request that sets presence_penalty or frequency_penalty sets both (its window is OpenAI's)."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,9 +20,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.penalties import Penalties, Window
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY,
-                             Bounds)
+from specchat.limits import LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, Bounds
 from specchat.serve.errors import bad_request
+from specchat.serve.schema import Defaults
 
 
 @dataclass(frozen=True)
@@ -30,47 +33,57 @@ class Asked:
     field: str
 
 
-def openai_penalties(request: Any, tokenizer: PreTrainedTokenizerBase) -> Asked | None:
+def openai_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, server: Defaults) -> Asked | None:
     """OpenAI's penalties and logit bias, and a repetition penalty: vLLM's `repetition_penalty`
     over the prompt and the reply, or llama-server's `repeat_penalty` over its `repeat_last_n`
-    window of them; None when none is set."""
+    window of them; the server's where the request sets none; None when none is set."""
     if request.repetition_penalty is not None and request.repeat_penalty is not None:
         raise bad_request("repetition_penalty (vLLM's) and repeat_penalty (llama.cpp's) name one penalty: give one",
                           param="repeat_penalty")
-    if request.repeat_penalty is None:  # vLLM's, or none
+    if request.repetition_penalty is not None:  # vLLM's
         repeat, window = checked("repetition_penalty", REPEAT_PENALTY, request.repetition_penalty, 1.0), Window()
     else:
-        repeat, window = checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, 1.0), llama_window(request)
-    penalties = Penalties(
-        bias=openai_bias(request.logit_bias, len(tokenizer)), repeat=repeat, repeat_window=window,
-        presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, 0.0),
-        frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0),
-        count_window=Window(prompt=False))
+        repeat = checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, server.repeat_penalty)
+        window = llama_window(request, server)
+    if request.presence_penalty is None and request.frequency_penalty is None:  # the server's, in its window
+        presence, frequency, counted = server.presence_penalty, server.frequency_penalty, llama_window(request, server)
+    else:
+        presence = checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, 0.0)
+        frequency = checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0)
+        counted = Window(prompt=False)
+    penalties = Penalties(bias=openai_bias(request.logit_bias, len(tokenizer)), repeat=repeat, repeat_window=window,
+                          presence=presence, frequency=frequency, count_window=counted)
     return asked(penalties, request, ("logit_bias", "repetition_penalty", "repeat_penalty", "presence_penalty",
                                       "frequency_penalty"))
 
 
-def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, bias: Any = None) -> Asked | None:
-    """llama.cpp's (and Ollama's) penalties over one window, and llama.cpp's `bias`; None when none is set."""
-    window = llama_window(request)
+def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, server: Defaults,
+                    bias: Any = None) -> Asked | None:
+    """llama.cpp's (and Ollama's) penalties over one window, and llama.cpp's `bias`; the server's
+    where the request sets none; None when none is set."""
+    window = llama_window(request, server)
     penalties = Penalties(
         bias=llama_bias(bias, tokenizer),
-        repeat=checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, 1.0),
-        presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, 0.0),
-        frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0),
+        repeat=checked("repeat_penalty", REPEAT_PENALTY, request.repeat_penalty, server.repeat_penalty),
+        presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, server.presence_penalty),
+        frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty,
+                          server.frequency_penalty),
         repeat_window=window, count_window=window)
     return asked(penalties, request, ("logit_bias", "repeat_penalty", "presence_penalty", "frequency_penalty"))
 
 
-def llama_window(request: Any) -> Window:
-    """The last `repeat_last_n` tokens of the prompt and the reply (64 left out, -1 all)."""
-    return Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, DEFAULT_REPEAT_LAST_N)))
+def llama_window(request: Any, server: Defaults) -> Window:
+    """The last `repeat_last_n` tokens of the prompt and the reply (the server's left out, -1 all)."""
+    return Window(last=int(checked("repeat_last_n", REPEAT_LAST_N, request.repeat_last_n, server.repeat_last_n)))
 
 
 def asked(penalties: Penalties, request: Any, fields: tuple[str, ...]) -> Asked | None:
+    """`penalties` and the first of `fields` the request set (none: the server's own, named as its
+    first penalty); None where they change nothing."""
     if not penalties.active:
         return None
-    return Asked(penalties, next(field for field in fields if getattr(request, field, None) is not None))
+    return Asked(penalties, next((field for field in fields if getattr(request, field, None) is not None),
+                                 "repeat_penalty"))
 
 
 def checked(field: str, bounds: Bounds, value: float | None, default: float) -> float:

@@ -5,7 +5,6 @@ chat template. Read-only, as llama.cpp's is unless started with --props."""
 from importlib.metadata import version
 
 from specchat.serve.endpoint import ServeConfig
-from specchat.limits import DEFAULT_REPEAT_LAST_N
 
 
 def props(config: ServeConfig, slots: int, engine: str) -> dict:
@@ -16,8 +15,10 @@ def props(config: ServeConfig, slots: int, engine: str) -> dict:
             "n_ctx": config.context, "speculative": engine != "autoregressive",
             "params": {"n_predict": -1, "seed": -1 if sampling.seed is None else sampling.seed,  # -1: drawn
                        "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                       "min_p": sampling.min_p, "repeat_penalty": 1.0, "repeat_last_n": DEFAULT_REPEAT_LAST_N,
-                       "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": [], "stream": False},
+                       "min_p": sampling.min_p, "typical_p": sampling.typical_p,
+                       "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,
+                       "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+                       "stop": [], "stream": False},
         },
         "total_slots": slots,
         "model_path": config.model,

@@ -50,7 +50,8 @@ class TextCompletions(Endpoint):
         stops, wanted = stop_strings(body), completion_tokens(body)
         ids = prompt_ids(prompt, body.suffix, self.config.tokenizer, self.config.fim)
         echoed = (prompt if isinstance(prompt, str) else self.config.tokenizer.decode(ids)) if body.echo else ""
-        job = self.job(ids, wanted, sampling, "prompt", openai_penalties(body, self.config.tokenizer))
+        asked = openai_penalties(body, self.config.tokenizer, self.config.sampling)
+        job = self.job(ids, wanted, sampling, "prompt", asked)
         return job, self.reply(stops, sampling), echoed
 
     async def stream(self, job: Job, reply: Reply, echoed: str, logprobs: LegacyLogprobs,

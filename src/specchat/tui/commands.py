@@ -179,6 +179,8 @@ SPECS = [
                 int_setting("top-k", "top_k")),
     CommandSpec("min-p", "P", "drop tokens below P x the likeliest's probability, 0 = none (from the next reply)",
                 float_setting("min-p", "min_p")),
+    CommandSpec("typical-p", "P", "keep the tokens of typical surprise up to mass P, 1 = all (from the next reply)",
+                float_setting("typical-p", "typical_p")),
     CommandSpec("repeat-penalty", "R", "discourage the last repeat-last-n tokens, 1 = off (from the next reply)",
                 float_setting("repeat-penalty", "repeat_penalty")),
     CommandSpec("repeat-last-n", "N", "tokens the penalties count, -1 = all (from the next reply)",

@@ -71,13 +71,15 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
 
 
 def extra_labels(settings: DecodingSettings) -> list[str]:
-    """The settings that are off by default and on here: the top-k and min-p cuts, the penalties
-    (each with the window it counts)."""
+    """The settings that are off by default and on here: the top-k, min-p and typical-p cuts, the
+    penalties (each with the window it counts)."""
     labels = []
     if settings.top_k > 0:
         labels.append(f"top-k {settings.top_k}")
     if settings.min_p > 0:
         labels.append(f"min-p {settings.min_p:g}")
+    if settings.typical_p < 1:
+        labels.append(f"typical-p {settings.typical_p:g}")
     window = "all" if settings.repeat_last_n < 0 else settings.repeat_last_n
     for name, value, off in (("repeat", settings.repeat_penalty, 1.0), ("presence", settings.presence_penalty, 0.0),
                              ("frequency", settings.frequency_penalty, 0.0)):

@@ -7,11 +7,12 @@ from specchat.decoding.events import AUTO, SamplingParams
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
                              DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P,
                              PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K,
-                             TOP_P, fresh_seed)
+                             TOP_P, TYPICAL_P, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
-          "temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "repeat_penalty": REPEAT_PENALTY,
+          "temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "typical_p": TYPICAL_P,
+          "repeat_penalty": REPEAT_PENALTY,
           "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
           "frequency_penalty": PRESENCE_OR_FREQUENCY}
 
@@ -25,6 +26,7 @@ class DecodingSettings:
     top_p: float = DEFAULT_TOP_P
     top_k: int = 0  # the K likeliest tokens only (0: all)
     min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability (0: none)
+    typical_p: float = 1.0  # keep the locally typical tokens up to this mass (1: all)
     # llama.cpp's penalties, each over the last repeat_last_n tokens of the conversation (1, 0 and 0: off)
     repeat_penalty: float = 1.0
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
@@ -39,7 +41,7 @@ class DecodingSettings:
     def sampling(self) -> SamplingParams:
         seed = self.seed if self.seed is not None else fresh_seed()
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
-                              min_p=self.min_p)
+                              min_p=self.min_p, typical_p=self.typical_p)
 
     def with_value(self, field: str, value: Any) -> "DecodingSettings":
         """A copy with `field` set; raises ValueError with a one-line message if invalid."""
