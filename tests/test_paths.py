@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specchat.errors import SpecchatError
-from specchat.paths import cache_dir, expanded, make_output_dir, probe_dir
+from specchat.paths import cache_dir, expanded, make_output_dir, output_path, probe_dir
 
 
 def test_measurements_live_in_the_cache_unless_placed_apart(monkeypatch, tmp_path):
@@ -50,3 +50,12 @@ def test_a_home_is_expanded_and_a_user_with_none_is_one_line():
         expanded("~specchat-no-such-user/x", "--offload-dir")
     assert str(refused.value) == ("--offload-dir ~specchat-no-such-user/x: no home directory is known for "
                                   "'~specchat-no-such-user'")
+
+
+def test_an_output_path_is_named_not_blank_and_its_home_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert output_path("--out", "~/runs") == tmp_path / "runs"
+    assert output_path("--out", ".") == Path(".")
+    for blank in ("", "  "):
+        with pytest.raises(SpecchatError, match=r"^--out is empty: name a directory \('\.' for the current one\)$"):
+            output_path("--out", blank)

@@ -15,6 +15,7 @@ from specchat.engine_options import ENGINES, EngineOptions, list_models, table_l
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
                              MAX_TOKENS, check_text)
+from specchat.paths import output_path
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
 from specchat.version import version_line
@@ -210,7 +211,7 @@ def doctor(
 
 @app.command()
 def bench(
-    out: Path = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
+    out: str = typer.Option(..., help=f"Directory of {RESULTS_FILE} and the plots; a rerun skips the rows it holds."),
     engines: str = typer.Option(",".join(BENCH_ENGINES), help=f"Comma list among: {', '.join(ENGINES)}."),
     budgets: str = typer.Option("auto,16,64,256", help="Comma list of draft tree sizes K, or auto (specexec sizes "
                                 "each tree; the other engines skip it); engines with no draft run once."),
@@ -248,8 +249,9 @@ def bench(
     setup = Setup(dataset=dataset, max_new_tokens=max_new_tokens, top_p=top_p, seed=seed, target=target, draft=draft,
                   dtype=dtype, weights=weights, offload=offload, max_depth=DEFAULT_MAX_DEPTH, context=context,
                   workers=workers or default_workers(pick_device()))
-    check_bench(setup, names, sizes, n_prompts, compare_hf, out)
-    report_bench(run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out), out)
+    out_dir = output_path("--out", out)
+    check_bench(setup, names, sizes, n_prompts, compare_hf, out_dir)
+    report_bench(run_bench(setup, plan_points(names, sizes, temperatures, compare_hf), n_prompts, out_dir), out_dir)
 
 
 app.add_typer(simulate_app, name="simulate")

@@ -37,6 +37,14 @@ def expanded(path: str | Path, named_by: str) -> Path:
         raise SpecchatError(f"{named_by} {path}: no home directory is known for '{home}'") from None
 
 
+def output_path(flag: str, text: str) -> Path:
+    """The directory `flag` names, ~ expanded; one line where it is blank (an unset shell variable,
+    `--out "$DIR"`, would otherwise write into the current directory unsaid)."""
+    if not text.strip():
+        raise SpecchatError(f"{flag} is empty: name a directory ('.' for the current one)")
+    return expanded(text, flag)
+
+
 def make_output_dir(flag: str, directory: Path) -> None:
     """Make `directory`, which `flag` names for writing, before anything slow runs: one line where it
     is a file, cannot be made or cannot be written (a bench would find out after loading its models)."""

@@ -285,6 +285,9 @@ def test_bench_out_that_is_a_file_is_one_line_exit_2(monkeypatch, capsys, tmp_pa
     assert_one_line_error(code, err, "is a file, not a directory")
     code, _, err = run_cli(monkeypatch, capsys, "bench", "--out", str(tmp_path / "x" / "sub"))
     assert_one_line_error(code, err, "cannot create it")
+    for blank in ("", " "):  # `--out "$DIR"` with DIR unset: not the current directory, unsaid
+        code, _, err = run_cli(monkeypatch, capsys, "bench", "--out", blank)
+        assert_one_line_error(code, err, "--out is empty: name a directory")
 
 
 def test_auto_is_swept_for_specexec_only():

@@ -178,6 +178,13 @@ def test_an_out_that_cannot_be_a_directory_is_one_line_exit_2(monkeypatch, capsy
     assert_one_line_error(code, err, fragment)
 
 
+def test_a_blank_out_is_one_line_not_the_current_directory(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, "simulate", "dsi", "--out", "")
+    assert_one_line_error(code, err, "--out is empty: name a directory ('.' for the current one)")
+    assert list(tmp_path.iterdir()) == []
+
+
 def sd_row(budget: int, temperature: float, iterations: int, new_tokens: int, draft_s: float,
            target_s: float) -> dict:
     return {"engine": "sd", "budget": budget, "temperature": temperature, "max_depth": 24, "iterations": iterations,

@@ -3,7 +3,8 @@ with curl: requests by route and status, tokens in and out, and what speculation
 (draft tokens the target scored and accepted, iterations, seconds drafting and verifying, weight
 bytes streamed), with time to first token and queue waits as histograms.
 
-Tokens per iteration is generation_tokens / iterations; the share of the scored draft tokens
+Tokens per iteration is generation_tokens / iterations (tokens decoded: a reply a stop string
+ends sends fewer, the decoder's work is what these count); the share of the scored draft tokens
 accepted is draft_tokens_accepted / draft_tokens_scored; the prompt cache's reuse is
 1 - prefill_tokens / prompt_tokens.
 
@@ -26,7 +27,7 @@ OTHER_ROUTE = "other"  # a path no route names as is (a 404, a model's card): on
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 # (name, help, the IterationEvent field it sums; None: its tokens)
 EVENT_SUMS = (
-    ("generation_tokens", "Tokens generated", None),
+    ("generation_tokens", "Tokens decoded (those a stop string then cut from a reply included)", None),
     ("draft_tokens_accepted", "Draft tokens the target accepted", "accepted"),
     ("draft_tokens_scored", "Draft tokens the target scored in its tree passes", "tree_size"),
     ("draft_steps", "Draft model forwards spent growing trees", "draft_steps"),

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import typer
 
+from specchat.paths import output_path
 from specchat.simulate.command import build_grid, run_dsi
 
 simulate_app = typer.Typer(
@@ -16,7 +17,7 @@ simulate_app = typer.Typer(
 
 @simulate_app.command("dsi")
 def simulate_dsi(
-    out: Path = typer.Option(..., help="Directory of the heatmaps (PNG), dsi_grid.csv and dsi_summary.md."),
+    out: str = typer.Option(..., help="Directory of the heatmaps (PNG), dsi_grid.csv and dsi_summary.md."),
     drafter_latency: str = typer.Option("0.01..1", help="LO..HI or one number in (0, 1]: target forwards per draft."),
     acceptance: str = typer.Option("0..1", help="LO..HI or one number in [0, 1]: each draft's acceptance probability."),
     lookahead: int = typer.Option(5, help="Drafts k per verification (SI's and DSI's)."),
@@ -30,7 +31,7 @@ def simulate_dsi(
 ) -> None:
     """Latency of non-SI, SI and DSI over drafter latency x acceptance rate (the DSI paper's Figure 1)."""
     grid = build_grid(drafter_latency, acceptance, lookahead, servers, steps, tokens, seeds)
-    summary, paths = run_dsi(grid, from_bench, out)
+    summary, paths = run_dsi(grid, from_bench, output_path("--out", out))
     print(summary)
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
