@@ -92,6 +92,14 @@ def serving(app: Starlette) -> Iterator[str]:
         assert not thread.is_alive(), "the server did not stop"
 
 
+@contextmanager
+def serving_engine(engine: Engine, **app_options) -> Iterator[str]:
+    """`engine` alone served (make_app's options): yields the base URL."""
+    app, _ = make_app([engine], **app_options)
+    with serving(app) as url:
+        yield url
+
+
 def client(url: str, api_key: str = "unused") -> openai.OpenAI:
     # No retries: a 429 or a failure must reach the test as it happened.
     return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=60)

@@ -6,7 +6,7 @@ exact reply, and each refusal one line."""
 import json
 
 import pytest
-from helpers.serve_helpers import make_app, post_json, post_refused, post_streamed, serving
+from helpers.serve_helpers import make_app, post_json, post_refused, post_streamed, serving, serving_engine
 
 from specchat.serve.fim import FimTokens
 from specchat.tui.fake import REPLY, FakeEngine
@@ -27,8 +27,7 @@ def refusal(url: str, body: dict) -> tuple[int, str]:
 @pytest.fixture
 def fake():
     engine = FakeEngine()
-    app, _ = make_app([engine], fim=REPO_FIM)
-    with serving(app) as url:
+    with serving_engine(engine, fim=REPO_FIM) as url:
         yield engine, url
 
 

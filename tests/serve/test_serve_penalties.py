@@ -9,7 +9,7 @@ import urllib.request
 
 import ollama
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, serving, user
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, serving, serving_engine, user
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -40,8 +40,7 @@ def spec_of(engine) -> Penalties | None:
 @pytest.fixture
 def fake():
     engine = FakeEngine()
-    app, _ = make_app([engine])
-    with serving(app) as url:
+    with serving_engine(engine) as url:
         yield engine, url
 
 
@@ -173,8 +172,7 @@ SERVER_WINDOW = Window(last=16)
 def penalizing():
     """`serve --repeat-penalty 1.3 --repeat-last-n 16 --presence-penalty 0.5 --frequency-penalty 0.1`."""
     engine = FakeEngine()
-    app, _ = make_app([engine], sampling=SERVER)
-    with serving(app) as url:
+    with serving_engine(engine, sampling=SERVER) as url:
         yield engine, url
 
 
