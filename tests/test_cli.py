@@ -73,17 +73,20 @@ def test_generate_top_k_1_samples_the_greedy_tokens_in_both_engines(monkeypatch,
     assert replies["cut"] == replies["cut tree"] == replies["greedy"]
 
 
-def test_generate_typical_p_changes_the_reply_and_both_engines_keep_it(monkeypatch, capsys, tiny_dirs):
+def test_generate_typical_p_and_mirostat_change_the_reply_and_both_engines_keep_them(monkeypatch, capsys, tiny_dirs):
     target, draft, _ = tiny_dirs
     common = ["hello world", "--target", str(target), "--draft", str(draft), "--raw", "--max-new-tokens", "12",
               "--dtype", "float32", "--json", "--temperature", "2", "--seed", "5"]
     replies = {}
+    mirostat = ["--mirostat", "1", "--mirostat-tau", "2", "--mirostat-eta", "0.3"]
     for name, engine, cut in [("hot", "autoregressive", []), ("typical", "autoregressive", ["--typical-p", "0.05"]),
-                              ("typical tree", "specexec", ["--typical-p", "0.05"])]:
+                              ("typical tree", "specexec", ["--typical-p", "0.05"]),
+                              ("mirostat", "autoregressive", mirostat), ("mirostat tree", "specexec", mirostat)]:
         code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", engine, *cut)
         assert code == 0
         replies[name] = json.loads(out)["token_ids"]
     assert replies["typical"] == replies["typical tree"] != replies["hot"]
+    assert replies["mirostat"] == replies["mirostat tree"] != replies["hot"]
 
 
 def test_generate_penalties_change_the_reply_and_both_engines_keep_them(monkeypatch, capsys, tiny_dirs):
@@ -117,11 +120,13 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
     monkeypatch.setattr(app.SpecchatApp, "run", lambda self: None)
     code, _, _ = run_cli(monkeypatch, capsys, "run", "--top-k", "40", "--min-p", "0.05", "--repeat-penalty", "1.1",
                          "--repeat-last-n", "128", "--presence-penalty", "0.2", "--frequency-penalty", "0.1",
-                         "--typical-p", "0.9", "--temperature", "0.3", "--top-p", "0.7", "--seed", "4")
+                         "--typical-p", "0.9", "--temperature", "0.3", "--top-p", "0.7", "--seed", "4",
+                         "--mirostat", "2", "--mirostat-tau", "3", "--mirostat-eta", "0.2")
     settings = handed[0]
     assert code == 0 and (settings.top_k, settings.min_p, settings.repeat_penalty, settings.repeat_last_n) == (
         40, 0.05, 1.1, 128)
     assert (settings.typical_p, settings.temperature, settings.top_p, settings.seed) == (0.9, 0.3, 0.7, 4)
+    assert (settings.mirostat, settings.mirostat_tau, settings.mirostat_eta) == (2, 3.0, 0.2)
     assert (settings.presence_penalty, settings.frequency_penalty) == (0.2, 0.1)
 
 
@@ -139,6 +144,9 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
         (["--min-p", "nan"], "--min-p must be between 0 and 1 (got nan)"),
         (["--typical-p", "0"], "--typical-p must be in (0, 1] (got 0.0)"),
         (["--typical-p", "1.5"], "--typical-p must be in (0, 1] (got 1.5)"),
+        (["--mirostat", "3"], "--mirostat must be between 0 and 2 (got 3)"),
+        (["--mirostat-tau", "-1"], "--mirostat-tau must be between 0 and 100 (got -1.0)"),
+        (["--mirostat-eta", "20"], "--mirostat-eta must be between 0 and 10 (got 20.0)"),
         (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 100] (got 0.0)"),
         (["--repeat-last-n", "-2"], "--repeat-last-n must be between -1"),
         (["--presence-penalty", "2.5"], "--presence-penalty must be between -2 and 2 (got 2.5)"),

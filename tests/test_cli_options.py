@@ -12,6 +12,7 @@ from specchat.cli import app
 from specchat.cli_options import (ENGINE_OPTIONS, PENALTY_OPTIONS, SAMPLING_OPTIONS, PenaltyOptions, SamplingOptions,
                                   with_engine_options)
 from specchat.decoding.events import SamplingParams
+from specchat.serve.schema import Defaults
 from specchat.engine_options import EngineOptions
 from specchat.limits import DEFAULT_MAX_DEPTH
 from specchat.tui.settings import DecodingSettings
@@ -96,7 +97,8 @@ def test_sampling_options_are_declared_once_and_named_as_the_engines_and_the_cha
     names = [field.name for field in fields(SamplingOptions)]
     assert list(SAMPLING_OPTIONS) == names
     assert set(names) <= {field.name for field in fields(DecodingSettings)} & {field.name for field in
-                                                                                fields(SamplingParams)}
+                                                                                fields(Defaults)}
+    assert set(names) - {"mirostat_tau", "mirostat_eta"} <= {field.name for field in fields(SamplingParams)}
     generate, run, serve = declared("generate"), declared("run"), declared("serve")
     assert all(generate[name] == run[name] == serve[name] for name in names)
 

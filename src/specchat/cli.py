@@ -137,8 +137,8 @@ def run(
     from specchat.tui.settings import DecodingSettings
     from specchat.tui.store import ConversationStore
 
-    settings = DecodingSettings(**asdict(sampling), seed=sampling.params(seed).seed, system_prompt=system or "",
-                                **asdict(penalties))
+    check_seed(seed)
+    settings = DecodingSettings(**asdict(sampling), seed=seed, system_prompt=system or "", **asdict(penalties))
     store = ConversationStore()
     conversation = store.last_conversation_id() if resume else None
     SpecchatApp(None, store, conversation, loader=runtime_loader(options, settings)).run()

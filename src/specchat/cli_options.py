@@ -14,8 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MIN_P, PRESENCE_OR_FREQUENCY,
-                             REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, TYPICAL_P)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MIN_P, MIROSTAT, MIROSTAT_ETA,
+                             MIROSTAT_TAU, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT,
+                             TEMPERATURE, TOP_K, TOP_P, TYPICAL_P)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -31,6 +32,12 @@ MinPOpt = Annotated[float, typer.Option(
 TypicalPOpt = Annotated[float, typer.Option(
     help="Keep the tokens whose surprise lies nearest the distribution's entropy, up to this mass, as HF's "
          "typical_p (1: all).")]
+MirostatOpt = Annotated[int, typer.Option(
+    help="Sample by mirostat 1 or 2, as llama.cpp's, holding each token's surprise near --mirostat-tau in place of "
+         "the top-k, top-p, min-p and typical-p cuts (0: off).")]
+MirostatTauOpt = Annotated[float, typer.Option(help="Mirostat's target surprise in bits, as llama-cli's "
+                                               "--mirostat-ent.")]
+MirostatEtaOpt = Annotated[float, typer.Option(help="Mirostat's learning rate, as llama-cli's --mirostat-lr.")]
 RepeatPenaltyOpt = Annotated[float, typer.Option(
     help="Discourage tokens among the last --repeat-last-n: a positive logit divided by this, a negative one "
          "multiplied, as llama.cpp's (1: off).")]
@@ -164,16 +171,24 @@ class SamplingOptions:
     top_k: int = 0
     min_p: float = 0.0
     typical_p: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     def params(self, seed: int) -> SamplingParams:
-        """As an engine takes them (-1, vLLM's top-k that keeps all, as 0), with `seed` checked."""
+        """As an engine takes them (-1, vLLM's top-k that keeps all, as 0), with `seed` checked; a
+        reply's mirostat state made afresh (torch loads here, as the command runs)."""
+        from specchat.runtime import mirostat_state
+
         check_seed(seed)
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
-                              min_p=self.min_p, typical_p=self.typical_p)
+                              min_p=self.min_p, typical_p=self.typical_p,
+                              mirostat=mirostat_state(self.mirostat, self.mirostat_tau, self.mirostat_eta))
 
 
 SAMPLING_OPTIONS: dict[str, Any] = {"temperature": TemperatureOpt, "top_p": TopPOpt, "top_k": TopKOpt,
-                                    "min_p": MinPOpt, "typical_p": TypicalPOpt}
+                                    "min_p": MinPOpt, "typical_p": TypicalPOpt, "mirostat": MirostatOpt,
+                                    "mirostat_tau": MirostatTauOpt, "mirostat_eta": MirostatEtaOpt}
 
 
 def with_sampling_options(command: Command) -> Command:
@@ -194,6 +209,9 @@ def checked_sampling(sampling: SamplingOptions) -> SamplingOptions:
     TOP_K.check("--top-k", sampling.top_k)
     MIN_P.check("--min-p", sampling.min_p)
     TYPICAL_P.check("--typical-p", sampling.typical_p)
+    MIROSTAT.check("--mirostat", sampling.mirostat)
+    MIROSTAT_TAU.check("--mirostat-tau", sampling.mirostat_tau)
+    MIROSTAT_ETA.check("--mirostat-eta", sampling.mirostat_eta)
     return sampling
 
 

@@ -49,6 +49,9 @@ TOP_P = Bounds(0.0, 1.0, low_open=True)  # nucleus sampling mass
 TOP_K = Bounds(-1, 2**31 - 1)  # the likeliest tokens kept; 0 and -1 (vLLM's "off") keep all
 MIN_P = Bounds(0.0, 1.0)  # a token's least probability over the likeliest's; 0 cuts nothing
 TYPICAL_P = Bounds(0.0, 1.0, low_open=True)  # the typical set's mass; 1 cuts nothing
+MIROSTAT = Bounds(0, 2)  # mirostat's version; 0: off
+MIROSTAT_TAU = Bounds(0.0, 100.0)  # its target surprise, in bits a token
+MIROSTAT_ETA = Bounds(0.0, 10.0)  # its learning rate
 PRESENCE_OR_FREQUENCY = Bounds(-2.0, 2.0)  # OpenAI's presence_penalty and frequency_penalty
 REPEAT_PENALTY = Bounds(0.0, 100.0, low_open=True)  # 1: off; a repeated token's logit divided or multiplied by it
 REPEAT_LAST_N = Bounds(-1, 2**31 - 1)  # llama.cpp's window of counted tokens; -1: all, 0: none

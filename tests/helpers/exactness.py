@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.sampling import sample_token, sampled_probs, uniform
+from specchat.decoding.sampling import emit_token, sampled_probs, uniform
 
 NEAR_TIE = 1e-4  # in logits
 MAX_TIES = 1  # per prompt
@@ -80,7 +80,10 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     the token's interval, r <= exp(2d/T) - 1, i.e. 2d >= T log(1 + r). A top-p cut that moves
     with the logits is not modelled: such a flip has a large r and fails, it never passes.
     """
-    probs = sampled_probs(logits, sampling)
+    if sampling.mirostat is not None:  # its cut at the reply's mu there, in place of the others
+        probs = sampling.mirostat.probs(logits / sampling.temperature)
+    else:
+        probs = sampled_probs(logits, sampling)
     cdf = probs.cumsum(dim=0) / probs.sum()
     low = float(cdf[token - 1]) if token > 0 else 0.0
     high = float(cdf[token])
@@ -89,15 +92,21 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     return sampling.temperature * log1p(distance)
 
 
-def counted_afresh(sampling: SamplingParams, prompt_ids: list[int], emitted: list[int]) -> SamplingParams:
-    """`sampling` with its penalties' state counted from `prompt_ids` and `emitted` (the state the
-    engine was given is spent on its own run)."""
-    if sampling.penalties is None:
-        return sampling
-    repeats = sampling.penalties.penalties.start(prompt_ids)
-    for token in emitted:
-        repeats.accept(token)
-    return replace(sampling, penalties=repeats)
+def counted_afresh(sampling: SamplingParams, prompt_ids: list[int], emitted: list[int],
+                   rows: torch.Tensor | None = None) -> SamplingParams:
+    """`sampling` with its penalties' and its mirostat's states moved from the start by `emitted`
+    after `prompt_ids` (the states the engine was given are spent on its own run); mirostat's mu
+    moves by each token's surprise under the target's logits `rows` (rows[j]: those that chose
+    emitted[j])."""
+    repeats = None if sampling.penalties is None else sampling.penalties.penalties.start(prompt_ids)
+    surprise = None if sampling.mirostat is None else sampling.mirostat.spec.start()
+    for index, token in enumerate(emitted):
+        if surprise is not None and sampling.temperature > 0:
+            scores = rows[index] if repeats is None else repeats.penalized(rows[index])
+            surprise.move(surprise.probs(scores / sampling.temperature), token)
+        if repeats is not None:
+            repeats.accept(token)
+    return replace(sampling, penalties=repeats, mirostat=surprise)
 
 
 def scored(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -135,9 +144,7 @@ class Sequential:
         token = first
         while len(decoded) < count and token not in stop_ids:
             self.feed([token])
-            token = sample_token(scored(self.logits, sampling), sampling, self.position)
-            if sampling.penalties is not None:
-                sampling.penalties.accept(token)
+            token = emit_token(self.logits, sampling, self.position)  # its penalties and mirostat move past it
             decoded.append(token)
         return decoded
 
@@ -171,16 +178,25 @@ class ExactnessCheck:
                 return Comparison(tuple(ties), mismatch=index, max_ties=self.max_ties)
             sequential = Sequential(self.target)
             sequential.feed(prompt_ids + tokens[:index])
-            here = counted_afresh(sampling, prompt_ids, tokens[:index])
+            rows = self.reply_rows(prompt_ids, tokens[:index + 1]) if sampling.mirostat is not None else None
+            here = counted_afresh(sampling, prompt_ids, tokens[:index], rows)
             gap = token_gap(scored(sequential.logits, here), tokens[index], here, sequential.position)
             if gap > self.near_tie:
                 return Comparison(tuple(ties), mismatch=index, gap=gap, max_ties=self.max_ties)
             ties.append(Tie(index, gap))
             rest = sequential.decode(tokens[index], self.max_new_tokens - index - 1,
-                                     counted_afresh(sampling, prompt_ids, tokens[:index + 1]), self.stop_ids)
+                                     counted_afresh(sampling, prompt_ids, tokens[:index + 1], rows), self.stop_ids)
             reference = tokens[: index + 1] + rest
             start = index + 1
         return Comparison(tuple(ties), max_ties=self.max_ties)
+
+    def reply_rows(self, prompt_ids: list[int], emitted: list[int]) -> torch.Tensor:
+        """The target's float32 logits [len(emitted), V] that chose each emitted token (one forward:
+        mirostat's mu replayed from them may differ from the engine's by float32's rounding, which
+        moves a cut only at its edge, where the checker's gaps see it)."""
+        ids = prompt_ids + emitted
+        hidden = self.target.hidden(torch.tensor(ids), torch.arange(len(ids)), new_cache())
+        return self.target.logits(hidden[len(prompt_ids) - 1:-1])
 
 
 def hf_greedy(target: CausalLM, prompt_ids: list[int], max_new_tokens: int, stop_ids, pad_id: int | None) -> list[int]:

@@ -2,6 +2,8 @@
 identical passes, a non-tied divergence fails, one near-tie passes and re-anchors, a second tie
 or a later mismatch fails; greedy and seeded."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers.engines import GREEDY
@@ -12,6 +14,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.mirostat import Mirostat
 from specchat.decoding.penalties import Penalties
 from specchat.decoding.sampling import sample_token, uniform
 
@@ -187,3 +190,18 @@ def test_a_seeded_divergence_to_a_token_outside_the_tie_fails(seeded_tie):
     comparison = check(model).compare(PROMPT, reference, tokens, sampling)
     assert not comparison.acceptable and comparison.ties == ()
     assert comparison.mismatch == 0 and comparison.gap > 0.1
+
+
+def test_under_mirostat_a_seeded_tie_reanchors_with_mu_moved_past_it(seeded_tie):
+    """The engine took the tied token 1 and went on under mirostat, its mu moved past token 1: the
+    checker replays mu to re-anchor; judged as if mirostat were off, the rest does not match."""
+    model, plain, logits = seeded_tie
+    spec = Mirostat(2, tau=2.0)  # mu = 4 bits: both tied tokens (p >= 0.2) stay, the rest go
+    reference = decode(model, PROMPT, NEW_TOKENS, replace(plain, mirostat=spec.start()))
+    assert reference[0] == 0
+    moved = spec.start()
+    moved.move(moved.probs(logits / plain.temperature), 1)
+    tokens = [1] + decode(model, PROMPT + [1], NEW_TOKENS - 1, replace(plain, mirostat=moved))
+    comparison = check(model).compare(PROMPT, reference, tokens, replace(plain, mirostat=spec.start()))
+    assert comparison.acceptable and [tie.index for tie in comparison.ties] == [0]
+    assert not check(model).compare(PROMPT, reference, tokens, plain).acceptable

@@ -30,10 +30,11 @@ MAX_MODULE_LINES = 300  # the house rule: past it, a module is split by what it 
 SIBLINGS = [("decoding", "offload")]  # rooms of one layer that must not import each other
 FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL = ("tui", "serve")
 # The Engine protocol and event types, and what SamplingParams carries for one reply: its grammar
-# (guide.py: compiled from a schema, started per reply), its token log (token_log.py) and its
-# penalties (penalties.py: a request's, started per reply from its prompt).
+# (guide.py: compiled from a schema, started per reply), its token log (token_log.py), its
+# penalties (penalties.py: a request's, started per reply from its prompt) and its mirostat
+# (mirostat.py: started per reply).
 TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events", "specchat.decoding.guide", "specchat.decoding.token_log",
-                                "specchat.decoding.penalties"}
+                                "specchat.decoding.penalties", "specchat.decoding.mirostat"}
 # What the plan reads of the streaming: the alignment of what it stores, the Placement it hands over,
 # whether a layer file already holds its bytes, the GPU's free memory. Model assembly (skeletons,
 # sources, tensor names, layouts, the layer file's name) it takes from checkpoint/.

@@ -25,6 +25,7 @@ from specchat.decoding.autosize import Costs
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import ALONE, DRAFTED, SamplingParams
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.mirostat import Mirostat
 from specchat.decoding.penalties import Penalties, Window
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SPECEXEC
@@ -118,6 +119,24 @@ def test_seeded_specexec_under_top_k_min_p_and_typical_p_equals_seeded_autoregre
     assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.5 * math.log(0.2)).all()  # >= 0.2 x the likeliest
     typical = torch.isfinite(filter_logits(rows, 1.5, 1.0, 3, 0.2, 0.5))
     assert typical.gather(1, torch.tensor(tokens)[:, None]).all()  # each in its position's typical set
+
+
+def test_seeded_specexec_under_mirostat_equals_seeded_autoregressive(real_pair, real_check, seeded_references):
+    """Mirostat 2 cuts each position at the reply's mu, which every emitted token moves: one prompt,
+    as a draft form's check, at the paper's sampling, whose seeded reply without mirostat it changes."""
+    spec = Mirostat(2, tau=2.0)
+
+    def sampling() -> SamplingParams:  # a fresh state each reply, as each front end makes one
+        return dataclasses.replace(PAPER_SAMPLING, mirostat=spec.start())
+
+    prompt_ids, uncut = seeded_references[0]
+    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling())
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
+    tokens, events = emitted(engine, prompt_ids, sampling())
+    comparison = real_check.compare(prompt_ids, reference, tokens, sampling())
+    assert comparison.acceptable, comparison.describe()
+    assert sum(e.accepted for e in events) > 0
+    assert reference != uncut  # mirostat, not top-p, cut the target's distributions
 
 
 def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_autoregressive(real_pair, real_check,

@@ -65,7 +65,8 @@ def test_serve_hands_its_sampling_options_on_as_what_requests_leave_out(monkeypa
     monkeypatch.setattr(command, "run_server", lambda options, serving, defaults: handed.append(defaults))
     code, _, _ = run_cli(monkeypatch, capsys, "serve", "--temperature", "0.3", "--top-k", "40", "--min-p", "0.05",
                          "--typical-p", "0.95", "--repeat-penalty", "1.1", "--repeat-last-n", "32",
-                         "--presence-penalty", "0.5", "--frequency-penalty", "0.25")
+                         "--presence-penalty", "0.5", "--frequency-penalty", "0.25", "--mirostat", "2",
+                         "--mirostat-tau", "4")
     assert code == 0 and handed == [Defaults(temperature=0.3, top_p=0.9, seed=None, top_k=40, min_p=0.05,
-                                             typical_p=0.95, repeat_penalty=1.1, repeat_last_n=32,
-                                             presence_penalty=0.5, frequency_penalty=0.25)]
+                                             typical_p=0.95, mirostat=2, mirostat_tau=4.0, repeat_penalty=1.1,
+                                             repeat_last_n=32, presence_penalty=0.5, frequency_penalty=0.25)]

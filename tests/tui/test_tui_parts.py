@@ -180,6 +180,7 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
     assert settings_text(DecodingSettings(min_p=0.05), workers=0) == base + "\nmin-p 0.05"
     assert settings_text(DecodingSettings(top_k=3, min_p=0.2), workers=0) == base + "\ntop-k 3 · min-p 0.2"
     assert settings_text(DecodingSettings(typical_p=0.9), workers=0) == base + "\ntypical-p 0.9"
+    assert settings_text(DecodingSettings(mirostat=2), workers=0) == base + "\nmirostat 2 (tau 5, eta 0.1)"
     assert settings_text(DecodingSettings(repeat_penalty=1.1), workers=0) == base + "\nrepeat 1.1/64"
     assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=-1), workers=0) == base + "\nrepeat 1.3/all"
     both = DecodingSettings(presence_penalty=0.5, frequency_penalty=-0.25, repeat_last_n=16)
@@ -190,6 +191,14 @@ def test_settings_sampling_carries_the_cuts_with_top_k_off_as_zero():
     assert (DecodingSettings(top_k=5, min_p=0.1).sampling().top_k, DecodingSettings(min_p=0.1).sampling().min_p) == (
         5, 0.1)
     assert DecodingSettings(typical_p=0.7).sampling().typical_p == 0.7
+    assert DecodingSettings().sampling().mirostat is None
+
+
+def test_settings_sampling_starts_each_replys_mirostat_afresh():
+    settings = DecodingSettings(mirostat=1, mirostat_tau=3.0, mirostat_eta=0.2)
+    first, second = settings.sampling().mirostat, settings.sampling().mirostat
+    assert first is not second and first.mu == second.mu == 6.0  # 2 tau
+    assert (first.spec.version, first.spec.tau, first.spec.eta) == (1, 3.0, 0.2)
     assert DecodingSettings(top_k=-1).sampling().top_k == 0
 
 

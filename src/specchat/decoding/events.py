@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
     from specchat.decoding.guide import Guide
+    from specchat.decoding.mirostat import Surprise
     from specchat.decoding.penalties import Repeats
     from specchat.decoding.token_log import TokenLog
 
@@ -24,12 +25,15 @@ class SamplingParams:
     guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
     token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
     penalties: "Repeats | None" = None  # one reply's logit bias and repetition penalties (decoding/penalties.py)
+    mirostat: "Surprise | None" = None  # one reply's mirostat, in place of the cuts (decoding/mirostat.py)
 
     @property
     def has_forms(self) -> bool:
         """Whether the reply asks what only an engine that `keeps_forms` does: a grammar, a token
-        log, penalties (each a function of the emitted prefix, applied as every token is emitted)."""
-        return self.guide is not None or self.token_log is not None or self.penalties is not None
+        log, penalties, mirostat (each a function of the emitted prefix, applied as every token is
+        emitted)."""
+        return (self.guide is not None or self.token_log is not None or self.penalties is not None
+                or self.mirostat is not None)
 
 
 @dataclass(frozen=True)

@@ -202,13 +202,16 @@ def invert_cdf(probs: torch.Tensor, u: float) -> int:
 def emit_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     """The token an engine emits at ``position``: ``sample_token`` over the target's logits with
     the reply's bias and penalties (penalties.py), masked to what its guide allows (the mask before
-    temperature and top-p, so a constrained reply samples the renormalised allowed distribution);
-    the guide and the penalties then move past it, and the reply's token log records it (from the
-    target's own logits)."""
+    temperature and top-p, so a constrained reply samples the renormalised allowed distribution),
+    or under mirostat its cut (mirostat.py) in place of the others; the guide and the penalties
+    then move past it, and the reply's token log records it (from the target's own logits)."""
     scores = logits if params.penalties is None else params.penalties.penalized(logits)
     if params.guide is not None:
         scores = masked(scores, params.guide.allowed()[0])
-    token = sample_token(scores, params, position)
+    if params.mirostat is not None and params.temperature > 0:
+        token = params.mirostat.pick(scores / params.temperature, uniform(params.seed, position))
+    else:
+        token = sample_token(scores, params, position)
     if params.guide is not None:
         params.guide.accept(token)
     if params.penalties is not None:

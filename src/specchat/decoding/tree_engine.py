@@ -63,7 +63,7 @@ class TreeEngine:
         prefix with the sequence this reply ends (prefix.py)."""
         if sampling.has_forms and not self.keeps_forms:
             raise SpecchatError(f"--engine {self.name} cannot keep a reply to a grammar, log its tokens' "
-                                "probabilities or penalize repeats: use specexec or autoregressive")
+                                "probabilities, penalize repeats or sample by mirostat: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def forget(self) -> None:

@@ -106,8 +106,8 @@ class DSIEngine:
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:
         if sampling.has_forms:
-            raise SpecchatError("--engine dsi cannot keep a reply to a grammar, log its tokens' probabilities or "
-                                "penalize repeats: use specexec or autoregressive")
+            raise SpecchatError("--engine dsi cannot keep a reply to a grammar, log its tokens' probabilities, "
+                                "penalize repeats or sample by mirostat: use specexec or autoregressive")
         yield from self.history.guard(self.decode(self.history.begin(prompt_ids), max_new_tokens, sampling))
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:

@@ -64,6 +64,8 @@ class Endpoint:
             max_new_tokens = reply_limit(len(prompt_ids), wanted, self.config.context)
         except ContextOverflow as error:
             raise bad_request(str(error), "context_length_exceeded", param) from None
+        if sampling.mirostat is not None:
+            self.check_kept("mirostat")
         if asked is not None:
             self.check_kept(asked.field)
             sampling = counted_from(sampling, asked.penalties, prompt_ids)

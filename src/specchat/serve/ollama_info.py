@@ -43,6 +43,8 @@ def parameters(config: ServeConfig) -> str:
     lines += [f"top_k {sampling.top_k}"] if sampling.top_k else []
     lines += [f"min_p {sampling.min_p}"] if sampling.min_p else []
     lines += [f"typical_p {sampling.typical_p}"] if sampling.typical_p < 1 else []
+    lines += [f"mirostat {sampling.mirostat}", f"mirostat_tau {sampling.mirostat_tau}",
+              f"mirostat_eta {sampling.mirostat_eta}"] if sampling.mirostat else []
     lines += [f"repeat_penalty {sampling.repeat_penalty}"] if sampling.repeat_penalty != 1 else []
     lines += [f"presence_penalty {sampling.presence_penalty}"] if sampling.presence_penalty else []
     lines += [f"frequency_penalty {sampling.frequency_penalty}"] if sampling.frequency_penalty else []

@@ -19,6 +19,9 @@ class OllamaOptions(Strict):
     top_k: int | None = None
     min_p: float | None = None
     typical_p: float | None = None
+    mirostat: int | None = None  # 1 or 2, in place of the cuts (left out: off)
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
     seed: int | None = None
     repeat_penalty: float | None = None  # left out: 1, off (Ollama's llama.cpp runner takes 1.1)
     repeat_last_n: int | None = None  # left out: 64

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, MIN_P, SEED_LIMIT,
-                             TEMPERATURE, TOP_K, TOP_P, TYPICAL_P, fresh_seed)
+from specchat.decoding.mirostat import mirostat_state
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, MIN_P, MIROSTAT,
+                             MIROSTAT_ETA, MIROSTAT_TAU, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, TYPICAL_P, fresh_seed)
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
@@ -24,7 +25,8 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 @dataclass(frozen=True)
 class Defaults:
     """The sampling a request leaves out: the server's --temperature, --top-p, --seed, --top-k, --min-p,
-    --typical-p, and llama-server's penalties (serve/penalty_fields.py says how a request's own mix in)."""
+    --typical-p, --mirostat (its tau and eta), and llama-server's penalties (serve/penalty_fields.py
+    says how a request's own mix in)."""
 
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
@@ -32,6 +34,9 @@ class Defaults:
     top_k: int = 0  # 0: no cut
     min_p: float = 0.0
     typical_p: float = 1.0  # 1: no cut
+    mirostat: int = 0  # 0: off
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     repeat_penalty: float = 1.0  # 1, 0 and 0: no penalty
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
     presence_penalty: float = 0.0
@@ -68,6 +73,9 @@ class Decoded(Strict):
     top_k: int | None = None  # vLLM's and llama.cpp's: left out, no cut
     min_p: float | None = None
     typical_p: float | None = None  # llama.cpp's and HF's locally typical sampling; left out: no cut
+    mirostat: int | None = None  # llama.cpp's and Ollama's: 1 or 2, in place of the cuts; left out: off
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
     seed: int | None = None
     presence_penalty: float | None = None  # left out: 0, no penalty (serve/penalty_fields.py)
     frequency_penalty: float | None = None
@@ -225,15 +233,20 @@ def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
     top_k = defaults.top_k if request.top_k is None else request.top_k
     min_p = defaults.min_p if request.min_p is None else request.min_p
     typical_p = defaults.typical_p if request.typical_p is None else request.typical_p
+    mirostat, tau, eta = (defaults.mirostat if request.mirostat is None else request.mirostat,
+                          defaults.mirostat_tau if request.mirostat_tau is None else request.mirostat_tau,
+                          defaults.mirostat_eta if request.mirostat_eta is None else request.mirostat_eta)
     for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p),
-                                 ("top_k", TOP_K, top_k), ("min_p", MIN_P, min_p), ("typical_p", TYPICAL_P, typical_p)):
+                                 ("top_k", TOP_K, top_k), ("min_p", MIN_P, min_p), ("typical_p", TYPICAL_P, typical_p),
+                                 ("mirostat", MIROSTAT, mirostat), ("mirostat_tau", MIROSTAT_TAU, tau),
+                                 ("mirostat_eta", MIROSTAT_ETA, eta)):
         if problem := bounds.problem(field, value):
             raise bad_request(problem, param=field)
     seed = request.seed if request.seed is not None else defaults.seed if defaults.seed is not None else fresh_seed()
     if not 0 <= seed < SEED_LIMIT:
         raise bad_request(f"seed must be >= 0 and below 2**63 (got {seed})", param="seed")
     return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p,
-                          typical_p=typical_p)
+                          typical_p=typical_p, mirostat=mirostat_state(mirostat, tau, eta))
 
 
 def requested_tokens(request: ChatRequest) -> int | None:

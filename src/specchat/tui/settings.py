@@ -4,14 +4,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
+from specchat.decoding.mirostat import mirostat_state
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P,
-                             PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT, TEMPERATURE, TOP_K,
-                             TOP_P, TYPICAL_P, fresh_seed)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P, MIROSTAT,
+                             MIROSTAT_ETA, MIROSTAT_TAU, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY,
+                             SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, TYPICAL_P, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
           "temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "typical_p": TYPICAL_P,
+          "mirostat": MIROSTAT, "mirostat_tau": MIROSTAT_TAU, "mirostat_eta": MIROSTAT_ETA,
           "repeat_penalty": REPEAT_PENALTY,
           "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
           "frequency_penalty": PRESENCE_OR_FREQUENCY}
@@ -27,6 +29,9 @@ class DecodingSettings:
     top_k: int = 0  # the K likeliest tokens only (0: all)
     min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability (0: none)
     typical_p: float = 1.0  # keep the locally typical tokens up to this mass (1: all)
+    mirostat: int = 0  # 1 or 2: mirostat in place of the cuts (0: off)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     # llama.cpp's penalties, each over the last repeat_last_n tokens of the conversation (1, 0 and 0: off)
     repeat_penalty: float = 1.0
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
@@ -41,7 +46,8 @@ class DecodingSettings:
     def sampling(self) -> SamplingParams:
         seed = self.seed if self.seed is not None else fresh_seed()
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
-                              min_p=self.min_p, typical_p=self.typical_p)
+                              min_p=self.min_p, typical_p=self.typical_p,
+                              mirostat=mirostat_state(self.mirostat, self.mirostat_tau, self.mirostat_eta))
 
     def with_value(self, field: str, value: Any) -> "DecodingSettings":
         """A copy with `field` set; raises ValueError with a one-line message if invalid."""
