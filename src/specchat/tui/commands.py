@@ -166,37 +166,34 @@ def text_setting(command: str, field: str) -> Callable[[str], Command]:
     return required(command, lambda text: SetSetting(field, text))
 
 
+def numeric(command: str, usage: str, summary: str,
+            setting: Callable[[str, str], Callable[[str], Command]] = float_setting) -> CommandSpec:
+    """The command that sets the numeric setting of its own name (its dashes underscores)."""
+    return CommandSpec(command, usage, summary, setting(command, command.replace("-", "_")))
+
+
 SPECS = [
     CommandSpec("budget", "N|auto", "draft tree size K; auto: sized every iteration (from the next iteration)",
                 required("budget", parse_budget)),
-    CommandSpec("depth", "N", "deepest draft tree node (from the next iteration)", int_setting("depth", "depth")),
-    CommandSpec("lookahead", "N", "dsi: drafts per verification job (from the next job)",
-                int_setting("lookahead", "lookahead")),
+    numeric("depth", "N", "deepest draft tree node (from the next iteration)", int_setting),
+    numeric("lookahead", "N", "dsi: drafts per verification job (from the next job)", int_setting),
     CommandSpec("temp", "T", "sampling temperature, 0 = greedy (from the next reply)",
                 float_setting("temp", "temperature")),
-    CommandSpec("top-p", "P", "nucleus sampling mass (from the next reply)", float_setting("top-p", "top_p")),
-    CommandSpec("top-k", "K", "sample among the K likeliest tokens, 0 = all (from the next reply)",
-                int_setting("top-k", "top_k")),
-    CommandSpec("min-p", "P", "drop tokens below P x the likeliest's probability, 0 = none (from the next reply)",
-                float_setting("min-p", "min_p")),
-    CommandSpec("typical-p", "P", "keep the tokens of typical surprise up to mass P, 1 = all (from the next reply)",
-                float_setting("typical-p", "typical_p")),
-    CommandSpec("mirostat", "N", "sample by mirostat 1 or 2 in place of the cuts, 0 = off (from the next reply)",
-                int_setting("mirostat", "mirostat")),
-    CommandSpec("mirostat-tau", "T", "mirostat's target surprise in bits (from the next reply)",
-                float_setting("mirostat-tau", "mirostat_tau")),
-    CommandSpec("mirostat-eta", "E", "mirostat's learning rate (from the next reply)",
-                float_setting("mirostat-eta", "mirostat_eta")),
-    CommandSpec("repeat-penalty", "R", "discourage the last repeat-last-n tokens, 1 = off (from the next reply)",
-                float_setting("repeat-penalty", "repeat_penalty")),
-    CommandSpec("repeat-last-n", "N", "tokens the penalties count, -1 = all (from the next reply)",
-                int_setting("repeat-last-n", "repeat_last_n")),
-    CommandSpec("presence-penalty", "P", "subtracted from tokens in the last repeat-last-n, 0 = off (from the next "
-                "reply)", float_setting("presence-penalty", "presence_penalty")),
-    CommandSpec("frequency-penalty", "F", "subtracted per repeat in the last repeat-last-n, 0 = off (from the next "
-                "reply)", float_setting("frequency-penalty", "frequency_penalty")),
+    numeric("top-p", "P", "nucleus sampling mass (from the next reply)"),
+    numeric("top-k", "K", "sample among the K likeliest tokens, 0 = all (from the next reply)", int_setting),
+    numeric("min-p", "P", "drop tokens below P x the likeliest's probability, 0 = none (from the next reply)"),
+    numeric("typical-p", "P", "keep the tokens of typical surprise up to mass P, 1 = all (from the next reply)"),
+    numeric("mirostat", "N", "sample by mirostat 1 or 2 in place of the cuts, 0 = off (from the next reply)",
+            int_setting),
+    numeric("mirostat-tau", "T", "mirostat's target surprise in bits (from the next reply)"),
+    numeric("mirostat-eta", "E", "mirostat's learning rate (from the next reply)"),
+    numeric("repeat-penalty", "R", "discourage the last repeat-last-n tokens, 1 = off (from the next reply)"),
+    numeric("repeat-last-n", "N", "tokens the penalties count, -1 = all (from the next reply)", int_setting),
+    numeric("presence-penalty", "P", "subtracted from tokens in the last repeat-last-n, 0 = off (from the next reply)"),
+    numeric("frequency-penalty", "F", "subtracted per repeat in the last repeat-last-n, 0 = off (from the next "
+            "reply)"),
     CommandSpec("seed", "S|off", "sampling seed; off = a new seed per reply", required("seed", parse_seed)),
-    CommandSpec("max-tokens", "N", "longest reply in tokens", int_setting("max-tokens", "max_tokens")),
+    numeric("max-tokens", "N", "longest reply in tokens", int_setting),
     CommandSpec("engine", "NAME", "decoding engine (from the next reply)", text_setting("engine", "engine")),
     CommandSpec("system", "TEXT", "set the system prompt", text_setting("system", "system_prompt")),
     CommandSpec("json", "on|off", "replies as JSON objects (from the next reply)", required("json", parse_json)),
