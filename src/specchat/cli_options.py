@@ -178,9 +178,9 @@ class SamplingOptions:
     def params(self, seed: int) -> SamplingParams:
         """As an engine takes them (-1, vLLM's top-k that keeps all, as 0), with `seed` checked; a
         reply's mirostat state made afresh (torch loads here, as the command runs)."""
+        check_seed(seed)
         from specchat.runtime import mirostat_state
 
-        check_seed(seed)
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
                               min_p=self.min_p, typical_p=self.typical_p,
                               mirostat=mirostat_state(self.mirostat, self.mirostat_tau, self.mirostat_eta))
