@@ -164,7 +164,7 @@ def parse_budget(text: str | None) -> int | str | None:
 @dataclass(frozen=True)
 class SamplingOptions:
     """The sampling `generate`, `run` and `serve` take alike (torch-free; the seed is each one's own);
-    the names are SamplingParams' and DecodingSettings' own."""
+    the names are DecodingSettings' and serve's Defaults' own (so `run` and `serve` pass them by name)."""
 
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
