@@ -14,9 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MIN_P, MIROSTAT, MIROSTAT_ETA,
-                             MIROSTAT_TAU, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SEED_LIMIT,
-                             TEMPERATURE, TOP_K, TOP_P, TYPICAL_P)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PRESENCE_OR_FREQUENCY,
+                             REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -204,14 +203,8 @@ def check_seed(seed: int) -> None:
 
 def checked_sampling(sampling: SamplingOptions) -> SamplingOptions:
     """`sampling`, or one line on a value out of range."""
-    TEMPERATURE.check("--temperature", sampling.temperature)
-    TOP_P.check("--top-p", sampling.top_p)
-    TOP_K.check("--top-k", sampling.top_k)
-    MIN_P.check("--min-p", sampling.min_p)
-    TYPICAL_P.check("--typical-p", sampling.typical_p)
-    MIROSTAT.check("--mirostat", sampling.mirostat)
-    MIROSTAT_TAU.check("--mirostat-tau", sampling.mirostat_tau)
-    MIROSTAT_ETA.check("--mirostat-eta", sampling.mirostat_eta)
+    for field, bounds in SAMPLING_BOUNDS.items():
+        bounds.check("--" + field.replace("_", "-"), getattr(sampling, field))
     return sampling
 
 

@@ -52,6 +52,11 @@ TYPICAL_P = Bounds(0.0, 1.0, low_open=True)  # the typical set's mass; 1 cuts no
 MIROSTAT = Bounds(0, 2)  # mirostat's version; 0: off
 MIROSTAT_TAU = Bounds(0.0, 100.0)  # its target surprise, in bits a token
 MIROSTAT_ETA = Bounds(0.0, 10.0)  # its learning rate
+# The sampling every front end takes, by its field's name (the CLI's flags and the chat's commands
+# are the names with dashes): one table for the command line's, the chat's and serve's checks.
+SAMPLING_BOUNDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P,
+                   "typical_p": TYPICAL_P, "mirostat": MIROSTAT, "mirostat_tau": MIROSTAT_TAU,
+                   "mirostat_eta": MIROSTAT_ETA}
 PRESENCE_OR_FREQUENCY = Bounds(-2.0, 2.0)  # OpenAI's presence_penalty and frequency_penalty
 REPEAT_PENALTY = Bounds(0.0, 100.0, low_open=True)  # 1: off; a repeated token's logit divided or multiplied by it
 REPEAT_LAST_N = Bounds(-1, 2**31 - 1)  # llama.cpp's window of counted tokens; -1: all, 0: none

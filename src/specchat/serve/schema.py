@@ -13,8 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.mirostat import mirostat_state
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, MIN_P, MIROSTAT,
-                             MIROSTAT_ETA, MIROSTAT_TAU, SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, TYPICAL_P, fresh_seed)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, SAMPLING_BOUNDS,
+                             SEED_LIMIT, fresh_seed)
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
@@ -228,25 +228,17 @@ def stop_strings(request: Decoded) -> list[str]:
 
 def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
     """The request's sampling, the server's defaults for what it leaves out; a 400 out of range."""
-    temperature = defaults.temperature if request.temperature is None else request.temperature
-    top_p = defaults.top_p if request.top_p is None else request.top_p
-    top_k = defaults.top_k if request.top_k is None else request.top_k
-    min_p = defaults.min_p if request.min_p is None else request.min_p
-    typical_p = defaults.typical_p if request.typical_p is None else request.typical_p
-    mirostat, tau, eta = (defaults.mirostat if request.mirostat is None else request.mirostat,
-                          defaults.mirostat_tau if request.mirostat_tau is None else request.mirostat_tau,
-                          defaults.mirostat_eta if request.mirostat_eta is None else request.mirostat_eta)
-    for field, bounds, value in (("temperature", TEMPERATURE, temperature), ("top_p", TOP_P, top_p),
-                                 ("top_k", TOP_K, top_k), ("min_p", MIN_P, min_p), ("typical_p", TYPICAL_P, typical_p),
-                                 ("mirostat", MIROSTAT, mirostat), ("mirostat_tau", MIROSTAT_TAU, tau),
-                                 ("mirostat_eta", MIROSTAT_ETA, eta)):
-        if problem := bounds.problem(field, value):
+    given = {field: getattr(defaults, field) if getattr(request, field) is None else getattr(request, field)
+             for field in SAMPLING_BOUNDS}
+    for field, bounds in SAMPLING_BOUNDS.items():
+        if problem := bounds.problem(field, given[field]):
             raise bad_request(problem, param=field)
     seed = request.seed if request.seed is not None else defaults.seed if defaults.seed is not None else fresh_seed()
     if not 0 <= seed < SEED_LIMIT:
         raise bad_request(f"seed must be >= 0 and below 2**63 (got {seed})", param="seed")
-    return SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=max(top_k, 0), min_p=min_p,
-                          typical_p=typical_p, mirostat=mirostat_state(mirostat, tau, eta))
+    return SamplingParams(temperature=given["temperature"], top_p=given["top_p"], seed=seed,
+                          top_k=max(given["top_k"], 0), min_p=given["min_p"], typical_p=given["typical_p"],
+                          mirostat=mirostat_state(given["mirostat"], given["mirostat_tau"], given["mirostat_eta"]))
 
 
 def requested_tokens(request: ChatRequest) -> int | None:

@@ -6,16 +6,12 @@ from typing import Any
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.decoding.mirostat import mirostat_state
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, MIN_P, MIROSTAT,
-                             MIROSTAT_ETA, MIROSTAT_TAU, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY,
-                             SEED_LIMIT, TEMPERATURE, TOP_K, TOP_P, TYPICAL_P, fresh_seed)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, PRESENCE_OR_FREQUENCY,
+                             REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
-LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS,
-          "temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "typical_p": TYPICAL_P,
-          "mirostat": MIROSTAT, "mirostat_tau": MIROSTAT_TAU, "mirostat_eta": MIROSTAT_ETA,
-          "repeat_penalty": REPEAT_PENALTY,
-          "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
+LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS, **SAMPLING_BOUNDS,
+          "repeat_penalty": REPEAT_PENALTY, "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
           "frequency_penalty": PRESENCE_OR_FREQUENCY}
 
 
