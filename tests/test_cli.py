@@ -73,20 +73,24 @@ def test_generate_top_k_1_samples_the_greedy_tokens_in_both_engines(monkeypatch,
     assert replies["cut"] == replies["cut tree"] == replies["greedy"]
 
 
-def test_generate_typical_p_and_mirostat_change_the_reply_and_both_engines_keep_them(monkeypatch, capsys, tiny_dirs):
+def test_generate_typical_p_mirostat_and_llamas_cuts_change_the_reply_and_both_engines_keep_them(monkeypatch, capsys,
+                                                                                             tiny_dirs):
     target, draft, _ = tiny_dirs
     common = ["hello world", "--target", str(target), "--draft", str(draft), "--raw", "--max-new-tokens", "12",
               "--dtype", "float32", "--json", "--temperature", "2", "--seed", "5"]
     replies = {}
     mirostat = ["--mirostat", "1", "--mirostat-tau", "2", "--mirostat-eta", "0.3"]
+    llamas = ["--top-n-sigma", "1", "--xtc-probability", "0.7", "--xtc-threshold", "0.02"]
     for name, engine, cut in [("hot", "autoregressive", []), ("typical", "autoregressive", ["--typical-p", "0.05"]),
                               ("typical tree", "specexec", ["--typical-p", "0.05"]),
-                              ("mirostat", "autoregressive", mirostat), ("mirostat tree", "specexec", mirostat)]:
+                              ("mirostat", "autoregressive", mirostat), ("mirostat tree", "specexec", mirostat),
+                              ("llamas", "autoregressive", llamas), ("llamas tree", "specexec", llamas)]:
         code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", engine, *cut)
         assert code == 0
         replies[name] = json.loads(out)["token_ids"]
     assert replies["typical"] == replies["typical tree"] != replies["hot"]
     assert replies["mirostat"] == replies["mirostat tree"] != replies["hot"]
+    assert replies["llamas"] == replies["llamas tree"] != replies["hot"]
 
 
 def test_generate_penalties_change_the_reply_and_both_engines_keep_them(monkeypatch, capsys, tiny_dirs):
@@ -144,6 +148,8 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
         (["--min-p", "nan"], "--min-p must be between 0 and 1 (got nan)"),
         (["--typical-p", "0"], "--typical-p must be in (0, 1] (got 0.0)"),
         (["--typical-p", "1.5"], "--typical-p must be in (0, 1] (got 1.5)"),
+        (["--top-n-sigma", "-2"], "--top-n-sigma must be between -1 and 100 (got -2.0)"),
+        (["--xtc-probability", "1.5"], "--xtc-probability must be between 0 and 1 (got 1.5)"),
         (["--mirostat", "3"], "--mirostat must be between 0 and 2 (got 3)"),
         (["--mirostat-tau", "-1"], "--mirostat-tau must be between 0 and 100 (got -1.0)"),
         (["--mirostat-eta", "20"], "--mirostat-eta must be between 0 and 10 (got 20.0)"),

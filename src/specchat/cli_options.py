@@ -31,9 +31,16 @@ MinPOpt = Annotated[float, typer.Option(
 TypicalPOpt = Annotated[float, typer.Option(
     help="Keep the tokens whose surprise lies nearest the distribution's entropy, up to this mass, as HF's "
          "typical_p (1: all).")]
+TopNSigmaOpt = Annotated[float, typer.Option(
+    help="Keep the tokens whose logit lies within this many standard deviations of the likeliest's, as llama.cpp's "
+         "top_n_sigma (<= 0: all).")]
+XtcProbabilityOpt = Annotated[float, typer.Option(
+    help="How often XTC drops the tokens at least --xtc-threshold likely but the least of them, as llama.cpp's "
+         "(0: never).")]
+XtcThresholdOpt = Annotated[float, typer.Option(help="The probability from which XTC counts a token as a top choice.")]
 MirostatOpt = Annotated[int, typer.Option(
     help="Sample by mirostat 1 or 2, as llama.cpp's, holding each token's surprise near --mirostat-tau in place of "
-         "the top-k, top-p, min-p and typical-p cuts (0: off).")]
+         "the cuts above (0: off).")]
 MirostatTauOpt = Annotated[float, typer.Option(help="Mirostat's target surprise in bits, as llama-cli's "
                                                "--mirostat-ent.")]
 MirostatEtaOpt = Annotated[float, typer.Option(help="Mirostat's learning rate, as llama-cli's --mirostat-lr.")]
@@ -170,23 +177,26 @@ class SamplingOptions:
     top_k: int = 0
     min_p: float = 0.0
     typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
 
     def params(self, seed: int) -> SamplingParams:
-        """As an engine takes them (-1, vLLM's top-k that keeps all, as 0), with `seed` checked; a
-        reply's mirostat state made afresh (torch loads here, as the command runs)."""
+        """As an engine takes them (decoding/reply_sampling.py), with `seed` checked (torch loads here,
+        as the command runs)."""
         check_seed(seed)
-        from specchat.runtime import mirostat_state
+        from specchat.runtime import reply_sampling
 
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
-                              min_p=self.min_p, typical_p=self.typical_p,
-                              mirostat=mirostat_state(self.mirostat, self.mirostat_tau, self.mirostat_eta))
+        return reply_sampling(vars(self), seed)
 
 
 SAMPLING_OPTIONS: dict[str, Any] = {"temperature": TemperatureOpt, "top_p": TopPOpt, "top_k": TopKOpt,
-                                    "min_p": MinPOpt, "typical_p": TypicalPOpt, "mirostat": MirostatOpt,
+                                    "min_p": MinPOpt, "typical_p": TypicalPOpt, "top_n_sigma": TopNSigmaOpt,
+                                    "xtc_probability": XtcProbabilityOpt, "xtc_threshold": XtcThresholdOpt,
+                                    "mirostat": MirostatOpt,
                                     "mirostat_tau": MirostatTauOpt, "mirostat_eta": MirostatEtaOpt}
 
 

@@ -11,6 +11,7 @@ from helpers.engines import GREEDY, PROMPT, chi_square_pvalue, exact_token_distr
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.kvcache import new_cache
+from specchat.decoding.llama_cuts import cut_top_n_sigma, cut_xtc, xtc_cuts_at
 from specchat.decoding.sampling import filter_logits
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
@@ -65,6 +66,27 @@ def test_specexec_under_typical_p_matches_autoregressive_within_the_typical_set(
     kept = torch.isfinite(filter_logits(logits[len(PROMPT) - 1:-1].float(), 1.0, 1.0, typical_p=0.3))
     assert kept.gather(1, torch.tensor(tokens)[:, None]).all()  # each token in its position's typical set
     assert (kept.sum(dim=1) < logits.shape[-1] // 2).all()  # which is small: the cut binds
+
+
+def test_specexec_under_top_n_sigma_and_xtc_matches_autoregressive_within_their_cuts(tiny_target, tiny_draft):
+    """XTC's coin keyed by (seed, position): the tree cannot move it; where it fell, the likeliest
+    tokens (all but the least of those over the threshold) were never emitted."""
+    sampling = SamplingParams(1.0, 1.0, seed=7, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.05)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    tokens, events = run(TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8)),
+                         sampling)
+    assert tokens == reference and sum(e.accepted for e in events) > 0
+    plain = replace(sampling, top_n_sigma=-1.0, xtc_probability=0.0)
+    assert tokens != run(AutoregressiveEngine(tiny_target, []), plain)[0]
+    sequence = PROMPT + tokens
+    logits = tiny_target.logits(tiny_target.hidden(torch.tensor(sequence), torch.arange(len(sequence)), new_cache()))
+    rows = logits[len(PROMPT) - 1:-1].float()
+    within = torch.isfinite(cut_top_n_sigma(rows, 1.0))
+    assert within.gather(1, torch.tensor(tokens)[:, None]).all() and (within.sum(dim=1) < rows.shape[-1] // 2).all()
+    fell = [j for j in range(len(tokens)) if xtc_cuts_at(7, len(PROMPT) + j, 0.5)]
+    excluded = [~torch.isfinite(cut_xtc(cut_top_n_sigma(rows[j], 1.0), 0.05)) & within[j] for j in fell]
+    assert sum(int(cut.any()) for cut in excluded) >= 5  # the coin fell where it had top choices to drop
+    assert not any(cut[tokens[j]] for j, cut in zip(fell, excluded))
 
 
 def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):

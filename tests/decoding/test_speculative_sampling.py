@@ -1,16 +1,21 @@
 """The accept / residual math of speculative sampling on small hand-made distributions."""
 
 from collections import Counter
-from itertools import product
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.sampling import filtered_probs, uniform
+from specchat.decoding.llama_cuts import xtc_cuts_at
+from specchat.decoding.sampling import filtered_probs
 from specchat.decoding.speculative_sampling import (
-    Purpose, accepts, derived_key, derived_uniform, distribution, draw_draft, emit, first_accepted, residual,
+    accepts,
+    distribution,
+    draw_draft,
+    emit,
+    first_accepted,
+    residual,
 )
 
 P = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
@@ -56,9 +61,9 @@ def test_residual_of_equal_distributions_is_the_target():
 def test_greedy_is_one_hot_matching():
     logits = torch.tensor([1.0, 3.0, 3.0, -2.0])
     greedy = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
-    p = distribution(logits, greedy)
+    p = distribution(logits, greedy, 7)
     assert p.tolist() == [0.0, 1.0, 0.0, 0.0]  # the first maximum, like sample_token
-    q = distribution(torch.tensor([0.0, 0.0, 5.0, 0.0]), greedy)
+    q = distribution(torch.tensor([0.0, 0.0, 5.0, 0.0]), greedy, 7)
     rank, rest = first_accepted(p, q, [2, 2], seed=0, position=7)
     assert rank is None and emit(rest, seed=0, position=7) == 1  # the target's argmax
     assert first_accepted(p, p, [1], seed=0, position=7)[0] == 0
@@ -67,21 +72,18 @@ def test_greedy_is_one_hot_matching():
 def test_distribution_is_the_filtered_target():
     logits = torch.tensor([0.3, 2.0, -1.0, 1.1, 0.0])
     sampling = SamplingParams(temperature=0.6, top_p=0.9, seed=0)
-    assert torch.equal(distribution(logits, sampling), filtered_probs(logits, 0.6, 0.9))
+    assert torch.equal(distribution(logits, sampling, 3), filtered_probs(logits, 0.6, 0.9))
 
 
-def test_derived_keys_are_distinct():
-    keys = [derived_key(seed, purpose, index) for seed, purpose, index in product(range(20), Purpose, range(50))]
-    assert len(set(keys)) == len(keys)
-    assert len(set(keys) | set(range(20))) == len(keys) + 20  # none is a plain seed either
-
-
-def test_derived_uniforms_differ_by_purpose_index_and_position():
-    values = {derived_uniform(3, purpose, index, position)
-              for purpose, index, position in product(Purpose, range(4), range(10, 20))}
-    assert len(values) == len(Purpose) * 4 * 10
-    assert derived_uniform(3, Purpose.EMIT, 0, 12) != uniform(3, 12)
-    assert derived_uniform(3, Purpose.EMIT, 0, 12) == derived_uniform(3, Purpose.EMIT, 0, 12)
+def test_distribution_drops_the_top_choices_where_xtcs_coin_fell():
+    """sd's and specinfer's target distribution at a position is the one sequential sampling draws from there."""
+    logits = torch.tensor([0.3, 2.0, -1.0, 1.9, 0.0])
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, seed=4, xtc_probability=0.5, xtc_threshold=0.2)
+    fell = [position for position in range(40) if xtc_cuts_at(4, position, 0.5)]
+    assert 0 < len(fell) < 40
+    for position in range(40):
+        p = distribution(logits, sampling, position)
+        assert (p[1] == 0) == (position in fell) and p[3] > 0  # 2.0 gives way to 1.9, the least of the two
 
 
 @pytest.mark.parametrize("candidates", [1, 3])

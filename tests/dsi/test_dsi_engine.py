@@ -9,6 +9,7 @@ on the schedule (preemptions, jobs in flight, the notice) runs on tests/helpers/
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from helpers.dsi_turns import CPU, ScriptedWorker, TurnPool, Turns, dsi
@@ -68,6 +69,15 @@ def test_dsi_equals_autoregressive(tiny_target, tiny_draft, rough_draft, samplin
         assert tokens == reference
         assert events[-1].finished and not any(e.finished for e in events[:-1])
         assert all(e.accepted == len(e.token_ids) - 1 <= e.tree_size for e in events)
+
+
+def test_dsi_under_llama_cpps_cuts_equals_autoregressive(tiny_target, tiny_draft):
+    """XTC's coin keyed by (seed, position): jobs verifying apart decide it as sequential decoding does."""
+    sampling = SamplingParams(1.0, 1.0, seed=7, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.05)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling, 60)
+    assert reference != run(AutoregressiveEngine(tiny_target, []), replace(sampling, xtc_probability=0.0), 60)[0]
+    with dsi(tiny_target, tiny_draft, 2, 3) as engine:
+        assert run(engine, sampling, 60)[0] == reference
 
 
 def test_a_good_draft_is_accepted(tiny_target):

@@ -32,7 +32,7 @@ def exact_token_distribution(model, sampling, index: int, prefix: list[int] = PR
     """The filtered target's marginal of the token `index` places after `prefix` (0: the next):
     P(x_k) = sum over x_1..x_(k-1) of P(x_1) P(x_2 | x_1) ... P(x_k | x_1..x_(k-1))."""
     hidden = model.hidden(torch.tensor(prefix), torch.arange(len(prefix)), new_cache())
-    probs = sampled_probs(model.logits(hidden[-1:])[0], sampling)
+    probs = sampled_probs(model.logits(hidden[-1:])[0], sampling, len(prefix))
     if index == 0:
         return probs
     total = torch.zeros_like(probs)

@@ -83,7 +83,7 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     if sampling.mirostat is not None:  # its cut at the reply's mu there, in place of the others
         probs = sampling.mirostat.probs(logits / sampling.temperature)
     else:
-        probs = sampled_probs(logits, sampling)
+        probs = sampled_probs(logits, sampling, position)
     cdf = probs.cumsum(dim=0) / probs.sum()
     low = float(cdf[token - 1]) if token > 0 else 0.0
     high = float(cdf[token])

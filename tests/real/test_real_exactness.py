@@ -25,6 +25,7 @@ from specchat.decoding.autosize import Costs
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import ALONE, DRAFTED, SamplingParams
 from specchat.decoding.forward import CausalLM
+from specchat.decoding.llama_cuts import cut_xtc, xtc_cuts_at
 from specchat.decoding.mirostat import Mirostat
 from specchat.decoding.penalties import Penalties, Window
 from specchat.decoding.sampling import filter_logits, nucleus_floor
@@ -100,11 +101,12 @@ def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_refer
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
-def test_seeded_specexec_under_top_k_min_p_and_typical_p_equals_seeded_autoregressive(real_pair, real_check,
-                                                                                     seeded_references):
-    """A served request's top_k, min_p and typical_p cut the target's distribution in the one filter
-    every engine samples through: one prompt, as a draft form's check, hot enough that the cuts bind."""
-    sampling = SamplingParams(temperature=1.5, top_p=1.0, seed=1234, top_k=3, min_p=0.2, typical_p=0.5)
+def test_seeded_specexec_under_every_cut_equals_seeded_autoregressive(real_pair, real_check, seeded_references):
+    """A served request's top_n_sigma, top_k, min_p, typical_p and XTC cut the target's distribution
+    in the one filter every engine samples through, XTC where its coin fell at the position: one
+    prompt, as a draft form's check, hot enough that the cuts bind."""
+    sampling = SamplingParams(temperature=1.5, top_p=1.0, seed=1234, top_k=8, min_p=0.05, typical_p=0.95,
+                              top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.1)
     prompt_ids = seeded_references[0][0]
     reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling)
     engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
@@ -114,11 +116,17 @@ def test_seeded_specexec_under_top_k_min_p_and_typical_p_equals_seeded_autoregre
     assert sum(e.accepted for e in events) > 0
     with torch.inference_mode():
         rows = real_pair.target.model(torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1].float()
-    chosen = rows.gather(1, torch.tensor(tokens)[:, None])
-    assert ((rows > chosen).sum(dim=1) < 3).all()  # each among the 3 likeliest
-    assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.5 * math.log(0.2)).all()  # >= 0.2 x the likeliest
-    typical = torch.isfinite(filter_logits(rows, 1.5, 1.0, 3, 0.2, 0.5))
-    assert typical.gather(1, torch.tensor(tokens)[:, None]).all()  # each in its position's typical set
+    chosen, picked = rows.gather(1, torch.tensor(tokens)[:, None]), torch.tensor(tokens)[:, None]
+    assert ((rows > chosen).sum(dim=1) < 8).all()  # each among the 8 likeliest
+    assert (chosen.squeeze(1) >= rows.max(dim=1).values + 1.5 * math.log(0.05)).all()  # >= 0.05 x the likeliest
+    cut = filter_logits(rows, 1.5, 1.0, 8, 0.05, 0.95, 1.0)
+    assert torch.isfinite(cut).gather(1, picked).all()  # each in its position's n-sigma and typical sets
+    wider = torch.isfinite(filter_logits(rows, 1.5, 1.0, 8, 0.05, 0.95)).sum(dim=1)
+    assert (torch.isfinite(cut).sum(dim=1) < wider).sum() >= 2  # where n-sigma cut what the others kept
+    fell = [j for j in range(len(tokens)) if xtc_cuts_at(1234, len(prompt_ids) + j, 0.5)]
+    dropped = [torch.isfinite(cut[j]) & ~torch.isfinite(cut_xtc(cut[j], 0.1)) for j in fell]
+    assert sum(int(d.any()) for d in dropped) >= 2  # the coin fell where two or more were top choices
+    assert not any(d[tokens[j]] for d, j in zip(dropped, fell))  # and none of those was emitted
 
 
 def test_seeded_specexec_under_mirostat_equals_seeded_autoregressive(real_pair, real_check, seeded_references):

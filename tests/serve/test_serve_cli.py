@@ -49,6 +49,7 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
                                                 (["--top-k", "-2"], "--top-k must be between -1"),
                                                 (["--min-p", "2"], "--min-p must be between 0 and 1"),
                                                 (["--typical-p", "0"], "--typical-p must be in (0, 1]"),
+                                                (["--xtc-threshold", "-1"], "--xtc-threshold must be between 0 and 1"),
                                                 (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 100]"),
                                                 (["--seed", "-1"], "--seed must be >= 0"),
                                                 (["--engine", "magic"], "unknown engine 'magic'")])
@@ -66,7 +67,9 @@ def test_serve_hands_its_sampling_options_on_as_what_requests_leave_out(monkeypa
     code, _, _ = run_cli(monkeypatch, capsys, "serve", "--temperature", "0.3", "--top-k", "40", "--min-p", "0.05",
                          "--typical-p", "0.95", "--repeat-penalty", "1.1", "--repeat-last-n", "32",
                          "--presence-penalty", "0.5", "--frequency-penalty", "0.25", "--mirostat", "2",
-                         "--mirostat-tau", "4")
+                         "--mirostat-tau", "4", "--top-n-sigma", "1.5", "--xtc-probability", "0.5", "--xtc-threshold",
+                         "0.2")
     assert code == 0 and handed == [Defaults(temperature=0.3, top_p=0.9, seed=None, top_k=40, min_p=0.05,
-                                             typical_p=0.95, mirostat=2, mirostat_tau=4.0, repeat_penalty=1.1,
+                                             typical_p=0.95, top_n_sigma=1.5, xtc_probability=0.5, xtc_threshold=0.2,
+                                             mirostat=2, mirostat_tau=4.0, repeat_penalty=1.1,
                                              repeat_last_n=32, presence_penalty=0.5, frequency_penalty=0.25)]

@@ -180,6 +180,9 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
     assert settings_text(DecodingSettings(min_p=0.05), workers=0) == base + "\nmin-p 0.05"
     assert settings_text(DecodingSettings(top_k=3, min_p=0.2), workers=0) == base + "\ntop-k 3 · min-p 0.2"
     assert settings_text(DecodingSettings(typical_p=0.9), workers=0) == base + "\ntypical-p 0.9"
+    assert settings_text(DecodingSettings(top_n_sigma=0), workers=0) == base  # <= 0: off, as llama.cpp's -1
+    assert settings_text(DecodingSettings(top_n_sigma=1.5, xtc_probability=0.5), workers=0) == (
+        base + "\ntop-n-sigma 1.5 · xtc 0.5 (threshold 0.1)")
     assert settings_text(DecodingSettings(mirostat=2), workers=0) == base + "\nmirostat 2 (tau 5, eta 0.1)"
     assert settings_text(DecodingSettings(repeat_penalty=1.1), workers=0) == base + "\nrepeat 1.1/64"
     assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=-1), workers=0) == base + "\nrepeat 1.3/all"
@@ -191,6 +194,8 @@ def test_settings_sampling_carries_the_cuts_with_top_k_off_as_zero():
     assert (DecodingSettings(top_k=5, min_p=0.1).sampling().top_k, DecodingSettings(min_p=0.1).sampling().min_p) == (
         5, 0.1)
     assert DecodingSettings(typical_p=0.7).sampling().typical_p == 0.7
+    llamas = DecodingSettings(top_n_sigma=1.5, xtc_probability=0.5, xtc_threshold=0.2).sampling()
+    assert (llamas.top_n_sigma, llamas.xtc_probability, llamas.xtc_threshold) == (1.5, 0.5, 0.2)
     assert DecodingSettings().sampling().mirostat is None
 
 

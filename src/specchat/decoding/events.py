@@ -22,6 +22,9 @@ class SamplingParams:
     top_k: int = 0  # keep the k likeliest tokens (0: all), before top-p
     min_p: float = 0.0  # after top-p, drop tokens less likely than min_p x the likeliest (0: none)
     typical_p: float = 1.0  # after min-p, keep the tokens of locally typical surprise up to this mass (1: all)
+    top_n_sigma: float = -1.0  # first, keep the tokens within n standard deviations of the top logit (<= 0: all)
+    xtc_probability: float = 0.0  # last, XTC: how often it drops the likeliest tokens (decoding/llama_cuts.py)
+    xtc_threshold: float = 0.1  # XTC drops the tokens at least this likely but the least of them
     guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
     token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
     penalties: "Repeats | None" = None  # one reply's logit bias and repetition penalties (decoding/penalties.py)

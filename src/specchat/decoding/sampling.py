@@ -3,10 +3,10 @@
 Why the same seed gives the same tokens in SpecExec and in autoregressive decoding
 -------------------------------------------------------
 Sequential sampling emits token n as ``F_n^{-1}(u_n)``: the inverse CDF of the filtered target
-distribution ``p_n`` (temperature, top-k, top-p, min-p, typical-p) at position n, evaluated at a uniform number
+distribution ``p_n`` (temperature and the cuts) at position n, evaluated at a uniform number
 ``u_n``. Two choices make that value independent of how the engine got there:
 
-* ``u_n = uniform(seed, n)`` is a pure function of the seed and the absolute position n. It
+* ``u_n = uniform(seed, n)`` (keyed.py) is a pure function of the seed and the absolute position n. It
   consumes no generator state, so it does not matter how many draft nodes, tree branches or
   verification steps an engine evaluated before reaching position n.
 * The inverse CDF runs over token ids in id order (not sorted by probability), so the token is
@@ -25,33 +25,8 @@ import torch
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import masked
-
-_MASK64 = (1 << 64) - 1
-# SplitMix64's increment: 2**64 / golden ratio, odd, so the state visits all 2**64 values.
-_GAMMA = 0x9E3779B97F4A7C15
-
-
-def mix64(z: int) -> int:
-    """SplitMix64's finalizer (Steele, Lea, Flood 2014): a bijection on 64-bit ints with
-    full avalanche, i.e. flipping any input bit flips each output bit with probability ~1/2."""
-    z &= _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def uniform(seed: int, position: int) -> float:
-    """A uniform number in [0, 1) keyed by (seed, absolute token position), with no RNG state.
-
-    This is output number ``position + 1`` of a SplitMix64 generator whose state starts at
-    ``mix64(seed)``: ``mix64(mix64(seed) + (position + 1) * GAMMA)``. Hashing the seed first
-    puts different seeds at unrelated points of the 2**64 cycle (with ``seed * GAMMA`` instead,
-    seed s at position n would equal seed 0 at position n + s). The top 53 bits fill a double's
-    mantissa exactly, so the result is a multiple of 2**-53 and at most 1 - 2**-53.
-    """
-    state = (mix64(seed) + (position + 1) * _GAMMA) & _MASK64
-    return (mix64(state) >> 11) / (1 << 53)
-
+from specchat.decoding.keyed import uniform
+from specchat.decoding.llama_cuts import cut_top_n_sigma, cut_xtc, xtc_cuts_at
 
 # The fast nucleus search looks at this many top tokens; a wider nucleus takes the full sort.
 FAST_CANDIDATES = 256
@@ -118,16 +93,22 @@ def nucleus_floor(scores: torch.Tensor, top_p: float) -> float | None:
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
-                  min_p: float = 0.0, typical_p: float = 1.0) -> torch.Tensor:
-    """Logits [..., V] divided by temperature, then cut to -inf: top-k (0: no cut), top-p (>= 1: no
-    cut), min-p (0: no cut), typical-p (>= 1: no cut), the order transformers' `generate` chains them in.
+                  min_p: float = 0.0, typical_p: float = 1.0, top_n_sigma: float = -1.0,
+                  xtc_threshold: float | None = None) -> torch.Tensor:
+    """Logits [..., V] divided by temperature, then cut to -inf: top-n-sigma (<= 0: no cut), top-k (0:
+    no cut), top-p (>= 1: no cut), min-p (0: no cut), typical-p (>= 1: no cut), and XTC at
+    `xtc_threshold` where its coin fell at the position (None: no cut).
 
-    Bit-identical to HF ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
-    ``MinPLogitsWarper`` and ``TypicalLogitsWarper`` one after the other.
+    From temperature to typical-p, the order transformers' `generate` chains them in, and
+    bit-identical to HF ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``,
+    ``MinPLogitsWarper`` and ``TypicalLogitsWarper`` one after the other; top-n-sigma and XTC,
+    which transformers lacks, are llama.cpp's (llama_cuts.py says where its chain puts them).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to filter logits, got {temperature}")
     scores = logits / temperature
+    if top_n_sigma > 0:
+        scores = cut_top_n_sigma(scores, top_n_sigma)
     if top_k > 0:
         scores = cut_top_k(scores, top_k)
     if top_p < 1.0:
@@ -136,6 +117,8 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k:
         scores = cut_min_p(scores, min_p)
     if typical_p < 1.0:
         scores = cut_typical(scores, typical_p)
+    if xtc_threshold is not None:
+        scores = cut_xtc(scores, xtc_threshold)
     return scores
 
 
@@ -171,14 +154,19 @@ def cut_typical(scores: torch.Tensor, mass: float) -> torch.Tensor:
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
-                   min_p: float = 0.0, typical_p: float = 1.0) -> torch.Tensor:
+                   min_p: float = 0.0, typical_p: float = 1.0, top_n_sigma: float = -1.0,
+                   xtc_threshold: float | None = None) -> torch.Tensor:
     """Float64 probabilities [..., V] after `filter_logits`' cuts; cut tokens get exactly 0."""
-    return filter_logits(logits, temperature, top_p, top_k, min_p, typical_p).double().softmax(dim=-1)
+    return filter_logits(logits, temperature, top_p, top_k, min_p, typical_p, top_n_sigma,
+                         xtc_threshold).double().softmax(dim=-1)
 
 
-def sampled_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """`filtered_probs` under a reply's sampling (temperature > 0)."""
-    return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.typical_p)
+def sampled_probs(logits: torch.Tensor, params: SamplingParams, position: int) -> torch.Tensor:
+    """`filtered_probs` under a reply's sampling (temperature > 0) at absolute `position` (where
+    XTC's coin is keyed)."""
+    xtc = params.xtc_threshold if xtc_cuts_at(params.seed, position, params.xtc_probability) else None
+    return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.typical_p,
+                          params.top_n_sigma, xtc)
 
 
 def invert_cdf(probs: torch.Tensor, u: float) -> int:
@@ -230,4 +218,4 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) ->
     """
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    return invert_cdf(sampled_probs(logits, params), uniform(params.seed, position))
+    return invert_cdf(sampled_probs(logits, params, position), uniform(params.seed, position))

@@ -38,7 +38,7 @@ def walk_stems(stems: Stems, node_logits: NodeRows, sampling: SamplingParams, fi
     tokens = stems.tree.tokens.tolist()
 
     def step(node: int, position: int) -> tuple[int, int | None]:
-        p = distribution(node_logits(node), sampling)
+        p = distribution(node_logits(node), sampling, position)
         child, p = choose_child(stems, node, tokens, p, sampling, position)
         return (tokens[child], child) if child is not None else (emit(p, sampling.seed, position), None)
 
@@ -52,7 +52,7 @@ def choose_child(
     candidates = stems.candidates[node]
     if not candidates:  # a leaf: the bonus token comes from p itself
         return None, p
-    q = distribution(stems.draft_logits[node], sampling)
+    q = distribution(stems.draft_logits[node], sampling, position)
     rank, p = first_accepted(p, q, [tokens[child] for child in candidates], sampling.seed, position)
     return (candidates[rank] if rank is not None else None), p
 

@@ -27,7 +27,7 @@ Randomness
 The proof needs each uniform to be fresh: independent of the candidates it judges and of every
 other uniform that shaped the output. Sequoia reuses the same numbers every iteration, which
 correlates consecutive decisions and breaks this. Here every uniform is the counter-based
-``uniform(key, position)`` of sampling.py with a key derived from (seed, purpose, index), so the
+``uniform(key, position)`` of keyed.py with a key derived from (seed, purpose, index), so the
 draft token of stem s at position n, the acceptance test of the j-th candidate at position n and
 the emission at position n each get their own stream, and no generator state depends on tree
 size or iteration count: the same seed gives the same tokens and the same iterations. A number
@@ -38,43 +38,21 @@ drawing them again in the next iteration is their first use.
 """
 
 from collections.abc import Sequence
-from enum import IntEnum
 
 import torch
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.sampling import invert_cdf, mix64, sampled_probs, uniform
+from specchat.decoding.keyed import Purpose, derived_uniform
+from specchat.decoding.sampling import invert_cdf, sampled_probs
 
 
-class Purpose(IntEnum):
-    """What a uniform decides; each purpose has its own key, hence its own stream."""
-
-    DRAFT = 1  # index: the stem whose draft token at the position is sampled
-    ACCEPT = 2  # index: the candidate's rank among those tested at the position
-    EMIT = 3  # index 0: the token sampled from the residual (or from p, the bonus token)
-
-
-def derived_key(seed: int, purpose: Purpose, index: int) -> int:
-    """A 64-bit key for one (seed, purpose, index), chained through SplitMix64's finalizer.
-
-    mix64 is a bijection, so for one seed distinct purposes give distinct intermediate keys; the
-    index is then mixed into a pseudo-random 64-bit value, so two (purpose, index) pairs collide
-    only by a 64-bit hash accident.
-    """
-    return mix64(mix64(mix64(seed) ^ int(purpose)) ^ index)
-
-
-def derived_uniform(seed: int, purpose: Purpose, index: int, position: int) -> float:
-    """The uniform in [0, 1) that decides `purpose` for `index` at absolute `position`."""
-    return uniform(derived_key(seed, purpose, index), position)
-
-
-def distribution(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Float64 [V] next-token distribution as sampled from 1-D logits: temperature and the cuts,
-    or at temperature 0 the one-hot of the first maximum (what `sample_token` picks)."""
+def distribution(logits: torch.Tensor, sampling: SamplingParams, position: int) -> torch.Tensor:
+    """Float64 [V] next-token distribution as sampled from 1-D logits at absolute `position`:
+    temperature and the cuts, or at temperature 0 the one-hot of the first maximum (what
+    `sample_token` picks)."""
     if sampling.temperature == 0:
         return torch.nn.functional.one_hot(torch.argmax(logits), logits.shape[-1]).double()
-    return sampled_probs(logits, sampling)
+    return sampled_probs(logits, sampling, position)
 
 
 def accepts(p: torch.Tensor, q: torch.Tensor, token: int, u: float) -> bool:

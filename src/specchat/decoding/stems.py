@@ -59,7 +59,7 @@ class StemGrower:
         draft_probs: dict[int, torch.Tensor] = {}
         for stem, node in enumerate(heads):
             if node not in draft_probs:
-                draft_probs[node] = distribution(self.draft_logits[node], sampling)
+                draft_probs[node] = distribution(self.draft_logits[node], sampling, position)
             q = draft_probs[node]
             token = draw_draft(q, sampling.seed, stem, position)
             child = self.child_of.get((node, token))

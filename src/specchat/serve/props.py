@@ -16,6 +16,8 @@ def props(config: ServeConfig, slots: int, engine: str) -> dict:
             "params": {"n_predict": -1, "seed": -1 if sampling.seed is None else sampling.seed,  # -1: drawn
                        "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                        "min_p": sampling.min_p, "typical_p": sampling.typical_p,
+                       "top_n_sigma": sampling.top_n_sigma, "xtc_probability": sampling.xtc_probability,
+                       "xtc_threshold": sampling.xtc_threshold,
                        "mirostat": sampling.mirostat, "mirostat_tau": sampling.mirostat_tau,
                        "mirostat_eta": sampling.mirostat_eta,
                        "repeat_penalty": sampling.repeat_penalty, "repeat_last_n": sampling.repeat_last_n,

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.mirostat import mirostat_state
+from specchat.decoding.reply_sampling import reply_sampling
 from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, SAMPLING_BOUNDS,
                              SEED_LIMIT, fresh_seed)
 from specchat.serve.errors import APIError, bad_request, unsupported
@@ -25,7 +25,8 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 @dataclass(frozen=True)
 class Defaults:
     """The sampling a request leaves out: the server's --temperature, --top-p, --seed, --top-k, --min-p,
-    --typical-p, --mirostat (its tau and eta), and llama-server's penalties (serve/penalty_fields.py
+    --typical-p, --top-n-sigma, --xtc-probability and --xtc-threshold, --mirostat (its tau and eta), and
+    llama-server's penalties (serve/penalty_fields.py
     says how a request's own mix in)."""
 
     temperature: float = DEFAULT_TEMPERATURE
@@ -34,6 +35,9 @@ class Defaults:
     top_k: int = 0  # 0: no cut
     min_p: float = 0.0
     typical_p: float = 1.0  # 1: no cut
+    top_n_sigma: float = -1.0  # <= 0: no cut
+    xtc_probability: float = 0.0  # 0: no XTC
+    xtc_threshold: float = 0.1
     mirostat: int = 0  # 0: off
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
@@ -73,6 +77,9 @@ class Decoded(Strict):
     top_k: int | None = None  # vLLM's and llama.cpp's: left out, no cut
     min_p: float | None = None
     typical_p: float | None = None  # llama.cpp's and HF's locally typical sampling; left out: no cut
+    top_n_sigma: float | None = None  # llama.cpp's (decoding/llama_cuts.py); left out: no cut
+    xtc_probability: float | None = None  # llama.cpp's XTC; left out: none
+    xtc_threshold: float | None = None  # left out: 0.1
     mirostat: int | None = None  # llama.cpp's and Ollama's: 1 or 2, in place of the cuts; left out: off
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
@@ -236,9 +243,7 @@ def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
     seed = request.seed if request.seed is not None else defaults.seed if defaults.seed is not None else fresh_seed()
     if not 0 <= seed < SEED_LIMIT:
         raise bad_request(f"seed must be >= 0 and below 2**63 (got {seed})", param="seed")
-    return SamplingParams(temperature=given["temperature"], top_p=given["top_p"], seed=seed,
-                          top_k=max(given["top_k"], 0), min_p=given["min_p"], typical_p=given["typical_p"],
-                          mirostat=mirostat_state(given["mirostat"], given["mirostat_tau"], given["mirostat_eta"]))
+    return reply_sampling(given, seed)
 
 
 def requested_tokens(request: ChatRequest) -> int | None:

@@ -183,6 +183,10 @@ SPECS = [
     numeric("top-k", "K", "sample among the K likeliest tokens, 0 = all (from the next reply)", int_setting),
     numeric("min-p", "P", "drop tokens below P x the likeliest's probability, 0 = none (from the next reply)"),
     numeric("typical-p", "P", "keep the tokens of typical surprise up to mass P, 1 = all (from the next reply)"),
+    numeric("top-n-sigma", "N", "keep the tokens within N deviations of the top logit, 0 = all (from the next reply)"),
+    numeric("xtc-probability", "P", "how often XTC drops the likeliest tokens, 0 = never (from the next reply)"),
+    numeric("xtc-threshold", "T", "the probability from which XTC counts a token as a top choice (from the next "
+            "reply)"),
     numeric("mirostat", "N", "sample by mirostat 1 or 2 in place of the cuts, 0 = off (from the next reply)",
             int_setting),
     numeric("mirostat-tau", "T", "mirostat's target surprise in bits (from the next reply)"),

@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specchat.decoding.events import AUTO, SamplingParams
-from specchat.decoding.mirostat import mirostat_state
+from specchat.decoding.reply_sampling import reply_sampling
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
                              DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, PRESENCE_OR_FREQUENCY,
                              REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT, fresh_seed)
@@ -25,6 +25,9 @@ class DecodingSettings:
     top_k: int = 0  # the K likeliest tokens only (0: all)
     min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability (0: none)
     typical_p: float = 1.0  # keep the locally typical tokens up to this mass (1: all)
+    top_n_sigma: float = -1.0  # keep the tokens within n standard deviations of the top logit (<= 0: all)
+    xtc_probability: float = 0.0  # how often XTC drops the likeliest tokens (0: never)
+    xtc_threshold: float = 0.1
     mirostat: int = 0  # 1 or 2: mirostat in place of the cuts (0: off)
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
@@ -40,10 +43,7 @@ class DecodingSettings:
     reply_schema: dict | None = None  # /json, /schema: the JSON schema replies keep to; None: free text
 
     def sampling(self) -> SamplingParams:
-        seed = self.seed if self.seed is not None else fresh_seed()
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed, top_k=max(self.top_k, 0),
-                              min_p=self.min_p, typical_p=self.typical_p,
-                              mirostat=mirostat_state(self.mirostat, self.mirostat_tau, self.mirostat_eta))
+        return reply_sampling(vars(self), self.seed if self.seed is not None else fresh_seed())
 
     def with_value(self, field: str, value: Any) -> "DecodingSettings":
         """A copy with `field` set; raises ValueError with a one-line message if invalid."""
