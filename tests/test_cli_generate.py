@@ -100,12 +100,16 @@ def test_ctrl_c_keeps_the_text_so_far_and_its_figures_then_exits_130(monkeypatch
         assert out == "hello\n" and err.startswith("[interrupted: 5 tokens, 2 iterations")
 
 
-def test_a_reply_keeps_to_the_lark_grammar_in_a_file(monkeypatch, capsys, tmp_path, tiny_dirs):  # noqa: F811
+@pytest.mark.parametrize(("name", "rules"), [("g.lark", 'start: "hello world"\n'),
+                                             ("g.gbnf", 'root ::= "hello" " " world\nworld ::= "world"\n')])
+def test_a_reply_keeps_to_the_lark_or_gbnf_grammar_in_a_file(monkeypatch, capsys, tmp_path, tiny_dirs,  # noqa: F811
+                                                            name, rules):
     """The tiny random target would write anything; under `--grammar` its only reply is the one
-    the grammar allows, at temperature 0.9 (the grammar masks the target before sampling)."""
+    the grammar allows, at temperature 0.9 (the grammar masks the target before sampling); a
+    grammar in llama.cpp's GBNF is taken as one in Lark."""
     target, draft, _ = tiny_dirs
-    grammar = tmp_path / "g.lark"
-    grammar.write_text('start: "hello world"\n')
+    grammar = tmp_path / name
+    grammar.write_text(rules)
     code, out, err = run_cli(monkeypatch, capsys, "generate", "hi", "--target", str(target), "--draft", str(draft),
                              "--raw", "--budget", "4", "--max-new-tokens", "24", "--temperature", "0.9",
                              "--dtype", "float32", "--grammar", str(grammar))

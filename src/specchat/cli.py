@@ -62,8 +62,9 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     json_schema: Path | None = typer.Option(None, "--json-schema", help="Reply with a JSON document valid under "
                                             "the JSON schema in this file (specexec and autoregressive)."),
-    grammar: Path | None = typer.Option(None, "--grammar", help="Reply in the language of the Lark grammar in this "
-                                        "file (llguidance's dialect; specexec and autoregressive)."),
+    grammar: Path | None = typer.Option(None, "--grammar", help="Reply in the language of the grammar in this file: "
+                                        "GBNF (llama.cpp's) or Lark (llguidance's dialect; specexec and "
+                                        "autoregressive)."),
     trace: Path | None = typer.Option(None, "--trace", help="Record iterations 4-6 of the reply (host and "
                                       "device) in this Chrome trace file (.json or .json.gz), for Perfetto or "
                                       "scripts/trace_summary.py."),
@@ -84,7 +85,7 @@ def generate(
     if json_schema is not None and grammar is not None:
         raise SpecchatError("give --json-schema or --grammar, not both")
     schema = read_schema_file(json_schema, "--json-schema") if json_schema is not None else None
-    lark = read_user_file(grammar, "--grammar") if grammar is not None else None
+    rules = read_user_file(grammar, "--grammar") if grammar is not None else None
     if trace is not None:
         from specchat.tracing import check_trace_path
         check_trace_path(trace)
@@ -96,8 +97,8 @@ def generate(
     try:
         if schema is not None:
             params = replace(params, guide=models.grammars().json_schema(schema).start())
-        if lark is not None:
-            params = replace(params, guide=models.grammars().lark(lark).start())
+        if rules is not None:
+            params = replace(params, guide=models.grammars().grammar(rules).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
                        params, as_json, system, trace, llama_penalties(**asdict(penalties)))
     finally:

@@ -4,6 +4,7 @@ grammar allowed, the draft's tree grows only through allowed tokens, and SpecExe
 what constrained autoregressive decoding emits, greedy and seeded."""
 
 import json
+import re
 from dataclasses import replace
 
 import llguidance
@@ -118,6 +119,43 @@ def test_specexec_under_a_grammar_emits_constrained_autoregressive_decoding(tiny
     if reference[-1] == STOP:  # finished: a whole document of the schema
         document = json.loads(text_of(reference))
         assert set(document) == {"id", "tag"} and isinstance(document["id"], int)
+
+
+# llama.cpp's GBNF: a list of ids, each a letter then one to three digits
+GBNF = '''root ::= "[" item ("," item)* "]"
+item ::= [a-z] [0-9]{1,3}
+'''
+LARK = '''start: "[" item ("," item)* "]"
+item: /[a-z][0-9]{1,3}/
+'''
+
+
+@pytest.mark.parametrize("text", [GBNF, LARK], ids=["gbnf", "lark"])
+def test_a_grammar_in_gbnf_or_lark_allows_its_language_and_specexec_keeps_it(tiny_target, tiny_draft, grammars, text):
+    grammar = grammars.grammar(text)
+    guide = grammar.start()
+    assert allowed_text(guide.allowed([[]])[0]) == "["
+    guide.accept(CHARACTERS.index("[") + 2)
+    assert allowed_text(guide.allowed([[]])[0]) == "abcdefghijklmnopqrstuvwxyz"
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, seed=4)
+
+    def reply(engine) -> list[int]:
+        return [t for e in engine.generate(PROMPT, 30, replace(sampling, guide=grammar.start())) for t in e.token_ids]
+
+    reference = reply(AutoregressiveEngine(tiny_target, {STOP}))
+    assert reply(TreeEngine(SPECEXEC, tiny_target, tiny_draft, {STOP}, TreeShape(budget=16, max_depth=6))) == reference
+    language = r"\[([a-z][0-9]{1,3},)*[a-z][0-9]{1,3}\]" if reference[-1] == STOP else \
+        r"\[([a-z][0-9]{1,3},)*([a-z][0-9]{0,3})?"  # a whole list where it ended, else a list's beginning
+    assert re.fullmatch(language, text_of(reference)), text_of(reference)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [('root ::= item\n', "Rule 'item' not found"),
+                                                ('root ::= "open\n', "Unexpected end of input"),
+                                                ("start: nowhere\n", "the grammar cannot be compiled")])
+def test_a_grammar_that_cannot_compile_is_one_line(grammars, text, fragment):
+    with pytest.raises(SpecchatError, match="the grammar cannot be compiled") as raised:
+        grammars.grammar(text)
+    assert fragment in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, grammars):

@@ -3,10 +3,12 @@ under a tool call's grammar, SpecExec (greedy under the one, seeded under the ot
 exactly what constrained autoregressive decoding emits, written independently
 (tests/helpers/reference_loop.py: transformers' forward and warpers) and masked by llguidance's
 own matcher, fed token by token apart from the project's guide. The replies that end parse, and
-validate against the schema. (The project's autoregressive engine under a guide against SpecExec:
+validate against the schema. Under a grammar in llama.cpp's GBNF, greedy SpecExec equals the
+project's constrained autoregressive engine. (That engine under a guide against SpecExec:
 tests/decoding/test_guide.py, on the tiny pair.)"""
 
 import json
+import re
 
 import llguidance
 import llguidance.hf
@@ -15,6 +17,7 @@ import torch
 from helpers.real_pair import PAPER_SAMPLING
 from helpers.reference_loop import reference_decode
 
+from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import Grammars
 from specchat.decoding.specexec import SPECEXEC
@@ -99,3 +102,28 @@ def assert_valid(kind: str, text: str) -> None:
         assert content is None and [call["function"]["name"] for call in calls] == ["get_weather"]
         arguments = json.loads(calls[0]["function"]["arguments"])
         assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+
+
+ANSWER_GBNF = '''root ::= answer ", because " reason "."
+answer ::= "Yes" | "No"
+reason ::= [a-z ]{1,60}
+'''
+
+
+def test_specexec_under_a_gbnf_grammar_equals_constrained_autoregressive_decoding(real_pair, grammars):
+    """llama.cpp's GBNF, as `--grammar`, `/grammar` and a request's `grammar` take it, over the real
+    vocabulary: greedy SpecExec equals the project's constrained autoregressive decoding (the
+    independent loop judges the guide itself above), and the reply is in the grammar's language."""
+    grammar = grammars.grammar(ANSWER_GBNF)
+    prompt_ids = real_pair.chat("Is Python dynamically typed? Answer yes or no, then say why in a few words.")
+
+    def reply(engine) -> tuple[list[int], list]:
+        events = list(engine.generate(prompt_ids, 16, SamplingParams(0.0, 1.0, guide=grammar.start())))
+        return [t for e in events for t in e.token_ids], events
+
+    reference, _ = reply(AutoregressiveEngine(real_pair.target, real_pair.stop_ids))
+    tokens, events = reply(TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids,
+                                      TreeShape(budget=16)))
+    assert tokens == reference and sum(e.accepted for e in events) > 0
+    text = real_pair.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert re.fullmatch(r"(Yes|No), because [a-z ]{1,60}\.?", text), text

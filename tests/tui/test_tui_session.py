@@ -335,23 +335,41 @@ def test_json_and_schema_give_the_next_replies_a_guide_and_off_takes_it_away(sto
     said = session.execute(commands.parse("/json on"))
     assert said.notes[0].text == "replies: JSON objects" and not said.notes[0].error
     outcome = session.send("hi")
-    assert outcome.job.sampling.guide.schema == {"type": "object"}
+    assert outcome.job.sampling.guide.form == {"type": "object"}
     write_reply(session, outcome.job)
     schema = tmp_path / "person.json"
     schema.write_text('{"type": "object", "properties": {"name": {"type": "string"}}}')
     assert session.execute(commands.parse(f"/schema {schema}")).notes[0].text == "replies: JSON valid under the schema"
     outcome = session.send("again")
-    assert outcome.job.sampling.guide.schema["properties"] == {"name": {"type": "string"}}
+    assert outcome.job.sampling.guide.form["properties"] == {"name": {"type": "string"}}
     write_reply(session, outcome.job)
     assert session.execute(commands.parse("/json off")).notes[0].text == "replies: free text"
     assert session.send("free").job.sampling.guide is None
 
 
+def test_grammar_gives_the_next_replies_its_language_in_place_of_a_schema(store, tmp_path):
+    session = session_on(store)
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    session.execute(commands.parse("/json on"))
+    said = session.execute(commands.parse(f"/grammar {grammar}"))
+    assert said.notes[0].text == "replies: in the grammar's language" and not said.notes[0].error
+    outcome = session.send("well?")
+    assert outcome.job.sampling.guide.form == 'root ::= "yes" | "no"\n'  # the grammar, no longer the schema
+    write_reply(session, outcome.job)
+    assert session.execute(commands.parse("/grammar off")).notes[0].text == "replies: free text"
+    refused = session.execute(commands.SetSetting("reply_form", "root ::= uncompilable\n"))
+    assert refused.notes[0].error and refused.notes[0].text == "the grammar cannot be compiled: uncompilable"
+    assert session.settings.reply_form is None
+    with pytest.raises(commands.CommandError, match="/grammar /nowhere.gbnf: No such file or directory"):
+        commands.parse("/grammar /nowhere.gbnf")
+
+
 def test_a_schema_the_grammar_engine_refuses_is_one_line_and_changes_nothing(store, tmp_path):
     session = session_on(store)
-    refused = session.execute(commands.SetSetting("reply_schema", {"uncompilable": True}))
+    refused = session.execute(commands.SetSetting("reply_form", {"uncompilable": True}))
     assert refused.notes[0].error and refused.notes[0].text == "the JSON schema cannot be compiled: uncompilable"
-    assert session.settings.reply_schema is None
+    assert session.settings.reply_form is None
     for text, message in (("/schema /nowhere.json", "/schema /nowhere.json: No such file or directory"),
                           ("/json maybe", "/json takes on or off (got 'maybe')")):
         with pytest.raises(commands.CommandError, match=re.escape(message)):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import llguidance
 import llguidance.hf
+from llguidance.gbnf_to_lark import any_to_lark
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -44,6 +45,16 @@ class Grammars:
         except ValueError as error:
             raise SpecchatError(f"the JSON schema cannot be compiled: {one_line(str(error))}") from None
         return self.compile(text, "JSON schema")
+
+    def grammar(self, text: str) -> "Grammar":
+        """Replies in the language of a grammar written in GBNF (llama.cpp's) or in Lark (llguidance's
+        dialect), told apart as llguidance's converter tells them: Lark has a `start:` rule or
+        `%llguidance`; GBNF's `root` becomes Lark's `start`."""
+        try:
+            lark = any_to_lark(text)
+        except Exception as error:  # the converter raises GbnfToLarkError, and a bare Exception for a rule not defined
+            raise SpecchatError(f"the grammar cannot be compiled: {one_line(str(error))}") from None
+        return self.lark(lark)
 
     def lark(self, grammar: str) -> "Grammar":
         """Replies in the language of a Lark grammar (llguidance's dialect: `%json` embeds a schema)."""

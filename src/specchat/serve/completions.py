@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
+from specchat.serve.form import form_of
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import openai_penalties
@@ -37,7 +38,8 @@ class ChatCompletions(Endpoint):
         if self.config.log_prompts:
             request.state.messages = messages
         functions = offered_functions(chat.tools, chat.tool_choice)
-        form = self.form(response_schema(chat.response_format), forced_functions(functions, chat.tool_choice))
+        forced = forced_functions(functions, chat.tool_choice)
+        form = self.form(form_of(response_schema(chat.response_format), forced, chat))
         sampling = replace(sampling_of(chat, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(TokenLog(chat.top_logprobs or 0) if chat.logprobs else None,
                                                  "logprobs"))

@@ -19,6 +19,7 @@ from specchat.limits import reply_limit
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.fim import FimTokens
+from specchat.serve.form import Form
 from specchat.serve.penalty_fields import Asked
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job, QueueFull, Scheduler
@@ -96,24 +97,23 @@ class Endpoint:
             raise APIError(429, str(error), "queue_full", kind="rate_limit_error") from None
         request.state.tokens = (len(job.prompt_ids), 0)
 
-    def form(self, schema: dict | None, forced: list[dict], schema_field: str = "response_format") -> Grammar | None:
-        """The grammar the reply keeps to: the response format's schema (the request's
-        `schema_field`), or calls of the forced tools; None for free text. What the grammar engine
-        cannot compile is a 400."""
-        if schema is None and not forced:
+    def form(self, asked: Form | None) -> Grammar | None:
+        """The grammar the reply keeps to (serve/form.py), None for free text; what the grammar
+        engine cannot compile is a 400 pointing at the field that asked for it."""
+        if asked is None:
             return None
-        field = schema_field if schema is not None else "tools"
-        if schema is not None and forced:
-            raise bad_request("response_format and a tool_choice that forces a call ask two forms of one reply: "
-                              "send one", "invalid_value", "tool_choice")
-        self.check_kept(field)
+        self.check_kept(asked.field)
         if self.config.grammars is None:
-            raise bad_request(f"{field}: this server's tokenizer takes no grammar", "unsupported_parameter", field)
+            raise bad_request(f"{asked.field}: this server's tokenizer takes no grammar", "unsupported_parameter",
+                              asked.field)
         try:
             compiler = self.config.grammars()
-            return compiler.json_schema(schema) if schema is not None else compiler.lark(call_grammar(forced))
+            if asked.schema is not None:
+                return compiler.json_schema(asked.schema)
+            return compiler.grammar(asked.grammar) if asked.grammar is not None else compiler.lark(
+                call_grammar(asked.calls))
         except SpecchatError as error:
-            raise bad_request(str(error), "invalid_value", field) from None
+            raise bad_request(str(error), "invalid_value", asked.field) from None
 
     async def collect(self, request: Request, job: Job, reply: Reply, texts: AsyncIterator[str] | None = None) -> str:
         """The whole reply's text (`texts`: its pieces, when not `texts(job, reply)`'s), once it has

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specchat.serve.endpoint import Endpoint
+from specchat.serve.form import form_of
 from specchat.serve.native_stops import LineCut
 from specchat.serve.native_reply import final, partial, picked
 from specchat.serve.native_request import NativeRequest, response_fields, token_log
@@ -24,7 +25,9 @@ class Native(Endpoint):
         """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
         field a prompt too long for the context is blamed on)."""
         fields = response_fields(body)
-        sampling = replace(sampling_of(body, self.config.sampling), token_log=self.logged(token_log(body), "n_probs"))
+        form = self.form(form_of(None, [], body))
+        sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
+                           token_log=self.logged(token_log(body), "n_probs"))
         asked = llama_penalties(body, self.config.tokenizer, self.config.sampling, body.logit_bias)
         job, reply = self.job(ids, wanted, sampling, param, asked), self.reply(stop_strings(body), sampling)
         cut = LineCut(body.n_indent, body.t_max_predict_ms / 1000)

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
+from specchat.serve.form import Form
 from specchat.serve.ollama_reply import assistant, error_body, last, loaded, ndjson, piece
 from specchat.serve.ollama_request import (OllamaBody, OllamaChat, OllamaGenerate, chat_messages,
                                            check_generate_features, check_ollama_features, check_ollama_model,
@@ -37,7 +38,8 @@ class Ollama(Endpoint):
 
     def sampling(self, body: OllamaBody) -> SamplingParams:
         """The options' sampling, the server's defaults for what they leave out, kept to `format`."""
-        form = self.form(format_schema(body.format), [], "format")
+        schema = format_schema(body.format)
+        form = self.form(None if schema is None else Form("format", schema=schema))
         return replace(sampling_of(body.options, self.config.sampling), guide=None if form is None else form.start(),
                        token_log=self.logged(TokenLog(body.top_logprobs) if body.logprobs else None, "logprobs"))
 

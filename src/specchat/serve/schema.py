@@ -90,6 +90,8 @@ class Decoded(Strict):
     repeat_penalty: float | None = None  # llama.cpp's (its OpenAI routes take it too); left out: 1, off
     repeat_last_n: int | None = None  # llama.cpp's window of counted tokens; left out: 64
     logit_bias: Any = None  # OpenAI's {"id": bias}; llama.cpp's also [[id or text, bias or false], ...]
+    json_schema: dict[str, Any] | None = None  # llama.cpp's: the reply a JSON document valid under it
+    grammar: str | None = None  # llama.cpp's: the reply in the language of a GBNF (or Lark) grammar
     stop: str | list[str] | None = None
     stream: bool | None = None  # null is false: the openai client sends stream=None as null
     stream_options: StreamOptions | None = None

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
+from specchat.serve.form import form_of
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import openai_penalties
@@ -43,7 +44,7 @@ class TextCompletions(Endpoint):
             request.state.prompt = prompt
             if body.suffix is not None:
                 request.state.suffix = body.suffix
-        form = self.form(response_schema(body.response_format), [])
+        form = self.form(form_of(response_schema(body.response_format), [], body))
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(None if body.logprobs is None else TokenLog(body.logprobs),
                                                  "logprobs"))

@@ -35,9 +35,9 @@ class ChatBackend(Protocol):
 
     def new_text_stream(self) -> ReplyStream: ...
 
-    def guide(self, schema: dict) -> Guide:
-        """A reply's guide to JSON valid under `schema`; SpecchatError in one line when the schema
-        cannot be compiled."""
+    def guide(self, form: dict | str) -> Guide:
+        """A reply's guide to JSON valid under `form`, a JSON schema, or to the language of `form`, a
+        grammar's text (GBNF or Lark); SpecchatError in one line when it cannot be compiled."""
         ...
 
     def use_engine(self, name: str) -> Engine:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specchat.decoding.events import AUTO
 from specchat.errors import SpecchatError
-from specchat.schema_file import read_schema_file
+from specchat.schema_file import read_schema_file, read_user_file
 from specchat.tui.settings import problem
 
 ANY_OBJECT = {"type": "object"}  # /json on: any JSON object
@@ -140,18 +140,28 @@ def parse_load(text: str) -> Command:
 def parse_json(text: str) -> Command:
     if text not in ("on", "off"):
         raise CommandError(f"/json takes on or off (got {text!r})")
-    return SetSetting("reply_schema", ANY_OBJECT if text == "on" else None)
+    return SetSetting("reply_form", ANY_OBJECT if text == "on" else None)
 
 
 def parse_schema(text: str) -> Command:
     """/schema FILE: the file's JSON schema; off: free text again."""
     if text == "off":
-        return SetSetting("reply_schema", None)
+        return SetSetting("reply_form", None)
     try:
         schema = read_schema_file(Path(text), "/schema")
     except SpecchatError as error:
         raise CommandError(str(error)) from None
-    return SetSetting("reply_schema", schema)
+    return SetSetting("reply_form", schema)
+
+
+def parse_grammar(text: str) -> Command:
+    """/grammar FILE: the file's grammar (GBNF or Lark); off: free text again."""
+    if text == "off":
+        return SetSetting("reply_form", None)
+    try:
+        return SetSetting("reply_form", read_user_file(Path(text), "/grammar"))
+    except SpecchatError as error:
+        raise CommandError(str(error)) from None
 
 
 def int_setting(command: str, field: str) -> Callable[[str], Command]:
@@ -203,6 +213,8 @@ SPECS = [
     CommandSpec("json", "on|off", "replies as JSON objects (from the next reply)", required("json", parse_json)),
     CommandSpec("schema", "FILE|off", "replies as JSON valid under the schema in FILE (from the next reply)",
                 required("schema", parse_schema)),
+    CommandSpec("grammar", "FILE|off", "replies in the language of the GBNF or Lark grammar in FILE (from the next "
+                "reply)", required("grammar", parse_grammar)),
     CommandSpec("clear", "", "start a new conversation", no_args(Clear())),
     CommandSpec("retry", "", "regenerate the last reply", no_args(Retry())),
     CommandSpec("save", "[FILE]", "export the conversation as markdown", lambda text: Save(text or None)),

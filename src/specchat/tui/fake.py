@@ -180,7 +180,7 @@ class FakeDSIEngine:
 
 @dataclass(frozen=True)
 class FakeGuide:
-    schema: dict
+    form: dict | str
 
 
 class FakeBackend:
@@ -205,12 +205,13 @@ class FakeBackend:
     def new_text_stream(self) -> TextStream:
         return TextStream(self.tokenizer)
 
-    def guide(self, schema: dict) -> FakeGuide:
-        """A stand-in guide naming its schema (the fake engines read none); a schema holding
+    def guide(self, form: dict | str) -> FakeGuide:
+        """A stand-in guide naming its form (the fake engines read none); a form holding
         "uncompilable" is refused as the grammar engine refuses one."""
-        if "uncompilable" in schema:
-            raise SpecchatError("the JSON schema cannot be compiled: uncompilable")
-        return FakeGuide(schema)
+        if "uncompilable" in form:
+            raise SpecchatError(f"the {'JSON schema' if isinstance(form, dict) else 'grammar'} cannot be compiled: "
+                                "uncompilable")
+        return FakeGuide(form)
 
     def use_engine(self, name: str) -> FakeEngine:
         self.engine = self.engines[name]

@@ -39,8 +39,9 @@ class RuntimeBackend:
     def new_text_stream(self) -> TextStream:
         return TextStream(self.tokenizer)
 
-    def guide(self, schema: dict) -> Guide:
-        return self.models.grammars().json_schema(schema).start()
+    def guide(self, form: dict | str) -> Guide:
+        grammars = self.models.grammars()
+        return (grammars.json_schema(form) if isinstance(form, dict) else grammars.grammar(form)).start()
 
     def use_engine(self, name: str) -> Engine:
         self.engine = self.engines[name]

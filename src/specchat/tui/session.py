@@ -101,8 +101,8 @@ class Session:
         penalties = llama_penalties(settings.repeat_penalty, settings.repeat_last_n, settings.presence_penalty,
                                     settings.frequency_penalty)
         sampling = counted_from(self.settings.sampling(), penalties, prompt.ids)
-        if self.settings.reply_schema is not None:
-            sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_schema))
+        if self.settings.reply_form is not None:
+            sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_form))
         self.job = ReplyJob(next(self.reply_ids), self.backend.engine, prompt.ids, prompt.max_new_tokens,
                             sampling, self.backend.new_text_stream())
         self.reply_text, self.reply_events, self.reply_started = "", [], perf_counter()
@@ -177,7 +177,7 @@ class Session:
             case "budget" if isinstance(value, int) and value > self.backend.max_budget:
                 return says(f"/budget {value} is past the {self.backend.max_budget}-token tree this run's memory plan "
                             f"made room for: restart with --budget {value} to plan for it", error=True)
-            case "reply_schema" if value is not None and (refusal := self.schema_refusal(value)):
+            case "reply_form" if value is not None and (refusal := self.form_refusal(value)):
                 return says(refusal, error=True)
             case "budget" if value == AUTO and not self.sizes_trees():
                 return says(f"/budget auto is not available for {engine.name} in this run: only specexec sizes "
@@ -186,17 +186,17 @@ class Session:
         if field in LIVE_FROM:
             self.apply_live_settings()
         when = f"from {LIVE_FROM.get(field, 'the next reply')}" if self.job else ""
-        if field == "reply_schema":
+        if field == "reply_form":
             form = "free text" if value is None else "JSON objects" if value == commands.ANY_OBJECT else \
-                "JSON valid under the schema"
+                "in the grammar's language" if isinstance(value, str) else "JSON valid under the schema"
             return says(f"replies: {form} {when}".rstrip())
         shown = "off" if value is None else value
         return says(f"{field.replace('_', '-')} set to {shown} {when}".rstrip())
 
-    def schema_refusal(self, schema: dict) -> str | None:
-        """Why replies cannot keep to `schema` here (it does not compile), in one line; None if they can."""
+    def form_refusal(self, form: dict | str) -> str | None:
+        """Why replies cannot keep to `form` here (it does not compile), in one line; None if they can."""
         try:
-            self.backend.guide(schema)
+            self.backend.guide(form)
         except SpecchatError as error:
             return str(error)
         return None

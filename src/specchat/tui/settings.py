@@ -40,7 +40,8 @@ class DecodingSettings:
     max_tokens: int = 1024
     engine: str = "specexec"
     system_prompt: str = ""
-    reply_schema: dict | None = None  # /json, /schema: the JSON schema replies keep to; None: free text
+    # /json, /schema, /grammar: what replies keep to, a JSON schema or a grammar's text (GBNF or Lark); None: free text
+    reply_form: dict | str | None = None
 
     def sampling(self) -> SamplingParams:
         return reply_sampling(vars(self), self.seed if self.seed is not None else fresh_seed())

@@ -1,0 +1,36 @@
+"""What a request asks its reply to keep to, and the field it asks in: OpenAI's `response_format`,
+llama.cpp's `json_schema` and `grammar` (GBNF, or Lark in llguidance's dialect), Ollama's `format`,
+or calls of the tools a `tool_choice` forces. One form a reply: a request asking two is a 400."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specchat.serve.errors import bad_request
+
+FORCED_CALL = "a tool_choice that forces a call"  # how a forced tool is named beside another form
+
+
+@dataclass(frozen=True)
+class Form:
+    """One form: a JSON schema, a grammar's text, or the functions whose calls the reply makes."""
+
+    field: str  # the request's field that asks for it: a refusal points at it
+    schema: dict | None = None
+    grammar: str | None = None
+    calls: list[dict] = field(default_factory=list)
+
+
+def form_of(schema: dict | None, forced: list[dict], llama: Any = None) -> Form | None:
+    """The form a request asks (None: free text): `schema` from its response_format, the `forced`
+    functions of its tool_choice, and llama.cpp's `json_schema` and `grammar` fields of `llama` (a
+    request that has them)."""
+    json_schema, grammar = (getattr(llama, "json_schema", None), getattr(llama, "grammar", None))
+    forms = [form for form in (Form("response_format", schema=schema) if schema is not None else None,
+                               Form("json_schema", schema=json_schema) if json_schema is not None else None,
+                               Form("grammar", grammar=grammar) if grammar is not None else None,
+                               Form("tools", calls=forced) if forced else None) if form is not None]
+    if len(forms) > 1:
+        first, second = (FORCED_CALL if form.calls else form.field for form in forms[:2])
+        raise bad_request(f"{first} and {second} ask two forms of one reply: send one", "invalid_value",
+                          "tool_choice" if forms[1].calls else forms[1].field)
+    return forms[0] if forms else None
