@@ -104,12 +104,15 @@ def test_generate_penalties_change_the_reply_and_both_engines_keep_them(monkeypa
                                   ("counted", "autoregressive", ["--presence-penalty", "1.5", "--frequency-penalty",
                                                                  "1", "--repeat-last-n", "8"]),
                                   ("counted tree", "specexec", ["--presence-penalty", "1.5", "--frequency-penalty",
-                                                                "1", "--repeat-last-n", "8"])]:
+                                                                "1", "--repeat-last-n", "8"]),
+                                  ("dry", "autoregressive", ["--dry-multiplier", "3", "--dry-allowed-length", "1"]),
+                                  ("dry tree", "specexec", ["--dry-multiplier", "3", "--dry-allowed-length", "1"])]:
         code, out, _ = run_cli(monkeypatch, capsys, "generate", *common, "--engine", engine, *penalty)
         assert code == 0
         replies[name] = json.loads(out)["token_ids"]
     assert replies["penalized"] == replies["tree"] != replies["plain"]
     assert replies["counted"] == replies["counted tree"] != replies["plain"]
+    assert replies["dry"] == replies["dry tree"] != replies["plain"]
 
 
 def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, capsys):
@@ -149,6 +152,7 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
         (["--typical-p", "0"], "--typical-p must be in (0, 1] (got 0.0)"),
         (["--typical-p", "1.5"], "--typical-p must be in (0, 1] (got 1.5)"),
         (["--top-n-sigma", "-2"], "--top-n-sigma must be between -1 and 100 (got -2.0)"),
+        (["--dry-base", "0.5"], "--dry-base must be between 1 and 100 (got 0.5)"),
         (["--xtc-probability", "1.5"], "--xtc-probability must be between 0 and 1 (got 1.5)"),
         (["--mirostat", "3"], "--mirostat must be between 0 and 2 (got 3)"),
         (["--mirostat-tau", "-1"], "--mirostat-tau must be between 0 and 100 (got -1.0)"),

@@ -91,7 +91,7 @@ def generate(
         check_trace_path(trace)
     from specchat.cli_generate import run_generation
     from specchat.loader import load_models
-    from specchat.runtime import live_settings_of, llama_penalties
+    from specchat.runtime import DEFAULT_BREAKERS, live_settings_of, restart_sequences, settings_penalties
 
     models = load_models(options)
     try:
@@ -100,7 +100,8 @@ def generate(
         if rules is not None:
             params = replace(params, guide=models.grammars().grammar(rules).start())
         run_generation(models, models.engine(options.engine, live_settings_of(options)), prompt, raw, max_new_tokens,
-                       params, as_json, system, trace, llama_penalties(**asdict(penalties)))
+                       params, as_json, system, trace, settings_penalties(
+                           asdict(penalties), lambda: restart_sequences(models.tokenizer, DEFAULT_BREAKERS)))
     finally:
         models.close()
 

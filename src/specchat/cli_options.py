@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PRESENCE_OR_FREQUENCY,
-                             REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DRY_BOUNDS,
+                             PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -53,6 +53,13 @@ PresencePenaltyOpt = Annotated[float, typer.Option(
     help="Subtracted from the logit of each token among the last --repeat-last-n, as llama.cpp's (0: off).")]
 FrequencyPenaltyOpt = Annotated[float, typer.Option(
     help="Subtracted from a token's logit once per time it is among the last --repeat-last-n (0: off).")]
+DryMultiplierOpt = Annotated[float, typer.Option(
+    help="DRY, as llama.cpp's: a token that would extend a repeat of the context loses this x --dry-base to the "
+         "power of the repeat's length past --dry-allowed-length (0: off).")]
+DryBaseOpt = Annotated[float, typer.Option(help="How fast DRY's penalty grows with each repeated token.")]
+DryAllowedLengthOpt = Annotated[int, typer.Option(help="The longest repeat DRY leaves unpenalized.")]
+DryPenaltyLastNOpt = Annotated[int, typer.Option(help="Tokens of the prompt and the reply DRY looks back over "
+                                                 "(-1: all).")]
 DtypeOpt = Annotated[str, typer.Option(help="float32 | bfloat16")]
 WeightsOpt = Annotated[str, typer.Option(
     help="The target's weights: quantized (multiplied in the 4 bits it stores, by torch's int4 kernels), dense "
@@ -227,10 +234,16 @@ class PenaltyOptions:
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
 
 
 PENALTY_OPTIONS: dict[str, Any] = {"repeat_penalty": RepeatPenaltyOpt, "repeat_last_n": RepeatLastNOpt,
-                                   "presence_penalty": PresencePenaltyOpt, "frequency_penalty": FrequencyPenaltyOpt}
+                                   "presence_penalty": PresencePenaltyOpt, "frequency_penalty": FrequencyPenaltyOpt,
+                                   "dry_multiplier": DryMultiplierOpt, "dry_base": DryBaseOpt,
+                                   "dry_allowed_length": DryAllowedLengthOpt, "dry_penalty_last_n": DryPenaltyLastNOpt}
 
 
 def with_penalty_options(command: Command) -> Command:
@@ -245,4 +258,6 @@ def checked_penalties(penalties: PenaltyOptions) -> PenaltyOptions:
     REPEAT_LAST_N.check("--repeat-last-n", penalties.repeat_last_n)
     PRESENCE_OR_FREQUENCY.check("--presence-penalty", penalties.presence_penalty)
     PRESENCE_OR_FREQUENCY.check("--frequency-penalty", penalties.frequency_penalty)
+    for field, bounds in DRY_BOUNDS.items():
+        bounds.check("--" + field.replace("_", "-"), getattr(penalties, field))
     return penalties

@@ -65,6 +65,13 @@ PRESENCE_OR_FREQUENCY = Bounds(-2.0, 2.0)  # OpenAI's presence_penalty and frequ
 REPEAT_PENALTY = Bounds(0.0, 100.0, low_open=True)  # 1: off; a repeated token's logit divided or multiplied by it
 REPEAT_LAST_N = Bounds(-1, 2**31 - 1)  # llama.cpp's window of counted tokens; -1: all, 0: none
 DEFAULT_REPEAT_LAST_N = 64  # llama.cpp's and Ollama's repeat_last_n
+DRY_MULTIPLIER = Bounds(0.0, 100.0)  # DRY's penalty at the allowed length; 0: off
+DRY_BASE = Bounds(1.0, 100.0)  # how fast it grows with each token past it
+DRY_ALLOWED_LENGTH = Bounds(0, 2**31 - 1)  # the longest repeat left unpenalized
+DRY_PENALTY_LAST_N = Bounds(-1, 2**31 - 1)  # the tokens DRY looks back over; -1: all, 0: off
+# DRY's settings by field name, as SAMPLING_BOUNDS (the CLI's flags and the chat's commands: the names with dashes)
+DRY_BOUNDS = {"dry_multiplier": DRY_MULTIPLIER, "dry_base": DRY_BASE, "dry_allowed_length": DRY_ALLOWED_LENGTH,
+              "dry_penalty_last_n": DRY_PENALTY_LAST_N}
 LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's: added to a token's logit
 CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)

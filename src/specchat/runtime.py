@@ -17,7 +17,8 @@ from specchat.decoding.events import AUTO, Engine, LiveSettings, SamplingParams 
 from specchat.decoding.probe import Done, probe_costs
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.guide import Grammars
-from specchat.decoding.penalties import Penalties, counted_from, llama_penalties  # for the CLI
+from specchat.decoding.dry import DEFAULT_BREAKERS, restart_sequences  # for the CLI
+from specchat.decoding.penalties import Penalties, counted_from, settings_penalties  # for the CLI
 from specchat.decoding.reply_sampling import reply_sampling  # for the CLI
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.specinfer import SPECINFER

@@ -57,8 +57,12 @@ class CharTokenizer:
     def decode(self, token_ids, skip_special_tokens=True):
         return "".join(chr(self.offset + token) for token in token_ids)
 
+    def batch_decode(self, sequences):
+        return [self.decode(ids) for ids in sequences]
+
 
 TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 tokens, round-tripping
+ASCII_TOKENIZER = CharTokenizer(vocab=128)  # a token a character, "\n" and ":" among them (DRY's breakers)
 
 
 def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context: int = 4096,

@@ -26,6 +26,7 @@ from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import ALONE, DRAFTED, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.llama_cuts import cut_xtc, xtc_cuts_at
+from specchat.decoding.dry import DryWindow, dry_of
 from specchat.decoding.mirostat import Mirostat
 from specchat.decoding.penalties import Penalties, Window
 from specchat.decoding.sampling import filter_logits, nucleus_floor
@@ -149,13 +150,14 @@ def test_seeded_specexec_under_mirostat_equals_seeded_autoregressive(real_pair, 
 
 def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_autoregressive(real_pair, real_check,
                                                                                        seeded_references):
-    """A served request's logit bias and repetition penalties (llama.cpp's: all three over the
-    last 64 tokens of the prompt and the reply), applied as each token is emitted: one prompt, as a
+    """A served request's logit bias, repetition penalties and DRY (llama.cpp's: all over the last 64
+    tokens of the prompt and the reply, DRY's breakers as Qwen's tokenizer writes llama.cpp's, its
+    allowed length 1 so that 32 tokens meet it), applied as each token is emitted: one prompt, as a
     draft form's check; the bias bans the unpenalized reply's first token, so the penalties bind."""
     prompt_ids, unpenalized = seeded_references[0]
-    window = Window(last=64)
+    window, dry = Window(last=64), dry_of(1.0, 1.75, 1, 64, real_pair.tokenizer)
     penalties = Penalties(bias=((unpenalized[0], -100.0),), repeat=1.3, presence=0.4, frequency=0.2,
-                          repeat_window=window, count_window=window)
+                          repeat_window=window, count_window=window, dry=dry)
 
     def sampling() -> SamplingParams:  # each run spends its own state
         return dataclasses.replace(PAPER_SAMPLING, penalties=penalties.start(prompt_ids))
@@ -166,7 +168,12 @@ def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_aut
     comparison = real_check.compare(prompt_ids, reference, tokens, sampling())
     assert comparison.acceptable, comparison.describe()
     assert sum(e.accepted for e in events) > 0 and reference[0] != unpenalized[0]
-
+    bound = 0
+    repeats = DryWindow(dry, prompt_ids)
+    for token in tokens:
+        bound += bool(repeats.repeats())
+        repeats.accept(token)
+    assert bound > 0 and len(dry.restarts) > 4  # DRY penalized somewhere; "\n" and ":" in many words
 
 def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,
                                                             seeded_references):

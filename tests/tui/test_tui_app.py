@@ -21,6 +21,7 @@ from textual import events
 from textual.widgets import Log, ProgressBar, Sparkline, Static
 
 import specchat
+from specchat.decoding.dry import Dry
 from specchat.errors import SpecchatError
 from specchat.tui.app import SpecchatApp
 from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, FakeEngine, Gate
@@ -412,7 +413,7 @@ def test_setting_commands_change_the_next_reply(store_path):
             for text in ["/budget 64", "/depth 8", "/temp 0.2", "/top-p 0.5", "/top-k 3", "/min-p 0.1",
                          "/typical-p 0.8", "/seed 7", "/max-tokens 10", "/repeat-penalty 1.2", "/repeat-last-n 4",
                          "/frequency-penalty 0.3", "/mirostat 1", "/top-n-sigma 2", "/xtc-probability 0.5",
-                         "/xtc-threshold 0.2"]:
+                         "/xtc-threshold 0.2", "/dry-multiplier 0.8"]:
                 await say(pilot, text)
                 assert not last_notice(app).has_class("error"), text
             assert (spec.budget, spec.max_depth) == (64, 8)
@@ -424,6 +425,7 @@ def test_setting_commands_change_the_next_reply(store_path):
             assert sampling.mirostat.spec.version == 1
             repeats = sampling.penalties  # counted from the prompt: its last 4 tokens
             assert (repeats.penalties.repeat, repeats.penalties.frequency) == (1.2, 0.3)
+            assert repeats.penalties.dry == Dry(0.8, 1.75, 2, -1)  # the fake backend's tokenizer writes no breaker
             assert list(repeats.repeated.tokens) == list(repeats.counted.tokens) == prompt_ids[-4:]
             assert app.session.entries[-1].content == REPLY[:10]
             assert "budget 64 · depth 8" in str(app.query_one("#settings", Static).content)

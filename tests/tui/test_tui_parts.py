@@ -181,6 +181,8 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
     assert settings_text(DecodingSettings(top_k=3, min_p=0.2), workers=0) == base + "\ntop-k 3 · min-p 0.2"
     assert settings_text(DecodingSettings(typical_p=0.9), workers=0) == base + "\ntypical-p 0.9"
     assert settings_text(DecodingSettings(top_n_sigma=0), workers=0) == base  # <= 0: off, as llama.cpp's -1
+    assert settings_text(DecodingSettings(dry_multiplier=0.8), workers=0) == (
+        base + "\ndry 0.8 (base 1.75, allowed 2)/all")
     assert settings_text(DecodingSettings(top_n_sigma=1.5, xtc_probability=0.5), workers=0) == (
         base + "\ntop-n-sigma 1.5 · xtc 0.5 (threshold 0.1)")
     assert settings_text(DecodingSettings(mirostat=2), workers=0) == base + "\nmirostat 2 (tau 5, eta 0.1)"

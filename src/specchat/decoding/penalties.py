@@ -7,7 +7,8 @@ For each token t counted in the tokens before position n (its count c_t), with t
   z_t <- z_t - c_t * frequency - [c_t > 0] * presence
 each penalty counting the tokens of its own window: the last N of the prompt's and the reply's
 (llama.cpp and Ollama: N = repeat_last_n for all three), or all of them (vLLM's repetition), or
-the reply's alone (OpenAI's presence and frequency).
+the reply's alone (OpenAI's presence and frequency); and last llama.cpp's DRY (dry.py), over its
+own window.
 
 Why speculation stays exact: the penalized logits at position n depend only on the target's logits
 there and the tokens before n, so at a tree node whose path is the emitted prefix they are what
@@ -18,11 +19,13 @@ The draft's tree grows unpenalized: it only proposes.
 """
 
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from specchat.decoding.dry import Dry, DryWindow, Restarts
 from specchat.decoding.events import SamplingParams
 
 
@@ -44,23 +47,34 @@ class Penalties:
     presence: float = 0.0
     frequency: float = 0.0
     count_window: Window = Window(prompt=False)
+    dry: Dry | None = None  # llama.cpp's DRY, after the others (decoding/dry.py)
 
     @property
     def active(self) -> bool:
         """Whether any logit can change: a reply without any keeps the path it had without them."""
-        return bool(self.bias) or self.repeat != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+        return (bool(self.bias) or self.repeat != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+                or (self.dry is not None and self.dry.active))
 
     def start(self, prompt_ids: Sequence[int]) -> "Repeats":
         return Repeats(self, prompt_ids)
 
 
 def llama_penalties(repeat_penalty: float, repeat_last_n: int, presence_penalty: float = 0.0,
-                    frequency_penalty: float = 0.0) -> Penalties:
+                    frequency_penalty: float = 0.0, dry: Dry | None = None) -> Penalties:
     """llama-cli's --repeat-penalty, --presence-penalty and --frequency-penalty, all over its
-    --repeat-last-n window of the prompt and the reply."""
+    --repeat-last-n window of the prompt and the reply, and its DRY."""
     window = Window(last=repeat_last_n)
     return Penalties(repeat=repeat_penalty, repeat_window=window, presence=presence_penalty,
-                     frequency=frequency_penalty, count_window=window)
+                     frequency=frequency_penalty, count_window=window, dry=dry)
+
+
+def settings_penalties(settings: Mapping[str, Any], restarts: Callable[[], Restarts]) -> Penalties:
+    """llama-cli's penalties and DRY from the settings the command line and the chat name alike
+    (cli_options.PenaltyOptions' names); DRY's breakers' tokens asked of `restarts` only where it is on."""
+    dry = Dry(settings["dry_multiplier"], settings["dry_base"], settings["dry_allowed_length"],
+              settings["dry_penalty_last_n"])
+    return llama_penalties(settings["repeat_penalty"], settings["repeat_last_n"], settings["presence_penalty"],
+                           settings["frequency_penalty"], replace(dry, restarts=restarts()) if dry.active else None)
 
 
 def counted_from(sampling: SamplingParams, penalties: Penalties | None, prompt_ids: Sequence[int]) -> SamplingParams:
@@ -106,6 +120,7 @@ class Repeats:
         self.bias_values = torch.tensor([value for _, value in penalties.bias], dtype=torch.float32)
         self.repeated = Tally(penalties.repeat_window, prompt_ids)
         self.counted = Tally(penalties.count_window, prompt_ids)
+        self.dry = DryWindow(penalties.dry, prompt_ids) if penalties.dry is not None and penalties.dry.active else None
 
     def penalized(self, logits: torch.Tensor) -> torch.Tensor:
         """1-D logits [V] with the bias and penalties at the current position (a float32 copy)."""
@@ -119,9 +134,13 @@ class Repeats:
         if (spec.presence or spec.frequency) and self.counted.counts:
             ids, counts = self.counted.ids_and_counts(scores.device)
             scores[ids] -= counts * spec.frequency + spec.presence
+        if self.dry is not None:
+            self.dry.penalize(scores)
         return scores
 
     def accept(self, token: int) -> None:
         """Move past an emitted token."""
         self.repeated.add(token)
         self.counted.add(token)
+        if self.dry is not None:
+            self.dry.accept(token)

@@ -30,6 +30,11 @@ class OllamaOptions(Strict):
     repeat_last_n: int | None = None  # left out: 64
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    dry_multiplier: float | None = None  # llama.cpp's DRY, which Ollama's runner leaves out: taken as on every route
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
     num_predict: int | None = None  # -1: to the end of the context (as -2, Ollama's "fill the context")
     stop: list[str] | None = None
 

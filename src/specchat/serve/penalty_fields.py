@@ -19,8 +19,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from specchat.decoding.dry import DEFAULT_BREAKERS, Dry, dry_of
 from specchat.decoding.penalties import Penalties, Window
-from specchat.limits import LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, Bounds
+from specchat.limits import DRY_BOUNDS, LOGIT_BIAS, PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, Bounds
 from specchat.serve.errors import bad_request
 from specchat.serve.schema import Defaults
 
@@ -52,9 +53,10 @@ def openai_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, server: D
         frequency = checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty, 0.0)
         counted = Window(prompt=False)
     penalties = Penalties(bias=openai_bias(request.logit_bias, len(tokenizer)), repeat=repeat, repeat_window=window,
-                          presence=presence, frequency=frequency, count_window=counted)
+                          presence=presence, frequency=frequency, count_window=counted,
+                          dry=requested_dry(request, tokenizer, server))
     return asked(penalties, request, ("logit_bias", "repetition_penalty", "repeat_penalty", "presence_penalty",
-                                      "frequency_penalty"))
+                                      "frequency_penalty", "dry_multiplier"))
 
 
 def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, server: Defaults,
@@ -68,8 +70,21 @@ def llama_penalties(request: Any, tokenizer: PreTrainedTokenizerBase, server: De
         presence=checked("presence_penalty", PRESENCE_OR_FREQUENCY, request.presence_penalty, server.presence_penalty),
         frequency=checked("frequency_penalty", PRESENCE_OR_FREQUENCY, request.frequency_penalty,
                           server.frequency_penalty),
-        repeat_window=window, count_window=window)
-    return asked(penalties, request, ("logit_bias", "repeat_penalty", "presence_penalty", "frequency_penalty"))
+        repeat_window=window, count_window=window, dry=requested_dry(request, tokenizer, server))
+    return asked(penalties, request, ("logit_bias", "repeat_penalty", "presence_penalty", "frequency_penalty",
+                                      "dry_multiplier"))
+
+
+def requested_dry(request: Any, tokenizer: PreTrainedTokenizerBase, server: Defaults) -> Dry | None:
+    """llama.cpp's DRY, each field the server's where left out; its breakers the request's
+    `dry_sequence_breakers` (left out: llama.cpp's); None where it is off."""
+    given = {field: checked(field, bounds, getattr(request, field), getattr(server, field))
+             for field, bounds in DRY_BOUNDS.items()}
+    breakers = request.dry_sequence_breakers
+    if breakers is not None and not all(breakers):
+        raise bad_request("dry_sequence_breakers: a breaker must not be empty", param="dry_sequence_breakers")
+    return dry_of(given["dry_multiplier"], given["dry_base"], int(given["dry_allowed_length"]),
+                  int(given["dry_penalty_last_n"]), tokenizer, DEFAULT_BREAKERS if breakers is None else breakers)
 
 
 def llama_window(request: Any, server: Defaults) -> Window:

@@ -45,11 +45,16 @@ class Defaults:
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0  # 0: no DRY
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
 
     @property
     def penalizes(self) -> bool:
         """Whether a request that sets no penalty gets one."""
-        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.dry_multiplier != 0.0)
 
 
 class Strict(BaseModel):
@@ -89,6 +94,11 @@ class Decoded(Strict):
     repetition_penalty: float | None = None  # vLLM's, on the OpenAI routes
     repeat_penalty: float | None = None  # llama.cpp's (its OpenAI routes take it too); left out: 1, off
     repeat_last_n: int | None = None  # llama.cpp's window of counted tokens; left out: 64
+    dry_multiplier: float | None = None  # llama.cpp's DRY (decoding/dry.py); left out: off
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None  # left out: -1, the whole context
+    dry_sequence_breakers: list[str] | None = None  # left out: llama.cpp's "\n", ":", "\"", "*"
     logit_bias: Any = None  # OpenAI's {"id": bias}; llama.cpp's also [[id or text, bias or false], ...]
     json_schema: dict[str, Any] | None = None  # llama.cpp's: the reply a JSON document valid under it
     grammar: str | None = None  # llama.cpp's: the reply in the language of a GBNF (or Lark) grammar

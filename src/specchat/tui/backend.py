@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+from specchat.decoding.dry import Restarts
 from specchat.decoding.events import Engine
 from specchat.decoding.guide import Guide
 from specchat.tui.settings import DecodingSettings
@@ -38,6 +39,10 @@ class ChatBackend(Protocol):
     def guide(self, form: dict | str) -> Guide:
         """A reply's guide to JSON valid under `form`, a JSON schema, or to the language of `form`, a
         grammar's text (GBNF or Lark); SpecchatError in one line when it cannot be compiled."""
+        ...
+
+    def breakers(self) -> Restarts:
+        """DRY's default sequence breakers as this tokenizer writes them (decoding/dry.py)."""
         ...
 
     def use_engine(self, name: str) -> Engine:

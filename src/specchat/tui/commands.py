@@ -206,6 +206,11 @@ SPECS = [
     numeric("presence-penalty", "P", "subtracted from tokens in the last repeat-last-n, 0 = off (from the next reply)"),
     numeric("frequency-penalty", "F", "subtracted per repeat in the last repeat-last-n, 0 = off (from the next "
             "reply)"),
+    numeric("dry-multiplier", "M", "DRY: a token extending a repeat loses M x base^(length past the allowed), 0 = off "
+            "(from the next reply)"),
+    numeric("dry-base", "B", "how fast DRY's penalty grows with the repeat (from the next reply)"),
+    numeric("dry-allowed-length", "N", "the longest repeat DRY leaves alone (from the next reply)", int_setting),
+    numeric("dry-penalty-last-n", "N", "tokens DRY looks back over, -1 = all (from the next reply)", int_setting),
     CommandSpec("seed", "S|off", "sampling seed; off = a new seed per reply", required("seed", parse_seed)),
     numeric("max-tokens", "N", "longest reply in tokens", int_setting),
     CommandSpec("engine", "NAME", "decoding engine (from the next reply)", text_setting("engine", "engine")),

@@ -213,6 +213,10 @@ class FakeBackend:
                                 "uncompilable")
         return FakeGuide(form)
 
+    def breakers(self) -> tuple:
+        """None: the fake engines read no penalties."""
+        return ()
+
     def use_engine(self, name: str) -> FakeEngine:
         self.engine = self.engines[name]
         return self.engine

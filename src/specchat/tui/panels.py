@@ -91,6 +91,10 @@ def extra_labels(settings: DecodingSettings) -> list[str]:
                              ("frequency", settings.frequency_penalty, 0.0)):
         if value != off:
             labels.append(f"{name} {value:g}/{window}")
+    if settings.dry_multiplier:
+        back = "all" if settings.dry_penalty_last_n < 0 else settings.dry_penalty_last_n
+        labels.append(f"dry {settings.dry_multiplier:g} (base {settings.dry_base:g}, allowed "
+                      f"{settings.dry_allowed_length})/{back}")
     return labels
 
 

@@ -3,6 +3,7 @@
 from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
+from specchat.decoding.dry import DEFAULT_BREAKERS, Restarts, restart_sequences
 from specchat.decoding.events import Engine
 from specchat.decoding.guide import Guide
 from specchat.errors import SpecchatError
@@ -42,6 +43,9 @@ class RuntimeBackend:
     def guide(self, form: dict | str) -> Guide:
         grammars = self.models.grammars()
         return (grammars.json_schema(form) if isinstance(form, dict) else grammars.grammar(form)).start()
+
+    def breakers(self) -> Restarts:
+        return restart_sequences(self.tokenizer, DEFAULT_BREAKERS)
 
     def use_engine(self, name: str) -> Engine:
         self.engine = self.engines[name]

@@ -12,7 +12,7 @@ from itertools import count
 from time import perf_counter
 
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings
-from specchat.decoding.penalties import counted_from, llama_penalties
+from specchat.decoding.penalties import counted_from, settings_penalties
 from specchat.errors import ContextOverflow, SpecchatError
 from specchat.paths import expanded
 from specchat.summary import Summary, summarize
@@ -98,8 +98,7 @@ class Session:
         notes = (Note(dropped),) if prompt.dropped > self.dropped else ()
         self.dropped = prompt.dropped
         settings = self.settings
-        penalties = llama_penalties(settings.repeat_penalty, settings.repeat_last_n, settings.presence_penalty,
-                                    settings.frequency_penalty)
+        penalties = settings_penalties(vars(settings), self.backend.breakers)
         sampling = counted_from(self.settings.sampling(), penalties, prompt.ids)
         if self.settings.reply_form is not None:
             sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_form))

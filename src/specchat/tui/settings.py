@@ -6,13 +6,14 @@ from typing import Any
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.decoding.reply_sampling import reply_sampling
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, PRESENCE_OR_FREQUENCY,
-                             REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT, fresh_seed)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, DRY_BOUNDS, LOOKAHEAD, MAX_TOKENS,
+                             PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT,
+                             fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS, **SAMPLING_BOUNDS,
           "repeat_penalty": REPEAT_PENALTY, "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
-          "frequency_penalty": PRESENCE_OR_FREQUENCY}
+          "frequency_penalty": PRESENCE_OR_FREQUENCY, **DRY_BOUNDS}
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class DecodingSettings:
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0  # llama.cpp's DRY over the last dry_penalty_last_n tokens (0: off)
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
     seed: int | None = DEFAULT_SEED  # None: a fresh seed for every reply
     max_tokens: int = 1024
     engine: str = "specexec"
