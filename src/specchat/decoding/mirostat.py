@@ -5,8 +5,8 @@ distribution is s = -log2 p, mu <- mu - eta (s - tau).
 - Version 1 fits a Zipf exponent s^ to the likeliest m = 100 tokens (least squares over
   t_i = ln((i + 2) / (i + 1)), b_i = ln(p_i / p_(i+1))) and keeps the k likeliest, where, with
   eps = s^ - 1 over a vocabulary of N, k = (eps 2^mu / (1 - N^-eps))^(1 / s^).
-Both cut the distribution after temperature alone: top-k, top-p, min-p and typical-p are not
-applied under mirostat, as llama.cpp chains it (the bias and penalties before it are).
+Both cut the distribution after temperature alone: top-k, top-p, min-p, typical-p, top-n-sigma and
+XTC are not applied under mirostat, as llama.cpp chains it (the bias and penalties before it are).
 
 Why speculation stays exact: mu at position n is a function of the target's distributions at the
 emitted positions before n and the tokens emitted there, so at a tree node on the emitted path the

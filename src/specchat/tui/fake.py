@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from itertools import cycle
 from time import sleep
 
+from specchat.decoding.dry import Restarts
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
 from specchat.errors import SpecchatError
 from specchat.textstream import TextStream
@@ -213,8 +214,8 @@ class FakeBackend:
                                 "uncompilable")
         return FakeGuide(form)
 
-    def breakers(self) -> tuple:
-        """None: the fake engines read no penalties."""
+    def breakers(self) -> Restarts:
+        """No breaker: the fake pair has no tokenizer to write one."""
         return ()
 
     def use_engine(self, name: str) -> FakeEngine:
