@@ -213,3 +213,6 @@ def test_a_server_whose_engine_keeps_no_forms_refuses_its_own_penalties_at_start
     check_kept(SERVER, FakeEngine())
     with pytest.raises(SpecchatError, match="--engine dsi cannot penalize repeats: serve with specexec"):
         check_kept(Defaults(frequency_penalty=0.1), FakeDSIEngine())
+    with pytest.raises(SpecchatError, match="leave out --repeat-penalty, --presence-penalty, --frequency-penalty and "
+                                            "--dry-multiplier"):
+        check_kept(Defaults(dry_multiplier=0.5), FakeDSIEngine())

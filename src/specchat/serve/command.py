@@ -42,7 +42,8 @@ def check_kept(sampling: Defaults, engine: Engine) -> None:
     """The server's penalties and mirostat need an engine that applies them as each token is emitted."""
     if sampling.penalizes and not engine.keeps_forms:
         raise SpecchatError(f"--engine {engine.name} cannot penalize repeats: serve with specexec or autoregressive, "
-                            "or leave out --repeat-penalty, --presence-penalty and --frequency-penalty")
+                            "or leave out --repeat-penalty, --presence-penalty, --frequency-penalty and "
+                            "--dry-multiplier")
     if sampling.mirostat and not engine.keeps_forms:
         raise SpecchatError(f"--engine {engine.name} cannot sample by mirostat: serve with specexec or "
                             "autoregressive, or leave out --mirostat")
