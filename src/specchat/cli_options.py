@@ -9,13 +9,13 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import wraps
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DRY_BOUNDS,
-                             PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT)
+from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_BOUNDS, SAMPLING_BOUNDS,
+                             SEED_LIMIT, Bounds)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -114,6 +114,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
 }
 
 Command = Callable[..., None]
+Options = TypeVar("Options")  # a dataclass of options
 
 
 def with_engine_options(engine_help: str | None = None,
@@ -220,9 +221,15 @@ def check_seed(seed: int) -> None:
 
 def checked_sampling(sampling: SamplingOptions) -> SamplingOptions:
     """`sampling`, or one line on a value out of range."""
-    for field, bounds in SAMPLING_BOUNDS.items():
-        bounds.check("--" + field.replace("_", "-"), getattr(sampling, field))
-    return sampling
+    return checked_against(sampling, SAMPLING_BOUNDS)
+
+
+def checked_against(options: Options, table: dict[str, Bounds]) -> Options:
+    """`options`, or one line on the first field out of its bounds in `table` (the option: the field
+    with dashes)."""
+    for field, bounds in table.items():
+        bounds.check("--" + field.replace("_", "-"), getattr(options, field))
+    return options
 
 
 @dataclass(frozen=True)
@@ -254,10 +261,4 @@ def with_penalty_options(command: Command) -> Command:
 
 def checked_penalties(penalties: PenaltyOptions) -> PenaltyOptions:
     """`penalties`, or one line on a value out of range."""
-    REPEAT_PENALTY.check("--repeat-penalty", penalties.repeat_penalty)
-    REPEAT_LAST_N.check("--repeat-last-n", penalties.repeat_last_n)
-    PRESENCE_OR_FREQUENCY.check("--presence-penalty", penalties.presence_penalty)
-    PRESENCE_OR_FREQUENCY.check("--frequency-penalty", penalties.frequency_penalty)
-    for field, bounds in DRY_BOUNDS.items():
-        bounds.check("--" + field.replace("_", "-"), getattr(penalties, field))
-    return penalties
+    return checked_against(penalties, PENALTY_BOUNDS)

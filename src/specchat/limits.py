@@ -72,6 +72,9 @@ DRY_PENALTY_LAST_N = Bounds(-1, 2**31 - 1)  # the tokens DRY looks back over; -1
 # DRY's settings by field name, as SAMPLING_BOUNDS (the CLI's flags and the chat's commands: the names with dashes)
 DRY_BOUNDS = {"dry_multiplier": DRY_MULTIPLIER, "dry_base": DRY_BASE, "dry_allowed_length": DRY_ALLOWED_LENGTH,
               "dry_penalty_last_n": DRY_PENALTY_LAST_N}
+# llama-cli's penalties and DRY by field name: one table for the command line's and the chat's checks
+PENALTY_BOUNDS = {"repeat_penalty": REPEAT_PENALTY, "repeat_last_n": REPEAT_LAST_N,
+                  "presence_penalty": PRESENCE_OR_FREQUENCY, "frequency_penalty": PRESENCE_OR_FREQUENCY, **DRY_BOUNDS}
 LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's: added to a token's logit
 CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)

@@ -77,12 +77,17 @@ def test_xtc_cuts_each_row_by_its_own_distribution():
     assert torch.isfinite(cut_xtc(logits, 0.3)).tolist() == [[False, True, True], [True, True, True]]
 
 
-@pytest.mark.parametrize("probability", [0.1, 0.5, 0.9])
-def test_xtcs_coin_falls_as_often_as_asked_apart_from_the_emitted_tokens_draw(probability):
+# Measured here (2026-12-02; the draws are integer arithmetic, the same on any machine): over these
+# 20,000 positions of seed 7, how far the share of falls lies from the probability, and the falls'
+# correlation with u_n; each bound is twice that figure (a binomial's 1 sigma is 0.0021-0.0035 here).
+@pytest.mark.parametrize(("probability", "measured_share_gap", "measured_correlation"),
+                         [(0.1, 0.00405, 0.0025), (0.5, 0.00295, 0.0062), (0.9, 0.0009, 0.0075)])
+def test_xtcs_coin_falls_as_often_as_asked_apart_from_the_emitted_tokens_draw(probability, measured_share_gap,
+                                                                              measured_correlation):
     falls = np.array([xtc_cuts_at(7, position, probability) for position in range(20_000)])
-    assert abs(falls.mean() - probability) < 4 * math.sqrt(probability * (1 - probability) / 20_000)
+    assert abs(falls.mean() - probability) < 2 * measured_share_gap
     u = np.array([uniform(7, position) for position in range(20_000)])
-    assert abs(np.corrcoef(falls, u)[0, 1]) < 0.03  # its own stream, not u_n's
+    assert abs(np.corrcoef(falls, u)[0, 1]) < 2 * measured_correlation  # its own stream, not u_n's
     assert falls.tolist() == [xtc_cuts_at(7, position, probability) for position in range(20_000)]
     assert falls.tolist() != [xtc_cuts_at(8, position, probability) for position in range(20_000)]
 
@@ -106,7 +111,7 @@ def test_sampled_tokens_never_take_the_top_where_the_coin_fell():
     logits = torch.tensor([3.0, 2.5, 2.0, -1.0, -2.0])
     params = SamplingParams(temperature=1.0, top_p=1.0, seed=5, xtc_probability=0.5, xtc_threshold=0.2)
     cut = [position for position in range(400) if xtc_cuts_at(5, position, 0.5)]
-    assert 150 < len(cut) < 250
+    assert abs(len(cut) - 200) < 24  # measured 212 falls here (seed 5; 2026-12-02): the bound twice that 12
     assert all(sample_token(logits, params, position) != 0 for position in cut)
     assert all(sampled_probs(logits, params, position)[0] == 0 for position in cut)
     assert any(sample_token(logits, params, position) == 0 for position in range(400) if position not in cut)

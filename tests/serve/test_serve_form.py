@@ -19,23 +19,26 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
 WEATHER = {"name": "get_weather", "parameters": {"type": "object"}}
 
 
+FREE = SimpleNamespace(json_schema=None, grammar=None)  # a request without llama.cpp's form fields
+
+
 def test_each_field_asks_its_form_and_none_asks_free_text():
-    assert form_of(None, [], SimpleNamespace(json_schema=None, grammar=None)) is None
-    assert form_of({"type": "object"}, [], None) == Form("response_format", schema={"type": "object"})
-    assert form_of(None, [], SimpleNamespace(json_schema=SCHEMA, grammar=None)) == Form("json_schema", schema=SCHEMA)
-    assert form_of(None, [], SimpleNamespace(json_schema=None, grammar=GBNF)) == Form("grammar", grammar=GBNF)
-    assert form_of(None, [WEATHER], None) == Form("tools", calls=[WEATHER])
+    assert form_of(FREE) is None
+    assert form_of(FREE, {"type": "object"}) == Form("response_format", schema={"type": "object"})
+    assert form_of(SimpleNamespace(json_schema=SCHEMA, grammar=None)) == Form("json_schema", schema=SCHEMA)
+    assert form_of(SimpleNamespace(json_schema=None, grammar=GBNF)) == Form("grammar", grammar=GBNF)
+    assert form_of(FREE, None, [WEATHER]) == Form("tools", calls=[WEATHER])
 
 
-@pytest.mark.parametrize(("schema", "forced", "llama", "message", "param"), [
-    ({"type": "object"}, [WEATHER], None, "response_format and a tool_choice that forces a call", "tool_choice"),
-    (None, [], SimpleNamespace(json_schema=SCHEMA, grammar=GBNF), "json_schema and grammar", "grammar"),
-    ({"type": "object"}, [], SimpleNamespace(json_schema=None, grammar=GBNF), "response_format and grammar",
+@pytest.mark.parametrize(("request_", "schema", "forced", "message", "param"), [
+    (FREE, {"type": "object"}, [WEATHER], "response_format and a tool_choice that forces a call", "tool_choice"),
+    (SimpleNamespace(json_schema=SCHEMA, grammar=GBNF), None, [], "json_schema and grammar", "grammar"),
+    (SimpleNamespace(json_schema=None, grammar=GBNF), {"type": "object"}, [], "response_format and grammar",
      "grammar"),
 ])
-def test_two_forms_of_one_reply_are_one_400_line(schema, forced, llama, message, param):
+def test_two_forms_of_one_reply_are_one_400_line(request_, schema, forced, message, param):
     with pytest.raises(APIError) as refused:
-        form_of(schema, forced, llama)
+        form_of(request_, schema, forced)
     assert refused.value.status == 400 and refused.value.param == param
     assert refused.value.message == f"{message} ask two forms of one reply: send one"
 

@@ -14,8 +14,8 @@ path it is what sequential decoding computes.
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -46,10 +46,14 @@ class Dry:
 def dry_of(multiplier: float, base: float, allowed_length: int, last_n: int, tokenizer: PreTrainedTokenizerBase,
            breakers: Sequence[str] = DEFAULT_BREAKERS) -> Dry | None:
     """A request's DRY over `tokenizer`'s words, None where it is off (no breaker is tokenized then)."""
+    return dry_when_on(multiplier, base, allowed_length, last_n, lambda: restart_sequences(tokenizer, tuple(breakers)))
+
+
+def dry_when_on(multiplier: float, base: float, allowed_length: int, last_n: int,
+                restarts: Callable[[], Restarts]) -> Dry | None:
+    """DRY with the breakers' tokens `restarts` gives, asked only where it is on; None where it is off."""
     dry = Dry(multiplier, base, allowed_length, last_n)
-    if not dry.active:
-        return None
-    return Dry(multiplier, base, allowed_length, last_n, restart_sequences(tokenizer, tuple(breakers)))
+    return replace(dry, restarts=restarts()) if dry.active else None
 
 
 @lru_cache(maxsize=8)

@@ -36,7 +36,7 @@ def cut_top_n_sigma(scores: torch.Tensor, n: float) -> torch.Tensor:
     count = finite.sum(dim=-1, keepdim=True)
     mean = values.sum(dim=-1, keepdim=True) / count
     spread = ((values - mean).masked_fill(~finite, 0.0).square().sum(dim=-1, keepdim=True) / count).sqrt()
-    floor = values.masked_fill(~finite, -math.inf).amax(dim=-1, keepdim=True) - n * spread
+    floor = scores.double().amax(dim=-1, keepdim=True) - n * spread  # the largest is finite: a cut's -inf never is
     return scores.masked_fill(scores.double() < floor, -math.inf)
 
 

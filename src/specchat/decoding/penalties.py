@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from specchat.decoding.dry import Dry, DryWindow, Restarts
+from specchat.decoding.dry import Dry, DryWindow, Restarts, dry_when_on
 from specchat.decoding.events import SamplingParams
 
 
@@ -71,10 +71,10 @@ def llama_penalties(repeat_penalty: float, repeat_last_n: int, presence_penalty:
 def settings_penalties(settings: Mapping[str, Any], restarts: Callable[[], Restarts]) -> Penalties:
     """llama-cli's penalties and DRY from the settings the command line and the chat name alike
     (cli_options.PenaltyOptions' names); DRY's breakers' tokens asked of `restarts` only where it is on."""
-    dry = Dry(settings["dry_multiplier"], settings["dry_base"], settings["dry_allowed_length"],
-              settings["dry_penalty_last_n"])
+    dry = dry_when_on(settings["dry_multiplier"], settings["dry_base"], settings["dry_allowed_length"],
+                      settings["dry_penalty_last_n"], restarts)
     return llama_penalties(settings["repeat_penalty"], settings["repeat_last_n"], settings["presence_penalty"],
-                           settings["frequency_penalty"], replace(dry, restarts=restarts()) if dry.active else None)
+                           settings["frequency_penalty"], dry)
 
 
 def counted_from(sampling: SamplingParams, penalties: Penalties | None, prompt_ids: Sequence[int]) -> SamplingParams:

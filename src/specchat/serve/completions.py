@@ -39,7 +39,7 @@ class ChatCompletions(Endpoint):
             request.state.messages = messages
         functions = offered_functions(chat.tools, chat.tool_choice)
         forced = forced_functions(functions, chat.tool_choice)
-        form = self.form(form_of(response_schema(chat.response_format), forced, chat))
+        form = self.form(form_of(chat, response_schema(chat.response_format), forced))
         sampling = replace(sampling_of(chat, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(TokenLog(chat.top_logprobs or 0) if chat.logprobs else None,
                                                  "logprobs"))

@@ -3,9 +3,8 @@ llama.cpp's `json_schema` and `grammar` (GBNF, or Lark in llguidance's dialect),
 or calls of the tools a `tool_choice` forces. One form a reply: a request asking two is a 400."""
 
 from dataclasses import dataclass, field
-from typing import Any
-
 from specchat.serve.errors import bad_request
+from specchat.serve.schema import Decoded
 
 FORCED_CALL = "a tool_choice that forces a call"  # how a forced tool is named beside another form
 
@@ -20,14 +19,13 @@ class Form:
     calls: list[dict] = field(default_factory=list)
 
 
-def form_of(schema: dict | None, forced: list[dict], llama: Any = None) -> Form | None:
-    """The form a request asks (None: free text): `schema` from its response_format, the `forced`
-    functions of its tool_choice, and llama.cpp's `json_schema` and `grammar` fields of `llama` (a
-    request that has them)."""
-    json_schema, grammar = (getattr(llama, "json_schema", None), getattr(llama, "grammar", None))
+def form_of(request: Decoded, schema: dict | None = None, forced: list[dict] | None = None) -> Form | None:
+    """The form `request` asks (None: free text): `schema` from its response_format, the `forced`
+    functions of its tool_choice, or llama.cpp's `json_schema` and `grammar` fields."""
     forms = [form for form in (Form("response_format", schema=schema) if schema is not None else None,
-                               Form("json_schema", schema=json_schema) if json_schema is not None else None,
-                               Form("grammar", grammar=grammar) if grammar is not None else None,
+                               Form("json_schema", schema=request.json_schema) if request.json_schema is not None
+                               else None,
+                               Form("grammar", grammar=request.grammar) if request.grammar is not None else None,
                                Form("tools", calls=forced) if forced else None) if form is not None]
     if len(forms) > 1:
         first, second = (FORCED_CALL if form.calls else form.field for form in forms[:2])

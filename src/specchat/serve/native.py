@@ -25,7 +25,7 @@ class Native(Endpoint):
         """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
         field a prompt too long for the context is blamed on)."""
         fields = response_fields(body)
-        form = self.form(form_of(None, [], body))
+        form = self.form(form_of(body))
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(token_log(body), "n_probs"))
         asked = llama_penalties(body, self.config.tokenizer, self.config.sampling, body.logit_bias)

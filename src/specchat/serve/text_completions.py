@@ -44,7 +44,7 @@ class TextCompletions(Endpoint):
             request.state.prompt = prompt
             if body.suffix is not None:
                 request.state.suffix = body.suffix
-        form = self.form(form_of(response_schema(body.response_format), [], body))
+        form = self.form(form_of(body, response_schema(body.response_format)))
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(None if body.logprobs is None else TokenLog(body.logprobs),
                                                  "logprobs"))

@@ -6,14 +6,12 @@ from typing import Any
 from specchat.decoding.events import AUTO, SamplingParams
 from specchat.decoding.reply_sampling import reply_sampling
 from specchat.limits import (BUDGET, DEFAULT_LOOKAHEAD, DEFAULT_MAX_DEPTH, DEFAULT_REPEAT_LAST_N, DEFAULT_SEED,
-                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, DRY_BOUNDS, LOOKAHEAD, MAX_TOKENS,
-                             PRESENCE_OR_FREQUENCY, REPEAT_LAST_N, REPEAT_PENALTY, SAMPLING_BOUNDS, SEED_LIMIT,
-                             fresh_seed)
+                             DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEPTH, LOOKAHEAD, MAX_TOKENS, PENALTY_BOUNDS,
+                             SAMPLING_BOUNDS, SEED_LIMIT, fresh_seed)
 
 # The ranges of the numeric settings, the command line's own (specchat.limits).
 LIMITS = {"budget": BUDGET, "depth": DEPTH, "lookahead": LOOKAHEAD, "max_tokens": MAX_TOKENS, **SAMPLING_BOUNDS,
-          "repeat_penalty": REPEAT_PENALTY, "repeat_last_n": REPEAT_LAST_N, "presence_penalty": PRESENCE_OR_FREQUENCY,
-          "frequency_penalty": PRESENCE_OR_FREQUENCY, **DRY_BOUNDS}
+          **PENALTY_BOUNDS}
 
 
 @dataclass(frozen=True)
