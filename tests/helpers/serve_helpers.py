@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -15,6 +16,7 @@ from starlette.applications import Starlette
 
 from specchat.decoding.events import Engine
 from specchat.decoding.guide import Grammars
+from specchat.errors import SpecchatError
 from specchat.serve.app import build_app
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.fim import FimTokens
@@ -63,6 +65,31 @@ class CharTokenizer:
 
 TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 tokens, round-tripping
 ASCII_TOKENIZER = CharTokenizer(vocab=128)  # a token a character, "\n" and ":" among them (DRY's breakers)
+
+
+class RecordingGrammars:
+    """A grammar compiler (served as `grammars`) recording what each request's form compiled to;
+    each guide it makes starts as "guide N", N its place in the record. A grammar holding
+    "nowhere" is refused as llguidance refuses a rule it cannot find."""
+
+    def __init__(self) -> None:
+        self.compiled: list[tuple[str, object]] = []
+
+    def grammar(self, text: str):
+        if "nowhere" in text:
+            raise SpecchatError("the grammar cannot be compiled: Rule 'nowhere' not found")
+        return self.recorded("grammar", text)
+
+    def json_schema(self, schema: dict):
+        return self.recorded("schema", schema)
+
+    def lark(self, text: str):
+        return self.recorded("lark", text)
+
+    def recorded(self, kind: str, form: object) -> SimpleNamespace:
+        self.compiled.append((kind, form))
+        number = len(self.compiled)
+        return SimpleNamespace(start=lambda: f"guide {number}")
 
 
 def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context: int = 4096,

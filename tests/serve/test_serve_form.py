@@ -6,9 +6,8 @@ field."""
 from types import SimpleNamespace
 
 import pytest
-from helpers.serve_helpers import MODEL, client, make_app, post_json, post_refused, serving
+from helpers.serve_helpers import MODEL, RecordingGrammars, client, make_app, post_json, post_refused, serving
 
-from specchat.errors import SpecchatError
 from specchat.serve.errors import APIError
 from specchat.serve.fim import FimTokens
 from specchat.serve.form import Form, form_of
@@ -43,25 +42,9 @@ def test_two_forms_of_one_reply_are_one_400_line(request_, schema, forced, messa
     assert refused.value.message == f"{message} ask two forms of one reply: send one"
 
 
-class Compiler:
-    """Records what each request's form compiled to; a grammar holding "nowhere" is refused as
-    llguidance refuses a rule it cannot find."""
-
-    def __init__(self) -> None:
-        self.compiled: list[tuple[str, object]] = []
-
-    def grammar(self, text: str):
-        if "nowhere" in text:
-            raise SpecchatError("the grammar cannot be compiled: Rule 'nowhere' not found")
-        return self.compiled.append(("grammar", text)) or SimpleNamespace(start=lambda: f"guide {len(self.compiled)}")
-
-    def json_schema(self, schema: dict):
-        return self.compiled.append(("schema", schema)) or SimpleNamespace(start=lambda: f"guide {len(self.compiled)}")
-
-
 @pytest.fixture
 def served():
-    engine, compiler = FakeEngine(), Compiler()
+    engine, compiler = FakeEngine(), RecordingGrammars()
     app, _ = make_app([engine], grammars=lambda: compiler, fim=FimTokens("<P>", "<S>", "<M>"))
     with serving(app) as url:
         yield engine, compiler, url

@@ -23,6 +23,7 @@ from specchat.serve.native_completion import NativeCompletion
 from specchat.serve.ollama_routes import ollama_routes
 from specchat.serve.metrics import CONTENT_TYPE, ServeMetrics
 from specchat.serve.props import props
+from specchat.serve.responses import Responses
 from specchat.serve.scheduler import Scheduler
 from specchat.serve.schema import Body, parsed
 from specchat.serve.text_completions import TextCompletions
@@ -98,6 +99,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", decoding(ChatCompletions(config, scheduler)), methods=["POST"]),
         Route("/v1/completions", decoding(TextCompletions(config, scheduler)), methods=["POST"]),
+        Route("/v1/responses", decoding(Responses(config, scheduler)), methods=["POST"]),  # for agents
         # llama.cpp's own: /infill for its editor plugins, /completion for its scripts
         Route("/infill", decoding(Infill(config, scheduler)), methods=["POST"]),
         Route("/completion", decoding(NativeCompletion(config, scheduler)), methods=["POST"]),

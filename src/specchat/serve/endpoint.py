@@ -111,7 +111,7 @@ class Endpoint:
             if asked.schema is not None:
                 return compiler.json_schema(asked.schema)
             return compiler.grammar(asked.grammar) if asked.grammar is not None else compiler.lark(
-                call_grammar(asked.calls))
+                call_grammar(asked.calls, asked.one_call))
         except SpecchatError as error:
             raise bad_request(str(error), "invalid_value", asked.field) from None
 

@@ -17,16 +17,20 @@ class Form:
     schema: dict | None = None
     grammar: str | None = None
     calls: list[dict] = field(default_factory=list)
+    one_call: bool = False  # the calls' grammar takes one call, not several (parallel_tool_calls false)
 
 
-def form_of(request: Decoded, schema: dict | None = None, forced: list[dict] | None = None) -> Form | None:
-    """The form `request` asks (None: free text): `schema` from its response_format, the `forced`
-    functions of its tool_choice, or llama.cpp's `json_schema` and `grammar` fields."""
-    forms = [form for form in (Form("response_format", schema=schema) if schema is not None else None,
+def form_of(request: Decoded, schema: dict | None = None, forced: list[dict] | None = None,
+            schema_field: str = "response_format", one_call: bool = False) -> Form | None:
+    """The form `request` asks (None: free text): `schema` from its `schema_field` (the Responses
+    API's text.format), one or more calls (`one_call`: one) of the `forced` functions of its
+    tool_choice, or llama.cpp's `json_schema` and `grammar` fields."""
+    forms = [form for form in (Form(schema_field, schema=schema) if schema is not None else None,
                                Form("json_schema", schema=request.json_schema) if request.json_schema is not None
                                else None,
                                Form("grammar", grammar=request.grammar) if request.grammar is not None else None,
-                               Form("tools", calls=forced) if forced else None) if form is not None]
+                               Form("tools", calls=forced, one_call=one_call) if forced else None)
+             if form is not None]
     if len(forms) > 1:
         first, second = (FORCED_CALL if form.calls else form.field for form in forms[:2])
         raise bad_request(f"{first} and {second} ask two forms of one reply: send one", "invalid_value",

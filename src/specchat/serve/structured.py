@@ -69,15 +69,16 @@ def forced_functions(functions: list[dict], tool_choice: Any) -> list[dict]:
     return chosen
 
 
-def call_grammar(functions: list[dict]) -> str:
+def call_grammar(functions: list[dict], one: bool = False) -> str:
     """A Lark grammar (llguidance's dialect: `%json` embeds a schema, a bare <name> is the special
-    token of that name, as Qwen2.5's tokenizer holds <tool_call>) of one or more calls of
-    `functions`, each a <tool_call> block as the template writes them."""
+    token of that name, as Qwen2.5's tokenizer holds <tool_call>) of one or more calls (`one`: one)
+    of `functions`, each a <tool_call> block as the template writes them."""
     options = [{"type": "object", "properties": {"name": {"const": function["name"]},
                                                   "arguments": function.get("parameters") or {"type": "object"}},
                 "required": ["name", "arguments"], "additionalProperties": False} for function in functions]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return f'start: call ("\\n" call)*\ncall: {TOOL_OPEN} "\\n" %json {json.dumps(schema)} "\\n" {TOOL_CLOSE}\n'
+    more = "" if one else ' ("\\n" call)*'
+    return f'start: call{more}\ncall: {TOOL_OPEN} "\\n" %json {json.dumps(schema)} "\\n" {TOOL_CLOSE}\n'
 
 
 def split_calls(text: str) -> tuple[str | None, list[dict]]:
