@@ -26,6 +26,12 @@ def text(**changes) -> bytes:
     return json.dumps({k: v for k, v in fields.items() if v is not None}).encode()
 
 
+def responses(**changes) -> bytes:
+    """A Responses API request's body; a change to None leaves that field out."""
+    fields = {"model": MODEL, "input": "hi", "max_output_tokens": 4, **changes}
+    return json.dumps({k: v for k, v in fields.items() if v is not None}).encode()
+
+
 def without(field: str) -> bytes:
     return json.dumps({k: v for k, v in GOOD.items() if k != field}).encode()
 
@@ -158,6 +164,24 @@ CASES = [
      "model_not_found", "model 'gpt-3.5-turbo-instruct' is not served here: this server serves 'tiny'"),
     ("text: no key", "POST", "/v1/completions", text(), {"Content-Type": "application/json"}, 401, "invalid_api_key",
      "missing API key: send the header 'Authorization: Bearer KEY'"),
+    ("responses: no input", "POST", "/v1/responses", responses(input=None), AUTH, 400, "missing_field",
+     "input is required"),
+    ("responses: input a number", "POST", "/v1/responses", responses(input=3), AUTH, 400, "invalid_type",
+     "input: input should be a valid string"),
+    ("responses: an item without its role", "POST", "/v1/responses", responses(input=[{"content": "hi"}]), AUTH, 400,
+     "missing_field", "input[0].role is required: a string"),
+    ("responses: max_output_tokens zero", "POST", "/v1/responses", responses(max_output_tokens=0), AUTH, 400,
+     "invalid_value", "max_output_tokens must be between 1 and 32768 (got 0)"),
+    ("responses: input over the context", "POST", "/v1/responses", responses(input="x" * 300), AUTH, 400,
+     "context_length_exceeded",
+     "the prompt is 320 tokens, which leaves no room for a reply in the 256-token context: shorten it"),
+    ("responses: a stored response named", "POST", "/v1/responses", responses(previous_response_id="resp_1"), AUTH,
+     400, "unsupported_parameter", "previous_response_id (this server keeps no responses: send the whole "
+     "conversation in input) is not supported by specchat"),
+    ("responses: unknown model", "POST", "/v1/responses", responses(model="gpt-5"), AUTH, 404, "model_not_found",
+     "model 'gpt-5' is not served here: this server serves 'tiny'"),
+    ("responses: no key", "POST", "/v1/responses", responses(), {"Content-Type": "application/json"}, 401,
+     "invalid_api_key", "missing API key: send the header 'Authorization: Bearer KEY'"),
 ]
 
 
@@ -205,6 +229,12 @@ FORMS = [
     ("/completion", {"prompt": "hi", "n_probs": 2, "stream": True}, "n_probs"),
     ("/api/chat", {"model": MODEL, "messages": user("hi"), "logprobs": True}, "logprobs"),  # Ollama streams by default
     ("/api/generate", {"model": MODEL, "prompt": "hi", "format": "json"}, "format"),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "stream": True, "include": ["message.output_text.logprobs"]},
+     "include"),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "stream": True, "text": {"format": {"type": "json_object"}}},
+     "text.format"),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "stream": True, "tool_choice": "required",
+                       "tools": [{"type": "function", "name": "weather"}]}, "tools"),
 ]
 
 
