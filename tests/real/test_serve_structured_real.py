@@ -2,17 +2,21 @@
 scripts drive it: `chat.completions.parse` with a pydantic model returns the parsed object; a tool
 round trip (the call, the tool's result, the final answer) works whole and streamed; logprobs come
 with every token; a pydantic-ai agent (a third-party client users run) calls a tool and returns its
-structured output through it, over the chat route and over the Responses API's. Greedy, bf16 and
+structured output through it, over the chat route, the Responses API's and Anthropic's. Greedy, bf16 and
 --budget auto: the exactness of constrained decoding is test_real_guided.py's, on float32."""
 
 import json
+
+import anthropic
 import openai
 import pytest
 from helpers.serve_process import serving
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
 pytestmark = pytest.mark.real
@@ -113,12 +117,23 @@ def test_a_schema_the_grammar_engine_refuses_is_a_400_naming_the_field(chat):
     assert client.chat.completions.create(model=model, messages=ASK, max_tokens=4).choices  # still serving
 
 
-@pytest.mark.parametrize("api", [OpenAIChatModel, OpenAIResponsesModel])
+def agent_model(api: str, client: openai.OpenAI, model: str) -> object:
+    """pydantic-ai's model speaking `api` to the server `client` reaches."""
+    if api == "messages":  # Anthropic's API, at the server's root
+        return AnthropicModel(model, provider=AnthropicProvider(anthropic_client=anthropic.AsyncAnthropic(
+            base_url=str(client.base_url).removesuffix("/v1/"), api_key="unused", max_retries=0, timeout=600)))
+    provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=str(client.base_url), api_key="unused",
+                                                               max_retries=0, timeout=600))
+    return (OpenAIChatModel if api == "chat" else OpenAIResponsesModel)(model, provider=provider)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 def test_a_pydantic_ai_agent_calls_a_tool_and_returns_its_output_type(chat, api):
     """pydantic-ai sends its function tools beside an output tool (`final_result`) with
-    tool_choice `required`: the reply must be calls it parses, the function tool runs, and the
-    output tool's arguments validate as the agent's output type; through the chat completions
-    route and through the Responses API's (the function's output sent back as an input item)."""
+    tool_choice `required` (Anthropic's `any`): the reply must be calls it parses, the function
+    tool runs, and the output tool's arguments validate as the agent's output type; through the chat
+    completions route, the Responses API's (the function's output sent back as an input item) and
+    Anthropic's Messages API's (a tool_result block)."""
     client, model = chat
     asked: list[str] = []
 
@@ -127,9 +142,7 @@ def test_a_pydantic_ai_agent_calls_a_tool_and_returns_its_output_type(chat, api)
         asked.append(city)
         return "18 C and sunny"
 
-    provider = OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=str(client.base_url), api_key="unused",
-                                                               max_retries=0, timeout=600))
-    agent = Agent(api(model, provider=provider), output_type=Weather, tools=[get_weather], retries=0)
+    agent = Agent(agent_model(api, client, model), output_type=Weather, tools=[get_weather], retries=0)
     result = agent.run_sync(ASK[0]["content"], model_settings={"max_tokens": 64, "temperature": 0})
     called = [part.tool_name for message in result.all_messages() if isinstance(message, ModelResponse)
               for part in message.parts if isinstance(part, ToolCallPart)]

@@ -235,6 +235,11 @@ FORMS = [
      "text.format"),
     ("/v1/responses", {"model": MODEL, "input": "hi", "stream": True, "tool_choice": "required",
                        "tools": [{"type": "function", "name": "weather"}]}, "tools"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": user("hi"), "stream": True,
+                      "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "output_config.format"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": user("hi"), "stream": True,
+                      "tool_choice": {"type": "any"}, "tools": [{"name": "weather"}]}, "tools"),
 ]
 
 

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from transformers import PreTrainedTokenizerBase
 
+from specchat.serve.anthropic import anthropic_routes
 from specchat.serve.completions import ChatCompletions
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError, api_error_response, http_error_response
@@ -41,12 +42,15 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
     created = int(time.time())
     engine = scheduler.slots[0].engine.name  # every slot's is the same kind
 
-    def authorize(request: Request) -> None:
+    def authorize(request: Request, header: str = "Authorization: Bearer KEY") -> None:
+        """The key, as OpenAI's clients send it or as Anthropic's do (`x-api-key`); a refusal names
+        `header`, the one this route's clients send."""
         if config.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {config.api_key}":
-            given = "missing" if "authorization" not in request.headers else "wrong"
-            raise APIError(401, f"{given} API key: send the header 'Authorization: Bearer KEY'", "invalid_api_key")
+        keys = (request.headers.get("authorization"), request.headers.get("x-api-key"))
+        if f"Bearer {config.api_key}" != keys[0] and config.api_key != keys[1]:
+            given = "missing" if keys == (None, None) else "wrong"
+            raise APIError(401, f"{given} API key: send the header '{header}'", "invalid_api_key")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -108,6 +112,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/detokenize", tokenizing(detokenized, DetokenizeRequest), methods=["POST"]),
         Route("/apply-template", tokenizing(templated, TemplateRequest), methods=["POST"]),
         *ollama_routes(config, scheduler, authorize),  # Ollama's API, for oterm, Open WebUI and the like
+        *anthropic_routes(config, scheduler, authorize),  # Anthropic's Messages API, for Claude Code
     ]
     figures = ServeMetrics(config.model, engine, scheduler,
                            frozenset(route.path for route in routes))
