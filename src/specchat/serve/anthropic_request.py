@@ -3,8 +3,8 @@ and the Anthropic SDK send them: checked as the chat route's are (pydantic, stri
 its terms. `system` becomes the system message; a message's content blocks become chat messages
 (an assistant's `tool_use` blocks its tool calls, a user's `tool_result` blocks the tool's messages,
 in their order); tools' `input_schema` their parameters; `tool_choice` auto / any / tool / none the
-chat's auto / required / a named function / none; `output_config.format` a JSON schema. Thinking blocks replayed from another model are
-left out: this model has no reasoning mode to read them with."""
+chat's auto / required / a named function / none; `output_config.format` a JSON schema. Thinking
+blocks replayed from another model are left out: this model has no reasoning mode to read them with."""
 
 from typing import Any
 
