@@ -23,6 +23,7 @@ from specchat.serve.fim import FimTokens
 from specchat.serve.listen import bind, server_for, url_of
 from specchat.serve.scheduler import Scheduler
 from specchat.serve.schema import Defaults
+from specchat.tui.fake import FakeEngine
 
 MODEL = "tiny"
 START_S = 10  # a server that has not started by then fails its test
@@ -129,6 +130,21 @@ def serving_engine(engine: Engine, **app_options) -> Iterator[str]:
     app, _ = make_app([engine], **app_options)
     with serving(app) as url:
         yield url
+
+
+@contextmanager
+def serving_recorded(**app_options) -> Iterator[tuple[FakeEngine, RecordingGrammars, str]]:
+    """A fake engine served with a recording grammar compiler (make_app's options): yields the
+    engine, the compiler and the base URL."""
+    engine, compiler = FakeEngine(), RecordingGrammars()
+    app, _ = make_app([engine], grammars=lambda: compiler, **app_options)
+    with serving(app) as url:
+        yield engine, compiler, url
+
+
+def prompt_of(engine: FakeEngine) -> str:
+    """The last prompt a fake engine decoded, as text (a token a character)."""
+    return "".join(map(chr, engine.calls[-1][0]))
 
 
 def client(url: str, api_key: str = "unused") -> openai.OpenAI:

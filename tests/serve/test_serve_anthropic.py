@@ -11,7 +11,7 @@ import urllib.request
 
 import anthropic
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, RecordingGrammars, make_app, serving
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, make_app, prompt_of, serving, serving_recorded
 from pydantic import BaseModel
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -41,14 +41,8 @@ def client(url: str, key: str = KEY) -> anthropic.Anthropic:
 @pytest.fixture
 def served():
     """A fake engine served behind a key with a recording grammar compiler: yields (engine, compiler, client, url)."""
-    engine, compiler = FakeEngine(), RecordingGrammars()
-    app, _ = make_app([engine], api_key=KEY, grammars=lambda: compiler)
-    with serving(app) as url:
+    with serving_recorded(api_key=KEY) as (engine, compiler, url):
         yield engine, compiler, client(url), url
-
-
-def prompt_of(engine: FakeEngine) -> str:
-    return "".join(map(chr, engine.calls[-1][0]))
 
 
 def test_a_message_holds_the_reply_why_it_stopped_and_its_usage(served):

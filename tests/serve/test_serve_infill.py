@@ -6,7 +6,8 @@ exact reply, and each refusal one line."""
 import json
 
 import pytest
-from helpers.serve_helpers import make_app, post_json, post_refused, post_streamed, serving, serving_engine
+from helpers.serve_helpers import (make_app, post_json, post_refused, post_streamed, prompt_of, serving,
+                                   serving_engine)
 
 from specchat.serve.fim import FimTokens
 from specchat.tui.fake import REPLY, FakeEngine
@@ -29,10 +30,6 @@ def fake():
     engine = FakeEngine()
     with serving_engine(engine, fim=REPO_FIM) as url:
         yield engine, url
-
-
-def prompt_of(engine: FakeEngine) -> str:
-    return "".join(map(chr, engine.calls[-1][0]))
 
 
 def test_the_request_is_laid_out_with_the_repository_and_its_files_before_the_cursor(fake):

@@ -9,7 +9,7 @@ import urllib.request
 
 import ollama
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, make_app, serving
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, make_app, prompt_of, serving
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -31,10 +31,6 @@ def fake():
     app, _ = make_app([engine])
     with serving(app) as url:
         yield engine, ollama.Client(host=url, timeout=60), url
-
-
-def prompt_of(engine: FakeEngine) -> str:
-    return "".join(map(chr, engine.calls[-1][0]))
 
 
 def test_a_chat_streams_lines_of_json_by_default_and_ends_with_ollamas_counts(fake):

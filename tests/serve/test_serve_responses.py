@@ -9,7 +9,8 @@ import urllib.request
 
 import openai
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, RecordingGrammars, client, make_app, serving
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, RecordingGrammars, client, make_app, prompt_of, serving,
+                                   serving_recorded)
 from pydantic import BaseModel
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -33,14 +34,8 @@ class Answer(BaseModel):
 @pytest.fixture
 def served():
     """A fake engine served with a recording grammar compiler: yields (engine, compiler, client, url)."""
-    engine, compiler = FakeEngine(), RecordingGrammars()
-    app, _ = make_app([engine], grammars=lambda: compiler)
-    with serving(app) as url:
+    with serving_recorded() as (engine, compiler, url):
         yield engine, compiler, client(url), url
-
-
-def prompt_of(engine: FakeEngine) -> str:
-    return "".join(map(chr, engine.calls[-1][0]))
 
 
 def test_a_response_holds_the_reply_as_a_message_with_usage_and_the_specchat_figures(served):

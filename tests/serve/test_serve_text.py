@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import openai
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, serving, user
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, prompt_of, serving,
+                                   user)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -30,10 +31,6 @@ def fake():
     app, _ = make_app([engine], fim=FIM)
     with serving(app) as url:
         yield engine, client(url), url
-
-
-def prompt_of(engine: FakeEngine) -> str:
-    return "".join(map(chr, engine.calls[-1][0]))
 
 
 def test_a_raw_prompt_is_sent_as_is_and_16_tokens_come_back_by_default(fake):
