@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
+from pydantic import BaseModel
 from starlette.applications import Starlette
 
 from specchat.decoding.events import Engine
@@ -66,6 +67,17 @@ class CharTokenizer:
 
 TINY_TOKENIZER = CharTokenizer(offset=20000, vocab=50)  # the tiny models' 50 tokens, round-tripping
 ASCII_TOKENIZER = CharTokenizer(vocab=128)  # a token a character, "\n" and ":" among them (DRY's breakers)
+
+
+# A reply of two parallel calls of a "weather" tool, as Qwen2.5's template writes calls.
+TWO_CALLS = ('<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>\n'
+             '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>')
+
+
+class Answer(BaseModel):
+    """A structured reply's type, as a client's parse helper takes one."""
+
+    answer: int
 
 
 class RecordingGrammars:

@@ -11,8 +11,8 @@ import urllib.request
 
 import anthropic
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, make_app, prompt_of, serving, serving_recorded
-from pydantic import BaseModel
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, TWO_CALLS, Answer, make_app, prompt_of, serving,
+                                   serving_recorded)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -26,12 +26,6 @@ KEY = "sesame"
 HI = [{"role": "user", "content": "hi"}]
 PROMPT = "<system>be brief</><user>hi</><assistant>"  # CharTokenizer's template: a character a token
 WEATHER = {"name": "weather", "description": "now", "input_schema": {"type": "object"}}
-CALLS = ('<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>\n'
-         '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>')
-
-
-class Answer(BaseModel):
-    answer: int
 
 
 def client(url: str, key: str = KEY) -> anthropic.Anthropic:
@@ -94,7 +88,7 @@ def test_the_token_limit_and_a_stop_sequence_say_why_the_reply_stopped(served, s
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_calls_are_tool_use_blocks_and_the_conversation_goes_on_after_their_results(stream):
-    engine = FakeEngine(reply=CALLS)
+    engine = FakeEngine(reply=TWO_CALLS)
     app, _ = make_app([engine])
     with serving(app) as url:
         claude = client(url)

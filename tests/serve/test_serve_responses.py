@@ -9,9 +9,8 @@ import urllib.request
 
 import openai
 import pytest
-from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, RecordingGrammars, client, make_app, prompt_of, serving,
-                                   serving_recorded)
-from pydantic import BaseModel
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, TWO_CALLS, Answer, RecordingGrammars, client, make_app,
+                                   prompt_of, serving, serving_recorded)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -23,12 +22,6 @@ from specchat.tui.fake import REPLY, FakeDSIEngine, FakeEngine
 
 PROMPT = "<system>be brief</><user>hi</><assistant>"  # CharTokenizer's template: a character a token
 WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
-CALLS = ('<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>\n'
-         '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>.')
-
-
-class Answer(BaseModel):
-    answer: int
 
 
 @pytest.fixture
@@ -96,7 +89,7 @@ def test_running_out_of_tokens_is_an_incomplete_response(served, stream):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_calls_come_back_as_function_call_items_and_the_conversation_goes_on(stream):
-    engine = FakeEngine(reply=CALLS)
+    engine = FakeEngine(reply=TWO_CALLS)
     app, _ = make_app([engine])
     with serving(app) as url:
         responses = client(url).responses
