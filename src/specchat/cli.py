@@ -154,7 +154,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8000, help="Port to listen on (0: any free port)."),
     api_key: str = typer.Option(None, envvar="SPECCHAT_API_KEY", show_envvar=True,
-                                help="Require 'Authorization: Bearer KEY' on /v1 requests."),
+                                help="Require the key on every route but /health: 'Authorization: Bearer KEY', or "
+                                "'x-api-key: KEY' as Anthropic's clients send it."),
     max_queue: int = typer.Option(16, help="Requests that may wait for the engine; past them the server answers 429."),
     slots: int = typer.Option(4, help="Engines over the loaded models, each keeping one conversation's caches; "
                               "one request decodes at a time."),
@@ -165,8 +166,9 @@ def serve(
     penalties: PenaltyOptions,
     options: EngineOptions,
 ) -> None:
-    """Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models, /health). The sampling and
-    penalty options are what a request leaves out."""
+    """Serve OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions), Anthropic's
+    (/v1/messages), llama.cpp's and Ollama's. The sampling and penalty options are what a request
+    leaves out."""
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
     from specchat.serve.schema import Defaults
 
