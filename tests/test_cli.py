@@ -80,7 +80,7 @@ def test_generate_typical_p_mirostat_and_llamas_cuts_change_the_reply_and_both_e
               "--dtype", "float32", "--json", "--temperature", "2", "--seed", "5"]
     replies = {}
     mirostat = ["--mirostat", "1", "--mirostat-tau", "2", "--mirostat-eta", "0.3"]
-    llamas = ["--top-n-sigma", "1", "--xtc-probability", "0.7", "--xtc-threshold", "0.02"]
+    llamas = ["--top-n-sigma", "1", "--xtc-probability", "0.7", "--xtc-threshold", "0.02", "--dynatemp-range", "1.5"]
     for name, engine, cut in [("hot", "autoregressive", []), ("typical", "autoregressive", ["--typical-p", "0.05"]),
                               ("typical tree", "specexec", ["--typical-p", "0.05"]),
                               ("mirostat", "autoregressive", mirostat), ("mirostat tree", "specexec", mirostat),
@@ -154,6 +154,8 @@ def test_run_hands_the_cuts_and_the_repeat_penalty_to_the_chat(monkeypatch, caps
         (["--top-n-sigma", "-2"], "--top-n-sigma must be between -1 and 100 (got -2.0)"),
         (["--dry-base", "0.5"], "--dry-base must be between 1 and 100 (got 0.5)"),
         (["--xtc-probability", "1.5"], "--xtc-probability must be between 0 and 1 (got 1.5)"),
+        (["--dynatemp-range", "-0.5"], "--dynatemp-range must be between 0 and 5 (got -0.5)"),
+        (["--dynatemp-exponent", "-1"], "--dynatemp-exponent must be between 0 and 100 (got -1.0)"),
         (["--mirostat", "3"], "--mirostat must be between 0 and 2 (got 3)"),
         (["--mirostat-tau", "-1"], "--mirostat-tau must be between 0 and 100 (got -1.0)"),
         (["--mirostat-eta", "20"], "--mirostat-eta must be between 0 and 10 (got 20.0)"),

@@ -111,6 +111,7 @@ def test_the_sampling_options_stand_where_each_command_names_them_before_its_see
 
 def test_sampling_options_become_the_engines_params_with_vllms_top_k_off_as_zero():
     options = SamplingOptions(temperature=0.3, top_p=0.7, top_k=-1, min_p=0.1, typical_p=0.8, top_n_sigma=2.0,
-                              xtc_probability=0.4, xtc_threshold=0.2)
+                              xtc_probability=0.4, xtc_threshold=0.2, dynatemp_range=0.6, dynatemp_exponent=2.0)
     assert options.params(9) == SamplingParams(temperature=0.3, top_p=0.7, seed=9, top_k=0, min_p=0.1, typical_p=0.8,
-                                               top_n_sigma=2.0, xtc_probability=0.4, xtc_threshold=0.2)
+                                               top_n_sigma=2.0, xtc_probability=0.4, xtc_threshold=0.2,
+                                               dynatemp_range=0.6, dynatemp_exponent=2.0)

@@ -38,6 +38,11 @@ XtcProbabilityOpt = Annotated[float, typer.Option(
     help="How often XTC drops the tokens at least --xtc-threshold likely but the least of them, as llama.cpp's "
          "(0: never).")]
 XtcThresholdOpt = Annotated[float, typer.Option(help="The probability from which XTC counts a token as a top choice.")]
+DynatempRangeOpt = Annotated[float, typer.Option(
+    help="Dynamic temperature, as llama.cpp's: each token's temperature in [temperature - R, temperature + R], set by "
+         "the entropy of what the cuts leave, which then run before it (0: a fixed temperature).")]
+DynatempExponentOpt = Annotated[float, typer.Option(
+    help="How the normalized entropy maps onto that range: its power, as llama-cli's --dynatemp-exp.")]
 MirostatOpt = Annotated[int, typer.Option(
     help="Sample by mirostat 1 or 2, as llama.cpp's, holding each token's surprise near --mirostat-tau in place of "
          "the cuts above (0: off).")]
@@ -188,6 +193,8 @@ class SamplingOptions:
     top_n_sigma: float = -1.0
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
@@ -204,6 +211,7 @@ class SamplingOptions:
 SAMPLING_OPTIONS: dict[str, Any] = {"temperature": TemperatureOpt, "top_p": TopPOpt, "top_k": TopKOpt,
                                     "min_p": MinPOpt, "typical_p": TypicalPOpt, "top_n_sigma": TopNSigmaOpt,
                                     "xtc_probability": XtcProbabilityOpt, "xtc_threshold": XtcThresholdOpt,
+                                    "dynatemp_range": DynatempRangeOpt, "dynatemp_exponent": DynatempExponentOpt,
                                     "mirostat": MirostatOpt,
                                     "mirostat_tau": MirostatTauOpt, "mirostat_eta": MirostatEtaOpt}
 

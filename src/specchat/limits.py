@@ -52,6 +52,8 @@ TYPICAL_P = Bounds(0.0, 1.0, low_open=True)  # the typical set's mass; 1 cuts no
 TOP_N_SIGMA = Bounds(-1.0, 100.0)  # standard deviations below the top logit kept; <= 0 (llama.cpp's -1) cuts nothing
 XTC_PROBABILITY = Bounds(0.0, 1.0)  # how often XTC drops the likeliest tokens; 0: never
 XTC_THRESHOLD = Bounds(0.0, 1.0)  # the probability from which a token counts as a top choice; above 0.5 none can
+DYNATEMP_RANGE = Bounds(0.0, 5.0)  # how far the dynamic temperature moves either way; 0: a fixed temperature
+DYNATEMP_EXPONENT = Bounds(0.0, 100.0)  # the power of the normalized entropy that sets it
 MIROSTAT = Bounds(0, 2)  # mirostat's version; 0: off
 MIROSTAT_TAU = Bounds(0.0, 100.0)  # its target surprise, in bits a token
 MIROSTAT_ETA = Bounds(0.0, 10.0)  # its learning rate
@@ -59,7 +61,8 @@ MIROSTAT_ETA = Bounds(0.0, 10.0)  # its learning rate
 # are the names with dashes): one table for the command line's, the chat's and serve's checks.
 SAMPLING_BOUNDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P,
                    "typical_p": TYPICAL_P, "top_n_sigma": TOP_N_SIGMA, "xtc_probability": XTC_PROBABILITY,
-                   "xtc_threshold": XTC_THRESHOLD, "mirostat": MIROSTAT, "mirostat_tau": MIROSTAT_TAU,
+                   "xtc_threshold": XTC_THRESHOLD, "dynatemp_range": DYNATEMP_RANGE,
+                   "dynatemp_exponent": DYNATEMP_EXPONENT, "mirostat": MIROSTAT, "mirostat_tau": MIROSTAT_TAU,
                    "mirostat_eta": MIROSTAT_ETA}
 PRESENCE_OR_FREQUENCY = Bounds(-2.0, 2.0)  # OpenAI's presence_penalty and frequency_penalty
 REPEAT_PENALTY = Bounds(0.0, 100.0, low_open=True)  # 1: off; a repeated token's logit divided or multiplied by it

@@ -89,6 +89,22 @@ def test_specexec_under_top_n_sigma_and_xtc_matches_autoregressive_within_their_
     assert not any(cut[tokens[j]] for j, cut in zip(fell, excluded))
 
 
+def test_specexec_under_a_dynamic_temperature_matches_autoregressive(tiny_target, tiny_draft):
+    """The temperature set by each position's entropy, after min-p cut the untempered logits: a
+    function of the position's logits, so the tree cannot change it; the reply differs from one at
+    the fixed temperature, and each token lies in min-p's set at temperature 1."""
+    sampling = SamplingParams(0.8, 1.0, seed=11, min_p=0.02, dynatemp_range=0.7, dynatemp_exponent=0.5)
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling)
+    tokens, events = run(TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8)),
+                         sampling)
+    assert tokens == reference and sum(e.accepted for e in events) > 0
+    assert tokens != run(AutoregressiveEngine(tiny_target, []), replace(sampling, dynatemp_range=0.0))[0]
+    sequence = PROMPT + tokens
+    logits = tiny_target.logits(tiny_target.hidden(torch.tensor(sequence), torch.arange(len(sequence)), new_cache()))
+    kept = torch.isfinite(filter_logits(logits[len(PROMPT) - 1:-1].float(), 1.0, 1.0, min_p=0.02))
+    assert kept.gather(1, torch.tensor(tokens)[:, None]).all()
+
+
 def test_specexec_accepts_draft_tokens(tiny_target, tiny_draft):
     engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=32, max_depth=8))
     _, events = run(engine, GREEDY)

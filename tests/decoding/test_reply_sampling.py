@@ -7,7 +7,8 @@ from specchat.decoding.reply_sampling import AS_GIVEN, reply_sampling
 from specchat.limits import SAMPLING_BOUNDS
 
 SETTINGS = {"temperature": 0.7, "top_p": 0.8, "top_k": -1, "min_p": 0.05, "typical_p": 0.9, "top_n_sigma": 1.5,
-            "xtc_probability": 0.3, "xtc_threshold": 0.2, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+            "xtc_probability": 0.3, "xtc_threshold": 0.2, "dynatemp_range": 0.5, "dynatemp_exponent": 2.0,
+            "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
 
 
 def test_every_checked_setting_reaches_the_replys_sampling():
@@ -20,7 +21,8 @@ def test_every_checked_setting_reaches_the_replys_sampling():
 def test_the_settings_become_the_params_with_vllms_top_k_off_as_zero():
     assert reply_sampling(SETTINGS, 4) == SamplingParams(temperature=0.7, top_p=0.8, seed=4, top_k=0, min_p=0.05,
                                                          typical_p=0.9, top_n_sigma=1.5, xtc_probability=0.3,
-                                                         xtc_threshold=0.2)
+                                                         xtc_threshold=0.2, dynatemp_range=0.5,
+                                                         dynatemp_exponent=2.0)
     assert reply_sampling({**SETTINGS, "top_k": 40}, 4).top_k == 40
 
 

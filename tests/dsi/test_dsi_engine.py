@@ -72,10 +72,13 @@ def test_dsi_equals_autoregressive(tiny_target, tiny_draft, rough_draft, samplin
 
 
 def test_dsi_under_llama_cpps_cuts_equals_autoregressive(tiny_target, tiny_draft):
-    """XTC's coin keyed by (seed, position): jobs verifying apart decide it as sequential decoding does."""
-    sampling = SamplingParams(1.0, 1.0, seed=7, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.05)
+    """XTC's coin keyed by (seed, position): jobs verifying apart decide it as sequential decoding
+    does; and so the dynamic temperature, a function of each position's logits."""
+    sampling = SamplingParams(1.0, 1.0, seed=7, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.05,
+                              dynatemp_range=0.5)
     reference, _ = run(AutoregressiveEngine(tiny_target, []), sampling, 60)
     assert reference != run(AutoregressiveEngine(tiny_target, []), replace(sampling, xtc_probability=0.0), 60)[0]
+    assert reference != run(AutoregressiveEngine(tiny_target, []), replace(sampling, dynatemp_range=0.0), 60)[0]
     with dsi(tiny_target, tiny_draft, 2, 3) as engine:
         assert run(engine, sampling, 60)[0] == reference
 

@@ -24,7 +24,9 @@ from transformers import DynamicCache
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.decoding.sampling import emit_token, sampled_probs, uniform
+from specchat.decoding.dynatemp import dynamic_temperature
+from specchat.decoding.llama_cuts import xtc_cuts_at
+from specchat.decoding.sampling import emit_token, filter_logits, sampled_probs, uniform
 
 NEAR_TIE = 1e-4  # in logits
 MAX_TIES = 1  # per prompt
@@ -78,7 +80,9 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     scales each probability by a factor within exp(+-2d/T) (numerator and normaliser each move
     within exp(+-d/T)), so every C(i) moves by at most exp(2d/T) - 1. With u at distance r from
     the token's interval, r <= exp(2d/T) - 1, i.e. 2d >= T log(1 + r). A top-p cut that moves
-    with the logits is not modelled: such a flip has a large r and fails, it never passes.
+    with the logits is not modelled: such a flip has a large r and fails, it never passes. Under a
+    dynamic temperature T is the position's own (decoding/dynatemp.py), its own move with the
+    logits likewise not modelled.
     """
     if sampling.mirostat is not None:  # its cut at the reply's mu there, in place of the others
         probs = sampling.mirostat.probs(logits / sampling.temperature)
@@ -89,7 +93,18 @@ def sampled_gap(logits: torch.Tensor, token: int, sampling: SamplingParams, posi
     high = float(cdf[token])
     u = uniform(sampling.seed, position)
     distance = max(low - u, u - high, 0.0)
-    return sampling.temperature * log1p(distance)
+    return position_temperature(logits, sampling, position) * log1p(distance)
+
+
+def position_temperature(logits: torch.Tensor, sampling: SamplingParams, position: int) -> float:
+    """The temperature sampling divides this position's logits by: the reply's, or the dynamic one
+    set by what the cuts at temperature 1 kept."""
+    if sampling.dynatemp_range <= 0 or sampling.mirostat is not None:
+        return sampling.temperature
+    xtc = sampling.xtc_threshold if xtc_cuts_at(sampling.seed, position, sampling.xtc_probability) else None
+    cut = filter_logits(logits, 1.0, sampling.top_p, sampling.top_k, sampling.min_p, sampling.typical_p,
+                        sampling.top_n_sigma, xtc)
+    return float(dynamic_temperature(cut, sampling.temperature, sampling.dynatemp_range, sampling.dynatemp_exponent))
 
 
 def counted_afresh(sampling: SamplingParams, prompt_ids: list[int], emitted: list[int],

@@ -7,16 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers.engines import GREEDY
-from helpers.exactness import MAX_TIES, NEAR_TIE, ExactnessCheck, Sequential
+from helpers.exactness import MAX_TIES, NEAR_TIE, ExactnessCheck, Sequential, position_temperature
 from helpers.tiny import build_tiny
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
+from specchat.decoding.dynatemp import dynamic_temperature
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.mirostat import Mirostat
 from specchat.decoding.penalties import Penalties
-from specchat.decoding.sampling import sample_token, uniform
+from specchat.decoding.sampling import filter_logits, sample_token, uniform
 
 PROMPT = [1, 2, 3, 4, 5]
 NEW_TOKENS = 30
@@ -205,3 +206,16 @@ def test_under_mirostat_a_seeded_tie_reanchors_with_mu_moved_past_it(seeded_tie)
     comparison = check(model).compare(PROMPT, reference, tokens, replace(plain, mirostat=spec.start()))
     assert comparison.acceptable and [tie.index for tie in comparison.ties] == [0]
     assert not check(model).compare(PROMPT, reference, tokens, plain).acceptable
+
+
+def test_under_a_dynamic_temperature_a_gap_is_judged_at_the_positions_own_temperature(seeded_tie):
+    """The tie's two tokens split what top-p keeps at temperature 1 nearly evenly: an entropy near
+    its largest, so the position samples hotter than the reply's temperature, the T a gap is
+    judged at (a logit move of d shifts its CDF by exp(2d / T) - 1)."""
+    _, plain, logits = seeded_tie
+    dynamic = replace(plain, dynatemp_range=0.4)
+    position = len(PROMPT)
+    assert position_temperature(logits, plain, position) == plain.temperature
+    heat = position_temperature(logits, dynamic, position)
+    assert heat == float(dynamic_temperature(filter_logits(logits, 1.0, plain.top_p), plain.temperature, 0.4, 1.0))
+    assert plain.temperature + 0.2 < heat <= plain.temperature + 0.4

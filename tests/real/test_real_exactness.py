@@ -148,6 +148,22 @@ def test_seeded_specexec_under_mirostat_equals_seeded_autoregressive(real_pair, 
     assert reference != uncut  # mirostat, not top-p, cut the target's distributions
 
 
+def test_seeded_specexec_under_a_dynamic_temperature_equals_seeded_autoregressive(real_pair, real_check,
+                                                                                  seeded_references):
+    """llama.cpp's dynamic temperature over the paper's sampling: top-p cuts the untempered logits,
+    then each position's temperature is set by the entropy of what it kept; one prompt, as a draft
+    form's check, whose seeded reply at the fixed temperature it changes."""
+    sampling = dataclasses.replace(PAPER_SAMPLING, dynatemp_range=0.5, dynatemp_exponent=0.75)
+    prompt_ids, fixed = seeded_references[0]
+    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling)
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
+    tokens, events = emitted(engine, prompt_ids, sampling)
+    comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
+    assert comparison.acceptable, comparison.describe()
+    assert sum(e.accepted for e in events) > 0
+    assert reference != fixed  # the dynamic temperature, not the fixed one, shaped the distributions
+
+
 def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_autoregressive(real_pair, real_check,
                                                                                        seeded_references):
     """A served request's logit bias, repetition penalties and DRY (llama.cpp's: all over the last 64

@@ -181,18 +181,20 @@ def test_the_cuts_left_out_take_the_servers_and_a_request_can_turn_them_off():
         (40, 0.05, 0.9), (0, 0.0, 1.0), (2, 0.05, 0.9)]
 
 
-def test_llama_servers_top_n_sigma_and_xtc_reach_the_engine_the_servers_where_left_out():
-    """`serve --top-n-sigma 2 --xtc-probability 0.5`: a request's own fields win, field by field."""
+def test_llama_servers_top_n_sigma_xtc_and_dynatemp_reach_the_engine_the_servers_where_left_out():
+    """`serve --top-n-sigma 2 --xtc-probability 0.5 --dynatemp-range 0.4`: a request's own fields
+    win, field by field."""
     engine = FakeEngine()
     app, _ = make_app([engine], sampling=Defaults(temperature=0.3, top_p=0.8, seed=3, top_n_sigma=2.0,
-                                                  xtc_probability=0.5))
+                                                  xtc_probability=0.5, dynatemp_range=0.4))
     with serving(app) as url:
         client(url).chat.completions.create(model=MODEL, messages=user("hi"))
-        client(url).chat.completions.create(model=MODEL, messages=user("hi"),
-                                            extra_body={"top_n_sigma": -1, "xtc_threshold": 0.2})
+        client(url).chat.completions.create(model=MODEL, messages=user("hi"), extra_body={
+            "top_n_sigma": -1, "xtc_threshold": 0.2, "dynatemp_range": 0, "dynatemp_exponent": 2})
         client(url).completions.create(model=MODEL, prompt="hi", extra_body={"xtc_probability": 0})
-    assert [(call[2].top_n_sigma, call[2].xtc_probability, call[2].xtc_threshold) for call in engine.calls] == [
-        (2.0, 0.5, 0.1), (-1.0, 0.5, 0.2), (2.0, 0.0, 0.1)]
+    assert [(call[2].top_n_sigma, call[2].xtc_probability, call[2].xtc_threshold, call[2].dynatemp_range,
+             call[2].dynatemp_exponent) for call in engine.calls] == [
+        (2.0, 0.5, 0.1, 0.4, 1.0), (-1.0, 0.5, 0.2, 0.0, 2.0), (2.0, 0.0, 0.1, 0.4, 1.0)]
 
 
 def test_without_a_seed_anywhere_each_request_draws_its_own_and_is_told_it():

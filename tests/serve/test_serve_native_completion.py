@@ -36,14 +36,16 @@ def test_the_prompt_reaches_the_engine_as_given_and_the_reply_is_llama_cpps(fake
     assert reply["tokens_evaluated"] == len(sent) and reply["timings"]["draft_n_accepted"] > 0
 
 
-def test_llama_cpps_top_k_min_p_typical_p_top_n_sigma_and_xtc_reach_the_engine(fake):
+def test_llama_cpps_top_k_min_p_typical_p_top_n_sigma_xtc_and_dynatemp_reach_the_engine(fake):
     engine, url = fake
     post_json(url, {"prompt": "x", "n_predict": 2, "temperature": 0.8, "top_k": 40, "min_p": 0.05, "typical_p": 0.7,
-                    "top_n_sigma": 1.5, "xtc_probability": 0.3, "xtc_threshold": 0.15, "seed": 3})
+                    "top_n_sigma": 1.5, "xtc_probability": 0.3, "xtc_threshold": 0.15, "seed": 3,
+                    "dynatemp_range": 0.3, "dynatemp_exponent": 0.5})
     sampling = engine.calls[-1][2]
     assert (sampling.temperature, sampling.top_k, sampling.min_p, sampling.typical_p, sampling.seed) == (
         0.8, 40, 0.05, 0.7, 3)
     assert (sampling.top_n_sigma, sampling.xtc_probability, sampling.xtc_threshold) == (1.5, 0.3, 0.15)
+    assert (sampling.dynatemp_range, sampling.dynatemp_exponent) == (0.3, 0.5)
 
 
 def test_a_streamed_completion_joins_to_the_whole(fake):

@@ -58,10 +58,10 @@ def test_a_chat_not_streamed_is_one_object_and_the_wire_is_ndjson(fake):
 def test_the_options_set_the_sampling_the_limit_and_the_stops(fake):
     engine, client, _ = fake
     options = {"temperature": 0.3, "top_p": 0.7, "top_k": 40, "min_p": 0.05, "typical_p": 0.9, "seed": 5,
-               "num_predict": 30, "stop": ["**"], "num_ctx": 8192}
+               "num_predict": 30, "stop": ["**"], "num_ctx": 8192, "dynatemp_range": 0.2}
     reply = client.chat(model=MODEL, messages=USER, options=options)
     assert engine.calls[-1][1:] == (30, SamplingParams(temperature=0.3, top_p=0.7, seed=5, top_k=40, min_p=0.05,
-                                                       typical_p=0.9))
+                                                       typical_p=0.9, dynatemp_range=0.2))
     assert reply.message.content == REPLY[:REPLY.index("**")] and reply.done_reason == "stop"
     reply = client.chat(model=MODEL, messages=USER, options={"num_predict": 4})
     assert reply.message.content == REPLY[:4] and reply.done_reason == "length"

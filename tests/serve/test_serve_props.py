@@ -30,6 +30,7 @@ def test_props_are_the_servers_context_defaults_slots_and_template():
         0.3, 0.8, 7, 40, 0.0)
     assert params["typical_p"] == 0.9
     assert (params["top_n_sigma"], params["xtc_probability"], params["xtc_threshold"]) == (-1.0, 0.0, 0.1)
+    assert (params["dynatemp_range"], params["dynatemp_exponent"]) == (0.0, 1.0)
     assert (params["dry_multiplier"], params["dry_base"], params["dry_allowed_length"],
             params["dry_penalty_last_n"]) == (0.0, 1.75, 2, -1)
     assert (params["repeat_penalty"], params["repeat_last_n"], params["presence_penalty"]) == (1.0, 64, 0.0)

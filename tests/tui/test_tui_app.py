@@ -413,7 +413,7 @@ def test_setting_commands_change_the_next_reply(store_path):
             for text in ["/budget 64", "/depth 8", "/temp 0.2", "/top-p 0.5", "/top-k 3", "/min-p 0.1",
                          "/typical-p 0.8", "/seed 7", "/max-tokens 10", "/repeat-penalty 1.2", "/repeat-last-n 4",
                          "/frequency-penalty 0.3", "/mirostat 1", "/top-n-sigma 2", "/xtc-probability 0.5",
-                         "/xtc-threshold 0.2", "/dry-multiplier 0.8"]:
+                         "/xtc-threshold 0.2", "/dry-multiplier 0.8", "/dynatemp-range 0.3", "/dynatemp-exponent 2"]:
                 await say(pilot, text)
                 assert not last_notice(app).has_class("error"), text
             assert (spec.budget, spec.max_depth) == (64, 8)
@@ -422,6 +422,7 @@ def test_setting_commands_change_the_next_reply(store_path):
             assert (max_new_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (10, 0.2, 0.5, 7)
             assert (sampling.top_k, sampling.min_p, sampling.typical_p) == (3, 0.1, 0.8)
             assert (sampling.top_n_sigma, sampling.xtc_probability, sampling.xtc_threshold) == (2.0, 0.5, 0.2)
+            assert (sampling.dynatemp_range, sampling.dynatemp_exponent) == (0.3, 2.0)
             assert sampling.mirostat.spec.version == 1
             repeats = sampling.penalties  # counted from the prompt: its last 4 tokens
             assert (repeats.penalties.repeat, repeats.penalties.frequency) == (1.2, 0.3)
@@ -429,8 +430,8 @@ def test_setting_commands_change_the_next_reply(store_path):
             assert list(repeats.repeated.tokens) == list(repeats.counted.tokens) == prompt_ids[-4:]
             assert app.session.entries[-1].content == REPLY[:10]
             assert "budget 64 · depth 8" in str(app.query_one("#settings", Static).content)
-            extras = ("top-k 3 · min-p 0.1 · typical-p 0.8 · top-n-sigma 2 · xtc 0.5 (threshold 0.2) · mirostat 1 "
-                      "(tau 5, eta 0.1)")
+            extras = ("top-k 3 · min-p 0.1 · typical-p 0.8 · top-n-sigma 2 · xtc 0.5 (threshold 0.2) · dynatemp ±0.3 "
+                      "(exponent 2) · mirostat 1 (tau 5, eta 0.1)")
             assert extras in str(app.query_one("#settings", Static).content)
 
             await say(pilot, "/seed off")

@@ -185,6 +185,7 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
         base + "\ndry 0.8 (base 1.75, allowed 2)/all")
     assert settings_text(DecodingSettings(top_n_sigma=1.5, xtc_probability=0.5), workers=0) == (
         base + "\ntop-n-sigma 1.5 · xtc 0.5 (threshold 0.1)")
+    assert settings_text(DecodingSettings(dynatemp_range=0.5), workers=0) == base + "\ndynatemp ±0.5 (exponent 1)"
     assert settings_text(DecodingSettings(mirostat=2), workers=0) == base + "\nmirostat 2 (tau 5, eta 0.1)"
     assert settings_text(DecodingSettings(repeat_penalty=1.1), workers=0) == base + "\nrepeat 1.1/64"
     assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=-1), workers=0) == base + "\nrepeat 1.3/all"
@@ -198,6 +199,8 @@ def test_settings_sampling_carries_the_cuts_with_top_k_off_as_zero():
     assert DecodingSettings(typical_p=0.7).sampling().typical_p == 0.7
     llamas = DecodingSettings(top_n_sigma=1.5, xtc_probability=0.5, xtc_threshold=0.2).sampling()
     assert (llamas.top_n_sigma, llamas.xtc_probability, llamas.xtc_threshold) == (1.5, 0.5, 0.2)
+    dynamic = DecodingSettings(dynatemp_range=0.5, dynatemp_exponent=2.0).sampling()
+    assert (dynamic.dynatemp_range, dynamic.dynatemp_exponent) == (0.5, 2.0)
     assert DecodingSettings().sampling().mirostat is None
 
 

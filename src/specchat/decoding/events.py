@@ -25,6 +25,8 @@ class SamplingParams:
     top_n_sigma: float = -1.0  # first, keep the tokens within n standard deviations of the top logit (<= 0: all)
     xtc_probability: float = 0.0  # last, XTC: how often it drops the likeliest tokens (decoding/llama_cuts.py)
     xtc_threshold: float = 0.1  # XTC drops the tokens at least this likely but the least of them
+    dynatemp_range: float = 0.0  # > 0: the temperature set by the cut distribution's entropy (decoding/dynatemp.py)
+    dynatemp_exponent: float = 1.0  # how that entropy maps onto [temperature - range, temperature + range]
     guide: "Guide | None" = None  # one reply's grammar: tokens it forbids are never sampled (decoding/guide.py)
     token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
     penalties: "Repeats | None" = None  # one reply's logit bias and repetition penalties (decoding/penalties.py)

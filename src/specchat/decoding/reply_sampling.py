@@ -10,7 +10,8 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.mirostat import mirostat_state
 
 # The settings SamplingParams takes as they are (top-k and mirostat's three are mapped below).
-AS_GIVEN = ("temperature", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold")
+AS_GIVEN = ("temperature", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold",
+            "dynatemp_range", "dynatemp_exponent")
 
 
 def reply_sampling(settings: Mapping[str, Any], seed: int) -> SamplingParams:

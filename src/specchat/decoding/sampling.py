@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from specchat.decoding.dynatemp import dynatemp_probs
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.guide import masked
 from specchat.decoding.keyed import uniform
@@ -163,8 +164,13 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k
 
 def sampled_probs(logits: torch.Tensor, params: SamplingParams, position: int) -> torch.Tensor:
     """`filtered_probs` under a reply's sampling (temperature > 0) at absolute `position` (where
-    XTC's coin is keyed)."""
+    XTC's coin is keyed); under a dynamic temperature, llama.cpp's order: the cuts on the untempered
+    logits, then the temperature their entropy sets (dynatemp.py)."""
     xtc = params.xtc_threshold if xtc_cuts_at(params.seed, position, params.xtc_probability) else None
+    if params.dynatemp_range > 0:
+        cut = filter_logits(logits, 1.0, params.top_p, params.top_k, params.min_p, params.typical_p,
+                            params.top_n_sigma, xtc)
+        return dynatemp_probs(cut, params.temperature, params.dynatemp_range, params.dynatemp_exponent)
     return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.typical_p,
                           params.top_n_sigma, xtc)
 

@@ -22,6 +22,8 @@ class OllamaOptions(Strict):
     top_n_sigma: float | None = None  # llama.cpp's, which Ollama's runner leaves out: taken as on every route
     xtc_probability: float | None = None
     xtc_threshold: float | None = None
+    dynatemp_range: float | None = None  # llama.cpp's dynamic temperature, taken as on every route
+    dynatemp_exponent: float | None = None
     mirostat: int | None = None  # 1 or 2, in place of the cuts (left out: off)
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None

@@ -25,7 +25,8 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 @dataclass(frozen=True)
 class Defaults:
     """The sampling a request leaves out: the server's --temperature, --top-p, --seed, --top-k, --min-p,
-    --typical-p, --top-n-sigma, --xtc-probability and --xtc-threshold, --mirostat (its tau and eta), and
+    --typical-p, --top-n-sigma, --xtc-probability and --xtc-threshold, --dynatemp-range and
+    --dynatemp-exponent, --mirostat (its tau and eta), and
     llama-server's penalties (serve/penalty_fields.py
     says how a request's own mix in)."""
 
@@ -38,6 +39,8 @@ class Defaults:
     top_n_sigma: float = -1.0  # <= 0: no cut
     xtc_probability: float = 0.0  # 0: no XTC
     xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0  # 0: a fixed temperature
+    dynatemp_exponent: float = 1.0
     mirostat: int = 0  # 0: off
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
@@ -85,6 +88,8 @@ class Decoded(Strict):
     top_n_sigma: float | None = None  # llama.cpp's (decoding/llama_cuts.py); left out: no cut
     xtc_probability: float | None = None  # llama.cpp's XTC; left out: none
     xtc_threshold: float | None = None  # left out: 0.1
+    dynatemp_range: float | None = None  # llama.cpp's dynamic temperature (decoding/dynatemp.py); left out: off
+    dynatemp_exponent: float | None = None  # left out: 1
     mirostat: int | None = None  # llama.cpp's and Ollama's: 1 or 2, in place of the cuts; left out: off
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None

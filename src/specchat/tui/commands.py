@@ -197,6 +197,10 @@ SPECS = [
     numeric("xtc-probability", "P", "how often XTC drops the likeliest tokens, 0 = never (from the next reply)"),
     numeric("xtc-threshold", "T", "the probability from which XTC counts a token as a top choice (from the next "
             "reply)"),
+    numeric("dynatemp-range", "R", "dynamic temperature within temp +- R, set by the entropy, 0 = off (from the "
+            "next reply)"),
+    numeric("dynatemp-exponent", "E", "the power of the entropy that sets the dynamic temperature (from the next "
+            "reply)"),
     numeric("mirostat", "N", "sample by mirostat 1 or 2 in place of the cuts, 0 = off (from the next reply)",
             int_setting),
     numeric("mirostat-tau", "T", "mirostat's target surprise in bits (from the next reply)"),

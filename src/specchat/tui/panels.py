@@ -72,7 +72,8 @@ def settings_text(settings: DecodingSettings, workers: int) -> str:
 
 def extra_labels(settings: DecodingSettings) -> list[str]:
     """The settings that are off by default and on here: the top-k, min-p, typical-p, top-n-sigma and
-    XTC cuts (or mirostat, in their place), the penalties (each with the window it counts)."""
+    XTC cuts and the dynamic temperature (or mirostat, in their place), the penalties (each with the
+    window it counts)."""
     labels = []
     if settings.top_k > 0:
         labels.append(f"top-k {settings.top_k}")
@@ -84,6 +85,8 @@ def extra_labels(settings: DecodingSettings) -> list[str]:
         labels.append(f"top-n-sigma {settings.top_n_sigma:g}")
     if settings.xtc_probability > 0:
         labels.append(f"xtc {settings.xtc_probability:g} (threshold {settings.xtc_threshold:g})")
+    if settings.dynatemp_range > 0:
+        labels.append(f"dynatemp ±{settings.dynatemp_range:g} (exponent {settings.dynatemp_exponent:g})")
     if settings.mirostat:
         labels.append(f"mirostat {settings.mirostat} (tau {settings.mirostat_tau:g}, eta {settings.mirostat_eta:g})")
     window = "all" if settings.repeat_last_n < 0 else settings.repeat_last_n

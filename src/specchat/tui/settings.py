@@ -27,6 +27,8 @@ class DecodingSettings:
     top_n_sigma: float = -1.0  # keep the tokens within n standard deviations of the top logit (<= 0: all)
     xtc_probability: float = 0.0  # how often XTC drops the likeliest tokens (0: never)
     xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0  # > 0: each token's temperature set by the entropy the cuts leave (0: fixed)
+    dynatemp_exponent: float = 1.0
     mirostat: int = 0  # 1 or 2: mirostat in place of the cuts (0: off)
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
