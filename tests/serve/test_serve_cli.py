@@ -72,6 +72,7 @@ def test_serve_hands_its_sampling_options_on_as_what_requests_leave_out(monkeypa
                          "--dynatemp-exponent", "1.5")
     assert code == 0 and handed == [Defaults(temperature=0.3, top_p=0.9, seed=None, top_k=40, min_p=0.05,
                                              typical_p=0.95, top_n_sigma=1.5, xtc_probability=0.5, xtc_threshold=0.2,
-                                             dynatemp_range=0.5, dynatemp_exponent=1.5, mirostat=2, mirostat_tau=4.0, repeat_penalty=1.1,
+                                             dynatemp_range=0.5, dynatemp_exponent=1.5, mirostat=2, mirostat_tau=4.0,
+                                             repeat_penalty=1.1,
                                              repeat_last_n=32, presence_penalty=0.5, frequency_penalty=0.25,
                                              dry_multiplier=0.8, dry_penalty_last_n=256)]
