@@ -4,7 +4,7 @@ stop, message_delta, message_stop); a refusal in Anthropic's error shape."""
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specchat.serve.errors import APIError
 from specchat.serve.reply import Reply, extension, usage
@@ -73,7 +73,7 @@ class StreamedBlocks:
     first text (or at the end where the reply has no calls), then each call whole."""
 
     opened: int = 0
-    text_open: bool = field(default=False)
+    text_open: bool = False
 
     def text(self, text: str) -> list[dict]:
         opening = [] if self.text_open else [self.start({"type": "text", "text": ""})]

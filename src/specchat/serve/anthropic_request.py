@@ -34,9 +34,11 @@ class Conversation(Strict):
 
 
 class MessagesRequest(Decoded, Conversation):
+    """A message to decode. `thinking` is taken as any unknown field is, and no thinking block comes
+    back: the model has no reasoning mode."""
+
     max_tokens: int  # required, as Anthropic's API requires it
     stop_sequences: list[str] | None = None
-    thinking: Any = None  # taken, and no thinking block comes back: the model has no reasoning mode
     output_config: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema"}}; its effort is taken
 
 

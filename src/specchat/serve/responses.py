@@ -40,7 +40,7 @@ class Responses(Endpoint):
         text = await self.collect(request, job, reply)
         content, calls = split_calls(text) if reply.may_call else (text, [])
         status = status_of(reply, bool(calls))
-        output = whole_output(content or "", reply, calls, status, logprob_entries(reply))
+        output = whole_output(content or "", calls, status, logprob_entries(reply))
         return JSONResponse(shell.body(job, status, output, reply))
 
     def prepare(self, body: ResponsesRequest, request: Request) -> tuple[Job, Reply]:

@@ -72,7 +72,7 @@ class Shell:
                 "top_logprobs": request.top_logprobs, "store": False, "usage": None} | ended
 
 
-def whole_output(text: str, reply: Reply, calls: list[dict], status: str, logprobs: list[dict]) -> list[dict]:
+def whole_output(text: str, calls: list[dict], status: str, logprobs: list[dict]) -> list[dict]:
     """A reply's output items: its message (none where the reply is only calls), then its calls."""
     message = [message_item(item_id("msg"), status, text, logprobs)] if text or not calls else []
     return message + [call_item(call) for call in calls]
