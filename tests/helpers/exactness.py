@@ -25,8 +25,7 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.dynatemp import dynamic_temperature
-from specchat.decoding.llama_cuts import xtc_cuts_at
-from specchat.decoding.sampling import emit_token, filter_logits, sampled_probs, uniform
+from specchat.decoding.sampling import emit_token, position_cuts, sampled_probs, uniform
 
 NEAR_TIE = 1e-4  # in logits
 MAX_TIES = 1  # per prompt
@@ -101,10 +100,8 @@ def position_temperature(logits: torch.Tensor, sampling: SamplingParams, positio
     set by what the cuts at temperature 1 kept."""
     if sampling.dynatemp_range <= 0 or sampling.mirostat is not None:
         return sampling.temperature
-    xtc = sampling.xtc_threshold if xtc_cuts_at(sampling.seed, position, sampling.xtc_probability) else None
-    cut = filter_logits(logits, 1.0, sampling.top_p, sampling.top_k, sampling.min_p, sampling.typical_p,
-                        sampling.top_n_sigma, xtc)
-    return float(dynamic_temperature(cut, sampling.temperature, sampling.dynatemp_range, sampling.dynatemp_exponent))
+    return float(dynamic_temperature(position_cuts(logits, sampling, position, 1.0), sampling.temperature,
+                                     sampling.dynatemp_range, sampling.dynatemp_exponent))
 
 
 def counted_afresh(sampling: SamplingParams, prompt_ids: list[int], emitted: list[int],

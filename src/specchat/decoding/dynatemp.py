@@ -35,8 +35,11 @@ def dynamic_temperature(scores: torch.Tensor, temperature: float, spread: float,
 
 def dynatemp_probs(scores: torch.Tensor, temperature: float, spread: float, exponent: float) -> torch.Tensor:
     """Float64 probabilities [..., V] of the cut `scores` divided by their rows' T_dyn; a row whose
-    T_dyn is 0 is the one-hot of its likeliest token."""
+    T_dyn is 0 is the one-hot of its likeliest token (made only for such rows: a vocabulary-wide
+    one-hot a token would be a copy on the decoding path for a case that seldom comes)."""
     heat = dynamic_temperature(scores, temperature, spread, exponent)
-    tempered = (scores.double() / heat.clamp(min=math.ulp(0.0))).softmax(dim=-1)
-    first = torch.nn.functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).double()
-    return torch.where(heat > 0, tempered, first)
+    probs = (scores.double() / heat.clamp(min=math.ulp(0.0))).softmax(dim=-1)
+    cold = heat[..., 0] <= 0
+    if cold.any():
+        probs[cold] = torch.nn.functional.one_hot(scores[cold].argmax(dim=-1), scores.shape[-1]).double()
+    return probs

@@ -163,16 +163,21 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k
 
 
 def sampled_probs(logits: torch.Tensor, params: SamplingParams, position: int) -> torch.Tensor:
-    """`filtered_probs` under a reply's sampling (temperature > 0) at absolute `position` (where
-    XTC's coin is keyed); under a dynamic temperature, llama.cpp's order: the cuts on the untempered
-    logits, then the temperature their entropy sets (dynatemp.py)."""
-    xtc = params.xtc_threshold if xtc_cuts_at(params.seed, position, params.xtc_probability) else None
+    """The filtered distribution under a reply's sampling (temperature > 0) at absolute `position`;
+    under a dynamic temperature, llama.cpp's order: the cuts on the untempered logits, then the
+    temperature their entropy sets (dynatemp.py)."""
     if params.dynatemp_range > 0:
-        cut = filter_logits(logits, 1.0, params.top_p, params.top_k, params.min_p, params.typical_p,
-                            params.top_n_sigma, xtc)
-        return dynatemp_probs(cut, params.temperature, params.dynatemp_range, params.dynatemp_exponent)
-    return filtered_probs(logits, params.temperature, params.top_p, params.top_k, params.min_p, params.typical_p,
-                          params.top_n_sigma, xtc)
+        return dynatemp_probs(position_cuts(logits, params, position, 1.0), params.temperature,
+                              params.dynatemp_range, params.dynatemp_exponent)
+    return position_cuts(logits, params, position, params.temperature).double().softmax(dim=-1)
+
+
+def position_cuts(logits: torch.Tensor, params: SamplingParams, position: int, temperature: float) -> torch.Tensor:
+    """`filter_logits` at `temperature` with the reply's cuts, XTC's where its coin (keyed at
+    `position`) fell."""
+    xtc = params.xtc_threshold if xtc_cuts_at(params.seed, position, params.xtc_probability) else None
+    return filter_logits(logits, temperature, params.top_p, params.top_k, params.min_p, params.typical_p,
+                         params.top_n_sigma, xtc)
 
 
 def invert_cdf(probs: torch.Tensor, u: float) -> int:
