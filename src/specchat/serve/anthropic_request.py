@@ -10,9 +10,8 @@ from typing import Any
 
 from pydantic import Field
 
-from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import bad_request, unsupported
-from specchat.serve.schema import Decoded, Strict
+from specchat.serve.schema import Decoded, Strict, nonempty_stops, required_string, token_limit
 from specchat.serve.structured import template_calls
 
 THINKING = {"thinking", "redacted_thinking"}
@@ -54,16 +53,11 @@ def output_schema(request: MessagesRequest) -> dict | None:
 
 
 def output_limit(request: MessagesRequest) -> int:
-    if problem := MAX_TOKENS.problem("max_tokens", request.max_tokens):
-        raise bad_request(problem, param="max_tokens")
-    return request.max_tokens
+    return token_limit("max_tokens", request.max_tokens)
 
 
 def stop_sequences(request: MessagesRequest) -> list[str]:
-    stops = list(request.stop_sequences or [])
-    if any(not stop for stop in stops):
-        raise bad_request("stop_sequences: a stop sequence must not be empty", param="stop_sequences")
-    return stops
+    return nonempty_stops(list(request.stop_sequences or []), "stop_sequences")
 
 
 def chat_tools(tools: list[Any] | None) -> list[dict] | None:
@@ -122,7 +116,7 @@ def user_messages(where: str, blocks: list[Any]) -> list[dict]:
     for index, block in enumerate(blocks):
         if isinstance(block, dict) and block.get("type") == "tool_result":
             messages.append({"role": "tool", "content": result_text(f"{where}.content[{index}]", block),
-                             "tool_call_id": string_of(f"{where}.content[{index}]", block, "tool_use_id")})
+                             "tool_call_id": required_string(f"{where}.content[{index}]", block, "tool_use_id")})
             continue
         text = text_block(where, index, block)
         if messages and messages[-1]["role"] == "user":
@@ -140,8 +134,8 @@ def assistant_message(where: str, blocks: list[Any]) -> list[dict]:
             continue
         if isinstance(block, dict) and block.get("type") == "tool_use":
             place = f"{where}.content[{index}]"
-            calls.append({"id": string_of(place, block, "id"), "type": "function",
-                          "function": {"name": string_of(place, block, "name"), "arguments": block.get("input", {})}})
+            function = {"name": required_string(place, block, "name"), "arguments": block.get("input", {})}
+            calls.append({"id": required_string(place, block, "id"), "type": "function", "function": function})
         else:
             texts.append(text_block(where, index, block))
     message = {"role": "assistant", "content": "".join(texts)}
@@ -165,10 +159,3 @@ def result_text(where: str, block: dict) -> str:
     text = content if isinstance(content, str) else "".join(text_block(where, index, part)
                                                             for index, part in enumerate(content))
     return f"Error: {text}" if block.get("is_error") else text
-
-
-def string_of(where: str, block: dict, key: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise bad_request(f"{where}.{key} is required: a string", "missing_field", f"{where}.{key}")
-    return value

@@ -3,9 +3,8 @@ editor stops, `response_fields`, `cache_prompt`, `n_probs` and the sampling ever
 unknown fields (`samplers`, `id_slot`...) are ignored. No `model` is needed: one is served."""
 
 from specchat.decoding.token_log import TokenLog
-from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import bad_request, unsupported
-from specchat.serve.schema import Decoded
+from specchat.serve.schema import Decoded, token_limit
 
 MAX_PROBS = 100  # alternatives a token at most (llama.cpp sets no bound)
 
@@ -24,9 +23,7 @@ def wanted_tokens(request: NativeRequest) -> int | None:
     """The tokens asked for; None for the room left in the context."""
     if request.n_predict < 0:
         return None
-    if request.n_predict and (problem := MAX_TOKENS.problem("n_predict", request.n_predict)):
-        raise bad_request(problem, param="n_predict")
-    return request.n_predict
+    return token_limit("n_predict", request.n_predict) if request.n_predict else 0
 
 
 def token_log(request: NativeRequest) -> TokenLog | None:

@@ -5,9 +5,8 @@ ignored, as unknown fields are on every route; each refusal is one line."""
 
 from typing import Any
 
-from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import APIError, bad_request, unsupported
-from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Strict, check_role
+from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Strict, check_role, token_limit
 from specchat.serve.structured import template_calls
 
 
@@ -118,9 +117,7 @@ def wanted_tokens(options: OllamaOptions) -> int | None:
     """num_predict, or None (the room left in the context) where it is left out or negative."""
     if options.num_predict is None or options.num_predict < 0:
         return None
-    if problem := MAX_TOKENS.problem("options.num_predict", options.num_predict):
-        raise bad_request(problem, param="options.num_predict")
-    return options.num_predict
+    return token_limit("options.num_predict", options.num_predict)
 
 
 def chat_messages(messages: list[OllamaMessage]) -> list[dict]:

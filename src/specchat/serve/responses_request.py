@@ -7,9 +7,8 @@ whole conversation, so what names a stored response or conversation is refused i
 
 from typing import Any
 
-from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import bad_request, unsupported
-from specchat.serve.schema import MAX_TOP_LOGPROBS, Decoded, check_role, text_of, ROLES
+from specchat.serve.schema import MAX_TOP_LOGPROBS, ROLES, Decoded, check_role, required_string, text_of, token_limit
 from specchat.serve.structured import response_schema, template_calls
 
 LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for the reply's tokens' logprobs
@@ -57,9 +56,7 @@ def output_limit(request: ResponsesRequest) -> int | None:
     """max_output_tokens, None (the room left in the context) where it is left out."""
     if request.max_output_tokens is None:
         return None
-    if problem := MAX_TOKENS.problem("max_output_tokens", request.max_output_tokens):
-        raise bad_request(problem, param="max_output_tokens")
-    return request.max_output_tokens
+    return token_limit("max_output_tokens", request.max_output_tokens)
 
 
 def text_schema(text: dict[str, Any] | None) -> dict | None:
@@ -119,7 +116,7 @@ def input_messages(request: ResponsesRequest) -> list[dict]:
             call_of(where, item, messages)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "content": output_text(where, item.get("output")),
-                             "tool_call_id": string_field(where, item, "call_id")})
+                             "tool_call_id": required_string(where, item, "call_id")})
         elif kind != "reasoning":  # another model's reasoning: this model has none to read it with
             raise unsupported(f"{where}: an input item of type '{kind}' (messages, function calls and their "
                               "outputs only) is", where)
@@ -127,7 +124,7 @@ def input_messages(request: ResponsesRequest) -> list[dict]:
 
 
 def message_of(where: str, item: dict) -> dict:
-    role = string_field(where, item, "role")
+    role = required_string(where, item, "role")
     check_role(f"{where}", role)
     content = item.get("content")
     if isinstance(content, list):
@@ -138,8 +135,8 @@ def message_of(where: str, item: dict) -> dict:
 
 def call_of(where: str, item: dict, messages: list[dict]) -> None:
     """A function call the model made, added to the assistant message it belongs to."""
-    call = {"id": string_field(where, item, "call_id"), "type": "function",
-            "function": {"name": string_field(where, item, "name"), "arguments": item.get("arguments", "{}")}}
+    call = {"id": required_string(where, item, "call_id"), "type": "function",
+            "function": {"name": required_string(where, item, "name"), "arguments": item.get("arguments", "{}")}}
     [converted] = template_calls([call], where)
     if not messages or messages[-1]["role"] != "assistant":
         messages.append({"role": "assistant", "content": ""})
@@ -155,11 +152,3 @@ def output_text(where: str, output: Any) -> str:
                                            and part.get("type") in TEXT_PARTS else part for part in output])
     raise bad_request(f"{where}.output is required: the call's result as a string", "missing_field",
                       f"{where}.output")
-
-
-def string_field(where: str, item: dict, key: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise bad_request(f"{where}.{key} is required: a string", "missing_field", f"{where}.{key}")
-    return value
-

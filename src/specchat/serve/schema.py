@@ -244,10 +244,29 @@ def text_of(where: str, content: str | list[dict[str, Any]] | None) -> str:
 def stop_strings(request: Decoded) -> list[str]:
     """The request's stop strings, any number of them: OpenAI takes 4, but vLLM and llama.cpp take
     any, and editors send more to servers other than OpenAI's (Continue's autocomplete 7-9)."""
-    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    return nonempty_stops([request.stop] if isinstance(request.stop, str) else list(request.stop or []), "stop")
+
+
+def nonempty_stops(stops: list[str], field: str) -> list[str]:
+    """`stops`, the stop strings a request gives in `field`; a 400 where one is empty."""
     if any(not stop for stop in stops):
-        raise bad_request("stop: a stop string must not be empty", param="stop")
+        raise bad_request(f"{field}: a stop string must not be empty", param=field)
     return stops
+
+
+def token_limit(field: str, value: int) -> int:
+    """`value`, the new tokens a request asks for in `field`; a 400 out of range."""
+    if problem := MAX_TOKENS.problem(field, value):
+        raise bad_request(problem, param=field)
+    return value
+
+
+def required_string(where: str, item: dict, key: str) -> str:
+    """`item`'s `key`, which must be a string (`where`: the item's place in the request)."""
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key} is required: a string", "missing_field", f"{where}.{key}")
+    return value
 
 
 def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
@@ -268,9 +287,7 @@ def requested_tokens(request: ChatRequest) -> int | None:
     for field in ("max_completion_tokens", "max_tokens"):
         value = getattr(request, field)
         if value is not None:
-            if problem := MAX_TOKENS.problem(field, value):
-                raise bad_request(problem, param=field)
-            return value
+            return token_limit(field, value)
     return None
 
 

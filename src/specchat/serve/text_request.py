@@ -5,10 +5,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from specchat.limits import MAX_TOKENS
 from specchat.serve.errors import bad_request, unsupported
 from specchat.serve.fim import FimTokens
-from specchat.serve.schema import MAX_TOP_LOGPROBS, Decoded
+from specchat.serve.schema import MAX_TOP_LOGPROBS, Decoded, token_limit
 
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's API: a completion is short unless asked
 
@@ -37,9 +36,7 @@ def check_text_features(request: TextRequest) -> None:
 def completion_tokens(request: TextRequest) -> int:
     if request.max_tokens is None:
         return DEFAULT_MAX_TOKENS
-    if problem := MAX_TOKENS.problem("max_tokens", request.max_tokens):
-        raise bad_request(problem, param="max_tokens")
-    return request.max_tokens
+    return token_limit("max_tokens", request.max_tokens)
 
 
 def single_prompt(request: TextRequest) -> str | list[int]:
