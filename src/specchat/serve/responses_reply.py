@@ -4,11 +4,9 @@ a call; and, streamed, the events that build them, each numbered, as OpenAI's SD
 
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from specchat.decoding.token_log import TokenLogprobs
-from specchat.serve.reply import Reply, extension, logprob_entry, usage
+from specchat.serve.reply import Reply, extension, usage
 from specchat.serve.responses_request import ResponsesRequest
 from specchat.serve.scheduler import Job
 
@@ -79,9 +77,10 @@ def whole_output(text: str, calls: list[dict], status: str, logprobs: list[dict]
 
 
 def logprob_entries(reply: Reply) -> list[dict]:
-    """The logprobs of the tokens sent since the last call, as output_text's (none where not asked)."""
-    entries: Iterable[TokenLogprobs] = reply.take_logged() or []
-    return [logprob_entry(reply.stream.tokenizer, entry) for entry in entries]
+    """The logprobs of the tokens sent since the last call, as output_text's (none where not asked):
+    the chat route's entries."""
+    logged = reply.new_logprobs()
+    return [] if logged is None else logged["content"]
 
 
 @dataclass
