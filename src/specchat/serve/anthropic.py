@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from specchat.serve import anthropic_reply
@@ -30,6 +30,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 class AnthropicMessages(Endpoint):
     frame = staticmethod(anthropic_reply.frame)
     error_body = staticmethod(anthropic_reply.error_body)
+    stream_end = ""  # the last event, message_stop, ends it
 
     async def respond(self, request: Request) -> Response:
         """POST /v1/messages, once the key is checked."""
@@ -38,8 +39,7 @@ class AnthropicMessages(Endpoint):
         job, reply = self.prepare(body, request)
         self.queue(request, job)
         if body.stream:
-            return StreamingResponse(self.events(request, job, reply, self.stream(job, reply), end=""),
-                                     media_type="text/event-stream")
+            return self.streamed(request, job, reply, self.stream(job, reply))
         text = await self.collect(request, job, reply)
         content, calls = split_calls(text) if reply.may_call else (text, [])
         return JSONResponse(message(self.config.model, message_id(), whole_content(content or "", calls), job, reply,

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
@@ -28,8 +28,7 @@ class ChatCompletions(Endpoint):
         self.queue(request, job)
         if chat.stream:
             include_usage = chat.stream_options is not None and chat.stream_options.include_usage
-            return StreamingResponse(self.events(request, job, reply, self.stream(job, reply, include_usage)),
-                                     media_type="text/event-stream")
+            return self.streamed(request, job, reply, self.stream(job, reply, include_usage))
         text = await self.collect(request, job, reply)
         return JSONResponse(completion(self.config.model, text, reply, job))
 

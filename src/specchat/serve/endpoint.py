@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
@@ -52,6 +53,9 @@ class ServeConfig:
 
 
 class Endpoint:
+    media_type = "text/event-stream"  # a streamed reply's: server-sent events (Ollama's routes: lines of JSON)
+    stream_end = DONE  # what a streamed reply ends with (OpenAI's chat and text completions'; others end bare)
+
     def __init__(self, config: ServeConfig, scheduler: Scheduler) -> None:
         self.config = config
         self.scheduler = scheduler
@@ -154,15 +158,18 @@ class Endpoint:
             raise APIError(500, f"decoding failed: {type(error).__name__}: {error}", "decoding_failed",
                            kind="server_error") from None
 
-    async def events(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict],
-                     end: str = DONE) -> AsyncIterator[str]:
-        """A streamed reply's chunks as server-sent events, then `end`; an error once the status is
-        sent goes in the stream. The job's place is freed however the stream ends: this is reached
-        too when the client disconnects (the stream is cancelled)."""
+    def streamed(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> StreamingResponse:
+        """A reply streamed: its chunks framed as this API frames them (`events`)."""
+        return StreamingResponse(self.events(request, job, reply, chunks), media_type=self.media_type)
+
+    async def events(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+        """A streamed reply's chunks as server-sent events, then `stream_end`; an error once the
+        status is sent goes in the stream. The job's place is freed however the stream ends: this is
+        reached too when the client disconnects (the stream is cancelled)."""
         try:
             async for chunk in chunks:
                 yield self.frame(chunk)
-            yield end
+            yield self.stream_end
         except APIError as error:
             yield self.frame(self.error_body(error))
         finally:

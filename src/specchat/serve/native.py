@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from specchat.serve.endpoint import Endpoint
 from specchat.serve.form import form_of
@@ -20,6 +20,7 @@ from specchat.serve.schema import sampling_of, stop_strings
 
 
 class Native(Endpoint):
+    stream_end = ""  # llama.cpp's own stream ends with its last chunk (stop: true)
     async def answer(self, request: Request, body: NativeRequest, ids: list[int], wanted: int | None,
                      truncated: bool, param: str) -> Response:
         """Decode `ids` as `body` asks, at most `wanted` tokens (body's wanted_tokens; `param`: the
@@ -38,7 +39,7 @@ class Native(Endpoint):
         self.queue(request, job)
         if body.stream:
             chunks = self.stream(job, reply, cut, truncated)
-            return StreamingResponse(self.events(request, job, reply, chunks, end=""), media_type="text/event-stream")
+            return self.streamed(request, job, reply, chunks)
         text = await self.collect(request, job, reply, self.kept(job, reply, cut))
         return JSONResponse(picked(final(self.config.model, text, job, reply, cut.hit, truncated), fields))
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.token_log import TokenLog
@@ -29,6 +29,8 @@ NDJSON = "application/x-ndjson"
 
 class Ollama(Endpoint):
     frame = staticmethod(ndjson)
+    media_type = NDJSON
+    stream_end = ""  # the last line says done
     error_body = staticmethod(error_body)
 
     def checked(self, body: OllamaBody) -> None:
@@ -45,7 +47,7 @@ class Ollama(Endpoint):
 
     def answer(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> Response:
         self.queue(request, job)
-        return StreamingResponse(self.events(request, job, reply, chunks, end=""), media_type=NDJSON)
+        return self.streamed(request, job, reply, chunks)
 
 
 class OllamaChatRoute(Ollama):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
@@ -26,6 +26,7 @@ from specchat.serve.structured import CallHold, forced_functions, offered_functi
 
 
 class Responses(Endpoint):
+    stream_end = ""  # the last event, response.completed, ends it
     async def respond(self, request: Request) -> Response:
         """POST /v1/responses, once the key is checked."""
         body = parse_body(await request.body(), ResponsesRequest)
@@ -35,8 +36,7 @@ class Responses(Endpoint):
         shell = Shell(self.config.model, body)
         self.queue(request, job)
         if body.stream:
-            return StreamingResponse(self.events(request, job, reply, self.stream(shell, job, reply), end=""),
-                                     media_type="text/event-stream")
+            return self.streamed(request, job, reply, self.stream(shell, job, reply))
         text = await self.collect(request, job, reply)
         content, calls = split_calls(text) if reply.may_call else (text, [])
         status = status_of(reply, bool(calls))

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.endpoint import Endpoint
@@ -33,7 +33,7 @@ class TextCompletions(Endpoint):
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             chunks = self.stream(job, reply, echoed, logprobs, include_usage)
-            return StreamingResponse(self.events(request, job, reply, chunks), media_type="text/event-stream")
+            return self.streamed(request, job, reply, chunks)
         text = echoed + await self.collect(request, job, reply)
         return JSONResponse(text_completion(self.config.model, text, reply, job, logprobs.take(reply)))
 
