@@ -12,6 +12,7 @@ checks and records it in docs/benchmarks.md.
 """
 
 import copy
+from collections.abc import Callable
 import dataclasses
 import math
 
@@ -102,6 +103,20 @@ def test_greedy_specinfer_equals_hf_generate(real_pair, real_check, greedy_refer
     assert_equals_hf_greedy(real_check, engine, greedy_references)
 
 
+def seeded_specexec_exact(real_pair, real_check, prompt_ids: list[int],
+                          sampling: Callable[[], SamplingParams]) -> tuple[list[int], list[int]]:
+    """Seeded SpecExec at budget 32 against seeded autoregressive decoding of `prompt_ids`, each run
+    under its own `sampling()` (a reply's states are its own): the comparison acceptable and drafts
+    accepted. Returns (the reference, SpecExec's tokens)."""
+    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling())
+    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
+    tokens, events = emitted(engine, prompt_ids, sampling())
+    comparison = real_check.compare(prompt_ids, reference, tokens, sampling())
+    assert comparison.acceptable, comparison.describe()
+    assert sum(e.accepted for e in events) > 0
+    return reference, tokens
+
+
 def test_seeded_specexec_under_every_cut_equals_seeded_autoregressive(real_pair, real_check, seeded_references):
     """A served request's top_n_sigma, top_k, min_p, typical_p and XTC cut the target's distribution
     in the one filter every engine samples through, XTC where its coin fell at the position: one
@@ -109,12 +124,7 @@ def test_seeded_specexec_under_every_cut_equals_seeded_autoregressive(real_pair,
     sampling = SamplingParams(temperature=1.5, top_p=1.0, seed=1234, top_k=8, min_p=0.05, typical_p=0.95,
                               top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.1)
     prompt_ids = seeded_references[0][0]
-    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling)
-    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    tokens, events = emitted(engine, prompt_ids, sampling)
-    comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
-    assert comparison.acceptable, comparison.describe()
-    assert sum(e.accepted for e in events) > 0
+    reference, tokens = seeded_specexec_exact(real_pair, real_check, prompt_ids, lambda: sampling)
     with torch.inference_mode():
         rows = real_pair.target.model(torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1].float()
     chosen, picked = rows.gather(1, torch.tensor(tokens)[:, None]), torch.tensor(tokens)[:, None]
@@ -139,12 +149,7 @@ def test_seeded_specexec_under_mirostat_equals_seeded_autoregressive(real_pair, 
         return dataclasses.replace(PAPER_SAMPLING, mirostat=spec.start())
 
     prompt_ids, uncut = seeded_references[0]
-    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling())
-    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    tokens, events = emitted(engine, prompt_ids, sampling())
-    comparison = real_check.compare(prompt_ids, reference, tokens, sampling())
-    assert comparison.acceptable, comparison.describe()
-    assert sum(e.accepted for e in events) > 0
+    reference, _ = seeded_specexec_exact(real_pair, real_check, prompt_ids, sampling)
     assert reference != uncut  # mirostat, not top-p, cut the target's distributions
 
 
@@ -155,12 +160,7 @@ def test_seeded_specexec_under_a_dynamic_temperature_equals_seeded_autoregressiv
     form's check, whose seeded reply at the fixed temperature it changes."""
     sampling = dataclasses.replace(PAPER_SAMPLING, dynatemp_range=0.5, dynatemp_exponent=0.75)
     prompt_ids, fixed = seeded_references[0]
-    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling)
-    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    tokens, events = emitted(engine, prompt_ids, sampling)
-    comparison = real_check.compare(prompt_ids, reference, tokens, sampling)
-    assert comparison.acceptable, comparison.describe()
-    assert sum(e.accepted for e in events) > 0
+    reference, _ = seeded_specexec_exact(real_pair, real_check, prompt_ids, lambda: sampling)
     assert reference != fixed  # the dynamic temperature, not the fixed one, shaped the distributions
 
 
@@ -178,18 +178,15 @@ def test_seeded_specexec_under_llama_cpps_penalties_and_a_bias_equals_seeded_aut
     def sampling() -> SamplingParams:  # each run spends its own state
         return dataclasses.replace(PAPER_SAMPLING, penalties=penalties.start(prompt_ids))
 
-    reference, _ = emitted(AutoregressiveEngine(real_pair.target, real_pair.stop_ids), prompt_ids, sampling())
-    engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=32))
-    tokens, events = emitted(engine, prompt_ids, sampling())
-    comparison = real_check.compare(prompt_ids, reference, tokens, sampling())
-    assert comparison.acceptable, comparison.describe()
-    assert sum(e.accepted for e in events) > 0 and reference[0] != unpenalized[0]
+    reference, tokens = seeded_specexec_exact(real_pair, real_check, prompt_ids, sampling)
+    assert reference[0] != unpenalized[0]
     bound = 0
     repeats = DryWindow(dry, prompt_ids)
     for token in tokens:
         bound += bool(repeats.repeats())
         repeats.accept(token)
     assert bound > 0 and len(dry.restarts) > 4  # DRY penalized somewhere; "\n" and ":" in many words
+
 
 def test_a_4_bit_rounded_draft_keeps_greedy_and_seeded_exact(real_pair, real_check, greedy_references,
                                                             seeded_references):
