@@ -13,8 +13,8 @@ from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, Pe
                                   checked_sampling, with_engine_options, with_penalty_options, with_sampling_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
-from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_P,
-                             MAX_TOKENS, check_text)
+from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_POOLING, DEFAULT_SEED, DEFAULT_TEMPERATURE,
+                             DEFAULT_TOP_P, MAX_TOKENS, check_text)
 from specchat.paths import output_path
 from specchat.schema_file import read_schema_file, read_user_file
 from specchat.simulate.app import simulate_app
@@ -160,13 +160,15 @@ def serve(
     slots: int = typer.Option(4, help="Engines over the loaded models, each keeping one conversation's caches; "
                               "one request decodes at a time."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
+    pooling: str = typer.Option(DEFAULT_POOLING, help="How an embedding (/v1/embeddings, /api/embed) pools the target's "
+                                "last hidden states: mean (every token's) or last (the last token's)."),
     sampling: SamplingOptions = SamplingOptions(),
     seed: int = typer.Option(None, help="Sampling seed of requests that give none (left out: each draws its own)."),
     *,
     penalties: PenaltyOptions,
     options: EngineOptions,
 ) -> None:
-    """Serve OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions), Anthropic's
+    """Serve OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions, /v1/embeddings), Anthropic's
     (/v1/messages), llama.cpp's and Ollama's. The sampling and penalty options are what a request
     leaves out."""
     from specchat.serve.command import Serving, run_server  # starlette and uvicorn: only serve needs them
@@ -175,7 +177,7 @@ def serve(
     if seed is not None:
         check_seed(seed)
     defaults = Defaults(**asdict(sampling), seed=seed, **asdict(penalties))
-    run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts), defaults)
+    run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts, pooling), defaults)
 
 
 @app.command()

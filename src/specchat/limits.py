@@ -79,6 +79,8 @@ DRY_BOUNDS = {"dry_multiplier": DRY_MULTIPLIER, "dry_base": DRY_BASE, "dry_allow
 PENALTY_BOUNDS = {"repeat_penalty": REPEAT_PENALTY, "repeat_last_n": REPEAT_LAST_N,
                   "presence_penalty": PRESENCE_OR_FREQUENCY, "frequency_penalty": PRESENCE_OR_FREQUENCY, **DRY_BOUNDS}
 LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's: added to a token's logit
+POOLINGS = ("mean", "last")  # how an embedding pools the target's rows (decoding/embedding.py)
+DEFAULT_POOLING = "mean"
 CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)
 

@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from specchat.decoding.events import Engine
 from specchat.decoding.guide import Grammars
 from specchat.errors import SpecchatError
+from specchat.limits import DEFAULT_POOLING
 from specchat.serve.app import build_app
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.fim import FimTokens
@@ -108,10 +109,11 @@ class RecordingGrammars:
 def make_app(engines: list[Engine], tokenizer=None, stop_ids=frozenset({ord(".")}), context: int = 4096,
              max_queue: int = 16, api_key: str | None = None, log_prompts: bool = False,
              sampling: Defaults = Defaults(), fim: FimTokens | None = None,
-             grammars: Callable[[], Grammars] | None = None) -> tuple[Starlette, Scheduler]:
+             grammars: Callable[[], Grammars] | None = None,
+             pooling: str = DEFAULT_POOLING) -> tuple[Starlette, Scheduler]:
     config = ServeConfig(model=MODEL, tokenizer=tokenizer or CharTokenizer(), stop_ids=frozenset(stop_ids),
                          context=context, sampling=sampling, api_key=api_key, log_prompts=log_prompts,
-                         grammars=grammars, fim=fim)
+                         grammars=grammars, fim=fim, pooling=pooling)
     scheduler = Scheduler(engines, max_queue)
     return build_app(config, scheduler), scheduler
 

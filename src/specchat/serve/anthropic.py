@@ -35,7 +35,7 @@ class AnthropicMessages(Endpoint):
     async def respond(self, request: Request) -> Response:
         """POST /v1/messages, once the key is checked."""
         body = parse_body(await request.body(), MessagesRequest)
-        check_model(body, self.config.model)
+        check_model(body.model, self.config.model)
         job, reply = self.prepare(body, request)
         self.queue(request, job)
         if body.stream:
@@ -81,7 +81,7 @@ class AnthropicMessages(Endpoint):
 
     def count(self, body: Conversation) -> dict:
         """POST /v1/messages/count_tokens: the prompt tokens of the conversation, its tools declared."""
-        check_model(body, self.config.model)
+        check_model(body.model, self.config.model)
         tools, (choice, _) = chat_tools(body.tools), chat_tool_choice(body.tool_choice)
         return {"input_tokens": len(self.chat_ids(chat_messages(body),
                                                   tools if offered_functions(tools, choice) else None))}

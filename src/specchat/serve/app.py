@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.serve.anthropic import anthropic_routes
 from specchat.serve.completions import ChatCompletions
+from specchat.serve.embeddings import Embeddings
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError, api_error_response, http_error_response
 from specchat.serve.infill import Infill
@@ -76,9 +77,13 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
 
     def decoding(endpoint: Responder) -> Callable[[Request], Awaitable[Response]]:
         """A route that decodes: the key checked, then the endpoint's answer."""
+        return guarded(endpoint.respond)
+
+    def guarded(answer: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """`answer`, once the key is checked."""
         async def route(request: Request) -> Response:
             authorize(request)
-            return await endpoint.respond(request)
+            return await answer(request)
         return route
 
     def tokenizing(answer: Callable[[PreTrainedTokenizerBase, Body], dict],
@@ -104,6 +109,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/chat/completions", decoding(ChatCompletions(config, scheduler)), methods=["POST"]),
         Route("/v1/completions", decoding(TextCompletions(config, scheduler)), methods=["POST"]),
         Route("/v1/responses", decoding(Responses(config, scheduler)), methods=["POST"]),  # for agents
+        Route("/v1/embeddings", guarded(Embeddings(config, scheduler).openai), methods=["POST"]),
         # llama.cpp's own: /infill for its editor plugins, /completion for its scripts
         Route("/infill", decoding(Infill(config, scheduler)), methods=["POST"]),
         Route("/completion", decoding(NativeCompletion(config, scheduler)), methods=["POST"]),

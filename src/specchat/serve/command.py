@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
+from specchat.limits import DEFAULT_POOLING, POOLINGS
 from specchat.loader import load_models
 from specchat.engine_options import EngineOptions
 from specchat.runtime import live_settings_of
@@ -25,6 +26,7 @@ class Serving:
     max_queue: int  # requests waiting beyond the one decoding; past it, 429
     slots: int  # engines, each keeping one conversation's caches
     log_prompts: bool
+    pooling: str = DEFAULT_POOLING  # how embeddings pool the target's rows
 
 
 def check_serving(serving: Serving) -> None:
@@ -34,6 +36,8 @@ def check_serving(serving: Serving) -> None:
         raise SpecchatError(f"--max-queue must be >= 0 (got {serving.max_queue})")
     if serving.slots < 1:
         raise SpecchatError(f"--slots must be >= 1 (got {serving.slots})")
+    if serving.pooling not in POOLINGS:
+        raise SpecchatError(f"--pooling must be one of {', '.join(POOLINGS)} (got {serving.pooling!r})")
     if serving.api_key is not None and not serving.api_key.strip():
         raise SpecchatError("--api-key is empty: give a key, or leave the option out")
 
@@ -80,7 +84,7 @@ def run_server(options: EngineOptions, serving: Serving, sampling: Defaults) -> 
             config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
                                  context=models.context, sampling=sampling, api_key=serving.api_key,
                                  log_prompts=serving.log_prompts, grammars=models.grammars,
-                                 fim=fim_tokens(models.tokenizer))
+                                 fim=fim_tokens(models.tokenizer), pooling=serving.pooling)
             app = build_app(config, Scheduler(engines, serving.max_queue))
             show_request_log()
             print(f"serving {options.target} ({options.engine}) at {url_of(sock)}/v1 ; Ctrl+C stops", flush=True)

@@ -23,7 +23,7 @@ class ChatCompletions(Endpoint):
         """POST /v1/chat/completions, once the key is checked."""
         chat = parse_body(await request.body(), ChatRequest)
         check_chat_features(chat)
-        check_model(chat, self.config.model)
+        check_model(chat.model, self.config.model)
         job, reply = self.prepare(chat, request)
         self.queue(request, job)
         if chat.stream:

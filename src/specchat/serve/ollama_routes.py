@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from specchat.serve.embeddings import Embeddings
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.errors import APIError
 from specchat.serve.ollama import OllamaChatRoute, OllamaGenerateRoute
@@ -21,6 +22,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def ollama_routes(config: ServeConfig, scheduler: Scheduler, authorize: Callable[[Request], None]) -> list[Route]:
     started = created_at()
     chat, generate = OllamaChatRoute(config, scheduler), OllamaGenerateRoute(config, scheduler)
+    embeddings = Embeddings(config, scheduler)
 
     def guarded(answer: Handler) -> Handler:
         async def route(request: Request) -> Response:
@@ -46,6 +48,8 @@ def ollama_routes(config: ServeConfig, scheduler: Scheduler, authorize: Callable
     return [
         Route("/api/chat", guarded(chat.respond), methods=["POST"]),
         Route("/api/generate", guarded(generate.respond), methods=["POST"]),
+        Route("/api/embed", guarded(embeddings.ollama), methods=["POST"]),
+        Route("/api/embeddings", guarded(embeddings.ollama_legacy), methods=["POST"]),  # Ollama's older route
         Route("/api/tags", guarded(listing), methods=["GET"]),
         Route("/api/show", guarded(show), methods=["POST"]),
         Route("/api/ps", guarded(processes), methods=["GET"]),

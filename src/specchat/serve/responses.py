@@ -31,7 +31,7 @@ class Responses(Endpoint):
         """POST /v1/responses, once the key is checked."""
         body = parse_body(await request.body(), ResponsesRequest)
         check_responses_features(body)
-        check_model(body, self.config.model)
+        check_model(body.model, self.config.model)
         job, reply = self.prepare(body, request)
         shell = Shell(self.config.model, body)
         self.queue(request, job)

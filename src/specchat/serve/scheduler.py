@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from itertools import count
 from time import perf_counter
@@ -52,8 +52,11 @@ class Job:
     ended_s: float = 0.0
     engine: str = ""
     warm: bool = False  # only computes its prompt into a slot: it gives way to any request after it
+    # Instead of decoding: a computation on an engine, given the job's cancel (an embedding,
+    # serve/embeddings.py), its result the job's one item (`result`)
+    work: Callable[[Engine, threading.Event], object] | None = None
 
-    def deliver(self, item: IterationEvent | BaseException | None) -> None:
+    def deliver(self, item: object) -> None:
         """From the decoding thread: hand `item` to the request's coroutine."""
         self.loop.call_soon_threadsafe(self.inbox.put_nowait, item)
 
@@ -63,6 +66,13 @@ class Job:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    async def result(self) -> object:
+        """What the job's `work` returned, once it has run; its failure is raised here."""
+        item = await self.inbox.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     @property
     def queue_s(self) -> float:
@@ -177,8 +187,29 @@ class Scheduler:
             return self.running
 
     def run(self, job: Job) -> None:
-        slot = self.pick(job.prompt_ids)
+        """Decode `job`'s reply on the slot it continues, or run its `work` on the first slot's
+        engine, whose kept caches that leaves as they were."""
+        slot = self.slots[0] if job.work is not None else self.pick(job.prompt_ids)
         job.engine = slot.engine.name
+        for observer in self.observers:
+            observer.on_start(job)
+        try:
+            if job.work is not None:
+                job.deliver(job.work(slot.engine, job.cancel))
+            else:
+                self.decode(job, slot)
+        except SpecchatError as error:
+            job.deliver(error)
+        except Exception as error:  # an engine's failure: this request gets a 500, the server goes on
+            logger.exception("decoding failed")
+            job.deliver(error)
+        finally:
+            job.ended_s = perf_counter()
+            for observer in self.observers:
+                observer.on_end(job)
+            job.deliver(END)
+
+    def decode(self, job: Job, slot: Slot) -> None:
         produced: list[int] = []
 
         def on_event(event: IterationEvent) -> None:
@@ -190,23 +221,12 @@ class Scheduler:
             job.deliver(event)
 
         slot.sequence = []  # until the engine's caches are known again
-        for observer in self.observers:
-            observer.on_start(job)
         try:
             run_reply(slot.engine, job.prompt_ids, job.max_new_tokens, job.sampling, job.cancel, on_event,
                       on_notice=lambda notice: logger.info("notice: %s", notice))
             slot.sequence = job.prompt_ids + produced
-        except SpecchatError as error:
-            job.deliver(error)
-        except Exception as error:  # an engine's failure: this request gets a 500, the server goes on
-            logger.exception("decoding failed")
-            job.deliver(error)
         finally:
             slot.last_used = next(self.uses)
-            job.ended_s = perf_counter()
-            for observer in self.observers:
-                observer.on_end(job)
-            job.deliver(END)
 
     def pick(self, prompt_ids: list[int]) -> Slot:
         """The slot whose conversation `prompt_ids` continues (it shares more than half of that

@@ -291,9 +291,9 @@ def requested_tokens(request: ChatRequest) -> int | None:
     return None
 
 
-def check_model(request: Decoded, served: str) -> None:
-    if request.model != served:
-        raise APIError(404, f"model '{request.model}' is not served here: this server serves '{served}'",
+def check_model(model: str, served: str) -> None:
+    if model != served:
+        raise APIError(404, f"model '{model}' is not served here: this server serves '{served}'",
                        "model_not_found", "model")
 
 

@@ -26,7 +26,7 @@ class TextCompletions(Endpoint):
         """POST /v1/completions, once the key is checked."""
         body = parse_body(await request.body(), TextRequest)
         check_text_features(body)
-        check_model(body, self.config.model)
+        check_model(body.model, self.config.model)
         job, reply, echoed = self.prepare(body, request)
         self.queue(request, job)
         logprobs = LegacyLogprobs(self.config.tokenizer, offset=len(echoed))

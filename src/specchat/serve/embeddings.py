@@ -1,0 +1,96 @@
+"""The embedding routes: OpenAI's POST /v1/embeddings and Ollama's POST /api/embed and POST
+/api/embeddings. The target embeds each input (decoding/embedding.py, pooled as `serve --pooling`
+says) on the decoding thread, queued as a reply is, so it never runs beside a decode on the same
+weights; the engines' kept caches are left as they were.
+
+OpenAI's and Ollama's /api/embed vectors have unit length (cosine similarity is their dot product),
+cut first to `dimensions` where asked; /api/embeddings gives the pooled vector as it is, as Ollama's."""
+
+import asyncio
+import base64
+from time import perf_counter
+
+import torch
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from specchat.decoding.events import Engine, SamplingParams
+from specchat.errors import SpecchatError
+from specchat.serve.embeddings_request import (EmbeddingsRequest, EmbedRequest, LegacyEmbeddingsRequest,
+                                               checked_dimensions, ollama_inputs, openai_inputs)
+from specchat.serve.endpoint import Endpoint
+from specchat.serve.errors import APIError, bad_request
+from specchat.serve.ollama_request import check_ollama_model
+from specchat.serve.scheduler import Job
+from specchat.serve.schema import check_model, parsed
+
+NS_PER_S = 1_000_000_000
+
+
+class Embeddings(Endpoint):
+    async def openai(self, request: Request) -> Response:
+        body = parsed(await request.body(), EmbeddingsRequest)
+        check_model(body.model, self.config.model)
+        inputs = openai_inputs(body, self.config.tokenizer, self.config.context)
+        vectors = await self.vectors(request, inputs)
+        dimensions = checked_dimensions(body.dimensions, len(vectors[0]))
+        data = [{"object": "embedding", "index": index, "embedding": encoded(unit(vector[:dimensions]),
+                                                                             body.encoding_format)}
+                for index, vector in enumerate(vectors)]
+        tokens = sum(len(ids) for ids in inputs)
+        return JSONResponse({"object": "list", "data": data, "model": self.config.model,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def ollama(self, request: Request) -> Response:
+        start = perf_counter()
+        body = parsed(await request.body(), EmbedRequest)
+        check_ollama_model(body.model, self.config.model)
+        inputs = ollama_inputs(body, self.config.tokenizer, self.config.context)
+        vectors = await self.vectors(request, inputs) if inputs else []
+        dimensions = checked_dimensions(body.dimensions, len(vectors[0])) if vectors else None
+        return JSONResponse({"model": body.model, "embeddings": [unit(v[:dimensions]).tolist() for v in vectors],
+                             "total_duration": round((perf_counter() - start) * NS_PER_S), "load_duration": 0,
+                             "prompt_eval_count": sum(len(ids) for ids in inputs)})
+
+    async def ollama_legacy(self, request: Request) -> Response:
+        body = parsed(await request.body(), LegacyEmbeddingsRequest)
+        check_ollama_model(body.model, self.config.model)
+        ids = list(self.config.tokenizer.encode(body.prompt))[:self.config.context]
+        vectors = await self.vectors(request, [ids]) if ids else [torch.zeros(0)]  # Ollama's: [] for no prompt
+        return JSONResponse({"embedding": vectors[0].tolist()})
+
+    async def vectors(self, request: Request, inputs: list[list[int]]) -> list[torch.Tensor]:
+        """The pooled vector of each input, in order, computed on the decoding thread."""
+        pooling = self.config.pooling
+
+        def work(engine: Engine, cancel) -> list[torch.Tensor]:
+            return [engine.embed(ids, pooling) for ids in inputs if not cancel.is_set()]
+
+        job = Job([token for ids in inputs for token in ids], 0, SamplingParams(), asyncio.get_running_loop(),
+                  work=work)
+        self.queue(request, job)
+        watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
+        try:
+            return await job.result()
+        except APIError:
+            raise
+        except SpecchatError as error:
+            raise bad_request(str(error), "unsupported_parameter") from None
+        except Exception as error:  # the scheduler logged its traceback; the client gets one line
+            raise APIError(500, f"embedding failed: {type(error).__name__}: {error}", "embedding_failed",
+                           kind="server_error") from None
+        finally:
+            watcher.cancel()
+            self.scheduler.withdraw(job)
+
+
+def unit(vector: torch.Tensor) -> torch.Tensor:
+    """`vector` scaled to length 1 (a zero vector stays zero)."""
+    return vector / vector.norm().clamp_min(torch.finfo(vector.dtype).tiny)
+
+
+def encoded(vector: torch.Tensor, encoding: str) -> list[float] | str:
+    """A list of floats, or for base64 the float32 values' little-endian bytes in base64, as OpenAI's."""
+    if encoding == "float":
+        return vector.tolist()
+    return base64.b64encode(vector.to(torch.float32).numpy().astype("<f4").tobytes()).decode("ascii")

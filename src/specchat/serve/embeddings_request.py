@@ -1,0 +1,80 @@
+"""The embedding requests: OpenAI's (/v1/embeddings), Ollama's (/api/embed) and Ollama's older one
+(/api/embeddings), each input as the token ids the target embeds, checked against the context."""
+
+from pydantic import Field
+from transformers import PreTrainedTokenizerBase
+
+from specchat.serve.errors import bad_request
+from specchat.serve.schema import Strict
+from specchat.serve.text_request import checked_ids
+
+ENCODINGS = ("float", "base64")  # OpenAI's client asks base64 unless told otherwise: float32 bytes
+
+
+class EmbeddingsRequest(Strict):
+    """OpenAI's: one text or token array, or a list of either."""
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str = "float"
+    dimensions: int | None = None  # the first dimensions, normalized again (text-embedding-3's Matryoshka cut)
+
+
+class EmbedRequest(Strict):
+    """Ollama's: one text or a list of texts (none: nothing embedded, as Ollama answers a load check)."""
+
+    model: str
+    input: str | list[str] = Field(default_factory=list)
+    truncate: bool = True  # a text past the context is cut to it; false: refused
+    dimensions: int | None = None
+
+
+class LegacyEmbeddingsRequest(Strict):
+    """Ollama's first embedding route: one prompt, its vector as the model gives it (not normalized)."""
+
+    model: str
+    prompt: str = ""
+
+
+def openai_inputs(request: EmbeddingsRequest, tokenizer: PreTrainedTokenizerBase, context: int) -> list[list[int]]:
+    """Each input's token ids, in order; a 400 for an empty input, a token outside the vocabulary
+    or an input past the context (OpenAI's server refuses those too: it cuts nothing)."""
+    if request.encoding_format not in ENCODINGS:
+        raise bad_request(f"encoding_format must be one of {', '.join(ENCODINGS)} (got {request.encoding_format!r})",
+                          param="encoding_format")
+    given = request.input
+    if not given:
+        raise bad_request("input is empty: give a text, a token array or a list of them", param="input")
+    items = [given] if isinstance(given, str) or isinstance(given[0], int) else given
+    inputs = [tokens_of(item, tokenizer, f"input[{index}]") for index, item in enumerate(items)]
+    for index, ids in enumerate(inputs):
+        if len(ids) > context:
+            raise bad_request(f"input[{index}] is {len(ids)} tokens, past the context of {context}",
+                              "context_length_exceeded", "input")
+    return inputs
+
+
+def tokens_of(item: str | list[int], tokenizer: PreTrainedTokenizerBase, param: str) -> list[int]:
+    ids = checked_ids(item, len(tokenizer), param) if isinstance(item, list) else list(tokenizer.encode(item))
+    if not ids:
+        raise bad_request(f"{param} is empty: there is nothing to embed", param=param)
+    return ids
+
+
+def ollama_inputs(request: EmbedRequest, tokenizer: PreTrainedTokenizerBase, context: int) -> list[list[int]]:
+    """Each text's token ids, cut to the context where `truncate` (Ollama's default), else a 400."""
+    texts = [request.input] if isinstance(request.input, str) else request.input
+    inputs = [tokens_of(text, tokenizer, f"input[{index}]") for index, text in enumerate(texts)]
+    if not request.truncate and any(len(ids) > context for ids in inputs):
+        raise bad_request(f"the input length exceeds the context length ({context} tokens): send truncate true "
+                          "to cut it", param="input")
+    return [ids[:context] for ids in inputs]
+
+
+def checked_dimensions(dimensions: int | None, hidden: int) -> int:
+    """The dimensions a vector keeps: all of them where none are asked."""
+    if dimensions is None:
+        return hidden
+    if not 1 <= dimensions <= hidden:
+        raise bad_request(f"dimensions must be in [1, {hidden}] (got {dimensions})", param="dimensions")
+    return dimensions
