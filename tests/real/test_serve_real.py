@@ -5,8 +5,8 @@ route and Ollama's, and a fill-in-the-middle completion (/v1/completions with a 
 <|endoftext|>, as is /infill's (llama.cpp's route, laid out as
 llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, the tokenizer
 routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
-/metrics counts a reply and what speculation gained in it, and the embedding routes put each
-reworded text nearest its own. Float32 and a
+/metrics counts a reply and what speculation gained in it, the embedding routes put each
+reworded text nearest its own, and echoed logprobs score a greedy continuation as its likeliest tokens. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
@@ -175,6 +175,28 @@ def test_embeddings_put_each_rewording_nearest_its_own_text(served):
     assert (cosines.argmax(axis=1) == numpy.arange(4)).all(), cosines
     others = numpy.where(numpy.eye(4, dtype=bool), -1.0, cosines).max(axis=1)
     assert (cosines.diagonal() - others >= LEAST_GAP).all(), cosines
+
+
+def test_echoed_logprobs_score_a_greedy_continuation_as_its_likeliest_tokens(served):
+    """lm-evaluation-harness's loglikelihood request on the embedded pair: the prompt and the greedy
+    completion the server decoded, sent back as token ids with echo, logprobs and one new token,
+    score each completion token as its position's likeliest (the harness's is_greedy), and their
+    sum is the continuation's log-likelihood, below 0."""
+    client, model, _, url = served
+    prompt = post(f"{url}/tokenize", {"content": PREFIX})["tokens"]
+    completion = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=1)
+    continuation = post(f"{url}/tokenize", {"content": completion.choices[0].text})["tokens"]
+    scored = client.completions.create(model=model, prompt=prompt + continuation, max_tokens=1, temperature=0,
+                                       logprobs=1, echo=True).choices[0].logprobs
+    size = len(prompt)
+    assert scored.token_logprobs[0] is None and len(scored.tokens) == size + len(continuation) + 1
+    picks = list(zip(scored.token_logprobs[size:-1], scored.top_logprobs[size:-1]))
+    assert all(logprob == max(top.values()) for logprob, top in picks), picks
+    assert sum(scored.token_logprobs[size:-1]) < 0
+    # the completion's own logprobs, logged as it was decoded, are these positions' (float32 passes of other
+    # widths: 1.2e-6 apart at most, 2026-12-02)
+    assert numpy.allclose(scored.token_logprobs[size:-1], completion.choices[0].logprobs.token_logprobs,
+                          rtol=0, atol=2.4e-6)
 
 
 def post(url: str, body: dict) -> dict:

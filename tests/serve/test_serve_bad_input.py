@@ -153,8 +153,9 @@ CASES = [
      "n = 2: one choice per request (n > 1) is not supported by specchat"),
     ("text: logprobs too many", "POST", "/v1/completions", text(logprobs=21), AUTH, 400, "invalid_value",
      "logprobs must be in [0, 20] (got 21)"),
-    ("text: echo with logprobs", "POST", "/v1/completions", text(echo=True, logprobs=1), AUTH, 400,
-     "unsupported_parameter", "echo with logprobs (the prompt's own logprobs) is not supported by specchat"),
+    ("text: echo with logprobs and a suffix", "POST", "/v1/completions", text(echo=True, logprobs=1, suffix="x"),
+     AUTH, 400, "unsupported_parameter", "echo with logprobs and a suffix (the prompt's logprobs are of a raw "
+     "prompt's tokens) is not supported by specchat"),
     ("text: max_tokens zero", "POST", "/v1/completions", text(max_tokens=0), AUTH, 400, "invalid_value",
      "max_tokens must be between 1 and 32768 (got 0)"),
     ("text: prompt over the context", "POST", "/v1/completions", text(prompt="x" * 300), AUTH, 400,

@@ -1,7 +1,8 @@
 """POST /v1/completions driven by the official `openai` client: a raw prompt (text or token ids)
 reaches the engine as the tokenizer encodes it, a `suffix` wraps it in the model's
 fill-in-the-middle format, echo, stop strings, streaming and the legacy logprobs shape; over the
-tiny random models the text and logprobs are exactly the target's greedy ones."""
+tiny random models the text and logprobs are exactly the target's greedy ones, and with echo the
+prompt's own logprobs are the target's forward's."""
 
 import json
 import logging
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
+import torch
 from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, prompt_of, serving,
                                    user)
 
@@ -187,3 +189,45 @@ def test_on_tiny_models_a_stop_string_inside_a_trees_tokens_cuts_logprobs_and_us
     assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens == end
     streamed = [p for c in chunks if c.choices and c.choices[0].logprobs for p in c.choices[0].logprobs.token_logprobs]
     assert streamed == whole.choices[0].logprobs.token_logprobs
+
+
+def test_on_tiny_models_echo_with_logprobs_scores_the_prompt_then_the_completion(tiny_target, tiny_draft):
+    """lm-evaluation-harness's loglikelihood request (echo, logprobs, temperature 0): the prompt's
+    tokens first, the first with no logprob, each other with the target's log-probability after the
+    ones before it (transformers' forward of the whole prompt), then the completion's entries;
+    streamed, the echoed prompt's chunk carries its entries."""
+    whole, chunks, greedy, log = served_and_greedy(tiny_target, tiny_draft, prompt="hello there", max_tokens=4,
+                                                   logprobs=2, echo=True)
+    ids = TINY_TOKENIZER.encode("hello there")
+    with torch.inference_mode():  # float32 logits, as the LM head gives every pass's (decoding/forward.py)
+        expected = torch.log_softmax(tiny_target.model(torch.tensor([ids])).logits[0].float().double(), dim=-1)
+    tops = [torch.topk(row, 2) for row in expected[:-1]]
+    logprobs, size = whole.choices[0].logprobs, len(ids)
+    assert whole.choices[0].text == "hello there" + TINY_TOKENIZER.decode(greedy)
+    assert logprobs.tokens == [TINY_TOKENIZER.decode([t]) for t in ids + greedy]
+    assert logprobs.token_logprobs[:size] == [None] + [expected[i, ids[i + 1]].item() for i in range(size - 1)]
+    assert logprobs.top_logprobs[:size] == [None] + [
+        {TINY_TOKENIZER.decode([t]): p for t, p in zip(top.indices.tolist(), top.values.tolist())} for top in tops]
+    assert logprobs.token_logprobs[size:] == [entry.logprob for entry in log.entries]
+    assert logprobs.text_offset == list(range(size + 4))  # one character a token, from the prompt's start
+    echoed = chunks[0].choices[0]
+    assert echoed.text == "hello there" and echoed.logprobs.token_logprobs == logprobs.token_logprobs[:size]
+
+
+def test_a_greedy_continuation_scores_as_its_positions_likeliest(tiny_target, tiny_draft):
+    """What the harness checks of a continuation it calls greedy: at each of its tokens the logprob
+    is the top alternative's; a token the target would not pick is not."""
+    _, _, greedy, _ = served_and_greedy(tiny_target, tiny_draft, prompt="hello there", max_tokens=6)
+    other = (greedy[2] + 1) % 50
+    engine = AutoregressiveEngine(tiny_target, frozenset())
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    with serving(app) as url:
+        scored = [client(url).completions.create(model=MODEL, prompt=TINY_TOKENIZER.encode("hello there") + tokens,
+                                                 max_tokens=1, temperature=0, logprobs=1, echo=True)
+                  for tokens in (greedy, greedy[:2] + [other])]
+    size = len("hello there")
+    for reply, kept in zip(scored, (6, 2)):
+        entries = reply.choices[0].logprobs
+        picks = [lp == max(top.values()) for lp, top in zip(entries.token_logprobs[size:-1],
+                                                            entries.top_logprobs[size:-1])]
+        assert picks == [True] * kept + [False] * (len(picks) - kept)

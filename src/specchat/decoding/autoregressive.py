@@ -9,7 +9,9 @@ from specchat.decoding.events import IterationEvent, LiveSettings, SamplingParam
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
+from specchat.decoding.prompt_logprobs import prompt_logprobs
 from specchat.decoding.sampling import emit_token
+from specchat.decoding.token_log import TokenLogprobs
 from specchat.device_clock import now
 
 
@@ -41,6 +43,9 @@ class AutoregressiveEngine:
 
     def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
         return embedding(self.target, token_ids, pooling)
+
+    def score(self, token_ids: list[int], top: int) -> list[TokenLogprobs]:
+        return prompt_logprobs(self.target, token_ids, top)
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams

@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
     from specchat.decoding.guide import Guide
     from specchat.decoding.mirostat import Surprise
     from specchat.decoding.penalties import Repeats
-    from specchat.decoding.token_log import TokenLog
+    from specchat.decoding.token_log import TokenLog, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -132,4 +132,9 @@ class Engine(Protocol):
     def embed(self, token_ids: list[int], pooling: str) -> "torch.Tensor":
         """The target's embedding of `token_ids` (decoding/embedding.py), float32 on the CPU; the
         kept caches are left as they were."""
+        ...
+
+    def score(self, token_ids: list[int], top: int) -> "list[TokenLogprobs]":
+        """The target's log-probability of each of token_ids[1:] after the ones before it, with the
+        `top` likeliest tokens there (decoding/prompt_logprobs.py); the kept caches are left as they were."""
         ...

@@ -18,6 +18,8 @@ from specchat.decoding.events import ALONE, AUTO, DRAFTED, LOOK, IterationEvent,
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
+from specchat.decoding.prompt_logprobs import prompt_logprobs
+from specchat.decoding.token_log import TokenLogprobs
 from specchat.decoding.specexec import Iteration, TreeStrategy, iterate
 from specchat.decoding.tree import TreeShape
 from specchat.device_clock import now
@@ -73,6 +75,9 @@ class TreeEngine:
 
     def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
         return embedding(self.target, token_ids, pooling)
+
+    def score(self, token_ids: list[int], top: int) -> list[TokenLogprobs]:
+        return prompt_logprobs(self.target, token_ids, top)
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
         """The prompt's new tokens run through the target first, and their last row gives the

@@ -32,6 +32,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, truncate
 from specchat.decoding.prefix import PrefixCache, Reuse, with_prefill
 from specchat.decoding.sampling import sample_token
+from specchat.decoding.token_log import TokenLogprobs
 from specchat.device_clock import now
 from specchat.errors import SpecchatError
 from specchat.dsi.jobs import VerifyJob, builds_on_rejected, decided_tokens, is_live
@@ -104,6 +105,10 @@ class DSIEngine:
 
     def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
         raise SpecchatError("--engine dsi computes no embeddings (its target runs in its workers): serve with "
+                            "specexec or autoregressive")
+
+    def score(self, token_ids: list[int], top: int) -> list[TokenLogprobs]:
+        raise SpecchatError("--engine dsi scores no prompts (its target runs in its workers): serve with "
                             "specexec or autoregressive")
 
     def generate(

@@ -6,22 +6,19 @@ weights; the engines' kept caches are left as they were.
 OpenAI's and Ollama's /api/embed vectors have unit length (cosine similarity is their dot product),
 cut first to `dimensions` where asked; /api/embeddings gives the pooled vector as it is, as Ollama's."""
 
-import asyncio
 import base64
+import threading
 from time import perf_counter
 
 import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from specchat.decoding.events import Engine, SamplingParams
-from specchat.errors import SpecchatError
+from specchat.decoding.events import Engine
 from specchat.serve.embeddings_request import (EmbeddingsRequest, EmbedRequest, LegacyEmbeddingsRequest,
                                                checked_dimensions, ollama_inputs, openai_inputs)
 from specchat.serve.endpoint import Endpoint
-from specchat.serve.errors import APIError, bad_request
 from specchat.serve.ollama_request import check_ollama_model
-from specchat.serve.scheduler import Job
 from specchat.serve.schema import check_model, parsed
 
 NS_PER_S = 1_000_000_000
@@ -63,25 +60,10 @@ class Embeddings(Endpoint):
         """The pooled vector of each input, in order, computed on the decoding thread."""
         pooling = self.config.pooling
 
-        def work(engine: Engine, cancel) -> list[torch.Tensor]:
+        def work(engine: Engine, cancel: threading.Event) -> list[torch.Tensor]:
             return [engine.embed(ids, pooling) for ids in inputs if not cancel.is_set()]
 
-        job = Job([token for ids in inputs for token in ids], 0, SamplingParams(), asyncio.get_running_loop(),
-                  work=work)
-        self.queue(request, job)
-        watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
-        try:
-            return await job.result()
-        except APIError:
-            raise
-        except SpecchatError as error:
-            raise bad_request(str(error), "unsupported_parameter") from None
-        except Exception as error:  # the scheduler logged its traceback; the client gets one line
-            raise APIError(500, f"embedding failed: {type(error).__name__}: {error}", "embedding_failed",
-                           kind="server_error") from None
-        finally:
-            watcher.cancel()
-            self.scheduler.withdraw(job)
+        return await self.computed(request, [token for ids in inputs for token in ids], work)
 
 
 def unit(vector: torch.Tensor) -> torch.Tensor:

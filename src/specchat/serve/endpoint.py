@@ -4,6 +4,7 @@ disconnect withdrawing its job."""
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ from starlette.responses import StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
 from specchat.chat_template import encode_chat
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.events import Engine, SamplingParams
 from specchat.decoding.guide import Grammar, Grammars
 from specchat.decoding.penalties import counted_from
 from specchat.errors import ContextOverflow, SpecchatError
@@ -131,6 +132,27 @@ class Endpoint:
             self.scheduler.withdraw(job)
         request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
         return text
+
+    async def computed(self, request: Request, prompt_ids: list[int],
+                       work: Callable[[Engine, threading.Event], object]) -> object:
+        """What `work` returns, run on an engine on the decoding thread once the requests before
+        it are done (a prompt's embedding or its logprobs: it never runs beside a reply on the same
+        weights); `prompt_ids` are the tokens it runs, as counted. A disconnect withdraws it."""
+        job = Job(prompt_ids, 0, SamplingParams(), asyncio.get_running_loop(), work=work)
+        self.queue(request, job)
+        watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
+        try:
+            return await job.result()
+        except APIError:
+            raise
+        except SpecchatError as error:
+            raise bad_request(str(error), "unsupported_parameter") from None
+        except Exception as error:  # the scheduler logged its traceback; the client gets one line
+            raise APIError(500, f"the target's pass failed: {type(error).__name__}: {error}", "pass_failed",
+                           kind="server_error") from None
+        finally:
+            watcher.cancel()
+            self.scheduler.withdraw(job)
 
     async def withdraw_on_disconnect(self, request: Request, job: Job) -> None:
         while (await request.receive())["type"] != "http.disconnect":

@@ -3,6 +3,7 @@ logprobs shape: tokens, token_logprobs, top_logprobs (a {token: logprob} map eac
 
 import time
 import uuid
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -34,8 +35,23 @@ class LegacyLogprobs:
         return {"tokens": tokens, "token_logprobs": [entry.logprob for entry in entries],
                 "top_logprobs": [self.alternatives(entry) for entry in entries], "text_offset": offsets}
 
+    def prompt(self, prompt_ids: list[int], entries: list[TokenLogprobs]) -> dict:
+        """The echoed prompt's entries, as OpenAI's: its tokens from text offset 0, the first with no
+        logprob and no alternatives (nothing came before it), each other as the target scored it."""
+        tokens = [self.tokenizer.decode([token]) for token in prompt_ids]
+        offsets = [0, *accumulate(len(text) for text in tokens[:-1])]
+        return {"tokens": tokens, "token_logprobs": [None] + [entry.logprob for entry in entries],
+                "top_logprobs": [None] + [self.alternatives(entry) for entry in entries], "text_offset": offsets}
+
     def alternatives(self, entry: TokenLogprobs) -> dict[str, float]:
         return {self.tokenizer.decode([token]): logprob for token, logprob in entry.top}
+
+
+def joined(first: dict | None, then: dict | None) -> dict | None:
+    """Two runs of legacy logprobs as one (the echoed prompt's, then the completion's)."""
+    if first is None or then is None:
+        return first or then
+    return {key: first[key] + then[key] for key in first}
 
 
 def completion_id() -> str:

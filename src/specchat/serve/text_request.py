@@ -29,8 +29,9 @@ def check_text_features(request: TextRequest) -> None:
         if not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {request.logprobs})",
                               "invalid_value", "logprobs")
-        if request.echo:
-            raise unsupported("echo with logprobs (the prompt's own logprobs) is", "echo")
+        if request.echo and request.suffix:
+            raise unsupported("echo with logprobs and a suffix (the prompt's logprobs are of a raw prompt's tokens) "
+                              "is", "echo")
 
 
 def completion_tokens(request: TextRequest) -> int:
