@@ -158,7 +158,8 @@ TEXTS = ["def reverse(s):\n    return s[::-1]",
          "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1))",
          "Paris is the capital of France and its largest city.", "SELECT name FROM users WHERE age > 30;"]
 REWORDED = ["def reverse(text):\n    return text[::-1]",
-            "def is_prime(number):\n    return number > 1 and all(number % k for k in range(2, int(number ** 0.5) + 1))",
+            "def is_prime(number):\n"
+            "    return number > 1 and all(number % k for k in range(2, int(number ** 0.5) + 1))",
             "The capital of France, and its largest city, is Paris.", "SELECT name FROM people WHERE age > 30;"]
 LEAST_GAP = 0.2  # a rewording's cosine to its text over its highest to another: 0.40 measured at least
 
