@@ -2,7 +2,8 @@
 vector is the target's pooled rows (decoding/embedding.py) of the input's tokens, at unit length
 (OpenAI's and /api/embed) or as pooled (/api/embeddings), in the inputs' order, texts and token
 arrays alike, base64 as the OpenAI client asks by default; `dimensions` cuts and normalizes again;
-Ollama's truncate cuts to the context; every refusal is one line of each API's shape."""
+Ollama's truncate cuts to the context; llama.cpp's /embedding normalizes as embd_normalize asks;
+every refusal is one line of each API's shape."""
 
 import base64
 
@@ -12,7 +13,8 @@ import openai
 import pytest
 import torch
 from helpers.dsi_turns import dsi
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, post_json, serving, serving_engine
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, client, make_app, post_json, post_refused, serving,
+                                   serving_engine)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.embedding import embedding
@@ -93,6 +95,32 @@ def test_ollamas_truncate_cuts_to_the_context_or_refuses(served, tiny_target):
     with pytest.raises(ollama.ResponseError) as refused:
         ollama.Client(host=served).embed(model=MODEL, input=long, truncate=False)
     assert refused.value.status_code == 400 and "exceeds the context length (64 tokens)" in refused.value.error
+
+
+@pytest.mark.parametrize("path", ["/embedding", "/embeddings"])
+def test_llama_cpps_route_lists_each_vector_normalized_as_asked(served, tiny_target, path):
+    """Euclidean by default; -1 none; 0 the largest magnitude to 32760; 1 taxicab; `input` as `content`."""
+    raw = [expected(tiny_target, text) for text in TEXTS[:2]]
+    answer = post_json(f"{served}{path}", {"content": TEXTS[:2]})
+    assert answer == [{"index": index, "embedding": [unit(vector)]} for index, vector in enumerate(raw)]
+    as_is = post_json(f"{served}{path}", {"input": TINY_TOKENIZER.encode(TEXTS[0]), "embd_normalize": -1})
+    assert as_is == [{"index": 0, "embedding": [raw[0].tolist()]}]
+    largest = post_json(f"{served}{path}", {"content": TEXTS[0], "embd_normalize": 0})[0]["embedding"][0]
+    assert max(map(abs, largest)) == pytest.approx(32760, abs=0.004)  # a float32 step there: 0.002 measured
+    taxicab = post_json(f"{served}{path}", {"content": TEXTS[0], "embd_normalize": 1})[0]["embedding"][0]
+    assert sum(map(abs, taxicab)) == pytest.approx(1.0, abs=2.5e-8)  # float32 rounding: 1.26e-8 measured
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({}, '"input" or "content" must be provided'),
+    ({"content": []}, "content is empty"),
+    ({"content": ["x", ""]}, "content[1] is empty"),
+    ({"content": [3] * (CONTEXT + 1)}, "content[0] is 65 tokens, past the context of 64"),
+    ({"content": "x", "embd_normalize": "2"}, "embd_normalize: input should be a valid integer"),
+])
+def test_llama_cpps_route_refuses_in_one_line(served, body, fragment):
+    status, message = post_refused(f"{served}/embedding", body)
+    assert status == 400 and fragment in message and "\n" not in message
 
 
 def test_last_pooling_takes_the_last_row(tiny_target):

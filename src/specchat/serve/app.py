@@ -100,6 +100,7 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         yield
         await asyncio.to_thread(scheduler.close)
 
+    embeddings = Embeddings(config, scheduler)
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -109,10 +110,12 @@ def build_app(config: ServeConfig, scheduler: Scheduler) -> Starlette:
         Route("/v1/chat/completions", decoding(ChatCompletions(config, scheduler)), methods=["POST"]),
         Route("/v1/completions", decoding(TextCompletions(config, scheduler)), methods=["POST"]),
         Route("/v1/responses", decoding(Responses(config, scheduler)), methods=["POST"]),  # for agents
-        Route("/v1/embeddings", guarded(Embeddings(config, scheduler).openai), methods=["POST"]),
+        Route("/v1/embeddings", guarded(embeddings.openai), methods=["POST"]),
         # llama.cpp's own: /infill for its editor plugins, /completion for its scripts
         Route("/infill", decoding(Infill(config, scheduler)), methods=["POST"]),
         Route("/completion", decoding(NativeCompletion(config, scheduler)), methods=["POST"]),
+        Route("/embedding", guarded(embeddings.native), methods=["POST"]),
+        Route("/embeddings", guarded(embeddings.native), methods=["POST"]),
         # and its tokenizer's, for scripts that count tokens or template chats themselves
         Route("/tokenize", tokenizing(tokenized, TokenizeRequest), methods=["POST"]),
         Route("/detokenize", tokenizing(detokenized, DetokenizeRequest), methods=["POST"]),

@@ -1,10 +1,12 @@
-"""The embedding routes: OpenAI's POST /v1/embeddings and Ollama's POST /api/embed and POST
-/api/embeddings. The target embeds each input (decoding/embedding.py, pooled as `serve --pooling`
-says) on the decoding thread, queued as a reply is, so it never runs beside a decode on the same
-weights; the engines' kept caches are left as they were.
+"""The embedding routes: OpenAI's POST /v1/embeddings, Ollama's POST /api/embed and POST
+/api/embeddings, and llama.cpp's own POST /embedding (and /embeddings). The target embeds each
+input (decoding/embedding.py, pooled as `serve --pooling` says) on the decoding thread, queued as
+a reply is, so it never runs beside a decode on the same weights; the engines' kept caches are left
+as they were.
 
 OpenAI's and Ollama's /api/embed vectors have unit length (cosine similarity is their dot product),
-cut first to `dimensions` where asked; /api/embeddings gives the pooled vector as it is, as Ollama's."""
+cut first to `dimensions` where asked; /api/embeddings gives the pooled vector as it is, as Ollama's;
+/embedding normalizes as its `embd_normalize` says, Euclidean by default, as llama-server's."""
 
 import base64
 import threading
@@ -16,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 
 from specchat.decoding.events import Engine
 from specchat.serve.embeddings_request import (EmbeddingsRequest, EmbedRequest, LegacyEmbeddingsRequest,
-                                               checked_dimensions, ollama_inputs, openai_inputs)
+                                               NativeEmbeddingRequest, checked_dimensions, native_inputs,
+                                               ollama_inputs, openai_inputs)
 from specchat.serve.endpoint import Endpoint
 from specchat.serve.ollama_request import check_ollama_model
 from specchat.serve.schema import check_model, parsed
@@ -56,6 +59,14 @@ class Embeddings(Endpoint):
         vectors = await self.vectors(request, [ids]) if ids else [torch.zeros(0)]  # Ollama's: [] for no prompt
         return JSONResponse({"embedding": vectors[0].tolist()})
 
+    async def native(self, request: Request) -> Response:
+        """llama.cpp's /embedding: a list of {index, embedding: [vector]}, each normalized as asked."""
+        body = parsed(await request.body(), NativeEmbeddingRequest)
+        inputs = native_inputs(body, self.config.tokenizer, self.config.context)
+        vectors = await self.vectors(request, inputs)
+        return JSONResponse([{"index": index, "embedding": [normalized(vector, body.embd_normalize).tolist()]}
+                             for index, vector in enumerate(vectors)])
+
     async def vectors(self, request: Request, inputs: list[list[int]]) -> list[torch.Tensor]:
         """The pooled vector of each input, in order, computed on the decoding thread."""
         pooling = self.config.pooling
@@ -64,6 +75,15 @@ class Embeddings(Endpoint):
             return [engine.embed(ids, pooling) for ids in inputs if not cancel.is_set()]
 
         return await self.computed(request, [token for ids in inputs for token in ids], work)
+
+
+def normalized(vector: torch.Tensor, norm: int) -> torch.Tensor:
+    """llama.cpp's `embd_normalize`: -1 none, 0 the largest magnitude scaled to 32760 (an int16's
+    range), otherwise divided by its p-norm (1 taxicab, 2 Euclidean); a zero vector stays zero."""
+    if norm == -1:
+        return vector
+    total = vector.abs().max() / 32760 if norm == 0 else vector.double().norm(p=norm)
+    return vector / total if total > 0 else vector
 
 
 def unit(vector: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The embedding requests: OpenAI's (/v1/embeddings), Ollama's (/api/embed) and Ollama's older one
-(/api/embeddings), each input as the token ids the target embeds, checked against the context."""
+(/api/embeddings), llama.cpp's own (/embedding), each input as the token ids the target embeds,
+checked against the context."""
 
 from pydantic import Field
 from transformers import PreTrainedTokenizerBase
@@ -36,6 +37,37 @@ class LegacyEmbeddingsRequest(Strict):
     prompt: str = ""
 
 
+class NativeEmbeddingRequest(Strict):
+    """llama.cpp's own (/embedding, /embeddings): `content` (or `input`) as its tokenizer routes take
+    prompts, and how each vector is normalized (`embd_normalize`: -1 none, 0 the largest magnitude to
+    32760, 1 taxicab, 2 Euclidean, p > 2 the p-norm)."""
+
+    content: str | list[int] | list[str | list[int]] | None = None
+    input: str | list[int] | list[str | list[int]] | None = None
+    embd_normalize: int = 2
+
+
+def native_inputs(request: NativeEmbeddingRequest, tokenizer: PreTrainedTokenizerBase,
+                  context: int) -> list[list[int]]:
+    """Each prompt's token ids, as llama-server reads `content` (or `input`): a 400 where neither is
+    given, or for an empty prompt or one past the context."""
+    given = request.content if request.content is not None else request.input
+    if given is None:
+        raise bad_request('"input" or "content" must be provided', param="content")
+    items = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else given
+    if not items:
+        raise bad_request("content is empty: give a text, token ids or a list of them", param="content")
+    return [within(tokens_of(item, tokenizer, f"content[{index}]"), context, f"content[{index}]")
+            for index, item in enumerate(items)]
+
+
+def within(ids: list[int], context: int, param: str) -> list[int]:
+    if len(ids) > context:
+        raise bad_request(f"{param} is {len(ids)} tokens, past the context of {context}", "context_length_exceeded",
+                          param)
+    return ids
+
+
 def openai_inputs(request: EmbeddingsRequest, tokenizer: PreTrainedTokenizerBase, context: int) -> list[list[int]]:
     """Each input's token ids, in order; a 400 for an empty input, a token outside the vocabulary
     or an input past the context (OpenAI's server refuses those too: it cuts nothing)."""
@@ -46,12 +78,8 @@ def openai_inputs(request: EmbeddingsRequest, tokenizer: PreTrainedTokenizerBase
     if not given:
         raise bad_request("input is empty: give a text, a token array or a list of them", param="input")
     items = [given] if isinstance(given, str) or isinstance(given[0], int) else given
-    inputs = [tokens_of(item, tokenizer, f"input[{index}]") for index, item in enumerate(items)]
-    for index, ids in enumerate(inputs):
-        if len(ids) > context:
-            raise bad_request(f"input[{index}] is {len(ids)} tokens, past the context of {context}",
-                              "context_length_exceeded", "input")
-    return inputs
+    return [within(tokens_of(item, tokenizer, f"input[{index}]"), context, f"input[{index}]")
+            for index, item in enumerate(items)]
 
 
 def tokens_of(item: str | list[int], tokenizer: PreTrainedTokenizerBase, param: str) -> list[int]:
