@@ -34,7 +34,8 @@ def served(tiny_target):
 
 
 def unit(vector: torch.Tensor) -> list[float]:
-    return (vector / vector.norm()).tolist()
+    """At length 1, the length summed in float64 as llama.cpp sums it."""
+    return (vector / vector.double().norm()).tolist()
 
 
 def expected(target, text: str, pooling: str = "mean") -> torch.Tensor:

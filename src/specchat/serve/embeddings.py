@@ -25,6 +25,7 @@ from specchat.serve.ollama_request import check_ollama_model
 from specchat.serve.schema import check_model, parsed
 
 NS_PER_S = 1_000_000_000
+EUCLIDEAN = 2  # llama.cpp's embd_normalize for the 2-norm, its default
 
 
 class Embeddings(Endpoint):
@@ -87,8 +88,8 @@ def normalized(vector: torch.Tensor, norm: int) -> torch.Tensor:
 
 
 def unit(vector: torch.Tensor) -> torch.Tensor:
-    """`vector` scaled to length 1 (a zero vector stays zero)."""
-    return vector / vector.norm().clamp_min(torch.finfo(vector.dtype).tiny)
+    """`vector` at length 1, as llama.cpp's Euclidean `embd_normalize` scales it (a zero vector stays zero)."""
+    return normalized(vector, EUCLIDEAN)
 
 
 def encoded(vector: torch.Tensor, encoding: str) -> list[float] | str:

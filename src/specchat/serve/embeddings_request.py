@@ -44,7 +44,7 @@ class NativeEmbeddingRequest(Strict):
 
     content: str | list[int] | list[str | list[int]] | None = None
     input: str | list[int] | list[str | list[int]] | None = None
-    embd_normalize: int = 2
+    embd_normalize: int = 2  # Euclidean: llama-server's default
 
 
 def native_inputs(request: NativeEmbeddingRequest, tokenizer: PreTrainedTokenizerBase,
