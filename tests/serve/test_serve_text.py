@@ -231,3 +231,53 @@ def test_a_greedy_continuation_scores_as_its_positions_likeliest(tiny_target, ti
         picks = [lp == max(top.values()) for lp, top in zip(entries.token_logprobs[size:-1],
                                                             entries.top_logprobs[size:-1])]
         assert picks == [True] * kept + [False] * (len(picks) - kept)
+
+
+BATCH = ["hello there", "good day", "see you"]
+
+
+def greedy_text_of(target, prompt: str, tokens: int) -> str:
+    events = AutoregressiveEngine(target, frozenset()).generate(TINY_TOKENIZER.encode(prompt), tokens,
+                                                                SamplingParams(0.0))
+    return TINY_TOKENIZER.decode([t for e in events for t in e.token_ids])
+
+
+def test_on_tiny_models_a_batch_of_prompts_is_a_choice_each_in_order(tiny_target, tiny_draft, caplog):
+    """Whole, a choice each with its own figures and the usage summed;
+    streamed, each choice's chunks in turn, joined to the whole, then the summed usage."""
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    with caplog.at_level(logging.INFO, logger="specchat.serve"), serving(app) as url:
+        api = client(url)
+        whole = api.completions.create(model=MODEL, prompt=BATCH, max_tokens=6, temperature=0)
+        chunks = list(api.completions.create(model=MODEL, prompt=BATCH, max_tokens=6, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}))
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert [c.text for c in whole.choices] == [greedy_text_of(tiny_target, prompt, 6) for prompt in BATCH]
+    prompt_tokens = sum(len(prompt) for prompt in BATCH)  # a character a token
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt_tokens, 18)
+    figures = whole.model_extra["specchat"]
+    assert len(figures) == 3 and all(figure["engine"] == "specexec" for figure in figures)
+    indexes = [c.choices[0].index for c in chunks if c.choices]
+    assert indexes == sorted(indexes) and set(indexes) == {0, 1, 2}  # a choice after another
+    assert ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)] == \
+        [c.text for c in whole.choices]
+    assert chunks[-1].usage.completion_tokens == 18 and chunks[-1].usage.prompt_tokens == prompt_tokens
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("POST /v1/completions")]
+    assert [line.split()[4] for line in logged] == [f"{prompt_tokens}+18"] * 2
+
+
+def test_on_tiny_models_a_batch_with_echo_and_logprobs_scores_each_prompt(tiny_target, tiny_draft):
+    """lm-evaluation-harness's loglikelihood requests at a batch size above one: token ids, each
+    choice scored as its prompt alone is."""
+    engine = AutoregressiveEngine(tiny_target, frozenset())
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    prompts = [TINY_TOKENIZER.encode(prompt) for prompt in BATCH]
+    with serving(app) as url:
+        batch = client(url).completions.create(model=MODEL, prompt=prompts, max_tokens=1, temperature=0, logprobs=1,
+                                               echo=True)
+        alone = [client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, logprobs=1,
+                                                echo=True).choices[0] for prompt in prompts]
+    assert [c.logprobs.token_logprobs for c in batch.choices] == [c.logprobs.token_logprobs for c in alone]
+    assert [c.logprobs.tokens[:-1] for c in batch.choices] == [list(TINY_TOKENIZER.decode(ids)) for ids in prompts]
+    assert all(c.logprobs.token_logprobs[0] is None for c in batch.choices)

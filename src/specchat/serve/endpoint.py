@@ -183,11 +183,17 @@ class Endpoint:
 
     def streamed(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> StreamingResponse:
         """A reply streamed: its chunks framed as this API frames them (`events`)."""
-        return StreamingResponse(self.events(request, job, reply, chunks), media_type=self.media_type)
+        return self.streamed_all(request, [(job, reply)], chunks)
 
-    async def events(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
-        """A streamed reply's chunks as server-sent events, then `stream_end`; an error once the
-        status is sent goes in the stream. The job's place is freed however the stream ends: this is
+    def streamed_all(self, request: Request, replies: list[tuple[Job, Reply]],
+                     chunks: AsyncIterator[dict]) -> StreamingResponse:
+        """The replies to a batch of prompts streamed in one response (a text completion's)."""
+        return StreamingResponse(self.events(request, replies, chunks), media_type=self.media_type)
+
+    async def events(self, request: Request, replies: list[tuple[Job, Reply]],
+                     chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+        """A streamed response's chunks as server-sent events, then `stream_end`; an error once the
+        status is sent goes in the stream. The jobs' places are freed however the stream ends: this is
         reached too when the client disconnects (the stream is cancelled)."""
         try:
             async for chunk in chunks:
@@ -196,8 +202,10 @@ class Endpoint:
         except APIError as error:
             yield self.frame(self.error_body(error))
         finally:
-            self.scheduler.withdraw(job)
-            request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
+            for job, _ in replies:
+                self.scheduler.withdraw(job)
+            request.state.tokens = (sum(len(job.prompt_ids) for job, _ in replies),
+                                    sum(reply.completion_tokens for _, reply in replies))
 
     def chat_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
         """The prompt ids of chat `messages` (and `tools`) through the model's chat template."""

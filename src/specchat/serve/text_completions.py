@@ -1,10 +1,11 @@
-"""One text completion (POST /v1/completions): a raw prompt, or a prefix and a suffix to fill in the
-middle of, decoded by the same engines as a chat, whole or streamed as server-sent events. Code
-editors ask it for completions at the cursor."""
+"""Text completions (POST /v1/completions): a raw prompt, or a prefix and a suffix to fill in the
+middle of, decoded by the same engines as a chat, whole or streamed as server-sent events; a batch
+of prompts answered a choice each, in turn. Code editors ask it for completions at the cursor,
+evaluation harnesses for scores of continuations (`echo` with `logprobs`)."""
 
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,27 +19,61 @@ from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import openai_penalties
 from specchat.serve.schema import check_model, parse_body, sampling_of, stop_strings
 from specchat.serve.structured import response_schema
-from specchat.serve.text_reply import LegacyLogprobs, TextChunks, joined, text_completion
-from specchat.serve.text_request import (TextRequest, check_text_features, completion_tokens, prompt_ids,
-                                         single_prompt)
+from specchat.serve.text_reply import (LegacyLogprobs, TextChunks, joined, summed_usage, text_choice,
+                                      text_completion)
+from specchat.serve.text_request import TextRequest, check_text_features, completion_tokens, prompt_ids, prompts_of
+
+
+@dataclass
+class Choice:
+    """One prompt's completion: its job and reply, the prompt's text where it is echoed, and the
+    logprobs of its tokens (the echoed prompt's, once scored, then the completion's)."""
+
+    index: int
+    job: Job
+    reply: Reply
+    echoed: str
+    logprobs: LegacyLogprobs
+    scored: dict | None = None
+
+    @property
+    def pair(self) -> tuple[Job, Reply]:
+        return self.job, self.reply
 
 
 class TextCompletions(Endpoint):
     async def respond(self, request: Request) -> Response:
-        """POST /v1/completions, once the key is checked."""
+        """POST /v1/completions, once the key is checked: every prompt of a batch is checked before
+        any is decoded, then each is decoded in turn, as a request of its own."""
         body = parse_body(await request.body(), TextRequest)
         check_text_features(body)
         check_model(body.model, self.config.model)
-        job, reply, echoed = self.prepare(body, request)
-        logprobs = LegacyLogprobs(self.config.tokenizer, offset=len(echoed))
-        scored = await self.scored_prompt(request, body, job.prompt_ids, logprobs)
-        self.queue(request, job)
+        prompts = prompts_of(body)
+        if self.config.log_prompts:
+            request.state.prompt = prompts[0] if len(prompts) == 1 else prompts
+            if body.suffix is not None:
+                request.state.suffix = body.suffix
+        choices = [self.prepare(body, index, prompt) for index, prompt in enumerate(prompts)]
+        await self.start(request, body, choices[0])  # before the status: a refusal of the first is one
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            chunks = self.stream(job, reply, echoed, scored, logprobs, include_usage)
-            return self.streamed(request, job, reply, chunks)
-        text = echoed + await self.collect(request, job, reply)
-        return JSONResponse(text_completion(self.config.model, text, reply, job, joined(scored, logprobs.take(reply))))
+            return self.streamed_all(request, [choice.pair for choice in choices],
+                                     self.stream(request, body, choices, include_usage))
+        answers = []
+        for choice in choices:
+            if choice.index:
+                await self.start(request, body, choice)
+            text = choice.echoed + await self.collect(request, choice.job, choice.reply)
+            answers.append(text_choice(choice.index, text, choice.reply,
+                                       joined(choice.scored, choice.logprobs.take(choice.reply))))
+        pairs = [choice.pair for choice in choices]
+        request.state.tokens = tuple(summed_usage(pairs)[key] for key in ("prompt_tokens", "completion_tokens"))
+        return JSONResponse(text_completion(self.config.model, answers, pairs))
+
+    async def start(self, request: Request, body: TextRequest, choice: Choice) -> None:
+        """Score the echoed prompt where asked, then queue the choice's reply."""
+        choice.scored = await self.scored_prompt(request, body, choice.job.prompt_ids, choice.logprobs)
+        self.queue(request, choice.job)
 
     async def scored_prompt(self, request: Request, body: TextRequest, prompt_ids: list[int],
                             logprobs: LegacyLogprobs) -> dict | None:
@@ -53,13 +88,9 @@ class TextCompletions(Endpoint):
 
         return logprobs.prompt(prompt_ids, await self.computed(request, prompt_ids, work))
 
-    def prepare(self, body: TextRequest, request: Request) -> tuple[Job, Reply, str]:
-        """The job, its reply, and the prompt's text when it is echoed before the completion."""
-        prompt = single_prompt(body)
-        if self.config.log_prompts:
-            request.state.prompt = prompt
-            if body.suffix is not None:
-                request.state.suffix = body.suffix
+    def prepare(self, body: TextRequest, index: int, prompt: str | list[int]) -> Choice:
+        """The choice answering `prompt`: its job and reply, and the prompt's text when it is echoed
+        before the completion."""
         form = self.form(form_of(body, response_schema(body.response_format)))
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(None if body.logprobs is None else TokenLog(body.logprobs),
@@ -69,18 +100,28 @@ class TextCompletions(Endpoint):
         echoed = (prompt if isinstance(prompt, str) else self.config.tokenizer.decode(ids)) if body.echo else ""
         asked = openai_penalties(body, self.config.tokenizer, self.config.sampling)
         job = self.job(ids, wanted, sampling, "prompt", asked)
-        return job, self.reply(stops, sampling), echoed
+        return Choice(index, job, self.reply(stops, sampling), echoed,
+                      LegacyLogprobs(self.config.tokenizer, offset=len(echoed)))
 
-    async def stream(self, job: Job, reply: Reply, echoed: str, scored: dict | None, logprobs: LegacyLogprobs,
+    async def stream(self, request: Request, body: TextRequest, choices: list[Choice],
                      include_usage: bool) -> AsyncIterator[dict]:
+        """Each choice's chunks in turn, then the usage of them all where asked."""
         chunks = TextChunks(self.config.model)
-        if echoed:
-            yield chunks.text(echoed, scored)
+        for choice in choices:
+            if choice.index:
+                await self.start(request, body, choice)
+            async for chunk in self.choice_chunks(chunks, choice):
+                yield chunk
+        if include_usage:
+            yield chunks.summed([choice.pair for choice in choices])
+
+    async def choice_chunks(self, chunks: TextChunks, choice: Choice) -> AsyncIterator[dict]:
+        job, reply, logprobs, index = choice.job, choice.reply, choice.logprobs, choice.index
+        if choice.echoed:
+            yield chunks.text(choice.echoed, choice.scored, index=index)
         async for text in self.pieces(job, reply):
-            yield chunks.text(text, logprobs.take(reply))
+            yield chunks.text(text, logprobs.take(reply), index=index)
         tail = reply.finish()
         if tail or reply.unsent_logprobs:
-            yield chunks.text(tail, logprobs.take(reply))
-        yield chunks.last(reply, job)
-        if include_usage:
-            yield chunks.usage(reply, job)
+            yield chunks.text(tail, logprobs.take(reply), index=index)
+        yield chunks.last(reply, job, index)

@@ -3,8 +3,8 @@ logprobs shape: tokens, token_logprobs, top_logprobs (a {token: logprob} map eac
 
 import time
 import uuid
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import ClassVar
 
 from transformers import PreTrainedTokenizerBase
@@ -58,25 +58,44 @@ def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex}"
 
 
-def text_completion(model: str, text: str, reply: Reply, job: Job, logprobs: dict | None) -> dict:
+def text_completion(model: str, choices: list[dict], replies: list[tuple[Job, Reply]]) -> dict:
+    """The whole answer: a choice per prompt; the `specchat` figures of its reply, or for a batch a
+    list of them, one a choice."""
+    figures = [extension(job, reply) for job, reply in replies]
     return {
         "id": completion_id(), "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reply.finish_reason()}],
-        "usage": usage(len(job.prompt_ids), reply),
-        "specchat": extension(job, reply),
+        "choices": choices, "usage": summed_usage(replies), "specchat": figures[0] if len(figures) == 1 else figures,
     }
+
+
+def text_choice(index: int, text: str, reply: Reply, logprobs: dict | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reply.finish_reason()}
+
+
+def summed_usage(replies: list[tuple[Job, Reply]]) -> dict:
+    """The replies' usage added up: a batch's tokens in and out, and those reused from the caches."""
+    counts = [usage(len(job.prompt_ids), reply) for job, reply in replies]
+    total = {key: sum(count[key] for count in counts) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    if details := [count["prompt_tokens_details"] for count in counts if "prompt_tokens_details" in count]:
+        total["prompt_tokens_details"] = {"cached_tokens": sum(detail["cached_tokens"] for detail in details)}
+    return total
 
 
 @dataclass(frozen=True)
 class TextChunks(ChunkSeries):
-    """A streamed text completion's chunks: pieces of its text."""
+    """A streamed text completion's chunks: pieces of its choices' texts, a choice after another."""
 
     OBJECT: ClassVar[str] = "text_completion"
     id: str = field(default_factory=completion_id)
 
-    def text(self, text: str, logprobs: dict | None = None, finish_reason: str | None = None,
+    def text(self, text: str, logprobs: dict | None = None, finish_reason: str | None = None, index: int = 0,
              **extra: object) -> dict:
-        return self.chunk([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}], **extra)
+        return self.chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+                          **extra)
 
-    def last(self, reply: Reply, job: Job) -> dict:
-        return self.text("", finish_reason=reply.finish_reason(), specchat=extension(job, reply))
+    def last(self, reply: Reply, job: Job, index: int = 0) -> dict:
+        return self.text("", finish_reason=reply.finish_reason(), index=index, specchat=extension(job, reply))
+
+    def summed(self, replies: list[tuple[Job, Reply]]) -> dict:
+        """The chunk with the usage of every choice."""
+        return self.chunk([], usage=summed_usage(replies))

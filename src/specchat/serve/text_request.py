@@ -1,5 +1,5 @@
-"""The text-completion request (OpenAI's /v1/completions): one prompt, as text or token ids, and
-an optional `suffix` to fill in the middle before; its checks, each refusal one line."""
+"""The text-completion request (OpenAI's /v1/completions): a prompt, as text or token ids, or a
+batch of them, and an optional `suffix` to fill in the middle before; its checks, each refusal one line."""
 
 from typing import Any
 
@@ -40,14 +40,13 @@ def completion_tokens(request: TextRequest) -> int:
     return token_limit("max_tokens", request.max_tokens)
 
 
-def single_prompt(request: TextRequest) -> str | list[int]:
-    """The one prompt: a string or token ids, alone or as a list's only item."""
+def prompts_of(request: TextRequest) -> list[str | list[int]]:
+    """The prompts, each a string or token ids: one, or a batch (a list of either), answered as a
+    choice each, in order."""
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise unsupported(f"{len(prompt)} prompts in one request: one prompt per request (a batch) is", "prompt")
-        prompt = prompt[0]
-    return prompt
+        return list(prompt)
+    return [prompt]
 
 
 def prompt_ids(prompt: str | list[int], suffix: str | None, tokenizer: PreTrainedTokenizerBase,
