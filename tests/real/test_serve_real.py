@@ -179,21 +179,27 @@ def test_embeddings_put_each_rewording_nearest_its_own_text(served):
 
 
 def test_echoed_logprobs_score_a_greedy_continuation_as_its_likeliest_tokens(served):
-    """lm-evaluation-harness's loglikelihood request on the embedded pair: the prompt and the greedy
-    completion the server decoded, sent back as token ids with echo, logprobs and one new token,
-    score each completion token as its position's likeliest (the harness's is_greedy), and their
-    sum is the continuation's log-likelihood, below 0."""
+    """lm-evaluation-harness's loglikelihood requests on the embedded pair, a batch of two: the prompt
+    and the greedy completion the server decoded, sent back as token ids with echo, logprobs and one
+    new token, score each completion token as its position's likeliest (the harness's is_greedy),
+    their sum the continuation's log-likelihood, below 0; the same with its third token changed
+    scores the first two so and the third not."""
     client, model, _, url = served
     prompt = post(f"{url}/tokenize", {"content": PREFIX})["tokens"]
     completion = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=1)
     continuation = post(f"{url}/tokenize", {"content": completion.choices[0].text})["tokens"]
-    scored = client.completions.create(model=model, prompt=prompt + continuation, max_tokens=1, temperature=0,
-                                       logprobs=1, echo=True).choices[0].logprobs
+    changed = continuation[:2] + [continuation[2] + 1] + continuation[3:]
+    batch = client.completions.create(model=model, prompt=[prompt + continuation, prompt + changed], max_tokens=1,
+                                      temperature=0, logprobs=1, echo=True).choices
     size = len(prompt)
+    scored = batch[0].logprobs
     assert scored.token_logprobs[0] is None and len(scored.tokens) == size + len(continuation) + 1
-    picks = list(zip(scored.token_logprobs[size:-1], scored.top_logprobs[size:-1]))
-    assert all(logprob == max(top.values()) for logprob, top in picks), picks
-    assert sum(scored.token_logprobs[size:-1]) < 0
+    picks = [logprob == max(top.values()) for logprob, top in zip(scored.token_logprobs[size:-1],
+                                                                  scored.top_logprobs[size:-1])]
+    assert all(picks) and sum(scored.token_logprobs[size:-1]) < 0
+    others = batch[1].logprobs
+    firsts = zip(others.token_logprobs[size:size + 3], others.top_logprobs[size:size + 3])
+    assert [logprob == max(top.values()) for logprob, top in firsts] == [True, True, False]
     # the completion's own logprobs, logged as it was decoded, are these positions' (float32 passes of other
     # widths: 1.2e-6 apart at most, 2026-12-02)
     assert numpy.allclose(scored.token_logprobs[size:-1], completion.choices[0].logprobs.token_logprobs,
