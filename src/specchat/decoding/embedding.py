@@ -12,7 +12,6 @@ read. The pass runs on a cache of its own: the engine's kept caches are left as 
 import torch
 
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
 from specchat.limits import POOLINGS
 
 
@@ -29,5 +28,4 @@ def embedding(target: CausalLM, token_ids: list[int], pooling: str) -> torch.Ten
     position 0, as a prompt's prefill runs."""
     if not token_ids:
         raise ValueError("an embedding needs at least one token")
-    hidden = target.hidden(torch.tensor(token_ids), torch.arange(len(token_ids)), new_cache())
-    return pooled(hidden, pooling).cpu()
+    return pooled(target.rows_from_start(token_ids), pooling).cpu()

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specchat.decoding.head_rows import BATCH_ROWS
-from specchat.decoding.kvcache import cache_length
+from specchat.decoding.kvcache import cache_length, new_cache
 from specchat.transfer import TransferStats
 
 
@@ -91,6 +91,11 @@ class CausalLM:
             use_cache=True,
         )
         return out.last_hidden_state[0]
+
+    def rows_from_start(self, token_ids: list[int]) -> torch.Tensor:
+        """The final-norm rows of `token_ids` run from position 0 on a cache of their own (an
+        embedding's pass, a prompt's scoring): a kept cache is left as it was."""
+        return self.hidden(torch.tensor(token_ids), torch.arange(len(token_ids)), new_cache())
 
     def graphs_captured(self) -> int:
         """The steps captured as CUDA graphs so far (a static draft's, static_step.py): none here."""

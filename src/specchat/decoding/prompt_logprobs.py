@@ -5,10 +5,7 @@ them with `echo` and `logprobs`; evaluation harnesses score a continuation so (l
 loglikelihood tasks). One pass of the whole prompt on a cache of its own, its LM head in row blocks
 so that the logits held stay small; the engine's kept caches are left as they were."""
 
-import torch
-
 from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
 
 HEAD_ROWS = 64  # LM-head rows a call: 39 MB of float32 logits for a 151,936-token vocabulary
@@ -17,7 +14,7 @@ HEAD_ROWS = 64  # LM-head rows a call: 39 MB of float32 logits for a 151,936-tok
 def prompt_logprobs(target: CausalLM, token_ids: list[int], top: int) -> list[TokenLogprobs]:
     """An entry for each of token_ids[1:], in order: its log-probability after the tokens before it
     and the `top` likeliest tokens there (the first token has none: nothing comes before it)."""
-    hidden = target.hidden(torch.tensor(token_ids), torch.arange(len(token_ids)), new_cache())
+    hidden = target.rows_from_start(token_ids)
     log = TokenLog(top)
     for start in range(0, len(token_ids) - 1, HEAD_ROWS):
         rows = hidden[start:min(start + HEAD_ROWS, len(token_ids) - 1)]

@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specchat.serve.errors import bad_request
 from specchat.serve.schema import Strict
-from specchat.serve.text_request import checked_ids
+from specchat.serve.text_request import as_batch, checked_ids
 
 ENCODINGS = ("float", "base64")  # OpenAI's client asks base64 unless told otherwise: float32 bytes
 
@@ -54,11 +54,10 @@ def native_inputs(request: NativeEmbeddingRequest, tokenizer: PreTrainedTokenize
     given = request.content if request.content is not None else request.input
     if given is None:
         raise bad_request('"input" or "content" must be provided', param="content")
-    items = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else given
-    if not items:
+    if not given:
         raise bad_request("content is empty: give a text, token ids or a list of them", param="content")
     return [within(tokens_of(item, tokenizer, f"content[{index}]"), context, f"content[{index}]")
-            for index, item in enumerate(items)]
+            for index, item in enumerate(as_batch(given))]
 
 
 def within(ids: list[int], context: int, param: str) -> list[int]:
@@ -77,9 +76,8 @@ def openai_inputs(request: EmbeddingsRequest, tokenizer: PreTrainedTokenizerBase
     given = request.input
     if not given:
         raise bad_request("input is empty: give a text, a token array or a list of them", param="input")
-    items = [given] if isinstance(given, str) or isinstance(given[0], int) else given
     return [within(tokens_of(item, tokenizer, f"input[{index}]"), context, f"input[{index}]")
-            for index, item in enumerate(items)]
+            for index, item in enumerate(as_batch(given))]
 
 
 def tokens_of(item: str | list[int], tokenizer: PreTrainedTokenizerBase, param: str) -> list[int]:

@@ -5,7 +5,8 @@ disconnect withdrawing its job."""
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -142,14 +143,8 @@ class Endpoint:
         self.queue(request, job)
         watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
         try:
-            return await job.result()
-        except APIError:
-            raise
-        except SpecchatError as error:
-            raise bad_request(str(error), "unsupported_parameter") from None
-        except Exception as error:  # the scheduler logged its traceback; the client gets one line
-            raise APIError(500, f"the target's pass failed: {type(error).__name__}: {error}", "pass_failed",
-                           kind="server_error") from None
+            with answered_failures("the target's pass", "pass_failed"):
+                return await job.result()
         finally:
             watcher.cancel()
             self.scheduler.withdraw(job)
@@ -167,19 +162,12 @@ class Endpoint:
 
     async def pieces(self, job: Job, reply: Reply) -> AsyncIterator[str]:
         """The reply's text as it becomes safe to send, until it ends or meets a stop string."""
-        try:
+        with answered_failures("decoding", "decoding_failed"):
             async for event in job.events():
                 if text := reply.push(event):
                     yield text
                 if reply.stopped:
                     return
-        except APIError:
-            raise
-        except SpecchatError as error:
-            raise bad_request(str(error)) from None
-        except Exception as error:  # the scheduler logged its traceback; the client gets one line
-            raise APIError(500, f"decoding failed: {type(error).__name__}: {error}", "decoding_failed",
-                           kind="server_error") from None
 
     def streamed(self, request: Request, job: Job, reply: Reply, chunks: AsyncIterator[dict]) -> StreamingResponse:
         """A reply streamed: its chunks framed as this API frames them (`events`)."""
@@ -224,6 +212,20 @@ class Endpoint:
     def error_body(error: APIError) -> dict:
         """A refusal's body in this API's shape (OpenAI's here)."""
         return error.body()
+
+
+@contextmanager
+def answered_failures(what: str, code: str) -> Iterator[None]:
+    """An engine's failure, raised on the decoding thread, as the client's one line: its refusal (a
+    SpecchatError) a 400, anything else a 500 with `code` (the scheduler logged its traceback)."""
+    try:
+        yield
+    except APIError:
+        raise
+    except SpecchatError as error:
+        raise bad_request(str(error)) from None
+    except Exception as error:
+        raise APIError(500, f"{what} failed: {type(error).__name__}: {error}", code, kind="server_error") from None
 
 
 def sse(data: dict) -> str:

@@ -19,8 +19,7 @@ from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import openai_penalties
 from specchat.serve.schema import check_model, parse_body, sampling_of, stop_strings
 from specchat.serve.structured import response_schema
-from specchat.serve.text_reply import (LegacyLogprobs, TextChunks, joined, summed_usage, text_choice,
-                                      text_completion)
+from specchat.serve.text_reply import LegacyLogprobs, TextChunks, joined, text_choice, text_completion
 from specchat.serve.text_request import TextRequest, check_text_features, completion_tokens, prompt_ids, prompts_of
 
 
@@ -66,9 +65,9 @@ class TextCompletions(Endpoint):
             text = choice.echoed + await self.collect(request, choice.job, choice.reply)
             answers.append(text_choice(choice.index, text, choice.reply,
                                        joined(choice.scored, choice.logprobs.take(choice.reply))))
-        pairs = [choice.pair for choice in choices]
-        request.state.tokens = tuple(summed_usage(pairs)[key] for key in ("prompt_tokens", "completion_tokens"))
-        return JSONResponse(text_completion(self.config.model, answers, pairs))
+        answer = text_completion(self.config.model, answers, [choice.pair for choice in choices])
+        request.state.tokens = (answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
+        return JSONResponse(answer)
 
     async def start(self, request: Request, body: TextRequest, choice: Choice) -> None:
         """Score the echoed prompt where asked, then queue the choice's reply."""

@@ -41,12 +41,14 @@ def completion_tokens(request: TextRequest) -> int:
 
 
 def prompts_of(request: TextRequest) -> list[str | list[int]]:
-    """The prompts, each a string or token ids: one, or a batch (a list of either), answered as a
-    choice each, in order."""
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        return list(prompt)
-    return [prompt]
+    """The prompts, each a string or token ids: one, or a batch, answered as a choice each, in order."""
+    return as_batch(request.prompt)
+
+
+def as_batch(given: str | list) -> list:
+    """A prompt field's items, as OpenAI's routes read it: a string or one token array is one item,
+    a list of either each of its own."""
+    return list(given) if isinstance(given, list) and given and not isinstance(given[0], int) else [given]
 
 
 def prompt_ids(prompt: str | list[int], suffix: str | None, tokenizer: PreTrainedTokenizerBase,
