@@ -6,7 +6,8 @@ route and Ollama's, and a fill-in-the-middle completion (/v1/completions with a 
 llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infill, the tokenizer
 routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
 /metrics counts a reply and what speculation gained in it, the embedding routes put each
-reworded text nearest its own, and echoed logprobs score a greedy continuation as its likeliest tokens. Float32 and a
+reworded text nearest its own, echoed logprobs score a greedy continuation as its likeliest tokens,
+and n seeded choices are each the request alone at its seed. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
@@ -212,6 +213,21 @@ def post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request) as response:
         return json.load(response)
+
+
+def test_n_choices_are_each_the_reply_to_the_request_alone_at_its_seed(served):
+    """OpenAI's n on the embedded pair at t=1: choice i is the reply to the same request alone at seed
+    11 + i (each SpecExec's seeded sample, exact: tests/real/test_real_exactness.py), the choices
+    differ, and the prompt is counted once."""
+    client, model, _, _ = served
+    request = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8, "temperature": 1.0}
+    choices = client.chat.completions.create(**request, n=3, seed=11)
+    alone = [client.chat.completions.create(**request, seed=11 + i) for i in range(3)]
+    texts = [choice.message.content for choice in choices.choices]
+    assert texts == [reply.choices[0].message.content for reply in alone] and len(set(texts)) > 1
+    assert choices.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert choices.usage.completion_tokens == sum(reply.usage.completion_tokens for reply in alone)
+
 
 def test_the_metrics_count_a_reply_and_show_speculation_gaining_tokens(served):
     client, model, _, url = served

@@ -173,16 +173,17 @@ class Endpoint:
         """A reply streamed: its chunks framed as this API frames them (`events`)."""
         return self.streamed_all(request, [(job, reply)], chunks)
 
-    def streamed_all(self, request: Request, replies: list[tuple[Job, Reply]],
-                     chunks: AsyncIterator[dict]) -> StreamingResponse:
-        """The replies to a batch of prompts streamed in one response (a text completion's)."""
-        return StreamingResponse(self.events(request, replies, chunks), media_type=self.media_type)
+    def streamed_all(self, request: Request, replies: list[tuple[Job, Reply]], chunks: AsyncIterator[dict],
+                     per_prompt: int = 1) -> StreamingResponse:
+        """Several replies streamed in one response: a batch of prompts', `per_prompt` choices each (n)."""
+        return StreamingResponse(self.events(request, replies, chunks, per_prompt), media_type=self.media_type)
 
-    async def events(self, request: Request, replies: list[tuple[Job, Reply]],
-                     chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    async def events(self, request: Request, replies: list[tuple[Job, Reply]], chunks: AsyncIterator[dict],
+                     per_prompt: int = 1) -> AsyncIterator[str]:
         """A streamed response's chunks as server-sent events, then `stream_end`; an error once the
         status is sent goes in the stream. The jobs' places are freed however the stream ends: this is
-        reached too when the client disconnects (the stream is cancelled)."""
+        reached too when the client disconnects (the stream is cancelled). The log counts a prompt's
+        tokens once, however many choices it has (as usage does)."""
         try:
             async for chunk in chunks:
                 yield self.frame(chunk)
@@ -192,7 +193,7 @@ class Endpoint:
         finally:
             for job, _ in replies:
                 self.scheduler.withdraw(job)
-            request.state.tokens = (sum(len(job.prompt_ids) for job, _ in replies),
+            request.state.tokens = (sum(len(job.prompt_ids) for job, _ in replies[::per_prompt]),
                                     sum(reply.completion_tokens for _, reply in replies))
 
     def chat_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:

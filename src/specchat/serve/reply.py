@@ -120,6 +120,26 @@ def usage(prompt_tokens: int, reply: Reply) -> dict:
     return counts
 
 
+def summed_usage(replies: list[tuple[Job, Reply]], per_prompt: int = 1) -> dict:
+    """The replies' usage added up: a batch's tokens in and out, and those reused from the caches;
+    where a prompt has `per_prompt` choices (n), its tokens are counted once, at its first, as
+    OpenAI's API counts them (the choices after it reuse its cache)."""
+    counts = [usage(len(job.prompt_ids), reply) for job, reply in replies]
+    firsts = counts[::per_prompt]
+    total = {"prompt_tokens": sum(count["prompt_tokens"] for count in firsts),
+             "completion_tokens": sum(count["completion_tokens"] for count in counts)}
+    total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    if details := [count["prompt_tokens_details"] for count in firsts if "prompt_tokens_details" in count]:
+        total["prompt_tokens_details"] = {"cached_tokens": sum(detail["cached_tokens"] for detail in details)}
+    return total
+
+
+def figures(replies: list[tuple[Job, Reply]]) -> dict | list[dict]:
+    """The `specchat` figures of a reply, or a list of them, one a choice, for several."""
+    each = [extension(job, reply) for job, reply in replies]
+    return each[0] if len(each) == 1 else each
+
+
 def extension(job: Job, reply: Reply) -> dict:
     """The `specchat` object: how the reply was decoded and how long it waited."""
     events = reply.events
@@ -145,16 +165,20 @@ def extension(job: Job, reply: Reply) -> dict:
     }
 
 
-def completion(model: str, text: str, reply: Reply, job: Job) -> dict:
-    content, calls = split_calls(text) if reply.may_call else (text, [])
-    message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
+def completion(model: str, texts: list[str], replies: list[tuple[Job, Reply]]) -> dict:
+    """The whole answer: a choice a reply (several where the request asks n), their usage summed."""
     return {
         "id": completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": reply.new_logprobs(),
-                     "finish_reason": reply.finish_reason(bool(calls))}],
-        "usage": usage(len(job.prompt_ids), reply),
-        "specchat": extension(job, reply),
+        "choices": [chat_choice(index, text, reply) for index, (text, (_, reply)) in enumerate(zip(texts, replies))],
+        "usage": summed_usage(replies, len(replies)), "specchat": figures(replies),
     }
+
+
+def chat_choice(index: int, text: str, reply: Reply) -> dict:
+    content, calls = split_calls(text) if reply.may_call else (text, [])
+    message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
+    return {"index": index, "message": message, "logprobs": reply.new_logprobs(),
+            "finish_reason": reply.finish_reason(bool(calls))}
 
 
 @dataclass(frozen=True)
@@ -170,8 +194,9 @@ class ChunkSeries:
         return {"id": self.id, "object": self.OBJECT, "created": self.created, "model": self.model,
                 "choices": choices, **extra}
 
-    def usage(self, reply: Reply, job: Job) -> dict:
-        return self.chunk([], usage=usage(len(job.prompt_ids), reply))
+    def summed(self, replies: list[tuple[Job, Reply]], per_prompt: int = 1) -> dict:
+        """The chunk with the usage of every choice."""
+        return self.chunk([], usage=summed_usage(replies, per_prompt))
 
 
 @dataclass(frozen=True)
@@ -181,14 +206,15 @@ class Chunks(ChunkSeries):
     OBJECT: ClassVar[str] = "chat.completion.chunk"
     id: str = field(default_factory=completion_id)
 
-    def delta(self, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None,
+    def delta(self, delta: dict, finish_reason: str | None = None, logprobs: dict | None = None, index: int = 0,
               **extra: object) -> dict:
-        return self.chunk([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
                           **extra)
 
-    def calls(self, calls: list[dict]) -> dict:
-        """The reply's tool calls, whole, in one delta (clients join a call's deltas by index)."""
-        return self.delta({"tool_calls": [{"index": index, **call} for index, call in enumerate(calls)]})
+    def calls(self, calls: list[dict], index: int = 0) -> dict:
+        """The reply's tool calls, whole, in one delta (clients join a call's deltas by their index)."""
+        return self.delta({"tool_calls": [{"index": number, **call} for number, call in enumerate(calls)]},
+                          index=index)
 
-    def last(self, reply: Reply, job: Job, called: bool = False) -> dict:
-        return self.delta({}, reply.finish_reason(called), specchat=extension(job, reply))
+    def last(self, reply: Reply, job: Job, called: bool = False, index: int = 0) -> dict:
+        return self.delta({}, reply.finish_reason(called), index=index, specchat=extension(job, reply))

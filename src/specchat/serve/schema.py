@@ -5,7 +5,7 @@ tool calls and response formats are serve/structured.py's."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,10 +25,8 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 @dataclass(frozen=True)
 class Defaults:
     """The sampling a request leaves out: the server's --temperature, --top-p, --seed, --top-k, --min-p,
-    --typical-p, --top-n-sigma, --xtc-probability and --xtc-threshold, --dynatemp-range and
-    --dynatemp-exponent, --mirostat (its tau and eta), and
-    llama-server's penalties (serve/penalty_fields.py
-    says how a request's own mix in)."""
+    --typical-p, --top-n-sigma, --xtc-probability and --xtc-threshold, --dynatemp-range and --dynatemp-exponent,
+    --mirostat (its tau and eta), and llama-server's penalties (serve/penalty_fields.py: how a request's mix in)."""
 
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
@@ -79,6 +77,8 @@ class StreamOptions(Strict):
 class Decoded(Strict):
     """What every completion request holds: the model, the sampling, stop strings and streaming."""
 
+    CHOICES: ClassVar[bool] = False  # whether the route answers n > 1 (serve/choices.py)
+
     model: str
     temperature: float | None = None
     top_p: float | None = None
@@ -114,6 +114,7 @@ class Decoded(Strict):
 
 
 class ChatRequest(Decoded):
+    CHOICES: ClassVar[bool] = True
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -132,11 +133,11 @@ Rendered = TypeVar("Rendered")
 
 
 def parse_body(body: bytes, kind: type[Request]) -> Request:
-    """The request, or a 400: malformed JSON, or the first field missing or of the wrong type; a
-    request for several choices (n > 1) is refused."""
+    """The request, or a 400: malformed JSON, or the first field missing or of the wrong type; n > 1
+    where the route answers one choice."""
     request = parsed(body, kind)
-    if request.n is not None and request.n != 1:
-        raise unsupported(f"n = {request.n}: one choice per request (n > 1) is", "n")
+    if request.n is not None and request.n != 1 and not kind.CHOICES:
+        raise unsupported(f"n = {request.n}: several choices (n > 1) on this route are", "n")
     return request
 
 

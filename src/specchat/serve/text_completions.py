@@ -1,6 +1,7 @@
 """Text completions (POST /v1/completions): a raw prompt, or a prefix and a suffix to fill in the
 middle of, decoded by the same engines as a chat, whole or streamed as server-sent events; a batch
-of prompts answered a choice each, in turn. Code editors ask it for completions at the cursor,
+of prompts answered n choices each (one left out), a choice after another, choice p x n + i the
+i-th of prompt p, as OpenAI orders them. Code editors ask it for completions at the cursor,
 evaluation harnesses for scores of continuations (`echo` with `logprobs`)."""
 
 import threading
@@ -11,7 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from specchat.decoding.events import Engine
+from specchat.decoding.guide import Grammar
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
+from specchat.serve.choices import choice_count, choice_sampling
 from specchat.serve.endpoint import Endpoint
 from specchat.serve.form import form_of
 from specchat.serve.reply import Reply
@@ -33,6 +36,7 @@ class Choice:
     reply: Reply
     echoed: str
     logprobs: LegacyLogprobs
+    first: "Choice | None" = None  # the first choice of the same prompt, where this is a later one (n > 1)
     scored: dict | None = None
 
     @property
@@ -43,7 +47,7 @@ class Choice:
 class TextCompletions(Endpoint):
     async def respond(self, request: Request) -> Response:
         """POST /v1/completions, once the key is checked: every prompt of a batch is checked before
-        any is decoded, then each is decoded in turn, as a request of its own."""
+        any is decoded, then each choice is decoded in turn, as a request of its own."""
         body = parse_body(await request.body(), TextRequest)
         check_text_features(body)
         check_model(body.model, self.config.model)
@@ -52,12 +56,14 @@ class TextCompletions(Endpoint):
             request.state.prompt = prompts[0] if len(prompts) == 1 else prompts
             if body.suffix is not None:
                 request.state.suffix = body.suffix
-        choices = [self.prepare(body, index, prompt) for index, prompt in enumerate(prompts)]
+        count, form = choice_count(body.n), self.form(form_of(body, response_schema(body.response_format)))
+        choices = [choice for number, prompt in enumerate(prompts)
+                   for choice in self.prepare(body, form, prompt, number * count, count)]
         await self.start(request, body, choices[0])  # before the status: a refusal of the first is one
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return self.streamed_all(request, [choice.pair for choice in choices],
-                                     self.stream(request, body, choices, include_usage))
+                                     self.stream(request, body, choices, include_usage, count), count)
         answers = []
         for choice in choices:
             if choice.index:
@@ -65,13 +71,15 @@ class TextCompletions(Endpoint):
             text = choice.echoed + await self.collect(request, choice.job, choice.reply)
             answers.append(text_choice(choice.index, text, choice.reply,
                                        joined(choice.scored, choice.logprobs.take(choice.reply))))
-        answer = text_completion(self.config.model, answers, [choice.pair for choice in choices])
+        answer = text_completion(self.config.model, answers, [choice.pair for choice in choices], count)
         request.state.tokens = (answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
         return JSONResponse(answer)
 
     async def start(self, request: Request, body: TextRequest, choice: Choice) -> None:
-        """Score the echoed prompt where asked, then queue the choice's reply."""
-        choice.scored = await self.scored_prompt(request, body, choice.job.prompt_ids, choice.logprobs)
+        """Score the echoed prompt where asked (once a prompt: its later choices take the first's),
+        then queue the choice's reply."""
+        choice.scored = choice.first.scored if choice.first else await self.scored_prompt(
+            request, body, choice.job.prompt_ids, choice.logprobs)
         self.queue(request, choice.job)
 
     async def scored_prompt(self, request: Request, body: TextRequest, prompt_ids: list[int],
@@ -87,23 +95,28 @@ class TextCompletions(Endpoint):
 
         return logprobs.prompt(prompt_ids, await self.computed(request, prompt_ids, work))
 
-    def prepare(self, body: TextRequest, index: int, prompt: str | list[int]) -> Choice:
-        """The choice answering `prompt`: its job and reply, and the prompt's text when it is echoed
-        before the completion."""
-        form = self.form(form_of(body, response_schema(body.response_format)))
-        sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
-                           token_log=self.logged(None if body.logprobs is None else TokenLog(body.logprobs),
-                                                 "logprobs"))
+    def prepare(self, body: TextRequest, form: Grammar | None, prompt: str | list[int], first: int,
+                count: int) -> list[Choice]:
+        """The `count` choices answering `prompt`, numbered from `first`: each its job and reply (its
+        own seed, serve/choices.py), and the prompt's text when it is echoed before the completion."""
         stops, wanted = stop_strings(body), completion_tokens(body)
         ids = prompt_ids(prompt, body.suffix, self.config.tokenizer, self.config.fim)
         echoed = (prompt if isinstance(prompt, str) else self.config.tokenizer.decode(ids)) if body.echo else ""
-        asked = openai_penalties(body, self.config.tokenizer, self.config.sampling)
-        job = self.job(ids, wanted, sampling, "prompt", asked)
-        return Choice(index, job, self.reply(stops, sampling), echoed,
-                      LegacyLogprobs(self.config.tokenizer, offset=len(echoed)))
+        choices: list[Choice] = []
+        for number in range(count):
+            sampling = replace(choice_sampling(sampling_of(body, self.config.sampling), number),
+                               guide=None if form is None else form.start(),
+                               token_log=self.logged(None if body.logprobs is None else TokenLog(body.logprobs),
+                                                     "logprobs"))
+            job = self.job(ids, wanted, sampling, "prompt",
+                           openai_penalties(body, self.config.tokenizer, self.config.sampling))
+            choices.append(Choice(first + number, job, self.reply(stops, sampling), echoed,
+                                  LegacyLogprobs(self.config.tokenizer, offset=len(echoed)),
+                                  choices[0] if choices else None))
+        return choices
 
-    async def stream(self, request: Request, body: TextRequest, choices: list[Choice],
-                     include_usage: bool) -> AsyncIterator[dict]:
+    async def stream(self, request: Request, body: TextRequest, choices: list[Choice], include_usage: bool,
+                     per_prompt: int) -> AsyncIterator[dict]:
         """Each choice's chunks in turn, then the usage of them all where asked."""
         chunks = TextChunks(self.config.model)
         for choice in choices:
@@ -112,7 +125,7 @@ class TextCompletions(Endpoint):
             async for chunk in self.choice_chunks(chunks, choice):
                 yield chunk
         if include_usage:
-            yield chunks.summed([choice.pair for choice in choices])
+            yield chunks.summed([choice.pair for choice in choices], per_prompt)
 
     async def choice_chunks(self, chunks: TextChunks, choice: Choice) -> AsyncIterator[dict]:
         job, reply, logprobs, index = choice.job, choice.reply, choice.logprobs, choice.index

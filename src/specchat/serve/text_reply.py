@@ -10,7 +10,7 @@ from typing import ClassVar
 from transformers import PreTrainedTokenizerBase
 
 from specchat.decoding.token_log import TokenLogprobs
-from specchat.serve.reply import ChunkSeries, Reply, extension, usage
+from specchat.serve.reply import ChunkSeries, Reply, extension, figures, summed_usage
 from specchat.serve.scheduler import Job
 
 
@@ -58,27 +58,16 @@ def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex}"
 
 
-def text_completion(model: str, choices: list[dict], replies: list[tuple[Job, Reply]]) -> dict:
-    """The whole answer: a choice per prompt; the `specchat` figures of its reply, or for a batch a
-    list of them, one a choice."""
-    figures = [extension(job, reply) for job, reply in replies]
+def text_completion(model: str, choices: list[dict], replies: list[tuple[Job, Reply]], per_prompt: int) -> dict:
+    """The whole answer: a choice per prompt (`per_prompt` each where the request asks n)."""
     return {
         "id": completion_id(), "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": choices, "usage": summed_usage(replies), "specchat": figures[0] if len(figures) == 1 else figures,
+        "choices": choices, "usage": summed_usage(replies, per_prompt), "specchat": figures(replies),
     }
 
 
 def text_choice(index: int, text: str, reply: Reply, logprobs: dict | None) -> dict:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reply.finish_reason()}
-
-
-def summed_usage(replies: list[tuple[Job, Reply]]) -> dict:
-    """The replies' usage added up: a batch's tokens in and out, and those reused from the caches."""
-    counts = [usage(len(job.prompt_ids), reply) for job, reply in replies]
-    total = {key: sum(count[key] for count in counts) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    if details := [count["prompt_tokens_details"] for count in counts if "prompt_tokens_details" in count]:
-        total["prompt_tokens_details"] = {"cached_tokens": sum(detail["cached_tokens"] for detail in details)}
-    return total
 
 
 @dataclass(frozen=True)
@@ -95,7 +84,3 @@ class TextChunks(ChunkSeries):
 
     def last(self, reply: Reply, job: Job, index: int = 0) -> dict:
         return self.text("", finish_reason=reply.finish_reason(), index=index, specchat=extension(job, reply))
-
-    def summed(self, replies: list[tuple[Job, Reply]]) -> dict:
-        """The chunk with the usage of every choice."""
-        return self.chunk([], usage=summed_usage(replies))

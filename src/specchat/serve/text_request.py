@@ -1,7 +1,7 @@
 """The text-completion request (OpenAI's /v1/completions): a prompt, as text or token ids, or a
 batch of them, and an optional `suffix` to fill in the middle before; its checks, each refusal one line."""
 
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -13,6 +13,7 @@ DEFAULT_MAX_TOKENS = 16  # as OpenAI's API: a completion is short unless asked
 
 
 class TextRequest(Decoded):
+    CHOICES: ClassVar[bool] = True
     prompt: str | list[int] | list[str] | list[list[int]]
     suffix: str | None = None
     max_tokens: int | None = None
