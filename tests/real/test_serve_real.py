@@ -186,15 +186,17 @@ def test_echoed_logprobs_score_a_greedy_continuation_as_its_likeliest_tokens(ser
     and the greedy completion the server decoded, sent back as token ids with echo, logprobs and one
     new token, score each completion token as its position's likeliest (the harness's is_greedy),
     their sum the continuation's log-likelihood, below 0; the same with its third token changed
-    scores the first two so and the third not."""
+    scores the first two so and the third not; each prompt runs through the target once."""
     client, model, _, url = served
     prompt = post(f"{url}/tokenize", {"content": PREFIX})["tokens"]
     completion = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=1)
     continuation = post(f"{url}/tokenize", {"content": completion.choices[0].text})["tokens"]
     changed = continuation[:2] + [continuation[2] + 1] + continuation[3:]
-    batch = client.completions.create(model=model, prompt=[prompt + continuation, prompt + changed], max_tokens=1,
-                                      temperature=0, logprobs=1, echo=True).choices
-    size = len(prompt)
+    answer = client.completions.create(model=model, prompt=[prompt + continuation, prompt + changed], max_tokens=1,
+                                       temperature=0, logprobs=1, echo=True)
+    batch, size = answer.choices, len(prompt)
+    # each prompt ran through the target once: its reply computed only its last token again
+    assert answer.usage.prompt_tokens_details.cached_tokens == answer.usage.prompt_tokens - 2
     scored = batch[0].logprobs
     assert scored.token_logprobs[0] is None and len(scored.tokens) == size + len(continuation) + 1
     picks = [logprob == max(top.values()) for logprob, top in zip(scored.token_logprobs[size:-1],

@@ -281,3 +281,26 @@ def test_on_tiny_models_a_batch_with_echo_and_logprobs_scores_each_prompt(tiny_t
     assert [c.logprobs.token_logprobs for c in batch.choices] == [c.logprobs.token_logprobs for c in alone]
     assert [c.logprobs.tokens[:-1] for c in batch.choices] == [list(TINY_TOKENIZER.decode(ids)) for ids in prompts]
     assert all(c.logprobs.token_logprobs[0] is None for c in batch.choices)
+
+
+def test_on_tiny_models_an_echoed_prompt_runs_through_the_target_once(tiny_target, tiny_draft):
+    """Two slots, a conversation in one: the echoed prompt is scored on the other (the one a reply to
+    it would take), whose caches then hold it, so its reply computes only the prompt's last token
+    again and is the target's greedy text; the conversation's slot is left to its next turn."""
+    engines = [TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+               for _ in range(2)]
+    app, scheduler = make_app(engines, tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    first = user("good day")
+    with serving(app) as url:
+        api = client(url)
+        reply = api.chat.completions.create(model=MODEL, messages=first, max_tokens=8, temperature=0)
+        held = [list(slot.sequence) for slot in scheduler.slots]
+        echoed = api.completions.create(model=MODEL, prompt="hello there", max_tokens=6, temperature=0, logprobs=1,
+                                        echo=True)
+        second = [*first, {"role": "assistant", "content": reply.choices[0].message.content}, *user("more")]
+        again = api.chat.completions.create(model=MODEL, messages=second, max_tokens=4, temperature=0)
+    size = len("hello there")
+    assert echoed.usage.prompt_tokens_details.cached_tokens == size - 1
+    assert echoed.choices[0].text == "hello there" + greedy_text_of(tiny_target, "hello there", 6)
+    assert [len(sequence) for sequence in held].count(0) == 1  # the scoring took the empty slot
+    assert again.usage.prompt_tokens_details.cached_tokens == reply.usage.prompt_tokens + 8 - 1

@@ -45,7 +45,7 @@ class AutoregressiveEngine:
         return embedding(self.target, token_ids, pooling)
 
     def score(self, token_ids: list[int], top: int) -> list[TokenLogprobs]:
-        return prompt_logprobs(self.target, token_ids, top)
+        return self.history.from_start(token_ids, lambda cache: prompt_logprobs(self.target, token_ids, top, cache))
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams

@@ -136,5 +136,6 @@ class Engine(Protocol):
 
     def score(self, token_ids: list[int], top: int) -> "list[TokenLogprobs]":
         """The target's log-probability of each of token_ids[1:] after the ones before it, with the
-        `top` likeliest tokens there (decoding/prompt_logprobs.py); the kept caches are left as they were."""
+        `top` likeliest tokens there (decoding/prompt_logprobs.py); the kept caches then hold
+        `token_ids`, so a reply to them next computes only their last token again."""
         ...

@@ -94,7 +94,7 @@ class CausalLM:
 
     def rows_from_start(self, token_ids: list[int]) -> torch.Tensor:
         """The final-norm rows of `token_ids` run from position 0 on a cache of their own (an
-        embedding's pass, a prompt's scoring): a kept cache is left as it was."""
+        embedding's pass): a kept cache is left as it was."""
         return self.hidden(torch.tensor(token_ids), torch.arange(len(token_ids)), new_cache())
 
     def graphs_captured(self) -> int:

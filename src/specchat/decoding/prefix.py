@@ -12,11 +12,14 @@ cuts every cache to the common prefix, so in a chat:
 At least one prompt token is always left to run: the row whose logits give the first new token.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from specchat.decoding.events import IterationEvent
 from specchat.decoding.kvcache import SlotCache, cache_length, new_cache, truncate
+
+T = TypeVar("T")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -74,6 +77,17 @@ class PrefixCache:
             yield from events
         except GeneratorExit:
             raise
+        except BaseException:
+            self.forget()
+            raise
+
+    def from_start(self, prompt: Sequence[int], compute: Callable[[SlotCache], T]) -> T:
+        """`compute` run on the first cache (the target's) cut to nothing, for a pass of `prompt`
+        from position 0 (a prompt's scoring): after it the caches follow `prompt`, so that a reply to
+        it reuses all of it but its last token; a failure drops them."""
+        cache = self.begin(prompt, limit=0).caches[0]
+        try:
+            return compute(cache)
         except BaseException:
             self.forget()
             raise

@@ -77,7 +77,7 @@ class TreeEngine:
         return embedding(self.target, token_ids, pooling)
 
     def score(self, token_ids: list[int], top: int) -> list[TokenLogprobs]:
-        return prompt_logprobs(self.target, token_ids, top)
+        return self.history.from_start(token_ids, lambda cache: prompt_logprobs(self.target, token_ids, top, cache))
 
     def decode(self, reuse: Reuse, max_new_tokens: int, sampling: SamplingParams) -> Iterator[IterationEvent]:
         """The prompt's new tokens run through the target first, and their last row gives the

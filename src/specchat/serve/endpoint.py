@@ -135,11 +135,12 @@ class Endpoint:
         return text
 
     async def computed(self, request: Request, prompt_ids: list[int],
-                       work: Callable[[Engine, threading.Event], object]) -> object:
+                       work: Callable[[Engine, threading.Event], object], keeps: bool = False) -> object:
         """What `work` returns, run on an engine on the decoding thread once the requests before
         it are done (a prompt's embedding or its logprobs: it never runs beside a reply on the same
-        weights); `prompt_ids` are the tokens it runs, as counted. A disconnect withdraws it."""
-        job = Job(prompt_ids, 0, SamplingParams(), asyncio.get_running_loop(), work=work)
+        weights); `prompt_ids` are the tokens it runs, as counted; `keeps`: the work leaves them in
+        the engine's caches (serve/scheduler.py). A disconnect withdraws it."""
+        job = Job(prompt_ids, 0, SamplingParams(), asyncio.get_running_loop(), work=work, keeps=keeps)
         self.queue(request, job)
         watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
         try:

@@ -55,6 +55,7 @@ class Job:
     # Instead of decoding: a computation on an engine, given the job's cancel (an embedding,
     # serve/embeddings.py), its result the job's one item (`result`)
     work: Callable[[Engine, threading.Event], object] | None = None
+    keeps: bool = False  # the work leaves the engine's caches holding prompt_ids (a prompt's scoring)
 
     def deliver(self, item: object) -> None:
         """From the decoding thread: hand `item` to the request's coroutine."""
@@ -187,15 +188,16 @@ class Scheduler:
             return self.running
 
     def run(self, job: Job) -> None:
-        """Decode `job`'s reply on the slot it continues, or run its `work` on the first slot's
-        engine, whose kept caches that leaves as they were."""
-        slot = self.slots[0] if job.work is not None else self.pick(job.prompt_ids)
+        """Decode `job`'s reply on the slot it continues, or run its `work`: on that slot too where the
+        work keeps its prompt in the engine's caches, else on the first slot's engine, whose kept
+        caches it leaves as they were."""
+        slot = self.slots[0] if job.work is not None and not job.keeps else self.pick(job.prompt_ids)
         job.engine = slot.engine.name
         for observer in self.observers:
             observer.on_start(job)
         try:
             if job.work is not None:
-                job.deliver(job.work(slot.engine, job.cancel))
+                job.deliver(self.computed(job, slot))
             else:
                 self.decode(job, slot)
         except SpecchatError as error:
@@ -208,6 +210,19 @@ class Scheduler:
             for observer in self.observers:
                 observer.on_end(job)
             job.deliver(END)
+
+    def computed(self, job: Job, slot: Slot) -> object:
+        """What `job`'s work returns; where it keeps its prompt, the slot then holds that prompt, so
+        that the reply to it comes to this slot."""
+        if not job.keeps:
+            return job.work(slot.engine, job.cancel)
+        slot.sequence = []  # until the engine's caches are known again
+        try:
+            result = job.work(slot.engine, job.cancel)
+            slot.sequence = list(job.prompt_ids)
+            return result
+        finally:
+            slot.last_used = next(self.uses)
 
     def decode(self, job: Job, slot: Slot) -> None:
         produced: list[int] = []

@@ -85,7 +85,7 @@ class TextCompletions(Endpoint):
     async def scored_prompt(self, request: Request, body: TextRequest, prompt_ids: list[int],
                             logprobs: LegacyLogprobs) -> dict | None:
         """The echoed prompt's logprobs, where `echo` and `logprobs` ask for them: the target's pass
-        over the prompt, run before the reply is queued."""
+        over the prompt, run before the reply is queued, on the slot the reply then reuses it in."""
         if not body.echo or body.logprobs is None:
             return None
         top = body.logprobs
@@ -93,7 +93,7 @@ class TextCompletions(Endpoint):
         def work(engine: Engine, cancel: threading.Event) -> list[TokenLogprobs]:
             return engine.score(prompt_ids, top)
 
-        return logprobs.prompt(prompt_ids, await self.computed(request, prompt_ids, work))
+        return logprobs.prompt(prompt_ids, await self.computed(request, prompt_ids, work, keeps=True))
 
     def prepare(self, body: TextRequest, form: Grammar | None, prompt: str | list[int], first: int,
                 count: int) -> list[Choice]:
