@@ -19,6 +19,7 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.schema import Defaults
 from specchat.tui.fake import REPLY, FakeEngine
 
+USER_HELLO = [{"role": "user", "content": "hello there"}]
 USER = [{"role": "user", "content": "hi"}]
 PROMPT = "<user>hi</><assistant>"  # CharTokenizer's template: a character a token
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
@@ -151,7 +152,7 @@ def test_nothing_to_decode_loads_the_model_as_ollama_answers(fake):
     (lambda c: c.chat(model=MODEL, messages=USER, options={"temperature": 9.0}), 400, "temperature must be"),
     (lambda c: c.chat(model=MODEL, messages=USER, format="json"), 400, "format: this server's tokenizer takes no"),
     (lambda c: c.generate(model=MODEL, prompt="x", images=["aGk="]), 400, "images are not supported"),
-    (lambda c: c.generate(model=MODEL, prompt="x", context=[1, 2]), 400, "context (the token ids"),
+    (lambda c: c.generate(model=MODEL, prompt="x", context=[1, -2]), 400, "context: token id -2 is outside"),
     (lambda c: c.generate(model=MODEL, prompt="x", raw=True, system="y"), 400, "a raw prompt reaches the model as it"),
     (lambda c: c.generate(model=MODEL, prompt="x", suffix="y"), 400, "suffix: this model has no fill-in-the-middle"),
 ])
@@ -200,3 +201,28 @@ def test_on_tiny_models_the_reply_is_the_greedy_text_with_the_targets_logprobs(t
     assert reply.response == TINY_TOKENIZER.decode([t for e in events for t in e.token_ids])
     assert "".join(entry.token for entry in reply.logprobs) == reply.response and reply.done_reason == "length"
     assert all(entry.top_logprobs[0].token == entry.token and len(entry.top_logprobs) == 2 for entry in reply.logprobs)
+
+
+def test_on_tiny_models_a_context_sent_back_goes_on_from_the_answer_it_came_with(tiny_target, tiny_draft):
+    """Ollama's `context` (the older clients' way to go on): the answer's last object carries the
+    prompt's and the reply's token ids, streamed or not; sent back, the next prompt goes after them,
+    reusing the slot's caches up to its last token, and the reply is the target's greedy text
+    there. A raw answer carries none."""
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
+    app, _ = make_app([engine], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(), context=1024)
+    options = {"temperature": 0, "num_predict": 8}
+    with serving(app) as url:
+        client = ollama.Client(host=url)
+        first = client.generate(model=MODEL, prompt="hello there", options=options)
+        streamed = list(client.generate(model=MODEL, prompt="hello there", options=options, stream=True))
+        second = client.generate(model=MODEL, prompt="go on", context=first.context, options=options)
+        raw = client.generate(model=MODEL, prompt="hello", raw=True, options=options)
+    prompt = TINY_TOKENIZER.apply_chat_template(USER_HELLO, True, True, True)["input_ids"]
+    assert first.context == streamed[-1].context == prompt + TINY_TOKENIZER.encode(first.response)
+    assert all(part.context is None for part in streamed[:-1]) and raw.context is None
+    then = first.context + TINY_TOKENIZER.apply_chat_template([{"role": "user", "content": "go on"}], True, True,
+                                                               True)["input_ids"]
+    assert second.context[:len(then)] == then
+    assert second.prompt_eval_count == len(then) - len(first.context) + 1  # the context's tokens reused but one
+    events = AutoregressiveEngine(tiny_target, frozenset()).generate(then, 8, SamplingParams(0.0))
+    assert second.response == TINY_TOKENIZER.decode([t for e in events for t in e.token_ids])

@@ -22,7 +22,7 @@ from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import llama_penalties
 from specchat.serve.schema import parsed, sampling_of, stop_strings
 from specchat.serve.structured import CallHold, offered_functions, split_calls
-from specchat.serve.text_request import prompt_ids
+from specchat.serve.text_request import checked_ids, prompt_ids
 
 NDJSON = "application/x-ndjson"
 
@@ -98,20 +98,31 @@ class OllamaGenerateRoute(Ollama):
                        llama_penalties(body.options, self.config.tokenizer, self.config.sampling))
         reply = self.reply(stop_strings(body.options), sampling)
         if body.stream:
-            return self.answer(request, job, reply, self.stream(job, reply))
+            return self.answer(request, job, reply, self.stream(body, job, reply))
         self.queue(request, job)
         text = await self.collect(request, job, reply)
-        return JSONResponse(last(self.config.model, "response", text, job, reply))
+        return JSONResponse(last(self.config.model, "response", text, job, reply) | context_of(body, job, reply))
 
     def generate_ids(self, body: OllamaGenerate) -> list[int]:
         """The prompt through the chat template as the user's message (after `system`), or as it is
-        under `raw`; with a `suffix` (raw or not), in the model's fill-in-the-middle format."""
+        under `raw`; with a `suffix` (raw or not), in the model's fill-in-the-middle format; after
+        the `context` of an earlier answer, as Ollama puts it before."""
+        context = checked_ids(body.context or [], len(self.config.tokenizer), "context")
         if body.raw or body.suffix:
-            return prompt_ids(body.prompt, body.suffix, self.config.tokenizer, self.config.fim)
+            return context + prompt_ids(body.prompt, body.suffix, self.config.tokenizer, self.config.fim)
         system = [{"role": "system", "content": body.system}] if body.system else []
-        return self.chat_ids([*system, {"role": "user", "content": body.prompt}])
+        return context + self.chat_ids([*system, {"role": "user", "content": body.prompt}])
 
-    async def stream(self, job: Job, reply: Reply) -> AsyncIterator[dict]:
+    async def stream(self, body: OllamaGenerate, job: Job, reply: Reply) -> AsyncIterator[dict]:
         async for text in self.pieces(job, reply):
             yield piece(self.config.model, "response", text, reply)
-        yield last(self.config.model, "response", reply.finish(), job, reply)
+        yield last(self.config.model, "response", reply.finish(), job, reply) | context_of(body, job, reply)
+
+
+def context_of(body: OllamaGenerate, job: Job, reply: Reply) -> dict:
+    """Ollama's `context` on a templated answer's last object: the token ids of the prompt and the
+    reply (up to where it ended), which a client sends back to go on from them; the slot's caches
+    hold exactly these, so the next prompt reuses them."""
+    if body.raw:
+        return {}
+    return {"context": job.prompt_ids + reply.stream.token_ids[:reply.completion_tokens]}

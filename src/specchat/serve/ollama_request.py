@@ -72,7 +72,7 @@ class OllamaGenerate(OllamaBody):
     raw: bool = False  # the prompt as it is, not through the chat template
     template: str | None = None
     images: list[Any] | None = None
-    context: list[int] | None = None
+    context: list[int] | None = None  # an earlier answer's `context` (Ollama's, deprecated): the prompt goes after it
 
 
 def check_ollama_model(asked: str, served: str) -> None:
@@ -97,9 +97,6 @@ def check_generate_features(body: OllamaGenerate) -> None:
     if body.raw and body.system:
         raise bad_request("system: a raw prompt reaches the model as it is, with no system message (as in Ollama's "
                           "raw mode)", "invalid_value", "system")
-    if body.context:
-        raise unsupported("context (the token ids of an earlier reply: send the conversation to /api/chat) is",
-                          "context")
 
 
 def format_schema(form: str | dict[str, Any] | None) -> dict | None:
