@@ -7,7 +7,7 @@ llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infi
 routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
 /metrics counts a reply and what speculation gained in it, the embedding routes put each
 reworded text nearest its own, echoed logprobs score a greedy continuation as its likeliest tokens,
-and n seeded choices are each the request alone at its seed. Float32 and a
+n seeded choices are each the request alone at its seed, and Ollama's `context` goes on from an answer. Float32 and a
 fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
@@ -229,6 +229,21 @@ def test_n_choices_are_each_the_reply_to_the_request_alone_at_its_seed(served):
     assert texts == [reply.choices[0].message.content for reply in alone] and len(set(texts)) > 1
     assert choices.usage.prompt_tokens == alone[0].usage.prompt_tokens
     assert choices.usage.completion_tokens == sum(reply.usage.completion_tokens for reply in alone)
+
+
+def test_an_ollama_context_sent_back_goes_on_from_its_answer(served):
+    """Ollama's older way to go on (`context`) on the embedded pair: the next prompt runs after the
+    answer's ids, only its own tokens computed, and its text is what /v1/completions gives for those
+    ids as a raw prompt."""
+    client, model, _, url = served
+    ollamas, options = ollama.Client(host=url), {"num_predict": 8}
+    first = ollamas.generate(model=model, prompt=PROMPT, options=options)
+    second = ollamas.generate(model=model, prompt="Now in one line.", context=first.context, options=options)
+    follows = post(f"{url}/apply-template", {"messages": [{"role": "user", "content": "Now in one line."}]})
+    ids = first.context + post(f"{url}/tokenize", {"content": follows["prompt"], "parse_special": True})["tokens"]
+    assert second.context[:len(ids)] == ids and second.prompt_eval_count == len(ids) - len(first.context) + 1
+    raw = client.completions.create(model=model, prompt=ids, max_tokens=8, temperature=0)
+    assert second.response == raw.choices[0].text
 
 
 def test_the_metrics_count_a_reply_and_show_speculation_gaining_tokens(served):

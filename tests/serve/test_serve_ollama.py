@@ -1,7 +1,8 @@
 """Ollama's API, driven by Ollama's own client (`ollama`, as oterm drives it): /api/chat and
 /api/generate streamed as lines of JSON by default or whole, their options mapped onto the job,
 tool calls with their arguments as objects, the model's card in /api/tags, /api/show and /api/ps,
-refusals as Ollama's {"error"} in one line; on the tiny models the reply is the engine's greedy text."""
+refusals as Ollama's {"error"} in one line; on the tiny models the reply is the engine's greedy text,
+and the `context` an answer carries, sent back, goes on from it on the slot's caches."""
 
 import json
 import urllib.error
