@@ -9,7 +9,6 @@ token again: the prompt runs through the target once, not twice."""
 
 import torch
 
-
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import SlotCache
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
