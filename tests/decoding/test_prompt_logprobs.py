@@ -7,7 +7,7 @@ gives the tokens a fresh engine gives. DSI refuses in one line."""
 import pytest
 import torch
 from helpers.dsi_turns import dsi
-from helpers.engines import GREEDY, PROMPT, run
+from helpers.engines import GREEDY, run
 
 from specchat.decoding import prompt_logprobs as module
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -35,7 +35,7 @@ def test_blocks_of_rows_give_what_one_block_gives(tiny_target, monkeypatch):
     blocked = prompt_logprobs(tiny_target, LONG, 2, new_cache())
     monkeypatch.setattr(module, "HEAD_ROWS", len(LONG))
     assert prompt_logprobs(tiny_target, LONG, 2, new_cache()) == blocked
-    assert prompt_logprobs(tiny_target, LONG[:1], 2, new_cache()) == []  # one token: nothing before it to score it after
+    assert prompt_logprobs(tiny_target, LONG[:1], 2, new_cache()) == []  # one token: nothing before it to score
 
 
 ENGINES = [lambda target, draft: AutoregressiveEngine(target, []),

@@ -7,8 +7,8 @@ llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infi
 routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
 /metrics counts a reply and what speculation gained in it, the embedding routes put each
 reworded text nearest its own, echoed logprobs score a greedy continuation as its likeliest tokens,
-n seeded choices are each the request alone at its seed, and Ollama's `context` goes on from an answer. Float32 and a
-fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
+n seeded choices are each the request alone at its seed, and Ollama's `context` goes on from an
+answer. Float32 and a fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
 import json
