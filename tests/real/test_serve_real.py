@@ -231,6 +231,21 @@ def test_n_choices_are_each_the_reply_to_the_request_alone_at_its_seed(served):
     assert choices.usage.completion_tokens == sum(reply.usage.completion_tokens for reply in alone)
 
 
+def test_best_of_returns_the_candidate_of_highest_logprob_per_token(served):
+    """OpenAI's best_of on the embedded pair at t=1: of the three replies n = 3 gives (seeds 11-13,
+    each SpecExec's exact seeded sample), best_of 3 returns the one whose tokens' mean logprob is the
+    highest, and bills all three."""
+    client, model, _, _ = served
+    request = {"model": model, "prompt": "def is_prime(n):", "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    every = client.completions.create(**request, n=3, logprobs=0)
+    best = client.completions.create(**request, best_of=3)
+    assert all(choice.finish_reason == "length" for choice in every.choices)  # no end token: every one shown
+    means = [sum(choice.logprobs.token_logprobs) / 8 for choice in every.choices]
+    likeliest = every.choices[means.index(max(means))]
+    assert len(set(means)) == 3 and [choice.text for choice in best.choices] == [likeliest.text]
+    assert best.usage.completion_tokens == every.usage.completion_tokens == 24
+
+
 def test_an_ollama_context_sent_back_goes_on_from_its_answer(served):
     """Ollama's older way to go on (`context`) on the embedded pair: the next prompt runs after the
     answer's ids, only its own tokens computed, and its text is what /v1/completions gives for those

@@ -147,8 +147,13 @@ CASES = [
     ("text: a suffix the model cannot fill before", "POST", "/v1/completions", text(suffix="}"), AUTH, 400,
      "unsupported_parameter", "suffix: this model has no fill-in-the-middle tokens, so it cannot complete before "
      "a suffix"),
-    ("text: best_of 2", "POST", "/v1/completions", text(best_of=2), AUTH, 400, "unsupported_parameter",
-     "best_of = 2: one candidate per request (best_of > 1) is not supported by specchat"),
+    ("text: best_of below n", "POST", "/v1/completions", text(best_of=1, n=2), AUTH, 400, "invalid_value",
+     "best_of must be between n (2) and 128 (got 1)"),
+    ("text: best_of 129", "POST", "/v1/completions", text(best_of=129), AUTH, 400, "invalid_value",
+     "best_of must be between n (1) and 128 (got 129)"),
+    ("text: best_of above n streamed", "POST", "/v1/completions", text(best_of=2, stream=True), AUTH, 400,
+     "invalid_value", "best_of = 2 above n = 1 cannot be streamed: the best are known only once every candidate has "
+     "ended"),
     ("text: n 129", "POST", "/v1/completions", text(n=129), AUTH, 400, "invalid_value",
      "n must be between 1 and 128 (got 129)"),
     ("text: logprobs too many", "POST", "/v1/completions", text(logprobs=21), AUTH, 400, "invalid_value",
@@ -221,12 +226,13 @@ def test_bad_input_is_refused_in_one_line_and_the_server_stays_up(server, caplog
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 STREAMED = {"model": MODEL, "messages": user("hi"), "stream": True}
-# (route, a streamed body that asks a form of the reply, the field refused)
+# (route, a body that asks a form of the reply, streamed where it can be, the field refused)
 FORMS = [
     ("/v1/chat/completions", STREAMED | {"logprobs": True}, "logprobs"),
     ("/v1/chat/completions", STREAMED | {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", STREAMED | {"tools": [WEATHER], "tool_choice": "required"}, "tools"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 1, "stream": True}, "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "best_of": 2}, "best_of"),  # ranked by logprobs; not streamed
     ("/completion", {"prompt": "hi", "n_probs": 2, "stream": True}, "n_probs"),
     ("/api/chat", {"model": MODEL, "messages": user("hi"), "logprobs": True}, "logprobs"),  # Ollama streams by default
     ("/api/generate", {"model": MODEL, "prompt": "hi", "format": "json"}, "format"),
@@ -247,7 +253,8 @@ FORMS = [
 @pytest.mark.parametrize(("path", "request_body", "field"), FORMS, ids=[f"{p} {f}" for p, _, f in FORMS])
 def test_a_form_the_engine_cannot_keep_is_a_400_before_any_stream_opens(path, request_body, field):
     """sd, specinfer and dsi keep no grammar and log no logprobs: a streamed request asking for
-    them is refused before the stream's 200, not answered 200 and then an error event."""
+    them (best_of ranks candidates by theirs) is refused before the stream's 200, not answered 200
+    and then an error event."""
     engine = FakeEngine(name="sd", keeps_forms=False)
     app, _ = make_app([engine])
     with serving(app) as url:

@@ -2,7 +2,8 @@
 driven by the official `openai` client: choice i is decoded with the request's seed + i, so each
 repeats exactly as a request of its own with that seed, and the speculative engine's choices are
 the target's own seeded autoregressive samples; the prompt is counted once in the usage; streamed,
-each choice's chunks come in turn under its index; a batch of prompts orders choice p x n + i."""
+each choice's chunks come in turn under its index; a batch of prompts orders choice p x n + i;
+best_of returns the likeliest n of that many candidates."""
 
 import logging
 
@@ -16,7 +17,7 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.limits import SEED_LIMIT
-from specchat.serve.choices import MAX_CHOICES, choice_count, choice_sampling
+from specchat.serve.choices import MAX_CHOICES, best_indices, candidate_count, choice_count, choice_sampling
 from specchat.serve.errors import APIError
 
 SEED = 7
@@ -119,3 +120,45 @@ def test_routes_without_choices_refuse_n_above_one_in_one_line(route, body):
     with serving_recorded() as (_, _, url):
         status, message = post_refused(f"{url}{route}", {"model": MODEL, "n": 2} | body)
     assert (status, message) == (400, "n = 2: several choices (n > 1) on this route are not supported by specchat")
+
+
+def test_best_of_is_n_where_left_out_and_refused_below_n_or_above_128():
+    assert candidate_count(None, 3) == 3 and candidate_count(5, 3) == 5 and candidate_count(MAX_CHOICES, 1) == 128
+    for best_of, n in ((1, 2), (MAX_CHOICES + 1, 1)):
+        refusal = f"best_of must be between n \\({n}\\) and {MAX_CHOICES} \\(got {best_of}\\)"
+        with pytest.raises(APIError, match=refusal):
+            candidate_count(best_of, n)
+
+
+def test_the_best_are_the_highest_scores_highest_first_of_equals_the_earlier():
+    assert best_indices([-1.0, -0.5, -2.0, -0.5], 3) == [1, 3, 0]
+    assert best_indices([-1.0, -0.5], 2) == [1, 0]
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def test_on_tiny_models_best_of_returns_the_likeliest_candidates_per_token_best_first(tiny_target, tiny_draft):
+    """best_of 4, n 2 over two prompts: each prompt's choices are the two of its four seeded
+    candidates (the reply n = 4 gives, as SpecExec decodes them) with the highest mean logprob, the
+    best first; every candidate's tokens are billed; logprobs are shown only where asked."""
+    app, _ = make_app([tree_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
+                      context=1024)
+    prompts = ["hello there", "good day"]
+    request = {"model": MODEL, "prompt": prompts, "max_tokens": 8, "temperature": 1.0, "top_p": 0.95, "seed": SEED}
+    with serving(app) as url:
+        api = client(url)
+        every = api.completions.create(**request, n=4, logprobs=0)
+        best = api.completions.create(**request, n=2, best_of=4)
+        shown = api.completions.create(**request, n=2, best_of=4, logprobs=1)
+    candidates = [every.choices[start:start + 4] for start in (0, 4)]
+    ranked = [sorted(own, key=lambda c: -mean(c.logprobs.token_logprobs))[:2] for own in candidates]
+    assert [c.index for own in ranked for c in own] != [0, 1, 4, 5]  # the seed makes the ranking matter
+    assert [c.text for c in best.choices] == [c.text for own in ranked for c in own]
+    assert [c.index for c in best.choices] == [0, 1, 2, 3] and all(c.logprobs is None for c in best.choices)
+    assert [figure["seed"] for figure in best.model_extra["specchat"]] == [SEED + c.index % 4 for own in ranked
+                                                                          for c in own]
+    assert (best.usage.prompt_tokens, best.usage.completion_tokens) == (sum(map(len, prompts)), 64)
+    assert [c.logprobs.token_logprobs for c in shown.choices] == [c.logprobs.token_logprobs for own in ranked
+                                                                  for c in own]

@@ -9,6 +9,7 @@ from specchat.decoding.events import IterationEvent
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
 from specchat.serve.reply import Reply
 from specchat.serve.stops import StopScan
+from specchat.serve.text_reply import logprob_per_token
 from specchat.textstream import TextStream
 
 
@@ -84,6 +85,22 @@ def test_the_end_token_is_counted_but_has_no_logprobs_entry(byte_level):
     assert reply.finish() == ""
     assert logged_tokens(reply) == ids
     assert reply.completion_tokens == len(ids) + 1 and reply.finish_reason() == "stop"
+
+
+def test_best_of_ranks_a_reply_by_the_mean_logprob_of_the_tokens_its_usage_counts(byte_level):
+    """Each token t logged at -t: the mean runs over the tokens through the one that completed a
+    stop string (not those a tree accepted past it), and over the end token, which logs no entry
+    but is the model's choice to end."""
+    pieces = PieceTokenizer()
+    stopped = logged_reply(pieces, ["o w"])
+    push_logged(stopped, pieces.encode(["he", "llo", " wor", "ld", "!"]))
+    assert logprob_per_token(stopped) == pytest.approx(-(0 + 1 + 2) / 3)
+    ended = logged_reply(byte_level, [], stop_ids=frozenset({byte_level.eos_token_id}))
+    ids = [*byte_level.encode("hello world", add_special_tokens=False), byte_level.eos_token_id]
+    push_logged(ended, ids)
+    ended.finish()
+    assert logprob_per_token(ended) == pytest.approx(-sum(ids) / len(ids))
+    assert logprob_per_token(logged_reply(pieces, [])) == -float("inf")  # nothing decoded: below any other
 
 
 def test_a_characters_byte_tokens_are_logged_once_the_character_is_sent(byte_level):

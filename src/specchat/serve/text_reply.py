@@ -1,6 +1,7 @@
 """A text completion as OpenAI's objects (`text_completion`), whole or as chunks, with the legacy
 logprobs shape: tokens, token_logprobs, top_logprobs (a {token: logprob} map each) and text_offset."""
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -58,12 +59,24 @@ def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex}"
 
 
-def text_completion(model: str, choices: list[dict], replies: list[tuple[Job, Reply]], per_prompt: int) -> dict:
-    """The whole answer: a choice per prompt (`per_prompt` each where the request asks n)."""
+def text_completion(model: str, choices: list[dict], replies: list[tuple[Job, Reply]], per_prompt: int,
+                    returned: list[tuple[Job, Reply]]) -> dict:
+    """The whole answer: the `returned` replies' choices (their figures, in order), the usage of
+    every reply decoded (`per_prompt` a prompt where the request asks n or best_of: every candidate's
+    tokens count, as OpenAI's API bills them)."""
     return {
         "id": completion_id(), "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": choices, "usage": summed_usage(replies, per_prompt), "specchat": figures(replies),
+        "choices": choices, "usage": summed_usage(replies, per_prompt), "specchat": figures(returned),
     }
+
+
+def logprob_per_token(reply: Reply) -> float:
+    """What `best_of` ranks a candidate by, as OpenAI's API says: its log probability per token, the
+    mean of the target's logprobs (before temperature, top-p and any grammar) of the tokens its
+    usage counts; an end token among them (ending is the model's choice too). The reply must log
+    its tokens (`token_log`); none (nothing decoded) ranks below every other."""
+    entries = reply.token_log.entries[:reply.completion_tokens]
+    return sum(entry.logprob for entry in entries) / len(entries) if entries else -math.inf
 
 
 def text_choice(index: int, text: str, reply: Reply, logprobs: dict | None) -> dict:

@@ -5,6 +5,7 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedTokenizerBase
 
+from specchat.serve.choices import candidate_count
 from specchat.serve.errors import bad_request, unsupported
 from specchat.serve.fim import FimTokens
 from specchat.serve.schema import MAX_TOP_LOGPROBS, Decoded, token_limit
@@ -24,8 +25,6 @@ class TextRequest(Decoded):
 
 
 def check_text_features(request: TextRequest) -> None:
-    if request.best_of is not None and request.best_of != 1:
-        raise unsupported(f"best_of = {request.best_of}: one candidate per request (best_of > 1) is", "best_of")
     if request.logprobs is not None:
         if not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {request.logprobs})",
@@ -33,6 +32,17 @@ def check_text_features(request: TextRequest) -> None:
         if request.echo and request.suffix:
             raise unsupported("echo with logprobs and a suffix (the prompt's logprobs are of a raw prompt's tokens) "
                               "is", "echo")
+
+
+def candidates_of(request: TextRequest, n: int) -> int:
+    """The candidates decoded a prompt, of which `n` are returned: `best_of`, `n` where it is left
+    out. More than `n` cannot be streamed (as OpenAI's API says): the best are known only once every
+    candidate has ended."""
+    count = candidate_count(request.best_of, n)
+    if request.stream and count > n:
+        raise bad_request(f"best_of = {count} above n = {n} cannot be streamed: the best are known only once every "
+                          "candidate has ended", "invalid_value", "stream")
+    return count
 
 
 def completion_tokens(request: TextRequest) -> int:
