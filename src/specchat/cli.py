@@ -10,7 +10,8 @@ from specchat.bench.datasets import DATASETS
 from specchat.bench.results import RESULTS_FILE
 from specchat.cli_options import (ContextOpt, DraftOpt, DtypeOpt, OffloadOpt, PenaltyOptions, RamBudgetOpt,
                                   SamplingOptions, TargetOpt, TopPOpt, VramBudgetOpt, WeightsOpt, check_seed,
-                                  checked_sampling, with_engine_options, with_penalty_options, with_sampling_options)
+                                  checked_sampling, parse_slots, with_engine_options, with_penalty_options,
+                                  with_sampling_options)
 from specchat.engine_options import ENGINES, EngineOptions, list_models, table_lines
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_DTYPE, DEFAULT_MAX_DEPTH, DEFAULT_POOLING, DEFAULT_SEED, DEFAULT_TEMPERATURE,
@@ -157,8 +158,9 @@ def serve(
                                 help="Require the key on every route but /health: 'Authorization: Bearer KEY', or "
                                 "'x-api-key: KEY' as Anthropic's clients send it."),
     max_queue: int = typer.Option(16, help="Requests that may wait for the engine; past them the server answers 429."),
-    slots: int = typer.Option(4, help="Engines over the loaded models, each keeping one conversation's caches; "
-                              "one request decodes at a time."),
+    slots: str = typer.Option("auto", help="Conversations kept at once, each by an engine over the loaded models "
+                              "with its own KV caches, which the memory plan counts; one request decodes at a time. "
+                              "auto: 4 where their caches displace no layer and shrink nothing, else 1."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Add each request's messages to its log line."),
     pooling: str = typer.Option(DEFAULT_POOLING, help="How an embedding (/v1/embeddings, /api/embed) pools the target's "
                                 "last hidden states: mean (every token's) or last (the last token's)."),
@@ -177,7 +179,7 @@ def serve(
     if seed is not None:
         check_seed(seed)
     defaults = Defaults(**asdict(sampling), seed=seed, **asdict(penalties))
-    run_server(options, Serving(host, port, api_key, max_queue, slots, log_prompts, pooling), defaults)
+    run_server(options, Serving(host, port, api_key, max_queue, parse_slots(slots), log_prompts, pooling), defaults)
 
 
 @app.command()
@@ -202,6 +204,8 @@ def doctor(
     vram_budget: VramBudgetOpt = None,
     measure_again: bool = typer.Option(False, "--measure-again", help="Measure this machine's kept choices (which "
                                        "product serves which width) again now, whatever the load."),
+    slots: str = typer.Option("1", help="Plan for `serve --slots N` (or auto): N conversations' KV caches kept at "
+                              "once (1: as `run` and `generate` keep them)."),
 ) -> None:
     """Report devices, memory and bandwidths (or describe a machine), and plan a target and its
     draft on it: every byte per tier, the bytes streamed per pass and the expected speed; list the
@@ -212,7 +216,7 @@ def doctor(
 
     machine = Machine(vram_gb, ram_gb, disk_gbps, pcie_gbps)
     print(run_doctor(target, None if draft == "none" else draft, context, machine, offload_dir, probe_gb, ram_budget,
-                     vram_budget, measure_again))
+                     vram_budget, measure_again, parse_slots(slots)))
 
 
 @app.command()

@@ -15,7 +15,7 @@ import typer
 
 from specchat.errors import SpecchatError
 from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_BOUNDS, SAMPLING_BOUNDS,
-                             SEED_LIMIT, Bounds)
+                             SEED_LIMIT, SLOTS, Bounds)
 from specchat.engine_options import AUTO, ENGINES, EngineOptions, SamplingParams, check_named_models, check_values
 
 TargetOpt = Annotated[str, typer.Option(help="Target model: alias, hub id, directory or .gguf.")]
@@ -178,6 +178,18 @@ def parse_budget(text: str | None) -> int | str | None:
         return int(text)
     except ValueError:
         raise SpecchatError(f"--budget takes a tree size or 'auto' (got '{text}')") from None
+
+
+def parse_slots(text: str) -> int | None:
+    """--slots (serve's, and doctor's planning for it): a number of conversations, or auto (None)."""
+    if text == AUTO:
+        return None
+    try:
+        slots = int(text)
+    except ValueError:
+        raise SpecchatError(f"--slots takes a number of conversations or 'auto' (got '{text}')") from None
+    SLOTS.check("--slots", slots)
+    return slots
 
 
 @dataclass(frozen=True)

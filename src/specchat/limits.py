@@ -82,6 +82,7 @@ LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's: added to a token's logit
 POOLINGS = ("mean", "last")  # how an embedding pools the target's rows (decoding/embedding.py)
 DEFAULT_POOLING = "mean"
 CONTEXT = Bounds(64, 2**20)  # --context: tokens of KV room (the model's own maximum is checked too)
+SLOTS = Bounds(1, 256)  # serve's --slots (and doctor's, planning for it): conversations kept, each its KV caches
 MEMORY_BUDGET_GB = Bounds(0.0, 1e6, low_open=True)  # --ram-budget and --vram-budget, in GB (1e9 bytes)
 
 OFFLOAD_TIERS = ("auto", "none", "ram", "disk")

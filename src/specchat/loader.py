@@ -43,10 +43,11 @@ from specchat.runtime import Models, pick_device, validate
 
 
 def load_models(options: EngineOptions, engines: Collection[str] = (), progress: bool = True,
-                report: Report | None = None) -> Models:
+                report: Report | None = None, conversations: int | None = 1) -> Models:
     """Load what `options.engine` and every engine of `engines` need, once.
 
-    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction.
+    `progress` draws bars on stderr; `report`, if given, also receives every step and fraction;
+    `conversations`: the KV caches the plan keeps room for at once (serve's --slots; None: auto).
     """
     names = (options.engine, *engines)
     for name in names:
@@ -70,7 +71,7 @@ def load_models(options: EngineOptions, engines: Collection[str] = (), progress:
         draft_quant = draft_quant_for(options, Machine(kind=device.type)) if drafted else None
     else:
         tokenizer = local_tokenizer(options.target, options.weights)  # held before the plan measures
-        memory = plan_run(options, device, drafted, reporter)
+        memory = plan_run(options, device, drafted, reporter, conversations)
         draft_quant = chosen_draft_quant(memory)
         models = load_local_models(options, device, dtype, memory, with_workers="dsi" in names, reporter=reporter,
                                    tokenizer=tokenizer)
@@ -116,12 +117,13 @@ def check_draft_quant(options: EngineOptions, device: torch.device) -> None:
                             "stores full weights: use --draft-quant none")
 
 
-def plan_run(options: EngineOptions, device: torch.device, drafted: bool, reporter: Reporter) -> MemoryPlan:
-    """The whole machine's memory plan for `options` on `device` (`drafted`: with the draft),
-    announced before anything loads."""
+def plan_run(options: EngineOptions, device: torch.device, drafted: bool, reporter: Reporter,
+             conversations: int | None = 1) -> MemoryPlan:
+    """The whole machine's memory plan for `options` on `device` (`drafted`: with the draft;
+    `conversations` kept at once), announced before anything loads."""
     reporter.step("planning memory")
     machine = Machine(kind=device.type)
-    memory = plan_pair(*request_for(options, machine, drafted), machine)
+    memory = plan_pair(*request_for(options, machine, drafted, conversations), machine)
     announce(memory, reporter)
     return memory
 

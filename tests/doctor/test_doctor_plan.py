@@ -161,6 +161,26 @@ def test_llama_3_1_70b_awq_fills_a_24_gb_card_with_resident_layers(monkeypatch, 
     assert f"  per pass       {gb((80 - resident) * layer).removesuffix(' GB')} GB streamed;" in out
 
 
+def resident_layers(out: str) -> int:
+    return int(re.search(r"^  layers +(\d+) resident", out, re.M).group(1))
+
+
+def test_doctor_plans_serves_slots_a_target_and_a_draft_kv_cache_each(monkeypatch, capsys):
+    """`--slots 4` as `serve --slots 4` keeps them: four caches of each model, their room taken from
+    the card's resident layers; `--slots auto` keeps one there, as serve would."""
+    card = ["doctor", "--target", "llama-3.1-70b-awq", "--draft", "llama-3.1-8b-awq", "--vram-gb", "24", "--ram-gb",
+            "64", "--pcie-gbps", "25"]
+    outs = {slots: run_cli(monkeypatch, capsys, *card, "--slots", slots)[1] for slots in ("1", "4", "auto")}
+    tokens = 4096 + 2049
+    kept = f"4 conversations of {tokens} tokens"
+    assert re.search(rf"^    target KV caches \({kept}\) +{gb(4 * 80 * 2 * 8 * 128 * 2 * tokens)}$", outs["4"], re.M)
+    assert re.search(rf"^    draft KV caches \({kept}\) +{gb(4 * 32 * 2 * 8 * 128 * 2 * tokens)}$", outs["4"], re.M)
+    assert resident_layers(outs["4"]) < resident_layers(outs["1"])
+    assert outs["auto"] == outs["1"] and f"target KV cache ({tokens} tokens)" in outs["1"]
+    code, _, err = run_cli(monkeypatch, capsys, *card, "--slots", "0")
+    assert_one_line_error(code, err, "--slots must be between 1 and 256 (got 0)")
+
+
 def test_a_4_bit_draft_is_planned_packed_on_a_cpu(monkeypatch, capsys):
     """An AWQ draft's stored weights are its smallest form: a CPU's auto does not plan it in int8
     (its linears are packed; planning int8 for them crashed)."""

@@ -43,7 +43,8 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
     with serving(tmp_path / "serve.log", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
                  "--budget", "4", "--temperature", "0", "--pooling", "last",
                  env={**os.environ, "SPECCHAT_API_KEY": "k"}) as server:
-        assert server.line.startswith(f"serving {target} (specexec) at http://127.0.0.1:")
+        # --slots auto: the tiny pair's four conversations' caches fit beside its layers
+        assert server.line.startswith(f"serving {target} (specexec, 4 slots) at http://127.0.0.1:")
         assert server.line.rstrip().endswith("Ctrl+C stops")
         reply = server.client(api_key="k").chat.completions.create(
             model=str(target), messages=[{"role": "user", "content": "hello"}], max_tokens=8)
@@ -58,7 +59,9 @@ def test_serve_loads_prints_the_url_serves_and_stops_on_ctrl_c(chat_dirs, tmp_pa
 
 
 @pytest.mark.parametrize(("args", "fragment"), [(["--port", "99999"], "--port must be between 0 and 65535"),
-                                                (["--slots", "0"], "--slots must be >= 1"),
+                                                (["--slots", "0"], "--slots must be between 1 and 256 (got 0)"),
+                                                (["--slots", "many"], "--slots takes a number of conversations or "
+                                                 "'auto' (got 'many')"),
                                                 (["--temperature", "9"], "--temperature"),
                                                 (["--top-k", "-2"], "--top-k must be between -1"),
                                                 (["--min-p", "2"], "--min-p must be between 0 and 1"),
@@ -91,3 +94,35 @@ def test_serve_hands_its_sampling_options_on_as_what_requests_leave_out(monkeypa
                                              repeat_penalty=1.1,
                                              repeat_last_n=32, presence_penalty=0.5, frequency_penalty=0.25,
                                              dry_multiplier=0.8, dry_penalty_last_n=256)]
+
+
+def test_serve_plans_room_for_the_kv_caches_of_the_slots_it_asks(monkeypatch):
+    """The plan counts a KV cache for each slot (--slots N), or chooses how many (auto: None)."""
+    from specchat.engine_options import EngineOptions
+    from specchat.serve import command
+    from specchat.serve.schema import Defaults
+
+    class Loaded(Exception):
+        pass
+
+    asked = []
+
+    def load_models(options, conversations):
+        asked.append(conversations)
+        raise Loaded
+
+    monkeypatch.setattr(command, "load_models", load_models)
+    for slots in (None, 2):
+        with pytest.raises(Loaded):
+            command.run_server(EngineOptions(), command.Serving("127.0.0.1", 0, None, 16, slots, False), Defaults())
+    assert asked == [None, 2]
+
+
+def test_serve_builds_an_engine_for_each_conversation_the_plan_kept_room_for():
+    from types import SimpleNamespace
+
+    from specchat.serve.command import slot_count
+
+    assert slot_count(SimpleNamespace(memory=SimpleNamespace(conversations=3)), None) == 3
+    assert slot_count(SimpleNamespace(memory=None), 2) == 2  # dsi's Ray actors: what was asked
+    assert slot_count(SimpleNamespace(memory=None), None) == 4

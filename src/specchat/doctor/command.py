@@ -22,33 +22,33 @@ MACHINE_FIGURE_MAX = 1e6  # a described machine's GB or GB/s: past any machine, 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
                probe_gb: float, ram_budget: float | None, vram_budget: float | None,
-               measure_again: bool = False) -> str:
+               measure_again: bool = False, slots: int | None = 1) -> str:
     """The report: for a described machine from its sizes alone; for this one after measuring its
     links (and remembering them for the engines), with the choices it keeps (measured again first
-    with `measure_again`)."""
+    with `measure_again`); planned for `slots` conversations kept at once (serve's --slots; None: auto)."""
     check_numbers(machine, ram_budget, vram_budget, context)
     if measure_again and machine.described:
         raise SpecchatError("--measure-again measures this machine's kept choices: give no described machine")
     directory = offload_dir or default_offload_dir()
     if machine.described:
         options = doctor_options(target, draft, context, directory, ram_budget, vram_budget)
-        return render_described(machine, plan_or_reason(options, machine))
+        return render_described(machine, plan_or_reason(options, machine, slots))
     directory, probe_bytes = probe_room(directory, probe_gb)
     print(f"measuring (writes, reads and deletes a {probe_gb:g} GB probe file)...", file=sys.stderr)
     facts = gather(directory, probe_bytes)
     save_links(Links(ram_gbps=facts.h2d_gbps, disk_gbps=facts.disk_gbps))
     measured = Machine(disk_gbps=facts.disk_gbps, pcie_gbps=facts.h2d_gbps)
     options = doctor_options(target, draft, context, facts.offload_dir, ram_budget, vram_budget)
-    pair = plan_or_reason(options, measured)
-    limit = None if facts.cuda else measure_limit(options)
+    pair = plan_or_reason(options, measured, slots)
+    limit = None if facts.cuda else measure_limit(options, slots)
     rec = advise(pair, bool(facts.cuda), facts.h2d_gbps, facts.disk_gbps) if isinstance(pair, PairPlan) else None
     return "\n".join([render(facts, target, rec, pair, limit), *choice_lines(measure_again)])
 
 
-def plan_or_reason(options: EngineOptions, machine: Machine) -> PairPlan | str:
+def plan_or_reason(options: EngineOptions, machine: Machine, slots: int | None = 1) -> PairPlan | str:
     """The plan, or the one line saying why the pair fits nowhere (bad options still raise)."""
     try:
-        return doctor_plan(options, machine)
+        return doctor_plan(options, machine, slots)
     except PlanRefusal as error:
         return str(error)
 

@@ -28,24 +28,25 @@ class Limit:
     runtime: int  # what the process held when planning, included in `smallest`
 
 
-def measure_limit(options: EngineOptions) -> Limit:
+def measure_limit(options: EngineOptions, slots: int | None = 1) -> Limit:
     """The smallest limit with this process's resident set, the target's tokenizer loaded, as the
     runtime. The pair is measured once (its skeletons are what a plan costs: ~30 s for a 235B MoE
-    on a slow CPU), then planned under each limit the bisection tries."""
+    on a slow CPU), then planned under each limit the bisection tries; `slots` conversations kept
+    at once (serve's; auto plans one where memory is short, so its limit is one's)."""
     options = resolve_weights(options)
     tokenizer = local_tokenizer(options.target, options.weights)  # held while the runtime is read
     runtime = process_rss()
     del tokenizer
-    measured = measure_for_limits(options)
+    measured = measure_for_limits(options, slots)
     return Limit(smallest_limit(lambda limit: fits(measured, limit, runtime), runtime), runtime)
 
 
-def measure_for_limits(options: EngineOptions) -> MeasuredModel:
+def measure_for_limits(options: EngineOptions, slots: int | None = 1) -> MeasuredModel:
     """The pair as `run` with `options` would plan it on this machine's CPU, whatever memory limit
     it runs under: the request `run` makes, measured once (plan.measure_pair) to be planned under
     each limit (plan.plan_measured)."""
     machine = Machine(kind="cpu")
-    return measure_pair(*doctor_request(options, machine), machine.device())
+    return measure_pair(*doctor_request(options, machine, slots), machine.device())
 
 
 def smallest_limit(fits_under: Callable[[int], bool], runtime: int) -> int | None:

@@ -68,19 +68,20 @@ def doctor_options(target: str, draft: str | None, context: int | None, offload_
                          vram_budget=vram_budget, **drafted)
 
 
-def doctor_request(options: EngineOptions, machine: Machine) -> tuple[Pair, PlanRequest]:
-    """What `run` with `options` would ask of `machine`: the request `run` makes (plan.request_for)."""
-    return request_for(options, machine, drafted=options.engine in DRAFTED_ENGINES)
+def doctor_request(options: EngineOptions, machine: Machine, slots: int | None = 1) -> tuple[Pair, PlanRequest]:
+    """What `run` with `options` would ask of `machine`, or `serve --slots` (`slots` conversations
+    kept at once; None: auto): the request they make (plan.request_for)."""
+    return request_for(options, machine, drafted=options.engine in DRAFTED_ENGINES, conversations=slots)
 
 
-def doctor_plan(options: EngineOptions, machine: Machine) -> PairPlan:
-    """The plan of `options`' pair as `run` would make it on `machine`; with the time its
-    streaming takes a pass and the speed the paper's generation rates give it over that pass and,
-    where the draft's step was timed on this machine, a full tree's drafting."""
+def doctor_plan(options: EngineOptions, machine: Machine, slots: int | None = 1) -> PairPlan:
+    """The plan of `options`' pair as `run` (or `serve --slots`) would make it on `machine`; with the
+    time its streaming takes a pass and the speed the paper's generation rates give it over that
+    pass and, where the draft's step was timed on this machine, a full tree's drafting."""
     if machine.described and machine.ram_gb is None:
         raise SpecchatError("--vram-gb describes a GPU machine: give its RAM with --ram-gb too")
     cuda = machine.device().type == "cuda"
-    memory = plan_pair(*doctor_request(options, machine), machine)
+    memory = plan_pair(*doctor_request(options, machine, slots), machine)
     placement = memory.placement
     routing = routing_of(options.target, placement)
     gen = PAPER_GEN_RATES if routing is None else PAPER_MOE_GEN_RATES

@@ -8,6 +8,7 @@ A run's options become the plan's request in one place, `request_for(options, ma
 
 from specchat.plan.budget import MemoryPlan
 from specchat.plan.choice import drafting_s
+from specchat.plan.conversations import AUTO_SLOTS
 from specchat.plan.demand import shape_of
 from specchat.plan.experts import expert_share, experts_touched
 from specchat.plan.machine import Machine, kept_for_page_cache
@@ -19,7 +20,7 @@ from specchat.plan.placement import Rooms
 from specchat.plan.request import Pair, PlanRequest
 from specchat.plan.text import describe_plan
 
-__all__ = ["Machine", "MeasuredModel", "MemoryPlan", "Pair", "PlanRequest", "Rooms", "contexts_for",
+__all__ = ["AUTO_SLOTS", "Machine", "MeasuredModel", "MemoryPlan", "Pair", "PlanRequest", "Rooms", "contexts_for",
            "describe_plan", "draft_quant_for", "drafting_s", "expert_share", "experts_touched", "kept_for_page_cache",
            "measure_pair", "offload_directory", "plan_measured", "plan_pair", "quantized_weights", "request_for",
            "resolve_weights", "shape_of", "stores_4bit"]

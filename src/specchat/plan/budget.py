@@ -3,7 +3,8 @@ before anything is loaded or downloaded.
 
 The device holds the target's fixed parts (beside a GPU all but an untied input embedding), its
 resident layers and the streaming ring; the draft's weights in the quantization it will use; both
-KV caches, each at its own bytes per token, for the context plus the largest tree; the largest
+KV caches, each at its own bytes per token, for the context plus the largest tree, once for each
+conversation kept at once (serve's slots: each keeps its caches to reuse them); the largest
 pass's activations (a target pass over the tree, or a draft step as wide: they never run at once);
 the quantized kernels' workspace; and on a GPU a margin for the CUDA context. The host holds the
 pinned RAM tier and staging as the allocator rounds them (`offload/pinned_chunks.py`), the draft's
@@ -103,6 +104,7 @@ class Ask:
     # (largest pass, the quantized kernels' workspace at it) auto may fall back to, in order, before a smaller context
     smaller_trees: tuple[tuple[int, int], ...] = ()
     links: Links = Links()  # the offload links' speeds, where known
+    conversations: int = 1  # KV caches kept at once (serve's --slots)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class MemoryPlan:
     tree_tokens: int  # the largest pass it made room for: a tree of tree_tokens - 1 nodes and its root
     compact_head: bool = False  # the target's LM head kept in Q6_K, expanded a chunk at a time each pass
     compact_layers: bool = False  # its layers' Q6_K linears and Q4_K scales as the GGUF stores them
+    conversations: int = 1  # KV caches it keeps room for, one a conversation kept at once (serve's slots)
 
     def total(self, tier: str) -> int:
         return sum(item.nbytes for item in self.items if item.tier == tier)
@@ -180,7 +183,7 @@ def plan_one(target: Target, ask: Ask, rooms: Rooms, context: int, draft: Draft 
     sizes = replace(target.sizes, headroom=reserved - target.sizes.fixed)
     placement = place(sizes, replace(rooms, host=host_left), ask.request)
     items = (*(item for item in fixed if item.tier == "device"), *device, *layer_items(placement, rooms), *host)
-    return MemoryPlan(placement, context, draft, items, rooms, (), ask.tree_tokens)
+    return MemoryPlan(placement, context, draft, items, rooms, (), ask.tree_tokens, conversations=ask.conversations)
 
 
 def fixed_items(target: Target) -> tuple[Item, ...]:
@@ -211,11 +214,11 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
     """Everything but the target's fixed parts and layers: (device items, host items)."""
     tokens = context + ask.tree_tokens
     passes = [target.shape.pass_bytes(context, ask.tree_tokens)]
-    device = [Item("device", f"target KV cache ({tokens} tokens)", target.shape.kv_bytes(tokens))]
+    device = [kv_item("target", target.shape, tokens, ask.conversations)]
     host = []
     if draft is not None:
         device += [Item("device", f"draft weights ({draft.quant})", draft.weights),
-                   Item("device", f"draft KV cache ({tokens} tokens)", draft.shape.kv_bytes(tokens))]
+                   kv_item("draft", draft.shape, tokens, ask.conversations)]
         passes.append(draft.shape.pass_bytes(context, ask.tree_tokens))
         if draft.host_embedding:
             host.append(Item("host", DRAFT_EMBEDDING, draft.host_embedding))
@@ -232,6 +235,14 @@ def demands(target: Target, ask: Ask, context: int, draft: Draft | None) -> tupl
         device.append(Item("device", "CUDA context and allocator margin", CUDA_MARGIN))
         host.append(Item("host", "kept for the OS", OS_RESERVE))
     return device, host
+
+
+def kv_item(model: str, shape: ModelShape, tokens: int, conversations: int) -> Item:
+    """A model's KV caches of `tokens` each, one a conversation kept at once."""
+    if conversations == 1:
+        return Item("device", f"{model} KV cache ({tokens} tokens)", shape.kv_bytes(tokens))
+    return Item("device", f"{model} KV caches ({conversations} conversations of {tokens} tokens)",
+                conversations * shape.kv_bytes(tokens))
 
 
 def layer_items(placement: Placement, rooms: Rooms) -> list[Item]:

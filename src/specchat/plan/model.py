@@ -90,7 +90,8 @@ def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[Layer
     workspace = quantized_workspaces(model, dtype, device, compact_head)
     ask = Ask(contexts, request.drafts, request.tree_tokens, workspace(request.tree_tokens),
               request.placement_request(len(layouts)), cuda=device.type == "cuda",
-              smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees), links=request.links)
+              smaller_trees=tuple((tree, workspace(tree)) for tree in request.smaller_trees), links=request.links,
+              conversations=request.conversations or 1)  # auto plans one, then more (plan/conversations.py)
     compact = compact_fixed(model, sizes.fixed, dtype) if compact_head else None
     target = Target(sizes, shape_of(model.config, dtype), compact, compact_layers)
     if device.type == "cuda":

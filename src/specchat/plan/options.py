@@ -41,9 +41,11 @@ class RunOptions(Protocol):
 Options = TypeVar("Options", bound=RunOptions)
 
 
-def request_for(options: RunOptions, machine: Machine, drafted: bool = True) -> tuple[Pair, PlanRequest]:
-    """What `run` with `options` asks of `machine` (`drafted`: with its draft): the pair and the
-    request `plan_pair` takes (or `measure_pair`, to plan it under many rooms)."""
+def request_for(options: RunOptions, machine: Machine, drafted: bool = True,
+                conversations: int | None = 1) -> tuple[Pair, PlanRequest]:
+    """What `run` with `options` asks of `machine` (`drafted`: with its draft; `conversations`: the
+    KV caches kept at once, serve's --slots, None for auto): the pair and the request `plan_pair`
+    takes (or `measure_pair`, to plan it under many rooms)."""
     options = resolve_weights(options)
     device = machine.device()
     cuda = device.type == "cuda"
@@ -64,7 +66,8 @@ def request_for(options: RunOptions, machine: Machine, drafted: bool = True) -> 
     request = PlanRequest(tier=options.offload, offload_dir=offload_directory(options),
                           resident_layers=options.resident_layers, ram_budget_bytes=gb_to_bytes(options.ram_budget),
                           vram_budget_bytes=gb_to_bytes(options.vram_budget), tree_tokens=tree_tokens,
-                          smaller_trees=smaller_trees, dense_copies=dense_copies, links=links_of(machine))
+                          smaller_trees=smaller_trees, dense_copies=dense_copies, links=links_of(machine),
+                          conversations=conversations)
     return pair, request
 
 

@@ -25,10 +25,11 @@ from specchat.models.draft_step import step_cost
 from specchat.plan.budget import SMALLEST_CONTEXT, MemoryPlan
 from specchat.plan.draft_form import Draft
 from specchat.plan.choice import step_width
+from specchat.plan.conversations import plan_conversations
 from specchat.plan.demand import (draft_weight_bytes, expanding_bytes, preparing_bytes, rounded_workspace,
                                    rounding_bytes, shape_of)
 from specchat.plan.machine import Machine
-from specchat.plan.model import MeasuredModel, measure_model, plan_measured
+from specchat.plan.model import MeasuredModel, measure_model
 from specchat.plan.request import DEFAULT_TREE_TOKENS, Pair, PlanRequest
 from specchat.plan.sizes import host_embedding_bytes
 from specchat.quant.awq import read_awq_spec
@@ -41,7 +42,7 @@ def plan_pair(pair: Pair, request: PlanRequest, machine: Machine) -> MemoryPlan:
     is (and its layer file reused), anything else is sized from its config, before any download
     or conversion (dense: an embedded model's 4-bit form takes less). One-line PlanRefusal when
     nothing fits; SpecchatError for a --context past the target's maximum."""
-    return plan_measured(measure_pair(pair, request, machine.device()), machine)
+    return plan_conversations(measure_pair(pair, request, machine.device()), machine)
 
 
 def measure_pair(pair: Pair, request: PlanRequest, device: torch.device) -> MeasuredModel:

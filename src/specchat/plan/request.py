@@ -35,6 +35,7 @@ class PlanRequest:
     # a CPU's 4-bit linears may keep dense copies for wide inputs where room is left (quant/int4_dense.py)
     dense_copies: bool = False
     links: Links = Links()  # the offload links' speeds, where known: a draft form is then chosen by predicted speed
+    conversations: int | None = 1  # KV caches kept at once: serve's --slots, one a slot; None: auto (conversations.py)
 
     def placement_request(self, layers: int) -> Request:
         """--offload, --resident-layers and the ring as the placement of a model of `layers`

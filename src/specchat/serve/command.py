@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from specchat.decoding.events import Engine
 from specchat.errors import SpecchatError
-from specchat.limits import DEFAULT_POOLING, POOLINGS
+from specchat.limits import DEFAULT_POOLING, POOLINGS, SLOTS
 from specchat.loader import load_models
 from specchat.engine_options import EngineOptions
-from specchat.runtime import live_settings_of
+from specchat.plan import AUTO_SLOTS
+from specchat.runtime import Models, live_settings_of
 from specchat.serve.app import build_app
 from specchat.serve.endpoint import ServeConfig
 from specchat.serve.fim import fim_tokens
@@ -24,7 +25,7 @@ class Serving:
     port: int
     api_key: str | None
     max_queue: int  # requests waiting beyond the one decoding; past it, 429
-    slots: int  # engines, each keeping one conversation's caches
+    slots: int | None  # engines, each keeping one conversation's caches; None: auto (plan/conversations.py)
     log_prompts: bool
     pooling: str = DEFAULT_POOLING  # how embeddings pool the target's rows
 
@@ -34,12 +35,20 @@ def check_serving(serving: Serving) -> None:
         raise SpecchatError(f"--port must be between 0 and 65535 (got {serving.port})")
     if serving.max_queue < 0:
         raise SpecchatError(f"--max-queue must be >= 0 (got {serving.max_queue})")
-    if serving.slots < 1:
-        raise SpecchatError(f"--slots must be >= 1 (got {serving.slots})")
+    if serving.slots is not None:
+        SLOTS.check("--slots", serving.slots)
     if serving.pooling not in POOLINGS:
         raise SpecchatError(f"--pooling must be one of {', '.join(POOLINGS)} (got {serving.pooling!r})")
     if serving.api_key is not None and not serving.api_key.strip():
         raise SpecchatError("--api-key is empty: give a key, or leave the option out")
+
+
+def slot_count(models: Models, asked: int | None) -> int:
+    """The engines to build: as many conversations as the plan keeps KV room for (auto's choice,
+    where none was asked); dsi's Ray actors plan their own memory, so there what was asked."""
+    if models.memory is not None:
+        return models.memory.conversations
+    return asked or AUTO_SLOTS
 
 
 def check_kept(sampling: Defaults, engine: Engine) -> None:
@@ -77,9 +86,10 @@ def run_server(options: EngineOptions, serving: Serving, sampling: Defaults) -> 
         print(warning, file=sys.stderr)
     sock = bind(serving.host, serving.port)
     try:
-        models = load_models(options)
+        models = load_models(options, conversations=serving.slots)  # each slot keeps its KV caches
         try:
-            engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(serving.slots)]
+            slots = slot_count(models, serving.slots)
+            engines = [models.engine(options.engine, live_settings_of(options)) for _ in range(slots)]
             check_kept(sampling, engines[0])
             config = ServeConfig(model=options.target, tokenizer=models.tokenizer, stop_ids=models.stop_ids,
                                  context=models.context, sampling=sampling, api_key=serving.api_key,
@@ -87,7 +97,9 @@ def run_server(options: EngineOptions, serving: Serving, sampling: Defaults) -> 
                                  fim=fim_tokens(models.tokenizer), pooling=serving.pooling)
             app = build_app(config, Scheduler(engines, serving.max_queue))
             show_request_log()
-            print(f"serving {options.target} ({options.engine}) at {url_of(sock)}/v1 ; Ctrl+C stops", flush=True)
+            kept = f"{slots} slot{'s' * (slots > 1)}"
+            print(f"serving {options.target} ({options.engine}, {kept}) at {url_of(sock)}/v1 ; Ctrl+C stops",
+                  flush=True)
             try:
                 server_for(app).run(sockets=[sock])
             except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it shut down on: the way to stop
