@@ -7,8 +7,9 @@ llama.cpp lays it), a warm-up of the editor's chunks is reused by the next /infi
 routes give the ids the chat route runs, n_probs gives each greedy token as its likeliest, and
 /metrics counts a reply and what speculation gained in it, the embedding routes put each
 reworded text nearest its own, echoed logprobs score a greedy continuation as its likeliest tokens,
-n seeded choices are each the request alone at its seed, and Ollama's `context` goes on from an
-answer. Float32 and a fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
+n seeded choices are each the request alone at its seed, best_of returns the likeliest of them, a
+predicted edit is the same reply, and Ollama's `context` goes on from an answer. Float32 and a
+fixed budget: in bf16, or with `--budget auto` (which sizes trees from measured times), two runs
 score different trees, and bf16 tree passes round differently (see docs/exactness.md)."""
 
 import json
@@ -244,6 +245,35 @@ def test_best_of_returns_the_candidate_of_highest_logprob_per_token(served):
     likeliest = every.choices[means.index(max(means))]
     assert len(set(means)) == 3 and [choice.text for choice in best.choices] == [likeliest.text]
     assert best.usage.completion_tokens == every.usage.completion_tokens == 24
+
+
+EDITED = '''def area(width, height):
+    result = width * height
+    if result < 0:
+        raise ValueError("negative area")
+    return result
+'''
+
+
+def test_a_predicted_edit_is_the_same_reply_in_no_more_iterations(served):
+    """OpenAI's predicted outputs on the embedded pair: an edit sent with the code it changes as its
+    prediction answers exactly as without one, greedy and seeded (the prediction is only a chain
+    in each tree), in no more iterations, and the reply follows most of the prediction."""
+    client, model, _, _ = served
+    ask = "Rename `result` to `size` in this function. Reply with the whole function in one Python code block only."
+    request = {"model": model, "max_tokens": 64,
+               "messages": [{"role": "user", "content": f"{ask}\n\n```python\n{EDITED}```"}]}
+    plain = client.chat.completions.create(**request)
+    predicted = client.chat.completions.create(**request, prediction={"type": "content",
+                                                                      "content": f"```python\n{EDITED}```"})
+    assert predicted.choices[0].message.content == plain.choices[0].message.content
+    assert "size = width * height" in plain.choices[0].message.content
+    assert predicted.model_extra["specchat"]["iterations"] <= plain.model_extra["specchat"]["iterations"]
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > details.rejected_prediction_tokens
+    sampled = {**request, "temperature": 0.8, "seed": 5, "max_tokens": 48}  # seeded: each token the target's sample
+    assert client.chat.completions.create(**sampled).choices[0].message.content == client.chat.completions.create(
+        **sampled, prediction={"type": "content", "content": f"```python\n{EDITED}```"}).choices[0].message.content
 
 
 def test_an_ollama_context_sent_back_goes_on_from_its_answer(served):

@@ -2,6 +2,7 @@
 before loading anything: a rerun measures into a fresh folder and never replaces rows kept; and
 what the smaller ones print."""
 
+import json
 import os
 import re
 import runpy
@@ -212,3 +213,16 @@ def test_the_widened_bench_times_both_targets_at_each_size_and_a_prefill(tmp_pat
     assert [row[0] for row in rows] == ["trunk n=1 after 100", "trunk n=4 after 100", "head over those 4 rows",
                                         "prefill 8"]
     assert all(float(cell) >= 0 for row in rows for cell in row[1:])
+
+
+def test_the_prediction_bench_decodes_each_edit_both_ways_and_finds_the_same_tokens(tiny_target, tiny_draft,
+                                                                                    monkeypatch, capsys):
+    from helpers.serve_helpers import TINY_TOKENIZER
+
+    monkeypatch.setattr(loader, "load_models", lambda options, progress: tiny_models(tiny_target, tiny_draft,
+                                                                                     TINY_TOKENIZER))
+    lines = script_output("bench_prediction.py", ["--edits", "2", "--max-new-tokens", "12"], monkeypatch, capsys)
+    assert [json.loads(line) for line in lines if "same_tokens" in line] == [{"edit": 0, "same_tokens": True},
+                                                                             {"edit": 1, "same_tokens": True}]
+    assert [line.split(" |")[0] for line in lines if line.startswith("| p")] == ["| plain", "| predicted"]
+    assert re.fullmatch(r"predicted / plain: [\d.]+x", lines[-1])

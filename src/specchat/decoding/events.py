@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # llguidance loads only where a reply is constrained
     from specchat.decoding.guide import Guide
     from specchat.decoding.mirostat import Surprise
     from specchat.decoding.penalties import Repeats
+    from specchat.decoding.prediction import Prediction
     from specchat.decoding.token_log import TokenLog, TokenLogprobs
 
 
@@ -33,6 +34,8 @@ class SamplingParams:
     token_log: "TokenLog | None" = None  # one reply's: gains each emitted token's log-probabilities
     penalties: "Repeats | None" = None  # one reply's logit bias and repetition penalties (decoding/penalties.py)
     mirostat: "Surprise | None" = None  # one reply's mirostat, in place of the cuts (decoding/mirostat.py)
+    # one reply's predicted output: SpecExec's trees hold it as a chain, the tokens unchanged (decoding/prediction.py)
+    prediction: "Prediction | None" = None
 
     @property
     def has_forms(self) -> bool:

@@ -203,7 +203,8 @@ def emit_token(logits: torch.Tensor, params: SamplingParams, position: int) -> i
     the reply's bias and penalties (penalties.py), masked to what its guide allows (the mask before
     temperature and top-p, so a constrained reply samples the renormalised allowed distribution),
     or under mirostat its cut (mirostat.py) in place of the others; the guide and the penalties
-    then move past it, and the reply's token log records it (from the target's own logits)."""
+    then move past it, and the reply's token log records it (from the target's own logits); a
+    predicted output's cursor follows it."""
     scores = logits if params.penalties is None else params.penalties.penalized(logits)
     if params.guide is not None:
         scores = masked(scores, params.guide.allowed()[0])
@@ -217,6 +218,8 @@ def emit_token(logits: torch.Tensor, params: SamplingParams, position: int) -> i
         params.penalties.accept(token)
     if params.token_log is not None:
         params.token_log.record(logits, token)
+    if params.prediction is not None:
+        params.prediction.accept(token)
     return token
 
 

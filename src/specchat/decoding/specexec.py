@@ -33,7 +33,8 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, keep_slots
 from specchat.decoding.node_logits import NodeLogits
 from specchat.decoding.sampling import emit_token
-from specchat.decoding.tree import DraftTree, GrownTree, NodeStore, TreeShape, assemble, node_paths, rank
+from specchat.decoding.tree import (DraftTree, GrownTree, NodeStore, TreeShape, add_chain, assemble, node_paths,
+                                    rank)
 from specchat.device_clock import now
 from specchat.stopwatch import Stopwatch
 from specchat.tracing import span
@@ -156,6 +157,8 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
         cut = shape.sizer.best_cut(probs(store, store.kept).sort(descending=True).values, spent)
         store.kept = store.kept[rank(store.logprobs[store.kept], store.depths[store.kept])][: cut.size]
         predicted = cut.predicted
+    if sampling.prediction is not None:  # a predicted output's next tokens, as a path below the root
+        add_chain(store, sampling.prediction.chain(min(shape.max_depth, shape.budget)), shape.budget)
     grown = assemble(store, len(widths))
     return replace(grown, predicted=predicted, widths=tuple(widths), host_s=perf_counter() - started - steps.seconds)
 

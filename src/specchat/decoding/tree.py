@@ -216,6 +216,34 @@ def rank_key(logprobs: np.ndarray, depths: np.ndarray) -> np.ndarray:
     return -ordered * DEPTH_FIELD + depths
 
 
+def add_chain(store: NodeStore, chain: tuple[int, ...], budget: int) -> None:
+    """`chain` as a path below the root among the kept nodes: through those that hold its tokens
+    already, then new nodes the draft never ran, each ranked as the last node it follows (so the
+    walk's rows computed up front follow the chain). Where the tree would pass `budget`, the
+    lowest-ranked draft nodes off the chain make room: they are leaves, since a parent outranks
+    its children."""
+    kept = store.kept
+    below = {(parent, token): node for node, parent, token in
+             zip(kept.tolist(), store.parents[kept].tolist(), store.tokens[kept].tolist())}
+    node, on_chain = 0, []
+    for token in chain:
+        if (node := below.get((node, token), -1)) < 0:
+            break
+        on_chain.append(node)
+    rest = chain[len(on_chain):]
+    if not rest:
+        return
+    last = on_chain[-1] if on_chain else 0
+    over = kept.size + len(rest) - budget
+    if over > 0:
+        others = kept[~np.isin(kept, on_chain)]
+        kept = np.setdiff1d(kept, others[rank(store.logprobs[others], store.depths[others])][-over:])
+    parents = np.array([last, *range(store.count, store.count + len(rest) - 1)], dtype=np.int64)
+    depths = store.depths[last] + 1 + np.arange(len(rest), dtype=np.int64)
+    added = store.append(np.array(rest, dtype=np.int64), parents, depths, np.full(len(rest), store.logprobs[last]))
+    store.kept = np.concatenate([kept, added])
+
+
 def node_paths(store: NodeStore, nodes: np.ndarray) -> list[list[int]]:
     """Each node's tokens below the root, the root's child first (what a guide consumes to reach it)."""
     tokens, parents = store.tokens.tolist(), store.parents.tolist()

@@ -117,9 +117,11 @@ class TreeEngine:
     def iterate(self, seq: list[int], target_cache: DynamicCache, draft_cache: DynamicCache,
                 sampling: SamplingParams, max_tokens: int) -> IterationEvent:
         """One iteration: under --budget auto the sizer first chooses between drafting and the
-        target alone; `seq` grows by the emitted tokens."""
+        target alone, unless a predicted output goes on from here (its chain is scored whatever
+        the draft's rates, and its acceptance, not the draft's, is not recorded); `seq` grows by
+        the emitted tokens."""
         sizer = self.shape.sizer
-        if sizer is None:
+        if sizer is None or (sampling.prediction is not None and sampling.prediction.chain(1)):
             return self.draft_and_verify(seq, target_cache, draft_cache, sampling, max_tokens)[0]
         choice = sizer.choose(len(seq) - cache_length(draft_cache))
         if choice.draft:

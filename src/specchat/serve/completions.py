@@ -8,6 +8,7 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from specchat.decoding.prediction import Prediction
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.choices import choice_count, choice_sampling
 from specchat.serve.endpoint import Endpoint
@@ -15,6 +16,7 @@ from specchat.serve.form import form_of
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import openai_penalties
+from specchat.serve.prediction import predicted_tokens
 from specchat.serve.schema import (ChatRequest, chat_messages, check_chat_features, check_model, parse_body,
                                    requested_tokens, sampling_of, stop_strings)
 from specchat.serve.structured import CallHold, forced_functions, offered_functions, response_schema
@@ -45,18 +47,21 @@ class ChatCompletions(Endpoint):
 
     def prepare(self, chat: ChatRequest, messages: list[dict]) -> list[tuple[Job, Reply]]:
         """A job and reply a choice, the prompt encoded and the grammar compiled once; each choice with
-        its own seed (serve/choices.py), grammar state, logprobs, penalties and mirostat state."""
+        its own seed (serve/choices.py), grammar state, logprobs, penalties, mirostat state and place
+        in a predicted output."""
         functions = offered_functions(chat.tools, chat.tool_choice)
         form = self.form(form_of(chat, response_schema(chat.response_format),
                                  forced_functions(functions, chat.tool_choice)))
         prompt_ids = self.chat_ids(messages, chat.tools if functions else None)
         stops, wanted = stop_strings(chat), requested_tokens(chat)
+        predicted = predicted_tokens(chat.prediction, self.config.tokenizer)
 
         def choice(index: int) -> tuple[Job, Reply]:
             sampling = replace(choice_sampling(sampling_of(chat, self.config.sampling), index),
                                guide=None if form is None else form.start(),
                                token_log=self.logged(TokenLog(chat.top_logprobs or 0) if chat.logprobs else None,
-                                                     "logprobs"))
+                                                     "logprobs"),
+                               prediction=None if predicted is None else Prediction(predicted))
             job = self.job(prompt_ids, wanted, sampling, "messages",
                            openai_penalties(chat, self.config.tokenizer, self.config.sampling))
             return job, self.reply(stops, sampling, may_call=bool(functions))

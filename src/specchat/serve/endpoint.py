@@ -81,7 +81,7 @@ class Endpoint:
 
     def reply(self, stops: list[str], sampling: SamplingParams, may_call: bool = False) -> Reply:
         return Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids,
-                     token_log=sampling.token_log, may_call=may_call)
+                     token_log=sampling.token_log, prediction=sampling.prediction, may_call=may_call)
 
     def check_kept(self, field: str) -> None:
         """A 400 naming `field`, a form of the reply (a grammar, tokens' logprobs, penalties) the served engine

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from specchat.decoding.events import IterationEvent
+from specchat.decoding.prediction import Prediction
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
 from specchat.serve.scheduler import Job
 from specchat.serve.stops import StopScan
+from specchat.serve.prediction import prediction_usage
 from specchat.serve.token_bytes import token_bytes
 from specchat.serve.structured import split_calls
 from specchat.summary import summarize, tree_means
@@ -25,6 +27,7 @@ class Reply:
     stop_ids: Collection[int]
     events: list[IterationEvent] = field(default_factory=list)
     token_log: TokenLog | None = None  # logprobs asked for: the target's, token by token
+    prediction: Prediction | None = None  # a predicted output: the reply's place in it, what it followed
     may_call: bool = False  # the request offers tools: the reply's <tool_call> blocks are calls
     logged: int = 0  # token_log entries already sent (streaming)
     sent: int = 0  # characters of the reply's text returned so far
@@ -117,6 +120,9 @@ def usage(prompt_tokens: int, reply: Reply) -> dict:
     prefill = reply.events[0].prefill_tokens if reply.events else 0
     if prefill:
         counts["prompt_tokens_details"] = {"cached_tokens": prompt_tokens - prefill}
+    if reply.prediction is not None:  # what it followed, of what it sent
+        accepted = min(reply.prediction.accepted, reply.completion_tokens)
+        counts["completion_tokens_details"] = prediction_usage(accepted, len(reply.prediction.tokens) - accepted)
     return counts
 
 
@@ -131,6 +137,8 @@ def summed_usage(replies: list[tuple[Job, Reply]], per_prompt: int = 1) -> dict:
     total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
     if details := [count["prompt_tokens_details"] for count in firsts if "prompt_tokens_details" in count]:
         total["prompt_tokens_details"] = {"cached_tokens": sum(detail["cached_tokens"] for detail in details)}
+    if predicted := [count["completion_tokens_details"] for count in counts if "completion_tokens_details" in count]:
+        total["completion_tokens_details"] = {key: sum(detail[key] for detail in predicted) for key in predicted[0]}
     return total
 
 

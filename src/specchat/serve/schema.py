@@ -125,6 +125,7 @@ class ChatRequest(Decoded):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None  # OpenAI's predicted output (serve/prediction.py)
 
 
 Request = TypeVar("Request", bound=Decoded)
@@ -286,8 +287,7 @@ def sampling_of(request: Decoded, defaults: Defaults) -> SamplingParams:
 def requested_tokens(request: ChatRequest) -> int | None:
     """max_completion_tokens, or the older max_tokens; None when neither is given."""
     for field in ("max_completion_tokens", "max_tokens"):
-        value = getattr(request, field)
-        if value is not None:
+        if (value := getattr(request, field)) is not None:
             return token_limit(field, value)
     return None
 
