@@ -42,17 +42,6 @@ def test_after_an_edit_the_cursor_finds_its_place_where_the_reply_repeats_three_
     assert prediction.chain(3) == (7, 8, 9) and prediction.accepted == 2  # realigning counts nothing
 
 
-def test_the_chain_is_twice_the_run_the_reply_has_followed_four_at_least():
-    prediction = Prediction(tuple(range(100)))
-    assert len(prediction.chain(24)) == 4  # nothing followed yet
-    followed(prediction, list(range(5)))
-    assert len(prediction.chain(24)) == 10 and len(prediction.chain(6)) == 6
-    followed(prediction, list(range(5, 20)))
-    assert len(prediction.chain(24)) == 24
-    followed(prediction, [20, 21, 99, 23, 24, 25])  # an edit, then its place again: the run starts over
-    assert prediction.chain(24) == (26, 27, 28, 29)
-
-
 def test_of_repeated_text_the_cursor_takes_the_first_occurrence_after_its_last_place():
     prediction = Prediction((1, 2, 3, 9, 1, 2, 3, 8, 4))
     followed(prediction, [1, 2, 3, 9, 7, 1, 2, 3])  # an insertion (7) after the first block

@@ -10,15 +10,12 @@ only its chain's rows in the target's pass. A cursor follows the reply through t
 its tokens are emitted: on a token the prediction does not hold next the reply has left it
 (an edit), and the cursor finds its place again where the reply's last ALIGN tokens occur in the
 prediction, the first occurrence after its last place, else the first anywhere (an edit that
-moves text up). The chain is twice as long as the reply's current run of followed tokens (at least
-SHORTEST): a CPU pays a pass by its rows, and a reply that has just found its place again, or is
-about to leave it for an edit, follows fewer tokens than a long unchanged run."""
+moves text up)."""
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 ALIGN = 3  # tokens of the reply's end that place it in the prediction again after it left it
-SHORTEST = 4  # the chain's length before the reply has followed the prediction for 2 tokens running
 
 
 @dataclass
@@ -30,7 +27,6 @@ class Prediction:
     accepted: int = 0  # the reply's tokens that followed the prediction (OpenAI's accepted_prediction_tokens)
     recent: list[int] = field(default_factory=list)  # the reply's last ALIGN tokens
     last: int = 0  # where the reply last followed the prediction (the index past its token)
-    run: int = 0  # the reply's tokens that followed it since it last left it
     starts: dict[tuple[int, ...], list[int]] = field(init=False)  # each ALIGN-gram's indices in `tokens`
 
     def __post_init__(self) -> None:
@@ -45,10 +41,9 @@ class Prediction:
         if self.at is not None and self.at < len(self.tokens) and self.tokens[self.at] == token:
             self.at += 1
             self.accepted += 1
-            self.run += 1
             self.last = self.at
         else:
-            self.at, self.run = self.aligned(), 0
+            self.at = self.aligned()
 
     def aligned(self) -> int | None:
         """The index after the first occurrence of the reply's last ALIGN tokens at or past where it
@@ -59,10 +54,9 @@ class Prediction:
         after = [start for start in found if start >= self.last - ALIGN]
         return (after or found)[0] + ALIGN
 
-    def chain(self, limit: int) -> tuple[int, ...]:
-        """The next predicted tokens from where the reply stands, twice its run of followed ones
-        (SHORTEST at least, `limit` at most); none where it has left the prediction."""
-        length = min(limit, max(SHORTEST, 2 * self.run))
+    def chain(self, length: int) -> tuple[int, ...]:
+        """The next `length` predicted tokens at most, from where the reply stands (none where it
+        has left the prediction)."""
         return () if self.at is None else self.tokens[self.at:self.at + length]
 
     @property
