@@ -33,10 +33,11 @@ FRONT_ENDS_SEEING_ONLY_THE_PROTOCOL = ("tui", "serve")
 # (guide.py: compiled from a schema, started per reply), its token log (token_log.py), its
 # penalties (penalties.py: a request's, started per reply from its prompt, and its DRY: dry.py, the
 # breakers as the tokenizer writes them), and the reply's sampling built from the settings the
-# front ends name alike (reply_sampling.py: its mirostat started per reply).
+# front ends name alike (reply_sampling.py: its mirostat started per reply), and its predicted
+# output (prediction.py: its cursor, started per reply).
 TUI_MAY_IMPORT_FROM_DECODING = {"specchat.decoding.events", "specchat.decoding.guide", "specchat.decoding.token_log",
                                 "specchat.decoding.penalties", "specchat.decoding.dry",
-                                "specchat.decoding.reply_sampling"}
+                                "specchat.decoding.reply_sampling", "specchat.decoding.prediction"}
 # What the plan reads of the streaming: the alignment of what it stores, the Placement it hands over,
 # whether a layer file already holds its bytes, the GPU's free memory. Model assembly (skeletons,
 # sources, tensor names, layouts, the layer file's name) it takes from checkpoint/.
