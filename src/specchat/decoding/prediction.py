@@ -1,7 +1,7 @@
 """Predicted outputs (OpenAI's `prediction` on chat completions): text a reply is expected to
 repeat much of, as when an editor asks a model to change a few lines of a file it sends whole.
 Each SpecExec tree then holds, beside the draft's nodes, the prediction's tokens from where the
-reply has followed them as a chain below the root (specexec.add_chain), so a reply that repeats
+reply has followed them as a chain below the root (tree.add_chain), so a reply that repeats
 them is accepted up to a chain an iteration, however weak the draft is there.
 
 The verifier decides every token as always (the target's greedy or seeded sample at its

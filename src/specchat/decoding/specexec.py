@@ -127,8 +127,8 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
     only score lower. The result: the K best prefixes of depth <= D under the draft, each node
     limited to its `max_children` best children; a step expands no more nodes than the draft's
     cache has room for (StaticDraft.room; growth ends where none is left). Under --budget auto the
-    sizer widens each step and cuts the tree where its predicted rate peaks (autosize.py). The
-    tree's `host_s`: its bookkeeping, the seconds outside the draft's steps (a step ends when its
+    sizer widens each step and cuts the tree where its predicted rate peaks (autosize.py). A
+    predicted output's next tokens join last, as a chain (tree.add_chain). The tree's `host_s`: its bookkeeping, the seconds outside the draft's steps (a step ends when its
     top children reach the host, so on a GPU the rest is time the device waits for the host)."""
     temperature, guide = sampling.temperature, sampling.guide
     started, steps = perf_counter(), Stopwatch()  # the draft's steps; the rest of growing is the host's

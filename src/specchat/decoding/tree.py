@@ -227,9 +227,9 @@ def add_chain(store: NodeStore, chain: tuple[int, ...], budget: int) -> None:
              zip(kept.tolist(), store.parents[kept].tolist(), store.tokens[kept].tolist())}
     node, on_chain = 0, []
     for token in chain:
-        if (node := below.get((node, token), -1)) < 0:
+        if (child := below.get((node, token))) is None:
             break
-        on_chain.append(node)
+        on_chain.append(node := child)
     rest = chain[len(on_chain):]
     if not rest:
         return
