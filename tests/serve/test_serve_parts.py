@@ -2,6 +2,7 @@
 usage and figures, the socket and the exposure warning, and a shutdown with requests in flight."""
 
 import asyncio
+import logging
 import threading
 
 import pytest
@@ -13,7 +14,7 @@ from specchat.errors import SpecchatError
 from specchat.reply_loop import run_reply
 from specchat.serve.command import Serving, check_serving, exposure_warning
 from specchat.serve.errors import APIError
-from specchat.serve.listen import bind, is_loopback, url_of
+from specchat.serve.listen import bind, is_loopback, server_for, url_of
 from specchat.serve.reply import Reply, usage
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import ChatRequest, field_name, parse_body
@@ -176,6 +177,38 @@ def test_shutdown_answers_waiting_requests_and_ends_the_running_one():
     assert results["a"] == "length"  # cut at the next iteration, not after 5000
     assert getattr(results["b"], "status_code", None) == 503
     assert isinstance(results["b"], Exception) and "shutting down" in str(results["b"])
+
+
+def test_a_forced_exit_still_shuts_the_app_down():
+    """A second Ctrl+C forces uvicorn's exit, which skips the app's shutdown: the server runs it
+    anyway, where the app's lifespan was left waiting and the interrupt that ends the process then
+    cancelled it with a traceback on the terminal."""
+    app, _ = make_app([FakeEngine()])
+    sock = bind("127.0.0.1", 0)
+    server = server_for(app)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the server did not start"
+        threading.Event().wait(0.01)
+    errors = Recorded(logging.ERROR)
+    logging.getLogger("uvicorn.error").addHandler(errors)  # uvicorn's own loggers do not propagate
+    try:
+        server.force_exit = server.should_exit = True
+        thread.join(10)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+        sock.close()
+    assert not thread.is_alive() and errors.records == []
+
+
+class Recorded(logging.Handler):
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def test_submitting_after_shutdown_is_refused():

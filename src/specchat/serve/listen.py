@@ -47,11 +47,15 @@ def url_of(sock: socket.socket) -> str:
 
 class Server(uvicorn.Server):
     """uvicorn, stopping the app's requests first when it shuts down: the queued ones are answered
-    at once and the decoding one ends at its next iteration, so no stream holds the exit."""
+    at once and the decoding one ends at its next iteration, so no stream holds the exit. A second
+    Ctrl+C (uvicorn's forced exit) still shuts the app down: uvicorn skips that, and the app's
+    lifespan, left waiting, was cancelled by the interrupt with a traceback on the terminal."""
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.config.app.state.scheduler.stop_all()
         await super().shutdown(sockets)
+        if self.force_exit:
+            await self.lifespan.shutdown()
 
 
 def server_for(app: Starlette) -> uvicorn.Server:
