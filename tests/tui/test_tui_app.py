@@ -494,6 +494,28 @@ def test_conversation_commands(store_path, tmp_path):
     run(scenario)
 
 
+def test_a_file_command_puts_the_file_in_the_message_sent_and_stored(store_path, tmp_path):
+    source = tmp_path / "prime.py"
+    source.write_text("def is_prime(n):\n    return n > 1\n")
+    app = make_app(store_path)
+
+    async def scenario():
+        async with app.run_test(size=SIZE) as pilot:
+            await say(pilot, f"/file {source}")
+            assert app.prompt.text == f"`{source}`:\n```python\ndef is_prime(n):\n    return n > 1\n```\n"
+            assert last_notice(app).text.startswith(f"{source}: 2 lines in your message")
+            app.prompt.insert("Make it correct for 4.")  # the cursor waits below the block
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: replying_done(app))
+            sent = app.store.messages(app.session.conversation_id)[0].content
+            assert sent == f"`{source}`:\n```python\ndef is_prime(n):\n    return n > 1\n```\nMake it correct for 4."
+            await say(pilot, f"/file {tmp_path}")  # a folder: one line, and the prompt stays empty
+            assert last_notice(app).has_class("error") and "a directory" in last_notice(app).text
+            assert app.prompt.text == ""
+
+    run(scenario)
+
+
 def test_history_survives_a_restart(store_path):
     first_app = make_app(store_path)
 

@@ -1,10 +1,15 @@
 """Slash-command parsing, completion and help, and the settings' validation."""
 
+from pathlib import Path
+
 import pytest
 
 from specchat.tui import commands
+from specchat.tui.attach import Attach
 from specchat.tui.commands import Clear, CommandError, Help, Load, Quit, Retry, Save, SetSetting, Stats, parse
 from specchat.tui.settings import DecodingSettings
+
+PACKAGE_INIT = Path(commands.__file__).with_name("__init__.py")  # no run of 3 backticks in it: a plain fence, for /file
 
 VALID = {
     "/budget 256": SetSetting("budget", 256),
@@ -49,6 +54,8 @@ VALID = {
     "/json off": SetSetting("reply_form", None),
     "/schema off": SetSetting("reply_form", None),
     "/grammar off": SetSetting("reply_form", None),
+    f"/file {PACKAGE_INIT}": Attach(f"`{PACKAGE_INIT}`:\n```python\n{PACKAGE_INIT.read_text()}```\n", str(PACKAGE_INIT),
+                                    PACKAGE_INIT.read_text().count("\n")),
     "/clear": Clear(),
     "/retry": Retry(),
     "/save": Save(None),
@@ -110,6 +117,8 @@ INVALID = {
     "/json": "usage: /json on|off",
     "/json yes": "/json takes on or off (got 'yes')",
     "/schema": "usage: /schema FILE|off",
+    "/file": "usage: /file PATH",
+    "/file /specchat-no-such-dir/x.py": "/file /specchat-no-such-dir/x.py: No such file or directory",
     "/clear all": "this command takes no arguments (got 'all')",
     "/load first": "/load needs a whole number (got 'first')",
     "/frobnicate": "unknown command '/frobnicate': type /help for the list",
@@ -163,6 +172,7 @@ def test_hint_after_tab(candidates, hint):
         ("/engine a", "/engine autoregressive", ["/engine autoregressive"]),
         ("/engine ", "/engine ", ["/engine specexec", "/engine autoregressive"]),
         ("/seed o", "/seed off", ["/seed off"]),
+        ("/fi", "/file ", ["/file "]),
         ("/zz", "/zz", []),
         ("/budget 1", "/budget 1", []),
         ("/budget a", "/budget auto", ["/budget auto"]),

@@ -241,5 +241,8 @@ class SpecchatApp(App):
                 await self.view.note(Note(commands.help_text()))
             case commands.Quit():
                 self.exit()
+            case commands.Attach(text=text, name=name, lines=lines):
+                self.prompt.insert(text)  # the prompt, emptied as the command was sent, holds the file
+                await self.view.note(Note(f"{name}: {lines} lines in your message; write what to do with it and send"))
             case _:
                 await self.show(self.session.execute(command))

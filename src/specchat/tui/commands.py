@@ -12,6 +12,7 @@ from pathlib import Path
 from specchat.decoding.events import AUTO
 from specchat.errors import SpecchatError
 from specchat.schema_file import read_schema_file, read_user_file
+from specchat.tui.attach import Attach, attached_file, path_candidates
 from specchat.tui.settings import problem
 
 ANY_OBJECT = {"type": "object"}  # /json on: any JSON object
@@ -58,7 +59,7 @@ class Quit:
     pass
 
 
-Command = SetSetting | Clear | Retry | Save | Load | Stats | Help | Quit
+Command = SetSetting | Clear | Retry | Save | Load | Stats | Help | Quit | Attach
 
 
 class CommandError(ValueError):
@@ -143,25 +144,21 @@ def parse_json(text: str) -> Command:
     return SetSetting("reply_form", ANY_OBJECT if text == "on" else None)
 
 
-def parse_schema(text: str) -> Command:
-    """/schema FILE: the file's JSON schema; off: free text again."""
-    if text == "off":
-        return SetSetting("reply_form", None)
-    try:
-        schema = read_schema_file(Path(text), "/schema")
-    except SpecchatError as error:
-        raise CommandError(str(error)) from None
-    return SetSetting("reply_form", schema)
+def reading(read: Callable[[Path], Command]) -> Callable[[str], Command]:
+    """The command made from the file named (`read`), its problem as the command's one line."""
+    def parse(text: str) -> Command:
+        try:
+            return read(Path(text))
+        except SpecchatError as error:
+            raise CommandError(str(error)) from None
+
+    return parse
 
 
-def parse_grammar(text: str) -> Command:
-    """/grammar FILE: the file's grammar (GBNF or Lark); off: free text again."""
-    if text == "off":
-        return SetSetting("reply_form", None)
-    try:
-        return SetSetting("reply_form", read_user_file(Path(text), "/grammar"))
-    except SpecchatError as error:
-        raise CommandError(str(error)) from None
+def form_file(read: Callable[[Path], object]) -> Callable[[str], Command]:
+    """/schema and /grammar: the reply's form from the file named; off: free text again."""
+    from_file = reading(lambda path: SetSetting("reply_form", read(path)))
+    return lambda text: SetSetting("reply_form", None) if text == "off" else from_file(text)
 
 
 def int_setting(command: str, field: str) -> Callable[[str], Command]:
@@ -221,9 +218,11 @@ SPECS = [
     CommandSpec("system", "TEXT", "set the system prompt", text_setting("system", "system_prompt")),
     CommandSpec("json", "on|off", "replies as JSON objects (from the next reply)", required("json", parse_json)),
     CommandSpec("schema", "FILE|off", "replies as JSON valid under the schema in FILE (from the next reply)",
-                required("schema", parse_schema)),
+                required("schema", form_file(lambda path: read_schema_file(path, "/schema")))),
     CommandSpec("grammar", "FILE|off", "replies in the language of the GBNF or Lark grammar in FILE (from the next "
-                "reply)", required("grammar", parse_grammar)),
+                "reply)", required("grammar", form_file(lambda path: read_user_file(path, "/grammar")))),
+    CommandSpec("file", "PATH", "put a text file into the message, fenced under its name",
+                required("file", reading(attached_file))),
     CommandSpec("clear", "", "start a new conversation", no_args(Clear())),
     CommandSpec("retry", "", "regenerate the last reply", no_args(Retry())),
     CommandSpec("save", "[FILE]", "export the conversation as markdown", lambda text: Save(text or None)),
@@ -268,6 +267,8 @@ def completions(text: str, engine_names: Sequence[str]) -> list[str]:
     name, space, arg = text[1:].partition(" ")
     if not space:
         return [f"/{spec.name} " if spec.args else f"/{spec.name}" for spec in SPECS if spec.name.startswith(name)]
+    if name == "file":
+        return [f"/file {path}" for path in path_candidates(arg)]
     values = {"engine": list(engine_names), "seed": ["off"], "budget": [AUTO]}.get(name, [])
     return [f"/{name} {value}" for value in values if value.startswith(arg)]
 
