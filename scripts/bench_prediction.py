@@ -1,8 +1,12 @@
-"""What a predicted output gains an edit (OpenAI's `prediction`): the embedded pair with the shipped
-defaults, each edit request decoded without and with the original code as its prediction, in turn
-(the same process, the same models, each reply prefilling its prompt), printing tokens/s,
-iterations and accepted tokens per tree for both, whether the two replies are the same tokens (they
-must be: the prediction only adds a chain to each tree), and the ratio of the rates.
+"""What a predicted output gains (OpenAI's `prediction`, and the code a chat message or a
+`generate` prompt quotes): the embedded pair with the shipped defaults, each request decoded in
+turn plain, with the original code as its prediction (an editor's request), and with the code the
+message quotes (the chat's and `generate`'s, reached only once the reply quotes it), in the same
+process, each reply prefilling its prompt. The requests: edits, whose replies repeat the code, and
+explanations of the same code, whose replies mostly do not. Prints tokens/s, iterations and
+accepted tokens per tree per kind and form, whether every form gave the plain reply's tokens (in
+bfloat16 a different tree may break a near-tie the other way: counted, not failed), and the rates'
+ratios to plain.
 
 Usage: python scripts/bench_prediction.py [--edits 3] [--max-new-tokens 160] [--temperature 0]
 """
@@ -13,7 +17,7 @@ from dataclasses import replace
 from time import perf_counter
 
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.prediction import Prediction
+from specchat.decoding.prediction import Prediction, quoted_prediction
 from specchat.engine_options import EngineOptions
 from specchat.loader import load_models
 from specchat.runtime import encode_prompt
@@ -57,6 +61,7 @@ CODE = (
         return ranked[:k]
 ''',
 )
+EXPLAIN = "Explain what this code does in a few sentences."
 ASKS = (
     "Rename the variable `n` to `count` in this function. Reply with the whole function in one Python code "
     "block and nothing else.",
@@ -84,33 +89,53 @@ def decode(engine, prompt_ids: list[int], tokens: int, sampling: SamplingParams)
         "accepted_per_tree": means.accepted, "trees": means.trees}
 
 
+FORMS = ("plain", "predicted", "quoted")
+
+
+def prediction_of(form: str, tokenizer, message: str, code: str) -> Prediction | None:
+    if form == "predicted":
+        return Prediction(tuple(tokenizer.encode(f"```python\n{code}```", add_special_tokens=False)))
+    return quoted_prediction(message, tokenizer) if form == "quoted" else None
+
+
+def report(rows: list[dict]) -> None:
+    """A table row per kind and form, then each form's rate against plain's, per kind."""
+    print("| kind | form | tokens/s | tokens an iteration | accepted per tree |\n|---|---|---|---|---|")
+    rates = {}
+    for kind in ("edit", "explain"):
+        for form in FORMS:
+            mine = [row for row in rows if row["kind"] == kind and row["form"] == form]
+            tokens, seconds = sum(r["tokens"] for r in mine), sum(r["seconds"] for r in mine)
+            iterations, trees = sum(r["iterations"] for r in mine), sum(r["trees"] for r in mine)
+            accepted = sum(r["accepted_per_tree"] * r["trees"] for r in mine) / max(trees, 1)
+            rates[kind, form] = tokens / seconds
+            print(f"| {kind} | {form} | {rates[kind, form]:.2f} | {tokens / iterations:.2f} | {accepted:.2f} |")
+    for kind in ("edit", "explain"):
+        print(f"{kind}: " + ", ".join(f"{form} / plain {rates[kind, form] / rates[kind, 'plain']:.2f}x"
+                                      for form in FORMS[1:]))
+
+
 def main() -> None:
     args = parse_args()
     models = load_models(EngineOptions(), progress=False)
     engine = models.engine("specexec")
     sampling = SamplingParams(temperature=args.temperature)
+    requests = [("edit", ask, code) for ask, code in zip(ASKS[:args.edits], CODE)]
+    requests += [("explain", EXPLAIN, code) for code in CODE[:args.edits]]
     rows = []
-    for index, (ask, code) in enumerate(zip(ASKS[:args.edits], CODE)):
-        prompt_ids = encode_prompt(models.tokenizer, f"{ask}\n\n```python\n{code}```", raw=False)
-        predicted = tuple(models.tokenizer.encode(f"```python\n{code}```", add_special_tokens=False))
+    for index, (kind, ask, code) in enumerate(requests):
+        message = f"{ask}\n\n```python\n{code}```"
+        prompt_ids = encode_prompt(models.tokenizer, message, raw=False)
         replies = {}
-        for form in ("plain", "predicted"):
-            engine.forget()  # each reply prefills its prompt: the two pay alike
-            asked = replace(sampling, prediction=Prediction(predicted)) if form == "predicted" else sampling
+        for form in FORMS:
+            engine.forget()  # each reply prefills its prompt: the forms pay alike
+            asked = replace(sampling, prediction=prediction_of(form, models.tokenizer, message, code))
             replies[form], row = decode(engine, prompt_ids, args.max_new_tokens, asked)
-            rows.append({"edit": index, "form": form, **row})
+            rows.append({"request": index, "kind": kind, "form": form, **row})
             print(json.dumps(rows[-1]), flush=True)
-        print(json.dumps({"edit": index, "same_tokens": replies["plain"] == replies["predicted"]}), flush=True)
-    print("| form | tokens/s | tokens an iteration | accepted per tree |\n|---|---|---|---|")
-    rates = {}
-    for form in ("plain", "predicted"):
-        mine = [row for row in rows if row["form"] == form]
-        tokens, seconds = sum(r["tokens"] for r in mine), sum(r["seconds"] for r in mine)
-        iterations, trees = sum(r["iterations"] for r in mine), sum(r["trees"] for r in mine)
-        accepted = sum(r["accepted_per_tree"] * r["trees"] for r in mine) / max(trees, 1)
-        rates[form] = tokens / seconds
-        print(f"| {form} | {rates[form]:.2f} | {tokens / iterations:.2f} | {accepted:.2f} |")
-    print(f"predicted / plain: {rates['predicted'] / rates['plain']:.2f}x")
+        same = {form: replies[form] == replies["plain"] for form in FORMS[1:]}
+        print(json.dumps({"request": index, "kind": kind, "same_tokens": same}), flush=True)
+    report(rows)
     models.close()
 
 

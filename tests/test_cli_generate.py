@@ -74,6 +74,30 @@ def test_a_character_cut_by_the_limit_is_printed_as_the_json_text_holds_it(capsy
 
 
 @dataclass
+class RecordingEngine(ScriptedEngine):
+    """Emits its chunks and keeps the sampling each reply was given."""
+
+    given: list = None
+
+    def generate(self, prompt_ids, max_new_tokens, sampling):
+        self.given.append(sampling)
+        yield from super().generate(prompt_ids, max_new_tokens, sampling)
+
+
+def test_the_code_a_prompt_quotes_is_the_replys_prediction(capsys):
+    """SpecExec scores the quoted code as a chain once the reply reaches it (decoding/prediction.py);
+    a prompt quoting none gives none."""
+    tokenizer = train_tokenizer(CORPUS)
+    models = SimpleNamespace(tokenizer=tokenizer, context=256, memory=None)
+    engine = RecordingEngine([tokenizer.encode("ok", add_special_tokens=False)], given=[])
+    for prompt in ("Rename x:\n```python\nx = 1\n```", "hello world"):
+        run_generation(models, engine, prompt, True, 16, GREEDY, True)
+    quoted, plain = engine.given
+    assert quoted.prediction.tokens == tuple(tokenizer.encode("```python\nx = 1\n```", add_special_tokens=False))
+    assert plain.prediction is None
+
+
+@dataclass
 class InterruptedEngine(ScriptedEngine):
     """Emits its chunks, then the user presses Ctrl+C while the next iteration runs."""
 

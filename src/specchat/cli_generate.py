@@ -3,11 +3,12 @@ one JSON object of the text, the token ids, every iteration and the summary."""
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from time import perf_counter
 
 from specchat.limits import reply_limit
-from specchat.runtime import Engine, Models, Penalties, SamplingParams, counted_from, encode_prompt
+from specchat.runtime import Engine, Models, Penalties, SamplingParams, counted_from, encode_prompt, quoted_prediction
 from specchat.summary import Summary, event_record, summarize
 from specchat.textstream import TextStream
 from specchat.tracing import SKIPPED_ITERATIONS, traced_reply
@@ -18,6 +19,7 @@ def run_generation(models: Models, engine: Engine, prompt: str, raw: bool, max_n
                    trace: Path | None = None, penalties: Penalties | None = None) -> None:
     prompt_ids = encode_prompt(models.tokenizer, prompt, raw, system)
     sampling = counted_from(sampling, penalties, prompt_ids)
+    sampling = replace(sampling, prediction=quoted_prediction(prompt, models.tokenizer))  # the code it quotes
     room = reply_limit(len(prompt_ids), max_new_tokens, models.context)
     if room < max_new_tokens:
         print(f"notice: at most {room} new tokens: the {len(prompt_ids)}-token prompt fills the rest of the "

@@ -20,6 +20,7 @@ from specchat.decoding.guide import Grammars
 from specchat.decoding.dry import DEFAULT_BREAKERS, restart_sequences  # for the CLI
 from specchat.decoding.penalties import Penalties, counted_from, settings_penalties  # for the CLI
 from specchat.decoding.reply_sampling import reply_sampling  # for the CLI
+from specchat.decoding.prediction import quoted_prediction  # for the CLI
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.specinfer import SPECINFER
 from specchat.decoding.tree import TreeShape

@@ -12,7 +12,7 @@ from helpers.engines import GREEDY, run
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.prediction import Prediction
+from specchat.decoding.prediction import Prediction, quoted_prediction
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import NodeStore, TreeShape, add_chain, assemble
 from specchat.decoding.tree_engine import TreeEngine
@@ -67,6 +67,31 @@ def paths(store: NodeStore) -> set[tuple[int, ...]]:
     def path(node: int) -> tuple[int, ...]:
         return () if node == 0 else (*path(parents[node]), tokens[node])
     return {path(node) for node in range(1, len(parents))}
+
+
+class Letters:
+    """A token a character, as the chat's quoted code reaches quoted_prediction."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        assert not add_special_tokens  # the reply's tokens hold no BOS
+        return [ord(char) for char in text]
+
+
+def test_quoted_code_scores_no_chain_until_the_reply_reaches_it():
+    """An edit's reply opens its fence: once its last three tokens are the fence's, the chain is
+    the code (a character a token here, so "\n``" first places it at the closing fence, and "`p"
+    then at the opening one)."""
+    prediction = quoted_prediction("Fix it:\n```py\nx = 1\n```\n", Letters())
+    assert prediction.tokens == tuple(ord(char) for char in "```py\nx = 1\n```")
+    assert prediction.chain(4) == ()  # an explanation that never quotes it costs nothing
+    followed(prediction, [ord(char) for char in "Sure:\n"])
+    assert prediction.chain(4) == ()
+    followed(prediction, [ord(char) for char in "```py"])
+    assert prediction.chain(4) == tuple(ord(char) for char in "\nx =")
+
+
+def test_a_message_quoting_no_code_predicts_nothing():
+    assert quoted_prediction("What is a mutex?", Letters()) is None
 
 
 def test_a_chain_goes_through_the_draft_nodes_that_hold_its_tokens_then_below_them():

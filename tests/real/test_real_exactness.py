@@ -30,6 +30,7 @@ from specchat.decoding.llama_cuts import cut_xtc, xtc_cuts_at
 from specchat.decoding.dry import DryWindow, dry_of
 from specchat.decoding.mirostat import Mirostat
 from specchat.decoding.penalties import Penalties, Window
+from specchat.decoding.prediction import quoted_prediction
 from specchat.decoding.sampling import filter_logits, nucleus_floor
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.specinfer import SPECINFER
@@ -280,6 +281,33 @@ def test_budget_auto_is_exact(real_pair, real_check, greedy_references, seeded_r
         assert all(e.tree_size <= CAP for e in trees) and all(e.predicted_accepted > 0 for e in trees)
         assert max(e.tree_size for e in trees) == CAP
         assert sum(e.accepted for e in trees) > 0  # drafted tokens were accepted, after catch-ups too
+
+
+EDIT = ("Rename the variable `n` to `count` in this function. Reply with the whole function in one Python code "
+        "block and nothing else.\n\n```python\ndef mean(values):\n    n = len(values)\n    if n == 0:\n"
+        "        return 0.0\n    return sum(values) / n\n```")
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, PAPER_SAMPLING], ids=["greedy", "seeded"])
+def test_a_reply_to_quoted_code_with_it_as_its_prediction_is_the_reply_without(real_pair, real_check, sampling):
+    """The chat's and `generate`'s predicted output: the code the message quotes, scored as a chain
+    in each tree once the reply reaches it (decoding/prediction.py). An edit's reply repeats most of
+    it: the same tokens as without (up to a near-tie), in no more iterations (this pair's draft
+    copies code well already: what the chain gains is scripts/bench_prediction.py's to measure)."""
+    prompt_ids = real_pair.chat(EDIT)
+
+    def reply(prediction) -> tuple[list[int], list]:
+        engine = TreeEngine(SPECEXEC, real_pair.target, real_pair.draft, real_pair.stop_ids, TreeShape(budget=16))
+        events = list(engine.generate(prompt_ids, 48, dataclasses.replace(sampling, prediction=prediction)))
+        return [t for e in events for t in e.token_ids], events
+
+    plain, plain_events = reply(None)
+    prediction = quoted_prediction(EDIT, real_pair.tokenizer)
+    predicted, events = reply(prediction)
+    comparison = real_check.compare(prompt_ids, plain, predicted, sampling)
+    assert comparison.acceptable, comparison.describe()
+    assert prediction.accepted > len(predicted) // 2  # the reply followed the quoted code
+    assert len(events) <= len(plain_events)
 
 
 def int8_copy(pair) -> CausalLM:

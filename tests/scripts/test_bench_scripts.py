@@ -215,14 +215,19 @@ def test_the_widened_bench_times_both_targets_at_each_size_and_a_prefill(tmp_pat
     assert all(float(cell) >= 0 for row in rows for cell in row[1:])
 
 
-def test_the_prediction_bench_decodes_each_edit_both_ways_and_finds_the_same_tokens(tiny_target, tiny_draft,
-                                                                                    monkeypatch, capsys):
+def test_the_prediction_bench_decodes_each_request_every_way_and_finds_the_same_tokens(tiny_target, tiny_draft,
+                                                                                       monkeypatch, capsys):
     from helpers.serve_helpers import TINY_TOKENIZER
 
     monkeypatch.setattr(loader, "load_models", lambda options, progress: tiny_models(tiny_target, tiny_draft,
                                                                                      TINY_TOKENIZER))
     lines = script_output("bench_prediction.py", ["--edits", "2", "--max-new-tokens", "12"], monkeypatch, capsys)
-    assert [json.loads(line) for line in lines if "same_tokens" in line] == [{"edit": 0, "same_tokens": True},
-                                                                             {"edit": 1, "same_tokens": True}]
-    assert [line.split(" |")[0] for line in lines if line.startswith("| p")] == ["| plain", "| predicted"]
-    assert re.fullmatch(r"predicted / plain: [\d.]+x", lines[-1])
+    same = {"predicted": True, "quoted": True}  # float32 tiny models: the trees' rows round alike
+    assert [json.loads(line) for line in lines if "same_tokens" in line] == [
+        {"request": 0, "kind": "edit", "same_tokens": same}, {"request": 1, "kind": "edit", "same_tokens": same},
+        {"request": 2, "kind": "explain", "same_tokens": same}, {"request": 3, "kind": "explain", "same_tokens": same}]
+    table = [line.split(" | ")[:2] for line in lines if line.startswith("| e")]
+    assert table == [["| edit", form] for form in ("plain", "predicted", "quoted")] + \
+        [["| explain", form] for form in ("plain", "predicted", "quoted")]
+    assert all(re.fullmatch(rf"{kind}: predicted / plain [\d.]+x, quoted / plain [\d.]+x", line)
+               for kind, line in zip(("edit", "explain"), lines[-2:]))

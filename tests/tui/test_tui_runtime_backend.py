@@ -35,6 +35,9 @@ class TinyTokenizer:
         text = " ".join(f"{m['role']} {m['content']}" for m in messages)
         return {"input_ids": [ord(char) % 50 for char in text]}
 
+    def encode(self, text, add_special_tokens=False):
+        return [ord(char) % 50 for char in text]
+
     def decode(self, token_ids, skip_special_tokens=True):
         return "".join(chr(ord("a") + token % 26) for token in token_ids)
 

@@ -378,3 +378,18 @@ def test_a_schema_the_grammar_engine_refuses_is_one_line_and_changes_nothing(sto
     bad.write_text("[1, 2]")
     with pytest.raises(commands.CommandError, match="a JSON schema is an object"):
         commands.parse(f"/schema {bad}")
+
+
+def test_a_reply_to_quoted_code_has_that_code_as_its_prediction_and_a_retry_a_fresh_one(store):
+    """The code the user's message quotes reaches the engine as the reply's predicted output (SpecExec
+    scores it as a chain once the reply reaches it); a message without code sends none."""
+    session = session_on(store)
+    plain = session.send("What is a mutex?").job
+    assert plain.sampling.prediction is None
+    write_reply(session, plain)
+    quoted = session.send("Rename x:\n\n```python\nx = 1\n```").job
+    code = tuple(ord(char) for char in "```python\nx = 1\n```")  # the fake tokenizer: a token a character
+    assert quoted.sampling.prediction.tokens == code and quoted.sampling.prediction.chain(1) == ()
+    write_reply(session, quoted)
+    retried = session.execute(commands.Retry()).job
+    assert retried.sampling.prediction.tokens == code and retried.sampling.prediction is not quoted.sampling.prediction

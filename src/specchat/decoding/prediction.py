@@ -15,6 +15,10 @@ moves text up)."""
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from transformers import PreTrainedTokenizerBase
+
+from specchat.quoted_code import quoted_code
+
 ALIGN = 3  # tokens of the reply's end that place it in the prediction again after it left it
 
 
@@ -63,3 +67,12 @@ class Prediction:
     def rejected(self) -> int:
         """The predicted tokens the reply did not follow (OpenAI's rejected_prediction_tokens)."""
         return len(self.tokens) - self.accepted
+
+
+def quoted_prediction(message: str, tokenizer: PreTrainedTokenizerBase) -> Prediction | None:
+    """The predicted output of a reply to `message` in the chat or `generate`: the code it quotes
+    (quoted_code.py) as the reply's tokens would hold it; None where it quotes none. The reply may
+    or may not repeat it (an edit does, an explanation mostly not), so no chain is scored until the
+    reply's last ALIGN tokens occur in it: its opening fence, or a line it quotes."""
+    tokens = tuple(tokenizer.encode(quoted_code(message), add_special_tokens=False))
+    return Prediction(tokens, at=None) if tokens else None

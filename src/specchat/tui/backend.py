@@ -10,6 +10,7 @@ from typing import Protocol
 from specchat.decoding.dry import Restarts
 from specchat.decoding.events import Engine
 from specchat.decoding.guide import Guide
+from specchat.decoding.prediction import Prediction
 from specchat.tui.settings import DecodingSettings
 
 
@@ -43,6 +44,11 @@ class ChatBackend(Protocol):
 
     def breakers(self) -> Restarts:
         """DRY's default sequence breakers as this tokenizer writes them (decoding/dry.py)."""
+        ...
+
+    def prediction(self, message: str) -> Prediction | None:
+        """The predicted output of a reply to the user's `message`: the code it quotes, as this
+        tokenizer writes it (decoding/prediction.py's quoted_prediction); None where it quotes none."""
         ...
 
     def use_engine(self, name: str) -> Engine:

@@ -15,6 +15,7 @@ from time import sleep
 
 from specchat.decoding.dry import Restarts
 from specchat.decoding.events import AUTO, IterationEvent, LiveSettings, SamplingParams
+from specchat.decoding.prediction import Prediction, quoted_prediction
 from specchat.errors import SpecchatError
 from specchat.textstream import TextStream
 from specchat.tui.backend import settings_for
@@ -61,8 +62,8 @@ class Gate:
 
 
 class FakeTokenizer:
-    def encode(self, text: str) -> list[int]:
-        return [ord(char) for char in text]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(char) for char in text]  # no special tokens: there are none
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(token) for token in token_ids)
@@ -217,6 +218,9 @@ class FakeBackend:
     def breakers(self) -> Restarts:
         """No breaker: the fake pair has no tokenizer to write one."""
         return ()
+
+    def prediction(self, message: str) -> Prediction | None:
+        return quoted_prediction(message, self.tokenizer)
 
     def use_engine(self, name: str) -> FakeEngine:
         self.engine = self.engines[name]

@@ -6,6 +6,7 @@ from specchat.chat_template import encode_chat
 from specchat.decoding.dry import DEFAULT_BREAKERS, Restarts, restart_sequences
 from specchat.decoding.events import Engine
 from specchat.decoding.guide import Guide
+from specchat.decoding.prediction import Prediction, quoted_prediction
 from specchat.errors import SpecchatError
 from specchat.loader import load_models
 from specchat.engine_options import DRAFTED_ENGINES, EngineOptions
@@ -46,6 +47,9 @@ class RuntimeBackend:
 
     def breakers(self) -> Restarts:
         return restart_sequences(self.tokenizer, DEFAULT_BREAKERS)
+
+    def prediction(self, message: str) -> Prediction | None:
+        return quoted_prediction(message, self.tokenizer)
 
     def use_engine(self, name: str) -> Engine:
         self.engine = self.engines[name]

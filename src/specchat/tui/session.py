@@ -100,6 +100,8 @@ class Session:
         settings = self.settings
         penalties = settings_penalties(vars(settings), self.backend.breakers)
         sampling = counted_from(self.settings.sampling(), penalties, prompt.ids)
+        # the code the user's message (the last turn: a reply or a retry follows it) quotes
+        sampling = replace(sampling, prediction=self.backend.prediction(turns[-1]["content"]))
         if self.settings.reply_form is not None:
             sampling = replace(sampling, guide=self.backend.guide(self.settings.reply_form))
         self.job = ReplyJob(next(self.reply_ids), self.backend.engine, prompt.ids, prompt.max_new_tokens,
