@@ -60,8 +60,9 @@ def path_candidates(typed: str) -> list[str]:
     """Paths completing `typed` (Tab after /file): the entries of its folder that start with its
     last part, folders ending in '/', hidden ones only when that part starts with '.'."""
     folder, _, start = typed.rpartition("/")
-    where = Path(os.path.expanduser(folder or ".")) if folder or not typed.startswith("/") else Path("/")
-    prefix = f"{folder}/" if folder or typed.startswith("/") else ""
+    rooted = typed.startswith("/")
+    where = Path(os.path.expanduser(folder)) if folder else Path("/" if rooted else ".")
+    prefix = f"{folder}/" if folder or rooted else ""
     try:
         entries = sorted(os.scandir(where), key=lambda entry: entry.name)
     except OSError:
