@@ -177,7 +177,8 @@ def say_row(aliases: PairAliases, row: BudgetRow, sizes: PairSizes, device: torc
     label = label or f"budget {row.budget}"
     card = card_placement(aliases, ran_quant(row, device), workdir)
     say(f"{label}: {row_line(row, card.pass_bytes)}")
-    say(f"{label}: {plan_line(row, card.resident, card.pass_bytes)}")
+    for line in plan_line(row, card.resident, card.pass_bytes).splitlines():  # why the draft's form, where chosen
+        say(f"{label}: {line}")
     say(f"{label}: {passes_line(row, sizes.warm_trees)}")
 
 

@@ -24,6 +24,7 @@ from specchat.progress import Reporter
 pytestmark = pytest.mark.real
 
 GREEDY = SamplingParams(temperature=0.0, top_p=1.0, seed=0)
+REPLY_TOKENS = 8  # a few trees, each streaming the 8 layers: what differs offloaded is in every pass
 TOLERANCE = 1e-5  # the bound; weights mapped from the checkpoint round differently (~1e-7)
 
 
@@ -61,7 +62,7 @@ def case(mtbench_prompts):
         "tree": grown.tree,
         "sequential": sequential_rows(pair.target, prompt, 4),
         "tree_rows": tree_rows(pair.target, prompt, grown.tree),
-        "tokens": [t for e in greedy.generate(prompt, 12, GREEDY) for t in e.token_ids],
+        "tokens": [t for e in greedy.generate(prompt, REPLY_TOKENS, GREEDY) for t in e.token_ids],
         "draft": pair.draft,
         "stop_ids": pair.stop_ids,
     }
@@ -84,7 +85,7 @@ def test_offloaded_target_matches_in_memory(case, offload_dir, tier):
         torch.testing.assert_close(sequential_rows(lm, prompt, 4), case["sequential"], atol=TOLERANCE, rtol=0)
         torch.testing.assert_close(tree_rows(lm, prompt, case["tree"]), case["tree_rows"], atol=TOLERANCE, rtol=0)
         engine = TreeEngine(SPECEXEC, lm, case["draft"], case["stop_ids"], TreeShape(budget=32))
-        events = list(engine.generate(prompt, 12, GREEDY))
+        events = list(engine.generate(prompt, REPLY_TOKENS, GREEDY))
         assert [t for e in events for t in e.token_ids] == case["tokens"]
         # every pass streams its 8 layers; the ring's 3 slots were filled before the reply began
         staged_before = plan.slots * offload.pass_bytes // len(offload.streamed)

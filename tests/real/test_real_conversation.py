@@ -19,7 +19,7 @@ pytestmark = pytest.mark.real
 # Per turn: each turn decodes twice (kept caches, then a fresh engine over the whole history),
 # and reuse is what is tested, so replies stay short. Autoregressive reuse is tested on the
 # tiny models with every other engine (tests/decoding/test_prefix_reuse.py).
-NEW_TOKENS = 16
+NEW_TOKENS = 12
 
 
 def three_questions() -> list[str]:

@@ -50,9 +50,14 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu(tmp_path):
     exits = [index for index, line in enumerate(lines) if line.startswith("budget 16: exited 0 after ")]
     assert len(exits) == 4  # each pair's reply, then its traced one (--trace, below)
     for exited in exits[::2]:
-        assert lines[exited + 1].startswith("budget 16: | 16 | 16, 4 | 4.0 | ")
-        assert lines[exited + 2].startswith("budget 16: placement: 1 resident, 0 in RAM, 2 on disk")
-        assert lines[exited + 3].startswith("budget 16: each tree's pass, s: 0.")
+        said = labelled(lines[exited + 1:], "budget 16: ")
+        assert said[0].startswith("| 16 | 16, 4 | 4.0 | ")
+        assert said[1].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
+        # why the draft is in its form, where this CPU's measured dense copies gave auto a choice (int8 beside
+        # int8 with copies for wide steps), then the passes
+        passes = next(index for index, line in enumerate(said) if line.startswith("each tree's pass, s: "))
+        assert all(line.startswith("  draft in ") for line in said[2:passes])
+        assert said[passes].startswith("each tree's pass, s: 0.")
     placements = [line for line in lines if line.startswith("placement: ")]
     assert placements[0].startswith("placement: 1 resident, 0 in RAM, 2 on disk")
     # the AWQ draft packed, with its whole head as it ran (the logits of 128256 words: 26 resident with the default
@@ -71,6 +76,16 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu(tmp_path):
     for exited in exits[1::2]:
         assert lines[exited + 1].startswith(("budget 16, traced in ", "budget 16: traced nothing: "))
     assert "Traceback" not in done.stderr
+
+
+def labelled(lines: list[str], label: str) -> list[str]:
+    """The run of `lines` from the first that begin with `label`, without it."""
+    said = []
+    for line in lines:
+        if not line.startswith(label):
+            break
+        said.append(line.removeprefix(label))
+    return said
 
 
 def test_only_checks_the_pair_of_one_target(tmp_path, monkeypatch):
@@ -143,15 +158,18 @@ def test_a_second_reply_with_other_options_prints_its_row_beside_labelled(monkey
     first = {"tree_size": 8, "depth": 4, "draft_steps": 4, "draft_s": 4.0, "pass_s": 3.0, "stall_s": 0.0,
              "start_stall_s": 0.0, "transfer_bytes": 30, "target_s": 3.5, "tree_host_s": 0.0, "graphs_captured": 0}
     record = {"iterations": [first, first | {"pass_s": 0.8, "target_s": 0.9}],
-              "summary": {"wall_s": 10.0, "transfer_gbps": 2.0}, "plan": PLAN}
+              "summary": {"wall_s": 10.0, "transfer_gbps": 2.0},
+              "plan": PLAN | {"notes": ["draft in int8: the shortest predicted iteration of a full tree (...)"]}}
     monkeypatch.setattr(pair, "card_placement", lambda *args: SimpleNamespace(resident=16, pass_bytes=29.09e9))
     sizes = replace(pair.FULL_PAIR, warm_trees=1, also=("--resident-layers", "0"))
     pair.say_row(PAIRS[1], budget_row(8, record, 1), sizes, torch.device("cpu"), tmp_path,
                  "budget 8 with --resident-layers 0")
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(": ", 1)[0] for line in lines] == ["budget 8 with --resident-layers 0"] * 3
+    # every line labelled, the placement's note on why the draft is in its form too
+    assert [line.split(": ", 1)[0] for line in lines] == ["budget 8 with --resident-layers 0"] * 4
     assert lines[0].endswith(row_line(budget_row(8, record, 1), 29.09e9))
-    assert lines[2].endswith("each tree's pass, s: 3.000 (warming up) | 0.800")
+    assert lines[2].endswith(":   draft in int8: the shortest predicted iteration of a full tree (...)")
+    assert lines[3].endswith("each tree's pass, s: 3.000 (warming up) | 0.800")
 
 
 def test_the_placement_line_says_why_the_draft_is_in_its_form_where_auto_chose():
