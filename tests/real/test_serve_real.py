@@ -256,24 +256,30 @@ EDITED = '''def area(width, height):
 
 
 def test_a_predicted_edit_is_the_same_reply_in_no_more_iterations(served):
-    """OpenAI's predicted outputs on the embedded pair: an edit sent with the code it changes as its
-    prediction answers exactly as without one, greedy and seeded (the prediction is only a chain
-    in each tree), in no more iterations, and the reply follows most of the prediction."""
-    client, model, _, _ = served
+    """Predicted outputs on the embedded pair: an edit's chat request, whether it sends the code it
+    changes as OpenAI's prediction or predicts nothing (the code it quotes is then the prediction),
+    answers exactly as the same prompt ids do as a raw prompt on /v1/completions, which predicts
+    nothing, greedy and seeded (a prediction is only a chain in each tree); sent, in no more
+    iterations, and the reply follows most of it."""
+    client, model, _, url = served
     ask = "Rename `result` to `size` in this function. Reply with the whole function in one Python code block only."
-    request = {"model": model, "max_tokens": 64,
-               "messages": [{"role": "user", "content": f"{ask}\n\n```python\n{EDITED}```"}]}
-    plain = client.chat.completions.create(**request)
-    predicted = client.chat.completions.create(**request, prediction={"type": "content",
-                                                                      "content": f"```python\n{EDITED}```"})
-    assert predicted.choices[0].message.content == plain.choices[0].message.content
-    assert "size = width * height" in plain.choices[0].message.content
+    messages = [{"role": "user", "content": f"{ask}\n\n```python\n{EDITED}```"}]
+    prompt = post(f"{url}/apply-template", {"messages": messages})["prompt"]
+    ids = post(f"{url}/tokenize", {"content": prompt, "parse_special": True})["tokens"]
+    request = {"model": model, "max_tokens": 64, "messages": messages}
+    plain = client.completions.create(model=model, prompt=ids, max_tokens=64, temperature=0)
+    quoted = client.chat.completions.create(**request, temperature=0)
+    predicted = client.chat.completions.create(**request, temperature=0, prediction={
+        "type": "content", "content": f"```python\n{EDITED}```"})
+    assert predicted.choices[0].message.content == quoted.choices[0].message.content == plain.choices[0].text
+    assert "size = width * height" in plain.choices[0].text
     assert predicted.model_extra["specchat"]["iterations"] <= plain.model_extra["specchat"]["iterations"]
     details = predicted.usage.completion_tokens_details
     assert details.accepted_prediction_tokens > details.rejected_prediction_tokens
-    sampled = {**request, "temperature": 0.8, "seed": 5, "max_tokens": 48}  # seeded: each token the target's sample
-    assert client.chat.completions.create(**sampled).choices[0].message.content == client.chat.completions.create(
-        **sampled, prediction={"type": "content", "content": f"```python\n{EDITED}```"}).choices[0].message.content
+    assert quoted.usage.completion_tokens_details is None  # the client predicted nothing
+    seeded = {"temperature": 0.8, "seed": 5, "max_tokens": 48}  # each token the target's sample at its position
+    assert client.chat.completions.create(**request | seeded).choices[0].message.content == (
+        client.completions.create(model=model, prompt=ids, **seeded).choices[0].text)
 
 
 def test_an_ollama_context_sent_back_goes_on_from_its_answer(served):

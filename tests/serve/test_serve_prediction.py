@@ -2,15 +2,19 @@
 tiny models: the reply is the one decoded without the prediction (SpecExec scores the predicted
 tokens as a chain, the target decides each token), in fewer iterations where it repeats it; the
 usage says how many predicted tokens the reply followed and how many it did not; a prediction of
-another type is one line."""
+another type is one line. A chat request on any route that predicts nothing gets the code its last
+message quotes as the prediction, which its usage does not report."""
 
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, client, make_app, post_refused, serving, serving_recorded, user
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, client, make_app, post_json, post_refused, serving,
+                                   serving_recorded, user)
 
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 
+QUOTING = "make it two:\n```python\nx = 1\n```\nthanks"
+QUOTED = "```python\nx = 1\n```"  # the block as a reply holds it (quoted_code.py)
 REQUEST = {"model": MODEL, "messages": user("hello there"), "max_tokens": 24, "temperature": 1.0, "top_p": 0.95,
            "seed": 3}
 
@@ -61,3 +65,36 @@ def test_a_prediction_that_is_not_text_is_one_line(prediction, refusal):
     with serving_recorded() as (engine, _, url):
         status, message = post_refused(f"{url}/v1/chat/completions", {**REQUEST, "prediction": prediction})
     assert (status, message) == (400, refusal) and engine.calls == []
+
+
+@pytest.mark.parametrize(("route", "body"), [
+    ("/v1/chat/completions", {"messages": user(QUOTING)}),
+    ("/v1/messages", {"messages": user(QUOTING), "max_tokens": 16}),
+    ("/v1/responses", {"input": QUOTING}),
+    ("/api/chat", {"messages": user(QUOTING), "stream": False}),
+])
+def test_every_chat_route_predicts_the_code_the_last_message_quotes(route, body):
+    with serving_recorded() as (engine, _, url):
+        answer = post_json(f"{url}{route}", {"model": MODEL, **body})
+    prediction = engine.calls[-1][2].prediction
+    assert prediction.tokens == tuple(map(ord, QUOTED))  # CharTokenizer: a character a token
+    assert prediction.at is None  # followed only once the reply reaches it: an explanation need not
+    assert "completion_tokens_details" not in answer.get("usage", {})  # the client predicted nothing
+
+
+@pytest.mark.parametrize("messages", [
+    user("no code here"),
+    [*user(QUOTING), {"role": "assistant", "content": "Sure:"}],  # a prefill, not a request to change code
+])
+def test_a_request_without_quoted_code_of_the_user_last_predicts_nothing(messages):
+    with serving_recorded() as (engine, _, url):
+        post_json(f"{url}/v1/chat/completions", {"model": MODEL, "messages": messages})
+    assert engine.calls[-1][2].prediction is None
+
+
+def test_the_client_prediction_is_kept_over_the_quoted_code():
+    with serving_recorded() as (engine, _, url):
+        answer = post_json(f"{url}/v1/chat/completions", {"model": MODEL, "messages": user(QUOTING),
+                                                          "prediction": {"type": "content", "content": "y = 2"}})
+    assert engine.calls[-1][2].prediction.tokens == tuple(map(ord, "y = 2"))
+    assert answer["usage"]["completion_tokens_details"]["rejected_prediction_tokens"] >= 0

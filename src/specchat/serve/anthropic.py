@@ -54,8 +54,8 @@ class AnthropicMessages(Endpoint):
         form = self.form(form_of(body, output_schema(body), forced_functions(functions, choice), "output_config.format",
                                  one_call))
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start())
-        job = self.job(self.chat_ids(messages, tools if functions else None), output_limit(body), sampling,
-                       "messages", openai_penalties(body, self.config.tokenizer, self.config.sampling))
+        job = self.chat_job(messages, tools if functions else None, output_limit(body), sampling, "messages",
+                            openai_penalties(body, self.config.tokenizer, self.config.sampling))
         return job, self.reply(stop_sequences(body), sampling, may_call=bool(functions))
 
     async def stream(self, job: Job, reply: Reply) -> AsyncIterator[dict]:

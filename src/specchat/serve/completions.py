@@ -16,7 +16,7 @@ from specchat.serve.form import form_of
 from specchat.serve.reply import Chunks, Reply, completion
 from specchat.serve.scheduler import Job
 from specchat.serve.penalty_fields import openai_penalties
-from specchat.serve.prediction import predicted_tokens
+from specchat.serve.prediction import predicted_tokens, quoting
 from specchat.serve.schema import (ChatRequest, chat_messages, check_chat_features, check_model, parse_body,
                                    requested_tokens, sampling_of, stop_strings)
 from specchat.serve.structured import CallHold, forced_functions, offered_functions, response_schema
@@ -48,7 +48,7 @@ class ChatCompletions(Endpoint):
     def prepare(self, chat: ChatRequest, messages: list[dict]) -> list[tuple[Job, Reply]]:
         """A job and reply a choice, the prompt encoded and the grammar compiled once; each choice with
         its own seed (serve/choices.py), grammar state, logprobs, penalties, mirostat state and place
-        in a predicted output."""
+        in a predicted output (the client's, else the code the last message quotes)."""
         functions = offered_functions(chat.tools, chat.tool_choice)
         form = self.form(form_of(chat, response_schema(chat.response_format),
                                  forced_functions(functions, chat.tool_choice)))
@@ -62,8 +62,8 @@ class ChatCompletions(Endpoint):
                                token_log=self.logged(TokenLog(chat.top_logprobs or 0) if chat.logprobs else None,
                                                      "logprobs"),
                                prediction=None if predicted is None else Prediction(predicted))
-            job = self.job(prompt_ids, wanted, sampling, "messages",
-                           openai_penalties(chat, self.config.tokenizer, self.config.sampling))
+            job = self.job(prompt_ids, wanted, quoting(sampling, messages, self.config.tokenizer), "messages",
+                           openai_penalties(chat, self.config.tokenizer, self.config.sampling))  # as chat_job's
             return job, self.reply(stops, sampling, may_call=bool(functions))
 
         return [choice(index) for index in range(choice_count(chat.n))]

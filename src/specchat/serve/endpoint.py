@@ -24,6 +24,7 @@ from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.fim import FimTokens
 from specchat.serve.form import Form
 from specchat.serve.penalty_fields import Asked
+from specchat.serve.prediction import quoting
 from specchat.serve.reply import Reply
 from specchat.serve.scheduler import Job, QueueFull, Scheduler
 from specchat.serve.schema import Defaults, through_template
@@ -78,6 +79,14 @@ class Endpoint:
             self.check_kept(asked.field)
             sampling = counted_from(sampling, asked.penalties, prompt_ids)
         return Job(prompt_ids, max_new_tokens, sampling, asyncio.get_running_loop())
+
+    def chat_job(self, messages: list[dict], tools: list | None, wanted: int | None, sampling: SamplingParams,
+                 param: str, asked: Asked | None = None) -> Job:
+        """The job replying to chat `messages` (and `tools`), as `job`, with the code the last
+        message quotes as the predicted output where the request sent none (serve/prediction.py):
+        the job's sampling only, so that the reply's usage counts the client's prediction alone."""
+        return self.job(self.chat_ids(messages, tools), wanted, quoting(sampling, messages, self.config.tokenizer),
+                        param, asked)
 
     def reply(self, stops: list[str], sampling: SamplingParams, may_call: bool = False) -> Reply:
         return Reply(TextStream(self.config.tokenizer), StopScan(stops), self.config.stop_ids,

@@ -63,8 +63,8 @@ class OllamaChatRoute(Ollama):
         functions = offered_functions(body.tools, None)  # Ollama has no tool_choice: the model may call
         sampling = self.sampling(body)
         asked = llama_penalties(body.options, self.config.tokenizer, self.config.sampling)
-        job = self.job(self.chat_ids(messages, body.tools if functions else None), wanted_tokens(body.options),
-                       sampling, "messages", asked)
+        job = self.chat_job(messages, body.tools if functions else None, wanted_tokens(body.options), sampling,
+                            "messages", asked)
         reply = self.reply(stop_strings(body.options), sampling, may_call=bool(functions))
         if body.stream:
             return self.answer(request, job, reply, self.stream(job, reply))

@@ -54,8 +54,8 @@ class Responses(Endpoint):
         log = TokenLog(body.top_logprobs or 0) if wants_logprobs(body) else None
         sampling = replace(sampling_of(body, self.config.sampling), guide=None if form is None else form.start(),
                            token_log=self.logged(log, "include"))
-        job = self.job(self.chat_ids(messages, tools if functions else None), output_limit(body), sampling, "input",
-                       openai_penalties(body, self.config.tokenizer, self.config.sampling))
+        job = self.chat_job(messages, tools if functions else None, output_limit(body), sampling, "input",
+                            openai_penalties(body, self.config.tokenizer, self.config.sampling))
         return job, self.reply(stop_strings(body), sampling, may_call=bool(functions))
 
     async def stream(self, shell: Shell, job: Job, reply: Reply) -> AsyncIterator[dict]:
