@@ -8,7 +8,11 @@ accepted tokens per tree per kind and form, whether every form gave the plain re
 bfloat16 a different tree may break a near-tie the other way: counted, not failed), and the rates'
 ratios to plain.
 
+With `--offload disk --resident-layers 0` the target streams every layer from the disk each pass,
+where a pass costs most and tokens a pass count the most.
+
 Usage: python scripts/bench_prediction.py [--edits 3] [--max-new-tokens 160] [--temperature 0]
+                                          [--offload auto|none|ram|disk] [--resident-layers N]
 """
 
 import argparse
@@ -19,6 +23,7 @@ from time import perf_counter
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.prediction import Prediction, quoted_prediction
 from specchat.engine_options import EngineOptions
+from specchat.limits import DEFAULT_OFFLOAD
 from specchat.loader import load_models
 from specchat.runtime import encode_prompt
 from specchat.summary import summarize, tree_means
@@ -77,6 +82,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--edits", type=int, default=len(ASKS), choices=range(1, len(ASKS) + 1))
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--offload", choices=("auto", "none", "ram", "disk"), default=DEFAULT_OFFLOAD)
+    parser.add_argument("--resident-layers", type=int, default=None)
     return parser.parse_args()
 
 
@@ -117,7 +124,7 @@ def report(rows: list[dict]) -> None:
 
 def main() -> None:
     args = parse_args()
-    models = load_models(EngineOptions(), progress=False)
+    models = load_models(EngineOptions(offload=args.offload, resident_layers=args.resident_layers), progress=False)
     engine = models.engine("specexec")
     sampling = SamplingParams(temperature=args.temperature)
     requests = [("edit", ask, code) for ask, code in zip(ASKS[:args.edits], CODE)]

@@ -219,9 +219,12 @@ def test_the_prediction_bench_decodes_each_request_every_way_and_finds_the_same_
                                                                                        monkeypatch, capsys):
     from helpers.serve_helpers import TINY_TOKENIZER
 
-    monkeypatch.setattr(loader, "load_models", lambda options, progress: tiny_models(tiny_target, tiny_draft,
-                                                                                     TINY_TOKENIZER))
-    lines = script_output("bench_prediction.py", ["--edits", "2", "--max-new-tokens", "12"], monkeypatch, capsys)
+    asked = []
+    monkeypatch.setattr(loader, "load_models", lambda options, progress: asked.append(options) or tiny_models(
+        tiny_target, tiny_draft, TINY_TOKENIZER))
+    lines = script_output("bench_prediction.py", ["--edits", "2", "--max-new-tokens", "12", "--offload", "disk",
+                                                  "--resident-layers", "0"], monkeypatch, capsys)
+    assert (asked[0].offload, asked[0].resident_layers) == ("disk", 0)  # the target as the run asked it placed
     same = {"predicted": True, "quoted": True}  # float32 tiny models: the trees' rows round alike
     assert [json.loads(line) for line in lines if "same_tokens" in line] == [
         {"request": 0, "kind": "edit", "same_tokens": same}, {"request": 1, "kind": "edit", "same_tokens": same},
