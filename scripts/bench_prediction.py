@@ -3,10 +3,10 @@
 turn plain, with the original code as its prediction (an editor's request), and with the code the
 message quotes (the chat's and `generate`'s, reached only once the reply quotes it), in the same
 process, each reply prefilling its prompt. The requests: edits, whose replies repeat the code, and
-explanations of the same code, whose replies mostly do not. Prints tokens/s, iterations and
-accepted tokens per tree per kind and form, whether every form gave the plain reply's tokens (in
-bfloat16 a different tree may break a near-tie the other way: counted, not failed), and the rates'
-ratios to plain.
+explanations of the same code, whose replies mostly do not. Prints tokens/s, iterations, accepted
+tokens and nodes per tree, and the draft's and target's seconds per kind and form, whether every
+form gave the plain reply's tokens (in bfloat16 a different tree may break a near-tie the other
+way: counted, not failed), and the rates' ratios to plain.
 
 With `--offload disk --resident-layers 0` the target streams every layer from the disk each pass,
 where a pass costs most and tokens a pass count the most.
@@ -93,7 +93,8 @@ def decode(engine, prompt_ids: list[int], tokens: int, sampling: SamplingParams)
     summary, means = summarize(events, perf_counter() - start), tree_means(events)
     return [t for e in events for t in e.token_ids], {
         "tokens": summary.new_tokens, "seconds": summary.wall_s, "iterations": summary.iterations,
-        "accepted_per_tree": means.accepted, "trees": means.trees}
+        "accepted_per_tree": means.accepted, "trees": means.trees, "tree_size": round(means.tree_size, 1),
+        "draft_s": round(sum(e.draft_s for e in events), 3), "target_s": round(sum(e.target_s for e in events), 3)}
 
 
 FORMS = ("plain", "predicted", "quoted")
@@ -107,7 +108,8 @@ def prediction_of(form: str, tokenizer, message: str, code: str) -> Prediction |
 
 def report(rows: list[dict]) -> None:
     """A table row per kind and form, then each form's rate against plain's, per kind."""
-    print("| kind | form | tokens/s | tokens an iteration | accepted per tree |\n|---|---|---|---|---|")
+    print("| kind | form | tokens/s | tokens an iteration | accepted per tree | nodes per tree | draft / target s |\n"
+          "|---|---|---|---|---|---|---|")
     rates = {}
     for kind in ("edit", "explain"):
         for form in FORMS:
@@ -115,8 +117,11 @@ def report(rows: list[dict]) -> None:
             tokens, seconds = sum(r["tokens"] for r in mine), sum(r["seconds"] for r in mine)
             iterations, trees = sum(r["iterations"] for r in mine), sum(r["trees"] for r in mine)
             accepted = sum(r["accepted_per_tree"] * r["trees"] for r in mine) / max(trees, 1)
+            nodes = sum(r["tree_size"] * r["trees"] for r in mine) / max(trees, 1)
+            draft_s, target_s = sum(r["draft_s"] for r in mine), sum(r["target_s"] for r in mine)
             rates[kind, form] = tokens / seconds
-            print(f"| {kind} | {form} | {rates[kind, form]:.2f} | {tokens / iterations:.2f} | {accepted:.2f} |")
+            print(f"| {kind} | {form} | {rates[kind, form]:.2f} | {tokens / iterations:.2f} | {accepted:.2f} "
+                  f"| {nodes:.1f} | {draft_s:.2f} / {target_s:.2f} |")
     for kind in ("edit", "explain"):
         print(f"{kind}: " + ", ".join(f"{form} / plain {rates[kind, form] / rates[kind, 'plain']:.2f}x"
                                       for form in FORMS[1:]))

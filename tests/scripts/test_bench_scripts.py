@@ -229,8 +229,13 @@ def test_the_prediction_bench_decodes_each_request_every_way_and_finds_the_same_
     assert [json.loads(line) for line in lines if "same_tokens" in line] == [
         {"request": 0, "kind": "edit", "same_tokens": same}, {"request": 1, "kind": "edit", "same_tokens": same},
         {"request": 2, "kind": "explain", "same_tokens": same}, {"request": 3, "kind": "explain", "same_tokens": same}]
-    table = [line.split(" | ")[:2] for line in lines if line.startswith("| e")]
-    assert table == [["| edit", form] for form in ("plain", "predicted", "quoted")] + \
+    decoded = [json.loads(line) for line in lines if '"form"' in line]
+    assert len(decoded) == 12 and all(row["target_s"] > 0 and row["draft_s"] >= 0 and row["tree_size"] >= 0
+                                      for row in decoded)  # where the time went (auto may draft no tree)
+    assert any(row["tree_size"] > 0 and row["draft_s"] > 0 for row in decoded)
+    table = [line.split(" | ") for line in lines if line.startswith("| e")]
+    assert [row[:2] for row in table] == [["| edit", form] for form in ("plain", "predicted", "quoted")] + \
         [["| explain", form] for form in ("plain", "predicted", "quoted")]
+    assert all(len(row) == 7 and re.fullmatch(r"[\d.]+ / [\d.]+ \|", row[-1]) for row in table)
     assert all(re.fullmatch(rf"{kind}: predicted / plain [\d.]+x, quoted / plain [\d.]+x", line)
                for kind, line in zip(("edit", "explain"), lines[-2:]))
