@@ -23,7 +23,7 @@ from time import perf_counter
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.prediction import Prediction, quoted_prediction
 from specchat.engine_options import EngineOptions
-from specchat.limits import DEFAULT_OFFLOAD
+from specchat.limits import DEFAULT_OFFLOAD, OFFLOAD_TIERS
 from specchat.loader import load_models
 from specchat.runtime import encode_prompt
 from specchat.summary import summarize, tree_means
@@ -82,7 +82,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--edits", type=int, default=len(ASKS), choices=range(1, len(ASKS) + 1))
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--offload", choices=("auto", "none", "ram", "disk"), default=DEFAULT_OFFLOAD)
+    parser.add_argument("--offload", choices=OFFLOAD_TIERS, default=DEFAULT_OFFLOAD)
     parser.add_argument("--resident-layers", type=int, default=None)
     return parser.parse_args()
 
@@ -94,7 +94,7 @@ def decode(engine, prompt_ids: list[int], tokens: int, sampling: SamplingParams)
     return [t for e in events for t in e.token_ids], {
         "tokens": summary.new_tokens, "seconds": summary.wall_s, "iterations": summary.iterations,
         "accepted_per_tree": means.accepted, "trees": means.trees, "tree_size": round(means.tree_size, 1),
-        "draft_s": round(sum(e.draft_s for e in events), 3), "target_s": round(sum(e.target_s for e in events), 3)}
+        "draft_s": round(summary.draft_s, 3), "target_s": round(summary.target_s, 3)}
 
 
 FORMS = ("plain", "predicted", "quoted")
