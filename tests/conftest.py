@@ -1,12 +1,13 @@
 """The suite's entry: how many xdist workers run it, and its fixtures and hooks
 (tests/helpers/fixtures.py), loaded in every process that runs tests. xdist's controller runs
-none, so it does not import them, nor torch and transformers with them: it starts its workers
-~5 s sooner."""
+none, so it does not import them, nor transformers with them: it starts its workers ~5 s sooner.
+It imports torch only to time the product that sizes the real tests (tests/helpers/suite_scale.py)."""
 
 import os
 
 import pytest
 from helpers.ram_turns import RAM_ENV, RAM_MARGIN, REAL_MODULE_RAM
+from helpers.suite_scale import Scale, decide_scale
 
 from specchat.memory_room import ram_room
 
@@ -21,13 +22,24 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return workers if workers > 1 else 0
 
 
+SCALE = pytest.StashKey[Scale]()
+
+
 @pytest.hookimpl(trylast=True)  # after xdist's own, which registers the controller's session
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller measures the RAM once, before it starts the workers that inherit it; a
-    process that runs tests (a worker, or the only process) loads the fixtures, as does one that
-    lists them (`--fixtures`, `--fixtures-per-test` collect in the controller)."""
+    """The controller measures the RAM and the real tests' scale (tests/helpers/suite_scale.py)
+    once, before it starts the workers that inherit them; a process that runs tests (a worker, or
+    the only process) loads the fixtures, as does one that lists them (`--fixtures`,
+    `--fixtures-per-test` collect in the controller)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         os.environ.setdefault(RAM_ENV, str(ram_room().bytes - RAM_MARGIN))
+        config.stash[SCALE] = decide_scale()
     lists = config.getoption("showfixtures") or config.getoption("show_fixtures_per_test")
     if lists or not config.pluginmanager.has_plugin("dsession"):
         config.pluginmanager.import_plugin("helpers.fixtures")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The run's scale in the header, beside the platform's (the controller's, or the only process's)."""
+    scale = config.stash.get(SCALE, None)
+    return None if scale is None else scale.describe()

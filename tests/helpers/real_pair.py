@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from helpers.suite_scale import scaled
 
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import SamplingParams
@@ -20,7 +21,9 @@ from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.runtime import encode_prompt, pick_device
 
-GREEDY_PROMPTS = 2  # the suite's reduced exactness runs: 2 MT-Bench prompts x 32 new tokens
+# the suite's reduced exactness runs: 2 MT-Bench prompts (1 where the run is scaled down:
+# tests/helpers/suite_scale.py) x 32 new tokens
+GREEDY_PROMPTS = scaled(2)
 GREEDY_NEW_TOKENS = 32
 
 PAPER_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=1234)

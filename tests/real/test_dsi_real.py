@@ -5,7 +5,9 @@ along the way. Greedy DSI is tested against autoregressive on the tiny models
 
 For the first prompt the workers take turns (tests/helpers/dsi_turns.py): a job runs only once the
 drafter has filled its window, so that reply's preemptions do not depend on the machine's speed.
-The other prompts run on the workers' natural, concurrent schedule."""
+The other prompts run on the workers' natural, concurrent schedule (there are none where the
+run is scaled down to one prompt: tests/helpers/suite_scale.py; tests/dsi/ runs that schedule on
+the tiny models)."""
 
 import pytest
 import torch

@@ -35,6 +35,7 @@ from helpers.engines import GREEDY
 from helpers.exactness import MAX_TIES, ExactnessCheck
 from helpers.real_pair import GREEDY_NEW_TOKENS as NEW_TOKENS
 from helpers.reference_loop import reference_decode, ties_against_reference
+from helpers.suite_scale import scaled
 
 from specchat.decoding.autosize import Costs
 from specchat.decoding.events import AUTO, SamplingParams
@@ -57,7 +58,7 @@ from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real
 
-PROMPTS = 3
+PROMPTS = scaled(3)  # MT-Bench first turns (2 where the run is scaled down: tests/helpers/suite_scale.py)
 # docs/exactness.md: bf16 keeps 8 significant bits (logits from 16 to 32 are 0.125 apart), so a
 # greedy near-tie is two logits equal to the last bit or one such step apart. Measured gaps: 0 and
 # 0.125 (one step at a logit ~20), the largest on 20 MT-Bench prompts (docs/benchmarks.md, "packed

@@ -13,6 +13,7 @@ import pytest
 from helpers.exactness import MAX_TIES, NEAR_TIE
 from helpers.real_pair import PAPER_SAMPLING
 from helpers.reference_loop import ties_against_reference
+from helpers.suite_scale import scaled
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -20,7 +21,7 @@ from specchat.decoding.events import SamplingParams
 pytestmark = pytest.mark.real
 
 APP_DEFAULT_SAMPLING = SamplingParams(temperature=0.6, top_p=0.9, seed=0)
-EXTRA_NEW_TOKENS = 24
+EXTRA_NEW_TOKENS = scaled(24)  # 12 where the run is scaled down (tests/helpers/suite_scale.py)
 
 
 def assert_equals_reference(real_pair, prompt_ids: list[int], tokens: list[int], count: int,
@@ -34,8 +35,8 @@ def assert_equals_reference(real_pair, prompt_ids: list[int], tokens: list[int],
 
 
 def test_seeded_autoregressive_equals_the_independent_reference(real_pair, seeded_references, mtbench_prompts):
-    """The suite's seeded references (2 MT-Bench prompts x 32 tokens, seed 1234) and a third
-    prompt at the app's default seed (0), 24 tokens."""
+    """The suite's seeded references (GREEDY_PROMPTS MT-Bench prompts x 32 tokens, seed 1234) and
+    the third prompt at the app's default seed (0), EXTRA_NEW_TOKENS tokens."""
     count = len(seeded_references[0][1])
     ties = sum(assert_equals_reference(real_pair, prompt_ids, tokens, count, PAPER_SAMPLING)
                for prompt_ids, tokens in seeded_references)

@@ -1,4 +1,4 @@
-"""Soak: a 30-turn scripted chat through the app (Pilot) on the real embedded pair, short replies.
+"""Soak: a TURNS-turn scripted chat through the app (Pilot) on the real embedded pair, short replies.
 The process's resident memory, less the kept caches' buffers (they grow with the conversation, up
 to the context), stays within 5% of what it was after warm-up; the engine's kept caches never hold
 more than the context, and every turn after the first prefills only what follows the reused
@@ -10,6 +10,7 @@ from pathlib import Path
 from time import perf_counter
 
 import pytest
+from helpers.suite_scale import scaled
 
 from specchat.bench.datasets import mtbench_first_turns
 from specchat.decoding.kvcache import cache_length
@@ -22,7 +23,7 @@ from specchat.tui.store import ConversationStore
 
 pytestmark = pytest.mark.real
 
-TURNS = 30
+TURNS = scaled(30)  # 15 where the run is scaled down (tests/helpers/suite_scale.py)
 WARM_UP = 5  # turns before the reference reading: allocator pools and lazy imports settle
 REPLY_TOKENS = 4  # what is soaked is the turns: the reply's length changes no reading
 
@@ -47,7 +48,7 @@ async def wait_until(pilot, condition, seconds: float) -> None:
         await pilot.pause(0.05)
 
 
-def test_thirty_turns_keep_memory_flat_and_caches_within_the_context(tmp_path):
+def test_every_turn_keeps_memory_flat_and_caches_within_the_context(tmp_path):
     options = EngineOptions(budget=16)
     loader = runtime_loader(options, DecodingSettings(temperature=0.0, max_tokens=REPLY_TOKENS))
     app = SpecchatApp(None, ConversationStore(tmp_path / "history.sqlite3"), loader=loader)
