@@ -39,7 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.import_plugin("helpers.fixtures")
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
-    """The run's scale in the header, beside the platform's (the controller's, or the only process's)."""
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The run's scale after its results, `-q` or not (the controller's, or the only process's)."""
     scale = config.stash.get(SCALE, None)
-    return None if scale is None else scale.describe()
+    if scale is not None:
+        terminalreporter.write_line(scale.describe())
