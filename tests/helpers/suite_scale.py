@@ -3,13 +3,15 @@ measured once a run by the process that starts the others (xdist's controller, o
 process) and handed to every worker in SCALE_ENV, so that all of them size the same references.
 
 The real tests were sized for the suite's 25 minutes on the project's AVX-512 machines. On the
-AVX2 AMD EPYC the same suite took 47 minutes (2026-12-01: 4630 of its 5532 worker-seconds in
-tests/real), most of it float32 tree passes of the target: there MKL multiplies a few rows at a
+AVX2 AMD EPYC the same suite took 47 minutes (2026-12-04, code 29c9cba: 4630 of its 5532
+worker-seconds in tests/real), most of it float32 tree passes of the target: there MKL multiplies a few rows at a
 fraction of the core's speed (one thread, a 1536 x 8960 float32 weight: 3.5-5 ms for one row,
 17-25 ms for 16, where AVX-512's doubled width predicts about half of that elsewhere). Where that
 16-row product takes SLOW_MS or more, each real draw is halved, rounded up (`scaled`): one
 MT-Bench prompt in the exactness runs instead of two (each reply still its 32 tokens), 15 soak
-turns instead of 30. `SPECCHAT_SUITE_SCALE=1` runs the full draws on any machine.
+turns instead of 30. `SPECCHAT_SUITE_SCALE=1` runs the full draws on any machine. Halved, the
+suite still took 43 minutes there on a slower day (docs/benchmarks.md, the AVX2 suite's row): most
+exactness tests judge one prompt a mode already, so halving the prompts leaves them as they were.
 """
 
 import math

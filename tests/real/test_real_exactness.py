@@ -238,8 +238,8 @@ def assert_greedy_and_seeded_exact(real_check, engine, greedy_references, seeded
     """A draft form's check: greedy on the first prompt, seeded on the last (the second, unless the
     run is scaled down to one: tests/helpers/suite_scale.py). A draft's form changes which trees
     grow, never what the target picks, so each mode is judged once, on trees that differ from the
-    suite's draft's (its own runs: every prompt, both modes, above); the suite then stays within
-    its 25 minutes."""
+    suite's draft's (its own runs: every prompt, both modes, above), so that the suite's 25 minutes
+    hold them on the machines it was sized for."""
     assert_equals_hf_greedy(real_check, engine, greedy_references[:1])
     assert_seeded_exact(real_check, engine, seeded_references[-1:])
 
