@@ -17,15 +17,13 @@ exactness tests judge one prompt a mode already, so halving the prompts leaves t
 import math
 import os
 from dataclasses import dataclass
-from time import perf_counter
 
 SCALE_ENV = "SPECCHAT_SUITE_SCALE"
 SLOW_MS = 12.0  # a 16-row one-thread float32 product slower than this halves the draws
 HALF = 0.5
-SHAPE = (8960, 1536)  # the 1.5B target's gate/up projection: [out, in]
+IN_FEATURES, OUT_FEATURES = 1536, 8960  # the 1.5B target's gate and up projections
 ROWS = 16  # the width of the suite's budget-16 trees
 WEIGHTS = 4  # distinct weights, 220 MB of float32: past the caches, as a pass's weights are
-REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -41,25 +39,24 @@ class Scale:
 
 
 def product_ms() -> float:
-    """The fastest of REPEATS one-thread rounds of F.linear(ROWS rows, each of WEIGHTS weights), in
-    ms a weight (torch is imported here: the controller imports it only when it measures)."""
+    """One thread's F.linear of ROWS rows by each of WEIGHTS weights, in ms a weight: the
+    fastest of the startup probes' timed rounds (quant/timing.py). Imported here: the controller
+    imports torch only when it measures."""
     import torch
 
+    from specchat.quant.timing import best_seconds
+
     generator = torch.Generator().manual_seed(0)
-    weights = [torch.rand(SHAPE, generator=generator) for _ in range(WEIGHTS)]
-    x = torch.rand(ROWS, SHAPE[1], generator=generator)
+    weights = [torch.rand(OUT_FEATURES, IN_FEATURES, generator=generator) for _ in range(WEIGHTS)]
+    x = torch.rand(ROWS, IN_FEATURES, generator=generator)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        best = math.inf
-        for _ in range(REPEATS + 1):  # the first round warms the kernel up and is not counted
-            start = perf_counter()
-            for weight in weights:
-                torch.nn.functional.linear(x, weight)
-            best = min(best, (perf_counter() - start) / WEIGHTS)
-        return best * 1e3
+        [seconds] = best_seconds([lambda: [torch.nn.functional.linear(x, weight) for weight in weights]],
+                                 torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
+    return seconds / WEIGHTS * 1e3
 
 
 def factor_for(milliseconds: float) -> float:
