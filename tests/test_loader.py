@@ -1,5 +1,6 @@
-"""The loader's last step on a target it loaded: how many LM-head rows the walk computes in one call,
-measured on that target's head (decoding/head_rows.py)."""
+"""The loader's last steps on a target it loaded: its float32 linears routed through oneDNN over the
+spans measured for their shapes (quant/onednn_float.py), named in the run's identity; how many
+LM-head rows the walk computes in one call, measured on that target's head (decoding/head_rows.py)."""
 
 import pytest
 import torch
@@ -7,6 +8,8 @@ from helpers.cli import CORPUS, save_tiny_model
 
 from specchat import loader
 from specchat.engine_options import EngineOptions
+from specchat.quant import onednn_float
+from specchat.quant.onednn_float import OneDnnLinear
 
 
 @pytest.fixture(scope="module")
@@ -31,5 +34,22 @@ def test_the_target_takes_the_head_rows_measured_on_its_own_head(pair, monkeypat
         config = models.target.model.config
         assert models.target.head_rows == measured
         assert heads == [((2, config.vocab_size), config.hidden_size, torch.float32, models.device.type)]
+    finally:
+        models.close()
+
+
+def test_a_float32_targets_linears_multiply_over_the_spans_measured_for_their_shapes(pair, monkeypatch):
+    """Spans stood in for this CPU's: the down projection's (its 128 inputs) differs from the rest's."""
+    monkeypatch.setattr(onednn_float, "onednn_span", lambda in_features, out_features, dtype: (2, in_features))
+    monkeypatch.setattr(loader, "measure_head_rows", lambda logits, hidden_size, dtype, device: 1)
+    target, draft = pair
+    models = loader.load_models(EngineOptions(target=target, draft=draft, dtype="float32", draft_quant="none",
+                                              offload="none"), progress=False)
+    try:
+        linears = [m for m in models.target.model.modules() if isinstance(m, torch.nn.Linear)]
+        assert linears and all(isinstance(m, OneDnnLinear) and m.rows == (2, m.in_features) for m in linears)
+        spans = sorted({m.rows for m in linears})
+        assert len(spans) == 2 and models.identity["dense"] == f"oneDNN at {spans} rows"
+        assert not any(isinstance(m, OneDnnLinear) for m in models.draft.model.modules())  # the target's alone
     finally:
         models.close()

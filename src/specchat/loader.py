@@ -35,6 +35,7 @@ from specchat.plan import (Machine, MemoryPlan, contexts_for, describe_plan, dra
 from specchat.progress import Report, Reporter
 from specchat.quant.fp8 import fp8_runs_on
 from specchat.quant.int4_dense import keep_dense_copies
+from specchat.quant.onednn_float import OneDnnLinear, route_float32_linears
 from specchat.quant.prepacked import PrepackedLinear, prepack_linears, widen_linears
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.widened import WidenedLinear
@@ -164,13 +165,20 @@ def identity(options: EngineOptions, draft_quant: DraftQuant | None, placement: 
 
 def dense_products(target: CausalLM | None) -> str | None:
     """How the target's dense and Q6_K linears multiply where not as they do alone
-    (quant/prepacked.py): "prepacked" for oneDNN, "widened" to float32 from some rows (and which), or None."""
+    (quant/prepacked.py, quant/onednn_float.py): "prepacked" for oneDNN, "widened" to float32 from some
+    rows (and which), float32 through oneDNN over some rows, or None."""
     modules = [] if target is None else computing_modules(target.model)
     if any(isinstance(m, PrepackedLinear) for m in modules):
         return "prepacked"
     widened = {m.from_rows for m in modules if isinstance(m, WidenedLinear)}
     widened |= {m.widened_from for m in modules if isinstance(m, Q6Linear) and m.widened_from != math.inf}
-    return f"widened from {sorted(widened)} rows" if widened else None
+    routed = {m.rows for m in modules if isinstance(m, OneDnnLinear)}
+    ways = []
+    if widened:
+        ways.append(f"widened from {sorted(widened)} rows")
+    if routed:
+        ways.append(f"oneDNN at {sorted(routed)} rows")
+    return "; ".join(ways) or None
 
 
 def options_for(options: EngineOptions, name: str) -> EngineOptions:
@@ -190,6 +198,7 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
         reporter.step("expanding dense copies of the 4-bit linears for tree passes")
         keep_dense_copies(target.model, memory.dense_copies)
     widen_linears(computing_modules(target.model), device, dtype)
+    route_float32_linears(computing_modules(target.model), device)
     target_lm = CausalLM(target.model, offload)
     target_lm.head_rows = measure_head_rows(target_lm.logits, target.model.config.hidden_size, dtype, device)
     workers = None

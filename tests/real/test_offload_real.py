@@ -16,10 +16,12 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat.heap_trim import release_free_heap
 from specchat.models.loading import load_offloaded
 from specchat.models.registry import DEFAULT_TARGET
+from specchat.offload.streamed_layer import computing_modules
 from specchat.plan.machine import Machine
 from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
 from specchat.progress import Reporter
+from specchat.quant.onednn_float import route_float32_linears
 
 pytestmark = pytest.mark.real
 
@@ -79,6 +81,7 @@ def test_offloaded_target_matches_in_memory(case, offload_dir, tier):
     memory = plan_pair(Pair(DEFAULT_TARGET, torch.float32, context=2048), plan, Machine(kind="cpu"))
     target, offload = load_offloaded(DEFAULT_TARGET, torch.float32, torch.device("cpu"), memory.placement, offload_dir,
                                      Reporter(bars=False))
+    route_float32_linears(computing_modules(target.model), torch.device("cpu"))  # as the app and the pair multiply
     try:
         lm = CausalLM(target.model, offload)
         prompt = case["prompt"]

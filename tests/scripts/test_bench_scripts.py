@@ -17,7 +17,7 @@ from transformers import Qwen2ForCausalLM
 
 from specchat import loader
 from specchat.decoding.tree import TreeShape
-from specchat.quant import prepacked
+from specchat.quant import onednn_float, prepacked
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 KEPT = '{"kept": true}\n'
@@ -208,11 +208,25 @@ def test_the_widened_bench_times_both_targets_at_each_size_and_a_prefill(tmp_pat
     monkeypatch.setattr(prepacked, "prepack_pays", lambda dtype: False)
     lines = script_output("bench_widened.py", ["--target", str(tmp_path), "--weights", "dense", "--sizes", "1,4",
                                                "--prefill", "8", "--runs", "1"], monkeypatch, capsys)
-    assert lines[1] == "linears widened: 15"
+    assert lines[1] == "linears widened: 15, through oneDNN: 0 (rows []: in, out, span)"
     rows = [line.strip("| ").split(" | ") for line in lines[4:]]
     assert [row[0] for row in rows] == ["trunk n=1 after 100", "trunk n=4 after 100", "head over those 4 rows",
                                         "prefill 8"]
     assert all(float(cell) >= 0 for row in rows for cell in row[1:])
+
+
+def test_the_widened_bench_in_float32_times_the_target_routed_through_onednn(tmp_path, monkeypatch, capsys):
+    """A tiny dense float32 target: every linear routed (2 layers x 7 and the head) over a span of its
+    own shape whatever this CPU measured, none widened (float32 has nothing to widen)."""
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(tiny_qwen_config(vocab_size=1024, hidden_size=64, intermediate_size=128)).save_pretrained(tmp_path)
+    monkeypatch.setattr(onednn_float, "onednn_span", lambda in_features, out_features, dtype: (2, in_features))
+    lines = script_output("bench_widened.py", ["--dtype", "float32", "--target", str(tmp_path), "--weights", "dense",
+                                               "--sizes", "4", "--prefill", "8", "--runs", "1"], monkeypatch, capsys)
+    assert lines[1] == ("linears widened: 0, through oneDNN: 15 (rows [(64, 32, (2, 64)), (64, 64, (2, 64)), "
+                        "(64, 128, (2, 64)), (64, 1024, (2, 64)), (128, 64, (2, 128))]: in, out, span)")
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| trunk n=4 after 100", "| head over those 4 rows",
+                                                            "| prefill 8"]
 
 
 def test_the_prediction_bench_decodes_each_request_every_way_and_finds_the_same_tokens(tiny_target, tiny_draft,

@@ -8,10 +8,10 @@ A 4-bit linear (Int4Linear) multiplies `rows` inputs by the first of these that 
   the fused kernel (int4_pack)      rows <= width_choice's fused_rows
   the chunked product (int4_chunks) in width_choice's product dtype, past that
 A CPU's dense linears are prepacked for oneDNN where `prepack_pays`, else widened to float32 from
-quant/widened.py's `widened_rows` (not the dense copies), and a draft's int8 linears serve inputs of
-up to `int8_rows` rows.
+`widened_rows` (quant/widened.py; not the dense copies); its float32 ones go through oneDNN over
+`onednn_span` (quant/onednn_float.py); a draft's int8 linears serve inputs of up to `int8_rows` rows.
 
-Nothing here is fixed: each of those seven is measured on the machine at hand by racing two
+Nothing here is fixed: each of those eight is measured on the machine at hand by racing two
 products at the widths of its *_ROWS (quant.timing), then kept per machine, keyed by what it was
 measured for, with the load it was measured under (machine_choices.remembered says why). The shapes
 of a model's own linears are timed where launch costs would hide a kernel's slope on a small probe
@@ -35,6 +35,7 @@ from specchat.quant.int4_gemm import GEMM_DTYPES, w4a16_tiled_linear
 from specchat.quant.int4_layout import TileLayout, layout_for
 from specchat.quant.int4_pack import FUSED_DTYPES, fused_linear, pack
 from specchat.quant.int8 import KERNEL_DTYPES, Bank, Int8Linear, dense_linear
+from specchat.quant.onednn_float import measure_onednn_span
 from specchat.quant.prepacked_linear import PREPACKED_DTYPES, PrepackedLinear
 from specchat.quant.timing import LinearShape
 from specchat.quant.widened import measure_widened_rows
@@ -115,8 +116,7 @@ def tiles_readable(device_type: str, in_features: int) -> bool:  # the expansion
 
 def packed_product(flat: Tensor, packed: Tensor, scales_and_zeros: Tensor, group_size: int,
                    layout: TileLayout | None, choice: WidthChoice) -> Tensor:
-    """The fused kernel up to `choice`'s width (or past it where the layout cannot be read back),
-    the chunked product past it."""
+    """The fused kernel up to `choice`'s width (past it too where the layout can't be read back), then chunks."""
     if flat.shape[0] <= choice.fused_rows or layout is None:
         return fused_linear(flat, packed, scales_and_zeros, group_size)
     return chunked_linear(flat, packed, scales_and_zeros, group_size, layout, choice.product)
@@ -170,8 +170,7 @@ def prepack_pays(dtype: torch.dtype) -> bool:
 
 
 def int8_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows (of INT8_ROWS) a draft's int8 linears beat dense ones in `dtype` on this
-    CPU at every width; 0 where they never do."""
+    """Up to how many rows (of INT8_ROWS) a draft's int8 linears beat dense `dtype` ones here at every width (or 0)."""
     if dtype not in KERNEL_DTYPES:
         return 0
     return kept("int8 rows", {"dtype": str(dtype)})
@@ -297,4 +296,5 @@ MEASURES: dict[str, Callable[..., Choice]] = {
     "prepacked products pay": measure_prepack_pays,
     "int8 rows": measure_int8_rows,
     "widened rows": measure_widened_rows,
+    "oneDNN float32 rows": measure_onednn_span,
 }
