@@ -46,7 +46,8 @@ def test_the_product_is_the_float32_sum_up_to_its_order(rows, bias):
     mine, torchs = onednn_linear(x, linear.weight, linear.bias).double(), linear(x).double()
     exact = x.double() @ linear.weight.double().t() + (linear.bias.double() if bias else 0)
     bound = 512 * torch.finfo(torch.float32).eps * (x.double().abs() @ linear.weight.double().abs().t())
-    assert mine.shape == (rows, 384) and ((mine - exact).abs() <= bound).all() and ((torchs - exact).abs() <= bound).all()
+    assert mine.shape == (rows, 384) and ((mine - exact).abs() <= bound).all()
+    assert ((torchs - exact).abs() <= bound).all()
 
 
 @needs_onednn
@@ -96,7 +97,8 @@ def test_a_routed_model_scores_as_before_within_float32_rounding(monkeypatch):
 
 
 def test_nothing_routes_on_another_device_in_a_half_dtype_or_where_the_cpu_does_not_gain(monkeypatch):
-    monkeypatch.setattr(onednn_float, "onednn_span", lambda in_features, out_features, dtype: (2, 64) if dtype == torch.float32 else None)
+    monkeypatch.setattr(onednn_float, "onednn_span",
+                        lambda in_features, out_features, dtype: (2, 64) if dtype == torch.float32 else None)
     assert route_float32_linears(tiny_model().modules(), torch.device("meta")) == 0
     assert route_float32_linears(tiny_model(torch.bfloat16).modules(), CPU) == 0
     assert route_float32_linears(nn.Sequential(Int8Linear(torch.ones(8, 16), None)).modules(), CPU) == 0
