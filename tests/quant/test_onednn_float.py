@@ -4,12 +4,9 @@ F.linear, and the span is the machine's measured choice."""
 
 import pytest
 import torch
-from helpers.tiny import tiny_qwen_config
+from helpers.dense_linears import prompt_logits, random_linear, tied_tiny_model
 from torch import nn
-from transformers import Qwen2ForCausalLM
 
-from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
 from specchat.quant import onednn_float, timing, widths
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.onednn_float import (
@@ -27,21 +24,13 @@ CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 
 
-def random_linear(in_features: int, out_features: int, bias: bool, dtype=torch.float32) -> nn.Linear:
-    generator = torch.Generator().manual_seed(0)
-    linear = nn.Linear(in_features, out_features, bias=bias, dtype=dtype).requires_grad_(False)
-    linear.weight.copy_(torch.randn(out_features, in_features, generator=generator))
-    if bias:
-        linear.bias.copy_(torch.randn(out_features, generator=generator))
-    return linear
-
 
 @needs_onednn
 @pytest.mark.parametrize("rows", [1, 7, 64])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_product_is_the_float32_sum_up_to_its_order(rows, bias):
     """Against the float64 sums: within float32's error on a 512-term sum, as torch's own product is."""
-    linear = random_linear(512, 384, bias)
+    linear = random_linear(512, 384, bias, torch.float32)
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(1))
     mine, torchs = onednn_linear(x, linear.weight, linear.bias).double(), linear(x).double()
     exact = x.double() @ linear.weight.double().t() + (linear.bias.double() if bias else 0)
@@ -52,7 +41,7 @@ def test_the_product_is_the_float32_sum_up_to_its_order(rows, bias):
 
 @needs_onednn
 def test_a_routed_linear_multiplies_inside_its_span_only_and_stays_the_module_it_was(monkeypatch):
-    linear = random_linear(64, 32, bias=True)
+    linear = random_linear(64, 32, bias=True, dtype=torch.float32)
     weight, bias, keys = linear.weight, linear.bias, list(linear.state_dict())
     x = torch.randn(12, 64, generator=torch.Generator().manual_seed(3))
     plain = {rows: linear(x[:rows]) for rows in (1, 2, 8, 9)}
@@ -68,30 +57,20 @@ def test_a_routed_linear_multiplies_inside_its_span_only_and_stays_the_module_it
     assert "oneDNN at 2-8 rows" in repr(linear)
 
 
-def tiny_model(dtype=torch.float32) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = tiny_qwen_config(vocab_size=256, hidden_size=64, intermediate_size=128, max_position_embeddings=64,
-                              tie_word_embeddings=True)
-    return Qwen2ForCausalLM(config).to(dtype).eval().requires_grad_(False)
-
-
-def logits(model) -> torch.Tensor:
-    lm, prompt = CausalLM(model), torch.tensor([5, 17, 3, 88, 42, 7])
-    return lm.logits(lm.hidden(prompt, torch.arange(6), new_cache()))
 
 
 @needs_onednn
 def test_a_routed_model_scores_as_before_within_float32_rounding(monkeypatch):
     monkeypatch.setattr(onednn_float, "onednn_span", lambda in_features, out_features, dtype: (2, 64))
-    model = tiny_model()
-    before = logits(model)
+    model = tied_tiny_model(torch.float32)
+    before = prompt_logits(model)
     head = model.get_output_embeddings()
     # q, k, v, o, gate, up, down a layer, and the tied head
     assert route_float32_linears(model.modules(), CPU) == 2 * 7 + 1
     assert model.get_output_embeddings() is head and head.weight is model.get_input_embeddings().weight
     calls, product = [], onednn_float.onednn_linear
     monkeypatch.setattr(onednn_float, "onednn_linear", lambda *args: calls.append(1) or product(*args))
-    after = logits(model)
+    after = prompt_logits(model)
     assert len(calls) == 2 * 7 + 1  # every linear of the 6-token pass, the head over its rows
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
 
@@ -99,11 +78,11 @@ def test_a_routed_model_scores_as_before_within_float32_rounding(monkeypatch):
 def test_nothing_routes_on_another_device_in_a_half_dtype_or_where_the_cpu_does_not_gain(monkeypatch):
     monkeypatch.setattr(onednn_float, "onednn_span",
                         lambda in_features, out_features, dtype: (2, 64) if dtype == torch.float32 else None)
-    assert route_float32_linears(tiny_model().modules(), torch.device("meta")) == 0
-    assert route_float32_linears(tiny_model(torch.bfloat16).modules(), CPU) == 0
+    assert route_float32_linears(tied_tiny_model(torch.float32).modules(), torch.device("meta")) == 0
+    assert route_float32_linears(tied_tiny_model(torch.bfloat16).modules(), CPU) == 0
     assert route_float32_linears(nn.Sequential(Int8Linear(torch.ones(8, 16), None)).modules(), CPU) == 0
     monkeypatch.setattr(onednn_float, "onednn_span", lambda *shape_and_dtype: None)
-    model = tiny_model()
+    model = tied_tiny_model(torch.float32)
     assert route_float32_linears(model.modules(), CPU) == 0
     assert not any(isinstance(m, OneDnnLinear) for m in model.modules())
 

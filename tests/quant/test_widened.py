@@ -6,12 +6,9 @@ kernel, and the rows it widens from are the machine's measured choice. A Q6_K li
 import pytest
 import torch
 from helpers.q6_linears import q6_linear
-from helpers.tiny import tiny_qwen_config
+from helpers.dense_linears import prompt_logits, random_linear, tied_tiny_model
 from torch import nn
-from transformers import Qwen2ForCausalLM
 
-from specchat.decoding.forward import CausalLM
-from specchat.decoding.kvcache import new_cache
 from specchat.quant import prepacked, q6k_linear, timing, widened, widths
 from specchat.quant.int8 import Int8Linear
 from specchat.quant.prepacked import widen_linears
@@ -35,14 +32,6 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return out if bias is None else out + bias.double()
 
 
-def random_linear(in_features: int, out_features: int, bias: bool, dtype=torch.bfloat16) -> nn.Linear:
-    generator = torch.Generator().manual_seed(0)
-    linear = nn.Linear(in_features, out_features, bias=bias, dtype=dtype).requires_grad_(False)
-    linear.weight.copy_(torch.randn(out_features, in_features, generator=generator))
-    if bias:
-        linear.bias.copy_(torch.randn(out_features, generator=generator))
-    return linear
-
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bias", [False, True])
@@ -63,7 +52,7 @@ def test_the_product_is_the_float32_sum_rounded_once_across_chunks(monkeypatch, 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_it_is_torchs_bf16_product_up_to_the_order_of_the_sums(rows):
-    linear = random_linear(512, 384, bias=True)
+    linear = random_linear(512, 384, bias=True, dtype=torch.bfloat16)
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     mine, torchs = widened_linear(x, linear.weight, linear.bias).double(), linear(x).double()
     exact = reference(x, linear.weight, linear.bias)
@@ -73,7 +62,7 @@ def test_it_is_torchs_bf16_product_up_to_the_order_of_the_sums(rows):
 
 
 def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_as_it_was():
-    linear = random_linear(64, 32, bias=True)
+    linear = random_linear(64, 32, bias=True, dtype=torch.bfloat16)
     weight, bias = linear.weight, linear.bias
     keys = list(linear.state_dict())
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
@@ -87,41 +76,31 @@ def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_
     assert "widened from 4 rows" in repr(linear)
 
 
-def tiny_model(dtype=torch.bfloat16) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = tiny_qwen_config(vocab_size=256, hidden_size=64, intermediate_size=128, max_position_embeddings=64,
-                              tie_word_embeddings=True)
-    return Qwen2ForCausalLM(config).to(dtype).eval().requires_grad_(False)
-
-
-def logits(model) -> torch.Tensor:
-    lm, prompt = CausalLM(model), torch.tensor([5, 17, 3, 88, 42, 7])
-    return lm.logits(lm.hidden(prompt, torch.arange(6), new_cache()))
 
 
 def test_a_model_widened_where_its_dtype_widens_scores_within_bf16_rounding(monkeypatch):
     monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 2)
-    model = tiny_model()
-    before = logits(model).float()
+    model = tied_tiny_model(torch.bfloat16)
+    before = prompt_logits(model).float()
     head = model.get_output_embeddings()
     # q, k, v, o, gate, up, down a layer, and the tied head
     assert widen_linears(model.modules(), CPU, torch.bfloat16) == 2 * 7 + 1
     assert model.get_output_embeddings() is head and head.weight is model.get_input_embeddings().weight
     calls, product = [], widened.widened_linear
     monkeypatch.setattr(widened, "widened_linear", lambda *args: calls.append(1) or product(*args))
-    after = logits(model).float()
+    after = prompt_logits(model).float()
     assert len(calls) == 2 * 7 + 1  # every linear of the 6-token pass, the head over its rows
     assert (after - before).abs().max() < 0.05 * before.abs().max()
 
 
 def test_nothing_widens_on_another_device_in_float32_or_where_the_cpu_does_not_gain(monkeypatch):
     monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 2)
-    assert widen_linears(tiny_model().modules(), torch.device("meta"), torch.bfloat16) == 0
-    assert widen_linears(tiny_model(torch.float32).modules(), CPU, torch.float32) == 0
+    assert widen_linears(tied_tiny_model(torch.bfloat16).modules(), torch.device("meta"), torch.bfloat16) == 0
+    assert widen_linears(tied_tiny_model(torch.float32).modules(), CPU, torch.float32) == 0
     int8 = nn.Sequential(Int8Linear(torch.ones(8, 16), None))
     assert widen_linears(int8.modules(), CPU, torch.bfloat16) == 0
     monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: None)
-    model = tiny_model()
+    model = tied_tiny_model(torch.bfloat16)
     assert widen_linears(model.modules(), CPU, torch.bfloat16) == 0
     assert not any(isinstance(m, WidenedLinear) for m in model.modules())
 
@@ -162,7 +141,7 @@ def test_the_workspace_bounds_what_a_call_allocates(monkeypatch):
         sizes.append(tensor.nbytes)
         return tensor
 
-    linear = random_linear(96, 700, bias=False)
+    linear = random_linear(96, 700, bias=False, dtype=torch.bfloat16)
     x = torch.randn(5, 96).to(torch.bfloat16)
     monkeypatch.setattr(widened.torch, "empty", recording)
     out = widened_linear(x, linear.weight)
