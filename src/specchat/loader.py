@@ -197,8 +197,9 @@ def load_local_models(options: EngineOptions, device: torch.device, dtype: torch
     if memory.dense_copies:
         reporter.step("expanding dense copies of the 4-bit linears for tree passes")
         keep_dense_copies(target.model, memory.dense_copies)
-    widen_linears(computing_modules(target.model), device, dtype)
-    route_float32_linears(computing_modules(target.model), device)
+    computing = computing_modules(target.model)
+    widen_linears(computing, device, dtype)
+    route_float32_linears(computing, device)
     target_lm = CausalLM(target.model, offload)
     target_lm.head_rows = measure_head_rows(target_lm.logits, target.model.config.hidden_size, dtype, device)
     workers = None
