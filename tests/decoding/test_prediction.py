@@ -99,6 +99,7 @@ def test_a_chain_goes_through_the_draft_nodes_that_hold_its_tokens_then_below_th
     add_chain(store, (4, 5, 7, 8), budget=16)
     assert paths(store) == {(4,), (4, 5), (6,), (4, 5, 7), (4, 5, 7, 8)}
     assert store.logprobs[-1] == store.logprobs[2] == np.float32(-0.5)  # ranked as the node they follow
+    assert store.depths[-2:].tolist() == [3, 4]  # below 4 -> 5: their positions in the target's pass
 
 
 def test_a_chain_past_the_budget_takes_the_place_of_the_lowest_ranked_draft_leaves():
@@ -107,6 +108,12 @@ def test_a_chain_past_the_budget_takes_the_place_of_the_lowest_ranked_draft_leav
     assert paths(store) == {(4,), (4, 5), (6,), (4, 7)}  # 6 -> 9, the lowest, gave way
     add_chain(store, (4, 7, 3, 2), budget=4)
     assert paths(store) == {(4,), (4, 7), (4, 7, 3), (4, 7, 3, 2)}  # the chain's own nodes stay
+
+
+def test_a_chain_that_fills_the_budget_exactly_leaves_every_draft_node():
+    store = tree_of([0, 1, 0], [4, 5, 6], [-0.1, -0.5, -1.0])
+    add_chain(store, (4, 7), budget=4)
+    assert paths(store) == {(4,), (4, 5), (6,), (4, 7)}
 
 
 SAMPLED = SamplingParams(1.0, 1.0, seed=5)

@@ -1,5 +1,8 @@
 """Algorithm 2: the grown tree is exactly the top-K prefixes under the draft distribution."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from helpers.trees import path_to
@@ -11,7 +14,7 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
 from specchat.decoding.specexec import add_children, catch_up, grow
-from specchat.decoding.tree import GrownTree, TreeShape
+from specchat.decoding.tree import GrownTree, NodeStore, TreeShape
 
 PROMPT = [3, 1, 4, 1, 5]
 
@@ -68,6 +71,7 @@ def test_tree_is_brute_force_top_k(tiny_draft, shape, temperature):
     expected = brute_force_top_k(tiny_draft, shape, temperature)
     got = tree_paths(grown.tree)
     assert set(got) == set(expected)
+    assert max(grown.widths) <= shape.expansion_batch  # a step expands at most B nodes
     for path, logprob in expected.items():
         assert got[path] == pytest.approx(logprob, abs=1e-5)
 
@@ -157,3 +161,12 @@ def test_a_draft_with_a_capacity_grows_no_further_than_its_slots(tiny_draft):
     assert sum(unbounded.widths) > 20 == sum(bounded.widths) == cache_length(bounded_cache) - len(PROMPT)
     assert cache_length(unbounded_cache) - len(PROMPT) == sum(unbounded.widths)
     assert bounded.tree.size == 64
+
+
+def test_children_the_draft_cannot_give_never_join_the_tree():
+    """A child of log-prob -inf (one the guide forbids, or past the draft's sub-vocabulary) is
+    left out, even where the budget has room for it."""
+    store = NodeStore(0, 0)
+    top = (torch.tensor([[-0.1, -0.7, -math.inf]]), torch.tensor([[5, 6, 7]]))
+    add_children(store, np.array([0]), top, TreeShape(budget=8, max_children=3))
+    assert sorted(store.tokens[store.kept].tolist()) == [5, 6]

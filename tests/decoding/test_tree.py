@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers.trees import ROWS, make_tree, path_to, tree
 
-from specchat.decoding.tree import DraftTree, NodeStore, TreeShape, ancestor_mask, rank
+from specchat.decoding.tree import DraftTree, NodeStore, TreeShape, ancestor_mask, node_paths, rank
 
 
 def test_children_are_keyed_by_token_per_parent(tree: DraftTree) -> None:
@@ -142,3 +142,10 @@ def test_a_steps_mask_is_what_walking_up_the_ancestors_sees(seed: int) -> None:
 def test_a_fixed_budget_expands_an_eighth_of_it_a_step_and_16_nodes_at_least(budget: int, batch: int) -> None:
     assert TreeShape(budget).expansion_batch == batch
     assert TreeShape(budget, batch=5).expansion_batch == 5  # as asked
+
+
+def test_node_paths_are_each_nodes_tokens_below_the_root_its_first_child_first():
+    """What a guide consumes to reach a node (specexec.grow): the root's own token is not in it."""
+    store = NodeStore(9, 0)
+    store.append(np.array([4, 5, 6, 7]), np.array([0, 1, 0, 2]), np.array([1, 2, 1, 3]), np.zeros(4))
+    assert node_paths(store, np.array([0, 1, 2, 3, 4])) == [[], [4], [4, 5], [6], [4, 5, 7]]

@@ -79,7 +79,7 @@ class DraftTree:
         log-prob."""
         return list(self.descend_likeliest(start))
 
-    def descend_likeliest(self, start: int = 0) -> Iterator[int]:
+    def descend_likeliest(self, start: int) -> Iterator[int]:
         """`likeliest_path`'s nodes one at a time, for a caller that may need only its first few."""
         node = start
         yield node
