@@ -100,6 +100,7 @@ def test_a_chain_goes_through_the_draft_nodes_that_hold_its_tokens_then_below_th
     assert paths(store) == {(4,), (4, 5), (6,), (4, 5, 7), (4, 5, 7, 8)}
     assert store.logprobs[-1] == store.logprobs[2] == np.float32(-0.5)  # ranked as the node they follow
     assert store.depths[-2:].tolist() == [3, 4]  # below 4 -> 5: their positions in the target's pass
+    assert store.parents.size == store.depths.size == store.slots.size == store.count  # a node a row in each
 
 
 def test_a_chain_past_the_budget_takes_the_place_of_the_lowest_ranked_draft_leaves():

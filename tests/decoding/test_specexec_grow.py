@@ -10,10 +10,11 @@ from transformers import DynamicCache
 
 from specchat import stopwatch
 from specchat.decoding import specexec
+from specchat.decoding.autosize import AutoSizer, Costs
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
-from specchat.decoding.specexec import add_children, catch_up, grow
+from specchat.decoding.specexec import add_children, catch_up, grow, pick_expansion
 from specchat.decoding.tree import GrownTree, NodeStore, TreeShape
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -170,3 +171,38 @@ def test_children_the_draft_cannot_give_never_join_the_tree():
     top = (torch.tensor([[-0.1, -0.7, -math.inf]]), torch.tensor([[5, 6, 7]]))
     add_children(store, np.array([0]), top, TreeShape(budget=8, max_children=3))
     assert sorted(store.tokens[store.kept].tolist()) == [5, 6]
+
+
+class TwoAStep(AutoSizer):
+    """A sizer that expands two open nodes a step and records the draft seconds it was told of."""
+
+    def __init__(self) -> None:
+        super().__init__(Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.03)), 32,
+                         learns_costs=False)
+        self.told: list[float] = []
+
+    def step_width(self, open_probs: torch.Tensor, probs: torch.Tensor, draft_spent: float) -> int:
+        self.told.append(draft_spent)
+        return 2 if len(self.told) < 5 else 0
+
+
+def test_under_budget_auto_each_step_is_as_wide_as_the_sizer_says_and_it_hears_what_drafting_cost(tiny_draft):
+    """The sizer decides each step's width from the draft seconds spent so far: the root's step,
+    then each step's at its width."""
+    sizer = TwoAStep()
+    grown = grow_after_prompt(tiny_draft, TreeShape(budget=32, max_depth=6, sizer=sizer), 0.6)
+    assert grown.widths == (2, 2, 2, 2)
+    spent = [sizer.draft_s(1)]
+    for width in grown.widths:
+        spent.append(spent[-1] + sizer.draft_s(width))
+    assert sizer.told == pytest.approx(spent)
+
+
+def test_a_full_tree_expands_no_node_at_or_below_its_kth_best_log_prob():
+    """T, the K-th best log-prob: an open node at T could only add children below it."""
+    store = NodeStore(0, 0)
+    store.append(np.array([4, 5]), np.array([0, 0]), np.array([1, 1]), np.array([-0.5, -0.9]))
+    store.kept = np.array([1, 2])
+    store.slots[1] = 3  # node 1 ran; node 2, the K-th best, is the only open one
+    assert pick_expansion(store, TreeShape(budget=2, max_depth=4)).size == 0
+    assert pick_expansion(store, TreeShape(budget=3, max_depth=4)).tolist() == [2]  # room left: it may
