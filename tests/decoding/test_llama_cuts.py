@@ -42,6 +42,13 @@ def test_top_n_sigma_keeps_what_llama_cpps_loop_keeps(seed, n):
     assert 0 < sum(kept) < 260  # it cut, and kept the top
 
 
+@pytest.mark.parametrize("n", [0.0, -1.0])
+def test_a_top_n_sigma_of_zero_or_less_cuts_nothing_as_llama_cpps(n):
+    logits = torch.randn(300, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(filter_logits(logits, 0.7, 1.0, top_n_sigma=n), filter_logits(logits, 0.7, 1.0))
+    assert torch.isfinite(filter_logits(logits, 0.7, 1.0, top_n_sigma=n)).all()
+
+
 def test_top_n_sigma_is_the_same_set_after_temperature_and_rows_cut_alone():
     logits = torch.randn(4, 500, generator=torch.Generator().manual_seed(3))
     for temperature in (0.3, 0.7, 1.6):

@@ -174,16 +174,18 @@ def test_children_the_draft_cannot_give_never_join_the_tree():
 
 
 class TwoAStep(AutoSizer):
-    """A sizer that expands two open nodes a step and records the draft seconds it was told of."""
+    """A sizer that expands `width` open nodes a step for four steps, then stops growth, and
+    records the draft seconds it was told of."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 2) -> None:
         super().__init__(Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.03)), 32,
                          learns_costs=False)
         self.told: list[float] = []
+        self.width = width
 
     def step_width(self, open_probs: torch.Tensor, probs: torch.Tensor, draft_spent: float) -> int:
         self.told.append(draft_spent)
-        return 2 if len(self.told) < 5 else 0
+        return self.width if len(self.told) < 5 else 0
 
 
 def test_under_budget_auto_each_step_is_as_wide_as_the_sizer_says_and_it_hears_what_drafting_cost(tiny_draft):
@@ -196,6 +198,12 @@ def test_under_budget_auto_each_step_is_as_wide_as_the_sizer_says_and_it_hears_w
     for width in grown.widths:
         spent.append(spent[-1] + sizer.draft_s(width))
     assert sizer.told == pytest.approx(spent)
+
+
+def test_under_budget_auto_the_sizer_stops_growth_with_one_node_open_too(tiny_draft):
+    """A chain (one child a node): each step has one open node, and the sizer still decides."""
+    grown = grow_after_prompt(tiny_draft, TreeShape(budget=32, max_depth=8, max_children=1, sizer=TwoAStep(1)), 0.6)
+    assert grown.widths == (1, 1, 1, 1)
 
 
 def test_a_full_tree_expands_no_node_at_or_below_its_kth_best_log_prob():
