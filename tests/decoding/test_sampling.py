@@ -146,6 +146,23 @@ def test_a_cut_within_the_margin_of_top_p_is_left_to_the_sort():
     assert_matches_hf(logits, 1.0, 0.5)
 
 
+@pytest.mark.parametrize("masses", [(0.5004, 0.4996), (0.4996, 0.5004)], ids=["just_below", "just_above"])
+def test_an_untied_cut_within_the_margin_of_top_p_on_either_side_is_left_to_the_sort(masses):
+    """The tail beyond the top token 4e-4 (< CUT_MARGIN) below or above 1 - top_p = 0.5."""
+    logits = torch.full((1000,), -40.0)
+    logits[[4, 9]] = torch.tensor(masses).log()
+    assert nucleus_floor(logits, 0.5) is None
+    assert_matches_hf(logits, 1.0, 0.5)
+
+
+def test_a_nucleus_of_exactly_the_candidates_is_left_to_the_sort():
+    """The cut falls after the last candidate: whether the next token ties it is unknown."""
+    logits = torch.full((FAST_CANDIDATES + 44,), -40.0)
+    logits[:FAST_CANDIDATES] = 0.0
+    assert nucleus_floor(logits, 0.999) is None
+    assert_matches_hf(logits, 1.0, 0.999)
+
+
 def test_a_nucleus_wider_than_the_candidates_is_left_to_the_sort():
     logits = torch.randn(4 * FAST_CANDIDATES, generator=torch.Generator().manual_seed(5)) * 0.01
     assert nucleus_floor(logits, 0.9) is None
