@@ -12,7 +12,9 @@ from helpers.engines import run
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
+from specchat.decoding.keyed import uniform
 from specchat.decoding.mirostat import Mirostat
+from specchat.decoding.sampling import emit_token
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
@@ -88,6 +90,18 @@ def test_specexec_under_mirostat_matches_autoregressive_and_the_cut_binds(tiny_t
     assert tokens == reference
     assert sum(e.accepted for e in events) > 0
     assert tokens != run(AutoregressiveEngine(tiny_target, []), replace(sampling(), mirostat=None))[0]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_emitted_token_under_mirostat_is_its_pick_from_the_tempered_logits(version):
+    """As llama.cpp chains them: the temperature divides the logits, then mirostat cuts and picks
+    at the position's u_n (keyed.uniform)."""
+    generator = torch.Generator().manual_seed(4)
+    params = SamplingParams(0.6, 1.0, seed=8, mirostat=Mirostat(version, tau=2.0).start())
+    alone = Mirostat(version, tau=2.0).start()
+    for position in range(40):
+        logits = torch.randn(300, generator=generator) * 2
+        assert emit_token(logits, params, position) == alone.pick(logits / 0.6, uniform(8, position))
 
 
 def test_greedy_stays_greedy_under_mirostat(tiny_target):

@@ -357,6 +357,14 @@ def test_typical_p_is_hfs_warper_bit_for_bit(shape, top_k, min_p, typical_p):
     assert (torch.isfinite(ours).sum(dim=-1) >= 1).all()
 
 
+def test_a_typical_mass_the_float32_sum_never_reaches_keeps_every_token_as_hfs():
+    """Here the sum of the sorted probabilities ends at 1 - 6e-8: below the mass, so the cut's
+    index is clamped to the last token."""
+    logits = torch.randn((7,), generator=torch.Generator().manual_seed(0)) * 3
+    ours = filter_logits(logits, 0.8, 1.0, typical_p=1 - 1e-9)
+    assert torch.isfinite(ours).all() and torch.equal(ours, hf_filter(logits, 0.8, 1.0, typical_p=1 - 1e-9))
+
+
 def test_typical_p_keeps_the_tokens_whose_surprise_is_nearest_the_entropy():
     probs = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])
     # H = 1.875 bits: the surprises 1, 2, 3, 4, 4 lie 0.875, 0.125, 1.125, 2.125, 2.125 from it, so
