@@ -175,7 +175,7 @@ def test_children_the_draft_cannot_give_never_join_the_tree():
 
 class TwoAStep(AutoSizer):
     """A sizer that expands `width` open nodes a step for four steps, then stops growth, and
-    records the draft seconds it was told of and the probabilities it cut from."""
+    records the draft seconds it was told of and the probabilities it widened and cut from."""
 
     def __init__(self, width: int = 2) -> None:
         super().__init__(Costs(target_n=(1, 129), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.03)), 32,
@@ -183,6 +183,7 @@ class TwoAStep(AutoSizer):
         self.told: list[float] = []
         self.width = width
         self.cut_from: list[torch.Tensor] = []
+        self.widened_from: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def best_cut(self, probs: torch.Tensor, draft_spent: float):
         self.cut_from.append(probs)
@@ -190,6 +191,7 @@ class TwoAStep(AutoSizer):
 
     def step_width(self, open_probs: torch.Tensor, probs: torch.Tensor, draft_spent: float) -> int:
         self.told.append(draft_spent)
+        self.widened_from.append((open_probs, probs))
         return self.width if len(self.told) < 5 else 0
 
 
@@ -205,6 +207,9 @@ def test_under_budget_auto_each_step_is_as_wide_as_the_sizer_says_and_it_hears_w
     assert sizer.told == pytest.approx(spent)
     final = sizer.cut_from[-1]  # the tree is cut from its likeliest nodes down
     assert final.numel() > 8 and torch.equal(final, final.sort(descending=True).values)
+    for open_probs, probs in sizer.widened_from[1:]:  # and each step weighs them likeliest first
+        assert probs.numel() > 1 and torch.equal(probs, probs.sort(descending=True).values)
+        assert torch.equal(open_probs, open_probs.sort(descending=True).values)
 
 
 def test_under_budget_auto_the_sizer_stops_growth_with_one_node_open_too(tiny_draft):
