@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from specchat import stopwatch
 from specchat.decoding import specexec
-from specchat.decoding.autosize import AutoSizer, Costs
+from specchat.decoding.autosize import AutoSizer, Costs, Cut
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
@@ -185,7 +185,7 @@ class TwoAStep(AutoSizer):
         self.cut_from: list[torch.Tensor] = []
         self.widened_from: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def best_cut(self, probs: torch.Tensor, draft_spent: float):
+    def best_cut(self, probs: torch.Tensor, draft_spent: float) -> Cut:
         self.cut_from.append(probs)
         return super().best_cut(probs, draft_spent)
 
