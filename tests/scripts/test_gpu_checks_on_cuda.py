@@ -21,7 +21,8 @@ from gpu_checks.streamed_logits import check_gptq_streamed, check_ring_reuse
 from gpu_checks.tiny_models import wide_config
 from gpu_checks.verdict import Verdict
 
-from specchat.bounded_attention import bounded_sdpa
+from specchat.bounded_attention import bounded_sdpa, grouped_sdpa
+from specchat.cuda_graph import repeating_shapes
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import measure_step
 from specchat.quant.fp8 import FP8_MAX, INVERSE_MAX, TINY, fp8_runs_on, quantize_rows
@@ -139,18 +140,29 @@ def cudnn_kernels_of(run) -> list[str]:
     return [event.name for event in profile.events() if "cudnn" in event.name.lower()]
 
 
-def test_a_tree_pass_whose_keys_grow_runs_no_cudnn_attention():
+@pytest.mark.parametrize("interface", [bounded_sdpa, grouped_sdpa])
+def test_a_tree_pass_whose_keys_grow_runs_no_cudnn_attention(interface):
     """Each pass of an offloaded target meets a new key count, for which cuDNN's SDPA built a plan on
     the host (39-57 ms a pass of the 70B on the H200): outside repeating_shapes its attention runs a
-    kernel that builds none (within it, captured draft steps: the captured checks above)."""
+    kernel that builds none (within it, captured draft steps: the captured checks above). The same
+    calls within repeating_shapes run cuDNN on an H200, so the check can fail there."""
     generator = torch.Generator(device=CUDA).manual_seed(0)
-    module = SimpleNamespace(num_key_value_groups=8, is_causal=False, training=False)
+    groups, heads = 8, 64  # a 70B target's attention: 64 query heads on 8 KV heads
+    module = SimpleNamespace(num_key_value_groups=groups, is_causal=False, training=False)
+
+    def inputs(keys: int) -> tuple[torch.Tensor, ...]:
+        query = torch.randn(1, heads, 256, 128, generator=generator, device=CUDA, dtype=torch.bfloat16)
+        key, value = (torch.randn(1, heads // groups, keys, 128, generator=generator, device=CUDA,
+                                  dtype=torch.bfloat16) for _ in range(2))
+        mask = torch.ones(1, 1, 256, keys, dtype=torch.bool, device=CUDA).tril(keys - 256)
+        return query, key, value, mask
 
     def tree_pass(keys: int) -> None:
-        query = torch.randn(1, 64, 256, 128, generator=generator, device=CUDA, dtype=torch.bfloat16)
-        key, value = (torch.randn(1, 64, keys, 128, generator=generator, device=CUDA, dtype=torch.bfloat16)
-                      for _ in range(2))
-        mask = torch.ones(1, 1, 256, keys, dtype=torch.bool, device=CUDA).tril(keys - 256)
-        bounded_sdpa(module, query, key, value, mask)
+        interface(module, *inputs(keys))
 
+    def repeating_tree_pass(keys: int) -> None:
+        with repeating_shapes():
+            tree_pass(keys)
+
+    assert cudnn_kernels_of(lambda: [repeating_tree_pass(keys) for keys in (1000, 1001, 1002)])
     assert not cudnn_kernels_of(lambda: [tree_pass(keys) for keys in (1000, 1001, 1002)])
