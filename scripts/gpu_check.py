@@ -34,7 +34,8 @@ of disk; the AWQ pair took 4.5 minutes on an H200; it prints each pair's writing
 time, and `--only TARGET` runs one pair, so that each fits a command of 10 minutes); `--trace DIR`
 adds one reply at the first budget (1024) under `generate --trace` (a Chrome trace into DIR, in no row), summed up
 per span and kernel; `--budgets 1024,2048` runs those budgets, and `--also '--resident-layers 0'` each
-budget once more with those generate options, its row beside (an A/B of one option in one run);
+budget once more with those generate options, its row beside (an A/B of one option in one run), and
+`--trace-also` gives the traced reply those options;
 --pair --dry-run runs it over shrunk models on any device.
 
 --scale runs the paper-scale check instead (tests/gpu_checks/scale.py): a Llama-2-70B-GPTQ-shaped
@@ -75,6 +76,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--budgets", help="with --pair: these budgets (comma-separated) instead of 1024,128,2048")
     parser.add_argument("--also", help="with --pair: each budget once more with these generate options (as one "
                         "quoted string, e.g. '--resident-layers 0'), its row beside, in no verdict")
+    parser.add_argument("--trace-also", action="store_true", help="with --trace and --also: the traced reply "
+                        "takes the --also options")
     options = parser.parse_args(argv)
     if options.scale and options.pair:
         parser.error("--scale and --pair are two checks: run one at a time")
@@ -90,6 +93,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error("--budgets and --also go with --pair")
     if options.budgets is not None:
         options.budgets = parse_budgets(parser, options.budgets)
+    if options.trace_also and (options.trace is None or options.also is None):
+        parser.error("--trace-also goes with --trace and --also")
     options.also = () if options.also is None else tuple(shlex.split(options.also))
     if options.layers is not None and not options.scale:
         parser.error("--layers goes with --scale")

@@ -49,6 +49,7 @@ def run(options: argparse.Namespace, device: torch.device) -> int:
             return run_scale(scale_sizes(options.dry_run, options.layers), device, Path(scratch), options.parts)
         if options.pair:
             sizes = DRY_PAIR if options.dry_run else FULL_PAIR
-            sizes = replace(sizes, budgets=options.budgets or sizes.budgets, also=options.also)
+            sizes = replace(sizes, budgets=options.budgets or sizes.budgets, also=options.also,
+                            trace_also=options.trace_also)
             return run_pair(sizes, device, Path(scratch), options.only, options.trace)
         return run_checks(device, Path(scratch))

@@ -53,6 +53,7 @@ class PairSizes:
     doctor: tuple[str, ...] = ()  # doctor's options that plan as generate's offload options do
     warm_trees: int = 0  # a reply's first trees, left out of its means (pair_rows.budget_row)
     also: tuple[str, ...] = ()  # generate's options of a second reply at each budget, its row beside (--also)
+    trace_also: bool = False  # the traced reply takes the `also` options (--trace-also)
 
     @property
     def dry_run(self) -> bool:
@@ -129,16 +130,17 @@ def traced(target: Path, draft: Path, sizes: PairSizes, workdir: Path, trace: Pa
     iterations traced, summed up per span and kernel (scripts/trace_summary.py)."""
     budget = sizes.budgets[0]
     new_tokens = max(sizes.new_tokens, SKIPPED_ITERATIONS + TRACED_ITERATIONS + 1)
+    options = (*(sizes.also if sizes.trace_also else ()), "--trace", str(trace))
     try:
-        record = generate(target, draft, budget, replace(sizes, new_tokens=new_tokens), workdir,
-                          ("--trace", str(trace)))
+        record = generate(target, draft, budget, replace(sizes, new_tokens=new_tokens), workdir, options)
     except RuntimeError as failure:  # the rows and verdicts stand without it
         return f"budget {budget}: the traced reply failed: {failure}"
     ran = len(record["iterations"])
     if ran <= SKIPPED_ITERATIONS:  # its trees accepted enough to end within the iterations warming up
         return f"budget {budget}: traced nothing: the reply ended after {ran} iterations"
     summary = summary_text(read_trace(trace), ("draft", "pass"), TRACE_KERNELS)
-    return f"budget {budget}, traced in {trace.name}:\n{summary}"
+    traced_with = f" with {' '.join(sizes.also)}" if sizes.trace_also else ""
+    return f"budget {budget}{traced_with}, traced in {trace.name}:\n{summary}"
 
 
 def gemm_served() -> str:

@@ -297,7 +297,11 @@ def test_a_gpu_that_torch_cannot_use_fails_in_one_line(tmp_path):
                                                   (["--pair", "--budgets", "1024,x"], "takes whole numbers"),
                                                   (["--pair", "--budgets", "0"], "must be 1 or more"),
                                                   (["--scale", "--trace", "."], "--trace goes with --pair"),
-                                                  (["--pair", "--trace", "no-such-folder"], "no such folder")])
+                                                  (["--pair", "--trace", "no-such-folder"], "no such folder"),
+                                                  (["--pair", "--trace", ".", "--trace-also"],
+                                                   "--trace-also goes with --trace and --also"),
+                                                  (["--pair", "--also", "--seed 1", "--trace-also"],
+                                                   "--trace-also goes with --trace and --also")])
 def test_bad_options_are_one_line(arguments, error, capsys):
     with pytest.raises(SystemExit) as exited:
         load_script("gpu_check").parse(arguments)

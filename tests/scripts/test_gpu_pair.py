@@ -172,6 +172,25 @@ def test_a_second_reply_with_other_options_prints_its_row_beside_labelled(monkey
     assert lines[3].endswith("each tree's pass, s: 3.000 (warming up) | 0.800")
 
 
+@pytest.mark.parametrize("trace_also", [False, True])
+def test_the_traced_reply_takes_the_second_replys_options_with_trace_also(trace_also, monkeypatch, tmp_path):
+    asked = []
+
+    def generate(target, draft, budget, sizes, workdir, extra=()):
+        asked.append(extra)
+        return {"iterations": [{}] * (pair.SKIPPED_ITERATIONS + pair.TRACED_ITERATIONS + 1)}
+
+    monkeypatch.setattr(pair, "generate", generate)
+    monkeypatch.setattr(pair, "read_trace", lambda path: [])
+    monkeypatch.setattr(pair, "summary_text", lambda events, spans, kernels: "(the summary)")
+    sizes = replace(pair.FULL_PAIR, also=("--resident-layers", "0"), trace_also=trace_also)
+    said = pair.traced(tmp_path / "target", tmp_path / "draft", sizes, tmp_path, tmp_path / "trace.json.gz")
+    also = ("--resident-layers", "0") if trace_also else ()
+    assert asked == [(*also, "--trace", str(tmp_path / "trace.json.gz"))]
+    label = "budget 1024 with --resident-layers 0" if trace_also else "budget 1024"
+    assert said == f"{label}, traced in trace.json.gz:\n(the summary)"
+
+
 def test_the_placement_line_says_why_the_draft_is_in_its_form_where_auto_chose():
     chose = "draft in int4: the shortest predicted iteration of a full tree (none: ...; int4: ...)"
     chosen = replace(row(), plan=PLAN | {"draft_quant": "int4", "notes": ["context 2048 tokens: 4096 does not fit", chose]})
