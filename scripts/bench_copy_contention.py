@@ -5,10 +5,13 @@ resident and a ring of 17 (the link loading the next pass's layers meanwhile). T
 stand-in for the draft's step, a Llama-3.1-8B-shaped stack of linears at a tree step's rows
 (captured in a CUDA graph on CUDA, its top children read back as the drafter reads them), alone and
 while a thread moves layer-sized host buffers (pinned on CUDA) into two device slots through the
-streamer's own mover (offload/cuda.py), issuing and settling each as the loader does. A step's host
-ms is the drafter's wall time, its device ms the replay's own (CUDA events; the CPU has none).
+streamer's own mover (offload/cuda.py), issuing and settling each as the loader does. Between two
+steps the host runs `--host-ops` small device ops, as the drafter's books do between its replays
+(~40 on the H200's trace). On CUDA a third row waits on the loads with blocking events, which
+sleep where the mover's default events spin on the driver. A step's host ms is the drafter's wall
+time, its device ms the replay's own (CUDA events; the CPU has none).
 
-    python scripts/bench_copy_contention.py              # 32 layers, 128 rows, 40 steps, 0.45 GB loads
+    python scripts/bench_copy_contention.py              # 32 layers, 128 rows, 40 steps, 0.47 GB loads
     python scripts/bench_copy_contention.py --dry-run    # shrunk widths, on any device
 """
 
@@ -54,10 +57,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=128, help="a tree step's rows (a budget of 1024 expands 128)")
     parser.add_argument("--steps", type=int, default=40, help="steps timed in each mode, after 3 unmeasured")
+    parser.add_argument("--host-ops", type=int, default=40, help="small device ops the host runs between two steps")
     parser.add_argument("--dry-run", action="store_true", help="shrunk widths and loads, on any device")
     options = parser.parse_args(argv)
-    if options.rows < 1 or options.steps < 1:
-        parser.error("--rows and --steps are at least 1")
+    if options.rows < 1 or options.steps < 1 or options.host_ops < 0:
+        parser.error("--rows and --steps are at least 1, --host-ops at least 0")
     return options
 
 
@@ -114,15 +118,28 @@ class Loader:
         self.thread.join()
 
 
-def timed_steps(run: Callable[[], object], out: torch.Tensor, steps: int, device: torch.device
-                ) -> tuple[list[float], list[float]]:
-    """Host ms of each step (run, then its children read back) and, on CUDA, its device ms."""
+def books_of(host_ops: int, device: torch.device) -> Callable[[], None]:
+    """The host's work between two steps: `host_ops` small device ops (the drafter's masks, ids and
+    slots written into static buffers)."""
+    buffer = torch.zeros(128, 64, device=device)
+
+    def books() -> None:
+        for index in range(host_ops):
+            buffer[index % 128].fill_(index)
+    return books
+
+
+def timed_steps(run: Callable[[], object], books: Callable[[], None], out: torch.Tensor, steps: int,
+                device: torch.device) -> tuple[list[float], list[float]]:
+    """Host ms of each step (the books, the step, then its children read back) and, on CUDA, its
+    device ms."""
     host, on_device = [], []
     for index in range(steps + 3):
+        start = perf_counter()
+        books()
         if device.type == "cuda":
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-        start = perf_counter()
         run()
         if device.type == "cuda":
             end.record()
@@ -134,11 +151,19 @@ def timed_steps(run: Callable[[], object], out: torch.Tensor, steps: int, device
     return host, on_device
 
 
-def movers(shape: Shape, device: torch.device) -> tuple[Mover, torch.Tensor]:
+def movers(shape: Shape, device: torch.device, blocking: bool = False) -> tuple[Mover, torch.Tensor]:
+    """The streamer's mover over two slots and a load's host buffer; `blocking`: on CUDA, its events
+    replaced by blocking ones."""
     pinned = device.type == "cuda"
     host = torch.empty(shape.load_bytes, dtype=torch.uint8, pin_memory=pinned)
     slots = [torch.empty(shape.load_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
-    return (CudaMover(slots) if pinned else HostMover(slots)), host
+    if not pinned:
+        return HostMover(slots), host
+    mover = CudaMover(slots)
+    if blocking:
+        mover.loaded = [torch.cuda.Event(blocking=True) for _ in slots]
+        mover.free = [torch.cuda.Event(blocking=True) for _ in slots]
+    return mover, host
 
 
 def row(mode: str, host: list[float], on_device: list[float], loader: Loader | None) -> str:
@@ -158,15 +183,18 @@ def main(argv: list[str] | None = None) -> None:
     step = step_of(layers, head, rows)
     out = step()
     run = replayed(lambda: out.copy_(step()), device)
-    mover, host_buffer = movers(shape, device)
-    print(f"a {shape.layers}-layer draft stand-in at {options.rows} rows on {device}, "
-          f"{shape.load_bytes / 1e9:.3f} GB a load")
+    books = books_of(options.host_ops, device)
+    print(f"a {shape.layers}-layer draft stand-in at {options.rows} rows on {device}, {options.host_ops} host ops "
+          f"between steps, {shape.load_bytes / 1e9:.3f} GB a load")
     print("| mode | host ms a step (median) | p90 | device ms (median) | loads GB/s |")
     print("|---|---|---|---|---|")
-    print(row("alone", *timed_steps(run, out, options.steps, device), None))
-    with Loader(mover, host_buffer) as loader:
-        host, on_device = timed_steps(run, out, options.steps, device)
-    print(row("beside the loader's copies", host, on_device, loader))
+    print(row("alone", *timed_steps(run, books, out, options.steps, device), None))
+    kinds = [("beside the loader's copies", False)] + ([("the same, its events blocking", True)]
+                                                      if device.type == "cuda" else [])
+    for mode, blocking in kinds:
+        with Loader(*movers(shape, device, blocking)) as loader:
+            host, on_device = timed_steps(run, books, out, options.steps, device)
+        print(row(mode, host, on_device, loader))
 
 
 if __name__ == "__main__":
