@@ -7,9 +7,10 @@ stand-in for the draft's step, a Llama-3.1-8B-shaped stack of linears at a tree 
 while a thread moves layer-sized host buffers (pinned on CUDA) into two device slots through the
 streamer's own mover (offload/cuda.py), issuing and settling each as the loader does. Between two
 steps the host runs `--host-ops` small device ops, as the drafter's books do between its replays
-(~40 on the H200's trace). On CUDA a third row waits on the loads with blocking events, which
-sleep where the mover's default events spin on the driver. A step's host ms is the drafter's wall
-time, its device ms the replay's own (CUDA events; the CPU has none).
+(~40 on the H200's trace). On CUDA a third row waits on the loads with blocking events, whose
+waits sleep, where the mover's default events spin (CUDA's automatic scheduling spins while a
+process has fewer contexts than cores). A step's host ms is the drafter's wall time, its device ms
+the replay's own (CUDA events; the CPU has none).
 
     python scripts/bench_copy_contention.py              # 32 layers, 128 rows, 40 steps, 0.47 GB loads
     python scripts/bench_copy_contention.py --dry-run    # shrunk widths, on any device
