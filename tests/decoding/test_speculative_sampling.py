@@ -7,6 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from specchat.decoding.events import SamplingParams
+from specchat.decoding.keyed import Purpose, derived_uniform
 from specchat.decoding.llama_cuts import xtc_cuts_at
 from specchat.decoding.sampling import filtered_probs
 from specchat.decoding.speculative_sampling import (
@@ -98,3 +99,20 @@ def test_keyed_multi_candidate_sampling_follows_p(candidates):
     assert counts[3] == 0
     observed = [counts[t] for t in range(3)]
     assert chisquare(observed, [20000 * float(P[t]) for t in range(3)]).pvalue > 1e-3
+
+
+def test_each_decision_draws_from_its_documented_stream():
+    """The streams keyed.Purpose documents, pinned: a draft token of stem s from DRAFT's index s,
+    the first acceptance test from ACCEPT's index 0, the emission from EMIT's index 0. Another index
+    would pass every law above (it is as uniform) yet change every seeded reply of these engines."""
+    seed, position = 11, 40
+    flat = torch.full((4,), 0.25, dtype=torch.float64)  # inverse CDF: token floor(4 u)
+    for stem in range(3):
+        assert draw_draft(flat, seed, stem, position) == int(4 * derived_uniform(seed, Purpose.DRAFT, stem, position))
+    assert emit(flat, seed, position) == int(4 * derived_uniform(seed, Purpose.EMIT, 0, position))
+    # the token is accepted where u q < p: p at exactly u q rejects it, a hair above accepts it
+    u = derived_uniform(seed, Purpose.ACCEPT, 0, position)
+    q = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    for margin, accepted in ((0.0, None), (1e-9, 0)):
+        p = torch.tensor([u * 0.5 + margin, 1 - u * 0.5 - margin], dtype=torch.float64)
+        assert first_accepted(p, q, [0], seed, position)[0] == accepted
