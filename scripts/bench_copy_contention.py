@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
+from typing import Self
 
 import torch
 
@@ -110,7 +111,7 @@ class Loader:
             slot = 1 - slot
         self.seconds = perf_counter() - start
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 

@@ -1,5 +1,6 @@
 """KV caches of preallocated slots (a transformers DynamicCache whose layers are SlotLayers)."""
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -79,6 +80,10 @@ def test_crop_drops_slots_from_the_end_as_transformers_does() -> None:
     cache.crop(-2)
     assert cache_length(cache) == 5
     assert torch.equal(cache.layers[0].values, originals[0][1][:, :, :5])
+    cache.crop(0)  # nothing to drop: transformers' own crop takes 0 too
+    assert cache_length(cache) == 5
+    with pytest.raises(ValueError, match="crop takes a negative count of slots to drop"):
+        cache.crop(2)
 
 
 def test_cache_length_counts_slots_across_updates() -> None:
