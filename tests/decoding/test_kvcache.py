@@ -180,3 +180,27 @@ def test_truncate_skips_layers_never_written() -> None:
     truncate(cache, 3)
     assert cache.layers[0].keys.shape[-2] == cache.layers[2].keys.shape[-2] == 3
     assert not cache.layers[1].is_initialized
+
+
+def test_a_reset_cache_holds_no_slots_and_a_new_one_no_room() -> None:
+    assert new_cache().capacity() == 0  # no layer yet: no slot reserved
+    cache, _ = filled_cache()
+    assert cache.capacity() == CHUNK
+    cache.reset()
+    assert cache_length(cache) == 0 and all(layer.keys.shape[-2] == 0 for layer in cache.layers)
+
+
+def test_pruning_moves_only_the_slots_past_those_in_place(monkeypatch) -> None:
+    """The committed prefix (keep[i] == i) stays where it is: each layer copies the accepted
+    branch's slots alone, not the prefix onto itself (which would give the same cache, slower)."""
+    cache, _ = filled_cache()
+    kept = []
+    keep_layer = SlotLayer.keep
+
+    def recorded(layer: SlotLayer, in_place: int, moved: torch.Tensor) -> None:
+        kept.append((in_place, moved.tolist()))
+        keep_layer(layer, in_place, moved)
+
+    monkeypatch.setattr(SlotLayer, "keep", recorded)
+    keep_slots(cache, torch.tensor([0, 1, 2, 5, 6]))
+    assert kept == [(3, [5, 6])] * LAYERS
