@@ -4,8 +4,9 @@ eagerly (the same kernels, replayed), and emits the target's autoregressive toke
 rounded to 4 bits (--draft-quant int4: its products through the int4 kernels, int4_gemm's kernel
 at the widths its probe finds it faster, the Triton expansion past them), in bf16, likewise, with
 the widths int4_gemm served; and with its linears in fp8 (--draft-quant fp8: _scaled_mm), in bf16,
-likewise. That the static shapes grow the eager step's trees is
-tests/decoding/test_static_step.py's, on any device."""
+likewise; and in fp8 with its input embedding held on the host (as a draft beside a GPU holds an
+untied one), its rows looked up there and staged into the captured step's buffers. That the static
+shapes grow the eager step's trees is tests/decoding/test_static_step.py's, on any device."""
 
 import torch
 from gpu_checks.scale_models import prepared_as_draft
@@ -19,12 +20,14 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
+from specchat.offload.host_embedding import host_lookup, keep_embedding_on_host
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.widths import gemm_span
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
 CHECKS = {"none": CHECK, "int4": "int4 draft step captured in CUDA graphs: eager trees, target tokens",
-          "fp8": "fp8 draft step captured in CUDA graphs: eager trees, target tokens"}
+          "fp8": "fp8 draft step captured in CUDA graphs: eager trees, target tokens",
+          "fp8-hosted": "fp8 draft step captured, its embedding on the host: eager trees, target tokens"}
 PROMPT = [7, 3, 9, 2, 11, 5]
 NEW_TOKENS = 40
 SAMPLINGS = (SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 3))
@@ -36,18 +39,23 @@ def replies(engine, sampling: SamplingParams) -> tuple[list[int], list[tuple]]:
 
 
 def check_captured_draft(device: torch.device, form: str = "none") -> Verdict:
-    """`form`: the draft's linears as --draft-quant has them (int4 and fp8 in bf16)."""
+    """`form`: the draft's linears as --draft-quant has them (int4 and fp8 in bf16); "fp8-hosted":
+    fp8 with the input embedding held on the host."""
     name = CHECKS[form]
     if device.type != "cuda":
         return skipped(name, "CUDA graphs need a CUDA device")
     config = small_config("qwen2")
     target = CausalLM(random_model(config, seed=0).to(device))
-    draft = CausalLM(draft_model(config, device, form))  # the target's weights: its trees are accepted
+    draft = CausalLM(draft_model(config, device, form.removesuffix("-hosted")))  # the target's weights: accepted
+    lookup = None
+    if form.endswith("-hosted"):
+        keep_embedding_on_host(draft.model, device, draft.dtype)
+        lookup = host_lookup(draft.model)
     capacity = len(PROMPT) + NEW_TOKENS + 64
     details, passed = [], True
     for sampling in SAMPLINGS:
         reference, _ = replies(AutoregressiveEngine(target, []), sampling)
-        outcomes = [replies(TreeEngine(SPECEXEC, target, static_draft(draft, capacity, capture), [],
+        outcomes = [replies(TreeEngine(SPECEXEC, target, static_draft(draft, capacity, capture, lookup), [],
                                        TreeShape(budget=12, max_depth=6)), sampling) for capture in (False, True)]
         same_trees = outcomes[0][1] == outcomes[1][1]
         tokens_ok = outcomes[0][0] == outcomes[1][0] == reference

@@ -37,6 +37,7 @@ def all_checks(device: torch.device, workdir: Path) -> list[Check]:
         ("captured draft step", lambda: check_captured_draft(device)),
         ("captured int4 draft step", lambda: check_captured_draft(device, "int4")),
         ("captured fp8 draft step", lambda: check_captured_draft(device, "fp8")),
+        ("captured fp8 draft step, its embedding on the host", lambda: check_captured_draft(device, "fp8-hosted")),
         ("DSI beside the captured draft step", lambda: check_dsi_captured(device)),
         ("draft captures beside the streamer's loads", lambda: check_capture_beside_loads(device)),
         ("nf4 draft", lambda: check_draft("nf4", judge, device)),

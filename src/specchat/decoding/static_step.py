@@ -23,18 +23,20 @@ launch:
   in one copy that does not wait for the device; the mask written in place from the step's: on a
   GPU each kernel launched and each synchronizing copy between two steps is time the device
   waits), and the cache's length is advanced by the real rows only; a draft whose input
-  embedding is held on the host (offload/host_embedding.py) has its rows looked up there first and
-  copied into the buffers as the step's input, since a graph cannot look them up on the host.
+  embedding is held on the host (offload/host_embedding.py) has its rows looked up there first,
+  into a pinned staging of the step's input, and copied over with the ids, since a graph cannot
+  look them up on the host (a pageable copy would wait for the device: the H200's trace of
+  2026-12-04 saw the lookup and that copy idle the device 0.3-3.5 ms a step).
 A masked slot's weight underflows to exactly 0 in the softmax, so the real rows get what the
 eager step gives them, up to the order of summation. Without `capture` the same code runs
 eagerly (how a CPU tests it); SpecExec's verifier never reads the draft's probabilities, so a
 difference there could only change the tree, never the emitted tokens.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from specchat.cuda_graph import Pool, capture_graph, repeating_shapes
 from specchat.decoding.forward import CausalLM
@@ -68,6 +70,7 @@ class StaticInputs:
     mask: torch.Tensor  # [1, 1, B, span] additive
     slots: torch.Tensor  # [B] the cache slots the rows write
     embeds: torch.Tensor | None = None  # [1, B, H] the rows' input embeddings, where looked up on the host
+    staged_embeds: torch.Tensor | None = None  # [B, H] on the host, pinned beside a GPU: the next `embeds`
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -87,8 +90,7 @@ class StaticDraft(CausalLM):
     capacity: int = 0  # slots the cache reserves: the context, the largest tree and a bucket of pads
     capture: bool = False
     least_span: int = LEAST_SPAN
-    # token ids [n] (on the host) -> their input embeddings [n, H], where the embedding is held on the host
-    lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
+    lookup: nn.Embedding | None = None  # the input embedding, where it is held on the host
     inputs: dict[Shape, StaticInputs] = field(default_factory=dict)
     graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
     used: set[Shape] = field(default_factory=set)  # shapes run once, uncaptured, on the current buffers
@@ -112,9 +114,6 @@ class StaticDraft(CausalLM):
         shape = (bucket, span_for(length + bucket, self.least_span, self.capacity))
         inputs = self.inputs.get(shape) or self.allocate(shape)
         self.fill(inputs, tokens, positions, mask, length)
-        if inputs.embeds is not None:
-            inputs.embeds.zero_()  # a pad row's input: it attends to itself alone, and nothing reads its output
-            inputs.embeds[0, :n].copy_(self.lookup(tokens.cpu()))
         cache.write_slots, cache.span = inputs.slots, shape[1]
         try:
             hidden = self.replay(shape, inputs, cache) if self.capture else self.step(inputs, cache)
@@ -125,9 +124,10 @@ class StaticDraft(CausalLM):
 
     def fill(self, inputs: StaticInputs, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
              length: int) -> None:
-        """Write a step's rows, zero pads after them, into the bucket's buffers: the ids staged on
-        the host and copied over in one copy, which on a GPU does not wait for the device (the
-        staging is written again only once that copy is done), the mask and slots in place."""
+        """Write a step's rows, zero pads after them, into the bucket's buffers: the ids (and the
+        rows' embeddings, where looked up on the host) staged on the host and copied over, which on
+        a GPU does not wait for the device (a staging is written again only once the copies from it
+        are done), the mask and slots in place."""
         n, staged = tokens.numel(), inputs.staged
         if self.copied is not None:
             self.copied.synchronize()
@@ -135,6 +135,9 @@ class StaticDraft(CausalLM):
         staged[0, :n] = tokens
         staged[1, :n] = positions
         inputs.ids.copy_(staged, non_blocking=True)
+        if inputs.embeds is not None:
+            stage_rows(inputs.staged_embeds, self.lookup.weight, tokens.cpu())
+            inputs.embeds[0].copy_(inputs.staged_embeds, non_blocking=True)
         if inputs.ids.is_cuda:  # one event, recorded again each step: its last recording is the one waited on
             self.copied = self.copied or torch.cuda.Event()
             self.copied.record()
@@ -168,15 +171,18 @@ class StaticDraft(CausalLM):
             self.buffers = buffers
 
     def allocate(self, shape: Shape) -> StaticInputs:
-        device, (bucket, span) = self.device, shape
-        self.inputs[shape] = StaticInputs(
+        device, (bucket, span), pinned = self.device, shape, self.device.type == "cuda"
+        inputs = StaticInputs(
             ids=torch.zeros(2, bucket, dtype=torch.long, device=device),
-            staged=torch.zeros(2, bucket, dtype=torch.long, pin_memory=device.type == "cuda"),
+            staged=torch.zeros(2, bucket, dtype=torch.long, pin_memory=pinned),
             mask=torch.zeros(1, 1, bucket, span, dtype=self.dtype, device=device),
-            slots=torch.zeros(bucket, dtype=torch.long, device=device),
-            embeds=None if self.lookup is None else
-            torch.zeros(1, bucket, self.model.config.hidden_size, dtype=self.dtype, device=device))
-        return self.inputs[shape]
+            slots=torch.zeros(bucket, dtype=torch.long, device=device))
+        if self.lookup is not None:
+            rows = (bucket, self.model.config.hidden_size)
+            inputs.embeds = torch.zeros(1, *rows, dtype=self.dtype, device=device)
+            inputs.staged_embeds = torch.zeros(rows, dtype=self.lookup.weight.dtype, pin_memory=pinned)
+        self.inputs[shape] = inputs
+        return inputs
 
     def step(self, inputs: StaticInputs, cache: SlotCache) -> torch.Tensor:
         """The bucket's step at its fixed shapes, which every step of the bucket repeats."""
@@ -216,6 +222,15 @@ def span_for(slots: int, least: int, capacity: int) -> int:
     return min(span, capacity)
 
 
+def stage_rows(staging: torch.Tensor, table: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Write the rows of `table` [V, H] (on the host) that `tokens` [n] name into `staging`
+    [B, H], zeros after them: a pad row's input, which attends to itself alone and whose output
+    nothing reads."""
+    n = tokens.numel()
+    torch.index_select(table, 0, tokens, out=staging[:n])
+    staging[n:].zero_()
+
+
 def write_mask(additive: torch.Tensor, mask: torch.Tensor | None, n: int, length: int) -> None:
     """Write a bucket's additive mask [bucket, span] in place: the real rows see what `mask`
     [n, length + n] (bool, on the device) lets them (None: every cached slot and the new rows
@@ -230,9 +245,8 @@ def write_mask(additive: torch.Tensor, mask: torch.Tensor | None, n: int, length
     additive[n:, length + n: length + additive.shape[0]].fill_diagonal_(0)  # pad row n + i: slot length + n + i
 
 
-def static_draft(draft: CausalLM, capacity: int, capture: bool,
-                 lookup: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StaticDraft:
+def static_draft(draft: CausalLM, capacity: int, capture: bool, lookup: nn.Embedding | None = None) -> StaticDraft:
     """`draft` (its model, sub-vocabulary head and all) stepping at fixed shapes; `lookup`: its
-    input embedding's, where that is held on the host."""
+    input embedding, where that is held on the host."""
     return StaticDraft(model=draft.model, stream=draft.stream, vocab=draft.vocab, head=draft.head,
                        capacity=capacity, capture=capture, lookup=lookup)
