@@ -7,10 +7,12 @@ stand-in for the draft's step, a Llama-3.1-8B-shaped stack of linears at a tree 
 while a thread moves layer-sized host buffers (pinned on CUDA) into two device slots through the
 streamer's own mover (offload/cuda.py), issuing and settling each as the loader does. Between two
 steps the host runs `--host-ops` small device ops, as the drafter's books do between its replays
-(~40 on the H200's trace). On CUDA a third row waits on the loads with blocking events, whose
-waits sleep, where the mover's default events spin (CUDA's automatic scheduling spins while a
-process has fewer contexts than cores). A step's host ms is the drafter's wall time, its device ms
-the replay's own (CUDA events; the CPU has none).
+(~40 on the H200's trace), and copies the step's input rows over from a pinned staging without
+waiting, as the drafter copies its ids and the rows of an embedding held on the host
+(decoding/static_step.py): on one copy engine such a small copy may queue behind a load's, which
+takes ~8 ms at 55 GB/s (`--no-inputs` leaves it out). On CUDA two more rows split each load into
+32 MB pieces, all queued at once, then one at a time. A step's host ms is the drafter's wall time,
+its device ms the replay's own (CUDA events; the CPU has none).
 
     python scripts/bench_copy_contention.py              # 32 layers, 128 rows, 40 steps, 0.47 GB loads
     python scripts/bench_copy_contention.py --dry-run    # shrunk widths, on any device
@@ -45,6 +47,7 @@ class Shape:
 
 FULL = Shape(layers=32, hidden=4096, qkv=6144, mlp=14336, vocab=128256, load_bytes=450 * 2**20)
 SHRUNK = Shape(layers=2, hidden=64, qkv=96, mlp=128, vocab=256, load_bytes=2**20)
+PIECE = 32 * 2**20  # a load's piece, where the loader splits its loads (on CUDA)
 
 
 @dataclass
@@ -60,6 +63,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=128, help="a tree step's rows (a budget of 1024 expands 128)")
     parser.add_argument("--steps", type=int, default=40, help="steps timed in each mode, after 3 unmeasured")
     parser.add_argument("--host-ops", type=int, default=40, help="small device ops the host runs between two steps")
+    parser.add_argument("--no-inputs", action="store_true", help="no input rows copied over before each step")
     parser.add_argument("--dry-run", action="store_true", help="shrunk widths and loads, on any device")
     options = parser.parse_args(argv)
     if options.rows < 1 or options.steps < 1 or options.host_ops < 0:
@@ -94,8 +98,13 @@ class Loader:
     """A thread moving one host buffer into two device slots in turn, as the streamer's loader does:
     wait for the slot to be free, issue the copy, settle it; bytes and seconds counted."""
 
-    def __init__(self, mover: Mover, host: torch.Tensor) -> None:
+    def __init__(self, mover: Mover, host: torch.Tensor, piece: int = 0, queued: bool = True) -> None:
+        """`piece`: the bytes of each copy a load is split into (0: one copy); `queued`: the pieces
+        all issued before the load settles, else each settled before the next is issued."""
         self.mover, self.host = mover, host
+        self.pieces = [(start, host[start: start + piece]) for start in range(0, host.numel(), piece)] if piece \
+            else [(0, host)]
+        self.queued = queued
         self.stopping = threading.Event()
         self.moved = 0
         self.seconds = 0.0
@@ -105,7 +114,10 @@ class Loader:
         start, slot = perf_counter(), 0
         while not self.stopping.is_set():
             self.mover.wait_free(slot)
-            self.mover.issue(slot, self.host)
+            for offset, piece in self.pieces:
+                self.mover.issue(slot, piece, offset)
+                if not self.queued:
+                    self.mover.settle(slot)
             self.mover.settle(slot)
             self.moved += self.host.numel()
             slot = 1 - slot
@@ -120,14 +132,20 @@ class Loader:
         self.thread.join()
 
 
-def books_of(host_ops: int, device: torch.device) -> Callable[[], None]:
+def books_of(host_ops: int, rows: torch.Tensor | None) -> Callable[[], None]:
     """The host's work between two steps: `host_ops` small device ops (the drafter's masks, ids and
-    slots written into static buffers)."""
+    slots written into static buffers), then, given the step's input `rows`, new rows staged on the
+    host (pinned beside a GPU) and copied into them without waiting."""
+    device = rows.device if rows is not None else None
     buffer = torch.zeros(128, 64, device=device)
+    staged = None if rows is None else torch.empty(rows.shape, dtype=rows.dtype, pin_memory=rows.is_cuda)
 
     def books() -> None:
         for index in range(host_ops):
             buffer[index % 128].fill_(index)
+        if rows is not None:
+            staged.normal_()
+            rows.copy_(staged, non_blocking=True)
     return books
 
 
@@ -156,19 +174,12 @@ def timed_steps(run: Callable[[], object], books: Callable[[], None], out: torch
     return host, on_device
 
 
-def movers(shape: Shape, device: torch.device, blocking: bool = False) -> tuple[Mover, torch.Tensor]:
-    """The streamer's mover over two slots and a load's host buffer; `blocking`: on CUDA, its events
-    replaced by blocking ones."""
+def movers(shape: Shape, device: torch.device) -> tuple[Mover, torch.Tensor]:
+    """The streamer's mover over two slots and a load's host buffer."""
     pinned = device.type == "cuda"
     host = torch.empty(shape.load_bytes, dtype=torch.uint8, pin_memory=pinned)
     slots = [torch.empty(shape.load_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
-    if not pinned:
-        return HostMover(slots), host
-    mover = CudaMover(slots)
-    if blocking:
-        mover.loaded = [torch.cuda.Event(blocking=True) for _ in slots]
-        mover.free = [torch.cuda.Event(blocking=True) for _ in slots]
-    return mover, host
+    return (CudaMover(slots) if pinned else HostMover(slots)), host
 
 
 def row(mode: str, host: list[float], on_device: list[float], loader: Loader | None) -> str:
@@ -188,16 +199,19 @@ def main(argv: list[str] | None = None) -> None:
     step = step_of(layers, head, rows)
     out = step()
     run = replayed(lambda: out.copy_(step()), device)
-    books = books_of(options.host_ops, device)
+    books = books_of(options.host_ops, None if options.no_inputs else rows)
+    inputs = "no input rows copied" if options.no_inputs else f"{rows.numel() * rows.element_size() / 1e6:.2f} MB of " \
+        "input rows copied"
     print(f"a {shape.layers}-layer draft stand-in at {options.rows} rows on {device}, {options.host_ops} host ops "
-          f"between steps, {shape.load_bytes / 1e9:.3f} GB a load")
+          f"and {inputs} between steps, {shape.load_bytes / 1e9:.3f} GB a load")
     print("| mode | host ms a step (median) | p90 | device ms (median) | loads GB/s |")
     print("|---|---|---|---|---|")
     print(row("alone", *timed_steps(run, books, out, options.steps, device), None))
-    kinds = [("beside the loader's copies", False)] + ([("the same, its events blocking", True)]
-                                                      if device.type == "cuda" else [])
-    for mode, blocking in kinds:
-        with Loader(*movers(shape, device, blocking)) as loader:
+    kinds = [("beside the loader's copies", 0, True)] + ([
+        ("the same, in 32 MB pieces queued at once", PIECE, True),
+        ("the same, in 32 MB pieces one at a time", PIECE, False)] if device.type == "cuda" else [])
+    for mode, piece, queued in kinds:
+        with Loader(*movers(shape, device), piece, queued) as loader:
             host, on_device = timed_steps(run, books, out, options.steps, device)
         print(row(mode, host, on_device, loader))
 

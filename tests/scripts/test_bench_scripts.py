@@ -257,11 +257,17 @@ def test_the_prediction_bench_decodes_each_request_every_way_and_finds_the_same_
 
 def test_the_copy_contention_bench_times_the_step_alone_and_beside_the_loader(monkeypatch, capsys):
     lines = script_output("bench_copy_contention.py", ["--dry-run", "--steps", "4"], monkeypatch, capsys)
-    assert lines[0].startswith("a 2-layer draft stand-in at 128 rows on cpu, 40 host ops between steps")
+    assert lines[0].startswith("a 2-layer draft stand-in at 128 rows on cpu, 40 host ops and 0.03 MB of input rows "
+                               "copied between steps")  # 128 rows of 64 float32
     rows = [line.strip("| ").split(" | ") for line in lines[3:]]
-    assert [cells[0] for cells in rows] == ["alone", "beside the loader's copies"]  # blocking events: CUDA's alone
+    assert [cells[0] for cells in rows] == ["alone", "beside the loader's copies"]  # loads in pieces: CUDA's alone
     assert all(float(cells[1]) > 0 and float(cells[2]) >= float(cells[1]) for cells in rows)
     assert rows[0][4] == "none" and float(rows[1][4]) > 0  # the loader moved bytes while the steps ran
+
+
+def test_the_copy_contention_bench_copies_no_input_rows_when_told(monkeypatch, capsys):
+    lines = script_output("bench_copy_contention.py", ["--dry-run", "--steps", "2", "--no-inputs"], monkeypatch, capsys)
+    assert "40 host ops and no input rows copied between steps" in lines[0]
 
 
 def test_the_copy_contention_bench_refuses_an_empty_step(monkeypatch, capsys):
