@@ -8,6 +8,7 @@ import json
 import pytest
 
 from specchat.trace_summary import (
+    busiest,
     covered,
     idle_gaps,
     idle_host_ops,
@@ -15,6 +16,7 @@ from specchat.trace_summary import (
     read_trace,
     summarize_trace,
     summary_text,
+    time_inside,
     top_kernels,
 )
 
@@ -75,6 +77,21 @@ def test_gaps_and_outermost_ops():
     assert idle_gaps([], (0, 5)) == [(0, 5)]
     nested = [event("outer", "cpu_op", 0, 10), event("inner", "cpu_op", 2, 3), event("next", "cpu_op", 10, 5)]
     assert [op["name"] for op in outermost(nested)] == ["outer", "next"]
+
+
+def test_a_spans_time_inside_disjoint_windows_reads_each_window_it_meets():
+    windows = [(0, 10), (20, 30), (40, 50), (60, 70)]
+    ends = [end for _, end in windows]
+    assert time_inside((5, 45), windows, ends) == 5 + 10 + 5  # three windows met, the last not
+    assert time_inside((10, 20), windows, ends) == 0  # between two windows, touching both
+    assert time_inside((65, 100), windows, ends) == 5 and time_inside((-5, 0), windows, ends) == 0
+    assert time_inside((0, 70), windows, ends) == 40
+
+
+def test_the_busiest_ops_sum_their_time_over_windows_given_in_any_order():
+    ops = [event("a", "cpu_op", 5, 40), event("b", "cpu_op", 61, 2), event("a", "cpu_op", 100, 5)]
+    ranked = busiest(ops, [(60, 70), (40, 50), (0, 10), (20, 30)], 1, 5)  # a's second call meets no window
+    assert ranked == [("a", 1, pytest.approx(0.02)), ("b", 1, pytest.approx(0.002))]
 
 
 def test_a_union_counts_overlaps_once():

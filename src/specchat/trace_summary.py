@@ -7,6 +7,7 @@ synchronized clock reading (decoding/specexec.py), so the device work launched i
 inside it; what runs across a boundary is cut at it. Times in the trace are microseconds."""
 
 import gzip
+from bisect import bisect_right
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -91,16 +92,30 @@ def span_bounds(events: list[dict], span: str) -> list[Interval]:
 
 
 def busiest(items: list[dict], windows: list[Interval], iterations: int, count: int) -> list[tuple[str, int, float]]:
-    """The `count` names among `items` with the most time inside `windows`: (name, calls, ms), each
-    over `iterations`."""
+    """The `count` names among `items` with the most time inside `windows` (disjoint): (name, calls,
+    ms), each over `iterations`."""
     calls, micros = defaultdict(int), defaultdict(float)
+    windows = sorted(windows)
+    ends = [end for _, end in windows]
     for item in items:
-        inside = sum(overlap(interval(item), window) for window in windows)
+        inside = time_inside(interval(item), windows, ends)
         if inside > 0:
             calls[item["name"]] += 1
             micros[item["name"]] += inside
     ranked = sorted(micros, key=micros.get, reverse=True)[:count]
     return [(name, round(calls[name] / iterations), micros[name] / iterations / 1e3) for name in ranked]
+
+
+def time_inside(span: Interval, windows: list[Interval], ends: list[float]) -> float:
+    """The time of `span` inside `windows` (disjoint and sorted, `ends` theirs): only the windows
+    from the first that ends after the span starts to the last that starts before it ends are
+    read: summing over all of them, the H200's traced pair reply of 2026-12-04 (337,000 events,
+    thousands of idle gaps) took 163 s to sum up here and ran its check out of time; now 9 s."""
+    total, index = 0.0, bisect_right(ends, span[0])
+    while index < len(windows) and windows[index][0] < span[1]:
+        total += overlap(span, windows[index])
+        index += 1
+    return total
 
 
 def idle_gaps(busy: list[Interval], bounds: Interval) -> list[Interval]:
