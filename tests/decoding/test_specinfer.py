@@ -3,15 +3,12 @@ the sampled distribution (chi-square), cache consistency, limits (its greedy exa
 pair is in test_real_exactness.py). The engine-independent checks come from test_sd.py."""
 
 import pytest
-import torch
 from helpers.engines import (PROMPT, SAMPLINGS, assert_follows_target, assert_greedy_equals_autoregressive,
                              assert_reproducible, assert_stops_at_stop_token, assert_token_limit, run)
 
 from specchat.decoding.events import LiveSettings
-from specchat.decoding.kvcache import new_cache
-from specchat.decoding.specexec import catch_up
 from specchat.decoding.specinfer import SPECINFER, specinfer_layout
-from specchat.decoding.stems import StemLayout, draft_stems
+from specchat.decoding.stems import StemLayout
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 
@@ -31,28 +28,6 @@ def test_layout_splits_the_budget_into_square_ish_stems(budget, depth, stems, le
     assert specinfer_layout(TreeShape(budget, depth), 0.6) == StemLayout(stems, length)
     assert stems * length <= budget
     assert specinfer_layout(TreeShape(budget, depth), 0.0) == StemLayout(1, min(budget, depth))  # greedy: one chain
-
-
-def test_stem_tree_merges_prefixes_and_keeps_one_candidate_per_stem(tiny_target, tiny_draft):
-    layout, sampling = StemLayout(stems=6, length=3), SAMPLINGS[1]
-    cache = new_cache()
-    stems = draft_stems(tiny_draft, cache, catch_up(tiny_draft, cache, torch.tensor(PROMPT), 0), layout, sampling)
-    tree = stems.tree
-    assert 3 <= tree.size <= 18 and tree.depth == 3
-    assert tree.size < 18  # this draft is peaked enough that stems share prefixes
-    through = torch.zeros(tree.tokens.numel(), dtype=torch.long)  # stems through each node
-    through[0] = layout.stems
-    for node, candidates in enumerate(stems.candidates):
-        assert all(int(tree.parents[child]) == node for child in candidates)
-        for child in candidates:
-            through[child] += 1
-        # every stem through a node above the last depth continues from it
-        assert len(candidates) == (int(through[node]) if int(tree.depths[node]) < layout.length else 0)
-    # nodes the draft ran (all but the leaves) hold their logits and a draft cache slot
-    ran = (tree.depths < layout.length).nonzero().flatten().tolist()
-    assert sorted(stems.draft_logits) == ran
-    assert (stems.draft_slots[tree.depths < layout.length] >= 0).all()
-    assert (stems.draft_slots[tree.depths == layout.length] == -1).all()
 
 
 @pytest.mark.parametrize("budget,depth", [(1, 1), (4, 24), (16, 8), (40, 12)])
