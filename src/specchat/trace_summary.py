@@ -7,8 +7,8 @@ synchronized clock reading (decoding/specexec.py), so the device work launched i
 inside it; what runs across a boundary is cut at it. Times in the trace are microseconds."""
 
 import gzip
-from bisect import bisect_right
 import json
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path

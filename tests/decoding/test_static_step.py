@@ -16,7 +16,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.specexec import SPECEXEC, catch_up, grow
-from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, span_for, static_draft
+from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, span_for, stage_rows, static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
@@ -161,6 +161,12 @@ def test_a_host_lookup_fills_the_step_with_its_rows_and_zero_pads(tiny_draft):
     table = tiny_draft.model.get_input_embeddings().weight
     assert torch.equal(embeds[0, :3], table[tokens]) and not embeds[0, 3].any()
     assert torch.equal(padded, eager)
+
+
+def test_staged_rows_are_the_tables_rows_and_zeros_after_them_whatever_the_staging_held():
+    table, staging = torch.arange(20.0).view(10, 2), torch.full((4, 2), 7.0)  # a wider step's rows left behind
+    stage_rows(staging, table, torch.tensor([3, 0]))
+    assert torch.equal(staging, torch.tensor([[6.0, 7.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]))
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
