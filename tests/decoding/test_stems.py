@@ -2,9 +2,9 @@
 holds the draft's own logits at its prefix, a node's log-probability is its parent's plus that of
 its token under the distribution the stems sampled there, and each stem's token at a position is
 the inverse CDF of its own DRAFT uniform keyed by that absolute position (a key the next iteration
-cannot repeat: keyed by depth instead, a stem's draws would recur every iteration). SpecInfer's laws hold for any
-draft, so only these pin what its draft computes: a stem's forward given the wrong committed
-prefix still emitted lossless, seeded-reproducible replies."""
+cannot repeat: keyed by depth instead, a stem's draws would recur every iteration). SpecInfer's
+laws hold for any draft, so only these pin what its draft computes: stems drawn by depth still
+gave lossless, seeded-reproducible replies."""
 
 import math
 
