@@ -54,6 +54,15 @@ def test_an_engine_scores_with_its_target_and_its_reply_to_that_prompt_runs_one_
 
 
 @pytest.mark.parametrize("make", ENGINES, ids=["autoregressive", "specexec"])
+def test_a_prompt_that_extends_the_kept_conversation_is_scored_from_its_first_token(tiny_target, tiny_draft, make):
+    """The pass runs every token from position 0 on a cache cut to nothing, whatever it shares
+    with the conversation before (a kept prefix would shift the rows it gives)."""
+    engine = make(tiny_target, tiny_draft)
+    run(engine, GREEDY, max_new_tokens=6, prompt=LONG[:10])
+    assert engine.score(LONG[:20], 2) == prompt_logprobs(tiny_target, LONG[:20], 2, new_cache())
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=["autoregressive", "specexec"])
 def test_a_scoring_pass_that_fails_drops_the_kept_caches(tiny_target, tiny_draft, make, monkeypatch):
     engine = make(tiny_target, tiny_draft)
     run(engine, GREEDY, max_new_tokens=6)
