@@ -118,7 +118,8 @@ class Loader:
                 self.mover.issue(slot, piece, offset)
                 if not self.queued:
                     self.mover.settle(slot)
-            self.mover.settle(slot)
+            if self.queued:
+                self.mover.settle(slot)
             self.moved += self.host.numel()
             slot = 1 - slot
         self.seconds = perf_counter() - start
@@ -132,11 +133,10 @@ class Loader:
         self.thread.join()
 
 
-def books_of(host_ops: int, rows: torch.Tensor | None) -> Callable[[], None]:
+def books_of(host_ops: int, device: torch.device, rows: torch.Tensor | None) -> Callable[[], None]:
     """The host's work between two steps: `host_ops` small device ops (the drafter's masks, ids and
     slots written into static buffers), then, given the step's input `rows`, new rows staged on the
     host (pinned beside a GPU) and copied into them without waiting."""
-    device = rows.device if rows is not None else None
     buffer = torch.zeros(128, 64, device=device)
     staged = None if rows is None else torch.empty(rows.shape, dtype=rows.dtype, pin_memory=rows.is_cuda)
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     step = step_of(layers, head, rows)
     out = step()
     run = replayed(lambda: out.copy_(step()), device)
-    books = books_of(options.host_ops, None if options.no_inputs else rows)
+    books = books_of(options.host_ops, device, None if options.no_inputs else rows)
     inputs = "no input rows copied" if options.no_inputs else f"{rows.numel() * rows.element_size() / 1e6:.2f} MB of " \
         "input rows copied"
     print(f"a {shape.layers}-layer draft stand-in at {options.rows} rows on {device}, {options.host_ops} host ops "

@@ -26,8 +26,8 @@ from specchat.quant.widths import gemm_span
 
 CHECK = "draft step captured in CUDA graphs: eager trees, target tokens"
 CHECKS = {"none": CHECK, "int4": "int4 draft step captured in CUDA graphs: eager trees, target tokens",
-          "fp8": "fp8 draft step captured in CUDA graphs: eager trees, target tokens",
-          "fp8-hosted": "fp8 draft step captured, its embedding on the host: eager trees, target tokens"}
+          "fp8": "fp8 draft step captured in CUDA graphs: eager trees, target tokens"}
+HOSTED = ", its input embedding on the host"  # a check's name, where the draft looks its rows up there
 PROMPT = [7, 3, 9, 2, 11, 5]
 NEW_TOKENS = 40
 SAMPLINGS = (SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 3))
@@ -38,19 +38,18 @@ def replies(engine, sampling: SamplingParams) -> tuple[list[int], list[tuple]]:
     return [t for e in events for t in e.token_ids], [(e.tree_size, e.depth, e.accepted) for e in events]
 
 
-def check_captured_draft(device: torch.device, form: str = "none") -> Verdict:
-    """`form`: the draft's linears as --draft-quant has them (int4 and fp8 in bf16); "fp8-hosted":
-    fp8 with the input embedding held on the host."""
-    name = CHECKS[form]
+def check_captured_draft(device: torch.device, form: str = "none", hosted: bool = False) -> Verdict:
+    """`form`: the draft's linears as --draft-quant has them (int4 and fp8 in bf16); `hosted`: its
+    input embedding held on the host, as the loader holds an untied one beside a GPU."""
+    name = CHECKS[form] + (HOSTED if hosted else "")
     if device.type != "cuda":
         return skipped(name, "CUDA graphs need a CUDA device")
     config = small_config("qwen2")
     target = CausalLM(random_model(config, seed=0).to(device))
-    draft = CausalLM(draft_model(config, device, form.removesuffix("-hosted")))  # the target's weights: accepted
-    lookup = None
-    if form.endswith("-hosted"):
+    draft = CausalLM(draft_model(config, device, form))  # the target's weights: its trees are accepted
+    if hosted:
         keep_embedding_on_host(draft.model, device, draft.dtype)
-        lookup = host_lookup(draft.model)
+    lookup = host_lookup(draft.model)  # None unless hosted
     capacity = len(PROMPT) + NEW_TOKENS + 64
     details, passed = [], True
     for sampling in SAMPLINGS:

@@ -111,7 +111,8 @@ def test_the_cuda_only_checks_skip_with_a_reason_on_the_cpu(tmp_path, monkeypatc
     assert check_auto_offload(judge, CPU) == verdict.skipped(auto_offload.CHECK, "no CUDA device: "
                                                                                "--vram-budget budgets GPU memory")
     assert drafts.check_draft("nf4", judge, CPU).status == "SKIP"
-    assert all(check_captured_draft(CPU, form).status == "SKIP" for form in ("int4", "fp8", "fp8-hosted"))
+    assert all(check_captured_draft(CPU, form).status == "SKIP" for form in ("int4", "fp8"))
+    assert check_captured_draft(CPU, "fp8", hosted=True).status == "SKIP"
     assert not tmp_path.joinpath("offload").exists()  # nothing was run
 
 

@@ -100,7 +100,7 @@ def test_an_fp8_draft_step_captured_in_cuda_graphs_grows_the_eager_trees():
 
 
 def test_a_captured_draft_looking_its_rows_up_on_the_host_grows_the_eager_trees():
-    assert_holds(check_captured_draft(CUDA, "fp8-hosted"))
+    assert_holds(check_captured_draft(CUDA, "fp8", hosted=True))
 
 
 def test_dsi_thread_workers_beside_the_captured_draft_step_give_the_target_tokens():
