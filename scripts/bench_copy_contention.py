@@ -7,12 +7,15 @@ stand-in for the draft's step, a Llama-3.1-8B-shaped stack of linears at a tree 
 while a thread moves layer-sized host buffers (pinned on CUDA) into two device slots through the
 streamer's own mover (offload/cuda.py), issuing and settling each as the loader does. Between two
 steps the host runs `--host-ops` small device ops, as the drafter's books do between its replays
-(~40 on the H200's trace), and copies the step's input rows over from a pinned staging without
-waiting, as the drafter copies its ids and the rows of an embedding held on the host
-(decoding/static_step.py): on one copy engine such a small copy may queue behind a load's, which
-takes ~8 ms at 55 GB/s (`--no-inputs` leaves it out). On CUDA two more rows split each load into
-32 MB pieces, all queued at once, then one at a time. A step's host ms is the drafter's wall time,
-its device ms the replay's own (CUDA events; the CPU has none).
+(~40 on the H200's trace), and moves the step's input rows over from a pinned staging without
+waiting, as the drafter moves its lineages, ids and the rows of an embedding held on the host
+(`--no-inputs` leaves them out). Copied, they queue on the one host->device copy engine behind a
+load, ~8 ms at 55 GB/s (host_pull.py names who measured that elsewhere). On CUDA more rows: each
+load split into 32 MB pieces, all queued at once (torchrec's study found the engine runs a
+stream's ready copies as one block, so these should not help), then one at a time; and the
+inputs pulled by the device's threads (host_pull.py, as the drafter now moves them), alone and
+beside the loads. A step's host ms is the drafter's wall time, its device ms the replay's own
+(CUDA events; the CPU has none).
 
     python scripts/bench_copy_contention.py              # 32 layers, 128 rows, 40 steps, 0.47 GB loads
     python scripts/bench_copy_contention.py --dry-run    # shrunk widths, on any device
@@ -29,6 +32,7 @@ from typing import Self
 import torch
 
 from specchat.cuda_graph import replayed
+from specchat.host_pull import pull
 from specchat.offload.cuda import CudaMover
 from specchat.offload.transport import HostMover, Mover
 
@@ -133,19 +137,28 @@ class Loader:
         self.thread.join()
 
 
-def books_of(host_ops: int, device: torch.device, rows: torch.Tensor | None) -> Callable[[], None]:
+def books_of(host_ops: int, device: torch.device, rows: torch.Tensor | None, pulled: bool) -> Callable[[], None]:
     """The host's work between two steps: `host_ops` small device ops (the drafter's masks, ids and
     slots written into static buffers), then, given the step's input `rows`, new rows staged on the
-    host (pinned beside a GPU) and copied into them without waiting."""
+    host (pinned beside a GPU) and moved into them without waiting: by a copy (the copy engine's),
+    or `pulled` by the device's threads as the drafter moves them (host_pull.py)."""
     buffer = torch.zeros(128, 64, device=device)
     staged = None if rows is None else torch.empty(rows.shape, dtype=rows.dtype, pin_memory=rows.is_cuda)
+    read = torch.cuda.Event() if device.type == "cuda" else None
 
     def books() -> None:
         for index in range(host_ops):
             buffer[index % 128].fill_(index)
         if rows is not None:
+            if read is not None:
+                read.synchronize()  # the last step's rows were read: the staging may be written
             staged.normal_()
-            rows.copy_(staged, non_blocking=True)
+            if pulled:
+                pull(rows, staged)
+            else:
+                rows.copy_(staged, non_blocking=True)
+            if read is not None:
+                read.record()
     return books
 
 
@@ -182,6 +195,30 @@ def movers(shape: Shape, device: torch.device) -> tuple[Mover, torch.Tensor]:
     return (CudaMover(slots) if pinned else HostMover(slots)), host
 
 
+@dataclass(frozen=True)
+class Load:
+    """How a mode loads beside the steps: `piece` bytes a copy (0: a load in one copy; None: no
+    loads), the pieces `queued` at once or one at a time, the step's inputs `pulled` by the
+    device's threads or copied."""
+
+    piece: int | None
+    queued: bool = True
+    pulled: bool = False
+
+
+def modes(cuda: bool, inputs: bool) -> list[tuple[str, Load]]:
+    """The rows timed: alone and beside the loader's copies; on CUDA, the loads also in pieces and,
+    with input rows, the rows pulled (on a CPU a pull is the same copy)."""
+    chosen = [("alone", Load(None)), ("beside the loader's copies", Load(0))]
+    if cuda:
+        chosen += [("the same, in 32 MB pieces queued at once", Load(PIECE)),
+                   ("the same, in 32 MB pieces one at a time", Load(PIECE, queued=False))]
+    if cuda and inputs:
+        chosen += [("alone, the inputs pulled by the device's threads", Load(None, pulled=True)),
+                   ("beside the loader's copies, the inputs pulled", Load(0, pulled=True))]
+    return chosen
+
+
 def row(mode: str, host: list[float], on_device: list[float], loader: Loader | None) -> str:
     device_ms = f"{statistics.median(on_device):.2f}" if on_device else "n/a"
     rate = f"{loader.moved / loader.seconds / 1e9:.1f}" if loader is not None and loader.seconds else "none"
@@ -199,22 +236,20 @@ def main(argv: list[str] | None = None) -> None:
     step = step_of(layers, head, rows)
     out = step()
     run = replayed(lambda: out.copy_(step()), device)
-    books = books_of(options.host_ops, device, None if options.no_inputs else rows)
     inputs = "no input rows copied" if options.no_inputs else f"{rows.numel() * rows.element_size() / 1e6:.2f} MB of " \
         "input rows copied"
     print(f"a {shape.layers}-layer draft stand-in at {options.rows} rows on {device}, {options.host_ops} host ops "
           f"and {inputs} between steps, {shape.load_bytes / 1e9:.3f} GB a load")
     print("| mode | host ms a step (median) | p90 | device ms (median) | loads GB/s |")
     print("|---|---|---|---|---|")
-    print(row("alone", *timed_steps(run, books, out, options.steps, device), None))
-    kinds = [("beside the loader's copies", 0, True)] + ([
-        ("the same, in 32 MB pieces queued at once", PIECE, True),
-        ("the same, in 32 MB pieces one at a time", PIECE, False)] if device.type == "cuda" else [])
-    for mode, piece, queued in kinds:
-        with Loader(*movers(shape, device), piece, queued) as loader:
+    for mode, load in modes(device.type == "cuda", not options.no_inputs):
+        books = books_of(options.host_ops, device, None if options.no_inputs else rows, load.pulled)
+        if load.piece is None:
+            print(row(mode, *timed_steps(run, books, out, options.steps, device), None))
+            continue
+        with Loader(*movers(shape, device), load.piece, load.queued) as loader:
             host, on_device = timed_steps(run, books, out, options.steps, device)
         print(row(mode, host, on_device, loader))
-
 
 if __name__ == "__main__":
     main()

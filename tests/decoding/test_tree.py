@@ -133,7 +133,7 @@ def test_a_steps_mask_is_what_walking_up_the_ancestors_sees(seed: int) -> None:
         nodes = nodes[generator.permutation(count)][: max(1, count // 2)]  # the rest never run
         cached = committed + store.ran
         expected = walked_mask(store, nodes, committed, cached)
-        assert torch.equal(store.run(nodes, committed, torch.device("cpu")), expected)
+        assert torch.equal(store.run(nodes, committed, lambda host: host), expected)
         assert store.slots[nodes].tolist() == list(range(cached, cached + nodes.size))
         frontier = nodes
 

@@ -17,11 +17,12 @@ from torch import Tensor, nn
 
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_dense import expand_linears
-from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_expand import expanded_linear
 from specchat.quant.int4_gemm import gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
+from specchat.triton_support import triton_available
 
 SHAPES_70B = ((8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192))  # (in, out)
 GROUP_SIZE = 128  # GPTQ's usual groups

@@ -20,10 +20,10 @@ from transformers import PretrainedConfig
 
 from specchat.quant.gemm_blocks import Blocks, block_rows, blocks_for
 from specchat.quant.int4 import int4_linear
-from specchat.quant.int4_expand import triton_available
 from specchat.quant.int4_gemm import w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear
+from specchat.triton_support import triton_available
 
 GEMM_ALIAS = "llama-3.1-8b-awq"
 DTYPE = torch.bfloat16

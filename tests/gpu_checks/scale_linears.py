@@ -19,7 +19,7 @@ from transformers import PretrainedConfig
 
 from specchat.quant.gptq import read_gptq_spec
 from specchat.quant.int4 import Int4Linear, int4_linear
-from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_expand import expanded_linear
 from specchat.quant.int4_gemm import gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_gptq import spec_group_size
 from specchat.quant.int4_layout import layout_for
@@ -27,6 +27,7 @@ from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_rtn import GROUP as ROUNDED_GROUP
 from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.widths import int4_product
+from specchat.triton_support import triton_available
 
 DTYPE = torch.bfloat16
 VERDICT_SHAPE = (8192, 28672)  # (in, out): a 70B MLP's up and gate projections

@@ -15,7 +15,7 @@ LAYERS: list[set[str]] = [
     {"__init__", "errors", "paths", "progress", "textstream", "transfer", "limits", "diskspace", "memory_room",
      "corpora", "chat_template", "device_clock", "heap_trim", "machine_choices", "machine_links", "schema_file",
      "alignment", "stopwatch", "capture_gate", "cuda_graph", "bounded_attention", "cuda_device", "dtypes", "version",
-     "tracing", "trace_summary", "quoted_code"},  # base
+     "tracing", "trace_summary", "quoted_code", "triton_support", "host_pull"},  # base
     {"quant"},
     {"checkpoint"},  # model assembly: skeletons, checkpoint sources, tensor names, layer layouts
     {"decoding", "offload"},  # siblings: neither imports the other

@@ -21,10 +21,11 @@ from helpers.int4_layouts import as_cuda_int32, cuda_layout, generator, pack_by_
 
 from specchat.errors import SpecchatError
 from specchat.quant import int4_expand, timing, widths
-from specchat.quant.int4_expand import expand_int4, expand_int4_reference, expanded_linear, triton_available
+from specchat.quant.int4_expand import expand_int4, expand_int4_reference, expanded_linear
 from specchat.quant.int4_layout import TileLayout, layout_for
 from specchat.quant.int4_pack import CUDA_INNER_K_TILES, GROUP_SIZES, inner_k_tiles, pack
 from specchat.quant.int4_weight import Int4Weight
+from specchat.triton_support import triton_available
 
 pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
 

@@ -270,6 +270,28 @@ def test_the_copy_contention_bench_copies_no_input_rows_when_told(monkeypatch, c
     assert "40 host ops and no input rows copied between steps" in lines[0]
 
 
+def test_the_copy_contention_bench_pulls_the_inputs_in_rows_of_its_own_on_cuda():
+    """On CUDA the loads also go in pieces and, where the steps take inputs, the inputs are also pulled
+    by the device's threads, alone and beside the loads; on a CPU a pull is the copy, so no such rows."""
+    bench = load_script("bench_copy_contention")
+    pulled = [mode for mode, load in bench.modes(cuda=True, inputs=True) if load.pulled]
+    assert pulled == ["alone, the inputs pulled by the device's threads", "beside the loader's copies, the inputs pulled"]
+    assert [load.piece for mode, load in bench.modes(cuda=True, inputs=True) if load.pulled] == [None, 0]
+    assert not any(load.pulled for _, load in bench.modes(cuda=True, inputs=False))
+    assert [mode for mode, _ in bench.modes(cuda=False, inputs=True)] == ["alone", "beside the loader's copies"]
+
+
+@pytest.mark.parametrize("pulled", [False, True])
+def test_the_copy_contention_books_move_new_rows_into_the_steps_inputs(pulled):
+    bench = load_script("bench_copy_contention")
+    rows = torch.zeros(4, 8)
+    books = bench.books_of(3, torch.device("cpu"), rows, pulled)
+    books()
+    first = rows.clone()
+    books()
+    assert first.abs().sum() > 0 and not torch.equal(rows, first)  # new rows each step, moved in
+
+
 def test_the_copy_contention_bench_refuses_an_empty_step(monkeypatch, capsys):
     code, stderr = run_script("bench_copy_contention.py", ["--rows", "0"], monkeypatch, capsys)
     assert code == 2 and "--rows and --steps are at least 1, --host-ops at least 0" in stderr

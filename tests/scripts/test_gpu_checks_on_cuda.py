@@ -2,6 +2,7 @@
 alone) and skipped where torch sees no CUDA device. scripts/gpu_check.sh runs the same functions
 (tests/gpu_checks/) and prints them as a table."""
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -23,8 +24,10 @@ from gpu_checks.verdict import Verdict
 
 from specchat.bounded_attention import bounded_sdpa, grouped_sdpa
 from specchat.cuda_graph import repeating_shapes
+from specchat.host_pull import HostSender, pull
 from specchat.models.draft import DraftQuant
 from specchat.models.draft_step import measure_step
+from specchat.offload.cuda import CudaMover
 from specchat.quant.fp8 import FP8_MAX, INVERSE_MAX, TINY, fp8_runs_on, quantize_rows
 from specchat.quant.fp8_rows import quantize_rows_fused
 
@@ -134,6 +137,38 @@ def test_the_fused_fp8_row_kernel_quantizes_as_torchs_kernels_do_bit_for_bit():
         expected, expected_scale = quantize_rows(rows)
         assert torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8))
         assert torch.equal(scale, expected_scale)
+
+
+def test_pinned_bytes_pulled_by_the_device_arrive_whole_beside_the_streamers_loads():
+    """host_pull's kernel reads pinned memory over the link (the CPU suite runs it under Triton's
+    interpreter): a sender's lineages and a bucket's ids and rows, its staging growing then reused,
+    arrive as the host holds them while a loader thread keeps the copy engine busy with 64 MB copies."""
+    mover = CudaMover([torch.empty(64 << 20, dtype=torch.uint8, device=CUDA) for _ in range(2)])
+    layer = torch.randint(0, 255, (64 << 20,), dtype=torch.uint8).pin_memory()
+    stop = threading.Event()
+
+    def load() -> None:
+        slot = 0
+        while not stop.is_set():
+            mover.wait_free(slot)
+            mover.issue(slot, layer)
+            mover.settle(slot)
+            slot = 1 - slot
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    sender, generator = HostSender(CUDA), torch.Generator().manual_seed(0)
+    try:
+        for count in (3, 300, 40, 1000):
+            lineages = torch.randint(0, 1 << 40, (count, 24), generator=generator)
+            assert torch.equal(sender.send(lineages).cpu(), lineages)
+            rows = torch.randn(count, 4096, generator=generator).to(torch.bfloat16).pin_memory()
+            out = torch.empty_like(rows, device=CUDA)
+            pull(out, rows)
+            assert torch.equal(out.cpu(), rows)
+    finally:
+        stop.set()
+        loader.join()
 
 
 def cudnn_kernels_of(run) -> list[str]:

@@ -6,7 +6,7 @@ Splitting the LM head off matters: a target pass over a 1024-node tree would oth
 few dozen of those rows.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -15,6 +15,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specchat.decoding.head_rows import BATCH_ROWS
 from specchat.decoding.kvcache import cache_length, new_cache
+from specchat.host_pull import HostSender
 from specchat.transfer import TransferStats
 
 
@@ -55,6 +56,14 @@ class CausalLM:
     # The rows of a target's LM head the verification walk computes in one call: BATCH_ROWS, or 1
     # where each row costs a call's time (decoding/head_rows.py; the loader measures it)
     head_rows: int = BATCH_ROWS
+    sender: HostSender | None = field(default=None, repr=False)  # made at the first `send`
+
+    def send(self, host: torch.Tensor) -> torch.Tensor:
+        """`host` (contiguous) on the model's device, as a new tensor: beside a GPU pulled from a
+        pinned buffer by the GPU's threads, so that no layer the streamer is copying delays it
+        (host_pull.py)."""
+        self.sender = self.sender or HostSender(self.device)
+        return self.sender.send(host)
 
     def transfer_stats(self) -> TransferStats:
         """Cumulative bytes and seconds of weight streaming (zero for a model in memory)."""

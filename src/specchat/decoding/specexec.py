@@ -140,7 +140,7 @@ def grow(draft: CausalLM, cache: DynamicCache, root: Root, shape: TreeShape, sam
     add_children(store, np.zeros(1, dtype=np.int64), top, shape)
     widths, spent = [], shape.sizer.draft_s(1) if shape.sizer else 0.0  # the root's step
     while (nodes := next_expansion(store, shape, spent)[: draft.room(cache)]).size > 0:  # the best first
-        mask = store.run(nodes, committed, draft.device)  # their slots follow those the draft ran
+        mask = store.run(nodes, committed, draft.send)  # their slots follow those the draft ran
         tokens = torch.from_numpy(store.tokens[nodes])
         positions = torch.from_numpy(root.position + store.depths[nodes])
         with steps:

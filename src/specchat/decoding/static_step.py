@@ -19,12 +19,13 @@ launch:
   step (~0.9 ms at an H200's 989 TFLOP/s peak), where a 300-token prompt and a 1024-node tree
   need a span of 2048;
 - the tokens, positions, mask and slots are written into a (width, span)'s static buffers before
-  each replay (the tokens and positions staged on the host, pinned beside a GPU, and copied over
-  in one copy that does not wait for the device; the mask written in place from the step's: on a
+  each replay (the tokens and positions staged on the host, pinned beside a GPU, and pulled over
+  by the GPU's threads, which wait neither for the device nor behind the streamer's layer copies:
+  host_pull.py; the mask written in place from the step's: on a
   GPU each kernel launched and each synchronizing copy between two steps is time the device
   waits), and the cache's length is advanced by the real rows only; a draft whose input
   embedding is held on the host (offload/host_embedding.py) has its rows looked up there first,
-  into a pinned staging of the step's input, and copied over with the ids, since a graph cannot
+  into a pinned staging of the step's input, and pulled over with the ids, since a graph cannot
   look them up on the host (a pageable copy would wait for the device: the H200's trace of
   2026-12-04 saw the lookup and that copy idle the device 0.3-3.5 ms a step).
 A masked slot's weight underflows to exactly 0 in the softmax, so the real rows get what the
@@ -41,6 +42,7 @@ from torch import nn
 from specchat.cuda_graph import Pool, capture_graph, repeating_shapes
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import SlotCache, cache_length
+from specchat.host_pull import pull
 
 Shape = tuple[int, int]  # a static step's (width bucket, span): one set of buffers and one graph each
 
@@ -66,7 +68,7 @@ class StaticInputs:
     """One bucket's buffers, read by its captured step."""
 
     ids: torch.Tensor  # [2, B] the rows' tokens, then their positions
-    staged: torch.Tensor  # [2, B] on the host, pinned beside a GPU: the next `ids`, copied over at once
+    staged: torch.Tensor  # [2, B] on the host, pinned beside a GPU: the next `ids`, pulled over at once
     mask: torch.Tensor  # [1, 1, B, span] additive
     slots: torch.Tensor  # [B] the cache slots the rows write
     embeds: torch.Tensor | None = None  # [1, B, H] the rows' input embeddings, where looked up on the host
@@ -99,7 +101,7 @@ class StaticDraft(CausalLM):
     pool: Pool | None = None
     buffers: tuple[int, int, int] = (0, 0, 0)  # the cache, its first key buffer and its capacity they were made for
     captured: int = 0  # graphs captured so far, those since dropped included
-    copied: torch.cuda.Event | None = None  # the last copy of staged ids: its staging is written again after it
+    pulled: torch.cuda.Event | None = None  # the last pull of staged ids: its staging is written again after it
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
@@ -125,22 +127,23 @@ class StaticDraft(CausalLM):
     def fill(self, inputs: StaticInputs, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
              length: int) -> None:
         """Write a step's rows, zero pads after them, into the bucket's buffers: the ids (and the
-        rows' embeddings, where looked up on the host) staged on the host and copied over, which on
-        a GPU does not wait for the device (a staging is written again only once the copies from it
-        are done), the mask and slots in place."""
+        rows' embeddings, where looked up on the host) staged on the host and pulled over, which on
+        a GPU waits neither for the device nor behind the layers its copy engine moves (host_pull.py;
+        a staging is written again only once the pulls from it are done), the mask and slots in
+        place."""
         n, staged = tokens.numel(), inputs.staged
-        if self.copied is not None:
-            self.copied.synchronize()
+        if self.pulled is not None:
+            self.pulled.synchronize()
         staged.zero_()
         staged[0, :n] = tokens
         staged[1, :n] = positions
-        inputs.ids.copy_(staged, non_blocking=True)
+        pull(inputs.ids, staged)
         if inputs.embeds is not None:
             stage_rows(inputs.staged_embeds, self.lookup.weight, tokens.cpu())
-            inputs.embeds[0].copy_(inputs.staged_embeds, non_blocking=True)
+            pull(inputs.embeds[0], inputs.staged_embeds)
         if inputs.ids.is_cuda:  # one event, recorded again each step: its last recording is the one waited on
-            self.copied = self.copied or torch.cuda.Event()
-            self.copied.record()
+            self.pulled = self.pulled or torch.cuda.Event()
+            self.pulled.record()
         write_mask(inputs.mask[0, 0], mask, n, length)
         torch.arange(length, length + inputs.slots.numel(), out=inputs.slots)
 

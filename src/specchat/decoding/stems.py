@@ -80,7 +80,7 @@ class StemGrower:
     ) -> None:
         """One draft forward over the new `nodes` (all at `position`) with the tree mask: each
         sees the `committed` prefix, its ancestors' draft slots and itself."""
-        mask = self.store.run(nodes, committed, draft.device)  # their slots follow those the draft ran
+        mask = self.store.run(nodes, committed, draft.send)  # their slots follow those the draft ran
         tokens = torch.from_numpy(self.store.tokens[nodes])
         hidden = draft.hidden(tokens, torch.full((nodes.size,), position), cache, mask)
         self.draft_logits.update(zip(nodes.tolist(), draft.logits(hidden)))

@@ -10,7 +10,7 @@ tree step's bookkeeping is ~150 small array operations, each ~1 us in numpy wher
 costs 3-8 us, and on a GPU the device waits for them between the draft's steps.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -151,14 +151,15 @@ class NodeStore:
         self.slots = np.concatenate([self.slots, np.full(tokens.size, -1, dtype=np.int64)])
         return np.arange(start, self.count)
 
-    def run(self, nodes: np.ndarray, committed: int, device: torch.device) -> torch.Tensor:
+    def run(self, nodes: np.ndarray, committed: int, send: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Give `nodes` the draft-cache slots after those the draft ran this iteration (the
-        committed prefix fills [0, committed)) and return what their step attends to, on `device`:
-        bool [b, committed + ran + b], each node the committed prefix, its ancestors' slots and its
-        own. A node's lineage is its parent's and its own slot: a few array operations a step,
-        however deep the tree (walking up the ancestors took a few a level). The mask is made
-        where the step reads it from the lineages, [b, depth]: at budget 2048 it is ~6 MB a step,
-        which a GPU's host would otherwise fill and copy over."""
+        committed prefix fills [0, committed)) and return what their step attends to, on the device
+        `send` moves host tensors to (the draft's: CausalLM.send): bool [b, committed + ran + b],
+        each node the committed prefix, its ancestors' slots and its own. A node's lineage is its
+        parent's and its own slot: a few array operations a step, however deep the tree (walking up
+        the ancestors took a few a level). The mask is made where the step reads it from the
+        lineages, [b, depth]: at budget 2048 it is ~6 MB a step, which a GPU's host would otherwise
+        fill and copy over."""
         b, ran = nodes.size, self.ran
         depths = self.depths[nodes]
         self.widen(int(depths.max()))
@@ -169,12 +170,10 @@ class NodeStore:
         lineage[rows, depths - 1] = slots
         self.remember(lineage)
         self.slots[nodes] = slots
-        mask = torch.zeros(b, committed + ran + b, dtype=torch.bool, device=device)
+        lineages = send(torch.from_numpy(lineage))
+        mask = torch.zeros(b, committed + ran + b, dtype=torch.bool, device=lineages.device)
         mask[:, :committed] = True
-        lineages = torch.from_numpy(lineage)
-        if device.type == "cuda":  # pinned, the copy waits for nothing (a pageable copy synchronizes the device)
-            lineages = lineages.pin_memory()
-        return mask.scatter_(1, lineages.to(device, non_blocking=True), True)
+        return mask.scatter_(1, lineages, True)
 
     def widen(self, depth: int) -> None:
         """Room in each lineage for `depth` slots."""

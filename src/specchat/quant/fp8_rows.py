@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specchat.quant.int4_expand import triton_available
+from specchat.triton_support import triton_available
 
 WIDEST = 16384  # inputs a row: a program holds a row whole (Llama-3-8B's down projection reads 14336)
 WARPS_FROM = {4096: 4, 16384: 8}  # warps for a row block up to each width: 16-32 float32 values a thread

@@ -25,10 +25,11 @@ from torch import Tensor, nn
 from specchat.errors import SpecchatError
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_chunks import dequantized
-from specchat.quant.int4_expand import expand_int4, triton_available
+from specchat.quant.int4_expand import expand_int4
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int8 import dense_linear
 from specchat.quant.widths import dense_copy_linear, dense_rows
+from specchat.triton_support import triton_available
 
 
 @dataclass(frozen=True)

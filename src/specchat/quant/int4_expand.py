@@ -20,7 +20,6 @@ kernel is decorated per interpreter mode: Triton 3.9 reads TRITON_INTERPRET when
 decorates a function, so one decorated in another mode would stay in that mode.
 """
 
-import importlib.util
 import math
 from functools import cache
 from typing import Any
@@ -43,23 +42,6 @@ EXPAND_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # at 1024 rows took 1.52 ms in chunks of 2^25 weights, 1.47 in 2^26, 1.44 in 2^27, 1.38 whole; 2^26
 # keeps most of the gain in an eighth of a whole 70B MLP weight's 470 MB.
 EXPAND_WEIGHTS = 1 << 26
-
-
-@cache
-def triton_installed() -> bool:
-    """Whether triton can be imported: asked once a process (an fp8 draft's every product on CUDA
-    asks whether its kernel serves), as an install does not change under a running process."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def triton_available() -> bool:
-    """Whether the kernel can run in this process: triton importable, and a CUDA device or Triton's
-    interpreter (TRITON_INTERPRET=1) to run it on."""
-    if not triton_installed():
-        return False
-    import triton
-
-    return torch.cuda.is_available() or bool(triton.knobs.runtime.interpret)
 
 
 @cache

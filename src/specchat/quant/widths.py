@@ -11,11 +11,10 @@ A CPU's dense linears are prepacked for oneDNN where `prepack_pays`, else widene
 `widened_rows` (quant/widened.py; not the dense copies); its float32 ones go through oneDNN over
 `onednn_span` (quant/onednn_float.py); a draft's int8 linears serve inputs of up to `int8_rows` rows.
 
-Nothing here is fixed: each of those eight is measured on the machine at hand by racing two
-products at the widths of its *_ROWS (quant.timing), then kept per machine, keyed by what it was
-measured for, with the load it was measured under (machine_choices.remembered says why). The shapes
-of a model's own linears are timed where launch costs would hide a kernel's slope on a small probe
-(expand_rows, dense_rows). Each choice is cached in the process too: a forward reads no file.
+Nothing here is fixed: each of those eight is measured on the machine at hand by racing two products at the widths of
+its *_ROWS (quant.timing), then kept per machine, keyed by what it was measured for, with the load it was measured
+under (machine_choices.remembered says why). A model's own shapes are timed where launch costs would hide a kernel's
+slope on a small probe (expand_rows, dense_rows). Cached in the process, a choice costs a forward no file read.
 """
 
 import math
@@ -30,7 +29,7 @@ from specchat.errors import SpecchatError
 from specchat.machine_choices import Choice, Kept, measured, remembered, write_kept
 from specchat.quant import timing
 from specchat.quant.int4_chunks import chunked_linear, dequantized
-from specchat.quant.int4_expand import expanded_linear, triton_available
+from specchat.quant.int4_expand import expanded_linear
 from specchat.quant.int4_gemm import GEMM_DTYPES, w4a16_tiled_linear
 from specchat.quant.int4_layout import TileLayout, layout_for
 from specchat.quant.int4_pack import FUSED_DTYPES, fused_linear, pack
@@ -39,6 +38,7 @@ from specchat.quant.onednn_float import measure_onednn_span
 from specchat.quant.prepacked_linear import PREPACKED_DTYPES, PrepackedLinear
 from specchat.quant.timing import LinearShape
 from specchat.quant.widened import measure_widened_rows
+from specchat.triton_support import triton_available
 
 CPU = torch.device("cpu")
 UNLIMITED = math.inf

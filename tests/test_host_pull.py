@@ -1,0 +1,80 @@
+"""host_pull: the kernel that moves pinned host bytes onto a GPU by the GPU's own loads, run on the CPU
+by Triton's interpreter and compared byte for byte with the source; `pull`'s plain copy where no GPU
+takes the kernel; the sender's staging on a CPU. On CUDA the same bytes are checked arriving from
+pinned memory beside the streamer's loads (tests/scripts/test_gpu_checks_on_cuda.py).
+
+Triton reads TRITON_INTERPRET when `triton.jit` decorates a kernel; host_pull decorates its kernel
+lazily, once per mode, so setting the variable for this module's tests is enough."""
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from specchat.decoding.forward import CausalLM
+from specchat.host_pull import BLOCK, HostSender, launch, pull, words
+
+pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
+
+
+@pytest.fixture
+def interpreter() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+def random_bytes(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (count,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(("dtype", "shape"), [
+    (torch.int64, (2, 256)),  # a bucket's ids and positions
+    (torch.int64, (97, 24)),  # a step's lineages
+    (torch.bfloat16, (3, 4096)),  # embedding rows
+    (torch.bfloat16, (1, 3)),  # 6 bytes: moved as bytes, not words
+    (torch.float32, (BLOCK + 1,)),  # a second program's single word
+])
+def test_the_kernel_moves_every_byte_and_no_other(interpreter, dtype, shape):
+    count = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    host = random_bytes(count, seed=count).view(dtype).view(shape)
+    out = torch.full((count + 8,), 7, dtype=torch.uint8)  # bytes past the target stay as they were
+    launch(out[:count].view(dtype).view(shape), host)
+    assert torch.equal(out[:count], host.reshape(-1).view(torch.uint8))
+    assert out[count:].tolist() == [7] * 8
+
+
+def test_words_are_four_bytes_where_the_size_allows(interpreter):
+    assert words(torch.zeros(3, dtype=torch.int64)).dtype == torch.int32
+    assert words(torch.zeros(3, dtype=torch.bfloat16)).dtype == torch.uint8
+
+
+def test_the_kernel_refuses_a_target_of_another_size_and_moves_nothing_empty(interpreter):
+    with pytest.raises(ValueError, match="16 bytes pulled into 8"):
+        launch(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64))
+    launch(torch.empty(0), torch.empty(0))
+
+
+def test_off_a_gpu_pull_is_a_plain_copy_converting_the_dtype():
+    host = torch.randn(4, 5, dtype=torch.bfloat16)
+    out = torch.zeros(4, 5, dtype=torch.float32)
+    pull(out, host)
+    assert torch.equal(out, host.float())
+
+
+def test_a_sender_off_a_gpu_gives_the_array_on_its_device_and_holds_no_staging():
+    sender = HostSender(torch.device("cpu"))
+    lineages = torch.arange(12).view(3, 4)
+    assert torch.equal(sender.send(lineages), lineages)
+    assert sender.buffer is None and sender.read is None
+
+
+def test_a_model_sends_through_one_sender_made_at_its_first_send():
+    model = CausalLM(torch.nn.Linear(2, 2))  # any module: send asks only its device
+    model.model.device = torch.device("cpu")
+    assert model.sender is None
+    sent = model.send(torch.tensor([3, 1]))
+    assert sent.tolist() == [3, 1] and model.sender is not None
+    first = model.sender
+    model.send(torch.tensor([2]))
+    assert model.sender is first
