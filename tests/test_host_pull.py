@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specchat.decoding.forward import CausalLM
 from specchat.host_pull import BLOCK, HostSender, launch, pull, words
 
 pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
@@ -68,13 +67,3 @@ def test_a_sender_off_a_gpu_gives_the_array_on_its_device_and_holds_no_staging()
     assert torch.equal(sender.send(lineages), lineages)
     assert sender.buffer is None and sender.read is None
 
-
-def test_a_model_sends_through_one_sender_made_at_its_first_send():
-    model = CausalLM(torch.nn.Linear(2, 2))  # any module: send asks only its device
-    model.model.device = torch.device("cpu")
-    assert model.sender is None
-    sent = model.send(torch.tensor([3, 1]))
-    assert sent.tolist() == [3, 1] and model.sender is not None
-    first = model.sender
-    model.send(torch.tensor([2]))
-    assert model.sender is first

@@ -92,14 +92,24 @@ class CausalLM:
         """
         device = self.device
         attention = None if mask is None else to_additive_mask(mask, self.dtype, device)
+        input_ids, position_ids = self.rows_on_device(tokens, positions)
         out = self.model.get_decoder()(
-            input_ids=tokens.view(1, -1).to(device),
-            position_ids=positions.view(1, -1).to(device),
+            input_ids=input_ids,
+            position_ids=position_ids,
             attention_mask=attention,
             cache=cache,  # transformers 5.24 renamed past_key_values (removed in 5.40)
             use_cache=True,
         )
         return out.last_hidden_state[0]
+
+    def rows_on_device(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`tokens` and `positions` [n] as the decoder's [1, n] inputs on the model's device: from
+        the host beside a GPU in one pull (`send`), which waits for no layer the streamer is
+        copying (a draft's first run of an iteration catches up on the committed tokens so)."""
+        if self.device.type == "cuda" and tokens.device.type == positions.device.type == "cpu":
+            ids = self.send(torch.stack([tokens.view(-1).long(), positions.view(-1).long()]))
+            return ids[0:1], ids[1:2]
+        return tokens.view(1, -1).to(self.device), positions.view(1, -1).to(self.device)
 
     def rows_from_start(self, token_ids: list[int]) -> torch.Tensor:
         """The final-norm rows of `token_ids` run from position 0 on a cache of their own (an
