@@ -40,7 +40,9 @@ def _kernel(interpret: bool) -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # one compiled kernel a word size: Triton would otherwise compile it again for counts that are
+    # multiples of 16 and for those that are not (a step's sizes vary), each time while a reply waits
+    @triton.jit(do_not_specialize=["count"])
     def copy(source_ptr, out_ptr, count, BLOCK: tl.constexpr):
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < count
