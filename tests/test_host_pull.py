@@ -67,3 +67,9 @@ def test_a_sender_off_a_gpu_gives_the_array_on_its_device_and_holds_no_staging()
     assert torch.equal(sender.send(lineages), lineages)
     assert sender.buffer is None and sender.read is None
 
+
+
+def test_a_non_contiguous_target_is_refused_rather_than_written_through_a_copy(interpreter):
+    out = torch.zeros(4, 6)[:, :3]
+    with pytest.raises(RuntimeError):
+        launch(out, torch.ones(4, 3))

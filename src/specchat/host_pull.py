@@ -15,7 +15,7 @@ Pinned host memory lies in the GPU's address space (unified addressing: a pinned
 address is also its device address), so a kernel may load from it. One Triton program copies a
 block of 4-byte words (bytes where the size is no multiple of 4) from the pinned buffer to the
 device; its reads cross the link beside the copy engine's transfers instead of queueing behind
-them. The few MB a step sends cost the kernel ~0.1 ms at a PCIe 5 link's rate.
+them (what that costs a step, alone and beside the loads, scripts/bench_copy_contention.py times).
 
 Without CUDA (or Triton) `pull` is a plain copy: the CPU tests exercise the callers, and the kernel
 itself runs under Triton's interpreter in its own tests.
@@ -53,7 +53,7 @@ def _kernel(interpret: bool) -> Any:
 
 def words(tensor: Tensor) -> Tensor:
     """A contiguous tensor's bytes as 4-byte words, or as bytes where their count is no multiple of 4."""
-    flat = tensor.reshape(-1).view(torch.uint8)
+    flat = tensor.view(-1).view(torch.uint8)  # a view: a non-contiguous tensor is refused, not copied
     return flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
 
 
