@@ -15,7 +15,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.probe import REPEATS, time_pass
 from specchat.decoding.specexec import SPECEXEC
-from specchat.decoding.tree import NodeStore, TreeShape
+from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.offload import cuda as cuda_module
 from specchat.offload.build import stall_meter
@@ -92,8 +92,7 @@ def test_autoregressive_events_are_timed_on_the_synchronized_clock(log, tiny_tar
 
 def test_tree_engine_events_time_draft_target_and_wall_on_the_synchronized_clock(log, tiny_target, tiny_draft,
                                                                                  monkeypatch):
-    run = NodeStore.run  # a step's mask is made on the draft's device: the fake's is this CPU
-    monkeypatch.setattr(NodeStore, "run", lambda store, nodes, committed, device: run(store, nodes, committed, CPU))
+    # a step's mask is made where the draft's `send` puts its lineages: the fake's model's, this CPU
     score = specexec.score  # and the pass's on the target's
     monkeypatch.setattr(specexec, "score", lambda target, *rest, **named: score(target.lm, *rest, **named))
     engine = TreeEngine(SPECEXEC, OnFakeCuda(tiny_target, log), OnFakeCuda(tiny_draft, log), [],
