@@ -26,7 +26,6 @@ from specchat.offload.transport import ThreadTransport
 from specchat.transfer import TransferStats
 
 CUDA = torch.device("cuda")
-CPU = torch.device("cpu")
 GREEDY = SamplingParams(0.0, 1.0, 0)
 
 
