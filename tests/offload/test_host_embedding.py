@@ -14,6 +14,7 @@ from transformers import Qwen2ForCausalLM
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.engine_options import EngineOptions
+from specchat.host_pull import HostSender
 from specchat.loader import load_target, plan_run
 from specchat.offload.host_embedding import HostEmbedding, keep_embedding_on_host
 from specchat.plan import resolve_weights
@@ -41,6 +42,21 @@ def test_it_looks_up_what_the_embedding_did_and_moving_the_model_leaves_it_on_th
     model.to("meta")  # what moving to a GPU does to every registered tensor
     assert model.device.type == "meta"  # transformers reads the anchor: where the rows go
     assert model.get_input_embeddings().table.weight is table and table.device == CPU
+
+
+def test_its_rows_go_through_a_sender_made_for_the_ids_device():
+    """Beside a GPU the sender pulls the rows (host_pull.py); it is made for the first ids' device
+    and made again for ids on another."""
+    embedding = HostEmbedding(torch.nn.Embedding(50, 8), CPU, torch.float32)
+    ids = torch.tensor([[4, 9, 4]])
+    rows = embedding(ids)
+    assert torch.equal(rows, embedding.table(ids)) and embedding.sender.device == CPU
+    first = embedding.sender
+    embedding(torch.tensor([[1]]))
+    assert embedding.sender is first
+    embedding.sender = HostSender(torch.device("meta"))  # made for ids elsewhere
+    embedding(torch.tensor([[1]]))
+    assert embedding.sender.device == CPU
 
 
 @pytest.mark.parametrize("tied", [False, True])
