@@ -122,6 +122,49 @@ def test_the_width_is_where_the_expected_rate_peaks():
     assert sizer.step_width(open_probs, open_probs, draft_spent=0.0) == 128
 
 
+@pytest.mark.parametrize("count", [1, 2, 4, 8, 16, 32, 64])
+def test_a_step_may_expand_any_power_of_two_of_open_nodes_up_to_128(count):
+    """Widths cost the same, so the widest step over `count` likely open nodes is all of them: each
+    power of two is a width the rule weighs, the count of open nodes included."""
+    open_probs = torch.full((count,), 0.5, dtype=torch.float64)
+    assert AutoSizer(FLAT, cap=1024).step_width(open_probs, open_probs, draft_spent=0.0) == count
+
+
+# each scored token costs 10 ms, a draft step 1 ms at any width
+COSTLY_PASS = Costs(target_n=(1, 101), target_s=(0.1, 1.1), draft_b=(1, 128), draft_s=(0.001, 0.001))
+
+
+def test_a_step_expands_the_open_nodes_worth_the_pass_tokens_they_add():
+    """Now one node (0.9) is cut: 1.9 tokens in 0.11 s. Expanding the two likely open nodes adds 1.8
+    tokens for 0.02 s of pass and 1 ms of step (3.7 in 0.131 s); one node gives 2.8 in 0.121 s, and
+    the four after them 0.004 tokens for 0.04 s more."""
+    sizer = AutoSizer(COSTLY_PASS, cap=64)
+    assert sizer.step_width(probs(0.9, 0.9, *[0.001] * 6), probs(0.9), draft_spent=0.0) == 2
+
+
+def test_a_step_is_taken_where_its_nodes_just_pay_for_their_pass_tokens_and_not_below():
+    """Now 1.9 tokens in 0.11 s (the cut node and the root in the pass): 17.3 tokens/s. One open
+    node of 0.3 (its kept share 0.9, the prior) gives 2.17 in 0.121 s, 17.9/s; one of 0.001
+    gives 1.901 in 0.121 s."""
+    sizer = AutoSizer(COSTLY_PASS, cap=64)
+    assert sizer.step_width(probs(0.3), probs(0.9), draft_spent=0.0) == 1
+    assert sizer.step_width(probs(*[0.001] * 4), probs(0.9), draft_spent=0.0) == 0
+
+
+def test_an_expansions_gain_is_the_kept_share_of_its_nodes_mass():
+    """Now 1.9 tokens in 0.1 s (a flat pass); one open node of 0.3 behind a 10 ms step is worth
+    0.3 m tokens, m the share of an expanded parent's mass its kept children hold: it pays at the
+    prior m = 0.9 (2.17 tokens in 0.11 s against 2.09), not once the children keep a quarter (1.975)."""
+    costs = Costs(target_n=(1, 1024), target_s=(0.1, 0.1), draft_b=(1, 128), draft_s=(0.01, 0.01))
+    sizer = AutoSizer(costs, cap=64)
+    assert sizer.calibration.branching == pytest.approx(0.9)
+    assert sizer.step_width(probs(0.3), probs(0.9), draft_spent=0.0) == 1
+    for _ in range(200):
+        sizer.calibration.record_expansion(parent_mass=1.0, child_mass=0.25)
+    assert sizer.calibration.branching == pytest.approx(0.25, abs=0.01)
+    assert sizer.step_width(probs(0.3), probs(0.9), draft_spent=0.0) == 0
+
+
 def test_calibration_follows_what_verification_accepts():
     calibration = Calibration()
     assert calibration.acceptance == 1.0
@@ -200,6 +243,24 @@ def test_drafting_turns_off_when_the_draft_costs_more_than_it_saves_and_on_again
         rate.add(5)
     choice = sizer.choose(pending=2)
     assert choice.draft and not choice.look and choice.with_tree == pytest.approx(rate.value)
+
+
+def test_a_look_waits_longer_for_a_long_catch_up():
+    """A look costs its tree's time less the target alone's for its tokens, plus what its catch-up
+    takes beyond a steady one's: with drafting at 1 token in 0.2 s a steady look costs 0.1 s, due once
+    2% of the target alone's passes since the last tree (0.1 s each) reach it, 50 tokens; a 40-token
+    catch-up (0.5 s) adds 0.48 s, and the look waits for 290."""
+    costs = Costs(target_n=(1, 65), target_s=(0.1, 0.74), draft_b=(1, 2, 40, 64), draft_s=(0.02, 0.02, 0.5, 0.74))
+    sizer = AutoSizer(costs, cap=64, learns_costs=False)
+    for _ in range(1 + MIN_TREES):  # the first (cold) tree counts for acceptance only
+        sizer.record(drafted(accepted=0))
+    for _ in range(60):
+        sizer.record(Observed(tokens=1, target_s=ALONE_S))
+    assert sizer.choose(pending=2).look
+    assert not sizer.choose(pending=40).draft
+    for _ in range(290 - 60):
+        sizer.record(Observed(tokens=1, target_s=ALONE_S))
+    assert sizer.choose(pending=40).look
 
 
 class DraftingRate:
