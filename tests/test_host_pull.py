@@ -33,6 +33,7 @@ def random_bytes(count: int, seed: int) -> torch.Tensor:
     (torch.bfloat16, (3, 4096)),  # embedding rows
     (torch.bfloat16, (1, 3)),  # 6 bytes: moved as bytes, not words
     (torch.float32, (BLOCK + 1,)),  # a second program's single word
+    (torch.int32, (1,)),  # one word, one program
 ])
 def test_the_kernel_moves_every_byte_and_no_other(interpreter, dtype, shape):
     count = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
