@@ -9,7 +9,8 @@ from helpers.engines import GREEDY, PROMPT
 
 from specchat import device_clock
 from specchat.decoding.chain_sd import CHAIN_SD
-from specchat.decoding.events import SamplingParams
+from specchat.decoding.autosize import AutoSizer, Costs
+from specchat.decoding.events import AUTO, LiveSettings, SamplingParams
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import cache_length, new_cache
 from specchat.decoding.specexec import SPECEXEC
@@ -53,7 +54,7 @@ class Clock:
     """A perf_counter that only the models' forwards move."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.now = 17.0  # not 0: a duration is a difference of two readings, never their sum
 
     def __call__(self) -> float:
         return self.now
@@ -97,7 +98,7 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     draft = Metered(tiny_draft.model, None, clock=clock, cost=DRAFT_FORWARD_S)
     first, *trees = TreeEngine(strategy, target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1])
     assert len(trees) > 3
-    assert len(first.token_ids) == 1 and first.tree_size == 0 and first.draft_s == 0
+    assert len(first.token_ids) == 1 and first.tree_size == first.depth == first.accepted == first.draft_s == 0
     assert first.target_s == first.prefill_s == TARGET_PASS_S
     assert first.prefill_tokens == len(prompt) == first.transfer_bytes
     for event in trees:
@@ -105,3 +106,24 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
         assert event.target_s == event.pass_s == TARGET_PASS_S  # the metered clock only moves in forwards
         assert event.prefill_tokens == 0 and event.prefill_s == 0
         assert event.transfer_bytes == event.tree_size + 1  # root + drafted nodes
+
+
+def test_no_token_asked_decodes_nothing_and_one_asked_is_the_prompts_pass(tiny_target, tiny_draft):
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=4, max_depth=4))
+    assert list(engine.generate(PROMPT, 0, GREEDY)) == []
+    events = list(engine.generate(PROMPT, 1, GREEDY))
+    assert len(events) == 1 and len(events[0].token_ids) == 1 and events[0].finished
+
+
+def test_live_settings_switch_to_auto_with_the_sizer_given_and_set_the_tree_by_rank(tiny_target, tiny_draft):
+    """An engine made at a fixed budget with a sizer takes auto when told, and back; a ranked
+    tree is set live and kept while other settings change."""
+    sizer = AutoSizer(Costs(target_n=(1,), target_s=(0.1,), draft_b=(1,), draft_s=(0.01,)), cap=32)
+    engine = TreeEngine(SPECEXEC, tiny_target, tiny_draft, [], TreeShape(budget=8, max_depth=4), sizer=sizer)
+    assert engine.live_settings() == LiveSettings(budget=8, depth=4)
+    engine.apply(LiveSettings(budget=AUTO))
+    assert engine.live_settings() == LiveSettings(budget=AUTO, depth=4) and engine.shape.budget == 32
+    engine.apply(LiveSettings(budget=6, ranked_tree=True))
+    assert engine.live_settings() == LiveSettings(budget=6, depth=4) and engine.shape.ranked_tree
+    engine.apply(LiveSettings(depth=3))
+    assert engine.shape.ranked_tree and engine.shape.max_depth == 3
