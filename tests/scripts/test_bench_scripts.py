@@ -275,7 +275,8 @@ def test_the_copy_contention_bench_pulls_the_inputs_in_rows_of_its_own_on_cuda()
     by the device's threads, alone and beside the loads; on a CPU a pull is the copy, so no such rows."""
     bench = load_script("bench_copy_contention")
     pulled = [mode for mode, load in bench.modes(cuda=True, inputs=True) if load.pulled]
-    assert pulled == ["alone, the inputs pulled by the device's threads", "beside the loader's copies, the inputs pulled"]
+    assert pulled == ["alone, the inputs pulled by the device's threads",
+                      "beside the loader's copies, the inputs pulled"]
     assert [load.piece for mode, load in bench.modes(cuda=True, inputs=True) if load.pulled] == [None, 0]
     assert not any(load.pulled for _, load in bench.modes(cuda=True, inputs=False))
     assert [mode for mode, _ in bench.modes(cuda=False, inputs=True)] == ["alone", "beside the loader's copies"]
