@@ -251,5 +251,6 @@ def main(argv: list[str] | None = None) -> None:
             host, on_device = timed_steps(run, books, out, options.steps, device)
         print(row(mode, host, on_device, loader))
 
+
 if __name__ == "__main__":
     main()
