@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from specchat.host_pull import BLOCK, HostSender, launch, pull, words
+from specchat.host_pull import BLOCK, HostSender, ReadFence, launch, pull, words
 
 pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
 
@@ -66,7 +66,7 @@ def test_a_sender_off_a_gpu_gives_the_array_on_its_device_and_holds_no_staging()
     sender = HostSender(torch.device("cpu"))
     lineages = torch.arange(12).view(3, 4)
     assert torch.equal(sender.send(lineages), lineages)
-    assert sender.buffer is None and sender.read is None
+    assert sender.buffer is None and sender.read.event is None
 
 
 
@@ -74,3 +74,10 @@ def test_a_non_contiguous_target_is_refused_rather_than_written_through_a_copy(i
     out = torch.zeros(4, 6)[:, :3]
     with pytest.raises(RuntimeError):
         launch(out, torch.ones(4, 3))
+
+
+def test_off_a_gpu_a_fence_has_nothing_to_wait_for():
+    fence = ReadFence()
+    fence.pass_(torch.device("cpu"))
+    fence.wait()
+    assert fence.event is None

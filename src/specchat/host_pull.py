@@ -21,7 +21,7 @@ Without CUDA (or Triton) `pull` is a plain copy: the CPU tests exercise the call
 itself runs under Triton's interpreter in its own tests.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -83,6 +83,24 @@ def pull(out: Tensor, host: Tensor) -> None:
 
 
 @dataclass
+class ReadFence:
+    """When a pinned staging may be written again: once the device has read what was last pulled
+    from it (`pass_` after the pulls, `wait` before writing). Off a GPU a copy is done when it
+    returns, so there is nothing to wait for."""
+
+    event: torch.cuda.Event | None = None  # recorded after the last pull, on the device's stream
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+    def pass_(self, device: torch.device) -> None:
+        if device.type == "cuda":  # one event, recorded again each time: its last recording is waited on
+            self.event = self.event or torch.cuda.Event()
+            self.event.record()
+
+
+@dataclass
 class HostSender:
     """Sends host arrays to `device` through one pinned buffer, pulled by the kernel on CUDA (on
     another device the array is copied as it is). The buffer is written again only once the device
@@ -90,21 +108,19 @@ class HostSender:
 
     device: torch.device
     buffer: Tensor | None = None  # uint8, pinned
-    read: torch.cuda.Event | None = None  # recorded after the last pull from the buffer
+    read: ReadFence = field(default_factory=ReadFence)
 
     def send(self, host: Tensor) -> Tensor:
         """`host` (contiguous) on the device, as a new tensor."""
         if self.device.type != "cuda":
             return host.to(self.device)
         size = host.numel() * host.element_size()
-        if self.read is not None:
-            self.read.synchronize()  # the last pull is done: the buffer may be written (or freed)
+        self.read.wait()  # the last pull is done: the buffer may be written (or freed)
         if self.buffer is None or self.buffer.numel() < size:
             self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         staged = self.buffer[:size].view(host.dtype).view(host.shape)
         staged.copy_(host)
         out = torch.empty(host.shape, dtype=host.dtype, device=self.device)
         pull(out, staged)
-        self.read = self.read or torch.cuda.Event()
-        self.read.record()
+        self.read.pass_(self.device)
         return out

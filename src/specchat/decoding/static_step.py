@@ -42,7 +42,7 @@ from torch import nn
 from specchat.cuda_graph import Pool, capture_graph, repeating_shapes
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import SlotCache, cache_length
-from specchat.host_pull import pull
+from specchat.host_pull import ReadFence, pull
 
 Shape = tuple[int, int]  # a static step's (width bucket, span): one set of buffers and one graph each
 
@@ -101,7 +101,7 @@ class StaticDraft(CausalLM):
     pool: Pool | None = None
     buffers: tuple[int, int, int] = (0, 0, 0)  # the cache, its first key buffer and its capacity they were made for
     captured: int = 0  # graphs captured so far, those since dropped included
-    pulled: torch.cuda.Event | None = None  # the last pull of staged ids: its staging is written again after it
+    pulled: ReadFence = field(default_factory=ReadFence)  # a bucket's stagings are written again after it
 
     @torch.inference_mode()
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
@@ -132,8 +132,7 @@ class StaticDraft(CausalLM):
         a staging is written again only once the pulls from it are done), the mask and slots in
         place."""
         n, staged = tokens.numel(), inputs.staged
-        if self.pulled is not None:
-            self.pulled.synchronize()
+        self.pulled.wait()
         staged.zero_()
         staged[0, :n] = tokens
         staged[1, :n] = positions
@@ -141,9 +140,7 @@ class StaticDraft(CausalLM):
         if inputs.embeds is not None:
             stage_rows(inputs.staged_embeds, self.lookup.weight, tokens.cpu())
             pull(inputs.embeds[0], inputs.staged_embeds)
-        if inputs.ids.is_cuda:  # one event, recorded again each step: its last recording is the one waited on
-            self.pulled = self.pulled or torch.cuda.Event()
-            self.pulled.record()
+        self.pulled.pass_(inputs.ids.device)
         write_mask(inputs.mask[0, 0], mask, n, length)
         torch.arange(length, length + inputs.slots.numel(), out=inputs.slots)
 
