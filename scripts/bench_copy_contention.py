@@ -32,7 +32,7 @@ from typing import Self
 import torch
 
 from specchat.cuda_graph import replayed
-from specchat.host_pull import pull
+from specchat.host_pull import ReadFence, pull
 from specchat.offload.cuda import CudaMover
 from specchat.offload.transport import HostMover, Mover
 
@@ -144,21 +144,19 @@ def books_of(host_ops: int, device: torch.device, rows: torch.Tensor | None, pul
     or `pulled` by the device's threads as the drafter moves them (host_pull.py)."""
     buffer = torch.zeros(128, 64, device=device)
     staged = None if rows is None else torch.empty(rows.shape, dtype=rows.dtype, pin_memory=rows.is_cuda)
-    read = torch.cuda.Event() if device.type == "cuda" else None
+    read = ReadFence()  # as the drafter's stagings: written again once the last step's rows were read
 
     def books() -> None:
         for index in range(host_ops):
             buffer[index % 128].fill_(index)
         if rows is not None:
-            if read is not None:
-                read.synchronize()  # the last step's rows were read: the staging may be written
+            read.wait()
             staged.normal_()
             if pulled:
                 pull(rows, staged)
             else:
                 rows.copy_(staged, non_blocking=True)
-            if read is not None:
-                read.record()
+            read.pass_(device)
     return books
 
 
