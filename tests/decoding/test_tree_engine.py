@@ -61,13 +61,27 @@ class Clock:
 
 
 class TokenStream:
-    """A weight stream that counts one byte per token run."""
+    """A weight stream that counts, per token run, one byte, and seconds of the link's loads, of
+    compute's stalls (a quarter of them at a pass's start) and of the link's idling, each its own
+    power of two, so that a figure taken from the wrong counter or the wrong interval shows."""
+
+    LOAD_S, STALL_S, START_STALL_S, IDLE_S = 0.5, 0.25, 0.0625, 0.125
 
     def __init__(self) -> None:
         self.tokens = 0
 
     def stats(self) -> TransferStats:
-        return TransferStats(bytes=self.tokens)
+        n = self.tokens
+        return TransferStats(bytes=n, transfer_s=n * self.LOAD_S, stall_s=n * self.STALL_S,
+                             idle_s=n * self.IDLE_S, start_stall_s=n * self.START_STALL_S)
+
+
+def assert_moved(event, tokens: int, wall_s: float) -> None:
+    """`event` reports the link's figures for `tokens` run in `wall_s`, its idle share of that wall."""
+    assert event.transfer_bytes == tokens
+    assert (event.transfer_s, event.stall_s, event.start_stall_s) == (
+        tokens * TokenStream.LOAD_S, tokens * TokenStream.STALL_S, tokens * TokenStream.START_STALL_S)
+    assert event.link_idle == pytest.approx(tokens * TokenStream.IDLE_S / wall_s, rel=1e-12)
 
 
 @dataclass
@@ -90,8 +104,8 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     """The prompt is one target pass that emits the first token (the prefill's event: no draft,
     no tree); then each event's draft time is its draft forwards (draft_steps of them, the
     draft's own prompt pass the first one's catch-up) and its target time the one pass over the
-    tree, which pass_s names apart from the verification after it. The streamed bytes are those of
-    each event's pass."""
+    tree, which pass_s names apart from the verification after it. The link's figures are those of
+    each event's pass, its idle share one of the event's whole time."""
     clock = Clock()
     monkeypatch.setattr(device_clock, "perf_counter", clock)  # the engine reads the clock through now()
     target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
@@ -100,12 +114,13 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     assert len(trees) > 3
     assert len(first.token_ids) == 1 and first.tree_size == first.depth == first.accepted == first.draft_s == 0
     assert first.target_s == first.prefill_s == TARGET_PASS_S
-    assert first.prefill_tokens == len(prompt) == first.transfer_bytes
+    assert first.prefill_tokens == len(prompt)
+    assert_moved(first, len(prompt), TARGET_PASS_S)
     for event in trees:
         assert event.draft_s == event.draft_steps * DRAFT_FORWARD_S
         assert event.target_s == event.pass_s == TARGET_PASS_S  # the metered clock only moves in forwards
         assert event.prefill_tokens == 0 and event.prefill_s == 0
-        assert event.transfer_bytes == event.tree_size + 1  # root + drafted nodes
+        assert_moved(event, event.tree_size + 1, event.draft_s + event.target_s)  # root + drafted nodes
 
 
 def test_no_token_asked_decodes_nothing_and_one_asked_is_the_prompts_pass(tiny_target, tiny_draft):
