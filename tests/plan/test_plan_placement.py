@@ -3,8 +3,8 @@ is not (the tiers' ordinary cases are in tests/offload/test_placement.py)."""
 
 import pytest
 
-from specchat.errors import SpecchatError
-from specchat.offload.direct_io import ALIGN
+from specchat.errors import PlanRefusal, SpecchatError
+from specchat.offload.direct_io import ALIGN, align_up
 from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.plan.placement import ModelSizes, Request, Rooms, place
 
@@ -22,6 +22,10 @@ def test_a_device_of_exactly_the_fixed_parts_holds_them_and_then_lacks_the_ring(
     rooms = Rooms(device=RESERVED, host=None, disk=10**12)
     with pytest.raises(SpecchatError, match="^RAM is too small for the streaming ring: 2 slots"):
         place(SIZES, rooms)
+
+
+def test_room_for_one_layer_beside_the_ring_keeps_one_resident():
+    assert tiers(place(SIZES, Rooms(device=RESERVED + 3 * LAYER, host=None, disk=10**12))) == (1, 0, COUNT - 1, 2)
 
 
 def test_one_layer_streamed_streams_through_a_one_slot_ring():
@@ -55,3 +59,37 @@ def test_pinned_ram_of_exactly_its_layers_and_the_disk_reads_staging_is_enough()
 def test_a_disk_of_exactly_the_layer_file_holds_it():
     rooms = Rooms(device=RESERVED + 2 * LAYER, host=None, disk=SIZES.file_bytes)
     assert tiers(place(SIZES, rooms)) == (0, 0, COUNT, 2)
+
+
+@pytest.mark.parametrize(("rooms", "request_", "tier"), [
+    (Rooms(device=RESERVED - 1, host=None, disk=10**12), Request(), "device"),  # the fixed parts
+    (Rooms(device=RESERVED + 2 * LAYER - 1, host=None, disk=10**12), Request(), "device"),  # the ring
+    (Rooms(device=RESERVED + 10 * LAYER - 1, host=None, disk=10**12), Request(tier="ram", resident_layers=2),
+     "device"),  # a CPU's ram tier
+    (Rooms(device=RESERVED + 7 * LAYER - 1, host=None, disk=10**12), Request(resident_layers=5), "device"),  # +ring
+    (Rooms(device=RESERVED + 4 * LAYER, host=2 * pinned_bytes(LAYER) - 1, disk=10**12), Request(), "host"),  # staging
+    (Rooms(device=RESERVED + 4 * LAYER, host=pinned_tier_bytes((LAYER,) * 6) - 1, disk=10**12), Request(tier="ram"),
+     "host"),  # a GPU's ram tier, pinned
+    (Rooms(device=RESERVED + 2 * LAYER, host=None, disk=SIZES.file_bytes - 1), Request(), "disk"),  # the layer file
+])
+def test_a_refusal_a_byte_short_says_which_room_and_one_byte(rooms, request_, tier):
+    with pytest.raises(PlanRefusal) as refused:
+        place(SIZES, rooms, request_)
+    assert (refused.value.tier, refused.value.missing) == (tier, 1)
+
+
+LAYER_70B = align_up(445_000_000)  # a Llama-2-70B-GPTQ layer: pinned, 512 MiB
+SIZES_70B = ModelSizes(layers=(LAYER_70B,) * 80, fixed=0, headroom=0, file_bytes=80 * LAYER_70B)
+
+
+def test_the_ring_refusal_names_its_slots_bytes_and_what_is_left():
+    with pytest.raises(PlanRefusal, match=r"^RAM is too small for the streaming ring: 2 slots of 0\.45 GB need "
+                                          r"0\.89 GB, 0\.67 GB are left$"):
+        place(SIZES_70B, Rooms(device=LAYER_70B * 3 // 2, host=None, disk=10**13))
+
+
+def test_the_staging_refusal_names_its_buffers_as_pinned_a_power_of_two_each():
+    layer, sizes = LAYER_70B, SIZES_70B
+    with pytest.raises(PlanRefusal, match=r"^RAM is too small for the staging of disk reads: 2 pinned buffers of "
+                                          r"0\.45 GB take 1\.07 GB$"):
+        place(sizes, Rooms(device=2 * layer, host=2**30 - 1, disk=10**13))

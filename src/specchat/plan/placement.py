@@ -94,9 +94,8 @@ def place(sizes: ModelSizes, rooms: Rooms, request: Request = Request()) -> Plac
         slots = choose_slots(request, streamed, device_left - sum(moving), slot, rooms)
     else:
         slots = choose_slots(request, streamed, device_left, slot, rooms)
-        host_left = device_left - slots * slot if rooms.host is None else rooms.host
-        staging = slots * (slot if rooms.host is None else pinned_bytes(slot))
-        ram = choose_ram(moving, host_left, staging, request, rooms)
+        # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
+        ram = 0 if rooms.host is None else choose_ram(moving, rooms.host, slots * pinned_bytes(slot), request, rooms)
     disk = streamed - ram
     if rooms.host is not None and host_bytes(moving[:ram], slots if disk else 0, slot) > rooms.host:
         raise PlanRefusal(f"{rooms.host_name} is too small for the staging of disk reads: {slots} pinned buffers of "
@@ -145,7 +144,8 @@ def choose_slots(request: Request, streamed: int, device_left: int, slot: int, r
 
 
 def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: Request, rooms: Rooms) -> int:
-    """How many streamed layers (from the first in compute order) go to pinned RAM; the rest go to disk."""
+    """How many streamed layers (from the first in compute order) go to RAM, pinned beside a GPU (on a
+    CPU, whose RAM is its device, only under --offload ram); the rest go to disk."""
     if request.tier == "disk":
         return 0
     if request.tier == "ram":
@@ -155,8 +155,6 @@ def choose_ram(layers: tuple[int, ...], host_left: int, staging: int, request: R
                               f"{rooms.host_name} has {gb(max(host_left, 0))} left", "device" if rooms.host is None
                               else "host", needed - host_left)
         return len(layers)
-    if rooms.host is None:
-        return 0  # on a CPU a layer in RAM is a resident layer: what is not resident goes to disk
     if pinned_tier_bytes(layers) <= host_left:
         return len(layers)
     # disk reads land in pinned staging, one buffer per slot; the tier's bytes grow with its layers,
