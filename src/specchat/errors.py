@@ -8,7 +8,8 @@ class SpecchatError(Exception):
 class PlanRefusal(SpecchatError):
     """The memory plan's refusal for want of room: which room (`tier`: device, host or disk) is
     short, by how many bytes (`missing`; 0 where no single figure says it), and the option that
-    would fit (`fits`, None when none is known). Decisions read these fields, never the message."""
+    would fit (`fits`, None when none is known). Decisions (auto, doctor) catch this type, never
+    read the message."""
 
     def __init__(self, message: str, tier: str, missing: int, fits: str | None = None) -> None:
         super().__init__(message if fits is None else f"{message}; {fits}")

@@ -269,7 +269,7 @@ def test_a_cpu_that_widens_bf16_counts_the_largest_widened_products_buffers(monk
 def test_a_refusal_carries_its_room_the_bytes_missing_and_the_option_that_would_fit():
     """Every layer asked on the device, in a room 1000 bytes smaller than the plan that fits needs:
     the refusal names the device, exactly those bytes, and a shorter context that fits; doctor and
-    auto read these fields, never the message's words."""
+    auto catch its type, never read the message's words."""
     ask = PlanRequest(tier="none", offload_dir=NOWHERE, tree_tokens=1025)
     pair = default_pair(context=4096)
     ample = described_rooms(None, 24 * GB)
