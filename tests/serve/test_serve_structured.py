@@ -3,6 +3,7 @@ grammar of the template's <tool_call> blocks, calls read back out of a reply, an
 reply's text held once a call begins; each bad form one 400 line."""
 
 import json
+import re
 
 import llguidance
 import llguidance.hf
@@ -51,8 +52,11 @@ def test_tool_choice_picks_the_functions_a_reply_must_call():
             forced_functions(functions, choice)
     with pytest.raises(APIError, match="tool_choice required: the request has no tools"):
         forced_functions([], "required")
-    with pytest.raises(APIError, match=r"tools\[0\]: a tool is"):
-        functions_of([{"type": "retrieval"}])
+    for tools in ([{"type": "retrieval"}], [{"type": "retrieval", "function": TIME}], ["get_time"],
+                  [{"type": "function", "function": {"parameters": {}}}]):
+        with pytest.raises(APIError, match=r"tools\[0\]: a tool is") as refused:
+            functions_of(tools)
+        assert refused.value.status == 400
 
 
 @pytest.fixture(scope="module")
@@ -75,25 +79,37 @@ def test_the_call_grammar_takes_calls_as_the_template_writes_them_and_nothing_el
     grammar = call_grammar([WEATHER, TIME])
     assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar), tokenizer) == ""
     good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    two = good + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    time = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    two = good + "\n" + time
     for text, accepted in ((good, True), (two, True), (good.replace('"Paris"', "3"), False),
                            (good.replace("get_weather", "get_wether"), False), ("Sure! " + good, False),
-                           (good.replace("<tool_call>", "<tool_cal>"), False)):
-        matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
-        consumed = matcher.consume_tokens(fast(text, add_special_tokens=False)["input_ids"])
-        assert (consumed and matcher.is_accepting()) == accepted, text
+                           (good.replace("<tool_call>", "<tool_cal>"), False),
+                           (good.replace('"Paris"}}', '"Paris"}, "id": 1}'), False)):  # no other key
+        assert matches(calls_tokenizer, grammar, text) == accepted, text
+    one = call_grammar([TIME], one=True)  # tool_choice naming one function: one call of it
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(one), tokenizer) == ""
+    assert [matches(calls_tokenizer, one, text) for text in (time, time + "\n" + time, good)] == [True, False, False]
+
+
+def matches(calls_tokenizer, grammar: str, text: str) -> bool:
+    """Whether the grammar takes `text`, token by token, whole."""
+    tokenizer, fast = calls_tokenizer
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    consumed = matcher.consume_tokens(fast(text, add_special_tokens=False)["input_ids"])
+    return bool(consumed) and matcher.is_accepting()
 
 
 def test_calls_are_read_back_as_openais_tool_calls():
     text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     content, calls = split_calls(text)
     assert content == "Let me look." and len(calls) == 1
-    assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    assert calls[0]["type"] == "function" and re.fullmatch(r"call_[0-9a-f]{24}", calls[0]["id"])  # as OpenAI's
     assert calls[0]["function"]["name"] == "get_weather"
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     assert split_calls("no calls here") == ("no calls here", [])
-    broken = "<tool_call>\n{not json}\n</tool_call>"
-    assert split_calls(broken) == (broken, [])  # text that is not a call stays text
+    for broken in ("<tool_call>\n{not json}\n</tool_call>", '<tool_call>\n{"arguments": {}}\n</tool_call>',
+                   '<tool_call>\n["get_time"]\n</tool_call>'):
+        assert split_calls(broken) == (broken, [])  # text that is not a call (no JSON, no name) stays text
 
 
 def test_a_streamed_reply_is_sent_until_a_call_begins():
@@ -106,6 +122,8 @@ def test_a_streamed_reply_is_sent_until_a_call_begins():
     assert rest == "" and [call["function"]["name"] for call in calls] == ["get_time"]
     plain = CallHold()
     assert plain.push("a <to") == "a " and plain.push("e") == "<toe"
+    assert plain.push("b <") == "b " and plain.push("x") == "<x"  # one character may begin a call too
+    assert CallHold().push("<t") == ""  # a reply that begins with what may begin a call
     assert plain.finish() == ("", [])
     assert CallHold().finish("a <to") == ("a <to", [])  # the reply's held-back tail, no call in it
 
@@ -114,5 +132,8 @@ def test_an_assistants_calls_go_back_to_the_template_with_their_arguments_as_obj
     calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
     assert template_calls(calls, "messages[1]") == [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
+    for call in ({"type": "function", "function": {"arguments": "{}"}}, {"type": "function"}, "get_weather"):
+        with pytest.raises(APIError, match=r"^messages\[1\].tool_calls\[0\]: a call is"):
+            template_calls([call], "messages[1]")
     with pytest.raises(APIError, match=r"messages\[1\].tool_calls\[0\].function.arguments is not JSON"):
         template_calls([{"type": "function", "function": {"name": "f", "arguments": "{"}}], "messages[1]")

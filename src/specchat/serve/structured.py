@@ -126,14 +126,13 @@ class CallHold:
 
     def __init__(self) -> None:
         self.pending = ""
-        self.calling = False
 
     def push(self, text: str) -> str:
         """The text now safe to send as content."""
         buffer = self.pending + text
-        if self.calling or TOOL_OPEN in buffer:
-            start = 0 if self.calling else buffer.index(TOOL_OPEN)
-            self.calling, self.pending = True, buffer[start:]
+        if TOOL_OPEN in buffer:  # once held, the pending text begins with the call: nothing more goes out
+            start = buffer.index(TOOL_OPEN)
+            self.pending = buffer[start:]
             return buffer[:start]
         held = max((size for size in range(1, min(len(TOOL_OPEN), len(buffer) + 1))
                     if buffer.endswith(TOOL_OPEN[:size])), default=0)
