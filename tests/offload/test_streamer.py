@@ -109,9 +109,9 @@ def test_copy_and_compute_overlap_in_virtual_time(copy_s, compute_s):
             slot = streamer.acquire(layer)
             link.now += compute_s
             streamer.release(slot)
-    work = passes * layers
-    assert link.now == pytest.approx(max(copy_s, compute_s) * work + min(copy_s, compute_s), rel=1e-9)
-    assert streamer.stats().stall_s == pytest.approx(link.now - compute_s * work)
+    work, elapsed = passes * layers, link.now - link.START
+    assert elapsed == pytest.approx(max(copy_s, compute_s) * work + min(copy_s, compute_s), rel=1e-9)
+    assert streamer.stats().stall_s == pytest.approx(elapsed - compute_s * work)
 
 
 def pass_s(layers: int, streamed: Sequence[int], slots: int, copy_s: float, compute_s: float, draft_s: float,
@@ -270,6 +270,7 @@ def test_a_small_ring_stalls_the_pass_and_idles_the_link_while_drafting():
     layers, copy_s, slots = 10, 1.0, 4
     link = MeteredLink(copy_s)
     streamer = Streamer(list(range(layers)), slots=slots, transport=link, clock=lambda: link.now)
+    assert streamer.stats().idle_s == 0.0  # no time has passed since it started (the clock reads START, not 0)
     passes = decode(streamer, link, layers, iterations=3, draft_s=layers * copy_s, compute_s=0.1)
     for stall, idle in passes[1:]:
         # only 4 layers arrive while drafting; the pass waits for most of the other 6
