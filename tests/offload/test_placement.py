@@ -3,27 +3,19 @@ streamed, the ring sized by what is left, and a one-line error when something do
 arithmetic, no model)."""
 
 import pytest
+from helpers.placements import COUNT, LAYER, RESERVED, SIZES, tiers
 
 from specchat.errors import SpecchatError
-from specchat.offload.direct_io import ALIGN
 from specchat.offload.placement import Placement, resident_indices, streamed_indices
 from specchat.offload.pinned_chunks import pinned_bytes
 from specchat.plan.placement import MIN_SLOTS, ModelSizes, Request, Rooms, place
 
-LAYER = 25 * ALIGN  # every layer the same size, already aligned: slot == LAYER
-COUNT = 8
-SIZES = ModelSizes(layers=(LAYER,) * COUNT, fixed=1000, headroom=5000, file_bytes=COUNT * LAYER)
-RESERVED = SIZES.fixed + SIZES.headroom
 DISK = 10**12
 PINNED = 2**17  # LAYER pinned beside a GPU: the allocator rounds 102,400 bytes up to 131,072
 
 
 def cpu(ram: int, disk: int = DISK) -> Rooms:
     return Rooms(device=ram, host=None, disk=disk, device_name="RAM under --ram-budget")
-
-
-def tiers(placement: Placement) -> tuple[int, int, int, int]:
-    return placement.resident, placement.ram, placement.disk, placement.slots
 
 
 def test_a_model_that_fits_is_all_resident_and_nothing_streams():

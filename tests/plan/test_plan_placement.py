@@ -2,20 +2,12 @@
 is not (the tiers' ordinary cases are in tests/offload/test_placement.py)."""
 
 import pytest
+from helpers.placements import COUNT, LAYER, RESERVED, SIZES, tiers
 
 from specchat.errors import PlanRefusal, SpecchatError
-from specchat.offload.direct_io import ALIGN, align_up
+from specchat.offload.direct_io import align_up
 from specchat.offload.pinned_chunks import pinned_bytes, pinned_tier_bytes
 from specchat.plan.placement import ModelSizes, Request, Rooms, place
-
-LAYER = 25 * ALIGN  # aligned already: a slot is one layer
-COUNT = 8
-SIZES = ModelSizes(layers=(LAYER,) * COUNT, fixed=1000, headroom=5000, file_bytes=COUNT * LAYER)
-RESERVED = SIZES.fixed + SIZES.headroom
-
-
-def tiers(placement) -> tuple[int, int, int, int]:
-    return placement.resident, placement.ram, placement.disk, placement.slots
 
 
 def test_a_device_of_exactly_the_fixed_parts_holds_them_and_then_lacks_the_ring():
