@@ -49,6 +49,15 @@ def test_a_top_n_sigma_of_zero_or_less_cuts_nothing_as_llama_cpps(n):
     assert torch.isfinite(filter_logits(logits, 0.7, 1.0, top_n_sigma=n)).all()
 
 
+@pytest.mark.parametrize("n", [0.25, 0.5, 1.0, 2.0])
+def test_the_chain_cuts_at_any_positive_top_n_sigma_below_one_too(n):
+    """Every n > 0 is a cut in llama.cpp (only n <= 0 turns it off): the chain's is the cut's own."""
+    logits = torch.randn(300, generator=torch.Generator().manual_seed(4))
+    chained = filter_logits(logits, 0.7, 1.0, top_n_sigma=n)
+    assert torch.equal(chained, cut_top_n_sigma(logits / 0.7, n))
+    assert not torch.isfinite(chained).all()
+
+
 def test_top_n_sigma_is_the_same_set_after_temperature_and_rows_cut_alone():
     logits = torch.randn(4, 500, generator=torch.Generator().manual_seed(3))
     for temperature in (0.3, 0.7, 1.6):

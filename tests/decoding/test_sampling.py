@@ -375,6 +375,16 @@ def test_typical_p_keeps_the_tokens_whose_surprise_is_nearest_the_entropy():
         False, True, False, False, False]
 
 
+def test_a_typical_mass_the_sorted_sum_reaches_exactly_stops_there_as_hfs():
+    """Sorted by distance from the entropy, the masses 0.25 then 0.5 sum to exactly 0.75 in float32:
+    HF counts the sums strictly below the mass, so the token that reaches it is the last kept."""
+    logits = torch.tensor([0.0, -1.0, -2.0, -2.0]) * torch.log(torch.tensor(2.0))
+    assert logits.softmax(-1).tolist() == [0.5, 0.25, 0.125, 0.125]  # exact: the sums below are too
+    ours = filter_logits(logits, 1.0, 1.0, typical_p=0.75)
+    assert torch.isfinite(ours).tolist() == [True, True, False, False]
+    assert torch.equal(ours, hf_filter(logits, 1.0, 1.0, typical_p=0.75))
+
+
 def test_sample_token_samples_the_typical_set():
     logits = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625]))
     params = SamplingParams(temperature=1.0, top_p=1.0, seed=9, typical_p=0.7)
