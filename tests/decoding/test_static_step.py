@@ -16,7 +16,8 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.kvcache import cache_length, keep_slots, new_cache
 from specchat.decoding.specexec import SPECEXEC, catch_up, grow
-from specchat.decoding.static_step import BUCKETS, LEAST_SPAN, span_for, stage_rows, static_draft
+from specchat.decoding.static_step import (BUCKETS, LEAST_SPAN, draft_slots, span_for, stage_rows, static_draft,
+                                           write_mask)
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.tree_engine import TreeEngine
@@ -84,6 +85,19 @@ def test_a_padded_step_gives_the_eager_rows_and_slots(tiny_draft, least_span):
     assert torch.equal(after[0], after[1])  # one row, no mask: causal over the rest
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["a-tree-mask", "causal"])
+def test_a_pad_row_sees_its_own_slot_alone_and_a_real_row_what_its_mask_lets_it(given):
+    """Three real rows after 6 cached slots in a bucket of 4 over a span of 16: the pad row, whose
+    keys land in slot 9, sees slot 9 alone; every other score is the dtype's min."""
+    mask = tree_mask(6) if given else torch.ones(3, 9, dtype=torch.bool).tril(diagonal=6)
+    additive = torch.full((4, 16), 7.0)  # a bucket's buffer, holding the last step's mask
+    write_mask(additive, mask if given else None, 3, 6)
+    expected = torch.full((4, 16), torch.finfo(torch.float32).min)
+    expected[:3, :9].masked_fill_(mask, 0)
+    expected[3, 9] = 0
+    assert torch.equal(additive, expected)
+
+
 def test_steps_wider_than_a_bucket_or_past_the_capacity_run_eagerly(tiny_draft):
     static = static_draft(tiny_draft, capacity=len(PROMPT) + 4, capture=False)
     cache = prefilled(static, PROMPT)
@@ -93,6 +107,43 @@ def test_steps_wider_than_a_bucket_or_past_the_capacity_run_eagerly(tiny_draft):
     static.capacity = 1024
     static.hidden(wide, torch.arange(6, 6 + wide.numel()), cache)
     assert not static.inputs
+
+
+@pytest.mark.parametrize(("free", "room"), [(0, 0), (1, 1), (3, 2), (100, 64), (BUCKETS[-1] - 1, BUCKETS[-2]),
+                                            (BUCKETS[-1], BUCKETS[-1]), (BUCKETS[-1] + 88, BUCKETS[-1] + 88)])
+def test_a_steps_room_is_the_widest_bucket_the_free_slots_hold_or_all_past_the_widest(tiny_draft, free, room):
+    """A step is padded to its bucket, so below the widest bucket only a whole bucket fits; past it a
+    wider step runs eagerly, unpadded, and may take every free slot."""
+    static = static_draft(tiny_draft, capacity=len(PROMPT) + free, capture=False)
+    assert static.room(prefilled(static, PROMPT)) == room
+
+
+def test_a_drafts_slots_hold_its_context_and_tree_and_a_widest_bucket_past_them(tiny_draft):
+    budget = 12
+    static = static_draft(tiny_draft, draft_slots(len(PROMPT), budget), capture=False)
+    cache = prefilled(static, PROMPT)
+    end = len(PROMPT) + budget + 1  # the context and a tree with its root, held
+    static.hidden(torch.arange(budget + 1) % 50, torch.arange(len(PROMPT), end), cache)
+    assert static.room(cache) == BUCKETS[-1]
+    static.hidden(torch.arange(BUCKETS[-1]) % 50, torch.arange(end, end + BUCKETS[-1]), cache)
+    assert BUCKETS[-1] in {width for width, _ in static.inputs}  # at its static shapes, not eagerly
+    assert draft_slots(len(PROMPT), budget, pads=0) == end  # an eager draft's rows need no pads
+
+
+def test_a_new_conversations_cache_is_not_stepped_by_the_graphs_captured_on_the_last(tiny_draft, monkeypatch):
+    captured = []
+    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(captured))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    static = static_draft(tiny_draft, CAPACITY, capture=True)
+    rows = torch.tensor([5, 6])
+    last = prefilled(static, PROMPT)
+    for step in range(3):  # eager, captured, replayed
+        static.hidden(rows, torch.arange(len(PROMPT) + 2 * step, len(PROMPT) + 2 * step + 2), last)
+    other = [9, 3, 7, 7, 1, 2]
+    new, eager_cache = prefilled(static, other), prefilled(tiny_draft, other)
+    positions = torch.arange(len(other), len(other) + 2)
+    assert torch.equal(static.hidden(rows, positions, new), tiny_draft.hidden(rows, positions, eager_cache))
+    assert len(captured) == 1 and not static.graphs  # the last cache's graph dropped, the new shape eager again
 
 
 def test_a_tree_grows_no_further_than_the_reserved_slots(tiny_draft, monkeypatch):
@@ -233,6 +284,22 @@ def test_captured_shapes_replay_the_eager_rows_from_one_pool(tiny_target, tiny_d
     assert set(static.graphs) <= static.used and len(static.graphs) == len(captured) > 1  # each shape once
     assert all(graph.replays for graph in captured)  # every shape used a third time
     assert pools == [(0, 0)] * len(captured)
+
+
+def test_a_shape_costs_a_replay_alone_from_the_use_after_its_uses_before_replay(tiny_draft, monkeypatch):
+    """The --budget auto probe runs a size uses_before_replay() times untimed (decoding/probe.py), so
+    that it times what a reply runs: a replay, with no eager run or capture (the capture's use
+    replays too: on CUDA a capture records the step without running it)."""
+    captured = []
+    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(captured))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    static = static_draft(tiny_draft, CAPACITY, capture=True)
+    cache, seen, uses = prefilled(static, PROMPT), [], static.uses_before_replay()
+    for step in range(uses + 2):
+        static.hidden(torch.tensor([5, 6]), torch.arange(len(PROMPT) + 2 * step, len(PROMPT) + 2 * step + 2), cache)
+        seen.append((len(captured), sum(graph.replays for graph in captured)))
+    assert seen[uses - 2] == (0, 0) and seen[uses - 1] == (1, 1)  # eager, then captured
+    assert seen[uses:] == [(1, 2), (1, 3)]
 
 
 def test_each_iteration_counts_the_graphs_its_draft_captured(tiny_target, tiny_draft, monkeypatch):
