@@ -95,10 +95,25 @@ def test_a_probe_prepared_as_on_cuda_steps(monkeypatch):
     torch.testing.assert_close(rows[1], rows[0], rtol=0, atol=4.8e-7)
 
 
-def test_the_measurement_times_the_probe_and_scales_it_to_every_layer():
+@pytest.mark.parametrize(("layers", "scale"), [(8, 2.0), (10, 2.5), (3, 1.0)])
+def test_the_measurement_times_the_probe_and_scales_it_to_every_layer(monkeypatch, layers, scale):
+    """The probe's PROBE_LAYERS layers (all of a draft with fewer) stand for the draft's every layer."""
+    timed = []
+
+    def stand_in(model, widths, dtype, device):
+        timed.append((len(model.model.layers), widths))
+        return [0.004, 0.012]
+
+    monkeypatch.setattr(draft_step, "timed_layers", stand_in)
+    config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=layers)
+    assert measure_step(config, DraftQuant("int4"), BF16, CPU, 16) == pytest.approx([0.004 * scale, 0.012 * scale])
+    assert timed == [(min(PROBE_LAYERS, layers), (1, 16))]
+
+
+def test_the_measurement_on_this_machine_gives_seconds():
     config = tiny_qwen_config(hidden_size=128, intermediate_size=256, num_hidden_layers=8)
     one_s, wide_s = measure_step(config, DraftQuant("int4"), BF16, CPU, 16)
-    assert 0 < one_s and 0 < wide_s  # 8 layers' worth: twice the 4 timed; the figures are this machine's
+    assert 0 < one_s and 0 < wide_s  # the figures are this machine's
 
 
 def test_each_width_is_timed_as_one_capture_replayed(monkeypatch):
@@ -107,12 +122,12 @@ def test_each_width_is_timed_as_one_capture_replayed(monkeypatch):
     handed = []
 
     def recording(run, device):
-        handed.append((run().shape[1], device))
+        handed.append((tuple(run().shape[:2]), device))  # one sequence of the width's rows, as a step
         return run
 
     monkeypatch.setattr(draft_step, "replayed", recording)
     measure_step(tiny_qwen_config(hidden_size=128, intermediate_size=256), DraftQuant("none"), BF16, CPU, 16)
-    assert handed == [(1, CPU), (16, CPU)]
+    assert handed == [((1, 1), CPU), ((1, 16), CPU)]
 
 
 def test_a_step_kept_before_steps_were_timed_replayed_is_measured_again(monkeypatch):

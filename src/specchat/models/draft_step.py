@@ -142,6 +142,5 @@ def layer_inputs(model: nn.Module, tokens: int, dtype: torch.dtype,
 def run_layers(model: nn.Module, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The decoder layers over `hidden`'s tokens (causal, no cache)."""
     for layer in model.model.layers:
-        hidden = layer(hidden, position_embeddings=rotary)
-        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        hidden = layer(hidden, position_embeddings=rotary)  # transformers 5's layers return the tensor
     return hidden
