@@ -58,6 +58,21 @@ def tree_mask(cached: int) -> torch.Tensor:
     return mask
 
 
+@pytest.fixture
+def captured(monkeypatch) -> list[FakeGraph]:
+    """CUDA's capture stood in for (helpers/graphs.py): the graphs made, in order, one memory pool."""
+    graphs = []
+    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(graphs))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    return graphs
+
+
+def step_pair(static: CausalLM, cache, earlier: int) -> torch.Tensor:
+    """Two rows, a bucket of 2, after the prompt and `earlier` such pairs."""
+    start = len(PROMPT) + 2 * earlier
+    return static.hidden(torch.tensor([5, 6]), torch.arange(start, start + 2), cache)
+
+
 def test_a_span_is_the_power_of_two_from_the_least_that_holds_the_rows_or_the_capacity():
     assert [span_for(slots, 16, 100) for slots in (1, 16, 17, 33, 64, 65, 100)] == [16, 16, 32, 64, 64, 100, 100]
 
@@ -130,18 +145,15 @@ def test_a_drafts_slots_hold_its_context_and_tree_and_a_widest_bucket_past_them(
     assert draft_slots(len(PROMPT), budget, pads=0) == end  # an eager draft's rows need no pads
 
 
-def test_a_new_conversations_cache_is_not_stepped_by_the_graphs_captured_on_the_last(tiny_draft, monkeypatch):
-    captured = []
-    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(captured))
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+def test_a_new_conversations_cache_is_not_stepped_by_the_graphs_captured_on_the_last(tiny_draft, captured):
     static = static_draft(tiny_draft, CAPACITY, capture=True)
-    rows = torch.tensor([5, 6])
     last = prefilled(static, PROMPT)
     for step in range(3):  # eager, captured, replayed
-        static.hidden(rows, torch.arange(len(PROMPT) + 2 * step, len(PROMPT) + 2 * step + 2), last)
+        step_pair(static, last, step)
     other = [9, 3, 7, 7, 1, 2]
     new, eager_cache = prefilled(static, other), prefilled(tiny_draft, other)
     positions = torch.arange(len(other), len(other) + 2)
+    rows = torch.tensor([5, 6])
     assert torch.equal(static.hidden(rows, positions, new), tiny_draft.hidden(rows, positions, eager_cache))
     assert len(captured) == 1 and not static.graphs  # the last cache's graph dropped, the new shape eager again
 
@@ -256,7 +268,7 @@ def test_every_static_step_runs_where_shapes_repeat_and_an_eager_one_does_not(ti
     hook = static.model.get_decoder().register_forward_pre_hook(lambda module, args: seen.append(shapes_repeat()))
     try:
         cache = prefilled(static, PROMPT)  # the first pass: eager
-        static.hidden(torch.tensor([5, 6]), torch.arange(len(PROMPT), len(PROMPT) + 2), cache)  # a bucket of 2
+        step_pair(static, cache, 0)
         wide = BUCKETS[-1] + 1
         static.hidden(torch.arange(wide) % 50, torch.arange(len(PROMPT) + 2, len(PROMPT) + 2 + wide), cache)
     finally:
@@ -286,28 +298,22 @@ def test_captured_shapes_replay_the_eager_rows_from_one_pool(tiny_target, tiny_d
     assert pools == [(0, 0)] * len(captured)
 
 
-def test_a_shape_costs_a_replay_alone_from_the_use_after_its_uses_before_replay(tiny_draft, monkeypatch):
+def test_a_shape_costs_a_replay_alone_from_the_use_after_its_uses_before_replay(tiny_draft, captured):
     """The --budget auto probe runs a size uses_before_replay() times untimed (decoding/probe.py), so
     that it times what a reply runs: a replay, with no eager run or capture (the capture's use
     replays too: on CUDA a capture records the step without running it)."""
-    captured = []
-    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(captured))
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
     static = static_draft(tiny_draft, CAPACITY, capture=True)
     cache, seen, uses = prefilled(static, PROMPT), [], static.uses_before_replay()
     for step in range(uses + 2):
-        static.hidden(torch.tensor([5, 6]), torch.arange(len(PROMPT) + 2 * step, len(PROMPT) + 2 * step + 2), cache)
+        step_pair(static, cache, step)
         seen.append((len(captured), sum(graph.replays for graph in captured)))
     assert seen[uses - 1] == (1, 1)  # the last untimed use captured the graph (and replayed it)
     assert seen[uses:] == [(1, 2), (1, 3)]  # from there each use replays it, capturing nothing
 
 
-def test_each_iteration_counts_the_graphs_its_draft_captured(tiny_target, tiny_draft, monkeypatch):
+def test_each_iteration_counts_the_graphs_its_draft_captured(tiny_target, tiny_draft, captured):
     """A reply's events say where its captures (CUDA's stood in for) happened, one a shape at its
     second use, so that a measurement can leave those one-time costs out (gpu_check --pair)."""
-    captured = []
-    monkeypatch.setattr("specchat.decoding.static_step.capture_graph", standing_in(captured))
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
     static = static_draft(tiny_draft, CAPACITY, capture=True)
     static.least_span = 16
     engine = TreeEngine(SPECEXEC, tiny_target, static, [], TreeShape(budget=12, max_depth=6))

@@ -81,7 +81,6 @@ def test_the_ring_refusal_names_its_slots_bytes_and_what_is_left():
 
 
 def test_the_staging_refusal_names_its_buffers_as_pinned_a_power_of_two_each():
-    layer, sizes = LAYER_70B, SIZES_70B
     with pytest.raises(PlanRefusal, match=r"^RAM is too small for the staging of disk reads: 2 pinned buffers of "
                                           r"0\.45 GB take 1\.07 GB$"):
-        place(sizes, Rooms(device=2 * layer, host=2**30 - 1, disk=10**13))
+        place(SIZES_70B, Rooms(device=2 * LAYER_70B, host=2**30 - 1, disk=10**13))
