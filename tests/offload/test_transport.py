@@ -68,7 +68,7 @@ def test_a_run_takes_consecutive_layers_while_their_bytes_stay_within_the_coales
 
 
 def test_by_default_a_request_holds_as_many_94_mb_layers_as_256_mib_hold():
-    # the measured choice (docs/benchmarks.md): two of the 1.5B target's ~94 MB layers, not three
+    # the measured choice (docs/benchmarks.md): two ~94 MB layers (the size it was measured against), not three
     transport = queue_only(FileStore(94 * 10**6), [0, 1, 2, 3])
     assert taken(transport) == [0, 1]
     assert taken(transport) == [2, 3]
