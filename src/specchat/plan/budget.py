@@ -58,7 +58,8 @@ class Target:
     sizes: ModelSizes  # its decoder layers and fixed parts (headroom 0: the plan adds it)
     shape: ModelShape
     compact_fixed: int | None = None  # its fixed parts with the LM head in Q6_K (quant/q6k_linear.py), when it has one
-    compact_layers: ModelSizes | None = None  # its sizes with the layers' Q6_K linears and Q4_K scales as stored
+    # its layers' sizes with their Q6_K linears and Q4_K scales as stored (its `fixed` unread: `sizes`' stands)
+    compact_layers: ModelSizes | None = None
     host_embedding: int = 0  # its input embedding's bytes, held on the host (offload/host_embedding.py)
 
     def embedding_on_host(self, nbytes: int) -> "Target":
@@ -66,10 +67,8 @@ class Target:
         if not nbytes:
             return self
         compact = None if self.compact_fixed is None else self.compact_fixed - nbytes
-        compact_layers = None if self.compact_layers is None else \
-            replace(self.compact_layers, fixed=self.compact_layers.fixed - nbytes)
         return replace(self, sizes=replace(self.sizes, fixed=self.sizes.fixed - nbytes), compact_fixed=compact,
-                       compact_layers=compact_layers, host_embedding=nbytes)
+                       host_embedding=nbytes)
 
     def forms(self) -> tuple[tuple["Target", bool], ...]:
         """Itself, then (when it has one) itself with its LM head in Q6_K: (target, compact head)."""

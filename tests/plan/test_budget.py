@@ -1,0 +1,111 @@
+"""The memory plan's arithmetic (plan/budget.py) on small made-up models, where every byte is written
+out here: the forms a target may take, the device's check before placement, and the host's room."""
+
+from dataclasses import replace
+
+import pytest
+
+from specchat.errors import PlanRefusal
+from specchat.offload.direct_io import ALIGN
+from specchat.plan.budget import OS_RESERVE, Ask, Target, plan_memory
+from specchat.plan.demand import ModelShape
+from specchat.plan.draft_form import Draft
+from specchat.plan.placement import ModelSizes, Request, Rooms
+
+SHAPE = ModelShape(heads=2, kv_heads=1, head_dim=4, hidden=8, intermediate=16, kv_per_token=64, itemsize=2)
+LAYER, COMPACT_LAYER = 3 * ALIGN, 2 * ALIGN  # slot-aligned: a ring slot is exactly a layer
+FIXED = 10_000
+ASK = Ask(contexts=(64,), drafts=(None,), tree_tokens=8, workspace=0)
+TOKENS = 64 + 8  # the context and the largest tree
+PASS = SHAPE.pass_bytes(64, 8)
+
+
+def sizes(layer: int, fixed: int = FIXED) -> ModelSizes:
+    return ModelSizes(layers=(layer,) * 4, fixed=fixed, headroom=0, file_bytes=4 * layer)
+
+
+def cpu(device: int) -> Rooms:
+    return Rooms(device=device, host=None, disk=10**9)
+
+
+def test_an_input_embedding_held_on_the_host_comes_out_of_every_forms_fixed_parts():
+    """Beside a GPU the target's input embedding (here 2000 bytes) lives on the host: its dense and
+    its Q6_K head's fixed parts both lose it, each layer form keeps the one it is taken from."""
+    target = Target(sizes(LAYER), SHAPE, compact_fixed=6_000, compact_layers=sizes(COMPACT_LAYER, fixed=0))
+    assert target.embedding_on_host(0) is target
+    hosted = target.embedding_on_host(2_000)
+    assert hosted.host_embedding == 2_000
+    forms = [(form.sizes.fixed, compact) for form, compact in hosted.forms()]
+    assert forms == [(FIXED - 2_000, False), (6_000 - 2_000, True)]
+    layered = [(form.sizes.fixed, form.sizes.layers, compact) for form, compact in hosted.layer_forms()]
+    assert layered == [(FIXED - 2_000, (LAYER,) * 4, False), (FIXED - 2_000, (COMPACT_LAYER,) * 4, True)]
+
+
+def test_the_compact_layers_are_planned_and_flagged_where_they_stream_less():
+    """A CPU room that holds the fixed parts, the cache, the pass and four compact layers but only
+    two dense ones (beside the ring of two slots): the compact form streams nothing and is chosen,
+    the plan says so; with room for every dense layer the dense form, the first on a tie, stays."""
+    target = Target(sizes(LAYER), SHAPE, compact_layers=sizes(COMPACT_LAYER))
+    around = FIXED + SHAPE.kv_bytes(TOKENS) + PASS
+    tight = plan_memory(target, ASK, cpu(around + 4 * COMPACT_LAYER))
+    assert tight.compact_layers and tight.placement.layers == (COMPACT_LAYER,) * 4 and tight.placement.resident == 4
+    roomy = plan_memory(target, ASK, cpu(around + 4 * LAYER))
+    assert not roomy.compact_layers and roomy.placement.layers == (LAYER,) * 4 and roomy.placement.resident == 4
+
+
+def test_the_device_must_hold_the_smallest_ring_of_the_largest_layer():
+    """Layers of unequal sizes: the smallest ring is two slots of the largest, whatever the others
+    weigh; a room a byte short of it is refused with exactly that byte missing, and the line names
+    the ring and the four largest of the six items beside it (draft 50,000, pass 24,896, fixed
+    10,000, the target's cache 4,608 bytes), not the draft's cache or the workspace."""
+    uneven = ModelSizes(layers=(LAYER, 5 * ALIGN, LAYER, LAYER), fixed=FIXED, headroom=0, file_bytes=12 * ALIGN)
+    target = Target(uneven, SHAPE)
+    draft = Draft("none", 50_000, SHAPE, load_bytes=0)
+    ask = Ask(contexts=(64,), drafts=(draft,), tree_tokens=8, workspace=3_000)
+    need = FIXED + 2 * SHAPE.kv_bytes(TOKENS) + 50_000 + PASS + 3_000 + 2 * 5 * ALIGN
+    assert plan_memory(target, ask, cpu(need)).placement.slots == 2
+    with pytest.raises(PlanRefusal) as refused:
+        plan_memory(target, ask, cpu(need - 1))
+    assert (refused.value.tier, refused.value.missing) == ("device", 1)
+    reason = refused.value.reason
+    assert "for the smallest streaming ring beside draft weights (none)" in reason
+    assert all(name in reason for name in ("largest pass", "fixed parts", "target KV cache"))
+    assert "draft KV cache" not in reason and "workspace" not in reason
+
+
+def test_resident_layers_asked_are_counted_in_the_devices_check():
+    """--resident-layers 3 of four equal layers: the device needs the three and a ring of two
+    beside the rest; a byte less is refused, naming the three layers."""
+    target = Target(sizes(LAYER), SHAPE)
+    ask = Ask(contexts=(64,), drafts=(None,), tree_tokens=8, workspace=0, request=Request(resident_layers=3))
+    need = FIXED + SHAPE.kv_bytes(TOKENS) + PASS + 3 * LAYER + 2 * LAYER
+    assert plan_memory(target, ask, cpu(need)).placement.resident == 3
+    with pytest.raises(PlanRefusal) as refused:
+        plan_memory(target, ask, cpu(need - 1))
+    assert refused.value.missing == 1 and "3 resident layers" in refused.value.reason
+
+
+def test_the_plan_says_which_input_embeddings_it_holds_on_the_host():
+    """The target's (out of its fixed parts) and the draft's (out of its weights) each on the host
+    only where the plan holds it there."""
+    plain, draft = Target(sizes(LAYER), SHAPE), Draft("none", 50_000, SHAPE, load_bytes=0)
+    room = cpu(10**8)
+    for target, drafts, expected in ((plain, (None,), (False, False)), (plain, (draft,), (False, False)),
+                                     (plain.embedding_on_host(2_000), (draft,), (True, False)),
+                                     (plain, (replace(draft, host_embedding=3_000),), (False, True))):
+        memory = plan_memory(target, replace(ASK, drafts=drafts), room)
+        assert (memory.embedding_on_host, memory.draft_embedding_on_host) == expected
+
+
+def test_beside_a_gpu_the_host_must_hold_what_loading_and_the_os_need():
+    """A GPU's plan keeps OS_RESERVE of RAM for the OS, and the target's input embedding there: a
+    host room of exactly both plans (every layer resident, nothing left to pin), a byte less is
+    refused on the host with that byte missing."""
+    target = Target(sizes(LAYER), SHAPE).embedding_on_host(2_000)
+    ask = replace(ASK, cuda=True)
+    host = OS_RESERVE + 2_000
+    memory = plan_memory(target, ask, Rooms(device=10**10, host=host, disk=10**9))
+    assert memory.total("host") == host and memory.placement.resident == 4
+    with pytest.raises(PlanRefusal) as refused:
+        plan_memory(target, ask, Rooms(device=10**10, host=host - 1, disk=10**9))
+    assert (refused.value.tier, refused.value.missing) == ("host", 1)
