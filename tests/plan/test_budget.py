@@ -7,7 +7,7 @@ import pytest
 
 from specchat.errors import PlanRefusal
 from specchat.offload.direct_io import ALIGN
-from specchat.plan.budget import OS_RESERVE, Ask, Target, plan_memory
+from specchat.plan.budget import OS_RESERVE, SMALLEST_CONTEXT, Ask, Target, plan_memory
 from specchat.plan.demand import ModelShape
 from specchat.plan.draft_form import Draft
 from specchat.plan.placement import ModelSizes, Request, Rooms
@@ -109,3 +109,47 @@ def test_beside_a_gpu_the_host_must_hold_what_loading_and_the_os_need():
     with pytest.raises(PlanRefusal) as refused:
         plan_memory(target, ask, Rooms(device=10**10, host=host - 1, disk=10**9))
     assert (refused.value.tier, refused.value.missing) == ("host", 1)
+
+
+def need_streaming(context: int, draft: Draft | None) -> int:
+    """The device's bytes at `context` for the made-up target streaming its layers from the disk:
+    fixed parts, the caches, the largest pass and the draft's weights, and the ring of two slots."""
+    tokens = context + 8
+    caches = SHAPE.kv_bytes(tokens) * (1 if draft is None else 2)
+    weights = 0 if draft is None else draft.weights
+    return FIXED + caches + SHAPE.pass_bytes(context, 8) + weights + 2 * LAYER
+
+
+@pytest.mark.parametrize("fitting", [1000, SMALLEST_CONTEXT // 4])
+def test_a_refusal_names_the_largest_context_at_which_the_smallest_draft_fits(fitting):
+    """Two draft forms that fit at no default context: the refusal is the smaller's (its bytes
+    missing at 4096 tokens) and names the largest context it fits at, found by the plan's search:
+    a room of exactly its need at 1000 tokens gives --context 1000, and so down to a quarter of
+    1024; a token less names none."""
+    small, large = Draft("int8", 40_000, SHAPE, load_bytes=0), Draft("none", 200_000, SHAPE, load_bytes=0)
+    ask = Ask(contexts=(4096,), drafts=(large, small), tree_tokens=8, workspace=0)
+    room = need_streaming(fitting, small)
+    with pytest.raises(PlanRefusal) as refused:
+        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(room))
+    assert refused.value.missing == need_streaming(4096, small) - room
+    assert refused.value.fits == f"--context {fitting} with the draft in int8 would fit"
+    alone = replace(ask, drafts=(small,))  # the form the user fixed is not named
+    with pytest.raises(PlanRefusal, match=f"; --context {fitting} would fit$"):
+        plan_memory(Target(sizes(LAYER), SHAPE), alone, cpu(room))
+    with pytest.raises(PlanRefusal) as shorter:
+        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(fitting - 1, small)))
+    assert shorter.value.fits == (f"--context {fitting - 1} with the draft in int8 would fit"
+                                  if fitting > SMALLEST_CONTEXT // 4 else None)
+
+
+def test_where_no_context_fits_the_draft_the_refusal_offers_none():
+    """A draft whose weights alone outweigh the target's whole plan at 4096 tokens: no context of
+    a quarter of 1024 or more fits it, and without it the target would run."""
+    heavy = Draft("none", 2 * need_streaming(4096, None), SHAPE, load_bytes=0)
+    ask = Ask(contexts=(4096,), drafts=(heavy,), tree_tokens=8, workspace=0)
+    with pytest.raises(PlanRefusal) as refused:
+        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(4096, None)))
+    assert refused.value.fits == "a smaller draft would fit, or none (--engine autoregressive)"
+    with pytest.raises(PlanRefusal) as nothing:  # a room that holds not even the target: no option is named
+        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(4096, None) - 1))
+    assert nothing.value.fits is None
