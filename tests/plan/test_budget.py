@@ -11,6 +11,7 @@ from specchat.plan.budget import OS_RESERVE, SMALLEST_CONTEXT, Ask, Target, plan
 from specchat.plan.demand import ModelShape
 from specchat.plan.draft_form import Draft
 from specchat.plan.placement import ModelSizes, Request, Rooms
+from specchat.transfer import gb
 
 SHAPE = ModelShape(heads=2, kv_heads=1, head_dim=4, hidden=8, intermediate=16, kv_per_token=64, itemsize=2)
 LAYER, COMPACT_LAYER = 3 * ALIGN, 2 * ALIGN  # slot-aligned: a ring slot is exactly a layer
@@ -25,7 +26,7 @@ def sizes(layer: int, fixed: int = FIXED) -> ModelSizes:
 
 
 def cpu(device: int) -> Rooms:
-    return Rooms(device=device, host=None, disk=10**9)
+    return Rooms(device=device, host=None, disk=10**12)
 
 
 def test_an_input_embedding_held_on_the_host_comes_out_of_every_forms_fixed_parts():
@@ -74,15 +75,17 @@ def test_the_device_must_hold_the_smallest_ring_of_the_largest_layer():
 
 
 def test_resident_layers_asked_are_counted_in_the_devices_check():
-    """--resident-layers 3 of four equal layers: the device needs the three and a ring of two
-    beside the rest; a byte less is refused, naming the three layers."""
-    target = Target(sizes(LAYER), SHAPE)
+    """--resident-layers 3 of four equal 1.2 GB layers: the device needs the three and a ring of two
+    beside the rest; 0.6 GB less is refused in a line naming that shortfall and the three layers."""
+    layer = 300_000 * ALIGN
+    target = Target(sizes(layer), SHAPE)
     ask = Ask(contexts=(64,), drafts=(None,), tree_tokens=8, workspace=0, request=Request(resident_layers=3))
-    need = FIXED + SHAPE.kv_bytes(TOKENS) + PASS + 3 * LAYER + 2 * LAYER
+    need = FIXED + SHAPE.kv_bytes(TOKENS) + PASS + 3 * layer + 2 * layer
     assert plan_memory(target, ask, cpu(need)).placement.resident == 3
     with pytest.raises(PlanRefusal) as refused:
-        plan_memory(target, ask, cpu(need - 1))
-    assert refused.value.missing == 1 and "3 resident layers" in refused.value.reason
+        plan_memory(target, ask, cpu(need - 600_000_000))
+    assert refused.value.missing == 600_000_000
+    assert refused.value.reason.startswith(f"RAM is 0.60 GB short: {gb(need)} are needed for 3 resident layers beside")
 
 
 def test_the_plan_says_which_input_embeddings_it_holds_on_the_host():
@@ -144,12 +147,27 @@ def test_a_refusal_names_the_largest_context_at_which_the_smallest_draft_fits(fi
 
 def test_where_no_context_fits_the_draft_the_refusal_offers_none():
     """A draft whose weights alone outweigh the target's whole plan at 4096 tokens: no context of
-    a quarter of 1024 or more fits it, and without it the target would run."""
-    heavy = Draft("none", 2 * need_streaming(4096, None), SHAPE, load_bytes=0)
-    ask = Ask(contexts=(4096,), drafts=(heavy,), tree_tokens=8, workspace=0)
+    a quarter of 1024 or more fits it, and without it the target would run at the smallest
+    context auto would take (4096, after 8192)."""
+    heavy = Draft("none", 2 * need_streaming(8192, None), SHAPE, load_bytes=0)
+    ask = Ask(contexts=(8192, 4096), drafts=(heavy,), tree_tokens=8, workspace=0)
     with pytest.raises(PlanRefusal) as refused:
         plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(4096, None)))
     assert refused.value.fits == "a smaller draft would fit, or none (--engine autoregressive)"
     with pytest.raises(PlanRefusal) as nothing:  # a room that holds not even the target: no option is named
         plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(4096, None) - 1))
     assert nothing.value.fits is None
+
+
+def test_a_refusals_fitting_context_is_the_smallest_forms_at_the_smallest_tree():
+    """A target whose LM head also comes in Q6_K (1,000 bytes of fixed parts less) and auto's
+    smaller tree of 4 tokens: the context the refusal names is where the compact form fits with
+    that tree, a room of exactly its need at 700 tokens."""
+    target = Target(sizes(LAYER), SHAPE, compact_fixed=FIXED - 1_000)
+    draft = Draft("none", 40_000, SHAPE, load_bytes=0)
+    ask = Ask(contexts=(4096,), drafts=(draft,), tree_tokens=8, workspace=0, smaller_trees=((4, 0),))
+    tokens = 700 + 4
+    room = FIXED - 1_000 + 2 * SHAPE.kv_bytes(tokens) + SHAPE.pass_bytes(700, 4) + 40_000 + 2 * LAYER
+    with pytest.raises(PlanRefusal) as refused:
+        plan_memory(target, ask, cpu(room))
+    assert refused.value.fits == "--context 700 would fit"
