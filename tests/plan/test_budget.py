@@ -160,14 +160,15 @@ def test_where_no_context_fits_the_draft_the_refusal_offers_none():
 
 
 def test_a_refusals_fitting_context_is_the_smallest_forms_at_the_smallest_tree():
-    """A target whose LM head also comes in Q6_K (1,000 bytes of fixed parts less) and auto's
-    smaller tree of 4 tokens: the context the refusal names is where the compact form fits with
-    that tree, a room of exactly its need at 700 tokens."""
-    target = Target(sizes(LAYER), SHAPE, compact_fixed=FIXED - 1_000)
+    """A target whose LM head also comes in Q6_K (1,000 bytes of fixed parts less) and its layers
+    too (a smaller ring), and auto's smaller tree of 4 tokens with no kernels' workspace (the 8
+    tokens' is 5,000 bytes): the context the refusal names is where the compact forms fit with that
+    tree, a room of exactly their need at 700 tokens."""
+    target = Target(sizes(LAYER), SHAPE, compact_fixed=FIXED - 1_000, compact_layers=sizes(COMPACT_LAYER))
     draft = Draft("none", 40_000, SHAPE, load_bytes=0)
-    ask = Ask(contexts=(4096,), drafts=(draft,), tree_tokens=8, workspace=0, smaller_trees=((4, 0),))
+    ask = Ask(contexts=(4096,), drafts=(draft,), tree_tokens=8, workspace=5_000, smaller_trees=((4, 0),))
     tokens = 700 + 4
-    room = FIXED - 1_000 + 2 * SHAPE.kv_bytes(tokens) + SHAPE.pass_bytes(700, 4) + 40_000 + 2 * LAYER
+    room = FIXED - 1_000 + 2 * SHAPE.kv_bytes(tokens) + SHAPE.pass_bytes(700, 4) + 40_000 + 2 * COMPACT_LAYER
     with pytest.raises(PlanRefusal) as refused:
         plan_memory(target, ask, cpu(room))
     assert refused.value.fits == "--context 700 would fit"
