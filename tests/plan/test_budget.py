@@ -1,5 +1,6 @@
-"""The memory plan's arithmetic (plan/budget.py) on small made-up models, where every byte is written
-out here: the forms a target may take, the device's check before placement, and the host's room."""
+"""The memory plan's arithmetic (plan/budget.py) on small made-up models, its sums written out here
+(a pass's and a cache's bytes are plan/demand.py's, tested beside it): the forms a target may take,
+the device's check before placement, the host's room, and what a refusal offers instead."""
 
 from dataclasses import replace
 
@@ -43,9 +44,10 @@ def test_an_input_embedding_held_on_the_host_comes_out_of_every_forms_fixed_part
 
 
 def test_the_compact_layers_are_planned_and_flagged_where_they_stream_less():
-    """A CPU room that holds the fixed parts, the cache, the pass and four compact layers but only
-    two dense ones (beside the ring of two slots): the compact form streams nothing and is chosen,
-    the plan says so; with room for every dense layer the dense form, the first on a tie, stays."""
+    """A CPU room that holds the fixed parts, the cache, the pass and the four compact layers (8
+    units of 4 KiB) but not the four dense ones (12): the dense form would stream every layer
+    through a ring of two slots, the compact one streams nothing and is chosen, and the plan says
+    so; with room for every dense layer the dense form, the first on a tie, stays."""
     target = Target(sizes(LAYER), SHAPE, compact_layers=sizes(COMPACT_LAYER))
     around = FIXED + SHAPE.kv_bytes(TOKENS) + PASS
     tight = plan_memory(target, ASK, cpu(around + 4 * COMPACT_LAYER))
@@ -128,7 +130,7 @@ def test_a_refusal_names_the_largest_context_at_which_the_smallest_draft_fits(fi
     """Two draft forms that fit at no default context: the refusal is the smaller's (its bytes
     missing at 4096 tokens) and names the largest context it fits at, found by the plan's search:
     a room of exactly its need at 1000 tokens gives --context 1000, and so down to a quarter of
-    1024; a token less names none."""
+    1024; a token's bytes less names the context below, or none at that floor."""
     small, large = Draft("int8", 40_000, SHAPE, load_bytes=0), Draft("none", 200_000, SHAPE, load_bytes=0)
     ask = Ask(contexts=(4096,), drafts=(large, small), tree_tokens=8, workspace=0)
     room = need_streaming(fitting, small)
@@ -146,7 +148,7 @@ def test_a_refusal_names_the_largest_context_at_which_the_smallest_draft_fits(fi
 
 
 def test_where_no_context_fits_the_draft_the_refusal_offers_none():
-    """A draft whose weights alone outweigh the target's whole plan at 4096 tokens: no context of
+    """A draft whose weights alone are twice the target's whole plan at 8192 tokens: no context of
     a quarter of 1024 or more fits it, and without it the target would run at the smallest
     context auto would take (4096, after 8192)."""
     heavy = Draft("none", 2 * need_streaming(8192, None), SHAPE, load_bytes=0)
