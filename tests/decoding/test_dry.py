@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from helpers.engines import GREEDY, run
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -61,11 +61,15 @@ def test_llama_cpps_worked_example():
     torch.testing.assert_close(penalty, torch.tensor([0.0, 0.0, 0.8 * 1.75, 0.8]))
 
 
-@pytest.mark.parametrize("seed", range(30))
+# breakers: none, a token alone, one of two tokens, of three, and one head leading two tails
+RESTARTS = ((), ((3, ()),), ((2, (1,)),), ((2, (1, 3)),), ((2, (1,)), (2, (1, 0))))
+
+
+@pytest.mark.parametrize("seed", range(50))
 def test_the_penalty_is_the_definitions_on_repetitive_sequences(seed):
     generator = random.Random(seed)
     tokens = [generator.randrange(4) for _ in range(generator.randrange(3, 80))]
-    restarts = ((3, ()),) if seed % 3 == 0 else ((2, (1,)),) if seed % 3 == 1 else ()  # a breaker, one of two tokens
+    restarts = RESTARTS[seed % len(RESTARTS)]
     dry = Dry(generator.choice([0.5, 0.8, 2.0]), generator.choice([1.0, 1.75, 3.0]), generator.choice([0, 1, 2, 4]),
               restarts=restarts)
     torch.testing.assert_close(penalty_of(dry, tokens, 4), naive_penalties(tokens, dry, 4))
@@ -77,6 +81,27 @@ def test_a_breaker_stops_the_repeat_and_is_never_penalized_itself():
     broken = Dry(1.0, 2.0, 2, restarts=((a, ()),))  # a breaks: the repeat counts "b c" only
     assert penalty_of(broken, [a, b, c, d, a, b, c], 4).tolist() == [0.0, 0.0, 0.0, 1.0]
     assert penalty_of(broken, [b, c, a, b, c], 4)[a] == 0  # a breaker by itself, though "b c" stood before it
+
+
+@pytest.mark.parametrize("restarts", [((2, (1,)),), ((2, (1, 3)),), ((2, (1,)), (2, (1, 3)))],
+                         ids=["two tokens", "three tokens", "two tails"])
+def test_a_sequence_ending_in_its_breaker_repeats_nothing(restarts):
+    """The breaker's last tokens are the sequence's last: no repeat reaches past it, though the
+    same breaker and the tokens before it stood earlier (without the breaker, the last four to six
+    tokens repeat the first ones)."""
+    breaker = [2, *max((tail for _, tail in restarts), key=len)]
+    tokens = [0, 3, *breaker, 0, 3, *breaker]
+    assert penalty_of(Dry(1.0, 2.0, 2, restarts=restarts), tokens, 4).tolist() == [0.0] * 4
+    assert penalty_of(Dry(1.0, 2.0, 2), tokens, 4)[0] > 0
+
+
+def test_dry_is_on_from_a_base_of_1_and_a_window_of_1():
+    """llama.cpp's bounds: a base below 1 or a window of 0 turns DRY off; a base of exactly 1 is a
+    flat penalty of the multiplier whatever the repeat's length, a window of 1 token is on."""
+    assert not Dry(1.0, 0.99, 2).active and not Dry(1.0, 2.0, 2, last_n=0).active and not Dry(0.0, 2.0, 2).active
+    assert Dry(1.0, 2.0, 2, last_n=1).active and Dry(1.0, 1.0, 2).active
+    a, b, c = range(3)
+    assert penalty_of(Dry(0.5, 1.0, 2), [a, b, c, a, b, c, a, b], 3).tolist() == [0.0, 0.0, 0.5]
 
 
 def test_the_window_counts_only_the_last_tokens():
@@ -104,6 +129,25 @@ def test_breakers_are_found_as_llama_cpp_finds_them_in_the_words(words):
     assert set(restart_sequences(words, (":",))) == {(7, ())}
     assert dry_of(0.0, 1.75, 2, -1, words) is None  # off: nothing tokenized
     assert dry_of(0.8, 1.75, 2, -1, words, (":",)).restarts == ((7, ()),)
+
+
+def test_a_long_breaker_is_cut_at_40_characters_and_its_tail_at_20_tokens(words):
+    """llama.cpp's bounds: ":" and then 30 " x" is read as its first 40 characters, so "c:" leads
+    19 x's; ":" and then 30 "x:" (one-character tokens, ":" unknown) leads its first 20 tokens."""
+    assert restart_sequences(words, (":" + " x" * 30,)) == ((7, (1,) * 19),)
+    assert restart_sequences(words, (":" + "x:" * 30,)) == ((7, (1, 0) * 10),)
+
+
+def test_a_breakers_tail_is_tokenized_without_the_tokenizers_bos():
+    """A Llama-style tokenizer adds <s> to what it encodes unless told not to; a breaker's tail is
+    the text's own tokens."""
+    vocab = {"<unk>": 0, "x": 1, "a": 2, "b": 3, "xa": 4, "ab": 5, "<s>": 6}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 6)])
+    llama_like = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>")
+    assert llama_like.encode("b") == [6, 3]
+    assert set(restart_sequences(llama_like, ("ab",))) == {(5, ()), (4, (3,)), (2, (3,))}
 
 
 def test_specexec_under_dry_emits_autoregressive_decodings_tokens(tiny_target, tiny_draft):
