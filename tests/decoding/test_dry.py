@@ -86,12 +86,13 @@ def test_a_breaker_stops_the_repeat_and_is_never_penalized_itself():
 @pytest.mark.parametrize("restarts", [((2, (1,)),), ((2, (1, 3)),), ((2, (1,)), (2, (1, 3)))],
                          ids=["two tokens", "three tokens", "two tails"])
 def test_a_sequence_ending_in_its_breaker_repeats_nothing(restarts):
-    """The breaker's last tokens are the sequence's last: no repeat reaches past it, though the
-    same breaker and the tokens before it stood earlier (without the breaker, the last four to six
-    tokens repeat the first ones)."""
+    """The breaker's last tokens are the sequence's last: no repeat reaches past it, not even one
+    token long, though the same breaker and the tokens before it stood earlier (without the
+    breaker, the last four to six tokens repeat the first ones). Where two of its tails match, the
+    longer one is the breaker."""
     breaker = [2, *max((tail for _, tail in restarts), key=len)]
     tokens = [0, 3, *breaker, 0, 3, *breaker]
-    assert penalty_of(Dry(1.0, 2.0, 2, restarts=restarts), tokens, 4).tolist() == [0.0] * 4
+    assert penalty_of(Dry(1.0, 2.0, 1, restarts=restarts), tokens, 4).tolist() == [0.0] * 4
     assert penalty_of(Dry(1.0, 2.0, 2), tokens, 4)[0] > 0
 
 
