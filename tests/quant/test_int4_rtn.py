@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from helpers.float_sums import summation_bound
 from torch import nn
 
 from specchat.quant import int4_rtn
@@ -53,9 +52,9 @@ def test_round_linears_replaces_what_the_kernels_take_and_multiplies_like_the_ro
     assert round_linears(block, torch.float32, CPU) == 1
     assert isinstance(block[0], Int4Linear) and isinstance(block[2][0], nn.Linear)  # 48 inputs: no group fits
     x = torch.randn(5, 256)
-    # float32 sums in another order (4.8e-7 apart on an AMD EPYC)
-    bias = block[0].bias
-    assert ((block[0](x) - (x @ expected.t() + bias)).abs() <= summation_bound(x, expected, bias)).all()
+    # float32 sums in another order, outputs up to 1.6: at most 7.2e-7 apart on the AMX Xeon (2026-12-05;
+    # 4.8e-7 on the AMD EPYC, 2026-11-28)
+    assert torch.allclose(block[0](x), x @ expected.t() + block[0].bias, atol=1.4e-6, rtol=0)
 
 
 def test_a_weight_rounded_a_block_of_rows_at_a_time_is_the_weight_rounded_whole(monkeypatch):
