@@ -26,6 +26,13 @@ def sizes(layer: int, fixed: int = FIXED) -> ModelSizes:
     return ModelSizes(layers=(layer,) * 4, fixed=fixed, headroom=0, file_bytes=4 * layer)
 
 
+PLAIN = Target(sizes(LAYER), SHAPE)
+
+
+def draft_of(weights: int, quant: str = "none") -> Draft:
+    return Draft(quant, weights, SHAPE, load_bytes=0)
+
+
 def cpu(device: int) -> Rooms:
     return Rooms(device=device, host=None, disk=10**12)
 
@@ -63,7 +70,7 @@ def test_the_device_must_hold_the_smallest_ring_of_the_largest_layer():
     10,000, the target's cache 4,608 bytes), not the draft's cache or the workspace."""
     uneven = ModelSizes(layers=(LAYER, 5 * ALIGN, LAYER, LAYER), fixed=FIXED, headroom=0, file_bytes=12 * ALIGN)
     target = Target(uneven, SHAPE)
-    draft = Draft("none", 50_000, SHAPE, load_bytes=0)
+    draft = draft_of(50_000)
     ask = Ask(contexts=(64,), drafts=(draft,), tree_tokens=8, workspace=3_000)
     need = FIXED + 2 * SHAPE.kv_bytes(TOKENS) + 50_000 + PASS + 3_000 + 2 * 5 * ALIGN
     assert plan_memory(target, ask, cpu(need)).placement.slots == 2
@@ -93,11 +100,11 @@ def test_resident_layers_asked_are_counted_in_the_devices_check():
 def test_the_plan_says_which_input_embeddings_it_holds_on_the_host():
     """The target's (out of its fixed parts) and the draft's (out of its weights) each on the host
     only where the plan holds it there."""
-    plain, draft = Target(sizes(LAYER), SHAPE), Draft("none", 50_000, SHAPE, load_bytes=0)
+    draft = draft_of(50_000)
     room = cpu(10**8)
-    for target, drafts, expected in ((plain, (None,), (False, False)), (plain, (draft,), (False, False)),
-                                     (plain.embedding_on_host(2_000), (draft,), (True, False)),
-                                     (plain, (replace(draft, host_embedding=3_000),), (False, True))):
+    for target, drafts, expected in ((PLAIN, (None,), (False, False)), (PLAIN, (draft,), (False, False)),
+                                     (PLAIN.embedding_on_host(2_000), (draft,), (True, False)),
+                                     (PLAIN, (replace(draft, host_embedding=3_000),), (False, True))):
         memory = plan_memory(target, replace(ASK, drafts=drafts), room)
         assert (memory.embedding_on_host, memory.draft_embedding_on_host) == expected
 
@@ -106,7 +113,7 @@ def test_beside_a_gpu_the_host_must_hold_what_loading_and_the_os_need():
     """A GPU's plan keeps OS_RESERVE of RAM for the OS, and the target's input embedding there: a
     host room of exactly both plans (every layer resident, nothing left to pin), a byte less is
     refused on the host with that byte missing."""
-    target = Target(sizes(LAYER), SHAPE).embedding_on_host(2_000)
+    target = PLAIN.embedding_on_host(2_000)
     ask = replace(ASK, cuda=True)
     host = OS_RESERVE + 2_000
     memory = plan_memory(target, ask, Rooms(device=10**10, host=host, disk=10**9))
@@ -131,18 +138,18 @@ def test_a_refusal_names_the_largest_context_at_which_the_smallest_draft_fits(fi
     missing at 4096 tokens) and names the largest context it fits at, found by the plan's search:
     a room of exactly its need at 1000 tokens gives --context 1000, and so down to a quarter of
     1024; a token's bytes less names the context below, or none at that floor."""
-    small, large = Draft("int8", 40_000, SHAPE, load_bytes=0), Draft("none", 200_000, SHAPE, load_bytes=0)
+    small, large = draft_of(40_000, "int8"), draft_of(200_000)
     ask = Ask(contexts=(4096,), drafts=(large, small), tree_tokens=8, workspace=0)
     room = need_streaming(fitting, small)
     with pytest.raises(PlanRefusal) as refused:
-        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(room))
+        plan_memory(PLAIN, ask, cpu(room))
     assert refused.value.missing == need_streaming(4096, small) - room
     assert refused.value.fits == f"--context {fitting} with the draft in int8 would fit"
     alone = replace(ask, drafts=(small,))  # the form the user fixed is not named
     with pytest.raises(PlanRefusal, match=f"; --context {fitting} would fit$"):
-        plan_memory(Target(sizes(LAYER), SHAPE), alone, cpu(room))
+        plan_memory(PLAIN, alone, cpu(room))
     with pytest.raises(PlanRefusal) as shorter:
-        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(fitting - 1, small)))
+        plan_memory(PLAIN, ask, cpu(need_streaming(fitting - 1, small)))
     assert shorter.value.fits == (f"--context {fitting - 1} with the draft in int8 would fit"
                                   if fitting > SMALLEST_CONTEXT // 4 else None)
 
@@ -151,13 +158,13 @@ def test_where_no_context_fits_the_draft_the_refusal_offers_none():
     """A draft whose weights alone are twice the target's whole plan at 8192 tokens: no context of
     a quarter of 1024 or more fits it, and without it the target would run at the smallest
     context auto would take (4096, after 8192)."""
-    heavy = Draft("none", 2 * need_streaming(8192, None), SHAPE, load_bytes=0)
+    heavy = draft_of(2 * need_streaming(8192, None))
     ask = Ask(contexts=(8192, 4096), drafts=(heavy,), tree_tokens=8, workspace=0)
     with pytest.raises(PlanRefusal) as refused:
-        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(4096, None)))
+        plan_memory(PLAIN, ask, cpu(need_streaming(4096, None)))
     assert refused.value.fits == "a smaller draft would fit, or none (--engine autoregressive)"
     with pytest.raises(PlanRefusal) as nothing:  # a room that holds not even the target: no option is named
-        plan_memory(Target(sizes(LAYER), SHAPE), ask, cpu(need_streaming(4096, None) - 1))
+        plan_memory(PLAIN, ask, cpu(need_streaming(4096, None) - 1))
     assert nothing.value.fits is None
 
 
@@ -167,7 +174,7 @@ def test_a_refusals_fitting_context_is_the_smallest_forms_at_the_smallest_tree()
     tokens' is 5,000 bytes): the context the refusal names is where the compact forms fit with that
     tree, a room of exactly their need at 700 tokens."""
     target = Target(sizes(LAYER), SHAPE, compact_fixed=FIXED - 1_000, compact_layers=sizes(COMPACT_LAYER))
-    draft = Draft("none", 40_000, SHAPE, load_bytes=0)
+    draft = draft_of(40_000)
     ask = Ask(contexts=(4096,), drafts=(draft,), tree_tokens=8, workspace=5_000, smaller_trees=((4, 0),))
     tokens = 700 + 4
     room = FIXED - 1_000 + 2 * SHAPE.kv_bytes(tokens) + SHAPE.pass_bytes(700, 4) + 40_000 + 2 * COMPACT_LAYER
