@@ -15,6 +15,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
+from specchat.decoding.token_log import TokenLog
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.scheduler import Scheduler
 from specchat.serve.schema import Defaults
@@ -73,9 +74,10 @@ def raw_stream(url: str, body: dict) -> list[str]:
         return [line for line in response.read().decode().split("\n") if line]
 
 
-def test_without_include_usage_no_usage_chunk(fake):
+@pytest.mark.parametrize("options", [None, {}, {"include_usage": False}])
+def test_without_include_usage_no_usage_chunk(fake, options):
     _, chat, _ = fake
-    chunks = list(chat.chat.completions.create(model=MODEL, messages=user("hi"), stream=True))
+    chunks = list(chat.chat.completions.create(model=MODEL, messages=user("hi"), stream=True, stream_options=options))
     assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason == "stop"
 
 
@@ -353,3 +355,22 @@ def test_a_conversation_returns_to_the_slot_that_holds_it():
     assert scheduler.pick(continued) is scheduler.slots[0]
     # A new conversation sharing only "<user>" goes to the least recently used slot.
     assert scheduler.pick(tokenizer.encode("<user>a new one</><assistant>")) is scheduler.slots[1]
+
+
+
+@pytest.mark.parametrize("top", [0, 2])
+def test_on_tiny_models_chat_logprobs_are_the_targets_each_with_top_logprobs_alternatives(tiny_target, tiny_draft, top):
+    app, _ = make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
+                      context=1024)
+    prompt_ids = TINY_TOKENIZER.apply_chat_template(user("hello there"), True, True, True)["input_ids"]
+    with serving(app) as url:
+        reply = client(url).chat.completions.create(model=MODEL, messages=user("hello there"), max_tokens=12,
+                                                    temperature=0, logprobs=True, top_logprobs=top)
+    log = TokenLog(top)
+    list(AutoregressiveEngine(tiny_target, frozenset()).generate(prompt_ids, 12, SamplingParams(0.0, token_log=log)))
+    entries = reply.choices[0].logprobs.content
+    assert [entry.token for entry in entries] == [TINY_TOKENIZER.decode([e.token]) for e in log.entries]
+    assert [entry.logprob for entry in entries] == [e.logprob for e in log.entries]
+    assert [[(a.token, a.logprob) for a in entry.top_logprobs] for entry in entries] == [
+        [(TINY_TOKENIZER.decode([t]), p) for t, p in e.top] for e in log.entries]
+    assert all(len(entry.top_logprobs) == top for entry in entries)

@@ -117,6 +117,14 @@ CASES = [
     ("image", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), AUTH, 400,
      "unsupported_parameter", "images, audio and files are not supported by specchat"),
+    ("a text part's text a number", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": [
+        {"type": "text", "text": 5}]}]), AUTH, 400, "invalid_type",
+     'messages[0].content: a content part must be {"type": "text", "text": "..."}'),
+    ("a content part of another type", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": [
+        {"type": "refusal", "text": "no"}]}]), AUTH, 400, "invalid_type",
+     'messages[0].content: a content part must be {"type": "text", "text": "..."}'),
+    ("stream_options not an object", "POST", "/v1/chat/completions", body(stream_options="usage"), AUTH, 400,
+     "invalid_type", "stream_options: input should be an object"),
     ("top_logprobs without logprobs", "POST", "/v1/chat/completions", body(top_logprobs=2), AUTH, 400,
      "invalid_value", "top_logprobs needs logprobs: true"),
     ("top_logprobs too many", "POST", "/v1/chat/completions", body(logprobs=True, top_logprobs=21), AUTH, 400,

@@ -8,8 +8,8 @@ best_of returns the likeliest n of that many candidates."""
 import logging
 
 import pytest
-from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, client, make_app, post_refused, serving, serving_recorded,
-                                   user)
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, client, make_app, post_json, post_refused, serving,
+                                   serving_recorded, user)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -120,6 +120,19 @@ def test_routes_without_choices_refuse_n_above_one_in_one_line(route, body):
     with serving_recorded() as (_, _, url):
         status, message = post_refused(f"{url}{route}", {"model": MODEL, "n": 2} | body)
     assert (status, message) == (400, "n = 2: several choices (n > 1) on this route are not supported by specchat")
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", {"messages": user("hi"), "max_tokens": 4}),
+    ("/completion", {"prompt": "hi"}),
+])
+def test_routes_without_choices_take_n_of_one_and_refuse_n_below_it_as_the_choice_routes_do(route, body):
+    with serving_recorded() as (engine, _, url):
+        post_json(f"{url}{route}", {"model": MODEL, "n": 1} | body)
+        assert len(engine.calls) == 1  # decoded once, as without n
+        status, message = post_refused(f"{url}{route}", {"model": MODEL, "n": 0} | body)
+    assert (status, message) == (400, f"n must be between 1 and {MAX_CHOICES} (got 0)")
 
 
 def test_best_of_is_n_where_left_out_and_refused_below_n_or_above_128():

@@ -15,6 +15,7 @@ from specchat.decoding.events import SamplingParams
 from specchat.decoding.reply_sampling import reply_sampling
 from specchat.limits import (DEFAULT_REPEAT_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, MAX_TOKENS, SAMPLING_BOUNDS,
                              SEED_LIMIT, fresh_seed)
+from specchat.serve.choices import choice_count
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.structured import template_calls
 
@@ -134,10 +135,9 @@ Rendered = TypeVar("Rendered")
 
 
 def parse_body(body: bytes, kind: type[Request]) -> Request:
-    """The request, or a 400: malformed JSON, or the first field missing or of the wrong type; n > 1
-    where the route answers one choice."""
+    """The request, or `parsed`'s 400; a 400 for n outside [1, MAX_CHOICES], or above 1 on a one-choice route."""
     request = parsed(body, kind)
-    if request.n is not None and request.n != 1 and not kind.CHOICES:
+    if choice_count(request.n) != 1 and not kind.CHOICES:
         raise unsupported(f"n = {request.n}: several choices (n > 1) on this route are", "n")
     return request
 
