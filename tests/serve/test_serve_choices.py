@@ -111,22 +111,22 @@ def test_a_grammar_is_compiled_once_and_each_choice_keeps_it_with_its_own_state(
     assert [call[2].guide for call in engine.calls] == ["guide 1"] * 3
 
 
-@pytest.mark.parametrize("route, body", [
+# the routes that answer one choice, each with a body it takes
+ONE_CHOICE_ROUTES = [
     ("/v1/responses", {"input": "hi"}),
     ("/v1/messages", {"messages": user("hi"), "max_tokens": 4}),
     ("/completion", {"prompt": "hi"}),
-])
+]
+
+
+@pytest.mark.parametrize("route, body", ONE_CHOICE_ROUTES)
 def test_routes_without_choices_refuse_n_above_one_in_one_line(route, body):
     with serving_recorded() as (_, _, url):
         status, message = post_refused(f"{url}{route}", {"model": MODEL, "n": 2} | body)
     assert (status, message) == (400, "n = 2: several choices (n > 1) on this route are not supported by specchat")
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/responses", {"input": "hi"}),
-    ("/v1/messages", {"messages": user("hi"), "max_tokens": 4}),
-    ("/completion", {"prompt": "hi"}),
-])
+@pytest.mark.parametrize("route, body", ONE_CHOICE_ROUTES)
 def test_routes_without_choices_take_n_of_one_and_refuse_n_below_it_as_the_choice_routes_do(route, body):
     with serving_recorded() as (engine, _, url):
         post_json(f"{url}{route}", {"model": MODEL, "n": 1} | body)
