@@ -14,8 +14,8 @@ from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.specexec import SPECEXEC
-from specchat.decoding.tree import TreeShape
 from specchat.decoding.token_log import TokenLog
+from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.serve.scheduler import Scheduler
 from specchat.serve.schema import Defaults
@@ -355,7 +355,6 @@ def test_a_conversation_returns_to_the_slot_that_holds_it():
     assert scheduler.pick(continued) is scheduler.slots[0]
     # A new conversation sharing only "<user>" goes to the least recently used slot.
     assert scheduler.pick(tokenizer.encode("<user>a new one</><assistant>")) is scheduler.slots[1]
-
 
 
 @pytest.mark.parametrize("top", [0, 2])
