@@ -1,6 +1,6 @@
 """The server driven by the official `openai` client on a free 127.0.0.1 port, streaming and not:
 over fake engines (exact text, finish reasons, usage, the `specchat` figures, stop strings, keys,
-logs) and over the tiny random models (the text is the engine's own greedy output)."""
+logs) and over the tiny random models (the text and its logprobs are the target's own greedy ones)."""
 
 import json
 import logging
