@@ -294,14 +294,19 @@ def tiny_engine(tiny_target, tiny_draft):
     return TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
 
 
+def tiny_app(tiny_target, tiny_draft):
+    """The server over one SpecExec engine of the tiny models."""
+    return make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
+                    context=1024)[0]
+
+
 def greedy_text(tiny_target, prompt_ids: list[int], max_new_tokens: int) -> str:
     events = AutoregressiveEngine(tiny_target, frozenset()).generate(prompt_ids, max_new_tokens, SamplingParams(0.0))
     return TINY_TOKENIZER.decode([t for e in events for t in e.token_ids])
 
 
 def test_on_tiny_models_the_served_text_is_the_targets_greedy_text(tiny_target, tiny_draft):
-    app, _ = make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
-                      context=1024)
+    app = tiny_app(tiny_target, tiny_draft)
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello there"}]
     prompt_ids = TINY_TOKENIZER.apply_chat_template(messages, True, True, True)["input_ids"]
     with serving(app) as url:
@@ -315,8 +320,7 @@ def test_on_tiny_models_the_served_text_is_the_targets_greedy_text(tiny_target, 
 
 
 def test_on_tiny_models_a_seed_gives_the_same_reply(tiny_target, tiny_draft):
-    app, _ = make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
-                      context=1024)
+    app = tiny_app(tiny_target, tiny_draft)
     with serving(app) as url:
         chat = client(url)
         replies = [chat.chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=16, temperature=1.0,
@@ -359,8 +363,7 @@ def test_a_conversation_returns_to_the_slot_that_holds_it():
 
 @pytest.mark.parametrize("top", [0, 2])
 def test_on_tiny_models_chat_logprobs_are_the_targets_each_with_top_logprobs_alternatives(tiny_target, tiny_draft, top):
-    app, _ = make_app([tiny_engine(tiny_target, tiny_draft)], tokenizer=TINY_TOKENIZER, stop_ids=frozenset(),
-                      context=1024)
+    app = tiny_app(tiny_target, tiny_draft)
     prompt_ids = TINY_TOKENIZER.apply_chat_template(user("hello there"), True, True, True)["input_ids"]
     with serving(app) as url:
         reply = client(url).chat.completions.create(model=MODEL, messages=user("hello there"), max_tokens=12,
