@@ -26,8 +26,12 @@ HALVING = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625], dtype=torch.float64) 
 def test_version_2_keeps_the_tokens_whose_surprise_is_at_most_mu():
     state = Mirostat(2, tau=1.25).start()  # mu = 2.5: the 1- and 2-bit tokens stay
     assert state.probs(torch.log(HALVING)).tolist() == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0, 0.0], abs=1e-12)
-    state.mu = 3.0  # at mu exactly: kept
-    assert (state.probs(torch.log(HALVING)) > 0).tolist() == [True, True, True, False, False]
+
+
+def test_version_2_keeps_a_token_whose_surprise_is_mu_exactly():
+    """Four equal logits: each token's probability is 1/4 exactly in float64, its surprise 2 bits."""
+    state = Mirostat(2, tau=1.0).start()  # mu = 2
+    assert state.probs(torch.zeros(4, dtype=torch.float64)).tolist() == [0.25] * 4
 
 
 def test_version_2_keeps_the_likeliest_whatever_mu():
@@ -54,6 +58,50 @@ def test_version_1_fits_a_zipf_exponent_and_keeps_its_k_likeliest(s, tau):
     kept = Mirostat(1, tau=tau).start().probs(scores) > 0
     assert 1 < k < vocabulary and int(kept.sum()) == k
     assert kept[torch.argsort(order)[:k]].all()  # the k likeliest: rank r's token is where order holds r
+
+
+def llama_cpps_v1_count(probs: torch.Tensor, mu: float) -> int:
+    """llama.cpp's mirostat (v1) loop, in float64: s^ by least squares over the likeliest m = 100
+    tokens' 99 ratios, then k = (eps 2^mu / (1 - N^-eps))^(1 / s^), at least 1."""
+    p, vocabulary = sorted(probs.tolist(), reverse=True), probs.numel()
+    sum_tb = sum_tt = 0.0
+    for i in range(min(100 - 1, vocabulary - 1)):
+        t, b = math.log((i + 2) / (i + 1)), math.log(p[i] / p[i + 1])
+        sum_tb, sum_tt = sum_tb + t * b, sum_tt + t * t
+    s_hat = sum_tb / sum_tt
+    eps = s_hat - 1
+    return max(int((eps * 2 ** mu / (1 - vocabulary ** -eps)) ** (1 / s_hat)), 1)
+
+
+def test_version_1_fits_the_likeliest_100_tokens_as_llama_cpps_loop():
+    """Cliffs after the 99th and the 100th likeliest make a fit over 99, 100 or 101 tokens give k =
+    107, 101 or 85 at tau = 5: only the likeliest 100 give llama.cpp's."""
+    vocabulary = 1000
+    logits = -1.2 * torch.log(torch.arange(1, vocabulary + 1, dtype=torch.float64))
+    logits[99:] -= 3.0
+    logits[100:] -= 10.0
+    order = torch.randperm(vocabulary, generator=torch.Generator().manual_seed(1))
+    scores = logits[order]
+    expected = llama_cpps_v1_count(scores.softmax(dim=-1), mu=10.0)
+    assert expected == 101
+    assert int((Mirostat(1, tau=5.0).start().probs(scores) > 0).sum()) == expected
+
+
+def test_version_1_fits_two_candidates_and_keeps_both_when_k_allows():
+    scores = torch.full((50,), -math.inf, dtype=torch.float64)
+    scores[3], scores[17] = 0.0, -1.0
+    assert (Mirostat(1, tau=5.0).start().probs(scores) > 0).nonzero().flatten().tolist() == [3, 17]
+
+
+@pytest.mark.parametrize(("mu", "kept"), [(2.5, 1), (3.5, 2)])
+def test_version_1_at_an_exponent_of_exactly_1_keeps_2_to_the_mu_over_ln_n(mu, kept):
+    """Two candidates whose probabilities are 2/3 and 1/3 fit s^ = 1 exactly (one ratio, 2 = (i + 2) /
+    (i + 1) at i = 0); eps / (1 - N^-eps) tends to 1 / ln N there, so k = 2^mu / ln 50: 1.45 or 2.9."""
+    scores = torch.full((50,), -math.inf, dtype=torch.float64)
+    scores[3], scores[17] = math.log(2), 0.0
+    state = Mirostat(1).start()
+    state.mu = mu
+    assert int((state.probs(scores) > 0).sum()) == kept
 
 
 def test_version_1_keeps_everything_where_the_likeliest_are_equal_and_the_top_where_one_is_left():

@@ -2,6 +2,8 @@
 written one, the windows, and the engines: SpecExec emits what autoregressive decoding emits under
 them, greedy and seeded, and autoregressive greedy is HF generate's under repetition_penalty."""
 
+from collections import Counter
+
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT, run
@@ -10,7 +12,7 @@ from transformers.generation.logits_process import RepetitionPenaltyLogitsProces
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.chain_sd import CHAIN_SD
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.penalties import Penalties, Window, llama_penalties
+from specchat.decoding.penalties import Penalties, Tally, Window, counted_from, llama_penalties
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
@@ -63,6 +65,32 @@ def test_a_window_of_none_counts_nothing_and_the_bias_still_applies():
     expected[2] -= 100
     expected[3] += 5
     assert torch.equal(state.penalized(logits()), expected)
+
+
+@pytest.mark.parametrize("window", [Window(last=3), Window(last=1), Window(last=0), Window(),
+                                    Window(last=4, prompt=False)])
+def test_a_tally_counts_exactly_the_tokens_its_window_holds_at_every_step(window):
+    """Repeats come and leave the window: a count falls to 0 and the token leaves the tally, and a
+    token that left once with a repeat still inside keeps that repeat's count."""
+    prompt, reply = [4, 4, 9, 4], [11, 4, 4, 12, 9, 9, 9, 13, 4]
+    tally = Tally(window, prompt)
+    seen = list(prompt) if window.prompt else []
+    for token in [None, *reply]:
+        if token is not None:
+            tally.add(token)
+            seen.append(token)
+        held = seen if window.last < 0 else seen[max(0, len(seen) - window.last):] if window.last else []
+        assert tally.counts == Counter(held)
+
+
+def test_penalties_that_change_nothing_leave_the_sampling_as_it_was(tiny_target, tiny_draft):
+    """A request that names its penalties at their neutral values (Ollama sends repeat_penalty 1.0)
+    gets the path without them: an engine that keeps no forms runs it instead of refusing."""
+    neutral = llama_penalties(1.0, 64, 0.0, 0.0)
+    assert counted_from(GREEDY, neutral, PROMPT) is GREEDY
+    engine = TreeEngine(CHAIN_SD, tiny_target, tiny_draft, [], TreeShape(budget=4, max_depth=4))
+    assert run(engine, counted_from(GREEDY, neutral, PROMPT))[0] == run(AutoregressiveEngine(tiny_target, []),
+                                                                         GREEDY)[0]
 
 
 def test_llama_clis_penalties_all_count_its_window_of_prompt_and_reply():
