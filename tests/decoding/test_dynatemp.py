@@ -60,6 +60,15 @@ def test_a_zero_temperature_keeps_the_likeliest_alone():
     assert dynatemp_probs(row, 0.3, 0.5, 1.0).tolist() == [0.0, 1.0, 0.0]
 
 
+def test_each_row_of_a_batch_is_its_own_alone_a_cold_one_among_them():
+    """The tree's nodes come as rows: each row's temperature and distribution are its own."""
+    rows = torch.tensor([[1.0, 900.0, 0.0], [0.5, 0.0, -math.inf], [2.0, 1.0, 0.0]])
+    together = dynatemp_probs(rows, 0.3, 0.5, 1.0)
+    for row, probs in zip(rows, together):
+        assert torch.equal(probs, dynatemp_probs(row, 0.3, 0.5, 1.0))
+    assert together[0].tolist() == [0.0, 1.0, 0.0] and together[2].count_nonzero() == 3
+
+
 def test_the_cuts_run_on_the_untempered_logits_then_the_dynamic_temperature():
     """min-p at temperature 1 keeps another set than at the configured temperature, as llama.cpp's
     chain (temperature last) does; with dynatemp off the chain is transformers' as before."""

@@ -67,11 +67,18 @@ def test_top_n_sigma_is_the_same_set_after_temperature_and_rows_cut_alone():
     assert torch.equal(cut_top_n_sigma(logits, 1.5), rows)
 
 
+def test_a_token_exactly_n_sigma_below_the_largest_stays_as_in_llama_cpps_loop():
+    """Logits 1 and -1: mean 0, deviation 1, so at n = 2 the floor is -1 exactly (no rounding)."""
+    assert torch.isfinite(cut_top_n_sigma(torch.tensor([1.0, -1.0]), 2.0)).tolist() == llama_top_n_sigma(
+        [1.0, -1.0], 2.0) == [True, True]
+
+
 @pytest.mark.parametrize(("probs", "threshold", "kept"), [
     ([0.4, 0.3, 0.2, 0.1], 0.25, [False, True, True, True]),  # the likeliest gives way to the next
     ([0.1, 0.2, 0.3, 0.4], 0.15, [True, True, False, False]),  # in id order: the least above stays
     ([0.4, 0.3, 0.2, 0.1], 0.35, [True, True, True, True]),  # one above: nothing to exclude
     ([0.05, 0.05, 0.9], 0.01, [True, True, False]),  # tied least likely: both stay
+    ([0.5, 0.25, 0.25], 0.25, [False, True, True]),  # at the threshold exactly: counted, as llama.cpp's >=
 ])
 def test_xtc_removes_the_likely_tokens_but_the_least_of_them(probs, threshold, kept):
     logits = torch.tensor(probs, dtype=torch.float64).log()

@@ -45,9 +45,9 @@ def cut_xtc(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     of them, in rows where two or more are; other rows as they were."""
     probs = torch.softmax(scores.double(), dim=-1)
     top = probs >= threshold
+    # a row with one such token has it as its least, and a row with none an infinite least: nothing cut
     least = probs.masked_fill(~top, math.inf).amin(dim=-1, keepdim=True)
-    several = top.sum(dim=-1, keepdim=True) >= 2
-    return scores.masked_fill(top & (probs > least) & several, -math.inf)
+    return scores.masked_fill(top & (probs > least), -math.inf)
 
 
 def xtc_cuts_at(seed: int, position: int, probability: float) -> bool:
