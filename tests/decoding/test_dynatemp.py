@@ -61,8 +61,9 @@ def test_a_zero_temperature_keeps_the_likeliest_alone():
 
 
 def test_each_row_of_a_batch_is_its_own_alone_a_cold_one_among_them():
-    """The tree's nodes come as rows: each row's temperature and distribution are its own."""
-    rows = torch.tensor([[1.0, 900.0, 0.0], [0.5, 0.0, -math.inf], [2.0, 1.0, 0.0]])
+    """The tree's nodes come as rows (here more rows than tokens): each row's temperature and
+    distribution are its own."""
+    rows = torch.tensor([[1.0, 900.0, 0.0], [0.5, 0.0, -math.inf], [2.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     together = dynatemp_probs(rows, 0.3, 0.5, 1.0)
     for row, probs in zip(rows, together):
         assert torch.equal(probs, dynatemp_probs(row, 0.3, 0.5, 1.0))

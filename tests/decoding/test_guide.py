@@ -71,6 +71,15 @@ def test_the_mask_allows_what_the_grammar_allows_and_paths_leave_the_state_as_it
     assert torch.equal(guide.allowed()[0], first)  # and the guide is not left in error
 
 
+def test_a_model_with_rows_past_the_tokenizers_words_gets_masks_its_width_that_never_allow_them(characters):
+    """Padding rows (Qwen2.5: 151,936 rows, 151,665 words): the mask is the model's width, and the
+    rows no word names are never allowed, neither at the start nor where any character may come."""
+    guide = Grammars(characters, 100, {STOP}).lark('start: /[a-z]+/').start()
+    allowed = guide.allowed([[], [2 + CHARACTERS.index("a")]])
+    assert allowed.shape == (2, 100)
+    assert allowed_text(allowed[0]) == CHARACTERS[:26] and not allowed[:, 50:].any()
+
+
 def test_a_schema_the_grammar_engine_refuses_is_one_line(grammars):
     with pytest.raises(SpecchatError, match="^the JSON schema cannot be compiled: ") as refused:
         grammars.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
@@ -190,6 +199,12 @@ def test_after_a_whole_document_only_the_end_follows_and_nothing_after_it(gramma
     assert not guide.allowed([[STOP]]).any() and not guide.allowed([[STOP, 5]]).any()
     guide.accept(STOP)
     assert not guide.matcher.is_error()
+
+
+def test_accepting_a_token_the_mask_forbids_is_a_bug_said_in_one_line_and_not_passed_over(grammars):
+    guide = grammars.json_schema(SCHEMA).start()
+    with pytest.raises(ValueError, match="^token 2 is not allowed here"):
+        guide.accept(2)  # "a": a JSON object opens with "{"
 
 
 def test_the_bitmask_unpacks_token_by_token_as_its_words_bits():

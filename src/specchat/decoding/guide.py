@@ -26,7 +26,6 @@ from transformers import PreTrainedTokenizerBase
 from specchat.errors import SpecchatError
 
 
-
 class Grammars:
     """Compiles grammars over one tokenizer, whose llguidance form is built once (~1 s)."""
 
@@ -113,10 +112,8 @@ class Guide:
         return unpack(bitmask)[:, : self.vocab_size]
 
     def accept(self, token: int) -> None:
-        """Move past an emitted token (one the mask allowed). The end token after the grammar has
-        stopped (a whole document: nothing may follow) ends the reply, leaving nothing to move past."""
-        if self.matcher.is_stopped() and self.matcher.validate_tokens([token]) == 0:
-            return
+        """Move past an emitted token (one the mask allowed): the end token after the grammar has
+        stopped (a whole document: nothing may follow) too, which llguidance consumes."""
         if not self.matcher.consume_token(token):
             raise ValueError(f"token {token} is not allowed here: {self.matcher.get_error()}")
 
