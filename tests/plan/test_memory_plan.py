@@ -174,6 +174,7 @@ def test_a_context_the_user_fixed_is_not_shrunk_and_the_refusal_names_one_that_f
 def test_contexts_default_to_4096_and_halve_to_1024_and_a_past_maximum_context_is_one_line():
     assert contexts_for(None, 131072) == (4096, 2048, 1024)
     assert contexts_for(None, 2048) == (2048, 1024)
+    assert contexts_for(None, 3001) == (3001, 1500)  # an odd maximum halves to whole tokens
     assert contexts_for(8192, 131072) == (8192,)
     with pytest.raises(SpecchatError, match=r"^--context 8192 is past the target's maximum of 4096 tokens$"):
         contexts_for(8192, 4096)

@@ -81,6 +81,7 @@ def test_eight_streaming_clients_three_requests_each_all_whole_and_fifo():
     assert sorted(row.started for row in rows) == list(range(1, 25))  # every request started, once
     # Concurrent clients did wait in the queue: one engine decodes one request at a time.
     assert max(row.queue_s for row in rows) > 0
+    assert all(0 <= row.queue_s < row.wall_s for row in rows)  # the wait is part of what the client waited
     summary = figures(rows, wall_s)
     print(f"\nload: {summary['requests']} requests, {summary['tokens']} tokens in {wall_s:.2f} s, "
           f"{summary['tokens_per_s']:.0f} tokens/s, queue wait p50 {summary['queue_p50_s'] * 1000:.1f} ms, "

@@ -65,6 +65,10 @@ def test_the_figures_are_the_sums_of_the_answers_and_of_the_engines_events():
     assert figures[("specchat_time_to_first_token_seconds_count", ())] == 2
     assert figures[("specchat_queue_wait_seconds_count", ())] == 2
     assert figures[("specchat_request_duration_seconds_count", (("route", "/v1/completions"),))] == 2
+    # each request's wait ends before its first token, which comes before the route answers
+    durations = sum(value for (name, _), value in figures.items() if name == "specchat_request_duration_seconds_sum")
+    assert 0 <= figures[("specchat_queue_wait_seconds_sum", ())] <= figures[
+        ("specchat_time_to_first_token_seconds_sum", ())] <= durations
     assert figures[("specchat_model_info", (("engine", "specexec"), ("model", MODEL)))] == 1
     assert (figures[("specchat_requests_waiting", ())], figures[("specchat_requests_running", ())]) == (0, 0)
 
