@@ -366,6 +366,14 @@ def test_a_conversation_returns_to_the_slot_that_holds_it():
     assert scheduler.pick(tokenizer.encode("<user>a new one</><assistant>")) is scheduler.slots[1]
 
 
+def test_a_prompt_continues_a_slot_when_it_shares_more_than_half_of_its_sequence():
+    scheduler = Scheduler([FakeEngine(), FakeEngine()], max_queue=4)
+    scheduler.slots[0].sequence, scheduler.slots[0].last_used = list(range(1, 11)), 2
+    scheduler.slots[1].sequence, scheduler.slots[1].last_used = [50, 51], 1
+    assert scheduler.pick([1, 2, 3, 4, 5, 6, 99]) is scheduler.slots[0]  # 6 of its 10 tokens
+    assert scheduler.pick([1, 2, 3, 4, 5, 99]) is scheduler.slots[1]  # 5 of 10: the least recently used
+
+
 @pytest.mark.parametrize("top", [0, 2])
 def test_on_tiny_models_chat_logprobs_are_the_targets_each_with_top_logprobs_alternatives(tiny_target, tiny_draft, top):
     app = tiny_app(tiny_target, tiny_draft)
