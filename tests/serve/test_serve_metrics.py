@@ -1,6 +1,7 @@
 """GET /metrics: Prometheus' text format, parsed as a scraper parses it; every figure is checked
 against what the requests were answered (usage) and what the engine's events said."""
 
+import asyncio
 import urllib.error
 import urllib.request
 from collections import deque
@@ -11,9 +12,9 @@ import pytest
 from helpers.serve_helpers import MODEL, client, make_app, post_json, serving, user
 from prometheus_client.parser import text_string_to_metric_families
 
-from specchat.decoding.events import IterationEvent
+from specchat.decoding.events import IterationEvent, SamplingParams
 from specchat.serve.metrics import ServeMetrics
-from specchat.serve.scheduler import Scheduler
+from specchat.serve.scheduler import Job, Scheduler
 from specchat.tui.fake import FakeEngine
 
 def scrape(url: str, api_key: str | None = None) -> dict[tuple[str, tuple], float]:
@@ -83,6 +84,33 @@ def test_the_queue_gauges_read_the_scheduler_at_each_scrape():
     idle = parsed(metrics.exposition().decode())
     gauges = [("specchat_requests_running", ()), ("specchat_requests_waiting", ())]
     assert [busy[g] for g in gauges] == [1, 1] and [idle[g] for g in gauges] == [0, 0]
+
+
+class FirstTokenTimes:
+    """An observer that notes a job's first-token time at each of its events."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_start(self, job: Job) -> None:
+        pass
+
+    def on_event(self, job: Job, event: IterationEvent) -> None:
+        self.seen.append(job.first_token_s)
+
+    def on_end(self, job: Job) -> None:
+        pass
+
+
+def test_a_jobs_first_token_time_is_set_at_its_first_tokens_and_kept():
+    """Time to first token is observed from `first_token_s`: the first event with tokens sets it,
+    the later ones leave it."""
+    loop = asyncio.new_event_loop()
+    scheduler, watch = Scheduler([FakeEngine()], max_queue=1), FirstTokenTimes()
+    scheduler.observers.append(watch)
+    scheduler.run(Job([104, 105], 12, SamplingParams(0.0, 1.0), loop))
+    loop.close()
+    assert len(watch.seen) > 1 and watch.seen[0] > 0 and set(watch.seen) == {watch.seen[0]}
 
 
 def test_an_api_key_guards_the_metrics():
