@@ -80,7 +80,7 @@ def test_a_tally_counts_exactly_the_tokens_its_window_holds_at_every_step(window
             tally.add(token)
             seen.append(token)
         held = seen if window.last < 0 else seen[max(0, len(seen) - window.last):] if window.last else []
-        assert tally.counts == Counter(held)
+        assert sorted(tally.counts.items()) == sorted(Counter(held).items())  # no token left at a count of 0
 
 
 def test_penalties_that_change_nothing_leave_the_sampling_as_it_was(tiny_target, tiny_draft):
