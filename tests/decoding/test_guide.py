@@ -71,7 +71,7 @@ def test_the_mask_allows_what_the_grammar_allows_and_paths_leave_the_state_as_it
     assert torch.equal(guide.allowed()[0], first)  # and the guide is not left in error
 
 
-def test_a_model_with_rows_past_the_tokenizers_words_gets_masks_its_width_that_never_allow_them(characters):
+def test_padding_rows_past_the_tokenizers_words_are_in_the_mask_and_never_allowed(characters):
     """Padding rows (Qwen2.5: 151,936 rows, 151,665 words): the mask is the model's width, and the
     rows no word names are never allowed, neither at the start nor where any character may come."""
     guide = Grammars(characters, 100, {STOP}).lark('start: /[a-z]+/').start()
