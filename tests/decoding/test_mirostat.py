@@ -45,6 +45,12 @@ def test_mu_moves_by_eta_times_the_picked_tokens_surprise_less_tau():
     assert state.mu == pytest.approx(2.5 - 0.2 * (math.log2(3) - 1.25))  # its surprise under the cut: log2 3
 
 
+def zipf_k(s: float, mu: float, vocabulary: int) -> float:
+    """The paper's k for a Zipf exponent s: (eps 2^mu / (1 - N^-eps))^(1 / s), eps = s - 1."""
+    eps = s - 1
+    return (eps * 2 ** mu / (1 - vocabulary ** -eps)) ** (1 / s)
+
+
 @pytest.mark.parametrize(("s", "tau"), [(1.1, 5.0), (1.5, 3.0), (0.8, 4.0)])
 def test_version_1_fits_a_zipf_exponent_and_keeps_its_k_likeliest(s, tau):
     """On an exact Zipf distribution the fitted exponent is s itself, and k is the paper's formula."""
@@ -53,8 +59,7 @@ def test_version_1_fits_a_zipf_exponent_and_keeps_its_k_likeliest(s, tau):
     probs = ranks ** -s / (ranks ** -s).sum()
     order = torch.randperm(vocabulary, generator=torch.Generator().manual_seed(0))
     scores = torch.log(probs[order])  # the likeliest scattered over the ids
-    eps = s - 1
-    k = int((eps * 2 ** (2 * tau) / (1 - vocabulary ** -eps)) ** (1 / s))
+    k = int(zipf_k(s, 2 * tau, vocabulary))
     kept = Mirostat(1, tau=tau).start().probs(scores) > 0
     assert 1 < k < vocabulary and int(kept.sum()) == k
     assert kept[torch.argsort(order)[:k]].all()  # the k likeliest: rank r's token is where order holds r
@@ -62,15 +67,13 @@ def test_version_1_fits_a_zipf_exponent_and_keeps_its_k_likeliest(s, tau):
 
 def llama_cpps_v1_count(probs: torch.Tensor, mu: float) -> int:
     """llama.cpp's mirostat (v1) loop, in float64: s^ by least squares over the likeliest m = 100
-    tokens' 99 ratios, then k = (eps 2^mu / (1 - N^-eps))^(1 / s^), at least 1."""
+    tokens' 99 ratios, then the paper's k for s^, at least 1."""
     p, vocabulary = sorted(probs.tolist(), reverse=True), probs.numel()
     sum_tb = sum_tt = 0.0
     for i in range(min(100 - 1, vocabulary - 1)):
         t, b = math.log((i + 2) / (i + 1)), math.log(p[i] / p[i + 1])
         sum_tb, sum_tt = sum_tb + t * b, sum_tt + t * t
-    s_hat = sum_tb / sum_tt
-    eps = s_hat - 1
-    return max(int((eps * 2 ** mu / (1 - vocabulary ** -eps)) ** (1 / s_hat)), 1)
+    return max(int(zipf_k(sum_tb / sum_tt, mu, vocabulary)), 1)
 
 
 def test_version_1_fits_the_likeliest_100_tokens_as_llama_cpps_loop():
