@@ -1,6 +1,7 @@
 """GPTQ 4-bit format: unpacking against the format's definition, packing round trips, the
 GPTQLinear module, round-to-nearest quantization, the checkpoint writer, and config reading."""
 
+import inspect
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from safetensors.torch import load_file
-from transformers import Qwen2ForCausalLM
+from transformers import GPTQConfig, Qwen2ForCausalLM
 
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import (
@@ -342,6 +343,7 @@ def test_replace_builds_matching_layers_on_meta() -> None:
     assert (down.in_features, down.out_features) == (64, 32)
     assert down.qweight.shape == (8, 32) and down.qzeros.shape == (4, 4) and down.scales.shape == (4, 32)
     assert down.qweight.is_meta
+    assert repr(down) == "GPTQLinear(in_features=64, out_features=32, groups=4)"  # as print(model) shows it
     assert q_proj.bias is not None and o_proj.bias is None  # Qwen2 has q/k/v biases only
     assert isinstance(model.get_submodule("model.layers.0.self_attn.k_proj"), torch.nn.Linear)
     replace_linears_with_gptq(model, ["model.layers.0.mlp.up_proj"], GPTQSpec(group_size=-1))
@@ -373,6 +375,14 @@ def test_reads_quantize_config_json() -> None:
         "true_sequential": True, "model_name_or_path": None, "model_file_base_name": "model",
     }
     assert read_gptq_spec(config) == GPTQSpec(bits=4, group_size=-1, desc_act=False, sym=False)
+
+
+def test_settings_left_out_are_transformers_defaults() -> None:
+    """A config naming only the method and bits reads as transformers' GPTQConfig would fill it."""
+    defaults = inspect.signature(GPTQConfig).parameters
+    expected = GPTQSpec(4, defaults["group_size"].default, defaults["desc_act"].default, defaults["sym"].default)
+    assert read_gptq_spec({"quantization_config": {"quant_method": "gptq", "bits": 4}}) == expected == \
+        GPTQSpec(4, 128, False, True)
 
 
 @pytest.mark.parametrize(

@@ -87,8 +87,8 @@ def pack_words(nibbles: Tensor, dim: int) -> Tensor:
     shape = [1] * nibbles.dim()
     shape[dim] = NIBBLES
     words = (nibbles.to(torch.int64) << shifts.view(shape)).sum(dim)  # nibbles never overlap
-    # Words >= 2**31 are the int32 values two's complement gives them.
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    # The cast keeps the low 32 bits: a word >= 2**31 becomes the negative int32 of its bits.
+    return words.to(torch.int32)
 
 
 def pack_int4_rows(values: Tensor) -> Tensor:
