@@ -5,6 +5,7 @@ greedy tokens on the dequantized model (its draft packed or expanded), other AWQ
 line, and the 70B AWQ pair plans offline, its draft packed or expanded by the iteration each
 predicts."""
 
+import inspect
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ from helpers.planned import offload_planned
 from helpers.reference_loop import assert_transformers_tokens
 from helpers.tiny import tiny_qwen_config
 from torch import nn
-from transformers import Qwen2ForCausalLM
+from transformers import AwqConfig, Qwen2ForCausalLM
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -37,7 +38,8 @@ from specchat.models.loading import load
 from specchat.offload.host_embedding import HostEmbedding, host_lookup
 from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
-from specchat.quant.awq import AWQSpec, awq_to_int4, kernel_group_size, unpack_awq
+from specchat.quant.awq import (AWQSpec, awq_to_int4, kernel_group_size, read_awq_spec, replace_linears_with_awq,
+                                unpack_awq)
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_pack import PACK_ROWS
 from specchat.quant.widths import UNLIMITED, WidthChoice
@@ -252,6 +254,19 @@ BAD_VARIANTS = [
 ]
 
 
+def test_settings_left_out_or_null_are_autoawqs_defaults():
+    """A config naming only the method (or nulls) reads as AutoAWQ's GEMM checkpoints in groups
+    of 128, as transformers' AwqConfig defaults them; a group of -1 spans the inputs, 0 is refused."""
+    defaults = inspect.signature(AwqConfig).parameters
+    assert (defaults["bits"].default, defaults["group_size"].default, defaults["zero_point"].default) == (4, 128, True)
+    assert read_awq_spec({"quantization_config": {"quant_method": "awq"}}) == AWQSpec(128)
+    nulls = dict.fromkeys(("bits", "group_size", "zero_point", "version", "backend"))
+    assert read_awq_spec({"quantization_config": {"quant_method": "AWQ", **nulls}}) == AWQSpec(128)
+    assert read_awq_spec({"quantization_config": {"quant_method": "awq", "group_size": -1}}) == AWQSpec(-1)
+    with pytest.raises(SpecchatError, match="AWQ group_size 0 is invalid"):
+        read_awq_spec({"quantization_config": {"quant_method": "awq", "group_size": 0}})
+
+
 def bad_variant(awq, directory: Path, settings: dict) -> Path:
     """The AWQ directory's weights under a config.json declaring another variant."""
     source, _ = awq
@@ -274,6 +289,23 @@ def test_a_layer_the_int4_kernels_cannot_take_is_refused_not_expanded_per_call(t
     with pytest.raises(SpecchatError, match=r"AWQ layer 'model\.layers\.\d\.\S+' \(\d+ x \d+, groups of 16\) "
                                             r"does not fit cpu's int4 kernels"):
         load(str(tmp_path), torch.float32, progress=False)
+
+
+def test_a_width_the_kernels_cannot_take_is_refused_though_its_groups_fit():
+    """Groups of 128 the kernels take, but 40 outputs (not a multiple of 16); 64 outputs fit."""
+    model = nn.ModuleDict({"narrow": nn.Linear(128, 40), "wide": nn.Linear(128, 64)})
+    with pytest.raises(SpecchatError, match=r"AWQ layer 'narrow' \(40 x 128, groups of 128\) does not fit"):
+        replace_linears_with_awq(model, ["narrow"], AWQSpec(128), torch.float32, CPU)
+    replace_linears_with_awq(model, ["wide"], AWQSpec(128), torch.float32, CPU)
+    assert isinstance(model["wide"], Int4Linear) and model["wide"].group_size == 128
+
+
+@pytest.mark.parametrize(("groups", "kernel_group"), [(3, 32), (8, 256)], ids=["uneven groups", "kernel group wider"])
+def test_a_modules_groups_the_layers_kernel_group_does_not_divide_are_refused(groups, kernel_group):
+    """1024 inputs in 3 groups, or in groups of 128 for a layer built with kernel groups of 256."""
+    draw = random_draw(1024, 64, 1024 // groups, seed=0)
+    with pytest.raises(SpecchatError, match=f"{groups} groups over 1024 inputs are not multiples of the int4 kernel"):
+        awq_to_int4(pack_awq(draw.q), pack_awq(draw.zeros[:groups]), draw.scales[:groups], kernel_group)
 
 
 def test_the_cli_refuses_an_awq_variant_in_one_line(awq, tmp_path, monkeypatch, capsys):

@@ -6,7 +6,7 @@ import torch
 
 from specchat.errors import SpecchatError
 from specchat.quant.int4_layout import fit_tiles, layout_of, unpack_transposed
-from specchat.quant.int4_pack import PACK_ROWS, pack, pack_nibbles, unpack_nibbles
+from specchat.quant.int4_pack import PACK_ROWS, inner_k_tiles, pack, pack_nibbles, packed_shape, unpack_nibbles
 
 CPU = torch.device("cpu")
 
@@ -51,6 +51,18 @@ def test_fitting_finds_a_made_up_layout_and_rejects_a_wrong_tile():
     plane = reversed_order % 2 * (size // 2) + reversed_order // 2
     assert torch.equal(natural, plane)
     assert fit_tiles(torch.tensor(stream), cols, 2, 2) is None
+
+
+def test_cuda_takes_the_most_inner_k_tiles_the_width_allows():
+    """Worked out on the CPU: CUDA's converter takes t = 2, 4 or 8 inner k-tiles where I % (16 t)
+    == 0 and lays [O, I] out as int32 [O / 8, I / (16 t), 32, t / 2]; the CPU's converter ignores t."""
+    assert [inner_k_tiles(width, "cuda") for width in (8192, 128, 64, 96, 32)] == [8, 8, 4, 2, 2]
+    assert inner_k_tiles(96, "cpu") == 1
+    assert packed_shape(256, 8192, "cuda") == ((32, 64, 32, 4), torch.int32)
+    assert packed_shape(256, 96, "cuda") == ((32, 3, 32, 1), torch.int32)
+    assert packed_shape(256, 96, "cpu") == ((256, 48), torch.uint8)
+    with pytest.raises(SpecchatError, match="divisible by 32; got 48"):
+        inner_k_tiles(48, "cuda")
 
 
 def test_packing_refuses_shapes_the_kernels_cannot_take():
