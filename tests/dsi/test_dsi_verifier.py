@@ -1,6 +1,8 @@
 """TargetVerifier (dsi/verifier.py) on the tiny target: exact target tokens, KV cache reuse between
 jobs, and preemption (before a job starts and between decoder layers) with the cache rolled back."""
 
+from time import perf_counter
+
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT
@@ -69,9 +71,10 @@ def assert_cache_holds(verifier: TargetVerifier, length: int) -> None:
 def test_correct_drafts_give_the_sequential_tokens(verifier, tiny_target, sampling):
     ref = sequential(tiny_target, sampling)
     job = make_job(0, PROMPT + ref[:3], ref[3:7], sampling)
+    began = perf_counter()
     targets, seconds = verifier.verify(job)
     assert targets == ref[3:8]  # positions first .. last: four drafts confirmed and the bonus
-    assert seconds > 0
+    assert 0 < seconds <= perf_counter() - began  # the job's own time, within what the call took
     assert verifier.history.tokens == list(job.tokens)
     assert cache_length(verifier.history.caches[0]) == len(job.tokens)
 
