@@ -12,12 +12,19 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
+import torch
 from helpers.dsi_turns import CPU, ScriptedWorker, TurnPool, Turns, dsi
 from helpers.engines import GREEDY, PROMPT, run
+from helpers.exactness import NEAR_TIE
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import LiveSettings, SamplingParams
-from specchat.dsi.engine import DSIEngine
+from specchat.decoding.kvcache import new_cache
+from specchat.decoding.sampling import sample_token
+from specchat.decoding.token_log import TokenLog
+from specchat.dsi.engine import MIN_SAMPLES, RECENT, DSIEngine, Latencies
+from specchat.dsi.jobs import VerifyJob
+from specchat.errors import SpecchatError
 from specchat.dsi.workers import WorkerPool, thread_workers
 
 SEEDED = SamplingParams(0.6, 0.9, seed=11)
@@ -166,3 +173,112 @@ def test_enough_workers_get_no_notice(tiny_target, tiny_draft):
         with slowed(tiny_draft.model, 0.02):
             events = run(engine, GREEDY, 30)[1]
     assert not any(e.notice for e in events)
+
+
+def sent_jobs(engine: DSIEngine, monkeypatch) -> list[VerifyJob]:
+    """Every job the engine sends from now on, in order."""
+    jobs = []
+    submit = engine.pool.submit
+
+    def record(job: VerifyJob) -> None:
+        jobs.append(job)
+        submit(job)
+
+    monkeypatch.setattr(engine.pool, "submit", record)
+    return jobs
+
+
+@pytest.mark.parametrize("workers,lookahead", [(1, 2), (2, 1)])
+def test_the_drafter_fills_its_window_and_drafts_nothing_that_decides_nothing(tiny_target, monkeypatch, workers,
+                                                                              lookahead):
+    """Workers that run only while the drafter waits, and the target as its own draft: a job
+    carries up to lookahead x (workers + 1) drafts, the window, and some carry that many; no draft
+    sits at the reply's last position (limit - 1: the job before it decides that position)."""
+    new_tokens = 12
+    with dsi_in_turns(tiny_target, tiny_target, workers, lookahead) as engine:
+        jobs = sent_jobs(engine, monkeypatch)
+        tokens, _ = run(engine, GREEDY, new_tokens)
+    assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, new_tokens)[0]
+    assert max(job.drafts for job in jobs) == lookahead * (workers + 1)
+    assert max(job.last for job in jobs) == len(PROMPT) + new_tokens - 1
+
+
+def test_the_drafter_stops_at_a_drafted_stop_token(tiny_target, monkeypatch):
+    reference, _ = run(AutoregressiveEngine(tiny_target, []), GREEDY, 20)
+    stop = reference[6]
+    with dsi_in_turns(tiny_target, tiny_target, workers=1, lookahead=4) as engine:
+        engine.stop_ids = frozenset({stop})
+        jobs = sent_jobs(engine, monkeypatch)
+        tokens, _ = run(engine, GREEDY, 20)
+    assert tokens == reference[:reference.index(stop) + 1]
+    assert all(stop not in job.tokens[job.first:-1] for job in jobs)  # the stop, if drafted, is a job's last
+    assert any(job.tokens[-1] == stop for job in jobs)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_each_draft_is_the_drafts_own_sample_after_the_tokens_before_it(tiny_target, rough_draft, monkeypatch,
+                                                                        sampling):
+    """An often wrong drafter: after a rejection the drafter runs the target's token and the drafts
+    it replaced over its cache at once; the next draft is still sampled from the last row's logits.
+    Checked against one fresh pass of the draft over each job's tokens (fp32: near-ties, logits
+    within 1e-4 of each other, are left out, design.md 8)."""
+    with dsi_in_turns(tiny_target, rough_draft, workers=1, lookahead=3) as engine:
+        jobs = sent_jobs(engine, monkeypatch)
+        run(engine, sampling, 30)
+    checked = 0
+    for job in jobs:
+        hidden = rough_draft.hidden(torch.tensor(job.tokens), torch.arange(len(job.tokens)), new_cache())
+        logits = rough_draft.logits(hidden)
+        for position in range(job.first, job.last):
+            top = torch.topk(logits[position - 1], 2).values
+            if top[0] - top[1] >= NEAR_TIE:
+                assert job.tokens[position] == sample_token(logits[position - 1], sampling, position)
+                checked += 1
+    assert checked > 20 and sum(job.first < len(job.tokens) for job in jobs) > 5
+
+
+def test_the_events_account_for_the_reply(tiny_target, tiny_draft, monkeypatch):
+    """Jobs counted once each; the drafter's seconds (its prompt's among them) and the waits
+    within the reply's wall time; the prompt's tokens on the first event only."""
+    with dsi(tiny_target, tiny_draft, workers=2, lookahead=2) as engine:
+        jobs = sent_jobs(engine, monkeypatch)
+        began = time.perf_counter()
+        _, events = run(engine, SEEDED, 30)
+        wall = time.perf_counter() - began
+    assert sum(event.jobs_submitted for event in events) == len(jobs)
+    assert sum(event.draft_s + event.target_s for event in events) <= wall
+    assert 0 < events[0].prefill_s <= events[0].draft_s
+    assert [event.prefill_tokens for event in events] == [len(PROMPT)] + [0] * (len(events) - 1)
+
+
+def test_the_worker_bound_waits_for_enough_timings_and_reads_the_recent_ones():
+    latencies = Latencies()
+    for _ in range(MIN_SAMPLES - 1):
+        latencies.job_s.append(1.0)
+        latencies.draft_token_s.append(0.1)
+    assert latencies.needed_workers(2) is None
+    latencies.job_s.append(1.0)
+    assert latencies.needed_workers(2) is None  # the drafter's timings are still too few
+    latencies.draft_token_s.append(0.1)
+    assert latencies.needed_workers(2) == 5  # ceil(1.0 / (2 x 0.1))
+    latencies.job_s.extend([0.5] + [2.0] * (RECENT // 2) + [4.0] * (RECENT // 2))
+    assert latencies.needed_workers(2) == 15  # median 3.0 of the last RECENT: ceil(3.0 / 0.2)
+
+
+def test_settings_without_a_lookahead_leave_it(tiny_target, tiny_draft):
+    with dsi(tiny_target, tiny_draft, workers=1, lookahead=3) as engine:
+        engine.apply(LiveSettings(budget=64))
+        assert engine.live_settings() == LiveSettings(lookahead=3, workers=1)
+        engine.apply(LiveSettings(lookahead=5))
+        assert engine.live_settings().lookahead == 5
+
+
+def test_forms_embeddings_and_scores_are_refused_in_one_line(tiny_target, tiny_draft):
+    with dsi(tiny_target, tiny_draft, workers=1, lookahead=3) as engine:
+        assert not engine.keeps_forms  # what the server reads to refuse them up front
+        with pytest.raises(SpecchatError, match="--engine dsi cannot keep a reply to a grammar, log its"):
+            next(engine.generate(PROMPT, 4, SamplingParams(0.0, token_log=TokenLog())))
+        with pytest.raises(SpecchatError, match="--engine dsi computes no embeddings"):
+            engine.embed(PROMPT, "mean")
+        with pytest.raises(SpecchatError, match="--engine dsi scores no prompts"):
+            engine.score(PROMPT, 2)
