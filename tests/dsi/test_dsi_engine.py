@@ -22,7 +22,7 @@ from specchat.decoding.events import LiveSettings, SamplingParams
 from specchat.decoding.kvcache import new_cache
 from specchat.decoding.sampling import sample_token
 from specchat.decoding.token_log import TokenLog
-from specchat.dsi.engine import MIN_SAMPLES, RECENT, DSIEngine, Latencies
+from specchat.dsi.engine import MIN_SAMPLES, RECENT, DSIEngine, Latencies, Reply, Tally
 from specchat.dsi.jobs import VerifyJob
 from specchat.errors import SpecchatError
 from specchat.dsi.workers import WorkerPool, thread_workers
@@ -188,6 +188,19 @@ def sent_jobs(engine: DSIEngine, monkeypatch) -> list[VerifyJob]:
     return jobs
 
 
+def drafted_positions(engine: DSIEngine, monkeypatch) -> list[int]:
+    """The position of every draft the engine makes from now on."""
+    positions = []
+    draft_one = engine.draft_one
+
+    def record(reply: Reply, *args) -> None:
+        draft_one(reply, *args)
+        positions.append(len(reply.spec) - 1)
+
+    monkeypatch.setattr(engine, "draft_one", record)
+    return positions
+
+
 @pytest.mark.parametrize("workers,lookahead", [(1, 2), (2, 1)])
 def test_the_drafter_fills_its_window_and_drafts_nothing_that_decides_nothing(tiny_target, monkeypatch, workers,
                                                                               lookahead):
@@ -197,10 +210,11 @@ def test_the_drafter_fills_its_window_and_drafts_nothing_that_decides_nothing(ti
     new_tokens = 12
     with dsi_in_turns(tiny_target, tiny_target, workers, lookahead) as engine:
         jobs = sent_jobs(engine, monkeypatch)
+        drafted = drafted_positions(engine, monkeypatch)
         tokens, _ = run(engine, GREEDY, new_tokens)
     assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, new_tokens)[0]
     assert max(job.drafts for job in jobs) == lookahead * (workers + 1)
-    assert max(job.last for job in jobs) == len(PROMPT) + new_tokens - 1
+    assert max(drafted) == len(PROMPT) + new_tokens - 2
 
 
 def test_the_drafter_stops_at_a_drafted_stop_token(tiny_target, monkeypatch):
@@ -208,20 +222,18 @@ def test_the_drafter_stops_at_a_drafted_stop_token(tiny_target, monkeypatch):
     stop = reference[6]
     with dsi_in_turns(tiny_target, tiny_target, workers=1, lookahead=4) as engine:
         engine.stop_ids = frozenset({stop})
-        jobs = sent_jobs(engine, monkeypatch)
+        drafted = drafted_positions(engine, monkeypatch)
         tokens, _ = run(engine, GREEDY, 20)
     assert tokens == reference[:reference.index(stop) + 1]
-    assert all(stop not in job.tokens[job.first:-1] for job in jobs)  # the stop, if drafted, is a job's last
-    assert any(job.tokens[-1] == stop for job in jobs)
+    assert max(drafted) == len(PROMPT) + reference.index(stop)  # the stop is the last draft
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_each_draft_is_the_drafts_own_sample_after_the_tokens_before_it(tiny_target, rough_draft, monkeypatch,
                                                                         sampling):
-    """An often wrong drafter: after a rejection the drafter runs the target's token and the drafts
-    it replaced over its cache at once; the next draft is still sampled from the last row's logits.
-    Checked against one fresh pass of the draft over each job's tokens (fp32: near-ties, logits
-    within 1e-4 of each other, are left out, design.md 8)."""
+    """An often wrong drafter, its cache cut back at each rejection: every draft a job carries is
+    the draft's sample at its position, checked against one fresh pass of the draft over the job's
+    tokens (fp32: near-ties, logits within 1e-4 of each other, are left out, design.md 8)."""
     with dsi_in_turns(tiny_target, rough_draft, workers=1, lookahead=3) as engine:
         jobs = sent_jobs(engine, monkeypatch)
         run(engine, sampling, 30)
@@ -235,6 +247,23 @@ def test_each_draft_is_the_drafts_own_sample_after_the_tokens_before_it(tiny_tar
                 assert job.tokens[position] == sample_token(logits[position - 1], sampling, position)
                 checked += 1
     assert checked > 20 and sum(job.first < len(job.tokens) for job in jobs) > 5
+
+
+def test_a_draft_after_several_new_tokens_comes_from_the_last_ones_logits(tiny_target, rough_draft):
+    """A job that accepts every draft and adds its bonus token leaves the drafter's cache two tokens
+    short: the next forward runs both, and only the last row's logits decide the draft (only a
+    one-token forward times the drafter's latency)."""
+    with dsi(tiny_target, rough_draft, workers=1, lookahead=2) as engine:
+        cache = new_cache()
+        rough_draft.hidden(torch.tensor(PROMPT[:-2]), torch.arange(len(PROMPT) - 2), cache)
+        reply = Reply(list(PROMPT), len(PROMPT), len(PROMPT) + 8)
+        for _ in range(2):
+            engine.draft_one(reply, cache, SEEDED, Tally())
+    hidden = rough_draft.hidden(torch.tensor(reply.spec), torch.arange(len(reply.spec)), new_cache())
+    logits = rough_draft.logits(hidden)
+    positions = [len(PROMPT), len(PROMPT) + 1]
+    assert reply.spec[len(PROMPT):] == [sample_token(logits[p - 1], SEEDED, p) for p in positions]
+    assert len(engine.latencies.draft_token_s) == 1  # the second forward's, of one token
 
 
 def test_the_events_account_for_the_reply(tiny_target, tiny_draft, monkeypatch):
