@@ -215,6 +215,7 @@ def test_the_drafter_fills_its_window_and_drafts_nothing_that_decides_nothing(ti
     assert tokens == run(AutoregressiveEngine(tiny_target, []), GREEDY, new_tokens)[0]
     assert max(job.drafts for job in jobs) == lookahead * (workers + 1)
     assert max(drafted) == len(PROMPT) + new_tokens - 2
+    assert all(earlier.last < later.last for earlier, later in zip(jobs, jobs[1:]))  # no draft is sent twice
 
 
 def test_the_drafter_stops_at_a_drafted_stop_token(tiny_target, monkeypatch):
@@ -292,6 +293,16 @@ def test_the_worker_bound_waits_for_enough_timings_and_reads_the_recent_ones():
     assert latencies.needed_workers(2) == 5  # ceil(1.0 / (2 x 0.1))
     latencies.job_s.extend([0.5] + [2.0] * (RECENT // 2) + [4.0] * (RECENT // 2))
     assert latencies.needed_workers(2) == 15  # median 3.0 of the last RECENT: ceil(3.0 / 0.2)
+
+
+def test_the_notice_comes_only_when_the_workers_are_fewer_than_the_bound(tiny_target, tiny_draft):
+    with dsi(tiny_target, tiny_draft, workers=2, lookahead=1) as engine:
+        engine.latencies.job_s.extend([1.0] * MIN_SAMPLES)
+        engine.latencies.draft_token_s.extend([0.5] * MIN_SAMPLES)
+        assert engine.worker_notice() == ""  # ceil(1.0 / 0.5) = 2 workers: enough
+        engine.latencies.draft_token_s.extend([0.4] * MIN_SAMPLES)
+        assert engine.worker_notice().startswith("dsi: 2 workers, fewer than the 3 ")  # ceil(1.0 / 0.4)
+        assert engine.worker_notice() == ""  # once
 
 
 def test_settings_without_a_lookahead_leave_it(tiny_target, tiny_draft):
