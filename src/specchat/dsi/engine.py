@@ -189,8 +189,8 @@ class DSIEngine:
             self.latencies.draft_token_s.append(elapsed)
 
     def commit(self, reply: Reply, cache, job: VerifyJob, tokens: list[int], tally: Tally) -> IterationEvent:
-        """Append the decided tokens, drop rejected drafts, cancel the jobs that built on them. None
-        lies past the limit: no job holds a draft at its last position (can_draft)."""
+        """Append the decided tokens, drop rejected drafts, cancel the jobs that built on them. No
+        job decides past the limit: none holds a draft at the reply's last position (can_draft)."""
         spec = reply.spec
         for token in tokens:
             position = reply.committed
