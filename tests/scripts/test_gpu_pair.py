@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short mod
 
 ROOT = Path(__file__).resolve().parents[2]
 DRY_RUN_TIMEOUT_S = 300
+INT8_FORMS = ("int8", "int8 with dense copies for wide steps")  # the GPTQ pair's draft, by this CPU's probe
 PLAN = {"resident_layers": 16, "ram_layers": 64, "disk_layers": 0, "pass_bytes": 29.09e9, "context": 4096,
         "draft_quant": "none", "notes": []}
 
@@ -47,11 +48,15 @@ def test_the_dry_run_runs_both_pairs_through_generate_on_the_cpu(tmp_path):
     assert sum(line.startswith("doctor (") for line in lines) == 2  # doctor on each written pair, before generate
     # doctor names the draft's form generate then runs it in (each pair's first placement, below): the GPTQ pair's
     # int8 draft keeps dense copies for wide steps where this CPU's int8 probe measured a crossover (the AMX Xeon of
-    # 2026-12-05's CI did; the same CPU at another load, and the EPYCs, measured none); the AWQ pair's runs packed
+    # 2026-12-05's CI did; the same CPU at another load, and the EPYCs, measured none); the AWQ pair's runs packed.
+    # Doctor and generate are two processes: a crossover kept from a busy measurement is measured again by a process
+    # that starts quiet (machine_choices.remembered), so the copies may differ between the two (CI saw doctor's
+    # "int8" beside generate's copies, 2026-12-05); the form's kind may not.
     contexts = [line for line in lines if line.startswith("  context ")]
     forms = [placed_form(line) for line in lines if line.startswith("budget 16: placement: ")]
-    assert forms[0] in ("int8", "int8 with dense copies for wide steps") and forms[1] == "none"
-    assert [context.endswith(f"draft in {form}") for context, form in zip(contexts, forms, strict=True)] == [True] * 2
+    assert forms[0] in INT8_FORMS and forms[1] == "none"
+    doctors = [re.search(r"draft in (.+)$", context).group(1) for context in contexts]
+    assert [doctors[0] in INT8_FORMS, doctors[1]] == [True, "none"], contexts
     # each budget's row and placement follow its reply at once: a command cut short at its limit keeps them
     exits = [index for index, line in enumerate(lines) if line.startswith("budget 16: exited 0 after ")]
     assert len(exits) == 4  # each pair's reply, then its traced one (--trace, below)
