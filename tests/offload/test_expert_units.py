@@ -162,6 +162,7 @@ def test_the_cache_takes_free_places_then_replaces_only_an_expert_routed_to_less
     cache.offer(0, 1, unit(1))
     cache.offer(0, 2, unit(2))
     assert torch.equal(cache.find(0, 2)[:10], unit(2)) and cache.find(0, 3) is None
+    assert [cache.find(0, expert).numel() for expert in (1, 2)] == [16, 16]  # each its own place, no more
     cache.offer(0, 3, unit(3))  # routed to as often as those cached: it does not displace them
     assert set(cache.places) == {(0, 1), (0, 2)}
     cache.count(0, [3])
