@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers.dsi_turns import CPU, ScriptedWorker, TurnPool, Turns, dsi
-from helpers.engines import GREEDY, PROMPT, run
+from helpers.engines import GREEDY, PROMPT, fresh_logits, run
 from helpers.exactness import NEAR_TIE
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
@@ -242,8 +242,7 @@ def test_each_draft_is_the_drafts_own_sample_after_the_tokens_before_it(tiny_tar
         run(engine, sampling, 30)
     checked = 0
     for job in jobs:
-        hidden = rough_draft.hidden(torch.tensor(job.tokens), torch.arange(len(job.tokens)), new_cache())
-        logits = rough_draft.logits(hidden)
+        logits = fresh_logits(rough_draft, job.tokens)
         for position in range(job.first, job.last):
             top = torch.topk(logits[position - 1], 2).values
             if top[0] - top[1] >= NEAR_TIE:
@@ -262,8 +261,7 @@ def test_a_draft_after_several_new_tokens_comes_from_the_last_ones_logits(tiny_t
         reply = Reply(list(PROMPT), len(PROMPT), len(PROMPT) + 8)
         for _ in range(2):
             engine.draft_one(reply, cache, SEEDED, Tally())
-    hidden = rough_draft.hidden(torch.tensor(reply.spec), torch.arange(len(reply.spec)), new_cache())
-    logits = rough_draft.logits(hidden)
+    logits = fresh_logits(rough_draft, reply.spec)
     positions = [len(PROMPT), len(PROMPT) + 1]
     assert reply.spec[len(PROMPT):] == [sample_token(logits[p - 1], SEEDED, p) for p in positions]
     assert len(engine.latencies.draft_token_s) == 1  # the second forward's, of one token

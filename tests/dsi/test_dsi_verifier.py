@@ -4,14 +4,13 @@ jobs, and preemption (before a job starts and between decoder layers) with the c
 from time import perf_counter
 
 import pytest
-import torch
-from helpers.engines import GREEDY, PROMPT
+from helpers.engines import GREEDY, PROMPT, fresh_logits
 from helpers.tiny import build_tiny
 
 from specchat.capture_gate import CaptureGate
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
-from specchat.decoding.kvcache import cache_length, new_cache
+from specchat.decoding.kvcache import cache_length
 from specchat.decoding.sampling import sample_token
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.decoding.prefix import common_prefix
@@ -51,8 +50,7 @@ def sequential(model, sampling: SamplingParams, prompt: list[int] = PROMPT, new_
 
 def fresh_targets(model, job: VerifyJob) -> list[int]:
     """The target's token at each of the job's positions from one pass over an empty cache."""
-    hidden = model.hidden(torch.tensor(job.tokens), torch.arange(len(job.tokens)), new_cache())
-    logits = model.logits(hidden[job.first - 1:])
+    logits = fresh_logits(model, job.tokens)[job.first - 1:]
     return [sample_token(row, job.sampling, job.first + i) for i, row in enumerate(logits)]
 
 

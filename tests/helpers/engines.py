@@ -28,6 +28,11 @@ def run(engine, sampling, max_new_tokens=40, prompt=PROMPT):
     return [t for e in events for t in e.token_ids], events
 
 
+def fresh_logits(model: CausalLM, tokens: list[int] | tuple[int, ...]) -> torch.Tensor:
+    """The model's logits at every position of `tokens`, from one pass over an empty cache."""
+    return model.logits(model.hidden(torch.tensor(tokens), torch.arange(len(tokens)), new_cache()))
+
+
 def exact_token_distribution(model, sampling, index: int, prefix: list[int] = PROMPT) -> torch.Tensor:
     """The filtered target's marginal of the token `index` places after `prefix` (0: the next):
     P(x_k) = sum over x_1..x_(k-1) of P(x_1) P(x_2 | x_1) ... P(x_k | x_1..x_(k-1))."""
