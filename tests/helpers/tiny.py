@@ -15,6 +15,13 @@ TINY_QWEN = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden
                  num_key_value_heads=2)
 
 
+class TinyCharTokenizer:
+    """One token per character (its code point modulo 50), like the tiny models' vocabulary."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(char) % 50 for char in text]}
+
+
 def tiny_qwen_config(**overrides: object) -> Qwen2Config:
     """TINY_QWEN with `overrides` (sizes, tying, context...): one place that spells a Qwen2 config."""
     return Qwen2Config(**{**TINY_QWEN, **overrides})

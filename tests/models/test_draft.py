@@ -1,0 +1,35 @@
+"""How the draft's weights are stored (models/draft.py's resolve_draft_quant): an explicit form is
+kept; `auto` is int8 on a CPU for the widths where it pays, measured once per machine."""
+
+import pytest
+import torch
+
+from specchat.models.draft import DraftQuant, resolve_draft_quant
+from specchat.quant import widths
+from specchat.quant.widths import INT8_ROWS
+
+
+@pytest.mark.parametrize("kind", ["none", "int8", "int4", "nf4"])
+def test_an_explicit_draft_quant_is_kept(kind):
+    assert resolve_draft_quant(kind, torch.device("cpu"), torch.bfloat16) == DraftQuant(kind)
+
+
+@pytest.mark.parametrize("rows, expected", [(0, DraftQuant("none")), (4, DraftQuant("int8", 4)),
+                                            (INT8_ROWS[-1], DraftQuant("int8"))])
+def test_auto_draft_quant_is_int8_on_a_cpu_for_the_widths_where_it_pays(monkeypatch, tmp_path, rows, expected):
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))  # a machine that has measured nothing yet
+    monkeypatch.setitem(widths.MEASURES, "int8 rows", lambda dtype: rows)
+    assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == expected
+    assert resolve_draft_quant("auto", torch.device("cuda"), torch.bfloat16) == DraftQuant("none")
+
+
+def test_auto_draft_quant_is_measured_once_per_machine(monkeypatch, tmp_path):
+    """Measured at every startup, the crossover flipped between runs (quant/widths.py): the
+    second startup keeps the first's choice, whatever a new measurement would say."""
+    monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    measurements = iter([32, INT8_ROWS[-1]])
+    monkeypatch.setitem(widths.MEASURES, "int8 rows", lambda dtype: next(measurements))
+    first = resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16)
+    assert first == DraftQuant("int8", 32)
+    assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == first
+    assert next(measurements) == INT8_ROWS[-1]  # the second was never measured

@@ -1,0 +1,35 @@
+"""The draft head's sub-vocabulary (models/vocab_rank.py): tokens ranked by frequency over chat
+replies and code, stored once beside the model, the stop tokens always kept."""
+
+import json
+
+from helpers.tiny import TinyCharTokenizer
+
+from specchat.corpora import sharegpt_records
+from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
+
+
+def test_rank_puts_frequent_tokens_first_and_unseen_ones_in_id_order():
+    ranking = rank_tokens(TinyCharTokenizer(), ["ccc", "bb", "c"], vocab_size=50)
+    assert ranking[:2] == [ord("c") % 50, ord("b") % 50]
+    assert sorted(ranking) == list(range(50))
+    rest = ranking[2:]
+    assert rest == sorted(rest)
+
+
+def test_the_ranking_is_stored_once_beside_the_model(tmp_path):
+    ranking = vocab_ranking(tmp_path, TinyCharTokenizer(), vocab_size=50)
+    assert json.loads((tmp_path / RANK_FILE).read_text()) == ranking
+    (tmp_path / RANK_FILE).write_text(json.dumps(list(reversed(ranking))))
+    assert vocab_ranking(tmp_path, TinyCharTokenizer(), vocab_size=50) == list(reversed(ranking))
+
+
+def test_the_corpus_is_chat_replies_then_code():
+    chat, code = chat_texts(50_000), stdlib_texts(50_000)
+    assert sum(map(len, chat)) >= 50_000 and sum(map(len, code)) >= 50_000
+    assert any("def " in text for text in code)
+    assert chat[0] == next(turn["value"] for turn in next(sharegpt_records())["conversations"] if turn["from"] == "gpt")
+
+
+def test_head_vocab_keeps_the_stop_tokens():
+    assert head_vocab(list(range(10)), 3, always=[9]).tolist() == [0, 1, 2, 9]
