@@ -65,6 +65,20 @@ def test_a_cpu_has_no_fp8_units():
     assert not fp8_runs_on(torch.device("cpu"))
 
 
+@pytest.mark.parametrize("capability, runs", [((8, 6), False), ((8, 9), True), ((9, 0), True), ((7, 5), False)],
+                         ids=["ampere", "ada", "hopper", "turing"])
+def test_cuda_multiplies_fp8_from_ada_on(monkeypatch, capability, runs):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: asked.append(device) or capability)
+    assert fp8_runs_on(torch.device("cuda:1")) == runs
+    assert asked == [torch.device("cuda:1")]  # the capability of the device named, not the current one
+
+
+def test_an_fp8_linear_is_for_inference():
+    linear = Fp8Linear(nn.Linear(32, 16))
+    assert not any(parameter.requires_grad for parameter in linear.parameters())
+
+
 def test_a_weight_is_quantized_in_blocks_of_rows_as_it_would_be_whole(monkeypatch):
     torch.manual_seed(2)
     weight = torch.randn(40, 32, dtype=torch.bfloat16)
