@@ -16,7 +16,7 @@ from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.dsi import workers as workers_module
 from specchat.dsi.jobs import Preempted, VerifyJob
 from specchat.dsi.verifier import TargetVerifier
-from specchat.dsi.workers import ThreadWorker, WorkerPool, instance_on, parse_devices, thread_workers
+from specchat.dsi.workers import ThreadWorker, WorkerPool, instance_on, parse_devices, same_device, thread_workers
 from specchat.errors import SpecchatError
 
 HANG_S = 30  # bound on a wait that only guards against a hang
@@ -319,6 +319,13 @@ def test_parse_devices_cuda_checks_the_index(monkeypatch):
 
 
 # instance_on
+
+
+@pytest.mark.parametrize("a, b, same", [("cpu", "cpu", True), ("cuda", "cuda:0", True), ("cuda:0", "cuda:1", False),
+                                        ("cuda:1", "cuda:1", True), ("cpu", "cuda:0", False),
+                                        ("cuda", "cuda:1", False)])
+def test_same_device_takes_an_unnumbered_cuda_as_the_first(a, b, same):
+    assert same_device(torch.device(a), torch.device(b)) == same == same_device(torch.device(b), torch.device(a))
 
 
 def test_instance_on_the_same_device_shares_weights_not_modules(tiny_target):

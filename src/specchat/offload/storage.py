@@ -253,6 +253,7 @@ def spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def layout_record(layout: LayerLayout) -> list:
     return [[p.name, str(p.dtype), list(p.shape), p.offset] for p in layout.places]
 
+
 class TieredStore:
     """Streamed layers split between RAM (the first ones) and the disk file (the rest); filled
     through its `parts`."""
