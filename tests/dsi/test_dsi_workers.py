@@ -437,3 +437,24 @@ def test_thread_worker_cancel_from_another_thread_preempts_mid_forward(tiny_targ
         pool.close()
     for layer in worker.verifier.history.caches[0].layers:
         assert layer.keys.shape[-2] == len(follow.tokens)
+
+
+def test_closing_a_thread_worker_waits_for_the_job_it_runs(tiny_target):
+    """Close returns once the running verification is over: nothing is left reading the target."""
+    worker = thread_workers(tiny_target, [torch.device("cpu")])[0]
+    entered, go = threading.Event(), threading.Event()
+
+    def pause(_module, _args):
+        entered.set()
+        go.wait(HANG_S)
+
+    handle = worker.verifier.target.model.get_decoder().layers[0].register_forward_pre_hook(pause)
+    try:
+        future = worker.start(VerifyJob(0, tuple(PROMPT), len(PROMPT), GREEDY))
+        assert entered.wait(HANG_S)
+        threading.Timer(0.2, go.set).start()  # the job goes on a moment after close is called
+        worker.close()
+        assert future.done()
+    finally:
+        handle.remove()
+        go.set()
