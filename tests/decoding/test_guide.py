@@ -173,12 +173,15 @@ def test_engines_that_cannot_keep_a_grammar_say_so(tiny_target, tiny_draft, gram
         list(engine.generate(PROMPT, 4, SamplingParams(guide=grammars.json_schema(SCHEMA).start())))
 
 
-@pytest.mark.parametrize("strategy", [SPECEXEC, SPECINFER, CHAIN_SD, None], ids=["specexec", "specinfer", "sd",
-                                                                               "autoregressive"])
-def test_keeps_forms_says_whether_an_engine_fills_a_token_log(tiny_target, tiny_draft, strategy):
-    """What the server reads to refuse logprobs and grammars up front (serve/endpoint.py)."""
+@pytest.mark.parametrize("strategy, keeps", [(SPECEXEC, True), (SPECINFER, False), (CHAIN_SD, False), (None, True)],
+                         ids=["specexec", "specinfer", "sd", "autoregressive"])
+def test_keeps_forms_says_whether_an_engine_fills_a_token_log(tiny_target, tiny_draft, strategy, keeps):
+    """What the server reads to refuse logprobs and grammars up front (serve/endpoint.py). The
+    sampling engines (SpecInfer, chain SD) accept a draft's token with probability min(1, p/q): a
+    grammar or a log would need the draft's q masked alike, which they do not do."""
     engine = (AutoregressiveEngine(tiny_target, {STOP}) if strategy is None
               else TreeEngine(strategy, tiny_target, tiny_draft, {STOP}, TreeShape(budget=4)))
+    assert engine.keeps_forms == keeps
     log = TokenLog()
     if not engine.keeps_forms:
         with pytest.raises(SpecchatError, match="cannot keep a reply to a grammar, log"):
