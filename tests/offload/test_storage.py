@@ -8,7 +8,7 @@ import torch
 
 from specchat.checkpoint.layout import lay_out
 from specchat.offload.direct_io import ALIGN, align_up, aligned_empty
-from specchat.offload.storage import DiskStore
+from specchat.offload.storage import DiskStore, spans
 
 F32 = torch.float32
 # Two layers of different sizes: the second's blob spans more than one boundary
@@ -75,3 +75,16 @@ def test_a_file_of_other_layers_is_written_again(tmp_path):
     written_store(tmp_path / "m.layers")
     other = DiskStore([lay_out(specs) for specs in LAYER_SPECS], tmp_path / "m.layers", {"model": "other"})
     assert other.needs_writing()
+
+
+def test_an_abort_before_anything_was_written_leaves_nothing_and_raises_nothing(tmp_path):
+    """A failed start (a disk too small, found before the partial file is opened) is aborted too."""
+    store = DiskStore([lay_out(specs) for specs in LAYER_SPECS], tmp_path / "m.layers", {})
+    store.abort_writing()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ranges_join_where_each_starts_on_the_boundary_after_the_last_joined():
+    # (0, 10) ends before ALIGN's boundary, which starts nothing here; the next two are one read
+    assert spans([(0, 10), (2 * ALIGN, 2 * ALIGN + 8), (3 * ALIGN, 3 * ALIGN + 12), (5 * ALIGN, 5 * ALIGN + 1)]) == \
+        [(0, 10), (2 * ALIGN, 3 * ALIGN + 12), (5 * ALIGN, 5 * ALIGN + 1)]
