@@ -26,13 +26,13 @@ def test_upfront_nodes_are_the_likeliest_path_then_the_likeliest_others():
     assert node_logits.upfront_nodes(tree, 2) == [0, 1, 3, 5]  # the path whole, however long
 
 
-
 def test_upfront_nodes_take_tied_nodes_in_their_order_in_the_tree():
     """A stable sort: ties (siblings whose bf16 draft logits round alike) are taken in node order, so a
     tree's upfront rows are the same from run to run (an unstable sort reordered 100 ties here)."""
     siblings = [(2 + node, 0, 1, -1.0) for node in range(99)]
     tree = make_tree([(9, -1, 0, 0.0), (1, 0, 1, -0.5), *siblings])
     assert node_logits.upfront_nodes(tree, 10) == list(range(10))
+
 
 class CountingHead:
     """A target whose LM head records the rows of each call: logits row i = [node i's id]."""
