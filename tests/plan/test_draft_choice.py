@@ -14,6 +14,7 @@ from helpers.plan_sizes import GB, NOWHERE, TARGET_LAYER
 import specchat.plan.pair as pair_module
 from specchat.machine_links import Links
 from specchat.models.draft_step import StepCost
+from specchat.plan import choice
 from specchat.plan.machine import Machine, described_rooms
 from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
@@ -124,3 +125,30 @@ def test_a_draft_stored_in_4_bits_is_weighed_packed_against_expanded(monkeypatch
     assert faster.placement.pass_bytes > alike.placement.pass_bytes
     note = next(note for note in faster.notes if note.startswith("draft in dense"))
     assert "none: 24 steps of 43 tokens at 60.0 ms" in note and "dense: 24 steps of 43 tokens at 12.0 ms" in note
+
+
+@pytest.mark.parametrize("tree_tokens, width", [(1, 1), (2, 1), (25, 1), (26, 2), (49, 2), (50, 3), (TREE, WIDTH)])
+def test_a_full_trees_nodes_are_shared_among_24_steps(tree_tokens, width):
+    """ceil((n - 1) / 24) nodes a step for a tree of n tokens (its root drafts nothing), one at least."""
+    assert choice.step_width(tree_tokens) == width
+    assert choice.drafting_s(FAST, tree_tokens) == pytest.approx(24 * FAST.seconds(width))
+
+
+class Resident:
+    """A placement that streams nothing: it has no link to be timed on."""
+
+    streamed = False
+
+    def expected_pass_s(self, ram_gbps, disk_gbps):
+        pytest.fail("a resident placement's pass was timed")
+
+
+def test_an_iteration_that_streams_nothing_is_its_drafting():
+    assert choice.iteration_s(FAST, Resident(), TREE, Links()) == pytest.approx(choice.drafting_s(FAST, TREE))
+    assert choice.iteration_s(None, Resident(), TREE, Links()) is None
+
+
+def test_a_single_draft_form_gets_no_note_on_its_choice(monkeypatch):
+    memory = plan(monkeypatch, ("int4",), {"int4": FAST}, Links(disk_gbps=1.5))
+    assert memory.draft.quant == "int4"
+    assert not any(note.startswith("draft in") for note in memory.notes)
