@@ -11,7 +11,7 @@ from specchat.checkpoint.layout import lay_out
 from specchat.offload.direct_io import ALIGN, aligned_empty
 from specchat.offload.expert_cache import ExpertCache, counts_path, read_counts, write_counts
 from specchat.offload.experts import FETCH_RUN_BYTES, ExpertLoads, SlotExperts, runs
-from specchat.offload.storage import DiskStore, RamStore, spans
+from specchat.offload.storage import DiskStore, RamStore
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
 
@@ -61,11 +61,6 @@ def test_both_stores_read_an_experts_unit_into_its_own_place(tmp_path):
         store.close()
     # the disk read landed in the staging at the unit's place, and nothing before it was written
     assert torch.equal(staging[:start], torch.full((start,), 7, dtype=torch.uint8))
-
-
-def test_ranges_that_follow_each_other_on_the_boundary_are_read_as_one():
-    assert spans([(4096, 4100), (8192, 9000), (16384, 16390)]) == [(4096, 9000), (16384, 16390)]
-    assert spans([]) == []
 
 
 def test_runs_group_consecutive_experts_up_to_the_request_size():
