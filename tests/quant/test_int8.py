@@ -173,7 +173,7 @@ def test_the_weight_only_kernel_takes_widths_of_whole_16s_and_the_rest_is_dequan
     out = layer(x)
     assert bool(calls) == dequantized
     reference = x.float() @ layer.dequantized().float().t()
-    # Both paths round to bf16: measured within 2.8e-3 of the largest output, bound 2^-8 = 3.9e-3
+    # Both paths round to bf16: within 2.8e-3 of the largest output (measured on an AMX Xeon), bound 2^-8 = 3.9e-3
     torch.testing.assert_close(out.float(), reference, rtol=0, atol=2**-8 * reference.abs().max().item())
 
 
