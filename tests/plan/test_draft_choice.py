@@ -12,6 +12,7 @@ import torch
 from helpers.plan_sizes import GB, NOWHERE, TARGET_LAYER
 
 import specchat.plan.pair as pair_module
+from specchat.errors import SpecchatError
 from specchat.machine_links import Links
 from specchat.models.draft_step import StepCost
 from specchat.plan import choice
@@ -90,6 +91,20 @@ def test_without_the_disks_speed_the_fewest_bytes_win(monkeypatch, tight, links)
     memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": SLOW}, links, tight)
     assert memory.draft.quant == "int4" and memory.placement.disk
     assert any(note.startswith("draft in int4: it streams the least per pass") for note in memory.notes)
+
+
+def test_where_one_form_alone_fits_the_note_says_so(monkeypatch, tight):
+    """RAM that holds the int4 draft's plan with every target layer streamed, and half the bf16
+    draft's extra weights: only the int4 form fits, whichever step is faster."""
+    int4 = plan(monkeypatch, ("int4",), {"int4": FAST}, Links(disk_gbps=1.5), tight)
+    bf16 = plan(monkeypatch, ("none",), {"none": FAST}, Links(disk_gbps=1.5))
+    room = (int4.total("device") - int4.placement.resident * TARGET_LAYER
+            + (bf16.draft.weights - int4.draft.weights) // 2)
+    with pytest.raises(SpecchatError):
+        plan(monkeypatch, ("none",), {"none": FAST}, Links(disk_gbps=1.5), room)
+    memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": SLOW}, Links(disk_gbps=1.5), room)
+    assert memory.draft.quant == "int4"
+    assert "draft in int4: the only form that fits (none: does not fit)" in memory.notes
 
 
 def test_a_form_whose_step_is_unmeasured_leaves_the_choice_to_bytes(monkeypatch, tight):

@@ -33,7 +33,7 @@ def chosen(ask: "Ask", plans: "list[MemoryPlan]") -> "MemoryPlan":
     predicted iteration where every plan has one, else the fewest bytes streamed a pass; min keeps
     the first of equals."""
     predictions = [predicted_s(plan, ask.links) for plan in plans]
-    if len(plans) > 1 and None not in predictions:
+    if None not in predictions:
         best = plans[predictions.index(min(predictions))]
     else:
         best = min(plans, key=lambda plan: plan.placement.pass_bytes)
@@ -66,9 +66,12 @@ def choices(ask: "Ask", best: "MemoryPlan", plans: "list[MemoryPlan]") -> tuple[
 
 def draft_choice(ask: "Ask", best: "MemoryPlan", plans: "list[MemoryPlan]") -> str:
     """Why the draft is in `best`'s form, weighed against the others' `plans`: by predicted
-    iteration where each has one, else by the bytes each streams."""
+    iteration where each has one, else by the bytes each streams; where no other form fits, that."""
     by_form = {plan.draft.form: plan for plan in plans}
-    if len(plans) > 1 and all(predicted_s(plan, ask.links) is not None for plan in plans):
+    if len(by_form) == 1:
+        unfit = ", ".join(draft.form for draft in ask.drafts if draft.form not in by_form)
+        return f"draft in {best.draft.form}: the only form that fits ({unfit}: does not fit)"
+    if all(predicted_s(plan, ask.links) is not None for plan in plans):
         weighed = "; ".join(iteration_terms(draft.form, draft.step, by_form[draft.form].placement,
                                             by_form[draft.form].tree_tokens, ask.links) if draft.form in by_form
                             else f"{draft.form}: does not fit" for draft in ask.drafts)
