@@ -9,7 +9,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specchat.plan.demand import ModelShape, draft_weight_bytes, expanding_bytes, shape_of
+from specchat.plan.demand import (
+    ModelShape,
+    draft_weight_bytes,
+    expanding_bytes,
+    layer_linears,
+    rounded_workspace,
+    shape_of,
+)
+from specchat.quant.int4 import workspace_bytes
+from specchat.quant.int4_rtn import group_for
 
 BF16 = torch.bfloat16
 LINEAR_WEIGHTS, LINEAR_ROWS = 2 * 9216, 2 * 256
@@ -17,9 +26,10 @@ TABLE, NORMS, BUFFERS = 64 * 32, 160, 32
 INT8_TABLE = TABLE + 64 * 4  # an int8 byte a weight and a float32 scale a row
 
 
-def tiny_llama(tied: bool) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+def tiny_llama(tied: bool = False, hidden: int = 32, mlp: int = 64, heads: int = 4,
+               kv_heads: int = 2) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied)
     with torch.device("meta"):
         return LlamaForCausalLM(config)
 
@@ -84,3 +94,15 @@ def test_expanding_a_4_bit_draft_holds_a_layers_packed_weights_and_its_largest_l
     nibble bytes and two copies in the dtype."""
     assert expanding_bytes(untied, BF16) == 9216 * 0.625 + 2048 * (4 + 2 + 2 * 2)
     assert expanding_bytes(untied, torch.float32) == 9216 * 0.625 + 2048 * (4 + 2 + 2 * 4)
+
+
+def test_a_rounded_drafts_workspace_is_its_largest_rounded_linears_and_none_without_one():
+    """Hidden 64, MLP 128, 2 heads of 32 and one key/value head: q, o, gate, up and down take the
+    CPU's int4 kernels (three workspaces among them), k and v (32 rows) do not; at hidden 24 none does."""
+    cpu = torch.device("cpu")
+    model = tiny_llama(hidden=64, mlp=128, heads=2, kv_heads=1)
+    rounded = [m for m in layer_linears(model) if group_for(m, cpu)]
+    each = {workspace_bytes(m.in_features, m.out_features, 64, BF16, group_for(m, cpu), "cpu") for m in rounded}
+    assert len(rounded) == 5 and len(each) == 3
+    assert rounded_workspace(model, BF16, 64, cpu) == max(each)
+    assert rounded_workspace(tiny_llama(hidden=24, mlp=40, heads=3, kv_heads=3), BF16, 64, cpu) == 0
