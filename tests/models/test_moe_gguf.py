@@ -17,6 +17,7 @@ from helpers.gguf_moe_writer import ARCHITECTURES, EXPERTS, HIDDEN, INTERMEDIATE
 from helpers.moe import CPU, QUIET, SAMPLINGS, Converted, assert_specexec_emits_transformers_tokens, draft_of, logits
 from helpers.moe_streams import expert_bytes, fetched_per_pass, record_routes
 from helpers.planned import streamed
+from helpers.q6_linears import read_q6
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -30,7 +31,6 @@ from specchat.quant.gguf_int4 import q4k_to_int4
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_checkpoint import INT4_FILE, read_int4
 from specchat.quant.q4k_scales import Q4KScalesLinear
-from specchat.quant.q6k import read_q6
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.split_experts import SplitExperts
 

@@ -15,6 +15,7 @@ import gc
 
 import pytest
 import torch
+from helpers.q6_linears import read_q6
 
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
@@ -27,7 +28,6 @@ from specchat.models.registry import DEFAULT_TARGET
 from specchat.quant.int4 import Int4Linear
 from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.widths import WidthChoice
-from specchat.quant.q6k import read_q6
 from specchat.runtime import encode_prompt
 
 pytestmark = pytest.mark.real

@@ -10,7 +10,7 @@ bits a weight. The LM head of the embedded 1.5B (151,936 x 1,536, Q6_K) takes 0.
 of 0.47 GB in bf16 (quant/q6k_linear.py multiplies it).
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,10 +74,6 @@ def q6_entries(module: str, weight: Q6Weight) -> dict[str, Tensor]:
 def q6_modules(names: Iterable[str]) -> list[str]:
     """The modules a checkpoint's tensor names hold Q6Weights for."""
     return [name.removesuffix(Q6_SUFFIXES[0]) for name in names if name.endswith(Q6_SUFFIXES[0])]
-
-
-def read_q6(read: Callable[[str], Tensor], module: str) -> Q6Weight:
-    return Q6Weight(*(read(module + suffix) for suffix in Q6_SUFFIXES))
 
 
 def q6_bytes(out_features: int, in_features: int) -> int:
