@@ -56,6 +56,13 @@ def test_a_chunked_product_multiplies_by_the_dense_weight_rounded_once(monkeypat
     torch.testing.assert_close(linear(x), x @ dense.to(dtype).t(), rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 0.05)
 
 
+def test_rows_wider_than_a_chunk_expand_one_at_a_time(monkeypatch):
+    monkeypatch.setattr(q6k_linear, "CHUNK_WEIGHTS", 256)  # half a row of 512 inputs
+    assert q6k_linear.chunk_rows(512, 80) == 1
+    linear, dense = q6_linear(80, 512)
+    assert torch.equal(linear(torch.eye(512)), dense.t())
+
+
 Q6_MODULES = ("lm_head", "model.layers.0.mlp.down_proj", "model.layers.1.self_attn.v_proj")  # v has a bias
 
 

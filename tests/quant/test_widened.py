@@ -5,8 +5,8 @@ kernel, and the rows it widens from are the machine's measured choice. A Q6_K li
 
 import pytest
 import torch
-from helpers.q6_linears import q6_linear
 from helpers.dense_linears import prompt_logits, random_linear, tied_tiny_model
+from helpers.q6_linears import q6_linear
 from torch import nn
 
 from specchat.quant import prepacked, q6k_linear, timing, widened, widths
@@ -30,7 +30,6 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     """x @ weight.T + bias in float64: the exact sums a bf16 GEMM rounds once."""
     out = x.double() @ weight.double().t()
     return out if bias is None else out + bias.double()
-
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -163,6 +162,23 @@ def test_a_widened_q6_linear_multiplies_the_weights_rounded_once_in_float32(monk
     out = linear(x)
     exact = reference(x, weight, None)  # the bf16 weights' exact sums
     assert ((out.double() - exact).abs() <= torch.finfo(torch.bfloat16).eps * exact.abs() + 1e-6).all()
+
+
+def test_a_q6_linear_multiplies_in_float32_from_exactly_widened_from_rows(monkeypatch):
+    """The rows decide the product's dtype, not how close its sums come out: a bf16 GEMM summing in
+    float32 may round to the same bits."""
+    linear, _ = q6_linear(32, 512)
+    linear.widened_from = 6
+    products, mm = [], torch.mm
+
+    def recorded(inputs: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        products.append((inputs.shape[0], inputs.dtype))
+        return mm(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", recorded)
+    for rows in (5, 6, 7):
+        linear(torch.randn(rows, 512).to(torch.bfloat16))
+    assert products == [(5, torch.bfloat16), (6, torch.float32), (7, torch.float32)]
 
 
 def test_the_walk_widens_a_models_q6_linears_for_its_dtype(monkeypatch):
