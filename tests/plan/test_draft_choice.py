@@ -6,6 +6,7 @@ by the bytes each streams where a step or a link speed is unknown. The step cost
 import math
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,9 @@ from specchat.errors import SpecchatError
 from specchat.machine_links import Links
 from specchat.models.draft_step import StepCost
 from specchat.plan import choice
+from specchat.plan.budget import Ask
+from specchat.plan.demand import ModelShape
+from specchat.plan.draft_form import Draft
 from specchat.plan.machine import Machine, described_rooms
 from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
@@ -105,6 +109,27 @@ def test_where_one_form_alone_fits_the_note_says_so(monkeypatch, tight):
     memory = plan(monkeypatch, ("none", "int4"), {"none": FAST, "int4": SLOW}, Links(disk_gbps=1.5), room)
     assert memory.draft.quant == "int4"
     assert "draft in int4: the only form that fits (none: does not fit)" in memory.notes
+
+
+class Planned:
+    """What `choices` reads of a plan at the asked context and tree, its draft's step unmeasured."""
+
+    def __init__(self, quant: str, compact_layers: bool, pass_bytes: int) -> None:
+        self.draft = Draft(quant, 0, ModelShape(2, 1, 4, 8, 16, 64, 2), 0)
+        self.compact_layers, self.compact_head, self.tree_tokens, self.context = compact_layers, False, TREE, 4096
+        self.placement = SimpleNamespace(pass_bytes=pass_bytes)
+
+
+def test_a_form_that_fits_beside_the_other_layers_form_is_not_the_only_one_that_fits():
+    """The target's Q6_K layers kept dense or compact are plans of their own: a form that fits only
+    beside the compact ones still fits."""
+    ask = Ask(contexts=(4096,), drafts=(Planned("none", True, 0).draft, Planned("int4", True, 0).draft),
+              tree_tokens=TREE, workspace=0)
+    best = Planned("int4", False, 2 * GB)
+    assert choice.choices(ask, best, [best, Planned("none", True, GB)])[0].startswith(
+        "draft in int4: it streams the least per pass")
+    assert choice.choices(ask, best, [best, Planned("int4", True, GB)]) == (
+        "draft in int4: the only form that fits (none: does not fit)",)
 
 
 def test_a_form_whose_step_is_unmeasured_leaves_the_choice_to_bytes(monkeypatch, tight):

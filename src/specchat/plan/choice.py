@@ -60,18 +60,20 @@ def choices(ask: "Ask", best: "MemoryPlan", plans: "list[MemoryPlan]") -> tuple[
     if best.context != ask.contexts[0]:
         notes.append(f"context {best.context} tokens: {ask.contexts[0]} does not fit")
     if len(ask.drafts) > 1 and best.draft is not None:
-        notes.append(draft_choice(ask, best, [plan for plan in plans if plan.compact_layers == best.compact_layers]))
+        notes.append(draft_choice(ask, best, plans))
     return tuple(notes)
 
 
 def draft_choice(ask: "Ask", best: "MemoryPlan", plans: "list[MemoryPlan]") -> str:
-    """Why the draft is in `best`'s form, weighed against the others' `plans`: by predicted
-    iteration where each has one, else by the bytes each streams; where no other form fits, that."""
-    by_form = {plan.draft.form: plan for plan in plans}
-    if len(by_form) == 1:
-        unfit = ", ".join(draft.form for draft in ask.drafts if draft.form not in by_form)
+    """Why the draft is in `best`'s form: where no other form fits (in any of `plans`), that; else
+    weighed against the other forms with the target's layers in `best`'s form: by predicted
+    iteration where each has one, else by the bytes each streams."""
+    if {plan.draft.form for plan in plans} == {best.draft.form}:
+        unfit = ", ".join(draft.form for draft in ask.drafts if draft.form != best.draft.form)
         return f"draft in {best.draft.form}: the only form that fits ({unfit}: does not fit)"
-    if all(predicted_s(plan, ask.links) is not None for plan in plans):
+    alike = [plan for plan in plans if plan.compact_layers == best.compact_layers]
+    by_form = {plan.draft.form: plan for plan in alike}
+    if all(predicted_s(plan, ask.links) is not None for plan in alike):
         weighed = "; ".join(iteration_terms(draft.form, draft.step, by_form[draft.form].placement,
                                             by_form[draft.form].tree_tokens, ask.links) if draft.form in by_form
                             else f"{draft.form}: does not fit" for draft in ask.drafts)
