@@ -128,6 +128,10 @@ def test_shapes_the_kernels_cannot_take_do_not_fit():
     assert not int4_fits(256, 128, 16, CPU)  # groups under 32
     assert not int4_fits(100, 128, 32, CPU)
     assert not int4_fits(256, 40, 32, CPU)
+    # CUDA's kernels take any multiple of 16 rows; a CPU's chunked products read whole tiles of its layout
+    cuda = torch.device("cuda")
+    assert int4_fits(96, 48, 32, cuda) and not int4_fits(96, 48, 32, CPU)
+    assert not int4_fits(96, 40, 32, cuda) and not int4_fits(100, 48, 32, cuda)
     with pytest.raises(SpecchatError, match="cannot take"):
         int4_tensors(random_weight(out_features=48), None, torch.float32, CPU)
 
