@@ -88,8 +88,5 @@ def test_ranges_join_where_each_starts_on_the_boundary_after_the_last_joined():
     # (0, 10) ends before ALIGN's boundary, which starts nothing here; the next two are one read
     assert spans([(0, 10), (2 * ALIGN, 2 * ALIGN + 8), (3 * ALIGN, 3 * ALIGN + 12), (5 * ALIGN, 5 * ALIGN + 1)]) == \
         [(0, 10), (2 * ALIGN, 3 * ALIGN + 12), (5 * ALIGN, 5 * ALIGN + 1)]
-
-
-def test_ranges_that_follow_each_other_on_the_boundary_are_read_as_one():
     assert spans([(4096, 4100), (8192, 9000), (16384, 16390)]) == [(4096, 9000), (16384, 16390)]
     assert spans([]) == []
