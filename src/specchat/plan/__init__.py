@@ -2,7 +2,7 @@
 configs (or a local checkpoint's sizes) before anything loads. Its front door: the rest of specchat
 imports these names from `specchat.plan`, never a module inside it.
 
-A run's options become the plan's request in one place, `request_for(options, machine)`, for
+A run's options become the plan's request in one place, `request_for(options, machine, ...)`, for
 `run` and `doctor` alike; `plan_pair` plans that request on a machine, and the same request is
 `measure_pair`ed once and `plan_measured` under many machines' rooms (doctor's smallest memory limit)."""
 

@@ -41,8 +41,8 @@ class RunOptions(Protocol):
 Options = TypeVar("Options", bound=RunOptions)
 
 
-def request_for(options: RunOptions, machine: Machine, drafted: bool = True,
-                conversations: int | None = 1) -> tuple[Pair, PlanRequest]:
+def request_for(options: RunOptions, machine: Machine, drafted: bool,
+                conversations: int | None) -> tuple[Pair, PlanRequest]:
     """What `run` with `options` asks of `machine` (`drafted`: with its draft; `conversations`: the
     KV caches kept at once, serve's --slots, None for auto): the pair and the request `plan_pair`
     takes (or `measure_pair`, to plan it under many rooms)."""
