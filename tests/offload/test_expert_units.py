@@ -1,10 +1,12 @@
-"""The pieces of streaming by expert: a MoE layer's layout in head and expert units, reading byte
-ranges from the stores, expert fetches ahead of the ring's loads, and which experts a slot holds."""
+"""The pieces of streaming by expert (a MoE layer's layout in head and expert units:
+tests/checkpoint/test_layer_layout.py): reading byte ranges from the stores, expert fetches ahead
+of the ring's loads, and which experts a slot holds."""
 
 import threading
 from collections import Counter
 
 import torch
+from helpers.layer_specs import SPECS, UNIT_OF, tensors
 from helpers.links import VirtualLink
 
 from specchat.checkpoint.layout import lay_out
@@ -14,32 +16,6 @@ from specchat.offload.experts import FETCH_RUN_BYTES, ExpertLoads, SlotExperts, 
 from specchat.offload.storage import DiskStore, RamStore
 from specchat.offload.streamer import Streamer
 from specchat.offload.transport import HostMover, ThreadTransport
-
-F32 = torch.float32
-SPECS = [("attn.q", F32, (5, 3)), ("experts.0.w", F32, (7,)), ("norm", F32, (3,)), ("experts.1.w", F32, (100,)),
-         ("experts.1.b", F32, (2,)), ("experts.0.b", F32, (1,))]
-UNIT_OF = {"experts.0.w": 0, "experts.0.b": 0, "experts.1.w": 1, "experts.1.b": 1}
-
-
-def test_a_moe_layout_puts_the_head_first_and_each_expert_in_an_aligned_unit_of_its_own():
-    layout = lay_out(SPECS, UNIT_OF)
-    offsets = {p.name: p.offset for p in layout.places}
-    # head: q (60 bytes) at 0, norm at the next 64-byte boundary; then the units on 4096 boundaries
-    assert offsets["attn.q"] == 0 and offsets["norm"] == 64
-    assert layout.units == ((ALIGN, ALIGN + 64 + 4), (2 * ALIGN, 2 * ALIGN + 448 + 8))
-    assert (offsets["experts.0.w"], offsets["experts.0.b"]) == (ALIGN, ALIGN + 64)
-    assert (offsets["experts.1.w"], offsets["experts.1.b"]) == (2 * ALIGN, 2 * ALIGN + 448)
-    assert layout.head == ALIGN and layout.nbytes == 2 * ALIGN + 456
-
-
-def test_a_dense_layout_is_all_head():
-    layout = lay_out(SPECS)
-    assert layout.units == () and layout.head == layout.nbytes == max(p.offset + p.nbytes for p in layout.places)
-
-
-def tensors() -> dict[str, torch.Tensor]:
-    return {name: torch.arange(torch.Size(shape).numel(), dtype=dtype).reshape(shape) + 1000 * i
-            for i, (name, dtype, shape) in enumerate(SPECS)}
 
 
 def test_both_stores_read_an_experts_unit_into_its_own_place(tmp_path):

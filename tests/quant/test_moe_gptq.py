@@ -21,7 +21,6 @@ from transformers import AutoConfig, MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
 from specchat.checkpoint.layout import layout_of
-from specchat.checkpoint.names import model_names
 from specchat.checkpoint.skeleton import build_skeleton, decoder_layers
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
@@ -127,14 +126,6 @@ def test_specexec_over_an_int4_moe_target_emits_transformers_tokens_for_its_weig
     family, directory = moe
     assert_specexec_emits_transformers_tokens(CausalLM(loaded(directory)), draft_of(dense_model(family, directory)),
                                               dense_model(family, directory), sampling)
-
-
-def test_a_checkpoint_naming_one_tensor_twice_is_refused_in_one_line():
-    names = ["model.layers.0.block_sparse_moe.gate.weight", "model.layers.0.mlp.gate.weight"]
-    with pytest.raises(SpecchatError, match="holds both 'model.layers.0.block_sparse_moe.gate.weight' and "
-                                            "'model.layers.0.mlp.gate.weight', which name one tensor") as refused:
-        model_names("mixtral", names)
-    assert "\n" not in str(refused.value)
 
 
 def test_fused_experts_in_another_layout_are_refused_in_one_line():
