@@ -49,6 +49,14 @@ def test_every_test_folder_mirrors_a_package_or_is_the_suites_own():
     assert folders - packages - OWN_FOLDERS == set()
 
 
+def test_every_package_has_a_test_folder():
+    """A package's modules are tested in its own folder (the model-assembly package, checkpoint/,
+    once had its tests spread over offload/ and quant/, and none of its own)."""
+    packages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    folders = {path.relative_to(TESTS).parts[0] for path in all_test_files() if path.parent != TESTS}
+    assert packages - folders == set()
+
+
 def test_no_test_at_the_top_names_a_package_or_a_module_in_one():
     """tests/test_<x>.py is for top-level modules: one named for a package (test_tui_...) or for a
     module inside one and none at the top belongs in that package's folder."""
