@@ -9,7 +9,8 @@ import torch
 
 import specchat.plan.machine as machine
 from specchat.memory_room import Room
-from specchat.plan.machine import OS_RESERVE, PAGE_CACHE_SHARE, Machine, measure_rooms
+from specchat.plan.machine import OS_RESERVE, PAGE_CACHE_SHARE, Machine, described_rooms, measure_rooms
+from specchat.plan.placement import Rooms
 from specchat.plan.request import PlanRequest
 
 GB = 10**9
@@ -50,6 +51,20 @@ def test_a_described_machine_is_planned_from_its_sizes_alone(tmp_path: Path):
     assert described.device().type == "cuda" and rooms.device == 24 * GB and rooms.host is not None
     assert Machine(ram_gb=32).device().type == "cpu" and Machine(ram_gb=32).tiers(
         PlanRequest(tier="auto", offload_dir=tmp_path), 0).host is None
+
+
+def test_a_described_machines_rooms_keep_the_runtimes_1_5_gb_and_on_a_cpu_the_oss_share():
+    """What python, torch, transformers and the tokenizer hold is counted on a described machine
+    (this one's room is measured with them already in it); on a CPU, whose RAM is the device, the
+    OS keeps its share of it too."""
+    runtime = 15 * 10**8
+    assert described_rooms(24 * GB, 64 * GB) == Rooms(24 * GB, 64 * GB - runtime, 2**62, "GPU memory (24.00 GB)",
+                                                       "RAM (64.00 GB, less 1.50 GB for specchat's runtime)",
+                                                       "the disk")
+    cpu = described_rooms(None, 32 * GB, disk=100 * GB)
+    assert cpu == Rooms(32 * GB - runtime - OS_RESERVE, None, 100 * GB,
+                        "RAM (32.00 GB, less 1.50 GB for specchat's runtime and 1.00 GB for the OS)",
+                        disk_name="the disk")
 
 
 def test_a_described_machine_honours_the_budgets_too(tmp_path: Path):
