@@ -2,6 +2,7 @@
 host's OS lives outside it) less PAGE_CACHE_SHARE of the limit for the page cache the run reads
 through; under the host's RAM, that less what the OS keeps; a smaller --ram-budget wins over all."""
 
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from specchat.plan.placement import Rooms
 from specchat.plan.request import PlanRequest
 
 GB = 10**9
+Usage = namedtuple("Usage", "free")  # the field of shutil.disk_usage's answer that the plan reads
 CPU = torch.device("cpu")
 
 
@@ -43,6 +45,16 @@ def test_a_smaller_ram_budget_wins(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(machine, "ram_room", lambda: Room(2 * GB, "the cgroup v1 limit", 3 * GB))
     rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path, ram_budget_bytes=GB), CPU, 0)
     assert rooms.device == GB and "--ram-budget 1" in rooms.device_name
+
+
+def test_a_reusable_layer_file_counts_as_free_disk_in_the_nearest_existing_folder(monkeypatch, tmp_path: Path):
+    """The offload directory need not exist yet: the disk is read where it would be made."""
+    monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
+    read = []
+    monkeypatch.setattr(machine.shutil, "disk_usage", lambda path: read.append(path) or Usage(free=7 * GB))
+    offload_dir = tmp_path / "not" / "yet"
+    rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=offload_dir), CPU, 2 * GB)
+    assert rooms.disk == 9 * GB and read == [tmp_path] and rooms.disk_name == str(offload_dir)
 
 
 def test_a_described_machine_is_planned_from_its_sizes_alone(tmp_path: Path):
