@@ -1,7 +1,8 @@
-"""`run` and `doctor` ask the plan the same thing for the same options: the pair (the target's
-weights, the draft's forms, the int8 draft's dense copies) and the request (tier, budgets, trees,
-the target's dense copies) that reach `plan_pair` from `loader.load_models` and from doctor's plan
-are equal, on this machine's CPU and on a described GPU machine."""
+"""plan/request.py. `run` and `doctor` ask the plan the same thing for the same options: the pair
+(the target's weights, the draft's forms, the int8 draft's dense copies) and the request (tier,
+budgets, trees, the target's dense copies) that reach `plan_pair` from `loader.load_models` and from
+doctor's plan are equal, on this machine's CPU and on a described GPU machine. The trees a request
+plans room for, and what its options ask of the placement."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,9 @@ from specchat.doctor.plan import doctor_options, doctor_plan
 from specchat.engine_options import EngineOptions
 from specchat.machine_links import Links, read_links
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specchat.plan import Machine
+from specchat.plan import Machine, PlanRequest
+from specchat.plan.placement import Request
+from specchat.plan.request import tree_sizes
 
 INT8_ROWS = 4  # the int8 draft's crossover this machine is taken to have measured: dense copies above it
 
@@ -101,3 +104,22 @@ def test_run_on_a_gpu_asks_what_doctor_asks_of_a_described_one(monkeypatch, tmp_
     assert (replace(pair, measure_steps=True, draft_kinds=run[0].draft_kinds), replace(request, links=run[1].links)) == run
     assert pair.draft_kinds == ("none", "int4", "nf4") and pair.dense_above is None and not request.dense_copies
     assert request.vram_budget_bytes == 20 * 10**9
+
+
+def test_the_largest_pass_is_autos_cap_or_a_larger_budget_and_auto_falls_back_only_above_a_budget():
+    """A pass scores its tree and its root: --budget auto's cap streamed (1024 on a CPU, 2048 on a
+    GPU) halves down to 128; a --budget given is never planned smaller, and beyond the cap it is
+    the largest pass itself."""
+    assert tree_sizes(cuda=False) == (1025, (513, 257, 129))
+    assert tree_sizes(cuda=True) == (2049, (1025, 513, 257, 129))
+    assert tree_sizes(cuda=False, budget=300) == (1025, (513,))
+    assert tree_sizes(cuda=False, budget=512) == (1025, (513,))
+    assert tree_sizes(cuda=False, budget=1024) == (1025, ())
+    assert tree_sizes(cuda=False, budget=1500) == (1501, ())
+
+
+def test_offload_none_keeps_every_layer_resident_and_the_others_pass_through(tmp_path: Path):
+    none = PlanRequest(tier="none", offload_dir=tmp_path, resident_layers=3, slots=2).placement_request(80)
+    assert none == Request("auto", resident_layers=80, slots=2)
+    disk = PlanRequest(tier="disk", offload_dir=tmp_path, resident_layers=3, slots=2).placement_request(80)
+    assert disk == Request("disk", resident_layers=3, slots=2)
