@@ -170,6 +170,13 @@ def test_experts_touched_by_n_tokens_follow_the_union_of_their_routes():
     assert sum(drawn) / len(drawn) == pytest.approx(experts_touched(128, 8, 16), abs=0.3)
 
 
+def test_the_bounds_of_a_route_are_possible_routes():
+    """One expert a token (a Switch Transformer's top-1), every expert a token, and a pass of no
+    tokens, which touches none."""
+    assert experts_touched(8, 1, 1) == 1 and experts_touched(8, 8, 1) == 8
+    assert experts_touched(8, 2, 0) == 0
+
+
 @pytest.mark.parametrize(("experts", "routed", "tokens"), [(8, 0, 4), (8, 9, 4), (0, 0, 4), (8, 2, -1)])
 def test_experts_touched_refuses_impossible_routes_in_one_line(experts, routed, tokens):
     with pytest.raises(SpecchatError, match=r"^-?\d+ tokens routed to \d+ of \d+ experts: need ") as refused:
