@@ -55,7 +55,7 @@ def test_auto_keeps_one_conversation_where_more_would_displace_the_cards_layers(
 
 def test_auto_keeps_four_where_the_room_holds_their_caches_beside_every_layer():
     auto, one = on_a_cpu(None, 24), on_a_cpu(1, 24)
-    assert auto.conversations == AUTO_SLOTS and auto.placement.resident == 28 and run_of(auto) == run_of(one)
+    assert auto.conversations == AUTO_SLOTS == 4 and auto.placement.resident == 28 and run_of(auto) == run_of(one)
     assert sum(kv_items(auto).values()) == AUTO_SLOTS * sum(kv_items(one).values())
 
 
