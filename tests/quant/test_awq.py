@@ -21,7 +21,7 @@ from helpers.planned import offload_planned
 from helpers.reference_loop import assert_transformers_tokens
 from helpers.tiny import tiny_qwen_config
 from torch import nn
-from transformers import AwqConfig, Qwen2ForCausalLM
+from transformers import AutoConfig, AwqConfig, Qwen2ForCausalLM
 
 from specchat.decoding.events import SamplingParams
 from specchat.decoding.forward import CausalLM
@@ -32,6 +32,7 @@ from specchat.decoding.tree_engine import TreeEngine
 from specchat.errors import SpecchatError
 from specchat.checkpoint import skeleton
 from specchat.checkpoint.skeleton import fill
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.models.draft import DraftQuant, load_draft
 from specchat.models.draft_approx import DraftApprox
 from specchat.models.loading import load
@@ -97,6 +98,15 @@ def awq(tmp_path_factory) -> tuple[Path, nn.Module]:
     directory = tmp_path_factory.mktemp("awq")
     return directory, dequantized_model(model, write_awq_checkpoint(model, directory, group_size=64))
 
+
+
+@pytest.mark.parametrize("kernel", [None, torch.device("cpu"), torch.device("cuda")], ids=["unnamed", "cpu", "cuda"])
+def test_an_awq_skeletons_linears_are_laid_out_for_the_kernel_named_or_the_cpus(awq, kernel):
+    directory, _ = awq
+    model = skeleton.build_skeleton(AutoConfig.from_pretrained(directory), SafetensorsSource(directory),
+                                    torch.bfloat16, kernel=kernel)
+    kernels = {m.kernel for m in model.modules() if isinstance(m, Int4Linear)}
+    assert kernels == {"cpu" if kernel is None else kernel.type}
 
 @pytest.fixture(scope="module")
 def awq_draft(tmp_path_factory) -> tuple[Path, nn.Module]:

@@ -9,10 +9,9 @@ import torch
 from helpers.planned import offload_planned
 from helpers.tiny import tiny_qwen_config
 from safetensors.torch import save_file
-from transformers import Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2ForCausalLM
 
 import specchat.checkpoint.skeleton as skeleton
-from helpers.planned import offload_planned
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
@@ -87,6 +86,15 @@ def test_it_loads_as_int4_linears_holding_the_dense_weights(checkpoint):
     assert isinstance(loaded.model.model.layers[0].mlp.up_proj, torch.nn.Linear)
     # float32: the fused CPU kernel's weights are the Int4Weight's bitwise; sums differ in order only
     torch.testing.assert_close(logits(CausalLM(loaded.model)), dense_logits(checkpoint), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", [None, torch.device("cpu"), torch.device("cuda")], ids=["unnamed", "cpu", "cuda"])
+def test_a_skeletons_int4_linears_are_laid_out_for_the_kernel_named_or_the_cpus(checkpoint, kernel):
+    """Built on meta for a GPU's kernel (the plan's skeleton of a CUDA run) or, unnamed, a CPU's."""
+    model = skeleton.build_skeleton(AutoConfig.from_pretrained(checkpoint), SafetensorsSource(checkpoint),
+                                    torch.bfloat16, kernel=kernel)
+    kernels = {m.kernel for m in model.modules() if isinstance(m, Int4Linear)}
+    assert kernels == {"cpu" if kernel is None else kernel.type}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
