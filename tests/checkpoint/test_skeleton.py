@@ -11,10 +11,11 @@ from torch import nn
 from transformers import AutoConfig, Qwen2ForCausalLM
 
 from specchat import bounded_attention
-from specchat.checkpoint.skeleton import (build_skeleton, decoder_layers, fill, fill_resident, layer_linears,
-                                          layer_tensors, without_quantization)
+from specchat.checkpoint.skeleton import (build_skeleton, decoder_layers, fill, fill_resident, has_compact_layers,
+                                          layer_linears, layer_tensors, without_quantization)
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.errors import SpecchatError
+from specchat.quant.q4k_scales import Q4K_SUFFIXES
 
 CPU = torch.device("cpu")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -112,3 +113,15 @@ def test_a_filled_tensor_is_a_copy_never_the_files_memory(tmp_path):
     for name, tensor in layer.state_dict(keep_vars=True).items():
         assert torch.equal(tensor, read[name]) and tensor.data_ptr() != read[name].data_ptr(), name
     assert all(isinstance(p, nn.Parameter) and not p.requires_grad for p in layer.parameters())
+
+
+@pytest.mark.parametrize("extra,compact", [(None, False), ("model.layers.1.mlp.up_proj", True), ("lm_head", False)],
+                         ids=["plain", "a-layers-q4k-scales", "the-heads-q4k-scales"])
+def test_only_q4k_scale_parts_in_a_decoder_layer_make_its_layers_compact(tmp_path, extra, compact):
+    """Where a decoder layer's linear is stored with Q4_K's scale parts (a GGUF's conversion), the
+    plan weighs the layers kept in that form (Q6_K weights count too: tests/quant/test_q6k.py)."""
+    saved(tmp_path)
+    if extra is not None:
+        save_file({extra + Q4K_SUFFIXES[0]: torch.zeros(2, dtype=torch.uint8)}, tmp_path / "q4k.safetensors")
+    model, source = skeleton_of(tmp_path)
+    assert has_compact_layers(model, source) is compact
