@@ -84,3 +84,25 @@ def test_the_staging_refusal_names_its_buffers_as_pinned_a_power_of_two_each():
     with pytest.raises(PlanRefusal, match=r"^RAM is too small for the staging of disk reads: 2 pinned buffers of "
                                           r"0\.45 GB take 1\.07 GB$"):
         place(SIZES_70B, Rooms(device=2 * LAYER_70B, host=2**30 - 1, disk=10**13))
+
+
+def test_asked_resident_layers_a_byte_short_of_room_beside_the_smallest_ring_are_refused_as_such():
+    """--resident-layers 5 of 8 needs 5 layers and a 2-slot ring beside the fixed parts: a byte
+    less, and the refusal names the resident layers and the options that would fit, not the ring."""
+    rooms = Rooms(device=RESERVED + 7 * LAYER - 1, host=None, disk=10**12)
+    with pytest.raises(PlanRefusal, match=r"^RAM is too small for 5 resident layers: .*; lower --resident-layers or "
+                                          r"use --offload auto$") as refused:
+        place(SIZES, rooms, Request(resident_layers=5))
+    assert (refused.value.tier, refused.value.missing) == ("device", 1)
+    assert tiers(place(SIZES, Rooms(device=RESERVED + 7 * LAYER, host=None, disk=10**12),
+                       Request(resident_layers=5))) == (5, 0, 3, 2)
+
+
+def test_a_ring_slot_holds_the_largest_layer():
+    """Layers of different sizes (a model's dense first layers before its MoE ones): every
+    streamed layer passes through every slot, so a slot is the largest layer's, aligned."""
+    layers = (LAYER, 3 * LAYER + 1, 2 * LAYER)
+    sizes = ModelSizes(layers=layers, fixed=1000, headroom=5000, file_bytes=sum(align_up(size) for size in layers))
+    placement = place(sizes, Rooms(device=RESERVED + 10 * LAYER, host=None, disk=10**12), Request(resident_layers=0))
+    assert placement.slot_bytes == align_up(3 * LAYER + 1) > 3 * LAYER
+    assert placement.needed == RESERVED + placement.slots * placement.slot_bytes  # a ring of such slots
