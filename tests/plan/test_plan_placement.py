@@ -106,3 +106,17 @@ def test_a_ring_slot_holds_the_largest_layer():
     placement = place(sizes, Rooms(device=RESERVED + 10 * LAYER, host=None, disk=10**12), Request(resident_layers=0))
     assert placement.slot_bytes == align_up(3 * LAYER + 1) > 3 * LAYER
     assert placement.needed == RESERVED + placement.slots * placement.slot_bytes  # a ring of such slots
+
+
+def test_a_cpus_ram_tier_a_byte_short_beside_the_ring_is_refused_as_the_ram_tier():
+    """--offload ram on a CPU keeps the streamed layers in the same RAM as the ring: 2 resident, 6
+    in RAM and 2 slots need 10 layers' room beside the fixed parts."""
+    with pytest.raises(PlanRefusal, match=r"^--offload ram: the 6 streamed layers need .*, and RAM has .* left$"):
+        place(SIZES, Rooms(device=RESERVED + 10 * LAYER - 1, host=None, disk=10**12), Request(tier="ram",
+                                                                                            resident_layers=2))
+
+
+def test_a_gpu_under_offload_disk_stages_every_streamed_layer_from_the_disk_whatever_ram_it_has():
+    rooms = Rooms(device=RESERVED + 4 * LAYER, host=10**12, disk=10**12)
+    assert tiers(place(SIZES, rooms, Request(tier="disk"))) == (2, 0, 6, 2)
+    assert tiers(place(SIZES, rooms)) == (2, 6, 0, 2)  # auto: all six in pinned RAM
