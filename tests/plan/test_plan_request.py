@@ -113,7 +113,8 @@ def test_the_largest_pass_is_autos_cap_or_a_larger_budget_and_auto_falls_back_on
     assert tree_sizes(cuda=False) == (1025, (513, 257, 129))
     assert tree_sizes(cuda=True) == (2049, (1025, 513, 257, 129))
     assert tree_sizes(cuda=False, budget=300) == (1025, (513,))
-    assert tree_sizes(cuda=False, budget=512) == (1025, (513,))
+    assert tree_sizes(cuda=False, budget=512) == (1025, (513,))  # 512 nodes and the root: a pass of 513
+    assert tree_sizes(cuda=False, budget=513) == (1025, ())
     assert tree_sizes(cuda=False, budget=1024) == (1025, ())
     assert tree_sizes(cuda=False, budget=1500) == (1501, ())
 
