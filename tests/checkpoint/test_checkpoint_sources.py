@@ -93,3 +93,16 @@ def test_a_layer_files_bytes_depend_on_the_checkpoint_the_dtype_and_the_devices_
     assert fingerprint(source, torch.bfloat16, torch.device("cuda"))["int4 layout"] == layout_key("cuda") != \
         cpu["int4 layout"]
     assert fingerprint(source, torch.float32, torch.device("cpu"))["dtype"] == "torch.float32"
+
+
+def test_the_pack_cache_beside_a_checkpoint_is_not_one_of_its_files(sharded):
+    """Written after the first load, it would change the checkpoint's fingerprint, so that the next
+    run rewrote a layer file of the same bytes, and add its module names to the checkpoint's."""
+    save_file({"model.layers.0.mlp.down_proj.qweight": torch.zeros(2, dtype=torch.uint8)}, sharded / INT4_FILE)
+    before = SafetensorsSource(sharded, pack_cache(sharded, torch.device("cpu")))
+    names, identity = sorted(before.names()), before.fingerprint()
+    before.pack_cache.packed("model.layers.0.mlp.down_proj", lambda: torch.arange(4, dtype=torch.int32))
+    keep_packed(before)
+    after = SafetensorsSource(sharded, pack_cache(sharded, torch.device("cpu")))
+    assert after.pack_cache.holds("model.layers.0.mlp.down_proj")
+    assert sorted(after.names()) == names and after.fingerprint() == identity

@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from specchat.checkpoint.names import model_names, model_type
 from specchat.errors import SpecchatError
-from specchat.quant.int4_cache import PackCache, cache_path
+from specchat.quant.int4_cache import PackCache, cache_path, is_cache_file
 from specchat.quant.int4_checkpoint import INT4_FILE
 
 
@@ -19,7 +19,9 @@ class SafetensorsSource:
     def __init__(self, directory: Path, pack_cache: PackCache | None = None) -> None:
         self.directory = directory
         self.pack_cache = pack_cache  # its Int4Weights packed for the kernel at hand, when kept
-        self.files = sorted(directory.glob("*.safetensors"))
+        # a pack cache beside the checkpoint is written after the first load: counted among the
+        # files, it would change the fingerprint, and the next run would rewrite the layer file
+        self.files = sorted(path for path in directory.glob("*.safetensors") if not is_cache_file(path))
         if not self.files:
             raise SpecchatError(f"{directory} has no .safetensors files: offloading reads safetensors checkpoints")
         self.handles = {path: safe_open(str(path), framework="pt") for path in self.files}

@@ -65,7 +65,15 @@ class PackCache:
         self.made.clear()
 
 
+CACHE_PREFIX = "int4-packed-"
+
+
 def cache_path(directory: Path, device_type: str) -> Path:
     """Where the packed layouts of `directory`'s checkpoint for `device_type`'s kernel live."""
     digest = hashlib.sha256(layout_key(device_type).encode()).hexdigest()[:16]
-    return directory / f"int4-packed-{device_type}-{digest}.safetensors"
+    return directory / f"{CACHE_PREFIX}{device_type}-{digest}.safetensors"
+
+
+def is_cache_file(path: Path) -> bool:
+    """Whether `path` is a pack cache (any kernel's) rather than one of the checkpoint's files."""
+    return path.name.startswith(CACHE_PREFIX)
