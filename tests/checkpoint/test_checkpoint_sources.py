@@ -68,15 +68,22 @@ def test_the_fingerprint_changes_with_a_shards_contents_and_with_the_config(shar
     assert SafetensorsSource(sharded).fingerprint()["config"]["hidden_size"] == 8
 
 
-def test_only_an_embedded_conversion_keeps_its_packed_weights_beside_it(sharded):
+def test_only_an_embedded_conversion_keeps_its_packed_weights_beside_it_and_not_among_its_files(sharded):
+    """The pack cache is written after the first load: among the checkpoint's files it would change
+    their fingerprint, so that the next run rewrote a layer file of the same bytes, and add its
+    module names to the checkpoint's."""
     assert pack_cache(sharded, torch.device("cpu")) is None  # a GPTQ or dense checkpoint
     save_file({"model.layers.0.mlp.down_proj.qweight": torch.zeros(2, dtype=torch.uint8)}, sharded / INT4_FILE)
     cache = pack_cache(sharded, torch.device("cpu"))
     assert cache.path == cache_path(sharded, "cpu") and not cache.holds("model.layers.0.mlp.down_proj")
+    before = SafetensorsSource(sharded, cache)
+    names, identity = sorted(before.names()), before.fingerprint()
     cache.packed("model.layers.0.mlp.down_proj", lambda: torch.arange(4, dtype=torch.int32))
-    keep_packed(SafetensorsSource(sharded, cache))
+    keep_packed(before)
     kept = pack_cache(sharded, torch.device("cpu"))
     assert kept.holds("model.layers.0.mlp.down_proj") and not cache.collecting  # later packs go to the layer file
+    after = SafetensorsSource(sharded, kept)
+    assert sorted(after.names()) == names and after.fingerprint() == identity
 
 
 def test_a_layer_file_is_named_by_the_model_and_dtype_in_the_offload_dir(tmp_path):
@@ -93,16 +100,3 @@ def test_a_layer_files_bytes_depend_on_the_checkpoint_the_dtype_and_the_devices_
     assert fingerprint(source, torch.bfloat16, torch.device("cuda"))["int4 layout"] == layout_key("cuda") != \
         cpu["int4 layout"]
     assert fingerprint(source, torch.float32, torch.device("cpu"))["dtype"] == "torch.float32"
-
-
-def test_the_pack_cache_beside_a_checkpoint_is_not_one_of_its_files(sharded):
-    """Written after the first load, it would change the checkpoint's fingerprint, so that the next
-    run rewrote a layer file of the same bytes, and add its module names to the checkpoint's."""
-    save_file({"model.layers.0.mlp.down_proj.qweight": torch.zeros(2, dtype=torch.uint8)}, sharded / INT4_FILE)
-    before = SafetensorsSource(sharded, pack_cache(sharded, torch.device("cpu")))
-    names, identity = sorted(before.names()), before.fingerprint()
-    before.pack_cache.packed("model.layers.0.mlp.down_proj", lambda: torch.arange(4, dtype=torch.int32))
-    keep_packed(before)
-    after = SafetensorsSource(sharded, pack_cache(sharded, torch.device("cpu")))
-    assert after.pack_cache.holds("model.layers.0.mlp.down_proj")
-    assert sorted(after.names()) == names and after.fingerprint() == identity
