@@ -313,3 +313,36 @@ def test_q6_linears_count_their_chunk_product_and_widened_their_float32_input(mo
     assert model.quantized_workspaces(tiny, torch.bfloat16, CPU, compact_head=True)(100) == 51200 + 128000
     assert model.quantized_workspaces(tiny, torch.bfloat16, cuda)(100) == 51200 + 25600
     assert model.quantized_workspaces(tiny, torch.bfloat16, cuda, compact_head=True)(100) == 51200 + 51200
+
+
+def test_a_cpu_target_keeps_dense_copies_where_asked_and_every_layer_leaves_room_and_a_gpus_never(monkeypatch):
+    """The 4-bit target's dense copies for tree passes (quant/int4_dense.py; their bytes here a stand-in:
+    which shapes gain is this CPU's measured choice) are weighed for a CPU whose request asks, and kept
+    only where every layer is in memory and the room left holds them all; a GPU's measurement has none."""
+    copies = 10 * GB
+    monkeypatch.setattr(model, "dense_copy_bytes", lambda skeleton: copies)
+    pair = Pair("llama-2-70b-gptq", torch.bfloat16, context=4096)
+    plain = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=TREE)
+    asked = replace(plain, dense_copies=True)
+    assert measure_pair(pair, asked, CPU).dense_copies == copies
+    assert measure_pair(pair, plain, CPU).dense_copies == 0
+    assert measure_pair(pair, asked, torch.device("cuda")).dense_copies == 0
+    ample = described_rooms(None, 256 * GB)
+    without = plan_measured(measure_pair(pair, plain, CPU), Machine(rooms=ample))
+    need = without.total("device")
+    assert without.dense_copies == 0 and not without.placement.streamed
+
+    def kept(room: int) -> int:
+        return plan_measured(measure_pair(pair, asked, CPU), Machine(rooms=replace(ample, device=room))).dense_copies
+
+    assert (kept(ample.device), kept(need + copies), kept(need + copies - 1)) == (copies, copies, 0)
+
+
+def test_a_plan_made_without_a_conversation_count_keeps_one_conversations_caches():
+    """`plan_measured` called directly (plan_checkpoint's, doctor's bisection) with the count left to
+    auto (serve's `--slots auto`) plans one conversation, as auto's first plan does (plan/conversations.py)."""
+    request = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=1025, conversations=None)
+    memory = plan_measured(measure_pair(default_pair(("none",), vocab=None), request, CPU),
+                           Machine(rooms=described_rooms(None, 24 * GB)))
+    assert memory.conversations == 1
+    assert item(memory, "target KV cache (") == 28 * 2 * 2 * 128 * BF16 * (4096 + 1025)  # one cache, as above

@@ -6,6 +6,7 @@ route to: a pass's bytes by tree width follow the experts a pass touches."""
 
 import random
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,9 +15,11 @@ from helpers.plan_sizes import (BF16, FP32, GB, NOWHERE, ROTARY_BYTES, assert_fi
                                 llama_layer_linears, math_pass)
 from transformers import Qwen2MoeConfig
 
+from specchat.checkpoint.layout import LayerLayout
 from specchat.errors import SpecchatError
 from specchat.models.configs import read_config
-from specchat.plan.budget import CUDA_MARGIN, OS_RESERVE
+from specchat.plan import model
+from specchat.plan.budget import CUDA_MARGIN, EXPERT_CACHE, OS_RESERVE
 from specchat.plan.demand import shape_of
 from specchat.plan.experts import experts_touched
 from specchat.plan.machine import RUNTIME_BYTES, Machine
@@ -210,6 +213,25 @@ def test_mixtral_8x7b_gptq_and_mistral_7b_on_a_24_gb_card_with_64_gb_of_ram():
     assert_cache_fills_the_room_left(memory, left, MIXTRAL_EXPERT, 8)
     assert_streams_by_expert(memory, MIXTRAL_HEAD, MIXTRAL_LAYER, 8, 2)
     assert_fits(memory, 24, 64)
+
+
+def test_each_place_of_the_expert_cache_holds_the_largest_streamed_expert():
+    """Experts may differ in size between layers (a GGUF stores some layers' in another quantization):
+    the room left holds as many places as it has for the largest, so any expert routed fits one. The
+    Mixtral plan above without its cache, its streamed layers' 8 units made 1/5 of that room in the
+    first and 1/7 in the others: five places of the larger."""
+    memory = plan("mixtral-8x7b-gptq", "mistral-7b", 24, 64)
+    bare = replace(memory, items=tuple(entry for entry in memory.items if entry.what != EXPERT_CACHE),
+                   placement=replace(memory.placement, expert_cache=0))
+    room = memory.rooms.device - bare.total("device")
+    first = memory.placement.streamed[0]
+
+    def layout(index: int) -> LayerLayout:
+        unit = room // 5 if index == first else room // 7
+        return LayerLayout((), 8 * unit, tuple((expert * unit, (expert + 1) * unit) for expert in range(8)))
+
+    cached = model.with_expert_cache(bare, [layout(index) for index in range(32)], torch.device("cuda"))
+    assert cached.placement.expert_cache == 5 * (room // 5) == item(cached, "the most-routed experts")
 
 
 def test_mixtral_on_a_16_gb_card_with_32_gb_of_ram_fits_without_its_nvme_disk():

@@ -79,7 +79,7 @@ def measure_model(config: PretrainedConfig, source: SafetensorsSource | None, na
 
 def measure_layers(model: PreTrainedModel, layers_name: str, layouts: list[LayerLayout], dtype: torch.dtype,
                    device: torch.device, request: PlanRequest, disk_store: DiskStore | None,
-                   compact_head: bool = False, compact_layouts: list[LayerLayout] | None = None) -> MeasuredModel:
+                   compact_head: bool, compact_layouts: list[LayerLayout] | None) -> MeasuredModel:
     """`compact_head`: the checkpoint also holds the LM head in Q6_K, which the plan may choose;
     `compact_layouts`: the layers' layouts with their Q6_K linears and Q4_K scales as stored, which
     it may choose too (`model`'s layers are then in that form; `layouts` are the dense ones)."""
