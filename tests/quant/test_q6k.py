@@ -15,16 +15,18 @@ from helpers.tiny import tiny_qwen_config
 from safetensors.torch import save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from transformers import Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2ForCausalLM
 
+from specchat.checkpoint.sources import SafetensorsSource
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
 from specchat.models.loading import load
 from specchat.plan.budget import Ask, Target, plan_memory
-from specchat.plan.request import PlanRequest
 from specchat.plan.demand import ModelShape
+from specchat.plan.model import measure_model
 from specchat.plan.placement import ModelSizes, Request, Rooms
+from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 from specchat.quant import q6k_linear
 from specchat.quant.int4_checkpoint import INT4_FILE
@@ -32,6 +34,7 @@ from specchat.quant.q6k import q6_bytes, q6_entries, q6k_to_weight
 from specchat.quant.q6k_linear import Q6Linear
 
 Q6_K = GGMLQuantizationType.Q6_K
+CPU = torch.device("cpu")
 
 
 def test_q6k_blocks_convert_to_gguf_own_weights_bitwise():
@@ -111,6 +114,21 @@ def test_streamed_compact_layers_hold_the_stored_q6_bytes_and_score_as_the_dense
         torch.testing.assert_close(logits(model, offload), logits(dense), rtol=1e-5, atol=1e-5)
     finally:
         offload.close()
+
+
+def test_the_plan_weighs_the_stored_q6_head_in_place_of_the_dense_one(checkpoint):
+    """The fixed parts' bytes with the head as stored, the form a short plan may choose: the dense bf16
+    head (96 x 256) out, its Q6Weight in (an int8 value a weight, an int8 scale a 16, a float32 scale a
+    256) and a call's chunk buffers (its 96 rows at once: float32 values and bf16 weights, float32
+    scales); a checkpoint without a stored head has no such form."""
+    request = PlanRequest(tier="none", offload_dir=checkpoint, tree_tokens=2)
+    config = AutoConfig.from_pretrained(checkpoint)
+    target = measure_model(config, SafetensorsSource(checkpoint), "tiny-q6", torch.bfloat16, CPU, request).target
+    weights = 96 * 256
+    q6_head = weights + weights // 16 + weights // 256 * 4
+    buffers = 96 * (256 * (4 + 2) + 256 // 16 * 4)
+    assert target.compact_fixed == target.sizes.fixed - weights * 2 + q6_head + buffers
+    assert measure_model(config, None, "tiny-q6", torch.bfloat16, CPU, request).target.compact_fixed is None
 
 
 def test_a_compact_head_the_checkpoint_lacks_is_one_line(tmp_path):
