@@ -1,14 +1,15 @@
 """Stacked projections (quant/stacked.py): one product for the linears that read the same input,
 whatever order the parts are called in, and a draft model that computes what it computed before."""
 
+import pytest
 import torch
 from helpers.tiny import build_tiny
 from torch import nn
 
 from specchat.decoding.kvcache import new_cache
+from specchat.quant import stacked
 from specchat.quant.int4 import Int4Linear, int4_linear
 from specchat.quant.int4_weight import Int4Weight
-from specchat.quant import stacked
 from specchat.quant.int8 import Int8Linear, quantize_linears
 from specchat.quant.stacked import Part, Stack, stack_projections
 
@@ -20,14 +21,25 @@ def linears(seed: int, widths: list[int], bias: list[bool], in_features: int = 1
     return [nn.Linear(in_features, width, bias=b).double() for width, b in zip(widths, bias)]
 
 
-def test_parts_give_each_linear_its_output_in_any_order_and_then_let_go():
-    separate = linears(0, [8, 4, 4], [True, False, True])
+@pytest.mark.parametrize("bias", [[True, False, True], [True, True, True], [False, False, False]])
+def test_parts_give_each_linear_its_output_in_any_order_from_one_product_and_then_let_go(bias):
+    """Biases drawn nonzero (a model's are initialised to zero, which would hide a lost one); a stack
+    of unbiased linears adds none."""
+    separate = linears(0, [8, 4, 4], bias)
+    for linear in separate:
+        if linear.bias is not None:
+            nn.init.normal_(linear.bias)
     stack = Stack(separate)
+    assert (stack.linear.bias is None) == (not any(bias))
+    products = []
+    stack.linear.register_forward_hook(lambda module, args, out: products.append(out))
     parts = [Part(stack, index) for index in range(3)]
     x, y = torch.randn(2, 5, 12, dtype=torch.float64), torch.randn(3, 12, dtype=torch.float64)
-    for order in ([0, 1, 2], [2, 0, 1], [1, 1, 0, 2]):
+    for order, calls in (([0, 1, 2], 1), ([2, 0, 1], 1), ([1, 1, 0, 2], 2)):  # a part called twice: a new product
+        products.clear()
         for index in order:
             assert torch.allclose(parts[index](x), separate[index](x), rtol=0, atol=1e-12)
+        assert len(products) == calls
         assert stack.input is None and stack.output is None  # nothing held once every part has taken its columns
     # interleaved inputs: each part still answers for the input it was given
     assert torch.allclose(parts[0](x), separate[0](x), rtol=0, atol=1e-12)
@@ -76,8 +88,9 @@ def test_groups_of_other_widths_or_kinds_are_left_alone():
 
 
 def int4_linears(outs: list[int], in_features: int = 128, group_size: int = 32, perms: list[bool] | None = None,
-                 kernel: torch.device = CPU) -> list[Int4Linear]:
-    """CPU-packed Int4Linears of random weights (float32), with a random act-order where `perms` says."""
+                 kernel: torch.device = CPU, biased: bool = False) -> list[Int4Linear]:
+    """CPU-packed Int4Linears of random weights (float32), with a random act-order where `perms` says
+    and (`biased`) random biases."""
     generator = torch.Generator().manual_seed(sum(outs))
     made = []
     for index, out in enumerate(outs):
@@ -85,7 +98,8 @@ def int4_linears(outs: list[int], in_features: int = 128, group_size: int = 32, 
         scales = torch.rand(in_features // group_size, out, generator=generator) / 16
         zeros = torch.randn(in_features // group_size, out, generator=generator) / 16
         perm = torch.randperm(in_features, generator=generator) if perms and perms[index] else None
-        made.append(int4_linear(Int4Weight(nibbles, scales, zeros, perm), None, torch.float32, kernel))
+        bias = torch.randn(out, generator=generator) if biased else None
+        made.append(int4_linear(Int4Weight(nibbles, scales, zeros, perm), bias, torch.float32, kernel))
     return made
 
 
@@ -99,10 +113,11 @@ def packed_stacks(linears: list[Int4Linear]) -> int:
     return stack_projections(holding(linears), packed=True)
 
 
-def test_stacked_int4_linears_give_each_its_product_bit_for_bit():
+@pytest.mark.parametrize("biased", [False, True], ids=["unbiased", "biased"])  # Qwen2's q, k and v have biases
+def test_stacked_int4_linears_give_each_its_product_bit_for_bit(biased):
     """The fused kernel computes an output from its own column of the packed weight: laid end to end,
     each part's columns are its own linear's, so its product is too."""
-    separate = int4_linears([128, 64, 64])
+    separate = int4_linears([128, 64, 64], biased=biased)
     holder = holding(separate)
     assert stack_projections(holder) == 0  # packed linears only when asked (a CUDA draft's)
     assert stack_projections(holder, packed=True) == 1 and isinstance(holder.q_k_v_stack.linear, Int4Linear)
