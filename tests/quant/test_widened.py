@@ -38,6 +38,8 @@ def test_the_product_is_the_float32_sum_rounded_once_across_chunks(monkeypatch, 
     """Chunks of 3 output rows over 10 (the last one short): every row of every chunk lands in its
     own columns, with its bias, within one rounding of the exact sum (float32's own error on a
     64-term sum is far below a bf16 step)."""
+    monkeypatch.setattr(widened, "CHUNK_WEIGHTS", 32)
+    assert chunk_rows(64, 10) == 1  # a row wider than a chunk is converted alone
     monkeypatch.setattr(widened, "CHUNK_WEIGHTS", 3 * 64)
     assert chunk_rows(64, 10) == 3
     linear = random_linear(64, 10, bias, dtype)
@@ -60,7 +62,7 @@ def test_it_is_torchs_bf16_product_up_to_the_order_of_the_sums(rows):
     assert (mine == torchs).float().mean() > 0.95
 
 
-def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_as_it_was():
+def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_as_it_was(monkeypatch):
     linear = random_linear(64, 32, bias=True, dtype=torch.bfloat16)
     weight, bias = linear.weight, linear.bias
     keys = list(linear.state_dict())
@@ -69,12 +71,14 @@ def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_
     same = widen(linear, from_rows=4)
     assert same is linear and isinstance(linear, WidenedLinear) and isinstance(linear, nn.Linear)
     assert linear.weight is weight and linear.bias is bias and list(linear.state_dict()) == keys
-    assert torch.equal(linear(x[:3]), narrow)  # 3 rows: nn.Linear's own forward, bit for bit
-    assert torch.equal(linear(x[:4]), widened_linear(x[:4], weight, bias))
-    assert torch.equal(linear(x.view(2, 4, 64)), widened_linear(x, weight, bias).view(2, 4, 32))  # rows, not dim 0
+    widened_calls = []
+    product = widened.widened_linear
+    monkeypatch.setattr(widened, "widened_linear", lambda *args: widened_calls.append(args[0][..., 0].numel()) or product(*args))
+    assert torch.equal(linear(x[:3]), narrow) and not widened_calls  # 3 rows: nn.Linear's own forward, bit for bit
+    assert torch.equal(linear(x[:4]), product(x[:4], weight, bias)) and widened_calls == [4]
+    assert torch.equal(linear(x.view(2, 4, 64)), product(x, weight, bias).view(2, 4, 32))  # rows, not dim 0
+    assert widened_calls == [4, 8]
     assert "widened from 4 rows" in repr(linear)
-
-
 
 
 def test_a_model_widened_where_its_dtype_widens_scores_within_bf16_rounding(monkeypatch):
