@@ -71,9 +71,10 @@ def test_a_widened_linear_keeps_narrow_inputs_on_the_half_kernel_and_its_module_
     same = widen(linear, from_rows=4)
     assert same is linear and isinstance(linear, WidenedLinear) and isinstance(linear, nn.Linear)
     assert linear.weight is weight and linear.bias is bias and list(linear.state_dict()) == keys
-    widened_calls = []
+    widened_calls = []  # the rows of each widened product
     product = widened.widened_linear
-    monkeypatch.setattr(widened, "widened_linear", lambda *args: widened_calls.append(args[0][..., 0].numel()) or product(*args))
+    monkeypatch.setattr(widened, "widened_linear",
+                        lambda *args: widened_calls.append(args[0][..., 0].numel()) or product(*args))
     assert torch.equal(linear(x[:3]), narrow) and not widened_calls  # 3 rows: nn.Linear's own forward, bit for bit
     assert torch.equal(linear(x[:4]), product(x[:4], weight, bias)) and widened_calls == [4]
     assert torch.equal(linear(x.view(2, 4, 64)), product(x, weight, bias).view(2, 4, 32))  # rows, not dim 0
