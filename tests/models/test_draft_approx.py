@@ -5,7 +5,8 @@ emits exactly the target's tokens."""
 import pytest
 import torch
 from helpers.engines import run
-from helpers.tiny import TinyCharTokenizer, build_tiny, perturbed
+from helpers.tiny import TinyCharTokenizer, build_tiny, perturbed, tiny_qwen_config
+from transformers import Qwen2ForCausalLM
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -97,5 +98,16 @@ def test_an_int8_draft_looks_up_int8_rows_and_lets_its_whole_head_go(tmp_path):
     assert isinstance(draft.model.get_output_embeddings(), DroppedHead)
     with pytest.raises(RuntimeError, match="sub-vocabulary"):
         draft.model.get_output_embeddings()(torch.randn(1, 32, dtype=torch.float64))
-    whole = approximated(1, tmp_path, vocab_size=None, int8=True)
-    assert isinstance(whole.model.get_output_embeddings(), Int8Linear)
+    for vocab_size in (None, 50):  # no sub-vocabulary, or one of every token: the whole head, in int8
+        whole = approximated(1, tmp_path, vocab_size=vocab_size, int8=True)
+        assert isinstance(whole.model.get_output_embeddings(), Int8Linear) and whole.vocab is None
+
+
+def test_a_draft_names_what_it_reads_from_the_checkpoint_into_host_ram():
+    """int8 (on a CPU) replaces the embedding and the head from the file's mapped tensors; an input
+    embedding held on the host is read there, never onto a GPU; nothing else is named."""
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(tiny_qwen_config(tie_word_embeddings=False))
+    assert DraftApprox(True, None).mapped(model) == {"model.embed_tokens.weight", "lm_head.weight"}
+    assert DraftApprox(False, None, host_embedding=True).on_host(model) == {"model.embed_tokens.weight"}
+    assert DraftApprox(True, None).on_host(model) == DraftApprox(False, None).mapped(model) == set()

@@ -34,7 +34,6 @@ from specchat.checkpoint import skeleton
 from specchat.checkpoint.skeleton import fill
 from specchat.checkpoint.sources import SafetensorsSource
 from specchat.models.draft import DraftQuant, load_draft
-from specchat.models.draft_approx import DraftApprox
 from specchat.models.loading import load
 from specchat.offload.host_embedding import HostEmbedding, host_lookup
 from specchat.plan.request import PlanRequest
@@ -225,15 +224,6 @@ def test_an_awq_draft_with_its_input_embedding_on_the_host_scores_as_it_does_on_
     assert isinstance(hosted.model.get_input_embeddings(), HostEmbedding) and host_lookup(plain.model) is None
     assert table.weight.dtype == torch.float32 and table.weight.device == CPU
     assert torch.equal(logits(hosted), logits(plain))
-
-
-def test_a_draft_names_what_it_reads_from_the_checkpoint_into_host_ram():
-    """int8 (on a CPU) replaces the embedding and the head from the file's mapped tensors; an input
-    embedding held on the host is read there, never onto a GPU; nothing else is named."""
-    model = tiny_model(7)
-    assert DraftApprox(True, None).mapped(model) == {"model.embed_tokens.weight", "lm_head.weight"}
-    assert DraftApprox(False, None, host_embedding=True).on_host(model) == {"model.embed_tokens.weight"}
-    assert DraftApprox(True, None).on_host(model) == DraftApprox(False, None).mapped(model) == set()
 
 
 def test_the_cli_runs_an_awq_pair_with_its_draft_expanded(tmp_path, monkeypatch, capsys):
