@@ -4,6 +4,7 @@ emits exactly the target's tokens."""
 
 import pytest
 import torch
+from helpers.approximated import approximate_draft
 from helpers.engines import run
 from helpers.tiny import TinyCharTokenizer, build_tiny, perturbed, tiny_qwen_config
 from transformers import Qwen2ForCausalLM
@@ -14,14 +15,18 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.models.draft_approx import DraftApprox, DroppedHead, approximate_draft
+from specchat.models.draft_approx import DraftApprox, DroppedHead
 from specchat.models.draft_attention import DraftAttention
 from specchat.models.fused_norms import FusedRMSNorm
+from specchat.offload.host_embedding import host_lookup
+from specchat.quant.int4 import Int4Linear
+from specchat.quant.int4_rtn import round_linears
 from specchat.quant.int8 import Int8Embedding, Int8Linear
 from specchat.quant.stacked import Part
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled before the short modules (helpers/fixtures.py)
 
+CPU = torch.device("cpu")
 GREEDY, SEEDED = SamplingParams(0.0, 1.0, 0), SamplingParams(0.8, 0.9, 7)
 
 
@@ -73,6 +78,24 @@ def test_a_draft_prepared_for_cuda_is_stacked_and_its_replies_are_the_targets(ti
     assert run(engine, sampling)[0] == reference
 
 
+def test_a_4_bit_draft_prepared_for_cuda_stacks_its_4_bit_projections_and_scores_as_before():
+    """A draft stored in 4 bits (its linears rounded here, packed for this CPU) prepared for CUDA:
+    its gate and up projections run as one 4-bit product, as its queries, keys and values do."""
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(tiny_qwen_config(vocab_size=96, hidden_size=128, intermediate_size=256)).eval()
+    model.requires_grad_(False)  # as a loaded model is
+    for layer in model.model.layers:
+        assert round_linears(layer, torch.float32, CPU) == 7
+    tokens = torch.tensor([[5, 17, 3, 88, 42]])
+    before = model(tokens).logits
+    approx = DraftApprox(False, None, device=torch.device("cuda"))
+    for layer in model.model.layers:
+        approx.prepare_layer(layer)
+        assert type(layer.mlp.up_proj) is Part and isinstance(layer.mlp.gate_up_stack.linear, Int4Linear)
+        assert isinstance(layer.self_attn, DraftAttention) and isinstance(layer.self_attn.qkv, Int4Linear)
+    torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=1e-5)
+
+
 class RandomDraft(CausalLM):
     """A deliberately wrong draft: its logits are noise, unrelated to anything it ran."""
 
@@ -111,3 +134,17 @@ def test_a_draft_names_what_it_reads_from_the_checkpoint_into_host_ram():
     assert DraftApprox(True, None).mapped(model) == {"model.embed_tokens.weight", "lm_head.weight"}
     assert DraftApprox(False, None, host_embedding=True).on_host(model) == {"model.embed_tokens.weight"}
     assert DraftApprox(True, None).on_host(model) == DraftApprox(False, None).mapped(model) == set()
+
+
+def test_an_embedding_held_on_the_host_is_a_copy_there_and_anchors_the_model_on_its_device():
+    """The tensor `hold_embedding_on_host` is given is the checkpoint's memory map (models/layerwise.py:
+    what a preparation replaces is never copied for it), so the table it keeps is a copy, in the run's
+    dtype, on the host; the model reads as on the draft's device (a meta device stands for a GPU here)."""
+    model = Qwen2ForCausalLM(tiny_qwen_config(tie_word_embeddings=False))
+    mapped = model.get_input_embeddings().weight.detach()
+    DraftApprox(False, None, device=torch.device("meta"), host_embedding=True).hold_embedding_on_host(model,
+                                                                                                       torch.float32)
+    table = host_lookup(model)
+    assert torch.equal(table.weight, mapped) and table.weight.untyped_storage().data_ptr() != mapped.data_ptr()
+    assert (table.weight.device.type, table.weight.dtype) == ("cpu", torch.float32)
+    assert next(model.parameters()).device.type == "meta"  # transformers' model.device: its first parameter
