@@ -1,0 +1,52 @@
+"""The chunked int4 product's chunks (quant/int4_chunks.py): whole tiles of about CHUNK_WEIGHTS
+weights, and the workspace the plan counts for them, which is what a call allocates beside its
+output where a chunk is whole tiles. Its products are tested in test_int4.py."""
+
+import pytest
+import torch
+from helpers.int4_weights import random_weight
+
+from specchat.quant import int4_chunks
+from specchat.quant.int4 import int4_tensors
+from specchat.quant.int4_chunks import chunk_rows, chunked_linear, chunked_workspace
+from specchat.quant.int4_layout import layout_for
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("in_features, out_features, tile_rows, rows", [
+    (1024, 4096, 8, 1024),  # 1 Mi weights: 1024 rows of 1024
+    (1000, 4096, 64, 1024),  # 1048 rows' worth, rounded down to whole 64-row tiles
+    (1024, 96, 8, 96),  # the weight's own rows, where they are fewer
+    (32768, 4096, 64, 64),  # a row longer than a chunk: one tile
+])
+def test_a_chunk_is_whole_tiles_of_about_a_mebiweight(in_features, out_features, tile_rows, rows):
+    assert chunk_rows(in_features, out_features, tile_rows) == rows
+
+
+@pytest.mark.parametrize("dtype, product", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                            (torch.float32, torch.float32)])
+def test_the_workspace_is_what_a_call_allocates_beside_its_output(monkeypatch, dtype, product):
+    """1024 inputs: a chunk of 1024 rows, whole tiles of any layout, so the bound (sized for the
+    tallest tiles) is exact. Counted from the buffers' own sizes, a stand-in for torch.empty and
+    torch.empty_like recording every allocation; the input converted to `product` is one too."""
+    in_features, out_features, rows = 1024, 2048, 5
+    tensors = int4_tensors(random_weight(out_features, in_features), None, dtype, CPU)
+    layout = layout_for(CPU, in_features)
+    x = torch.randn(rows, in_features).to(dtype)
+    sizes, real = [], {name: getattr(torch, name) for name in ("empty", "empty_like")}
+
+    def recording(name: str):
+        def allocate(*args, **kwargs):
+            tensor = real[name](*args, **kwargs)
+            sizes.append(tensor.nbytes)
+            return tensor
+        return allocate
+
+    for name in real:
+        monkeypatch.setattr(int4_chunks.torch, name, recording(name))
+    out = chunked_linear(x, tensors["packed"], tensors["scales_and_zeros"], 32, layout, product)
+    monkeypatch.undo()
+    converted = 0 if product == dtype else x.to(product).nbytes
+    assert sum(sizes) - out.nbytes + converted == chunked_workspace(in_features, out_features, rows, dtype, product,
+                                                                    32)
