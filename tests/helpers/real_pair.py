@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from helpers.approximated import approximate_draft
 from helpers.suite_scale import scaled
 
 from specchat.chat_template import encode_chat
@@ -17,6 +16,7 @@ from specchat.engine_options import EngineOptions
 from specchat.heap_trim import release_free_heap
 from specchat.limits import DEFAULT_DTYPE
 from specchat.models.draft import resolve_draft_quant
+from specchat.models.draft_approx import approximate_draft
 from specchat.models.loading import load
 from specchat.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specchat.quant.onednn_float import route_float32_linears

@@ -4,7 +4,6 @@ emits exactly the target's tokens."""
 
 import pytest
 import torch
-from helpers.approximated import approximate_draft
 from helpers.engines import run
 from helpers.tiny import TinyCharTokenizer, build_tiny, perturbed, tiny_qwen_config
 from transformers import Qwen2ForCausalLM
@@ -15,7 +14,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.models.draft_approx import DraftApprox, DroppedHead
+from specchat.models.draft_approx import DraftApprox, DroppedHead, approximate_draft
 from specchat.models.draft_attention import DraftAttention
 from specchat.models.fused_norms import FusedRMSNorm
 from specchat.offload.host_embedding import host_lookup

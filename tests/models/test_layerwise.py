@@ -3,12 +3,11 @@
 layer is ever dense beside the prepared ones."""
 
 import torch
-from helpers.approximated import approximate_draft
 from helpers.tiny import build_tiny, perturbed
 from torch import nn
 
 from specchat.decoding.kvcache import new_cache
-from specchat.models.draft_approx import DraftApprox
+from specchat.models.draft_approx import DraftApprox, approximate_draft
 from specchat.models.layerwise import load_layer_by_layer
 from specchat.progress import Reporter
 

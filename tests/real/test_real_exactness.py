@@ -18,7 +18,6 @@ import math
 
 import pytest
 import torch
-from helpers.approximated import approximate_draft
 from helpers.engines import GREEDY, Alternating, hf_filter
 from helpers.real_pair import PAPER_SAMPLING, emitted, real_draft
 
@@ -39,7 +38,7 @@ from specchat.decoding.static_step import static_draft
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat import bounded_attention
-from specchat.models.draft_approx import DraftApprox
+from specchat.models.draft_approx import DraftApprox, approximate_draft
 from specchat.models.draft_attention import DraftAttention
 from specchat.quant.fp8 import Fp8Linear
 from specchat.quant.int4 import Int4Linear

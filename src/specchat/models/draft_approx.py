@@ -163,6 +163,16 @@ class DraftApprox:
         return CausalLM(model, vocab=self.vocab, head=self.head)
 
 
+def approximate_draft(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, int8: bool,
+                      vocab_size: int | None, stop_ids: frozenset[int], dense_above: int | None = None,
+                      int4: bool = False) -> CausalLM:
+    """`model`, loaded whole, as a draft approximated as `DraftApprox` says (its layers one at a
+    time: a float32 1.5B's stacks alone are 3.4 GB)."""
+    approx = DraftApprox(int8, vocab_size, dense_above, stop_ids, model.get_input_embeddings().weight.dtype, int4=int4)
+    approx.prepare_head(model, tokenizer, directory)
+    return approx.prepared(model)
+
+
 def sub_head(model: PreTrainedModel, vocab: torch.Tensor, int8: bool, dense_above: int | None,
              dtype: torch.dtype) -> nn.Module:
     """The LM head's rows for `vocab`, in `dtype` (a copy: the embedding it may be tied to stays whole)."""
