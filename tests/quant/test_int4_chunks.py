@@ -1,14 +1,15 @@
 """The chunked int4 product's chunks (quant/int4_chunks.py): whole tiles of about CHUNK_WEIGHTS
-weights, and the workspace the plan counts for them, which is what a call allocates beside its
-output where a chunk is whole tiles. Its products are tested in test_int4.py."""
+weights, a weight in several of them expanded whole, and the workspace the plan counts for them,
+which is what a call allocates beside its output where a chunk is whole tiles. Its products against
+a dense reference are tested in test_int4.py."""
 
 import pytest
 import torch
-from helpers.int4_weights import random_weight
+from helpers.int4_weights import GROUP, IN, random_weight
 
 from specchat.quant import int4_chunks
 from specchat.quant.int4 import int4_tensors
-from specchat.quant.int4_chunks import chunk_rows, chunked_linear, chunked_workspace
+from specchat.quant.int4_chunks import chunk_rows, chunked_linear, chunked_workspace, dequantized
 from specchat.quant.int4_layout import layout_for
 
 CPU = torch.device("cpu")
@@ -22,6 +23,22 @@ CPU = torch.device("cpu")
 ])
 def test_a_chunk_is_whole_tiles_of_about_a_mebiweight(in_features, out_features, tile_rows, rows):
     assert chunk_rows(in_features, out_features, tile_rows) == rows
+
+
+def test_a_weight_in_several_chunks_the_last_one_short_is_expanded_whole(monkeypatch):
+    """Chunks of three of this CPU's tiles over ten: each chunk's rows land in their own columns of
+    the product and rows of the dense copy, the last chunk's too."""
+    weight = random_weight(out_features=640)
+    layout = layout_for(CPU, IN)
+    assert 640 % layout.rows == 0
+    monkeypatch.setattr(int4_chunks, "CHUNK_WEIGHTS", IN * 3 * layout.rows)
+    assert chunk_rows(IN, 640, layout.rows) == 3 * layout.rows < 640
+    tensors = int4_tensors(weight, None, torch.float32, CPU)
+    packed, scales_and_zeros = tensors["packed"], tensors["scales_and_zeros"]
+    expected = weight.dequantize()
+    assert torch.equal(chunked_linear(torch.eye(IN), packed, scales_and_zeros, GROUP, layout, torch.float32).t(),
+                       expected)
+    assert torch.equal(dequantized(packed, scales_and_zeros, GROUP, layout, torch.float32), expected)
 
 
 @pytest.mark.parametrize("dtype, product", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
