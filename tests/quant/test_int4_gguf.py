@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from helpers.gguf_files import random_blocks
 
 from specchat.errors import SpecchatError
-from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, q4k_to_int4
+from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, matches, q4k_to_int4
 from specchat.quant.int4 import int4_linear, int4_tensors
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.gguf_int4 import q4k_scale_parts
@@ -41,6 +41,27 @@ def test_q4k_with_d_and_dmin_far_apart_stays_within_the_stated_bound():
     error = (weight.dequantize().double() - reference).abs()
     assert (error <= 2**-24 * zeros.abs() + 2**-23 * reference.abs()).all()
     assert error.max() > 0  # the case does arise
+
+
+@pytest.mark.parametrize("term", ["zero", "weight"])
+def test_a_dense_weight_matches_within_the_bound_and_no_further(term):
+    """`matches` accepts a dense weight off by 0.9 of the stated bound at one element and refuses
+    one off by 1.1 of it, where the bound's `term` (2**-24 |zero| or 2**-23 |w|) is the larger."""
+    data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024, seed=1, scale_range=(1e-7, 1e2))
+    weight = q4k_to_int4(data)
+    packed = weight.dequantize().double()
+    zeros = weight.zeros.double().repeat_interleave(32, 0).t().abs()
+    zero_term, weight_term = 2**-24 * zeros, 2**-23 * packed.abs()
+    ratio = zero_term / weight_term if term == "zero" else weight_term / zero_term
+    index = divmod(int(ratio.argmax()), packed.shape[1])
+    assert ratio[index] > 4
+    bound = float(zero_term[index] + weight_term[index])
+    assert matches(weight, packed)
+    for share, matched in ((0.9, True), (1.1, False)):
+        moved = packed.clone()
+        moved[index] += share * bound
+        assert matches(weight, moved) == matched
+    assert not matches(weight, packed[:, :-32])  # another shape
 
 
 def test_a_gguf_file_tensor_converts_as_its_blocks(tmp_path: Path):
