@@ -323,17 +323,17 @@ def test_a_cpu_target_keeps_dense_copies_where_asked_and_every_layer_leaves_room
     monkeypatch.setattr(model, "dense_copy_bytes", lambda skeleton: copies)
     pair = Pair("llama-2-70b-gptq", torch.bfloat16, context=4096)
     plain = PlanRequest(tier="auto", offload_dir=NOWHERE, tree_tokens=TREE)
-    asked = replace(plain, dense_copies=True)
-    assert measure_pair(pair, asked, CPU).dense_copies == copies
+    measured = measure_pair(pair, replace(plain, dense_copies=True), CPU)
+    assert measured.dense_copies == copies
     assert measure_pair(pair, plain, CPU).dense_copies == 0
-    assert measure_pair(pair, asked, torch.device("cuda")).dense_copies == 0
+    assert measure_pair(pair, replace(plain, dense_copies=True), torch.device("cuda")).dense_copies == 0
     ample = described_rooms(None, 256 * GB)
     without = plan_measured(measure_pair(pair, plain, CPU), Machine(rooms=ample))
     need = without.total("device")
     assert without.dense_copies == 0 and not without.placement.streamed
 
     def kept(room: int) -> int:
-        return plan_measured(measure_pair(pair, asked, CPU), Machine(rooms=replace(ample, device=room))).dense_copies
+        return plan_measured(measured, Machine(rooms=replace(ample, device=room))).dense_copies
 
     assert (kept(ample.device), kept(need + copies), kept(need + copies - 1)) == (copies, copies, 0)
 

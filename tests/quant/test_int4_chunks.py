@@ -5,6 +5,7 @@ a dense reference are tested in test_int4.py."""
 
 import pytest
 import torch
+from helpers.allocations import record_allocations
 from helpers.int4_weights import GROUP, IN, random_weight
 
 from specchat.quant import int4_chunks
@@ -55,17 +56,7 @@ def test_the_workspace_is_what_a_call_allocates_beside_its_output(monkeypatch, d
     tensors = int4_tensors(random_weight(out_features, in_features), None, dtype, CPU)
     layout = layout_for(CPU, in_features)
     x = torch.randn(rows, in_features).to(dtype)
-    sizes, real = [], {name: getattr(torch, name) for name in ("empty", "empty_like")}
-
-    def recording(name: str):
-        def allocate(*args, **kwargs):
-            tensor = real[name](*args, **kwargs)
-            sizes.append(tensor.nbytes)
-            return tensor
-        return allocate
-
-    for name in real:
-        monkeypatch.setattr(int4_chunks.torch, name, recording(name))
+    sizes = record_allocations(monkeypatch, ("empty", "empty_like"))
     out = chunked_linear(x, tensors["packed"], tensors["scales_and_zeros"], 32, layout, product)
     monkeypatch.undo()
     converted = 0 if product == dtype else x.to(product).nbytes

@@ -10,10 +10,10 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from helpers.gguf_files import random_blocks
 
 from specchat.errors import SpecchatError
-from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, matches, q4k_to_int4
+from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, matches, q4k_scale_parts, q4k_to_int4
 from specchat.quant.int4 import int4_linear, int4_tensors
 from specchat.quant.int4_pack import fused_linear
-from specchat.quant.gguf_int4 import q4k_scale_parts
+from specchat.quant.int4_weight import Int4Weight
 from specchat.quant.q4k_scales import Q4KScalesLinear
 
 CPU = torch.device("cpu")
@@ -30,6 +30,12 @@ def test_q4k_blocks_convert_to_gguf_own_weights_bitwise():
     assert torch.equal(kernel_weight, reference)
 
 
+def bound_terms(weight: Int4Weight, dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stated bound's two terms at each weight, float64: 2**-24 |zero| and 2**-23 |w|."""
+    zeros = weight.zeros.double().repeat_interleave(weight.group_size, 0).t()
+    return 2**-24 * zeros.abs(), 2**-23 * dense.double().abs()
+
+
 def test_q4k_with_d_and_dmin_far_apart_stays_within_the_stated_bound():
     """zero = 8 d sc - dmin m is rounded to float32 when d and dmin are far apart in size; the
     weight then moves by at most 2**-24 |zero| (that rounding) plus 2**-23 |w| (its own rounding,
@@ -37,9 +43,8 @@ def test_q4k_with_d_and_dmin_far_apart_stays_within_the_stated_bound():
     data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024, seed=1, scale_range=(1e-7, 1e2))
     reference = torch.from_numpy(quants.dequantize(data, GGMLQuantizationType.Q4_K)).double()
     weight = q4k_to_int4(data)
-    zeros = weight.zeros.double().repeat_interleave(32, 0).t()
     error = (weight.dequantize().double() - reference).abs()
-    assert (error <= 2**-24 * zeros.abs() + 2**-23 * reference.abs()).all()
+    assert (error <= sum(bound_terms(weight, reference))).all()
     assert error.max() > 0  # the case does arise
 
 
@@ -50,8 +55,7 @@ def test_a_dense_weight_matches_within_the_bound_and_no_further(term):
     data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024, seed=1, scale_range=(1e-7, 1e2))
     weight = q4k_to_int4(data)
     packed = weight.dequantize().double()
-    zeros = weight.zeros.double().repeat_interleave(32, 0).t().abs()
-    zero_term, weight_term = 2**-24 * zeros, 2**-23 * packed.abs()
+    zero_term, weight_term = bound_terms(weight, packed)
     ratio = zero_term / weight_term if term == "zero" else weight_term / zero_term
     index = divmod(int(ratio.argmax()), packed.shape[1])
     assert ratio[index] > 4

@@ -5,6 +5,7 @@ kernel, and the rows it widens from are the machine's measured choice. A Q6_K li
 
 import pytest
 import torch
+from helpers.allocations import record_allocations
 from helpers.dense_linears import prompt_logits, random_linear, tied_tiny_model
 from helpers.q6_linears import q6_linear
 from torch import nn
@@ -138,16 +139,9 @@ def test_the_rows_are_the_first_width_the_timer_says_widening_wins(monkeypatch, 
 
 def test_the_workspace_bounds_what_a_call_allocates(monkeypatch):
     """Counted from the buffers' own sizes: a stand-in for torch.empty records every allocation."""
-    sizes, real_empty = [], torch.empty
-
-    def recording(*shape, **kwargs):
-        tensor = real_empty(*shape, **kwargs)
-        sizes.append(tensor.nbytes)
-        return tensor
-
     linear = random_linear(96, 700, bias=False, dtype=torch.bfloat16)
     x = torch.randn(5, 96).to(torch.bfloat16)
-    monkeypatch.setattr(widened.torch, "empty", recording)
+    sizes = record_allocations(monkeypatch)
     out = widened_linear(x, linear.weight)
     allocated = sum(sizes) - out.nbytes + x.float().nbytes  # the widened input comes from .float()
     assert allocated <= widened_workspace(96, 700, 5)
