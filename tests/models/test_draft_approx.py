@@ -92,7 +92,9 @@ def test_a_4_bit_draft_prepared_for_cuda_stacks_its_4_bit_projections_and_scores
         approx.prepare_layer(layer)
         assert type(layer.mlp.up_proj) is Part and isinstance(layer.mlp.gate_up_stack.linear, Int4Linear)
         assert isinstance(layer.self_attn, DraftAttention) and isinstance(layer.self_attn.qkv, Int4Linear)
-    torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=1e-5)
+    # the fused norms and rotation sum in another order: measured 1.2e-7 at most on logits of 0.73 (float32,
+    # this test, the AMX Xeon, 2026-12-06)
+    torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=2.4e-7)
 
 
 class RandomDraft(CausalLM):
