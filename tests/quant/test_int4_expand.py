@@ -17,6 +17,7 @@ from functools import cache
 
 import pytest
 import torch
+from helpers.allocations import record_allocations
 from helpers.int4_layouts import as_cuda_int32, cuda_layout, generator, pack_by_spec, scrambled_layout
 
 from specchat.errors import SpecchatError
@@ -236,11 +237,33 @@ def test_expanded_linear_is_the_dense_product_of_the_expanded_weight(dtype, monk
     scales_and_zeros = random_scales_and_zeros(in_features // group_size, out_features, dtype, seed=1)
     x = torch.randn(5, in_features, generator=generator(1)).to(dtype)
     reference = dequantize_by_spec(q, scales_and_zeros, dtype, fma_rounds_once())
-    assert torch.equal(expanded_linear(x, packed, scales_and_zeros, group_size, layout), x @ reference.t())
+    whole = expanded_linear(x, packed, scales_and_zeros, group_size, layout)
+    assert whole.dtype == dtype and torch.equal(whole, x @ reference.t())  # torch.equal takes two dtypes alike
     monkeypatch.setattr(int4_expand, "EXPAND_WEIGHTS", 24 * in_features)
     chunked = expanded_linear(x, packed, scales_and_zeros, group_size, layout)
     for start in range(0, out_features, 24):
         assert torch.equal(chunked[:, start:start + 24], x @ reference[start:start + 24].t())
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 64])
+def test_expanded_linear_allocates_its_workspace_and_nothing_more(chunk_rows, monkeypatch):
+    """What the plan counts for a wide product through the expansion (int4.workspace_bytes takes it
+    from expanded_workspace) is what a call allocates besides its output: a chunk of the weight and
+    the chunk's product, whole (80 rows) or in 64-row chunks, the last one short."""
+    out_features, in_features, group_size, rows = 80, 192, 32, 5
+    if chunk_rows is not None:
+        monkeypatch.setattr(int4_expand, "EXPAND_WEIGHTS", chunk_rows * in_features)
+    layout = cuda_layout(in_features, seed=2)
+    packed = as_cuda_int32(pack_by_spec(random_q(out_features, in_features, seed=2), layout), out_features,
+                           in_features, layout.cols)
+    scales_and_zeros = random_scales_and_zeros(in_features // group_size, out_features, torch.bfloat16, seed=2)
+    x = torch.randn(rows, in_features, generator=generator(2)).to(torch.bfloat16)
+    sizes = record_allocations(monkeypatch)
+    out = expanded_linear(x, packed, scales_and_zeros, group_size, layout)
+    allocated = sum(sizes) - out.nbytes
+    assert allocated == int4_expand.expanded_workspace(in_features, out_features, rows, torch.bfloat16)
+    step = chunk_rows or out_features
+    assert allocated == (step * in_features + rows * step) * 2  # bfloat16's 2 bytes, worked out here
 
 
 def test_mismatched_arguments_are_refused():
@@ -253,6 +276,12 @@ def test_mismatched_arguments_are_refused():
         expand_int4(packed[:-16], scales_and_zeros, 32, layout, torch.float32)
     with pytest.raises(SpecchatError, match="no grid"):
         expand_int4(packed, scales_and_zeros, 32, scrambled_layout(32, 32, seed=0), torch.float32)
+    # each of the pairs' faults alone: a third column, a transposed view, a missing axis
+    for faulty in (torch.zeros(3, 48, 3), scales_and_zeros.transpose(0, 1), scales_and_zeros[0]):
+        with pytest.raises(SpecchatError, match="scales_and_zeros must be a contiguous"):
+            expand_int4(packed, faulty, 32, layout, torch.float32)
+    with pytest.raises(SpecchatError, match="expand into .* not torch.int8"):
+        expand_int4(packed, scales_and_zeros, 32, layout, torch.int8)
 
 
 def test_importing_the_module_leaves_triton_unimported():
@@ -319,5 +348,6 @@ def test_the_kernel_compiles_for_a_gpu_without_one(arch, monkeypatch):
                  "ROUND_BF16": True}
     source = triton.compiler.ASTSource(fn=int4_expand._kernel(False), signature=signature | dict.fromkeys(constants,
                                        "constexpr"), constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False})
+    options = {"enable_fp_fusion": False, "num_warps": int4_expand.WARPS}  # as the launch asks
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     assert compiled.asm["cubin"]
