@@ -3,8 +3,10 @@ from torch's own converter and read back."""
 
 import pytest
 import torch
+from helpers.int4_layouts import pack_by_spec, scrambled_layout
 
 from specchat.errors import SpecchatError
+from specchat.quant import int4_layout
 from specchat.quant.int4_layout import fit_tiles, layout_of, unpack_transposed
 from specchat.quant.int4_pack import PACK_ROWS, inner_k_tiles, pack, pack_nibbles, packed_shape, unpack_nibbles
 
@@ -51,6 +53,41 @@ def test_fitting_finds_a_made_up_layout_and_rejects_a_wrong_tile():
     plane = reversed_order % 2 * (size // 2) + reversed_order // 2
     assert torch.equal(natural, plane)
     assert fit_tiles(torch.tensor(stream), cols, 2, 2) is None
+
+
+def learn_with_stand_in(monkeypatch: pytest.MonkeyPatch, made_up, device_type: str, tiles: int):
+    """layout_of(device_type, tiles) with torch's converter replaced by one that packs by the
+    written-out spec (helpers/int4_layouts) in `made_up`'s tiles."""
+    def stand_in(nibbles: torch.Tensor, device: torch.device, _tiles: int) -> torch.Tensor:
+        return pack_by_spec(unpack_nibbles(nibbles).long(), made_up)
+
+    monkeypatch.setattr(int4_layout, "convert", stand_in)
+    layout_of.cache_clear()
+    try:
+        return layout_of(device_type, tiles)
+    finally:
+        layout_of.cache_clear()  # the real converters' layouts are learned afresh where next asked
+
+
+@pytest.mark.parametrize("device_type, tiles, tile_rows, tile_cols", [
+    ("cpu", 1, 8, 4),  # the CPU's probe of 512 x 8 weights: the order read back whole
+    ("meta", 2, 8, 32), ("meta", 4, 8, 64), ("meta", 8, 8, 128),  # CUDA's probe and 8 x 16 t tiles
+])
+def test_a_converters_tiles_are_learned_from_the_bytes_it_makes(device_type, tiles, tile_rows, tile_cols,
+                                                                monkeypatch):
+    """The learning step on a converter of known layout, tiles in a seeded scrambled order: the
+    smallest tile that fits (twice as wide fits too) and its order. CUDA's shapes are learned on the
+    meta device (no GPU here), where the order is not read back but the tile and the order flag are."""
+    made_up = scrambled_layout(tile_rows, tile_cols, seed=tiles)
+    layout = learn_with_stand_in(monkeypatch, made_up, device_type, tiles)
+    assert (layout.rows, layout.cols, layout.in_order) == (tile_rows, tile_cols, False)
+    if device_type == "cpu":
+        assert torch.equal(layout.natural, made_up.natural)
+
+
+def test_a_converter_whose_bytes_are_no_grid_of_tiles_has_no_layout(monkeypatch):
+    """One order over the whole probe (no tile repeats): None, and wide inputs keep the fused kernel."""
+    assert learn_with_stand_in(monkeypatch, scrambled_layout(512, 8, seed=0), "cpu", 1) is None
 
 
 def test_cuda_takes_the_most_inner_k_tiles_the_width_allows():
