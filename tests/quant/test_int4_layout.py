@@ -85,6 +85,15 @@ def test_a_converters_tiles_are_learned_from_the_bytes_it_makes(device_type, til
         assert torch.equal(layout.natural, made_up.natural)
 
 
+def test_a_converter_in_plain_row_order_has_tiles_of_one_byte_in_order(monkeypatch):
+    """Weights stored row by row, two a byte (the even one low): every tile shape fits, down to one
+    weight, but a tile is whole bytes, so the layout is 1 x 2 in order, not 1 x 1 (half a byte)."""
+    row_order = int4_layout.TileLayout(1, 2, torch.arange(2), in_order=True)
+    layout = learn_with_stand_in(monkeypatch, row_order, "cpu", 1)
+    assert (layout.rows, layout.cols, layout.in_order) == (1, 2, True)
+    assert torch.equal(layout.natural, torch.arange(2))
+
+
 def test_a_converter_whose_bytes_are_no_grid_of_tiles_has_no_layout(monkeypatch):
     """One order over the whole probe (no tile repeats): None, and wide inputs keep the fused kernel."""
     assert learn_with_stand_in(monkeypatch, scrambled_layout(512, 8, seed=0), "cpu", 1) is None
