@@ -86,8 +86,8 @@ def test_a_converters_tiles_are_learned_from_the_bytes_it_makes(device_type, til
 
 
 def test_a_converter_in_plain_row_order_has_tiles_of_one_byte_in_order(monkeypatch):
-    """Weights stored row by row, two a byte (the even one low): every tile shape fits, down to one
-    weight, but a tile is whole bytes, so the layout is 1 x 2 in order, not 1 x 1 (half a byte)."""
+    """Weights stored row by row, two a byte (the even one low): one-row tiles fit at every width,
+    down to one weight, but a tile is whole bytes, so the layout is 1 x 2 in order, not 1 x 1."""
     row_order = int4_layout.TileLayout(1, 2, torch.arange(2), in_order=True)
     layout = learn_with_stand_in(monkeypatch, row_order, "cpu", 1)
     assert (layout.rows, layout.cols, layout.in_order) == (1, 2, True)
