@@ -102,7 +102,7 @@ def test_a_rounded_drafts_workspace_is_its_largest_rounded_linears_and_none_with
     cpu = torch.device("cpu")
     model = tiny_llama(hidden=64, mlp=128, heads=2, kv_heads=1)
     rounded = [m for m in layer_linears(model) if group_for(m, cpu)]
-    each = {workspace_bytes(m.in_features, m.out_features, 64, BF16, group_for(m, cpu), "cpu") for m in rounded}
+    each = {workspace_bytes(m.in_features, m.out_features, 64, BF16, group_for(m, cpu), "cpu", False) for m in rounded}
     assert len(rounded) == 5 and len(each) == 3
     assert rounded_workspace(model, BF16, 64, cpu) == max(each)
     assert rounded_workspace(tiny_llama(hidden=24, mlp=40, heads=3, kv_heads=3), BF16, 64, cpu) == 0

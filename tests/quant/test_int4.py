@@ -134,6 +134,9 @@ def test_shapes_the_kernels_cannot_take_do_not_fit():
     assert not int4_fits(96, 40, 32, cuda) and not int4_fits(100, 48, 32, cuda)
     with pytest.raises(SpecchatError, match="cannot take"):
         int4_tensors(random_weight(out_features=48), None, torch.float32, CPU)
+    # nor is such a linear made, even as a skeleton to be filled later
+    with pytest.raises(SpecchatError, match="divisible by 16"):
+        Int4Linear(256, 40, 32, False, False, torch.float32, CPU)
 
 
 def test_packing_is_deterministic_and_device_independent_in_its_source():

@@ -1,6 +1,6 @@
 """The memory an Int4Linear's forward takes beyond its output, measured on a 8192 x 28672 linear (a
 Llama-2-70B MLP projection) in a fresh process, is within `workspace_bytes`, the bound the offload
-plan counts.
+plan counts; and that bound's parts, worked out.
 
 Measured as the rise of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs)
 over its resident set before the call, less the output; glibc is told to map every allocation
@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from specchat.quant.int4 import workspace_bytes
+from specchat.quant.int4_chunks import chunked_workspace
+from specchat.quant.int4_expand import expanded_workspace
 
 IN, OUT = 8192, 28672
 SLACK = 1 << 20  # page rounding and allocator headers
@@ -64,7 +66,21 @@ def test_a_forwards_extra_memory_is_within_the_stated_workspace():
                             text=True, check=True)
     measured = json.loads(result.stdout)
     for (rows, path, _), extra in zip(CASES, measured):
-        bound = workspace_bytes(IN, OUT, rows, torch.bfloat16)
+        bound = workspace_bytes(IN, OUT, rows, torch.bfloat16, 32, "cpu", False)
         print(f"{rows} rows, {path}: {extra / 2**20:.2f} MiB extra, bound {bound / 2**20:.2f} MiB")
         assert extra <= bound + SLACK
-    assert workspace_bytes(IN, OUT, 128, torch.bfloat16) < 64 << 20  # a fraction of the weight's 117 MB
+    assert workspace_bytes(IN, OUT, 128, torch.bfloat16, 32, "cpu", False) < 64 << 20  # a fraction of the weight's 117 MB
+
+
+def test_the_workspace_is_the_largest_products_buffers_plus_an_act_order_input():
+    """On a CPU the larger of the chunked product's two forms (float32 and the compute dtype); on
+    CUDA the expansion's too, here the larger (a chunk of up to 2^26 weights against about 1 Mi);
+    with act order the permuted input's copy besides, rows x I in the compute dtype."""
+    rows, bf16 = 64, torch.bfloat16
+    chunked = max(chunked_workspace(IN, OUT, rows, bf16, product, 32) for product in (torch.float32, bf16))
+    expanded = expanded_workspace(IN, OUT, rows, bf16)
+    assert expanded > chunked
+    assert workspace_bytes(IN, OUT, rows, bf16, 32, "cpu", False) == chunked
+    assert workspace_bytes(IN, OUT, rows, bf16, 32, "cuda", False) == expanded
+    assert workspace_bytes(IN, OUT, rows, bf16, 32, "cuda", True) == expanded + rows * IN * 2
+    assert workspace_bytes(IN, OUT, rows, bf16, 32, "cpu", True) == chunked + rows * IN * 2

@@ -181,8 +181,8 @@ def rounded_workspace(model: PreTrainedModel, dtype: torch.dtype, rows: int, ker
     """The largest temporary a draft's rounded linears allocate over `rows` inputs (quant.int4's
     bound; linears run one at a time)."""
     groups = [(m, group_for(m, kernel)) for m in layer_linears(model)]
-    return max((workspace_bytes(m.in_features, m.out_features, rows, dtype, group, kernel.type)
-                for m, group in groups if group), default=0)
+    return max((workspace_bytes(m.in_features, m.out_features, rows, dtype, group, kernel.type, act_order=False)
+                for m, group in groups if group), default=0)  # rounded to nearest: no act order
 
 
 def int8_bytes(linear: nn.Linear) -> int:

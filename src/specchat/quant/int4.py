@@ -130,8 +130,8 @@ def int4_linear(weight: Int4Weight, bias: Tensor | None, dtype: torch.dtype, dev
     return linear.to(device)
 
 
-def workspace_bytes(in_features: int, out_features: int, rows: int, dtype: torch.dtype, group_size: int = 32,
-                    kernel: str = "cpu", act_order: bool = False) -> int:
+def workspace_bytes(in_features: int, out_features: int, rows: int, dtype: torch.dtype, group_size: int,
+                    kernel: str, act_order: bool) -> int:
     """The most memory an Int4Linear's forward allocates beyond its output, for `rows` input rows
     in `dtype`, whichever product the probes pick: with `act_order` the input permuted (`forward`'s
     index_select; without it the input goes in as it is), plus the chunked product's buffers or, on
