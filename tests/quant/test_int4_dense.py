@@ -49,6 +49,20 @@ def test_the_copy_is_the_packed_weight_rounded_once(group, act_order, dtype):
     assert torch.equal(expand(linear), over_weight_inputs.to(dtype))
 
 
+def test_a_cpu_copy_never_runs_the_triton_kernel_even_where_the_interpreter_could(monkeypatch):
+    """Triton's interpreter runs the expansion kernel on a CPU (how the tests check it), orders of
+    magnitude slower than torch's ops and to the same bits: a CPU's copies take torch's ops alone."""
+    pytest.importorskip("triton", reason="triton is not installed (the test extra installs it on x86-64 Linux)")
+    from specchat.triton_support import triton_available
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_available()
+    monkeypatch.setattr(int4_dense, "expand_int4", lambda *args: pytest.fail("a CPU copy ran the Triton kernel"))
+    weight = random_weight(out_features=OUT, in_features=IN)
+    copy = expand(int4_linear(weight, None, torch.bfloat16, CPU))
+    assert torch.equal(copy, rounded_scales(weight, torch.bfloat16).dequantize().to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("act_order", [False, True])
 def test_expanded_linears_multiply_the_packed_weights_over_the_layers_inputs(act_order):
     weight = random_weight(out_features=OUT, in_features=IN, act_order=act_order)
