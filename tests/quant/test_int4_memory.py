@@ -69,7 +69,8 @@ def test_a_forwards_extra_memory_is_within_the_stated_workspace():
         bound = workspace_bytes(IN, OUT, rows, torch.bfloat16, 32, "cpu", False)
         print(f"{rows} rows, {path}: {extra / 2**20:.2f} MiB extra, bound {bound / 2**20:.2f} MiB")
         assert extra <= bound + SLACK
-    assert workspace_bytes(IN, OUT, 128, torch.bfloat16, 32, "cpu", False) < 64 << 20  # a fraction of the weight's 117 MB
+    # a fraction of the weight's 117 MB
+    assert workspace_bytes(IN, OUT, 128, torch.bfloat16, 32, "cpu", False) < 64 << 20
 
 
 def test_the_workspace_is_the_largest_products_buffers_plus_an_act_order_input():
