@@ -75,9 +75,9 @@ def learn_with_stand_in(monkeypatch: pytest.MonkeyPatch, made_up, device_type: s
 ])
 def test_a_converters_tiles_are_learned_from_the_bytes_it_makes(device_type, tiles, tile_rows, tile_cols,
                                                                 monkeypatch):
-    """The learning step on a converter of known layout, tiles in a seeded scrambled order: the
-    smallest tile that fits (twice as wide fits too) and its order. CUDA's shapes are learned on the
-    meta device (no GPU here), where the order is not read back but the tile and the order flag are."""
+    """The learning step on a converter of known layout, tiles in a seeded scrambled order: the tile
+    and its order. CUDA's shapes are learned on the meta device (no GPU here), where the order is not
+    read back but the tile and the order flag are."""
     made_up = scrambled_layout(tile_rows, tile_cols, seed=tiles)
     layout = learn_with_stand_in(monkeypatch, made_up, device_type, tiles)
     assert (layout.rows, layout.cols, layout.in_order) == (tile_rows, tile_cols, False)
