@@ -39,6 +39,9 @@ def pack_by_spec(q: torch.Tensor, layout: TileLayout) -> torch.Tensor:
     return packed.to(torch.uint8)
 
 
-def as_cuda_int32(packed: torch.Tensor, out_features: int, in_features: int, cols: int) -> torch.Tensor:
-    """The bytes in CUDA's packed shape, int32 [O/8, I/16t, 32, t/2] for tiles of 8 x 16 t."""
-    return packed.view(torch.int32).view(out_features // 8, in_features // cols, 32, cols // 32)
+def pack_for_cuda(q: torch.Tensor, layout: TileLayout) -> torch.Tensor:
+    """q [O, I] packed by the spec in `layout`'s tiles of 8 x 16 t, in CUDA's packed shape: int32
+    [O/8, I/16t, 32, t/2]."""
+    out_features, in_features = q.shape
+    return pack_by_spec(q, layout).view(torch.int32).view(out_features // 8, in_features // layout.cols, 32,
+                                                          layout.cols // 32)

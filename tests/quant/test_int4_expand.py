@@ -18,7 +18,7 @@ from functools import cache
 import pytest
 import torch
 from helpers.allocations import record_allocations
-from helpers.int4_layouts import as_cuda_int32, cuda_layout, generator, pack_by_spec, scrambled_layout
+from helpers.int4_layouts import cuda_layout, generator, pack_by_spec, pack_for_cuda, scrambled_layout
 
 from specchat.errors import SpecchatError
 from specchat.quant import int4_expand, timing, widths
@@ -173,7 +173,7 @@ def test_the_spec_dequantizes_as_int4_weight_and_the_torch_reference_do():
 def test_cuda_layouts_expand_bitwise(in_features, group_size, out_features, scale_dtype, dtype):
     layout = cuda_layout(in_features, seed=in_features)
     q = random_q(out_features, in_features, seed=out_features + group_size)
-    packed = as_cuda_int32(pack_by_spec(q, layout), out_features, in_features, layout.cols)
+    packed = pack_for_cuda(q, layout)
     scales_and_zeros = random_scales_and_zeros(in_features // group_size, out_features, scale_dtype, seed=group_size)
     expanded = expand_between_sentinels(packed, scales_and_zeros, layout, dtype)
     assert torch.equal(expanded, dequantize_by_spec(q, scales_and_zeros, dtype, fma_rounds_once()))
@@ -233,7 +233,7 @@ def test_expanded_linear_is_the_dense_product_of_the_expanded_weight(dtype, monk
     out_features, in_features, group_size = 80, 192, 32
     layout = cuda_layout(in_features, seed=1)
     q = random_q(out_features, in_features, seed=1)
-    packed = as_cuda_int32(pack_by_spec(q, layout), out_features, in_features, layout.cols)
+    packed = pack_for_cuda(q, layout)
     scales_and_zeros = random_scales_and_zeros(in_features // group_size, out_features, dtype, seed=1)
     x = torch.randn(5, in_features, generator=generator(1)).to(dtype)
     reference = dequantize_by_spec(q, scales_and_zeros, dtype, fma_rounds_once())
@@ -254,8 +254,7 @@ def test_expanded_linear_allocates_its_workspace_and_nothing_more(chunk_rows, mo
     if chunk_rows is not None:
         monkeypatch.setattr(int4_expand, "EXPAND_WEIGHTS", chunk_rows * in_features)
     layout = cuda_layout(in_features, seed=2)
-    packed = as_cuda_int32(pack_by_spec(random_q(out_features, in_features, seed=2), layout), out_features,
-                           in_features, layout.cols)
+    packed = pack_for_cuda(random_q(out_features, in_features, seed=2), layout)
     scales_and_zeros = random_scales_and_zeros(in_features // group_size, out_features, torch.bfloat16, seed=2)
     x = torch.randn(rows, in_features, generator=generator(2)).to(torch.bfloat16)
     sizes = record_allocations(monkeypatch)

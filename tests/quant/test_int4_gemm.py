@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from helpers.gemm_compile import CUDA_TILES, WORDS, compiled
-from helpers.int4_layouts import as_cuda_int32, cuda_layout, pack_by_spec
+from helpers.int4_layouts import cuda_layout, pack_for_cuda
 
 from specchat.errors import SpecchatError
 from specchat.quant import timing, widths
@@ -149,7 +149,7 @@ def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size,
     int4_layout learns), packed by the test's own spec."""
     layout = cuda_layout(in_features, seed=in_features)
     q = torch.randint(0, 16, (24, in_features), generator=torch.Generator().manual_seed(group_size))
-    packed = as_cuda_int32(pack_by_spec(q, layout), 24, in_features, layout.cols)
+    packed = pack_for_cuda(q, layout)
     scales = torch.rand(in_features // group_size, 24, 2, generator=torch.Generator().manual_seed(1)) / 16
     pairs = scales.to(torch.bfloat16)
     x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
