@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from specchat.quant import widths
+from specchat.quant import timing, widths
 from specchat.quant.int4 import Int4Linear, use_fused_only, use_registers
 from specchat.quant.int4_dense import DenseCopy
 from specchat.quant.widths import UNLIMITED, WidthChoice, int4_product
@@ -141,3 +141,34 @@ def test_prepacking_is_not_measured_where_onednn_has_no_kernel_for_it(monkeypatc
     assert widths.prepack_pays(torch.float32) is False
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert widths.prepack_pays(torch.bfloat16) is False
+
+
+def test_a_dtype_the_fused_kernel_takes_not_is_chunked_at_every_width_after_one_race(monkeypatch):
+    raced = []
+
+    def stand_in(first, second, device) -> bool:
+        raced.append(first().dtype)
+        return True  # the chunked product in the dtype itself wins
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    monkeypatch.setattr(widths, "FUSED_DTYPES", {"cpu": (torch.float32,)})
+    assert widths.measure_widths("cpu", torch.bfloat16) == [0, "bfloat16"]
+    assert raced == [torch.bfloat16]  # the product's dtype alone: no sweep of a kernel that cannot run
+
+
+def test_a_prepacked_product_this_onednn_cannot_multiply_does_not_pay(monkeypatch):
+    class Refused(torch.nn.Module):
+        def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+            super().__init__()
+
+        def forward(self, x: Tensor) -> Tensor:
+            raise RuntimeError("could not create a primitive descriptor")  # as oneDNN refuses
+
+    monkeypatch.setattr(widths, "PrepackedLinear", Refused)
+    def runs_both(first, second, device) -> bool:  # a timer stand-in: both run, neither wins
+        first(), second()
+        return False
+
+    monkeypatch.setattr(timing, "faster", runs_both)
+    monkeypatch.setattr(widths, "PREPACK_SHAPE", widths.LinearShape(64, 32))
+    assert widths.measure_prepack_pays(torch.bfloat16) is False
