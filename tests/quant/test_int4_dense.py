@@ -15,10 +15,10 @@ from torch import nn
 from specchat.plan.machine import Machine
 from specchat.plan.pair import plan_pair
 from specchat.plan.request import Pair, PlanRequest
-from specchat.quant import int4_dense, timing
+from specchat.quant import int4_dense, timing, widths
 from specchat.quant.int4 import int4_linear, use_fused_only
 from specchat.quant.int4_dense import dense_copy_bytes, expand, expand_linears, keep_dense_copies
-from specchat.quant.widths import DENSE_ROWS, dense_rows
+from specchat.quant.widths import DENSE_ROWS, UNLIMITED, WidthChoice, dense_rows
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
 
@@ -111,13 +111,20 @@ def test_copies_are_kept_in_order_while_they_fit_the_room(every_shape_gains):
 
 
 def test_the_crossover_is_the_first_width_the_timer_says_the_copy_wins(monkeypatch, tmp_path):
-    """The choice, not the clock: a stand-in for `faster` that lets the copy win from 8 rows on, on a
-    machine that has measured nothing yet; the next process there reads the choice."""
+    """The choice, not the clock: a stand-in for `faster` that runs the copy and the fused kernel at
+    each width, checks that they agree, and lets the copy win from 8 rows on, on a machine that has
+    measured nothing yet; the next process there reads the choice."""
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
+    monkeypatch.setattr(widths, "width_choice", lambda device_type, dtype: WidthChoice(UNLIMITED, dtype))
+    monkeypatch.setattr(widths, "prepack_pays", lambda dtype: False)  # the copy a plain nn.Linear, unmeasured
     calls = []
 
     def stand_in(first, second, device) -> bool:
+        copy, fused = first(), second()
         calls.append(device)
+        assert copy.shape == fused.shape == (DENSE_ROWS[len(calls) - 1], 128)
+        # bf16 outputs of sums in other orders: |a - b| / (1 + |b|) at most 0.0058 (the AMD EPYC, 2026-12-06); bound 2x
+        assert torch.allclose(copy.float(), fused.float(), rtol=0.0116, atol=0.0116)
         return DENSE_ROWS[len(calls) - 1] >= 8
 
     monkeypatch.setattr(timing, "faster", stand_in)

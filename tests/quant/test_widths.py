@@ -172,3 +172,20 @@ def test_a_prepacked_product_this_onednn_cannot_multiply_does_not_pay(monkeypatc
     monkeypatch.setattr(timing, "faster", runs_both)
     monkeypatch.setattr(widths, "PREPACK_SHAPE", widths.LinearShape(64, 32))
     assert widths.measure_prepack_pays(torch.bfloat16) is False
+
+
+def test_every_process_probes_the_same_random_weight_and_inputs():
+    shape = widths.LinearShape(IN, OUT)
+    first, second = (widths.random_int4(widths.CPU, torch.bfloat16, shape, GROUP, rows=4) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert first[1].shape == (IN // GROUP, OUT, 2) and first[2].shape == (4, IN)
+
+
+def test_a_dense_copy_is_prepacked_where_prepacking_pays_and_a_plain_linear_elsewhere(monkeypatch):
+    weight = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(0)).bfloat16()
+    monkeypatch.setattr(widths, "PrepackedLinear", lambda weight, bias: ("prepacked", weight, bias))
+    monkeypatch.setattr(widths, "prepack_pays", lambda dtype: True)
+    assert widths.dense_copy_linear(weight) == ("prepacked", weight, None)
+    monkeypatch.setattr(widths, "prepack_pays", lambda dtype: False)
+    copy = widths.dense_copy_linear(weight)
+    assert isinstance(copy, torch.nn.Linear) and copy.weight.data_ptr() == weight.data_ptr() and copy.bias is None
