@@ -115,6 +115,8 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
     below the expansion's 64 rows, the expansion from there), and lets the kernel win at 4-64 rows."""
     monkeypatch.setenv("SPECCHAT_PROBE_DIR", str(tmp_path))
     monkeypatch.setattr(widths, "expand_rows", lambda *shape: 64)
+    expanded, expand = [], widths.expanded_linear
+    monkeypatch.setattr(widths, "expanded_linear", lambda x, *rest: expanded.append(x.shape[0]) or expand(x, *rest))
     timed = []
 
     def stand_in(first, second, device) -> bool:
@@ -130,6 +132,7 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
     try:
         assert widths.gemm_span("cpu", 256, 128, torch.bfloat16) == (4, 64)
         assert timed == [1, 4, 16, 64, 256]
+        assert expanded == [64, 256]  # from the expansion's rows, each width's current product once
         assert widths.gemm_span("cpu", 256, 128, torch.float32) is None  # the kernel takes 16-bit inputs
         monkeypatch.setattr(timing, "faster", lambda first, second, device: False)
         assert widths.gemm_span("cpu", 384, 128, torch.bfloat16) is None
