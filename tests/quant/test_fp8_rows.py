@@ -72,9 +72,25 @@ def test_rows_quantize_as_torchs_kernels_do_bit_for_bit():
     assert [case for case, equal in cases.items() if not equal] == []
 
 
-def test_only_cuda_rows_of_a_held_width_are_served():
+class CudaRows:
+    """What fused_rows_serve reads of CUDA rows, on a machine without CUDA."""
+
+    def __init__(self, cols: int, stride: int = 1) -> None:
+        self.is_cuda, self.shape, self.step = True, (2, cols), stride
+
+    def stride(self, dim: int) -> int:
+        return self.step if dim == 1 else self.shape[1] * self.step
+
+
+def test_only_cuda_rows_of_a_held_width_are_served(monkeypatch):
     assert not fused_rows_serve(torch.zeros(2, 64))  # a CPU's rows: torch's kernels
     assert fp8_rows.WIDEST == 16384
+    monkeypatch.setattr(fp8_rows, "triton_available", lambda: True)
+    assert fused_rows_serve(CudaRows(64)) and fused_rows_serve(CudaRows(16384))
+    assert not fused_rows_serve(CudaRows(16385))  # wider than a program holds
+    assert not fused_rows_serve(CudaRows(64, stride=2))  # a row's inputs apart
+    monkeypatch.setattr(fp8_rows, "triton_available", lambda: False)
+    assert not fused_rows_serve(CudaRows(64))
 
 
 @pytest.mark.parametrize("arch", [90, 89])
@@ -88,5 +104,6 @@ def test_the_kernel_compiles_for_a_gpu_without_one(arch, monkeypatch):
     constants = {"BLOCK": 16384}
     source = triton.compiler.ASTSource(fn=fp8_rows._kernel(False), signature=signature | dict.fromkeys(constants,
                                        "constexpr"), constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8})
+    options = {"num_warps": fp8_rows.WARPS_FROM[constants["BLOCK"]]}  # as a launch at that width asks
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     assert compiled.asm["cubin"]

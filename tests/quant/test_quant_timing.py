@@ -107,6 +107,11 @@ def test_a_margin_within_the_trials_spread_is_no_win(clock):
     assert clock.events.count("first") == 1 + MAX_RUNS  # more trials were taken before giving up
 
 
+def test_a_margin_as_wide_as_the_spread_is_no_win(clock):
+    # first's fastest is 0.5 s ahead, and its next fastest trial 0.5 s behind its fastest
+    assert not scripted_faster(clock, [9.0, 1.0] + [1.5] * (MAX_RUNS - 1), [9.0] + [1.5] * MAX_RUNS)
+
+
 def test_a_margin_past_the_spread_wins_after_the_first_rounds(clock):
     assert scripted_faster(clock, [9.0, 1.0, 1.0, 1.0], [9.0, 2.0, 2.0, 2.0])
     assert clock.events.count("first") == 1 + timing.RUNS
@@ -169,3 +174,18 @@ def test_a_probe_shape_is_nn_linears_in_features_then_out_features():
 ])
 def test_the_winning_span_runs_from_the_first_win_to_the_first_loss_after_it(monkeypatch, winning, expected, timed):
     assert sweep(winning_span, monkeypatch, winning) == (expected, timed)
+
+
+def test_on_cuda_a_width_is_captured_at_its_first_call_and_replayed_after(monkeypatch):
+    captured, ran = [], []
+
+    def capture(run, device):  # cuda_graph.replayed's stand-in: what it returns replays the capture
+        captured.append(device)
+        return run
+
+    monkeypatch.setattr(timing, "replayed", capture)
+    product = timing.as_replayed(lambda rows: ran.append(rows), CUDA)
+    for rows in (4, 4, 16, 4):
+        product(rows)
+    assert captured == [CUDA, CUDA] and ran == [4, 4, 16, 4]  # a capture a width
+    assert timing.as_replayed(len, CPU) is len  # elsewhere the product itself
