@@ -119,12 +119,21 @@ def test_the_span_is_the_run_of_widths_the_timer_says_onednn_wins_for_the_shape(
         onednn_float.probed_span.cache_clear()
 
 
-def test_a_small_shapes_probe_cycles_through_a_bounded_bank_of_weights(monkeypatch):
-    """A 16 x 16 weight is 1 KB: 64 MB of them would be 65536 calls a trial."""
+@pytest.mark.parametrize(("in_features", "out_features", "copies"), [(16, 16, BANK_WEIGHTS), (1024, 1024, 16),
+                                                                     (4096, 8192, 1)])
+def test_a_probe_cycles_through_64_mb_of_weights_at_most_32_of_them_and_at_least_one(monkeypatch, in_features,
+                                                                                     out_features, copies):
+    """A 16 x 16 weight is 1 KB: 64 MB of them would be 65536 calls a trial; a 4 MB one takes 16 to
+    fill the 64 MB; a 128 MB one is timed alone. The stand-in lets oneDNN win at one row only."""
     banks = []
-    monkeypatch.setattr(timing, "faster", lambda first, second, device: banks.append((len(first()), len(second()))))
-    assert onednn_float.measure_onednn_span(16, 16, torch.float32) is None  # the stand-in never says faster
-    assert banks and set(banks) == {(BANK_WEIGHTS, BANK_WEIGHTS)}
+
+    def stand_in(first, second, device) -> bool:
+        banks.append((len(first()), len(second())))
+        return len(banks) == 1
+
+    monkeypatch.setattr(timing, "faster", stand_in)
+    assert onednn_float.measure_onednn_span(in_features, out_features, torch.float32) == [1, 1]
+    assert banks == [(copies, copies)] * 2  # one row, then two (the first loss)
 
 
 def test_a_torch_without_the_kernel_measures_no_span(monkeypatch):
