@@ -2,7 +2,7 @@
 the fastest of RUNS timed calls after one untimed warm-up call, the candidates run in turns (each
 round reversing the last's order), the clock is read only after a synchronize of the device, a
 candidate wins only by more than the trials' spread, load that slows every other trial decides
-nothing, and the sweeps decide from `faster` alone."""
+nothing, the sweeps decide from `faster` alone, and on CUDA each width is captured once and replayed."""
 
 import pytest
 import torch

@@ -1,11 +1,14 @@
-"""quant/widths.py's routing: which product `int4_product` hands an Int4Linear's input to, by its
-width, its device and what the linear holds. The products are stand-ins that record the call, so
-the order of the rules is tested alone: a dense copy first (from its rows), then on CUDA a draft's
-registers (within the measured span), then the expansion (from its measured rows), then the width
-choice (pinned or measured) between the fused kernel and the chunked product. The products
-themselves are tested in their own modules' tests."""
+"""quant/widths.py, the width policy. Its routing: which product `int4_product` hands an Int4Linear's
+input to, by its width, its device and what the linear holds. The products are stand-ins that
+record the call, so the order of the rules is tested alone: a dense copy first (from its rows), then
+on CUDA a draft's registers (within the measured span), then the expansion (from its measured rows),
+then the width choice (pinned or measured) between the fused kernel and the chunked product. Then
+the choices made without a probe (no readable layout, no kernel for a dtype, no oneDNN), and what
+the probes race. The products themselves are tested in their own modules' tests, and each probe's
+decision from a timer stand-in beside its product's (test_int4, test_int4_dense, test_int4_gemm,
+test_int8_rows, test_prepacked, test_onednn_float)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -96,7 +99,7 @@ def test_a_cpu_linear_runs_no_triton_product_at_any_width(served):
 
 
 @pytest.fixture
-def unmeasured(monkeypatch) -> None:
+def unmeasured(monkeypatch) -> Iterator[None]:
     """Fails a test that reaches a kept choice or its probe; clears the process's cached choices around it."""
     def refuse(choice: str, key: dict) -> None:
         raise AssertionError(f"{choice} was measured or read for {key}")
@@ -165,6 +168,7 @@ def test_a_prepacked_product_this_onednn_cannot_multiply_does_not_pay(monkeypatc
             raise RuntimeError("could not create a primitive descriptor")  # as oneDNN refuses
 
     monkeypatch.setattr(widths, "PrepackedLinear", Refused)
+
     def runs_both(first, second, device) -> bool:  # a timer stand-in: both run, neither wins
         first(), second()
         return False
@@ -185,7 +189,8 @@ def test_a_dense_copy_is_prepacked_where_prepacking_pays_and_a_plain_linear_else
     weight = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(0)).bfloat16()
     monkeypatch.setattr(widths, "PrepackedLinear", lambda weight, bias: ("prepacked", weight, bias))
     monkeypatch.setattr(widths, "prepack_pays", lambda dtype: True)
-    assert widths.dense_copy_linear(weight) == ("prepacked", weight, None)
+    name, packed, bias = widths.dense_copy_linear(weight)
+    assert name == "prepacked" and packed is weight and bias is None
     monkeypatch.setattr(widths, "prepack_pays", lambda dtype: False)
     copy = widths.dense_copy_linear(weight)
     assert isinstance(copy, torch.nn.Linear) and copy.weight.data_ptr() == weight.data_ptr() and copy.bias is None
