@@ -9,13 +9,13 @@ import torch
 from helpers.int4_weights import GROUP, IN, OUT, random_weight
 
 from specchat.errors import SpecchatError
+from specchat.quant import timing
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_linear, int4_tensors, use_fused_only
 from specchat.quant.int4_chunks import chunked_linear
 from specchat.quant.int4_layout import layout_for
 from specchat.quant.int4_pack import fused_linear, pack
-from specchat.quant import timing
-from specchat.quant.widths import FUSED_ROWS, UNLIMITED, WIDE_ROWS, WidthChoice, width_choice
 from specchat.quant.int4_weight import Int4Weight
+from specchat.quant.widths import FUSED_ROWS, UNLIMITED, WIDE_ROWS, WidthChoice, width_choice
 
 CPU = torch.device("cpu")
 

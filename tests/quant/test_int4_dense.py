@@ -18,9 +18,9 @@ from specchat.plan.request import Pair, PlanRequest
 from specchat.quant import int4_dense, timing, widths
 from specchat.quant.int4 import int4_linear, use_fused_only
 from specchat.quant.int4_dense import dense_copy_bytes, expand, expand_linears, keep_dense_copies
-from specchat.quant.widths import DENSE_ROWS, UNLIMITED, WidthChoice, dense_rows
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
+from specchat.quant.widths import DENSE_ROWS, UNLIMITED, WidthChoice, dense_rows
 
 CPU = torch.device("cpu")
 GB = 10**9
@@ -91,7 +91,8 @@ def test_wide_inputs_multiply_the_copy_and_narrow_ones_keep_the_fused_kernels_bi
         assert torch.equal(linear(wide), torch.nn.functional.linear(permuted, copy) + bias)
         fused = fused_linear(narrow.index_select(1, weight.perm), linear.packed, linear.scales_and_zeros, 32) + bias
         assert torch.equal(linear(narrow), fused)
-    assert set(linear.state_dict()) == {"packed", "scales_and_zeros", "perm", "bias"}  # nothing streams or saves the copy
+    # nothing streams or saves the copy
+    assert set(linear.state_dict()) == {"packed", "scales_and_zeros", "perm", "bias"}
 
 
 def test_fused_only_drops_the_copy(every_shape_gains):
@@ -103,7 +104,8 @@ def test_fused_only_drops_the_copy(every_shape_gains):
 
 
 def test_copies_are_kept_in_order_while_they_fit_the_room(every_shape_gains):
-    model = torch.nn.Sequential(*(int4_linear(random_weight(seed=seed), None, torch.bfloat16, CPU) for seed in range(3)))
+    model = torch.nn.Sequential(*(int4_linear(random_weight(seed=seed), None, torch.bfloat16, CPU)
+                                  for seed in range(3)))
     one = OUT * IN * 2
     assert dense_copy_bytes(model) == 3 * one
     assert keep_dense_copies(model, room=2 * one + one // 2) == 2 * one

@@ -14,8 +14,8 @@ from helpers.int4_layouts import cuda_layout, pack_for_cuda
 
 from specchat.errors import SpecchatError
 from specchat.quant import timing, widths
-from specchat.quant.gptq import pack_int4_rows
 from specchat.quant.gemm_blocks import BLOCK_ROWS, Blocks, blocks_for
+from specchat.quant.gptq import pack_int4_rows
 from specchat.quant.int4 import Int4Linear, int4_linear, use_fused_only, use_registers
 from specchat.quant.int4_gemm import gemm_words, w4a16_linear, w4a16_tiled_linear
 from specchat.quant.int4_layout import layout_for
