@@ -113,11 +113,11 @@ def test_the_kernel_steps_down_where_the_card_refuses_and_gives_the_same_product
     generator = torch.Generator().manual_seed(0)
     words = torch.randint(-2**31, 2**31 - 1, (128 // 8, 64), dtype=torch.int32, generator=generator)
     pairs = (torch.rand(1, 64, 2, generator=generator) / 16).to(torch.bfloat16)
-    x = torch.randn(40, 128, generator=generator).to(torch.bfloat16)
+    x = torch.randn(24, 128, generator=generator).to(torch.bfloat16)  # blocks_for(24) is not blocks_for(128)
     monkeypatch.setattr(int4_gemm, "run_kernel", with_small_shared_memory)
     stepped = int4_gemm.w4a16_linear(x, words, pairs, 128)
-    assert refused == [blocks_for(40)]
-    assert gemm_blocks.FITTED == {((x.device, x.dtype, None), blocks_for(40)): Blocks(64, 64, 128, 1, stages=2)}
-    assert torch.equal(stepped, real(x, words, None, pairs, 128, 64, blocks_for(40)))
+    assert refused == [blocks_for(24)]  # the blocks for the product's rows
+    assert gemm_blocks.FITTED == {((x.device, x.dtype, None), blocks_for(24)): Blocks(32, 64, 128, 1, stages=2)}
+    assert torch.equal(stepped, real(x, words, None, pairs, 128, 64, blocks_for(24)))
     with pytest.raises(OutOfResources):  # blocks given (a sweep's) run as given
-        int4_gemm.w4a16_linear(x, words, pairs, 128, blocks_for(40))
+        int4_gemm.w4a16_linear(x, words, pairs, 128, blocks_for(24))

@@ -71,12 +71,35 @@ def test_the_product_is_the_dequantized_weights(rows, out_features, in_features,
     assert torch.allclose(product.float(), reference, rtol=0, atol=2 * torch.finfo(dtype).eps * reference.abs().max())
 
 
+@pytest.mark.parametrize(("dtype", "ones"), [(torch.bfloat16, 1), (torch.float16, 2)])
+def test_each_weight_is_rounded_to_the_inputs_dtype_before_the_product(dtype, ones):
+    """Rows of `ones` ones (input r, and r + 1) read back the weights, or sums of two, exactly: each
+    weight rounded to nearest from float32 to the input's dtype, as a GPU rounds it before tl.dot,
+    then summed in float32. (Under the interpreter a float32 -> bfloat16 store truncates, so bf16
+    rows read one weight each: a value that needs no rounding of its own.)"""
+    q, weight = drawn(64, 128, 32, seed=3)
+    pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(dtype)
+    scale, zero = pairs[torch.arange(128) // 32].float().permute(2, 1, 0)  # the kernel's, [O, I] each
+    dense = ((q.float() - 8) * scale + zero).to(dtype)
+    x = sum(torch.eye(128).roll(shift, dims=1) for shift in range(ones)).to(dtype)
+    product = w4a16_linear(x, gemm_words(weight), pairs, 32)
+    assert torch.equal(product, (x.float() @ dense.float().t()).to(dtype))
+
+
 def test_what_the_kernel_cannot_take_is_one_line():
     _, weight = drawn(64, 128, 32, seed=0)
     words = gemm_words(weight)
     pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(torch.bfloat16)
     with pytest.raises(SpecchatError, match="x must be a contiguous"):
         w4a16_linear(torch.ones(2, 128), words, pairs, 32)  # float32 inputs
+    linear = int4_linear(weight, None, torch.bfloat16, torch.device("cpu"))
+    with pytest.raises(SpecchatError, match="x must be a contiguous"):  # read from torch's tiles too
+        w4a16_tiled_linear(torch.ones(2, 128), linear.packed, linear.scales_and_zeros, 32,
+                           layout_for(torch.device("cpu"), 128))
+    x = torch.ones(2, 128, dtype=torch.bfloat16)
+    for wrong in (words.long(), words.t().contiguous().t()):  # contiguous int64; int32 in columns
+        with pytest.raises(SpecchatError, match="words must be contiguous int32"):
+            w4a16_linear(x, wrong, pairs, 32)
     with pytest.raises(SpecchatError, match="scales_and_zeros must be"):
         w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, pairs[:2], 32)
     with pytest.raises(SpecchatError, match="multiple of 16"):
@@ -146,7 +169,8 @@ def test_the_span_is_where_the_timer_says_the_kernel_wins_over_what_the_linear_r
 
 
 @pytest.mark.parametrize(("in_features", "group_size"), [(96, 32), (192, 64), (384, 128)])  # CUDA's 8 x 32/64/128 tiles
-@pytest.mark.parametrize("blocks", [None, Blocks(16, 32, 128, 2)])  # steps within a tile; of whole tiles (hoisted)
+# steps of whole tiles (their positions read once, hoisted), inputs split in 2; steps of 16 inputs, within a tile
+@pytest.mark.parametrize("blocks", [None, Blocks(16, 32, 128, 2), Blocks(16, 32, 16, 2)])
 def test_cudas_tiles_give_the_words_product_bit_for_bit(in_features, group_size, blocks):
     """Tiles of the shape CUDA packs in, their order scrambled (the kernel reads whatever order
     int4_layout learns), packed by the test's own spec."""
