@@ -1,17 +1,29 @@
 """A draft's attention with its queries and keys rotated together (models/draft_attention.py): the
-rotation is transformers', every attention class it takes computes what it computed, and it takes
-only attentions whose q/k/v are one product and whose heads turn whole."""
+rotation is transformers', every attention class it takes computes what it computed, its queries
+reach the attention laid out as it reads them, and it takes only attentions whose q/k/v are one
+product, in that order, and whose heads turn whole."""
 
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specchat.bounded_attention import bound_attention
 from specchat.decoding.forward import CausalLM
 from specchat.decoding.kvcache import new_cache
-from specchat.models.draft_attention import LLAMA_ATTENTIONS, DraftAttention, replace_attention, rotate
+from specchat.models.draft_attention import LLAMA_ATTENTIONS, DraftAttention, replace_attention, rotate, stacked_qkv
 from specchat.quant.stacked import stack_projections
 
 SIZES = dict(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -24,7 +36,7 @@ FAMILIES = {"LlamaAttention": (LlamaConfig, LlamaForCausalLM), "Qwen2Attention":
 def built(family: tuple[type, type], **overrides: object) -> CausalLM:
     config_class, model_class = family
     torch.manual_seed(0)
-    config = config_class(**SIZES, **overrides)
+    config = config_class(**(SIZES | overrides))
     config._attn_implementation = "sdpa"
     return CausalLM(model_class(config).eval())
 
@@ -80,3 +92,34 @@ def test_it_takes_only_attentions_stacked_and_turning_whole_heads_of_llamas_kind
     qwen3 = Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=16)).eval()  # q and k normalized per head
     stack_projections(qwen3)
     assert replace_attention(qwen3) == 0
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["one-key-a-query", "grouped"])
+def test_queries_reach_the_attention_laid_out_as_it_reads_them(monkeypatch, kv_heads):
+    """Grouped: heads outer ([H, n, d] in memory), whose heads bounded_attention packs as rows;
+    else rows outer ([n, H, d]), the layout SDPA gives its output in on CUDA."""
+    layouts = []
+
+    def recording(module, query, *args, **kwargs):
+        layouts.append("heads outer" if query.stride(1) > query.stride(2) else "rows outer")
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "recording", recording)
+    lm = built(FAMILIES["LlamaAttention"], num_key_value_heads=kv_heads)
+    lm.model.config._attn_implementation = "recording"
+    for layer in lm.model.model.layers:
+        stack_projections(layer)
+        replace_attention(layer)
+    tree_step(lm)
+    assert layouts == ["heads outer" if kv_heads == 2 else "rows outer"] * 4  # two layers, prompt and tree
+
+
+def test_q_k_and_v_are_taken_only_as_one_products_parts_in_that_order():
+    lm = built(FAMILIES["LlamaAttention"])
+    first, second = (layer.self_attn for layer in lm.model.model.layers)
+    for layer in lm.model.model.layers:
+        stack_projections(layer)
+    first.q_proj, first.k_proj = first.k_proj, first.q_proj  # one product's parts, out of order
+    second.q_proj = first.k_proj  # in order, from two products
+    assert stacked_qkv(first) is None and stacked_qkv(second) is None
+    assert sum(replace_attention(layer) for layer in lm.model.model.layers) == 0
