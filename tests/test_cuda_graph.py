@@ -1,8 +1,10 @@
 """cuda_graph on a CPU: nothing to capture, so work runs as it is (the capture itself is checked
 on CUDA by the captured draft steps, gpu_checks/captured_draft.py), and a probe's replayed product
-is the product; a capture's warm-ups and the capture run where shapes repeat."""
+is the product; with CUDA's streams and graphs stood in for, a capture's warm-ups and the capture
+run where shapes repeat, in the order CUDA requires, into the pool given."""
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -62,3 +64,53 @@ def test_repeating_shapes_ends_with_its_block_even_when_the_block_raises():
     with pytest.raises(ValueError, match="a step that failed"), repeating_shapes():
         raise ValueError("a step that failed")
     assert not shapes_repeat()
+
+
+class RecordingStream:
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name, self.events = name, events
+
+    def wait_stream(self, other: "RecordingStream") -> None:
+        self.events.append(f"{self.name} waits for {other.name}")
+
+
+class RecordingGraph:
+    def replay(self) -> None:
+        pass
+
+
+def test_a_capture_warms_up_on_a_side_stream_between_the_callers_work_and_captures_into_the_pool(monkeypatch):
+    """The warm-ups run on a side stream that first waits for the caller's queued work, the caller's
+    stream waits for them before the capture, the capture goes into the pool given, and what the
+    captured run returned (which every replay writes anew) comes back with the graph; on a CUDA
+    device `replayed` gives that graph's replay."""
+    events: list[str] = []
+    current, side = RecordingStream("current", events), RecordingStream("side", events)
+
+    @contextmanager
+    def on(stream: RecordingStream) -> Iterator[None]:
+        events.append(f"on {stream.name}")
+        yield
+        events.append(f"off {stream.name}")
+
+    @contextmanager
+    def capturing(graph: RecordingGraph, pool: object = None) -> Iterator[None]:
+        events.append(f"capture into {pool}")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", RecordingGraph)
+    monkeypatch.setattr(torch.cuda, "graph", capturing)
+
+    def run() -> torch.Tensor:
+        events.append("run")
+        return torch.full((1,), float(events.count("run")))
+
+    graph, output = capture_graph(run, pool=(1, 7))
+    assert events == ["side waits for current", "on side"] + ["run"] * WARMUP + ["off side", "current waits for side",
+                                                                               "capture into (1, 7)", "run"]
+    assert isinstance(graph, RecordingGraph) and output.item() == WARMUP + 1  # the captured run's
+    replay = replayed(run, torch.device("cuda"))
+    assert isinstance(replay.__self__, RecordingGraph) and replay.__func__ is RecordingGraph.replay
