@@ -10,6 +10,9 @@ import pytest
 from specchat.capture_gate import CaptureGate
 
 
+HANG = 60  # seconds a thread may take to block or run before the gate is taken to hang (each takes microseconds)
+
+
 class Signalling(threading.Condition):
     """The gate's condition, releasing `moved` each time a thread blocks on it."""
 
@@ -44,16 +47,17 @@ def test_work_runs_side_by_side_and_a_capture_waits_for_it_and_goes_before_later
     first.__enter__()
     second.__enter__()  # two jobs at once: the second did not wait for the first
     capturing = run(gate.capture, "capture")
-    moved.acquire()
+    assert moved.acquire(timeout=HANG)
     assert log == [] and gate.waiting == 1  # blocked by the running work, not run
     working = run(gate.work, "late work")
-    moved.acquire()
+    assert moved.acquire(timeout=HANG)
     assert log == []  # blocked by the waiting capture, not run beside the running work
     first.__exit__(None, None, None)
     assert log == []  # one job still runs: the capture waits on
     second.__exit__(None, None, None)
-    capturing.join()
-    working.join()
+    capturing.join(timeout=HANG)
+    working.join(timeout=HANG)
+    assert not capturing.is_alive() and not working.is_alive()  # a gate that never opens fails, not hangs
     assert log == ["capture", "late work"]
     assert (gate.working, gate.capturing, gate.waiting) == (0, False, 0)
 
