@@ -1,7 +1,8 @@
 """host_pull: the kernel that moves pinned host bytes onto a GPU by the GPU's own loads, run on the CPU
 by Triton's interpreter and compared byte for byte with the source; `pull`'s plain copy where no GPU
 takes the kernel; the sender's staging on a CPU. On CUDA the same bytes are checked arriving from
-pinned memory beside the streamer's loads (tests/scripts/test_gpu_checks_on_cuda.py).
+pinned memory beside the streamer's loads (tests/scripts/test_gpu_checks_on_cuda.py); here a fence's
+events are stood in for.
 
 Triton reads TRITON_INTERPRET when `triton.jit` decorates a kernel; host_pull decorates its kernel
 lazily, once per mode, so setting the variable for this module's tests is enough."""
@@ -81,3 +82,32 @@ def test_off_a_gpu_a_fence_has_nothing_to_wait_for():
     fence.pass_(torch.device("cpu"))
     fence.wait()
     assert fence.event is None
+
+
+class RecordingEvent:
+    """torch.cuda.Event stood in for: what was asked of each, in order."""
+
+    made: list["RecordingEvent"] = []
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        RecordingEvent.made.append(self)
+
+    def record(self) -> None:
+        self.calls.append("record")
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+
+def test_beside_a_gpu_a_fence_records_one_event_after_each_pull_and_waits_on_its_last_recording(monkeypatch):
+    monkeypatch.setattr(RecordingEvent, "made", [])
+    monkeypatch.setattr(torch.cuda, "Event", RecordingEvent)
+    fence, cuda = ReadFence(), torch.device("cuda")
+    fence.wait()  # nothing pulled yet
+    fence.pass_(cuda)
+    fence.wait()
+    fence.pass_(cuda)
+    fence.wait()
+    assert len(RecordingEvent.made) == 1 and fence.event is RecordingEvent.made[0]
+    assert fence.event.calls == ["record", "synchronize", "record", "synchronize"]
