@@ -1,5 +1,5 @@
 """capture_gate: work blocks run side by side, a capture runs alone, and work arriving while a
-capture waits or runs runs after it, woken by its end (DSI's target jobs and the drafter's CUDA
+capture waits or runs goes after it, woken by its end (DSI's target jobs and the drafter's CUDA
 captures, capture_gate.py).
 The threads' order is read from the gate's own condition, never from the clock: each thread says
 when it blocks in the gate and when it has run, so every check sees one or the other."""
