@@ -2,10 +2,13 @@
 replies and code, stored once beside the model, the stop tokens always kept."""
 
 import json
+import sysconfig
+from pathlib import Path
 
 from helpers.tiny import TinyCharTokenizer
 
 from specchat.corpora import sharegpt_records
+from specchat.models import vocab_rank
 from specchat.models.vocab_rank import RANK_FILE, chat_texts, head_vocab, rank_tokens, stdlib_texts, vocab_ranking
 
 
@@ -33,3 +36,18 @@ def test_the_corpus_is_chat_replies_then_code():
 
 def test_head_vocab_keeps_the_stop_tokens():
     assert head_vocab(list(range(10)), 3, always=[9]).tolist() == [0, 1, 2, 9]
+
+
+def test_chat_texts_are_the_assistants_turns_up_to_the_limit_or_all_there_are(monkeypatch):
+    conversations = [[("human", "q1"), ("gpt", "abcd"), ("gpt", "")], [("gpt", "efg"), ("human", "q2"), ("gpt", "hi")]]
+    records = [{"conversations": [{"from": who, "value": value} for who, value in turns]} for turns in conversations]
+    monkeypatch.setattr(vocab_rank, "sharegpt_records", lambda: iter(records))
+    assert chat_texts(100) == ["abcd", "efg", "hi"]  # every reply, none empty, when the corpus runs out first
+    assert chat_texts(4) == ["abcd"]  # the limit reached exactly: no more
+    assert chat_texts(5) == ["abcd", "efg"]  # short of it: the next reply too, whole
+
+
+def test_stdlib_texts_stop_once_the_limit_is_reached():
+    first = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))[0].read_text(encoding="utf-8")
+    assert stdlib_texts(len(first)) == [first]
+    assert len(stdlib_texts(len(first) + 1)) == 2
