@@ -20,6 +20,13 @@ def test_rank_puts_frequent_tokens_first_and_unseen_ones_in_id_order():
     assert rest == sorted(rest)
 
 
+def test_rank_counts_each_texts_first_token_and_only_ids_within_the_vocabulary():
+    # ids: c 49, d 0 (ord % 50); a text's first token counts as the rest do: d twice, then c once
+    assert rank_tokens(TinyCharTokenizer(), ["cdd"], vocab_size=50)[:2] == [0, 49]
+    ranking = rank_tokens(TinyCharTokenizer(), ["ccc", "d"], vocab_size=49)  # c's id is the head's size: none
+    assert ranking[0] == 0 and sorted(ranking) == list(range(49))
+
+
 def test_the_ranking_is_stored_once_beside_the_model(tmp_path):
     ranking = vocab_ranking(tmp_path, TinyCharTokenizer(), vocab_size=50)
     assert json.loads((tmp_path / RANK_FILE).read_text()) == ranking
