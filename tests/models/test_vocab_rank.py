@@ -1,6 +1,6 @@
 """The draft head's sub-vocabulary (models/vocab_rank.py): tokens ranked by frequency over chat
-replies and code, read up to
-the corpus's limits, stored once beside the model, the stop tokens always kept."""
+replies and code, read up to the corpus's limits, stored once beside the model, the stop tokens
+always kept."""
 
 import json
 import sysconfig
