@@ -42,6 +42,18 @@ def drawn(out_features: int, in_features: int, group_size: int, seed: int) -> tu
     return q, Int4Weight(nibbles, scales, zeros, None)
 
 
+def pairs_of(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight's scales_and_zeros [G, O, 2] in `dtype`, as an Int4Linear holds them."""
+    return torch.stack([weight.scales, weight.zeros], dim=-1).to(dtype)
+
+
+def dequantized(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                dtype: torch.dtype) -> torch.Tensor:
+    """w [O, I] = (q - 8) scale + zero in float32, scales and zeros [G, O], rounded once to `dtype`."""
+    groups = torch.arange(q.shape[1]) // group_size
+    return ((q.float() - 8) * scales[groups].t() + zeros[groups].t()).to(dtype)
+
+
 def test_the_words_hold_eight_inputs_of_one_output_each():
     q, weight = drawn(8, 32, 32, seed=1)
     words = gemm_words(weight)
@@ -58,12 +70,9 @@ def test_the_words_hold_eight_inputs_of_one_output_each():
 @pytest.mark.parametrize("blocks", [None, Blocks(16, 32, 128, 3)])  # blocks_for's; inputs split in 3 shares
 def test_the_product_is_the_dequantized_weights(rows, out_features, in_features, group_size, dtype, blocks):
     q, weight = drawn(out_features, in_features, group_size, seed=rows + out_features)
-    groups = torch.arange(in_features) // group_size
-    scale, zero = weight.scales[groups].t(), weight.zeros[groups].t()  # [O, I]
-    dense = ((q.float() - 8) * scale + zero).to(dtype)
+    dense = dequantized(q, weight.scales, weight.zeros, group_size, dtype)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
-    pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(dtype)
-    product = w4a16_linear(x, gemm_words(weight), pairs, group_size, blocks)
+    product = w4a16_linear(x, gemm_words(weight), pairs_of(weight, dtype), group_size, blocks)
     reference = x.float() @ dense.float().t()
     assert product.dtype == dtype and product.shape == (rows, out_features)
     # float32 sums in another order, rounded once to dtype: at most 0.95 of dtype's eps times the largest
@@ -78,9 +87,8 @@ def test_each_weight_is_rounded_to_the_inputs_dtype_before_the_product(dtype, on
     then summed in float32. (Under the interpreter a float32 -> bfloat16 store truncates, so bf16
     rows read one weight each: a value that needs no rounding of its own.)"""
     q, weight = drawn(64, 128, 32, seed=3)
-    pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(dtype)
-    scale, zero = pairs[torch.arange(128) // 32].float().permute(2, 1, 0)  # the kernel's, [O, I] each
-    dense = ((q.float() - 8) * scale + zero).to(dtype)
+    pairs = pairs_of(weight, dtype)
+    dense = dequantized(q, pairs[..., 0].float(), pairs[..., 1].float(), 32, dtype)  # from the kernel's pairs
     x = sum(torch.eye(128).roll(shift, dims=1) for shift in range(ones)).to(dtype)
     product = w4a16_linear(x, gemm_words(weight), pairs, 32)
     assert torch.equal(product, (x.float() @ dense.float().t()).to(dtype))
@@ -89,7 +97,7 @@ def test_each_weight_is_rounded_to_the_inputs_dtype_before_the_product(dtype, on
 def test_what_the_kernel_cannot_take_is_one_line():
     _, weight = drawn(64, 128, 32, seed=0)
     words = gemm_words(weight)
-    pairs = torch.stack([weight.scales, weight.zeros], dim=-1).to(torch.bfloat16)
+    pairs = pairs_of(weight, torch.bfloat16)
     with pytest.raises(SpecchatError, match="x must be a contiguous"):
         w4a16_linear(torch.ones(2, 128), words, pairs, 32)  # float32 inputs
     linear = int4_linear(weight, None, torch.bfloat16, torch.device("cpu"))
@@ -101,9 +109,9 @@ def test_what_the_kernel_cannot_take_is_one_line():
         with pytest.raises(SpecchatError, match="words must be contiguous int32"):
             w4a16_linear(x, wrong, pairs, 32)
     with pytest.raises(SpecchatError, match="scales_and_zeros must be"):
-        w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, pairs[:2], 32)
+        w4a16_linear(x, words, pairs[:2], 32)
     with pytest.raises(SpecchatError, match="multiple of 16"):
-        w4a16_linear(torch.ones(2, 128, dtype=torch.bfloat16), words, torch.zeros(16, 64, 2, dtype=torch.bfloat16), 8)
+        w4a16_linear(x, words, torch.zeros(16, 64, 2, dtype=torch.bfloat16), 8)
 
 
 @pytest.mark.parametrize("rows", [1, 40])
