@@ -85,13 +85,10 @@ def test_off_a_gpu_a_fence_has_nothing_to_wait_for():
 
 
 class RecordingEvent:
-    """torch.cuda.Event stood in for: what was asked of each, in order."""
-
-    made: list["RecordingEvent"] = []
+    """torch.cuda.Event stood in for: what was asked of it, in order."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
-        RecordingEvent.made.append(self)
 
     def record(self) -> None:
         self.calls.append("record")
@@ -101,13 +98,13 @@ class RecordingEvent:
 
 
 def test_beside_a_gpu_a_fence_records_one_event_after_each_pull_and_waits_on_its_last_recording(monkeypatch):
-    monkeypatch.setattr(RecordingEvent, "made", [])
-    monkeypatch.setattr(torch.cuda, "Event", RecordingEvent)
+    made: list[RecordingEvent] = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda: made.append(RecordingEvent()) or made[-1])
     fence, cuda = ReadFence(), torch.device("cuda")
     fence.wait()  # nothing pulled yet
     fence.pass_(cuda)
     fence.wait()
     fence.pass_(cuda)
     fence.wait()
-    assert len(RecordingEvent.made) == 1 and fence.event is RecordingEvent.made[0]
+    assert len(made) == 1 and fence.event is made[0]
     assert fence.event.calls == ["record", "synchronize", "record", "synchronize"]
