@@ -18,7 +18,7 @@ from specchat.decoding.kvcache import new_cache
 from specchat.errors import SpecchatError
 from specchat.quant.gptq import GPTQLinear, GPTQSpec, dequantize
 from specchat.quant.int4 import Int4Linear
-from specchat.quant.int4_gptq import gptq_to_int4, replace_linears_with_gptq_int4, spec_group_size
+from specchat.quant.int4_gptq import gptq_int4_tensors, gptq_to_int4, replace_linears_with_gptq_int4, spec_group_size
 from specchat.quant.int4_pack import PACK_ROWS
 from specchat.quant.widths import UNLIMITED, WidthChoice
 
@@ -48,6 +48,20 @@ def test_groups_the_kernel_groups_do_not_divide_are_refused():
     g_idx[:8] = 1  # group 0 now holds 120 inputs
     with pytest.raises(SpecchatError, match="not multiples"):
         gptq_to_int4(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx, 128)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_a_modules_tensors_fill_exactly_its_linears_buffers_even_with_g_idx_in_input_order(act_order):
+    """An act-order checkpoint whose g_idx happens to be sorted converts without a permutation; its
+    linear still reads one (the identity), and a linear without act order gets none."""
+    generator = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(64, 128, generator=generator), torch.randn(64, generator=generator)
+    tensors = pack_gptq(quantize_rtn(weight, 32, False, False), bias)
+    linear = Int4Linear(128, 64, 32, True, act_order, torch.float32, CPU)
+    buffers = gptq_int4_tensors(tensors.__getitem__, linear)
+    assert buffers.keys() == linear.state_dict().keys()
+    linear.load_state_dict(buffers)
+    assert not act_order or torch.equal(linear.perm, torch.arange(128))
 
 
 @pytest.fixture(scope="module")

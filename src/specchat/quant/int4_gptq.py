@@ -19,8 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from specchat.errors import SpecchatError
-from specchat.quant.gptq import (GPTQSpec, check_gptq_shape, gptq_linear, swap_checkpoint_linears, unpack_int4_cols,
-                                 unpack_int4_rows)
+from specchat.quant.gptq import GPTQSpec, gptq_linear, swap_checkpoint_linears, unpack_int4_cols, unpack_int4_rows
 from specchat.quant.int4 import Int4Linear, int4_fits, int4_tensors
 from specchat.quant.int4_pack import GROUP_SIZES, nibbles_by_rows
 from specchat.quant.int4_weight import Int4Weight
@@ -58,9 +57,9 @@ def replace_linears_with_gptq_int4(model: nn.Module, names: Iterable[str], spec:
     """Swap each named nn.Linear for an empty Int4Linear packed for `kernel`, on the Linear's device
     (meta in a skeleton, until filled with `gptq_int4_tensors`' values). One whose shape the kernels
     cannot take (`int4_fits`: groups under 32 inputs, say) becomes an empty GPTQLinear instead,
-    dequantized per call. No GPTQLinear is built on the way to an Int4Linear: a 235B MoE has 36096."""
+    dequantized per call, which refuses sizes GPTQ cannot pack (those int4_fits takes, inputs in 32s
+    and outputs in 16s, it can). No GPTQLinear is built on the way to an Int4Linear: a 235B MoE has 36096."""
     def replacement(name: str, linear: nn.Linear) -> nn.Module:
-        check_gptq_shape(name, linear)
         group_size = spec_group_size(spec, linear.in_features)
         if group_size is None or not int4_fits(linear.in_features, linear.out_features, group_size, kernel):
             return gptq_linear(name, linear, spec)
