@@ -89,8 +89,8 @@ def test_blocks_for_fitted_to_an_rtx_4090_need_no_more_shared_memory_than_it_has
 
 
 @pytest.mark.parametrize(("rows", "swept"), [(1, Blocks(16, 32, 128, 1)), (16, Blocks(16, 32, 128, 1)),
-                                             (17, Blocks(32, 64, 128, 1)), (64, Blocks(64, 64, 128, 1)),
-                                             (256, Blocks(64, 64, 128, 1))])
+                                             (17, Blocks(32, 64, 128, 1)), (32, Blocks(32, 64, 128, 1)),
+                                             (33, Blocks(64, 64, 128, 1)), (256, Blocks(64, 64, 128, 1))])
 def test_blocks_for_gives_the_blocks_the_h200_sweep_ran_fastest(rows, swept):
     """16 x 32 x 128 up to 16 rows, 64 outputs by 128 inputs past them on the fewest row blocks
     covering the rows, none split (docs/benchmarks.md, `gpu_check.sh --scale --parts gemm`)."""

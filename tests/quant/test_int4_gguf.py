@@ -14,7 +14,7 @@ from specchat.quant.gguf_int4 import Q4_K_BYTES, dequantized, matches, q4k_scale
 from specchat.quant.int4 import int4_linear, int4_tensors
 from specchat.quant.int4_pack import fused_linear
 from specchat.quant.int4_weight import Int4Weight
-from specchat.quant.q4k_scales import Q4KScalesLinear
+from specchat.quant.q4k_scales import Q4KScalesLinear, q4k_entries
 
 CPU = torch.device("cpu")
 
@@ -105,9 +105,8 @@ def test_q4k_scale_parts_make_the_packed_scales_and_zeros_bitwise(dtype, scale_r
     data = random_blocks(GGMLQuantizationType.Q4_K, 64, 1024, seed=5, scale_range=scale_range)
     tensors = int4_tensors(q4k_to_int4(data), None, dtype, CPU)
     compact = Q4KScalesLinear(1024, 64, 32, False, False, dtype, CPU)
-    compact.packed = tensors["packed"]
-    for name, part in zip(("q4k_sc", "q4k_m", "q4k_d", "q4k_dmin"), q4k_scale_parts(data)):
-        setattr(compact, name, part)
+    parts = {name.removeprefix("layer."): part for name, part in q4k_entries("layer", data).items()}
+    compact.load_state_dict({"packed": tensors["packed"]} | parts)  # its buffers shaped as a checkpoint stores them
     assert torch.equal(compact.group_scales(), tensors["scales_and_zeros"])
     x = torch.randn(3, 1024, dtype=dtype)
     assert torch.equal(compact(x), int4_linear(q4k_to_int4(data), None, dtype, CPU)(x))  # the same path, the same sums
