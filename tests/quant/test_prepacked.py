@@ -91,6 +91,14 @@ def test_a_tied_head_float32_and_other_kernels_stay_as_they_are():
 
 
 @ONEDNN_BF16
+def test_a_models_tied_head_stays_plain_while_its_other_linears_are_prepacked(pays):
+    tied = tiny_model(tie=True)
+    assert prepack_linears(tied) == 2 * 7  # the shared weight found by prepack_linears itself
+    assert type(tied.get_output_embeddings()) is nn.Linear
+    assert tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
+
+
+@ONEDNN_BF16
 def test_a_weight_is_prepacked_only_where_its_copy_fits_the_room(pays):
     model = tiny_model(tie=False)
     head = model.get_output_embeddings().weight.nbytes  # 256 x 64 bf16: the largest weight
