@@ -16,10 +16,12 @@ from specchat.quant.widths import PREPACK_ROWS, prepack_pays
 
 
 def supported() -> bool:
-    """Whether this CPU's oneDNN multiplies a prepacked bf16 weight at all, found by trying it (on
-    x86 without AVX-512 it may not; then nothing is prepacked, which the last test checks)."""
+    """Whether this CPU's oneDNN multiplies a prepacked bf16 weight at all, found by trying oneDNN's
+    own ops (on x86 without AVX-512 it may not; then nothing is prepacked, which the last test
+    checks). Not through PrepackedLinear: a broken one would skip the tests that check it."""
+    weight, x = torch.ones(8, 16, dtype=torch.bfloat16), torch.ones(1, 16, dtype=torch.bfloat16)
     try:
-        PrepackedLinear(torch.ones(8, 16, dtype=torch.bfloat16), None)(torch.ones(1, 16, dtype=torch.bfloat16))
+        torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight, 1), None, "none", [], "")
     except RuntimeError:
         return False
     return True
@@ -44,6 +46,7 @@ def test_a_prepacked_linear_gives_f_linear_bits_at_every_width(bias):
     linear.weight.copy_(torch.randn(640, 384, generator=generator))
     packed = PrepackedLinear.from_linear(linear)
     assert packed.packed_weight.nbytes == linear.weight.nbytes  # the same bytes, laid out for the kernel
+    assert repr(packed) == "PrepackedLinear(in_features=384, out_features=640, prepacked for oneDNN)"
     with torch.inference_mode():
         for rows in (1, 2, 3, 16, 64, 257):
             x = torch.randn(rows, 384, generator=generator).to(torch.bfloat16)
