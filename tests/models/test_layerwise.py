@@ -8,7 +8,7 @@ from torch import nn
 
 from specchat.decoding.kvcache import new_cache
 from specchat.models.draft_approx import DraftApprox, approximate_draft
-from specchat.models.layerwise import load_layer_by_layer
+from specchat.models.layerwise import load_layer_by_layer, prepare_loaded
 from specchat.progress import Reporter
 
 CPU = torch.device("cpu")
@@ -62,3 +62,52 @@ def test_a_model_prepared_as_it_loads_equals_one_prepared_after(tmp_path):
     # ones after it not loaded yet
     assert approx.dense_layers == [1, 1]
     assert not any(type(m) is nn.Linear for m in loaded.get_decoder().modules())
+
+
+class Keeping:
+    """A preparation that maps the token embedding and keeps it as the file holds it, recording what
+    it is handed: the embedding's dtype at the head, then each layer."""
+
+    EMBEDDING = "model.embed_tokens.weight"
+
+    def __init__(self) -> None:
+        self.head_dtypes: list[torch.dtype] = []
+        self.layers: list[nn.Module] = []
+
+    def mapped(self, model) -> frozenset[str]:
+        return frozenset({self.EMBEDDING})
+
+    def on_host(self, model) -> frozenset[str]:
+        return frozenset()
+
+    def prepare_head(self, model, tokenizer, directory) -> None:
+        self.head_dtypes.append(model.get_parameter(self.EMBEDDING).dtype)
+
+    def prepare_layer(self, layer: nn.Module) -> None:
+        self.layers.append(layer)
+
+
+def test_a_mapped_parameter_the_preparation_keeps_is_copied_in_the_models_dtype(tmp_path):
+    draft, directory = saved_draft(tmp_path)  # a float32 file
+    keeping = Keeping()
+    loaded = load_layer_by_layer(directory, CharTokenizer(), torch.bfloat16, CPU, keeping, Reporter(False))
+    assert keeping.head_dtypes == [torch.float32]  # the file's tensor, memory-mapped, at the head
+    embedding = loaded.get_parameter(Keeping.EMBEDDING)
+    assert embedding.dtype == torch.bfloat16
+    assert torch.equal(embedding, draft.model.get_parameter(Keeping.EMBEDDING).to(torch.bfloat16))
+    assert keeping.layers == list(loaded.get_decoder().layers)  # every layer, in order, once
+
+
+def test_the_checkpoints_stop_tokens_are_read_as_from_pretrained_reads_them(tmp_path):
+    draft = build_tiny(0, dtype=torch.float32)
+    draft.model.generation_config.eos_token_id = [7, 9]
+    draft.model.save_pretrained(tmp_path / "model")
+    loaded = load_layer_by_layer(tmp_path / "model", CharTokenizer(), torch.float32, CPU, Keeping(), Reporter(False))
+    assert loaded.generation_config.eos_token_id == [7, 9]
+
+
+def test_a_model_loaded_whole_is_prepared_at_its_head_and_every_layer():
+    model = build_tiny(0, dtype=torch.float32).model
+    keeping = Keeping()
+    prepare_loaded(model, CharTokenizer(), None, keeping)
+    assert keeping.head_dtypes == [torch.float32] and keeping.layers == list(model.get_decoder().layers)
