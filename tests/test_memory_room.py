@@ -7,11 +7,12 @@ import psutil
 import pytest
 
 from specchat.errors import SpecchatError
-from specchat.memory_room import NO_LIMIT, Room, process_rss, ram_room
+from specchat.memory_room import Room, process_rss, ram_room
 from specchat.transfer import gb
 
 GB = 10**9
 AVAILABLE = 20 * GB  # what the fake host says it has free
+V1_UNLIMITED = (2**63 - 1) // 4096 * 4096  # what cgroup v1 writes for no limit: LLONG_MAX rounded down to a 4 KiB page
 
 
 def write(path: Path, text: str) -> None:
@@ -78,8 +79,8 @@ def test_a_v1_limit_binds_with_comma_separated_controllers(tmp_path):
 
 def test_v1_page_rounded_llong_max_is_no_limit(tmp_path):
     mount = v1_tree(tmp_path)
-    v1_level(mount / "docker/abc", NO_LIMIT, GB)
-    v1_level(mount, NO_LIMIT, 5 * GB)
+    v1_level(mount / "docker/abc", V1_UNLIMITED, GB)
+    v1_level(mount, V1_UNLIMITED, 5 * GB)
     assert ram_room(tmp_path, available=AVAILABLE).bytes == AVAILABLE
 
 
@@ -92,7 +93,7 @@ def test_v1_total_inactive_file_is_not_in_use(tmp_path):
 
 def test_a_v1_ancestor_limit_binds(tmp_path):
     mount = v1_tree(tmp_path)
-    v1_level(mount / "docker/abc", NO_LIMIT, GB)
+    v1_level(mount / "docker/abc", V1_UNLIMITED, GB)
     v1_level(mount / "docker", 3 * GB, 2 * GB)
     assert ram_room(tmp_path, available=AVAILABLE).bytes == GB
 

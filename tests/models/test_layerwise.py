@@ -87,10 +87,12 @@ class Keeping:
         self.layers.append(layer)
 
 
-def test_a_mapped_parameter_the_preparation_keeps_is_copied_in_the_models_dtype(tmp_path):
+def test_a_mapped_parameter_the_preparation_keeps_is_copied_in_the_models_dtype_as_each_layer_is_reported(tmp_path):
     draft, directory = saved_draft(tmp_path)  # a float32 file
-    keeping = Keeping()
-    loaded = load_layer_by_layer(directory, CharTokenizer(), torch.bfloat16, CPU, keeping, Reporter(False))
+    keeping, steps = Keeping(), []
+    reporter = Reporter(False, lambda text, fraction: steps.append((text, fraction)))
+    loaded = load_layer_by_layer(directory, CharTokenizer(), torch.bfloat16, CPU, keeping, reporter)
+    assert steps == [("loading and preparing layer 1/2", 0.5), ("loading and preparing layer 2/2", 1.0)]
     assert keeping.head_dtypes == [torch.float32]  # the file's tensor, memory-mapped, at the head
     embedding = loaded.get_parameter(Keeping.EMBEDDING)
     assert embedding.dtype == torch.bfloat16
