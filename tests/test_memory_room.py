@@ -129,10 +129,13 @@ def test_missing_files_set_no_limit_at_their_level(tmp_path):
     assert ram_room(tmp_path, available=AVAILABLE).bytes == AVAILABLE
 
 
-def test_a_missing_stat_file_subtracts_nothing(tmp_path):
+@pytest.mark.parametrize("stat", [None, f"anon {GB}\nactive_file 0\n"], ids=["no-file", "no-inactive-file"])
+def test_a_missing_stat_file_or_key_subtracts_nothing(tmp_path, stat):
     mount = v2_tree(tmp_path)
     write(mount / "app.slice/job/memory.max", f"{2 * GB}\n")
     write(mount / "app.slice/job/memory.current", f"{GB}\n")
+    if stat is not None:
+        write(mount / "app.slice/job/memory.stat", stat)
     assert ram_room(tmp_path, available=AVAILABLE).bytes == GB
 
 

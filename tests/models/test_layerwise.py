@@ -98,6 +98,7 @@ def test_a_mapped_parameter_the_preparation_keeps_is_copied_in_the_models_dtype_
     assert embedding.dtype == torch.bfloat16
     assert torch.equal(embedding, draft.model.get_parameter(Keeping.EMBEDDING).to(torch.bfloat16))
     assert keeping.layers == list(loaded.get_decoder().layers)  # every layer, in order, once
+    assert not any(parameter.requires_grad for parameter in loaded.parameters())  # inference only
 
 
 def test_the_checkpoints_stop_tokens_are_read_as_from_pretrained_reads_them(tmp_path):
