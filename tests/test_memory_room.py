@@ -70,6 +70,19 @@ def test_v2_inactive_file_cache_is_not_in_use(tmp_path):
     assert ram_room(tmp_path, available=AVAILABLE).bytes == 2 * GB - GB // 2
 
 
+def test_an_inactive_file_cache_above_the_usage_leaves_the_whole_limit(tmp_path):
+    """memory.current and memory.stat are read at different moments: the cache may exceed the usage."""
+    mount = v2_tree(tmp_path)
+    v2_level(mount / "app.slice/job", str(2 * GB), current=GB, inactive_file=GB + GB // 4)
+    assert ram_room(tmp_path, available=AVAILABLE).bytes == 2 * GB
+
+
+def test_a_cgroup_path_holding_a_colon_is_read_whole(tmp_path):
+    mount = v2_tree(tmp_path, "/kubepods/pod:1/ctr")
+    v2_level(mount / "kubepods/pod:1/ctr", str(GB), GB // 10)
+    assert ram_room(tmp_path, available=AVAILABLE).bytes == GB - GB // 10
+
+
 def test_a_v1_limit_binds_with_comma_separated_controllers(tmp_path):
     mount = v1_tree(tmp_path, controllers="memory,hugetlb")
     v1_level(mount / "docker/abc", 2 * GB, GB // 4)
