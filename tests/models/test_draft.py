@@ -1,10 +1,11 @@
 """How the draft's weights are stored (models/draft.py's resolve_draft_quant): an explicit form is
-kept; `auto` is int8 on a CPU for the widths where it pays, measured once per machine."""
+kept; `auto` is int8 on a CPU for the widths where it pays, measured once per machine; the form as
+doctor and the loading step name it."""
 
 import pytest
 import torch
 
-from specchat.models.draft import DraftQuant, resolve_draft_quant
+from specchat.models.draft import DraftQuant, describe, resolve_draft_quant
 from specchat.quant import widths
 from specchat.quant.widths import INT8_ROWS
 
@@ -33,3 +34,14 @@ def test_auto_draft_quant_is_measured_once_per_machine(monkeypatch, tmp_path):
     assert first == DraftQuant("int8", 32)
     assert resolve_draft_quant("auto", torch.device("cpu"), torch.bfloat16) == first
     assert next(measurements) == INT8_ROWS[-1]  # the second was never measured
+
+
+@pytest.mark.parametrize(("quant", "vocab_size", "form", "loading"), [
+    (DraftQuant("none"), None, "none", "full weights, whole vocabulary"),
+    (DraftQuant("dense"), 0, "dense", "4-bit weights expanded, whole vocabulary"),  # 0: every token
+    (DraftQuant("int8", 32), 4096, "int8 up to 32 rows", "int8 weights up to 32 rows, 4096-token head"),
+    (DraftQuant("int4", host_embedding=True), 32768, "int4, its input embedding on the host",
+     "int4 weights, its input embedding on the host, 32768-token head"),
+])
+def test_the_drafts_form_is_named_in_words(quant, vocab_size, form, loading):
+    assert str(quant) == form and describe(quant, vocab_size) == loading

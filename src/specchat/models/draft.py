@@ -70,6 +70,8 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
 
 
 def describe(quant: DraftQuant, vocab_size: int | None) -> str:
-    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{quant.form} weights")
+    """The draft's form for the loading step: its weights, where its input embedding is, its head."""
+    weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{quant.kind} weights")
+    rows = "" if quant.dense_above is None else f" up to {quant.dense_above} rows"
     where = ", its input embedding on the host" if quant.host_embedding else ""
-    return f"{weights}{where}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"
+    return f"{weights}{rows}{where}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"
