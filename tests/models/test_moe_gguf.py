@@ -9,6 +9,8 @@ dequantization (checked below), not the project's autoregressive engine's. A Mix
 (architecture `llama`) is one more family here; test_moe_gguf_mixtral.py checks what is its own
 (its config, its dense conversion's logits)."""
 
+import json
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor, quants
@@ -26,6 +28,7 @@ from specchat.decoding.forward import CausalLM
 from specchat.models.configs import read_config
 from specchat.models.convert_experts import expert_slice, stored_forms
 from specchat.models.convert_int4 import hf_names
+from specchat.models.marker import INT4_FORMAT, MARKER
 from specchat.offload.build import offload_model
 from specchat.quant.gguf_int4 import q4k_to_int4
 from specchat.quant.int4 import Int4Linear
@@ -93,6 +96,12 @@ def test_each_experts_slice_is_stored_in_its_gguf_form_and_no_fused_tensor(moe):
                     assert torch.equal(weight.dequantize(), reference)
 
 
+def test_the_conversions_marker_counts_every_module_kept_in_a_stored_form(moe):
+    record = json.loads((moe.int4 / MARKER).read_text())
+    shared = 3 if moe.family == "qwen2_moe" else 0  # its shared expert's three Q4_K linears
+    assert record["format"] == INT4_FORMAT and record["int4_tensors"] == str(LAYERS * (3 * EXPERTS + shared))
+
+
 def experts_linears(layer: nn.Module) -> list[nn.Module]:
     experts = layer.mlp.experts
     assert isinstance(experts, SplitExperts) and experts.num_experts == EXPERTS
@@ -124,6 +133,9 @@ def test_experts_streamed_compact_make_their_scales_from_q4k_parts_and_give_the_
     down = Q4KScalesLinear if moe.down == Q4_K else LINEAR_OF[moe.down]
     for layer in model.model.layers:
         assert [type(linear) for linear in experts_linears(layer)] == [Q4KScalesLinear, Q4KScalesLinear, down] * EXPERTS
+        if moe.family == "qwen2_moe":  # a plain linear's Q4_K parts are kept too
+            shared = layer.mlp.shared_expert
+            assert all(type(m) is Q4KScalesLinear for m in (shared.gate_proj, shared.up_proj, shared.down_proj))
     assert torch.equal(logits(CausalLM(model)), logits(CausalLM(moe.loaded())))
 
 
