@@ -10,6 +10,7 @@ dequantization (checked below), not the project's autoregressive engine's. A Mix
 (its config, its dense conversion's logits)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,9 +26,11 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specchat.decoding.forward import CausalLM
+from specchat.models import convert_int4 as convert_int4_module
 from specchat.models.configs import read_config
+from specchat.models.convert import convert
 from specchat.models.convert_experts import expert_slice, stored_forms
-from specchat.models.convert_int4 import hf_names
+from specchat.models.convert_int4 import convert_int4, hf_names
 from specchat.models.marker import INT4_FORMAT, MARKER
 from specchat.offload.build import offload_model
 from specchat.quant.gguf_int4 import q4k_to_int4
@@ -100,6 +103,19 @@ def test_the_conversions_marker_counts_every_module_kept_in_a_stored_form(moe):
     record = json.loads((moe.int4 / MARKER).read_text())
     shared = 3 if moe.family == "qwen2_moe" else 0  # its shared expert's three Q4_K linears
     assert record["format"] == INT4_FORMAT and record["int4_tensors"] == str(LAYERS * (3 * EXPERTS + shared))
+
+
+def test_a_conversion_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    gguf_path, dense = write_moe_gguf(tmp_path / "m.gguf", "qwen3_moe"), tmp_path / "dense"
+    convert(gguf_path, dense, "0" * 64, QUIET)
+
+    def full(dense: Path, directory: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(convert_int4_module, "link_dense", full)
+    with pytest.raises(OSError, match="No space left"):
+        convert_int4(gguf_path, dense, tmp_path / "int4", QUIET)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dense", "m.gguf"]  # no half-converted directory
 
 
 def experts_linears(layer: nn.Module) -> list[nn.Module]:
@@ -194,7 +210,8 @@ def test_a_slice_is_kept_in_its_stored_form_only_where_it_is_the_dense_weight(qt
 
 def test_gate_and_up_are_the_halves_of_an_experts_fused_rows():
     fused = torch.arange(3 * 8 * 2, dtype=torch.float32).reshape(3, 8, 2)
-    assert torch.equal(expert_slice(fused, 1, "gate"), fused[1, :4]) and torch.equal(expert_slice(fused, 1, "up"), fused[1, 4:])
+    assert torch.equal(expert_slice(fused, 1, "gate"), fused[1, :4])
+    assert torch.equal(expert_slice(fused, 1, "up"), fused[1, 4:])
     assert torch.equal(expert_slice(fused, 2, "down"), fused[2])  # down_proj [E, H, I]: an expert's whole matrix
 
 
