@@ -44,7 +44,10 @@ def test_values_past_their_edges_are_one_line(options, message):
                                                  ("sd", ["t", "d"]), ("dsi", ["t", "d"])])
 def test_the_draft_is_checked_only_where_the_engine_drafts(monkeypatch, engine, checked):
     seen = []
-    monkeypatch.setattr(engine_options, "check_models", lambda specs, allow_pickle: seen.append((list(specs),
-                                                                                                  allow_pickle)))
+
+    def record(specs, allow_pickle: bool) -> None:
+        seen.append((list(specs), allow_pickle))
+
+    monkeypatch.setattr(engine_options, "check_models", record)
     check_named_models(EngineOptions(target="t", draft="d", engine=engine, allow_pickle=True))
     assert seen == [(checked, True)]

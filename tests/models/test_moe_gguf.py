@@ -109,7 +109,7 @@ def test_a_conversion_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
     gguf_path, dense = write_moe_gguf(tmp_path / "m.gguf", "qwen3_moe"), tmp_path / "dense"
     convert(gguf_path, dense, "0" * 64, QUIET)
 
-    def full(dense: Path, directory: Path) -> None:
+    def full(source: Path, directory: Path) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(convert_int4_module, "link_dense", full)
