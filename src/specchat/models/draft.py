@@ -22,12 +22,22 @@ class DraftQuant:
     host_embedding: bool = False  # its input embedding held in host RAM beside a GPU, as the plan says
 
     @property
+    def rows(self) -> str:
+        """The widths its stored form multiplies, in words ("" where it takes every width)."""
+        return "" if self.dense_above is None else f" up to {self.dense_above} rows"
+
+    @property
     def form(self) -> str:
         """How its weights are stored, in words."""
-        return self.kind if self.dense_above is None else f"{self.kind} up to {self.dense_above} rows"
+        return f"{self.kind}{self.rows}"
+
+    @property
+    def where(self) -> str:
+        """Where its input embedding is, in words ("" on the device, with the rest)."""
+        return ", its input embedding on the host" if self.host_embedding else ""
 
     def __str__(self) -> str:
-        return f"{self.form}, its input embedding on the host" if self.host_embedding else self.form
+        return f"{self.form}{self.where}"
 
 
 def load_draft(spec: str, device: torch.device, dtype: torch.dtype, quantization: object | None,
@@ -72,6 +82,4 @@ def resolve_draft_quant(kind: str, device: torch.device, dtype: torch.dtype) -> 
 def describe(quant: DraftQuant, vocab_size: int | None) -> str:
     """The draft's form for the loading step: its weights, where its input embedding is, its head."""
     weights = {"none": "full weights", "dense": "4-bit weights expanded"}.get(quant.kind, f"{quant.kind} weights")
-    rows = "" if quant.dense_above is None else f" up to {quant.dense_above} rows"
-    where = ", its input embedding on the host" if quant.host_embedding else ""
-    return f"{weights}{rows}{where}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"
+    return f"{weights}{quant.rows}{quant.where}, {f'{vocab_size}-token head' if vocab_size else 'whole vocabulary'}"
