@@ -125,11 +125,17 @@ def install_fake_parts(gguf_file: Path, site: Path) -> None:
 @pytest.fixture
 def fake_draft(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddedModel:
     """DEFAULT_DRAFT replaced by the tiny model, its parts installed, the cache in tmp_path."""
+    return embed_as_draft(tiny_gguf, tmp_path, monkeypatch)
+
+
+def embed_as_draft(gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddedModel:
+    """DEFAULT_DRAFT replaced by `gguf_file`'s model (named "tiny"), its parts installed under
+    tmp_path, the cache in tmp_path."""
     site = tmp_path / "site"
-    install_fake_parts(tiny_gguf, site)
+    install_fake_parts(gguf_file, site)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
-    data = tiny_gguf.read_bytes()
+    data = gguf_file.read_bytes()
     model = EmbeddedModel(DEFAULT_DRAFT, "tiny", numbered_parts(FAKE_PREFIX, PART_COUNT, "1.0"),
                           len(data), hashlib.sha256(data).hexdigest())
     monkeypatch.setitem(EMBEDDED, DEFAULT_DRAFT, model)

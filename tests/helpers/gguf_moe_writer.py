@@ -56,9 +56,6 @@ def write_moe_gguf(path: Path, family: str, down: GGMLQuantizationType = GGMLQua
 
 def write_metadata(writer: gguf.GGUFWriter, family: str) -> None:
     writer.add_name("tiny moe")
-    writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
     if family == "mixtral":  # llama.cpp's llama: feed_forward_length is an expert's width
         writer.add_feed_forward_length(INTERMEDIATE)
     else:
@@ -67,6 +64,14 @@ def write_metadata(writer: gguf.GGUFWriter, family: str) -> None:
         writer.add_expert_shared_feed_forward_length(SHARED)
     writer.add_expert_count(EXPERTS)
     writer.add_expert_used_count(TOP_K)
+    write_shape_and_tokenizer(writer)
+
+
+def write_shape_and_tokenizer(writer: gguf.GGUFWriter) -> None:
+    """What every tiny file here declares alike: context, widths, heads, rope, norm and tokenizer."""
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     writer.add_key_length(HEAD_DIM)
@@ -120,8 +125,11 @@ class TensorWriter:
                                raw_dtype=GGMLQuantizationType.Q8_0)
 
     def q4k(self, name: str, rows: int, cols: int) -> None:
-        self.writer.add_tensor(name, random_blocks(GGMLQuantizationType.Q4_K, rows, cols, self.seed(), SCALES),
-                               raw_dtype=GGMLQuantizationType.Q4_K)
+        self.blocks(name, GGMLQuantizationType.Q4_K, rows, cols)
+
+    def blocks(self, name: str, qtype: GGMLQuantizationType, rows: int, cols: int) -> None:
+        """A [rows, cols] weight in `qtype` (Q4_K or Q6_K), its blocks random bytes with sane scales."""
+        self.writer.add_tensor(name, random_blocks(qtype, rows, cols, self.seed(), SCALES), raw_dtype=qtype)
 
     def stacked(self, name: str, qtype: GGMLQuantizationType, rows: int, cols: int) -> None:
         """E experts' [rows, cols] weights stacked, [E, rows, bytes a row]."""

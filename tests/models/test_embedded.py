@@ -1,0 +1,87 @@
+"""An embedded model run from its 4-bit weights (`weights` quantized): its 4-bit conversion built
+beside the dense one, once, an incomplete one replaced; and a caller that finds another process
+preparing the model says so and waits for it. Assembling and the dense conversion are
+test_models_gguf.py's."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+from helpers.gguf_files import embed_as_draft, fake_draft, tiny_gguf  # noqa: F401 (fixtures)
+from helpers.gguf_q4km_writer import write_q4km_gguf
+
+from specchat.models import embedded
+from specchat.models.embedded import EmbeddedModel, converted_path, ensure_embedded, int4_path
+from specchat.models.marker import is_converted, is_current_int4
+from specchat.models.registry import DEFAULT_DRAFT
+from specchat.paths import cache_dir
+from specchat.quant.int4_checkpoint import INT4_FILE
+
+WAIT = 60.0  # seconds a test waits for another thread before it fails
+
+
+@pytest.fixture
+def fake_q4km_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddedModel:
+    """DEFAULT_DRAFT replaced by a tiny Q4_K_M model, which has 4-bit weights to run."""
+    return embed_as_draft(write_q4km_gguf(tmp_path / "tiny.gguf"), tmp_path, monkeypatch)
+
+
+def refuse_to_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(model: EmbeddedModel, reporter: object) -> None:
+        raise AssertionError(f"{model.name} built again")
+
+    monkeypatch.setattr(embedded, "build", refuse)
+    monkeypatch.setattr(embedded, "build_int4", refuse)
+
+
+def test_quantized_weights_are_converted_beside_the_dense_conversion_once(fake_q4km_draft, monkeypatch):
+    directory = ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized")
+    assert directory == int4_path(fake_q4km_draft) != converted_path(fake_q4km_draft)
+    assert is_current_int4(directory) and (directory / INT4_FILE).is_file()
+    assert is_converted(converted_path(fake_q4km_draft))  # what the 4-bit one links its other tensors to
+    refuse_to_build(monkeypatch)
+    assert ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized") == directory
+    assert ensure_embedded(DEFAULT_DRAFT, progress=False) == converted_path(fake_q4km_draft)
+
+
+def test_the_4bit_conversion_is_added_to_a_dense_one_already_there(fake_q4km_draft, monkeypatch):
+    dense = ensure_embedded(DEFAULT_DRAFT, progress=False)
+    made = dense.stat().st_mtime_ns
+    monkeypatch.setattr(embedded, "build", lambda model, reporter: pytest.fail("the dense conversion built again"))
+    assert is_current_int4(ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized"))
+    assert dense.stat().st_mtime_ns == made
+
+
+def test_an_incomplete_4bit_conversion_and_its_leftovers_are_replaced(fake_q4km_draft):
+    ensure_embedded(DEFAULT_DRAFT, progress=False)
+    directory = int4_path(fake_q4km_draft)
+    directory.mkdir()  # no marker: an interrupted conversion
+    (directory / INT4_FILE).write_bytes(b"partial")
+    (directory.parent / f".{directory.name}.crashed").mkdir()
+    assert ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized") == directory
+    assert is_current_int4(directory) and (directory / INT4_FILE).stat().st_size > len(b"partial")
+    assert sorted(path.name for path in directory.parent.iterdir()) == ["tiny", directory.name]
+
+
+def test_a_caller_says_it_waits_for_another_process_preparing_the_model(fake_draft):  # noqa: F811
+    path = cache_dir() / "locks" / f"{fake_draft.name}.lock"
+    path.parent.mkdir(parents=True)
+    held = FileLock(path)  # as another process holds it: its own lock on the file
+    held.acquire()
+    steps: list[str] = []
+    results: list[Path] = []
+    caller = threading.Thread(
+        target=lambda: results.append(ensure_embedded(DEFAULT_DRAFT, False, lambda step, _: steps.append(step))))
+    try:
+        caller.start()
+        deadline = time.monotonic() + WAIT
+        while not steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert steps == [f"waiting for another specchat process to prepare {DEFAULT_DRAFT}..."]
+        assert not results  # it waits while the lock is held
+    finally:
+        held.release()
+        caller.join(WAIT)
+    assert results == [converted_path(fake_draft)] and is_converted(results[0])
