@@ -3,16 +3,21 @@ beside the dense one, once, an incomplete one replaced; and a caller that finds 
 preparing the model says so and waits for it. Assembling and the dense conversion are
 test_models_gguf.py's."""
 
+import errno
+import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from filelock import FileLock
 from helpers.gguf_files import embed_as_draft, fake_draft, tiny_gguf  # noqa: F401 (fixtures)
 from helpers.gguf_q4km_writer import write_q4km_gguf
+from safetensors import safe_open
 
-from specchat.models import embedded
+from specchat.errors import SpecchatError
+from specchat.models import convert_int4, embedded
 from specchat.models.embedded import EmbeddedModel, converted_path, ensure_embedded, int4_path
 from specchat.models.marker import is_converted, is_current_int4
 from specchat.models.registry import DEFAULT_DRAFT
@@ -63,6 +68,42 @@ def test_an_incomplete_4bit_conversion_and_its_leftovers_are_replaced(fake_q4km_
     assert ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized") == directory
     assert is_current_int4(directory) and (directory / INT4_FILE).stat().st_size > len(b"partial")
     assert sorted(path.name for path in directory.parent.iterdir()) == ["tiny", directory.name]
+
+
+def test_packing_in_4_bits_reports_its_progress_up_to_the_end(fake_q4km_draft):
+    calls: list[tuple[str, float | None]] = []
+    ensure_embedded(DEFAULT_DRAFT, False, lambda step, fraction: calls.append((step, fraction)), weights="quantized")
+    fractions = [fraction for step, fraction in calls if step == "packing tiny in 4 bits"]
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0 and fractions == sorted(fractions)
+
+
+@pytest.mark.parametrize("stage", ["before", "while writing"])
+def test_no_room_for_the_4bit_conversion_is_one_line_and_keeps_the_dense_one(fake_q4km_draft, monkeypatch, stage):
+    dense = ensure_embedded(DEFAULT_DRAFT, progress=False)
+    if stage == "before":
+        monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=100))
+        words = r"^not enough space in .* for the 4-bit tiny: it needs .* GB, 0\.00 GB are free$"
+    else:
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(convert_int4, "save_file", full)
+        words = r"filled up while writing .*: it needs .* GB free$"
+    with pytest.raises(SpecchatError, match=words):
+        ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized")
+    assert [path.name for path in dense.parent.iterdir()] == [dense.name] and is_converted(dense)
+
+
+def test_the_4bit_conversion_asks_for_the_bytes_of_the_tensors_it_writes(fake_q4km_draft, monkeypatch):
+    directory = ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized")
+    with safe_open(str(directory / INT4_FILE), "pt") as stored:
+        written = sum(stored.get_tensor(name).nbytes for name in stored.keys())
+    shutil.rmtree(directory)
+    monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=written - 1))
+    with pytest.raises(SpecchatError, match="not enough space"):
+        ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized")
+    monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=written))
+    assert is_current_int4(ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized"))
 
 
 def test_a_caller_says_it_waits_for_another_process_preparing_the_model(fake_draft):  # noqa: F811
