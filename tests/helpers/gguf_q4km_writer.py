@@ -9,8 +9,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType
-from helpers.gguf_moe_writer import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, LAYERS, TOKENS, TensorWriter, \
-    write_shape_and_tokenizer
+from helpers.gguf_moe_writer import (HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, LAYERS, TOKENS, TensorWriter,
+                                     write_shape_and_tokenizer)
 
 Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
 WIDER = (0,)  # the layers whose v and down projections are Q6_K

@@ -38,6 +38,7 @@ def test_quantized_weights_load_the_4bit_conversion_with_the_dense_tokenizer_and
 
 
 def test_quantized_weights_of_a_model_that_stores_none_are_refused_in_one_line(tiny_gguf):  # noqa: F811
-    with pytest.raises(SpecchatError, match=r"^--weights quantized runs a model from the 4-bit weights it stores, "
-                                            r"and tiny stores none that specchat multiplies packed: use --weights dense$"):
+    words = (r"^--weights quantized runs a model from the 4-bit weights it stores, and tiny stores none that "
+             r"specchat multiplies packed: use --weights dense$")
+    with pytest.raises(SpecchatError, match=words):
         load(str(tiny_gguf), torch.float32, progress=False, weights="quantized")
