@@ -142,6 +142,7 @@ def test_each_form_of_an_offloaded_model_streams_from_its_own_layer_file(fake_q4
                                          memory.compact_layers)
         try:
             assert loaded.directory == directory and offload.streamed == (0, 1)
+            assert loaded.tokenizer.eos_token == "<|im_end|>"  # its own, none given
             files.append(sorted(path.stem for path in (tmp_path / "layers").glob("*.layers")))
             torch.testing.assert_close(logits(CausalLM(loaded.model, offload)), logits(CausalLM(dense.model)),
                                        atol=1e-5, rtol=0)  # as in memory: see above
