@@ -1,15 +1,22 @@
 """The loader's last steps on a target it loaded: its float32 linears routed through oneDNN over the
-spans measured for their shapes (quant/onednn_float.py), named in the run's identity; how many
-LM-head rows the walk computes in one call, measured on that target's head (decoding/head_rows.py)."""
+spans measured for their shapes (quant/onednn_float.py), named in the run's identity, as are the
+widths its linears widen from; how many LM-head rows the walk computes in one call, measured on that
+target's head (decoding/head_rows.py)."""
+
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.cli import CORPUS, save_tiny_model
+from torch import nn
 
 from specchat import loader
 from specchat.engine_options import EngineOptions
 from specchat.quant import onednn_float
 from specchat.quant.onednn_float import OneDnnLinear
+from specchat.quant.q6k_linear import Q6Linear
+from specchat.quant.widened import widen
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +60,16 @@ def test_a_float32_targets_linears_multiply_over_the_spans_measured_for_their_sh
         assert not any(isinstance(m, OneDnnLinear) for m in models.draft.model.modules())  # the target's alone
     finally:
         models.close()
+
+
+def test_the_identity_names_every_width_the_targets_linears_widen_from():
+    """Dense linears widened from 32 rows and a Q6_K one from 16: both counts are named, so that costs
+    probed with either differ from these (decoding/probe.py's cache key)."""
+    model = nn.Sequential(widen(nn.Linear(512, 32), 32), Q6Linear(512, 16), Q6Linear(512, 16), nn.Linear(512, 16))
+    model[1].widened_from = 16
+    assert loader.dense_products(SimpleNamespace(model=model)) == "widened from [16, 32] rows"
+    model[0] = nn.Linear(512, 32)
+    assert loader.dense_products(SimpleNamespace(model=model)) == "widened from [16] rows"
+    model[1].widened_from = math.inf
+    assert loader.dense_products(SimpleNamespace(model=model)) is None
+    assert loader.dense_products(None) is None
