@@ -12,7 +12,8 @@ from helpers.cli import CORPUS, save_tiny_model
 from torch import nn
 
 from specchat import loader
-from specchat.engine_options import EngineOptions
+from specchat.engine_options import DRAFT_QUANTS, EngineOptions
+from specchat.errors import SpecchatError
 from specchat.quant import onednn_float
 from specchat.quant.onednn_float import OneDnnLinear
 from specchat.quant.q6k_linear import Q6Linear
@@ -73,3 +74,28 @@ def test_the_identity_names_every_width_the_targets_linears_widen_from():
     model[1].widened_from = math.inf
     assert loader.dense_products(SimpleNamespace(model=model)) is None
     assert loader.dense_products(None) is None
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["gptq-draft", "full-weights-draft"])
+def test_the_draft_quant_named_is_checked_against_what_the_draft_stores(monkeypatch, stored):
+    """auto takes any draft; a draft stored in 4 bits runs packed (none), expanded (dense) or in fp8 and
+    nothing else; one stored in full weights has nothing to expand."""
+    monkeypatch.setattr(loader, "read_config", lambda spec: {"_name_or_path": spec})
+    monkeypatch.setattr(loader, "stores_4bit", lambda config: stored)
+    monkeypatch.setattr(loader, "fp8_runs_on", lambda device: True)
+    allowed = {"auto", "none", "dense", "fp8"} if stored else set(DRAFT_QUANTS) - {"dense"}
+    for quant in DRAFT_QUANTS:
+        options = EngineOptions(target="t", draft="d", draft_quant=quant)
+        if quant in allowed:
+            loader.check_draft_quant(options, torch.device("cpu"))
+        else:
+            with pytest.raises(SpecchatError, match=f"^--draft-quant {quant}"):
+                loader.check_draft_quant(options, torch.device("cpu"))
+
+
+def test_a_run_with_no_placement_and_no_plan_is_keyed_by_its_options_alone():
+    """dsi over Ray actors: no placement here and no memory plan (the actors plan their own)."""
+    options = EngineOptions(target="t", draft="d", offload="auto")
+    key = loader.identity(options, None, None, None, None)
+    assert key["offload"] == "none" and not {"placement", "head", "layers", "dense", "wide"} & set(key)
+    assert key["draft_quant"] == options.draft_quant
