@@ -99,3 +99,11 @@ def test_a_run_with_no_placement_and_no_plan_is_keyed_by_its_options_alone():
     key = loader.identity(options, None, None, None, None)
     assert key["offload"] == "none" and not {"placement", "head", "layers", "dense", "wide"} & set(key)
     assert key["draft_quant"] == options.draft_quant
+
+
+def test_each_engine_reads_the_options_and_only_dsi_its_workers():
+    options = EngineOptions(target="t", draft="d", engine="dsi", workers="cpu,cpu", ray_address="auto")
+    assert loader.options_for(options, "dsi") == options
+    specexec = loader.options_for(options, "specexec")
+    assert (specexec.engine, specexec.workers, specexec.ray_address) == ("specexec", None, None)
+    assert loader.options_for(EngineOptions(target="t"), "dsi").engine == "dsi"
