@@ -1,7 +1,9 @@
-"""The loader's last steps on a target it loaded: its float32 linears routed through oneDNN over the
-spans measured for their shapes (quant/onednn_float.py), named in the run's identity, as are the
-widths its linears widen from; how many LM-head rows the walk computes in one call, measured on that
-target's head (decoding/head_rows.py)."""
+"""The loader's checks and last steps: the draft quantization named against what the draft stores;
+the options each engine reads; a target's float32 linears routed through oneDNN over the spans
+measured for their shapes (quant/onednn_float.py), named in the run's identity (the probe cache's
+key), as are the widths its linears widen from, and a run with no plan keyed by its options alone;
+how many LM-head rows the walk computes in one call, measured on that target's head
+(decoding/head_rows.py)."""
 
 import math
 from types import SimpleNamespace

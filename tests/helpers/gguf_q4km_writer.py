@@ -2,13 +2,16 @@
 the token embedding and most linears Q4_K; the LM head, and the v and down projections of the layers
 Q4_K_M gives more bits (here layer 0), Q6_K; norms and biases float32. Its blocks are random bytes
 with sane scales and its widths the MoE files' (helpers/gguf_moe_writer.py: rows of 256 weights).
+The fake_q4km_draft fixture installs it as the embedded draft, as fake_draft does the Q8_0 one.
 """
 
 from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType
+from helpers.gguf_files import embed_as_draft
 from helpers.gguf_moe_writer import (HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, LAYERS, TOKENS, TensorWriter,
                                      write_shape_and_tokenizer)
 
@@ -47,3 +50,9 @@ def write_layer(tensor: TensorWriter, block: str, wider: GGMLQuantizationType) -
     tensor.blocks(f"{block}.ffn_gate.weight", Q4_K, INTERMEDIATE, HIDDEN)
     tensor.blocks(f"{block}.ffn_up.weight", Q4_K, INTERMEDIATE, HIDDEN)
     tensor.blocks(f"{block}.ffn_down.weight", wider, HIDDEN, INTERMEDIATE)
+
+
+@pytest.fixture
+def fake_q4km_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """DEFAULT_DRAFT replaced by the tiny Q4_K_M model, which has 4-bit weights to run."""
+    return embed_as_draft(write_q4km_gguf(tmp_path / "tiny.gguf"), tmp_path, monkeypatch)

@@ -1,7 +1,8 @@
 """An embedded model run from its 4-bit weights (`weights` quantized): its 4-bit conversion built
-beside the dense one, once, an incomplete one replaced; and a caller that finds another process
-preparing the model says so and waits for it. Assembling and the dense conversion are
-test_models_gguf.py's."""
+beside the dense one, once, an incomplete one replaced, its progress reported, no room on disk one
+line that keeps the dense conversion, the room asked for exactly the bytes written; and a caller
+that finds another process preparing the model says so and waits for it. Assembling and the dense
+conversion are test_models_gguf.py's."""
 
 import errno
 import shutil
@@ -12,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 from filelock import FileLock
-from helpers.gguf_files import embed_as_draft, fake_draft, tiny_gguf  # noqa: F401 (fixtures)
-from helpers.gguf_q4km_writer import write_q4km_gguf
+from helpers.gguf_files import fake_draft, tiny_gguf  # noqa: F401 (fixtures)
+from helpers.gguf_q4km_writer import fake_q4km_draft  # noqa: F401 (a fixture)
 from safetensors import safe_open
 
 from specchat.errors import SpecchatError
@@ -26,11 +27,6 @@ from specchat.quant.int4_checkpoint import INT4_FILE
 
 WAIT = 60.0  # seconds a test waits for another thread before it fails
 
-
-@pytest.fixture
-def fake_q4km_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EmbeddedModel:
-    """DEFAULT_DRAFT replaced by a tiny Q4_K_M model, which has 4-bit weights to run."""
-    return embed_as_draft(write_q4km_gguf(tmp_path / "tiny.gguf"), tmp_path, monkeypatch)
 
 
 def refuse_to_build(monkeypatch: pytest.MonkeyPatch) -> None:

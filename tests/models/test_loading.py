@@ -2,15 +2,17 @@
 quantized), its 4-bit conversion loaded with each linear in its stored form, its tokenizer the
 dense conversion's, its logits the dense model's; a model with no 4-bit weights to run refused in
 one line; a tokenizer loaded from byte-identical files used again, in memory and offloaded; the
-tokenizer alone; a GGUF file prepared (the draft's approximations) once loaded whole."""
+tokenizer alone; a GGUF file prepared (the draft's approximations) once loaded whole, a converted
+model layer by layer as it loads; each form of an offloaded model streaming from its own layer
+file; weights at unaligned addresses copied into aligned memory."""
 
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.gguf_files import embed_as_draft, fake_draft, tiny_gguf  # noqa: F401 (fixtures)
-from helpers.gguf_q4km_writer import write_q4km_gguf
+from helpers.gguf_files import fake_draft, tiny_gguf  # noqa: F401 (fixtures)
+from helpers.gguf_q4km_writer import fake_q4km_draft  # noqa: F401 (a fixture)
 from helpers.moe import logits
 
 from specchat.decoding.forward import CausalLM
@@ -27,10 +29,6 @@ from specchat.quant.int4_embedding import Int4Embedding
 from specchat.quant.q4k_scales import Q4KScalesLinear
 from specchat.quant.q6k_linear import Q6Linear
 
-
-@pytest.fixture
-def fake_q4km_draft(tmp_path, monkeypatch):
-    return embed_as_draft(write_q4km_gguf(tmp_path / "tiny.gguf"), tmp_path, monkeypatch)
 
 
 def test_quantized_weights_load_the_4bit_conversion_with_the_dense_tokenizer_and_logits(fake_q4km_draft):
