@@ -16,10 +16,10 @@ from torch import nn
 from specchat import loader
 from specchat.engine_options import DRAFT_QUANTS, EngineOptions
 from specchat.errors import SpecchatError
-from specchat.quant import onednn_float
+from specchat.quant import onednn_float, prepacked
 from specchat.quant.onednn_float import OneDnnLinear
 from specchat.quant.q6k_linear import Q6Linear
-from specchat.quant.widened import widen
+from specchat.quant.widened import WidenedLinear, widen
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +109,19 @@ def test_each_engine_reads_the_options_and_only_dsi_its_workers():
     specexec = loader.options_for(options, "specexec")
     assert (specexec.engine, specexec.workers, specexec.ray_address) == ("specexec", None, None)
     assert loader.options_for(EngineOptions(target="t"), "dsi").engine == "dsi"
+
+
+def test_a_bfloat16_targets_linears_are_widened_from_the_rows_measured_and_named_in_the_identity(pair, monkeypatch):
+    """This CPU's measurements stood in for: no prepacking pays, bfloat16 widens from 4 rows."""
+    monkeypatch.setattr(prepacked, "prepack_pays", lambda dtype: False)
+    monkeypatch.setattr(prepacked, "widened_rows", lambda dtype: 4 if dtype == torch.bfloat16 else None)
+    monkeypatch.setattr(loader, "measure_head_rows", lambda logits, hidden_size, dtype, device: 1)
+    target, draft = pair
+    models = loader.load_models(EngineOptions(target=target, draft=draft, dtype="bfloat16", draft_quant="none",
+                                              offload="none"), progress=False)
+    try:
+        linears = [m for m in models.target.model.modules() if isinstance(m, nn.Linear)]
+        assert linears and all(isinstance(m, WidenedLinear) and m.from_rows == 4 for m in linears)
+        assert models.identity["dense"] == "widened from [4] rows"
+    finally:
+        models.close()
