@@ -125,3 +125,19 @@ def test_a_bfloat16_targets_linears_are_widened_from_the_rows_measured_and_named
         assert models.identity["dense"] == "widened from [4] rows"
     finally:
         models.close()
+
+
+def test_the_target_alone_is_prepacked_within_the_room_its_plan_leaves_free(pair, monkeypatch):
+    """A weight's prepacked copy sits beside the plain one while it is repacked: the room is what the
+    plan leaves of the device (here RAM) once it counted everything the run holds."""
+    calls = []
+    monkeypatch.setattr(loader, "prepack_linears", lambda model, room: calls.append((model, room)) or 0)
+    monkeypatch.setattr(loader, "measure_head_rows", lambda logits, hidden_size, dtype, device: 1)
+    target, draft = pair
+    models = loader.load_models(EngineOptions(target=target, draft=draft, dtype="float32", draft_quant="none",
+                                              offload="none"), progress=False)
+    try:
+        free = models.memory.rooms.device - models.memory.total("device")
+        assert free > 0 and calls == [(models.target.model, free)]
+    finally:
+        models.close()
