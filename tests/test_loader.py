@@ -16,6 +16,8 @@ from torch import nn
 from specchat import loader
 from specchat.engine_options import DRAFT_QUANTS, EngineOptions
 from specchat.errors import SpecchatError
+from specchat.machine_links import Links
+from specchat.progress import Reporter
 from specchat.quant import onednn_float, prepacked
 from specchat.quant.onednn_float import OneDnnLinear
 from specchat.quant.q6k_linear import Q6Linear
@@ -141,3 +143,21 @@ def test_the_target_alone_is_prepacked_within_the_room_its_plan_leaves_free(pair
         assert free > 0 and calls == [(models.target.model, free)]
     finally:
         models.close()
+
+
+# (layers streamed, the plan's notes (auto's choices), layers on disk, the disk's measured GB/s)
+ANNOUNCED = [((), (), 0, None), ((), ("auto chose",), 0, None), ((0, 1), (), 0, None), ((0, 1), (), 2, None),
+             ((0, 1), (), 2, 1.3)]
+
+
+@pytest.mark.parametrize(("streamed", "notes", "disk", "disk_gbps"), ANNOUNCED)
+def test_the_plan_is_said_on_stderr_where_layers_stream_or_auto_chose_and_an_unmeasured_disk_points_to_doctor(
+        monkeypatch, capsys, streamed, notes, disk, disk_gbps):
+    monkeypatch.setattr(loader, "read_links", lambda: Links(disk_gbps=disk_gbps))
+    monkeypatch.setattr(loader, "describe_plan", lambda memory, ram_gbps, disk_gbps: ["the plan, in a line"])
+    memory = SimpleNamespace(placement=SimpleNamespace(streamed=streamed, disk=disk), notes=notes)
+    steps = []
+    loader.announce(memory, Reporter(True, lambda step, fraction: steps.append(step)))
+    hint = [] if not disk or disk_gbps else ["run `specchat doctor` to measure the disk and see the expected pass time"]
+    assert steps == ["the plan, in a line", *hint]
+    assert capsys.readouterr().err.splitlines() == (["the plan, in a line", *hint] if streamed or notes else [])
