@@ -1,9 +1,10 @@
-"""The loader's checks and last steps: the draft quantization named against what the draft stores;
-the options each engine reads; a target's float32 linears routed through oneDNN over the spans
-measured for their shapes (quant/onednn_float.py), named in the run's identity (the probe cache's
-key), as are the widths its linears widen from, and a run with no plan keyed by its options alone;
-how many LM-head rows the walk computes in one call, measured on that target's head
-(decoding/head_rows.py)."""
+"""The loader's checks and steps: the draft quantization named against what the draft stores; the
+options each engine reads; the plan announced (on stderr where layers stream or auto chose); the
+target alone prepacked within the room its plan leaves, its bfloat16 linears widened from the rows
+measured; its float32 linears routed through oneDNN over the spans measured for their shapes
+(quant/onednn_float.py), named in the run's identity (the probe cache's key), as are the widths its
+linears widen from, and a run with no plan keyed by its options alone; how many LM-head rows the
+walk computes in one call, measured on that target's head (decoding/head_rows.py)."""
 
 import math
 from types import SimpleNamespace
