@@ -4,15 +4,12 @@ line that keeps the dense conversion, the room asked for exactly the bytes writt
 that finds another process preparing the model says so and waits for it. Assembling and the dense
 conversion are test_models_gguf.py's."""
 
-import errno
 import shutil
-import threading
-import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from filelock import FileLock
+from helpers.disk_full import disk_full
 from helpers.gguf_files import fake_draft, tiny_gguf  # noqa: F401 (fixtures)
 from helpers.gguf_q4km_writer import fake_q4km_draft  # noqa: F401 (a fixture)
 from safetensors import safe_open
@@ -24,9 +21,6 @@ from specchat.models.marker import is_converted, is_current_int4
 from specchat.models.registry import DEFAULT_DRAFT
 from specchat.paths import cache_dir
 from specchat.quant.int4_checkpoint import INT4_FILE
-
-WAIT = 60.0  # seconds a test waits for another thread before it fails
-
 
 
 def refuse_to_build(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,10 +74,7 @@ def test_no_room_for_the_4bit_conversion_is_one_line_and_keeps_the_dense_one(fak
         monkeypatch.setattr("specchat.diskspace.shutil.disk_usage", lambda path: SimpleNamespace(free=100))
         words = r"^not enough space in .* for the 4-bit tiny: it needs .* GB, 0\.00 GB are free$"
     else:
-        def full(*args, **kwargs):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(convert_int4, "save_file", full)
+        monkeypatch.setattr(convert_int4, "save_file", disk_full)
         words = r"filled up while writing .*: it needs .* GB free$"
     with pytest.raises(SpecchatError, match=words):
         ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized")
@@ -103,22 +94,24 @@ def test_the_4bit_conversion_asks_for_the_bytes_of_the_tensors_it_writes(fake_q4
 
 
 def test_a_caller_says_it_waits_for_another_process_preparing_the_model(fake_draft):  # noqa: F811
+    """The lock is held as another process holds it (its own lock on the file) until the caller says it
+    waits; then it is let go, and the caller goes on to prepare the model."""
     path = cache_dir() / "locks" / f"{fake_draft.name}.lock"
     path.parent.mkdir(parents=True)
-    held = FileLock(path)  # as another process holds it: its own lock on the file
+    held = FileLock(path)
     held.acquire()
     steps: list[str] = []
-    results: list[Path] = []
-    caller = threading.Thread(
-        target=lambda: results.append(ensure_embedded(DEFAULT_DRAFT, False, lambda step, _: steps.append(step))))
+
+    def report(step: str, fraction: float | None) -> None:
+        if not steps:  # the first word: nothing prepared yet while the lock is held
+            assert not converted_path(fake_draft).parent.exists()
+            held.release()
+        steps.append(step)
+
     try:
-        caller.start()
-        deadline = time.monotonic() + WAIT
-        while not steps and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert steps == [f"waiting for another specchat process to prepare {DEFAULT_DRAFT}..."]
-        assert not results  # it waits while the lock is held
+        assert ensure_embedded(DEFAULT_DRAFT, False, report) == converted_path(fake_draft)
     finally:
-        held.release()
-        caller.join(WAIT)
-    assert results == [converted_path(fake_draft)] and is_converted(results[0])
+        if held.is_locked:
+            held.release()
+    assert steps[0] == f"waiting for another specchat process to prepare {DEFAULT_DRAFT}..."
+    assert is_converted(converted_path(fake_draft))

@@ -4,7 +4,6 @@ The fake model is split into fake part packages on sys.path and swapped into the
 so the real code path (importlib lookup, hashing, atomic rename, conversion) runs in seconds.
 """
 
-import errno
 import shutil
 import threading
 from dataclasses import replace
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.disk_full import disk_full
 from helpers.gguf_files import FAKE_PREFIX, fake_draft, tiny_gguf
 from huggingface_hub import constants as hub_constants
 from transformers import AutoModelForCausalLM
@@ -71,13 +71,10 @@ def test_no_room_for_the_gguf_is_one_line_before_writing(fake_draft: EmbeddedMod
 @pytest.mark.parametrize("stage", ["assembling", "converting"])
 def test_a_disk_filling_up_leaves_nothing_partial(fake_draft: EmbeddedModel, monkeypatch: pytest.MonkeyPatch,
                                                   stage: str) -> None:
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     if stage == "assembling":
-        monkeypatch.setattr("specchat.models.assemble.copy_hashing", full)
+        monkeypatch.setattr("specchat.models.assemble.copy_hashing", disk_full)
     else:
-        monkeypatch.setattr("transformers.PreTrainedModel.save_pretrained", full)
+        monkeypatch.setattr("transformers.PreTrainedModel.save_pretrained", disk_full)
     with pytest.raises(SpecchatError, match="filled up while writing .*: it needs .* GB free$"):
         ensure_embedded(DEFAULT_DRAFT, progress=False)
     cache = gguf_path(fake_draft).parent.parent

@@ -10,11 +10,11 @@ dequantization (checked below), not the project's autoregressive engine's. A Mix
 (its config, its dense conversion's logits)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor, quants
+from helpers.disk_full import disk_full
 from helpers.gguf_files import random_blocks, write_tiny_gguf
 from helpers.gguf_moe_writer import ARCHITECTURES, EXPERTS, HIDDEN, INTERMEDIATE, LAYERS, SHARED, write_moe_gguf
 from helpers.moe import CPU, QUIET, SAMPLINGS, Converted, assert_specexec_emits_transformers_tokens, draft_of, logits
@@ -109,10 +109,7 @@ def test_a_conversion_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
     gguf_path, dense = write_moe_gguf(tmp_path / "m.gguf", "qwen3_moe"), tmp_path / "dense"
     convert(gguf_path, dense, "0" * 64, QUIET)
 
-    def full(source: Path, directory: Path) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(convert_int4_module, "link_dense", full)
+    monkeypatch.setattr(convert_int4_module, "link_dense", disk_full)
     with pytest.raises(OSError, match="No space left"):
         convert_int4(gguf_path, dense, tmp_path / "int4", QUIET)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dense", "m.gguf"]  # no half-converted directory
