@@ -4,6 +4,7 @@ and carried to every place that loads a target; the links' speeds a pass is pred
 draft's form a described machine is planned with; where the layer file goes. (That `run` and
 `doctor` make the same request of the same options: tests/plan/test_plan_request.py.)"""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,9 @@ def test_the_embedded_target_is_packed_as_weights_and_dtype_say(weights, dtype, 
 def test_a_directory_target_has_no_stored_4bit_form(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert resolve_weights(EngineOptions(target=str(tmp_path))).weights == "dense"  # auto: dense
-    with pytest.raises(SpecchatError, match="--weights quantized runs a target from the 4-bit weights it stores"):
+    with pytest.raises(SpecchatError, match=rf"^--weights quantized runs a target from the 4-bit weights it stores, "
+                                            rf"and {re.escape(str(tmp_path))} stores none that specchat multiplies "
+                                            r"packed .*: use --weights dense or auto$"):
         validate(EngineOptions(target=str(tmp_path), weights="quantized"))
 
 
