@@ -4,8 +4,11 @@ target alone prepacked within the room its plan leaves, its bfloat16 linears wid
 measured; its float32 linears routed through oneDNN over the spans measured for their shapes
 (quant/onednn_float.py), named in the run's identity (the probe cache's key), as are the widths its
 linears widen from, and a run with no plan keyed by its options alone; how many LM-head rows the
-walk computes in one call, measured on that target's head (decoding/head_rows.py)."""
+walk computes in one call, measured on that target's head (decoding/head_rows.py). Before anything
+loads: every engine asked for validated, dsi's worker options refused without dsi, dsi's target
+planned in memory, the draft's quantization checked where an engine drafts."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -18,11 +21,14 @@ from specchat import loader
 from specchat.engine_options import DRAFT_QUANTS, EngineOptions
 from specchat.errors import SpecchatError
 from specchat.machine_links import Links
+from specchat.models.local import local_tokenizer
+from specchat.models.vocab_rank import RANK_FILE
 from specchat.progress import Reporter
 from specchat.quant import onednn_float, prepacked
 from specchat.quant.onednn_float import OneDnnLinear
 from specchat.quant.q6k_linear import Q6Linear
 from specchat.quant.widened import WidenedLinear, widen
+from specchat.runtime import Models
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +168,138 @@ def test_the_plan_is_said_on_stderr_where_layers_stream_or_auto_chose_and_an_unm
     hint = [] if not disk or disk_gbps else ["run `specchat doctor` to measure the disk and see the expected pass time"]
     assert steps == ["the plan, in a line", *hint]
     assert capsys.readouterr().err.splitlines() == (["the plan, in a line", *hint] if streamed or notes else [])
+
+
+class Recorded(Exception):
+    """Stops a load once the step under test has been reached."""
+
+
+def stop_at_the_plan(monkeypatch) -> list[EngineOptions]:
+    """Let load_models run up to the memory plan, record the options it plans with, and stop there
+    (nothing loaded yet)."""
+    planned = []
+
+    def plan(options: EngineOptions, device: torch.device, drafted: bool, reporter: Reporter,
+             conversations: int | None = 1) -> None:
+        planned.append(options)
+        raise Recorded
+
+    monkeypatch.setattr(loader, "local_tokenizer", lambda target, weights: None)
+    monkeypatch.setattr(loader, "plan_run", plan)
+    return planned
+
+
+@pytest.mark.parametrize("dsi_options", [dict(workers="cpu,cpu"), dict(ray_address="auto")])
+def test_dsis_worker_options_are_refused_unless_dsi_is_among_the_engines(pair, monkeypatch, dsi_options):
+    stop_at_the_plan(monkeypatch)
+    target, draft = pair
+    with pytest.raises(SpecchatError, match=r"^--workers and --ray-address are for --engine dsi$"):
+        loader.load_models(EngineOptions(target=target, draft=draft, **dsi_options), engines=("sd",), progress=False)
+
+
+def test_every_engine_asked_for_is_validated_before_anything_loads(pair, monkeypatch):
+    stop_at_the_plan(monkeypatch)
+    target, draft = pair
+    with pytest.raises(SpecchatError, match=r"^--budget auto is for the specexec engine, not sd$"):
+        loader.load_models(EngineOptions(target=target, draft=draft, budget="auto"), engines=("sd",), progress=False)
+
+
+@pytest.mark.parametrize("engines, offload, planned_offload", [
+    (("dsi",), "auto", "none"),  # dsi's workers share one target in memory
+    (("dsi",), "none", "none"),
+    ((), "auto", "auto"),
+])
+def test_with_dsi_the_target_is_planned_in_memory_where_offload_was_left_to_auto(pair, monkeypatch, engines, offload,
+                                                                                 planned_offload):
+    planned = stop_at_the_plan(monkeypatch)
+    target, draft = pair
+    with pytest.raises(Recorded):
+        loader.load_models(EngineOptions(target=target, draft=draft, offload=offload, workers="cpu,cpu" if engines
+                                         else None), engines=engines, progress=False)
+    assert [options.offload for options in planned] == [planned_offload]
+
+
+DRAFT_QUANT_REFUSALS = [
+    ("nf4", r"^--draft-quant nf4 needs a CUDA device"),  # where bitsandbytes' kernels run
+    ("dense", r"^--draft-quant dense expands a draft stored in 4 bits"),  # what the draft stores
+]
+
+
+@pytest.mark.parametrize("draft_quant, refusal", DRAFT_QUANT_REFUSALS)
+def test_the_drafts_quantization_is_checked_before_anything_loads(pair, monkeypatch, draft_quant, refusal):
+    planned = stop_at_the_plan(monkeypatch)
+    target, draft = pair
+    with pytest.raises(SpecchatError, match=refusal):
+        loader.load_models(EngineOptions(target=target, draft=draft, draft_quant=draft_quant), progress=False)
+    assert planned == []
+
+
+@pytest.mark.parametrize("draft_quant", [quant for quant, _ in DRAFT_QUANT_REFUSALS])
+def test_an_engine_without_a_draft_does_not_check_its_quantization(pair, monkeypatch, draft_quant):
+    planned = stop_at_the_plan(monkeypatch)
+    target, draft = pair
+    with pytest.raises(Recorded):
+        loader.load_models(EngineOptions(target=target, draft=draft, engine="autoregressive", draft_quant=draft_quant),
+                           progress=False)
+    assert len(planned) == 1
+
+
+def load_drafted(pair: tuple[str, str], report: list, **fields: object):
+    """The tiny pair loaded as a SpecExec run on this CPU would load it, every report kept."""
+    target, draft = pair
+    options = EngineOptions(target=target, draft=draft, dtype="float32", draft_quant="none", offload="none",
+                            **fields)
+    return loader.load_models(options, progress=False, report=lambda step, share: report.append((step, share)))
+
+
+def test_a_drafted_run_keeps_its_tokenizer_and_caps_the_drafts_cache_and_head(pair, monkeypatch, tmp_path):
+    draft = save_tiny_model(tmp_path / "draft", CORPUS, seed=1)
+    (draft / RANK_FILE).write_text(json.dumps(list(range(293))))  # its tokens ranked: no corpus to count
+    given = []
+    monkeypatch.setattr(loader, "local_tokenizer", lambda *spec: given.append(local_tokenizer(*spec)) or given[-1])
+    report = []
+    models = load_drafted((pair[0], str(draft)), report, budget=8, draft_vocab=20)
+    try:
+        assert given and models.tokenizer is given[0]  # held before the plan, not loaded again with the target
+        # the context and the largest tree with its root; a CPU's eager steps pad no rows
+        assert models.draft.capacity == models.context + models.max_budget() + 1
+        assert models.draft.vocab.tolist() == list(range(20))  # and EOS (0) among them
+        assert any(step.startswith(f"loading the draft {draft} (") and step.endswith(", 20-token head)")
+                   for step, _ in report)
+    finally:
+        models.close()
+
+
+PROBING = "measuring this machine's costs for --budget auto (once per machine and models)"
+
+
+@pytest.mark.parametrize("fields, probed", [
+    (dict(budget=None), True),  # SpecExec's default: auto
+    (dict(budget="auto"), True),
+    (dict(budget=8), False),
+    (dict(budget=None, engine="autoregressive"), False),
+])
+def test_autos_costs_are_measured_while_loading_where_specexec_sizes_its_trees(pair, monkeypatch, fields, probed):
+    """The probe itself stood in for (decoding/test_probe.py): only whether and how it is reported."""
+    def probe(models: Models, done) -> None:
+        done(0.5)
+
+    monkeypatch.setattr(Models, "sizer", probe)
+    report = []
+    load_drafted(pair, report, **fields).close()
+    assert [(step, share) for step, share in report if step == PROBING] == ([(PROBING, None), (PROBING, 0.5)] if probed
+                                                                            else [])
+    assert report[-1] == ("ready", 1.0)
+
+
+def test_a_load_that_fails_after_the_target_loaded_closes_what_it_holds(pair, monkeypatch):
+    closed = []
+
+    def fail(models: Models, done) -> None:
+        raise Recorded
+
+    monkeypatch.setattr(Models, "sizer", fail)
+    monkeypatch.setattr(Models, "close", lambda models: closed.append(models))
+    with pytest.raises(Recorded):
+        load_drafted(pair, [])  # auto: the costs measured last, after both models loaded
+    assert len(closed) == 1 and closed[0].draft is not None

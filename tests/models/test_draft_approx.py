@@ -2,6 +2,8 @@
 assembles them, and that decoding through an approximated - or deliberately wrong - draft still
 emits exactly the target's tokens."""
 
+import json
+
 import pytest
 import torch
 from helpers.engines import run
@@ -16,6 +18,7 @@ from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
 from specchat.models.draft_approx import DraftApprox, DroppedHead, approximate_draft
 from specchat.models.draft_attention import DraftAttention
+from specchat.models.vocab_rank import RANK_FILE
 from specchat.models.fused_norms import FusedRMSNorm
 from specchat.offload.host_embedding import host_lookup
 from specchat.quant.int4 import Int4Linear
@@ -44,6 +47,15 @@ def test_a_sub_vocabulary_head_scores_only_its_tokens(tmp_path):
     values, tokens = draft.top_logprobs(hidden, k=5, temperature=0.7)
     assert allowed[tokens].all() and torch.all(values[:, :-1] >= values[:, 1:])
     assert torch.allclose(values.exp().sum(-1), torch.log_softmax(logits / 0.7, -1).topk(5).values.exp().sum(-1))
+
+
+def test_a_stop_token_past_the_models_rows_is_left_out_of_the_sub_vocabulary_head(tmp_path):
+    """A tokenizer may add a stop token the model has no row for (a Qwen2 tokenizer's <|endoftext|>
+    over a smaller vocabulary): the head keeps the stop tokens it can score."""
+    (tmp_path / RANK_FILE).write_text(json.dumps(list(range(50))))  # ranked: no corpus to count
+    model = perturbed(build_tiny(0), 0.3, seed=1).model
+    draft = approximate_draft(model, TinyCharTokenizer(), tmp_path, False, 20, frozenset({49, 50}))
+    assert draft.vocab.tolist() == [*range(20), 49]
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -102,7 +102,10 @@ class DraftApprox:
                 model.set_output_embeddings(Int8Linear(weight, None, self.dense_above, dtype=dtype))
             return
         stop_ids = self.stop_ids if self.stop_ids is not None else stop_token_ids(model, tokenizer)
-        self.vocab = head_vocab(vocab_ranking(directory, tokenizer, full), self.vocab_size, sorted(stop_ids))
+        # a tokenizer may add a stop token past the model's rows (a Qwen2 tokenizer's <|endoftext|>
+        # over a smaller vocabulary): the head has no row to score it, the whole head neither
+        scored = sorted(token for token in stop_ids if token < full)
+        self.vocab = head_vocab(vocab_ranking(directory, tokenizer, full), self.vocab_size, scored)
         self.head = sub_head(model, self.vocab, self.int8, self.dense_above, dtype)
         model.set_output_embeddings(DroppedHead())
 
