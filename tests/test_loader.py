@@ -254,7 +254,8 @@ def load_drafted(pair: tuple[str, str], report: list, **fields: object):
 
 def test_a_drafted_run_keeps_its_tokenizer_and_caps_the_drafts_cache_and_head(pair, monkeypatch, tmp_path):
     draft = save_tiny_model(tmp_path / "draft", CORPUS, seed=1)
-    (draft / RANK_FILE).write_text(json.dumps(list(range(293))))  # its tokens ranked: no corpus to count
+    rows = json.loads((draft / "config.json").read_text())["vocab_size"]
+    (draft / RANK_FILE).write_text(json.dumps(list(range(rows))))  # its tokens ranked: no corpus to count
     given = []
     monkeypatch.setattr(loader, "local_tokenizer", lambda *spec: given.append(local_tokenizer(*spec)) or given[-1])
     report = []
