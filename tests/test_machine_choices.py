@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specchat import machine_choices
-from specchat.machine_choices import (TASKS, cpu_identity, keyed_path, kept_choices, load_during, machine_facts,
+from specchat.machine_choices import (BUSY, TASKS, cpu_identity, keyed_path, kept_choices, load_during, machine_facts,
                                       remembered)
 from specchat.decoding.autosize import Costs
 from specchat.probe_cache import PROBE_FORMAT, probe_path, probed_costs, read_costs
@@ -154,6 +154,22 @@ def test_costs_probed_under_load_are_probed_again_at_the_next_quiet_startup(monk
     assert probed_costs(path, lambda: costs(0.06)) == costs(0.06)
     assert probed_costs(path, lambda: costs(0.05)) == costs(0.06)  # probed quiet: kept
     assert read_costs(path) == (costs(0.06), 0.02)
+
+
+@pytest.mark.parametrize("reprobed_load", [0.9, 0.5])
+def test_costs_probed_again_under_as_much_load_or_more_are_not_kept(monkeypatch, reprobed_load):
+    Startups(monkeypatch, [0.5, reprobed_load])
+    path = probe_path(CPU, {"target": "t", "draft": "d"})
+    assert probed_costs(path, lambda: costs(0.58)) == costs(0.58)
+    assert probed_costs(path, lambda: costs(0.06)) == costs(0.58)  # the quiet-looking startup was no quieter
+    assert read_costs(path) == (costs(0.58), 0.5)
+
+
+def test_costs_probed_at_the_busy_share_exactly_count_as_probed_under_load(monkeypatch):
+    Startups(monkeypatch, [BUSY, 0.0])
+    path = probe_path(CPU, {"target": "t", "draft": "d"})
+    assert probed_costs(path, lambda: costs(0.58)) == costs(0.58)
+    assert probed_costs(path, lambda: costs(0.06)) == costs(0.06)
 
 
 def test_a_startup_is_quiet_or_not_by_its_first_reading(monkeypatch):
