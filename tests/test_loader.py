@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers.cli import CORPUS, save_tiny_model
+from helpers.recorded import Recorded
 from torch import nn
 
 from specchat import loader
@@ -168,10 +169,6 @@ def test_the_plan_is_said_on_stderr_where_layers_stream_or_auto_chose_and_an_unm
     hint = [] if not disk or disk_gbps else ["run `specchat doctor` to measure the disk and see the expected pass time"]
     assert steps == ["the plan, in a line", *hint]
     assert capsys.readouterr().err.splitlines() == (["the plan, in a line", *hint] if streamed or notes else [])
-
-
-class Recorded(Exception):
-    """Stops a load once the step under test has been reached."""
 
 
 def stop_at_the_plan(monkeypatch) -> list[EngineOptions]:

@@ -30,7 +30,6 @@ from specchat.quant.q4k_scales import Q4KScalesLinear
 from specchat.quant.q6k_linear import Q6Linear
 
 
-
 def test_quantized_weights_load_the_4bit_conversion_with_the_dense_tokenizer_and_logits(fake_q4km_draft):
     quantized = load(DEFAULT_DRAFT, torch.float32, progress=False, weights="quantized")
     dense = load(DEFAULT_DRAFT, torch.float32, progress=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.recorded import Recorded
 
 import specchat.loader as loader
 from specchat.engine_options import EngineOptions
@@ -20,10 +21,6 @@ from specchat.paths import cache_dir
 from specchat.plan import Machine, draft_quant_for, offload_directory, quantized_weights, resolve_weights
 from specchat.plan.options import links_of
 from specchat.runtime import validate
-
-
-class Recorded(Exception):
-    """Stops a load once the call under test has been seen."""
 
 
 @pytest.mark.parametrize("weights,dtype,packed", [("auto", "bfloat16", True), ("auto", "float32", False),

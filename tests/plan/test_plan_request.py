@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.gpus import seen_gpu
+from helpers.recorded import Recorded
 
 import specchat.doctor.plan as doctor_module
 import specchat.loader as loader
@@ -24,10 +25,6 @@ from specchat.plan.placement import Request
 from specchat.plan.request import tree_sizes
 
 INT8_ROWS = 4  # the int8 draft's crossover this machine is taken to have measured: dense copies above it
-
-
-class Recorded(Exception):
-    """Stops a plan once its arguments have been seen."""
 
 
 @pytest.fixture(autouse=True)

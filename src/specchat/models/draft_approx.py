@@ -103,7 +103,7 @@ class DraftApprox:
             return
         stop_ids = self.stop_ids if self.stop_ids is not None else stop_token_ids(model, tokenizer)
         # a tokenizer may add a stop token past the model's rows (a Qwen2 tokenizer's <|endoftext|>
-        # over a smaller vocabulary): the head has no row to score it, the whole head neither
+        # over a smaller vocabulary): no row of the head scores it, so the model never emits it
         scored = sorted(token for token in stop_ids if token < full)
         self.vocab = head_vocab(vocab_ranking(directory, tokenizer, full), self.vocab_size, scored)
         self.head = sub_head(model, self.vocab, self.int8, self.dense_above, dtype)
