@@ -11,7 +11,6 @@ from helpers.serve_helpers import MODEL, CharTokenizer, client, make_app, servin
 from specchat.chat_template import encode_chat
 from specchat.decoding.events import IterationEvent, SamplingParams
 from specchat.errors import SpecchatError
-from specchat.reply_loop import run_reply
 from specchat.serve.command import Serving, check_serving, exposure_warning
 from specchat.serve.errors import APIError
 from specchat.serve.listen import bind, is_loopback, server_for, url_of
@@ -20,7 +19,7 @@ from specchat.serve.scheduler import Job
 from specchat.serve.schema import ChatRequest, field_name, parse_body
 from specchat.serve.stops import StopScan
 from specchat.textstream import TextStream
-from specchat.tui.fake import WORKER_NOTICE, FakeDSIEngine, FakeEngine
+from specchat.tui.fake import FakeEngine
 
 
 def scan_all(stops: list[str], pieces: list[str]) -> tuple[list[str], str, bool]:
@@ -41,36 +40,6 @@ def test_a_held_back_tail_that_no_stop_completes_is_sent():
 def test_the_earliest_of_several_stop_strings_cuts():
     assert scan_all(["yz", "b"], ["abcxyz"]) == (["a"], "", True)
     assert scan_all([], ["free text"]) == (["free text"], "", False)
-
-
-def test_run_reply_hands_every_event_and_the_notice_first():
-    seen = []
-    ended = run_reply(FakeDSIEngine(), [1], 20, SamplingParams(), threading.Event(),
-                      on_event=lambda e: seen.append(("event", len(e.token_ids))),
-                      on_notice=lambda notice: seen.append(("notice", notice)))
-    assert ended and seen[0] == ("notice", WORKER_NOTICE) and seen[1][0] == "event"
-    assert sum(n for kind, n in seen if kind == "event") == 20
-
-
-def test_run_reply_stops_at_the_first_event_after_cancel_and_closes_the_engine():
-    cancel, seen = threading.Event(), []
-
-    def on_event(event):
-        seen.append(event)
-        cancel.set()
-
-    closed = []
-
-    def engine_events():
-        try:
-            yield from FakeEngine().generate([1], 100, SamplingParams())
-        finally:
-            closed.append(True)
-
-    engine = FakeEngine()
-    engine.generate = lambda *args: engine_events()
-    assert not run_reply(engine, [1], 100, SamplingParams(), cancel, on_event, on_notice=seen.append)
-    assert len(seen) == 1 and closed == [True]
 
 
 def test_the_chat_template_is_applied_for_the_assistants_turn():
