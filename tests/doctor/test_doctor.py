@@ -62,6 +62,8 @@ def test_the_recommendation_follows_where_the_plan_puts_the_layers(pair, cuda, t
 
 def test_the_recommendation_names_the_planned_weights_and_the_transfer_cost():
     assert advise(RESIDENT, False, None, 1.8).reason == "the weights (3.80 GB) fit in RAM (test); on a CPU small trees pay"
+    assert advise(RESIDENT, True, None, 1.8).reason == ("the weights (3.80 GB) fit in RAM (test); a GPU scores "
+                                                      "hundreds of tokens for the price of a few")
     disk = advise(STREAMED, False, None, 1.8).reason
     assert disk.startswith("the weights (3.80 GB) do not: 10 of their 28 decoder layers fit in RAM (test); ")
     assert "streams 1.80 GB, ~1.00 s streaming per pass at 1.80 GB/s from disk" in disk and "flat in tree size" in disk

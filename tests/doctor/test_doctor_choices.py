@@ -30,11 +30,12 @@ def keep(monkeypatch, choice: str, key: dict, value, load: float) -> None:
 
 def test_the_kept_choices_are_listed_with_their_load(monkeypatch):
     keep(monkeypatch, "int8 rows", BF16, 4, 0.6)
-    keep(monkeypatch, "prepacked products pay", BF16, True, 0.02)
+    keep(monkeypatch, "prepacked products pay", {**BF16, "rows": 8}, True, 0.02)
     lines = choice_lines(again=False)
-    assert lines[0].startswith("kept choices (measured once per machine")
+    assert lines[0] == ("kept choices (measured once per machine; load: the share of the measurement's time "
+                        "spent waiting for a core)")
     assert re.fullmatch(r"  int8 rows +dtype=bfloat16 +4 +load 0\.60; busy .*quiet startup", lines[1])
-    assert re.fullmatch(r"  prepacked products pay +dtype=bfloat16 +true +load 0\.02", lines[2])
+    assert re.fullmatch(r"  prepacked products pay +dtype=bfloat16 rows=8 +true +load 0\.02", lines[2])
 
 
 def test_a_machine_that_kept_nothing_says_so():

@@ -33,6 +33,23 @@ def test_the_bisection_finds_the_least_fitting_step(threshold):
     assert found >= threshold > found - LIMIT_STEP
 
 
+def test_the_answer_is_a_step_of_0_05_gb_and_nothing_past_a_tebibyte_is_small():
+    assert smallest_limit(lambda limit: limit >= 1_234_567_891, RUNTIME) == 1_250_000_000
+    found = smallest_limit(lambda limit: limit >= 2**40, RUNTIME)  # the largest is not a whole step
+    assert found % LIMIT_STEP == 0 and found - LIMIT_STEP < 2**40 <= found
+    assert smallest_limit(lambda limit: limit > 2**40, RUNTIME) is None
+
+
+def test_the_limit_is_planned_for_the_cpu_even_beside_a_gpu(monkeypatch, tmp_path: Path):
+    """A container limit bounds host memory: the pair is measured as `run` plans it on the CPU,
+    whatever GPU torch sees here."""
+    devices = []
+    monkeypatch.setattr(limit_module, "measure_pair", lambda pair, request, device: devices.append(device))
+    monkeypatch.setattr("specchat.plan.machine.cuda_usable", lambda: True)
+    measure_for_limits(doctor_options(DEFAULT_TARGET, DEFAULT_DRAFT, None, tmp_path))
+    assert [device.type for device in devices] == ["cpu"]
+
+
 def test_the_room_under_a_limit_is_what_run_measures_under_it(monkeypatch):
     """The plan `fits` weighs has the room `run` would measure under that cgroup limit: the limit
     less the runtime, less PAGE_CACHE_SHARE of the limit for the page cache."""

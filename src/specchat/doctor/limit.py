@@ -54,7 +54,7 @@ def smallest_limit(fits_under: Callable[[int], bool], runtime: int) -> int | Non
     with `runtime` bytes already held; None when it holds under no limit (a disk too small, say)."""
     if not fits_under(LARGEST_LIMIT):
         return None
-    low, high = runtime // LIMIT_STEP, LARGEST_LIMIT // LIMIT_STEP  # in steps: low fails, high fits
+    low, high = runtime // LIMIT_STEP, -(-LARGEST_LIMIT // LIMIT_STEP)  # in steps: low fails, high (rounded up) fits
     while high - low > 1:
         middle = (low + high) // 2
         if fits_under(middle * LIMIT_STEP):
