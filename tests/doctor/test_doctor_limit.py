@@ -59,6 +59,14 @@ def test_the_room_under_a_limit_is_what_run_measures_under_it(monkeypatch):
     assert seen == [4 * GB - RUNTIME - int(PAGE_CACHE_SHARE * 4 * GB)] == [2_800_000_000]
 
 
+def test_a_refused_plan_does_not_fit(monkeypatch):
+    def refuse(measured, machine):
+        raise PlanRefusal("RAM is short", "device", GB)
+
+    monkeypatch.setattr(limit_module, "plan_measured", refuse)
+    assert fits(None, 4 * GB, RUNTIME) is False
+
+
 def test_a_pair_that_fits_nowhere_has_no_limit():
     assert smallest_limit(lambda limit: False, RUNTIME) is None
     assert "fits under no memory limit" in limit_lines(Limit(None, RUNTIME))[1]

@@ -10,6 +10,7 @@ from helpers.cli import assert_one_line_error, run_cli
 import specchat.doctor.plan as doctor_module
 from specchat.doctor.plan import doctor_options, doctor_plan
 from specchat.doctor.report import expected_speed
+from specchat.engine_options import EngineOptions
 from specchat.models.configs import read_config, shipped_config_path
 from specchat.models.draft_step import StepCost
 from specchat.models.registry import ALIASES
@@ -27,6 +28,14 @@ def test_every_alias_ships_a_config_that_transformers_reads():
         assert shipped_config_path(alias.name).is_file(), alias.name
         config = read_config(alias.name)
         assert config.num_hidden_layers > 0 and config.max_position_embeddings >= 4096
+
+
+def test_doctor_asks_for_what_run_would_be_given(tmp_path):
+    """doctor's --offload-dir and budgets reach the options; no draft is the autoregressive engine."""
+    options = doctor_options("t", None, 2048, tmp_path, ram_budget=3.0, vram_budget=20.0)
+    assert (options.engine, options.context) == ("autoregressive", 2048)
+    assert (options.offload_dir, options.ram_budget, options.vram_budget) == (str(tmp_path), 3.0, 20.0)
+    assert doctor_options("t", "d", None, tmp_path).engine == EngineOptions(target="t").engine
 
 
 def test_the_papers_pair_on_a_24_gb_card_is_planned_offline(monkeypatch, capsys):
