@@ -22,7 +22,7 @@ from specchat.offload.build import offload_model
 from specchat.offload.direct_io import align_up, write_blob
 from specchat.offload.placement import Placement
 from specchat.offload.storage import TieredStore
-from specchat.offload.streamed_layer import StreamedLayer, computing_modules
+from specchat.offload.streamed_layer import StreamedLayer, computing_modules, owner_of
 from specchat.plan.request import PlanRequest
 from specchat.progress import Reporter
 
@@ -97,7 +97,16 @@ def test_layers_are_streamed_wrappers_and_resident_ones_are_real(tiny_dir, tmp_p
     computing = computing_modules(lm.model)
     assert all(layers[index].skeleton.self_attn.q_proj in computing for index in (0, 1, 3))
     assert not any(layers[0].skeleton.self_attn.q_proj is m for m in lm.model.modules())
+    # code reading a layer's attributes (its attention module, say) reads the skeleton's
+    assert layers[0].self_attn is layers[0].skeleton.self_attn
     offload.close()
+
+
+def test_a_layer_name_that_is_no_parameter_or_buffer_is_refused_naming_it(tiny_dir):
+    layer = in_memory(tiny_dir).model.model.layers[0]
+    assert owner_of(layer, "self_attn.q_proj.bias") == (layer.self_attn.q_proj._parameters, "bias")
+    with pytest.raises(KeyError, match=r"self_attn\.q_proj\.scale is neither a parameter nor a buffer of the layer"):
+        owner_of(layer, "self_attn.q_proj.scale")
 
 
 def test_bytes_per_pass_are_the_streamed_layers(tiny_dir, tmp_path):
