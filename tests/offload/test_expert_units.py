@@ -158,6 +158,18 @@ def test_routing_counts_are_kept_beside_the_layer_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left behind
 
 
+def test_routing_counts_make_their_folder_where_no_layer_file_was_written(tmp_path):
+    """A MoE target held in RAM writes no layer file: its offload folder may not exist yet."""
+    path = counts_path(tmp_path / "offload" / "fresh" / "model-bfloat16.layers")
+    write_counts(path, Counter({(1, 2): 3}))
+    assert read_counts(path) == Counter({(1, 2): 3})
+
+
+def test_the_cache_is_one_buffer_of_its_places_bytes_on_its_device():
+    cache = ExpertCache(places=3, unit_bytes=16, device=torch.device("meta"))
+    assert (cache.buffer.dtype, cache.buffer.numel(), cache.buffer.device.type) == (torch.uint8, 48, "meta")
+
+
 def test_a_call_takes_a_cached_expert_from_the_device_and_offers_a_fetched_one():
     units = tuple((i * ALIGN, i * ALIGN + 10) for i in range(3))
     cache = ExpertCache(places=3, unit_bytes=ALIGN, device=torch.device("cpu"))
