@@ -2,6 +2,7 @@
 texts, the decoding loop and the fake dsi engine."""
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -118,6 +119,31 @@ def test_live_stats_window_mean_rate_and_bandwidth():
     stats.record(event(3, transfer_s=0.5, transfer_bytes=10**9))
     assert stats.tokens_per_s == pytest.approx(4 / 0.04)  # streaming overlaps the passes
     assert stats.transfer_gb_per_s == pytest.approx(2.0)
+
+
+def test_before_any_reply_every_figure_is_zero_and_stats_says_so():
+    stats = LiveStats()
+    assert (stats.mean_accepted, stats.tokens_per_s, stats.transfer_gb_per_s) == (0.0, 0.0, 0.0)
+    assert stats_report(None, stats) == "no reply yet"
+
+
+def test_the_tree_window_keeps_the_last_trees_down_to_a_one_node_tree():
+    stats = LiveStats()
+    for size in range(WINDOW + 10, 0, -1):  # the last tree a single node
+        stats.record(IterationEvent(token_ids=[1], accepted=0, tree_size=size, depth=1, draft_s=0.0, target_s=0.1))
+    assert list(stats.tree_sizes) == list(range(WINDOW, 0, -1)) and len(stats.accepted) == WINDOW
+
+
+def test_stats_reports_the_last_replys_totals_and_the_sessions_acceptance():
+    stats = LiveStats()
+    events = [event(3, transfer_s=0.25), event(1)]
+    for e in events:
+        stats.record(e)
+    summary = replace(summarize(events, 0.5), prefill_tokens=12, prefill_s=0.125)
+    assert stats_report(summary, stats) == (
+        "last reply: 6 tokens in 2 iterations (3.00 per iteration), 12.0 tokens/s; "
+        "draft 0.02 s, target 0.06 s, transfer 0.25 s; prefill 12 tokens in 0.12 s\n"
+        "session: 2 iterations, mean accepted 2.00 over the last 2")
 
 
 def test_the_prompts_pass_counts_in_the_reply_but_not_in_the_tree_figures():
