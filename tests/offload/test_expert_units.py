@@ -44,6 +44,10 @@ def test_runs_group_consecutive_experts_up_to_the_request_size():
     assert runs([0, 1, 3, 4, 5], units) == [[0, 1], [3, 4, 5]]
     big = tuple((i * FETCH_RUN_BYTES, (i + 1) * FETCH_RUN_BYTES - 1) for i in range(3))
     assert runs([0, 1, 2], big) == [[0], [1], [2]]
+    # a run spans from its first unit's start to its last unit's end: FETCH_RUN_BYTES at most
+    half, start = FETCH_RUN_BYTES // 2, ALIGN
+    edge = ((start, start + half), (start + half, start + 2 * half), (start + 2 * half, start + 2 * half + 1))
+    assert runs([0, 1, 2], edge) == [[0, 1], [2]]
 
 
 def test_a_slot_forgets_its_experts_when_another_layer_enters_it():
@@ -173,16 +177,16 @@ def test_the_cache_is_one_buffer_of_its_places_bytes_on_its_device():
 def test_a_call_takes_a_cached_expert_from_the_device_and_offers_a_fetched_one():
     units = tuple((i * ALIGN, i * ALIGN + 10) for i in range(3))
     cache = ExpertCache(places=3, unit_bytes=ALIGN, device=torch.device("cpu"))
-    cache.count(5, [0])
-    cache.offer(5, 0, unit(9))
+    cache.count(5, [1])
+    cache.offer(5, 1, unit(9))
     streamer, held = RecordingStreamer(), set()
     buffer = torch.zeros(3 * ALIGN, dtype=torch.uint8)
     loads = ExpertLoads(streamer, layer=5, slot=0, buffer=buffer, units=units, held=held, cache=cache)
-    loads.start([0, 2])
-    assert streamer.fetched == [[units[2]]] and torch.equal(buffer[:10], unit(9)) and held == {0}
+    loads.start([1, 2])
+    assert streamer.fetched == [[units[2]]] and torch.equal(buffer[ALIGN:ALIGN + 10], unit(9)) and held == {1}
     buffer[2 * ALIGN:2 * ALIGN + 10] = 4  # the fetch lands
     loads.wait(2)
-    assert torch.equal(cache.find(5, 2)[:10], unit(4)) and cache.counts[(5, 2)] == 1 and cache.counts[(5, 0)] == 2
+    assert torch.equal(cache.find(5, 2)[:10], unit(4)) and cache.counts[(5, 2)] == 1 and cache.counts[(5, 1)] == 2
 
 
 class VirtualFetches(VirtualLink):

@@ -32,6 +32,7 @@ def test_a_call_has_whole_layers_loaded_after_it_when_it_routed_to_the_share():
     held, off = SlotExperts(whole_loads=True), SlotExperts()
     assert [held.loads_whole(routed, 10) for routed in (8, 9, 10)] == [False, True, True]  # WHOLE_SHARE of 10
     assert not off.loads_whole(10, 10) and WHOLE_SHARE == 0.85
+    assert [held.loads_whole(routed, 20) for routed in (16, 17)] == [False, True]  # exactly the share counts
 
 
 @pytest.mark.parametrize("tier", ["ram", "disk"])
