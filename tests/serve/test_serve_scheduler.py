@@ -57,6 +57,14 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.005)
 
 
+def running_and_waiting(scheduler: Scheduler, loop) -> tuple[Job, Job]:
+    """Two jobs submitted, once the first runs (held at the gate) and the second waits."""
+    running = submitted(scheduler, job(loop, [1]))
+    waiting = submitted(scheduler, job(loop, [2]))
+    wait_until(lambda: scheduler.running is running, "the first job runs")
+    return running, waiting
+
+
 def test_jobs_run_whole_one_at_a_time_in_the_order_they_arrived(gated, loop):
     scheduler, engine, gate = gated
     jobs = [job(loop, [number]) for number in (1, 2, 3)]
@@ -72,10 +80,7 @@ def test_jobs_run_whole_one_at_a_time_in_the_order_they_arrived(gated, loop):
 
 def test_a_job_is_timed_from_its_arrival_through_its_first_token_to_its_end(gated, loop):
     scheduler, _, gate = gated
-    first, second = job(loop), job(loop)
-    scheduler.submit(first)
-    scheduler.submit(second)
-    wait_until(lambda: scheduler.running is first, "the first job runs")
+    first, second = running_and_waiting(scheduler, loop)
     # Not yet started: no order, no wait measured, no token and no end.
     assert (second.started, second.queue_s, second.first_token_s, second.ended_s) == (0, 0.0, 0.0, 0.0)
     assert first.ended_s == 0.0 and first.first_token_s == 0.0  # held before its first iteration
@@ -119,10 +124,7 @@ def test_withdrawing_the_running_job_stops_it_at_its_next_iteration(gated, loop)
 
 def test_a_withdrawn_waiting_job_never_runs_and_is_released(gated, loop):
     scheduler, engine, gate = gated
-    running, waiting = job(loop, [1]), job(loop, [2])
-    scheduler.submit(running)
-    scheduler.submit(waiting)
-    wait_until(lambda: scheduler.running is running, "the first job runs")
+    running, waiting = running_and_waiting(scheduler, loop)
     scheduler.withdraw(waiting)
     assert not scheduler.waiting and tokens_of(loop, waiting) == []
     gate.open()
@@ -162,10 +164,7 @@ def submitted(scheduler: Scheduler, new: Job) -> Job:
 
 def test_shutdown_answers_each_waiting_job_503_and_empties_the_queue(gated, loop):
     scheduler, _, _ = gated
-    running, waiting = job(loop), job(loop)
-    scheduler.submit(running)
-    scheduler.submit(waiting)
-    wait_until(lambda: scheduler.running is running, "the first job runs")
+    running, waiting = running_and_waiting(scheduler, loop)
     scheduler.stop_all()
     assert not scheduler.waiting and running.cancel.is_set() and waiting.cancel.is_set()
     with pytest.raises(APIError) as refused:
