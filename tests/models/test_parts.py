@@ -23,6 +23,7 @@ def install(site: Path, part: Part, with_file: bool = True) -> Path:
 
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "site").mkdir()  # before it joins the path: Python caches a missing entry as finding nothing
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     return tmp_path / "site"
 
