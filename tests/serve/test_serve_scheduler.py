@@ -1,12 +1,14 @@
 """The scheduler on its own, without HTTP: jobs run one at a time in the order they arrived, each
 timed from its arrival to its end; a waiting job can be withdrawn or outrun by a request (when it
 only warms a slot); a conversation goes back to the slot holding it; a failure reaches its job and
-the log, and the next job runs; shutdown answers every waiting job and ends the thread."""
+the log, and the next job runs; shutdown answers every waiting job and ends the thread.
+
+Nothing here waits on a clock: the tests follow the decoding thread through the fake engine's gate,
+the jobs' own events, and an observer told of each start; a hang is pytest-timeout's to end."""
 
 import asyncio
 import logging
 import threading
-import time
 
 import pytest
 
@@ -15,7 +17,6 @@ from specchat.serve.errors import APIError
 from specchat.serve.scheduler import Job, QueueFull, Scheduler, common_prefix
 from specchat.tui.fake import WORKER_NOTICE, FakeDSIEngine, FakeEngine, FakeTokenizer, Gate
 
-HANG_S = 30  # bound on a wait that only guards against a hang
 REPLY = "four"  # one token an iteration: four iterations, each let through by the test's gate
 
 
@@ -33,6 +34,7 @@ def gated(loop):
     gate = Gate()
     engine = FakeEngine(reply=REPLY, accepted=(0,), gate=gate)
     scheduler = Scheduler([engine], max_queue=4)
+    scheduler.observers.append(Starts())
     scheduler.start()
     yield scheduler, engine, gate
     gate.open()
@@ -47,21 +49,43 @@ def tokens_of(loop, job: Job) -> list[int]:
     """The tokens `job`'s events bring, once it has ended."""
     async def collect() -> list[int]:
         return [token async for event in job.events() for token in event.token_ids]
-    return loop.run_until_complete(asyncio.wait_for(collect(), HANG_S))
+    return loop.run_until_complete(collect())
 
 
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.005)
+class Starts:
+    """A JobObserver that lets a test wait until a job has started (it then is `running`, and the
+    jobs after it wait)."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.started: list[Job] = []
+
+    def on_start(self, job: Job) -> None:
+        with self.condition:
+            self.started.append(job)
+            self.condition.notify_all()
+
+    def on_event(self, job: Job, event) -> None:
+        pass
+
+    def on_end(self, job: Job) -> None:
+        pass
+
+    def wait(self, job: Job) -> None:
+        with self.condition:
+            self.condition.wait_for(lambda: any(each is job for each in self.started))
+
+
+def wait_started(scheduler: Scheduler, job: Job) -> None:
+    """Return once `job` runs on `gated`'s scheduler (its first observer is a Starts)."""
+    scheduler.observers[0].wait(job)
 
 
 def running_and_waiting(scheduler: Scheduler, loop) -> tuple[Job, Job]:
     """Two jobs submitted, once the first runs (held at the gate) and the second waits."""
     running = submitted(scheduler, job(loop, [1]))
     waiting = submitted(scheduler, job(loop, [2]))
-    wait_until(lambda: scheduler.running is running, "the first job runs")
+    wait_started(scheduler, running)
     return running, waiting
 
 
@@ -70,7 +94,7 @@ def test_jobs_run_whole_one_at_a_time_in_the_order_they_arrived(gated, loop):
     jobs = [job(loop, [number]) for number in (1, 2, 3)]
     for each in jobs:
         scheduler.submit(each)
-    wait_until(lambda: scheduler.running is jobs[0], "the first job runs")
+    wait_started(scheduler, jobs[0])
     assert list(scheduler.waiting) == jobs[1:]  # a request is not a warm-up: none gives way
     gate.open()
     assert [tokens_of(loop, each) for each in jobs] == [FakeTokenizer().encode(REPLY)] * 3
@@ -97,17 +121,15 @@ def test_the_queue_refuses_past_its_bound_and_a_request_displaces_the_warm_ups_w
     scheduler, engine, gate = gated
     running = job(loop, [0])
     scheduler.submit(running)
-    wait_until(lambda: scheduler.running is running, "the first job runs")
-    warm = job(loop, [1], warm=True)
-    scheduler.submit(warm)
-    for number in (2, 3, 4, 5):
-        scheduler.submit(job(loop, [number]))
+    wait_started(scheduler, running)
+    warm = submitted(scheduler, job(loop, [1], warm=True))
+    queued = [submitted(scheduler, job(loop, [number])) for number in (2, 3, 4, 5)]
     with pytest.raises(QueueFull, match=r"^the queue is full \(4 requests waiting\): retry later$"):
         scheduler.submit(job(loop, [6]))
     assert warm.cancel.is_set() and tokens_of(loop, warm) == []  # given way, released
     gate.open()
-    tokens_of(loop, running)
-    wait_until(lambda: len(engine.calls) == 5 and scheduler.running is None, "the queue drains")
+    for each in [running, *queued]:
+        tokens_of(loop, each)
     assert [call[0] for call in engine.calls] == [[0], [2], [3], [4], [5]]
 
 
@@ -116,10 +138,11 @@ def test_withdrawing_the_running_job_stops_it_at_its_next_iteration(gated, loop)
     running = job(loop)
     scheduler.submit(running)
     gate.allow(1)
-    wait_until(lambda: gate.passed == 1, "the first iteration ran")
+    first = loop.run_until_complete(running.inbox.get())  # the next iteration is held at the gate
     scheduler.withdraw(running)
     gate.open()
-    assert len(tokens_of(loop, running)) <= 1 < len(REPLY)  # at most the iteration in progress
+    # the iteration in progress ends, and its event is the last run_reply reads: nothing more comes
+    assert len(first.token_ids) == 1 and tokens_of(loop, running) == []
 
 
 def test_a_withdrawn_waiting_job_never_runs_and_is_released(gated, loop):
@@ -179,13 +202,13 @@ def test_close_waits_for_the_iteration_in_progress_and_ends_the_decoding_thread(
     scheduler, _, gate = gated
     running = job(loop)
     scheduler.submit(running)
-    wait_until(lambda: scheduler.running is running, "the job runs")
+    wait_started(scheduler, running)
     closer = threading.Thread(target=scheduler.close)
     closer.start()
-    wait_until(lambda: scheduler.closed, "close has begun")
+    running.cancel.wait()  # close has begun: it cancels the running job first
     assert closer.is_alive()  # the iteration in progress is held at the gate
     gate.open()
-    closer.join(HANG_S)
+    closer.join()
     assert not closer.is_alive() and not scheduler.thread.is_alive()
 
 
