@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from specchat.models.embedded import EMBEDDED, EmbeddedModel
-from specchat.models.parts import numbered_parts
+from specchat.models.parts import Part, numbered_parts
 from specchat.models.registry import DEFAULT_DRAFT
 
 TYPE_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210, GGMLQuantizationType.Q8_0: 34}
@@ -110,16 +110,23 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def install_part(site: Path, part: Part, piece: bytes | None) -> Path:
+    """`part`'s importable package under `site`, laid out like the real part packages, holding
+    `piece` as its file (none where `piece` is None); the file's path."""
+    package = site / part.module
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if piece is not None:
+        (package / part.file).write_bytes(piece)
+    return package / part.file
+
+
 def install_fake_parts(gguf_file: Path, site: Path) -> None:
     """Split `gguf_file` into PART_COUNT importable packages laid out like the real part packages."""
     data = gguf_file.read_bytes()
     step = -(-len(data) // PART_COUNT)
-    for part in numbered_parts(FAKE_PREFIX, PART_COUNT, "1.0"):
-        index = int(part.file[len("data/part"):-len(".bin")]) - 1
-        package = site / part.module
-        (package / "data").mkdir(parents=True)
-        (package / "__init__.py").write_text("")
-        (package / part.file).write_bytes(data[index * step:(index + 1) * step])
+    for index, part in enumerate(numbered_parts(FAKE_PREFIX, PART_COUNT, "1.0")):
+        install_part(site, part, data[index * step:(index + 1) * step])
 
 
 @pytest.fixture

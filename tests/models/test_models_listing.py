@@ -4,6 +4,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.gguf_files import install_part
 from huggingface_hub import constants as hub_constants
 
 from specchat.models.embedded import EMBEDDED, converted_path, gguf_path
@@ -74,9 +75,7 @@ def test_embedded_missing_parts(empty_caches: Path, monkeypatch: pytest.MonkeyPa
 def test_embedded_parts_installed(empty_caches: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     site = tmp_path / "site"
     for part in numbered_parts("specchat-test-present-part", 2, "0.0"):
-        (site / part.module / "data").mkdir(parents=True)
-        (site / part.module / "__init__.py").write_text("")
-        (site / part.module / part.file).write_bytes(b"x")
+        install_part(site, part, b"x")
     monkeypatch.syspath_prepend(str(site))
     present = numbered_parts("specchat-test-present-part", 2, "0.0")
     monkeypatch.setitem(EMBEDDED, DEFAULT_DRAFT, replace(EMBEDDED[DEFAULT_DRAFT], parts=present))

@@ -4,21 +4,12 @@ know them, the pieces in order, and one line with the pip command for whatever i
 from pathlib import Path
 
 import pytest
+from helpers.gguf_files import install_part
 
 from specchat.errors import SpecchatError
-from specchat.models.parts import Part, locate_parts, missing_parts, numbered_parts
+from specchat.models.parts import locate_parts, missing_parts, numbered_parts
 
 PREFIX = "specchat-test-located-part"
-
-
-def install(site: Path, part: Part, with_file: bool = True) -> Path:
-    """`part`'s package under `site`, laid out as the real part packages are."""
-    (site / part.module / "data").mkdir(parents=True)
-    (site / part.module / "__init__.py").write_text("")
-    piece = site / part.module / part.file
-    if with_file:
-        piece.write_bytes(part.file.encode())
-    return piece
 
 
 @pytest.fixture
@@ -38,15 +29,15 @@ def test_numbered_parts_are_named_as_pip_and_python_know_them():
 
 def test_the_pieces_are_found_in_order(site):
     parts = numbered_parts(PREFIX, 3, "1.0")
-    pieces = [install(site, part) for part in parts]
+    pieces = [install_part(site, part, part.file.encode()) for part in parts]
     assert locate_parts(parts, "tiny") == pieces
     assert missing_parts(parts) == []
 
 
 def test_missing_packages_are_one_line_with_the_pip_command_that_installs_them(site):
     parts = numbered_parts(PREFIX, 3, "1.0")
-    install(site, parts[0])
-    install(site, parts[2], with_file=False)  # a package without its piece is as good as missing
+    install_part(site, parts[0], b"piece")
+    install_part(site, parts[2], None)  # a package without its piece is as good as missing
     assert missing_parts(parts) == [parts[1], parts[2]]
     with pytest.raises(SpecchatError) as refused:
         locate_parts(parts, "tiny")
