@@ -2,12 +2,18 @@
 was sent, and usage counts the tokens up to the one that completed a stop string, however many
 tokens past it a tree accepted in the same iteration."""
 
+import asyncio
+import time
+
 import pytest
 from helpers.cli import train_tokenizer
 
-from specchat.decoding.events import IterationEvent
+from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.prediction import Prediction
 from specchat.decoding.token_log import TokenLog, TokenLogprobs
-from specchat.serve.reply import Reply
+from specchat.serve.reply import (Chunks, Reply, chat_choice, completion, extension, figures, summed_usage,
+                                  usage)
+from specchat.serve.scheduler import Job
 from specchat.serve.stops import StopScan
 from specchat.serve.text_reply import logprob_per_token
 from specchat.textstream import TextStream
@@ -122,3 +128,139 @@ def test_a_front_ends_cut_counts_logprobs_to_the_text_kept_and_usage_to_what_dec
     assert push_logged(reply, ids) == "hello world!"
     reply.cut(5, 7)  # "hello" kept, decided by the "w" of " wor"
     assert logged_tokens(reply) == ids[:2] and reply.completion_tokens == 3
+
+
+def figured_event(token_ids: list[int], prefill: int = 0) -> IterationEvent:
+    return IterationEvent(token_ids=token_ids, accepted=len(token_ids) - 1, tree_size=8, depth=4, draft_s=0.25,
+                          target_s=0.5, transfer_s=0.125, prefill_tokens=prefill, prefill_s=0.75 if prefill else 0.0)
+
+
+@pytest.fixture
+def loop():
+    """The loop a job's events would arrive on (none arrive here)."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def job_of(loop, prompt_ids: list[int], arrived: int = 1, started: int = 1) -> Job:
+    """A job that waited 1.5 s and decoded for 2 s."""
+    return Job(prompt_ids, 16, SamplingParams(seed=7), loop, arrived=arrived, started=started,
+               enqueued_s=10.0, started_s=11.5, ended_s=13.5, engine="specexec")
+
+
+def reply_with(tokenizer, *events: IterationEvent, may_call: bool = False) -> Reply:
+    reply = Reply(TextStream(tokenizer), StopScan([]), frozenset({4}), may_call=may_call)  # "!" ends the reply
+    for each in events:
+        reply.push(each)
+    reply.finish()
+    return reply
+
+
+def test_a_reply_with_no_event_reports_no_cached_prompt_tokens():
+    assert usage(5, reply_with(PieceTokenizer())) == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
+
+
+def test_summed_usage_counts_each_prompt_once_however_many_choices_it_has(loop):
+    """Two prompts of 3 and 5 tokens, each reply its own: a batch adds both prompts (per_prompt 1)."""
+    tokenizer = PieceTokenizer()
+    replies = [(job_of(loop, [0] * 3), reply_with(tokenizer, figured_event([0, 1], prefill=2))),
+               (job_of(loop, [0] * 5), reply_with(tokenizer, figured_event([2], prefill=5)))]
+    assert summed_usage(replies) == {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11,
+                                     "prompt_tokens_details": {"cached_tokens": 1}}
+    assert summed_usage(replies, per_prompt=2) == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                                                   "prompt_tokens_details": {"cached_tokens": 1}}
+
+
+def test_the_specchat_figures_say_how_a_reply_was_decoded_and_how_long_it_waited(loop):
+    reply = reply_with(PieceTokenizer(), figured_event([0], prefill=6), figured_event([1, 2, 3]))
+    assert extension(job_of(loop, [0] * 6, arrived=3, started=2), reply) == {
+        "engine": "specexec", "iterations": 2, "gen_rate": 2.0, "accepted_per_iteration": 1.0, "tree_size": 8.0,
+        "draft_s": 0.5, "target_s": 1.0, "transfer_s": 0.25, "tokens_per_s": 2.0, "prefill_tokens": 6,
+        "prefill_s": 0.75, "seed": 7, "queue_s": 1.5, "arrived": 3, "started": 2}
+    never_started = extension(job_of(loop, [0], started=0), reply)
+    assert never_started["queue_s"] == never_started["tokens_per_s"] == 0.0
+    nothing_decoded = extension(job_of(loop, [0]), reply_with(PieceTokenizer()))
+    assert nothing_decoded["prefill_tokens"] == 0 and nothing_decoded["prefill_s"] == 0.0
+
+
+def test_usage_counts_the_predicted_tokens_the_reply_followed_and_those_it_did_not(loop):
+    """OpenAI's accepted_prediction_tokens are at most the reply's tokens (a tree may follow the
+    prediction past a stop); the rejected are the rest of the prediction."""
+    tokenizer = PieceTokenizer()
+    replies = []
+    for followed in (4, 1):
+        reply = reply_with(tokenizer, figured_event([0, 1, 2]))
+        reply.prediction = Prediction(tokens=(0, 1, 2, 3, 5, 6), accepted=followed)
+        replies.append((job_of(loop, [0]), reply))
+    assert usage(1, replies[0][1])["completion_tokens_details"] == {"accepted_prediction_tokens": 3,
+                                                                    "rejected_prediction_tokens": 3}
+    assert summed_usage(replies)["completion_tokens_details"] == {"accepted_prediction_tokens": 4,
+                                                                  "rejected_prediction_tokens": 8}
+    assert "completion_tokens_details" not in usage(1, reply_with(tokenizer, figured_event([0])))
+
+
+def test_a_completion_holds_a_choice_a_reply_with_the_prompts_tokens_counted_once(loop):
+    tokenizer = PieceTokenizer()
+    replies = [(job_of(loop, [0] * 4), reply_with(tokenizer, figured_event([0, 1, 4]))),
+               (job_of(loop, [0] * 4), reply_with(tokenizer, figured_event([2, 3])))]
+    before = int(time.time())
+    answer = completion("m", ["hello", " world"], replies)
+    assert before <= answer.pop("created") <= int(time.time())
+    assert answer.pop("id").startswith("chatcmpl-") and answer.pop("specchat") == figures(replies)
+    assert answer == {"object": "chat.completion", "model": "m", "usage": {
+        "prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}, "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "hello"}, "logprobs": None, "finish_reason": "stop"},
+        {"index": 1, "message": {"role": "assistant", "content": " world"}, "logprobs": None,
+         "finish_reason": "length"}]}
+    assert completion("m", ["x"], replies[:1])["id"] != completion("m", ["x"], replies[:1])["id"]
+    assert isinstance(figures(replies[:1]), dict) and len(figures(replies)) == 2
+
+
+CALL_TEXT = 'Looking. <tool_call>{"name": "find", "arguments": {"q": 1}}</tool_call>'
+
+
+def test_tool_call_blocks_are_calls_only_where_the_request_offered_tools():
+    tokenizer = PieceTokenizer()
+    plain = chat_choice(0, CALL_TEXT, Reply(TextStream(tokenizer), StopScan([]), frozenset()))  # as a test sends
+    assert plain["message"] == {"role": "assistant", "content": CALL_TEXT} and plain["finish_reason"] == "length"
+    offered = chat_choice(0, CALL_TEXT, reply_with(tokenizer, figured_event([0]), may_call=True))
+    assert offered["message"]["content"] == "Looking." and offered["finish_reason"] == "tool_calls"
+    [call] = offered["message"]["tool_calls"]
+    assert call["function"] == {"name": "find", "arguments": '{"q": 1}'}
+
+
+def test_a_streamed_replys_chunks_share_its_id_and_time_and_name_their_choice(loop):
+    tokenizer = PieceTokenizer()
+    job, reply = job_of(loop, [0, 0]), reply_with(tokenizer, figured_event([0, 4]))
+    chunks, other = Chunks("m"), Chunks("m")
+    assert chunks.id.startswith("chatcmpl-") and chunks.id != other.id
+    first = chunks.delta({"content": "he"})
+    assert first == {"id": chunks.id, "object": "chat.completion.chunk", "created": chunks.created, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": "he"}, "logprobs": None, "finish_reason": None}]}
+    calls = chunks.calls([{"id": "a"}, {"id": "b"}], index=2)["choices"]
+    assert calls == [{"index": 2, "delta": {"tool_calls": [{"index": 0, "id": "a"}, {"index": 1, "id": "b"}]},
+                      "logprobs": None, "finish_reason": None}]
+    assert chunks.calls([{"id": "a"}])["choices"][0]["index"] == 0
+    last = chunks.last(reply, job)
+    assert last["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
+    assert last["specchat"] == extension(job, reply)
+    assert chunks.last(reply, job, called=True, index=1)["choices"] == [
+        {"index": 1, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}]
+    two_prompts = [(job, reply), (job_of(loop, [0] * 3), reply)]
+    assert chunks.summed(two_prompts) == chunks.chunk([], usage=summed_usage(two_prompts))
+    assert chunks.summed(two_prompts)["usage"]["prompt_tokens"] == 5
+
+
+def test_logprobs_are_openais_objects_for_the_tokens_sent_since_the_last_chunk(byte_level):
+    """Each entry: the token's text, its logprob, its bytes, and its alternatives described alike."""
+    reply = logged_reply(byte_level, [])
+    hello, world = (byte_level.encode(word, add_special_tokens=False)[0] for word in ("hello", " world"))
+    reply.token_log.entries.append(TokenLogprobs(hello, -0.5, ((hello, -0.5), (world, -2.0))))
+    reply.push(event([hello]))
+    assert reply.new_logprobs() == {"content": [{
+        "token": "hello", "logprob": -0.5, "bytes": list(b"hello"), "top_logprobs": [
+            {"token": "hello", "logprob": -0.5, "bytes": list(b"hello")},
+            {"token": " world", "logprob": -2.0, "bytes": list(b" world")}]}]}
+    assert reply.new_logprobs() == {"content": []}  # nothing sent since
+    assert Reply(TextStream(byte_level), StopScan([]), frozenset()).new_logprobs() is None  # not asked for
