@@ -10,7 +10,8 @@ import torch
 
 import specchat.plan.machine as machine
 from specchat.memory_room import Room
-from specchat.plan.machine import OS_RESERVE, PAGE_CACHE_SHARE, Machine, described_rooms, measure_rooms
+from specchat.plan.machine import (OS_RESERVE, PAGE_CACHE_SHARE, Machine, described_rooms, kept_for_page_cache,
+                                   measure_rooms, within_budgets)
 from specchat.plan.placement import Rooms
 from specchat.plan.request import PlanRequest
 
@@ -30,6 +31,57 @@ def test_the_os_reserve_applies_to_the_hosts_ram_and_the_page_cache_share_to_a_l
     rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path), CPU, 0)
     assert rooms.device == expected and room.bound in rooms.device_name
     assert PAGE_CACHE_SHARE == 0.15  # the share stated in docs/memory.md and docs/architecture.md
+
+
+def test_the_rooms_names_say_what_bounds_them_and_what_was_kept(monkeypatch, tmp_path: Path):
+    """A plan's refusal quotes these names: each says which memory, and what the plan kept of it."""
+    request = PlanRequest(tier="auto", offload_dir=tmp_path)
+    monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
+    host = measure_rooms(request, CPU, 0)
+    assert host.device_name == host.host_name == "RAM (available RAM (20.00 GB), less 1.00 GB for the OS)"
+    monkeypatch.setattr(machine, "ram_room", lambda: Room(3 * GB, "the cgroup v2 limit of 4.00 GB", 4 * GB))
+    limited = measure_rooms(request, CPU, 0)
+    assert limited.device_name == "the cgroup v2 limit of 4.00 GB, less 0.60 GB kept for the page cache"
+    assert limited.host is None and limited.host_name == limited.device_name
+
+
+def test_beside_a_gpu_the_device_is_its_free_memory_and_the_host_keeps_the_os_its_ram(monkeypatch, tmp_path: Path):
+    """The OS reserve is counted against the GPU plan's pinned RAM elsewhere (plan/budget.py), not here."""
+    monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
+    monkeypatch.setattr(machine, "free_bytes", lambda device: 7 * GB)
+    monkeypatch.setattr(machine.shutil, "disk_usage", lambda path: Usage(free=50 * GB))
+    rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path), torch.device("cuda"), GB)
+    assert rooms == Rooms(7 * GB, 20 * GB, 51 * GB, "GPU memory (7.00 GB free)", "RAM (available RAM (20.00 GB))",
+                          str(tmp_path))
+
+
+def test_a_limit_already_spent_leaves_no_room():
+    assert kept_for_page_cache(Room(GB // 10, "a cgroup limit", 4 * GB)).bytes == 0  # 0.1 GB left, 0.6 GB kept
+    host = Room(GB, "available RAM (1.00 GB)")
+    assert kept_for_page_cache(host) is host  # no limit: no page cache share
+
+
+def test_a_budget_equal_to_the_room_names_the_budget(tmp_path: Path):
+    request = PlanRequest(tier="auto", offload_dir=tmp_path, vram_budget_bytes=4 * GB, ram_budget_bytes=8 * GB)
+    rooms = within_budgets(Rooms(4 * GB, 8 * GB, GB, "GPU memory (4.00 GB)", "RAM (8.00 GB)"), request)
+    assert (rooms.device_name, rooms.host_name) == ("GPU memory under --vram-budget 4 GB",
+                                                    "RAM under --ram-budget 8 GB")
+    cpu = within_budgets(Rooms(8 * GB, None, GB, "RAM (8.00 GB)"), request)
+    assert cpu.device_name == cpu.host_name == "RAM under --ram-budget 8 GB"  # on a CPU the RAM is the device
+
+
+def test_the_plans_device_is_a_described_machines_a_given_rooms_or_this_machines(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(machine, "cuda_usable", lambda: True)
+    given = Rooms(GB, None, GB)
+    assert Machine().device().type == "cuda" and Machine(kind="cpu").device().type == "cpu"
+    assert Machine(rooms=given).device().type == "cpu"  # a memory limit to run under is a CPU's
+    assert Machine(rooms=given).tiers(PlanRequest(tier="auto", offload_dir=tmp_path), 0) is given
+    assert Machine(ram_gb=32).described and Machine(vram_gb=24).described and not Machine(rooms=given).described
+    monkeypatch.setattr(machine, "cuda_usable", lambda: False)
+    assert Machine().device().type == "cpu" and Machine(kind="cuda").device().type == "cuda"
+    monkeypatch.setattr(machine, "ram_room", lambda: Room(3 * GB, "available RAM (3.00 GB)"))
+    measured = Machine().tiers(PlanRequest(tier="auto", offload_dir=tmp_path), 0)
+    assert measured.device == 3 * GB - OS_RESERVE and measured.host is None  # this machine: measured now
 
 
 def test_a_planned_run_takes_at_most_85_percent_of_its_limit(monkeypatch, tmp_path: Path):
