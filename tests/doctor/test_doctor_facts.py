@@ -13,6 +13,7 @@ import specchat.doctor.facts as facts
 from specchat.alignment import ALIGN, align_up
 from specchat.doctor.facts import PROBE_GB_MAX, PROBE_GB_MIN, CudaDevice, cuda_devices, gather, probe_room
 from specchat.errors import SpecchatError
+from specchat.machine_choices import cpu_identity
 
 GB = 10**9
 Usage = namedtuple("Usage", "free")  # the field of shutil.disk_usage's answer that doctor reads
@@ -62,7 +63,7 @@ def stand_in_for_the_probes(monkeypatch, cpu_counts: dict[bool, int | None]) -> 
 def test_doctor_counts_physical_cores_and_logical_threads(monkeypatch, tmp_path: Path):
     stand_in_for_the_probes(monkeypatch, {True: 4, False: 2})
     found = gather(tmp_path, 4096)
-    assert (found.cores, found.threads) == (2, 4)
+    assert (found.cores, found.threads) == (2, 4) and found.cpu == cpu_identity()[0]  # its name, not its flags
     assert (found.disk_gbps, found.direct, found.probe_bytes, found.offload_dir) == (1.5, True, 4096, tmp_path)
 
 
