@@ -45,7 +45,7 @@ def test_the_rooms_names_say_what_bounds_them_and_what_was_kept(monkeypatch, tmp
     assert limited.host is None and limited.host_name == limited.device_name
 
 
-def test_beside_a_gpu_the_device_is_its_free_memory_and_the_host_keeps_the_os_its_ram(monkeypatch, tmp_path: Path):
+def test_beside_a_gpu_the_device_is_its_free_memory_and_the_host_its_whole_ram(monkeypatch, tmp_path: Path):
     """The OS reserve is counted against the GPU plan's pinned RAM elsewhere (plan/budget.py), not here."""
     monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
     monkeypatch.setattr(machine, "free_bytes", lambda device: 7 * GB)
