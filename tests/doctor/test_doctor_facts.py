@@ -2,8 +2,8 @@
 anything is measured, the cores and threads psutil may not know, and each GPU torch sees. The
 probe and the link measurement are stood in for: their own tests are tests/offload's."""
 
-from collections import namedtuple
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +16,6 @@ from specchat.errors import SpecchatError
 from specchat.machine_choices import cpu_identity
 
 GB = 10**9
-Usage = namedtuple("Usage", "free")  # the field of shutil.disk_usage's answer that doctor reads
 
 
 def test_the_probe_takes_its_bytes_aligned_in_the_folder_it_makes(tmp_path: Path):
@@ -38,7 +37,7 @@ def test_the_largest_probe_size_is_in_range_and_refused_only_for_the_disks_room(
 
 def test_a_probe_larger_than_the_free_disk_is_one_line_and_one_that_fills_it_is_taken(monkeypatch, tmp_path: Path):
     free = align_up(2 * GB)  # 2 GB and a few bytes: the probe's bytes are aligned
-    monkeypatch.setattr(facts.shutil, "disk_usage", lambda path: Usage(free=free))
+    monkeypatch.setattr(facts.shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
     with pytest.raises(SpecchatError) as refused:
         probe_room(tmp_path, 2.5)
     assert str(refused.value) == f"--probe-gb 2.5 needs 2.50 GB but {tmp_path} has 2.00 GB free"
@@ -69,10 +68,10 @@ def test_doctor_counts_physical_cores_and_logical_threads(monkeypatch, tmp_path:
 
 def test_counts_psutil_cannot_tell_fall_back_to_the_threads_then_to_one(monkeypatch, tmp_path: Path):
     """psutil answers None where the platform does not say (a container may hide the cores)."""
-    stand_in_for_the_probes(monkeypatch, {True: 4, False: None})
-    assert (gather(tmp_path, 4096).cores, gather(tmp_path, 4096).threads) == (4, 4)
-    stand_in_for_the_probes(monkeypatch, {True: None, False: None})
-    assert (gather(tmp_path, 4096).cores, gather(tmp_path, 4096).threads) == (1, 1)
+    for counts, expected in (({True: 4, False: None}, (4, 4)), ({True: None, False: None}, (1, 1))):
+        stand_in_for_the_probes(monkeypatch, counts)
+        found = gather(tmp_path, 4096)
+        assert (found.cores, found.threads) == expected
 
 
 def test_each_gpu_torch_sees_is_reported_with_its_memory(monkeypatch):

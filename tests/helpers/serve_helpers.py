@@ -1,6 +1,7 @@
 """What the server's tests share: a character tokenizer with a chat template, apps over fake or
 tiny engines, and a uvicorn server on a free 127.0.0.1 port that stops when the test ends."""
 
+import asyncio
 import json
 import threading
 import time
@@ -28,6 +29,14 @@ from specchat.serve.schema import Defaults
 from specchat.tui.fake import FakeEngine
 
 MODEL = "tiny"
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """The event loop a job's inbox belongs to, closed when the test ends."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 START_S = 10  # a server that has not started by then fails its test
 
 

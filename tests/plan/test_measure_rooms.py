@@ -18,12 +18,13 @@ from specchat.plan.request import PlanRequest
 GB = 10**9
 Usage = namedtuple("Usage", "free")  # the field of shutil.disk_usage's answer that the plan reads
 CPU = torch.device("cpu")
+HOST_RAM = Room(20 * GB, "available RAM (20.00 GB)")  # no cgroup limit: the host's RAM bounds the room
 
 
 @pytest.mark.parametrize("room, expected", [
     # 2.5 GB limit, 0.5 GB in use: 2 GB left, of which 15% of 2.5 GB (0.375 GB) is kept
     (Room(2 * GB, "the cgroup v2 limit of 2.50 GB (0.50 GB in use)", 5 * GB // 2), 2 * GB - 375 * 10**6),
-    (Room(20 * GB, "available RAM (20.00 GB)"), 20 * GB - OS_RESERVE),
+    (HOST_RAM, 20 * GB - OS_RESERVE),
 ])
 def test_the_os_reserve_applies_to_the_hosts_ram_and_the_page_cache_share_to_a_limit(monkeypatch, tmp_path: Path,
                                                                                       room, expected):
@@ -36,7 +37,7 @@ def test_the_os_reserve_applies_to_the_hosts_ram_and_the_page_cache_share_to_a_l
 def test_the_rooms_names_say_what_bounds_them_and_what_was_kept(monkeypatch, tmp_path: Path):
     """A plan's refusal quotes these names: each says which memory, and what the plan kept of it."""
     request = PlanRequest(tier="auto", offload_dir=tmp_path)
-    monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
+    monkeypatch.setattr(machine, "ram_room", lambda: HOST_RAM)
     host = measure_rooms(request, CPU, 0)
     assert host.device_name == host.host_name == "RAM (available RAM (20.00 GB), less 1.00 GB for the OS)"
     monkeypatch.setattr(machine, "ram_room", lambda: Room(3 * GB, "the cgroup v2 limit of 4.00 GB", 4 * GB))
@@ -47,7 +48,7 @@ def test_the_rooms_names_say_what_bounds_them_and_what_was_kept(monkeypatch, tmp
 
 def test_beside_a_gpu_the_device_is_its_free_memory_and_the_host_its_whole_ram(monkeypatch, tmp_path: Path):
     """The OS reserve is counted against the GPU plan's pinned RAM elsewhere (plan/budget.py), not here."""
-    monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
+    monkeypatch.setattr(machine, "ram_room", lambda: HOST_RAM)
     monkeypatch.setattr(machine, "free_bytes", lambda device: 7 * GB)
     monkeypatch.setattr(machine.shutil, "disk_usage", lambda path: Usage(free=50 * GB))
     rooms = measure_rooms(PlanRequest(tier="auto", offload_dir=tmp_path), torch.device("cuda"), GB)
@@ -101,7 +102,7 @@ def test_a_smaller_ram_budget_wins(monkeypatch, tmp_path: Path):
 
 def test_a_reusable_layer_file_counts_as_free_disk_in_the_nearest_existing_folder(monkeypatch, tmp_path: Path):
     """The offload directory need not exist yet: the disk is read where it would be made."""
-    monkeypatch.setattr(machine, "ram_room", lambda: Room(20 * GB, "available RAM (20.00 GB)"))
+    monkeypatch.setattr(machine, "ram_room", lambda: HOST_RAM)
     read = []
     monkeypatch.setattr(machine.shutil, "disk_usage", lambda path: read.append(path) or Usage(free=7 * GB))
     offload_dir = tmp_path / "not" / "yet"

@@ -1,7 +1,6 @@
 """GET /metrics: Prometheus' text format, parsed as a scraper parses it; every figure is checked
 against what the requests were answered (usage) and what the engine's events said."""
 
-import asyncio
 import urllib.error
 import urllib.request
 from collections import deque
@@ -9,6 +8,7 @@ from dataclasses import replace
 
 import openai
 import pytest
+from helpers.serve_helpers import loop  # noqa: F401 (a fixture)
 from helpers.serve_helpers import MODEL, client, make_app, post_json, serving, user
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -102,14 +102,12 @@ class FirstTokenTimes:
         pass
 
 
-def test_a_jobs_first_token_time_is_set_at_its_first_tokens_and_kept():
+def test_a_jobs_first_token_time_is_set_at_its_first_tokens_and_kept(loop):
     """Time to first token is observed from `first_token_s`: the first event with tokens sets it,
     the later ones leave it."""
-    loop = asyncio.new_event_loop()
     scheduler, watch = Scheduler([FakeEngine()], max_queue=1), FirstTokenTimes()
     scheduler.observers.append(watch)
     scheduler.run(Job([104, 105], 12, SamplingParams(0.0, 1.0), loop))
-    loop.close()
     assert len(watch.seen) > 1 and watch.seen[0] > 0 and set(watch.seen) == {watch.seen[0]}
 
 

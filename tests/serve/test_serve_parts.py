@@ -1,24 +1,23 @@
-"""The server's parts on their own: stop strings, the shared reply loop, the request's checks,
-usage and figures, the socket and the exposure warning, and a shutdown with requests in flight."""
+"""The server's parts on their own: stop strings, the chat template, the request's checks, the
+socket and the exposure warning, and a shutdown with requests in flight (a reply's usage and
+figures: test_serve_reply.py)."""
 
-import asyncio
 import logging
 import threading
 
 import pytest
+from helpers.serve_helpers import loop  # noqa: F401 (a fixture)
 from helpers.serve_helpers import MODEL, CharTokenizer, client, make_app, serving, user
 
 from specchat.chat_template import encode_chat
-from specchat.decoding.events import IterationEvent, SamplingParams
+from specchat.decoding.events import SamplingParams
 from specchat.errors import SpecchatError
 from specchat.serve.command import Serving, check_serving, exposure_warning
 from specchat.serve.errors import APIError
 from specchat.serve.listen import bind, is_loopback, server_for, url_of
-from specchat.serve.reply import Reply, usage
 from specchat.serve.scheduler import Job
 from specchat.serve.schema import ChatRequest, field_name, parse_body
 from specchat.serve.stops import StopScan
-from specchat.textstream import TextStream
 from specchat.tui.fake import FakeEngine
 
 
@@ -55,28 +54,6 @@ def test_unknown_fields_are_ignored_as_openai_clients_expect():
     request = parse_body(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "user": "u1", '
                          b'"presence_penalty": 0, "n": 1, "response_format": {"type": "text"}}', ChatRequest)
     assert request.model == "m"
-
-
-def event(tokens: list[int], prefill: int = 0) -> IterationEvent:
-    return IterationEvent(token_ids=tokens, accepted=len(tokens) - 1, tree_size=4, depth=2, draft_s=0.1, target_s=0.2,
-                          prefill_tokens=prefill)
-
-
-def reply_of(*events: IterationEvent, stop_ids=frozenset({ord(".")})) -> Reply:
-    reply = Reply(TextStream(CharTokenizer()), StopScan([]), stop_ids)
-    for each in events:
-        reply.push(each)
-    return reply
-
-
-def test_usage_reports_cached_prompt_tokens_once_the_engine_reports_its_prefill():
-    assert usage(10, reply_of(event([65, 66]))) == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-    assert usage(10, reply_of(event([65], prefill=3)))["prompt_tokens_details"] == {"cached_tokens": 7}
-
-
-def test_the_finish_reason_is_stop_at_a_stop_token_else_length():
-    assert reply_of(event([65, ord(".")])).finish_reason() == "stop"
-    assert reply_of(event([65, 66])).finish_reason() == "length"
 
 
 @pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("::1", True), ("localhost", True),
@@ -180,12 +157,8 @@ class Recorded(logging.Handler):
         self.records.append(record)
 
 
-def test_submitting_after_shutdown_is_refused():
+def test_submitting_after_shutdown_is_refused(loop):
     app, scheduler = make_app([FakeEngine()])
     scheduler.stop_all()
-    loop = asyncio.new_event_loop()
-    try:
-        with pytest.raises(APIError, match="shutting down"):
-            scheduler.submit(Job([1], 1, SamplingParams(), loop))
-    finally:
-        loop.close()
+    with pytest.raises(APIError, match="shutting down"):
+        scheduler.submit(Job([1], 1, SamplingParams(), loop))

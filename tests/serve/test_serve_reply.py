@@ -1,12 +1,13 @@
-"""A reply's token accounting (serve/reply.py): the logprobs sent are those of the tokens whose text
-was sent, and usage counts the tokens up to the one that completed a stop string, however many
-tokens past it a tree accepted in the same iteration."""
+"""A reply (serve/reply.py): the logprobs sent are those of the tokens whose text was sent, usage
+counts the tokens up to the one that completed a stop string, however many tokens past it a tree
+accepted in the same iteration; and the OpenAI objects made of it (the completion, its chunks,
+usage summed over choices, the logprobs, the `specchat` figures), compared whole."""
 
-import asyncio
 import time
 
 import pytest
 from helpers.cli import train_tokenizer
+from helpers.serve_helpers import loop  # noqa: F401 (a fixture)
 
 from specchat.decoding.events import IterationEvent, SamplingParams
 from specchat.decoding.prediction import Prediction
@@ -32,9 +33,10 @@ class PieceTokenizer:
         return "".join(self.PIECES[token] for token in token_ids)
 
 
-def event(token_ids: list[int]) -> IterationEvent:
-    return IterationEvent(token_ids=token_ids, accepted=len(token_ids) - 1, tree_size=8, depth=4, draft_s=0.0,
-                          target_s=0.0)
+def event(token_ids: list[int], prefill: int = 0) -> IterationEvent:
+    """An iteration's tokens and figures; the first of a reply computes `prefill` prompt tokens."""
+    return IterationEvent(token_ids=token_ids, accepted=len(token_ids) - 1, tree_size=8, depth=4, draft_s=0.25,
+                          target_s=0.5, transfer_s=0.125, prefill_tokens=prefill, prefill_s=0.75 if prefill else 0.0)
 
 
 def logged_reply(tokenizer, stops: list[str], stop_ids=frozenset()) -> Reply:
@@ -130,19 +132,6 @@ def test_a_front_ends_cut_counts_logprobs_to_the_text_kept_and_usage_to_what_dec
     assert logged_tokens(reply) == ids[:2] and reply.completion_tokens == 3
 
 
-def figured_event(token_ids: list[int], prefill: int = 0) -> IterationEvent:
-    return IterationEvent(token_ids=token_ids, accepted=len(token_ids) - 1, tree_size=8, depth=4, draft_s=0.25,
-                          target_s=0.5, transfer_s=0.125, prefill_tokens=prefill, prefill_s=0.75 if prefill else 0.0)
-
-
-@pytest.fixture
-def loop():
-    """The loop a job's events would arrive on (none arrive here)."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
 def job_of(loop, prompt_ids: list[int], arrived: int = 1, started: int = 1) -> Job:
     """A job that waited 1.5 s and decoded for 2 s."""
     return Job(prompt_ids, 16, SamplingParams(seed=7), loop, arrived=arrived, started=started,
@@ -161,11 +150,24 @@ def test_a_reply_with_no_event_reports_no_cached_prompt_tokens():
     assert usage(5, reply_with(PieceTokenizer())) == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
 
 
+def test_usage_reports_cached_prompt_tokens_once_the_engine_reports_its_prefill():
+    tokenizer = PieceTokenizer()
+    assert usage(10, reply_with(tokenizer, event([0, 1]))) == {"prompt_tokens": 10, "completion_tokens": 2,
+                                                              "total_tokens": 12}
+    assert usage(10, reply_with(tokenizer, event([0], prefill=3)))["prompt_tokens_details"] == {"cached_tokens": 7}
+
+
+def test_the_finish_reason_is_stop_at_a_stop_token_else_length():
+    tokenizer = PieceTokenizer()
+    assert reply_with(tokenizer, event([0, 4])).finish_reason() == "stop"
+    assert reply_with(tokenizer, event([0, 1])).finish_reason() == "length"
+
+
 def test_summed_usage_counts_each_prompt_once_however_many_choices_it_has(loop):
     """Two prompts of 3 and 5 tokens, each reply its own: a batch adds both prompts (per_prompt 1)."""
     tokenizer = PieceTokenizer()
-    replies = [(job_of(loop, [0] * 3), reply_with(tokenizer, figured_event([0, 1], prefill=2))),
-               (job_of(loop, [0] * 5), reply_with(tokenizer, figured_event([2], prefill=5)))]
+    replies = [(job_of(loop, [0] * 3), reply_with(tokenizer, event([0, 1], prefill=2))),
+               (job_of(loop, [0] * 5), reply_with(tokenizer, event([2], prefill=5)))]
     assert summed_usage(replies) == {"prompt_tokens": 8, "completion_tokens": 3, "total_tokens": 11,
                                      "prompt_tokens_details": {"cached_tokens": 1}}
     assert summed_usage(replies, per_prompt=2) == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
@@ -173,7 +175,7 @@ def test_summed_usage_counts_each_prompt_once_however_many_choices_it_has(loop):
 
 
 def test_the_specchat_figures_say_how_a_reply_was_decoded_and_how_long_it_waited(loop):
-    reply = reply_with(PieceTokenizer(), figured_event([0], prefill=6), figured_event([1, 2, 3]))
+    reply = reply_with(PieceTokenizer(), event([0], prefill=6), event([1, 2, 3]))
     assert extension(job_of(loop, [0] * 6, arrived=3, started=2), reply) == {
         "engine": "specexec", "iterations": 2, "gen_rate": 2.0, "accepted_per_iteration": 1.0, "tree_size": 8.0,
         "draft_s": 0.5, "target_s": 1.0, "transfer_s": 0.25, "tokens_per_s": 2.0, "prefill_tokens": 6,
@@ -190,20 +192,20 @@ def test_usage_counts_the_predicted_tokens_the_reply_followed_and_those_it_did_n
     tokenizer = PieceTokenizer()
     replies = []
     for followed in (4, 1):
-        reply = reply_with(tokenizer, figured_event([0, 1, 2]))
+        reply = reply_with(tokenizer, event([0, 1, 2]))
         reply.prediction = Prediction(tokens=(0, 1, 2, 3, 5, 6), accepted=followed)
         replies.append((job_of(loop, [0]), reply))
     assert usage(1, replies[0][1])["completion_tokens_details"] == {"accepted_prediction_tokens": 3,
                                                                     "rejected_prediction_tokens": 3}
     assert summed_usage(replies)["completion_tokens_details"] == {"accepted_prediction_tokens": 4,
                                                                   "rejected_prediction_tokens": 8}
-    assert "completion_tokens_details" not in usage(1, reply_with(tokenizer, figured_event([0])))
+    assert "completion_tokens_details" not in usage(1, reply_with(tokenizer, event([0])))
 
 
 def test_a_completion_holds_a_choice_a_reply_with_the_prompts_tokens_counted_once(loop):
     tokenizer = PieceTokenizer()
-    replies = [(job_of(loop, [0] * 4), reply_with(tokenizer, figured_event([0, 1, 4]))),
-               (job_of(loop, [0] * 4), reply_with(tokenizer, figured_event([2, 3])))]
+    replies = [(job_of(loop, [0] * 4), reply_with(tokenizer, event([0, 1, 4]))),
+               (job_of(loop, [0] * 4), reply_with(tokenizer, event([2, 3])))]
     before = int(time.time())
     answer = completion("m", ["hello", " world"], replies)
     assert before <= answer.pop("created") <= int(time.time())
@@ -224,7 +226,7 @@ def test_tool_call_blocks_are_calls_only_where_the_request_offered_tools():
     tokenizer = PieceTokenizer()
     plain = chat_choice(0, CALL_TEXT, Reply(TextStream(tokenizer), StopScan([]), frozenset()))  # as a test sends
     assert plain["message"] == {"role": "assistant", "content": CALL_TEXT} and plain["finish_reason"] == "length"
-    offered = chat_choice(0, CALL_TEXT, reply_with(tokenizer, figured_event([0]), may_call=True))
+    offered = chat_choice(0, CALL_TEXT, reply_with(tokenizer, event([0]), may_call=True))
     assert offered["message"]["content"] == "Looking." and offered["finish_reason"] == "tool_calls"
     [call] = offered["message"]["tool_calls"]
     assert call["function"] == {"name": "find", "arguments": '{"q": 1}'}
@@ -232,7 +234,7 @@ def test_tool_call_blocks_are_calls_only_where_the_request_offered_tools():
 
 def test_a_streamed_replys_chunks_share_its_id_and_time_and_name_their_choice(loop):
     tokenizer = PieceTokenizer()
-    job, reply = job_of(loop, [0, 0]), reply_with(tokenizer, figured_event([0, 4]))
+    job, reply = job_of(loop, [0, 0]), reply_with(tokenizer, event([0, 4]))
     chunks, other = Chunks("m"), Chunks("m")
     assert chunks.id.startswith("chatcmpl-") and chunks.id != other.id
     first = chunks.delta({"content": "he"})

@@ -11,6 +11,7 @@ import logging
 import threading
 
 import pytest
+from helpers.serve_helpers import loop  # noqa: F401 (a fixture)
 
 from specchat.decoding.events import SamplingParams
 from specchat.serve.errors import APIError
@@ -18,13 +19,6 @@ from specchat.serve.scheduler import Job, QueueFull, Scheduler, common_prefix
 from specchat.tui.fake import WORKER_NOTICE, FakeDSIEngine, FakeEngine, FakeTokenizer, Gate
 
 REPLY = "four"  # one token an iteration: four iterations, each let through by the test's gate
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture
