@@ -1,14 +1,14 @@
 """`specchat doctor`: the recommendation rule, the report, and the command end to end."""
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 from helpers.cli import run_cli
+from helpers.doctor_facts import made_up_facts
 
 from specchat.doctor.advice import Recommendation, advise
-from specchat.doctor.facts import CudaDevice, Facts
+from specchat.doctor.facts import CudaDevice
 from specchat.doctor.plan import PairPlan
 from specchat.doctor.report import render
 from specchat.machine_links import read_links
@@ -17,15 +17,6 @@ from specchat.plan.budget import Item, MemoryPlan
 from specchat.plan.placement import Rooms
 
 GB = 10**9
-
-
-def facts(**changes) -> Facts:
-    base = dict(
-        cpu="Test CPU", cores=2, threads=4, torch_version="2.9.0", cuda=(), unused_gpu=None, ram_total=32 * GB,
-        ram_available=20 * GB, offload_dir=Path("/data/offload"), disk_free=100 * GB, h2d_gbps=None,
-        disk_gbps=1.8, direct=True, probe_bytes=GB,
-    )
-    return Facts(**{**base, **changes})
 
 
 def pair_plan(placement: Placement, pass_s: float | None = None) -> PairPlan:
@@ -61,17 +52,19 @@ def test_the_recommendation_follows_where_the_plan_puts_the_layers(pair, cuda, t
 
 
 def test_the_recommendation_names_the_planned_weights_and_the_transfer_cost():
-    assert advise(RESIDENT, False, None, 1.8).reason == "the weights (3.80 GB) fit in RAM (test); on a CPU small trees pay"
+    assert advise(RESIDENT, False, None, 1.8).reason == ("the weights (3.80 GB) fit in RAM (test); "
+                                                       "on a CPU small trees pay")
     assert advise(RESIDENT, True, None, 1.8).reason == ("the weights (3.80 GB) fit in RAM (test); a GPU scores "
                                                       "hundreds of tokens for the price of a few")
     disk = advise(STREAMED, False, None, 1.8).reason
     assert disk.startswith("the weights (3.80 GB) do not: 10 of their 28 decoder layers fit in RAM (test); ")
     assert "streams 1.80 GB, ~1.00 s streaming per pass at 1.80 GB/s from disk" in disk and "flat in tree size" in disk
-    assert "streams 1.80 GB, ~0.15 s streaming per pass at 12.00 GB/s from RAM" in advise(IN_RAM, True, 12.0, 1.8).reason
+    in_ram = advise(IN_RAM, True, 12.0, 1.8).reason
+    assert "streams 1.80 GB, ~0.15 s streaming per pass at 12.00 GB/s from RAM" in in_ram
 
 
 def test_render_cpu_report():
-    report = render(facts(), "qwen2.5-coder-1.5b", Recommendation("none", 16, "because"), RESIDENT)
+    report = render(made_up_facts(), "qwen2.5-coder-1.5b", Recommendation("none", 16, "because"), RESIDENT)
     for line in (
         "  cpu            Test CPU (2 cores, 4 threads)",
         "  cuda           no CUDA device",
@@ -94,26 +87,28 @@ def test_render_cpu_report():
 
 
 def test_render_a_plan_that_streams_and_one_that_fits_nowhere():
-    report = render(facts(disk_gbps=1.8), "t", Recommendation("disk", 256, "x"), STREAMED).splitlines()
+    report = render(made_up_facts(disk_gbps=1.8), "t", Recommendation("disk", 256, "x"), STREAMED).splitlines()
     assert "  layers         10 resident, 0 in RAM, 18 on disk" in report
     assert "  ring           2 slots of 0.10 GB" in report
     assert "  per pass       1.80 GB streamed; ~1.00 s streaming per pass at 1.80 GB/s from disk" in report
     assert "  expected       at most 8.0-20.0 tokens/s: 8-20 tokens per pass" in " ".join(report)
-    report = render(facts(), "t", None, "the model fits nowhere: y").splitlines()
-    assert "  target         t: no plan fits this machine (below)" in report and not any(line.startswith("  offload ") for line in report)
+    report = render(made_up_facts(), "t", None, "the model fits nowhere: y").splitlines()
+    assert "  target         t: no plan fits this machine (below)" in report
+    assert not any(line.startswith("  offload ") for line in report)
     assert report[-2:] == ["plan (--offload auto)", "  fits nowhere   the model fits nowhere: y"]
 
 
 def test_render_cuda_and_fallback():
     gpu = CudaDevice("Test GPU", 24 * GB, 20 * GB)
-    report = render(facts(cuda=(gpu,), h2d_gbps=12.5, direct=False), "t", Recommendation("ram", 1024, "x"), RESIDENT)
+    facts = made_up_facts(cuda=(gpu,), h2d_gbps=12.5, direct=False)
+    report = render(facts, "t", Recommendation("ram", 1024, "x"), RESIDENT)
     assert "  cuda:0         Test GPU: 24.00 GB total, 20.00 GB free" in report
     assert "12.50 GB/s (pinned memory)" in report
     assert "buffered + fadvise DONTNEED" in report
 
 
 def test_render_says_why_a_gpu_it_sees_is_left_unused():
-    report = render(facts(unused_gpu="the GPU here, Tesla T4 (compute capability 7.5), is older than ..."), "t",
+    report = render(made_up_facts(unused_gpu="the GPU here, Tesla T4 (compute capability 7.5), is older than ..."), "t",
                     Recommendation("disk", 256, "x"), STREAMED).splitlines()
     assert "  cuda           the GPU here, Tesla T4 (compute capability 7.5), is older than ..." in report
     assert "  host->device   no CUDA: skipped" in report

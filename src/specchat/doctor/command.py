@@ -10,19 +10,19 @@ from specchat.doctor.facts import gather, probe_room
 from specchat.doctor.limit import measure_limit
 from specchat.doctor.plan import PairPlan, doctor_options, doctor_plan
 from specchat.doctor.report import render, render_described
+from specchat.engine_options import EngineOptions
 from specchat.errors import PlanRefusal, SpecchatError
 from specchat.limits import CONTEXT, check_memory_budgets
 from specchat.machine_links import Links, save_links
 from specchat.paths import offload_dir as default_offload_dir
 from specchat.plan import Machine
-from specchat.engine_options import EngineOptions
 
 MACHINE_FIGURE_MAX = 1e6  # a described machine's GB or GB/s: past any machine, and bytes an int holds
 
 
 def run_doctor(target: str, draft: str | None, context: int | None, machine: Machine, offload_dir: Path | None,
                probe_gb: float, ram_budget: float | None, vram_budget: float | None,
-               measure_again: bool = False, slots: int | None = 1) -> str:
+               measure_again: bool, slots: int | None) -> str:
     """The report: for a described machine from its sizes alone; for this one after measuring its
     links (and remembering them for the engines), with the choices it keeps (measured again first
     with `measure_again`); planned for `slots` conversations kept at once (serve's --slots; None: auto)."""
@@ -45,7 +45,7 @@ def run_doctor(target: str, draft: str | None, context: int | None, machine: Mac
     return "\n".join([render(facts, target, rec, pair, limit), *choice_lines(measure_again)])
 
 
-def plan_or_reason(options: EngineOptions, machine: Machine, slots: int | None = 1) -> PairPlan | str:
+def plan_or_reason(options: EngineOptions, machine: Machine, slots: int | None) -> PairPlan | str:
     """The plan, or the one line saying why the pair fits nowhere (bad options still raise)."""
     try:
         return doctor_plan(options, machine, slots)
