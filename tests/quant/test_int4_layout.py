@@ -8,7 +8,8 @@ from helpers.int4_layouts import pack_by_spec, scrambled_layout
 from specchat.errors import SpecchatError
 from specchat.quant import int4_layout
 from specchat.quant.int4_layout import fit_tiles, layout_of, unpack_transposed
-from specchat.quant.int4_pack import PACK_ROWS, inner_k_tiles, pack, pack_nibbles, packed_shape, unpack_nibbles
+from specchat.quant.int4_pack import (PACK_ROWS, check_shape, inner_k_tiles, nibbles_by_rows, pack, pack_nibbles,
+                                      packed_shape, unpack_nibbles)
 
 CPU = torch.device("cpu")
 
@@ -22,6 +23,23 @@ def test_canonical_nibbles_hold_even_inputs_high():
     assert pack_nibbles(q).tolist() == [[0x12, 0x34]]
     q = random_q(32, 64)
     assert torch.equal(unpack_nibbles(pack_nibbles(q)), q)
+
+
+def test_nibbles_made_by_rows_are_the_whole_weights_nibbles():
+    """A checkpoint's values asked PACK_ROWS outputs at a time, the last chunk partial."""
+    q = random_q(PACK_ROWS + 96, 64)
+    asked = []
+    nibbles = nibbles_by_rows(PACK_ROWS + 96, lambda start, stop: asked.append((start, stop)) or q[start:stop])
+    assert asked == [(0, PACK_ROWS), (PACK_ROWS, PACK_ROWS + 96)]
+    assert torch.equal(nibbles, pack_nibbles(q))
+
+
+def test_a_shape_the_kernels_cannot_take_is_refused_with_what_they_need():
+    check_shape(256, 128, 32)
+    with pytest.raises(SpecchatError) as refused:
+        check_shape(100, 128, 32)
+    assert str(refused.value) == ("int4 kernels need groups of 32, 64, 128, 256 inputs dividing in_features and "
+                                  "out_features divisible by 16; got 100 x 128 in groups of 32")
 
 
 def test_packing_in_chunks_is_the_whole_conversion():
