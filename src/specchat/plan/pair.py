@@ -85,7 +85,7 @@ def contexts_for(context: int | None, model_max: int) -> tuple[int, ...]:
     return tuple(contexts)
 
 
-def draft_kinds(kind: str, device: torch.device, resolved: str | None, described: bool = False) -> tuple[str, ...]:
+def draft_kinds(kind: str, device: torch.device, resolved: str | None, described: bool) -> tuple[str, ...]:
     """The quantizations the plan may give the draft: the one asked for (or, on a CPU, the one
     `auto` measured: `resolved`); on a GPU `auto` weighs full weights against int4 and nf4 (nf4
     when bitsandbytes is installed here, or on any `described` machine), and fp8 on a GPU here

@@ -1,0 +1,60 @@
+"""The draft's forms the plan may weigh (plan/pair.py `draft_kinds`): the one asked for, or auto's
+measured one on a CPU; on a GPU auto weighs full weights, int4, nf4 where bitsandbytes runs it (any
+described card) and fp8 where this GPU multiplies it."""
+
+import importlib.util
+
+import pytest
+import torch
+
+import specchat.plan.pair as pair_module
+from specchat.plan.pair import draft_kinds, has_bitsandbytes
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.fixture
+def this_gpu(monkeypatch):
+    """A GPU here that multiplies fp8 (or not), with bitsandbytes installed (or not)."""
+    def have(bitsandbytes: bool, fp8: bool) -> None:
+        monkeypatch.setattr(pair_module, "has_bitsandbytes", lambda: bitsandbytes)
+        monkeypatch.setattr(pair_module, "fp8_runs_on", lambda device: fp8 and device == CUDA)
+    return have
+
+
+@pytest.mark.parametrize("device", [CPU, CUDA])
+def test_a_form_asked_for_is_the_only_one(device, this_gpu):
+    this_gpu(bitsandbytes=True, fp8=True)
+    assert draft_kinds("int8", device, "int8", described=False) == ("int8",)
+    assert draft_kinds("nf4", device, None, described=True) == ("nf4",)
+
+
+def test_auto_on_a_cpu_is_the_form_it_measured_there():
+    assert draft_kinds("auto", CPU, "int8", described=False) == ("int8",)
+    assert draft_kinds("auto", CPU, None, described=True) == ("auto",)  # not resolved yet: left to the plan
+
+
+@pytest.mark.parametrize(("bitsandbytes", "fp8", "kinds"), [
+    (False, False, ("none", "int4")),
+    (True, False, ("none", "int4", "nf4")),
+    (False, True, ("none", "int4", "fp8")),
+    (True, True, ("none", "int4", "nf4", "fp8")),
+])
+def test_auto_on_this_gpu_weighs_what_runs_here(this_gpu, bitsandbytes, fp8, kinds):
+    this_gpu(bitsandbytes, fp8)
+    assert draft_kinds("auto", CUDA, None, described=False) == kinds
+
+
+def test_auto_on_a_described_card_weighs_nf4_and_never_fp8(this_gpu):
+    """bitsandbytes may be missing here and fp8 running here: neither says what the described card runs."""
+    this_gpu(bitsandbytes=False, fp8=True)
+    assert draft_kinds("auto", CUDA, None, described=True) == ("none", "int4", "nf4")
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_bitsandbytes_is_looked_for_by_its_module_name(monkeypatch, installed):
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: (object() if installed else None) if name == "bitsandbytes"
+                        else found(name, *rest))
+    assert has_bitsandbytes() is installed
