@@ -1,6 +1,6 @@
-"""The draft's forms the plan may weigh (plan/pair.py `draft_kinds`): the one asked for, or auto's
-measured one on a CPU; on a GPU auto weighs full weights, int4, nf4 where bitsandbytes runs it (any
-described card) and fp8 where this GPU multiplies it."""
+"""The draft's forms the plan may weigh (plan/pair.py): the one asked for, or auto's measured one on
+a CPU; on a GPU auto weighs full weights, int4, nf4 where bitsandbytes runs it (any described card)
+and fp8 where this GPU multiplies it; of those forms, only int4 counts its products' temporary."""
 
 import importlib.util
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import specchat.plan.pair as pair_module
-from specchat.plan.pair import draft_kinds, has_bitsandbytes
+from specchat.plan.pair import draft_candidates, draft_kinds, has_bitsandbytes
+from specchat.plan.request import Pair
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -58,3 +59,12 @@ def test_bitsandbytes_is_looked_for_by_its_module_name(monkeypatch, installed):
                         lambda name, *rest: (object() if installed else None) if name == "bitsandbytes"
                         else found(name, *rest))
     assert has_bitsandbytes() is installed
+
+
+def test_only_the_int4_form_counts_its_products_temporary_and_it_grows_with_the_tree():
+    pair = Pair("llama-2-70b-gptq", torch.bfloat16, draft="llama-2-7b", draft_kinds=("none", "int4", "int8"),
+                draft_vocab=32768, context=4096)
+    small, large = (draft_candidates(pair, CPU, tree_tokens) for tree_tokens in (257, 1025))
+    assert [form.quant for form in small] == ["none", "int4", "int8"]
+    assert small[0].workspace == small[2].workspace == 0
+    assert 0 < small[1].workspace < large[1].workspace
