@@ -55,6 +55,16 @@ def test_an_openai_penalty_out_of_range_is_refused_naming_its_field(fields, para
     assert (error.status, error.param) == (400, param) and error.message.startswith(f"{param} must be")
 
 
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty"),
+])
+def test_a_llama_cpp_penalty_out_of_range_is_refused_naming_its_field(fields, param):
+    error = refusal(lambda: llama_penalties(NativeRequest.model_validate(fields), TINY_TOKENIZER, Defaults()))
+    assert (error.status, error.param) == (400, param) and error.message.startswith(f"{param} must be")
+
+
 def test_an_empty_dry_breaker_is_refused_naming_its_field():
     request = NativeRequest.model_validate({"dry_multiplier": 0.8, "dry_sequence_breakers": ["\n", ""]})
     error = refusal(lambda: llama_penalties(request, TINY_TOKENIZER, Defaults()))
@@ -68,6 +78,13 @@ def test_a_bias_takes_the_vocabularys_first_and_last_ids_and_no_other():
     for outside in (words, -1):
         error = refusal(lambda: llama_bias([[outside, 1.0]], TINY_TOKENIZER))
         assert error.message == f"logit_bias: token {outside} is not in the vocabulary (0-{words - 1})"
+    error = refusal(lambda: openai_bias({"abc": 1.0}, words))
+    assert (error.param, error.message) == ("logit_bias", "logit_bias: 'abc' is not a token id")
+
+
+def test_a_bias_out_of_range_is_refused_naming_its_entry():
+    error = refusal(lambda: openai_bias({"5": 101}, len(TINY_TOKENIZER)))
+    assert (error.param, error.message) == ("logit_bias", "logit_bias['5'] must be between -100 and 100 (got 101.0)")
 
 
 class BosTokenizer(CharTokenizer):
