@@ -10,6 +10,7 @@ import torch
 import specchat.plan.pair as pair_module
 from specchat.plan.pair import draft_candidates, draft_kinds, has_bitsandbytes
 from specchat.plan.request import Pair
+from specchat.quant.int4_rtn import ROUND_ROWS
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -68,3 +69,14 @@ def test_only_the_int4_form_counts_its_products_temporary_and_it_grows_with_the_
     assert [form.quant for form in small] == ["none", "int4", "int8"]
     assert small[0].workspace == small[2].workspace == 0
     assert 0 < small[1].workspace < large[1].workspace
+
+
+def test_an_fp8_draft_is_made_on_the_gpu_a_layer_at_a_time_its_input_embedding_on_the_host():
+    """Llama-2-7B turned fp8 beside a GPU: nothing passes through RAM; above its weights while it loads,
+    one decoder layer in bf16 (4 linears of 4096 x 4096, 3 of 4096 x 11008), the largest linear's
+    nibbles and three float32 blocks of ROUND_ROWS rows of the widest input (11008)."""
+    pair = Pair("llama-2-70b-gptq", torch.bfloat16, draft="llama-2-7b", draft_kinds=("fp8",), context=4096)
+    (fp8,) = draft_candidates(pair, CUDA)
+    layer = 4 * 4096 * 4096 + 3 * 4096 * 11008
+    assert (fp8.quant, fp8.load_bytes, fp8.host_embedding) == ("fp8", 0, 32000 * 4096 * 2)
+    assert fp8.prepare_bytes == 2 * layer + 4096 * 11008 // 2 + 3 * ROUND_ROWS * 11008 * 4

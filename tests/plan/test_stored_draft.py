@@ -26,7 +26,9 @@ def forms(kinds: tuple[str, ...], device: torch.device = CPU) -> tuple:
 
 
 @pytest.mark.parametrize(("kinds", "quants"), [
-    (("int4",), ("none",)),  # asked for 4 bits: it runs packed, as stored
+    (("int4",), ("none",)),  # asked for 4 bits (or 8, or NF4): it runs packed, as stored
+    (("nf4",), ("none",)),
+    (("int8",), ("none",)),
     (("none",), ("none",)),
     (("fp8",), ("fp8",)),  # one kind that is not a 4-bit one: expanded into it
     (("none", "int4"), ("none", "dense")),  # auto on a GPU: packed against expanded ...
