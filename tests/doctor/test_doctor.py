@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 from helpers.cli import run_cli
-from helpers.doctor_facts import made_up_facts
+from helpers.doctor_facts import GB, made_up_facts
 
 from specchat.doctor.advice import Recommendation, advise
 from specchat.doctor.facts import CudaDevice
@@ -15,8 +15,6 @@ from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
 from specchat.plan.budget import Item, MemoryPlan
 from specchat.plan.placement import Rooms
-
-GB = 10**9
 
 
 def pair_plan(placement: Placement, pass_s: float | None = None) -> PairPlan:

@@ -22,6 +22,7 @@ from specchat.errors import SpecchatError
 from specchat.limits import DEFAULT_POOLING
 from specchat.serve.app import build_app
 from specchat.serve.endpoint import ServeConfig
+from specchat.serve.errors import APIError
 from specchat.serve.fim import FimTokens
 from specchat.serve.listen import bind, server_for, url_of
 from specchat.serve.scheduler import Scheduler
@@ -198,3 +199,10 @@ def post_streamed(url: str, body: dict) -> list[str]:
     request = urllib.request.Request(url, data=json.dumps(body | {"stream": True}).encode())
     with urllib.request.urlopen(request) as response:
         return [line for line in response.read().decode().split("\n") if line]
+
+
+def refusal(call: Callable, *args) -> tuple[int, str, str | None]:
+    """What `call(*args)` refuses with: the APIError's status, message and param."""
+    with pytest.raises(APIError) as refused:
+        call(*args)
+    return refused.value.status, refused.value.message, refused.value.param

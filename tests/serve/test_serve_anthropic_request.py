@@ -3,22 +3,16 @@ its system prompt and content blocks as chat messages, in order; its tools and t
 chat's; malformed or unsupported blocks, one 400 line each."""
 
 import pytest
+from helpers.serve_helpers import refusal
 
 from specchat.serve.anthropic_request import (MessagesRequest, chat_messages, chat_tool_choice, chat_tools,
                                               output_limit, output_schema, stop_sequences)
-from specchat.serve.errors import APIError
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 
 
 def request(messages: list[dict], **fields) -> MessagesRequest:
     return MessagesRequest.model_validate({"model": "m", "max_tokens": 16, "messages": messages} | fields)
-
-
-def refusal(call, *args) -> tuple[int, str, str]:
-    with pytest.raises(APIError) as refused:
-        call(*args)
-    return refused.value.status, refused.value.message, refused.value.param
 
 
 def test_a_string_message_is_the_users_after_the_system_prompt_in_either_form():

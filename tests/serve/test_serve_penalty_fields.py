@@ -3,9 +3,8 @@ cannot keep them), the token ids a logit bias takes at the vocabulary's ends, a 
 special ones, and each field's refusal naming it."""
 
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, user
+from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, refusal, user
 
-from specchat.serve.errors import APIError
 from specchat.serve.native_request import NativeRequest
 from specchat.serve.penalty_fields import llama_bias, llama_penalties, openai_bias, openai_penalties
 from specchat.serve.schema import ChatRequest, Defaults
@@ -39,20 +38,14 @@ def test_the_servers_penalties_alone_are_named_by_its_first():
     assert openai_penalties(chat(), TINY_TOKENIZER, Defaults(presence_penalty=0.5)).field == "repeat_penalty"
 
 
-def refusal(call) -> APIError:
-    with pytest.raises(APIError) as refused:
-        call()
-    return refused.value
-
-
 @pytest.mark.parametrize(("fields", "param"), [
     ({"repeat_penalty": 0}, "repeat_penalty"),
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"presence_penalty": 0.5, "frequency_penalty": -2.5}, "frequency_penalty"),
 ])
 def test_an_openai_penalty_out_of_range_is_refused_naming_its_field(fields, param):
-    error = refusal(lambda: openai_penalties(chat(**fields), TINY_TOKENIZER, Defaults()))
-    assert (error.status, error.param) == (400, param) and error.message.startswith(f"{param} must be")
+    status, message, named = refusal(openai_penalties, chat(**fields), TINY_TOKENIZER, Defaults())
+    assert (status, named) == (400, param) and message.startswith(f"{param} must be")
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -61,30 +54,28 @@ def test_an_openai_penalty_out_of_range_is_refused_naming_its_field(fields, para
     ({"frequency_penalty": -2.5}, "frequency_penalty"),
 ])
 def test_a_llama_cpp_penalty_out_of_range_is_refused_naming_its_field(fields, param):
-    error = refusal(lambda: llama_penalties(NativeRequest.model_validate(fields), TINY_TOKENIZER, Defaults()))
-    assert (error.status, error.param) == (400, param) and error.message.startswith(f"{param} must be")
+    status, message, named = refusal(llama_penalties, NativeRequest.model_validate(fields), TINY_TOKENIZER, Defaults())
+    assert (status, named) == (400, param) and message.startswith(f"{param} must be")
 
 
 def test_an_empty_dry_breaker_is_refused_naming_its_field():
     request = NativeRequest.model_validate({"dry_multiplier": 0.8, "dry_sequence_breakers": ["\n", ""]})
-    error = refusal(lambda: llama_penalties(request, TINY_TOKENIZER, Defaults()))
-    assert (error.status, error.param) == (400, "dry_sequence_breakers")
-    assert error.message == "dry_sequence_breakers: a breaker must not be empty"
+    assert refusal(llama_penalties, request, TINY_TOKENIZER, Defaults()) == (
+        400, "dry_sequence_breakers: a breaker must not be empty", "dry_sequence_breakers")
 
 
 def test_a_bias_takes_the_vocabularys_first_and_last_ids_and_no_other():
     words = len(TINY_TOKENIZER)
     assert openai_bias({"0": 1.0, str(words - 1): -1.0}, words) == ((0, 1.0), (words - 1, -1.0))
     for outside in (words, -1):
-        error = refusal(lambda: llama_bias([[outside, 1.0]], TINY_TOKENIZER))
-        assert error.message == f"logit_bias: token {outside} is not in the vocabulary (0-{words - 1})"
-    error = refusal(lambda: openai_bias({"abc": 1.0}, words))
-    assert (error.param, error.message) == ("logit_bias", "logit_bias: 'abc' is not a token id")
+        assert refusal(llama_bias, [[outside, 1.0]], TINY_TOKENIZER) == (
+            400, f"logit_bias: token {outside} is not in the vocabulary (0-{words - 1})", "logit_bias")
+    assert refusal(openai_bias, {"abc": 1.0}, words) == (400, "logit_bias: 'abc' is not a token id", "logit_bias")
 
 
 def test_a_bias_out_of_range_is_refused_naming_its_entry():
-    error = refusal(lambda: openai_bias({"5": 101}, len(TINY_TOKENIZER)))
-    assert (error.param, error.message) == ("logit_bias", "logit_bias['5'] must be between -100 and 100 (got 101.0)")
+    assert refusal(openai_bias, {"5": 101}, len(TINY_TOKENIZER)) == (
+        400, "logit_bias['5'] must be between -100 and 100 (got 101.0)", "logit_bias")
 
 
 class BosTokenizer(CharTokenizer):

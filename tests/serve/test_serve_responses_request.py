@@ -3,8 +3,8 @@ input items as chat messages, its flat tools and tool_choice as the chat's, text
 schema; what a stateless server cannot do, and malformed items, one 400 line each."""
 
 import pytest
+from helpers.serve_helpers import refusal
 
-from specchat.serve.errors import APIError
 from specchat.serve.responses_request import (ResponsesRequest, chat_tool_choice, chat_tools,
                                               check_responses_features, input_messages, output_limit, text_schema,
                                               wants_logprobs)
@@ -15,12 +15,6 @@ FLAT = {"type": "function", "name": "get_weather", "description": "now", "parame
 
 def request(**fields) -> ResponsesRequest:
     return ResponsesRequest.model_validate({"model": "m", "input": "hi"} | fields)
-
-
-def refusal(call, *args) -> tuple[int, str, str]:
-    with pytest.raises(APIError) as refused:
-        call(*args)
-    return refused.value.status, refused.value.message, refused.value.param
 
 
 def test_a_string_input_is_the_users_message_after_the_instructions():
