@@ -50,6 +50,14 @@ def test_an_engine_the_models_cannot_run_is_refused_naming_it_and_the_choices(ti
     assert str(refusal.value) == f"engine '{asked}' cannot run on the loaded models: choose one of {offered}"
 
 
+def test_every_engine_the_models_offer_is_built_under_the_name_it_was_chosen_by(tiny_target, tiny_draft):
+    """The TUI's /engine, the panels and serve's usage read an engine's name: it is the one asked for."""
+    models = tiny_models(tiny_target, tiny_draft, costs=COSTS, workers=Closable())
+    names = models.engine_names()
+    assert names == ("autoregressive", "specexec", "sd", "specinfer", "dsi")
+    assert tuple(models.engine(name).name for name in names) == names
+
+
 @pytest.mark.parametrize("name, budget", [("sd", 12), ("specinfer", 12), ("specexec", 12), ("specexec", AUTO)])
 def test_each_tree_engine_takes_the_depth_and_the_ranked_tree_it_is_given(tiny_target, tiny_draft, name, budget):
     settings = LiveSettings(budget=budget, depth=5, ranked_tree=True)

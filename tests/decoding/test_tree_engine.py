@@ -1,11 +1,10 @@
 """The tree-engine skeleton, for each strategy: both caches hold exactly the committed sequence
 after every iteration, and each event's timing and transfer figures are its own."""
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from helpers.engines import GREEDY, PROMPT
+from helpers.metered import Clock, Metered, TokenStream, assert_moved
 
 from specchat import device_clock
 from specchat.decoding.chain_sd import CHAIN_SD
@@ -17,7 +16,6 @@ from specchat.decoding.specexec import SPECEXEC
 from specchat.decoding.specinfer import SPECINFER
 from specchat.decoding.tree import TreeShape
 from specchat.decoding.tree_engine import TreeEngine
-from specchat.transfer import TransferStats
 
 STRATEGIES = [SPECEXEC, SPECINFER, CHAIN_SD]
 SAMPLINGS = [GREEDY, SamplingParams(1.0, 1.0, seed=5)]
@@ -50,54 +48,6 @@ def test_both_caches_hold_the_committed_sequence_after_every_iteration(tiny_targ
         assert_holds(draft_cache, tiny_draft, seq[:drafted])
 
 
-class Clock:
-    """A perf_counter that only the models' forwards move."""
-
-    def __init__(self) -> None:
-        self.now = 17.0  # not 0: a duration is a difference of two readings, never their sum
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class TokenStream:
-    """A weight stream that counts, per token run, one byte, and seconds of the link's loads, of
-    compute's stalls (a quarter of them at a pass's start) and of the link's idling, each its own
-    power of two, so that a figure taken from the wrong counter or the wrong interval shows."""
-
-    LOAD_S, STALL_S, START_STALL_S, IDLE_S = 0.5, 0.25, 0.0625, 0.125
-
-    def __init__(self) -> None:
-        self.tokens = 0
-
-    def stats(self) -> TransferStats:
-        n = self.tokens
-        return TransferStats(bytes=n, transfer_s=n * self.LOAD_S, stall_s=n * self.STALL_S,
-                             idle_s=n * self.IDLE_S, start_stall_s=n * self.START_STALL_S)
-
-
-def assert_moved(event, tokens: int, wall_s: float) -> None:
-    """`event` reports the link's figures for `tokens` run in `wall_s`, its idle share of that wall."""
-    assert event.transfer_bytes == tokens
-    assert (event.transfer_s, event.stall_s, event.start_stall_s) == (
-        tokens * TokenStream.LOAD_S, tokens * TokenStream.STALL_S, tokens * TokenStream.START_STALL_S)
-    assert event.link_idle == pytest.approx(tokens * TokenStream.IDLE_S / wall_s, rel=1e-12)
-
-
-@dataclass
-class Metered(CausalLM):
-    """A model whose every forward costs `cost` seconds on `clock`."""
-
-    clock: Clock | None = None
-    cost: float = 0.0
-
-    def hidden(self, tokens, positions, cache, mask=None):
-        self.clock.now += self.cost
-        if self.stream is not None:
-            self.stream.tokens += tokens.numel()
-        return super().hidden(tokens, positions, cache, mask)
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:1]])
 def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draft, monkeypatch, strategy, prompt):
@@ -110,7 +60,8 @@ def test_each_event_carries_its_own_draft_and_target_time(tiny_target, tiny_draf
     monkeypatch.setattr(device_clock, "perf_counter", clock)  # the engine reads the clock through now()
     target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=TARGET_PASS_S)
     draft = Metered(tiny_draft.model, None, clock=clock, cost=DRAFT_FORWARD_S)
-    first, *trees = TreeEngine(strategy, target, draft, [], TreeShape(budget=9, max_depth=4)).generate(prompt, 30, SAMPLINGS[1])
+    engine = TreeEngine(strategy, target, draft, [], TreeShape(budget=9, max_depth=4))
+    first, *trees = engine.generate(prompt, 30, SAMPLINGS[1])
     assert len(trees) > 3
     assert len(first.token_ids) == 1 and first.tree_size == first.depth == first.accepted == first.draft_s == 0
     assert first.target_s == first.prefill_s == TARGET_PASS_S
