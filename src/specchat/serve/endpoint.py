@@ -18,7 +18,7 @@ from specchat.decoding.events import Engine, SamplingParams
 from specchat.decoding.guide import Grammar, Grammars
 from specchat.decoding.penalties import counted_from
 from specchat.errors import ContextOverflow, SpecchatError
-from specchat.limits import DEFAULT_POOLING, reply_limit
+from specchat.limits import reply_limit
 from specchat.decoding.token_log import TokenLog
 from specchat.serve.errors import APIError, bad_request, unsupported
 from specchat.serve.fim import FimTokens
@@ -43,11 +43,11 @@ class ServeConfig:
     stop_ids: frozenset[int]
     context: int
     sampling: Defaults  # what a request leaves out
-    api_key: str | None = None
-    log_prompts: bool = False
-    grammars: Callable[[], Grammars] | None = None  # the grammar compiler (None: response forms are refused)
-    fim: FimTokens | None = None  # the tokenizer's fill-in-the-middle tokens (None: `suffix` is refused)
-    pooling: str = DEFAULT_POOLING  # how an embedding pools the target's rows (decoding/embedding.py)
+    api_key: str | None
+    log_prompts: bool
+    grammars: Callable[[], Grammars] | None  # the grammar compiler (None: response forms are refused)
+    fim: FimTokens | None  # the tokenizer's fill-in-the-middle tokens (None: `suffix` is refused)
+    pooling: str  # how an embedding pools the target's rows (decoding/embedding.py)
 
     @property
     def chat_template(self) -> str:
