@@ -9,7 +9,7 @@ from specchat import device_clock
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import AUTO, LiveSettings
 
-FORWARD_S = 8.0
+FORWARD_S = 0.5  # under a second: a share of the wall taken over the wrong bound shows
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:1]])
@@ -30,6 +30,16 @@ def test_each_event_is_one_forward_its_time_and_streamed_bytes_its_own(tiny_targ
         assert (event.prefill_tokens, event.prefill_s) == (0, 0.0)
         assert_moved(event, 1, FORWARD_S)
     assert [event.finished for event in (first, *rest)] == [False] * 4 + [True]
+
+
+def test_a_forward_that_took_no_time_reports_the_link_idle_for_none_of_it(tiny_target, monkeypatch):
+    """The idle share is of the event's wall time: none passed on the clock, so none is reported."""
+    clock = Clock()
+    monkeypatch.setattr(device_clock, "perf_counter", clock)
+    target = Metered(tiny_target.model, TokenStream(), clock=clock, cost=0.0)
+    events = list(AutoregressiveEngine(target, []).generate(PROMPT, 3, GREEDY))
+    assert [(event.target_s, event.link_idle) for event in events] == [(0.0, 0.0)] * 3
+    assert [event.transfer_bytes for event in events] == [len(PROMPT), 1, 1]
 
 
 def test_a_stop_token_ends_the_reply_on_its_event(tiny_target):
