@@ -218,6 +218,7 @@ def test_every_way_out_closes_the_backend_once(store_path, keys):
 
 
 REPLYING_CHILD = textwrap.dedent("""
+    import signal
     import sys
     import threading
     from pathlib import Path
@@ -244,6 +245,9 @@ REPLYING_CHILD = textwrap.dedent("""
         threading.Thread(target=open_when_cut, args=(app.session.job,), daemon=True).start()
         replying.touch()
 
+    # A suite started in the background by a shell without job control inherits SIGINT ignored, and
+    # Python then leaves it so: the child takes SIGINT as a terminal's process would.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app.run(headless=True, auto_pilot=reply_then_wait)
     print(backend.closes)
 """)
