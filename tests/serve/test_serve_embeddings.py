@@ -182,8 +182,9 @@ def test_the_key_guards_the_embedding_routes(tiny_target):
 
 
 def test_an_embedding_between_two_turns_leaves_the_conversations_caches(tiny_target, tiny_draft):
-    """Two slots, the embedding run on the first, which holds the conversation: the second turn goes
-    back to it and reuses everything up to the first reply's last token, with the tokens a fresh
+    """Two slots, the embedding run on the first, which holds the conversation, and counted as no
+    use of a slot: a new conversation after it takes the other slot, and the second turn goes back
+    to the first and reuses everything up to the first reply's last token, with the tokens a fresh
     engine gives."""
     engines = [TreeEngine(SPECEXEC, tiny_target, tiny_draft, frozenset(), TreeShape(budget=8, max_depth=4))
                for _ in range(2)]
@@ -193,6 +194,7 @@ def test_an_embedding_between_two_turns_leaves_the_conversations_caches(tiny_tar
         chat = client(url)
         reply = chat.chat.completions.create(model=MODEL, messages=first, max_tokens=8, temperature=0)
         chat.embeddings.create(model=MODEL, input=TEXTS[1])
+        chat.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": TEXTS[2]}], max_tokens=8)
         second = [*first, {"role": "assistant", "content": reply.choices[0].message.content},
                   {"role": "user", "content": TEXTS[2]}]
         again = chat.chat.completions.create(model=MODEL, messages=second, max_tokens=8, temperature=0)

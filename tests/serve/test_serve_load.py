@@ -155,6 +155,20 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine_within_one_iteration()
         assert engine.produced - produced_before == len("next.")
 
 
+def test_a_reply_that_meets_its_stop_string_frees_the_engine_before_it_is_answered():
+    """The client has what it wanted: its decode is withdrawn before the response is sent, not left
+    to run the reply's thousands of tokens ahead of the next request."""
+    engine = CountingEngine(FakeEngine(reply="abcd" + "x" * 5000, accepted=(0,), delay_s=0.05))
+    app, scheduler = make_app([engine])
+    produced_at_cancel = count_at_cancels(scheduler, engine)
+    with serving(app) as url:
+        reply = client(url).chat.completions.create(model=MODEL, messages=user("a"), stop=["c"])
+        assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("ab", "stop")
+        assert len(produced_at_cancel) == 1  # withdrawn while it ran, before the answer left
+        wait_until(lambda: scheduler.running is None, "the engine is free")
+        assert engine.produced - produced_at_cancel[0] <= 1  # at most the iteration in progress
+
+
 def test_a_client_that_leaves_while_queued_frees_its_place_and_never_runs():
     engine = slow_engine()
     app, scheduler = make_app([engine], max_queue=1)
