@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 from specchat.tui.export import to_markdown
-from specchat.tui.store import ConversationStore, StoreError, default_path
+from specchat.tui.store import Conversation, ConversationStore, StoreError, default_path
 
 
 @pytest.fixture
@@ -64,6 +64,31 @@ def test_unknown_schema_version_is_refused(path):
     db.close()
     with pytest.raises(StoreError, match="schema version 99"):
         ConversationStore(path)
+
+
+FIRST_RELEASE_FILE = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+INSERT INTO schema_version VALUES (1);
+CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL,
+                            created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL, role TEXT NOT NULL,
+                       content TEXT NOT NULL, cut INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL);
+INSERT INTO conversations VALUES (4, 'kept', 'Be brief.', 10.0, 20.0);
+INSERT INTO messages VALUES (1, 4, 'user', 'hi', 0, 11.0), (2, 4, 'assistant', 'hel', 1, 12.0);
+"""
+
+
+def test_a_history_file_as_the_first_release_wrote_it_is_read_whole(path):
+    """Version 1's tables, written here by plain SQL: an upgrade of specchat loses none of them."""
+    path.parent.mkdir(parents=True)
+    db = sqlite3.connect(path)
+    db.executescript(FIRST_RELEASE_FILE)
+    db.close()
+    store = ConversationStore(path)
+    assert store.notice is None and store.last_conversation_id() == 4
+    assert store.conversation(4) == Conversation(4, "kept", "Be brief.", 20.0)
+    assert [(m.id, m.role, m.content, m.cut) for m in store.messages(4)] == [
+        (1, "user", "hi", False), (2, "assistant", "hel", True)]
 
 
 def test_delete_and_system_prompt_updates(path):
