@@ -249,7 +249,8 @@ def test_an_api_key_guards_v1_but_not_health():
 
 
 def request_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "specchat.serve" and r.getMessage().startswith(("GET", "POST"))]
+    return [r.getMessage() for r in caplog.records
+            if r.name == "specchat.serve" and r.getMessage().startswith(("GET", "POST"))]
 
 
 @pytest.mark.parametrize("log_prompts", [False, True])
@@ -279,6 +280,8 @@ class FailingEngine(FakeEngine):
 
 
 def test_an_engine_failure_is_one_line_500_and_the_server_goes_on(caplog):
+    """The log counts the tokens decoded before the failure, the whole reply's and the stream's alike."""
+    caplog.set_level(logging.INFO, logger="specchat.serve")
     engine = FailingEngine()
     app, _ = make_app([engine])
     with serving(app) as url:
@@ -290,6 +293,9 @@ def test_an_engine_failure_is_one_line_500_and_the_server_goes_on(caplog):
         engine.reply = "ok."
         with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
             assert response.status == 200
+    whole, streamed = request_lines(caplog)[:2]
+    assert whole.startswith(f"POST /v1/chat/completions 500 tokens {PROMPT_OVERHEAD + 2}+3 ")
+    assert streamed.startswith(f"POST /v1/chat/completions 200 tokens {PROMPT_OVERHEAD + 2}+3 ")
 
 
 # The tiny random models: what the server sends is exactly what the engine decodes.
@@ -341,7 +347,8 @@ def test_a_second_turn_goes_to_the_slot_holding_the_first_with_its_whole_sequenc
     first = user("hello there")
     with serving(app) as url:
         chat = client(url)
-        text = chat.chat.completions.create(model=MODEL, messages=first, max_tokens=12, temperature=0).choices[0].message.content
+        answer = chat.chat.completions.create(model=MODEL, messages=first, max_tokens=12, temperature=0)
+        text = answer.choices[0].message.content
         holder = next(slot for slot in scheduler.slots if slot.sequence)
         held = list(holder.sequence)
         chat.chat.completions.create(model=MODEL, messages=user("another conversation"), max_tokens=4)

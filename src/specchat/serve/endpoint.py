@@ -133,15 +133,15 @@ class Endpoint:
 
     async def collect(self, request: Request, job: Job, reply: Reply, texts: AsyncIterator[str] | None = None) -> str:
         """The whole reply's text (`texts`: its pieces, when not `texts(job, reply)`'s), once it has
-        ended; a disconnect withdraws the job."""
+        ended; a disconnect withdraws the job. The log counts the tokens decoded however it ends, a
+        failure's too (as a stream's does)."""
         watcher = asyncio.create_task(self.withdraw_on_disconnect(request, job))
         try:
-            text = "".join([piece async for piece in texts or self.texts(job, reply)])
+            return "".join([piece async for piece in texts or self.texts(job, reply)])
         finally:
             watcher.cancel()
             self.scheduler.withdraw(job)
-        request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
-        return text
+            request.state.tokens = (len(job.prompt_ids), reply.completion_tokens)
 
     async def computed(self, request: Request, prompt_ids: list[int],
                        work: Callable[[Engine, threading.Event], object], keeps: bool = False) -> object:
