@@ -6,6 +6,7 @@ Ollama's truncate cuts to the context; llama.cpp's /embedding normalizes as embd
 every refusal is one line of each API's shape."""
 
 import base64
+import logging
 
 import numpy
 import ollama
@@ -52,6 +53,15 @@ def test_openai_vectors_are_the_pooled_rows_at_unit_length_in_order(served, tiny
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == 10
     # float32 rounding: 5e-8 off length 1 at most (AMD EPYC, 2026-12-02)
     assert numpy.linalg.norm(answer.data[0].embedding) == pytest.approx(1.0, abs=1e-7)
+
+
+def test_an_embedding_is_logged_with_its_inputs_tokens_and_none_decoded(tiny_target, caplog):
+    caplog.set_level(logging.INFO, logger="specchat.serve")
+    app, _ = make_app([AutoregressiveEngine(tiny_target, [])], tokenizer=TINY_TOKENIZER, context=CONTEXT)
+    with serving(app) as url:  # read once the server has stopped: every line is logged
+        client(url).embeddings.create(model=MODEL, input=TEXTS)
+    [line] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("POST")]
+    assert line.startswith("POST /v1/embeddings 200 tokens 10+0 ")
 
 
 def test_token_arrays_embed_as_the_texts_they_encode(served):
