@@ -137,3 +137,13 @@ def test_an_unreadable_file_is_moved_aside_and_a_new_one_started(path):
 def test_the_history_is_written_ahead(path):
     store = ConversationStore(path)
     assert store.db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_closing_the_store_folds_the_write_ahead_log_into_the_file(path):
+    """The last connection's close checkpoints the log and removes it: the history is one file again,
+    which a copy or a backup of the data folder takes whole."""
+    store = ConversationStore(path)
+    store.add_message(store.new_conversation("t", ""), "user", "hi")
+    assert path.with_name(path.name + "-wal").exists()
+    store.close()
+    assert not path.with_name(path.name + "-wal").exists()
