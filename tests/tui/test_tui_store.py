@@ -147,3 +147,18 @@ def test_closing_the_store_folds_the_write_ahead_log_into_the_file(path):
     assert path.with_name(path.name + "-wal").exists()
     store.close()
     assert not path.with_name(path.name + "-wal").exists()
+
+
+def test_the_data_folder_is_made_with_the_folders_above_it(tmp_path):
+    """A fresh machine may lack the platform's data folder itself (~/.local/share), not only ours."""
+    path = tmp_path / "share" / "specchat" / "history.sqlite3"
+    store = ConversationStore(path)
+    store.add_message(store.new_conversation("t", ""), "user", "hi")
+    assert path.is_file()
+
+
+def test_a_message_for_no_conversation_is_refused_and_nothing_is_written(path):
+    store = ConversationStore(path)
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_message(999, "user", "orphan")
+    assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone() == (0,)
