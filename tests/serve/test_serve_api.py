@@ -10,7 +10,8 @@ from time import perf_counter
 
 import openai
 import pytest
-from helpers.serve_helpers import MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, serving, user
+from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, post_streamed, serving,
+                                   user)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -273,6 +274,15 @@ def test_one_log_line_per_request_prompts_only_when_asked(caplog, log_prompts):
     assert "secret plan" not in caplog.text or log_prompts
 
 
+def test_a_stream_carries_text_beyond_ascii_as_utf8_itself():
+    """As OpenAI and llama.cpp send it: "é" on the wire, not its \\u escape (a byte-counting client
+    or a grep of a captured stream sees the text)."""
+    app, _ = make_app([FakeEngine(reply="café.")])
+    with serving(app) as url:
+        lines = post_streamed(f"{url}/v1/chat/completions", {"model": MODEL, "messages": user("hi")})
+    assert "".join(lines).count("é") == 1 and "\\u00e9" not in "".join(lines)
+
+
 class FailingEngine(FakeEngine):
     def generate(self, prompt_ids, max_new_tokens, sampling):
         yield from super().generate(prompt_ids, 3, sampling)
@@ -288,6 +298,7 @@ def test_an_engine_failure_is_one_line_500_and_the_server_goes_on(caplog):
         with pytest.raises(openai.InternalServerError) as failed:
             client(url).chat.completions.create(model=MODEL, messages=user("hi"))
         assert failed.value.body["message"] == "decoding failed: RuntimeError: out of memory"
+        assert (failed.value.body["type"], failed.value.body["code"]) == ("server_error", "decoding_failed")
         with pytest.raises(openai.APIError, match="decoding failed: RuntimeError: out of memory"):
             list(client(url).chat.completions.create(model=MODEL, messages=user("hi"), stream=True))
         engine.reply = "ok."

@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers.serve_helpers import MODEL, make_app, serving, user
+from helpers.serve_helpers import MODEL, CharTokenizer, make_app, serving, user
 
 from specchat.tui.fake import FakeEngine
 
@@ -271,3 +271,20 @@ def test_a_form_the_engine_cannot_keep_is_a_400_before_any_stream_opens(path, re
     assert status == 400 and message == (f"{field} under --engine sd (serve with specexec or autoregressive) is "
                                          "not supported by specchat")
     assert engine.calls == []  # nothing was queued
+
+
+class SilentTemplate(CharTokenizer):
+    """A chat template that renders nothing of any conversation."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict=False, tools=None):
+        return {"input_ids": []} if tokenize else ""
+
+
+def test_messages_the_template_renders_as_nothing_are_a_400_naming_the_messages():
+    engine = FakeEngine()
+    app, _ = make_app([engine], tokenizer=SilentTemplate())
+    with serving(app) as url:
+        status, got = send(url, "POST", "/v1/chat/completions", body(), AUTH)
+    assert (status, got["error"]["message"], got["error"]["param"]) == (
+        400, "the messages are empty after tokenization", "messages")
+    assert engine.calls == []
