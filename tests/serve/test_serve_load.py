@@ -122,6 +122,7 @@ def test_a_full_queue_answers_429_and_takes_requests_again_once_it_drains():
         with pytest.raises(openai.RateLimitError) as refused:
             client(url).chat.completions.create(model=MODEL, messages=user("d"))
         assert refused.value.status_code == 429 and refused.value.code == "queue_full"
+        assert refused.value.type == "rate_limit_error"  # OpenAI's type: clients back off and retry on it
         assert refused.value.body["message"] == "the queue is full (2 requests waiting): retry later"
         # The waiting clients leave first, while "a" still runs: had "a" left first, the scheduler
         # could start "b" before the server saw "b" leave (it did once under load).
