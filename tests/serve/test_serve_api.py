@@ -298,6 +298,7 @@ def test_an_engine_failure_is_one_line_500_and_the_server_goes_on(caplog):
         with pytest.raises(openai.InternalServerError) as failed:
             client(url).chat.completions.create(model=MODEL, messages=user("hi"))
         assert failed.value.body["message"] == "decoding failed: RuntimeError: out of memory"
+        assert failed.value.status_code == 500
         assert (failed.value.body["type"], failed.value.body["code"]) == ("server_error", "decoding_failed")
         with pytest.raises(openai.APIError, match="decoding failed: RuntimeError: out of memory"):
             list(client(url).chat.completions.create(model=MODEL, messages=user("hi"), stream=True))
