@@ -1,5 +1,6 @@
 """The SQLite conversation store and the markdown export."""
 
+import re
 import sqlite3
 
 import pytest
@@ -44,6 +45,14 @@ def test_recent_inputs_are_user_messages_oldest_first(path):
     for role, text in [("user", "a"), ("assistant", "x"), ("user", "b")]:
         store.add_message(conversation, role, text)
     assert store.recent_inputs() == ["a", "b"]
+
+
+def test_the_recall_holds_the_last_two_hundred_inputs(path):
+    store = ConversationStore(path)
+    conversation = store.new_conversation("t", "")
+    for number in range(201):
+        store.add_message(conversation, "user", str(number))
+    assert store.recent_inputs() == [str(number) for number in range(1, 201)]
 
 
 def test_failed_write_leaves_nothing_behind(path):
@@ -119,12 +128,19 @@ def test_markdown_export(path):
 
 
 def test_an_unreadable_file_is_moved_aside_and_a_new_one_started(path):
+    """Its write-ahead log goes beside it, under the same stamp and as it was (it may hold the last
+    messages written), and the log's index too (SQLite's shared memory, which it rewrites on opening)."""
     path.parent.mkdir(parents=True)
-    garbage = b"not a database " * 400
+    garbage, log = b"not a database " * 400, b"a log"
     path.write_bytes(garbage)
+    path.with_name(path.name + "-wal").write_bytes(log)
+    path.with_name(path.name + "-shm").write_bytes(b"a map")
     store = ConversationStore(path)
-    backups = list(path.parent.glob("history.sqlite3.corrupt-*"))
+    backups = list(path.parent.glob("history.sqlite3.corrupt-*[0-9]"))
     assert len(backups) == 1 and backups[0].read_bytes() == garbage  # kept as it was
+    assert re.fullmatch(r"history\.sqlite3\.corrupt-\d{8}-\d{6}", backups[0].name)  # when: sorts by time
+    assert backups[0].with_name(backups[0].name + "-wal").read_bytes() == log
+    assert backups[0].with_name(backups[0].name + "-shm").is_file()
     assert store.notice == (f"the history file could not be read (file is not a database): it was moved to "
                             f"{backups[0]}; a new one is used")
     conversation = store.new_conversation("after", "")

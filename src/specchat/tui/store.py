@@ -63,6 +63,13 @@ class StoreError(SpecchatError):
     """The history file exists but was written by an unknown version of specchat."""
 
 
+class Unreadable(SpecchatError):
+    """SQLite could not read the history file, which is now at `backup` with its log and map."""
+
+    def __init__(self, backup: Path, error: sqlite3.DatabaseError) -> None:
+        super().__init__(f"the history file could not be read ({error}): it was moved to {backup}")
+
+
 class ConversationStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_path()
@@ -70,18 +77,24 @@ class ConversationStore:
         self.notice: str | None = None  # one line for the user when the file had to be moved aside
         try:
             self.open()
-        except sqlite3.DatabaseError as error:
-            backup = self.move_aside()
-            self.notice = f"the history file could not be read ({error}): it was moved to {backup}; a new one is used"
+        except Unreadable as moved:
+            self.notice = f"{moved}; a new one is used"
             self.open()
 
     def open(self) -> None:
+        """Connect and migrate. A file SQLite cannot read is moved aside before its connection closes:
+        closing deletes the write-ahead log and shared memory SQLite found beside the file, and the
+        log may hold the last messages written."""
         # Autocommit mode, so that `transaction` alone decides where each write begins and ends.
         self.db = sqlite3.connect(self.path, isolation_level=None)
         try:
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA foreign_keys = ON")
             self.migrate()
+        except sqlite3.DatabaseError as error:
+            backup = self.move_aside()
+            self.db.close()
+            raise Unreadable(backup, error) from None
         except BaseException:
             self.db.close()
             raise
