@@ -5,6 +5,7 @@ field."""
 
 from types import SimpleNamespace
 
+import openai
 import pytest
 from helpers.serve_helpers import MODEL, RecordingGrammars, client, make_app, post_json, post_refused, serving
 
@@ -77,4 +78,8 @@ def test_a_grammar_that_cannot_compile_or_a_second_form_is_a_400_before_anything
         400, "the grammar cannot be compiled: Rule 'nowhere' not found")
     assert post_refused(f"{url}/completion", {"prompt": "x", "grammar": GBNF, "json_schema": SCHEMA}) == (
         400, "json_schema and grammar ask two forms of one reply: send one")
+    with pytest.raises(openai.BadRequestError) as refused:  # OpenAI's shape names the code and the field
+        client(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                            extra_body={"grammar": "root ::= nowhere\n"})
+    assert (refused.value.code, refused.value.param) == ("invalid_value", "grammar")
     assert engine.calls == []
