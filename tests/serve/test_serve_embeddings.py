@@ -212,3 +212,18 @@ def test_an_embedding_between_two_turns_leaves_the_conversations_caches(tiny_tar
     prompt = TINY_TOKENIZER.apply_chat_template(second, True, True, True)["input_ids"]
     fresh = AutoregressiveEngine(tiny_target, frozenset()).generate(prompt, 8, SamplingParams(0.0))
     assert again.choices[0].message.content == TINY_TOKENIZER.decode([t for e in fresh for t in e.token_ids])
+
+
+class FailingPass(AutoregressiveEngine):
+    def embed(self, token_ids, pooling):
+        raise RuntimeError("out of memory")
+
+
+def test_a_pass_that_fails_is_one_line_500_of_its_own_code(tiny_target):
+    app, _ = make_app([FailingPass(tiny_target, [])], tokenizer=TINY_TOKENIZER, context=CONTEXT)
+    with serving(app) as url:
+        with pytest.raises(openai.InternalServerError) as failed:
+            client(url).embeddings.create(model=MODEL, input=TEXTS[0])
+    assert failed.value.status_code == 500
+    assert (failed.value.body["message"], failed.value.body["code"]) == (
+        "the target's pass failed: RuntimeError: out of memory", "pass_failed")
