@@ -2,6 +2,7 @@
 
 import re
 import sqlite3
+import sys
 
 import pytest
 
@@ -71,8 +72,9 @@ def test_unknown_schema_version_is_refused(path):
     db.execute("UPDATE schema_version SET version = 99")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match="schema version 99"):
+    with pytest.raises(StoreError) as refused:
         ConversationStore(path)
+    assert str(refused.value) == f"{path} has schema version 99; this specchat reads 1"
 
 
 FIRST_RELEASE_FILE = """
@@ -113,6 +115,21 @@ def test_delete_and_system_prompt_updates(path):
 def test_data_dir_override(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECCHAT_DATA_DIR", str(tmp_path))
     assert default_path() == tmp_path / "history.sqlite3"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="XDG_DATA_HOME places the data folder on Linux only")
+def test_the_history_lives_in_the_platforms_data_folder_under_specchat(monkeypatch, tmp_path):
+    """Where every release looked for it ($XDG_DATA_HOME/specchat on Linux): moving it would hide
+    the user's conversations."""
+    monkeypatch.delenv("SPECCHAT_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_path() == tmp_path / "specchat" / "history.sqlite3"
+
+
+def test_the_list_of_conversations_holds_the_last_twenty_updated(path):
+    store = ConversationStore(path)
+    ids = [store.new_conversation(str(number), "") for number in range(21)]
+    assert [conversation.id for conversation in store.conversations()] == ids[:0:-1]
 
 
 def test_markdown_export(path):
