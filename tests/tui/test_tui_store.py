@@ -195,3 +195,14 @@ def test_a_message_for_no_conversation_is_refused_and_nothing_is_written(path):
     with pytest.raises(sqlite3.IntegrityError):
         store.add_message(999, "user", "orphan")
     assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone() == (0,)
+
+
+def test_a_folder_in_the_history_files_place_is_moved_aside_and_a_new_file_started(path):
+    (path / "inside").mkdir(parents=True)
+    store = ConversationStore(path)
+    [backup] = path.parent.glob("history.sqlite3.corrupt-*")
+    assert (backup / "inside").is_dir() and store.notice == (
+        f"the history file could not be read (unable to open database file): it was moved to {backup}; "
+        "a new one is used")
+    store.add_message(store.new_conversation("t", ""), "user", "hi")
+    assert path.is_file()

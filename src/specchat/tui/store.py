@@ -85,8 +85,10 @@ class ConversationStore:
         """Connect and migrate. A file SQLite cannot read is moved aside before its connection closes:
         closing deletes the write-ahead log and shared memory SQLite found beside the file, and the
         log may hold the last messages written."""
-        # Autocommit mode, so that `transaction` alone decides where each write begins and ends.
-        self.db = sqlite3.connect(self.path, isolation_level=None)
+        try:  # autocommit mode, so that `transaction` alone decides where each write begins and ends
+            self.db = sqlite3.connect(self.path, isolation_level=None)
+        except sqlite3.DatabaseError as error:  # nothing SQLite can open (a folder in the file's place)
+            raise Unreadable(self.move_aside(), error) from None
         try:
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA foreign_keys = ON")
