@@ -11,7 +11,7 @@ from time import perf_counter
 import openai
 import pytest
 from helpers.serve_helpers import (MODEL, TINY_TOKENIZER, CharTokenizer, client, make_app, post_streamed, serving,
-                                   user)
+                                   serving_engine, user)
 
 from specchat.decoding.autoregressive import AutoregressiveEngine
 from specchat.decoding.events import SamplingParams
@@ -277,8 +277,7 @@ def test_one_log_line_per_request_prompts_only_when_asked(caplog, log_prompts):
 def test_a_stream_carries_text_beyond_ascii_as_utf8_itself():
     """As OpenAI and llama.cpp send it: "é" on the wire, not its \\u escape (a byte-counting client
     or a grep of a captured stream sees the text)."""
-    app, _ = make_app([FakeEngine(reply="café.")])
-    with serving(app) as url:
+    with serving_engine(FakeEngine(reply="café.")) as url:
         lines = post_streamed(f"{url}/v1/chat/completions", {"model": MODEL, "messages": user("hi")})
     assert "".join(lines).count("é") == 1 and "\\u00e9" not in "".join(lines)
 

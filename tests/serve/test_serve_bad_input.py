@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers.serve_helpers import MODEL, CharTokenizer, make_app, serving, user
+from helpers.serve_helpers import MODEL, CharTokenizer, make_app, serving, serving_engine, user
 
 from specchat.tui.fake import FakeEngine
 
@@ -282,8 +282,7 @@ class SilentTemplate(CharTokenizer):
 
 def test_messages_the_template_renders_as_nothing_are_a_400_naming_the_messages():
     engine = FakeEngine()
-    app, _ = make_app([engine], tokenizer=SilentTemplate())
-    with serving(app) as url:
+    with serving_engine(engine, tokenizer=SilentTemplate()) as url:
         status, got = send(url, "POST", "/v1/chat/completions", body(), AUTH)
     assert (status, got["error"]["message"], got["error"]["param"]) == (
         400, "the messages are empty after tokenization", "messages")

@@ -57,8 +57,8 @@ def test_openai_vectors_are_the_pooled_rows_at_unit_length_in_order(served, tiny
 
 def test_an_embedding_is_logged_with_its_inputs_tokens_and_none_decoded(tiny_target, caplog):
     caplog.set_level(logging.INFO, logger="specchat.serve")
-    app, _ = make_app([AutoregressiveEngine(tiny_target, [])], tokenizer=TINY_TOKENIZER, context=CONTEXT)
-    with serving(app) as url:  # read once the server has stopped: every line is logged
+    engine = AutoregressiveEngine(tiny_target, [])
+    with serving_engine(engine, tokenizer=TINY_TOKENIZER, context=CONTEXT) as url:  # read once it stops
         client(url).embeddings.create(model=MODEL, input=TEXTS)
     [line] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("POST")]
     assert line.startswith("POST /v1/embeddings 200 tokens 10+0 ")
@@ -220,8 +220,7 @@ class FailingPass(AutoregressiveEngine):
 
 
 def test_a_pass_that_fails_is_one_line_500_of_its_own_code(tiny_target):
-    app, _ = make_app([FailingPass(tiny_target, [])], tokenizer=TINY_TOKENIZER, context=CONTEXT)
-    with serving(app) as url:
+    with serving_engine(FailingPass(tiny_target, []), tokenizer=TINY_TOKENIZER, context=CONTEXT) as url:
         with pytest.raises(openai.InternalServerError) as failed:
             client(url).embeddings.create(model=MODEL, input=TEXTS[0])
     assert failed.value.status_code == 500

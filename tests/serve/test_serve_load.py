@@ -49,9 +49,9 @@ class CountingEngine:
             yield event
 
 
-def slow_engine(delay_s: float = 0.05) -> CountingEngine:
-    """One token per iteration, a long reply: minutes unless cancelled."""
-    return CountingEngine(FakeEngine(reply="x" * 5000, accepted=(0,), delay_s=delay_s))
+def slow_engine(start: str = "") -> CountingEngine:
+    """One token per iteration, a long reply (`start`, then x's): minutes unless cancelled."""
+    return CountingEngine(FakeEngine(reply=start + "x" * 5000, accepted=(0,), delay_s=0.05))
 
 
 def count_at_cancels(scheduler, engine: CountingEngine) -> list[int]:
@@ -159,7 +159,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine_within_one_iteration()
 def test_a_reply_that_meets_its_stop_string_frees_the_engine_before_it_is_answered():
     """The client has what it wanted: its decode is withdrawn before the response is sent, not left
     to run the reply's thousands of tokens ahead of the next request."""
-    engine = CountingEngine(FakeEngine(reply="abcd" + "x" * 5000, accepted=(0,), delay_s=0.05))
+    engine = slow_engine("abcd")
     app, scheduler = make_app([engine])
     produced_at_cancel = count_at_cancels(scheduler, engine)
     with serving(app) as url:
