@@ -57,7 +57,8 @@ def test_send_stores_the_message_and_hands_out_the_reply_to_decode(store):
     session = session_on(store)
     outcome = session.send("hello")
     job = outcome.job
-    assert outcome.notes == () and not outcome.redraw and session.job is job
+    assert outcome.notes == () and session.job is job
+    assert not (outcome.redraw or outcome.reply_removed or outcome.system_prompt)  # the app draws only the reply
     assert job.prompt_ids == session.backend.encode([{"role": "user", "content": "hello"}])
     assert (job.engine, job.max_new_tokens, job.sampling.seed) == (session.backend.engine, 1024, 0)
     assert store.conversation(session.conversation_id).title == "hello"
@@ -99,6 +100,14 @@ def test_oldest_turns_leave_the_context_with_one_notice(store):
     prompt = len("<system>S<user>") + 500 + len("<assistant>")  # all the older turns dropped; a token a character
     assert overflow.notes == (Note(f"the prompt is {prompt} tokens, which leaves no room for a reply in the 300-token "
                                    "context: shorten it", error=True),)
+
+
+def test_a_first_message_too_long_for_the_context_is_left_out_of_the_next_prompt_with_a_notice(store):
+    session = session_on(store, context=300)
+    assert session.send("x" * 400).notes[0].error
+    outcome = session.send("q1")
+    assert outcome.notes == (Note("context full: the oldest 1 messages are left out (system prompt kept)"),)
+    assert session.backend.tokenizer.decode(outcome.job.prompt_ids) == "<user>q1<assistant>"
 
 
 def test_each_prompt_extends_the_last_one_until_turns_are_dropped(store):
@@ -205,7 +214,10 @@ def test_switching_engines_carries_the_settings_over(store):
         Note("engine set to autoregressive"),
     )
     assert session.backend.engine.budget == 40 and session.settings.engine == "autoregressive"
-    assert session.send("hi").job.engine is session.backend.engines["autoregressive"]
+    job = session.send("hi").job
+    assert job.engine is session.backend.engines["autoregressive"]
+    assert session.change("engine", "specexec").notes == (Note("engine set to specexec from the next reply"),)
+    assert job.engine is session.backend.engines["autoregressive"]  # the reply being written keeps its engine
 
 
 def test_system_prompt_is_stored_with_the_conversation(store):
@@ -246,6 +258,17 @@ def test_retry_deletes_the_last_reply_and_writes_it_again(store):
     session.send("x" * 5000)  # overflows: no reply to remove
     retried = session.retry()
     assert not retried.reply_removed and retried.notes[0].error
+
+
+def test_retry_writes_the_reply_a_first_message_had_no_room_for_once_it_has(store):
+    session = session_on(store, context=300)
+    session.change("system_prompt", "S" * 300)
+    assert session.send("question").notes[0].error and [e.role for e in session.entries] == ["user"]
+    session.change("system_prompt", "Be brief.")
+    retried = session.retry()
+    assert retried.notes == () and not retried.reply_removed
+    assert session.backend.tokenizer.decode(retried.job.prompt_ids) == "<system>Be brief.<user>question<assistant>"
+    assert stored(session) == [("user", "question", False), ("assistant", "", True)]
 
 
 def test_clear_starts_a_new_conversation(store):
@@ -299,6 +322,7 @@ def test_messages_and_conversation_commands_wait_for_the_reply(store):
     for command in [commands.Clear(), commands.Retry(), commands.Load(None), commands.Load(1)]:
         assert session.execute(command) == Outcome(notes=(Note(BUSY, error=True),)), command
     assert session.send("third") == Outcome(notes=(Note(BUSY, error=True),))
+    assert BUSY == "a reply is being written: press Esc to stop it first"  # the way out, said where it is refused
     assert session.job is job and session.conversation_id == 1 and len(session.entries) == 3
 
 
