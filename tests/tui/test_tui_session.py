@@ -148,6 +148,7 @@ def test_setting_changes_reach_the_engine_live_and_say_when(store):
     engine = session.backend.engine
     assert session.change("budget", 64) == Outcome(notes=(Note("budget set to 64"),))
     assert session.change("seed", None).notes == (Note("seed set to off"),)
+    assert session.change("max_tokens", 100).notes == (Note("max-tokens set to 100"),)  # as the command is typed
     job = session.send("go").job
     assert session.change("depth", 8).notes == (Note("depth set to 8 from the next iteration"),)
     assert session.change("temperature", 0.2).notes == (Note("temperature set to 0.2 from the next reply"),)
@@ -300,15 +301,18 @@ def test_load_lists_and_reopens_conversations(store):
     assert [(e.role, e.content) for e in session.entries] == [("user", "first question"), ("assistant", REPLY)]
 
 
-def test_save_exports_markdown_or_says_why_not(store, tmp_path):
+def test_save_exports_markdown_or_says_why_not(store, tmp_path, monkeypatch):
     session = session_on(store)
     assert session.save(None).notes == (Note("nothing to save yet", error=True),)
     ask(session, "first question")
     target = tmp_path / "out.md"
     assert session.execute(commands.Save(str(target))).notes == (Note(f"saved to {target}"),)
     assert target.read_text().startswith("# first question\n\n## User\n\nfirst question")
-    refused = session.save(str(tmp_path / "missing" / "out.md")).notes[0]
-    assert refused.error and refused.text.startswith("cannot save to")
+    monkeypatch.chdir(tmp_path)
+    named = tmp_path / f"specchat-{session.conversation_id}.md"
+    assert session.save(None).notes == (Note(f"saved to {named}"),) and named.read_text() == target.read_text()
+    missing = tmp_path / "missing" / "out.md"
+    assert session.save(str(missing)).notes == (Note(f"cannot save to {missing}: No such file or directory", True),)
     nameless = session.save("a\x00b.md").notes[0]  # a pasted name: ValueError, which crashed the app
     assert nameless.error and nameless.text == "/save 'a\\x00b.md': not a file name"
     homeless = session.save("~specchat-no-such-user/out.md").notes[0]
