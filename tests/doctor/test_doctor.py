@@ -1,6 +1,7 @@
 """`specchat doctor`: the recommendation rule, the report, and the command end to end."""
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,10 +10,12 @@ from helpers.doctor_facts import GB, made_up_facts
 
 from specchat.doctor.advice import Recommendation, advise
 from specchat.doctor.facts import CudaDevice
-from specchat.doctor.plan import PairPlan
-from specchat.doctor.report import render
+from specchat.doctor.limit import Limit
+from specchat.doctor.plan import PairPlan, Routing
+from specchat.doctor.report import render, render_described
 from specchat.machine_links import read_links
 from specchat.offload.placement import Placement
+from specchat.plan import Machine
 from specchat.plan.budget import Item, MemoryPlan
 from specchat.plan.placement import Rooms
 
@@ -61,15 +64,21 @@ def test_the_recommendation_names_the_planned_weights_and_the_transfer_cost():
     assert "streams 1.80 GB, ~0.15 s streaming per pass at 12.00 GB/s from RAM" in in_ram
 
 
-def test_render_cpu_report():
-    report = render(made_up_facts(), "qwen2.5-coder-1.5b", Recommendation("none", 16, "because"), RESIDENT)
-    for line in (
+def test_render_cpu_report_whole():
+    limit = Limit(smallest=3 * GB, runtime=GB // 2)
+    report = render(made_up_facts(), "qwen2.5-coder-1.5b", Recommendation("none", 16, "because"), RESIDENT, limit)
+    assert report.splitlines() == [
+        "devices",
         "  cpu            Test CPU (2 cores, 4 threads)",
+        "  torch          2.9.0",
         "  cuda           no CUDA device",
+        "memory",
         "  ram            32.00 GB total, 20.00 GB available",
         "  disk           100.00 GB free at /data/offload",
+        "bandwidth",
         "  host->device   no CUDA: skipped",
         "  disk read      1.80 GB/s (O_DIRECT; 1.00 GB probe)",
+        "recommendation",
         "  target         qwen2.5-coder-1.5b: 3.80 GB of weights as the plan holds them",  # 1 GB fixed, 28 x 0.1 GB
         "  offload        none",
         "  budget         16",
@@ -77,11 +86,20 @@ def test_render_cpu_report():
         "plan (--offload auto)",
         "  context        4096 tokens, no draft",
         "  RAM (test): 4.30 GB planned",
+        "    fixed parts                                             1.00 GB",
+        "    target KV cache (5121 tokens)                           0.50 GB",
+        "    28 resident decoder layers                              2.80 GB",
         "  layers         28 resident, 0 in RAM, 0 on disk",
+        "  ring           0 slots of 0.10 GB",
         "  per pass       0.00 GB streamed; no streaming: compute speed",
         "  expected       not estimated (nothing streams, or a link speed is unknown)",
-    ):
-        assert line in report.splitlines()
+        "memory limit",
+        "  smallest       3.00 GB: the smallest memory limit (docker run --memory) the plan fits, every layer that "
+        "does not fit streamed from the disk, specchat's runtime (0.50 GB: python, torch, transformers, the "
+        "tokenizer) included (docs/memory.md)",
+    ]
+    nowhere = render(made_up_facts(), "t", None, "y", Limit(smallest=None, runtime=GB)).splitlines()
+    assert nowhere[-2:] == ["memory limit", "  smallest       none: the pair fits under no memory limit here"]
 
 
 def test_render_a_plan_that_streams_and_one_that_fits_nowhere():
@@ -89,11 +107,38 @@ def test_render_a_plan_that_streams_and_one_that_fits_nowhere():
     assert "  layers         10 resident, 0 in RAM, 18 on disk" in report
     assert "  ring           2 slots of 0.10 GB" in report
     assert "  per pass       1.80 GB streamed; ~1.00 s streaming per pass at 1.80 GB/s from disk" in report
-    assert "  expected       at most 8.0-20.0 tokens/s: 8-20 tokens per pass" in " ".join(report)
+    assert ("  expected       at most 8.0-20.0 tokens/s: 8-20 tokens per pass (SpecExec's offloaded 70B gen rates) "
+            "over the streamed pass; drafting and compute come on top") in report  # no draft to time
     report = render(made_up_facts(), "t", None, "the model fits nowhere: y").splitlines()
     assert "  target         t: no plan fits this machine (below)" in report
     assert not any(line.startswith("  offload ") for line in report)
     assert report[-2:] == ["plan (--offload auto)", "  fits nowhere   the model fits nowhere: y"]
+    noted = replace(STREAMED, memory=replace(STREAMED.memory, notes=("int8 draft: smaller", "ring: 2 slots")))
+    assert render(made_up_facts(), "t", Recommendation("disk", 256, "x"), noted).splitlines()[-2:] == [
+        "  auto           int8 draft: smaller",
+        "  auto           ring: 2 slots"]
+
+
+def test_render_a_moe_plan_says_the_experts_a_pass_routes_to_by_tree_size():
+    routing = Routing(experts=8, routed=2, touched=(2.0, 7.6, 8.0, 8.0), streamed=(0.5e9, 1.2e9, 1.25e9, 1.25e9))
+    report = render(made_up_facts(), "t", Recommendation("disk", 256, "x"), replace(STREAMED, routing=routing))
+    assert report.splitlines()[-2:] == [
+        "  experts        2 of 8 a token; a pass over n tree tokens routes to ~(1: 2.0, 16: 7.6, 64: 8.0, 1024: 8.0) "
+        "of them a layer",
+        "  by expert      a streamed layer moves its head and the experts routed to: ~(1: 0.50, 16: 1.20, 64: 1.25, "
+        "1024: 1.25) GB a pass",
+    ]
+
+
+def test_render_a_described_machine_says_what_describes_it():
+    def heading(machine: Machine) -> list[str]:
+        return render_described(machine, RESIDENT).splitlines()[:3]
+
+    assert heading(Machine(vram_gb=24, ram_gb=64, pcie_gbps=25, disk_gbps=3.5)) == [
+        "machine (described)", "  memory         24 GB GPU, 64 GB RAM", "  links          PCIe 25 GB/s, disk 3.5 GB/s"]
+    assert heading(Machine(ram_gb=7.5)) == [
+        "machine (described)", "  memory         no GPU, 7.5 GB RAM", "  links          not given"]
+    assert render_described(Machine(ram_gb=7.5), RESIDENT).splitlines()[3] == "plan (--offload auto)"
 
 
 def test_render_cuda_and_fallback():

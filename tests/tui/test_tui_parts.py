@@ -15,7 +15,7 @@ from specchat.tui.fake import REPLY, WORKER_NOTICE, FakeBackend, FakeDSIEngine, 
 from specchat.tui.history import InputHistory
 from specchat.tui.livestats import WINDOW, LiveStats, stats_report
 from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
-from specchat.tui.panels import jobs_text, settings_text, tree_text
+from specchat.tui.panels import acceptance_text, jobs_text, settings_text, timing_text, transfer_text, tree_text
 from specchat.tui.reply import ReplyJob
 from specchat.tui.settings import DecodingSettings
 from specchat.summary import summarize
@@ -191,6 +191,28 @@ def test_jobs_text_shows_the_last_event_and_the_reply_totals():
     assert jobs_text(stats) == "sent 2 · preempted 1 · in flight 3\nreply: sent 6 · preempted 3"
 
 
+def test_the_figures_before_any_iteration_are_dashes_and_zeros():
+    stats = LiveStats()
+    assert acceptance_text(stats) == "last 0 · mean 0.00 over 0"
+    assert tree_text(stats) == "size – · depth –"
+    assert timing_text(stats) == "draft 0.0 ms · target 0.0 ms\n0.0 tokens/s"
+    assert transfer_text(stats, "RAM->GPU") == "transfer RAM->GPU: 0.0 ms\n0.00 GB/s · stall 0.0 ms\nlink idle 0%"
+
+
+def test_the_figures_show_the_last_iteration_and_the_means():
+    stats = LiveStats()
+    stats.start_reply()
+    for accepted, draft_s in ((1, 0.010), (4, 0.0125)):
+        stats.record(IterationEvent(token_ids=[7] * (accepted + 1), accepted=accepted, tree_size=9, depth=3,
+                                    draft_s=draft_s, target_s=0.0375, transfer_s=0.02, transfer_bytes=10**8,
+                                    stall_s=0.0015, link_idle=0.25))
+    assert acceptance_text(stats) == "last 4 · mean 2.50 over 2"
+    # 7 tokens over (0.0475 + 0.05) s of drafting and scoring
+    assert timing_text(stats) == "draft 12.5 ms · target 37.5 ms\n71.8 tokens/s"
+    assert transfer_text(stats, "disk") == "transfer disk: 20.0 ms\n5.00 GB/s · stall 1.5 ms\nlink idle 25%"
+    assert transfer_text(stats, "") == "transfer: none (weights resident)"
+
+
 def test_settings_text_shows_lookahead_and_workers_for_dsi_only():
     tree = DecodingSettings(budget=32, depth=8, lookahead=7)
     assert settings_text(tree, workers=0) == "engine specexec\nbudget 32 · depth 8\ntemp 0.6 · top-p 0.9 · seed 0"
@@ -215,6 +237,7 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
     assert settings_text(DecodingSettings(mirostat=2), workers=0) == base + "\nmirostat 2 (tau 5, eta 0.1)"
     assert settings_text(DecodingSettings(repeat_penalty=1.1), workers=0) == base + "\nrepeat 1.1/64"
     assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=-1), workers=0) == base + "\nrepeat 1.3/all"
+    assert settings_text(DecodingSettings(repeat_penalty=1.3, repeat_last_n=0), workers=0) == base + "\nrepeat 1.3/0"
     both = DecodingSettings(presence_penalty=0.5, frequency_penalty=-0.25, repeat_last_n=16)
     assert settings_text(both, workers=0) == base + "\npresence 0.5/16 · frequency -0.25/16"
 

@@ -6,12 +6,14 @@ import asyncio
 
 import pytest
 from textual.app import App, ComposeResult
-from textual.widgets import Markdown, Sparkline
+from textual.widgets import Markdown, Sparkline, Static
 from textual.widgets.markdown import MarkdownStream
 
 from specchat.tui import redraw
 from specchat.tui.fake import fixed_event
-from specchat.tui.panels import Panels
+from specchat.tui.panels import (MIN_WIDTH, Panels, acceptance_text, jobs_text, settings_text, timing_text,
+                                 transfer_text, tree_text)
+from specchat.tui.settings import DecodingSettings
 from specchat.tui.turns import AssistantTurn
 
 
@@ -103,3 +105,55 @@ def test_the_panels_record_every_event_and_show_them_at_the_next_redraw(monkeypa
             assert list(tree_sizes.data) == [3, 5, 7]
 
     asyncio.run(scenario())
+
+
+def test_the_panels_show_every_figure_the_settings_and_dsi_jobs_for_dsi_only():
+    app = PanelsApp()
+
+    def text(panels: Panels, name: str) -> str:
+        return panels.query_one(f"#{name}", Static).content
+
+    async def scenario():
+        async with app.run_test():
+            panels = app.query_one(Panels)
+            panels.transfer_label = "disk"
+            panels.stats.record(fixed_event([1, 2], False, tree_size=5, depth=2))
+            panels.show_figures()
+            for name, shown in (("accepted", acceptance_text), ("tree", tree_text), ("jobs", jobs_text),
+                                ("timing", timing_text)):
+                assert text(panels, name) == shown(panels.stats), name
+            assert text(panels, "transfer") == transfer_text(panels.stats, "disk")
+            jobs = panels.query_one("#jobs-section")
+            panels.show_settings(DecodingSettings(engine="dsi"), workers=3)
+            assert text(panels, "settings") == settings_text(DecodingSettings(engine="dsi"), 3) and jobs.display
+            panels.show_settings(DecodingSettings(), workers=0)
+            assert text(panels, "settings") == settings_text(DecodingSettings(), 0) and not jobs.display
+
+    asyncio.run(scenario())
+
+
+def test_the_panels_follow_the_terminals_width_until_toggled_by_hand():
+    app = PanelsApp()
+
+    async def scenario():
+        async with app.run_test():
+            panels = app.query_one(Panels)
+            panels.fit(MIN_WIDTH - 1)
+            assert not panels.display
+            panels.fit(MIN_WIDTH)
+            assert panels.display
+            panels.toggle()
+            panels.fit(MIN_WIDTH + 50)  # F2 hid them: the width no longer decides
+            assert not panels.display
+            panels.toggle()
+            panels.fit(MIN_WIDTH - 1)
+            assert panels.display
+
+    asyncio.run(scenario())
+
+
+def test_each_reply_starts_its_own_totals_in_the_panels():
+    panels = Panels()
+    panels.stats.record(fixed_event([1, 2, 3], False, tree_size=5, depth=2))
+    panels.start_reply()
+    assert panels.stats.reply_tokens == 0 and panels.stats.last is not None  # the last iteration stays shown
