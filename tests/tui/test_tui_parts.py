@@ -52,6 +52,22 @@ def test_oldest_exchanges_are_dropped_first_and_system_kept():
     assert prompt.max_new_tokens == 60
 
 
+def test_a_question_left_without_a_reply_goes_alone():
+    """Two user messages in a row (the first had no room for its reply): dropping the first keeps
+    the second, which starts the next exchange."""
+    history = [{"role": "user", "content": "x" * 150}, *turns("q", "r", "s")]
+    prompt = fit_prompt([], history, encode, context=200, max_tokens=60)
+    assert prompt.dropped == 1 and prompt.ids == encode(history[1:])
+
+
+def test_dropping_stops_once_the_prompt_fills_three_quarters_of_its_room():
+    at_most = turns("a" * 40, "b" * 40, "c" * 35, "d" * 35, "e")
+    one_more = turns("a" * 40, "b" * 40, "c" * 35, "d" * 36, "e")
+    assert (len(encode(at_most[2:])), len(encode(one_more[2:]))) == (105, 106)  # 3/4 of 200 - 60 is 105
+    assert fit_prompt([], at_most, encode, context=200, max_tokens=60).dropped == 2
+    assert fit_prompt([], one_more, encode, context=200, max_tokens=60).dropped == 4
+
+
 def test_dropped_turns_stay_out_and_the_next_prompts_extend_the_last():
     """Once turns were dropped, the prompt starts there even when more would fit now, so each
     prompt extends the previous one (and the engine reuses its cache) until the next drop."""
@@ -61,6 +77,16 @@ def test_dropped_turns_stay_out_and_the_next_prompts_extend_the_last():
     assert first.dropped == second.dropped == 2
     assert second.ids[:len(first.ids) - len("<assistant>")] == first.ids[:-len("<assistant>")]
     assert len(encode(history)) <= 140  # the whole history would fit: it is not brought back
+
+
+def test_a_conversation_ending_in_replies_keeps_at_least_its_last_message():
+    """No user message follows the first to drop to: all go but the last message (a reply to
+    continue, as a front end may send)."""
+    history = turns("q", "a" * 100) + [{"role": "assistant", "content": "b" * 20}]
+    prompt = fit_prompt([], history, encode, context=200, max_tokens=60)
+    assert prompt.dropped == 2 and prompt.ids == encode(history[2:])
+    past = fit_prompt([], history, encode, context=200, max_tokens=60, start=5)  # more dropped before than are left
+    assert past.dropped == 2 and past.ids == encode(history[2:])
 
 
 def test_reply_room_is_capped_at_half_the_context():
@@ -225,12 +251,16 @@ def test_settings_text_shows_the_cuts_and_the_repeat_penalty_on_a_line_of_their_
     assert settings_text(DecodingSettings(top_k=0, min_p=0.0), workers=0) == base
     assert settings_text(DecodingSettings(top_k=-1), workers=0) == base  # -1: off, as vLLM's
     assert settings_text(DecodingSettings(top_k=40), workers=0) == base + "\ntop-k 40"
+    assert settings_text(DecodingSettings(top_k=1), workers=0) == base + "\ntop-k 1"
+    assert settings_text(DecodingSettings(top_n_sigma=0.5), workers=0) == base + "\ntop-n-sigma 0.5"
     assert settings_text(DecodingSettings(min_p=0.05), workers=0) == base + "\nmin-p 0.05"
     assert settings_text(DecodingSettings(top_k=3, min_p=0.2), workers=0) == base + "\ntop-k 3 · min-p 0.2"
     assert settings_text(DecodingSettings(typical_p=0.9), workers=0) == base + "\ntypical-p 0.9"
     assert settings_text(DecodingSettings(top_n_sigma=0), workers=0) == base  # <= 0: off, as llama.cpp's -1
     assert settings_text(DecodingSettings(dry_multiplier=0.8), workers=0) == (
         base + "\ndry 0.8 (base 1.75, allowed 2)/all")
+    assert settings_text(DecodingSettings(dry_multiplier=0.8, dry_penalty_last_n=0), workers=0) == (
+        base + "\ndry 0.8 (base 1.75, allowed 2)/0")
     assert settings_text(DecodingSettings(top_n_sigma=1.5, xtc_probability=0.5), workers=0) == (
         base + "\ntop-n-sigma 1.5 · xtc 0.5 (threshold 0.1)")
     assert settings_text(DecodingSettings(dynatemp_range=0.5), workers=0) == base + "\ndynatemp ±0.5 (exponent 1)"

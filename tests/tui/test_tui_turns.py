@@ -11,7 +11,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from specchat.tui import redraw
 from specchat.tui.fake import fixed_event
-from specchat.tui.panels import (MIN_WIDTH, Panels, acceptance_text, jobs_text, settings_text, timing_text,
+from specchat.tui.panels import (Panels, acceptance_text, jobs_text, settings_text, timing_text,
                                  transfer_text, tree_text)
 from specchat.tui.settings import DecodingSettings
 from specchat.tui.turns import AssistantTurn
@@ -138,15 +138,15 @@ def test_the_panels_follow_the_terminals_width_until_toggled_by_hand():
     async def scenario():
         async with app.run_test():
             panels = app.query_one(Panels)
-            panels.fit(MIN_WIDTH - 1)
+            panels.fit(109)
             assert not panels.display
-            panels.fit(MIN_WIDTH)
+            panels.fit(110)  # the panels' 38 columns leave the chat 72
             assert panels.display
             panels.toggle()
-            panels.fit(MIN_WIDTH + 50)  # F2 hid them: the width no longer decides
+            panels.fit(160)  # F2 hid them: the width no longer decides
             assert not panels.display
             panels.toggle()
-            panels.fit(MIN_WIDTH - 1)
+            panels.fit(109)
             assert panels.display
 
     asyncio.run(scenario())
