@@ -230,12 +230,12 @@ def test_the_figures_show_the_last_iteration_and_the_means():
     stats.start_reply()
     for accepted, draft_s in ((1, 0.010), (4, 0.0125)):
         stats.record(IterationEvent(token_ids=[7] * (accepted + 1), accepted=accepted, tree_size=9, depth=3,
-                                    draft_s=draft_s, target_s=0.0375, transfer_s=0.02, transfer_bytes=10**8,
+                                    draft_s=draft_s, target_s=0.0375, transfer_s=0.2, transfer_bytes=10**8,
                                     stall_s=0.0015, link_idle=0.25))
     assert acceptance_text(stats) == "last 4 · mean 2.50 over 2"
     # 7 tokens over (0.0475 + 0.05) s of drafting and scoring
     assert timing_text(stats) == "draft 12.5 ms · target 37.5 ms\n71.8 tokens/s"
-    assert transfer_text(stats, "disk") == "transfer disk: 20.0 ms\n5.00 GB/s · stall 1.5 ms\nlink idle 25%"
+    assert transfer_text(stats, "disk") == "transfer disk: 200.0 ms\n0.50 GB/s · stall 1.5 ms\nlink idle 25%"
     assert transfer_text(stats, "") == "transfer: none (weights resident)"
 
 

@@ -3,6 +3,7 @@ the first text at once, what follows within REDRAW_S at the next redraw, and all
 reply closes; the panels' figures likewise, and as the reply ends."""
 
 import asyncio
+from statistics import fmean
 
 import pytest
 from textual.app import App, ComposeResult
@@ -123,6 +124,8 @@ def test_the_panels_show_every_figure_the_settings_and_dsi_jobs_for_dsi_only():
                                 ("timing", timing_text)):
                 assert text(panels, name) == shown(panels.stats), name
             assert text(panels, "transfer") == transfer_text(panels.stats, "disk")
+            sparklines = panels.query(Sparkline)
+            assert len(sparklines) == 2 and all(s.summary_function is fmean for s in sparklines)  # a bar: its mean
             jobs = panels.query_one("#jobs-section")
             panels.show_settings(DecodingSettings(engine="dsi"), workers=3)
             assert text(panels, "settings") == settings_text(DecodingSettings(engine="dsi"), 3) and jobs.display
