@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from specchat.tui import commands
+from specchat.tui.app import SpecchatApp
 from specchat.tui.attach import Attach
+from specchat.tui.chat_input import ChatInput
 from specchat.tui.commands import Clear, CommandError, Help, Load, Quit, Retry, Save, SetSetting, Stats, parse
 from specchat.tui.settings import DecodingSettings
 
@@ -148,6 +150,19 @@ def test_every_command_is_tested_and_in_help():
     assert help_text.endswith(commands.KEYS_HELP)
 
 
+def test_the_keys_help_names_every_key_the_app_and_its_input_bind():
+    def shown(key: str) -> str:  # "ctrl+r" as the help writes it: "Ctrl+R"
+        return "+".join("Esc" if part == "escape" else part.capitalize() for part in key.split("+"))
+
+    for binding in SpecchatApp.BINDINGS + ChatInput.BINDINGS:
+        assert shown(binding.key) in commands.KEYS_HELP, binding.key
+
+
+def test_a_command_is_a_message_starting_with_a_slash():
+    assert commands.is_command("/help") and commands.is_command("/")
+    assert not commands.is_command("see /help") and not commands.is_command("")
+
+
 @pytest.mark.parametrize(
     "candidates, hint",
     [
@@ -180,6 +195,13 @@ def test_hint_after_tab(candidates, hint):
 )
 def test_completion(line, completed, candidates):
     assert commands.complete(line, ("specexec", "autoregressive")) == (completed, candidates)
+
+
+def test_tab_after_file_completes_the_path(tmp_path):
+    (tmp_path / "notes.md").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    line = f"/file {tmp_path}/no"
+    assert commands.complete(line, ()) == (f"{line}te", [f"/file {tmp_path}/notebooks/", f"/file {tmp_path}/notes.md"])
 
 
 def test_settings_reject_out_of_range_and_keep_the_original():

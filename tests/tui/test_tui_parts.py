@@ -18,6 +18,7 @@ from specchat.tui.messages import EngineNotice, IterationArrived, ReplyFinished
 from specchat.tui.panels import acceptance_text, jobs_text, settings_text, timing_text, transfer_text, tree_text
 from specchat.tui.reply import ReplyJob
 from specchat.tui.settings import DecodingSettings
+from specchat.tui.transcript import title_of
 from specchat.summary import summarize
 from specchat.textstream import TextStream
 
@@ -31,6 +32,12 @@ def encode(messages):
 def turns(*contents):
     roles = ["user", "assistant"]
     return [{"role": roles[i % 2], "content": text} for i, text in enumerate(contents)]
+
+
+def test_a_conversation_is_titled_by_its_first_line_up_to_60_characters():
+    assert title_of("  hello\nworld") == "hello"
+    assert title_of("x" * 60) == "x" * 60
+    assert title_of("x" * 61) == "x" * 59 + "…"
 
 
 def test_prompt_fits_untouched_when_short():
