@@ -150,6 +150,11 @@ def test_every_command_is_tested_and_in_help():
     assert help_text.endswith(commands.KEYS_HELP)
 
 
+def test_the_docs_list_every_command_as_help_shows_it():
+    listed = (Path(__file__).resolve().parents[2] / "docs" / "commands.md").read_text()
+    assert [spec.usage for spec in commands.SPECS if f"`{spec.usage}`" not in listed] == []
+
+
 def test_the_keys_help_names_every_key_the_app_and_its_input_bind():
     def shown(key: str) -> str:  # "ctrl+r" as the help writes it: "Ctrl+R"
         return "+".join("Esc" if part == "escape" else part.capitalize() for part in key.split("+"))
