@@ -76,9 +76,14 @@ def test_what_does_not_fit_is_cut_as_llama_cpp_cuts_it(tokenizer):
     (["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"], 0),
     (["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<repo_name>", "<file_sep>"], 1),
     (["<fim_prefix>", "<fim_suffix>", "<fim_middle>"], 2),  # StarCoder: no repository tokens
+    (["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"], 3),  # DeepSeek-Coder
     (["<fim_prefix>", "<fim_middle>"], None),
 ])
 def test_the_family_is_the_first_whose_tokens_the_tokenizer_holds(added, family):
     tokenizer = train_tokenizer(["a b c"] * 5)
     tokenizer.add_special_tokens({"additional_special_tokens": added})
     assert fim_tokens(tokenizer) == (None if family is None else FAMILIES[family])
+
+
+def test_a_fill_in_the_middle_prompt_is_prefix_suffix_middle():
+    assert FAMILIES[0].prompt("def f(", "):\n") == "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>"
