@@ -135,11 +135,9 @@ def test_last_code_block():
 
 
 def event(accepted, tree_size=16, **costs):
-    return IterationEvent(
-        token_ids=[1] * (accepted + 1), accepted=accepted, tree_size=tree_size, depth=accepted + 1,
-        draft_s=costs.get("draft_s", 0.01), target_s=costs.get("target_s", 0.03),
-        transfer_s=costs.get("transfer_s", 0.0), transfer_bytes=costs.get("transfer_bytes", 0),
-    )
+    """An iteration that accepted `accepted` tokens; `costs` replace its times (and any other field)."""
+    return IterationEvent(token_ids=[1] * (accepted + 1), accepted=accepted, tree_size=tree_size,
+                          depth=accepted + 1, **{"draft_s": 0.01, "target_s": 0.03, **costs})
 
 
 def test_live_stats_window_mean_rate_and_bandwidth():
@@ -236,9 +234,8 @@ def test_the_figures_show_the_last_iteration_and_the_means():
     stats = LiveStats()
     stats.start_reply()
     for accepted, draft_s in ((1, 0.010), (4, 0.0125)):
-        stats.record(IterationEvent(token_ids=[7] * (accepted + 1), accepted=accepted, tree_size=9, depth=3,
-                                    draft_s=draft_s, target_s=0.0375, transfer_s=0.2, transfer_bytes=10**8,
-                                    stall_s=0.0015, link_idle=0.25))
+        stats.record(event(accepted, draft_s=draft_s, target_s=0.0375, transfer_s=0.2, transfer_bytes=10**8,
+                           stall_s=0.0015, link_idle=0.25))
     assert acceptance_text(stats) == "last 4 · mean 2.50 over 2"
     # 7 tokens over (0.0475 + 0.05) s of drafting and scoring
     assert timing_text(stats) == "draft 12.5 ms · target 37.5 ms\n71.8 tokens/s"

@@ -312,7 +312,8 @@ def test_save_exports_markdown_or_says_why_not(store, tmp_path, monkeypatch):
     named = tmp_path / f"specchat-{session.conversation_id}.md"
     assert session.save(None).notes == (Note(f"saved to {named}"),) and named.read_text() == target.read_text()
     missing = tmp_path / "missing" / "out.md"
-    assert session.save(str(missing)).notes == (Note(f"cannot save to {missing}: No such file or directory", True),)
+    assert session.save(str(missing)).notes == (Note(f"cannot save to {missing}: No such file or directory",
+                                                        error=True),)
     nameless = session.save("a\x00b.md").notes[0]  # a pasted name: ValueError, which crashed the app
     assert nameless.error and nameless.text == "/save 'a\\x00b.md': not a file name"
     homeless = session.save("~specchat-no-such-user/out.md").notes[0]
