@@ -119,6 +119,7 @@ INVALID = {
     "/json": "usage: /json on|off",
     "/json yes": "/json takes on or off (got 'yes')",
     "/schema": "usage: /schema FILE|off",
+    "/schema /specchat-no-such-dir/s.json": "/schema /specchat-no-such-dir/s.json: No such file or directory",
     "/file": "usage: /file PATH",
     "/file /specchat-no-such-dir/x.py": "/file /specchat-no-such-dir/x.py: No such file or directory",
     "/clear all": "this command takes no arguments (got 'all')",
@@ -144,10 +145,18 @@ def test_invalid_commands_give_one_line(text):
 def test_every_command_is_tested_and_in_help():
     tested = {text.split()[0][1:] for text in VALID}
     assert tested == set(commands.COMMANDS)
-    help_text = commands.help_text()
-    for spec in commands.SPECS:
-        assert spec.usage in help_text
-    assert help_text.endswith(commands.KEYS_HELP)
+    lines = commands.help_text().splitlines()
+    assert len(lines) == len(commands.SPECS) + 1 and lines[-1] == commands.KEYS_HELP
+    for spec, line in zip(commands.SPECS, lines):
+        assert line.startswith(spec.usage) and line.endswith(spec.summary)
+
+
+def test_schema_and_grammar_take_the_replys_form_from_the_file(tmp_path):
+    schema, grammar = tmp_path / "reply.json", tmp_path / "answer.gbnf"
+    schema.write_text('{"type": "object", "required": ["name"]}')
+    grammar.write_text('root ::= "yes" | "no"\n')
+    assert parse(f"/schema {schema}") == SetSetting("reply_form", {"type": "object", "required": ["name"]})
+    assert parse(f"/grammar {grammar}") == SetSetting("reply_form", 'root ::= "yes" | "no"\n')
 
 
 def test_the_docs_list_every_command_as_help_shows_it():
