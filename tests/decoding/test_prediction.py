@@ -48,6 +48,18 @@ def test_of_repeated_text_the_cursor_takes_the_first_occurrence_after_its_last_p
     assert prediction.chain(2) == (8, 4)
 
 
+def test_an_edit_repeating_the_text_just_followed_goes_on_after_it_not_at_a_later_copy():
+    prediction = Prediction((1, 2, 3, 9, 1, 2, 3, 8, 4))
+    followed(prediction, [1, 2, 3, 7, 1, 2, 3])  # 1 2 3 written twice, the first time as predicted
+    assert prediction.chain(2) == (9, 1)
+
+
+def test_the_cursor_finds_its_place_up_to_the_predictions_last_three_tokens():
+    prediction = followed(Prediction(tuple(range(1, 11))), [1, 2, 30, 7, 8, 9])  # a jump to its end
+    assert prediction.chain(3) == (10,)
+    assert followed(Prediction(tuple(range(1, 11))), [1, 2, 30, 8, 9, 10]).chain(3) == ()
+
+
 def tree_of(parents: list[int], tokens: list[int], logprobs: list[float]) -> NodeStore:
     """A store whose kept nodes are 1..n (node 0 the root, token 0)."""
     store = NodeStore(0, 5)

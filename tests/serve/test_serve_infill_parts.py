@@ -30,11 +30,16 @@ def test_the_indent_stop_cuts_before_the_first_line_indented_less(pieces, expect
     assert cut.through == (len(expected) + 1 if cut.hit else 0)  # the line's first character decided it
 
 
+def test_an_indent_of_one_ends_the_reply_at_a_line_with_none_and_a_tab_is_indent():
+    assert kept(LineCut(n_indent=1, t_max_s=0), ["if x:\n\ty\n", "z\n"]) == "if x:\n\ty\n"
+
+
 def test_past_the_time_limit_the_reply_ends_at_the_next_new_line():
-    now = iter([0.0, 0.5, 2.0, 2.1])
+    now = iter([100.0, 100.5, 101.0, 102.0, 102.1])
     cut = LineCut(n_indent=0, t_max_s=1.0, clock=lambda: next(now))
     assert cut.push("a = 1\nb") == "a = 1\nb"  # the first text starts the clock
     assert cut.push(" = 2\nc") == " = 2\nc"  # 0.5 s: within the limit
+    assert cut.push("\nc") == "\nc"  # 1.0 s: at the limit, not past it
     assert cut.push(" = 3 and more") == " = 3 and more" and not cut.hit  # 2.0 s, but no new line yet
     assert cut.push("\nd = 4\n") == "\n" and cut.hit and cut.through == len(cut.text)  # the new line, kept
     assert cut.push("e") == ""
