@@ -14,6 +14,7 @@ from helpers.attention import Attention, drawn
 from helpers.cli import tiny_dirs  # noqa: F401 (a fixture)
 from helpers.tiny import build_tiny, perturbed, tiny_qwen_config
 from torch.nn.attention import SDPBackend
+from transformers import Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specchat import bounded_attention
@@ -37,6 +38,7 @@ from specchat.bounded_attention import (
 )
 from specchat.checkpoint.skeleton import build_skeleton
 from specchat.cuda_graph import repeating_shapes
+from specchat.decoding.forward import CausalLM
 from specchat.engine_options import EngineOptions
 from specchat.loader import load_target, plan_run
 from specchat.models.loading import load
@@ -252,6 +254,29 @@ def test_a_models_attentions_get_it_a_model_sharing_their_config_keeps_sdpa_and_
     layers, groups = lm.model.config.num_hidden_layers, lm.model.model.layers[0].self_attn.num_key_value_groups
     # the causal prefix unmasked (transformers' one call), then each tree pass in three packed calls
     assert seen == [20] * layers + [groups * 14, groups * 13, groups * 13] * layers
+
+
+def test_an_attention_without_grouped_heads_runs_a_tree_pass_in_bounded_calls_as_before(monkeypatch):
+    torch.manual_seed(0)
+    config = tiny_qwen_config(num_key_value_heads=4, vocab_size=50, attn_implementation="sdpa")
+    lm = CausalLM(Qwen2ForCausalLM(config).eval())
+    tree = random_tree(40, 20, 50)
+    whole = tree_pass(lm, prefilled(lm, 20), 20, tree)
+    assert bound_attention(lm.model) == config.num_hidden_layers and implementations(lm.model) == {NAME}
+    seen = calls_of(monkeypatch, 16)
+    torch.testing.assert_close(tree_pass(lm, prefilled(lm, 20), 20, tree), whole, rtol=0, atol=ROUNDING)
+    assert seen == [20] * config.num_hidden_layers + [14, 13, 13] * config.num_hidden_layers
+
+
+def test_a_mask_broadcast_over_the_rows_goes_whole_to_every_call(monkeypatch):
+    query, key, value, attend = drawn(2, rows=50, keys=40)
+    row = attend[..., :1, :]  # [1, 1, 1, keys]: every row sees the same keys
+    whole, _ = sdpa_attention_forward(Attention(2), query, key, value, row, scaling=0.25)
+    seen = calls_of(monkeypatch, 16)
+    for attention in (bounded_sdpa, grouped_sdpa):
+        parts, _ = attention(Attention(2), query, key, value, row, scaling=0.25)
+        torch.testing.assert_close(parts, whole, rtol=0, atol=ROUNDING)
+    assert seen == [13, 13, 12, 12] + [2 * 13, 2 * 13, 2 * 12, 2 * 12]
 
 
 @pytest.mark.parametrize("offload", ["none", "disk"], ids=["in-memory", "streamed"])

@@ -152,6 +152,12 @@ def leading_rows(mask: Tensor, rows: int) -> Tensor:
     return mask if mask.shape[-2] == 1 else mask[..., :rows, :]
 
 
+def packed_mask(mask: Tensor, rows: int, groups: int) -> Tensor:
+    """The mask of `rows` query rows for their packed rows: its rows (a mask broadcast over them
+    made one a row) repeated for each of the `groups` query heads of a KV head."""
+    return mask.expand(-1, -1, rows, -1).repeat(1, 1, groups, 1)
+
+
 def in_calls(query: Tensor, mask: Tensor, rows: int, attend: Attend) -> Tensor:
     """`attend` over `query`'s rows in as few calls of at most `rows` as hold them all, the calls
     evened out (rows // 2 each at least: never a call of one row), the outputs joined: [B, n, H, d]."""
@@ -195,7 +201,7 @@ def grouped_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, a
     def attend(rows_query: Tensor, rows_mask: Tensor) -> Tensor:
         batch, heads, rows, dim = rows_query.shape
         packed = rows_query.reshape(batch, heads // groups, groups * rows, dim)  # rows: group-major, as the heads
-        out = attention(packed, key, value, rows_mask.repeat(1, 1, groups, 1), dropout, scaling)
+        out = attention(packed, key, value, packed_mask(rows_mask, rows, groups), dropout, scaling)
         return out.reshape(batch, heads, rows, dim).transpose(1, 2)
 
     masked = mask_rows_per_call(groups, key.shape[2], attention_mask.element_size())
@@ -203,7 +209,7 @@ def grouped_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, a
     if query.is_cuda and rows < query.shape[2]:  # the first call's packed inputs, built where they are asked about
         first = query[:, :, :rows]
         packed = first.reshape(first.shape[0], first.shape[1] // groups, -1, first.shape[3])
-        if fused_serves(packed, key, value, leading_rows(attention_mask, rows).repeat(1, 1, groups, 1)):
+        if fused_serves(packed, key, value, packed_mask(leading_rows(attention_mask, rows), rows, groups)):
             rows = masked
     return in_calls(query, attention_mask, rows, attend).contiguous(), None
 
