@@ -22,6 +22,8 @@ def kept(cut: LineCut, pieces: list[str]) -> str:
     (["a\n", "    ", "    b\n", "c"], "a\n        b\n"),  # a line of blanks waits for its first character
     (["a\n    b\n\n    c\n"], "a\n    b\n"),  # an empty line is indent 0, as in llama.cpp
     (["  first line is never judged\n    ok\n"], "  first line is never judged\n    ok\n"),
+    (["\nx = 1\n"], "\n"),  # a reply that opens with a new line: its first line is empty
+    (["a\n   b\n"], "a\n   "),  # every blank counted: three are less than four
 ])
 def test_the_indent_stop_cuts_before_the_first_line_indented_less(pieces, expected):
     cut = LineCut(n_indent=4, t_max_s=0)
