@@ -5,8 +5,8 @@ then convert that once into `<cache>/converted/<name>/` (float32 safetensors + t
 a model run from its 4-bit weights, into `<cache>/converted/<name>-int4/` (models/convert_int4.py).
 Lock files serialise concurrent processes: one for a model's assembly and dense conversion, one for
 its 4-bit conversion, so that a process needing only the dense one does not wait for the 4-bit
-packing (225 s for the 1.5B target on the AMX Xeon, 2026-12-08). Every output appears under its
-final name by an atomic rename, so readers never see a half-written file.
+packing. Every output appears under its final name by an atomic rename, so readers never see a
+half-written file.
 """
 
 import shutil
