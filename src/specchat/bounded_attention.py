@@ -148,8 +148,8 @@ def fused_kernel_takes(query: Tensor, key: Tensor, value: Tensor, mask: Tensor |
 
 
 def leading_rows(mask: Tensor, rows: int) -> Tensor:
-    """The mask of the first `rows` query rows; a mask broadcast over the rows as it is."""
-    return mask if mask.shape[-2] == 1 else mask[..., :rows, :]
+    """The mask of the first `rows` query rows (a mask broadcast over the rows: its one row)."""
+    return mask[..., :rows, :]
 
 
 def packed_mask(mask: Tensor, rows: int, groups: int) -> Tensor:
@@ -164,7 +164,7 @@ def in_calls(query: Tensor, mask: Tensor, rows: int, attend: Attend) -> Tensor:
     calls = -(-query.shape[2] // rows)
     if calls == 1:
         return attend(query, mask)
-    masks = [mask] * calls if mask.shape[-2] == 1 else mask.tensor_split(calls, dim=-2)
+    masks = mask.expand(-1, -1, query.shape[2], -1).tensor_split(calls, dim=-2)  # a broadcast row: a view a row
     return torch.cat([attend(part, part_mask) for part, part_mask in zip(query.tensor_split(calls, dim=2), masks)],
                      dim=1)
 
